@@ -1,0 +1,275 @@
+//! Model accounting: parameters, multiply-accumulates, other FLOPs and bytes per layer.
+//!
+//! Conventions (those of published model tables, e.g. torchvision's):
+//! * **params**: elements of floating-point constant tensors that are model weights —
+//!   initializers, and the float `ConstantOfShape` outputs that old models use to encode
+//!   weights. Each is attributed to the first layer that reads it; the total equals the
+//!   file's float initializer elements exactly.
+//! * **MACs**: forward multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul only.
+//! * **FLOPs**: every other forward floating-point operation (bias adds, activations,
+//!   normalization, pooling, softmax), by the per-element costs in [`flops_per_element`].
+//! * **activation bytes**: bytes of a layer's outputs; **weight bytes**: bytes of its
+//!   parameters.
+//!
+//! Backward costs are derived by the cost model (passes), not here.
+
+use crate::graph::{Graph, Site};
+use crate::ids::{NodeId, ValueId};
+use crate::op::{Op, PoolKind, Unary};
+use crate::shape::Dim;
+use crate::verify::{is_shape_or_weight, GraphInfo};
+
+/// Accounting of one layer (a node that computes on tensors: not a source, not shape
+/// arithmetic, not a weight generator).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerStats {
+    /// The node.
+    pub node: NodeId,
+    /// Parameters it reads first.
+    pub params: u64,
+    /// Forward multiply-accumulates.
+    pub macs: u64,
+    /// Other forward FLOPs.
+    pub flops: u64,
+    /// Bytes of its outputs.
+    pub activation_bytes: u64,
+    /// Bytes of its parameters.
+    pub weight_bytes: u64,
+}
+
+/// Totals and per-layer figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// Layers in topological order.
+    pub layers: Vec<LayerStats>,
+    /// All parameters (including any read by no layer).
+    pub params: u64,
+    /// All MACs.
+    pub macs: u64,
+    /// All other FLOPs.
+    pub flops: u64,
+    /// Sum of the layers' activation bytes.
+    pub activation_bytes: u64,
+    /// All parameter bytes.
+    pub weight_bytes: u64,
+}
+
+/// Why accounting failed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AccountError {
+    /// A shape still has a symbolic dimension.
+    #[error("{site}: output shape has unbound dimension '{dim}'; bind it (--batch / --input) before accounting")]
+    Unbound {
+        /// Where.
+        site: Site,
+        /// The dimension.
+        dim: Dim,
+    },
+    /// A count overflows 64 bits.
+    #[error("{site}: {what} overflows 64 bits")]
+    Overflow {
+        /// Where.
+        site: Site,
+        /// What.
+        what: &'static str,
+    },
+}
+
+/// Forward FLOPs per output element of elementwise and normalization ops (documented
+/// conventions; transcendental functions count as one operation plus their arithmetic).
+pub fn flops_per_element(op: &Op) -> u64 {
+    match op {
+        Op::Unary(u) => match u {
+            Unary::Relu
+            | Unary::Neg
+            | Unary::Sqrt
+            | Unary::Exp
+            | Unary::Erf
+            | Unary::Reciprocal => 1,
+            Unary::LeakyRelu { .. } => 2,
+            Unary::Sigmoid | Unary::Tanh => 4,
+            Unary::HardSigmoid { .. } => 3,
+            Unary::HardSwish => 4,
+            Unary::Gelu { .. } => 8,
+        },
+        Op::Clip { .. } => 2,
+        Op::Binary(_) | Op::Where => 1,
+        Op::Softmax { .. } => 5,
+        // Training-mode forward: mean, variance, normalize, scale and shift.
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } => 7,
+        Op::Dropout { .. } | Op::Trilu { .. } => 1,
+        _ => 0,
+    }
+}
+
+struct Counter<'a> {
+    graph: &'a Graph,
+    info: &'a GraphInfo,
+    node: NodeId,
+}
+
+impl Counter<'_> {
+    fn numel(&self, v: ValueId) -> Result<u64, AccountError> {
+        let shape = &self.info.ty(v).shape;
+        for d in &shape.0 {
+            if d.as_known().is_none() {
+                return Err(AccountError::Unbound {
+                    site: self.graph.site(self.node),
+                    dim: d.clone(),
+                });
+            }
+        }
+        shape.known_numel().ok_or(self.overflow("an element count"))
+    }
+
+    fn bytes(&self, v: ValueId) -> Result<u64, AccountError> {
+        self.numel(v)?
+            .checked_mul(self.info.ty(v).dtype.size_bytes())
+            .ok_or(self.overflow("a byte count"))
+    }
+
+    fn overflow(&self, what: &'static str) -> AccountError {
+        AccountError::Overflow {
+            site: self.graph.site(self.node),
+            what,
+        }
+    }
+
+    fn dim(&self, v: ValueId, axis: usize) -> u64 {
+        self.info
+            .ty(v)
+            .shape
+            .0
+            .get(axis)
+            .and_then(Dim::as_size)
+            .unwrap_or(0)
+    }
+
+    fn mul(&self, xs: &[u64]) -> Result<u64, AccountError> {
+        xs.iter()
+            .try_fold(1u64, |a, &x| a.checked_mul(x))
+            .ok_or(self.overflow("the MAC count"))
+    }
+
+    /// (MACs, other FLOPs) of the node.
+    fn compute(&self) -> Result<(u64, u64), AccountError> {
+        let node = self.graph.node(self.node);
+        let input = |slot: usize| node.inputs.get(slot).copied().flatten();
+        let out = node.outputs[0];
+        let out_n = self.numel(out)?;
+        let bias = |slot| input(slot).map_or(0, |_| out_n);
+        Ok(match &node.op {
+            Op::Conv(_) => {
+                let Some(w) = input(1) else { return Ok((0, 0)) };
+                let shape = &self.info.ty(w).shape;
+                let kernel = shape.known_numel().unwrap_or(0) / self.dim(w, 0).max(1);
+                (self.mul(&[out_n, kernel])?, bias(2))
+            }
+            Op::ConvTranspose(_) => {
+                let (Some(x), Some(w)) = (input(0), input(1)) else {
+                    return Ok((0, 0));
+                };
+                let per_out =
+                    self.info.ty(w).shape.known_numel().unwrap_or(0) / self.dim(w, 0).max(1);
+                (self.mul(&[self.numel(x)?, per_out])?, bias(2))
+            }
+            Op::Gemm(g) => {
+                let Some(a) = input(0) else { return Ok((0, 0)) };
+                let k = self.dim(a, if g.trans_a { 0 } else { 1 });
+                (self.mul(&[out_n, k])?, bias(2))
+            }
+            Op::MatMul => {
+                let Some(a) = input(0) else { return Ok((0, 0)) };
+                let rank = self.info.ty(a).shape.rank();
+                (self.mul(&[out_n, self.dim(a, rank.saturating_sub(1))])?, 0)
+            }
+            Op::Pool(p) => (0, self.mul(&[out_n, p.kernel.iter().product::<u64>()])?),
+            Op::GlobalPool(PoolKind::Average | PoolKind::Max) | Op::ReduceMean { .. } => {
+                (0, input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0))
+            }
+            Op::Lrn { size, .. } => (0, self.mul(&[out_n, size + 3])?),
+            Op::Sum => (
+                0,
+                self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,
+            ),
+            op => (0, self.mul(&[out_n, flops_per_element(op)])?),
+        })
+    }
+}
+
+/// Whether a value is a weight: a float initializer, or a float `ConstantOfShape` output.
+fn is_parameter(graph: &Graph, v: ValueId) -> bool {
+    match &graph.node(graph.value(v).producer).op {
+        Op::Constant {
+            tensor,
+            initializer,
+        } => *initializer && tensor.dtype.is_float(),
+        Op::ConstantOfShape { dtype, .. } => dtype.is_float(),
+        _ => false,
+    }
+}
+
+/// Counts parameters, MACs, FLOPs and bytes of a verified graph whose shapes are bound.
+///
+/// # Errors
+/// When a shape is still symbolic, or a count overflows.
+pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountError> {
+    let mut acc = Accounting::default();
+    let mut claimed = vec![false; graph.value_count()];
+    for &n in info.order() {
+        let node = graph.node(n);
+        let counter = Counter {
+            graph,
+            info,
+            node: n,
+        };
+        if is_shape_or_weight(graph, info, n) {
+            for &v in &node.outputs {
+                if is_parameter(graph, v) {
+                    acc.params = acc
+                        .params
+                        .checked_add(counter.numel(v)?)
+                        .ok_or(counter.overflow("parameters"))?;
+                    acc.weight_bytes = acc
+                        .weight_bytes
+                        .checked_add(counter.bytes(v)?)
+                        .ok_or(counter.overflow("weight bytes"))?;
+                }
+            }
+            continue;
+        }
+        let mut layer = LayerStats {
+            node: n,
+            params: 0,
+            macs: 0,
+            flops: 0,
+            activation_bytes: 0,
+            weight_bytes: 0,
+        };
+        for &v in node.inputs.iter().flatten() {
+            if is_parameter(graph, v) && !std::mem::replace(&mut claimed[v.index()], true) {
+                layer.params += counter.numel(v)?;
+                layer.weight_bytes += counter.bytes(v)?;
+            }
+        }
+        (layer.macs, layer.flops) = counter.compute()?;
+        for &v in &node.outputs {
+            layer.activation_bytes = layer
+                .activation_bytes
+                .checked_add(counter.bytes(v)?)
+                .ok_or(counter.overflow("activation bytes"))?;
+        }
+        acc.macs = acc
+            .macs
+            .checked_add(layer.macs)
+            .ok_or(counter.overflow("the MAC total"))?;
+        acc.flops = acc
+            .flops
+            .checked_add(layer.flops)
+            .ok_or(counter.overflow("the FLOP total"))?;
+        acc.activation_bytes = acc.activation_bytes.saturating_add(layer.activation_bytes);
+        acc.layers.push(layer);
+    }
+    Ok(acc)
+}

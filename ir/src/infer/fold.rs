@@ -1,0 +1,202 @@
+//! Folding the contents of small tensors (shape arithmetic).
+//!
+//! Each function returns `None` when the result is not foldable (an input without
+//! content, a non-monomial symbolic result, a tensor too large): the value then simply has
+//! no known content, which is only an error where a consumer needs it.
+
+use std::sync::Arc;
+
+use super::{InferError, Scalar, ValueType, MAX_FOLD_ELEMENTS};
+use crate::dtype::DType;
+use crate::op::{Binary, Op};
+use crate::shape::{Dim, Shape};
+
+type Content = Option<Arc<[Scalar]>>;
+
+fn row_major_strides(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
+    }
+    strides
+}
+
+/// Index into a broadcast input for the flat output index `flat`.
+fn broadcast_index(flat: u64, out: &[u64], input: &[u64]) -> usize {
+    let out_strides = row_major_strides(out);
+    let in_strides = row_major_strides(input);
+    let offset = out.len() - input.len();
+    let mut idx = 0u64;
+    for (i, (&stride, &extent)) in out_strides.iter().zip(out).enumerate() {
+        let coord = if extent == 0 {
+            0
+        } else {
+            (flat / stride) % extent
+        };
+        if i >= offset {
+            let j = i - offset;
+            if input[j] != 1 {
+                idx += coord * in_strides[j];
+            }
+        }
+    }
+    idx as usize
+}
+
+fn sizes(t: &ValueType) -> Option<Vec<u64>> {
+    t.shape.as_sizes()
+}
+
+pub(super) fn concat(inputs: &[Option<&ValueType>]) -> Content {
+    let mut out = Vec::new();
+    for t in inputs {
+        let t = (*t)?;
+        if t.shape.rank() != 1 {
+            return None;
+        }
+        out.extend(t.content.as_ref()?.iter().cloned());
+    }
+    (out.len() as u64 <= MAX_FOLD_ELEMENTS).then(|| out.into())
+}
+
+/// Slice of a 1-D content; `picks` has at most one entry (axis 0, start, step).
+pub(super) fn slice1(x: &ValueType, picks: &[(usize, i64, i64)], out: &Shape) -> Content {
+    let content = x.content.as_ref()?;
+    let n = content.len() as i64;
+    let len = out.0.first()?.as_known()?;
+    let (start, step) = match picks {
+        [] => (0, 1),
+        [(0, start, step)] => (*start, *step),
+        _ => return None,
+    };
+    let mut s = if start < 0 { start + n } else { start };
+    s = if step > 0 {
+        s.clamp(0, n)
+    } else {
+        s.clamp(0, n - 1)
+    };
+    (0..len)
+        .map(|i| content.get((s + i * step) as usize).cloned())
+        .collect::<Option<Vec<_>>>()
+        .map(Into::into)
+}
+
+pub(super) fn expand(x: &ValueType, out: &Shape) -> Content {
+    let content = x.content.as_ref()?;
+    let out_sizes = out.as_sizes()?;
+    let total = out.known_numel().filter(|&n| n <= MAX_FOLD_ELEMENTS)?;
+    let in_sizes = sizes(x)?;
+    Some(
+        (0..total)
+            .map(|f| content[broadcast_index(f, &out_sizes, &in_sizes)].clone())
+            .collect(),
+    )
+}
+
+pub(super) fn gather(x: &ValueType, idx: &ValueType, axis: usize) -> Result<Content, InferError> {
+    let (Some(data), Some(indices)) = (x.content.as_ref(), idx.content.as_ref()) else {
+        return Ok(None);
+    };
+    // Folding is only needed for shape vectors: 1-D data.
+    if x.shape.rank() != 1 || axis != 0 {
+        return Ok(None);
+    }
+    let n = data.len() as i64;
+    let mut out = Vec::with_capacity(indices.len());
+    for i in indices.iter() {
+        let Some(i) = i.as_i64() else { return Ok(None) };
+        let j = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&j) {
+            return Err(InferError::Mismatch {
+                reason: format!("index {i} is out of range for an axis of size {n}"),
+            });
+        }
+        out.push(data[j as usize].clone());
+    }
+    Ok(Some(out.into()))
+}
+
+fn int_op(b: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
+    Some(match b {
+        Binary::Add => Scalar::Int(l.checked_add(r)?),
+        Binary::Sub => Scalar::Int(l.checked_sub(r)?),
+        Binary::Mul => Scalar::Int(l.checked_mul(r)?),
+        Binary::Div => match (l.as_known(), r.as_known()) {
+            (Some(a), Some(b)) if b != 0 => Scalar::Int(Dim::known(a.div_euclid(b))),
+            _ => Scalar::Int(l.div_exact(r)?),
+        },
+        Binary::Equal => Scalar::Int(Dim::known(match (l.as_known(), r.as_known()) {
+            (Some(a), Some(b)) => (a == b) as i64,
+            _ if l == r => 1,
+            // Symbols are sizes, never the -1 / 0 markers they are compared with.
+            (None, Some(b)) | (Some(b), None) if b <= 0 => 0,
+            _ => return None,
+        })),
+        Binary::Pow => return None,
+    })
+}
+
+fn float_op(b: Binary, l: f64, r: f64) -> Scalar {
+    match b {
+        Binary::Add => Scalar::Float(l + r),
+        Binary::Sub => Scalar::Float(l - r),
+        Binary::Mul => Scalar::Float(l * r),
+        Binary::Div => Scalar::Float(l / r),
+        Binary::Pow => Scalar::Float(l.powf(r)),
+        Binary::Equal => Scalar::Int(Dim::known((l == r) as i64)),
+    }
+}
+
+pub(super) fn elementwise(op: &Op, inputs: &[Option<&ValueType>], out: &Shape) -> Content {
+    let total = out.known_numel().filter(|&n| n <= MAX_FOLD_ELEMENTS)?;
+    let out_sizes = out.as_sizes()?;
+    let present: Vec<&ValueType> = inputs.iter().map(|t| *t).collect::<Option<_>>()?;
+    let contents: Vec<&Arc<[Scalar]>> = present
+        .iter()
+        .map(|t| t.content.as_ref())
+        .collect::<Option<_>>()?;
+    let in_sizes: Vec<Vec<u64>> = present.iter().map(|t| sizes(t)).collect::<Option<_>>()?;
+    let at = |k: usize, f: u64| &contents[k][broadcast_index(f, &out_sizes, &in_sizes[k])];
+    let mut result = Vec::with_capacity(total as usize);
+    for f in 0..total {
+        let v = match op {
+            Op::Binary(b) => match (at(0, f), at(1, f)) {
+                (Scalar::Int(l), Scalar::Int(r)) => int_op(*b, l, r)?,
+                (l, r) => float_op(*b, l.as_f64()?, r.as_f64()?),
+            },
+            Op::Where => {
+                let c = at(0, f).as_i64()?;
+                if c != 0 {
+                    at(1, f).clone()
+                } else {
+                    at(2, f).clone()
+                }
+            }
+            Op::Sum => {
+                let mut acc = at(0, f).clone();
+                for k in 1..contents.len() {
+                    acc = match (&acc, at(k, f)) {
+                        (Scalar::Int(l), Scalar::Int(r)) => Scalar::Int(l.checked_add(r)?),
+                        (l, r) => Scalar::Float(l.as_f64()? + r.as_f64()?),
+                    };
+                }
+                acc
+            }
+            _ => return None,
+        };
+        result.push(v);
+    }
+    Some(result.into())
+}
+
+pub(super) fn cast(content: &Arc<[Scalar]>, to: DType) -> Content {
+    content
+        .iter()
+        .map(|s| match (s, to.is_integer()) {
+            (Scalar::Int(d), true) => Some(Scalar::Int(d.clone())),
+            (Scalar::Float(f), true) => Some(Scalar::Int(Dim::known(f.trunc() as i64))),
+            (s, false) => s.as_f64().map(Scalar::Float),
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(Into::into)
+}

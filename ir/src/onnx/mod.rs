@@ -1,0 +1,316 @@
+//! ONNX import: a `ModelProto` becomes a [`Graph`].
+//!
+//! Contract:
+//! 1. Every initializer becomes a [`Op::Constant`] node (`initializer: true`), decoded by
+//!    [`tensor`] (external data validated, never read).
+//! 2. Every `graph.input` that is not also an initializer (IR < 4 lists weights again as
+//!    inputs) becomes an [`Op::Input`] node with its declared type; unnamed dynamic
+//!    dimensions get the symbol `<input>_dim<axis>`.
+//! 3. Every node becomes one node of the graph; all unsupported operators are reported
+//!    together, as are all other problems (undefined or duplicate names, bad attributes,
+//!    malformed tensors).
+//!
+//! The result is well-formed (every input defined, names unique) but not yet verified:
+//! [`crate::verify`] checks acyclicity and shapes.
+
+mod attrs;
+mod ops;
+pub(crate) mod tensor;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use onnx_protobuf::tensor_shape_proto::dimension::Value as DimValue;
+use onnx_protobuf::type_proto::Value as TypeValue;
+use onnx_protobuf::{Message, ModelProto, ValueInfoProto};
+
+use crate::dtype::DType;
+use crate::error::{Diagnostic, ImportError, Problem};
+use crate::graph::{Graph, Provenance, Site, TensorType};
+use crate::ids::ValueId;
+use crate::op::Op;
+use crate::shape::{Dim, Shape};
+
+/// An imported model.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// The graph.
+    pub graph: Graph,
+    /// The file's IR version.
+    pub ir_version: i64,
+    /// The default-domain opset version.
+    pub opset: i64,
+    /// `producer_name producer_version`, as written.
+    pub producer: String,
+}
+
+/// Reads and imports an ONNX file; external data is resolved against its folder.
+///
+/// # Errors
+/// [`ImportError`] for unreadable files, undecodable bytes, unsupported operators and
+/// malformed models, with every problem listed.
+pub fn import(path: &Path) -> Result<Model, ImportError> {
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let base = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    import_bytes(&bytes, path, base)
+}
+
+/// Imports a model from bytes. `path` names it in messages; `base` is the folder external
+/// data is resolved against (`None`: relative to the working directory).
+///
+/// # Errors
+/// As [`import`].
+pub fn import_bytes(bytes: &[u8], path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
+    let model = ModelProto::parse_from_bytes(bytes).map_err(|source| ImportError::Decode {
+        path: path.into(),
+        source,
+    })?;
+    convert(model, path, base)
+}
+
+fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .unwrap_or(1);
+    let producer = format!("{} {}", model.producer_name, model.producer_version)
+        .trim()
+        .to_owned();
+    let Some(mut proto) = model.graph.take() else {
+        return Err(ImportError::NoGraph {
+            path: PathBuf::from(path),
+        });
+    };
+    if proto.node.is_empty() && proto.initializer.is_empty() && proto.input.is_empty() {
+        return Err(ImportError::NoGraph {
+            path: PathBuf::from(path),
+        });
+    }
+
+    let mut graph = Graph::new();
+    let mut problems: Vec<Diagnostic> = Vec::new();
+    let mut unsupported: Vec<Site> = Vec::new();
+    let mut names: HashMap<String, (ValueId, Site)> = HashMap::new();
+
+    let define = |graph: &Graph,
+                  names: &mut HashMap<String, (ValueId, Site)>,
+                  v: ValueId,
+                  site: &Site,
+                  problems: &mut Vec<Diagnostic>| {
+        let name = graph.value(v).name.clone();
+        if name.is_empty() {
+            return;
+        }
+        if let Some((_, first)) = names.get(&name) {
+            problems.push(Diagnostic {
+                site: site.clone(),
+                kind: Problem::DuplicateName {
+                    name,
+                    first: first.clone(),
+                },
+            });
+        } else {
+            names.insert(name, (v, site.clone()));
+        }
+    };
+
+    // 1. Initializers.
+    for mut t in std::mem::take(&mut proto.initializer) {
+        let site = Site {
+            name: t.name.clone(),
+            op_type: "initializer".into(),
+        };
+        match tensor::decode(&mut t, base) {
+            Ok(data) => {
+                let prov = Provenance {
+                    name: t.name.clone(),
+                    op_type: "initializer".into(),
+                };
+                let op = Op::Constant {
+                    tensor: Arc::new(data),
+                    initializer: true,
+                };
+                let n = graph.add_node(op, prov, &[&t.name]);
+                let v = graph.node(n).outputs[0];
+                define(&graph, &mut names, v, &site, &mut problems);
+            }
+            Err(kind) => problems.push(Diagnostic { site, kind }),
+        }
+    }
+
+    // 2. Inputs that are not initializers.
+    for vi in &proto.input {
+        if names.contains_key(&vi.name) {
+            continue;
+        }
+        let site = Site {
+            name: vi.name.clone(),
+            op_type: "input".into(),
+        };
+        let prov = Provenance {
+            name: vi.name.clone(),
+            op_type: "input".into(),
+        };
+        let n = graph.add_node(Op::Input, prov, &[&vi.name]);
+        let v = graph.node(n).outputs[0];
+        match declared_type(vi, true) {
+            Ok(ty) => graph.value_mut(v).declared = Some(ty),
+            Err(reason) => problems.push(Diagnostic {
+                site: site.clone(),
+                kind: Problem::InputType { reason },
+            }),
+        }
+        define(&graph, &mut names, v, &site, &mut problems);
+    }
+
+    // 3. Nodes: create them all, then connect, so that a file naming a value before its
+    // definition is reported as a cycle by the verifier rather than an undefined name.
+    let mut pending = Vec::with_capacity(proto.node.len());
+    for (index, node) in proto.node.iter().enumerate() {
+        let name = if !node.name.is_empty() {
+            node.name.clone()
+        } else if let Some(out) = node.output.iter().find(|o| !o.is_empty()) {
+            out.clone()
+        } else {
+            format!("{}_{index}", node.op_type)
+        };
+        let site = Site {
+            name: name.clone(),
+            op_type: node.op_type.clone(),
+        };
+        let standard = node.domain.is_empty() || node.domain == "ai.onnx";
+        let op = if !standard {
+            unsupported.push(Site {
+                op_type: format!("{}.{}", node.domain, node.op_type),
+                ..site
+            });
+            continue;
+        } else {
+            match ops::convert(node, opset, base) {
+                Ok(ops::Converted::Op(op)) => op,
+                Ok(ops::Converted::Unsupported) => {
+                    unsupported.push(site);
+                    continue;
+                }
+                Err(kind) => {
+                    problems.push(Diagnostic { site, kind });
+                    continue;
+                }
+            }
+        };
+        let prov = Provenance {
+            name,
+            op_type: node.op_type.clone(),
+        };
+        let outputs: Vec<&str> = node.output.iter().map(String::as_str).collect();
+        let id = graph.add_node(op, prov, &outputs);
+        for v in graph.node(id).outputs.clone() {
+            define(&graph, &mut names, v, &site, &mut problems);
+        }
+        pending.push((id, node, site));
+    }
+    for (id, node, site) in pending {
+        let mut inputs = Vec::with_capacity(node.input.len());
+        for (slot, name) in node.input.iter().enumerate() {
+            if name.is_empty() {
+                inputs.push(None);
+            } else if let Some((v, _)) = names.get(name) {
+                inputs.push(Some(*v));
+            } else {
+                problems.push(Diagnostic {
+                    site: site.clone(),
+                    kind: Problem::UndefinedValue {
+                        slot,
+                        name: name.clone(),
+                    },
+                });
+                inputs.push(None);
+            }
+        }
+        graph.set_inputs(id, inputs);
+    }
+
+    // 4. Outputs and declared types of intermediate values.
+    let mut outputs = Vec::new();
+    for vi in &proto.output {
+        match names.get(&vi.name) {
+            Some((v, _)) => {
+                outputs.push(*v);
+                if let Ok(ty) = declared_type(vi, false) {
+                    graph.value_mut(*v).declared.get_or_insert(ty);
+                }
+            }
+            None => problems.push(Diagnostic {
+                site: Site {
+                    name: vi.name.clone(),
+                    op_type: "output".into(),
+                },
+                kind: Problem::UndefinedOutput {
+                    name: vi.name.clone(),
+                },
+            }),
+        }
+    }
+    graph.set_outputs(outputs);
+    for vi in &proto.value_info {
+        if let (Some((v, _)), Ok(ty)) = (names.get(&vi.name), declared_type(vi, false)) {
+            graph.value_mut(*v).declared.get_or_insert(ty);
+        }
+    }
+
+    if !unsupported.is_empty() {
+        return Err(ImportError::UnsupportedOps { sites: unsupported });
+    }
+    if !problems.is_empty() {
+        return Err(ImportError::Invalid { problems });
+    }
+    Ok(Model {
+        graph,
+        ir_version: model.ir_version,
+        opset,
+        producer,
+    })
+}
+
+/// The tensor type a `ValueInfoProto` declares. For graph inputs (`input == true`) the
+/// type is required and unnamed dynamic dimensions get a symbol; elsewhere an unnamed
+/// dimension leaves the shape unknown.
+fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String> {
+    let Some(TypeValue::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err("has no tensor type (only tensor inputs are supported)".into());
+    };
+    let dtype = DType::from_onnx(tt.elem_type)
+        .ok_or_else(|| format!("has unsupported element type code {}", tt.elem_type))?;
+    let Some(shape) = tt.shape.as_ref() else {
+        return Ok(TensorType { dtype, shape: None });
+    };
+    let mut dims = Vec::with_capacity(shape.dim.len());
+    for (axis, d) in shape.dim.iter().enumerate() {
+        let dim = match &d.value {
+            Some(DimValue::DimValue(v)) if *v >= 0 => Dim::known(*v),
+            Some(DimValue::DimValue(v)) => {
+                return Err(format!("dimension {axis} is negative ({v})"))
+            }
+            Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::sym(p),
+            _ if input => Dim::sym(&format!("{}_dim{axis}", vi.name)),
+            _ => return Ok(TensorType { dtype, shape: None }),
+        };
+        dims.push(dim);
+    }
+    Ok(TensorType {
+        dtype,
+        shape: Some(Shape(dims)),
+    })
+}

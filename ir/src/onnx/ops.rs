@@ -1,0 +1,309 @@
+//! From ONNX `op_type` and attributes to [`Op`].
+//!
+//! One arm per supported operator; the defaults are the ONNX spec's
+//! (<https://onnx.ai/onnx/operators/>). Opset differences that move an attribute to an
+//! input are absorbed by `Option` attributes (see [`crate::op`]).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use onnx_protobuf::NodeProto;
+
+use super::attrs::Attrs;
+use super::tensor;
+use crate::dtype::DType;
+use crate::error::Problem;
+use crate::op::*;
+use crate::tensor::{Storage, TensorData};
+
+/// The result of converting one node.
+pub(crate) enum Converted {
+    /// A supported op.
+    Op(Op),
+    /// `op_type` is not supported.
+    Unsupported,
+}
+
+fn invalid(attr: &str, reason: impl Into<String>) -> Problem {
+    Problem::AttributeValue {
+        attr: attr.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn padding(a: &Attrs<'_>) -> Result<Padding, Problem> {
+    let auto = a.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    Ok(match auto.as_str() {
+        "NOTSET" | "" => Padding::Explicit(a.sizes("pads", 0)?.unwrap_or_default()),
+        "SAME_UPPER" => Padding::SameUpper,
+        "SAME_LOWER" => Padding::SameLower,
+        "VALID" => Padding::Valid,
+        other => return Err(invalid("auto_pad", format!("unknown mode '{other}'"))),
+    })
+}
+
+fn conv(a: &Attrs<'_>) -> Result<Conv, Problem> {
+    let group = a.int("group")?.unwrap_or(1);
+    if group < 1 {
+        return Err(invalid("group", format!("must be >= 1, got {group}")));
+    }
+    Ok(Conv {
+        kernel: a.sizes("kernel_shape", 1)?,
+        strides: a.sizes("strides", 1)?,
+        dilations: a.sizes("dilations", 1)?,
+        padding: padding(a)?,
+        group: group as u64,
+    })
+}
+
+fn pool(a: &Attrs<'_>, kind: PoolKind) -> Result<Pool, Problem> {
+    let kernel = a
+        .sizes("kernel_shape", 1)?
+        .ok_or_else(|| Problem::AttributeMissing {
+            attr: "kernel_shape".into(),
+        })?;
+    Ok(Pool {
+        kind,
+        kernel,
+        strides: a.sizes("strides", 1)?,
+        dilations: a.sizes("dilations", 1)?,
+        padding: padding(a)?,
+        ceil_mode: a.flag("ceil_mode", false)?,
+        count_include_pad: a.flag("count_include_pad", false)?,
+    })
+}
+
+/// Converts one node. `opset` is the default domain's version.
+pub(crate) fn convert(
+    node: &NodeProto,
+    opset: i64,
+    base: Option<&Path>,
+) -> Result<Converted, Problem> {
+    let a = Attrs::of(node);
+    let op = match node.op_type.as_str() {
+        "Conv" => Op::Conv(conv(&a)?),
+        "ConvTranspose" => Op::ConvTranspose(ConvTranspose {
+            conv: conv(&a)?,
+            output_padding: a.sizes("output_padding", 0)?,
+            output_shape: a.sizes("output_shape", 1)?,
+        }),
+        "Gemm" => Op::Gemm(Gemm {
+            alpha: a.float("alpha")?.unwrap_or(1.0),
+            beta: a.float("beta")?.unwrap_or(1.0),
+            trans_a: a.flag("transA", false)?,
+            trans_b: a.flag("transB", false)?,
+        }),
+        "MatMul" => Op::MatMul,
+        "Relu" => Op::Unary(Unary::Relu),
+        "LeakyRelu" => Op::Unary(Unary::LeakyRelu {
+            alpha: a.float("alpha")?.unwrap_or(0.01),
+        }),
+        "Sigmoid" => Op::Unary(Unary::Sigmoid),
+        "HardSigmoid" => Op::Unary(Unary::HardSigmoid {
+            alpha: a.float("alpha")?.unwrap_or(0.2),
+            beta: a.float("beta")?.unwrap_or(0.5),
+        }),
+        "HardSwish" => Op::Unary(Unary::HardSwish),
+        "Tanh" => Op::Unary(Unary::Tanh),
+        "Gelu" => {
+            let approx = a.string("approximate")?.unwrap_or_else(|| "none".into());
+            let tanh = match approx.as_str() {
+                "none" => false,
+                "tanh" => true,
+                other => return Err(invalid("approximate", format!("unknown value '{other}'"))),
+            };
+            Op::Unary(Unary::Gelu { tanh })
+        }
+        "Erf" => Op::Unary(Unary::Erf),
+        "Sqrt" => Op::Unary(Unary::Sqrt),
+        "Neg" => Op::Unary(Unary::Neg),
+        "Exp" => Op::Unary(Unary::Exp),
+        "Reciprocal" => Op::Unary(Unary::Reciprocal),
+        "Clip" => Op::Clip {
+            min: a.float("min")?,
+            max: a.float("max")?,
+        },
+        "Add" => Op::Binary(Binary::Add),
+        "Sub" => Op::Binary(Binary::Sub),
+        "Mul" => Op::Binary(Binary::Mul),
+        "Div" => Op::Binary(Binary::Div),
+        "Pow" => Op::Binary(Binary::Pow),
+        "Equal" => Op::Binary(Binary::Equal),
+        "Sum" => Op::Sum,
+        "Softmax" | "LogSoftmax" => Op::Softmax {
+            // The default axis moved from 1 to -1 in opset 13.
+            axis: a.int("axis")?.unwrap_or(if opset >= 13 { -1 } else { 1 }),
+            log: node.op_type == "LogSoftmax",
+        },
+        "MaxPool" => Op::Pool(pool(&a, PoolKind::Max)?),
+        "AveragePool" => Op::Pool(pool(&a, PoolKind::Average)?),
+        "GlobalAveragePool" => Op::GlobalPool(PoolKind::Average),
+        "GlobalMaxPool" => Op::GlobalPool(PoolKind::Max),
+        "BatchNormalization" => Op::BatchNorm {
+            epsilon: a.float("epsilon")?.unwrap_or(1e-5),
+            momentum: a.float("momentum")?.unwrap_or(0.9),
+        },
+        "LayerNormalization" => Op::LayerNorm {
+            axis: a.int("axis")?.unwrap_or(-1),
+            epsilon: a.float("epsilon")?.unwrap_or(1e-5),
+        },
+        "LRN" => {
+            let size = a.int("size")?.ok_or_else(|| Problem::AttributeMissing {
+                attr: "size".into(),
+            })?;
+            if size < 1 {
+                return Err(invalid("size", format!("must be >= 1, got {size}")));
+            }
+            Op::Lrn {
+                size: size as u64,
+                alpha: a.float("alpha")?.unwrap_or(1e-4),
+                beta: a.float("beta")?.unwrap_or(0.75),
+                bias: a.float("bias")?.unwrap_or(1.0),
+            }
+        }
+        "Concat" => Op::Concat {
+            axis: a.int("axis")?.ok_or_else(|| Problem::AttributeMissing {
+                attr: "axis".into(),
+            })?,
+        },
+        "Split" => Op::Split {
+            axis: a.int("axis")?.unwrap_or(0),
+            sizes: a.ints("split")?,
+        },
+        "Slice" => Op::Slice {
+            ranges: match (a.ints("starts")?, a.ints("ends")?) {
+                (Some(starts), Some(ends)) => Some(SliceRanges {
+                    starts,
+                    ends,
+                    axes: a.ints("axes")?,
+                }),
+                (None, None) => None,
+                _ => {
+                    return Err(invalid(
+                        "starts",
+                        "'starts' and 'ends' must be given together",
+                    ))
+                }
+            },
+        },
+        "Flatten" => Op::Flatten {
+            axis: a.int("axis")?.unwrap_or(1),
+        },
+        "Reshape" => Op::Reshape {
+            allowzero: a.flag("allowzero", false)?,
+        },
+        "Transpose" => Op::Transpose {
+            perm: a.ints("perm")?,
+        },
+        "Squeeze" => Op::Squeeze {
+            axes: a.ints("axes")?,
+        },
+        "Unsqueeze" => Op::Unsqueeze {
+            axes: a.ints("axes")?,
+        },
+        "Gather" => Op::Gather {
+            axis: a.int("axis")?.unwrap_or(0),
+        },
+        "Shape" => Op::Shape {
+            start: a.int("start")?.unwrap_or(0),
+            end: a.int("end")?,
+        },
+        "ConstantOfShape" => {
+            let (value, dtype) = match a.tensor("value")? {
+                None => (0.0, DType::F32),
+                Some(t) => {
+                    let t = tensor::decode(&mut t.clone(), base)?;
+                    let v = t.to_f64s().map_err(|e| invalid("value", e.to_string()))?;
+                    match v.as_slice() {
+                        [x] => (*x, t.dtype),
+                        _ => {
+                            return Err(invalid(
+                                "value",
+                                format!("must hold one element, holds {}", v.len()),
+                            ))
+                        }
+                    }
+                }
+            };
+            Op::ConstantOfShape { value, dtype }
+        }
+        "Range" => Op::Range,
+        "Cast" => {
+            let to = a
+                .int("to")?
+                .ok_or_else(|| Problem::AttributeMissing { attr: "to".into() })?;
+            let to = i32::try_from(to)
+                .ok()
+                .and_then(DType::from_onnx)
+                .ok_or_else(|| invalid("to", format!("unsupported element type code {to}")))?;
+            Op::Cast { to }
+        }
+        "Dropout" => Op::Dropout {
+            ratio: a.float("ratio")?,
+        },
+        "Identity" => Op::Identity,
+        "ReduceMean" => Op::ReduceMean {
+            axes: a.ints("axes")?,
+            keepdims: a.flag("keepdims", true)?,
+            noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+        },
+        "Pad" => Op::Pad {
+            mode: match a.string("mode")?.as_deref().unwrap_or("constant") {
+                "constant" => PadMode::Constant,
+                "reflect" => PadMode::Reflect,
+                "edge" => PadMode::Edge,
+                "wrap" => PadMode::Wrap,
+                other => return Err(invalid("mode", format!("unknown mode '{other}'"))),
+            },
+            pads: a.ints("pads")?,
+        },
+        "Where" => Op::Where,
+        "Expand" => Op::Expand,
+        "Trilu" => Op::Trilu {
+            upper: a.flag("upper", true)?,
+        },
+        "Constant" => Op::Constant {
+            tensor: Arc::new(constant(&a, base)?),
+            initializer: false,
+        },
+        _ => return Ok(Converted::Unsupported),
+    };
+    Ok(Converted::Op(op))
+}
+
+/// The payload of a `Constant` node: exactly one of its value attributes.
+fn constant(a: &Attrs<'_>, base: Option<&Path>) -> Result<TensorData, Problem> {
+    let inline = |dtype: DType, dims: Vec<u64>, bytes: Vec<u8>| TensorData {
+        dtype,
+        dims,
+        storage: Storage::Inline(Arc::new(bytes)),
+    };
+    if let Some(t) = a.tensor("value")? {
+        return tensor::decode(&mut t.clone(), base);
+    }
+    if let Some(v) = a.float("value_float")? {
+        return Ok(inline(DType::F32, vec![], v.to_le_bytes().to_vec()));
+    }
+    if let Some(v) = a.floats("value_floats")? {
+        let n = v.len() as u64;
+        return Ok(inline(
+            DType::F32,
+            vec![n],
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+    }
+    if let Some(v) = a.int("value_int")? {
+        return Ok(inline(DType::I64, vec![], v.to_le_bytes().to_vec()));
+    }
+    if let Some(v) = a.ints("value_ints")? {
+        let n = v.len() as u64;
+        return Ok(inline(
+            DType::I64,
+            vec![n],
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+    }
+    Err(Problem::AttributeMissing {
+        attr: "value".into(),
+    })
+}

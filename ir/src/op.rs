@@ -1,0 +1,483 @@
+//! Operators with typed attributes.
+//!
+//! `Op` is closed: the importer maps every supported ONNX `op_type` onto one variant and
+//! decodes its attributes into typed fields, applying the spec's defaults, so no later phase
+//! sees raw ONNX integers. Inputs that some opsets pass as attributes and others as tensors
+//! (`axes`, `pads`, `split`, Clip's bounds, Slice's ranges) are kept as `Option` attributes;
+//! when `None`, shape inference reads them from the constant input.
+
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::tensor::TensorData;
+
+/// One operator.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A graph input (data fed per iteration).
+    Input,
+    /// A constant tensor: a model initializer (a weight) or an ONNX `Constant`.
+    Constant {
+        /// The tensor.
+        tensor: Arc<TensorData>,
+        /// Whether it came from `graph.initializer` (a trainable weight when floating-point).
+        initializer: bool,
+    },
+    /// N-d convolution (ONNX Conv).
+    Conv(Conv),
+    /// N-d transposed convolution (ONNX ConvTranspose).
+    ConvTranspose(ConvTranspose),
+    /// `alpha·A'·B' + beta·C`.
+    Gemm(Gemm),
+    /// numpy-style batched matrix product.
+    MatMul,
+    /// An elementwise function of one tensor.
+    Unary(Unary),
+    /// `min(max(x, lo), hi)`; bounds from attributes (opset < 11) or inputs 1 and 2.
+    Clip {
+        /// Lower bound attribute (opset < 11).
+        min: Option<f32>,
+        /// Upper bound attribute (opset < 11).
+        max: Option<f32>,
+    },
+    /// An elementwise function of two broadcast tensors.
+    Binary(Binary),
+    /// Elementwise sum of any number of broadcast tensors.
+    Sum,
+    /// Softmax or LogSoftmax along `axis`.
+    Softmax {
+        /// Axis (may be negative).
+        axis: i64,
+        /// LogSoftmax.
+        log: bool,
+    },
+    /// Max or average pooling.
+    Pool(Pool),
+    /// Global max or average pooling over all spatial axes.
+    GlobalPool(PoolKind),
+    /// Batch normalization (a trainable layer in training mode).
+    BatchNorm {
+        /// ε.
+        epsilon: f32,
+        /// Running-statistics momentum.
+        momentum: f32,
+    },
+    /// Layer normalization over the axes from `axis` on.
+    LayerNorm {
+        /// First normalized axis (may be negative).
+        axis: i64,
+        /// ε.
+        epsilon: f32,
+    },
+    /// Local response normalization across channels.
+    Lrn {
+        /// Number of channels summed.
+        size: u64,
+        /// Scale.
+        alpha: f32,
+        /// Exponent.
+        beta: f32,
+        /// Bias.
+        bias: f32,
+    },
+    /// Concatenation along `axis`.
+    Concat {
+        /// Axis (may be negative).
+        axis: i64,
+    },
+    /// Split along `axis` into `outputs` parts.
+    Split {
+        /// Axis (may be negative).
+        axis: i64,
+        /// Part sizes from the attribute (opset < 13); else from input 1, else equal parts.
+        sizes: Option<Vec<i64>>,
+    },
+    /// Slice; ranges from attributes (opset < 10) or inputs 1–4.
+    Slice {
+        /// Attribute ranges (opset < 10).
+        ranges: Option<SliceRanges>,
+    },
+    /// Flatten to 2-D at `axis`.
+    Flatten {
+        /// Axis (may be negative).
+        axis: i64,
+    },
+    /// Reshape to the shape given by input 1.
+    Reshape {
+        /// A `0` in the target means a zero-sized dimension, not "copy".
+        allowzero: bool,
+    },
+    /// Axis permutation (reversal when `perm` is absent).
+    Transpose {
+        /// Permutation.
+        perm: Option<Vec<i64>>,
+    },
+    /// Remove size-1 axes; axes from the attribute (opset < 13) or input 1.
+    Squeeze {
+        /// Attribute axes.
+        axes: Option<Vec<i64>>,
+    },
+    /// Insert size-1 axes; axes from the attribute (opset < 13) or input 1.
+    Unsqueeze {
+        /// Attribute axes.
+        axes: Option<Vec<i64>>,
+    },
+    /// Gather along `axis` with integer indices.
+    Gather {
+        /// Axis (may be negative).
+        axis: i64,
+    },
+    /// The shape of a tensor as an `i64` vector.
+    Shape {
+        /// First axis.
+        start: i64,
+        /// One past the last axis.
+        end: Option<i64>,
+    },
+    /// A tensor of the shape given by input 0, filled with `value`.
+    ConstantOfShape {
+        /// Fill value.
+        value: f64,
+        /// Element type.
+        dtype: DType,
+    },
+    /// `[start, limit)` with step `delta` (inputs 0–2).
+    Range,
+    /// Element type conversion.
+    Cast {
+        /// Target type.
+        to: DType,
+    },
+    /// Dropout (kept in training mode; the identity in inference).
+    Dropout {
+        /// Drop probability when given as an attribute (opset < 12).
+        ratio: Option<f32>,
+    },
+    /// Identity.
+    Identity,
+    /// Mean over `axes` (from the attribute, opset < 18, or input 1).
+    ReduceMean {
+        /// Attribute axes.
+        axes: Option<Vec<i64>>,
+        /// Keep reduced axes as size 1.
+        keepdims: bool,
+        /// With no axes, do nothing instead of reducing all (opset 18).
+        noop_with_empty_axes: bool,
+    },
+    /// Padding; pads from the attribute (opset < 11) or input 1.
+    Pad {
+        /// Fill mode.
+        mode: PadMode,
+        /// Attribute pads (`[x1_begin, x2_begin, …, x1_end, x2_end, …]`).
+        pads: Option<Vec<i64>>,
+    },
+    /// `cond ? x : y`, broadcast.
+    Where,
+    /// Broadcast to the shape given by input 1.
+    Expand,
+    /// Upper or lower triangle of the last two axes (diagonal offset from input 1).
+    Trilu {
+        /// Keep the upper triangle.
+        upper: bool,
+    },
+}
+
+/// Convolution attributes, for `k` spatial axes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conv {
+    /// Kernel size per spatial axis (from the attribute or the weight).
+    pub kernel: Option<Vec<u64>>,
+    /// Strides, default 1.
+    pub strides: Option<Vec<u64>>,
+    /// Dilations, default 1.
+    pub dilations: Option<Vec<u64>>,
+    /// Explicit or automatic padding.
+    pub padding: Padding,
+    /// Channel groups.
+    pub group: u64,
+}
+
+/// Transposed convolution attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvTranspose {
+    /// The shared convolution attributes.
+    pub conv: Conv,
+    /// Extra size added to one side of each output axis.
+    pub output_padding: Option<Vec<u64>>,
+    /// Explicit output spatial shape.
+    pub output_shape: Option<Vec<u64>>,
+}
+
+/// Padding of a convolution or pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Padding {
+    /// `[x1_begin, x2_begin, …, x1_end, x2_end, …]`; empty means zeros.
+    Explicit(Vec<u64>),
+    /// `SAME_UPPER`: output = ceil(input / stride), extra padding at the end.
+    SameUpper,
+    /// `SAME_LOWER`: as `SameUpper`, extra padding at the beginning.
+    SameLower,
+    /// `VALID`: no padding.
+    Valid,
+}
+
+/// Gemm attributes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemm {
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of C.
+    pub beta: f32,
+    /// Transpose A.
+    pub trans_a: bool,
+    /// Transpose B.
+    pub trans_b: bool,
+}
+
+/// Elementwise functions of one tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Unary {
+    /// max(x, 0).
+    Relu,
+    /// x for x ≥ 0, alpha·x otherwise.
+    LeakyRelu {
+        /// Slope.
+        alpha: f32,
+    },
+    /// 1 / (1 + e^-x).
+    Sigmoid,
+    /// max(0, min(1, alpha·x + beta)).
+    HardSigmoid {
+        /// Slope.
+        alpha: f32,
+        /// Offset.
+        beta: f32,
+    },
+    /// x · HardSigmoid(x; 1/6, 1/2).
+    HardSwish,
+    /// tanh.
+    Tanh,
+    /// Gaussian error linear unit.
+    Gelu {
+        /// The tanh approximation.
+        tanh: bool,
+    },
+    /// Error function.
+    Erf,
+    /// Square root.
+    Sqrt,
+    /// Negation.
+    Neg,
+    /// e^x.
+    Exp,
+    /// 1/x.
+    Reciprocal,
+}
+
+/// Elementwise functions of two tensors, numpy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    /// a + b.
+    Add,
+    /// a − b.
+    Sub,
+    /// a · b.
+    Mul,
+    /// a / b.
+    Div,
+    /// a ^ b.
+    Pow,
+    /// a == b (boolean result).
+    Equal,
+}
+
+/// Pooling kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Maximum.
+    Max,
+    /// Average.
+    Average,
+}
+
+/// Windowed pooling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// Max or average.
+    pub kind: PoolKind,
+    /// Window per spatial axis.
+    pub kernel: Vec<u64>,
+    /// Strides, default 1.
+    pub strides: Option<Vec<u64>>,
+    /// Dilations, default 1.
+    pub dilations: Option<Vec<u64>>,
+    /// Padding.
+    pub padding: Padding,
+    /// Round the output size up.
+    pub ceil_mode: bool,
+    /// Average: divide by the full window, padding included.
+    pub count_include_pad: bool,
+}
+
+/// Slice ranges given as attributes (opset < 10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceRanges {
+    /// Start per axis.
+    pub starts: Vec<i64>,
+    /// End per axis.
+    pub ends: Vec<i64>,
+    /// Axes (default 0..n).
+    pub axes: Option<Vec<i64>>,
+}
+
+/// Pad fill mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadMode {
+    /// A constant value.
+    Constant,
+    /// Mirror without the edge.
+    Reflect,
+    /// Repeat the edge.
+    Edge,
+    /// Wrap around.
+    Wrap,
+}
+
+/// Coarse classes of operators, for reports and cost models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OpClass {
+    /// Graph inputs and constants.
+    Source,
+    /// Conv, ConvTranspose.
+    Conv,
+    /// Gemm, MatMul.
+    Dense,
+    /// Elementwise arithmetic and activations.
+    Elementwise,
+    /// Pooling.
+    Pool,
+    /// Normalization.
+    Norm,
+    /// Softmax.
+    Softmax,
+    /// Reductions.
+    Reduce,
+    /// Data movement and shape arithmetic (no arithmetic on values).
+    Shape,
+}
+
+impl Op {
+    /// The ONNX `op_type` this variant stands for (a family name for `Unary`/`Binary`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "Input",
+            Op::Constant {
+                initializer: true, ..
+            } => "Initializer",
+            Op::Constant {
+                initializer: false, ..
+            } => "Constant",
+            Op::Conv(_) => "Conv",
+            Op::ConvTranspose(_) => "ConvTranspose",
+            Op::Gemm(_) => "Gemm",
+            Op::MatMul => "MatMul",
+            Op::Unary(u) => match u {
+                Unary::Relu => "Relu",
+                Unary::LeakyRelu { .. } => "LeakyRelu",
+                Unary::Sigmoid => "Sigmoid",
+                Unary::HardSigmoid { .. } => "HardSigmoid",
+                Unary::HardSwish => "HardSwish",
+                Unary::Tanh => "Tanh",
+                Unary::Gelu { .. } => "Gelu",
+                Unary::Erf => "Erf",
+                Unary::Sqrt => "Sqrt",
+                Unary::Neg => "Neg",
+                Unary::Exp => "Exp",
+                Unary::Reciprocal => "Reciprocal",
+            },
+            Op::Clip { .. } => "Clip",
+            Op::Binary(b) => match b {
+                Binary::Add => "Add",
+                Binary::Sub => "Sub",
+                Binary::Mul => "Mul",
+                Binary::Div => "Div",
+                Binary::Pow => "Pow",
+                Binary::Equal => "Equal",
+            },
+            Op::Sum => "Sum",
+            Op::Softmax { log: false, .. } => "Softmax",
+            Op::Softmax { log: true, .. } => "LogSoftmax",
+            Op::Pool(Pool {
+                kind: PoolKind::Max,
+                ..
+            }) => "MaxPool",
+            Op::Pool(Pool {
+                kind: PoolKind::Average,
+                ..
+            }) => "AveragePool",
+            Op::GlobalPool(PoolKind::Max) => "GlobalMaxPool",
+            Op::GlobalPool(PoolKind::Average) => "GlobalAveragePool",
+            Op::BatchNorm { .. } => "BatchNormalization",
+            Op::LayerNorm { .. } => "LayerNormalization",
+            Op::Lrn { .. } => "LRN",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
+            Op::Slice { .. } => "Slice",
+            Op::Flatten { .. } => "Flatten",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Squeeze { .. } => "Squeeze",
+            Op::Unsqueeze { .. } => "Unsqueeze",
+            Op::Gather { .. } => "Gather",
+            Op::Shape { .. } => "Shape",
+            Op::ConstantOfShape { .. } => "ConstantOfShape",
+            Op::Range => "Range",
+            Op::Cast { .. } => "Cast",
+            Op::Dropout { .. } => "Dropout",
+            Op::Identity => "Identity",
+            Op::ReduceMean { .. } => "ReduceMean",
+            Op::Pad { .. } => "Pad",
+            Op::Where => "Where",
+            Op::Expand => "Expand",
+            Op::Trilu { .. } => "Trilu",
+        }
+    }
+
+    /// The operator's class.
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Input | Op::Constant { .. } => OpClass::Source,
+            Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
+            Op::Gemm(_) | Op::MatMul => OpClass::Dense,
+            Op::Unary(_)
+            | Op::Clip { .. }
+            | Op::Binary(_)
+            | Op::Sum
+            | Op::Where
+            | Op::Dropout { .. }
+            | Op::Trilu { .. } => OpClass::Elementwise,
+            Op::Softmax { .. } => OpClass::Softmax,
+            Op::Pool(_) | Op::GlobalPool(_) => OpClass::Pool,
+            Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
+            Op::ReduceMean { .. } => OpClass::Reduce,
+            Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Slice { .. }
+            | Op::Flatten { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Gather { .. }
+            | Op::Shape { .. }
+            | Op::ConstantOfShape { .. }
+            | Op::Range
+            | Op::Cast { .. }
+            | Op::Identity
+            | Op::Pad { .. }
+            | Op::Expand => OpClass::Shape,
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The verifier: a graph is acyclic and every value has a type and a shape.
+//!
+//! `verify` is the gate every later phase stands behind: they take `&GraphInfo`, which
+//! only `verify` makes, so unverified IR cannot be planned. It collects every problem.
+
+use std::fmt;
+
+use crate::graph::{Graph, Site};
+use crate::ids::{NodeId, ValueId};
+use crate::infer::{infer_all, InferError, ValueType};
+use crate::op::Op;
+
+/// What verification learned: a topological order and every value's type.
+#[derive(Clone, Debug)]
+pub struct GraphInfo {
+    order: Vec<NodeId>,
+    types: Vec<ValueType>,
+}
+
+impl GraphInfo {
+    /// Nodes in a deterministic topological order.
+    pub fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// The type of a value.
+    ///
+    /// # Panics
+    /// If `v` is not a value of the verified graph.
+    pub fn ty(&self, v: ValueId) -> &ValueType {
+        &self.types[v.index()]
+    }
+}
+
+/// One verification problem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyError {
+    /// Where.
+    pub site: Site,
+    /// What.
+    pub kind: VerifyErrorKind,
+}
+
+/// What verification found wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyErrorKind {
+    /// The node is on a cycle.
+    #[error("is on a cycle: the graph is not a DAG")]
+    Cycle,
+    /// Its output types could not be inferred.
+    #[error(transparent)]
+    Infer(#[from] InferError),
+    /// A graph output's declared shape contradicts the inferred one.
+    #[error("output '{name}' is declared {declared} but computes {inferred}")]
+    DeclaredShape {
+        /// The output.
+        name: String,
+        /// Declared shape.
+        declared: crate::shape::Shape,
+        /// Inferred shape.
+        inferred: crate::shape::Shape,
+    },
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.site, self.kind)
+    }
+}
+
+/// Every problem verification found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} problem(s) in the model:{}", .0.len(), .0.iter().map(|e| format!("\n  {e}")).collect::<String>())]
+pub struct VerifyErrors(pub Vec<VerifyError>);
+
+/// Verifies `graph`.
+///
+/// # Errors
+/// Every cycle, shape and type problem found, each at its node.
+pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
+    let order = graph.topo_order().map_err(|n| {
+        VerifyErrors(vec![VerifyError {
+            site: graph.site(n),
+            kind: VerifyErrorKind::Cycle,
+        }])
+    })?;
+    let (types, errors) = infer_all(graph, &order);
+    let mut problems: Vec<VerifyError> = errors
+        .into_iter()
+        .map(|(n, e)| VerifyError {
+            site: graph.site(n),
+            kind: VerifyErrorKind::Infer(with_hint(graph, e)),
+        })
+        .collect();
+
+    // Declared output shapes must agree on the dimensions both sides know, unless the graph
+    // was re-batched (the declaration then still carries the exported batch).
+    if graph.rebatch().is_none() {
+        for &out in graph.outputs() {
+            let (Some(t), Some(declared)) = (
+                &types[out.index()],
+                graph
+                    .value(out)
+                    .declared
+                    .as_ref()
+                    .and_then(|d| d.shape.as_ref()),
+            ) else {
+                continue;
+            };
+            let clash = declared.rank() != t.shape.rank()
+                || declared.0.iter().zip(&t.shape.0).any(
+                    |(d, i)| matches!((d.as_known(), i.as_known()), (Some(a), Some(b)) if a != b),
+                );
+            if clash {
+                let producer = graph.value(out).producer;
+                problems.push(VerifyError {
+                    site: graph.site(producer),
+                    kind: VerifyErrorKind::DeclaredShape {
+                        name: graph.value(out).name.clone(),
+                        declared: declared.clone(),
+                        inferred: t.shape.clone(),
+                    },
+                });
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(VerifyErrors(problems));
+    }
+    // Every node either produced all its outputs or reported an error above, so every
+    // value is typed here; the fallback is unreachable and keeps this free of panics.
+    let types = types
+        .into_iter()
+        .map(|t| {
+            t.unwrap_or_else(|| {
+                ValueType::new(crate::dtype::DType::F32, crate::shape::Shape(Vec::new()))
+            })
+        })
+        .collect();
+    Ok(GraphInfo { order, types })
+}
+
+/// Adds to an unbound-dimension error which input the symbol comes from.
+fn with_hint(graph: &Graph, e: InferError) -> InferError {
+    let InferError::Unbound { dim, .. } = e else {
+        return e;
+    };
+    let mut hint = String::new();
+    'outer: for v in graph.inputs() {
+        let Some(shape) = graph
+            .value(v)
+            .declared
+            .as_ref()
+            .and_then(|t| t.shape.as_ref())
+        else {
+            continue;
+        };
+        for (axis, d) in shape.0.iter().enumerate() {
+            if let Some(sym) = d.as_symbol() {
+                if dim.symbols().any(|s| s == sym) {
+                    let name = &graph.value(v).name;
+                    hint = if axis == 0 {
+                        format!(" (input '{name}' dimension 0, the batch): pass --batch N")
+                    } else {
+                        format!(
+                            " (input '{name}' dimension {axis}): pass --input {name}={}",
+                            example(shape)
+                        )
+                    };
+                    break 'outer;
+                }
+            }
+        }
+    }
+    InferError::Unbound { dim, hint }
+}
+
+fn example(shape: &crate::shape::Shape) -> String {
+    shape
+        .0
+        .iter()
+        .map(|d| {
+            d.as_known()
+                .map_or_else(|| "N".to_owned(), |k| k.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether a node only computes shapes or weights: all its outputs folded to constants, or
+/// it materializes a parameter (`ConstantOfShape` of a float type).
+pub(crate) fn is_shape_or_weight(graph: &Graph, info: &GraphInfo, n: NodeId) -> bool {
+    let node = graph.node(n);
+    matches!(node.op, Op::Input | Op::Constant { .. })
+        || matches!(node.op, Op::ConstantOfShape { dtype, .. } if dtype.is_float())
+        || node.outputs.iter().all(|&v| info.ty(v).content.is_some())
+}

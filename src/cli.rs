@@ -1,0 +1,64 @@
+//! Command-line definitions and error rendering.
+
+use std::io::{IsTerminal, Write};
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0    success
+  1    the input is at fault: unreadable or malformed model, unsupported operator,
+       shape mismatch, bad --batch/--input
+  2    usage error (unknown flag, bad value)
+  101  internal error: a bug in ralpc; please report it with `ralpc --version`";
+
+/// ralpc — a layer-placement compiler for deep-learning training.
+///
+/// It reads an ONNX model and decides, layer by layer, how training is spread over the
+/// GPUs of a cluster. Today: `ralpc inspect` (per-layer parameters, MACs, FLOPs, memory).
+#[derive(Debug, Parser)]
+#[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show a model's layers: output shapes, parameters, MACs, FLOPs and memory.
+    #[command(after_help = commands::inspect::EXAMPLES)]
+    Inspect(commands::inspect::Args),
+}
+
+/// Prints `error: …` and its `Caused by:` chain on stderr (red `error:` on a terminal
+/// unless `NO_COLOR` is set).
+pub fn report_error(e: &ralpc::Error) {
+    let stderr = std::io::stderr();
+    let colour = stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let mut out = stderr.lock();
+    let label = if colour {
+        "\x1b[1;31merror\x1b[0m"
+    } else {
+        "error"
+    };
+    let _ = writeln!(out, "{label}: {e}");
+    let mut source = std::error::Error::source(e);
+    if source.is_some() {
+        let _ = writeln!(out, "\nCaused by:");
+    }
+    while let Some(s) = source {
+        let text = s.to_string();
+        let mut lines = text.lines();
+        if let Some(first) = lines.next() {
+            let _ = writeln!(out, "  {first}");
+        }
+        for line in lines {
+            let _ = writeln!(out, "  {line}");
+        }
+        source = s.source();
+    }
+}

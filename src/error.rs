@@ -1,0 +1,69 @@
+//! The library's error type and its mapping to exit codes. Payloads are boxed so that
+//! `Result<_, Error>` stays small on the happy path.
+
+use ralpc_ir::{AccountError, BindError, ImportError, VerifyErrors};
+
+/// Why a ralpc command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The model could not be imported.
+    #[error("cannot import the model")]
+    Import(#[source] Box<ImportError>),
+    /// `--batch` / `--input` do not fit the model.
+    #[error("cannot bind the input dimensions")]
+    Bind(#[source] Box<BindError>),
+    /// The model failed verification (shapes, types, cycles).
+    #[error("the model is not valid")]
+    Verify(#[source] Box<VerifyErrors>),
+    /// Accounting failed (unbound dimensions, overflow).
+    #[error("cannot account for the model")]
+    Account(#[source] Box<AccountError>),
+}
+
+impl Error {
+    /// The process exit code for this error: 1 for problems with the input, 101 for bugs
+    /// in ralpc.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Import(_) | Error::Bind(_) | Error::Verify(_) | Error::Account(_) => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_stays_small() {
+        // Errors travel through every `?`: keep them a few words wide.
+        assert!(
+            std::mem::size_of::<super::Error>() <= 16,
+            "{}",
+            std::mem::size_of::<super::Error>()
+        );
+    }
+}
+
+impl From<ImportError> for Error {
+    fn from(e: ImportError) -> Error {
+        Error::Import(Box::new(e))
+    }
+}
+
+impl From<BindError> for Error {
+    fn from(e: BindError) -> Error {
+        Error::Bind(Box::new(e))
+    }
+}
+
+impl From<VerifyErrors> for Error {
+    fn from(e: VerifyErrors) -> Error {
+        Error::Verify(Box::new(e))
+    }
+}
+
+impl From<AccountError> for Error {
+    fn from(e: AccountError) -> Error {
+        Error::Account(Box::new(e))
+    }
+}

@@ -1,0 +1,22 @@
+//! The `ralpc` command line: parse, dispatch, map the result to an exit code.
+
+mod cli;
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Inspect(args) => commands::inspect::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            cli::report_error(&e);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
