@@ -94,35 +94,35 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
         })
         .collect();
 
-    // Declared output shapes must agree on the dimensions both sides know, unless the graph
-    // was re-batched (the declaration then still carries the exported batch).
-    if graph.rebatch().is_none() {
-        for &out in graph.outputs() {
-            let (Some(t), Some(declared)) = (
-                &types[out.index()],
-                graph
-                    .value(out)
-                    .declared
-                    .as_ref()
-                    .and_then(|d| d.shape.as_ref()),
-            ) else {
-                continue;
-            };
-            let clash = declared.rank() != t.shape.rank()
-                || declared.0.iter().zip(&t.shape.0).any(
+    // Declared output shapes must agree on the dimensions both sides know; after
+    // re-batching, axis 0 of the declaration still carries the exported batch.
+    let skip = usize::from(graph.rebatch().is_some());
+    for &out in graph.outputs() {
+        let (Some(t), Some(declared)) = (
+            &types[out.index()],
+            graph
+                .value(out)
+                .declared
+                .as_ref()
+                .and_then(|d| d.shape.as_ref()),
+        ) else {
+            continue;
+        };
+        let clash =
+            declared.rank() != t.shape.rank()
+                || declared.0.iter().zip(&t.shape.0).skip(skip).any(
                     |(d, i)| matches!((d.as_known(), i.as_known()), (Some(a), Some(b)) if a != b),
                 );
-            if clash {
-                let producer = graph.value(out).producer;
-                problems.push(VerifyError {
-                    site: graph.site(producer),
-                    kind: VerifyErrorKind::DeclaredShape {
-                        name: graph.value(out).name.clone(),
-                        declared: declared.clone(),
-                        inferred: t.shape.clone(),
-                    },
-                });
-            }
+        if clash {
+            let producer = graph.value(out).producer;
+            problems.push(VerifyError {
+                site: graph.site(producer),
+                kind: VerifyErrorKind::DeclaredShape {
+                    name: graph.value(out).name.clone(),
+                    declared: declared.clone(),
+                    inferred: t.shape.clone(),
+                },
+            });
         }
     }
     if !problems.is_empty() {

@@ -633,6 +633,11 @@ fn reshape(ctx: &Ctx<'_>, allowzero: bool) -> Result<Vec<ValueType>> {
         Err(e) => match rebatched(&target, ctx.rebatch) {
             Some(t) => resolve_reshape(&x.shape, &t, allowzero)
                 .map_err(|_| rebatch_error(&target, &x.shape, ctx.rebatch))?,
+            // A fully constant target that no longer fits after re-batching bakes the
+            // exported batch in somewhere other than its leading axis.
+            None if ctx.rebatch.is_some() && target.iter().all(|d| d.as_known().is_some()) => {
+                return Err(rebatch_error(&target, &x.shape, ctx.rebatch))
+            }
             None => return Err(e),
         },
     };
@@ -890,6 +895,17 @@ fn range(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
             _ => Err(mismatch(format!("input {slot} must be a scalar"))),
         }
     };
+    // `arange(0, n)` over a symbolic n (exporters index the batch this way): length n.
+    let limit_dim = ctx.input(1)?.content.as_ref().and_then(|c| match &**c {
+        [s] => s.as_dim().filter(|d| d.as_known().is_none()),
+        _ => None,
+    });
+    if let Some(limit) = limit_dim {
+        let (start, delta) = (ctx.ints_of(0)?, ctx.ints_of(2)?);
+        if start.as_slice() == [0] && delta.as_slice() == [1] && t.dtype.is_integer() {
+            return Ok(vec![ValueType::new(t.dtype, Shape(vec![limit]))]);
+        }
+    }
     let (start, limit, delta) = (scalar(0)?, scalar(1)?, scalar(2)?);
     if delta == 0.0 {
         return Err(mismatch("delta is 0".into()));

@@ -103,6 +103,8 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     let mut problems: Vec<Diagnostic> = Vec::new();
     let mut unsupported: Vec<Site> = Vec::new();
     let mut names: HashMap<String, (ValueId, Site)> = HashMap::new();
+    // Names whose definition failed to import: not reported again as undefined.
+    let mut failed: std::collections::HashSet<String> = std::collections::HashSet::new();
 
     let define = |graph: &Graph,
                   names: &mut HashMap<String, (ValueId, Site)>,
@@ -146,7 +148,10 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
                 let v = graph.node(n).outputs[0];
                 define(&graph, &mut names, v, &site, &mut problems);
             }
-            Err(kind) => problems.push(Diagnostic { site, kind }),
+            Err(kind) => {
+                failed.insert(t.name.clone());
+                problems.push(Diagnostic { site, kind });
+            }
         }
     }
 
@@ -191,7 +196,9 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             op_type: node.op_type.clone(),
         };
         let standard = node.domain.is_empty() || node.domain == "ai.onnx";
+        let failed_outputs = node.output.iter().cloned();
         let op = if !standard {
+            failed.extend(failed_outputs);
             unsupported.push(Site {
                 op_type: format!("{}.{}", node.domain, node.op_type),
                 ..site
@@ -201,10 +208,12 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             match ops::convert(node, opset, base) {
                 Ok(ops::Converted::Op(op)) => op,
                 Ok(ops::Converted::Unsupported) => {
+                    failed.extend(failed_outputs);
                     unsupported.push(site);
                     continue;
                 }
                 Err(kind) => {
+                    failed.extend(failed_outputs);
                     problems.push(Diagnostic { site, kind });
                     continue;
                 }
@@ -228,6 +237,8 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
                 inputs.push(None);
             } else if let Some((v, _)) = names.get(name) {
                 inputs.push(Some(*v));
+            } else if failed.contains(name) {
+                inputs.push(None);
             } else {
                 problems.push(Diagnostic {
                     site: site.clone(),
@@ -252,6 +263,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
                     graph.value_mut(*v).declared.get_or_insert(ty);
                 }
             }
+            None if failed.contains(&vi.name) => {}
             None => problems.push(Diagnostic {
                 site: Site {
                     name: vi.name.clone(),

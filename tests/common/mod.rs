@@ -1,0 +1,50 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::path::PathBuf;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A path under `fixtures/`.
+pub fn fixture(rel: &str) -> PathBuf {
+    root().join("fixtures").join(rel)
+}
+
+/// Every `fixtures/onnx/<case>` with a `model.onnx`, sorted.
+pub fn onnx_cases() -> Vec<String> {
+    let mut cases: Vec<String> = std::fs::read_dir(fixture("onnx"))
+        .expect("fixtures/onnx exists")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("model.onnx").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    cases.sort();
+    cases
+}
+
+/// Imports, binds to `batch`, verifies and accounts for a fixture.
+pub fn account(
+    case: &str,
+    batch: Option<u64>,
+) -> (
+    ralpc_ir::onnx::Model,
+    ralpc_ir::GraphInfo,
+    ralpc_ir::Accounting,
+) {
+    let mut model = ralpc_ir::onnx::import(&fixture(&format!("onnx/{case}/model.onnx")))
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    ralpc_ir::bind(
+        &mut model.graph,
+        &ralpc_ir::Bindings {
+            batch,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{case}: {e}"));
+    let info = ralpc_ir::verify(&model.graph).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let acc = ralpc_ir::account(&model.graph, &info).unwrap_or_else(|e| panic!("{case}: {e}"));
+    (model, info, acc)
+}
