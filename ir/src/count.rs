@@ -17,7 +17,7 @@ use crate::graph::{Graph, Site};
 use crate::ids::{NodeId, ValueId};
 use crate::op::{Op, PoolKind, Unary};
 use crate::shape::Dim;
-use crate::verify::{is_shape_or_weight, GraphInfo};
+use crate::verify::GraphInfo;
 
 /// Accounting of one layer (a node that computes on tensors: not a source, not shape
 /// arithmetic, not a weight generator).
@@ -210,11 +210,47 @@ fn is_parameter(graph: &Graph, v: ValueId) -> bool {
     }
 }
 
+/// For every value, whether it is computed from constants alone (weights, their aliases and
+/// casts, shape arithmetic): such values exist before the first input arrives.
+fn constant_derived(graph: &Graph, info: &GraphInfo) -> Vec<bool> {
+    let mut derived = vec![false; graph.value_count()];
+    for &n in info.order() {
+        let node = graph.node(n);
+        let yes = match node.op {
+            Op::Input => false,
+            Op::Constant { .. } => true,
+            _ => node.inputs.iter().flatten().all(|v| derived[v.index()]),
+        };
+        for &v in &node.outputs {
+            // Shape arithmetic on activations (`Shape(x)`) folds to constants too.
+            derived[v.index()] = yes || info.ty(v).content.is_some();
+        }
+    }
+    derived
+}
+
+/// The parameter behind a weight alias (`Identity`, `Cast`, `Transpose`, `Reshape`, … of a
+/// constant-derived value, as exporters emit for shared or re-laid-out weights).
+fn parameter_behind(graph: &Graph, derived: &[bool], mut v: ValueId) -> Option<ValueId> {
+    for _ in 0..64 {
+        if is_parameter(graph, v) {
+            return Some(v);
+        }
+        if !derived[v.index()] {
+            return None;
+        }
+        let node = graph.node(graph.value(v).producer);
+        v = node.inputs.first().copied().flatten()?;
+    }
+    None
+}
+
 /// Counts parameters, MACs, FLOPs and bytes of a verified graph whose shapes are bound.
 ///
 /// # Errors
 /// When a shape is still symbolic, or a count overflows.
 pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountError> {
+    let derived = constant_derived(graph, info);
     let mut acc = Accounting::default();
     let mut claimed = vec![false; graph.value_count()];
     for &n in info.order() {
@@ -224,19 +260,19 @@ pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountErr
             info,
             node: n,
         };
-        if is_shape_or_weight(graph, info, n) {
-            for &v in &node.outputs {
-                if is_parameter(graph, v) {
-                    acc.params = acc
-                        .params
-                        .checked_add(counter.numel(v)?)
-                        .ok_or(counter.overflow("parameters"))?;
-                    acc.weight_bytes = acc
-                        .weight_bytes
-                        .checked_add(counter.bytes(v)?)
-                        .ok_or(counter.overflow("weight bytes"))?;
-                }
+        for &v in &node.outputs {
+            if is_parameter(graph, v) {
+                acc.params = acc
+                    .params
+                    .checked_add(counter.numel(v)?)
+                    .ok_or(counter.overflow("parameters"))?;
+                acc.weight_bytes = acc
+                    .weight_bytes
+                    .checked_add(counter.bytes(v)?)
+                    .ok_or(counter.overflow("weight bytes"))?;
             }
+        }
+        if matches!(node.op, Op::Input) || node.outputs.iter().all(|v| derived[v.index()]) {
             continue;
         }
         let mut layer = LayerStats {
@@ -248,9 +284,12 @@ pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountErr
             weight_bytes: 0,
         };
         for &v in node.inputs.iter().flatten() {
-            if is_parameter(graph, v) && !std::mem::replace(&mut claimed[v.index()], true) {
-                layer.params += counter.numel(v)?;
-                layer.weight_bytes += counter.bytes(v)?;
+            let Some(p) = parameter_behind(graph, &derived, v) else {
+                continue;
+            };
+            if !std::mem::replace(&mut claimed[p.index()], true) {
+                layer.params += counter.numel(p)?;
+                layer.weight_bytes += counter.bytes(p)?;
             }
         }
         (layer.macs, layer.flops) = counter.compute()?;

@@ -8,7 +8,6 @@ use std::fmt;
 use crate::graph::{Graph, Site};
 use crate::ids::{NodeId, ValueId};
 use crate::infer::{infer_all, InferError, ValueType};
-use crate::op::Op;
 
 /// What verification learned: a topological order and every value's type.
 #[derive(Clone, Debug)]
@@ -186,13 +185,4 @@ fn example(shape: &crate::shape::Shape) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Whether a node only computes shapes or weights: all its outputs folded to constants, or
-/// it materializes a parameter (`ConstantOfShape` of a float type).
-pub(crate) fn is_shape_or_weight(graph: &Graph, info: &GraphInfo, n: NodeId) -> bool {
-    let node = graph.node(n);
-    matches!(node.op, Op::Input | Op::Constant { .. })
-        || matches!(node.op, Op::ConstantOfShape { dtype, .. } if dtype.is_float())
-        || node.outputs.iter().all(|&v| info.ty(v).content.is_some())
 }

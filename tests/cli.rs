@@ -1,0 +1,162 @@
+//! The `ralpc` command line as a user meets it.
+
+mod common;
+
+use assert_cmd::Command;
+
+fn ralpc() -> Command {
+    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
+    cmd.current_dir(common::root()).env("NO_COLOR", "1");
+    cmd
+}
+
+#[test]
+fn inspect_prints_the_layer_table() {
+    let out = ralpc()
+        .args(["inspect", "fixtures/onnx/vgg16/model.onnx"])
+        .assert()
+        .success();
+    insta::assert_snapshot!(String::from_utf8_lossy(&out.get_output().stdout));
+}
+
+#[test]
+fn inspect_json_has_the_documented_fields() {
+    let out = ralpc()
+        .args([
+            "inspect",
+            "fixtures/onnx/resnet50/model.onnx",
+            "--batch",
+            "32",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.get_output().stdout).expect("one JSON object");
+    assert_eq!(v["params"], 25_507_944);
+    assert_eq!(v["macs"].as_u64().unwrap(), 32 * 4_089_184_256);
+    assert_eq!(v["batch"], 32);
+    let layers = v["layers"].as_array().unwrap();
+    let first = &layers[0];
+    for key in ["name", "op", "output_shape", "params", "macs"] {
+        assert!(first.get(key).is_some(), "layer field {key}");
+    }
+    assert_eq!(first["op"], "Conv");
+    assert_eq!(first["output_shape"], serde_json::json!([32, 64, 112, 112]));
+    let sum: u64 = layers.iter().map(|l| l["macs"].as_u64().unwrap()).sum();
+    assert_eq!(sum, v["macs"].as_u64().unwrap());
+}
+
+#[test]
+fn json_is_byte_identical_across_runs() {
+    let run = || {
+        ralpc()
+            .args(["inspect", "fixtures/onnx/densenet121/model.onnx", "--json"])
+            .output()
+            .unwrap()
+            .stdout
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn input_binds_dynamic_image_sizes() {
+    let dir = common::fixture("bad");
+    let out = Command::cargo_bin("ralpc")
+        .unwrap()
+        .current_dir(&dir)
+        .args([
+            "inspect",
+            "unbound_dimension.onnx",
+            "--input",
+            "images=2,3,64,48",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(
+        v["layers"][0]["output_shape"],
+        serde_json::json!([2, 8, 62, 46])
+    );
+    // 2 images x 8 channels x 62 x 46 outputs x (3 x 3 x 3) MACs each.
+    assert_eq!(v["macs"], 2 * 8 * 62 * 46 * 27);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    ralpc().args(["inspect"]).assert().code(2);
+    ralpc()
+        .args(["inspect", "x.onnx", "--batch", "0"])
+        .assert()
+        .code(2);
+    ralpc()
+        .args(["inspect", "x.onnx", "--input", "nodims"])
+        .assert()
+        .code(2);
+    ralpc().args(["frobnicate"]).assert().code(2);
+}
+
+#[test]
+fn bad_bindings_exit_1_and_name_the_input() {
+    let out = ralpc()
+        .args([
+            "inspect",
+            "fixtures/onnx/resnet50/model.onnx",
+            "--input",
+            "pixels=1,3,224,224",
+        ])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("the model has no input 'pixels' (its inputs: input)"),
+        "{stderr}"
+    );
+    let out = ralpc()
+        .args([
+            "inspect",
+            "fixtures/onnx/resnet50/model.onnx",
+            "--input",
+            "input=1,3,224",
+        ])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr
+            .contains("input 'input' has rank 4 ([batch,3,224,224]) but 3 dimension(s) were given"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_file_exits_1() {
+    let out = ralpc()
+        .args(["inspect", "no/such/model.onnx"])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.starts_with(
+            "error: cannot import the model\n\nCaused by:\n  cannot read 'no/such/model.onnx'"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_teaches_and_documents_exit_codes() {
+    let out = ralpc().args(["inspect", "--help"]).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout);
+    assert!(
+        text.contains("Examples:") && text.contains("--batch"),
+        "{text}"
+    );
+    let out = ralpc().arg("--help").assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout);
+    assert!(
+        text.contains("Exit status:") && text.contains("101"),
+        "{text}"
+    );
+}
