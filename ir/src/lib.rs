@@ -46,6 +46,8 @@ mod bind;
 mod count;
 mod dtype;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod graph;
 mod ids;
 mod infer;

@@ -99,6 +99,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         });
     }
 
+    let files = tensor::ExternalFiles::new(base);
     let mut graph = Graph::new();
     let mut problems: Vec<Diagnostic> = Vec::new();
     let mut unsupported: Vec<Site> = Vec::new();
@@ -134,7 +135,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             name: t.name.clone(),
             op_type: "initializer".into(),
         };
-        match tensor::decode(&mut t, base) {
+        match tensor::decode(&mut t, &files) {
             Ok(data) => {
                 let prov = Provenance {
                     name: t.name.clone(),
@@ -205,7 +206,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             });
             continue;
         } else {
-            match ops::convert(node, opset, base) {
+            match ops::convert(node, opset, &files) {
                 Ok(ops::Converted::Op(op)) => op,
                 Ok(ops::Converted::Unsupported) => {
                     failed.extend(failed_outputs);

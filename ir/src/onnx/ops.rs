@@ -4,13 +4,12 @@
 //! (<https://onnx.ai/onnx/operators/>). Opset differences that move an attribute to an
 //! input are absorbed by `Option` attributes (see [`crate::op`]).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use onnx_protobuf::NodeProto;
 
 use super::attrs::Attrs;
-use super::tensor;
+use super::tensor::{self, ExternalFiles};
 use crate::dtype::DType;
 use crate::error::Problem;
 use crate::op::*;
@@ -77,7 +76,7 @@ fn pool(a: &Attrs<'_>, kind: PoolKind) -> Result<Pool, Problem> {
 pub(crate) fn convert(
     node: &NodeProto,
     opset: i64,
-    base: Option<&Path>,
+    files: &ExternalFiles<'_>,
 ) -> Result<Converted, Problem> {
     let a = Attrs::of(node);
     let op = match node.op_type.as_str() {
@@ -212,7 +211,7 @@ pub(crate) fn convert(
             let (value, dtype) = match a.tensor("value")? {
                 None => (0.0, DType::F32),
                 Some(t) => {
-                    let t = tensor::decode(&mut t.clone(), base)?;
+                    let t = tensor::decode(&mut t.clone(), files)?;
                     let v = t.to_f64s().map_err(|e| invalid("value", e.to_string()))?;
                     match v.as_slice() {
                         [x] => (*x, t.dtype),
@@ -263,7 +262,7 @@ pub(crate) fn convert(
             upper: a.flag("upper", true)?,
         },
         "Constant" => Op::Constant {
-            tensor: Arc::new(constant(&a, base)?),
+            tensor: Arc::new(constant(&a, files)?),
             initializer: false,
         },
         _ => return Ok(Converted::Unsupported),
@@ -272,14 +271,14 @@ pub(crate) fn convert(
 }
 
 /// The payload of a `Constant` node: exactly one of its value attributes.
-fn constant(a: &Attrs<'_>, base: Option<&Path>) -> Result<TensorData, Problem> {
+fn constant(a: &Attrs<'_>, files: &ExternalFiles<'_>) -> Result<TensorData, Problem> {
     let inline = |dtype: DType, dims: Vec<u64>, bytes: Vec<u8>| TensorData {
         dtype,
         dims,
         storage: Storage::Inline(Arc::new(bytes)),
     };
     if let Some(t) = a.tensor("value")? {
-        return tensor::decode(&mut t.clone(), base);
+        return tensor::decode(&mut t.clone(), files);
     }
     if let Some(v) = a.float("value_float")? {
         return Ok(inline(DType::F32, vec![], v.to_le_bytes().to_vec()));

@@ -5,7 +5,9 @@
 //! `raw_data` (little-endian) first, then the typed field the spec assigns to the element
 //! type, or an external-data reference that is validated but not read.
 
-use std::path::{Component, Path};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use onnx_protobuf::tensor_proto::DataLocation;
@@ -15,9 +17,38 @@ use crate::dtype::DType;
 use crate::error::Problem;
 use crate::tensor::{ExternalData, Storage, TensorData};
 
-/// Decodes a tensor, taking its bytes out of the proto. `base` is the model's folder,
-/// for external data (`None` when the model came from memory).
-pub(crate) fn decode(t: &mut TensorProto, base: Option<&Path>) -> Result<TensorData, Problem> {
+/// Where external data is resolved, with the sizes of the files already looked at (models
+/// keep thousands of tensors in one file: it is stat'ed once).
+#[derive(Default)]
+pub(crate) struct ExternalFiles<'a> {
+    /// The model's folder (`None` when the model came from memory).
+    pub base: Option<&'a Path>,
+    /// `None` for a missing file, else whether it is a regular file and its length.
+    sizes: RefCell<HashMap<PathBuf, Option<(bool, u64)>>>,
+}
+
+impl<'a> ExternalFiles<'a> {
+    pub(crate) fn new(base: Option<&'a Path>) -> ExternalFiles<'a> {
+        ExternalFiles {
+            base,
+            sizes: RefCell::default(),
+        }
+    }
+
+    fn size(&self, path: &Path) -> Option<(bool, u64)> {
+        *self
+            .sizes
+            .borrow_mut()
+            .entry(path.to_path_buf())
+            .or_insert_with(|| std::fs::metadata(path).ok().map(|m| (m.is_file(), m.len())))
+    }
+}
+
+/// Decodes a tensor, taking its bytes out of the proto.
+pub(crate) fn decode(
+    t: &mut TensorProto,
+    files: &ExternalFiles<'_>,
+) -> Result<TensorData, Problem> {
     let name = t.name.clone();
     let bad = |reason: String| Problem::Tensor {
         tensor: name.clone(),
@@ -38,7 +69,7 @@ pub(crate) fn decode(t: &mut TensorProto, base: Option<&Path>) -> Result<TensorD
         .ok_or_else(|| bad(format!("dimensions {:?} overflow", t.dims)))?;
 
     if t.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
-        let ext = external(t, base, size)?;
+        let ext = external(t, files, size)?;
         return Ok(TensorData {
             dtype,
             dims,
@@ -102,7 +133,11 @@ fn typed_field_bytes(t: &TensorProto, dtype: DType) -> Vec<u8> {
 
 /// Validates an external-data reference. The file is only looked at (its size), never
 /// read: a structure-only model whose data file is absent is valid for planning.
-fn external(t: &TensorProto, base: Option<&Path>, size: u64) -> Result<ExternalData, Problem> {
+fn external(
+    t: &TensorProto,
+    files: &ExternalFiles<'_>,
+    size: u64,
+) -> Result<ExternalData, Problem> {
     let mut location = None;
     let mut offset = 0u64;
     let mut length = None;
@@ -151,21 +186,19 @@ fn external(t: &TensorProto, base: Option<&Path>, size: u64) -> Result<ExternalD
     let end = offset
         .checked_add(length)
         .ok_or_else(|| bad(&location, "offset + length overflows".into()))?;
-    let path = base
+    let path = files
+        .base
         .map(|b| b.join(rel))
         .unwrap_or_else(|| rel.to_path_buf());
     // An absent file is fine (structure-only model); a present one must be long enough.
-    if let Ok(meta) = std::fs::metadata(&path) {
-        if !meta.is_file() {
+    if let Some((is_file, len)) = files.size(&path) {
+        if !is_file {
             return Err(bad(&location, "is not a regular file".into()));
         }
-        if meta.len() < end {
+        if len < end {
             return Err(bad(
                 &location,
-                format!(
-                    "file has {} bytes, the tensor needs bytes {offset}..{end}",
-                    meta.len()
-                ),
+                format!("file has {len} bytes, the tensor needs bytes {offset}..{end}"),
             ));
         }
     }
@@ -198,12 +231,16 @@ mod tests {
     #[test]
     fn external_paths_must_stay_inside_the_folder() {
         for bad in ["../w.bin", "/etc/passwd", "a/../../w.bin", ""] {
-            let err = decode(&mut ext_tensor(bad), Some(Path::new("/tmp"))).unwrap_err();
+            let err = decode(
+                &mut ext_tensor(bad),
+                &ExternalFiles::new(Some(Path::new("/tmp"))),
+            )
+            .unwrap_err();
             assert!(matches!(err, Problem::ExternalData { .. }), "{bad}: {err}");
         }
         let ok = decode(
             &mut ext_tensor("sub/w.bin"),
-            Some(Path::new("/nonexistent")),
+            &ExternalFiles::new(Some(Path::new("/nonexistent"))),
         )
         .unwrap();
         assert!(matches!(ok.storage, Storage::External(ref e) if e.length == 24));
@@ -220,8 +257,8 @@ mod tests {
         typed.dims = vec![2];
         typed.int64_data = vec![3, -1];
         assert_eq!(
-            decode(&mut raw, None).unwrap(),
-            decode(&mut typed, None).unwrap()
+            decode(&mut raw, &ExternalFiles::default()).unwrap(),
+            decode(&mut typed, &ExternalFiles::default()).unwrap()
         );
     }
 
@@ -232,7 +269,9 @@ mod tests {
         t.data_type = 1;
         t.dims = vec![4];
         t.float_data = vec![1.0];
-        let err = decode(&mut t, None).unwrap_err().to_string();
+        let err = decode(&mut t, &ExternalFiles::default())
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "tensor 'x': has 4 element(s) of f32 (16 bytes) but its data holds 4 bytes"
