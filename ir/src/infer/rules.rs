@@ -1040,11 +1040,13 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::ConvTranspose(c) => conv_transpose(ctx, c),
         Op::Gemm(g) => gemm(ctx, g),
         Op::MatMul => matmul(ctx),
-        Op::Unary(_) | Op::Clip { .. } => {
+        Op::Unary(_) => {
             let x = ctx.input(0)?;
             need_float(x, 0)?;
             same(ctx)
         }
+        // Clip is defined on integers too (opset 12).
+        Op::Clip { .. } => same(ctx),
         Op::Binary(_) | Op::Sum | Op::Where => elementwise(ctx),
         Op::Softmax { axis: a, .. } => {
             let x = ctx.input(0)?;
