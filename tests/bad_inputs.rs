@@ -8,19 +8,13 @@ use std::process::Command;
 #[test]
 fn every_bad_model_fails_cleanly_with_a_named_cause() {
     let dir = common::fixture("bad");
-    let mut cases: Vec<_> = std::fs::read_dir(&dir)
-        .expect("fixtures/bad")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".onnx"))
-        .collect();
-    cases.sort();
+    let cases = common::names_with_suffix(&dir, ".onnx");
     assert!(cases.len() >= 20, "the corpus has {} files", cases.len());
     for case in cases {
         // Run from the corpus folder with a relative path, so messages are machine-independent.
         let out = Command::new(env!("CARGO_BIN_EXE_ralpc"))
             .current_dir(&dir)
-            .args(["inspect", &case, "--batch", "4"])
+            .args(["inspect", &format!("{case}.onnx"), "--batch", "4"])
             .env("NO_COLOR", "1")
             .output()
             .expect("ralpc runs");
@@ -36,6 +30,6 @@ fn every_bad_model_fails_cleanly_with_a_named_cause() {
         );
         assert!(stderr.starts_with("error: "), "{case}: {stderr}");
         assert!(!stderr.contains("panicked"), "{case}: {stderr}");
-        insta::assert_snapshot!(case.trim_end_matches(".onnx"), stderr);
+        insta::assert_snapshot!(case, stderr);
     }
 }

@@ -179,3 +179,23 @@ fn text_form_of_a_small_model() {
 fn shapes_print_symbolically() {
     assert_eq!(Shape::known(&[2, 3]).to_string(), "[2,3]");
 }
+
+#[test]
+fn totals_of_every_fixture() {
+    // One line per fixture at batch 1: a regression anywhere in import, inference or
+    // accounting shows up here.
+    let mut out = String::from("case: layers params macs flops activation_bytes weight_bytes\n");
+    for case in common::onnx_cases() {
+        let (_, _, a) = common::account(&case, Some(1));
+        out += &format!(
+            "{case}: {} {} {} {} {} {}\n",
+            a.layers.len(),
+            a.params,
+            a.macs,
+            a.flops,
+            a.activation_bytes,
+            a.weight_bytes
+        );
+    }
+    insta::assert_snapshot!(out);
+}

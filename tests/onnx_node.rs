@@ -35,13 +35,7 @@ fn passes(path: &std::path::Path) -> Result<(), String> {
 #[test]
 fn onnx_node_tests_infer_the_declared_shapes() {
     let dir = common::fixture("onnx-node");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("fixtures/onnx-node")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter_map(|n| n.strip_suffix(".onnx").map(str::to_owned))
-        .collect();
-    names.sort();
+    let names = common::names_with_suffix(&dir, ".onnx");
     let mut passing = Vec::new();
     let mut failing = Vec::new();
     for name in &names {

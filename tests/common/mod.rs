@@ -13,6 +13,22 @@ pub fn fixture(rel: &str) -> PathBuf {
     root().join("fixtures").join(rel)
 }
 
+/// The names of the files in `dir` ending in `suffix`, with the suffix removed, sorted.
+pub fn names_with_suffix(dir: &std::path::Path, suffix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .strip_suffix(suffix)
+                .map(str::to_owned)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Every `fixtures/onnx/<case>` with a `model.onnx`, sorted.
 pub fn onnx_cases() -> Vec<String> {
     let mut cases: Vec<String> = std::fs::read_dir(fixture("onnx"))
