@@ -129,6 +129,12 @@ impl Counter<'_> {
             .ok_or(self.overflow("a byte count"))
     }
 
+    /// `*total += x`, or an overflow error naming `what`.
+    fn add(&self, total: &mut u64, x: u64, what: &'static str) -> Result<(), AccountError> {
+        *total = total.checked_add(x).ok_or(self.overflow(what))?;
+        Ok(())
+    }
+
     fn overflow(&self, what: &'static str) -> AccountError {
         AccountError::Overflow {
             site: self.graph.site(self.node),
@@ -262,14 +268,8 @@ pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountErr
         };
         for &v in &node.outputs {
             if is_parameter(graph, v) {
-                acc.params = acc
-                    .params
-                    .checked_add(counter.numel(v)?)
-                    .ok_or(counter.overflow("parameters"))?;
-                acc.weight_bytes = acc
-                    .weight_bytes
-                    .checked_add(counter.bytes(v)?)
-                    .ok_or(counter.overflow("weight bytes"))?;
+                counter.add(&mut acc.params, counter.numel(v)?, "parameters")?;
+                counter.add(&mut acc.weight_bytes, counter.bytes(v)?, "weight bytes")?;
             }
         }
         if matches!(node.op, Op::Input) || node.outputs.iter().all(|v| derived[v.index()]) {
@@ -288,25 +288,24 @@ pub fn account(graph: &Graph, info: &GraphInfo) -> Result<Accounting, AccountErr
                 continue;
             };
             if !std::mem::replace(&mut claimed[p.index()], true) {
-                layer.params += counter.numel(p)?;
-                layer.weight_bytes += counter.bytes(p)?;
+                counter.add(&mut layer.params, counter.numel(p)?, "layer parameters")?;
+                counter.add(
+                    &mut layer.weight_bytes,
+                    counter.bytes(p)?,
+                    "layer weight bytes",
+                )?;
             }
         }
         (layer.macs, layer.flops) = counter.compute()?;
         for &v in &node.outputs {
-            layer.activation_bytes = layer
-                .activation_bytes
-                .checked_add(counter.bytes(v)?)
-                .ok_or(counter.overflow("activation bytes"))?;
+            counter.add(
+                &mut layer.activation_bytes,
+                counter.bytes(v)?,
+                "activation bytes",
+            )?;
         }
-        acc.macs = acc
-            .macs
-            .checked_add(layer.macs)
-            .ok_or(counter.overflow("the MAC total"))?;
-        acc.flops = acc
-            .flops
-            .checked_add(layer.flops)
-            .ok_or(counter.overflow("the FLOP total"))?;
+        counter.add(&mut acc.macs, layer.macs, "the MAC total")?;
+        counter.add(&mut acc.flops, layer.flops, "the FLOP total")?;
         acc.activation_bytes = acc.activation_bytes.saturating_add(layer.activation_bytes);
         acc.layers.push(layer);
     }

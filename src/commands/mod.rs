@@ -7,10 +7,12 @@ use std::io::Write;
 /// Writes an artifact to stdout; a closed pipe (`| head`) is not an error.
 pub fn print_stdout(text: &str) {
     let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Err(_) => {}
+    // A closed pipe (`ralpc inspect … | head`) is the reader's choice, not a failure; any
+    // other write error (a full disk) is reported.
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = writeln!(std::io::stderr(), "error: cannot write to stdout: {e}");
+        }
     }
 }
 
