@@ -16,6 +16,12 @@ macro_rules! id_type {
             pub fn index(self) -> usize {
                 self.0 as usize
             }
+
+            /// The id at an index taken from [`index`](Self::index) (side tables keyed by
+            /// index); meaningful only for the graph that issued it.
+            pub fn from_index(index: usize) -> $name {
+                $name(u32::try_from(index).expect("graph ids fit in 32 bits"))
+            }
         }
 
         impl fmt::Debug for $name {

@@ -4,6 +4,10 @@
 #![warn(missing_docs)]
 
 pub mod cluster;
+pub mod cost;
+pub mod layers;
+pub mod profile;
+pub mod rewrite;
 pub mod units;
 
 pub use ralpc_ir as ir;

@@ -1,0 +1,456 @@
+//! The layer graph: the units of placement with their forward and backward work, the
+//! bytes they keep and the tensors they exchange.
+//!
+//! Built from an ONNX model (through [`rewrite`](crate::rewrite)) or read from a planner's
+//! profile (PipeDream's `graph.txt`, see [`profile`](crate::profile)). Figures are for the
+//! whole global batch `LayerGraph::batch`; [`Layer::local`] gives one rank's share under a
+//! split.
+//!
+//! Backward conventions (per layer, documented so plans can be checked by hand):
+//! * layers with MACs (conv, dense, batched matmul): backward = 2 × forward MAC FLOPs (the
+//!   input gradient and the weight gradient) + their other FLOPs once;
+//! * all other layers: backward FLOPs = forward FLOPs;
+//! * backward memory traffic = 2 × forward (gradients in and out plus stashed inputs).
+//! * stashed bytes: the activations a layer reads (kept for its backward) plus the values
+//!   inside a fused unit; each tensor is counted once, by its reader.
+
+use std::collections::BTreeMap;
+
+use ralpc_ir::{account, AccountError, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
+use serde::Serialize;
+
+use crate::rewrite::{self, Limits, Report, Rewritten};
+
+/// Index of a layer in [`LayerGraph::layers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct LayerId(pub u32);
+
+/// What kind of work a layer does (selects the roofline efficiency).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// Convolutions: compute-heavy, few parameters.
+    Conv,
+    /// Matrix products (Gemm, MatMul): fully connected and attention layers.
+    Dense,
+    /// Normalization.
+    Norm,
+    /// Pooling.
+    Pool,
+    /// Softmax.
+    Softmax,
+    /// Elementwise arithmetic and activations.
+    Elementwise,
+    /// Reductions.
+    Reduce,
+    /// A lookup into a weight table (Gather on a parameter).
+    Embedding,
+    /// Copies, concatenations, transposes, slices.
+    DataMovement,
+}
+
+impl LayerKind {
+    /// All kinds.
+    pub const ALL: [LayerKind; 9] = [
+        LayerKind::Conv,
+        LayerKind::Dense,
+        LayerKind::Norm,
+        LayerKind::Pool,
+        LayerKind::Softmax,
+        LayerKind::Elementwise,
+        LayerKind::Reduce,
+        LayerKind::Embedding,
+        LayerKind::DataMovement,
+    ];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Conv => "conv",
+            LayerKind::Dense => "dense",
+            LayerKind::Norm => "norm",
+            LayerKind::Pool => "pool",
+            LayerKind::Softmax => "softmax",
+            LayerKind::Elementwise => "elementwise",
+            LayerKind::Reduce => "reduce",
+            LayerKind::Embedding => "embedding",
+            LayerKind::DataMovement => "data_movement",
+        }
+    }
+}
+
+/// Where a layer's input comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Producer {
+    /// Another layer.
+    Layer(LayerId),
+    /// A graph input, by name.
+    Input(String),
+}
+
+/// A tensor a layer reads from a neighbour.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Edge {
+    /// Who produces it.
+    pub from: Producer,
+    /// The IR value (absent for imported layer graphs).
+    #[serde(skip)]
+    pub value: Option<ValueId>,
+    /// Its size for the whole batch.
+    pub bytes: u64,
+}
+
+/// One IR op inside a layer, with what a profile lookup needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Part {
+    /// The IR node.
+    #[serde(skip)]
+    pub node: NodeId,
+    /// Its ONNX op type.
+    pub op: &'static str,
+    /// Its profile signature, when its shapes are known.
+    pub signature: Option<crate::profile::Signature>,
+    /// Forward FLOPs (2 per MAC).
+    pub fwd_flops: u64,
+    /// Bytes it reads and writes (activations and weights).
+    pub bytes: u64,
+    /// Whether it launches a kernel (views and identities do not).
+    pub launches: bool,
+}
+
+/// Times measured for a layer as a whole (imported layer graphs).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    /// Forward, µs, for the graph's batch.
+    pub fwd_us: f64,
+    /// Backward, µs.
+    pub bwd_us: f64,
+}
+
+/// A unit of placement.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Layer {
+    /// Name of its main op.
+    pub name: String,
+    /// What it computes (`Conv+Relu`).
+    pub op: String,
+    /// Its work class.
+    pub kind: LayerKind,
+    /// Its IR ops (empty for imported layer graphs).
+    pub parts: Vec<Part>,
+    /// Parameters (elements).
+    pub params: u64,
+    /// Parameter bytes (gradients are as large).
+    pub param_bytes: u64,
+    /// Forward FLOPs for the whole batch.
+    pub fwd_flops: u64,
+    /// Backward FLOPs for the whole batch.
+    pub bwd_flops: u64,
+    /// Activation bytes read and written in the forward pass (weights excluded).
+    pub activation_io_bytes: u64,
+    /// Bytes of its outputs.
+    pub output_bytes: u64,
+    /// Bytes kept from forward to backward.
+    pub stash_bytes: u64,
+    /// Tensors it reads from other layers and graph inputs.
+    pub inputs: Vec<Edge>,
+    /// Whole-layer measurements, when imported.
+    pub measured: Option<Measured>,
+}
+
+/// How a layer is split over a device group (SOAP degrees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Split {
+    /// Sample (batch) degree.
+    pub sample: u32,
+    /// Attribute (spatial / sequence) degree.
+    pub attribute: u32,
+    /// Parameter (output channels / features) degree.
+    pub parameter: u32,
+}
+
+impl Split {
+    /// No split.
+    pub const NONE: Split = Split {
+        sample: 1,
+        attribute: 1,
+        parameter: 1,
+    };
+
+    /// Data parallel over `n` devices.
+    pub fn samples(n: u32) -> Split {
+        Split {
+            sample: n.max(1),
+            ..Split::NONE
+        }
+    }
+
+    /// Devices used: s · a · p.
+    pub fn degree(&self) -> u32 {
+        self.sample.max(1) * self.attribute.max(1) * self.parameter.max(1)
+    }
+}
+
+/// One rank's share of a layer under a split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LocalWork {
+    /// Forward FLOPs.
+    pub fwd_flops: f64,
+    /// Backward FLOPs.
+    pub bwd_flops: f64,
+    /// Forward bytes moved to and from HBM (activations and its weight slice).
+    pub fwd_bytes: f64,
+    /// Parameter bytes it holds.
+    pub param_bytes: f64,
+    /// Bytes it stashes for backward.
+    pub stash_bytes: f64,
+    /// The fraction of the batch it computes on (1/s).
+    pub batch_fraction: f64,
+    /// The fraction of the layer's work it does (1/(s·a·p)).
+    pub work_fraction: f64,
+}
+
+impl Layer {
+    /// Whether it has parameters.
+    pub fn has_params(&self) -> bool {
+        self.params > 0
+    }
+
+    /// One rank's work under `split`: FLOPs divide by s·a·p; activations by s·a (the input
+    /// is replicated across a parameter split, the output divided); weights by p.
+    pub fn local(&self, split: Split) -> LocalWork {
+        let (s, a, p) = (
+            f64::from(split.sample.max(1)),
+            f64::from(split.attribute.max(1)),
+            f64::from(split.parameter.max(1)),
+        );
+        let work = 1.0 / (s * a * p);
+        let inputs = self.activation_io_bytes.saturating_sub(self.output_bytes) as f64;
+        LocalWork {
+            fwd_flops: self.fwd_flops as f64 * work,
+            bwd_flops: self.bwd_flops as f64 * work,
+            fwd_bytes: inputs / (s * a) + self.output_bytes as f64 * work + self.param_bytes as f64 / p,
+            param_bytes: self.param_bytes as f64 / p,
+            stash_bytes: self.stash_bytes as f64 / (s * a),
+            batch_fraction: 1.0 / s,
+            work_fraction: work,
+        }
+    }
+}
+
+/// The layers of a model.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerGraph {
+    /// The global batch the figures are for.
+    pub batch: u64,
+    /// Layers, producers before consumers.
+    pub layers: Vec<Layer>,
+    /// Layers whose outputs are the model's outputs.
+    pub outputs: Vec<LayerId>,
+    /// The rewrite's statistics (absent for imported layer graphs).
+    #[serde(skip)]
+    pub rewrite: Option<Report>,
+    /// IR values carried by another value after rewriting.
+    #[serde(skip)]
+    pub aliases: BTreeMap<ValueId, ValueId>,
+}
+
+/// Why a layer graph could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// Counting failed (unbound shapes, overflow).
+    #[error(transparent)]
+    Account(#[from] AccountError),
+    /// The batch is not known.
+    #[error("the batch size is not known: bind it (--batch) before building layers")]
+    UnknownBatch,
+}
+
+impl LayerGraph {
+    /// Total forward + backward FLOPs of one iteration.
+    pub fn total_flops(&self) -> f64 {
+        self.layers.iter().map(|l| (l.fwd_flops + l.bwd_flops) as f64).sum()
+    }
+
+    /// Total parameter bytes.
+    pub fn param_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.param_bytes).sum()
+    }
+
+    /// The layers that read a layer's output.
+    pub fn consumers(&self, id: LayerId) -> Vec<LayerId> {
+        (0..self.layers.len() as u32)
+            .map(LayerId)
+            .filter(|&c| self.layers[c.0 as usize].inputs.iter().any(|e| e.from == Producer::Layer(id)))
+            .collect()
+    }
+}
+
+/// Builds the layer graph of a verified graph whose shapes are bound; `batch` is the bound
+/// global batch.
+///
+/// # Errors
+/// When counting fails (a symbolic shape, an overflow).
+pub fn build(graph: &Graph, info: &GraphInfo, batch: u64, limits: Limits) -> Result<LayerGraph, LayerError> {
+    let accounting = account(graph, info)?;
+    let rewritten = rewrite::rewrite(graph, info, limits);
+    Ok(assemble(graph, info, batch, &accounting, rewritten))
+}
+
+fn bytes_of(info: &GraphInfo, v: ValueId) -> u64 {
+    let ty = info.ty(v);
+    ty.shape.known_numel().unwrap_or(0).saturating_mul(ty.dtype.size_bytes())
+}
+
+fn kind_of(graph: &Graph, info: &GraphInfo, node: NodeId, parameters: &dyn Fn(ValueId) -> bool) -> LayerKind {
+    let n = graph.node(node);
+    match n.op.class() {
+        OpClass::Conv => LayerKind::Conv,
+        OpClass::Dense => LayerKind::Dense,
+        OpClass::Norm => LayerKind::Norm,
+        OpClass::Pool => LayerKind::Pool,
+        OpClass::Softmax => LayerKind::Softmax,
+        OpClass::Elementwise => LayerKind::Elementwise,
+        OpClass::Reduce => LayerKind::Reduce,
+        OpClass::Shape | OpClass::Source => {
+            let table = n.inputs.first().copied().flatten();
+            if matches!(n.op, Op::Gather { .. }) && table.is_some_and(|t| parameters(t) && info.ty(t).shape.rank() == 2) {
+                LayerKind::Embedding
+            } else {
+                LayerKind::DataMovement
+            }
+        }
+    }
+}
+
+fn assemble(graph: &Graph, info: &GraphInfo, batch: u64, accounting: &ralpc_ir::Accounting, rewritten: Rewritten) -> LayerGraph {
+    let stats: BTreeMap<NodeId, &ralpc_ir::LayerStats> = accounting.layers.iter().map(|l| (l.node, l)).collect();
+    let facts = rewrite::Facts::new(graph, info);
+    let parameters = |v: ValueId| facts.parameter[v.index()];
+    // Weight-only units join the first layer that reads them.
+    let mut producer_unit: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for (i, u) in rewritten.units.iter().enumerate() {
+        for &v in &u.outputs {
+            producer_unit.insert(v, i);
+        }
+    }
+    let mut layer_of_unit: Vec<Option<LayerId>> = vec![None; rewritten.units.len()];
+    let mut layers: Vec<Layer> = Vec::new();
+    let mut claimed = vec![false; rewritten.units.len()];
+    for (i, unit) in rewritten.units.iter().enumerate() {
+        if unit.weight_only {
+            continue;
+        }
+        let id = LayerId(layers.len() as u32);
+        layer_of_unit[i] = Some(id);
+        // Gather the weight-only units behind this unit's inputs (not yet claimed).
+        let mut prologue: Vec<NodeId> = Vec::new();
+        let mut stack: Vec<ValueId> = unit.inputs.clone();
+        while let Some(v) = stack.pop() {
+            if let Some(&p) = producer_unit.get(&v) {
+                let u = &rewritten.units[p];
+                if u.weight_only && !std::mem::replace(&mut claimed[p], true) {
+                    prologue.extend(u.members.iter().copied());
+                    stack.extend(u.inputs.iter().copied());
+                }
+            }
+        }
+        prologue.sort_by_key(|n| info.order().iter().position(|m| m == n));
+        let members: Vec<NodeId> = prologue.iter().chain(unit.members.iter()).copied().collect();
+        let mut layer = Layer {
+            name: graph.provenance(unit.members[0]).name.clone(),
+            op: unit.op.clone(),
+            kind: kind_of(graph, info, unit.members[0], &parameters),
+            parts: Vec::new(),
+            params: 0,
+            param_bytes: 0,
+            fwd_flops: 0,
+            bwd_flops: 0,
+            activation_io_bytes: 0,
+            output_bytes: unit.outputs.iter().map(|&v| bytes_of(info, v)).sum(),
+            stash_bytes: 0,
+            inputs: Vec::new(),
+            measured: None,
+        };
+        let inside: Vec<ValueId> = members.iter().flat_map(|&m| graph.node(m).outputs.clone()).collect();
+        let mut mac_flops = 0u64;
+        let mut other_flops = 0u64;
+        for &m in &members {
+            let node = graph.node(m);
+            let s = stats.get(&m);
+            let macs2 = s.map_or(0, |s| s.macs.saturating_mul(2));
+            let flops = s.map_or(0, |s| s.flops);
+            mac_flops = mac_flops.saturating_add(macs2);
+            other_flops = other_flops.saturating_add(flops);
+            layer.params += s.map_or(0, |s| s.params);
+            layer.param_bytes += s.map_or(0, |s| s.weight_bytes);
+            let part_bytes = node
+                .inputs
+                .iter()
+                .flatten()
+                .chain(node.outputs.iter())
+                .filter(|v| !facts.folded[v.index()])
+                .map(|&v| bytes_of(info, v))
+                .sum();
+            layer.parts.push(Part {
+                node: m,
+                op: node.op.name(),
+                signature: crate::profile::Signature::of(graph, info, m),
+                fwd_flops: macs2.saturating_add(flops),
+                bytes: part_bytes,
+                launches: !matches!(
+                    node.op,
+                    Op::Identity | Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }
+                ) && !facts.derived[node.outputs[0].index()],
+            });
+            // Values made inside the unit and read inside it are stashed (fused chains
+            // keep their intermediate results for backward).
+            for &v in &node.outputs {
+                if !unit.outputs.contains(&v) && facts.uses[v.index()] > 0 && !facts.derived[v.index()] {
+                    layer.stash_bytes += bytes_of(info, v);
+                }
+            }
+        }
+        layer.fwd_flops = mac_flops.saturating_add(other_flops);
+        layer.bwd_flops = mac_flops.saturating_mul(2).saturating_add(other_flops);
+        let mut seen = Vec::new();
+        for &v in &unit.inputs {
+            if facts.derived[v.index()] || inside.contains(&v) || seen.contains(&v) {
+                continue;
+            }
+            seen.push(v);
+            let bytes = bytes_of(info, v);
+            layer.stash_bytes += bytes;
+            layer.activation_io_bytes += bytes;
+            let from = match producer_unit.get(&v).and_then(|&p| layer_of_unit[p]) {
+                Some(l) => Producer::Layer(l),
+                None => Producer::Input(graph.value(v).name.clone()),
+            };
+            layer.inputs.push(Edge {
+                from,
+                value: Some(v),
+                bytes,
+            });
+        }
+        layer.activation_io_bytes += layer.output_bytes;
+        layers.push(layer);
+    }
+    let outputs = graph
+        .outputs()
+        .iter()
+        .filter_map(|v| {
+            let v = rewritten.aliases.get(v).unwrap_or(v);
+            producer_unit.get(v).and_then(|&p| layer_of_unit[p])
+        })
+        .collect();
+    LayerGraph {
+        batch,
+        layers,
+        outputs,
+        rewrite: Some(rewritten.report),
+        aliases: rewritten.aliases,
+    }
+}
