@@ -117,8 +117,8 @@ pub struct Facts {
     pub class: Vec<Option<OpClass>>,
     /// Outputs per node index.
     pub outputs: Vec<Vec<ValueId>>,
-    /// Per value: consumers, counting through `Identity` (an identity's consumers count
-    /// instead of it), plus one for a graph output.
+    /// Per value: consumers that read its data, counting through `Identity` (an
+    /// identity's consumers count instead of it), plus one for a graph output.
     pub uses: Vec<u32>,
     /// Per value: computable from constants alone (weights, their transforms, shapes).
     pub derived: Vec<bool>,
@@ -171,6 +171,10 @@ impl Facts {
         for &n in info.order().iter().rev() {
             let node = graph.node(n);
             let weight = match node.op {
+                // Reading a shape is not reading the data; nor is computing a value that
+                // folds to a constant.
+                Op::Shape { .. } => 0,
+                _ if node.outputs.iter().all(|v| facts.folded[v.index()]) => 0,
                 Op::Identity => node.outputs.first().map_or(0, |v| facts.uses[v.index()]),
                 _ => 1,
             };

@@ -225,10 +225,14 @@ fn extract(
             }
             Term::Unit { op, members, children } => {
                 let Some(out) = unit_output(facts, members, 0) else { continue };
-                let inputs = children
-                    .iter()
-                    .filter_map(|&c| value_of.get(&egraph.find(c)).copied())
-                    .collect();
+                let mut inputs: Vec<ValueId> = Vec::new();
+                for &c in children.iter() {
+                    if let Some(&v) = value_of.get(&egraph.find(c)) {
+                        if !inputs.contains(&v) {
+                            inputs.push(v);
+                        }
+                    }
+                }
                 let last = *members.last().expect("units have members") as usize;
                 units.push((
                     class,

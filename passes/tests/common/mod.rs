@@ -1,0 +1,39 @@
+//! Helpers shared by passes' integration tests.
+#![allow(dead_code, reason = "each test file uses a subset")]
+
+use std::path::PathBuf;
+
+use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
+use ralpc_passes::layers::{self, LayerGraph};
+
+/// A path under the repository root.
+pub fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// A path under `../shared/anchors` (beside the checkout).
+pub fn anchor(path: &str) -> PathBuf {
+    repo("../shared/anchors").join(path)
+}
+
+/// Imports, binds the batch and verifies a model.
+pub fn load(path: &str, batch: u64) -> (Graph, GraphInfo) {
+    let mut model = onnx::import(&repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    bind(
+        &mut model.graph,
+        &Bindings {
+            batch: Some(batch),
+            ..Bindings::default()
+        },
+    )
+    .unwrap();
+    let info = verify(&model.graph).unwrap();
+    (model.graph, info)
+}
+
+/// The layer graph of a model at a batch.
+pub fn layers(path: &str, batch: u64) -> (Graph, GraphInfo, LayerGraph) {
+    let (graph, info) = load(path, batch);
+    let layers = layers::build(&graph, &info, batch, Default::default()).unwrap();
+    (graph, info, layers)
+}
