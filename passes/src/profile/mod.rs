@@ -362,7 +362,8 @@ mod tests {
             (text.replace(FORMAT, "ralpc-profile/9"), "ralpc-profile/9"),
             (text.replace("\"batch\": 1,", "\"batch\": 0,"), "batch must be"),
             (text.replace("\"batch\": 1,", "\"batch\": 4,"), "measured twice"),
-            (text.replace("\"op\"", "\"opp\""), "unknown field"),
+            (text.replace("\"op\"", "\"opp\""), "missing field `op`"),
+            (text.replace("\"device\"", "\"devise\""), "unknown field `devise`"),
             (text[..text.len() / 2].to_owned(), "EOF"),
         ];
         for (text, expected) in bad {
