@@ -231,7 +231,9 @@ impl Layer {
         LocalWork {
             fwd_flops: self.fwd_flops as f64 * work,
             bwd_flops: self.bwd_flops as f64 * work,
-            fwd_bytes: inputs / (s * a) + self.output_bytes as f64 * work + self.param_bytes as f64 / p,
+            fwd_bytes: inputs / (s * a)
+                + self.output_bytes as f64 * work
+                + self.param_bytes as f64 / p,
             param_bytes: self.param_bytes as f64 / p,
             stash_bytes: self.stash_bytes as f64 / (s * a),
             batch_fraction: 1.0 / s,
@@ -272,7 +274,10 @@ pub enum LayerError {
 impl LayerGraph {
     /// Total forward + backward FLOPs of one iteration.
     pub fn total_flops(&self) -> f64 {
-        self.layers.iter().map(|l| (l.fwd_flops + l.bwd_flops) as f64).sum()
+        self.layers
+            .iter()
+            .map(|l| (l.fwd_flops + l.bwd_flops) as f64)
+            .sum()
     }
 
     /// Total parameter bytes.
@@ -284,7 +289,12 @@ impl LayerGraph {
     pub fn consumers(&self, id: LayerId) -> Vec<LayerId> {
         (0..self.layers.len() as u32)
             .map(LayerId)
-            .filter(|&c| self.layers[c.0 as usize].inputs.iter().any(|e| e.from == Producer::Layer(id)))
+            .filter(|&c| {
+                self.layers[c.0 as usize]
+                    .inputs
+                    .iter()
+                    .any(|e| e.from == Producer::Layer(id))
+            })
             .collect()
     }
 }
@@ -294,7 +304,12 @@ impl LayerGraph {
 ///
 /// # Errors
 /// When counting fails (a symbolic shape, an overflow).
-pub fn build(graph: &Graph, info: &GraphInfo, batch: u64, limits: Limits) -> Result<LayerGraph, LayerError> {
+pub fn build(
+    graph: &Graph,
+    info: &GraphInfo,
+    batch: u64,
+    limits: Limits,
+) -> Result<LayerGraph, LayerError> {
     let accounting = account(graph, info)?;
     let rewritten = rewrite::rewrite(graph, info, limits);
     Ok(assemble(graph, info, batch, &accounting, rewritten))
@@ -302,10 +317,18 @@ pub fn build(graph: &Graph, info: &GraphInfo, batch: u64, limits: Limits) -> Res
 
 fn bytes_of(info: &GraphInfo, v: ValueId) -> u64 {
     let ty = info.ty(v);
-    ty.shape.known_numel().unwrap_or(0).saturating_mul(ty.dtype.size_bytes())
+    ty.shape
+        .known_numel()
+        .unwrap_or(0)
+        .saturating_mul(ty.dtype.size_bytes())
 }
 
-fn kind_of(graph: &Graph, info: &GraphInfo, node: NodeId, parameters: &dyn Fn(ValueId) -> bool) -> LayerKind {
+fn kind_of(
+    graph: &Graph,
+    info: &GraphInfo,
+    node: NodeId,
+    parameters: &dyn Fn(ValueId) -> bool,
+) -> LayerKind {
     let n = graph.node(node);
     match n.op.class() {
         OpClass::Conv => LayerKind::Conv,
@@ -317,7 +340,9 @@ fn kind_of(graph: &Graph, info: &GraphInfo, node: NodeId, parameters: &dyn Fn(Va
         OpClass::Reduce => LayerKind::Reduce,
         OpClass::Shape | OpClass::Source => {
             let table = n.inputs.first().copied().flatten();
-            if matches!(n.op, Op::Gather { .. }) && table.is_some_and(|t| parameters(t) && info.ty(t).shape.rank() == 2) {
+            if matches!(n.op, Op::Gather { .. })
+                && table.is_some_and(|t| parameters(t) && info.ty(t).shape.rank() == 2)
+            {
                 LayerKind::Embedding
             } else {
                 LayerKind::DataMovement
@@ -326,8 +351,15 @@ fn kind_of(graph: &Graph, info: &GraphInfo, node: NodeId, parameters: &dyn Fn(Va
     }
 }
 
-fn assemble(graph: &Graph, info: &GraphInfo, batch: u64, accounting: &ralpc_ir::Accounting, rewritten: Rewritten) -> LayerGraph {
-    let stats: BTreeMap<NodeId, &ralpc_ir::LayerStats> = accounting.layers.iter().map(|l| (l.node, l)).collect();
+fn assemble(
+    graph: &Graph,
+    info: &GraphInfo,
+    batch: u64,
+    accounting: &ralpc_ir::Accounting,
+    rewritten: Rewritten,
+) -> LayerGraph {
+    let stats: BTreeMap<NodeId, &ralpc_ir::LayerStats> =
+        accounting.layers.iter().map(|l| (l.node, l)).collect();
     let facts = rewrite::Facts::new(graph, info);
     let parameters = |v: ValueId| facts.parameter[v.index()];
     // Weight-only units join the first layer that reads them.
@@ -359,7 +391,11 @@ fn assemble(graph: &Graph, info: &GraphInfo, batch: u64, accounting: &ralpc_ir::
             }
         }
         prologue.sort_by_key(|n| info.order().iter().position(|m| m == n));
-        let members: Vec<NodeId> = prologue.iter().chain(unit.members.iter()).copied().collect();
+        let members: Vec<NodeId> = prologue
+            .iter()
+            .chain(unit.members.iter())
+            .copied()
+            .collect();
         let mut layer = Layer {
             name: graph.provenance(unit.members[0]).name.clone(),
             op: unit.op.clone(),
@@ -375,7 +411,10 @@ fn assemble(graph: &Graph, info: &GraphInfo, batch: u64, accounting: &ralpc_ir::
             inputs: Vec::new(),
             measured: None,
         };
-        let inside: Vec<ValueId> = members.iter().flat_map(|&m| graph.node(m).outputs.clone()).collect();
+        let inside: Vec<ValueId> = members
+            .iter()
+            .flat_map(|&m| graph.node(m).outputs.clone())
+            .collect();
         let mut mac_flops = 0u64;
         let mut other_flops = 0u64;
         for &m in &members {
@@ -403,13 +442,20 @@ fn assemble(graph: &Graph, info: &GraphInfo, batch: u64, accounting: &ralpc_ir::
                 bytes: part_bytes,
                 launches: !matches!(
                     node.op,
-                    Op::Identity | Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. }
+                    Op::Identity
+                        | Op::Reshape { .. }
+                        | Op::Flatten { .. }
+                        | Op::Squeeze { .. }
+                        | Op::Unsqueeze { .. }
                 ) && !facts.derived[node.outputs[0].index()],
             });
             // Values made inside the unit and read inside it are stashed (fused chains
             // keep their intermediate results for backward).
             for &v in &node.outputs {
-                if !unit.outputs.contains(&v) && facts.uses[v.index()] > 0 && !facts.derived[v.index()] {
+                if !unit.outputs.contains(&v)
+                    && facts.uses[v.index()] > 0
+                    && !facts.derived[v.index()]
+                {
                     layer.stash_bytes += bytes_of(info, v);
                 }
             }

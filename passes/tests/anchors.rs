@@ -18,9 +18,18 @@ fn pipedream(model: &str) -> profile::PipeDreamGraph {
 #[test]
 fn pipedream_graphs_account_for_every_node_and_edge() {
     // (model, node lines, edge lines, batch from the Input node)
-    for (model, nodes, edges, batch) in [("vgg16", 41, 41, 128), ("alexnet", 23, 23, 256), ("resnet50", 177, 193, 128)] {
-        let text = std::fs::read_to_string(common::anchor(&format!("pipedream/{model}/graph.txt"))).unwrap();
-        assert_eq!(text.lines().filter(|l| l.starts_with("node")).count(), nodes, "{model}");
+    for (model, nodes, edges, batch) in [
+        ("vgg16", 41, 41, 128),
+        ("alexnet", 23, 23, 256),
+        ("resnet50", 177, 193, 128),
+    ] {
+        let text = std::fs::read_to_string(common::anchor(&format!("pipedream/{model}/graph.txt")))
+            .unwrap();
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("node")).count(),
+            nodes,
+            "{model}"
+        );
         let g = pipedream(model);
         assert_eq!((g.nodes, g.edges), (nodes, edges), "{model}");
         assert_eq!(g.inputs, ["node1"], "{model}");
@@ -32,17 +41,45 @@ fn pipedream_graphs_account_for_every_node_and_edge() {
         let file_fwd_ms: f64 = text
             .lines()
             .filter(|l| l.starts_with("node") && !l.contains(" -- Input -- "))
-            .map(|l| l.split("forward_compute_time=").nth(1).unwrap().split(',').next().unwrap().parse::<f64>().unwrap())
+            .map(|l| {
+                l.split("forward_compute_time=")
+                    .nth(1)
+                    .unwrap()
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap()
+            })
             .sum();
-        let ours: f64 = g.graph.layers.iter().map(|l| l.measured.unwrap().fwd_us).sum();
+        let ours: f64 = g
+            .graph
+            .layers
+            .iter()
+            .map(|l| l.measured.unwrap().fwd_us)
+            .sum();
         assert!((ours / 1000.0 - file_fwd_ms).abs() < 1e-6, "{model}");
     }
     let vgg = pipedream("vgg16");
     let params: u64 = vgg.graph.layers.iter().map(|l| l.params).sum();
     // torchvision VGG16: 138,357,544 parameters.
     assert_eq!(params, 138_357_544);
-    assert_eq!(vgg.graph.layers.iter().filter(|l| l.kind == LayerKind::Conv).count(), 13);
-    assert_eq!(vgg.graph.layers.iter().filter(|l| l.kind == LayerKind::Dense).count(), 3);
+    assert_eq!(
+        vgg.graph
+            .layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Conv)
+            .count(),
+        13
+    );
+    assert_eq!(
+        vgg.graph
+            .layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Dense)
+            .count(),
+        3
+    );
 }
 
 #[test]

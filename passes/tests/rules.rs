@@ -12,11 +12,19 @@ fn run(name: &str) -> Rewritten {
 }
 
 fn ops(r: &Rewritten) -> Vec<&str> {
-    r.units.iter().filter(|u| !u.weight_only).map(|u| u.op.as_str()).collect()
+    r.units
+        .iter()
+        .filter(|u| !u.weight_only)
+        .map(|u| u.op.as_str())
+        .collect()
 }
 
 fn applied(r: &Rewritten, rule: &str) -> usize {
-    r.report.applied.iter().find(|(n, _)| n == rule).map_or(0, |(_, c)| *c)
+    r.report
+        .applied
+        .iter()
+        .find(|(n, _)| n == rule)
+        .map_or(0, |(_, c)| *c)
 }
 
 #[test]
@@ -61,7 +69,11 @@ fn fuse_elementwise_residual_but_not_a_shared_producer() {
     assert_eq!(ops(&r), ["Conv", "Conv+Add+Relu"]);
     assert!(applied(&r, "fuse-elementwise") > 0);
     let fused = &r.units[1];
-    assert_eq!(fused.inputs.len(), 2, "c1 (as conv input and residual, once) and w2");
+    assert_eq!(
+        fused.inputs.len(),
+        2,
+        "c1 (as conv input and residual, once) and w2"
+    );
 }
 
 #[test]

@@ -209,14 +209,20 @@ mod tests {
         assert_eq!(both.algorithm, Algorithm::Hierarchical);
         // Inside: 2 × (7·3.4 + 7/8 · 333.33); across: 2·9.6 + 500.
         let expected = 2.0 * (7.0 * 3.4 + 7.0 / 8.0 * 1e8 / 300e9 * 1e6) + 19.2 + 500.0;
-        assert!((both.us - expected).abs() < 1e-6, "{} vs {expected}", both.us);
+        assert!(
+            (both.us - expected).abs() < 1e-6,
+            "{} vs {expected}",
+            both.us
+        );
         assert_eq!(comm.send_us(3, 3, mb), 0.0);
         assert_eq!(comm.all_gather(&[5], mb).us, 0.0);
     }
 
     #[test]
     fn flat_network_uses_one_ring() {
-        let c = Cluster::preset("dgx-a100x2").unwrap().with_flat_network(LINK);
+        let c = Cluster::preset("dgx-a100x2")
+            .unwrap()
+            .with_flat_network(LINK);
         let all: Vec<u32> = (0..16).collect();
         let r = Comm::new(&c).all_reduce(&all, 1e6);
         assert_eq!(r.algorithm, Algorithm::Ring);

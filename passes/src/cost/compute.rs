@@ -61,12 +61,23 @@ impl Efficiency {
                 .parts
                 .iter()
                 .filter(|p| p.launches)
-                .map(|p| Some(profile.lookup(p.signature.as_ref()?, graph.batch as f64)?.fwd_us))
+                .map(|p| {
+                    Some(
+                        profile
+                            .lookup(p.signature.as_ref()?, graph.batch as f64)?
+                            .fwd_us,
+                    )
+                })
                 .collect();
-            let Some(total) = times.map(|t| t.iter().sum::<f64>()) else { continue };
+            let Some(total) = times.map(|t| t.iter().sum::<f64>()) else {
+                continue;
+            };
             let busy = total - model.launch_us * kernels;
             if busy > 0.0 {
-                samples.entry(layer.kind).or_default().push((model.bound_us(flops) / busy).clamp(0.01, 1.0));
+                samples
+                    .entry(layer.kind)
+                    .or_default()
+                    .push((model.bound_us(flops) / busy).clamp(0.01, 1.0));
             }
         }
         let mut fitted = Efficiency::default();
@@ -161,7 +172,11 @@ impl<'a> ComputeModel<'a> {
         let local = layer.local(split);
         let kernels = layer.parts.iter().filter(|p| p.launches).count().max(1) as f64;
         let (fwd, bwd, source) = if let Some(m) = layer.measured {
-            (m.fwd_us * local.work_fraction, m.bwd_us * local.work_fraction, Source::Scaled)
+            (
+                m.fwd_us * local.work_fraction,
+                m.bwd_us * local.work_fraction,
+                Source::Scaled,
+            )
         } else if let Some(timed) = self.profiled(layer, split, batch) {
             timed
         } else {
@@ -188,7 +203,11 @@ impl<'a> ComputeModel<'a> {
         let (mut fwd, mut bwd, mut found, mut missing) = (0.0, 0.0, Found::Measured, 0);
         let mut hits = 0;
         for part in &layer.parts {
-            match part.signature.as_ref().and_then(|s| profile.lookup(s, local_batch)) {
+            match part
+                .signature
+                .as_ref()
+                .and_then(|s| profile.lookup(s, local_batch))
+            {
                 Some(t) => {
                     fwd += t.fwd_us * share;
                     bwd += t.bwd_us * share;

@@ -58,7 +58,13 @@ pub struct MemoryUse {
 impl MemoryUse {
     /// Weights, gradients and optimizer state of `param_bytes` of parameters, plus
     /// `stash_bytes` of activations for each of `in_flight` microbatches.
-    pub fn new(param_bytes: f64, stash_bytes: f64, in_flight: u32, optimizer: Optimizer, workspace: f64) -> MemoryUse {
+    pub fn new(
+        param_bytes: f64,
+        stash_bytes: f64,
+        in_flight: u32,
+        optimizer: Optimizer,
+        workspace: f64,
+    ) -> MemoryUse {
         MemoryUse {
             weights: param_bytes,
             gradients: param_bytes,
@@ -91,7 +97,13 @@ mod tests {
         // 100 weights + 100 gradients + 200 state + 40 activations + 1 workspace.
         assert_eq!(m.total(), 441.0);
         assert!(m.fits(441) && !m.fits(440));
-        assert_eq!(MemoryUse::new(100.0, 0.0, 1, Optimizer::Sgd, 0.0).total(), 200.0);
-        assert_eq!(MemoryUse::new(100.0, 0.0, 1, Optimizer::Momentum, 0.0).total(), 300.0);
+        assert_eq!(
+            MemoryUse::new(100.0, 0.0, 1, Optimizer::Sgd, 0.0).total(),
+            200.0
+        );
+        assert_eq!(
+            MemoryUse::new(100.0, 0.0, 1, Optimizer::Momentum, 0.0).total(),
+            300.0
+        );
     }
 }

@@ -18,9 +18,21 @@ use crate::layers::LayerGraph;
 ///
 /// Layers without FLOP counts (imported layer graphs) count their measured time, spread
 /// over the GPUs, instead.
-pub fn lower_bound_us(graph: &LayerGraph, cluster: &Cluster, gpus: u32, precision: Precision) -> f64 {
+pub fn lower_bound_us(
+    graph: &LayerGraph,
+    cluster: &Cluster,
+    gpus: u32,
+    precision: Precision,
+) -> f64 {
     let gpus = gpus.clamp(1, cluster.gpu_count().max(1));
-    let peak: f64 = (0..gpus).map(|r| cluster.gpu(r).peak(precision).unwrap_or(cluster.gpu(r).fp32)).sum();
+    let peak: f64 = (0..gpus)
+        .map(|r| {
+            cluster
+                .gpu(r)
+                .peak(precision)
+                .unwrap_or(cluster.gpu(r).fp32)
+        })
+        .sum();
     let flops: f64 = graph.total_flops();
     let measured: f64 = graph
         .layers

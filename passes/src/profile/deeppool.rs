@@ -38,7 +38,10 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
             continue;
         }
         if let Some(sum) = line.strip_prefix("SUM(avg)") {
-            let expected: f64 = sum.trim().parse().map_err(|_| err(format!("bad SUM(avg) total '{}'", sum.trim())))?;
+            let expected: f64 = sum
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("bad SUM(avg) total '{}'", sum.trim())))?;
             // Lines carry 3 decimals of ms: allow that rounding per line.
             if (expected - batch_total_ms).abs() > 0.05 + expected * 1e-3 {
                 return Err(err(format!("the batch's lines add up to {batch_total_ms:.3} ms, its SUM(avg) says {expected} ms")));
@@ -46,12 +49,20 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
             batch_total_ms = 0.0;
             continue;
         }
-        let (layer, rest) = line.split_once('{').ok_or_else(|| err("expected `layer{params}[batch][dims]`".into()))?;
+        let (layer, rest) = line
+            .split_once('{')
+            .ok_or_else(|| err("expected `layer{params}[batch][dims]`".into()))?;
         let close = rest.find('}').ok_or_else(|| err("unclosed `{`".into()))?;
-        let params: Value = serde_json::from_str(&format!("{{{}}}", &rest[..close])).map_err(|e| err(format!("layer parameters: {e}")))?;
+        let params: Value = serde_json::from_str(&format!("{{{}}}", &rest[..close]))
+            .map_err(|e| err(format!("layer parameters: {e}")))?;
         let rest = &rest[close + 1..];
-        let (batch, rest) = bracketed(rest).ok_or_else(|| err("expected `[batch]` after the parameters".into()))?;
-        let batch: u64 = batch.parse().ok().filter(|&b| b > 0).ok_or_else(|| err(format!("bad batch '{batch}'")))?;
+        let (batch, rest) =
+            bracketed(rest).ok_or_else(|| err("expected `[batch]` after the parameters".into()))?;
+        let batch: u64 = batch
+            .parse()
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| err(format!("bad batch '{batch}'")))?;
         let (dims, rest) = match bracketed(rest) {
             Some((dims, rest)) => (dims.to_owned(), rest),
             None => {
@@ -70,15 +81,24 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
             .collect::<Result<_, _>>()
             .map_err(|_| err("expected three numbers: total ms, forward µs, backward µs".into()))?;
         let [total_ms, fwd_us, bwd_us] = numbers[..] else {
-            return Err(err("expected three numbers: total ms, forward µs, backward µs".into()));
+            return Err(err(
+                "expected three numbers: total ms, forward µs, backward µs".into(),
+            ));
         };
-        if [total_ms, fwd_us, bwd_us].iter().any(|t| !t.is_finite() || *t < 0.0) {
+        if [total_ms, fwd_us, bwd_us]
+            .iter()
+            .any(|t| !t.is_finite() || *t < 0.0)
+        {
             return Err(err("times must be finite and ≥ 0".into()));
         }
         batch_total_ms += total_ms;
         let signature = signature(layer, &params, &input).map_err(err)?;
         // VGG repeats layers of one shape: the same kernel, so their lines are averaged.
-        let sum = entries.entry(signature).or_default().entry(batch).or_default();
+        let sum = entries
+            .entry(signature)
+            .or_default()
+            .entry(batch)
+            .or_default();
         *sum = (sum.0 + fwd_us, sum.1 + bwd_us, sum.2 + 1.0);
     }
     Profile {
@@ -123,7 +143,9 @@ fn signature(layer: &str, params: &Value, input: &[u64]) -> Result<Signature, St
     };
     let spatial = |kernel: u64, stride: u64, padding: u64| -> Result<Vec<u64>, String> {
         if input.len() != 3 || stride == 0 {
-            return Err(format!("{layer}: expected [c,h,w] input dims and a stride ≥ 1"));
+            return Err(format!(
+                "{layer}: expected [c,h,w] input dims and a stride ≥ 1"
+            ));
         }
         input[1..]
             .iter()

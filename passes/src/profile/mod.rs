@@ -169,12 +169,18 @@ impl Profile {
             message,
         };
         if self.format != FORMAT {
-            return Err(invalid(format!("format is \"{}\"; this ralpc reads \"{FORMAT}\"", self.format)));
+            return Err(invalid(format!(
+                "format is \"{}\"; this ralpc reads \"{FORMAT}\"",
+                self.format
+            )));
         }
         self.entries.sort_by(|a, b| a.signature.cmp(&b.signature));
         for pair in self.entries.windows(2) {
             if pair[0].signature == pair[1].signature {
-                return Err(invalid(format!("entry {} appears twice", pair[0].signature)));
+                return Err(invalid(format!(
+                    "entry {} appears twice",
+                    pair[0].signature
+                )));
             }
         }
         for entry in &mut self.entries {
@@ -191,7 +197,10 @@ impl Profile {
                     )));
                 }
                 if i > 0 && entry.points[i - 1].batch == p.batch {
-                    return Err(invalid(format!("entry {}: batch {} measured twice", entry.signature, p.batch)));
+                    return Err(invalid(format!(
+                        "entry {}: batch {} measured twice",
+                        entry.signature, p.batch
+                    )));
                 }
             }
         }
@@ -254,7 +263,10 @@ impl Entry {
                 found: Found::Extrapolated,
             };
         }
-        let upper = points.iter().position(|p| p.batch as f64 > batch).unwrap_or(points.len() - 1);
+        let upper = points
+            .iter()
+            .position(|p| p.batch as f64 > batch)
+            .unwrap_or(points.len() - 1);
         let (lo, hi) = (points[upper - 1], points[upper]);
         let t = (batch - lo.batch as f64) / (hi.batch - lo.batch) as f64;
         Lookup {
@@ -293,7 +305,11 @@ pub fn load(path: &Path) -> Result<Loaded, ProfileError> {
 /// # Errors
 /// See [`load`].
 pub fn parse(text: &str, path: &str) -> Result<Loaded, ProfileError> {
-    let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
     if first.starts_with('{') {
         Profile::from_json(text, path).map(Loaded::Profile)
     } else if first.starts_with("node") && first.contains(" -- ") {
@@ -301,7 +317,9 @@ pub fn parse(text: &str, path: &str) -> Result<Loaded, ProfileError> {
     } else if first.contains('{') && first.contains("}[") {
         parse_deeppool(text, path).map(Loaded::Profile)
     } else {
-        Err(ProfileError::UnknownFormat { path: path.to_owned() })
+        Err(ProfileError::UnknownFormat {
+            path: path.to_owned(),
+        })
     }
 }
 
@@ -360,10 +378,19 @@ mod tests {
         assert_eq!(Profile::from_json(&text, "p.json").unwrap(), profile);
         let bad = [
             (text.replace(FORMAT, "ralpc-profile/9"), "ralpc-profile/9"),
-            (text.replace("\"batch\": 1,", "\"batch\": 0,"), "batch must be"),
-            (text.replace("\"batch\": 1,", "\"batch\": 4,"), "measured twice"),
+            (
+                text.replace("\"batch\": 1,", "\"batch\": 0,"),
+                "batch must be",
+            ),
+            (
+                text.replace("\"batch\": 1,", "\"batch\": 4,"),
+                "measured twice",
+            ),
             (text.replace("\"op\"", "\"opp\""), "missing field `op`"),
-            (text.replace("\"device\"", "\"devise\""), "unknown field `devise`"),
+            (
+                text.replace("\"device\"", "\"devise\""),
+                "unknown field `devise`",
+            ),
             (text[..text.len() / 2].to_owned(), "EOF"),
         ];
         for (text, expected) in bad {

@@ -60,7 +60,11 @@ fn kind(description: &str) -> LayerKind {
 /// # Errors
 /// A malformed line (named by number), an edge to an unknown node, a cycle, or an input
 /// size that is not a whole number of samples.
-pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<PipeDreamGraph, ProfileError> {
+pub fn parse_pipedream(
+    text: &str,
+    path: &str,
+    sample_bytes: u64,
+) -> Result<PipeDreamGraph, ProfileError> {
     let mut nodes: Vec<Node> = Vec::new();
     let mut edges: Vec<(usize, String, String)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -73,23 +77,39 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
             continue;
         }
         if raw.starts_with('\t') || raw.starts_with(' ') {
-            let (a, b) = raw.trim().split_once(" -- ").ok_or_else(|| err("expected an edge `nodeA -- nodeB`".into()))?;
+            let (a, b) = raw
+                .trim()
+                .split_once(" -- ")
+                .ok_or_else(|| err("expected an edge `nodeA -- nodeB`".into()))?;
             edges.push((i + 1, a.trim().to_owned(), b.trim().to_owned()));
             continue;
         }
-        let (head, metrics) = raw.rsplit_once(" -- ").ok_or_else(|| err("expected `id -- description -- metrics`".into()))?;
-        let (id, description) = head.split_once(" -- ").ok_or_else(|| err("expected `id -- description -- metrics`".into()))?;
+        let (head, metrics) = raw
+            .rsplit_once(" -- ")
+            .ok_or_else(|| err("expected `id -- description -- metrics`".into()))?;
+        let (id, description) = head
+            .split_once(" -- ")
+            .ok_or_else(|| err("expected `id -- description -- metrics`".into()))?;
         let mut fields: BTreeMap<&str, &str> = BTreeMap::new();
         for field in metrics.split(", ") {
-            let (k, v) = field.split_once('=').ok_or_else(|| err(format!("bad metric '{field}'")))?;
+            let (k, v) = field
+                .split_once('=')
+                .ok_or_else(|| err(format!("bad metric '{field}'")))?;
             fields.insert(k.trim(), v.trim());
         }
         let number = |key: &str| -> Result<f64, ProfileError> {
-            let text = fields.get(key).ok_or_else(|| err(format!("missing {key}")))?;
+            let text = fields
+                .get(key)
+                .ok_or_else(|| err(format!("missing {key}")))?;
             let parts = text.trim_start_matches('[').trim_end_matches(']');
             parts
                 .split(';')
-                .map(|p| p.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0))
+                .map(|p| {
+                    p.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite() && *x >= 0.0)
+                })
                 .sum::<Option<f64>>()
                 .ok_or_else(|| err(format!("{key}: '{text}' is not a non-negative number")))
         };
@@ -106,7 +126,11 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
         path: path.to_owned(),
         message,
     };
-    let index: BTreeMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
+    let index: BTreeMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.as_str(), i))
+        .collect();
     if index.len() != nodes.len() {
         return Err(invalid("a node id appears twice".into()));
     }
@@ -127,10 +151,18 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
     // Kahn's algorithm, smallest node number first: a stable order.
     let number = |i: usize| {
         let id = &nodes[i].id;
-        (id.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<u64>().unwrap_or(u64::MAX), id.clone())
+        (
+            id.trim_start_matches(|c: char| !c.is_ascii_digit())
+                .parse::<u64>()
+                .unwrap_or(u64::MAX),
+            id.clone(),
+        )
     };
     let mut remaining: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut ready: BTreeSet<((u64, String), usize)> = (0..nodes.len()).filter(|&i| remaining[i] == 0).map(|i| (number(i), i)).collect();
+    let mut ready: BTreeSet<((u64, String), usize)> = (0..nodes.len())
+        .filter(|&i| remaining[i] == 0)
+        .map(|i| (number(i), i))
+        .collect();
     let mut order = Vec::new();
     while let Some(first) = ready.pop_first() {
         let i = first.1;
@@ -150,7 +182,9 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
     let is_input = |i: usize| nodes[i].description == "Input";
     let inputs: Vec<usize> = order.iter().copied().filter(|&i| is_input(i)).collect();
     let Some(&first_input) = inputs.first() else {
-        return Err(invalid("no Input node: the batch size cannot be inferred".into()));
+        return Err(invalid(
+            "no Input node: the batch size cannot be inferred".into(),
+        ));
     };
     let input_bytes = nodes[first_input].activation_bytes;
     if sample_bytes == 0 || input_bytes == 0 || input_bytes % sample_bytes != 0 {
@@ -169,7 +203,10 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
         let inputs: Vec<Edge> = preds[i]
             .iter()
             .map(|&p| Edge {
-                from: layer_of.get(&p).map_or_else(|| Producer::Input(nodes[p].id.clone()), |&l| Producer::Layer(l)),
+                from: layer_of.get(&p).map_or_else(
+                    || Producer::Input(nodes[p].id.clone()),
+                    |&l| Producer::Layer(l),
+                ),
                 value: None,
                 bytes: nodes[p].activation_bytes,
             })
@@ -196,7 +233,11 @@ pub fn parse_pipedream(text: &str, path: &str, sample_bytes: u64) -> Result<Pipe
         });
     }
     let consumed: BTreeSet<usize> = preds.iter().flatten().copied().collect();
-    let outputs = order.iter().filter(|i| !consumed.contains(i) && !is_input(**i)).filter_map(|i| layer_of.get(i).copied()).collect();
+    let outputs = order
+        .iter()
+        .filter(|i| !consumed.contains(i) && !is_input(**i))
+        .filter_map(|i| layer_of.get(i).copied())
+        .collect();
     Ok(PipeDreamGraph {
         graph: LayerGraph {
             batch: input_bytes / sample_bytes,

@@ -26,7 +26,11 @@ impl fmt::Display for Signature {
         let dims = |d: &[u64]| d.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
         write!(f, "{}", self.op)?;
         if !self.attrs.is_empty() {
-            let attrs: Vec<String> = self.attrs.iter().map(|(k, v)| format!("{k}={}", dims(v))).collect();
+            let attrs: Vec<String> = self
+                .attrs
+                .iter()
+                .map(|(k, v)| format!("{k}={}", dims(v)))
+                .collect();
             write!(f, "{{{}}}", attrs.join(","))?;
         }
         write!(f, "[{}]->[{}]", dims(&self.input), dims(&self.output))
@@ -35,12 +39,23 @@ impl fmt::Display for Signature {
 
 impl Signature {
     /// Conv/pool attributes with ONNX defaults filled in.
-    pub fn window(kernel: &[u64], stride: Option<&[u64]>, dilation: Option<&[u64]>, group: Option<u64>) -> BTreeMap<String, Vec<u64>> {
+    pub fn window(
+        kernel: &[u64],
+        stride: Option<&[u64]>,
+        dilation: Option<&[u64]>,
+        group: Option<u64>,
+    ) -> BTreeMap<String, Vec<u64>> {
         let ones = vec![1; kernel.len()];
         let mut attrs = BTreeMap::new();
         attrs.insert("kernel".to_owned(), kernel.to_vec());
-        attrs.insert("stride".to_owned(), stride.map_or(ones.clone(), <[u64]>::to_vec));
-        attrs.insert("dilation".to_owned(), dilation.map_or(ones, <[u64]>::to_vec));
+        attrs.insert(
+            "stride".to_owned(),
+            stride.map_or(ones.clone(), <[u64]>::to_vec),
+        );
+        attrs.insert(
+            "dilation".to_owned(),
+            dilation.map_or(ones, <[u64]>::to_vec),
+        );
         if let Some(g) = group {
             attrs.insert("group".to_owned(), vec![g]);
         }
@@ -60,10 +75,23 @@ impl Signature {
             Op::Conv(c) => {
                 let weight = n.inputs.get(1).copied().flatten()?;
                 let w = info.ty(weight).shape.as_sizes()?;
-                let kernel = c.kernel.clone().unwrap_or_else(|| w.get(2..).unwrap_or_default().to_vec());
-                Signature::window(&kernel, c.strides.as_deref(), c.dilations.as_deref(), Some(c.group))
+                let kernel = c
+                    .kernel
+                    .clone()
+                    .unwrap_or_else(|| w.get(2..).unwrap_or_default().to_vec());
+                Signature::window(
+                    &kernel,
+                    c.strides.as_deref(),
+                    c.dilations.as_deref(),
+                    Some(c.group),
+                )
             }
-            Op::Pool(p) => Signature::window(&p.kernel, p.strides.as_deref(), p.dilations.as_deref(), None),
+            Op::Pool(p) => Signature::window(
+                &p.kernel,
+                p.strides.as_deref(),
+                p.dilations.as_deref(),
+                None,
+            ),
             _ => BTreeMap::new(),
         };
         Some(Signature {

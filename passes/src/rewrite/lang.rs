@@ -154,7 +154,11 @@ impl Facts {
             let derived = match &node.op {
                 Op::Input => false,
                 Op::Constant { .. } => true,
-                _ => node.inputs.iter().flatten().all(|v| facts.derived[v.index()]),
+                _ => node
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .all(|v| facts.derived[v.index()]),
             };
             for &v in &node.outputs {
                 let ty = info.ty(v);

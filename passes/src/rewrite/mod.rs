@@ -92,7 +92,8 @@ impl CostFunction<Term> for UnitCount<'_> {
     fn cost<C: FnMut(Id) -> f64>(&mut self, enode: &Term, mut costs: C) -> f64 {
         let own = match enode {
             Term::Unit { children, .. }
-                if children.is_empty() || !children.iter().all(|&c| self.egraph[c].data.derived) =>
+                if children.is_empty()
+                    || !children.iter().all(|&c| self.egraph[c].data.derived) =>
             {
                 1.0
             }
@@ -141,14 +142,16 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
     egraph.rebuild();
 
     let rules = rules::all();
-    let runner = Runner::<Term, Folding, ()>::new(Folding { facts: facts.clone() })
-        .with_egraph(egraph)
-        .with_scheduler(SimpleScheduler)
-        .with_iter_limit(limits.iterations)
-        .with_node_limit(limits.nodes)
-        // Not a real limit: the iteration and node limits bound the work.
-        .with_time_limit(Duration::from_secs(24 * 3600))
-        .run(&rules);
+    let runner = Runner::<Term, Folding, ()>::new(Folding {
+        facts: facts.clone(),
+    })
+    .with_egraph(egraph)
+    .with_scheduler(SimpleScheduler)
+    .with_iter_limit(limits.iterations)
+    .with_node_limit(limits.nodes)
+    // Not a real limit: the iteration and node limits bound the work.
+    .with_time_limit(Duration::from_secs(24 * 3600))
+    .run(&rules);
 
     let mut applied: BTreeMap<String, usize> =
         rules.iter().map(|r| (r.name.to_string(), 0)).collect();
@@ -219,12 +222,22 @@ fn extract(
             Term::Leaf(v) => ValueId::from_index(*v as usize),
             Term::Proj(slot, [c]) => {
                 let best = extractor.find_best_node(egraph.find(*c));
-                let Term::Unit { members, .. } = best else { continue };
-                let Some(v) = unit_output(facts, members, *slot as usize) else { continue };
+                let Term::Unit { members, .. } = best else {
+                    continue;
+                };
+                let Some(v) = unit_output(facts, members, *slot as usize) else {
+                    continue;
+                };
                 v
             }
-            Term::Unit { op, members, children } => {
-                let Some(out) = unit_output(facts, members, 0) else { continue };
+            Term::Unit {
+                op,
+                members,
+                children,
+            } => {
+                let Some(out) = unit_output(facts, members, 0) else {
+                    continue;
+                };
                 let mut inputs: Vec<ValueId> = Vec::new();
                 for &c in children.iter() {
                     if let Some(&v) = value_of.get(&egraph.find(c)) {
@@ -251,13 +264,19 @@ fn extract(
         value_of.insert(class, value);
     }
     // Producers before consumers, in the IR's order: sort by each unit's last member.
-    let position: BTreeMap<NodeId, usize> =
-        info.order().iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let position: BTreeMap<NodeId, usize> = info
+        .order()
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (n, i))
+        .collect();
     let mut units: Vec<Unit> = units.into_iter().map(|(_, u)| u).collect();
     units.sort_by_key(|u| u.members.last().map(|m| position[m]));
     let mut aliases = BTreeMap::new();
     for v in graph.value_ids() {
-        let Some(c) = class_of[v.index()] else { continue };
+        let Some(c) = class_of[v.index()] else {
+            continue;
+        };
         if let Some(&carrier) = value_of.get(&egraph.find(c)) {
             if carrier != v && !facts.folded[v.index()] {
                 aliases.insert(v, carrier);

@@ -6,7 +6,10 @@
 
 use std::sync::Arc;
 
-use egg::{rewrite, Applier, EGraph, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use egg::{
+    rewrite, Applier, EGraph, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst,
+    Symbol, Var,
+};
 
 use super::lang::{Folding, Term};
 
@@ -55,7 +58,11 @@ const ACTIVATIONS: &[&str] = &[
 const ARITHMETIC: &[&str] = &["Add", "Sub", "Mul", "Div"];
 const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze"];
 
-fn fusion(name: &'static str, ops: &'static [&'static str], others: Others) -> Rewrite<Term, Folding> {
+fn fusion(
+    name: &'static str,
+    ops: &'static [&'static str],
+    others: Others,
+) -> Rewrite<Term, Folding> {
     Rewrite::new(name, OpSearcher { ops }, Fuse { others }).expect("rule is well-formed")
 }
 
@@ -65,7 +72,12 @@ struct OpSearcher {
 }
 
 impl Searcher<Term, Folding> for OpSearcher {
-    fn search_eclass_with_limit(&self, egraph: &Graph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, Term>> {
+    fn search_eclass_with_limit(
+        &self,
+        egraph: &Graph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, Term>> {
         let found = egraph[eclass]
             .nodes
             .iter()
@@ -114,7 +126,14 @@ impl Applier<Term, Folding> for Fuse {
         let consumers: Vec<Term> = egraph[eclass].nodes.clone();
         let mut fused = Vec::new();
         for consumer in &consumers {
-            let Term::Unit { op, members, children } = consumer else { continue };
+            let Term::Unit {
+                op,
+                members,
+                children,
+            } = consumer
+            else {
+                continue;
+            };
             if members.len() != 1 {
                 continue;
             }
@@ -144,13 +163,22 @@ impl Applier<Term, Folding> for Fuse {
                     continue;
                 }
                 for producer in &egraph[producer_class].nodes {
-                    let Term::Unit { op: p_op, members: p_members, children: p_children } = producer else {
+                    let Term::Unit {
+                        op: p_op,
+                        members: p_members,
+                        children: p_children,
+                    } = producer
+                    else {
                         continue;
                     };
                     fused.push(Term::Unit {
                         op: Arc::from(format!("{p_op}+{op}")),
                         members: p_members.iter().chain(members.iter()).copied().collect(),
-                        children: p_children.iter().copied().chain(others.iter().copied()).collect(),
+                        children: p_children
+                            .iter()
+                            .copied()
+                            .chain(others.iter().copied())
+                            .collect(),
                     });
                 }
             }
@@ -183,31 +211,60 @@ impl Applier<Term, Folding> for Gemm {
         _rule: Symbol,
     ) -> Vec<Id> {
         let var = |name: &str| name.parse::<Var>().expect("variable name");
-        let (Some(&a), Some(&w), Some(&b)) = (subst.get(var("?a")), subst.get(var("?w")), subst.get(var("?b"))) else {
+        let (Some(&a), Some(&w), Some(&b)) = (
+            subst.get(var("?a")),
+            subst.get(var("?w")),
+            subst.get(var("?b")),
+        ) else {
             return Vec::new();
         };
         let (a, w, b) = (egraph.find(a), egraph.find(w), egraph.find(b));
-        let (Some(a_shape), Some(w_shape), Some(b_shape)) = (shape_of(egraph, a), shape_of(egraph, w), shape_of(egraph, b)) else {
+        let (Some(a_shape), Some(w_shape), Some(b_shape)) = (
+            shape_of(egraph, a),
+            shape_of(egraph, w),
+            shape_of(egraph, b),
+        ) else {
             return Vec::new();
         };
         let width = w_shape.get(1).copied();
         let bias_fits = matches!(b_shape.as_slice(), [n] | [1, n] if Some(*n) == width);
-        if a_shape.len() != 2 || w_shape.len() != 2 || !bias_fits || !egraph[w].data.derived || !egraph[b].data.derived {
+        if a_shape.len() != 2
+            || w_shape.len() != 2
+            || !bias_fits
+            || !egraph[w].data.derived
+            || !egraph[b].data.derived
+        {
             return Vec::new();
         }
         let mut terms = Vec::new();
         for add in &egraph[eclass].nodes {
-            let Term::Unit { op, members: add_members, children } = add else { continue };
+            let Term::Unit {
+                op,
+                members: add_members,
+                children,
+            } = add
+            else {
+                continue;
+            };
             if &**op != "Add" || children.len() != 2 {
                 continue;
             }
             let ids: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
-            let Some(&matmul_class) = ids.iter().find(|&&c| c != b) else { continue };
+            let Some(&matmul_class) = ids.iter().find(|&&c| c != b) else {
+                continue;
+            };
             if !ids.contains(&b) || egraph[matmul_class].data.uses != 1 {
                 continue;
             }
             for matmul in &egraph[matmul_class].nodes {
-                let Term::Unit { op, members, children } = matmul else { continue };
+                let Term::Unit {
+                    op,
+                    members,
+                    children,
+                } = matmul
+                else {
+                    continue;
+                };
                 let operands: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
                 if &**op == "MatMul" && operands == [a, w] {
                     terms.push(Term::Unit {

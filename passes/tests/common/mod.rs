@@ -8,7 +8,9 @@ use ralpc_passes::layers::{self, LayerGraph};
 
 /// A path under the repository root.
 pub fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
 }
 
 /// A path under `../shared/anchors` (beside the checkout).
