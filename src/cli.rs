@@ -10,14 +10,15 @@ const EXIT_CODES: &str = "\
 Exit status:
   0    success
   1    the input is at fault: unreadable or malformed model, unsupported operator,
-       shape mismatch, bad --batch/--input
+       shape mismatch, bad --batch/--input, unknown or invalid cluster
   2    usage error (unknown flag, bad value)
   101  internal error: a bug in ralpc; please report it with `ralpc --version`";
 
 /// ralpc — a layer-placement compiler for deep-learning training.
 ///
 /// It reads an ONNX model and decides, layer by layer, how training is spread over the
-/// GPUs of a cluster. Today: `ralpc inspect` (per-layer parameters, MACs, FLOPs, memory).
+/// GPUs of a cluster. Today: `ralpc inspect` (per-layer parameters, MACs, FLOPs, memory)
+/// and `ralpc cluster` (the machines plans are made for).
 #[derive(Debug, Parser)]
 #[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
 pub struct Cli {
@@ -32,6 +33,9 @@ pub enum Command {
     /// Show a model's layers: output shapes, parameters, MACs, FLOPs and memory.
     #[command(after_help = commands::inspect::EXAMPLES)]
     Inspect(commands::inspect::Args),
+    /// Show a cluster: GPUs, their peaks and memory, and the links between them.
+    #[command(after_help = commands::cluster::EXAMPLES)]
+    Cluster(commands::cluster::Args),
 }
 
 /// Prints `error: …` and its `Caused by:` chain on stderr (red `error:` on a terminal

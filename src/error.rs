@@ -19,6 +19,9 @@ pub enum Error {
     /// Accounting failed (unbound dimensions, overflow).
     #[error("cannot account for the model")]
     Account(#[source] Box<AccountError>),
+    /// The cluster (preset name or file) is not valid.
+    #[error("cannot set up the cluster")]
+    Cluster(#[source] Box<ralpc_passes::cluster::ClusterError>),
 }
 
 impl Error {
@@ -26,21 +29,12 @@ impl Error {
     /// in ralpc.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Import(_) | Error::Bind(_) | Error::Verify(_) | Error::Account(_) => 1,
+            Error::Import(_)
+            | Error::Bind(_)
+            | Error::Verify(_)
+            | Error::Account(_)
+            | Error::Cluster(_) => 1,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn error_stays_small() {
-        // Errors travel through every `?`: keep them a few words wide.
-        assert!(
-            std::mem::size_of::<super::Error>() <= 16,
-            "{}",
-            std::mem::size_of::<super::Error>()
-        );
     }
 }
 
@@ -65,5 +59,18 @@ impl From<VerifyErrors> for Error {
 impl From<AccountError> for Error {
     fn from(e: AccountError) -> Error {
         Error::Account(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_stays_small() {
+        // Errors travel through every `?`: keep them a few words wide.
+        assert!(
+            std::mem::size_of::<super::Error>() <= 16,
+            "{}",
+            std::mem::size_of::<super::Error>()
+        );
     }
 }

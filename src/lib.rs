@@ -3,7 +3,8 @@
 //!
 //! Today it covers the front end: importing an ONNX model, binding its input dimensions,
 //! verifying it and accounting for every layer's parameters, compute and memory
-//! ([`inspect`]). Planning, codegen and execution arrive with later issues.
+//! ([`inspect`]), and resolving clusters ([`cluster`]). The layer graph, cost model and
+//! profiles live in [`passes`]. Planning, codegen and execution arrive with later issues.
 //!
 //! ```
 //! let options = ralpc::InspectOptions {
@@ -27,9 +28,12 @@
     )
 )]
 
+mod cluster;
 mod error;
 mod inspect;
 
+pub use cluster::{cluster, ClusterOptions};
 pub use error::Error;
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use ralpc_ir as ir;
+pub use ralpc_passes as passes;

@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
+        cli::Command::Cluster(args) => commands::cluster::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -160,3 +160,67 @@ fn help_teaches_and_documents_exit_codes() {
         "{text}"
     );
 }
+
+#[test]
+fn cluster_presets_are_golden() {
+    // Every preset's figures, as the summary and as a file that reads back identically.
+    let mut all = String::new();
+    for preset in ["dgx-a100", "dgx-h100x2", "p3dn-v100", "pcie-a100"] {
+        let out = ralpc().args(["cluster", preset]).assert().success();
+        all += &String::from_utf8_lossy(&out.get_output().stdout);
+        let toml = ralpc()
+            .args(["cluster", preset, "--toml"])
+            .assert()
+            .success();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, &toml.get_output().stdout).unwrap();
+        let again = ralpc()
+            .args(["cluster", file.to_str().unwrap(), "--toml"])
+            .assert()
+            .success();
+        let strip_name = |b: &[u8]| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(
+            strip_name(&again.get_output().stdout),
+            strip_name(&toml.get_output().stdout),
+            "{preset}"
+        );
+    }
+    insta::assert_snapshot!(all);
+}
+
+#[test]
+fn cluster_errors_and_flat_overrides() {
+    let out = ralpc().args(["cluster", "tpu-v4"]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("unknown cluster 'tpu-v4'"), "{stderr}");
+    ralpc()
+        .args(["cluster", "--link-bandwidth", "fast"])
+        .assert()
+        .code(2);
+    let out = ralpc()
+        .args([
+            "cluster",
+            "dgx-a100",
+            "--nodes",
+            "2",
+            "--link-bandwidth",
+            "1GB/s",
+            "--link-latency",
+            "0us",
+        ])
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(stdout.contains("16 GPUs on 2 nodes"), "{stdout}");
+    assert!(
+        stdout.contains("flat network: every link 1 GB/s, α 0 µs"),
+        "{stdout}"
+    );
+}

@@ -136,7 +136,7 @@ fn symbolic_batch_survives_verification() {
 #[test]
 fn fixed_batch_exports_are_rebatched() {
     for case in ["vgg16", "inception_v3", "gpt2_torchscript", "mobilenet_v2"] {
-        let (model, info, _) = common::account(&case, Some(16));
+        let (model, info, _) = common::account(case, Some(16));
         assert!(
             model.graph.rebatch().is_some(),
             "{case} was exported with a fixed batch"

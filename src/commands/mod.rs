@@ -1,5 +1,6 @@
 //! One module per subcommand: an `Args` struct and a `run` that calls one library function.
 
+pub mod cluster;
 pub mod inspect;
 
 use std::io::Write;

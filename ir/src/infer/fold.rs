@@ -150,7 +150,7 @@ fn float_op(b: Binary, l: f64, r: f64) -> Scalar {
 pub(super) fn elementwise(op: &Op, inputs: &[Option<&ValueType>], out: &Shape) -> Content {
     let total = out.known_numel().filter(|&n| n <= MAX_FOLD_ELEMENTS)?;
     let out_sizes = out.as_sizes()?;
-    let present: Vec<&ValueType> = inputs.iter().map(|t| *t).collect::<Option<_>>()?;
+    let present: Vec<&ValueType> = inputs.iter().copied().collect::<Option<_>>()?;
     let contents: Vec<&Arc<[Scalar]>> = present
         .iter()
         .map(|t| t.content.as_ref())

@@ -384,11 +384,12 @@ impl Cluster {
 
     /// A human summary, one line per node group.
     pub fn describe(&self) -> String {
+        let nodes = self.node_count();
+        let plural = if nodes == 1 { "" } else { "s" };
         let mut out = format!(
-            "{}: {} GPUs on {} nodes\n",
+            "{}: {} GPUs on {nodes} node{plural}\n",
             self.name,
-            self.gpu_count(),
-            self.node_count()
+            self.gpu_count()
         );
         for g in &self.groups {
             out += &format!(

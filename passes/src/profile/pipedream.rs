@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! node4 -- Conv2d(64, 64, kernel_size=(3, 3), ...) -- forward_compute_time=10.814, backward_compute_time=18.335, activation_size=411041792.0, parameter_size=36928.0
-//! 	node3 -- node4
+//! <TAB>node3 -- node4
 //! ```
 //!
 //! Times are ms for the whole minibatch, sizes bytes (an activation list `[a; b]` sums).
