@@ -360,7 +360,7 @@ fn assemble(
 ) -> LayerGraph {
     let stats: BTreeMap<NodeId, &ralpc_ir::LayerStats> =
         accounting.layers.iter().map(|l| (l.node, l)).collect();
-    let facts = rewrite::Facts::new(graph, info);
+    let facts = rewritten.facts.clone();
     let parameters = |v: ValueId| facts.parameter[v.index()];
     // Weight-only units join the first layer that reads them.
     let mut producer_unit: BTreeMap<ValueId, usize> = BTreeMap::new();

@@ -51,6 +51,17 @@ pub struct Collective {
     pub level: LinkLevel,
 }
 
+impl Collective {
+    /// Nothing to send: one rank, or no bytes.
+    fn free(level: LinkLevel) -> Collective {
+        Collective {
+            us: 0.0,
+            algorithm: Algorithm::None,
+            level,
+        }
+    }
+}
+
 /// Costs of messages and collectives on a cluster.
 #[derive(Clone, Copy, Debug)]
 pub struct Comm<'a> {
@@ -99,11 +110,7 @@ impl<'a> Comm<'a> {
         let level = self.cluster.level(ranks);
         let n = distinct(ranks);
         if n <= 1 || bytes <= 0.0 {
-            return Collective {
-                us: 0.0,
-                algorithm: Algorithm::None,
-                level,
-            };
+            return Collective::free(level);
         }
         let ring = Collective {
             us: ring_all_reduce_us(n, self.ring_link(ranks), bytes),
@@ -144,11 +151,7 @@ impl<'a> Comm<'a> {
         let level = self.cluster.level(ranks);
         let n = distinct(ranks);
         if n <= 1 || bytes <= 0.0 {
-            return Collective {
-                us: 0.0,
-                algorithm: Algorithm::None,
-                level,
-            };
+            return Collective::free(level);
         }
         Collective {
             us: ring_all_gather_us(n, self.ring_link(ranks), bytes),

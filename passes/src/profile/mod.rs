@@ -234,34 +234,34 @@ impl Profile {
 
     /// Times of `signature` at a (possibly fractional) per-GPU batch.
     pub fn lookup(&self, signature: &Signature, batch: f64) -> Option<Lookup> {
-        Some(self.entry(signature)?.at(batch))
+        self.entry(signature)?.at(batch)
     }
 }
 
 impl Entry {
     /// Times at a per-GPU batch (see the module docs for the rule).
-    pub fn at(&self, batch: f64) -> Lookup {
+    /// `None` for an entry without points ([`Profile::normalize`] rejects those).
+    pub fn at(&self, batch: f64) -> Option<Lookup> {
         let points = &self.points;
-        let first = points[0];
-        let last = points[points.len() - 1];
+        let (&first, &last) = (points.first()?, points.last()?);
         let at = |p: Point, found| Lookup {
             fwd_us: p.forward_us,
             bwd_us: p.backward_us,
             found,
         };
         if let Some(p) = points.iter().find(|p| p.batch as f64 == batch) {
-            return at(*p, Found::Measured);
+            return Some(at(*p, Found::Measured));
         }
         if batch < first.batch as f64 {
-            return at(first, Found::Extrapolated);
+            return Some(at(first, Found::Extrapolated));
         }
         if batch > last.batch as f64 {
             let scale = batch / last.batch as f64;
-            return Lookup {
+            return Some(Lookup {
                 fwd_us: last.forward_us * scale,
                 bwd_us: last.backward_us * scale,
                 found: Found::Extrapolated,
-            };
+            });
         }
         let upper = points
             .iter()
@@ -269,11 +269,11 @@ impl Entry {
             .unwrap_or(points.len() - 1);
         let (lo, hi) = (points[upper - 1], points[upper]);
         let t = (batch - lo.batch as f64) / (hi.batch - lo.batch) as f64;
-        Lookup {
+        Some(Lookup {
             fwd_us: lo.forward_us + t * (hi.forward_us - lo.forward_us),
             bwd_us: lo.backward_us + t * (hi.backward_us - lo.backward_us),
             found: Found::Interpolated,
-        }
+        })
     }
 }
 
@@ -350,14 +350,15 @@ mod tests {
     #[test]
     fn interpolates_between_and_scales_beyond() {
         let e = entry(&[(2, 10.0), (4, 30.0)]);
-        assert_eq!(e.at(2.0).found, Found::Measured);
-        assert_eq!(e.at(3.0).fwd_us, 20.0);
-        assert_eq!(e.at(3.0).bwd_us, 40.0);
-        assert_eq!(e.at(3.0).found, Found::Interpolated);
-        assert_eq!(e.at(8.0).fwd_us, 60.0);
-        assert_eq!(e.at(8.0).found, Found::Extrapolated);
+        assert_eq!(e.at(2.0).unwrap().found, Found::Measured);
+        assert_eq!(entry(&[]).at(2.0), None);
+        assert_eq!(e.at(3.0).unwrap().fwd_us, 20.0);
+        assert_eq!(e.at(3.0).unwrap().bwd_us, 40.0);
+        assert_eq!(e.at(3.0).unwrap().found, Found::Interpolated);
+        assert_eq!(e.at(8.0).unwrap().fwd_us, 60.0);
+        assert_eq!(e.at(8.0).unwrap().found, Found::Extrapolated);
         // Never cheaper than the smallest measurement.
-        assert_eq!(e.at(1.0).fwd_us, 10.0);
+        assert_eq!(e.at(1.0).unwrap().fwd_us, 10.0);
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl egg::FromOp for Term {
 }
 
 /// What the rules need to know about the IR.
+#[derive(Debug)]
 pub struct Facts {
     /// ONNX op type per node index.
     pub op_name: Vec<&'static str>,

@@ -79,6 +79,8 @@ pub struct Rewritten {
     pub aliases: BTreeMap<ValueId, ValueId>,
     /// Search statistics.
     pub report: Report,
+    /// The IR facts the rules used.
+    pub facts: Arc<Facts>,
 }
 
 /// Extraction cost: placement units (weight-only units are free: they join their reader).
@@ -179,14 +181,22 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
     };
     let egraph = &runner.egraph;
     let extractor = Extractor::new(egraph, UnitCount { egraph });
-    extract(graph, info, &facts, egraph, &extractor, &class_of, report)
+    extract(
+        graph,
+        info,
+        facts.clone(),
+        egraph,
+        &extractor,
+        &class_of,
+        report,
+    )
 }
 
 /// Walks the chosen terms from the graph outputs and lists the units they form.
 fn extract(
     graph: &Graph,
     info: &GraphInfo,
-    facts: &Facts,
+    facts: Arc<Facts>,
     egraph: &EGraph<Term, Folding>,
     extractor: &Extractor<UnitCount<'_>, Term, Folding>,
     class_of: &[Option<Id>],
@@ -225,7 +235,7 @@ fn extract(
                 let Term::Unit { members, .. } = best else {
                     continue;
                 };
-                let Some(v) = unit_output(facts, members, *slot as usize) else {
+                let Some(v) = unit_output(&facts, members, *slot as usize) else {
                     continue;
                 };
                 v
@@ -235,7 +245,7 @@ fn extract(
                 members,
                 children,
             } => {
-                let Some(out) = unit_output(facts, members, 0) else {
+                let Some(out) = unit_output(&facts, members, 0) else {
                     continue;
                 };
                 let mut inputs: Vec<ValueId> = Vec::new();
@@ -287,5 +297,6 @@ fn extract(
         units,
         aliases,
         report,
+        facts,
     }
 }
