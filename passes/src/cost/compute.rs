@@ -197,9 +197,10 @@ impl<'a> ComputeModel<'a> {
     /// from the profile are costed by the roofline. `None` when no op is in the profile.
     fn profiled(&self, layer: &Layer, split: Split, batch: u64) -> Option<(f64, f64, Source)> {
         let profile = self.profile?;
-        let local_batch = batch as f64 / f64::from(split.sample.max(1));
-        // Attribute and parameter splits divide a measured op's work.
-        let share = 1.0 / f64::from(split.attribute.max(1) * split.parameter.max(1));
+        // A tile of 1/a of the rows runs like 1/a of the samples (the same output elements
+        // per kernel); a parameter slice keeps the batch and divides the op's work.
+        let local_batch = batch as f64 / f64::from(split.sample.max(1) * split.attribute.max(1));
+        let share = 1.0 / f64::from(split.parameter.max(1));
         let (mut fwd, mut bwd, mut found, mut missing) = (0.0, 0.0, Found::Measured, 0);
         let mut hits = 0;
         for part in &layer.parts {

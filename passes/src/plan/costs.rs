@@ -1,0 +1,310 @@
+//! The cost terms every plan is priced with, shared by the searches and the evaluator so
+//! that a searched plan and the same plan read from a strategy file get the same figures.
+//!
+//! Conventions (DESIGN §3), all per iteration unless stated:
+//! * a layer's compute is its share at the local batch (`B / (M·s)` samples);
+//! * gradient synchronization is not overlapped with compute (as PipeDream's and DeepPool's
+//!   planners assume); consecutive layers on the same ranks with the same split share one
+//!   fused all-reduce (a DDP bucket): its latency is paid once, its bandwidth per byte;
+//! * a tensor that changes placement moves with one α and its busiest rank's bytes at the
+//!   slowest link it spans, forward and (reversed, as gradients) backward.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::cluster::{Cluster, Link, Precision};
+use crate::cost::memory::DEFAULT_WORKSPACE_BYTES;
+use crate::cost::{Comm, ComputeModel, Optimizer};
+use crate::layers::{Layer, LayerGraph, LayerKind, Producer, Split};
+use crate::profile::Profile;
+
+use super::layout::{self, View};
+
+/// What a plan is priced against.
+#[derive(Clone, Debug)]
+pub struct CostOptions<'a> {
+    /// Math precision of the compute.
+    pub precision: Precision,
+    /// Measured layer costs.
+    pub profile: Option<&'a Profile>,
+    /// Optimizer (its state counts in memory).
+    pub optimizer: Optimizer,
+    /// Bytes per GPU reserved for the context and workspaces.
+    pub workspace_bytes: f64,
+    /// A per-GPU memory limit below the GPUs' own, bytes.
+    pub memory_limit: Option<u64>,
+}
+
+impl Default for CostOptions<'_> {
+    fn default() -> Self {
+        CostOptions {
+            precision: Precision::Tf32,
+            profile: None,
+            optimizer: Optimizer::default(),
+            workspace_bytes: DEFAULT_WORKSPACE_BYTES,
+            memory_limit: None,
+        }
+    }
+}
+
+/// A layer's compute for one microbatch on one rank, µs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Work {
+    pub fwd_us: f64,
+    pub bwd_us: f64,
+}
+
+/// A gradient all-reduce split into the part paid once per fused bucket and the part paid
+/// per layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Sync {
+    pub latency_us: f64,
+    pub bandwidth_us: f64,
+}
+
+/// The cost model of one plan search: a layer graph on the first `gpus` ranks of a cluster.
+pub struct Costs<'a> {
+    /// The layers.
+    pub graph: &'a LayerGraph,
+    /// The machines.
+    pub cluster: &'a Cluster,
+    /// Ranks the plan may use: `0..gpus`.
+    pub gpus: u32,
+    pub(crate) options: CostOptions<'a>,
+    comm: Comm<'a>,
+    /// Per rank, the index of its GPU type's compute model.
+    model_of_rank: Vec<usize>,
+    models: Vec<ComputeModel<'a>>,
+    /// The layer whose placement each layer's first input comes from.
+    pub(crate) first_producer: Vec<Option<usize>>,
+    /// Reshardings already costed, by (producer view, consumer view).
+    movements: RefCell<HashMap<(View, View), Option<layout::Movement>>>,
+    /// All-reduce costs already computed, by (first rank, stride, count).
+    reductions: RefCell<HashMap<(u32, u32, u32), (f64, f64)>>,
+}
+
+impl<'a> Costs<'a> {
+    /// Costs of `graph` on ranks `0..gpus` of `cluster` (`gpus` ≤ the cluster's GPUs).
+    pub fn new(
+        graph: &'a LayerGraph,
+        cluster: &'a Cluster,
+        gpus: u32,
+        options: CostOptions<'a>,
+    ) -> Costs<'a> {
+        let gpus = gpus.clamp(1, cluster.gpu_count().max(1));
+        let mut models: Vec<ComputeModel<'a>> = Vec::new();
+        let mut model_of_rank = Vec::with_capacity(gpus as usize);
+        for r in 0..gpus {
+            let gpu = cluster.gpu(r);
+            let index = match models.iter().position(|m| m.gpu.name == gpu.name) {
+                Some(i) => i,
+                None => {
+                    let mut m = ComputeModel::new(gpu, options.precision);
+                    if let Some(p) = options.profile {
+                        m = m.with_profile(p);
+                    }
+                    models.push(m);
+                    models.len() - 1
+                }
+            };
+            model_of_rank.push(index);
+        }
+        let first_producer = graph
+            .layers
+            .iter()
+            .map(|l| {
+                l.inputs.iter().find_map(|e| match e.from {
+                    Producer::Layer(p) => Some(p.0 as usize),
+                    Producer::Input(_) => None,
+                })
+            })
+            .collect();
+        Costs {
+            graph,
+            cluster,
+            gpus,
+            options,
+            comm: Comm::new(cluster),
+            model_of_rank,
+            models,
+            first_producer,
+            movements: RefCell::default(),
+            reductions: RefCell::default(),
+        }
+    }
+
+    /// The per-GPU memory capacity of rank `r`, bytes.
+    pub fn capacity(&self, r: u32) -> f64 {
+        let own = self.cluster.gpu(r).memory_bytes;
+        self.options.memory_limit.map_or(own, |l| l.min(own)) as f64
+    }
+
+    /// The smallest capacity over ranks `lo..hi`.
+    pub(crate) fn capacity_of(&self, lo: u32, hi: u32) -> f64 {
+        (lo..hi.max(lo + 1))
+            .map(|r| self.capacity(r))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// The compute model of the slowest GPU among ranks `lo..lo+n`.
+    fn model(&self, lo: u32, n: u32) -> &ComputeModel<'a> {
+        let hi = (lo + n.max(1)).min(self.gpus).max(lo + 1);
+        let index = (lo..hi)
+            .map(|r| self.model_of_rank[(r.min(self.gpus - 1)) as usize])
+            .min_by(|&a, &b| self.models[a].peak.total_cmp(&self.models[b].peak))
+            .unwrap_or(0);
+        &self.models[index]
+    }
+
+    /// One rank's compute of layer `l` under `split` on ranks from `first`, for one of
+    /// `microbatches` microbatches.
+    pub(crate) fn work(&self, l: usize, split: Split, first: u32, microbatches: u32) -> Work {
+        let layer = &self.graph.layers[l];
+        let local = Split {
+            sample: split.sample.max(1) * microbatches.max(1),
+            ..split
+        };
+        let t = self
+            .model(first, split.degree())
+            .layer(layer, local, self.graph.batch);
+        Work {
+            fwd_us: t.fwd_us,
+            bwd_us: t.bwd_us,
+        }
+    }
+
+    /// A single GPU's compute time for the whole iteration (rank 0's GPU), µs.
+    pub fn single_gpu_time_us(&self) -> f64 {
+        (0..self.graph.layers.len())
+            .map(|l| {
+                let w = self.work(l, Split::NONE, 0, 1);
+                w.fwd_us + w.bwd_us
+            })
+            .sum()
+    }
+
+    /// All-reduce of `bytes` over `ranks` (an arithmetic progression) as (latency,
+    /// bandwidth) parts.
+    fn all_reduce(&self, ranks: &[u32], bytes: f64) -> Sync {
+        if ranks.len() <= 1 || bytes <= 0.0 {
+            return Sync::default();
+        }
+        self.all_reduce_strided(ranks[0], ranks[1] - ranks[0], ranks.len() as u32, bytes)
+    }
+
+    /// All-reduce of `bytes` over ranks `first, first + stride, …` (`count` of them).
+    fn all_reduce_strided(&self, first: u32, stride: u32, count: u32, bytes: f64) -> Sync {
+        if count <= 1 || bytes <= 0.0 {
+            return Sync::default();
+        }
+        let (latency, per_byte) = *self
+            .reductions
+            .borrow_mut()
+            .entry((first, stride, count))
+            .or_insert_with(|| {
+                let ranks: Vec<u32> = (0..count).map(|i| first + i * stride).collect();
+                // The 1-byte cost is the latency; the slope up to 1 GB the bandwidth.
+                let one = self.comm.all_reduce(&ranks, 1.0).us;
+                let big = self.comm.all_reduce(&ranks, 1e9).us;
+                (one, (big - one) / (1e9 - 1.0))
+            });
+        Sync {
+            latency_us: latency,
+            bandwidth_us: per_byte * bytes,
+        }
+    }
+
+    /// One fused all-reduce of `bytes` of gradients over ranks `first..first + gpus`, µs.
+    pub(crate) fn replicas_sync(&self, first: u32, gpus: u32, bytes: f64) -> f64 {
+        let s = self.all_reduce_strided(first, 1, gpus, bytes);
+        s.latency_us + s.bandwidth_us
+    }
+
+    /// The gradient synchronization of layer `l` under `split` on ranks from `first`.
+    pub(crate) fn sync(&self, l: usize, split: Split, first: u32) -> Sync {
+        let layer = &self.graph.layers[l];
+        if layer.param_bytes == 0 {
+            return Sync::default();
+        }
+        let (ranks, share) = layout::weight_replicas(layer.kind, split, first);
+        self.all_reduce(&ranks, layer.param_bytes as f64 * share)
+    }
+
+    /// The α and β of the slowest link among ranks `lo..=hi`.
+    fn link(&self, lo: u32, hi: u32) -> Link {
+        self.cluster.link(lo, hi)
+    }
+
+    /// Forward and backward µs of moving the tensor of `bytes` (for one microbatch) that
+    /// `producer` writes under `from` into consumer `consumer` placed `to`: the partial
+    /// sums of a row-parallel producer are reduced first, the consumer receives what it
+    /// lacks, and a parameter-split consumer's input gradient is summed over its slices.
+    pub(crate) fn edge(
+        &self,
+        producer: usize,
+        from: (Split, u32),
+        consumer: usize,
+        to: (Split, u32),
+        bytes: f64,
+    ) -> (f64, f64) {
+        if bytes <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let (pk, ck) = (self.kind(producer), self.kind(consumer));
+        let mut fwd = 0.0;
+        let mut bwd = 0.0;
+        if let Some((ranks, share)) = layout::partial_sums(pk, from.0, from.1) {
+            let s = self.all_reduce(&ranks, bytes * share);
+            fwd += s.latency_us + s.bandwidth_us;
+        }
+        let held = View::output(pk, from.0, from.1);
+        let needed = View::input(ck, to.0, to.1);
+        let moved = *self
+            .movements
+            .borrow_mut()
+            .entry((held, needed))
+            .or_insert_with(|| layout::movement(&held, &needed));
+        if let Some(m) = moved {
+            let t = self.link(m.span.0, m.span.1).transfer_us(m.busiest * bytes);
+            fwd += t;
+            bwd += t;
+        }
+        if let Some((ranks, share)) = layout::input_gradient_sums(ck, to.0, to.1) {
+            let s = self.all_reduce(&ranks, bytes * share);
+            bwd += s.latency_us + s.bandwidth_us;
+        }
+        (fwd, bwd)
+    }
+
+    /// A layer's kind, as placement sees it (kinds that cannot split freely split samples).
+    pub(crate) fn kind(&self, l: usize) -> LayerKind {
+        self.graph.layers[l].kind
+    }
+
+    /// Bytes one rank holds for layer `l` under `split`: weights, gradients, optimizer
+    /// state, `extra_weight_versions` stashed weight copies, and `in_flight` microbatches'
+    /// stashed activations (each `1/microbatches` of the batch).
+    pub(crate) fn memory(
+        &self,
+        l: usize,
+        split: Split,
+        microbatches: u32,
+        in_flight: u32,
+        extra_weight_versions: u32,
+    ) -> f64 {
+        let layer: &Layer = &self.graph.layers[l];
+        let (_, share) = layout::weight_replicas(layer.kind, split, 0);
+        let weights = layer.param_bytes as f64 * share;
+        let state = weights * (2.0 + self.options.optimizer.state_factor())
+            + weights * f64::from(extra_weight_versions);
+        let stash = layer.stash_bytes as f64
+            / f64::from(split.sample.max(1) * split.attribute.max(1))
+            / f64::from(microbatches.max(1));
+        state + stash * f64::from(in_flight.max(1))
+    }
+
+    /// The workspace every used GPU reserves.
+    pub(crate) fn workspace(&self) -> f64 {
+        self.options.workspace_bytes
+    }
+}

@@ -1,0 +1,224 @@
+//! Prices one strategy: iteration time, GPU time, memory. Every plan ralpc reports —
+//! searched, baseline, or read from a strategy file — goes through [`evaluate`], so plans
+//! are always compared under the same costs.
+//!
+//! With `P` stages, `M` microbatches, per-microbatch stage times `tₛ`, cut transfer times
+//! `x꜀` and per-iteration gradient synchronizations `yₛ`:
+//! * synchronous schedules (GPipe, 1F1B): `T = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀) + maxₛ yₛ`
+//!   (the fill and drain, then one microbatch per bottleneck period; the bubble is
+//!   `(P−1)/M` of the steady state when stages are equal);
+//! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
+//!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state.
+//!
+//! One stage with `M = 1` gives `T = t + y`: the sequential sum over layers of compute,
+//! resharding and gradient synchronization that data-parallel and burst-parallel plans have.
+//!
+//! GPU time: for one stage, the busy time of each layer times the GPUs it uses (idle GPUs
+//! can run other work, DeepPool's argument); for pipelines, every stage's GPUs for the whole
+//! iteration. Amplification = GPU time / the single-GPU iteration time.
+//!
+//! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
+//! slice, the weight versions an asynchronous stage stashes, and the activations of its
+//! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`),
+//! plus the workspace.
+
+use serde::Serialize;
+
+use super::costs::{Costs, Sync};
+use super::{PlanError, Schedule, Strategy};
+use crate::layers::Producer;
+
+/// One layer's share of the predicted time.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LayerCost {
+    /// Forward compute per microbatch, µs.
+    pub forward_us: f64,
+    /// Backward compute per microbatch, µs.
+    pub backward_us: f64,
+    /// Gradient synchronization per iteration, µs (a bucket's latency on its first layer).
+    pub sync_us: f64,
+    /// Moving its inputs per microbatch, forward and backward, µs.
+    pub transfer_us: f64,
+}
+
+/// One stage's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StageCost {
+    /// Compute and resharding of one microbatch, µs.
+    pub microbatch_us: f64,
+    /// Gradient synchronization per iteration, µs.
+    pub sync_us: f64,
+    /// Moving activations into this stage per microbatch (forward and backward), µs.
+    pub receive_us: f64,
+    /// The most memory any of its GPUs holds, bytes.
+    pub memory_bytes: f64,
+}
+
+/// A strategy's predicted figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Predicted time of one iteration (a global batch), µs.
+    pub iteration_time_us: f64,
+    /// The busy GPU time of one iteration, µs.
+    pub gpu_time_us: f64,
+    /// GPU time / single-GPU iteration time.
+    pub gpu_sec_amplification: f64,
+    /// GPUs the plan uses.
+    pub gpus_used: u32,
+    /// The most memory any GPU holds, bytes.
+    pub peak_memory_bytes: f64,
+    /// Whether every GPU's memory fits its capacity.
+    pub fits: bool,
+    /// Per stage.
+    pub stages: Vec<StageCost>,
+    /// Per layer.
+    pub layers: Vec<LayerCost>,
+}
+
+/// Prices `strategy` (validated against the graph and the cluster first).
+///
+/// Cost: O(layers · inputs · ranks) for the resharding boxes, cached across calls.
+///
+/// # Errors
+/// [`PlanError::Strategy`] when the strategy does not fit the model or the cluster.
+pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, PlanError> {
+    strategy.validate(costs)?;
+    let graph = costs.graph;
+    let m = strategy.microbatches;
+    let stages = strategy.stages.len();
+    let stage_of = strategy.stage_of_layers();
+    let mut layers = Vec::with_capacity(graph.layers.len());
+    let mut stage_cost: Vec<StageCost> = vec![
+        StageCost {
+            microbatch_us: 0.0,
+            sync_us: 0.0,
+            receive_us: 0.0,
+            memory_bytes: 0.0,
+        };
+        stages
+    ];
+    let mut busy_gpu_us = 0.0;
+    let mut memory = vec![0.0f64; costs.gpus as usize];
+    for (l, layer) in graph.layers.iter().enumerate() {
+        let k = stage_of[l];
+        let stage = &strategy.stages[k];
+        let split = strategy.layers[l];
+        let g = split.degree();
+        let work = costs.work(l, split, stage.first_rank, m);
+        let sync = costs.sync(l, split, stage.first_rank);
+        let continues = l > 0 && stage_of[l - 1] == k && strategy.layers[l - 1] == split;
+        let sync_us = bucket_sync(sync, continues);
+        let mut transfer = 0.0;
+        for edge in &layer.inputs {
+            let Producer::Layer(p) = edge.from else {
+                continue;
+            };
+            let p = p.0 as usize;
+            let from = (strategy.layers[p], strategy.stages[stage_of[p]].first_rank);
+            let (f, b) = costs.edge(
+                p,
+                from,
+                l,
+                (split, stage.first_rank),
+                edge.bytes as f64 / f64::from(m),
+            );
+            if stage_of[p] == k {
+                transfer += f + b;
+                busy_gpu_us += f64::from(g.max(from.0.degree())) * (f + b) * f64::from(m);
+            } else {
+                stage_cost[k].receive_us += f + b;
+            }
+        }
+        stage_cost[k].microbatch_us += work.fwd_us + work.bwd_us + transfer;
+        stage_cost[k].sync_us += sync_us;
+        busy_gpu_us += f64::from(g) * ((work.fwd_us + work.bwd_us) * f64::from(m) + sync_us);
+        let in_flight = strategy.schedule.in_flight(m, stages, k);
+        let versions = if strategy.schedule == Schedule::Async {
+            in_flight - 1
+        } else {
+            0
+        };
+        let bytes = costs.memory(l, split, m, in_flight, versions);
+        for r in stage.first_rank..stage.first_rank + g {
+            memory[r as usize] += bytes;
+        }
+        layers.push(LayerCost {
+            forward_us: work.fwd_us,
+            backward_us: work.bwd_us,
+            sync_us,
+            transfer_us: transfer,
+        });
+    }
+    let mut fits = true;
+    let mut peak: f64 = 0.0;
+    for (k, stage) in strategy.stages.iter().enumerate() {
+        for r in stage.first_rank..stage.first_rank + stage.gpus {
+            let used = memory[r as usize] + costs.workspace();
+            fits &= used <= costs.capacity(r);
+            peak = peak.max(used);
+            stage_cost[k].memory_bytes = stage_cost[k].memory_bytes.max(used);
+        }
+    }
+    let iteration = strategy.schedule.iteration_us(&stage_cost, m);
+    let gpus_used: u32 = strategy.stages.iter().map(|s| s.gpus).sum();
+    let gpu_time = if stages == 1 {
+        busy_gpu_us
+    } else {
+        f64::from(gpus_used) * iteration
+    };
+    let single = costs.single_gpu_time_us();
+    Ok(Evaluation {
+        iteration_time_us: iteration,
+        gpu_time_us: gpu_time,
+        gpu_sec_amplification: if single > 0.0 { gpu_time / single } else { 1.0 },
+        gpus_used,
+        peak_memory_bytes: peak,
+        fits,
+        stages: stage_cost,
+        layers,
+    })
+}
+
+/// A layer's gradient synchronization: its bandwidth part, plus the latency when it opens
+/// a new fused bucket (the previous layer is elsewhere or split differently).
+pub(crate) fn bucket_sync(sync: Sync, continues: bool) -> f64 {
+    if sync.bandwidth_us <= 0.0 {
+        return 0.0;
+    }
+    sync.bandwidth_us + if continues { 0.0 } else { sync.latency_us }
+}
+
+impl Schedule {
+    /// Microbatches whose activations stage `k` of `stages` holds at once.
+    pub fn in_flight(self, microbatches: u32, stages: usize, k: usize) -> u32 {
+        let behind = (stages - k) as u32;
+        match self {
+            Schedule::OneFOneB => behind.min(microbatches).max(1),
+            Schedule::GPipe => microbatches.max(1),
+            Schedule::Async => behind.max(1),
+        }
+    }
+
+    /// The iteration time from per-stage figures (see the module docs).
+    pub(crate) fn iteration_us(self, stages: &[StageCost], microbatches: u32) -> f64 {
+        let m = f64::from(microbatches.max(1));
+        match self {
+            Schedule::OneFOneB | Schedule::GPipe => {
+                let sum: f64 = stages.iter().map(|s| s.microbatch_us + s.receive_us).sum();
+                let bottleneck = stages
+                    .iter()
+                    .map(|s| s.microbatch_us.max(s.receive_us))
+                    .fold(0.0, f64::max);
+                let sync = stages.iter().map(|s| s.sync_us).fold(0.0, f64::max);
+                sum + (m - 1.0) * bottleneck + sync
+            }
+            Schedule::Async => {
+                let bottleneck = stages
+                    .iter()
+                    .map(|s| (s.microbatch_us + s.sync_us).max(s.receive_us))
+                    .fold(0.0, f64::max);
+                m * bottleneck
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Strategy files (`ralpc-strategy/1`, JSON): a placement written by `--write-strategy`,
+//! by hand, or transcribed from another planner's published plan, evaluated with
+//! `--strategy-file` under ralpc's costs.
+//!
+//! ```json
+//! {
+//!   "format": "ralpc-strategy/1",
+//!   "schedule": "1f1b",
+//!   "microbatches": 1,
+//!   "stages": [
+//!     { "first_layer": "conv1_1", "last_layer": "fc8", "replicas": 8 }
+//!   ],
+//!   "layers": [
+//!     { "name": "fc6", "gpus": 1 },
+//!     { "name": "fc7", "split": { "sample": 1, "attribute": 1, "parameter": 8 } }
+//!   ]
+//! }
+//! ```
+//!
+//! * `stages` cover the layers in order; each runs on `replicas` GPUs of its own, stage
+//!   after stage from rank 0.
+//! * `layers` is optional and may list any subset: a layer not listed is replicated over its
+//!   stage (samples split `replicas` ways). `gpus` alone splits samples; `split` gives
+//!   SOAP degrees (`attribute`: a convolution's rows or a dense layer's input features;
+//!   `parameter`: output channels or features) and `gpus`, when also given, must equal
+//!   their product.
+//! * `schedule` (`1f1b`, `gpipe`, `async`) and `microbatches` default to `1f1b` and 1.
+//!
+//! Layers are named as `ralpc plan --json` names them (the ONNX node name of a layer's main
+//! op, or PipeDream's node id).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{PlanError, Schedule, Stage, Strategy};
+use crate::layers::{LayerGraph, Split};
+
+/// The format tag.
+pub const FORMAT: &str = "ralpc-strategy/1";
+
+/// A strategy file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyFile {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The schedule.
+    #[serde(default = "default_schedule")]
+    pub schedule: Schedule,
+    /// Microbatches per iteration.
+    #[serde(default = "one")]
+    pub microbatches: u32,
+    /// The stages.
+    pub stages: Vec<StrategyFileStage>,
+    /// Per-layer placements (any subset).
+    #[serde(default)]
+    pub layers: Vec<StrategyFileLayer>,
+}
+
+fn default_schedule() -> Schedule {
+    Schedule::OneFOneB
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A stage in a strategy file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyFileStage {
+    /// Name of its first layer.
+    pub first_layer: String,
+    /// Name of its last layer.
+    pub last_layer: String,
+    /// Its GPUs.
+    pub replicas: u32,
+}
+
+/// A layer's placement in a strategy file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyFileLayer {
+    /// The layer.
+    pub name: String,
+    /// GPUs it uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// Its SOAP degrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<FileSplit>,
+}
+
+/// SOAP degrees in a file (each defaults to 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSplit {
+    /// Sample degree.
+    #[serde(default = "one")]
+    pub sample: u32,
+    /// Attribute degree.
+    #[serde(default = "one")]
+    pub attribute: u32,
+    /// Parameter degree.
+    #[serde(default = "one")]
+    pub parameter: u32,
+}
+
+impl StrategyFile {
+    /// Parses a strategy file's text.
+    ///
+    /// # Errors
+    /// Malformed JSON, an unknown field or a wrong format tag, naming the place.
+    pub fn parse(text: &str) -> Result<StrategyFile, PlanError> {
+        let file: StrategyFile = serde_json::from_str(text)
+            .map_err(|e| PlanError::Strategy(format!("not a strategy file: {e}")))?;
+        if file.format != FORMAT {
+            return Err(PlanError::Strategy(format!(
+                "format is \"{}\"; this ralpc reads \"{FORMAT}\"",
+                file.format
+            )));
+        }
+        Ok(file)
+    }
+
+    /// The file form of `strategy`: every layer listed with its GPUs and split.
+    pub fn of(graph: &LayerGraph, strategy: &Strategy) -> StrategyFile {
+        let name = |i: usize| graph.layers[i].name.clone();
+        StrategyFile {
+            format: FORMAT.to_owned(),
+            schedule: strategy.schedule,
+            microbatches: strategy.microbatches,
+            stages: strategy
+                .stages
+                .iter()
+                .map(|s| StrategyFileStage {
+                    first_layer: name(s.first_layer),
+                    last_layer: name(s.last_layer),
+                    replicas: s.gpus,
+                })
+                .collect(),
+            layers: strategy
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| StrategyFileLayer {
+                    name: name(i),
+                    gpus: Some(s.degree()),
+                    split: Some(FileSplit {
+                        sample: s.sample,
+                        attribute: s.attribute,
+                        parameter: s.parameter,
+                    }),
+                })
+                .collect(),
+        }
+    }
+
+    /// Pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        // Plain strings and integers always serialize.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
+    /// The strategy this file describes for `graph`.
+    ///
+    /// # Errors
+    /// An unknown or ambiguous layer name, stages out of order, a layer listed twice, or
+    /// `gpus` disagreeing with `split`.
+    pub fn resolve(&self, graph: &LayerGraph) -> Result<Strategy, PlanError> {
+        let bad = |m: String| PlanError::Strategy(m);
+        let mut index: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+        for (i, l) in graph.layers.iter().enumerate() {
+            index
+                .entry(l.name.as_str())
+                .and_modify(|e| *e = None)
+                .or_insert(Some(i));
+        }
+        let find = |field: &str, name: &str| -> Result<usize, PlanError> {
+            match index.get(name) {
+                Some(Some(i)) => Ok(*i),
+                Some(None) => Err(bad(format!("{field}: layer name \"{name}\" is ambiguous"))),
+                None => Err(bad(format!("{field}: no layer is named \"{name}\""))),
+            }
+        };
+        let mut stages = Vec::with_capacity(self.stages.len());
+        let mut rank = 0u32;
+        for (k, s) in self.stages.iter().enumerate() {
+            let first = find(&format!("stages[{k}].first_layer"), &s.first_layer)?;
+            let last = find(&format!("stages[{k}].last_layer"), &s.last_layer)?;
+            if s.replicas == 0 {
+                return Err(bad(format!("stages[{k}].replicas must be ≥ 1")));
+            }
+            stages.push(Stage {
+                first_layer: first,
+                last_layer: last,
+                first_rank: rank,
+                gpus: s.replicas,
+            });
+            rank = rank.saturating_add(s.replicas);
+        }
+        let mut layers: Vec<Option<Split>> = vec![None; graph.layers.len()];
+        for (i, l) in self.layers.iter().enumerate() {
+            let at = find(&format!("layers[{i}].name"), &l.name)?;
+            if layers[at].is_some() {
+                return Err(bad(format!(
+                    "layers[{i}]: layer \"{}\" is listed twice",
+                    l.name
+                )));
+            }
+            let split = match (l.gpus, l.split) {
+                (_, Some(s)) => {
+                    let split = Split {
+                        sample: s.sample,
+                        attribute: s.attribute,
+                        parameter: s.parameter,
+                    };
+                    if l.gpus.is_some_and(|g| g != split.degree()) {
+                        return Err(bad(format!(
+                            "layers[{i}] (\"{}\"): gpus is {} but the split uses {}",
+                            l.name,
+                            l.gpus.unwrap_or(0),
+                            split.degree()
+                        )));
+                    }
+                    split
+                }
+                (Some(g), None) => Split::samples(g),
+                (None, None) => {
+                    return Err(bad(format!(
+                        "layers[{i}] (\"{}\"): give gpus or split",
+                        l.name
+                    )))
+                }
+            };
+            layers[at] = Some(split);
+        }
+        let stage_gpus = |l: usize| {
+            stages
+                .iter()
+                .find(|s| s.first_layer <= l && l <= s.last_layer)
+                .map_or(1, |s| s.gpus)
+        };
+        Ok(Strategy {
+            schedule: self.schedule,
+            microbatches: self.microbatches,
+            layers: layers
+                .into_iter()
+                .enumerate()
+                .map(|(l, s)| s.unwrap_or_else(|| Split::samples(stage_gpus(l))))
+                .collect(),
+            stages,
+        })
+    }
+}

@@ -1,0 +1,283 @@
+//! Which share of a tensor each rank holds or needs, and how much has to move between two
+//! placements (DESIGN §3, "Resharding").
+//!
+//! A layer on `g = s·a·p` ranks numbers its ranks `k = (sᵢ·a + aᵢ)·p + pᵢ`: the parameter
+//! index varies fastest, so the ranks that exchange the most (a parameter split's
+//! all-reduces) are neighbours and sit in the fewest nodes. Each rank's share of a tensor is
+//! a box in normalized coordinates over three axes — samples, spatial rows, features — and
+//! [`View`] says which rank index cuts which axis. Moving a tensor from a producer's
+//! [`View`] to a consumer's is costed from box intersections: every consumer rank receives
+//! what it needs and does not already hold.
+
+use crate::layers::{LayerKind, Split};
+
+/// Which index of a rank cuts an axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Cut {
+    /// The axis is whole on every rank.
+    Whole,
+    /// Cut by the attribute index `aᵢ` into `a` pieces.
+    Attribute,
+    /// Cut by the parameter index `pᵢ` into `p` pieces.
+    Parameter,
+}
+
+/// The share of one tensor each rank of a placement holds (or needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct View {
+    /// First absolute rank.
+    pub first: u32,
+    /// The placement's degrees.
+    pub split: (u32, u32, u32),
+    /// How the spatial-row axis is cut.
+    pub rows: Cut,
+    /// How the feature (channel) axis is cut.
+    pub features: Cut,
+}
+
+/// Whether a layer kind can be split along attributes and parameters: convolutions and
+/// dense layers choose such splits; pooling and elementwise layers keep their producer's
+/// (they work per channel and per row). Every other kind splits samples only.
+pub fn splits_freely(kind: LayerKind) -> bool {
+    matches!(
+        kind,
+        LayerKind::Conv | LayerKind::Dense | LayerKind::Pool | LayerKind::Elementwise
+    )
+}
+
+fn degrees(split: Split) -> (u32, u32, u32) {
+    (
+        split.sample.max(1),
+        split.attribute.max(1),
+        split.parameter.max(1),
+    )
+}
+
+impl View {
+    /// The share of its output each rank of a `kind` layer writes. A dense layer split by
+    /// input features (`a`, row parallel) writes partial sums over `a`; [`partial_sums`]
+    /// says how many, and this view is the one after they are reduced.
+    pub fn output(kind: LayerKind, split: Split, first: u32) -> View {
+        let (rows, features) = match kind {
+            LayerKind::Conv | LayerKind::Pool | LayerKind::Elementwise => {
+                (Cut::Attribute, Cut::Parameter)
+            }
+            LayerKind::Dense => (Cut::Whole, Cut::Parameter),
+            _ => (Cut::Whole, Cut::Whole),
+        };
+        View {
+            first,
+            split: degrees(split),
+            rows,
+            features,
+        }
+    }
+
+    /// The share of its input each rank of a `kind` layer reads: a convolution reads every
+    /// channel of its rows (halos ignored), a row-parallel dense layer its slice of input
+    /// features, a column-parallel one every feature.
+    pub fn input(kind: LayerKind, split: Split, first: u32) -> View {
+        let (rows, features) = match kind {
+            LayerKind::Conv => (Cut::Attribute, Cut::Whole),
+            LayerKind::Dense => (Cut::Whole, Cut::Attribute),
+            LayerKind::Pool | LayerKind::Elementwise => (Cut::Attribute, Cut::Parameter),
+            _ => (Cut::Whole, Cut::Whole),
+        };
+        View {
+            first,
+            split: degrees(split),
+            rows,
+            features,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.split.0 * self.split.1 * self.split.2
+    }
+
+    /// The box of rank index `k`: `[lo, hi)` on samples, rows, features.
+    fn rank_box(&self, k: u32) -> [(f64, f64); 3] {
+        let (s, a, p) = self.split;
+        let (si, ai, pi) = (k / (a * p), (k / p) % a, k % p);
+        let piece = |i: u32, n: u32| (f64::from(i) / f64::from(n), f64::from(i + 1) / f64::from(n));
+        let cut = |c: Cut| match c {
+            Cut::Whole => (0.0, 1.0),
+            Cut::Attribute => piece(ai, a),
+            Cut::Parameter => piece(pi, p),
+        };
+        [piece(si, s), cut(self.rows), cut(self.features)]
+    }
+
+    /// Whether every rank holds a different box (no axis left whole while ranks vary it).
+    fn replication(&self) -> u32 {
+        let (_, a, p) = self.split;
+        let used = |c: Cut| [self.rows, self.features].contains(&c);
+        (if used(Cut::Attribute) { 1 } else { a }) * (if used(Cut::Parameter) { 1 } else { p })
+    }
+}
+
+fn volume(b: &[(f64, f64); 3]) -> f64 {
+    b.iter().map(|(lo, hi)| (hi - lo).max(0.0)).product()
+}
+
+fn intersect(x: &[(f64, f64); 3], y: &[(f64, f64); 3]) -> [(f64, f64); 3] {
+    std::array::from_fn(|i| (x[i].0.max(y[i].0), x[i].1.min(y[i].1)))
+}
+
+/// The fractions of a tensor a redistribution moves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Movement {
+    /// The most any one rank receives or sends, as a fraction of the tensor.
+    pub busiest: f64,
+    /// Absolute ranks spanned by the producers and consumers (for the link class).
+    pub span: (u32, u32),
+}
+
+/// What moving a tensor from `from` (held) to `to` (needed) takes: every consumer rank
+/// receives the part of its box it does not hold itself; senders are assumed to share the
+/// load evenly. `None` when nothing moves.
+///
+/// Cost: O(ranks of `to`).
+pub(crate) fn movement(from: &View, to: &View) -> Option<Movement> {
+    let (mut busiest_in, mut total) = (0.0f64, 0.0f64);
+    for r in 0..to.ranks() {
+        let need = to.rank_box(r);
+        let absolute = to.first + r;
+        let own = (absolute >= from.first && absolute < from.first + from.ranks())
+            .then(|| volume(&intersect(&need, &from.rank_box(absolute - from.first))))
+            .unwrap_or(0.0);
+        let incoming = (volume(&need) - own).max(0.0);
+        busiest_in = busiest_in.max(incoming);
+        total += incoming;
+    }
+    if busiest_in < 1e-12 {
+        return None;
+    }
+    // A box held by several replicas is sent by any of them: the distinct holders share it.
+    let senders = f64::from((from.ranks() / from.replication()).max(1));
+    let lo = from.first.min(to.first);
+    let hi = (from.first + from.ranks()).max(to.first + to.ranks()) - 1;
+    Some(Movement {
+        busiest: busiest_in.max(total / senders),
+        span: (lo, hi),
+    })
+}
+
+/// The ranks of the group that all-reduces the gradients of rank index 0's weights: the
+/// ranks holding the same weight slice. Convolutions keep a whole weight per parameter
+/// slice (replicated over samples and rows); a dense layer's weight is cut by input
+/// features too (replicated over samples only).
+pub(crate) fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, f64) {
+    let (s, a, p) = degrees(split);
+    if kind == LayerKind::Dense {
+        let ranks = (0..s).map(|si| first + si * a * p).collect();
+        (ranks, 1.0 / f64::from(a * p))
+    } else {
+        let ranks = (0..s * a).map(|i| first + i * p).collect();
+        (ranks, 1.0 / f64::from(p))
+    }
+}
+
+/// The groups that must sum partial results of a row-parallel dense layer (rank index 0's),
+/// with the fraction of the output each holds; `None` when there are no partial sums.
+pub(crate) fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
+    let (s, a, p) = degrees(split);
+    (kind == LayerKind::Dense && a > 1).then(|| {
+        let ranks = (0..a).map(|ai| first + ai * p).collect();
+        (ranks, 1.0 / f64::from(s * p))
+    })
+}
+
+/// The group over which a layer's input gradient is a partial sum, with the fraction of the
+/// input each holds: a layer split by parameters reads its input whole on every parameter
+/// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator).
+pub(crate) fn input_gradient_sums(
+    kind: LayerKind,
+    split: Split,
+    first: u32,
+) -> Option<(Vec<u32>, f64)> {
+    let (s, a, p) = degrees(split);
+    (matches!(kind, LayerKind::Conv | LayerKind::Dense) && p > 1).then(|| {
+        let ranks = (0..p).map(|pi| first + pi).collect();
+        (ranks, 1.0 / f64::from(s * a))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(s: u32, a: u32, p: u32) -> Split {
+        Split {
+            sample: s,
+            attribute: a,
+            parameter: p,
+        }
+    }
+
+    #[test]
+    fn same_layout_moves_nothing() {
+        let v = View::output(LayerKind::Conv, split(8, 1, 1), 0);
+        let w = View::input(LayerKind::Conv, split(8, 1, 1), 0);
+        assert_eq!(movement(&v, &w), None);
+    }
+
+    #[test]
+    fn gather_to_one_rank_receives_the_rest() {
+        let from = View::output(LayerKind::Conv, split(8, 1, 1), 0);
+        let to = View::input(LayerKind::Dense, split(1, 1, 1), 0);
+        let m = movement(&from, &to).unwrap();
+        assert!((m.busiest - 7.0 / 8.0).abs() < 1e-12);
+        assert_eq!(m.span, (0, 7));
+    }
+
+    #[test]
+    fn scatter_from_one_rank_is_sender_bound() {
+        let from = View::output(LayerKind::Dense, split(1, 1, 1), 0);
+        let to = View::input(LayerKind::Dense, split(4, 1, 1), 0);
+        // Rank 0 keeps a quarter and sends three quarters.
+        let m = movement(&from, &to).unwrap();
+        assert!((m.busiest - 0.75).abs() < 1e-12, "{m:?}");
+    }
+
+    #[test]
+    fn column_split_input_is_gathered_on_every_slice() {
+        // Samples over 4, then a column-parallel dense layer on 4: every rank needs all.
+        let from = View::output(LayerKind::Conv, split(4, 1, 1), 0);
+        let to = View::input(LayerKind::Dense, split(1, 1, 4), 0);
+        let m = movement(&from, &to).unwrap();
+        assert!((m.busiest - 0.75).abs() < 1e-12, "{m:?}");
+        // Column then row (Megatron): the row-parallel layer reads exactly what it holds.
+        let col = View::output(LayerKind::Dense, split(1, 1, 4), 0);
+        let row = View::input(LayerKind::Dense, split(1, 4, 1), 0);
+        assert_eq!(movement(&col, &row), None);
+    }
+
+    #[test]
+    fn disjoint_stages_move_everything() {
+        let from = View::output(LayerKind::Conv, split(2, 1, 1), 0);
+        let to = View::input(LayerKind::Conv, split(4, 1, 1), 2);
+        let m = movement(&from, &to).unwrap();
+        // Each consumer needs a quarter; each producer sends a half.
+        assert!((m.busiest - 0.5).abs() < 1e-12, "{m:?}");
+        assert_eq!(m.span, (0, 5));
+    }
+
+    #[test]
+    fn groups_follow_the_rank_numbering() {
+        let (ranks, share) = weight_replicas(LayerKind::Conv, split(2, 1, 4), 8);
+        assert_eq!((ranks, share), (vec![8, 12], 0.25));
+        let (ranks, share) = weight_replicas(LayerKind::Dense, split(2, 2, 2), 0);
+        assert_eq!((ranks, share), (vec![0, 4], 0.25));
+        assert_eq!(
+            partial_sums(LayerKind::Dense, split(1, 4, 1), 0),
+            Some((vec![0, 1, 2, 3], 1.0))
+        );
+        assert_eq!(partial_sums(LayerKind::Conv, split(1, 4, 1), 0), None);
+        assert_eq!(
+            input_gradient_sums(LayerKind::Dense, split(2, 1, 4), 0),
+            Some((vec![0, 1, 2, 3], 0.5))
+        );
+    }
+}

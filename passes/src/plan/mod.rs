@@ -1,0 +1,292 @@
+//! The partition search: for a layer graph, a cluster and a global batch, how every layer
+//! is spread over the GPUs so that an iteration trains fastest within memory and within the
+//! user's GPU-time budget.
+//!
+//! One search space, several families ([`Family`]):
+//! * **data parallel** — every layer on all GPUs, samples split, gradients all-reduced: the
+//!   baseline every plan is compared with;
+//! * **burst** (DeepPool) — each layer picks its own GPU count, samples split;
+//! * **SOAP** (FlexFlow, RALP) — each convolution and dense layer also picks attribute
+//!   (spatial rows / a dense layer's input features) and parameter (output channels or
+//!   features) splits; pooling and elementwise layers follow their producer;
+//! * **pipeline** (GPipe, PipeDream, 2BW, Piper) — consecutive stages on disjoint GPU groups
+//!   of any width, microbatches, a 1F1B, GPipe or asynchronous schedule.
+//!
+//! `auto` runs them all and keeps the fastest plan within the constraints; it is never
+//! worse than any family it contains because every family's result is priced by the same
+//! [`evaluate`].
+
+mod costs;
+mod evaluate;
+mod file;
+mod layered;
+mod layout;
+mod pipeline;
+mod search;
+
+use serde::{Deserialize, Serialize};
+
+pub use costs::{CostOptions, Costs};
+pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
+pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
+pub use layout::splits_freely;
+pub use search::{plan, Candidate, Planned, Request};
+
+use crate::layers::Split;
+
+/// How microbatches flow through pipeline stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Schedule {
+    /// One forward, one backward (PipeDream-Flush / Megatron): synchronous, at most `P−k`
+    /// microbatches in flight at stage `k`.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// All forwards, then all backwards: synchronous, `M` microbatches in flight.
+    #[serde(rename = "gpipe")]
+    GPipe,
+    /// PipeDream's asynchronous 1F1B with weight stashing: no flush, weights updated per
+    /// microbatch, one weight version per in-flight microbatch.
+    #[serde(rename = "async")]
+    Async,
+}
+
+impl Schedule {
+    /// Its name on the command line and in files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::OneFOneB => "1f1b",
+            Schedule::GPipe => "gpipe",
+            Schedule::Async => "async",
+        }
+    }
+
+    /// Parses `1f1b`, `gpipe`, `async`.
+    pub fn parse(name: &str) -> Option<Schedule> {
+        Some(match name {
+            "1f1b" => Schedule::OneFOneB,
+            "gpipe" => Schedule::GPipe,
+            "async" => Schedule::Async,
+            _ => return None,
+        })
+    }
+}
+
+/// A family of strategies the search can be limited to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// The best of all families.
+    Auto,
+    /// Data parallel on every GPU.
+    Dp,
+    /// Per-layer GPU counts, samples split.
+    Burst,
+    /// Per-layer GPU counts and SOAP splits.
+    Soap,
+    /// Pipeline stages with replicas.
+    Pipeline,
+}
+
+impl Family {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Auto => "auto",
+            Family::Dp => "dp",
+            Family::Burst => "burst",
+            Family::Soap => "soap",
+            Family::Pipeline => "pipeline",
+        }
+    }
+
+    /// Parses a family name.
+    pub fn parse(name: &str) -> Option<Family> {
+        Some(match name {
+            "auto" => Family::Auto,
+            "dp" => Family::Dp,
+            "burst" => Family::Burst,
+            "soap" => Family::Soap,
+            "pipeline" => Family::Pipeline,
+            _ => return None,
+        })
+    }
+}
+
+/// Consecutive layers on a group of consecutive ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Stage {
+    /// Index of its first layer.
+    pub first_layer: usize,
+    /// Index of its last layer (inclusive).
+    pub last_layer: usize,
+    /// Its first rank.
+    pub first_rank: u32,
+    /// Its GPUs (ranks `first_rank..first_rank + gpus`).
+    pub gpus: u32,
+}
+
+/// A complete placement: stages, and for every layer its split over the first
+/// `split.degree()` ranks of its stage.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Strategy {
+    /// How microbatches flow.
+    pub schedule: Schedule,
+    /// Microbatches per iteration.
+    pub microbatches: u32,
+    /// Stages in layer order.
+    pub stages: Vec<Stage>,
+    /// Per layer, its split (the product of the degrees is its GPU count).
+    pub layers: Vec<Split>,
+}
+
+/// Why planning failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// A strategy (from a file or a caller) does not fit the model or the cluster.
+    #[error("invalid strategy: {0}")]
+    Strategy(String),
+    /// No plan fits in memory.
+    #[error(
+        "the model does not fit: the smallest per-GPU memory any plan found needs is {need:.3} GiB, \
+         above the {capacity:.3} GiB available (try more GPUs, --microbatches, or a larger --memory-limit)",
+        need = need / GIB,
+        capacity = capacity / GIB
+    )]
+    OutOfMemory {
+        /// The smallest per-GPU need found, bytes.
+        need: f64,
+        /// The per-GPU capacity, bytes.
+        capacity: f64,
+    },
+    /// No plan stays within the GPU-time budget.
+    #[error("no {family} plan keeps GPU-sec amplification within 1 + tolerance = {budget:.3}")]
+    OverBudget {
+        /// The family searched.
+        family: &'static str,
+        /// 1 + tolerance.
+        budget: f64,
+    },
+    /// A request that cannot be planned (no layers, zero GPUs, a bad batch).
+    #[error("{0}")]
+    Request(String),
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl Strategy {
+    /// Every layer on all `gpus` ranks, samples split: data parallelism.
+    pub fn data_parallel(layers: usize, gpus: u32) -> Strategy {
+        Strategy::single_stage(vec![Split::samples(gpus); layers])
+    }
+
+    /// One stage holding every layer, with the given splits; the stage has as many GPUs as
+    /// its widest layer uses.
+    pub fn single_stage(layers: Vec<Split>) -> Strategy {
+        Strategy {
+            schedule: Schedule::OneFOneB,
+            microbatches: 1,
+            stages: vec![Stage {
+                first_layer: 0,
+                last_layer: layers.len().saturating_sub(1),
+                first_rank: 0,
+                gpus: layers.iter().map(Split::degree).max().unwrap_or(1),
+            }],
+            layers,
+        }
+    }
+
+    /// The stage index of every layer.
+    pub fn stage_of_layers(&self) -> Vec<usize> {
+        let mut of = vec![0; self.layers.len()];
+        for (k, s) in self.stages.iter().enumerate() {
+            for slot in of.iter_mut().take(s.last_layer + 1).skip(s.first_layer) {
+                *slot = k;
+            }
+        }
+        of
+    }
+
+    /// Checks the strategy against the layers and the ranks of `costs`.
+    ///
+    /// # Errors
+    /// The first problem, naming the stage or layer.
+    pub fn validate(&self, costs: &Costs<'_>) -> Result<(), PlanError> {
+        let bad = |m: String| Err(PlanError::Strategy(m));
+        let graph = costs.graph;
+        let n = graph.layers.len();
+        if self.layers.len() != n {
+            return bad(format!(
+                "it places {} layers; the model has {n}",
+                self.layers.len()
+            ));
+        }
+        if self.stages.is_empty() {
+            return bad("it has no stages".into());
+        }
+        if self.microbatches == 0 || u64::from(self.microbatches) > graph.batch {
+            return bad(format!(
+                "microbatches is {}; it must be between 1 and the batch {}",
+                self.microbatches, graph.batch
+            ));
+        }
+        let mut next_layer = 0;
+        let mut next_rank = 0u32;
+        for (k, s) in self.stages.iter().enumerate() {
+            if s.first_layer != next_layer || s.last_layer < s.first_layer || s.last_layer >= n {
+                return bad(format!(
+                    "stage {k} covers layers {}..={}; stages must cover every layer in order, \
+                     one after the other",
+                    s.first_layer, s.last_layer
+                ));
+            }
+            if s.gpus == 0 || s.first_rank < next_rank {
+                return bad(format!(
+                    "stage {k} starts at rank {} with {} GPUs; stages need at least one GPU \
+                     and ranks of their own",
+                    s.first_rank, s.gpus
+                ));
+            }
+            next_layer = s.last_layer + 1;
+            next_rank = s.first_rank + s.gpus;
+            for l in s.first_layer..=s.last_layer {
+                let split = self.layers[l];
+                let layer = &graph.layers[l];
+                if split.sample == 0 || split.attribute == 0 || split.parameter == 0 {
+                    return bad(format!("layer {}: split degrees must be ≥ 1", layer.name));
+                }
+                if split.degree() > s.gpus {
+                    return bad(format!(
+                        "layer {} uses {} GPUs; its stage {k} has {}",
+                        layer.name,
+                        split.degree(),
+                        s.gpus
+                    ));
+                }
+                if !splits_freely(layer.kind) && split.degree() != split.sample {
+                    return bad(format!(
+                        "layer {} ({}) can only split samples",
+                        layer.name,
+                        layer.kind.name()
+                    ));
+                }
+                if u64::from(split.sample) * u64::from(self.microbatches) > graph.batch {
+                    return bad(format!(
+                        "layer {} splits the batch {} into {} microbatches × {} samples",
+                        layer.name, graph.batch, self.microbatches, split.sample
+                    ));
+                }
+            }
+        }
+        if next_layer != n {
+            return bad(format!("the stages end at layer {next_layer} of {n}"));
+        }
+        if next_rank > costs.gpus {
+            return bad(format!(
+                "it needs {next_rank} GPUs; {} are available",
+                costs.gpus
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! The pipeline search: consecutive stages of whole segments on disjoint groups of
+//! consecutive ranks, every layer of a stage replicated over the stage's GPUs (PipeDream's
+//! space, with any stage width, microbatches and a schedule).
+//!
+//! Stages are cut only where one tensor crosses (a single-tensor cut: between ResNet blocks,
+//! after an Inception module); the layers between two cuts form a segment. Graphs with more
+//! than [`MAX_SEGMENTS`] segments are coarsened to that many by merging neighbours of
+//! similar compute.
+//!
+//! A dynamic program from the last segment backwards over (first segment `i`, GPUs of the
+//! suffix `m`, stages after this one `d`): O(K² · W · G · D) for K segments, W stage widths,
+//! G GPU totals and D depths. A stage's memory depends on `d` (in-flight microbatches), so
+//! infeasible stages are pruned where they are built. The objective is the bottleneck:
+//! the largest per-microbatch stage time (with its gradient synchronization under the
+//! asynchronous schedule) or cut transfer, ties broken by the sum; the evaluator then
+//! prices the winner exactly (synchronous schedules also pay the fill and drain).
+
+use super::costs::Costs;
+use super::layered::gpu_counts;
+use super::{Schedule, Stage, Strategy};
+use crate::layers::{Producer, Split};
+
+/// Segments the program works with at most.
+pub(crate) const MAX_SEGMENTS: usize = 64;
+
+/// Deepest pipeline considered.
+const MAX_STAGES: usize = 32;
+
+/// Layer ranges `[start, end]` between single-tensor cuts, coarsened to at most
+/// `MAX_SEGMENTS`.
+pub(crate) fn segments(costs: &Costs<'_>) -> Vec<(usize, usize)> {
+    let layers = &costs.graph.layers;
+    let n = layers.len();
+    // An edge p → q forbids every cut strictly between p and q.
+    let mut blocked = vec![0i64; n + 1];
+    for (q, layer) in layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let p = p.0 as usize;
+                if p + 1 < q {
+                    blocked[p + 1] += 1;
+                    blocked[q] -= 1;
+                }
+            }
+        }
+    }
+    let mut cuts = Vec::new();
+    let mut open = 0;
+    for (c, delta) in blocked.iter().enumerate().take(n.saturating_sub(1)) {
+        open += delta;
+        if open == 0 {
+            cuts.push(c);
+        }
+    }
+    if cuts.len() + 1 > MAX_SEGMENTS {
+        cuts = coarsen(costs, &cuts);
+    }
+    let mut out = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for c in cuts {
+        out.push((start, c));
+        start = c + 1;
+    }
+    out.push((start, n - 1));
+    out
+}
+
+/// Keeps the cut nearest each of `MAX_SEGMENTS − 1` evenly spaced points of cumulative
+/// single-GPU compute.
+fn coarsen(costs: &Costs<'_>, cuts: &[usize]) -> Vec<usize> {
+    let mut prefix = vec![0.0];
+    for l in 0..costs.graph.layers.len() {
+        let w = costs.work(l, Split::NONE, 0, 1);
+        prefix.push(prefix[prefix.len() - 1] + w.fwd_us + w.bwd_us + 1e-9);
+    }
+    let total = prefix[prefix.len() - 1];
+    let mut kept: Vec<usize> = Vec::new();
+    for k in 1..MAX_SEGMENTS {
+        let target = total * k as f64 / MAX_SEGMENTS as f64;
+        let nearest = cuts
+            .iter()
+            .copied()
+            .min_by(|&a, &b| {
+                (prefix[a + 1] - target)
+                    .abs()
+                    .total_cmp(&(prefix[b + 1] - target).abs())
+                    .then(a.cmp(&b))
+            })
+            .unwrap_or(0);
+        if kept.last() != Some(&nearest) && kept.last().is_none_or(|&l| l < nearest) {
+            kept.push(nearest);
+        }
+    }
+    kept
+}
+
+/// Per-stage terms, from prefix sums over layers.
+struct Tables {
+    /// Per width index: prefix sums of per-microbatch compute.
+    compute: Vec<Vec<f64>>,
+    params: Vec<f64>,
+    stash: Vec<f64>,
+    /// Bytes entering each layer from earlier layers (for a cut before it).
+    cut_bytes: Vec<f64>,
+}
+
+#[derive(Clone, Copy)]
+struct Best {
+    bottleneck: f64,
+    sum: f64,
+    sync: f64,
+    stage_end: usize,
+    width: u32,
+}
+
+/// The best pipeline for `schedule` and `microbatches` on up to `costs.gpus` GPUs, or
+/// `None` when nothing fits.
+pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> Option<Strategy> {
+    let graph = costs.graph;
+    let n_layers = graph.layers.len();
+    let n = costs.gpus;
+    let m_mb = microbatches.max(1);
+    let segs = segments(costs);
+    let k = segs.len();
+    let widths: Vec<u32> = gpu_counts(n)
+        .into_iter()
+        .filter(|&w| u64::from(w) * u64::from(m_mb) <= graph.batch)
+        .collect();
+    if widths.is_empty() {
+        return None;
+    }
+    let totals: Vec<u32> = if n <= 64 {
+        (1..=n).collect()
+    } else {
+        gpu_counts(n)
+    };
+    let total_index = |m: u32| totals.binary_search(&m).ok();
+    let tables = tables(costs, &widths, m_mb);
+    let opt = &costs.options;
+    let state_factor = 2.0 + opt.optimizer.state_factor();
+    let depth_max = k.min(MAX_STAGES).min(n as usize);
+    // best[i][mi][d]
+    let mut table: Vec<Vec<Vec<Option<Best>>>> =
+        vec![vec![vec![None; depth_max]; totals.len()]; k + 1];
+    let objective = |b: &Best| (b.bottleneck, b.sum);
+    for i in (0..k).rev() {
+        let start = segs[i].0;
+        for (mi, &m) in totals.iter().enumerate() {
+            // The suffix sits on ranks n−m..n.
+            let first = n - m;
+            for d in 0..depth_max {
+                let in_flight = schedule.in_flight(m_mb, d + 1, 0);
+                let versions = if schedule == Schedule::Async {
+                    in_flight - 1
+                } else {
+                    0
+                };
+                let mut chosen: Option<Best> = None;
+                for j in i..k {
+                    let end = segs[j].1;
+                    let last = j + 1 == k;
+                    if last != (d == 0) {
+                        continue;
+                    }
+                    for (wi, &w) in widths.iter().enumerate() {
+                        if w > m || (last && w != m) {
+                            continue;
+                        }
+                        let rest = if last {
+                            None
+                        } else {
+                            let Some(ri) = total_index(m - w) else {
+                                continue;
+                            };
+                            let Some(r) = table[j + 1][ri][d - 1] else {
+                                continue;
+                            };
+                            Some(r)
+                        };
+                        let params = tables.params[end + 1] - tables.params[start];
+                        let stash =
+                            (tables.stash[end + 1] - tables.stash[start]) / f64::from(w * m_mb);
+                        let memory = params * (state_factor + f64::from(versions))
+                            + stash * f64::from(in_flight)
+                            + costs.workspace();
+                        if memory > costs.capacity_of(first, first + w) {
+                            continue;
+                        }
+                        let t = tables.compute[wi][end + 1] - tables.compute[wi][start];
+                        let sync = costs.replicas_sync(first, w, params);
+                        let link = |bytes: f64| {
+                            2.0 * costs
+                                .cluster
+                                .link(first.saturating_sub(1), first + w - 1)
+                                .transfer_us(bytes / f64::from(w))
+                        };
+                        let receive = if i > 0 {
+                            link(tables.cut_bytes[start] / f64::from(m_mb))
+                        } else {
+                            0.0
+                        };
+                        let send = if last {
+                            0.0
+                        } else {
+                            link(tables.cut_bytes[end + 1] / f64::from(m_mb))
+                        };
+                        let own = if schedule == Schedule::Async {
+                            t + sync
+                        } else {
+                            t
+                        };
+                        let mut candidate = Best {
+                            bottleneck: own.max(receive).max(send),
+                            sum: t + receive,
+                            sync,
+                            stage_end: j,
+                            width: w,
+                        };
+                        if let Some(r) = rest {
+                            candidate.bottleneck = candidate.bottleneck.max(r.bottleneck);
+                            candidate.sum += r.sum;
+                            candidate.sync = candidate.sync.max(r.sync);
+                        }
+                        let better = chosen.is_none_or(|c| {
+                            let (a, b) = (objective(&candidate), objective(&c));
+                            a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
+                        });
+                        if better {
+                            chosen = Some(candidate);
+                        }
+                    }
+                }
+                table[i][mi][d] = chosen;
+            }
+        }
+    }
+    // The best over GPU totals and depths by the schedule's own objective.
+    let m = f64::from(m_mb);
+    let score = |b: &Best| match schedule {
+        Schedule::Async => m * b.bottleneck,
+        _ => b.sum + (m - 1.0) * b.bottleneck + b.sync,
+    };
+    let mut top: Option<(f64, usize, usize)> = None;
+    for (mi, row) in table[0].iter().enumerate() {
+        for (d, b) in row.iter().enumerate() {
+            if let Some(b) = b {
+                let s = score(b);
+                if top.is_none_or(|(t, _, _)| s < t) {
+                    top = Some((s, mi, d));
+                }
+            }
+        }
+    }
+    let (_, mut mi, mut d) = top?;
+    let used = totals[mi];
+    let mut stages = Vec::new();
+    let mut i = 0;
+    let mut rank = 0;
+    while i < k {
+        let b = table[i][mi][d]?;
+        stages.push(Stage {
+            first_layer: segs[i].0,
+            last_layer: segs[b.stage_end].1,
+            first_rank: rank,
+            gpus: b.width,
+        });
+        rank += b.width;
+        i = b.stage_end + 1;
+        if i < k {
+            mi = total_index(totals[mi] - b.width)?;
+            d -= 1;
+        }
+    }
+    debug_assert_eq!(rank, used);
+    let mut layers = vec![Split::NONE; n_layers];
+    for s in &stages {
+        for slot in layers.iter_mut().take(s.last_layer + 1).skip(s.first_layer) {
+            *slot = Split::samples(s.gpus);
+        }
+    }
+    Some(Strategy {
+        schedule,
+        microbatches: m_mb,
+        stages,
+        layers,
+    })
+}
+
+fn tables(costs: &Costs<'_>, widths: &[u32], microbatches: u32) -> Tables {
+    let layers = &costs.graph.layers;
+    let n = layers.len();
+    let prefix = |f: &dyn Fn(usize) -> f64| {
+        let mut p = Vec::with_capacity(n + 1);
+        p.push(0.0);
+        for l in 0..n {
+            p.push(p[l] + f(l));
+        }
+        p
+    };
+    let compute = widths
+        .iter()
+        .map(|&w| {
+            prefix(&|l| {
+                let work = costs.work(l, Split::samples(w), 0, microbatches);
+                work.fwd_us + work.bwd_us
+            })
+        })
+        .collect();
+    Tables {
+        compute,
+        params: prefix(&|l| layers[l].param_bytes as f64),
+        stash: prefix(&|l| layers[l].stash_bytes as f64),
+        cut_bytes: crossing_bytes(costs),
+    }
+}
+
+/// For each position q, the bytes of edges from layers before q into layers at or after q.
+fn crossing_bytes(costs: &Costs<'_>) -> Vec<f64> {
+    let n = costs.graph.layers.len();
+    let mut delta = vec![0.0; n + 1];
+    for (q, layer) in costs.graph.layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let p = p.0 as usize;
+                // Crosses the cuts before p+1, …, q.
+                delta[p + 1] += e.bytes as f64;
+                delta[q + 1] -= e.bytes as f64;
+            }
+        }
+    }
+    let mut out = vec![0.0; n + 1];
+    let mut run = 0.0;
+    for q in 0..=n {
+        run += delta[q];
+        out[q] = run;
+    }
+    out
+}

@@ -1,0 +1,278 @@
+//! Running the families, enforcing memory and the GPU-time budget, and picking the plan.
+//!
+//! Burst and SOAP plans are searched with Lagrange multipliers: `μ` on rank 0's memory is
+//! raised ×4 from 1e-9 µs/B until the plan fits (at most 30 steps); `λ` on GPU time is found
+//! by doubling then 20 bisection steps, keeping the fastest plan within the budget. Every
+//! step is one run of the layered program. Pipelines prune stages that do not fit as they
+//! are built, and are tried for each microbatch count (powers of two dividing the batch, or
+//! the one given) and schedule.
+
+use serde::Serialize;
+
+use super::costs::Costs;
+use super::evaluate::{evaluate, Evaluation};
+use super::layered::{self, Weights};
+use super::{pipeline, Family, PlanError, Schedule, Strategy};
+use crate::cost::lower_bound_us;
+
+/// What to plan.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// The family to search (`Auto`: all).
+    pub family: Option<Family>,
+    /// The pipeline schedule; `None`: 1F1B (synchronous, the least memory).
+    pub schedule: Option<Schedule>,
+    /// Microbatches for pipelines; `None`: searched.
+    pub microbatches: Option<u32>,
+    /// GPU-sec amplification allowed above 1 (`None`: unbounded).
+    pub tolerance: Option<f64>,
+    /// Evaluate this strategy instead of searching.
+    pub strategy: Option<Strategy>,
+}
+
+/// A priced strategy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    /// Where it came from.
+    pub family: Family,
+    /// The placement.
+    pub strategy: Strategy,
+    /// Its figures.
+    pub evaluation: Evaluation,
+}
+
+/// The chosen plan and what it is compared with.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Planned {
+    /// The plan.
+    pub chosen: Candidate,
+    /// Data parallelism on every GPU (priced even when it does not fit).
+    pub data_parallel: Evaluation,
+    /// Each family's best plan that was searched.
+    pub candidates: Vec<Candidate>,
+    /// One GPU's compute for the whole iteration, µs.
+    pub single_gpu_time_us: f64,
+    /// Total FLOPs over the combined peak of the GPUs, µs.
+    pub lower_bound_us: f64,
+}
+
+/// Plans `request` against `costs`.
+///
+/// # Errors
+/// An invalid strategy, a model that fits no plan's memory, or a budget no plan meets.
+pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> {
+    let graph = costs.graph;
+    if graph.layers.is_empty() {
+        return Err(PlanError::Request(
+            "the model has no layers to place".into(),
+        ));
+    }
+    if graph.batch == 0 {
+        return Err(PlanError::Request("the batch is 0".into()));
+    }
+    if let Some(t) = request.tolerance {
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(PlanError::Request(format!(
+                "tolerance {t} must be a finite number ≥ 0"
+            )));
+        }
+    }
+    let n = costs.gpus;
+    let dp_strategy = Strategy::data_parallel(graph.layers.len(), n.min(batch_cap(graph.batch)));
+    let data_parallel = evaluate(costs, &dp_strategy)?;
+    let budget = request.tolerance.map(|t| 1.0 + t);
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut smallest_need = f64::INFINITY;
+    if let Some(s) = &request.strategy {
+        let evaluation = evaluate(costs, s)?;
+        let chosen = Candidate {
+            family: Family::Auto,
+            strategy: s.clone(),
+            evaluation,
+        };
+        return Ok(Planned {
+            candidates: vec![chosen.clone()],
+            chosen,
+            data_parallel,
+            single_gpu_time_us: costs.single_gpu_time_us(),
+            lower_bound_us: lower_bound_us(graph, costs.cluster, n, costs.options.precision),
+        });
+    }
+    let family = request.family.unwrap_or(Family::Auto);
+    let wants = |f: Family| family == Family::Auto || family == f;
+    if wants(Family::Dp) {
+        candidates.push(Candidate {
+            family: Family::Dp,
+            strategy: dp_strategy.clone(),
+            evaluation: data_parallel.clone(),
+        });
+    }
+    for (f, soap) in [(Family::Burst, false), (Family::Soap, true)] {
+        if wants(f) {
+            let choices = layered::choices(costs, n, soap);
+            for c in layered_plans(costs, &choices, budget)? {
+                candidates.push(Candidate { family: f, ..c });
+            }
+        }
+    }
+    if wants(Family::Pipeline) {
+        let schedules = request
+            .schedule
+            .map_or(vec![Schedule::OneFOneB], |s| vec![s]);
+        let counts: Vec<u32> = match request.microbatches {
+            Some(m) => vec![m],
+            None => (0..16)
+                .map(|e| 1u32 << e)
+                .filter(|&m| u64::from(m) <= graph.batch && graph.batch % u64::from(m) == 0)
+                .collect(),
+        };
+        let mut best: Option<Candidate> = None;
+        for &schedule in &schedules {
+            for &m in &counts {
+                let Some(strategy) = pipeline::best(costs, schedule, m) else {
+                    continue;
+                };
+                let evaluation = evaluate(costs, &strategy)?;
+                smallest_need = smallest_need.min(evaluation.peak_memory_bytes);
+                if !evaluation.fits || budget.is_some_and(|b| evaluation.gpu_sec_amplification > b)
+                {
+                    continue;
+                }
+                if best
+                    .as_ref()
+                    .is_none_or(|b| evaluation.iteration_time_us < b.evaluation.iteration_time_us)
+                {
+                    best = Some(Candidate {
+                        family: Family::Pipeline,
+                        strategy,
+                        evaluation,
+                    });
+                }
+            }
+        }
+        candidates.extend(best);
+    }
+    for c in &candidates {
+        smallest_need = smallest_need.min(c.evaluation.peak_memory_bytes);
+    }
+    // The fastest plan that fits and meets the budget; ties go to the earlier family.
+    let chosen = candidates
+        .iter()
+        .filter(|c| c.evaluation.fits)
+        .filter(|c| budget.is_none_or(|b| c.evaluation.gpu_sec_amplification <= b + 1e-9))
+        .min_by(|a, b| {
+            a.evaluation
+                .iteration_time_us
+                .total_cmp(&b.evaluation.iteration_time_us)
+        })
+        .cloned();
+    let Some(chosen) = chosen else {
+        if candidates.iter().any(|c| c.evaluation.fits) || smallest_need.is_infinite() {
+            return Err(PlanError::OverBudget {
+                family: family.name(),
+                budget: budget.unwrap_or(f64::INFINITY),
+            });
+        }
+        return Err(PlanError::OutOfMemory {
+            need: smallest_need,
+            capacity: costs.capacity_of(0, n),
+        });
+    };
+    Ok(Planned {
+        chosen,
+        data_parallel,
+        candidates,
+        single_gpu_time_us: costs.single_gpu_time_us(),
+        lower_bound_us: lower_bound_us(graph, costs.cluster, n, costs.options.precision),
+    })
+}
+
+/// GPUs a sample split can use at most.
+fn batch_cap(batch: u64) -> u32 {
+    u32::try_from(batch).unwrap_or(u32::MAX)
+}
+
+/// The layered search under memory and budget: the fastest plan found that fits and meets
+/// the budget, plus (when none does) the plan that came closest, so the caller can report
+/// the smallest memory need.
+fn layered_plans(
+    costs: &Costs<'_>,
+    choices: &layered::Choices,
+    budget: Option<f64>,
+) -> Result<Vec<Candidate>, PlanError> {
+    let run = |weights: Weights| -> Result<Option<Candidate>, PlanError> {
+        let Some(layers) = layered::best(costs, choices, weights) else {
+            return Ok(None);
+        };
+        let strategy = Strategy::single_stage(layers);
+        let evaluation = evaluate(costs, &strategy)?;
+        Ok(Some(Candidate {
+            family: Family::Burst,
+            strategy,
+            evaluation,
+        }))
+    };
+    // Raises μ until the plan fits.
+    let fitting = |lambda: f64| -> Result<Option<Candidate>, PlanError> {
+        let mut weights = Weights { lambda, mu: 0.0 };
+        let mut last = None;
+        for step in 0..=30 {
+            let Some(c) = run(weights)? else {
+                return Ok(last);
+            };
+            if c.evaluation.fits {
+                return Ok(Some(c));
+            }
+            last = Some(c);
+            weights.mu = if step == 0 { 1e-9 } else { weights.mu * 4.0 };
+        }
+        Ok(last)
+    };
+    let Some(first) = fitting(0.0)? else {
+        return Ok(Vec::new());
+    };
+    let within = |c: &Candidate| {
+        c.evaluation.fits && budget.is_none_or(|b| c.evaluation.gpu_sec_amplification <= b)
+    };
+    if !first.evaluation.fits || within(&first) {
+        return Ok(vec![first]);
+    }
+    if budget.is_none() {
+        return Ok(vec![first]);
+    }
+    // Doubling, then bisection on λ.
+    let mut best: Option<Candidate> = None;
+    let keep = |c: Candidate, best: &mut Option<Candidate>| {
+        if within(&c)
+            && best
+                .as_ref()
+                .is_none_or(|b| c.evaluation.iteration_time_us < b.evaluation.iteration_time_us)
+        {
+            *best = Some(c);
+        }
+    };
+    let (mut lo, mut hi) = (0.0, 1e-3);
+    loop {
+        let Some(c) = fitting(hi)? else { break };
+        let ok = within(&c);
+        keep(c, &mut best);
+        if ok || hi > 1e6 {
+            break;
+        }
+        lo = hi;
+        hi *= 4.0;
+    }
+    if best.is_some() {
+        for _ in 0..20 {
+            let mid = 0.5 * (lo + hi);
+            let Some(c) = fitting(mid)? else { break };
+            if within(&c) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+            keep(c, &mut best);
+        }
+    }
+    Ok(best.map_or_else(|| vec![first], |b| vec![b]))
+}
