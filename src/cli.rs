@@ -10,15 +10,19 @@ const EXIT_CODES: &str = "\
 Exit status:
   0    success
   1    the input is at fault: unreadable or malformed model, unsupported operator,
-       shape mismatch, bad --batch/--input, unknown or invalid cluster
+       shape mismatch, bad --batch/--input, unknown or invalid cluster, bad
+       profile or strategy file, a model that fits no plan's memory, a
+       --tolerance no plan meets
+  3    an output file cannot be written (nothing partial is left behind)
   2    usage error (unknown flag, bad value)
   101  internal error: a bug in ralpc; please report it with `ralpc --version`";
 
 /// ralpc — a layer-placement compiler for deep-learning training.
 ///
 /// It reads an ONNX model and decides, layer by layer, how training is spread over the
-/// GPUs of a cluster. Today: `ralpc inspect` (per-layer parameters, MACs, FLOPs, memory)
-/// and `ralpc cluster` (the machines plans are made for).
+/// GPUs of a cluster: `ralpc plan` (or just `ralpc MODEL --gpus N`) searches data-parallel,
+/// burst-parallel, SOAP and pipeline plans; `ralpc inspect` shows per-layer parameters,
+/// MACs, FLOPs and memory; `ralpc cluster` shows the machines plans are made for.
 #[derive(Debug, Parser)]
 #[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
 pub struct Cli {
@@ -27,12 +31,27 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Subcommand names: anything else in first position is a model for `ralpc plan`.
+pub const SUBCOMMANDS: [&str; 4] = ["inspect", "plan", "cluster", "help"];
+
+/// `ralpc MODEL …` → `ralpc plan MODEL …`.
+pub fn expand_shorthand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("-");
+    if !first.starts_with('-') && !SUBCOMMANDS.contains(&first) {
+        args.insert(1, "plan".into());
+    }
+    args
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show a model's layers: output shapes, parameters, MACs, FLOPs and memory.
     #[command(after_help = commands::inspect::EXAMPLES)]
     Inspect(commands::inspect::Args),
+    /// Plan how every layer is spread over the GPUs (`ralpc MODEL …` is short for this).
+    #[command(after_help = commands::plan::EXAMPLES)]
+    Plan(commands::plan::Args),
     /// Show a cluster: GPUs, their peaks and memory, and the links between them.
     #[command(after_help = commands::cluster::EXAMPLES)]
     Cluster(commands::cluster::Args),

@@ -22,18 +22,49 @@ pub enum Error {
     /// The cluster (preset name or file) is not valid.
     #[error("cannot set up the cluster")]
     Cluster(#[source] Box<ralpc_passes::cluster::ClusterError>),
+    /// A profile (or PipeDream graph) could not be read.
+    #[error("cannot use the profile")]
+    Profile(#[source] Box<ralpc_passes::profile::ProfileError>),
+    /// The layer graph could not be built.
+    #[error("cannot build the layer graph")]
+    Layers(#[source] Box<ralpc_passes::layers::LayerError>),
+    /// Planning failed: an invalid strategy, a model that does not fit, a budget no plan
+    /// meets.
+    #[error("cannot plan")]
+    Plan(#[source] Box<ralpc_passes::plan::PlanError>),
+    /// An input file could not be read.
+    #[error("cannot read {}", .0.path)]
+    Read(#[source] Box<FileError>),
+    /// An output file could not be written (nothing partial is left behind).
+    #[error("cannot write {}", .0.path)]
+    Write(#[source] Box<FileError>),
+}
+
+/// A file and the I/O error on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct FileError {
+    /// The file.
+    pub path: String,
+    /// Why.
+    pub error: std::io::Error,
 }
 
 impl Error {
-    /// The process exit code for this error: 1 for problems with the input, 101 for bugs
-    /// in ralpc.
+    /// The process exit code for this error: 1 for problems with the input, 3 when an
+    /// output cannot be written, 101 for bugs in ralpc.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Import(_)
             | Error::Bind(_)
             | Error::Verify(_)
             | Error::Account(_)
-            | Error::Cluster(_) => 1,
+            | Error::Cluster(_)
+            | Error::Profile(_)
+            | Error::Layers(_)
+            | Error::Plan(_)
+            | Error::Read(_) => 1,
+            Error::Write(_) => 3,
         }
     }
 }
@@ -53,6 +84,18 @@ impl From<BindError> for Error {
 impl From<VerifyErrors> for Error {
     fn from(e: VerifyErrors) -> Error {
         Error::Verify(Box::new(e))
+    }
+}
+
+impl From<ralpc_passes::profile::ProfileError> for Error {
+    fn from(e: ralpc_passes::profile::ProfileError) -> Error {
+        Error::Profile(Box::new(e))
+    }
+}
+
+impl From<ralpc_passes::layers::LayerError> for Error {
+    fn from(e: ralpc_passes::layers::LayerError) -> Error {
+        Error::Layers(Box::new(e))
     }
 }
 

@@ -1,10 +1,11 @@
 //! ralpc, the layer-placement compiler for deep-learning training: the library API that the
 //! `ralpc` command line and build steps call.
 //!
-//! Today it covers the front end: importing an ONNX model, binding its input dimensions,
-//! verifying it and accounting for every layer's parameters, compute and memory
-//! ([`inspect`]), and resolving clusters ([`cluster`]). The layer graph, cost model and
-//! profiles live in [`passes`]. Planning, codegen and execution arrive with later issues.
+//! It covers importing an ONNX model, binding its input dimensions, verifying it and
+//! accounting for every layer's parameters, compute and memory ([`inspect`]), resolving
+//! clusters ([`cluster`]) and planning how every layer is spread over the GPUs ([`plan`]).
+//! The layer graph, cost model, profiles and the search live in [`passes`]. Codegen and
+//! execution arrive with later issues.
 //!
 //! ```
 //! let options = ralpc::InspectOptions {
@@ -31,9 +32,14 @@
 mod cluster;
 mod error;
 mod inspect;
+mod plan;
 
 pub use cluster::{cluster, ClusterOptions};
-pub use error::Error;
+pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
+pub use plan::{
+    plan, write_atomically, CandidateRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
+    SplitRow, StageRow, DEFAULT_BATCH,
+};
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;

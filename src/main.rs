@@ -8,9 +8,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_from(cli::expand_shorthand(std::env::args_os().collect()));
     let result = match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
+        cli::Command::Plan(args) => commands::plan::run(&args),
         cli::Command::Cluster(args) => commands::cluster::run(&args),
     };
     match result {

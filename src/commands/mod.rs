@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod inspect;
+pub mod plan;
 
 use std::io::Write;
 

@@ -1,0 +1,242 @@
+//! `ralpc plan MODEL --gpus N …` (also `ralpc MODEL …`).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use ralpc::passes::cluster::{Link, Precision};
+use ralpc::passes::cost::Optimizer;
+use ralpc::passes::plan::{Family, Schedule};
+use ralpc::passes::units::{parse_bandwidth, parse_bytes, parse_latency};
+use ralpc::{ClusterOptions, PlanOptions, PlanReport};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  ralpc fixtures/onnx/vgg16/model.onnx --gpus 8            # shorthand for `ralpc plan`
+  ralpc plan model.onnx --cluster dgx-h100x4 --batch 256 --json
+  ralpc plan model.onnx --gpus 8 --strategy burst --tolerance 1.0
+  ralpc plan model.onnx --gpus 16 --strategy pipeline --schedule gpipe --microbatches 8
+  ralpc plan graph.txt --gpus 8 --link-bandwidth 1GB/s --strategy pipeline --schedule async
+  ralpc plan model.onnx --gpus 8 --profile a100.prof --write-strategy plan.strategy.json
+  ralpc plan model.onnx --gpus 8 --strategy-file theirs.strategy.json   # price another plan
+
+Strategies: dp (data parallel on every GPU), burst (each layer its own GPU count),
+soap (also split convolutions and dense layers by rows/features/channels), pipeline
+(stages on disjoint GPU groups), auto (the fastest of all). Every plan is compared
+with data parallelism under the same costs.";
+
+/// Arguments of `ralpc plan`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// An ONNX model, or a PipeDream profiler `graph.txt` (measured layers).
+    pub model: PathBuf,
+    /// GPUs to plan for (default: every GPU of the cluster; the default cluster grows to fit).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub gpus: Option<u32>,
+    /// Multiply the cluster's nodes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nodes: Option<u32>,
+    /// A cluster preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100; NAMExN) or TOML file
+    /// [default: dgx-a100, with as many nodes as --gpus needs].
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Global batch for ONNX models (a PipeDream graph keeps its own).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch: Option<u64>,
+    /// Pipeline microbatches (default: searched over powers of two dividing the batch).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub microbatches: Option<u32>,
+    /// Which plans to search.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
+    pub strategy: String,
+    /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
+    /// weight-stashing schedule.
+    #[arg(long, value_parser = ["1f1b", "gpipe", "async"])]
+    pub schedule: Option<String>,
+    /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
+    /// time in GPU time (default: unbounded).
+    #[arg(long)]
+    pub tolerance: Option<f64>,
+    /// Measured per-op costs (ralpc JSON or DeepPool .prof).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Make the network flat: every pair of GPUs at this bandwidth (e.g. `1GB/s`).
+    #[arg(long, value_parser = parse_bandwidth)]
+    pub link_bandwidth: Option<f64>,
+    /// Latency of every link of the flat network (e.g. `240us`; default 0).
+    #[arg(long, value_parser = parse_latency, requires = "link_bandwidth")]
+    pub link_latency: Option<f64>,
+    /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
+    /// The optimizer, whose state counts in memory.
+    #[arg(long, default_value = "momentum", value_parser = ["sgd", "momentum", "adam"])]
+    pub optimizer: String,
+    /// Math precision (default: the profile's, else tf32).
+    #[arg(long, value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    pub precision: Option<String>,
+    /// Save the chosen strategy as a strategy file.
+    #[arg(long, value_name = "FILE")]
+    pub write_strategy: Option<PathBuf>,
+    /// Evaluate this strategy file under ralpc's costs instead of searching.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
+    pub strategy_file: Option<PathBuf>,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn precision(name: &str) -> Precision {
+    match name {
+        "fp32" => Precision::Fp32,
+        "fp16" => Precision::Fp16,
+        "bf16" => Precision::Bf16,
+        _ => Precision::Tf32,
+    }
+}
+
+pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    let options = PlanOptions {
+        model: args.model.clone(),
+        gpus: args.gpus,
+        cluster: ClusterOptions {
+            spec: args.cluster.clone(),
+            nodes: args.nodes,
+            flat: args.link_bandwidth.map(|bandwidth| Link {
+                bandwidth,
+                latency_us: args.link_latency.unwrap_or(0.0),
+            }),
+        },
+        batch: args.batch,
+        microbatches: args.microbatches,
+        family: Family::parse(&args.strategy),
+        schedule: args.schedule.as_deref().and_then(Schedule::parse),
+        tolerance: args.tolerance,
+        profile: args.profile.clone(),
+        memory_limit: args.memory_limit,
+        optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
+        precision: args.precision.as_deref().map(precision),
+        strategy_file: args.strategy_file.clone(),
+    };
+    let output = ralpc::plan(&options)?;
+    if let Some(path) = &args.write_strategy {
+        ralpc::write_atomically(path, &output.strategy.to_json())?;
+    }
+    let text = if args.json {
+        // Strings and finite numbers always serialize.
+        serde_json::to_string_pretty(&output.report).unwrap_or_default() + "\n"
+    } else {
+        summary(&output.report)
+    };
+    super::print_stdout(&text);
+    Ok(())
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3} ms", us / 1e3)
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+}
+
+fn summary(r: &PlanReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "model: {}  (batch {}, {} GPUs of {})",
+        r.model, r.batch, r.gpus, r.cluster
+    );
+    let _ = writeln!(
+        out,
+        "plan: {} ({} stage{}, {} microbatch{}, {})",
+        r.strategy,
+        r.stages.len(),
+        if r.stages.len() == 1 { "" } else { "s" },
+        r.microbatches,
+        if r.microbatches == 1 { "" } else { "es" },
+        r.schedule
+    );
+    let _ = writeln!(
+        out,
+        "iteration: {}  (data parallel {}: {:.2}×; lower bound {})",
+        ms(r.iteration_time_us),
+        ms(r.dp_iteration_time_us),
+        r.speedup_over_dp,
+        ms(r.lower_bound_us)
+    );
+    let _ = writeln!(
+        out,
+        "GPU time: {} on {} GPUs, {:.2}× the single-GPU {}; peak memory {}\n",
+        ms(r.gpu_time_us),
+        r.gpus_used,
+        r.gpu_sec_amplification,
+        ms(r.single_gpu_time_us),
+        gib(r.peak_memory_bytes)
+    );
+    let _ = writeln!(out, "stages:");
+    for (k, s) in r.stages.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  {k}: {} .. {}  on {} GPUs (ranks {}..{})  {} per microbatch, sync {}, {}",
+            s.first_layer,
+            s.last_layer,
+            s.replicas,
+            s.first_rank,
+            s.first_rank + s.replicas - 1,
+            ms(s.microbatch_us),
+            ms(s.sync_us),
+            gib(s.memory_bytes)
+        );
+    }
+    let width = r
+        .layers
+        .iter()
+        .map(|l| l.name.chars().count())
+        .max()
+        .unwrap_or(5)
+        .clamp(5, 48);
+    let _ = writeln!(
+        out,
+        "\n{:<width$}  {:<20}  {:>4}  {:>9}  {:>5}  {:>10}  {:>10}  {:>10}",
+        "layer", "op", "gpus", "s×a×p", "stage", "compute", "sync", "transfer"
+    );
+    for l in &r.layers {
+        let name: String = if l.name.chars().count() > width {
+            let tail: Vec<char> = l.name.chars().rev().take(width - 1).collect();
+            format!("…{}", tail.into_iter().rev().collect::<String>())
+        } else {
+            l.name.clone()
+        };
+        let op: String = l.op.chars().take(20).collect();
+        let _ = writeln!(
+            out,
+            "{name:<width$}  {op:<20}  {:>4}  {:>9}  {:>5}  {:>10}  {:>10}  {:>10}",
+            l.gpus,
+            format!(
+                "{}×{}×{}",
+                l.split.sample, l.split.attribute, l.split.parameter
+            ),
+            l.stage,
+            ms(l.forward_us + l.backward_us),
+            ms(l.sync_us),
+            ms(l.transfer_us)
+        );
+    }
+    if r.candidates.len() > 1 {
+        let _ = writeln!(out, "\ncompared:");
+        for c in &r.candidates {
+            let _ = writeln!(
+                out,
+                "  {:<9} {:>12}  amplification {:.2}  {} GPUs  {}{}",
+                c.strategy,
+                ms(c.iteration_time_us),
+                c.gpu_sec_amplification,
+                c.gpus_used,
+                gib(c.peak_memory_bytes),
+                if c.fits { "" } else { "  (does not fit)" }
+            );
+        }
+    }
+    let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
+    out
+}

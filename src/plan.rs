@@ -1,0 +1,449 @@
+//! `ralpc plan`: a model, a cluster and a batch in; the placement of every layer out.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ralpc_ir::{bind, onnx, verify, Bindings};
+use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::Optimizer;
+use ralpc_passes::layers::{self, LayerGraph};
+use ralpc_passes::plan::{
+    self, CostOptions, Costs, Family, PlanError, Planned, Request, Schedule, StrategyFile,
+};
+use ralpc_passes::profile::{self, Loaded, Profile};
+use serde::Serialize;
+
+use crate::error::FileError;
+use crate::{cluster, ClusterOptions, Error};
+
+/// The global batch when none is given.
+pub const DEFAULT_BATCH: u64 = 32;
+
+/// What to plan.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// An ONNX model or a PipeDream `graph.txt`.
+    pub model: PathBuf,
+    /// GPUs to plan for; `None`: every GPU of the cluster.
+    pub gpus: Option<u32>,
+    /// The cluster.
+    pub cluster: ClusterOptions,
+    /// Global batch (ONNX models; a PipeDream graph has its own); `None`: 32.
+    pub batch: Option<u64>,
+    /// Pipeline microbatches; `None`: searched.
+    pub microbatches: Option<u32>,
+    /// The family to search; `None`: all (`auto`).
+    pub family: Option<Family>,
+    /// The pipeline schedule; `None`: 1F1B.
+    pub schedule: Option<Schedule>,
+    /// Allowed GPU-sec amplification above 1; `None`: unbounded.
+    pub tolerance: Option<f64>,
+    /// A measured profile (ralpc's JSON or DeepPool's `.prof`).
+    pub profile: Option<PathBuf>,
+    /// A per-GPU memory limit below the GPUs' own, bytes.
+    pub memory_limit: Option<u64>,
+    /// The optimizer (its state counts in memory).
+    pub optimizer: Optimizer,
+    /// Math precision; `None`: the profile's, else TF32.
+    pub precision: Option<Precision>,
+    /// Evaluate this strategy file instead of searching.
+    pub strategy_file: Option<PathBuf>,
+}
+
+/// A stage of the chosen plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageRow {
+    /// Its first layer's name.
+    pub first_layer: String,
+    /// Its last layer's name.
+    pub last_layer: String,
+    /// Its GPUs.
+    pub replicas: u32,
+    /// Its first rank.
+    pub first_rank: u32,
+    /// Per-microbatch compute and resharding, µs.
+    pub microbatch_us: f64,
+    /// Gradient synchronization per iteration, µs.
+    pub sync_us: f64,
+    /// The most memory one of its GPUs holds, bytes.
+    pub memory_bytes: f64,
+}
+
+/// SOAP degrees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SplitRow {
+    /// Samples.
+    pub sample: u32,
+    /// Attributes (rows; a dense layer's input features).
+    pub attribute: u32,
+    /// Parameters (output channels or features).
+    pub parameter: u32,
+}
+
+/// A layer of the chosen plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlacedLayer {
+    /// Its name (what strategy files refer to).
+    pub name: String,
+    /// What it computes.
+    pub op: String,
+    /// GPUs it uses.
+    pub gpus: u32,
+    /// How it is split.
+    pub split: SplitRow,
+    /// Its stage.
+    pub stage: usize,
+    /// Forward compute per microbatch, µs.
+    pub forward_us: f64,
+    /// Backward compute per microbatch, µs.
+    pub backward_us: f64,
+    /// Its gradient synchronization per iteration, µs.
+    pub sync_us: f64,
+    /// Moving its inputs per microbatch, µs.
+    pub transfer_us: f64,
+}
+
+/// One family's best plan, for comparison.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CandidateRow {
+    /// The family.
+    pub strategy: &'static str,
+    /// Predicted iteration time, µs.
+    pub iteration_time_us: f64,
+    /// GPU-sec amplification.
+    pub gpu_sec_amplification: f64,
+    /// GPUs used.
+    pub gpus_used: u32,
+    /// Peak memory of one GPU, bytes.
+    pub peak_memory_bytes: f64,
+    /// Whether it fits in memory.
+    pub fits: bool,
+}
+
+/// The result of [`plan`]; its JSON form is what `ralpc plan --json` prints. Every field
+/// is a function of the inputs except `planning_time_us`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanReport {
+    /// The model path, as given.
+    pub model: String,
+    /// The cluster's name.
+    pub cluster: String,
+    /// GPUs planned for.
+    pub gpus: u32,
+    /// Global batch.
+    pub batch: u64,
+    /// The family of the chosen plan (`file` for a strategy file).
+    pub strategy: &'static str,
+    /// The schedule.
+    pub schedule: &'static str,
+    /// Microbatches per iteration.
+    pub microbatches: u32,
+    /// Predicted time per iteration (for a pipeline, per global batch in steady state), µs.
+    pub iteration_time_us: f64,
+    /// Data parallelism on every GPU under the same costs, µs.
+    pub dp_iteration_time_us: f64,
+    /// `dp_iteration_time_us / iteration_time_us`.
+    pub speedup_over_dp: f64,
+    /// One GPU's compute for the iteration, µs.
+    pub single_gpu_time_us: f64,
+    /// Busy GPU time per iteration, µs.
+    pub gpu_time_us: f64,
+    /// GPU time / single-GPU time.
+    pub gpu_sec_amplification: f64,
+    /// GPUs the plan uses.
+    pub gpus_used: u32,
+    /// The most memory any GPU holds, bytes.
+    pub peak_memory_bytes: f64,
+    /// Total FLOPs over the GPUs' combined peak, µs.
+    pub lower_bound_us: f64,
+    /// Wall time of loading and planning, µs (the one field that varies between runs).
+    pub planning_time_us: u64,
+    /// Stages.
+    pub stages: Vec<StageRow>,
+    /// Layers.
+    pub layers: Vec<PlacedLayer>,
+    /// Each searched family's best plan.
+    pub candidates: Vec<CandidateRow>,
+}
+
+/// A plan and its strategy in file form.
+#[derive(Clone, Debug)]
+pub struct PlanOutput {
+    /// The report.
+    pub report: PlanReport,
+    /// The chosen strategy (what `--write-strategy` writes).
+    pub strategy: StrategyFile,
+}
+
+/// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
+fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
+    let is_onnx = model
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
+    if !is_onnx {
+        if let Ok(text) = std::fs::read_to_string(model) {
+            match profile::parse(&text, &model.display().to_string()) {
+                Ok(Loaded::LayerGraph(g)) => {
+                    if let Some(b) = batch.filter(|&b| b != g.graph.batch) {
+                        return Err(Error::Plan(Box::new(PlanError::Request(format!(
+                            "{} is a PipeDream graph measured at batch {}; --batch {b} cannot \
+                             change it",
+                            model.display(),
+                            g.graph.batch
+                        )))));
+                    }
+                    return Ok(g.graph);
+                }
+                Ok(Loaded::Profile(_)) => {
+                    return Err(Error::Plan(Box::new(PlanError::Request(format!(
+                        "{} is a per-op profile, not a model: pass it with --profile",
+                        model.display()
+                    )))))
+                }
+                Err(e @ profile::ProfileError::Line { .. }) => {
+                    return Err(Error::Profile(Box::new(e)))
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let batch = batch.unwrap_or(DEFAULT_BATCH);
+    let mut imported = onnx::import(model)?;
+    bind(
+        &mut imported.graph,
+        &Bindings {
+            batch: Some(batch),
+            inputs: Default::default(),
+        },
+    )?;
+    let info = verify(&imported.graph)?;
+    Ok(layers::build(
+        &imported.graph,
+        &info,
+        batch,
+        Default::default(),
+    )?)
+}
+
+/// The cluster, grown to `gpus` when the default preset is too small.
+fn cluster_for(options: &PlanOptions) -> Result<(Cluster, u32), Error> {
+    let mut cluster = cluster(&options.cluster)?;
+    let have = cluster.gpu_count();
+    let gpus = options.gpus.unwrap_or(have);
+    if gpus == 0 {
+        return Err(Error::Plan(Box::new(PlanError::Request(
+            "--gpus must be at least 1".into(),
+        ))));
+    }
+    if gpus > have {
+        if options.cluster.spec.is_some() || options.cluster.nodes.is_some() {
+            return Err(Error::Plan(Box::new(PlanError::Request(format!(
+                "--gpus {gpus}: cluster {} has {have} GPUs (add --nodes)",
+                cluster.name
+            )))));
+        }
+        cluster = cluster.times(gpus.div_ceil(have.max(1)));
+    }
+    Ok((cluster, gpus))
+}
+
+fn load_profile(path: &Path) -> Result<Profile, Error> {
+    match profile::load(path)? {
+        Loaded::Profile(p) => Ok(p),
+        Loaded::LayerGraph(_) => Err(Error::Plan(Box::new(PlanError::Request(format!(
+            "{} is a PipeDream layer graph: give it as the model, not as --profile",
+            path.display()
+        ))))),
+    }
+}
+
+/// Plans a model: loads it, builds its layer graph, resolves the cluster and searches (or
+/// evaluates `strategy_file`).
+///
+/// # Errors
+/// Any input at fault (model, profile, cluster, strategy file), a model that does not fit
+/// in memory, or a GPU-time budget no plan meets.
+pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
+    let started = Instant::now();
+    let graph = load_layers(&options.model, options.batch)?;
+    let (cluster, gpus) = cluster_for(options)?;
+    let profile = options.profile.as_deref().map(load_profile).transpose()?;
+    let precision = options
+        .precision
+        .or(profile.as_ref().map(|p| p.precision))
+        .unwrap_or(Precision::Tf32);
+    let costs = Costs::new(
+        &graph,
+        &cluster,
+        gpus,
+        CostOptions {
+            precision,
+            profile: profile.as_ref(),
+            optimizer: options.optimizer,
+            memory_limit: options.memory_limit,
+            ..CostOptions::default()
+        },
+    );
+    let strategy = match &options.strategy_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| {
+                Error::Read(Box::new(FileError {
+                    path: path.display().to_string(),
+                    error: source,
+                }))
+            })?;
+            let file = StrategyFile::parse(&text).map_err(|e| in_file(path, e))?;
+            Some(file.resolve(&graph).map_err(|e| in_file(path, e))?)
+        }
+        None => None,
+    };
+    let from_file = strategy.is_some();
+    let request = Request {
+        family: options.family,
+        schedule: options.schedule,
+        microbatches: options.microbatches,
+        tolerance: options.tolerance,
+        strategy,
+    };
+    let planned = plan::plan(&costs, &request).map_err(|e| Error::Plan(Box::new(e)))?;
+    let strategy = StrategyFile::of(&graph, &planned.chosen.strategy);
+    let planning_time_us = started.elapsed().as_micros() as u64;
+    let report = report(
+        options,
+        &graph,
+        &cluster,
+        gpus,
+        &planned,
+        from_file,
+        planning_time_us,
+    );
+    Ok(PlanOutput { report, strategy })
+}
+
+fn in_file(path: &Path, e: PlanError) -> Error {
+    Error::Plan(Box::new(PlanError::Strategy(format!(
+        "{}: {}",
+        path.display(),
+        match e {
+            PlanError::Strategy(m) => m,
+            other => other.to_string(),
+        }
+    ))))
+}
+
+fn report(
+    options: &PlanOptions,
+    graph: &LayerGraph,
+    cluster: &Cluster,
+    gpus: u32,
+    planned: &Planned,
+    from_file: bool,
+    planning_time_us: u64,
+) -> PlanReport {
+    let chosen = &planned.chosen;
+    let e = &chosen.evaluation;
+    let s = &chosen.strategy;
+    let stage_of = s.stage_of_layers();
+    PlanReport {
+        model: options.model.display().to_string(),
+        cluster: cluster.name.clone(),
+        gpus,
+        batch: graph.batch,
+        strategy: if from_file {
+            "file"
+        } else {
+            chosen.family.name()
+        },
+        schedule: s.schedule.name(),
+        microbatches: s.microbatches,
+        iteration_time_us: e.iteration_time_us,
+        dp_iteration_time_us: planned.data_parallel.iteration_time_us,
+        speedup_over_dp: planned.data_parallel.iteration_time_us / e.iteration_time_us,
+        single_gpu_time_us: planned.single_gpu_time_us,
+        gpu_time_us: e.gpu_time_us,
+        gpu_sec_amplification: e.gpu_sec_amplification,
+        gpus_used: e.gpus_used,
+        peak_memory_bytes: e.peak_memory_bytes,
+        lower_bound_us: planned.lower_bound_us,
+        planning_time_us,
+        stages: s
+            .stages
+            .iter()
+            .zip(&e.stages)
+            .map(|(st, c)| StageRow {
+                first_layer: graph.layers[st.first_layer].name.clone(),
+                last_layer: graph.layers[st.last_layer].name.clone(),
+                replicas: st.gpus,
+                first_rank: st.first_rank,
+                microbatch_us: c.microbatch_us,
+                sync_us: c.sync_us,
+                memory_bytes: c.memory_bytes,
+            })
+            .collect(),
+        layers: graph
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, layer)| {
+                let split = s.layers[l];
+                let c = &e.layers[l];
+                PlacedLayer {
+                    name: layer.name.clone(),
+                    op: layer.op.clone(),
+                    gpus: split.degree(),
+                    split: SplitRow {
+                        sample: split.sample,
+                        attribute: split.attribute,
+                        parameter: split.parameter,
+                    },
+                    stage: stage_of[l],
+                    forward_us: c.forward_us,
+                    backward_us: c.backward_us,
+                    sync_us: c.sync_us,
+                    transfer_us: c.transfer_us,
+                }
+            })
+            .collect(),
+        candidates: planned
+            .candidates
+            .iter()
+            .map(|c| CandidateRow {
+                strategy: if from_file { "file" } else { c.family.name() },
+                iteration_time_us: c.evaluation.iteration_time_us,
+                gpu_sec_amplification: c.evaluation.gpu_sec_amplification,
+                gpus_used: c.evaluation.gpus_used,
+                peak_memory_bytes: c.evaluation.peak_memory_bytes,
+                fits: c.evaluation.fits,
+            })
+            .collect(),
+    }
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory and a rename, so
+/// a failure never leaves a partial file.
+///
+/// # Errors
+/// [`Error::Write`] when the directory is not writable or the disk is full.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
+    let fail = |source| {
+        Error::Write(Box::new(FileError {
+            path: path.display().to_string(),
+            error: source,
+        }))
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&temp);
+        return Err(fail(e));
+    }
+    Ok(())
+}
