@@ -34,11 +34,16 @@ pub struct Cli {
 /// Subcommand names: anything else in first position is a model for `ralpc plan`.
 pub const SUBCOMMANDS: [&str; 4] = ["inspect", "plan", "cluster", "help"];
 
-/// `ralpc MODEL …` → `ralpc plan MODEL …`.
+/// `ralpc MODEL …` → `ralpc plan MODEL …` when the first word looks like a file (it
+/// exists, or has a `.` or `/`); any other word stays a (mistyped) subcommand for clap to
+/// reject with a usage error.
 pub fn expand_shorthand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("-");
-    if !first.starts_with('-') && !SUBCOMMANDS.contains(&first) {
-        args.insert(1, "plan".into());
+    if let Some(first) = args.get(1) {
+        let text = first.to_string_lossy();
+        let is_path = std::path::Path::new(first).exists() || text.contains(['.', '/']);
+        if !text.starts_with('-') && !SUBCOMMANDS.contains(&text.as_ref()) && is_path {
+            args.insert(1, "plan".into());
+        }
     }
     args
 }
@@ -51,7 +56,7 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// Plan how every layer is spread over the GPUs (`ralpc MODEL …` is short for this).
     #[command(after_help = commands::plan::EXAMPLES)]
-    Plan(commands::plan::Args),
+    Plan(Box<commands::plan::Args>),
     /// Show a cluster: GPUs, their peaks and memory, and the links between them.
     #[command(after_help = commands::cluster::EXAMPLES)]
     Cluster(commands::cluster::Args),

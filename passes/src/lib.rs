@@ -9,6 +9,7 @@ pub mod layers;
 pub mod plan;
 pub mod profile;
 pub mod rewrite;
+pub mod synthetic;
 pub mod units;
 
 pub use ralpc_ir as ir;

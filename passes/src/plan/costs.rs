@@ -9,8 +9,8 @@
 //! * a tensor that changes placement moves with one α and its busiest rank's bytes at the
 //!   slowest link it spans, forward and (reversed, as gradients) backward.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 use crate::cluster::{Cluster, Link, Precision};
 use crate::cost::memory::DEFAULT_WORKSPACE_BYTES;
@@ -19,6 +19,9 @@ use crate::layers::{Layer, LayerGraph, LayerKind, Producer, Split};
 use crate::profile::Profile;
 
 use super::layout::{self, View};
+
+/// Ranks `first, first + stride, …` (`count` of them): (first, stride, count).
+type RankProgression = (u32, u32, u32);
 
 /// What a plan is priced against.
 #[derive(Clone, Debug)]
@@ -77,10 +80,11 @@ pub struct Costs<'a> {
     models: Vec<ComputeModel<'a>>,
     /// The layer whose placement each layer's first input comes from.
     pub(crate) first_producer: Vec<Option<usize>>,
+    min_capacity: f64,
     /// Reshardings already costed, by (producer view, consumer view).
     movements: RefCell<HashMap<(View, View), Option<layout::Movement>>>,
     /// All-reduce costs already computed, by (first rank, stride, count).
-    reductions: RefCell<HashMap<(u32, u32, u32), (f64, f64)>>,
+    reductions: RefCell<HashMap<RankProgression, (f64, f64)>>,
 }
 
 impl<'a> Costs<'a> {
@@ -119,10 +123,16 @@ impl<'a> Costs<'a> {
                 })
             })
             .collect();
+        let own = (0..gpus)
+            .map(|r| cluster.gpu(r).memory_bytes)
+            .min()
+            .unwrap_or(0);
+        let min_capacity = options.memory_limit.map_or(own, |l| l.min(own)) as f64;
         Costs {
             graph,
             cluster,
             gpus,
+            min_capacity,
             options,
             comm: Comm::new(cluster),
             model_of_rank,
@@ -144,6 +154,11 @@ impl<'a> Costs<'a> {
         (lo..hi.max(lo + 1))
             .map(|r| self.capacity(r))
             .fold(f64::INFINITY, f64::min)
+    }
+
+    /// The smallest capacity of any rank (what searches prune with).
+    pub(crate) fn min_capacity(&self) -> f64 {
+        self.min_capacity
     }
 
     /// The compute model of the slowest GPU among ranks `lo..lo+n`.
@@ -214,10 +229,10 @@ impl<'a> Costs<'a> {
         }
     }
 
-    /// One fused all-reduce of `bytes` of gradients over ranks `first..first + gpus`, µs.
-    pub(crate) fn replicas_sync(&self, first: u32, gpus: u32, bytes: f64) -> f64 {
-        let s = self.all_reduce_strided(first, 1, gpus, bytes);
-        s.latency_us + s.bandwidth_us
+    /// One fused all-reduce over ranks `first..first + gpus` as (latency µs, µs per byte).
+    pub(crate) fn replicas_sync(&self, first: u32, gpus: u32) -> (f64, f64) {
+        let s = self.all_reduce_strided(first, 1, gpus, 1e9);
+        (s.latency_us, s.bandwidth_us / 1e9)
     }
 
     /// The gradient synchronization of layer `l` under `split` on ranks from `first`.

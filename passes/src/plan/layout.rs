@@ -144,9 +144,11 @@ pub(crate) fn movement(from: &View, to: &View) -> Option<Movement> {
     for r in 0..to.ranks() {
         let need = to.rank_box(r);
         let absolute = to.first + r;
-        let own = (absolute >= from.first && absolute < from.first + from.ranks())
-            .then(|| volume(&intersect(&need, &from.rank_box(absolute - from.first))))
-            .unwrap_or(0.0);
+        let own = if absolute >= from.first && absolute < from.first + from.ranks() {
+            volume(&intersect(&need, &from.rank_box(absolute - from.first)))
+        } else {
+            0.0
+        };
         let incoming = (volume(&need) - own).max(0.0);
         busiest_in = busiest_in.max(incoming);
         total += incoming;

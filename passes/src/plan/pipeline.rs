@@ -20,11 +20,13 @@ use super::layered::gpu_counts;
 use super::{Schedule, Stage, Strategy};
 use crate::layers::{Producer, Split};
 
-/// Segments the program works with at most.
+/// Segments the program works with at most (fewer on more than 64 GPUs, where the GPU
+/// totals multiply the work).
 pub(crate) const MAX_SEGMENTS: usize = 64;
+const MAX_SEGMENTS_LARGE: usize = 32;
 
 /// Deepest pipeline considered.
-const MAX_STAGES: usize = 32;
+const MAX_STAGES: usize = 16;
 
 /// Layer ranges `[start, end]` between single-tensor cuts, coarsened to at most
 /// `MAX_SEGMENTS`.
@@ -52,8 +54,13 @@ pub(crate) fn segments(costs: &Costs<'_>) -> Vec<(usize, usize)> {
             cuts.push(c);
         }
     }
-    if cuts.len() + 1 > MAX_SEGMENTS {
-        cuts = coarsen(costs, &cuts);
+    let most = if costs.gpus > 64 {
+        MAX_SEGMENTS_LARGE
+    } else {
+        MAX_SEGMENTS
+    };
+    if cuts.len() + 1 > most {
+        cuts = coarsen(costs, &cuts, most);
     }
     let mut out = Vec::with_capacity(cuts.len() + 1);
     let mut start = 0;
@@ -65,9 +72,9 @@ pub(crate) fn segments(costs: &Costs<'_>) -> Vec<(usize, usize)> {
     out
 }
 
-/// Keeps the cut nearest each of `MAX_SEGMENTS − 1` evenly spaced points of cumulative
+/// Keeps the cut nearest each of `most − 1` evenly spaced points of cumulative
 /// single-GPU compute.
-fn coarsen(costs: &Costs<'_>, cuts: &[usize]) -> Vec<usize> {
+fn coarsen(costs: &Costs<'_>, cuts: &[usize], most: usize) -> Vec<usize> {
     let mut prefix = vec![0.0];
     for l in 0..costs.graph.layers.len() {
         let w = costs.work(l, Split::NONE, 0, 1);
@@ -75,8 +82,8 @@ fn coarsen(costs: &Costs<'_>, cuts: &[usize]) -> Vec<usize> {
     }
     let total = prefix[prefix.len() - 1];
     let mut kept: Vec<usize> = Vec::new();
-    for k in 1..MAX_SEGMENTS {
-        let target = total * k as f64 / MAX_SEGMENTS as f64;
+    for k in 1..most {
+        let target = total * k as f64 / most as f64;
         let nearest = cuts
             .iter()
             .copied()
@@ -134,14 +141,19 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
     } else {
         gpu_counts(n)
     };
-    let total_index = |m: u32| totals.binary_search(&m).ok();
+    let mut index_of_total = vec![None; n as usize + 1];
+    for (i, &m) in totals.iter().enumerate() {
+        index_of_total[m as usize] = Some(i);
+    }
+    let total_index = |m: u32| index_of_total[m as usize];
     let tables = tables(costs, &widths, m_mb);
     let opt = &costs.options;
     let state_factor = 2.0 + opt.optimizer.state_factor();
     let depth_max = k.min(MAX_STAGES).min(n as usize);
-    // best[i][mi][d]
-    let mut table: Vec<Vec<Vec<Option<Best>>>> =
-        vec![vec![vec![None; depth_max]; totals.len()]; k + 1];
+    let capacity = costs.min_capacity();
+    // best[(i, mi, d)] in one flat table.
+    let cell = |i: usize, mi: usize, d: usize| (i * totals.len() + mi) * depth_max + d;
+    let mut table: Vec<Option<Best>> = vec![None; (k + 1) * totals.len() * depth_max];
     let objective = |b: &Best| (b.bottleneck, b.sum);
     for i in (0..k).rev() {
         let start = segs[i].0;
@@ -156,14 +168,24 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                     0
                 };
                 let mut chosen: Option<Best> = None;
-                for j in i..k {
-                    let end = segs[j].1;
-                    let last = j + 1 == k;
-                    if last != (d == 0) {
+                for (wi, &w) in widths.iter().enumerate() {
+                    if w > m {
                         continue;
                     }
-                    for (wi, &w) in widths.iter().enumerate() {
-                        if w > m || (last && w != m) {
+                    let (latency, per_byte) = costs.replicas_sync(first, w);
+                    let link = costs.cluster.link(first.saturating_sub(1), first + w - 1);
+                    let hop =
+                        |bytes: f64| 2.0 * link.transfer_us(bytes / f64::from(w) / f64::from(m_mb));
+                    let receive = if i > 0 {
+                        hop(tables.cut_bytes[start])
+                    } else {
+                        0.0
+                    };
+                    let compute = &tables.compute[wi];
+                    for j in i..k {
+                        let end = segs[j].1;
+                        let last = j + 1 == k;
+                        if last != (d == 0) || (last && w != m) {
                             continue;
                         }
                         let rest = if last {
@@ -172,7 +194,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                             let Some(ri) = total_index(m - w) else {
                                 continue;
                             };
-                            let Some(r) = table[j + 1][ri][d - 1] else {
+                            let Some(r) = table[cell(j + 1, ri, d - 1)] else {
                                 continue;
                             };
                             Some(r)
@@ -183,26 +205,19 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         let memory = params * (state_factor + f64::from(versions))
                             + stash * f64::from(in_flight)
                             + costs.workspace();
-                        if memory > costs.capacity_of(first, first + w) {
+                        if memory > capacity {
                             continue;
                         }
-                        let t = tables.compute[wi][end + 1] - tables.compute[wi][start];
-                        let sync = costs.replicas_sync(first, w, params);
-                        let link = |bytes: f64| {
-                            2.0 * costs
-                                .cluster
-                                .link(first.saturating_sub(1), first + w - 1)
-                                .transfer_us(bytes / f64::from(w))
-                        };
-                        let receive = if i > 0 {
-                            link(tables.cut_bytes[start] / f64::from(m_mb))
+                        let t = compute[end + 1] - compute[start];
+                        let sync = if w > 1 && params > 0.0 {
+                            latency + per_byte * params
                         } else {
                             0.0
                         };
                         let send = if last {
                             0.0
                         } else {
-                            link(tables.cut_bytes[end + 1] / f64::from(m_mb))
+                            hop(tables.cut_bytes[end + 1])
                         };
                         let own = if schedule == Schedule::Async {
                             t + sync
@@ -230,7 +245,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         }
                     }
                 }
-                table[i][mi][d] = chosen;
+                table[cell(i, mi, d)] = chosen;
             }
         }
     }
@@ -241,9 +256,9 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
         _ => b.sum + (m - 1.0) * b.bottleneck + b.sync,
     };
     let mut top: Option<(f64, usize, usize)> = None;
-    for (mi, row) in table[0].iter().enumerate() {
-        for (d, b) in row.iter().enumerate() {
-            if let Some(b) = b {
+    for mi in 0..totals.len() {
+        for d in 0..depth_max {
+            if let Some(b) = &table[cell(0, mi, d)] {
                 let s = score(b);
                 if top.is_none_or(|(t, _, _)| s < t) {
                     top = Some((s, mi, d));
@@ -257,7 +272,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
     let mut i = 0;
     let mut rank = 0;
     while i < k {
-        let b = table[i][mi][d]?;
+        let b = table[cell(i, mi, d)]?;
         stages.push(Stage {
             first_layer: segs[i].0,
             last_layer: segs[b.stage_end].1,

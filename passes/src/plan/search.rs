@@ -121,7 +121,8 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
             .map_or(vec![Schedule::OneFOneB], |s| vec![s]);
         let counts: Vec<u32> = match request.microbatches {
             Some(m) => vec![m],
-            None => (0..16)
+            // Up to 64: beyond, per-microbatch kernels are too small to matter.
+            None => (0..7)
                 .map(|e| 1u32 << e)
                 .filter(|&m| u64::from(m) <= graph.batch && graph.batch % u64::from(m) == 0)
                 .collect(),
@@ -252,8 +253,7 @@ fn layered_plans(
         }
     };
     let (mut lo, mut hi) = (0.0, 1e-3);
-    loop {
-        let Some(c) = fitting(hi)? else { break };
+    while let Some(c) = fitting(hi)? {
         let ok = within(&c);
         keep(c, &mut best);
         if ok || hi > 1e6 {
