@@ -101,12 +101,14 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
         .collect()
 }
 
-/// The split a following layer takes after its producer's.
-pub(crate) fn follow(kind: LayerKind, producer: Split) -> Split {
+/// The split a following layer takes after its producer's: the same, or for a layer that
+/// splits samples only, the producer's GPUs (at most one per sample of `batch`).
+pub(crate) fn follow(kind: LayerKind, producer: Split, batch: u64) -> Split {
     if splits_freely(kind) {
         producer
     } else {
-        Split::samples(producer.degree())
+        let cap = u32::try_from(batch).unwrap_or(u32::MAX);
+        Split::samples(producer.degree().min(cap))
     }
 }
 
@@ -225,7 +227,7 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                     .splits
                     .iter()
                     .map(|&ps| {
-                        let s = follow(layer.kind, ps);
+                        let s = follow(layer.kind, ps, graph.batch);
                         let at = splits.iter().position(|&x| x == s).unwrap_or_else(|| {
                             splits.push(s);
                             splits.len() - 1
