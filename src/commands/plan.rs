@@ -166,9 +166,10 @@ fn summary(r: &PlanReport) -> String {
     );
     let _ = writeln!(
         out,
-        "GPU time: {} on {} GPUs, {:.2}× the single-GPU {}; peak memory {}\n",
+        "GPU time: {} on {} GPU{}, {:.2}× the single-GPU {}; peak memory {}\n",
         ms(r.gpu_time_us),
         r.gpus_used,
+        if r.gpus_used == 1 { "" } else { "s" },
         r.gpu_sec_amplification,
         ms(r.single_gpu_time_us),
         gib(r.peak_memory_bytes)

@@ -1,0 +1,319 @@
+//! `ralpc plan` (and its `ralpc MODEL` shorthand) as a user and a build system meet it.
+
+mod common;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const VGG16: &str = "fixtures/onnx/vgg16/model.onnx";
+
+fn ralpc() -> Command {
+    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
+    cmd.current_dir(common::root()).env("NO_COLOR", "1");
+    cmd
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = ralpc().args(args).assert().success();
+    serde_json::from_slice(&out.get_output().stdout).expect("one JSON object")
+}
+
+/// The report without its one run-dependent field.
+fn deterministic(mut v: Value) -> Value {
+    v.as_object_mut()
+        .expect("an object")
+        .remove("planning_time_us");
+    v
+}
+
+#[test]
+fn json_has_the_documented_fields() {
+    let v = json(&["plan", VGG16, "--gpus", "8", "--json"]);
+    for key in [
+        "iteration_time_us",
+        "dp_iteration_time_us",
+        "single_gpu_time_us",
+        "gpu_sec_amplification",
+        "gpus_used",
+        "peak_memory_bytes",
+        "lower_bound_us",
+        "planning_time_us",
+    ] {
+        assert!(v[key].is_number(), "{key}: {}", v[key]);
+    }
+    let t = v["iteration_time_us"].as_f64().unwrap();
+    assert!(t <= v["dp_iteration_time_us"].as_f64().unwrap());
+    assert!(t >= v["lower_bound_us"].as_f64().unwrap());
+    assert_eq!(v["batch"], 32);
+    let stages = v["stages"].as_array().unwrap();
+    assert!(!stages.is_empty());
+    for s in stages {
+        assert!(s["first_layer"].is_string() && s["last_layer"].is_string());
+        assert!(s["replicas"].as_u64().unwrap() >= 1);
+    }
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 22, "VGG16 has 22 placement units");
+    for l in layers {
+        let split = &l["split"];
+        let degree: u64 = ["sample", "attribute", "parameter"]
+            .iter()
+            .map(|k| split[k].as_u64().unwrap())
+            .product();
+        assert_eq!(l["gpus"].as_u64().unwrap(), degree, "{l}");
+        assert!(l["name"].is_string() && l["stage"].is_u64());
+    }
+}
+
+#[test]
+fn the_shorthand_is_plan() {
+    let long = json(&["plan", VGG16, "--gpus", "4", "--json"]);
+    let short = json(&[VGG16, "--gpus", "4", "--json"]);
+    assert_eq!(deterministic(long), deterministic(short));
+}
+
+#[test]
+fn identical_inputs_give_identical_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let run = |path: &std::path::Path| {
+        json(&[
+            "plan",
+            "fixtures/onnx/resnet50/model.onnx",
+            "--gpus",
+            "8",
+            "--json",
+            "--write-strategy",
+            path.to_str().unwrap(),
+        ])
+    };
+    let (first, second) = (run(&a), run(&b));
+    assert_eq!(deterministic(first), deterministic(second));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn a_written_strategy_evaluates_to_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.strategy.json");
+    let path = path.to_str().unwrap();
+    let searched = json(&[
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--json",
+        "--write-strategy",
+        path,
+    ]);
+    let file: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(file["format"], "ralpc-strategy/1");
+    let evaluated = json(&[
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--json",
+        "--strategy-file",
+        path,
+    ]);
+    assert_eq!(evaluated["strategy"], "file");
+    assert_eq!(
+        searched["iteration_time_us"],
+        evaluated["iteration_time_us"]
+    );
+    assert_eq!(searched["layers"], evaluated["layers"]);
+}
+
+#[test]
+fn every_strategy_can_be_asked_for() {
+    let dp = json(&["plan", VGG16, "--gpus", "8", "--strategy", "dp", "--json"]);
+    assert_eq!(dp["iteration_time_us"], dp["dp_iteration_time_us"]);
+    assert_eq!(dp["gpus_used"], 8);
+    for strategy in ["burst", "soap", "pipeline", "auto"] {
+        let v = json(&[
+            "plan",
+            VGG16,
+            "--gpus",
+            "8",
+            "--strategy",
+            strategy,
+            "--json",
+        ]);
+        assert!(
+            v["iteration_time_us"].as_f64().unwrap()
+                <= dp["iteration_time_us"].as_f64().unwrap() * (1.0 + 1e-12),
+            "{strategy}"
+        );
+    }
+    let piped = json(&[
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(piped["schedule"], "gpipe");
+    assert_eq!(piped["microbatches"], 4);
+}
+
+#[test]
+fn tolerance_bounds_gpu_time() {
+    let v = json(&["plan", VGG16, "--gpus", "8", "--tolerance", "0.1", "--json"]);
+    assert!(v["gpu_sec_amplification"].as_f64().unwrap() <= 1.1 + 1e-9);
+}
+
+#[test]
+fn a_pipedream_graph_is_a_model() {
+    let graph = "../shared/anchors/pipedream/vgg16/graph.txt";
+    let v = json(&[
+        "plan",
+        graph,
+        "--gpus",
+        "8",
+        "--link-bandwidth",
+        "1GB/s",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "async",
+        "--microbatches",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(v["batch"], 128);
+    assert!(
+        v["stages"].as_array().unwrap().len() >= 2,
+        "{}",
+        v["stages"]
+    );
+    // Its batch is measured, not chosen.
+    let out = ralpc()
+        .args(["plan", graph, "--batch", "64"])
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("measured at batch 128"), "{err}");
+}
+
+#[test]
+fn the_summary_explains_the_plan() {
+    let out = ralpc()
+        .args(["plan", VGG16, "--gpus", "8"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for needle in [
+        "iteration:",
+        "data parallel",
+        "GPU time:",
+        "stages:",
+        "compared:",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    let help = ralpc().args(["plan", "--help"]).assert().success();
+    let help = String::from_utf8_lossy(&help.get_output().stdout).into_owned();
+    assert!(
+        help.contains("--strategy-file") && help.contains("burst"),
+        "{help}"
+    );
+}
+
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let out = ralpc().args(args).assert().code(code);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    for needle in needles {
+        assert!(err.contains(needle), "`{needle}` not in:\n{err}");
+    }
+    assert!(out.get_output().stdout.is_empty(), "no output on failure");
+}
+
+#[test]
+fn bad_inputs_exit_1_and_say_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let unknown = file(
+        "unknown.json",
+        r#"{"format":"ralpc-strategy/1","stages":[{"first_layer":"nope","last_layer":"x","replicas":8}]}"#,
+    );
+    fails(
+        &["plan", VGG16, "--strategy-file", &unknown],
+        1,
+        &["stages[0].first_layer", "no layer is named \"nope\""],
+    );
+    let truncated = file("truncated.json", r#"{"format":"ralpc-strategy/1","sta"#);
+    fails(
+        &["plan", VGG16, "--strategy-file", &truncated],
+        1,
+        &["not a strategy file"],
+    );
+    let wrong_field = file(
+        "field.json",
+        r#"{"format":"ralpc-strategy/1","stages":[],"replicas":3}"#,
+    );
+    fails(
+        &["plan", VGG16, "--strategy-file", &wrong_field],
+        1,
+        &["unknown field `replicas`"],
+    );
+    fails(
+        &["plan", VGG16, "--memory-limit", "1GiB"],
+        1,
+        &["does not fit", "smallest per-GPU memory"],
+    );
+    fails(
+        &["plan", VGG16, "--cluster", "dgx-a100", "--gpus", "12"],
+        1,
+        &["has 8 GPUs"],
+    );
+    fails(
+        &["plan", "fixtures/bad/missing.onnx"],
+        1,
+        &["cannot import the model"],
+    );
+    fails(
+        &[
+            "plan",
+            VGG16,
+            "--profile",
+            "../shared/anchors/pipedream/vgg16/graph.txt",
+        ],
+        1,
+        &["give it as the model"],
+    );
+}
+
+#[test]
+fn an_unwritable_strategy_exits_3_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("no-such-dir").join("plan.json");
+    fails(
+        &[
+            "plan",
+            VGG16,
+            "--gpus",
+            "2",
+            "--write-strategy",
+            target.to_str().unwrap(),
+        ],
+        3,
+        &["cannot write"],
+    );
+    assert!(!target.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_mistyped_subcommand_is_a_usage_error() {
+    ralpc().args(["plann"]).assert().code(2);
+}
