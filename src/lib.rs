@@ -41,5 +41,6 @@ pub use plan::{
     plan, write_atomically, CandidateRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
     SplitRow, StageRow, DEFAULT_BATCH,
 };
+pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;

@@ -48,6 +48,8 @@ pub struct PlanOptions {
     pub precision: Option<Precision>,
     /// Evaluate this strategy file instead of searching.
     pub strategy_file: Option<PathBuf>,
+    /// Also lower the chosen strategy into an executable plan.
+    pub executable: bool,
 }
 
 /// A stage of the chosen plan.
@@ -173,6 +175,8 @@ pub struct PlanOutput {
     pub report: PlanReport,
     /// The chosen strategy (what `--write-strategy` writes).
     pub strategy: StrategyFile,
+    /// The executable plan, when asked for.
+    pub executable: Option<ralpc_codegen::Plan>,
 }
 
 /// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
@@ -307,6 +311,29 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     };
     let planned = plan::plan(&costs, &request).map_err(|e| Error::Plan(Box::new(e)))?;
     let strategy = StrategyFile::of(&graph, &planned.chosen.strategy);
+    let executable = if options.executable {
+        let bytes = std::fs::read(&options.model).map_err(|error| {
+            Error::Read(Box::new(FileError {
+                path: options.model.display().to_string(),
+                error,
+            }))
+        })?;
+        let model = ralpc_codegen::ModelRef {
+            name: options
+                .model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            blake3: ralpc_codegen::model_hash(&bytes),
+            layers: graph.layers.len() as u32,
+        };
+        Some(
+            ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)
+                .map_err(|e| Error::Plan(Box::new(e)))?,
+        )
+    } else {
+        None
+    };
     let planning_time_us = started.elapsed().as_micros() as u64;
     let report = report(
         options,
@@ -317,7 +344,11 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
         from_file,
         planning_time_us,
     );
-    Ok(PlanOutput { report, strategy })
+    Ok(PlanOutput {
+        report,
+        strategy,
+        executable,
+    })
 }
 
 fn in_file(path: &Path, e: PlanError) -> Error {

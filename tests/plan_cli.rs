@@ -317,3 +317,33 @@ fn an_unwritable_strategy_exits_3_and_leaves_nothing() {
 fn a_mistyped_subcommand_is_a_usage_error() {
     ralpc().args(["plann"]).assert().code(2);
 }
+
+#[test]
+fn out_writes_a_valid_executable_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |sub: &str| {
+        let out = dir.path().join(sub);
+        ralpc()
+            .args(["plan", VGG16, "--gpus", "8", "-o", out.to_str().unwrap()])
+            .assert()
+            .success();
+        std::fs::read_to_string(out.join("plan.json")).unwrap()
+    };
+    let (first, second) = (run("a"), run("b/nested"));
+    assert_eq!(
+        first, second,
+        "plan.json is byte-identical for identical inputs"
+    );
+    let plan = ralpc::codegen::Plan::parse(&first).expect("a valid plan");
+    assert_eq!(plan.ranks, 8);
+    assert_eq!(plan.layers.len(), 22);
+    let model = std::fs::read(common::root().join(VGG16)).unwrap();
+    plan.check_model(&model).expect("made for this model");
+    assert!(plan.check_model(b"something else").is_err());
+    // Every rank computes every layer it hosts, forward and backward.
+    for program in &plan.programs {
+        assert!(program
+            .iter()
+            .any(|i| matches!(i, ralpc::codegen::Instruction::Forward { .. })));
+    }
+}

@@ -17,6 +17,7 @@ Examples:
   ralpc plan model.onnx --gpus 16 --strategy pipeline --schedule gpipe --microbatches 8
   ralpc plan graph.txt --gpus 8 --link-bandwidth 1GB/s --strategy pipeline --schedule async
   ralpc plan model.onnx --gpus 8 --profile a100.prof --write-strategy plan.strategy.json
+  ralpc plan model.onnx --gpus 8 -o out/          # out/plan.json: per-rank instructions
   ralpc plan model.onnx --gpus 8 --strategy-file theirs.strategy.json   # price another plan
 
 Strategies: dp (data parallel on every GPU), burst (each layer its own GPU count),
@@ -80,6 +81,10 @@ pub struct Args {
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,
+    /// Write the executable plan (`plan.json`, format ralpc-plan/1) into this directory
+    /// (created if missing).
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: Option<PathBuf>,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -116,8 +121,18 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
         precision: args.precision.as_deref().map(precision),
         strategy_file: args.strategy_file.clone(),
+        executable: args.out.is_some(),
     };
     let output = ralpc::plan(&options)?;
+    if let (Some(dir), Some(plan)) = (&args.out, &output.executable) {
+        std::fs::create_dir_all(dir).map_err(|error| {
+            ralpc::Error::Write(Box::new(ralpc::FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        ralpc::write_atomically(&dir.join("plan.json"), &plan.to_json())?;
+    }
     if let Some(path) = &args.write_strategy {
         ralpc::write_atomically(path, &output.strategy.to_json())?;
     }

@@ -318,6 +318,11 @@ impl<'a> Costs<'a> {
         state + stash * f64::from(in_flight.max(1))
     }
 
+    /// The optimizer priced.
+    pub fn optimizer(&self) -> Optimizer {
+        self.options.optimizer
+    }
+
     /// The workspace every used GPU reserves.
     pub(crate) fn workspace(&self) -> f64 {
         self.options.workspace_bytes

@@ -117,6 +117,9 @@ impl View {
     }
 }
 
+/// `[lo, hi)` on samples, rows, features.
+type RankBox = [(f64, f64); 3];
+
 fn volume(b: &[(f64, f64); 3]) -> f64 {
     b.iter().map(|(lo, hi)| (hi - lo).max(0.0)).product()
 }
@@ -166,11 +169,75 @@ pub(crate) fn movement(from: &View, to: &View) -> Option<Movement> {
     })
 }
 
+/// One message of a redistribution: `fraction` of the tensor from rank `from` to rank `to`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Transfer {
+    /// Sending rank (absolute).
+    pub from: u32,
+    /// Receiving rank (absolute).
+    pub to: u32,
+    /// Share of the whole tensor.
+    pub fraction: f64,
+}
+
+/// The messages that move a tensor written by a `producer`-kind layer (split `from` on ranks
+/// from `from_first`) to where a `consumer`-kind layer (split `to` from `to_first`) reads
+/// it: every consumer rank receives each piece of its box it does not hold, from one holder
+/// of that piece (holders of a replicated piece take turns, by consumer rank). Ordered by
+/// receiving rank, then sender.
+///
+/// Cost: O(ranks of the consumer × ranks of the producer).
+pub fn transfers(
+    producer: LayerKind,
+    from: (Split, u32),
+    consumer: LayerKind,
+    to: (Split, u32),
+) -> Vec<Transfer> {
+    let held = View::output(producer, from.0, from.1);
+    let needed = View::input(consumer, to.0, to.1);
+    let mut out = Vec::new();
+    for r in 0..needed.ranks() {
+        let need = needed.rank_box(r);
+        let absolute = needed.first + r;
+        let own = (absolute >= held.first && absolute < held.first + held.ranks())
+            .then(|| held.rank_box(absolute - held.first));
+        // Distinct producer boxes meeting the need, each with its holders.
+        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
+        for q in 0..held.ranks() {
+            let b = held.rank_box(q);
+            if volume(&intersect(&need, &b)) < 1e-12 {
+                continue;
+            }
+            match pieces.iter_mut().find(|(x, _)| *x == b) {
+                Some((_, holders)) => holders.push(held.first + q),
+                None => pieces.push((b, vec![held.first + q])),
+            }
+        }
+        for (b, holders) in pieces {
+            if own == Some(b) {
+                continue;
+            }
+            let mut fraction = volume(&intersect(&need, &b));
+            if let Some(o) = own {
+                fraction -= volume(&intersect(&intersect(&need, &b), &o));
+            }
+            if fraction > 1e-12 {
+                out.push(Transfer {
+                    from: holders[r as usize % holders.len()],
+                    to: absolute,
+                    fraction,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// The ranks of the group that all-reduces the gradients of rank index 0's weights: the
 /// ranks holding the same weight slice. Convolutions keep a whole weight per parameter
 /// slice (replicated over samples and rows); a dense layer's weight is cut by input
 /// features too (replicated over samples only).
-pub(crate) fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, f64) {
+pub fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, f64) {
     let (s, a, p) = degrees(split);
     if kind == LayerKind::Dense {
         let ranks = (0..s).map(|si| first + si * a * p).collect();
@@ -183,7 +250,7 @@ pub(crate) fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec
 
 /// The groups that must sum partial results of a row-parallel dense layer (rank index 0's),
 /// with the fraction of the output each holds; `None` when there are no partial sums.
-pub(crate) fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
+pub fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
     let (s, a, p) = degrees(split);
     (kind == LayerKind::Dense && a > 1).then(|| {
         let ranks = (0..a).map(|ai| first + ai * p).collect();
@@ -194,11 +261,7 @@ pub(crate) fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<
 /// The group over which a layer's input gradient is a partial sum, with the fraction of the
 /// input each holds: a layer split by parameters reads its input whole on every parameter
 /// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator).
-pub(crate) fn input_gradient_sums(
-    kind: LayerKind,
-    split: Split,
-    first: u32,
-) -> Option<(Vec<u32>, f64)> {
+pub fn input_gradient_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
     let (s, a, p) = degrees(split);
     (matches!(kind, LayerKind::Conv | LayerKind::Dense) && p > 1).then(|| {
         let ranks = (0..p).map(|pi| first + pi).collect();
@@ -264,6 +327,46 @@ mod tests {
         // Each consumer needs a quarter; each producer sends a half.
         assert!((m.busiest - 0.5).abs() < 1e-12, "{m:?}");
         assert_eq!(m.span, (0, 5));
+    }
+
+    #[test]
+    fn transfers_match_the_movement() {
+        let cases = [
+            (
+                (LayerKind::Conv, split(8, 1, 1), 0),
+                (LayerKind::Dense, split(1, 1, 1), 0),
+            ),
+            (
+                (LayerKind::Conv, split(2, 1, 1), 0),
+                (LayerKind::Conv, split(4, 1, 1), 2),
+            ),
+            (
+                (LayerKind::Conv, split(4, 1, 1), 0),
+                (LayerKind::Dense, split(1, 1, 4), 0),
+            ),
+            (
+                (LayerKind::Dense, split(1, 1, 4), 0),
+                (LayerKind::Dense, split(1, 4, 1), 0),
+            ),
+            (
+                (LayerKind::Dense, split(2, 2, 1), 0),
+                (LayerKind::Conv, split(4, 1, 1), 0),
+            ),
+        ];
+        for ((pk, ps, pf), (ck, cs, cf)) in cases {
+            let list = transfers(pk, (ps, pf), ck, (cs, cf));
+            let m = movement(&View::output(pk, ps, pf), &View::input(ck, cs, cf));
+            let mut incoming = std::collections::BTreeMap::<u32, f64>::new();
+            for t in &list {
+                assert_ne!(t.from, t.to);
+                *incoming.entry(t.to).or_default() += t.fraction;
+            }
+            let busiest_in = incoming.values().copied().fold(0.0, f64::max);
+            match m {
+                None => assert!(list.is_empty(), "{list:?}"),
+                Some(m) => assert!(busiest_in <= m.busiest + 1e-12, "{list:?} vs {m:?}"),
+            }
+        }
     }
 
     #[test]

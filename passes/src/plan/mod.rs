@@ -29,7 +29,9 @@ use serde::{Deserialize, Serialize};
 pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
-pub use layout::splits_freely;
+pub use layout::{
+    input_gradient_sums, partial_sums, splits_freely, transfers, weight_replicas, Transfer,
+};
 pub use search::{plan, Candidate, Planned, Request};
 
 use crate::layers::Split;

@@ -1,0 +1,376 @@
+//! The executable plan, `ralpc-plan/1` (JSON): for every rank, the ordered instructions of
+//! one training iteration, each with the duration the cost model predicts for it.
+//!
+//! ```json
+//! {
+//!   "format": "ralpc-plan/1",
+//!   "model": { "name": "vgg16/model.onnx", "blake3": "…64 hex digits…", "layers": 22 },
+//!   "cluster": "dgx-a100", "ranks": 8, "batch": 32, "microbatches": 1, "schedule": "1f1b",
+//!   "strategy": { …a ralpc-strategy/1 file… },
+//!   "layers": ["/features/features.0/Conv", …],
+//!   "groups": [[0, 1, 2, 3, 4, 5, 6, 7]],
+//!   "programs": [
+//!     [ { "op": "forward", "layer": 0, "microbatch": 0, "us": 98.7 },
+//!       { "op": "send", "to": 1, "bytes": 401408, "tag": 17, "us": 4.7 },
+//!       { "op": "all_reduce", "group": 0, "bytes": 6924, "us": 21.3 },
+//!       { "op": "step", "bytes": 6924, "us": 0.1 } ],
+//!     …one list per rank…
+//!   ],
+//!   "predicted": { "iteration_time_us": 5974.0, "peak_memory_bytes": 1.9e9 }
+//! }
+//! ```
+//!
+//! Instructions (`op`):
+//! * `forward` / `backward` — a layer's compute on one microbatch (its share on this rank);
+//! * `send` / `recv` — a point-to-point message; a send and its receive carry the same
+//!   `tag`, `bytes` and endpoints;
+//! * `all_reduce` — a collective over `groups[group]`: gradient buckets, the partial sums of
+//!   a row-parallel layer, a parameter-split layer's input gradient; every member enters
+//!   a group's collectives in the same order;
+//! * `step` — the optimizer update of `bytes` of this rank's weights.
+//!
+//! [`Plan::parse`] validates everything before a plan is used; [`Plan::check_model`] refuses
+//! a plan made for another model.
+
+use std::collections::BTreeMap;
+
+use ralpc_passes::plan::StrategyFile;
+use serde::{Deserialize, Serialize};
+
+/// The format tag this version writes and reads.
+pub const FORMAT: &str = "ralpc-plan/1";
+
+/// The model a plan was made for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRef {
+    /// Its file name, as given.
+    pub name: String,
+    /// blake3 of the model file's bytes, lower-case hex.
+    pub blake3: String,
+    /// Its placement units.
+    pub layers: u32,
+}
+
+/// One instruction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Instruction {
+    /// A layer's forward pass on one microbatch.
+    Forward {
+        /// Layer index.
+        layer: u32,
+        /// Microbatch.
+        microbatch: u32,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// A layer's backward pass on one microbatch.
+    Backward {
+        /// Layer index.
+        layer: u32,
+        /// Microbatch.
+        microbatch: u32,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// Send a message.
+    Send {
+        /// Receiving rank.
+        to: u32,
+        /// Size.
+        bytes: u64,
+        /// Matches the receive.
+        tag: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// Receive a message.
+    Recv {
+        /// Sending rank.
+        from: u32,
+        /// Size.
+        bytes: u64,
+        /// Matches the send.
+        tag: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// All-reduce over a communicator group.
+    AllReduce {
+        /// Index into [`Plan::groups`].
+        group: u32,
+        /// Size of the reduced tensor.
+        bytes: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// Optimizer update.
+    Step {
+        /// Weight bytes updated on this rank.
+        bytes: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+}
+
+impl Instruction {
+    /// Its predicted duration, µs.
+    pub fn us(&self) -> f64 {
+        match *self {
+            Instruction::Forward { us, .. }
+            | Instruction::Backward { us, .. }
+            | Instruction::Send { us, .. }
+            | Instruction::Recv { us, .. }
+            | Instruction::AllReduce { us, .. }
+            | Instruction::Step { us, .. } => us,
+        }
+    }
+}
+
+/// What the planner predicted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    /// One iteration, µs.
+    pub iteration_time_us: f64,
+    /// The most memory any GPU holds, bytes.
+    pub peak_memory_bytes: f64,
+}
+
+/// An executable plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The model.
+    pub model: ModelRef,
+    /// The cluster's name.
+    pub cluster: String,
+    /// Ranks (GPUs) the plan runs on.
+    pub ranks: u32,
+    /// Global batch.
+    pub batch: u64,
+    /// Microbatches per iteration.
+    pub microbatches: u32,
+    /// The pipeline schedule.
+    pub schedule: String,
+    /// The placement it was lowered from.
+    pub strategy: StrategyFile,
+    /// Layer names, by index.
+    pub layers: Vec<String>,
+    /// Communicator groups, each listed once (sorted ranks).
+    pub groups: Vec<Vec<u32>>,
+    /// Per rank, its instructions in order.
+    pub programs: Vec<Vec<Instruction>>,
+    /// The planner's prediction.
+    pub predicted: Predicted,
+}
+
+/// Why a plan cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanFileError {
+    /// Not JSON of this schema.
+    #[error("not a ralpc plan: {0}")]
+    Malformed(String),
+    /// A format this ralpc does not read.
+    #[error("plan format is \"{found}\"; this ralpc reads \"{FORMAT}\" (a newer ralpc wrote it?)")]
+    Format {
+        /// The file's tag.
+        found: String,
+    },
+    /// Made for another model.
+    #[error("the plan was made for a model with blake3 {expected}; this model's is {found}")]
+    ModelMismatch {
+        /// In the plan.
+        expected: String,
+        /// Of the given model.
+        found: String,
+    },
+    /// An inconsistency, naming where.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// blake3 of `bytes`, lower-case hex.
+pub fn model_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+impl Plan {
+    /// Pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        // Finite numbers, strings and integers always serialize.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
+    /// Parses and validates a plan.
+    ///
+    /// # Errors
+    /// Malformed JSON, a newer format, or any inconsistency [`Plan::validate`] finds.
+    pub fn parse(text: &str) -> Result<Plan, PlanFileError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PlanFileError::Malformed(e.to_string()))?;
+        if let Some(found) = value.get("format").and_then(|f| f.as_str()) {
+            if found != FORMAT {
+                return Err(PlanFileError::Format {
+                    found: found.to_owned(),
+                });
+            }
+        }
+        let plan: Plan =
+            serde_json::from_value(value).map_err(|e| PlanFileError::Malformed(e.to_string()))?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Refuses a plan made for a model whose bytes differ from `model`.
+    ///
+    /// # Errors
+    /// [`PlanFileError::ModelMismatch`].
+    pub fn check_model(&self, model: &[u8]) -> Result<(), PlanFileError> {
+        let found = model_hash(model);
+        if found == self.model.blake3 {
+            Ok(())
+        } else {
+            Err(PlanFileError::ModelMismatch {
+                expected: self.model.blake3.clone(),
+                found,
+            })
+        }
+    }
+
+    /// Checks the plan is self-consistent: ranks and groups in range, every send matched by
+    /// one receive (same endpoints, tag and size), every group's collectives entered by all
+    /// its members in the same order, layers and durations valid.
+    ///
+    /// # Errors
+    /// The first inconsistency, naming the rank and instruction.
+    pub fn validate(&self) -> Result<(), PlanFileError> {
+        let bad = |m: String| Err(PlanFileError::Invalid(m));
+        if self.format != FORMAT {
+            return Err(PlanFileError::Format {
+                found: self.format.clone(),
+            });
+        }
+        if self.programs.len() != self.ranks as usize {
+            return bad(format!(
+                "ranks is {} but there are {} programs",
+                self.ranks,
+                self.programs.len()
+            ));
+        }
+        if self.layers.len() != self.model.layers as usize {
+            return bad(format!(
+                "model.layers is {} but {} layer names are listed",
+                self.model.layers,
+                self.layers.len()
+            ));
+        }
+        for (g, group) in self.groups.iter().enumerate() {
+            if group.len() < 2 || group.windows(2).any(|w| w[0] >= w[1]) {
+                return bad(format!("groups[{g}] must list ≥ 2 distinct ranks in order"));
+            }
+            if let Some(&r) = group.iter().find(|&&r| r >= self.ranks) {
+                return bad(format!(
+                    "groups[{g}] names rank {r}; the plan has {}",
+                    self.ranks
+                ));
+            }
+        }
+        // Messages by (from, to, tag) → bytes; collectives per group per member.
+        let mut sends: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
+        let mut recvs: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
+        let mut entered: BTreeMap<(u32, u32), Vec<u64>> = BTreeMap::new();
+        for (rank, program) in self.programs.iter().enumerate() {
+            let rank = rank as u32;
+            for (i, instr) in program.iter().enumerate() {
+                let at = format!("programs[{rank}][{i}]");
+                let us = instr.us();
+                if !(us.is_finite() && us >= 0.0) {
+                    return bad(format!("{at}: duration {us} µs"));
+                }
+                match *instr {
+                    Instruction::Forward {
+                        layer, microbatch, ..
+                    }
+                    | Instruction::Backward {
+                        layer, microbatch, ..
+                    } => {
+                        if layer >= self.model.layers || microbatch >= self.microbatches {
+                            return bad(format!(
+                                "{at}: layer {layer} / microbatch {microbatch} out of range"
+                            ));
+                        }
+                    }
+                    Instruction::Send { to, bytes, tag, .. } => {
+                        if to >= self.ranks || to == rank {
+                            return bad(format!("{at}: send to rank {to}"));
+                        }
+                        if sends.insert((rank, to, tag), bytes).is_some() {
+                            return bad(format!("{at}: tag {tag} sent twice to rank {to}"));
+                        }
+                    }
+                    Instruction::Recv {
+                        from, bytes, tag, ..
+                    } => {
+                        if from >= self.ranks || from == rank {
+                            return bad(format!("{at}: receive from rank {from}"));
+                        }
+                        if recvs.insert((from, rank, tag), bytes).is_some() {
+                            return bad(format!("{at}: tag {tag} received twice from {from}"));
+                        }
+                    }
+                    Instruction::AllReduce { group, bytes, .. } => {
+                        let Some(members) = self.groups.get(group as usize) else {
+                            return bad(format!("{at}: group {group} does not exist"));
+                        };
+                        if !members.contains(&rank) {
+                            return bad(format!("{at}: rank {rank} is not in group {group}"));
+                        }
+                        entered.entry((group, rank)).or_default().push(bytes);
+                    }
+                    Instruction::Step { .. } => {}
+                }
+            }
+        }
+        for (key, bytes) in &sends {
+            match recvs.get(key) {
+                Some(b) if b == bytes => {}
+                Some(b) => {
+                    return bad(format!(
+                        "message {} → {} tag {}: {bytes} bytes sent, {b} received",
+                        key.0, key.1, key.2
+                    ))
+                }
+                None => {
+                    return bad(format!(
+                        "message {} → {} tag {} is never received",
+                        key.0, key.1, key.2
+                    ))
+                }
+            }
+        }
+        if let Some(key) = recvs.keys().find(|k| !sends.contains_key(k)) {
+            return bad(format!(
+                "rank {} waits for a message from {} (tag {}) that is never sent",
+                key.1, key.0, key.2
+            ));
+        }
+        for (g, members) in self.groups.iter().enumerate() {
+            let g = g as u32;
+            let first = entered.get(&(g, members[0]));
+            for &m in members {
+                if entered.get(&(g, m)) != first {
+                    return bad(format!(
+                        "group {g}: rank {m} does not enter the same collectives as rank {}",
+                        members[0]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
