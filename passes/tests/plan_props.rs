@@ -150,7 +150,8 @@ proptest! {
     #[test]
     fn data_parallel_has_its_closed_form_cost(case in cases()) {
         // On a flat network: Σ compute of each layer's 1/N share, plus one ring all-reduce
-        // of every gradient (one fused bucket: 2(N−1)α + 2(N−1)/N · bytes/β).
+        // of every gradient (one fused bucket: 2(N−1)α + 2(N−1)/N · bytes/β), plus the
+        // optimizer step.
         let link = case.flat.unwrap_or(Link { latency_us: 10.0, bandwidth: 1e11 });
         let graph = synthetic::graph(case.layers, case.batch, case.branchy, case.seed);
         let cluster = Cluster::preset("dgx-a100x2").unwrap().with_flat_network(link);
@@ -167,7 +168,10 @@ proptest! {
             })
             .sum();
         let sync = ring_all_reduce_us(n, link, graph.param_bytes() as f64);
-        let expected = compute + sync;
+        // The optimizer step: weights, gradients and momentum read, weights and momentum
+        // written, at HBM speed.
+        let step = graph.param_bytes() as f64 * 5.0 / cluster.gpu(0).hbm_bandwidth * 1e6;
+        let expected = compute + sync + step;
         let got = dp.chosen.evaluation.iteration_time_us;
         prop_assert!(
             (got - expected).abs() <= 1e-6 * expected,

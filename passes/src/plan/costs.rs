@@ -6,6 +6,7 @@
 //! * gradient synchronization is not overlapped with compute (as PipeDream's and DeepPool's
 //!   planners assume); consecutive layers on the same ranks with the same split share one
 //!   fused all-reduce (a DDP bucket): its latency is paid once, its bandwidth per byte;
+//! * the optimizer step runs after it, memory-bound ([`Costs::step_us`]);
 //! * a tensor that changes placement moves with one α and its busiest rank's bytes at the
 //!   slowest link it spans, forward and (reversed, as gradients) backward.
 
@@ -316,6 +317,13 @@ impl<'a> Costs<'a> {
             / f64::from(split.sample.max(1) * split.attribute.max(1))
             / f64::from(microbatches.max(1));
         state + stash * f64::from(in_flight.max(1))
+    }
+
+    /// The optimizer step on rank `rank` holding `weight_bytes` of weights, µs: it reads
+    /// weights, gradients and optimizer state and writes weights and state, at HBM speed.
+    pub fn step_us(&self, weight_bytes: f64, rank: u32) -> f64 {
+        let moved = weight_bytes * (3.0 + 2.0 * self.options.optimizer.state_factor());
+        moved / self.cluster.gpu(rank).hbm_bandwidth * 1e6
     }
 
     /// The optimizer priced.

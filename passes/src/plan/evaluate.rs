@@ -3,7 +3,7 @@
 //! are always compared under the same costs.
 //!
 //! With `P` stages, `M` microbatches, per-microbatch stage times `tₛ`, cut transfer times
-//! `x꜀` and per-iteration gradient synchronizations `yₛ`:
+//! `x꜀` and per-iteration gradient synchronizations plus optimizer steps `yₛ`:
 //! * synchronous schedules (GPipe, 1F1B): `T = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀) + maxₛ yₛ`
 //!   (the fill and drain, then one microbatch per bottleneck period; the bubble is
 //!   `(P−1)/M` of the steady state when stages are equal);
@@ -46,7 +46,8 @@ pub struct LayerCost {
 pub struct StageCost {
     /// Compute and resharding of one microbatch, µs.
     pub microbatch_us: f64,
-    /// Gradient synchronization per iteration, µs.
+    /// Gradient synchronization and optimizer step per iteration (async: per microbatch),
+    /// µs.
     pub sync_us: f64,
     /// Moving activations into this stage per microbatch (forward and backward), µs.
     pub receive_us: f64,
@@ -99,6 +100,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     ];
     let mut busy_gpu_us = 0.0;
     let mut memory = vec![0.0f64; costs.gpus as usize];
+    let mut weights = vec![0.0f64; costs.gpus as usize];
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
         let stage = &strategy.stages[k];
@@ -139,8 +141,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             0
         };
         let bytes = costs.memory(l, split, m, in_flight, versions);
+        let (_, share) = super::layout::weight_replicas(layer.kind, split, 0);
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
+            weights[r as usize] += layer.param_bytes as f64 * share;
         }
         layers.push(LayerCost {
             forward_us: work.fwd_us,
@@ -148,6 +152,15 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             sync_us,
             transfer_us: transfer,
         });
+    }
+    for (k, stage) in strategy.stages.iter().enumerate() {
+        let mut slowest: f64 = 0.0;
+        for r in stage.first_rank..stage.first_rank + stage.gpus {
+            let step = costs.step_us(weights[r as usize], r);
+            slowest = slowest.max(step);
+            busy_gpu_us += step;
+        }
+        stage_cost[k].sync_us += slowest;
     }
     let mut fits = true;
     let mut peak: f64 = 0.0;

@@ -131,8 +131,11 @@ fn table(costs: &Costs<'_>, l: usize, splits: Vec<Split>, weights: Weights) -> T
         let w = costs.work(l, split, 0, 1);
         let sync = costs.sync(l, split, 0);
         let scale = 1.0 + weights.lambda * f64::from(split.degree());
+        let layer = &costs.graph.layers[l];
+        let (_, share) = super::layout::weight_replicas(layer.kind, split, 0);
+        let step = costs.step_us(layer.param_bytes as f64 * share, 0);
         own.push(
-            (w.fwd_us + w.bwd_us + sync.bandwidth_us) * scale
+            (w.fwd_us + w.bwd_us + sync.bandwidth_us + step) * scale
                 + weights.mu * costs.memory(l, split, 1, 1, 0),
         );
         latency.push(if sync.bandwidth_us > 0.0 {

@@ -213,7 +213,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                             latency + per_byte * params
                         } else {
                             0.0
-                        };
+                        } + costs.step_us(params, first);
                         let send = if last {
                             0.0
                         } else {
