@@ -108,17 +108,24 @@ impl Lowering<'_, '_> {
     }
 
     fn send(&mut self, from: u32, to: u32, bytes: u64, tag: u64) {
-        let us = self.costs.cluster.link(from, to).transfer_us(bytes as f64);
-        self.programs[from as usize].push(Instruction::Send { to, bytes, tag, us });
+        let link = self.costs.cluster.link(from, to);
+        self.programs[from as usize].push(Instruction::Send {
+            to,
+            bytes,
+            tag,
+            us: link.transfer_us(bytes as f64),
+            latency_us: link.latency_us,
+        });
     }
 
     fn recv(&mut self, from: u32, to: u32, bytes: u64, tag: u64) {
-        let us = self.costs.cluster.link(from, to).transfer_us(bytes as f64);
+        let link = self.costs.cluster.link(from, to);
         self.programs[to as usize].push(Instruction::Recv {
             from,
             bytes,
             tag,
-            us,
+            us: link.transfer_us(bytes as f64),
+            latency_us: link.latency_us,
         });
     }
 

@@ -11,7 +11,7 @@
 //!   "groups": [[0, 1, 2, 3, 4, 5, 6, 7]],
 //!   "programs": [
 //!     [ { "op": "forward", "layer": 0, "microbatch": 0, "us": 98.7 },
-//!       { "op": "send", "to": 1, "bytes": 401408, "tag": 17, "us": 4.7 },
+//!       { "op": "send", "to": 1, "bytes": 401408, "tag": 17, "us": 4.7, "latency_us": 3.4 },
 //!       { "op": "all_reduce", "group": 0, "bytes": 6924, "us": 21.3 },
 //!       { "op": "step", "bytes": 6924, "us": 0.1 } ],
 //!     …one list per rank…
@@ -23,7 +23,8 @@
 //! Instructions (`op`):
 //! * `forward` / `backward` — a layer's compute on one microbatch (its share on this rank);
 //! * `send` / `recv` — a point-to-point message; a send and its receive carry the same
-//!   `tag`, `bytes` and endpoints;
+//!   `tag`, `bytes` and endpoints; consecutive messages of one tag on a rank form a group
+//!   that runs concurrently (one `latency_us`);
 //! * `all_reduce` — a collective over `groups[group]`: gradient buckets, the partial sums of
 //!   a row-parallel layer, a parameter-split layer's input gradient; every member enters
 //!   a group's collectives in the same order;
@@ -84,6 +85,9 @@ pub enum Instruction {
         tag: u64,
         /// Predicted µs.
         us: f64,
+        /// The link latency inside `us`: the messages of one tag run as a group (NCCL's
+        /// grouped send/receive) and pay it once.
+        latency_us: f64,
     },
     /// Receive a message.
     Recv {
@@ -95,6 +99,8 @@ pub enum Instruction {
         tag: u64,
         /// Predicted µs.
         us: f64,
+        /// The link latency inside `us`.
+        latency_us: f64,
     },
     /// All-reduce over a communicator group.
     AllReduce {

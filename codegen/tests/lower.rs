@@ -161,6 +161,7 @@ fn the_loader_refuses_what_it_cannot_run() {
         bytes: 8,
         tag: 99,
         us: 1.0,
+        latency_us: 0.0,
     });
     assert!(err(&plan.to_json()).to_string().contains("never sent"));
 

@@ -1,11 +1,12 @@
-//! The minimal executor of ralpc plans: one interpreter of the plan's per-rank instruction
-//! streams with three backends — a simulator whose kernels advance clocks, a CPU backend
-//! (threads as ranks, real numbers; the reference) and a CUDA/NCCL backend.
+//! The minimal plan executor: one interpreter of `ralpc-plan/1` with several backends.
 //!
-//! It depends on `codegen` for the plan types and on `ir`, never on `passes`: every
-//! instruction carries its predicted duration, so the runtime needs no cost model.
-//!
-//! Not built yet: issues #5 (simulator), #6 (CPU) and #7 (CUDA).
+//! Built so far: the simulator ([`sim`]), whose instructions advance clocks by the
+//! durations the plan carries. The CPU and CUDA/NCCL backends are issues #6 and #7. It
+//! depends on codegen's plan types, never on the planner: the plan carries everything.
 #![warn(missing_docs)]
 
+pub mod sim;
+
 pub use ralpc_codegen as codegen;
+
+pub use sim::{simulate, RankTimeline, SimError, Simulation, Span, Stream};

@@ -7,8 +7,9 @@
 //!   planners assume); consecutive layers on the same ranks with the same split share one
 //!   fused all-reduce (a DDP bucket): its latency is paid once, its bandwidth per byte;
 //! * the optimizer step runs after it, memory-bound ([`Costs::step_us`]);
-//! * a tensor that changes placement moves with one α and its busiest rank's bytes at the
-//!   slowest link it spans, forward and (reversed, as gradients) backward.
+//! * a tensor that changes placement moves as one group of point-to-point messages (NCCL
+//!   runs them concurrently): one α and the busiest rank's bytes at the slowest link it
+//!   spans, forward and (reversed, as gradients) backward.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::cell::RefCell;

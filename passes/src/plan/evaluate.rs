@@ -4,9 +4,11 @@
 //!
 //! With `P` stages, `M` microbatches, per-microbatch stage times `tₛ`, cut transfer times
 //! `x꜀` and per-iteration gradient synchronizations plus optimizer steps `yₛ`:
-//! * synchronous schedules (GPipe, 1F1B): `T = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀) + maxₛ yₛ`
-//!   (the fill and drain, then one microbatch per bottleneck period; the bubble is
-//!   `(P−1)/M` of the steady state when stages are equal);
+//! * synchronous schedules (GPipe, 1F1B): the pipeline takes
+//!   `Π = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)` (the fill and drain, then one microbatch per
+//!   bottleneck period; the bubble is `(P−1)/M` of the steady state when stages are equal),
+//!   and stage `k` synchronizes once its last backward is done, before the drain through
+//!   stages `0..k` (their backward parts `bⱼ` and cuts): `T = maxₖ (Π − Σ_{j<k}(bⱼ + x/2) + yₖ)`;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
 //!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state.
 //!
@@ -46,6 +48,8 @@ pub struct LayerCost {
 pub struct StageCost {
     /// Compute and resharding of one microbatch, µs.
     pub microbatch_us: f64,
+    /// Its backward part, µs.
+    pub backward_us: f64,
     /// Gradient synchronization and optimizer step per iteration (async: per microbatch),
     /// µs.
     pub sync_us: f64,
@@ -92,6 +96,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut stage_cost: Vec<StageCost> = vec![
         StageCost {
             microbatch_us: 0.0,
+            backward_us: 0.0,
             sync_us: 0.0,
             receive_us: 0.0,
             memory_bytes: 0.0,
@@ -132,6 +137,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             }
         }
         stage_cost[k].microbatch_us += work.fwd_us + work.bwd_us + transfer;
+        stage_cost[k].backward_us += work.bwd_us + transfer / 2.0;
         stage_cost[k].sync_us += sync_us;
         busy_gpu_us += f64::from(g) * ((work.fwd_us + work.bwd_us) * f64::from(m) + sync_us);
         let in_flight = strategy.schedule.in_flight(m, stages, k);
@@ -222,8 +228,17 @@ impl Schedule {
                     .iter()
                     .map(|s| s.microbatch_us.max(s.receive_us))
                     .fold(0.0, f64::max);
-                let sync = stages.iter().map(|s| s.sync_us).fold(0.0, f64::max);
-                sum + (m - 1.0) * bottleneck + sync
+                // The pipeline drains from the last stage to the first: stage k's last
+                // backward ends the backwards of stages 0..k (and their cuts) earlier, and
+                // its gradients are synchronized from then on.
+                let pipeline = sum + (m - 1.0) * bottleneck;
+                let mut drain = 0.0;
+                let mut end: f64 = 0.0;
+                for (k, s) in stages.iter().enumerate() {
+                    end = end.max(pipeline - drain + s.sync_us);
+                    drain += s.backward_us + stages.get(k + 1).map_or(0.0, |n| n.receive_us / 2.0);
+                }
+                end
             }
             Schedule::Async => {
                 let bottleneck = stages

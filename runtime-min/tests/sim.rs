@@ -1,0 +1,123 @@
+//! The simulator against the planner: the iteration time it finds by running a lowered
+//! plan agrees with the planner's prediction, and it detects plans that cannot run.
+
+use std::path::Path;
+
+use ralpc_codegen::{lower, model_hash, Instruction, ModelRef, Plan};
+use ralpc_passes::cluster::Cluster;
+use ralpc_passes::layers::LayerGraph;
+use ralpc_passes::plan::{self, CostOptions, Costs, Family, Request, Schedule};
+use ralpc_runtime_min::{simulate, SimError};
+
+fn vgg16() -> LayerGraph {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/onnx/vgg16/model.onnx");
+    let mut model = ralpc_ir::onnx::import(&path).unwrap();
+    let bindings = ralpc_ir::Bindings {
+        batch: Some(32),
+        ..Default::default()
+    };
+    ralpc_ir::bind(&mut model.graph, &bindings).unwrap();
+    let info = ralpc_ir::verify(&model.graph).unwrap();
+    ralpc_passes::layers::build(&model.graph, &info, 32, Default::default()).unwrap()
+}
+
+fn model(graph: &LayerGraph) -> ModelRef {
+    ModelRef {
+        name: "vgg16".into(),
+        blake3: model_hash(b"vgg16"),
+        layers: graph.layers.len() as u32,
+    }
+}
+
+#[test]
+fn simulated_time_agrees_with_the_prediction() {
+    let graph = vgg16();
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let costs = Costs::new(&graph, &cluster, 8, CostOptions::default());
+    let cases = [
+        (Family::Dp, None, None),
+        (Family::Burst, None, None),
+        (Family::Soap, None, None),
+        (Family::Pipeline, Some(Schedule::OneFOneB), Some(4)),
+        (Family::Pipeline, Some(Schedule::GPipe), Some(8)),
+        (Family::Pipeline, Some(Schedule::Async), Some(1)),
+    ];
+    println!("VGG16, batch 32, dgx-a100 (8 GPUs): predicted vs simulated iteration");
+    for (family, schedule, microbatches) in cases {
+        let request = Request {
+            family: Some(family),
+            schedule,
+            microbatches,
+            ..Request::default()
+        };
+        let planned = plan::plan(&costs, &request).unwrap();
+        let lowered = lower(&costs, &planned.chosen.strategy, model(&graph)).unwrap();
+        let sim = simulate(&lowered).unwrap();
+        let predicted = planned.chosen.evaluation.iteration_time_us;
+        let ratio = sim.iteration_time_us / predicted;
+        let stages: Vec<String> = planned
+            .chosen
+            .strategy
+            .stages
+            .iter()
+            .map(|s| s.gpus.to_string())
+            .collect();
+        println!(
+            "  {:<9} {:<6} M={:<2} stages {:<7} predicted {:9.3} ms  simulated {:9.3} ms  ratio {ratio:.4}",
+            family.name(),
+            planned.chosen.strategy.schedule.name(),
+            planned.chosen.strategy.microbatches,
+            stages.join("-"),
+            predicted / 1e3,
+            sim.iteration_time_us / 1e3
+        );
+        if schedule == Some(Schedule::Async) {
+            // PipeDream's figure is the steady state across iterations (no flush); one
+            // simulated iteration starts from an empty pipeline, so it can only be slower.
+            assert!(
+                ratio >= 1.0 - 1e-9,
+                "a cold iteration beat the steady state"
+            );
+            continue;
+        }
+        assert!(
+            (ratio - 1.0).abs() <= 0.05,
+            "{family:?} {schedule:?}: simulated {} µs vs predicted {predicted} µs",
+            sim.iteration_time_us
+        );
+    }
+}
+
+#[test]
+fn a_cycle_of_receives_is_a_deadlock() {
+    let graph = vgg16();
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let costs = Costs::new(&graph, &cluster, 2, CostOptions::default());
+    let strategy = plan::Strategy::data_parallel(graph.layers.len(), 2);
+    let mut p: Plan = lower(&costs, &strategy, model(&graph)).unwrap();
+    // Each rank first waits for a message the other sends only afterwards.
+    for (rank, peer) in [(0u32, 1u32), (1, 0)] {
+        let program = &mut p.programs[rank as usize];
+        program.insert(
+            0,
+            Instruction::Recv {
+                from: peer,
+                bytes: 4,
+                tag: 1_000_000,
+                us: 1.0,
+                latency_us: 0.0,
+            },
+        );
+        program.push(Instruction::Send {
+            to: peer,
+            bytes: 4,
+            tag: 1_000_000,
+            us: 1.0,
+            latency_us: 0.0,
+        });
+    }
+    p.validate().expect("matched, so valid on paper");
+    let err = simulate(&p).unwrap_err();
+    assert!(matches!(err, SimError::Deadlock(_)));
+    assert!(err.to_string().contains("rank 0 at instruction 0"), "{err}");
+}
