@@ -32,6 +32,9 @@ pub enum Error {
     /// meets.
     #[error("cannot plan")]
     Plan(#[source] Box<ralpc_passes::plan::PlanError>),
+    /// A bug in ralpc (exit code 101).
+    #[error("internal error (a bug in ralpc; please report it): {0}")]
+    Internal(String),
     /// An input file could not be read.
     #[error("cannot read {}", .0.path)]
     Read(#[source] Box<FileError>),
@@ -65,6 +68,7 @@ impl Error {
             | Error::Plan(_)
             | Error::Read(_) => 1,
             Error::Write(_) => 3,
+            Error::Internal(_) => 101,
         }
     }
 }

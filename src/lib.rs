@@ -38,9 +38,10 @@ pub use cluster::{cluster, ClusterOptions};
 pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
-    plan, write_atomically, CandidateRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
-    SplitRow, StageRow, DEFAULT_BATCH,
+    plan, write_atomically, CandidateRow, Executable, PlacedLayer, PlanOptions, PlanOutput,
+    PlanReport, SplitRow, StageRow, DEFAULT_BATCH,
 };
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;
+pub use ralpc_runtime_min as runtime;

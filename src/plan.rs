@@ -175,8 +175,21 @@ pub struct PlanOutput {
     pub report: PlanReport,
     /// The chosen strategy (what `--write-strategy` writes).
     pub strategy: StrategyFile,
-    /// The executable plan, when asked for.
-    pub executable: Option<ralpc_codegen::Plan>,
+    /// The executable plan and its pictures, when asked for.
+    pub executable: Option<Executable>,
+}
+
+/// The executable plan, simulated, and its visualizations.
+#[derive(Clone, Debug)]
+pub struct Executable {
+    /// The plan (`plan.json`).
+    pub plan: ralpc_codegen::Plan,
+    /// The simulated iteration.
+    pub simulation: ralpc_runtime_min::Simulation,
+    /// The placed layer graph, Graphviz DOT (`plan.dot`).
+    pub dot: String,
+    /// The simulated timeline, Chrome trace JSON (`timeline.json`).
+    pub timeline: String,
 }
 
 /// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
@@ -327,10 +340,32 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
             blake3: ralpc_codegen::model_hash(&bytes),
             layers: graph.layers.len() as u32,
         };
-        Some(
-            ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)
-                .map_err(|e| Error::Plan(Box::new(e)))?,
-        )
+        let plan = ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)
+            .map_err(|e| Error::Plan(Box::new(e)))?;
+        let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
+            // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
+            Error::Internal(format!("the lowered plan does not run: {e}"))
+        })?;
+        let ran: Vec<ralpc_codegen::viz::Ran> = simulation
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(rank, t)| {
+                t.spans.iter().map(move |s| ralpc_codegen::viz::Ran {
+                    rank: rank as u32,
+                    index: s.index,
+                    start_us: s.start_us,
+                    end_us: s.end_us,
+                })
+            })
+            .collect();
+        let node_of = |r: u32| cluster.locate(r).map_or(0, |l| l.node);
+        Some(Executable {
+            dot: ralpc_codegen::viz::dot(&plan, &graph),
+            timeline: ralpc_codegen::viz::trace(&plan, &ran, &node_of),
+            simulation,
+            plan,
+        })
     } else {
         None
     };

@@ -347,3 +347,70 @@ fn out_writes_a_valid_executable_plan() {
             .any(|i| matches!(i, ralpc::codegen::Instruction::Forward { .. })));
     }
 }
+
+#[test]
+fn out_writes_the_graph_and_the_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    ralpc()
+        .args([
+            "plan",
+            VGG16,
+            "--gpus",
+            "8",
+            "--strategy",
+            "pipeline",
+            "--microbatches",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .assert()
+        .success();
+    // The trace: named tracks, one slice per instruction, flows from sends to receives.
+    let trace: Value =
+        serde_json::from_slice(&std::fs::read(out.join("timeline.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let plan =
+        ralpc::codegen::Plan::parse(&std::fs::read_to_string(out.join("plan.json")).unwrap())
+            .unwrap();
+    let instructions: usize = plan.programs.iter().map(Vec::len).sum();
+    let slices = events.iter().filter(|e| e["ph"] == "X").count();
+    assert_eq!(slices, instructions);
+    let starts = events.iter().filter(|e| e["ph"] == "s").count();
+    let ends = events.iter().filter(|e| e["ph"] == "f").count();
+    assert!(
+        starts > 0 && starts == ends,
+        "{starts} flow starts, {ends} ends"
+    );
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "M" && e["args"]["name"] == "GPU 0 communication"));
+    // The DOT file: one node per layer, and Graphviz accepts it.
+    let dot = std::fs::read_to_string(out.join("plan.dot")).unwrap();
+    assert_eq!(dot.matches("fillcolor=").count(), 22);
+    assert!(
+        dot.contains("subgraph cluster_stage1"),
+        "a pipeline has two stages or more"
+    );
+    match std::process::Command::new("dot")
+        .args(["-Tsvg", out.join("plan.dot").to_str().unwrap()])
+        .output()
+    {
+        Ok(svg) => {
+            assert!(
+                svg.status.success(),
+                "{}",
+                String::from_utf8_lossy(&svg.stderr)
+            );
+            assert!(
+                out.join("plan.svg").exists(),
+                "ralpc renders plan.svg when dot exists"
+            );
+        }
+        Err(_) if std::env::var_os("CI").is_none() => {
+            eprintln!("NOTE: Graphviz `dot` is not installed: plan.dot was not rendered");
+        }
+        Err(e) => panic!("CI installs Graphviz (.ci/run), but `dot` did not run: {e}"),
+    }
+}

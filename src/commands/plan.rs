@@ -81,8 +81,9 @@ pub struct Args {
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,
-    /// Write the executable plan (`plan.json`, format ralpc-plan/1) into this directory
-    /// (created if missing).
+    /// Write the executable plan (`plan.json`, format ralpc-plan/1), the placed graph
+    /// (`plan.dot`, and `plan.svg` when Graphviz is installed) and the simulated timeline
+    /// (`timeline.json`, open it in ui.perfetto.dev) into this directory.
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print one JSON object instead of the summary.
@@ -124,14 +125,17 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         executable: args.out.is_some(),
     };
     let output = ralpc::plan(&options)?;
-    if let (Some(dir), Some(plan)) = (&args.out, &output.executable) {
+    if let (Some(dir), Some(exe)) = (&args.out, &output.executable) {
         std::fs::create_dir_all(dir).map_err(|error| {
             ralpc::Error::Write(Box::new(ralpc::FileError {
                 path: dir.display().to_string(),
                 error,
             }))
         })?;
-        ralpc::write_atomically(&dir.join("plan.json"), &plan.to_json())?;
+        ralpc::write_atomically(&dir.join("plan.json"), &exe.plan.to_json())?;
+        ralpc::write_atomically(&dir.join("plan.dot"), &exe.dot)?;
+        ralpc::write_atomically(&dir.join("timeline.json"), &exe.timeline)?;
+        render_svg(&dir.join("plan.dot"), &dir.join("plan.svg"));
     }
     if let Some(path) = &args.write_strategy {
         ralpc::write_atomically(path, &output.strategy.to_json())?;
@@ -140,7 +144,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         // Strings and finite numbers always serialize.
         serde_json::to_string_pretty(&output.report).unwrap_or_default() + "\n"
     } else {
-        summary(&output.report)
+        summary(
+            &output.report,
+            output
+                .executable
+                .as_ref()
+                .map(|e| e.simulation.iteration_time_us),
+        )
     };
     super::print_stdout(&text);
     Ok(())
@@ -154,7 +164,7 @@ fn gib(bytes: f64) -> String {
     format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
 }
 
-fn summary(r: &PlanReport) -> String {
+fn summary(r: &PlanReport, simulated_us: Option<f64>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -253,6 +263,29 @@ fn summary(r: &PlanReport) -> String {
             );
         }
     }
+    if let Some(t) = simulated_us {
+        let _ = writeln!(
+            out,
+            "\nsimulated iteration: {} ({:+.1}% from the prediction)",
+            ms(t),
+            (t / r.iteration_time_us - 1.0) * 100.0
+        );
+    }
     let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
     out
+}
+
+/// Renders `plan.svg` with Graphviz's `dot` when it is installed (a missing `dot` is not an
+/// error: the DOT file is the artifact; a failing one leaves no partial SVG).
+fn render_svg(dot: &std::path::Path, svg: &std::path::Path) {
+    let rendered = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .arg(dot)
+        .output();
+    if let Ok(out) = rendered {
+        if out.status.success() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let _ = ralpc::write_atomically(svg, &text);
+        }
+    }
 }

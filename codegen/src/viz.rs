@@ -1,0 +1,250 @@
+//! The plan's pictures: the placed layer graph (Graphviz DOT) and the timeline of an
+//! iteration (Chrome trace event JSON, which Perfetto and chrome://tracing open).
+//!
+//! Both are deterministic: the same plan and timeline give byte-identical files.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use ralpc_passes::layers::{LayerGraph, Producer};
+use serde::Serialize;
+
+use crate::plan::{Instruction, Plan};
+
+/// Fill colours for device groups (ColorBrewer Set3, readable under black text).
+const PALETTE: [&str; 12] = [
+    "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+    "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f",
+];
+
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn size(bytes: f64) -> String {
+    for (scale, unit) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
+        if bytes >= scale as f64 {
+            return format!("{:.1} {unit}", bytes / scale as f64);
+        }
+    }
+    format!("{bytes:.0} B")
+}
+
+/// The placed layer graph: one box per stage, layers coloured by device group (the ranks
+/// and split they run on), edges labelled with the bytes they carry per iteration.
+pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
+    let file = &plan.strategy;
+    let split_of = |l: usize| -> (u32, u32, u32, u32) {
+        let entry = file.layers.get(l);
+        let g = entry.and_then(|e| e.gpus).unwrap_or(1);
+        let s = entry.and_then(|e| e.split);
+        s.map_or((g, g, 1, 1), |s| (g, s.sample, s.attribute, s.parameter))
+    };
+    // Stage of each layer from the file's stage names.
+    let index: BTreeMap<&str, usize> = graph
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name.as_str(), i))
+        .collect();
+    let mut stage_of = vec![0usize; graph.layers.len()];
+    for (k, s) in file.stages.iter().enumerate() {
+        let (Some(&a), Some(&b)) = (
+            index.get(s.first_layer.as_str()),
+            index.get(s.last_layer.as_str()),
+        ) else {
+            continue;
+        };
+        for slot in stage_of.iter_mut().take(b + 1).skip(a) {
+            *slot = k;
+        }
+    }
+    let mut groups: BTreeMap<(usize, (u32, u32, u32, u32)), usize> = BTreeMap::new();
+    let mut out = String::new();
+    let _ = writeln!(out, "digraph plan {{");
+    let _ = writeln!(out, "  rankdir=TB;");
+    let _ = writeln!(
+        out,
+        "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", fontsize=10];"
+    );
+    let _ = writeln!(out, "  edge [fontname=\"Helvetica\", fontsize=8];");
+    for (k, s) in file.stages.iter().enumerate() {
+        let _ = writeln!(out, "  subgraph cluster_stage{k} {{");
+        let _ = writeln!(
+            out,
+            "    label=\"stage {k}: {} GPUs\"; style=dashed;",
+            s.replicas
+        );
+        for (l, layer) in graph.layers.iter().enumerate() {
+            if stage_of[l] != k {
+                continue;
+            }
+            let key = (k, split_of(l));
+            let next = groups.len();
+            let colour = PALETTE[*groups.entry(key).or_insert(next) % PALETTE.len()];
+            let (g, sa, a, p) = key.1;
+            let _ = writeln!(
+                out,
+                "    l{l} [label=\"{}\\n{}\\n{g} GPU{} ({sa}×{a}×{p})\", fillcolor=\"{colour}\"];",
+                escape(&layer.name),
+                escape(&layer.op),
+                if g == 1 { "" } else { "s" }
+            );
+        }
+        let _ = writeln!(out, "  }}");
+    }
+    for (c, layer) in graph.layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let _ = writeln!(
+                    out,
+                    "  l{} -> l{c} [label=\"{}\"];",
+                    p.0,
+                    size(e.bytes as f64)
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "}}");
+    out
+}
+
+/// One instruction as it ran (what a simulator or executor reports).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ran {
+    /// Its rank.
+    pub rank: u32,
+    /// Its index in the rank's program.
+    pub index: usize,
+    /// Start, µs.
+    pub start_us: f64,
+    /// End, µs.
+    pub end_us: f64,
+}
+
+#[derive(Serialize)]
+struct Event {
+    name: String,
+    ph: &'static str,
+    pid: u32,
+    tid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ts: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dur: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cat: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bp: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args: Option<BTreeMap<&'static str, serde_json::Value>>,
+}
+
+impl Event {
+    fn new(name: String, ph: &'static str, pid: u32, tid: u32) -> Event {
+        Event {
+            name,
+            ph,
+            pid,
+            tid,
+            ts: None,
+            dur: None,
+            cat: None,
+            id: None,
+            bp: None,
+            args: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Trace {
+    #[serde(rename = "traceEvents")]
+    events: Vec<Event>,
+    #[serde(rename = "displayTimeUnit")]
+    unit: &'static str,
+}
+
+/// The timeline of one iteration in Chrome's trace event format: one process per node
+/// (`node_of(rank)`), two tracks per GPU (compute, communication: Perfetto does not show
+/// overlapping slices on one track), and a flow arrow from each send to its receive.
+pub fn trace(plan: &Plan, ran: &[Ran], node_of: &dyn Fn(u32) -> u32) -> String {
+    let mut events = Vec::new();
+    let mut nodes: BTreeMap<u32, ()> = BTreeMap::new();
+    for rank in 0..plan.ranks {
+        let node = node_of(rank);
+        if nodes.insert(node, ()).is_none() {
+            let mut e = Event::new("process_name".into(), "M", node, 0);
+            e.args = Some(BTreeMap::from([("name", format!("node {node}").into())]));
+            events.push(e);
+        }
+        for (track, what) in [(0, "compute"), (1, "communication")] {
+            let mut e = Event::new("thread_name".into(), "M", node, rank * 2 + track);
+            e.args = Some(BTreeMap::from([(
+                "name",
+                format!("GPU {rank} {what}").into(),
+            )]));
+            events.push(e);
+        }
+    }
+    let name = |l: u32| plan.layers.get(l as usize).cloned().unwrap_or_default();
+    // Flow ids: one per message, from the send's slice to the receive's.
+    let mut flows: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
+    for r in ran {
+        let Some(instr) = plan
+            .programs
+            .get(r.rank as usize)
+            .and_then(|p| p.get(r.index))
+        else {
+            continue;
+        };
+        let node = node_of(r.rank);
+        let (label, track, cat) = match instr {
+            Instruction::Forward {
+                layer, microbatch, ..
+            } => (format!("F {} mb{microbatch}", name(*layer)), 0, "forward"),
+            Instruction::Backward {
+                layer, microbatch, ..
+            } => (format!("B {} mb{microbatch}", name(*layer)), 0, "backward"),
+            Instruction::Step { bytes, .. } => (format!("step {}", size(*bytes as f64)), 0, "step"),
+            Instruction::Send { to, bytes, .. } => {
+                (format!("send {} → {to}", size(*bytes as f64)), 1, "send")
+            }
+            Instruction::Recv { from, bytes, .. } => {
+                (format!("recv {} ← {from}", size(*bytes as f64)), 1, "recv")
+            }
+            Instruction::AllReduce { group, bytes, .. } => (
+                format!("all-reduce {} (group {group})", size(*bytes as f64)),
+                1,
+                "all_reduce",
+            ),
+        };
+        let tid = r.rank * 2 + track;
+        let mut e = Event::new(label, "X", node, tid);
+        e.ts = Some(r.start_us);
+        e.dur = Some(r.end_us - r.start_us);
+        e.cat = Some(cat);
+        events.push(e);
+        let flow = match *instr {
+            Instruction::Send { to, tag, .. } => Some(((r.rank, to, tag), "s", r.start_us)),
+            Instruction::Recv { from, tag, .. } => Some(((from, r.rank, tag), "f", r.end_us)),
+            _ => None,
+        };
+        if let Some((key, ph, ts)) = flow {
+            let next = flows.len() as u64;
+            let id = *flows.entry(key).or_insert(next);
+            let mut f = Event::new("transfer".into(), ph, node, tid);
+            f.ts = Some(ts);
+            f.id = Some(id);
+            f.cat = Some("transfer");
+            if ph == "f" {
+                f.bp = Some("e");
+            }
+            events.push(f);
+        }
+    }
+    // Finite floats, strings and integers always serialize.
+    serde_json::to_string(&Trace { events, unit: "ms" }).unwrap_or_default() + "\n"
+}
