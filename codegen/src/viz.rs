@@ -30,11 +30,14 @@ fn size(bytes: f64) -> String {
     format!("{bytes:.0} B")
 }
 
+/// A layer's GPUs and SOAP degrees: (gpus, sample, attribute, parameter).
+type Degrees = (u32, u32, u32, u32);
+
 /// The placed layer graph: one box per stage, layers coloured by device group (the ranks
 /// and split they run on), edges labelled with the bytes they carry per iteration.
 pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
     let file = &plan.strategy;
-    let split_of = |l: usize| -> (u32, u32, u32, u32) {
+    let split_of = |l: usize| -> Degrees {
         let entry = file.layers.get(l);
         let g = entry.and_then(|e| e.gpus).unwrap_or(1);
         let s = entry.and_then(|e| e.split);
@@ -59,7 +62,7 @@ pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
             *slot = k;
         }
     }
-    let mut groups: BTreeMap<(usize, (u32, u32, u32, u32)), usize> = BTreeMap::new();
+    let mut groups: BTreeMap<(usize, Degrees), usize> = BTreeMap::new();
     let mut out = String::new();
     let _ = writeln!(out, "digraph plan {{");
     let _ = writeln!(out, "  rankdir=TB;");
