@@ -190,6 +190,130 @@ pub struct Executable {
     pub dot: String,
     /// The simulated timeline, Chrome trace JSON (`timeline.json`).
     pub timeline: String,
+    /// Every instruction as the simulator ran it.
+    pub ran: Vec<ralpc_codegen::viz::Ran>,
+}
+
+/// Renders Graphviz DOT to SVG with the `dot` program, when it is installed.
+pub fn render_svg(dot: &str) -> Option<String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    child.stdin.take()?.write_all(dot.as_bytes()).ok()?;
+    let out = child.wait_with_output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3} ms", us / 1e3)
+}
+
+/// The self-contained HTML report of a plan: summary, placement table, simulated timeline
+/// and the placed graph (`graph_svg`, or the DOT source without Graphviz).
+pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<String>) -> String {
+    let simulated = exe.simulation.iteration_time_us;
+    let summary = vec![
+        ("model".into(), report.model.clone()),
+        (
+            "cluster".into(),
+            format!(
+                "{} ({} GPUs used of {})",
+                report.cluster, report.gpus_used, report.gpus
+            ),
+        ),
+        ("global batch".into(), report.batch.to_string()),
+        (
+            "plan".into(),
+            format!(
+                "{}, {} stage(s), {} microbatch(es), {}",
+                report.strategy,
+                report.stages.len(),
+                report.microbatches,
+                report.schedule
+            ),
+        ),
+        ("predicted iteration".into(), ms(report.iteration_time_us)),
+        (
+            "simulated iteration".into(),
+            format!(
+                "{} ({:+.1}%)",
+                ms(simulated),
+                (simulated / report.iteration_time_us - 1.0) * 100.0
+            ),
+        ),
+        (
+            "data parallel".into(),
+            format!(
+                "{} (this plan is {:.2}× faster)",
+                ms(report.dp_iteration_time_us),
+                report.speedup_over_dp
+            ),
+        ),
+        (
+            "one GPU".into(),
+            format!(
+                "{} (this plan is {:.2}× faster)",
+                ms(report.single_gpu_time_us),
+                report.single_gpu_time_us / report.iteration_time_us
+            ),
+        ),
+        (
+            "GPU-sec amplification".into(),
+            format!("{:.2}", report.gpu_sec_amplification),
+        ),
+        (
+            "peak memory per GPU".into(),
+            format!("{:.2} GiB", report.peak_memory_bytes / (1u64 << 30) as f64),
+        ),
+        (
+            "lower bound".into(),
+            format!(
+                "{} (the plan takes {:.2}× it)",
+                ms(report.lower_bound_us),
+                report.iteration_time_us / report.lower_bound_us.max(1e-9)
+            ),
+        ),
+    ];
+    let columns = [
+        "layer", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows = report
+        .layers
+        .iter()
+        .map(|l| {
+            vec![
+                l.name.clone(),
+                l.op.clone(),
+                l.gpus.to_string(),
+                format!(
+                    "{}×{}×{}",
+                    l.split.sample, l.split.attribute, l.split.parameter
+                ),
+                l.stage.to_string(),
+                ms(l.forward_us + l.backward_us),
+                ms(l.sync_us),
+                ms(l.transfer_us),
+            ]
+        })
+        .collect();
+    let input = ralpc_codegen::report::ReportInput {
+        title: format!("ralpc plan: {} on {}", report.model, report.cluster),
+        summary,
+        columns,
+        rows,
+        graph_svg,
+        graph_dot: exe.dot.clone(),
+    };
+    ralpc_codegen::report::report(&input, &exe.plan, &exe.ran)
 }
 
 /// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
@@ -363,6 +487,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
         Some(Executable {
             dot: ralpc_codegen::viz::dot(&plan, &graph),
             timeline: ralpc_codegen::viz::trace(&plan, &ran, &node_of),
+            ran,
             simulation,
             plan,
         })

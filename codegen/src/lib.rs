@@ -3,12 +3,13 @@
 //!
 //! Built so far: the plan schema with its validating loader ([`plan`]), the lowering
 //! ([`lower`]) and two visualizations ([`viz`]: the placed graph as Graphviz DOT, the
-//! timeline as a Chrome/Perfetto trace). Buffers with lifetimes, collective recognition in
-//! resharding and the HTML report are still to come (issue #5).
+//! timeline as a Chrome/Perfetto trace) and the HTML report ([`report`]). Buffers with
+//! lifetimes and collective recognition in resharding are still to come (issue #5).
 #![warn(missing_docs)]
 
 pub mod lower;
 pub mod plan;
+pub mod report;
 pub mod viz;
 
 pub use lower::lower;

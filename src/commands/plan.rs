@@ -82,8 +82,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,
     /// Write the executable plan (`plan.json`, format ralpc-plan/1), the placed graph
-    /// (`plan.dot`, and `plan.svg` when Graphviz is installed) and the simulated timeline
-    /// (`timeline.json`, open it in ui.perfetto.dev) into this directory.
+    /// (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated timeline
+    /// (`timeline.json`, open it in ui.perfetto.dev) and `report.html` into this directory.
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print one JSON object instead of the summary.
@@ -135,7 +135,12 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         ralpc::write_atomically(&dir.join("plan.json"), &exe.plan.to_json())?;
         ralpc::write_atomically(&dir.join("plan.dot"), &exe.dot)?;
         ralpc::write_atomically(&dir.join("timeline.json"), &exe.timeline)?;
-        render_svg(&dir.join("plan.dot"), &dir.join("plan.svg"));
+        let svg = ralpc::render_svg(&exe.dot);
+        if let Some(svg) = &svg {
+            ralpc::write_atomically(&dir.join("plan.svg"), svg)?;
+        }
+        let html = ralpc::report_html(&output.report, exe, svg);
+        ralpc::write_atomically(&dir.join("report.html"), &html)?;
     }
     if let Some(path) = &args.write_strategy {
         ralpc::write_atomically(path, &output.strategy.to_json())?;
@@ -273,19 +278,4 @@ fn summary(r: &PlanReport, simulated_us: Option<f64>) -> String {
     }
     let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
     out
-}
-
-/// Renders `plan.svg` with Graphviz's `dot` when it is installed (a missing `dot` is not an
-/// error: the DOT file is the artifact; a failing one leaves no partial SVG).
-fn render_svg(dot: &std::path::Path, svg: &std::path::Path) {
-    let rendered = std::process::Command::new("dot")
-        .arg("-Tsvg")
-        .arg(dot)
-        .output();
-    if let Ok(out) = rendered {
-        if out.status.success() {
-            let text = String::from_utf8_lossy(&out.stdout);
-            let _ = ralpc::write_atomically(svg, &text);
-        }
-    }
 }

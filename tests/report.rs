@@ -1,0 +1,99 @@
+//! `report.html` as a reader sees it: rendered by headless Chromium (Debian's `chromium`,
+//! which `.ci/run` installs), the screenshot is not blank and the page logs no errors.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok())
+}
+
+/// Distinct colours in a PNG (RGB or RGBA, 8-bit), sampled every 7th pixel.
+fn colours(path: &Path) -> usize {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let mut seen = std::collections::BTreeSet::new();
+    for px in buf[..info.buffer_size()].chunks(channels).step_by(7) {
+        seen.insert(px[..3.min(px.len())].to_vec());
+    }
+    seen.len()
+}
+
+#[test]
+fn the_report_renders_in_headless_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut ralpc = assert_cmd::Command::cargo_bin("ralpc").unwrap();
+    ralpc
+        .current_dir(common::root())
+        .args([
+            "plan",
+            "fixtures/onnx/vgg16/model.onnx",
+            "--gpus",
+            "8",
+            "-o",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let report = out.join("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    // Self-contained: nothing fetched from anywhere.
+    for needle in ["http://", "https://", "<script", "<link"] {
+        let outside_svg = html.replace("http://www.w3.org", "");
+        assert!(
+            !outside_svg.contains(needle),
+            "report.html contains {needle}"
+        );
+    }
+    for needle in ["Summary", "predicted iteration", "Placement", "<svg"] {
+        assert!(html.contains(needle), "{needle} missing");
+    }
+    let Some(browser) = chromium() else {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI installs Chromium (.ci/run), but it did not run");
+        }
+        eprintln!("NOTE: Chromium is not installed: report.html was not rendered");
+        return;
+    };
+    let shot = dir.path().join("shot.png");
+    let profile = dir.path().join("profile");
+    let run = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1200,900",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", report.display()))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(shot.exists(), "no screenshot; chromium said:\n{log}");
+    let console: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .collect();
+    assert!(
+        console.is_empty(),
+        "console output:\n{}",
+        console.join("\n")
+    );
+    assert!(colours(&shot) > 4, "the screenshot is blank");
+}
