@@ -34,7 +34,7 @@ pub enum Error {
     Plan(#[source] Box<ralpc_passes::plan::PlanError>),
     /// A bug in ralpc (exit code 101).
     #[error("internal error (a bug in ralpc; please report it): {0}")]
-    Internal(String),
+    Internal(Box<String>),
     /// An input file could not be read.
     #[error("cannot read {}", .0.path)]
     Read(#[source] Box<FileError>),

@@ -468,7 +468,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
             .map_err(|e| Error::Plan(Box::new(e)))?;
         let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
             // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
-            Error::Internal(format!("the lowered plan does not run: {e}"))
+            Error::Internal(Box::new(format!("the lowered plan does not run: {e}")))
         })?;
         let ran: Vec<ralpc_codegen::viz::Ran> = simulation
             .ranks
