@@ -121,6 +121,15 @@ pub enum Instruction {
 }
 
 impl Instruction {
+    /// Whether it runs on the compute stream (forward, backward, step) rather than the
+    /// communication stream.
+    pub fn is_compute(&self) -> bool {
+        matches!(
+            self,
+            Instruction::Forward { .. } | Instruction::Backward { .. } | Instruction::Step { .. }
+        )
+    }
+
     /// Its predicted duration, µs.
     pub fn us(&self) -> f64 {
         match *self {
@@ -206,6 +215,11 @@ pub fn model_hash(bytes: &[u8]) -> String {
 }
 
 impl Plan {
+    /// Instruction `index` of `rank`'s program.
+    pub fn instruction(&self, rank: u32, index: usize) -> Option<&Instruction> {
+        self.programs.get(rank as usize)?.get(index)
+    }
+
     /// Pretty JSON with a trailing newline.
     pub fn to_json(&self) -> String {
         // Finite numbers, strings and integers always serialize.

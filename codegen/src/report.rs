@@ -69,20 +69,11 @@ fn gantt(plan: &Plan, ran: &[Ran]) -> String {
         );
     }
     for r in ran.iter().filter(|r| r.rank < ranks) {
-        let Some(instr) = plan
-            .programs
-            .get(r.rank as usize)
-            .and_then(|p| p.get(r.index))
-        else {
+        let Some(instr) = plan.instruction(r.rank, r.index) else {
             continue;
         };
         let (colour, what) = style(instr);
-        let lane = match instr {
-            Instruction::Forward { .. }
-            | Instruction::Backward { .. }
-            | Instruction::Step { .. } => 0.0,
-            _ => 1.0,
-        };
+        let lane = if instr.is_compute() { 0.0 } else { 1.0 };
         let x = left + r.start_us / end * width;
         let w = ((r.end_us - r.start_us) / end * width).max(0.5);
         let y = f64::from(r.rank) * 2.0 * row + lane * row;

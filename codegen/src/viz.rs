@@ -196,11 +196,7 @@ pub fn trace(plan: &Plan, ran: &[Ran], node_of: &dyn Fn(u32) -> u32) -> String {
     // Flow ids: one per message, from the send's slice to the receive's.
     let mut flows: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
     for r in ran {
-        let Some(instr) = plan
-            .programs
-            .get(r.rank as usize)
-            .and_then(|p| p.get(r.index))
-        else {
+        let Some(instr) = plan.instruction(r.rank, r.index) else {
             continue;
         };
         let node = node_of(r.rank);
