@@ -16,6 +16,11 @@
 //!       { "op": "step", "bytes": 6924, "us": 0.1 } ],
 //!     …one list per rank…
 //!   ],
+//!   "buffers": [
+//!     [ { "kind": "activation", "layer": 0, "microbatch": 0, "bytes": 12845056,
+//!         "writes": [0], "reads": [1, 57], "live": [0, 57] }, … ],
+//!     …one list per rank…
+//!   ],
 //!   "predicted": { "iteration_time_us": 5974.0, "peak_memory_bytes": 1.9e9 }
 //! }
 //! ```
@@ -29,6 +34,16 @@
 //!   a row-parallel layer, a parameter-split layer's input gradient; every member enters
 //!   a group's collectives in the same order;
 //! * `step` — the optimizer update of `bytes` of this rank's weights.
+//!
+//! Buffers (`buffers[rank]`) name the memory each rank's instructions use, by instruction
+//! index: which write it, which read it, and `live: [first, last]` — allocated before
+//! instruction `first` runs and freed after `last`. Weights, gradients, optimizer state,
+//! stashed weight versions and the workspace live for the whole program; activations
+//! (written by a forward, read by sends and the backward), received messages and input
+//! gradients live from their first write to their last read. Each rank's peak memory
+//! follows from the instruction order ([`Plan::peak_memory_bytes`]), and the simulator
+//! derives every data dependency from them (an instruction waits for the last earlier
+//! writer of each buffer it reads).
 //!
 //! [`Plan::parse`] validates everything before a plan is used; [`Plan::check_model`] refuses
 //! a plan made for another model.
@@ -143,6 +158,64 @@ impl Instruction {
     }
 }
 
+/// What a buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferKind {
+    /// A layer's weight slice.
+    Weights,
+    /// Its gradient, accumulated over microbatches.
+    Gradients,
+    /// Its optimizer state (momentum, …).
+    OptimizerState,
+    /// Weight copies an asynchronous stage stashes for in-flight microbatches.
+    WeightVersions,
+    /// Scratch space for kernels.
+    Workspace,
+    /// What a forward keeps for its backward (its output and what it stashes).
+    Activation,
+    /// A message's payload.
+    Received,
+    /// The gradient a backward computes for the layer's inputs.
+    InputGradient,
+}
+
+impl BufferKind {
+    /// Whether it lives for the whole program.
+    pub fn persistent(self) -> bool {
+        matches!(
+            self,
+            BufferKind::Weights
+                | BufferKind::Gradients
+                | BufferKind::OptimizerState
+                | BufferKind::WeightVersions
+                | BufferKind::Workspace
+        )
+    }
+}
+
+/// Memory one rank's instructions use.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Buffer {
+    /// What it holds.
+    pub kind: BufferKind,
+    /// The layer it belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<u32>,
+    /// The microbatch it belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatch: Option<u32>,
+    /// Size.
+    pub bytes: u64,
+    /// Instructions that write it, ascending indices into the rank's program.
+    pub writes: Vec<u32>,
+    /// Instructions that read it, ascending.
+    pub reads: Vec<u32>,
+    /// Allocated before instruction `live[0]`, freed after `live[1]`.
+    pub live: [u32; 2],
+}
+
 /// What the planner predicted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +252,8 @@ pub struct Plan {
     pub groups: Vec<Vec<u32>>,
     /// Per rank, its instructions in order.
     pub programs: Vec<Vec<Instruction>>,
+    /// Per rank, the buffers its instructions use.
+    pub buffers: Vec<Vec<Buffer>>,
     /// The planner's prediction.
     pub predicted: Predicted,
 }
@@ -218,6 +293,31 @@ impl Plan {
     /// Instruction `index` of `rank`'s program.
     pub fn instruction(&self, rank: u32, index: usize) -> Option<&Instruction> {
         self.programs.get(rank as usize)?.get(index)
+    }
+
+    /// Each rank's peak memory, bytes: the most its live buffers hold at once in program
+    /// order.
+    ///
+    /// Cost: O(buffers + instructions).
+    pub fn peak_memory_bytes(&self) -> Vec<u64> {
+        self.programs
+            .iter()
+            .zip(&self.buffers)
+            .map(|(program, buffers)| {
+                let mut delta = vec![0i128; program.len() + 1];
+                for b in buffers {
+                    let [first, last] = b.live.map(|i| (i as usize).min(program.len()));
+                    delta[first] += i128::from(b.bytes);
+                    delta[(last + 1).min(program.len())] -= i128::from(b.bytes);
+                }
+                let (mut live, mut peak) = (0i128, 0i128);
+                for d in delta {
+                    live += d;
+                    peak = peak.max(live);
+                }
+                u64::try_from(peak).unwrap_or(u64::MAX)
+            })
+            .collect()
     }
 
     /// Pretty JSON with a trailing newline.
@@ -391,6 +491,58 @@ impl Plan {
                 }
             }
         }
+        if self.buffers.len() != self.programs.len() {
+            return bad(format!(
+                "there are {} programs but {} buffer lists",
+                self.programs.len(),
+                self.buffers.len()
+            ));
+        }
+        for (rank, (program, buffers)) in self.programs.iter().zip(&self.buffers).enumerate() {
+            for (i, b) in buffers.iter().enumerate() {
+                check_buffer(b, program.len()).map_err(|m| {
+                    PlanFileError::Invalid(format!("buffers[{rank}][{i}] ({:?}): {m}", b.kind))
+                })?;
+            }
+        }
         Ok(())
     }
+}
+
+/// Checks one buffer against its rank's program of `len` instructions.
+fn check_buffer(b: &Buffer, len: usize) -> Result<(), String> {
+    let [first, last] = b.live;
+    if first > last || last as usize >= len {
+        return Err(format!(
+            "live range [{first}, {last}] is not within the program's {len} instructions"
+        ));
+    }
+    for (what, list) in [("writes", &b.writes), ("reads", &b.reads)] {
+        if list.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("{what} must be ascending"));
+        }
+        if let Some(&i) = list.iter().find(|&&i| i < first || i > last) {
+            let when = if i < first {
+                "before it is allocated"
+            } else {
+                "after it is freed"
+            };
+            return Err(format!("instruction {i} {what} it {when}"));
+        }
+    }
+    if b.kind.persistent() {
+        if first != 0 || last as usize + 1 != len {
+            return Err("a persistent buffer lives for the whole program".to_owned());
+        }
+    } else {
+        let Some(&written) = b.writes.first() else {
+            return Err("it is never written".to_owned());
+        };
+        if let Some(&read) = b.reads.first().filter(|&&r| r <= written) {
+            return Err(format!(
+                "instruction {read} reads it before it is written (first at {written})"
+            ));
+        }
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //! is deterministic, and the loader refuses what it must.
 
 use proptest::prelude::*;
-use ralpc_codegen::{lower, model_hash, Instruction, ModelRef, Plan, PlanFileError};
+use ralpc_codegen::{lower, model_hash, BufferKind, Instruction, ModelRef, Plan, PlanFileError};
 use ralpc_passes::cluster::{Cluster, Link};
 use ralpc_passes::layers::LayerGraph;
 use ralpc_passes::plan::{self, CostOptions, Costs, Family, Request, Schedule, Strategy};
@@ -53,6 +53,19 @@ proptest! {
                 prop_assert_eq!(b, strategy.microbatches as usize);
             }
         }
+        // Peak memory from the instruction order: what the planner counts plus transient
+        // messages and input gradients (one asynchronous iteration holds fewer microbatches
+        // than PipeDream's steady state), and within memory when the planner says it fits.
+        let peaks = lowered.peak_memory_bytes();
+        let peak = peaks.iter().copied().max().unwrap_or(0) as f64;
+        let predicted = lowered.predicted.peak_memory_bytes;
+        prop_assert!(peak <= predicted * 1.05, "peak {peak} vs predicted {predicted}");
+        if schedule != Schedule::Async {
+            prop_assert!(peak >= predicted * (1.0 - 1e-9), "peak {peak} vs predicted {predicted}");
+        }
+        for (r, &p) in peaks.iter().enumerate() {
+            prop_assert!(p as f64 <= costs.capacity(r as u32) * 1.05, "rank {r} holds {p} bytes");
+        }
         let text = lowered.to_json();
         let back = Plan::parse(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(back == lowered, "the plan changed through JSON");
@@ -73,16 +86,30 @@ fn two_stage() -> (LayerGraph, Cluster) {
 }
 
 #[test]
-fn data_parallel_syncs_one_bucket_and_steps_everywhere() {
+fn data_parallel_overlaps_its_buckets_with_backward_and_steps_everywhere() {
     let (graph, cluster) = two_stage();
     let costs = Costs::new(&graph, &cluster, 4, CostOptions::default());
     let strategy = Strategy::data_parallel(graph.layers.len(), 4);
+    let evaluation = plan::evaluate(&costs, &strategy).unwrap();
+    let buckets = evaluation.stages[0].buckets as usize;
+    assert!(
+        buckets > 1,
+        "a fast network splits the gradients into buckets"
+    );
     let lowered = lower(&costs, &strategy, model(&graph)).unwrap();
     assert_eq!(lowered.groups, vec![vec![0, 1, 2, 3]]);
     for r in 0..4 {
         let program = &lowered.programs[r];
         let reduces = count(&lowered, r, |i| matches!(i, Instruction::AllReduce { .. }));
-        assert_eq!(reduces, 1, "one fused bucket");
+        assert_eq!(reduces, buckets, "one all-reduce per bucket");
+        // The first bucket leaves before the last backward: it overlaps.
+        let first_reduce = program
+            .iter()
+            .position(|i| matches!(i, Instruction::AllReduce { .. }));
+        let last_backward = program
+            .iter()
+            .rposition(|i| matches!(i, Instruction::Backward { .. }));
+        assert!(first_reduce < last_backward);
         assert!(matches!(program.last(), Some(Instruction::Step { .. })));
         assert_eq!(
             count(&lowered, r, |i| matches!(i, Instruction::Send { .. })),
@@ -150,7 +177,11 @@ fn the_loader_refuses_what_it_cannot_run() {
     assert!(err(&plan.to_json()).to_string().contains("names rank 7"));
 
     let mut plan = good.clone();
-    plan.programs[1].retain(|i| !matches!(i, Instruction::AllReduce { .. }));
+    for i in &mut plan.programs[1] {
+        if let Instruction::AllReduce { bytes, .. } = i {
+            *bytes += 1;
+        }
+    }
     assert!(err(&plan.to_json())
         .to_string()
         .contains("same collectives"));
@@ -164,6 +195,28 @@ fn the_loader_refuses_what_it_cannot_run() {
         latency_us: 0.0,
     });
     assert!(err(&plan.to_json()).to_string().contains("never sent"));
+
+    // Buffers: dangling, read before written, read after freed.
+    let activation = |plan: &mut Plan| -> usize {
+        plan.buffers[0]
+            .iter()
+            .position(|b| b.kind == BufferKind::Activation && !b.reads.is_empty())
+            .unwrap()
+    };
+    let mut plan = good.clone();
+    let a = activation(&mut plan);
+    plan.buffers[0][a].live[1] = 100_000;
+    assert!(err(&plan.to_json()).to_string().contains("not within the program"));
+    let mut plan = good.clone();
+    let a = activation(&mut plan);
+    let b = &mut plan.buffers[0][a];
+    b.reads.insert(0, b.writes[0]);
+    assert!(err(&plan.to_json()).to_string().contains("before it is written"));
+    let mut plan = good.clone();
+    let a = activation(&mut plan);
+    let b = &mut plan.buffers[0][a];
+    b.live[1] = b.reads[b.reads.len() - 1] - 1;
+    assert!(err(&plan.to_json()).to_string().contains("after it is freed"));
 
     assert!(matches!(
         err("{\"format\": \"ralpc-plan/1\", \"ranks\": 1}"),

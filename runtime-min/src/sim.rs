@@ -5,15 +5,17 @@
 //! Each rank has a compute stream (forward, backward, step) and a full-duplex
 //! communication stream (sends one after another, receives one after another, both at
 //! once, as NCCL's grouped send/receive runs them; an all-reduce holds both), and issues
-//! its instructions in program order:
-//! * compute waits for its stream and for every receive and all-reduce issued before it
-//!   on the rank (its inputs, partial sums and gradients);
+//! its instructions in program order. Data dependencies come from the plan's buffers: an
+//! instruction waits for the last earlier writer of every buffer it reads.
+//! * compute waits for its stream and its dependencies;
 //! * consecutive sends (or receives) of one tag form a group that runs concurrently, as
 //!   NCCL's grouped send/receive does: one latency, then the bandwidth parts in turn;
-//! * a send group waits for its stream and for the compute before it (the data it sends);
-//!   the sender does not wait for the receiver (buffered);
+//! * a send group waits for its stream and the dependencies of its messages (the data it
+//!   sends); the sender does not wait for the receiver (buffered);
 //! * a receive group starts once all its sends have started and its stream is free;
-//! * an all-reduce starts when every member of its group has reached it.
+//! * an all-reduce starts when every member of its group has reached it with its streams
+//!   free and its dependencies done; so gradient buckets overlap the backward that
+//!   follows them.
 //!
 //! Links are not shared between concurrent transfers yet: each message takes its
 //! predicted time. A plan whose ranks wait on each other in a cycle is reported as a
@@ -87,10 +89,33 @@ struct Clock {
     compute_free: f64,
     send_free: f64,
     recv_free: f64,
-    /// End of the latest receive or all-reduce (compute waits for it).
-    inputs_ready: f64,
-    /// End of the latest compute (sends wait for it).
-    last_compute: f64,
+}
+
+/// Per rank and instruction, the earlier instructions it depends on: for every buffer it
+/// reads, the last write before it.
+fn dependencies(plan: &Plan) -> Vec<Vec<Vec<u32>>> {
+    plan.programs
+        .iter()
+        .zip(&plan.buffers)
+        .map(|(program, buffers)| {
+            let mut deps: Vec<Vec<u32>> = vec![Vec::new(); program.len()];
+            for b in buffers {
+                for &read in &b.reads {
+                    let before = b.writes.partition_point(|&w| w < read);
+                    if let Some(&w) = before.checked_sub(1).and_then(|i| b.writes.get(i)) {
+                        if let Some(d) = deps.get_mut(read as usize) {
+                            d.push(w);
+                        }
+                    }
+                }
+            }
+            for d in &mut deps {
+                d.sort_unstable();
+                d.dedup();
+            }
+            deps
+        })
+        .collect()
 }
 
 /// Runs `plan` (already validated) with clocks.
@@ -104,6 +129,19 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
     let mut pc = vec![0usize; n];
     let mut clocks = vec![Clock::default(); n];
     let mut spans: Vec<Vec<Span>> = vec![Vec::new(); n];
+    let deps = dependencies(plan);
+    // When each instruction ended, by rank and index (NaN until it has run).
+    let mut ended: Vec<Vec<f64>> = plan
+        .programs
+        .iter()
+        .map(|p| vec![f64::NAN; p.len()])
+        .collect();
+    let ready = |ended: &[Vec<f64>], rank: usize, index: usize| -> f64 {
+        deps[rank][index]
+            .iter()
+            .map(|&d| ended[rank][d as usize])
+            .fold(0.0, f64::max)
+    };
     // When each message's send started, by (from, to, tag).
     let mut sent: BTreeMap<(u32, u32, u64), f64> = BTreeMap::new();
     // Arrival times at each group's current collective, by group.
@@ -128,9 +166,9 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                     Instruction::Forward { .. }
                     | Instruction::Backward { .. }
                     | Instruction::Step { .. } => {
-                        let start = c.compute_free.max(c.inputs_ready);
+                        let start = c.compute_free.max(ready(&ended, rank, index));
                         c.compute_free = start + us;
-                        c.last_compute = start + us;
+                        ended[rank][index] = start + us;
                         spans[rank].push(span(Stream::Compute, start));
                     }
                     Instruction::Send { tag, .. } | Instruction::Recv { tag, .. } => {
@@ -149,7 +187,9 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                             .unwrap_or(program.len());
                         let group = &program[index..end];
                         let start = if sending {
-                            c.send_free.max(c.last_compute)
+                            (index..end)
+                                .map(|j| ready(&ended, rank, j))
+                                .fold(c.send_free, f64::max)
                         } else {
                             let mut ready = c.recv_free;
                             for m in group {
@@ -193,12 +233,12 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                                 start_us: start,
                                 end_us: finish,
                             });
+                            ended[rank][index + j] = finish;
                         }
                         if sending {
                             c.send_free = finish;
                         } else {
                             c.recv_free = finish;
-                            c.inputs_ready = c.inputs_ready.max(finish);
                         }
                         pc[rank] = end;
                         done += group.len();
@@ -206,9 +246,9 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                         continue;
                     }
                     Instruction::AllReduce { group, .. } => {
-                        let ready = c.send_free.max(c.recv_free).max(c.last_compute);
+                        let arrived = c.send_free.max(c.recv_free).max(ready(&ended, rank, index));
                         let waiting = arrivals.entry(group).or_default();
-                        waiting.insert(rank as u32, ready);
+                        waiting.insert(rank as u32, arrived);
                         let members = &plan.groups[group as usize];
                         if waiting.len() < members.len() {
                             break;
@@ -221,7 +261,7 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                             let mc = &mut clocks[m];
                             mc.send_free = start + us;
                             mc.recv_free = start + us;
-                            mc.inputs_ready = mc.inputs_ready.max(start + us);
+                            ended[m][pc[m]] = start + us;
                             spans[m].push(Span {
                                 index: pc[m],
                                 stream: Stream::Communication,

@@ -333,7 +333,7 @@ impl<'a> Costs<'a> {
     }
 
     /// The workspace every used GPU reserves.
-    pub(crate) fn workspace(&self) -> f64 {
+    pub fn workspace(&self) -> f64 {
         self.options.workspace_bytes
     }
 }

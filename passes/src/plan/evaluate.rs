@@ -3,7 +3,9 @@
 //! are always compared under the same costs.
 //!
 //! With `P` stages, `M` microbatches, per-microbatch stage times `tₛ`, cut transfer times
-//! `x꜀` and per-iteration gradient synchronizations plus optimizer steps `yₛ`:
+//! `x꜀` and per-iteration exposed gradient synchronizations plus optimizer steps `yₛ`
+//! (gradients are all-reduced in buckets launched during the last backward pass, see
+//! [`buckets`]; only the part that outlasts that pass is exposed):
 //! * synchronous schedules (GPipe, 1F1B): the pipeline takes
 //!   `Π = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)` (the fill and drain, then one microbatch per
 //!   bottleneck period; the bubble is `(P−1)/M` of the steady state when stages are equal),
@@ -26,6 +28,7 @@
 
 use serde::Serialize;
 
+use super::buckets::{buckets, Bucket, BUCKET_CAPS};
 use super::costs::{Costs, Sync};
 use super::{PlanError, Schedule, Strategy};
 use crate::layers::Producer;
@@ -50,13 +53,17 @@ pub struct StageCost {
     pub microbatch_us: f64,
     /// Its backward part, µs.
     pub backward_us: f64,
-    /// Gradient synchronization and optimizer step per iteration (async: per microbatch),
-    /// µs.
+    /// Gradient synchronization not hidden behind the last backward pass, plus the
+    /// optimizer step, per iteration (async: per microbatch), µs.
     pub sync_us: f64,
     /// Moving activations into this stage per microbatch (forward and backward), µs.
     pub receive_us: f64,
     /// The most memory any of its GPUs holds, bytes.
     pub memory_bytes: f64,
+    /// Gradient all-reduces (buckets) per iteration.
+    pub buckets: u32,
+    /// The bucket size cap chosen, bytes; `None`: one bucket per replica group.
+    pub bucket_bytes: Option<f64>,
 }
 
 /// A strategy's predicted figures.
@@ -100,10 +107,13 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             sync_us: 0.0,
             receive_us: 0.0,
             memory_bytes: 0.0,
+            buckets: 0,
+            bucket_bytes: None,
         };
         stages
     ];
     let mut busy_gpu_us = 0.0;
+    let mut syncs = Vec::with_capacity(graph.layers.len());
     let mut memory = vec![0.0f64; costs.gpus as usize];
     let mut weights = vec![0.0f64; costs.gpus as usize];
     for (l, layer) in graph.layers.iter().enumerate() {
@@ -112,9 +122,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let split = strategy.layers[l];
         let g = split.degree();
         let work = costs.work(l, split, stage.first_rank, m);
-        let sync = costs.sync(l, split, stage.first_rank);
-        let continues = l > 0 && stage_of[l - 1] == k && strategy.layers[l - 1] == split;
-        let sync_us = bucket_sync(sync, continues);
+        syncs.push(costs.sync(l, split, stage.first_rank));
         let mut transfer = 0.0;
         for edge in &layer.inputs {
             let Producer::Layer(p) = edge.from else {
@@ -138,8 +146,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         }
         stage_cost[k].microbatch_us += work.fwd_us + work.bwd_us + transfer;
         stage_cost[k].backward_us += work.bwd_us + transfer / 2.0;
-        stage_cost[k].sync_us += sync_us;
-        busy_gpu_us += f64::from(g) * ((work.fwd_us + work.bwd_us) * f64::from(m) + sync_us);
+        busy_gpu_us += f64::from(g) * (work.fwd_us + work.bwd_us) * f64::from(m);
         let in_flight = strategy.schedule.in_flight(m, stages, k);
         let versions = if strategy.schedule == Schedule::Async {
             in_flight - 1
@@ -155,7 +162,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         layers.push(LayerCost {
             forward_us: work.fwd_us,
             backward_us: work.bwd_us,
-            sync_us,
+            sync_us: 0.0,
             transfer_us: transfer,
         });
     }
@@ -166,7 +173,29 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             slowest = slowest.max(step);
             busy_gpu_us += step;
         }
-        stage_cost[k].sync_us += slowest;
+        // The bucketing that hides the most: small buckets overlap backward, big ones pay
+        // the all-reduce latency fewer times.
+        let (exposed, chosen) = BUCKET_CAPS
+            .into_iter()
+            .map(|cap| {
+                let bs = buckets(graph, strategy, stage, cap);
+                (bucket_times(&bs, &syncs, &layers, stage).0, bs)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap_or_default();
+        for b in &chosen {
+            for l in b.layers.clone() {
+                layers[l].sync_us = bucket_layer_us(b, l, &syncs);
+            }
+        }
+        // Synchronization hidden behind backward costs no GPU time; the exposed tail
+        // holds the GPUs of the last bucket.
+        if let Some(last) = chosen.last() {
+            busy_gpu_us += exposed * f64::from(last.all.end - last.all.start);
+        }
+        stage_cost[k].sync_us = exposed + slowest;
+        stage_cost[k].buckets = chosen.len() as u32;
+        stage_cost[k].bucket_bytes = chosen_cap(&chosen);
     }
     let mut fits = true;
     let mut peak: f64 = 0.0;
@@ -198,13 +227,48 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     })
 }
 
-/// A layer's gradient synchronization: its bandwidth part, plus the latency when it opens
-/// a new fused bucket (the previous layer is elsewhere or split differently).
-pub(crate) fn bucket_sync(sync: Sync, continues: bool) -> f64 {
-    if sync.bandwidth_us <= 0.0 {
-        return 0.0;
+/// Layer `l`'s part of bucket `b`'s all-reduce: its bandwidth part, plus the latency on
+/// the layer that launches the bucket (its earliest).
+fn bucket_layer_us(b: &Bucket, l: usize, syncs: &[Sync]) -> f64 {
+    let s = syncs[l];
+    s.bandwidth_us
+        + if l == *b.layers.start() {
+            s.latency_us
+        } else {
+            0.0
+        }
+}
+
+/// How long a stage's gradient all-reduces run past the end of its last backward pass,
+/// and each bucket's all-reduce time.
+///
+/// In that pass layer `l`'s backward ends `Σ_{j ≥ l}(bⱼ + xⱼ/2)` after it starts; a bucket
+/// is launched when its earliest layer is done and runs on the communication stream, one
+/// bucket after another.
+pub(crate) fn bucket_times(
+    buckets: &[Bucket],
+    syncs: &[Sync],
+    layers: &[LayerCost],
+    stage: &super::Stage,
+) -> (f64, Vec<f64>) {
+    let mut computed = 0.0;
+    let mut communicated: f64 = 0.0;
+    let mut times = Vec::with_capacity(buckets.len());
+    let mut next = buckets.iter().peekable();
+    for l in (stage.first_layer..=stage.last_layer).rev() {
+        computed += layers[l].backward_us + layers[l].transfer_us / 2.0;
+        while let Some(b) = next.next_if(|b| *b.layers.start() == l) {
+            let us: f64 = b.layers.clone().map(|j| bucket_layer_us(b, j, syncs)).sum();
+            times.push(us);
+            communicated = communicated.max(computed) + us;
+        }
     }
-    sync.bandwidth_us + if continues { 0.0 } else { sync.latency_us }
+    ((communicated - computed).max(0.0), times)
+}
+
+/// The cap a bucketing used: `None` when unbounded.
+fn chosen_cap(buckets: &[Bucket]) -> Option<f64> {
+    buckets.first().and_then(|b| b.cap)
 }
 
 impl Schedule {

@@ -109,6 +109,11 @@ impl View {
         [piece(si, s), cut(self.rows), cut(self.features)]
     }
 
+    /// The fraction of the tensor each rank holds (every rank's box has the same volume).
+    pub fn share(&self) -> f64 {
+        volume(&self.rank_box(0))
+    }
+
     /// Whether every rank holds a different box (no axis left whole while ranks vary it).
     fn replication(&self) -> u32 {
         let (_, a, p) = self.split;
@@ -231,6 +236,11 @@ pub fn transfers(
         }
     }
     out
+}
+
+/// The fraction of its input each rank of a `kind` layer under `split` reads.
+pub fn input_share(kind: LayerKind, split: Split) -> f64 {
+    View::input(kind, split, 0).share()
 }
 
 /// The ranks of the group that all-reduces the gradients of rank index 0's weights: the

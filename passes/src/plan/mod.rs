@@ -16,6 +16,7 @@
 //! worse than any family it contains because every family's result is priced by the same
 //! [`evaluate`].
 
+mod buckets;
 mod costs;
 mod evaluate;
 mod file;
@@ -26,11 +27,13 @@ mod search;
 
 use serde::{Deserialize, Serialize};
 
+pub use buckets::{buckets, Bucket, BUCKET_CAPS};
 pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
 pub use layout::{
-    input_gradient_sums, partial_sums, splits_freely, transfers, weight_replicas, Transfer,
+    input_gradient_sums, input_share, partial_sums, splits_freely, transfers, weight_replicas,
+    Transfer,
 };
 pub use search::{plan, Candidate, Planned, Request};
 

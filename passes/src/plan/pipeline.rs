@@ -105,6 +105,8 @@ fn coarsen(costs: &Costs<'_>, cuts: &[usize], most: usize) -> Vec<usize> {
 struct Tables {
     /// Per width index: prefix sums of per-microbatch compute.
     compute: Vec<Vec<f64>>,
+    /// Per width index: prefix sums of per-microbatch backward compute.
+    backward: Vec<Vec<f64>>,
     params: Vec<f64>,
     stash: Vec<f64>,
     /// Bytes entering each layer from earlier layers (for a cut before it).
@@ -182,8 +184,20 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         0.0
                     };
                     let compute = &tables.compute[wi];
+                    let backward = &tables.backward[wi];
+                    // Segment-sized gradient buckets launched during the last backward:
+                    // the all-reduces outlast it by max over q of (all-reduce time of
+                    // segments i..=q − backward of segments i..q) (see `evaluate`).
+                    let (mut all_reduced, mut backward_before, mut overlapped) =
+                        (0.0, 0.0, f64::NEG_INFINITY);
                     for j in i..k {
                         let end = segs[j].1;
+                        let seg_params = tables.params[end + 1] - tables.params[segs[j].0];
+                        if w > 1 && seg_params > 0.0 {
+                            all_reduced += latency + per_byte * seg_params;
+                        }
+                        overlapped = f64::max(overlapped, all_reduced - backward_before);
+                        backward_before += backward[end + 1] - backward[segs[j].0];
                         let last = j + 1 == k;
                         if last != (d == 0) || (last && w != m) {
                             continue;
@@ -209,11 +223,13 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                             continue;
                         }
                         let t = compute[end + 1] - compute[start];
-                        let sync = if w > 1 && params > 0.0 {
+                        let one_bucket = if w > 1 && params > 0.0 {
                             latency + per_byte * params
                         } else {
                             0.0
-                        } + costs.step_us(params, first);
+                        };
+                        let sync =
+                            one_bucket.min(overlapped.max(0.0)) + costs.step_us(params, first);
                         let send = if last {
                             0.0
                         } else {
@@ -321,8 +337,13 @@ fn tables(costs: &Costs<'_>, widths: &[u32], microbatches: u32) -> Tables {
             })
         })
         .collect();
+    let backward = widths
+        .iter()
+        .map(|&w| prefix(&|l| costs.work(l, Split::samples(w), 0, microbatches).bwd_us))
+        .collect();
     Tables {
         compute,
+        backward,
         params: prefix(&|l| layers[l].param_bytes as f64),
         stash: prefix(&|l| layers[l].stash_bytes as f64),
         cut_bytes: crossing_bytes(costs),

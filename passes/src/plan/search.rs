@@ -153,6 +153,31 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         }
         candidates.extend(best);
     }
+    // Every family contains data parallelism (one stage, every layer on every GPU): when
+    // its search, which prices gradient synchronization without overlap, misses a faster
+    // plan there, data parallelism is its answer.
+    let dp_admissible = data_parallel.fits
+        && budget.is_none_or(|b| data_parallel.gpu_sec_amplification <= b + 1e-9);
+    // (A pipeline asked for with a schedule or microbatch count keeps them.)
+    let free_pipeline = request.schedule.is_none() && request.microbatches.is_none();
+    for f in [Family::Burst, Family::Soap, Family::Pipeline] {
+        if !wants(f) || !dp_admissible || (f == Family::Pipeline && !free_pipeline) {
+            continue;
+        }
+        let beaten = |c: &Candidate| {
+            c.family == f
+                && c.evaluation.fits
+                && c.evaluation.iteration_time_us <= data_parallel.iteration_time_us
+        };
+        if !candidates.iter().any(beaten) {
+            candidates.retain(|c| c.family != f);
+            candidates.push(Candidate {
+                family: f,
+                strategy: dp_strategy.clone(),
+                evaluation: data_parallel.clone(),
+            });
+        }
+    }
     for c in &candidates {
         smallest_need = smallest_need.min(c.evaluation.peak_memory_bytes);
     }

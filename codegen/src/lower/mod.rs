@@ -1,0 +1,591 @@
+//! Lowering a strategy into per-rank instruction streams.
+//!
+//! Each stage's ranks run its microbatches in the schedule's order (GPipe: every forward,
+//! then every backward; 1F1B and PipeDream's asynchronous schedule: `P−k−1` warm-up
+//! forwards at stage `k`, then one forward and one backward alternately, then the
+//! remaining backwards). For one microbatch:
+//! * **forward**, layer by layer: receive the parts of each input the rank does not hold
+//!   (exact box intersections, [`transfers`]), compute, sum a row-parallel layer's partial
+//!   outputs, and send what later stages read;
+//! * **backward**, in reverse: receive the output's gradient from later stages, compute, sum
+//!   a parameter-split layer's input gradient over its slices, and send input gradients back
+//!   along the forward messages, reversed.
+//!
+//! The gradients are all-reduced in buckets ([`buckets`], the evaluator's choice of size),
+//! each launched in the last backward pass as soon as its earliest layer is done, so that
+//! it overlaps the rest of backward; then the optimizer step — once per iteration for the
+//! synchronous schedules, after every backward pass for the asynchronous one.
+//!
+//! Every instruction records the buffers it reads and writes ([`buffers`]), which give
+//! each rank's memory over time and every data dependency.
+//!
+//! A message's tag is `((edge · M + microbatch) · 2 + direction)`, with edges numbered over
+//! all (consumer, input) pairs, so a send and its receive agree without a global order.
+
+mod buffers;
+
+use std::collections::BTreeMap;
+
+use ralpc_passes::cost::Comm;
+use ralpc_passes::layers::{Producer, Split};
+use ralpc_passes::plan::{
+    buckets, evaluate, input_gradient_sums, input_share, partial_sums, transfers, weight_replicas,
+    Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile, Transfer,
+};
+
+use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, FORMAT};
+use buffers::{Key, Tracker};
+
+/// A stage's work item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    Forward(u32),
+    Backward(u32),
+}
+
+/// The order of one stage's passes.
+fn order(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<Pass> {
+    let m = microbatches;
+    match schedule {
+        Schedule::GPipe => (0..m)
+            .map(Pass::Forward)
+            .chain((0..m).map(Pass::Backward))
+            .collect(),
+        Schedule::OneFOneB | Schedule::Async => {
+            let warm = ((stages - k - 1) as u32).min(m);
+            let mut out: Vec<Pass> = (0..warm).map(Pass::Forward).collect();
+            for i in 0..m - warm {
+                out.push(Pass::Forward(warm + i));
+                out.push(Pass::Backward(i));
+            }
+            out.extend((m - warm..m).map(Pass::Backward));
+            out
+        }
+    }
+}
+
+struct Edge {
+    producer: usize,
+    consumer: usize,
+    bytes: f64,
+}
+
+struct Lowering<'c, 'a> {
+    costs: &'c Costs<'a>,
+    strategy: &'c Strategy,
+    comm: Comm<'a>,
+    stage_of: Vec<usize>,
+    edges: Vec<Edge>,
+    programs: Vec<Vec<Instruction>>,
+    groups: BTreeMap<Vec<u32>, u32>,
+    /// Per layer, forward and backward µs per microbatch (the evaluator's).
+    forward_us: Vec<f64>,
+    backward_us: Vec<f64>,
+    /// Optimizer state bytes per weight byte.
+    optimizer_state: f64,
+    /// Per edge, its forward messages.
+    messages: Vec<Vec<Transfer>>,
+    /// Per stage, its gradient buckets in launch order.
+    buckets: Vec<Vec<Bucket>>,
+    buffers: Tracker,
+}
+
+impl Lowering<'_, '_> {
+    fn place(&self, l: usize) -> (Split, u32) {
+        (
+            self.strategy.layers[l],
+            self.strategy.stages[self.stage_of[l]].first_rank,
+        )
+    }
+
+    fn ranks(&self, l: usize) -> std::ops::Range<u32> {
+        let (split, first) = self.place(l);
+        first..first + split.degree()
+    }
+
+    /// The messages of edge `ei` (computed once per edge).
+    fn messages(&self, ei: usize) -> Vec<Transfer> {
+        self.messages[ei].clone()
+    }
+
+    fn tag(&self, edge: usize, microbatch: u32, backward: bool) -> u64 {
+        (edge as u64 * u64::from(self.strategy.microbatches) + u64::from(microbatch)) * 2
+            + u64::from(backward)
+    }
+
+    fn bytes(&self, e: &Edge, t: &Transfer) -> u64 {
+        (t.fraction * e.bytes / f64::from(self.strategy.microbatches)).round() as u64
+    }
+
+    /// Appends `instruction` to `rank`'s program; its index.
+    fn push(&mut self, rank: u32, instruction: Instruction) -> usize {
+        let program = &mut self.programs[rank as usize];
+        program.push(instruction);
+        program.len() - 1
+    }
+
+    /// A message of `tag` from `from`, which reads `source` there.
+    fn send(&mut self, from: u32, to: u32, bytes: u64, tag: u64, source: Key) {
+        let link = self.costs.cluster.link(from, to);
+        let at = self.push(
+            from,
+            Instruction::Send {
+                to,
+                bytes,
+                tag,
+                us: link.transfer_us(bytes as f64),
+                latency_us: link.latency_us,
+            },
+        );
+        self.buffers.read(from, source, at);
+    }
+
+    /// A message of `tag` into `to`, written to `target` there.
+    fn recv(&mut self, from: u32, to: u32, bytes: u64, tag: u64, target: Key) {
+        let link = self.costs.cluster.link(from, to);
+        let at = self.push(
+            to,
+            Instruction::Recv {
+                from,
+                bytes,
+                tag,
+                us: link.transfer_us(bytes as f64),
+                latency_us: link.latency_us,
+            },
+        );
+        self.buffers.grow(to, target, bytes as f64);
+        self.buffers.write(to, target, at);
+    }
+
+    /// An all-reduce of `bytes` over every group of `groups` (each a list of ranks), in
+    /// place on the buffers `data` of each member.
+    fn all_reduce(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
+        for mut ranks in groups {
+            ranks.sort_unstable();
+            if ranks.len() < 2 || bytes <= 0.0 {
+                continue;
+            }
+            let us = self.comm.all_reduce(&ranks, bytes).us;
+            let next = self.groups.len() as u32;
+            let group = *self.groups.entry(ranks.clone()).or_insert(next);
+            for &r in &ranks {
+                let at = self.push(
+                    r,
+                    Instruction::AllReduce {
+                        group,
+                        bytes: bytes.round() as u64,
+                        us,
+                    },
+                );
+                for &key in data {
+                    self.buffers.read(r, key, at);
+                    self.buffers.write(r, key, at);
+                }
+            }
+        }
+    }
+
+    /// The copies of rank 0's group (`ranks`) that together cover `all`: the same pattern
+    /// shifted to each rank not yet in a copy.
+    fn copies(ranks: &[u32], all: std::ops::Range<u32>) -> Vec<Vec<u32>> {
+        let mut used = vec![false; (all.end - all.start) as usize];
+        let mut out = Vec::new();
+        for start in all.clone() {
+            if used[(start - all.start) as usize] {
+                continue;
+            }
+            let shift = start - ranks[0];
+            let copy: Vec<u32> = ranks.iter().map(|r| r + shift).collect();
+            if copy
+                .iter()
+                .any(|&r| r >= all.end || used[(r - all.start) as usize])
+            {
+                continue;
+            }
+            for &r in &copy {
+                used[(r - all.start) as usize] = true;
+            }
+            out.push(copy);
+        }
+        out
+    }
+
+    /// The bytes of layer `l`'s activation one of its ranks keeps per microbatch.
+    fn activation_bytes(&self, l: usize) -> f64 {
+        let layer = &self.costs.graph.layers[l];
+        let split = self.strategy.layers[l];
+        layer.stash_bytes as f64
+            / f64::from(split.sample.max(1) * split.attribute.max(1))
+            / f64::from(self.strategy.microbatches)
+    }
+
+    /// The bytes of layer `l`'s input gradient one of its ranks computes per microbatch.
+    fn input_gradient_bytes(&self, l: usize) -> f64 {
+        let layer = &self.costs.graph.layers[l];
+        let share = input_share(layer.kind, self.strategy.layers[l]);
+        self.edges
+            .iter()
+            .filter(|e| e.consumer == l)
+            .map(|e| e.bytes * share / f64::from(self.strategy.microbatches))
+            .sum()
+    }
+
+    fn forward(&mut self, k: usize, mb: u32) {
+        let stage = self.strategy.stages[k];
+        for l in stage.first_layer..=stage.last_layer {
+            // Inputs from this stage move now; from earlier stages they were sent there.
+            let mut inputs: Vec<Key> = Vec::new();
+            for ei in 0..self.edges.len() {
+                let e = &self.edges[ei];
+                if e.consumer != l {
+                    continue;
+                }
+                let producer = e.producer;
+                let same_stage = self.stage_of[producer] == k;
+                let tag = self.tag(ei, mb, false);
+                let payload = Key::received(l, mb, tag);
+                inputs.push(payload);
+                inputs.push(Key::pass(BufferKind::Activation, producer, mb));
+                for t in self.messages(ei) {
+                    let bytes = self.bytes(&self.edges[ei], &t);
+                    if same_stage {
+                        let source = Key::pass(BufferKind::Activation, producer, mb);
+                        self.send(t.from, t.to, bytes, tag, source);
+                    }
+                    self.recv(t.from, t.to, bytes, tag, payload);
+                }
+            }
+            let us = self.forward_us[l];
+            let output = Key::pass(BufferKind::Activation, l, mb);
+            let activation = self.activation_bytes(l);
+            for r in self.ranks(l) {
+                let at = self.push(
+                    r,
+                    Instruction::Forward {
+                        layer: l as u32,
+                        microbatch: mb,
+                        us,
+                    },
+                );
+                self.buffers.read(r, Key::layer(BufferKind::Weights, l), at);
+                for &key in &inputs {
+                    self.buffers.read(r, key, at);
+                }
+                self.buffers.grow(r, output, activation);
+                self.buffers.write(r, output, at);
+            }
+            let layer = &self.costs.graph.layers[l];
+            let (split, first) = self.place(l);
+            if let Some((ranks, share)) = partial_sums(layer.kind, split, first) {
+                let bytes =
+                    layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
+                let groups = Self::copies(&ranks, self.ranks(l));
+                self.all_reduce(groups, bytes, &[output]);
+            }
+            // What later stages read from this layer leaves now.
+            for ei in 0..self.edges.len() {
+                let e = &self.edges[ei];
+                if e.producer != l || self.stage_of[e.consumer] == k {
+                    continue;
+                }
+                let tag = self.tag(ei, mb, false);
+                for t in self.messages(ei) {
+                    let bytes = self.bytes(&self.edges[ei], &t);
+                    self.send(t.from, t.to, bytes, tag, output);
+                }
+            }
+        }
+    }
+
+    /// One backward pass of stage `k`; `last` when it is the stage's last before the
+    /// update, which launches the gradient buckets.
+    fn backward(&mut self, k: usize, mb: u32, last: bool) {
+        let stage = self.strategy.stages[k];
+        let mut next_bucket = 0;
+        for l in (stage.first_layer..=stage.last_layer).rev() {
+            // The gradient of this layer's output: from later stages by message, from
+            // consumers in this stage by message or in place.
+            let mut gradients: Vec<Key> = Vec::new();
+            for ei in 0..self.edges.len() {
+                let e = &self.edges[ei];
+                if e.producer != l {
+                    continue;
+                }
+                let consumer = e.consumer;
+                let tag = self.tag(ei, mb, true);
+                gradients.push(Key::received(l, mb, tag));
+                gradients.push(Key::pass(BufferKind::InputGradient, consumer, mb));
+                if self.stage_of[consumer] == k {
+                    continue;
+                }
+                for t in self.messages(ei) {
+                    let bytes = self.bytes(&self.edges[ei], &t);
+                    self.recv(t.to, t.from, bytes, tag, Key::received(l, mb, tag));
+                }
+            }
+            let us = self.backward_us[l];
+            let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
+            let input_gradient_bytes = self.input_gradient_bytes(l);
+            for r in self.ranks(l) {
+                let at = self.push(
+                    r,
+                    Instruction::Backward {
+                        layer: l as u32,
+                        microbatch: mb,
+                        us,
+                    },
+                );
+                for key in [
+                    Key::pass(BufferKind::Activation, l, mb),
+                    Key::layer(BufferKind::Weights, l),
+                ]
+                .into_iter()
+                .chain(gradients.iter().copied())
+                {
+                    self.buffers.read(r, key, at);
+                }
+                self.buffers
+                    .write(r, Key::layer(BufferKind::Gradients, l), at);
+                if input_gradient_bytes > 0.0 {
+                    self.buffers.grow(r, input_gradient, input_gradient_bytes);
+                    self.buffers.write(r, input_gradient, at);
+                }
+            }
+            let layer = &self.costs.graph.layers[l];
+            let (split, first) = self.place(l);
+            for ei in 0..self.edges.len() {
+                if self.edges[ei].consumer != l {
+                    continue;
+                }
+                if let Some((ranks, share)) = input_gradient_sums(layer.kind, split, first) {
+                    let bytes =
+                        self.edges[ei].bytes * share / f64::from(self.strategy.microbatches);
+                    let groups = Self::copies(&ranks, self.ranks(l));
+                    self.all_reduce(groups, bytes, &[input_gradient]);
+                }
+                let producer = self.edges[ei].producer;
+                let same_stage = self.stage_of[producer] == k;
+                let tag = self.tag(ei, mb, true);
+                for t in self.messages(ei) {
+                    let bytes = self.bytes(&self.edges[ei], &t);
+                    self.send(t.to, t.from, bytes, tag, input_gradient);
+                    if same_stage {
+                        self.recv(t.to, t.from, bytes, tag, Key::received(producer, mb, tag));
+                    }
+                }
+            }
+            // Buckets whose layers are all done.
+            while last && next_bucket < self.buckets[k].len() {
+                let bucket = self.buckets[k][next_bucket].clone();
+                if *bucket.layers.start() != l {
+                    break;
+                }
+                let data: Vec<Key> = bucket
+                    .layers
+                    .clone()
+                    .map(|j| Key::layer(BufferKind::Gradients, j))
+                    .collect();
+                let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+                self.all_reduce(groups, bucket.bytes, &data);
+                next_bucket += 1;
+            }
+        }
+    }
+
+    /// The optimizer step of stage `k`'s ranks.
+    fn step(&mut self, k: usize) {
+        let stage = self.strategy.stages[k];
+        let graph = self.costs.graph;
+        let state = self.optimizer_state;
+        for r in stage.first_rank..stage.first_rank + stage.gpus {
+            let mut bytes = 0.0;
+            let mut touched = Vec::new();
+            for l in stage.first_layer..=stage.last_layer {
+                if !self.ranks(l).contains(&r) || graph.layers[l].param_bytes == 0 {
+                    continue;
+                }
+                let (_, share) = weight_replicas(graph.layers[l].kind, self.strategy.layers[l], 0);
+                bytes += graph.layers[l].param_bytes as f64 * share;
+                touched.push(l);
+            }
+            // Read weights, gradients and state; write weights and state.
+            let moved = bytes * (3.0 + 2.0 * state);
+            let us = moved / self.costs.cluster.gpu(r).hbm_bandwidth * 1e6;
+            let at = self.push(
+                r,
+                Instruction::Step {
+                    bytes: bytes.round() as u64,
+                    us,
+                },
+            );
+            for l in touched {
+                for kind in [
+                    BufferKind::Weights,
+                    BufferKind::Gradients,
+                    BufferKind::OptimizerState,
+                ] {
+                    self.buffers.read(r, Key::layer(kind, l), at);
+                }
+                self.buffers
+                    .write(r, Key::layer(BufferKind::Weights, l), at);
+                self.buffers
+                    .write(r, Key::layer(BufferKind::OptimizerState, l), at);
+            }
+        }
+    }
+
+    /// The buffers that live throughout: each layer's weights, gradients and optimizer
+    /// state on its ranks, stashed weight versions, and the workspace.
+    fn persistent_buffers(&mut self) {
+        let graph = self.costs.graph;
+        let stages = self.strategy.stages.len();
+        let mut weights = vec![0.0f64; self.programs.len()];
+        for (l, layer) in graph.layers.iter().enumerate() {
+            if layer.param_bytes == 0 {
+                continue;
+            }
+            let (_, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
+            let bytes = layer.param_bytes as f64 * share;
+            for r in self.ranks(l) {
+                weights[r as usize] += bytes;
+                self.buffers
+                    .grow(r, Key::layer(BufferKind::Weights, l), bytes);
+                self.buffers
+                    .grow(r, Key::layer(BufferKind::Gradients, l), bytes);
+                self.buffers.grow(
+                    r,
+                    Key::layer(BufferKind::OptimizerState, l),
+                    bytes * self.optimizer_state,
+                );
+            }
+        }
+        for (k, stage) in self.strategy.stages.iter().enumerate() {
+            let in_flight = self
+                .strategy
+                .schedule
+                .in_flight(self.strategy.microbatches, stages, k);
+            for r in stage.first_rank..stage.first_rank + stage.gpus {
+                if self.strategy.schedule == Schedule::Async && in_flight > 1 {
+                    let versions = weights[r as usize] * f64::from(in_flight - 1);
+                    self.buffers
+                        .grow(r, Key::rank(BufferKind::WeightVersions), versions);
+                }
+                let workspace = self.costs.workspace();
+                if workspace > 0.0 {
+                    self.buffers
+                        .grow(r, Key::rank(BufferKind::Workspace), workspace);
+                }
+            }
+        }
+    }
+}
+
+/// Lowers `strategy` into a plan for `model`.
+///
+/// # Errors
+/// [`PlanError::Strategy`] when the strategy does not fit the model or the cluster.
+pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<Plan, PlanError> {
+    let evaluation = evaluate(costs, strategy)?;
+    let graph = costs.graph;
+    let edges: Vec<Edge> = graph
+        .layers
+        .iter()
+        .enumerate()
+        .flat_map(|(consumer, layer)| {
+            layer.inputs.iter().filter_map(move |e| match e.from {
+                Producer::Layer(p) => Some(Edge {
+                    producer: p.0 as usize,
+                    consumer,
+                    bytes: e.bytes as f64,
+                }),
+                Producer::Input(_) => None,
+            })
+        })
+        .collect();
+    let ranks = strategy
+        .stages
+        .iter()
+        .map(|s| s.first_rank + s.gpus)
+        .max()
+        .unwrap_or(1);
+    let stage_of = strategy.stage_of_layers();
+    let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
+    let messages = edges
+        .iter()
+        .map(|e| {
+            let kind = |l: usize| graph.layers[l].kind;
+            transfers(
+                kind(e.producer),
+                place(e.producer),
+                kind(e.consumer),
+                place(e.consumer),
+            )
+        })
+        .collect();
+    let mut lowering = Lowering {
+        costs,
+        strategy,
+        comm: Comm::new(costs.cluster),
+        stage_of,
+        edges,
+        messages,
+        programs: vec![Vec::new(); ranks as usize],
+        groups: BTreeMap::new(),
+        forward_us: evaluation.layers.iter().map(|l| l.forward_us).collect(),
+        backward_us: evaluation.layers.iter().map(|l| l.backward_us).collect(),
+        optimizer_state: costs.optimizer().state_factor(),
+        buckets: strategy
+            .stages
+            .iter()
+            .zip(&evaluation.stages)
+            .map(|(stage, cost)| buckets(graph, strategy, stage, cost.bucket_bytes))
+            .collect(),
+        buffers: Tracker::new(ranks as usize),
+    };
+    lowering.persistent_buffers();
+    let stages = strategy.stages.len();
+    for k in 0..stages {
+        let passes = order(strategy.schedule, stages, k, strategy.microbatches);
+        let asynchronous = strategy.schedule == Schedule::Async;
+        for (i, &pass) in passes.iter().enumerate() {
+            match pass {
+                Pass::Forward(mb) => lowering.forward(k, mb),
+                Pass::Backward(mb) => {
+                    lowering.backward(k, mb, asynchronous || i + 1 == passes.len());
+                    if asynchronous {
+                        lowering.step(k);
+                    }
+                }
+            }
+        }
+        if !asynchronous {
+            lowering.step(k);
+        }
+    }
+    let mut groups: Vec<(u32, Vec<u32>)> = lowering
+        .groups
+        .into_iter()
+        .map(|(ranks, i)| (i, ranks))
+        .collect();
+    groups.sort();
+    Ok(Plan {
+        format: FORMAT.to_owned(),
+        model,
+        cluster: costs.cluster.name.clone(),
+        ranks,
+        batch: graph.batch,
+        microbatches: strategy.microbatches,
+        schedule: strategy.schedule.name().to_owned(),
+        strategy: StrategyFile::of(graph, strategy),
+        layers: graph.layers.iter().map(|l| l.name.clone()).collect(),
+        groups: groups.into_iter().map(|(_, r)| r).collect(),
+        buffers: lowering
+            .buffers
+            .finish(&lowering.programs.iter().map(Vec::len).collect::<Vec<_>>()),
+        programs: lowering.programs,
+        predicted: Predicted {
+            iteration_time_us: evaluation.iteration_time_us,
+            peak_memory_bytes: evaluation.peak_memory_bytes,
+        },
+    })
+}
