@@ -14,6 +14,7 @@ pub mod viz;
 
 pub use lower::lower;
 pub use plan::{
-    model_hash, Buffer, BufferKind, Instruction, ModelRef, Plan, PlanFileError, Predicted, FORMAT,
+    model_hash, Buffer, BufferKind, Instruction, LinkClass, ModelRef, Plan, PlanFileError,
+    Predicted, Site, FORMAT,
 };
 pub use ralpc_passes as passes;

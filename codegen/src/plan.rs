@@ -6,6 +6,7 @@
 //!   "format": "ralpc-plan/1",
 //!   "model": { "name": "vgg16/model.onnx", "blake3": "…64 hex digits…", "layers": 22 },
 //!   "cluster": "dgx-a100", "ranks": 8, "batch": 32, "microbatches": 1, "schedule": "1f1b",
+//!   "sites": [ { "node": 0, "rack": 0, "nic": 0 }, …one per rank… ],
 //!   "strategy": { …a ralpc-strategy/1 file… },
 //!   "layers": ["/features/features.0/Conv", …],
 //!   "groups": [[0, 1, 2, 3, 4, 5, 6, 7]],
@@ -21,7 +22,8 @@
 //!         "writes": [0], "reads": [1, 57], "live": [0, 57] }, … ],
 //!     …one list per rank…
 //!   ],
-//!   "predicted": { "iteration_time_us": 5974.0, "peak_memory_bytes": 1.9e9 }
+//!   "predicted": { "iteration_time_us": 5974.0, "peak_memory_bytes": 1.9e9,
+//!                  "single_gpu_time_us": 40769.0 }
 //! }
 //! ```
 //!
@@ -224,6 +226,46 @@ pub struct Predicted {
     pub iteration_time_us: f64,
     /// The most memory any GPU holds, bytes.
     pub peak_memory_bytes: f64,
+    /// One GPU's compute time for the whole iteration, µs (what GPU-time amplification
+    /// is measured against).
+    pub single_gpu_time_us: f64,
+}
+
+/// Where a rank's GPU sits: messages between ranks of one node cross its internal links,
+/// between nodes their network interfaces, between racks the racks' links.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Site {
+    /// Its server.
+    pub node: u32,
+    /// Its rack.
+    pub rack: u32,
+    /// The network interface its traffic to other servers shares: its server's, or its
+    /// own on a flat network.
+    pub nic: u32,
+}
+
+/// The kind of link a transfer crosses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkClass {
+    /// Inside one server (NVLink, PCIe).
+    IntraNode,
+    /// Between servers of one rack.
+    InterNode,
+    /// Between racks.
+    InterRack,
+}
+
+impl LinkClass {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkClass::IntraNode => "intra-node",
+            LinkClass::InterNode => "inter-node",
+            LinkClass::InterRack => "inter-rack",
+        }
+    }
 }
 
 /// An executable plan.
@@ -248,6 +290,8 @@ pub struct Plan {
     pub strategy: StrategyFile,
     /// Layer names, by index.
     pub layers: Vec<String>,
+    /// Where each rank sits.
+    pub sites: Vec<Site>,
     /// Communicator groups, each listed once (sorted ranks).
     pub groups: Vec<Vec<u32>>,
     /// Per rank, its instructions in order.
@@ -295,11 +339,29 @@ impl Plan {
         self.programs.get(rank as usize)?.get(index)
     }
 
-    /// Each rank's peak memory, bytes: the most its live buffers hold at once in program
-    /// order.
+    /// The widest link class among `ranks` (`None` for fewer than two distinct sites
+    /// or out-of-range ranks).
+    pub fn link_class(&self, ranks: &[u32]) -> Option<LinkClass> {
+        let sites: Vec<Site> = ranks
+            .iter()
+            .map(|&r| self.sites.get(r as usize).copied())
+            .collect::<Option<_>>()?;
+        let first = *sites.first()?;
+        if ranks.len() < 2 {
+            None
+        } else if sites.iter().any(|s| s.rack != first.rack) {
+            Some(LinkClass::InterRack)
+        } else if sites.iter().any(|s| s.node != first.node) {
+            Some(LinkClass::InterNode)
+        } else {
+            Some(LinkClass::IntraNode)
+        }
+    }
+
+    /// Per rank, the bytes its live buffers hold while each instruction runs.
     ///
     /// Cost: O(buffers + instructions).
-    pub fn peak_memory_bytes(&self) -> Vec<u64> {
+    pub fn memory_by_instruction(&self) -> Vec<Vec<u64>> {
         self.programs
             .iter()
             .zip(&self.buffers)
@@ -310,13 +372,24 @@ impl Plan {
                     delta[first] += i128::from(b.bytes);
                     delta[(last + 1).min(program.len())] -= i128::from(b.bytes);
                 }
-                let (mut live, mut peak) = (0i128, 0i128);
-                for d in delta {
-                    live += d;
-                    peak = peak.max(live);
-                }
-                u64::try_from(peak).unwrap_or(u64::MAX)
+                let mut live = 0i128;
+                delta[..program.len()]
+                    .iter()
+                    .map(|d| {
+                        live += d;
+                        u64::try_from(live).unwrap_or(u64::MAX)
+                    })
+                    .collect()
             })
+            .collect()
+    }
+
+    /// Each rank's peak memory, bytes: the most its live buffers hold at once in program
+    /// order.
+    pub fn peak_memory_bytes(&self) -> Vec<u64> {
+        self.memory_by_instruction()
+            .into_iter()
+            .map(|m| m.into_iter().max().unwrap_or(0))
             .collect()
     }
 
@@ -380,6 +453,13 @@ impl Plan {
                 "ranks is {} but there are {} programs",
                 self.ranks,
                 self.programs.len()
+            ));
+        }
+        if self.sites.len() != self.ranks as usize {
+            return bad(format!(
+                "ranks is {} but {} sites are listed",
+                self.ranks,
+                self.sites.len()
             ));
         }
         if self.layers.len() != self.model.layers as usize {

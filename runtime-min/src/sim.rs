@@ -17,13 +17,24 @@
 //!   free and its dependencies done; so gradient buckets overlap the backward that
 //!   follows them.
 //!
-//! Links are not shared between concurrent transfers yet: each message takes its
-//! predicted time. A plan whose ranks wait on each other in a cycle is reported as a
-//! deadlock, naming the stuck instructions.
+//! Links between servers are shared: a server's network interface carries one transfer
+//! at a time in each direction, so concurrent traffic into or out of one server takes as
+//! long as its sum. A send between servers holds the sender's interface and the
+//! receivers' while its bytes flow (its receive ends no earlier); a collective spanning
+//! servers holds the interfaces of all of them. Within a server every GPU has its own
+//! links.
+//!
+//! A plan whose ranks wait on each other in a cycle is reported as a deadlock, naming the
+//! stuck instructions.
+//!
+//! Besides the timelines: per-GPU busy and idle time, the idle windows a background job
+//! could use (DeepPool's multiplexing), GPU-time amplification, bytes moved per link class
+//! (a message's bytes; an all-reduce's ring traffic, `2(n−1)/n` of its size per member) and
+//! each rank's peak memory.
 
 use std::collections::BTreeMap;
 
-use ralpc_codegen::{Instruction, Plan};
+use ralpc_codegen::{Instruction, LinkClass, Plan};
 use serde::Serialize;
 
 /// Which stream an instruction ran on.
@@ -49,6 +60,19 @@ pub struct Span {
     pub end_us: f64,
 }
 
+/// The shortest gap worth reporting as an idle window, µs: shorter ones fit no kernel of
+/// another job.
+pub const MIN_IDLE_WINDOW_US: f64 = 100.0;
+
+/// A stretch of time with nothing running on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct IdleWindow {
+    /// Start, µs.
+    pub start_us: f64,
+    /// End, µs.
+    pub end_us: f64,
+}
+
 /// One rank's figures.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RankTimeline {
@@ -58,8 +82,16 @@ pub struct RankTimeline {
     pub compute_us: f64,
     /// Time spent in messages and collectives (sends and receives overlap), µs.
     pub communication_us: f64,
+    /// Time anything runs (compute or communication), µs.
+    pub busy_us: f64,
+    /// The rest of the iteration, µs.
+    pub idle_us: f64,
+    /// Idle stretches of at least [`MIN_IDLE_WINDOW_US`], in order.
+    pub idle_windows: Vec<IdleWindow>,
     /// When its last instruction ended, µs.
     pub finish_us: f64,
+    /// The most memory its live buffers hold at once, bytes.
+    pub peak_memory_bytes: u64,
 }
 
 /// A simulated iteration.
@@ -73,6 +105,12 @@ pub struct Simulation {
     pub ranks: Vec<RankTimeline>,
     /// Bytes sent point to point.
     pub bytes_sent: u64,
+    /// Bytes moved per link class (messages and collectives).
+    pub bytes_by_link: BTreeMap<LinkClass, u64>,
+    /// Busy GPU time summed over ranks, µs.
+    pub gpu_time_us: f64,
+    /// GPU time over the single-GPU iteration time.
+    pub gpu_sec_amplification: f64,
 }
 
 /// Why a plan cannot run.
@@ -89,6 +127,56 @@ struct Clock {
     compute_free: f64,
     send_free: f64,
     recv_free: f64,
+}
+
+/// When a shared resource (a network interface) is busy. Ranks are simulated one after
+/// another, not in time order, so a later reservation may fall into an earlier gap.
+#[derive(Clone, Default)]
+struct Calendar {
+    /// Disjoint busy intervals, by start.
+    busy: Vec<(f64, f64)>,
+}
+
+impl Calendar {
+    /// The earliest start at or after `t` of a free stretch of `d`.
+    fn fit(&self, mut t: f64, d: f64) -> f64 {
+        for &(start, end) in &self.busy {
+            if end <= t {
+                continue;
+            }
+            if start >= t + d {
+                break;
+            }
+            t = end;
+        }
+        t
+    }
+
+    fn book(&mut self, t: f64, d: f64) {
+        if d > 0.0 {
+            let at = self.busy.partition_point(|&(s, _)| s < t);
+            self.busy.insert(at, (t, t + d));
+        }
+    }
+}
+
+/// Books `d` µs on every calendar of `held` at once, at the earliest common free time at
+/// or after `t`; that time.
+fn reserve(calendars: &mut [Calendar], held: &[usize], mut t: f64, d: f64) -> f64 {
+    loop {
+        let fits = held
+            .iter()
+            .map(|&i| calendars[i].fit(t, d))
+            .fold(t, f64::max);
+        if fits <= t {
+            break;
+        }
+        t = fits;
+    }
+    for &i in held {
+        calendars[i].book(t, d);
+    }
+    t
 }
 
 /// Per rank and instruction, the earlier instructions it depends on: for every buffer it
@@ -143,10 +231,23 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
             .fold(0.0, f64::max)
     };
     // When each message's send started, by (from, to, tag).
-    let mut sent: BTreeMap<(u32, u32, u64), f64> = BTreeMap::new();
+    // and when its bytes have arrived (messages between servers; 0 otherwise).
+    let mut sent: BTreeMap<(u32, u32, u64), (f64, f64)> = BTreeMap::new();
     // Arrival times at each group's current collective, by group.
     let mut arrivals: BTreeMap<u32, BTreeMap<u32, f64>> = BTreeMap::new();
     let mut bytes_sent = 0u64;
+    let mut bytes_by_link: BTreeMap<LinkClass, u64> = BTreeMap::new();
+    // When each server's network interface is free, sending and receiving.
+    let nodes = plan
+        .sites
+        .iter()
+        .map(|s| s.nic as usize + 1)
+        .max()
+        .unwrap_or(1);
+    // Interfaces: 2n is server n's outgoing side, 2n + 1 its incoming side.
+    let mut nics = vec![Calendar::default(); 2 * nodes];
+    // The interface a rank's traffic to other servers goes through.
+    let node = |rank: usize| plan.sites.get(rank).map_or(0, |s| s.nic as usize);
     let total: usize = plan.programs.iter().map(Vec::len).sum();
     let mut done = 0usize;
     while done < total {
@@ -195,7 +296,7 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                             for m in group {
                                 if let Instruction::Recv { from, tag, .. } = *m {
                                     match sent.get(&(from, rank as u32, tag)) {
-                                        Some(&t) => ready = ready.max(t),
+                                        Some(&(t, _)) => ready = ready.max(t),
                                         None => break,
                                     }
                                 }
@@ -211,21 +312,67 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                             }
                             ready
                         };
-                        // Concurrent messages: one latency, the bandwidth parts in turn.
+                        // Concurrent messages: one latency, the bandwidth parts in turn,
+                        // through the server's network interface when one leaves it.
                         let (mut latency, mut transfer) = (0.0f64, 0.0);
+                        // Servers the group's messages come from across the network.
+                        let mut remote: Vec<usize> = Vec::new();
                         for m in group {
-                            if let Instruction::Send { us, latency_us, .. }
-                            | Instruction::Recv { us, latency_us, .. } = *m
+                            if let Instruction::Send {
+                                us,
+                                latency_us,
+                                to: peer,
+                                ..
+                            }
+                            | Instruction::Recv {
+                                us,
+                                latency_us,
+                                from: peer,
+                                ..
+                            } = *m
                             {
                                 latency = latency.max(latency_us);
                                 transfer += us - latency_us;
+                                if node(peer as usize) != node(rank) {
+                                    remote.push(node(peer as usize));
+                                }
                             }
                         }
-                        let finish = start + latency + transfer;
+                        // Across servers the bytes flow when the sender's interface and
+                        // the receivers' are free, booked when they are sent; receiving
+                        // them ends no earlier than they arrive.
+                        let mut flowing = start + latency;
+                        if sending && !remote.is_empty() {
+                            let held: Vec<usize> = remote
+                                .iter()
+                                .map(|&n| 2 * n + 1)
+                                .chain([2 * node(rank)])
+                                .collect();
+                            flowing = reserve(&mut nics, &held, flowing, transfer);
+                        }
+                        let mut finish = flowing + transfer;
+                        if !sending {
+                            for m in group {
+                                if let Instruction::Recv { from, tag, .. } = *m {
+                                    if let Some(&(_, arrival)) = sent.get(&(from, rank as u32, tag))
+                                    {
+                                        finish = finish.max(arrival);
+                                    }
+                                }
+                            }
+                        }
                         for (j, m) in group.iter().enumerate() {
                             if let Instruction::Send { to, bytes, tag, .. } = *m {
-                                sent.insert((rank as u32, to, tag), start);
+                                let arrival = if node(to as usize) == node(rank) {
+                                    0.0
+                                } else {
+                                    finish
+                                };
+                                sent.insert((rank as u32, to, tag), (start, arrival));
                                 bytes_sent += bytes;
+                                if let Some(class) = plan.link_class(&[rank as u32, to]) {
+                                    *bytes_by_link.entry(class).or_default() += bytes;
+                                }
                             }
                             spans[rank].push(Span {
                                 index: index + j,
@@ -253,9 +400,24 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                         if waiting.len() < members.len() {
                             break;
                         }
-                        // Everyone is here: all start together.
-                        let start = waiting.values().copied().fold(0.0, f64::max);
+                        // Everyone is here: all start together, once the network
+                        // interfaces of the servers it spans are free.
+                        let mut start = waiting.values().copied().fold(0.0, f64::max);
                         arrivals.remove(&group);
+                        let class = plan.link_class(members);
+                        let spanned: std::collections::BTreeSet<usize> =
+                            members.iter().map(|&m| node(m as usize)).collect();
+                        if spanned.len() > 1 {
+                            let held: Vec<usize> =
+                                spanned.iter().flat_map(|&n| [2 * n, 2 * n + 1]).collect();
+                            start = reserve(&mut nics, &held, start, us);
+                        }
+                        if let (Some(class), Instruction::AllReduce { bytes, .. }) = (class, instr)
+                        {
+                            let k = members.len() as f64;
+                            let ring = 2.0 * (k - 1.0) / k * *bytes as f64 * k;
+                            *bytes_by_link.entry(class).or_default() += ring.round() as u64;
+                        }
                         for &m in members {
                             let m = m as usize;
                             let mc = &mut clocks[m];
@@ -291,25 +453,15 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
             return Err(SimError::Deadlock(stuck.join("; ")));
         }
     }
+    let iteration = spans.iter().flatten().map(|s| s.end_us).fold(0.0, f64::max);
+    let peaks = plan.peak_memory_bytes();
     let ranks: Vec<RankTimeline> = spans
         .into_iter()
-        .map(|spans| {
-            let busy = |s: Stream| {
-                spans
-                    .iter()
-                    .filter(|x| x.stream == s)
-                    .map(|x| x.end_us - x.start_us)
-                    .sum()
-            };
-            RankTimeline {
-                compute_us: busy(Stream::Compute),
-                communication_us: busy(Stream::Communication),
-                finish_us: spans.iter().map(|s| s.end_us).fold(0.0, f64::max),
-                spans,
-            }
-        })
+        .zip(peaks)
+        .map(|(spans, peak)| timeline(spans, iteration, peak))
         .collect();
-    let iteration = ranks.iter().map(|r| r.finish_us).fold(0.0, f64::max);
+    let gpu_time: f64 = ranks.iter().map(|r| r.busy_us).sum();
+    let single = plan.predicted.single_gpu_time_us;
     Ok(Simulation {
         iteration_time_us: iteration,
         samples_per_second: if iteration > 0.0 {
@@ -319,5 +471,56 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
         },
         ranks,
         bytes_sent,
+        bytes_by_link,
+        gpu_time_us: gpu_time,
+        gpu_sec_amplification: if single > 0.0 { gpu_time / single } else { 1.0 },
     })
+}
+
+/// One rank's figures from its spans, in an iteration of `iteration` µs. A rank with no
+/// work holds no GPU: it is neither busy nor idle.
+fn timeline(spans: Vec<Span>, iteration: f64, peak_memory_bytes: u64) -> RankTimeline {
+    let time = |s: Stream| -> f64 {
+        spans
+            .iter()
+            .filter(|x| x.stream == s)
+            .map(|x| x.end_us - x.start_us)
+            .sum()
+    };
+    // The union of both streams' spans, and the gaps between.
+    let mut intervals: Vec<(f64, f64)> = spans.iter().map(|s| (s.start_us, s.end_us)).collect();
+    intervals.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let (mut busy, mut covered) = (0.0, 0.0f64);
+    let mut idle_windows = Vec::new();
+    let gap = |from: f64, to: f64, windows: &mut Vec<IdleWindow>| {
+        if to - from >= MIN_IDLE_WINDOW_US {
+            windows.push(IdleWindow {
+                start_us: from,
+                end_us: to,
+            });
+        }
+    };
+    for &(start, end) in &intervals {
+        if start > covered {
+            gap(covered, start, &mut idle_windows);
+        }
+        if end > covered {
+            busy += end - start.max(covered);
+            covered = end;
+        }
+    }
+    let used = !spans.is_empty();
+    if used {
+        gap(covered, iteration, &mut idle_windows);
+    }
+    RankTimeline {
+        compute_us: time(Stream::Compute),
+        communication_us: time(Stream::Communication),
+        busy_us: busy,
+        idle_us: if used { iteration - busy } else { 0.0 },
+        idle_windows,
+        finish_us: covered,
+        peak_memory_bytes,
+        spans,
+    }
 }

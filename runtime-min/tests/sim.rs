@@ -31,9 +31,19 @@ fn model(graph: &LayerGraph) -> ModelRef {
 
 #[test]
 fn simulated_time_agrees_with_the_prediction() {
+    agreement("dgx-a100", 8);
+}
+
+/// Two servers: transfers and collectives queue for the network interfaces.
+#[test]
+fn simulated_time_agrees_with_the_prediction_across_servers() {
+    agreement("dgx-a100x2", 16);
+}
+
+fn agreement(preset: &str, gpus: u32) {
     let graph = vgg16();
-    let cluster = Cluster::preset("dgx-a100").unwrap();
-    let costs = Costs::new(&graph, &cluster, 8, CostOptions::default());
+    let cluster = Cluster::preset(preset).unwrap();
+    let costs = Costs::new(&graph, &cluster, gpus, CostOptions::default());
     let cases = [
         (Family::Dp, None, None),
         (Family::Burst, None, None),
@@ -42,7 +52,7 @@ fn simulated_time_agrees_with_the_prediction() {
         (Family::Pipeline, Some(Schedule::GPipe), Some(8)),
         (Family::Pipeline, Some(Schedule::Async), Some(1)),
     ];
-    println!("VGG16, batch 32, dgx-a100 (8 GPUs): predicted vs simulated iteration");
+    println!("VGG16, batch 32, {preset} ({gpus} GPUs): predicted vs simulated iteration");
     for (family, schedule, microbatches) in cases {
         let request = Request {
             family: Some(family),
@@ -77,10 +87,16 @@ fn simulated_time_agrees_with_the_prediction() {
             peak / 1e9,
             lowered.predicted.peak_memory_bytes / 1e9
         );
-        // Messages and input gradients live briefly beside what the planner counts.
+        // The planner counts the largest input gradient as if it were live with every
+        // activation (an upper bound); one asynchronous iteration holds fewer microbatches
+        // than PipeDream's steady state.
+        let least = if schedule == Some(Schedule::Async) {
+            0.0
+        } else {
+            lowered.predicted.peak_memory_bytes * 0.97
+        };
         assert!(
-            peak >= lowered.predicted.peak_memory_bytes * (1.0 - 1e-9)
-                && peak <= lowered.predicted.peak_memory_bytes * 1.01,
+            peak >= least && peak <= lowered.predicted.peak_memory_bytes * 1.01,
             "peak memory {peak} vs predicted {}",
             lowered.predicted.peak_memory_bytes
         );

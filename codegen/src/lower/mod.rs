@@ -33,7 +33,7 @@ use ralpc_passes::plan::{
     Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile, Transfer,
 };
 
-use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, FORMAT};
+use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
 use buffers::{Key, Tracker};
 
 /// A stage's work item.
@@ -578,6 +578,20 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         schedule: strategy.schedule.name().to_owned(),
         strategy: StrategyFile::of(graph, strategy),
         layers: graph.layers.iter().map(|l| l.name.clone()).collect(),
+        sites: (0..ranks)
+            .map(|r| {
+                let node = costs.cluster.locate(r).map_or(0, |l| l.node);
+                Site {
+                    node,
+                    rack: costs.cluster.rack_of(node),
+                    nic: if costs.cluster.flat.is_some() {
+                        r
+                    } else {
+                        node
+                    },
+                }
+            })
+            .collect(),
         groups: groups.into_iter().map(|(_, r)| r).collect(),
         buffers: lowering
             .buffers
@@ -586,6 +600,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         predicted: Predicted {
             iteration_time_us: evaluation.iteration_time_us,
             peak_memory_bytes: evaluation.peak_memory_bytes,
+            single_gpu_time_us: costs.single_gpu_time_us(),
         },
     })
 }

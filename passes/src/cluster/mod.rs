@@ -204,7 +204,8 @@ impl Cluster {
         &self.group_of(rank).gpu
     }
 
-    fn rack_of(&self, node: u32) -> u32 {
+    /// The rack of server `node` (0 without racks).
+    pub fn rack_of(&self, node: u32) -> u32 {
         self.racks.map_or(0, |r| node / r.nodes_per_rack)
     }
 

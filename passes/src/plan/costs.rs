@@ -14,7 +14,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::cell::RefCell;
 
-use crate::cluster::{Cluster, Link, Precision};
+use crate::cluster::{Cluster, Link, LinkLevel, Precision};
 use crate::cost::memory::DEFAULT_WORKSPACE_BYTES;
 use crate::cost::{Comm, ComputeModel, Optimizer};
 use crate::layers::{Layer, LayerGraph, LayerKind, Producer, Split};
@@ -84,7 +84,8 @@ pub struct Costs<'a> {
     pub(crate) first_producer: Vec<Option<usize>>,
     min_capacity: f64,
     /// Reshardings already costed, by (producer view, consumer view).
-    movements: RefCell<HashMap<(View, View), Option<layout::Movement>>>,
+    /// Per (held, needed) views: the movement, and the busiest server's share of it.
+    movements: RefCell<HashMap<(View, View), Option<(layout::Movement, f64)>>>,
     /// All-reduce costs already computed, by (first rank, stride, count).
     reductions: RefCell<HashMap<RankProgression, (f64, f64)>>,
 }
@@ -280,9 +281,25 @@ impl<'a> Costs<'a> {
             .movements
             .borrow_mut()
             .entry((held, needed))
-            .or_insert_with(|| layout::movement(&held, &needed));
-        if let Some(m) = moved {
-            let t = self.link(m.span.0, m.span.1).transfer_us(m.busiest * bytes);
+            .or_insert_with(|| {
+                let m = layout::movement(&held, &needed)?;
+                // Across servers, a server's network interface carries all its GPUs'
+                // traffic.
+                // (A flat network gives every GPU its own link.)
+                let across = self.cluster.flat.is_none()
+                    && self.cluster.level(&[m.span.0, m.span.1]) >= LinkLevel::InterNode;
+                let node_of = |r: u32| self.cluster.locate(r).map_or(0, |l| l.node);
+                let node = if across {
+                    layout::node_busiest(&held, &needed, &node_of)
+                } else {
+                    0.0
+                };
+                Some((m, node))
+            });
+        if let Some((m, node)) = moved {
+            let t = self
+                .link(m.span.0, m.span.1)
+                .transfer_us(m.busiest.max(node) * bytes);
             fwd += t;
             bwd += t;
         }

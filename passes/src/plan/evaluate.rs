@@ -24,6 +24,7 @@
 //! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
 //! slice, the weight versions an asynchronous stage stashes, and the activations of its
 //! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`),
+//! plus the largest input gradient a backward writes while its activation is still held,
 //! plus the workspace.
 
 use serde::Serialize;
@@ -60,6 +61,9 @@ pub struct StageCost {
     pub receive_us: f64,
     /// The most memory any of its GPUs holds, bytes.
     pub memory_bytes: f64,
+    /// How long its last backward's gradient for the previous stage waits behind its
+    /// gradient all-reduces, µs.
+    pub send_delay_us: f64,
     /// Gradient all-reduces (buckets) per iteration.
     pub buckets: u32,
     /// The bucket size cap chosen, bytes; `None`: one bucket per replica group.
@@ -107,6 +111,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             sync_us: 0.0,
             receive_us: 0.0,
             memory_bytes: 0.0,
+            send_delay_us: 0.0,
             buckets: 0,
             bucket_bytes: None,
         };
@@ -116,6 +121,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut syncs = Vec::with_capacity(graph.layers.len());
     let mut memory = vec![0.0f64; costs.gpus as usize];
     let mut weights = vec![0.0f64; costs.gpus as usize];
+    let mut transient = vec![0.0f64; costs.gpus as usize];
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
         let stage = &strategy.stages[k];
@@ -155,9 +161,17 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         };
         let bytes = costs.memory(l, split, m, in_flight, versions);
         let (_, share) = super::layout::weight_replicas(layer.kind, split, 0);
+        // Its backward writes its input gradient while its activation is still held.
+        let input_gradient: f64 = layer
+            .inputs
+            .iter()
+            .filter(|e| matches!(e.from, Producer::Layer(_)))
+            .map(|e| e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split))
+            .sum();
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
             weights[r as usize] += layer.param_bytes as f64 * share;
+            transient[r as usize] = transient[r as usize].max(input_gradient);
         }
         layers.push(LayerCost {
             forward_us: work.fwd_us,
@@ -175,13 +189,16 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         }
         // The bucketing that hides the most: small buckets overlap backward, big ones pay
         // the all-reduce latency fewer times.
-        let (exposed, chosen) = BUCKET_CAPS
+        // A later stage also counts how long its gradient for the stage before waits.
+        let weigh_delay = if k > 0 { 1.0 } else { 0.0 };
+        let (exposed, delay, chosen) = BUCKET_CAPS
             .into_iter()
             .map(|cap| {
                 let bs = buckets(graph, strategy, stage, cap);
-                (bucket_times(&bs, &syncs, &layers, stage).0, bs)
+                let t = bucket_times(&bs, &syncs, &layers, stage);
+                (t.exposed_us, t.delay_us, bs)
             })
-            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .min_by(|a, b| (a.0 + weigh_delay * a.1).total_cmp(&(b.0 + weigh_delay * b.1)))
             .unwrap_or_default();
         for b in &chosen {
             for l in b.layers.clone() {
@@ -194,6 +211,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             busy_gpu_us += exposed * f64::from(last.all.end - last.all.start);
         }
         stage_cost[k].sync_us = exposed + slowest;
+        stage_cost[k].send_delay_us = if k > 0 { delay } else { 0.0 };
         stage_cost[k].buckets = chosen.len() as u32;
         stage_cost[k].bucket_bytes = chosen_cap(&chosen);
     }
@@ -201,7 +219,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut peak: f64 = 0.0;
     for (k, stage) in strategy.stages.iter().enumerate() {
         for r in stage.first_rank..stage.first_rank + stage.gpus {
-            let used = memory[r as usize] + costs.workspace();
+            let used = memory[r as usize] + transient[r as usize] + costs.workspace();
             fits &= used <= costs.capacity(r);
             peak = peak.max(used);
             stage_cost[k].memory_bytes = stage_cost[k].memory_bytes.max(used);
@@ -239,31 +257,50 @@ fn bucket_layer_us(b: &Bucket, l: usize, syncs: &[Sync]) -> f64 {
         }
 }
 
-/// How long a stage's gradient all-reduces run past the end of its last backward pass,
-/// and each bucket's all-reduce time.
+/// A stage's last backward pass with its gradient buckets.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BucketTimes {
+    /// How much later the pass and its all-reduces end than the pass alone.
+    pub exposed_us: f64,
+    /// How long the pass's input gradient for the previous stage waits for the
+    /// communication stream behind buckets launched before it.
+    pub delay_us: f64,
+}
+
+/// A stage's last backward pass with its gradient all-reduces.
 ///
-/// In that pass layer `l`'s backward ends `Σ_{j ≥ l}(bⱼ + xⱼ/2)` after it starts; a bucket
-/// is launched when its earliest layer is done and runs on the communication stream, one
-/// bucket after another.
+/// In that pass each layer computes its backward (`bₗ`), then sends its input gradient
+/// (`xₗ/2`) on the communication stream, which the next layer's backward waits for; a
+/// bucket is launched when its earliest layer is done and holds the communication stream
+/// for its all-reduce, delaying the input-gradient transfers behind it.
 pub(crate) fn bucket_times(
     buckets: &[Bucket],
     syncs: &[Sync],
     layers: &[LayerCost],
     stage: &super::Stage,
-) -> (f64, Vec<f64>) {
-    let mut computed = 0.0;
-    let mut communicated: f64 = 0.0;
-    let mut times = Vec::with_capacity(buckets.len());
+) -> BucketTimes {
+    let (mut alone, mut computed, mut communicated, mut delay) = (0.0, 0.0f64, 0.0f64, 0.0);
     let mut next = buckets.iter().peekable();
     for l in (stage.first_layer..=stage.last_layer).rev() {
-        computed += layers[l].backward_us + layers[l].transfer_us / 2.0;
+        let transfer = layers[l].transfer_us / 2.0;
+        alone += layers[l].backward_us + transfer;
+        computed += layers[l].backward_us;
+        if transfer > 0.0 {
+            communicated = communicated.max(computed) + transfer;
+            computed = communicated;
+        }
+        if l == stage.first_layer {
+            delay = (communicated - computed).max(0.0);
+        }
         while let Some(b) = next.next_if(|b| *b.layers.start() == l) {
             let us: f64 = b.layers.clone().map(|j| bucket_layer_us(b, j, syncs)).sum();
-            times.push(us);
             communicated = communicated.max(computed) + us;
         }
     }
-    ((communicated - computed).max(0.0), times)
+    BucketTimes {
+        exposed_us: (communicated.max(computed) - alone).max(0.0),
+        delay_us: delay,
+    }
 }
 
 /// The cap a bucketing used: `None` when unbounded.
@@ -295,11 +332,17 @@ impl Schedule {
                 // The pipeline drains from the last stage to the first: stage k's last
                 // backward ends the backwards of stages 0..k (and their cuts) earlier, and
                 // its gradients are synchronized from then on.
+                // A stage's gradient for the stage before may wait behind its buckets,
+                // which delays every earlier stage.
                 let pipeline = sum + (m - 1.0) * bottleneck;
+                let mut later_delay = vec![0.0; stages.len()];
+                for k in (0..stages.len().saturating_sub(1)).rev() {
+                    later_delay[k] = later_delay[k + 1] + stages[k + 1].send_delay_us;
+                }
                 let mut drain = 0.0;
                 let mut end: f64 = 0.0;
                 for (k, s) in stages.iter().enumerate() {
-                    end = end.max(pipeline - drain + s.sync_us);
+                    end = end.max(pipeline - drain + later_delay[k] + s.sync_us);
                     drain += s.backward_us + stages.get(k + 1).map_or(0.0, |n| n.receive_us / 2.0);
                 }
                 end

@@ -9,6 +9,8 @@
 //! [`View`] to a consumer's is costed from box intersections: every consumer rank receives
 //! what it needs and does not already hold.
 
+use std::collections::BTreeMap;
+
 use crate::layers::{LayerKind, Split};
 
 /// Which index of a rank cuts an axis.
@@ -173,6 +175,61 @@ pub(crate) fn movement(from: &View, to: &View) -> Option<Movement> {
         span: (lo, hi),
     })
 }
+
+/// The most any one server sends or receives across its network interface in moving a
+/// tensor from `from` to `to`, as a fraction of the tensor (0 when nothing leaves a
+/// server). Each consumer rank takes a piece from the holder [`transfers`] picks.
+///
+/// Cost: O(ranks of `to` × ranks of `from`); above [`EXACT_NODE_TRAFFIC`] pairs, every
+/// incoming piece is counted as crossing (an upper bound).
+pub(crate) fn node_busiest(from: &View, to: &View, node_of: &dyn Fn(u32) -> u32) -> f64 {
+    let mut inbound: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut outbound: BTreeMap<u32, f64> = BTreeMap::new();
+    let exact = u64::from(to.ranks()) * u64::from(from.ranks()) <= EXACT_NODE_TRAFFIC;
+    for r in 0..to.ranks() {
+        let need = to.rank_box(r);
+        let absolute = to.first + r;
+        let node = node_of(absolute);
+        let own = (absolute >= from.first && absolute < from.first + from.ranks())
+            .then(|| from.rank_box(absolute - from.first));
+        if !exact {
+            let held = own.map_or(0.0, |o| volume(&intersect(&need, &o)));
+            *inbound.entry(node).or_default() += (volume(&need) - held).max(0.0);
+            continue;
+        }
+        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
+        for q in 0..from.ranks() {
+            let b = from.rank_box(q);
+            if volume(&intersect(&need, &b)) < 1e-12 {
+                continue;
+            }
+            match pieces.iter_mut().find(|(x, _)| *x == b) {
+                Some((_, holders)) => holders.push(from.first + q),
+                None => pieces.push((b, vec![from.first + q])),
+            }
+        }
+        for (b, holders) in pieces {
+            let sender = holders[r as usize % holders.len()];
+            if own == Some(b) || node_of(sender) == node {
+                continue;
+            }
+            let mut fraction = volume(&intersect(&need, &b));
+            if let Some(o) = own {
+                fraction -= volume(&intersect(&intersect(&need, &b), &o));
+            }
+            *inbound.entry(node).or_default() += fraction;
+            *outbound.entry(node_of(sender)).or_default() += fraction;
+        }
+    }
+    inbound
+        .values()
+        .chain(outbound.values())
+        .copied()
+        .fold(0.0, f64::max)
+}
+
+/// Consumer × producer rank pairs up to which [`node_busiest`] is exact.
+const EXACT_NODE_TRAFFIC: u64 = 1 << 16;
 
 /// One message of a redistribution: `fraction` of the tensor from rank `from` to rank `to`.
 #[derive(Clone, Copy, Debug, PartialEq)]
