@@ -38,8 +38,8 @@ pub use cluster::{cluster, ClusterOptions};
 pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
-    plan, render_svg, report_html, write_atomically, CandidateRow, Executable, PlacedLayer,
-    PlanOptions, PlanOutput, PlanReport, SplitRow, StageRow, DEFAULT_BATCH,
+    plan, render_svg, report_html, simulated_facts, write_atomically, CandidateRow, Executable,
+    PlacedLayer, PlanOptions, PlanOutput, PlanReport, SplitRow, StageRow, DEFAULT_BATCH,
 };
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;

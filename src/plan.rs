@@ -215,11 +215,64 @@ fn ms(us: f64) -> String {
     format!("{:.3} ms", us / 1e3)
 }
 
+/// What the simulator adds to the prediction, as (label, value) lines for the terminal
+/// summary and the report: GPU time, idle windows, traffic per link class, peak memory
+/// from the instruction order.
+pub fn simulated_facts(sim: &ralpc_runtime_min::Simulation) -> Vec<(String, String)> {
+    let idle: f64 = sim.ranks.iter().map(|r| r.idle_us).sum();
+    let windows: Vec<&ralpc_runtime_min::IdleWindow> =
+        sim.ranks.iter().flat_map(|r| &r.idle_windows).collect();
+    let in_windows: f64 = windows.iter().map(|w| w.end_us - w.start_us).sum();
+    let peak = sim
+        .ranks
+        .iter()
+        .map(|r| r.peak_memory_bytes)
+        .max()
+        .unwrap_or(0);
+    let traffic = if sim.bytes_by_link.is_empty() {
+        "none".to_owned()
+    } else {
+        sim.bytes_by_link
+            .iter()
+            .map(|(class, bytes)| format!("{} {:.1} MiB", class.name(), *bytes as f64 / 1048576.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    vec![
+        (
+            "simulated GPU time".into(),
+            format!(
+                "{} busy ({:.2}× the single-GPU time)",
+                ms(sim.gpu_time_us),
+                sim.gpu_sec_amplification
+            ),
+        ),
+        (
+            "idle GPU time".into(),
+            format!(
+                "{} in total, {} in {} windows of ≥ {:.0} µs (room for a background job)",
+                ms(idle),
+                ms(in_windows),
+                windows.len(),
+                ralpc_runtime_min::MIN_IDLE_WINDOW_US
+            ),
+        ),
+        ("bytes moved per iteration".into(), traffic),
+        (
+            "peak memory, instruction order".into(),
+            format!(
+                "{:.2} GiB on the fullest GPU",
+                peak as f64 / (1u64 << 30) as f64
+            ),
+        ),
+    ]
+}
+
 /// The self-contained HTML report of a plan: summary, placement table, simulated timeline
 /// and the placed graph (`graph_svg`, or the DOT source without Graphviz).
 pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<String>) -> String {
     let simulated = exe.simulation.iteration_time_us;
-    let summary = vec![
+    let mut summary = vec![
         ("model".into(), report.model.clone()),
         (
             "cluster".into(),
@@ -281,6 +334,7 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
             ),
         ),
     ];
+    summary.extend(simulated_facts(&exe.simulation));
     let columns = [
         "layer", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
     ]
@@ -483,10 +537,9 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
                 })
             })
             .collect();
-        let node_of = |r: u32| cluster.locate(r).map_or(0, |l| l.node);
         Some(Executable {
             dot: ralpc_codegen::viz::dot(&plan, &graph),
-            timeline: ralpc_codegen::viz::trace(&plan, &ran, &node_of),
+            timeline: ralpc_codegen::viz::trace(&plan, &ran),
             ran,
             simulation,
             plan,

@@ -386,6 +386,20 @@ fn out_writes_the_graph_and_the_timeline() {
     assert!(events
         .iter()
         .any(|e| e["ph"] == "M" && e["args"]["name"] == "GPU 0 communication"));
+    // Memory counters per GPU, never above the plan's peak for that rank.
+    let peaks = plan.peak_memory_bytes();
+    let counters: Vec<&Value> = events.iter().filter(|e| e["ph"] == "C").collect();
+    assert!(counters.iter().any(|e| e["name"] == "GPU 0 memory"));
+    for c in counters {
+        let rank: usize = c["name"].as_str().unwrap()[4..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mib = c["args"]["MiB"].as_f64().unwrap();
+        assert!(mib * 1048576.0 <= peaks[rank] as f64 + 1.0, "{c}");
+    }
     // The DOT file: one node per layer, and Graphviz accepts it.
     let dot = std::fs::read_to_string(out.join("plan.dot")).unwrap();
     assert_eq!(dot.matches("fillcolor=").count(), 22);

@@ -170,10 +170,15 @@ struct Trace {
     unit: &'static str,
 }
 
-/// The timeline of one iteration in Chrome's trace event format: one process per node
-/// (`node_of(rank)`), two tracks per GPU (compute, communication: Perfetto does not show
-/// overlapping slices on one track), and a flow arrow from each send to its receive.
-pub fn trace(plan: &Plan, ran: &[Ran], node_of: &dyn Fn(u32) -> u32) -> String {
+/// The timeline of one iteration in Chrome's trace event format: one process per server,
+/// two tracks per GPU (compute, communication: Perfetto does not show overlapping slices
+/// on one track), a flow arrow from each send to its receive, and a counter per GPU of
+/// the memory its live buffers hold.
+pub fn trace(plan: &Plan, ran: &[Ran]) -> String {
+    let node_of = |rank: u32| plan.sites.get(rank as usize).map_or(0, |s| s.node);
+    let memory = plan.memory_by_instruction();
+    // The memory counter changes where an instruction starts with a different total.
+    let mut counted: BTreeMap<u32, u64> = BTreeMap::new();
     let mut events = Vec::new();
     let mut nodes: BTreeMap<u32, ()> = BTreeMap::new();
     for rank in 0..plan.ranks {
@@ -226,6 +231,16 @@ pub fn trace(plan: &Plan, ran: &[Ran], node_of: &dyn Fn(u32) -> u32) -> String {
         e.dur = Some(r.end_us - r.start_us);
         e.cat = Some(cat);
         events.push(e);
+        let live = memory
+            .get(r.rank as usize)
+            .and_then(|m| m.get(r.index))
+            .copied();
+        if let Some(bytes) = live.filter(|&b| counted.insert(r.rank, b) != Some(b)) {
+            let mut c = Event::new(format!("GPU {} memory", r.rank), "C", node, 0);
+            c.ts = Some(r.start_us);
+            c.args = Some(BTreeMap::from([("MiB", (bytes as f64 / 1048576.0).into())]));
+            events.push(c);
+        }
         let flow = match *instr {
             Instruction::Send { to, tag, .. } => Some(((r.rank, to, tag), "s", r.start_us)),
             Instruction::Recv { from, tag, .. } => Some(((from, r.rank, tag), "f", r.end_us)),

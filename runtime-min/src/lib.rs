@@ -9,4 +9,6 @@ pub mod sim;
 
 pub use ralpc_codegen as codegen;
 
-pub use sim::{simulate, RankTimeline, SimError, Simulation, Span, Stream};
+pub use sim::{
+    simulate, IdleWindow, RankTimeline, SimError, Simulation, Span, Stream, MIN_IDLE_WINDOW_US,
+};

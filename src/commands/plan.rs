@@ -151,10 +151,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     } else {
         summary(
             &output.report,
-            output
-                .executable
-                .as_ref()
-                .map(|e| e.simulation.iteration_time_us),
+            output.executable.as_ref().map(|e| &e.simulation),
         )
     };
     super::print_stdout(&text);
@@ -169,7 +166,7 @@ fn gib(bytes: f64) -> String {
     format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
 }
 
-fn summary(r: &PlanReport, simulated_us: Option<f64>) -> String {
+fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -268,13 +265,17 @@ fn summary(r: &PlanReport, simulated_us: Option<f64>) -> String {
             );
         }
     }
-    if let Some(t) = simulated_us {
+    if let Some(sim) = simulation {
+        let t = sim.iteration_time_us;
         let _ = writeln!(
             out,
             "\nsimulated iteration: {} ({:+.1}% from the prediction)",
             ms(t),
             (t / r.iteration_time_us - 1.0) * 100.0
         );
+        for (label, value) in ralpc::simulated_facts(sim) {
+            let _ = writeln!(out, "  {label}: {value}");
+        }
     }
     let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
     out

@@ -22,6 +22,10 @@ use crate::profile::Profile;
 
 use super::layout::{self, View};
 
+/// A redistribution's movement and the busiest server's share of it (`None`: nothing
+/// moves).
+type Moved = Option<(layout::Movement, f64)>;
+
 /// Ranks `first, first + stride, …` (`count` of them): (first, stride, count).
 type RankProgression = (u32, u32, u32);
 
@@ -85,7 +89,7 @@ pub struct Costs<'a> {
     min_capacity: f64,
     /// Reshardings already costed, by (producer view, consumer view).
     /// Per (held, needed) views: the movement, and the busiest server's share of it.
-    movements: RefCell<HashMap<(View, View), Option<(layout::Movement, f64)>>>,
+    movements: RefCell<HashMap<(View, View), Moved>>,
     /// All-reduce costs already computed, by (first rank, stride, count).
     reductions: RefCell<HashMap<RankProgression, (f64, f64)>>,
 }
