@@ -33,8 +33,11 @@
 //!   `tag`, `bytes` and endpoints; consecutive messages of one tag on a rank form a group
 //!   that runs concurrently (one `latency_us`);
 //! * `all_reduce` — a collective over `groups[group]`: gradient buckets, the partial sums of
-//!   a row-parallel layer, a parameter-split layer's input gradient; every member enters
-//!   a group's collectives in the same order;
+//!   a row-parallel layer, a parameter-split layer's input gradient;
+//! * `all_gather`, `reduce_scatter`, `all_to_all` — resharding recognized as a collective
+//!   (a split tensor read whole by the same ranks, its gradient, an exchange between two
+//!   splits of the same ranks); every member enters a group's collectives in the same
+//!   order;
 //! * `step` — the optimizer update of `bytes` of this rank's weights.
 //!
 //! Buffers (`buffers[rank]`) name the memory each rank's instructions use, by instruction
@@ -128,6 +131,36 @@ pub enum Instruction {
         /// Predicted µs.
         us: f64,
     },
+    /// All-gather over a communicator group: each member holds `bytes / members` and
+    /// ends with all `bytes` (resharding a split tensor to ranks that each read it whole).
+    AllGather {
+        /// Index into [`Plan::groups`].
+        group: u32,
+        /// Size of the gathered tensor.
+        bytes: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// Reduce-scatter over a communicator group: each member holds a partial sum of
+    /// `bytes` and ends with its reduced `1/members` share (an all-gather's gradient).
+    ReduceScatter {
+        /// Index into [`Plan::groups`].
+        group: u32,
+        /// Size of the reduced tensor.
+        bytes: u64,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// All-to-all over a communicator group: each member sends `bytes` to every other
+    /// (resharding between two splits of the same ranks).
+    AllToAll {
+        /// Index into [`Plan::groups`].
+        group: u32,
+        /// Bytes each member sends to each other member.
+        bytes: u64,
+        /// Predicted µs.
+        us: f64,
+    },
     /// Optimizer update.
     Step {
         /// Weight bytes updated on this rank.
@@ -155,7 +188,36 @@ impl Instruction {
             | Instruction::Send { us, .. }
             | Instruction::Recv { us, .. }
             | Instruction::AllReduce { us, .. }
+            | Instruction::AllGather { us, .. }
+            | Instruction::ReduceScatter { us, .. }
+            | Instruction::AllToAll { us, .. }
             | Instruction::Step { us, .. } => us,
+        }
+    }
+
+    /// A collective's group and size.
+    pub fn collective(&self) -> Option<(u32, u64)> {
+        match *self {
+            Instruction::AllReduce { group, bytes, .. }
+            | Instruction::AllGather { group, bytes, .. }
+            | Instruction::ReduceScatter { group, bytes, .. }
+            | Instruction::AllToAll { group, bytes, .. } => Some((group, bytes)),
+            _ => None,
+        }
+    }
+
+    /// Its `op` name.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Instruction::Forward { .. } => "forward",
+            Instruction::Backward { .. } => "backward",
+            Instruction::Send { .. } => "send",
+            Instruction::Recv { .. } => "recv",
+            Instruction::AllReduce { .. } => "all_reduce",
+            Instruction::AllGather { .. } => "all_gather",
+            Instruction::ReduceScatter { .. } => "reduce_scatter",
+            Instruction::AllToAll { .. } => "all_to_all",
+            Instruction::Step { .. } => "step",
         }
     }
 }
@@ -483,7 +545,7 @@ impl Plan {
         // Messages by (from, to, tag) → bytes; collectives per group per member.
         let mut sends: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
         let mut recvs: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
-        let mut entered: BTreeMap<(u32, u32), Vec<u64>> = BTreeMap::new();
+        let mut entered: BTreeMap<(u32, u32), Vec<(&str, u64)>> = BTreeMap::new();
         for (rank, program) in self.programs.iter().enumerate() {
             let rank = rank as u32;
             for (i, instr) in program.iter().enumerate() {
@@ -523,14 +585,20 @@ impl Plan {
                             return bad(format!("{at}: tag {tag} received twice from {from}"));
                         }
                     }
-                    Instruction::AllReduce { group, bytes, .. } => {
+                    Instruction::AllReduce { group, bytes, .. }
+                    | Instruction::AllGather { group, bytes, .. }
+                    | Instruction::ReduceScatter { group, bytes, .. }
+                    | Instruction::AllToAll { group, bytes, .. } => {
                         let Some(members) = self.groups.get(group as usize) else {
                             return bad(format!("{at}: group {group} does not exist"));
                         };
                         if !members.contains(&rank) {
                             return bad(format!("{at}: rank {rank} is not in group {group}"));
                         }
-                        entered.entry((group, rank)).or_default().push(bytes);
+                        entered
+                            .entry((group, rank))
+                            .or_default()
+                            .push((instr.op(), bytes));
                     }
                     Instruction::Step { .. } => {}
                 }

@@ -42,6 +42,9 @@ fn style(i: &Instruction) -> (&'static str, &'static str) {
         Instruction::Step { .. } => ("#59a14f", "optimizer step"),
         Instruction::Send { .. } | Instruction::Recv { .. } => ("#b07aa1", "transfer"),
         Instruction::AllReduce { .. } => ("#e15759", "all-reduce"),
+        Instruction::AllGather { .. }
+        | Instruction::ReduceScatter { .. }
+        | Instruction::AllToAll { .. } => ("#76b7b2", "resharding collective"),
     }
 }
 

@@ -219,10 +219,17 @@ pub fn trace(plan: &Plan, ran: &[Ran]) -> String {
             Instruction::Recv { from, bytes, .. } => {
                 (format!("recv {} ← {from}", size(*bytes as f64)), 1, "recv")
             }
-            Instruction::AllReduce { group, bytes, .. } => (
-                format!("all-reduce {} (group {group})", size(*bytes as f64)),
+            Instruction::AllReduce { group, bytes, .. }
+            | Instruction::AllGather { group, bytes, .. }
+            | Instruction::ReduceScatter { group, bytes, .. }
+            | Instruction::AllToAll { group, bytes, .. } => (
+                format!(
+                    "{} {} (group {group})",
+                    instr.op().replace('_', "-"),
+                    size(*bytes as f64)
+                ),
                 1,
-                "all_reduce",
+                instr.op(),
             ),
         };
         let tid = r.rank * 2 + track;

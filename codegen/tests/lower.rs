@@ -234,3 +234,35 @@ fn the_loader_refuses_what_it_cannot_run() {
         Err(PlanFileError::ModelMismatch { .. })
     ));
 }
+
+#[test]
+fn resharding_is_recognized_as_collectives() {
+    use ralpc_passes::layers::Split;
+    let (graph, cluster) = two_stage();
+    let costs = Costs::new(&graph, &cluster, 4, CostOptions::default());
+    let n = graph.layers.len();
+    let mut strategy = Strategy::data_parallel(n, 4);
+    // Samples → output features of a dense layer on the same ranks: an all-gather whose
+    // gradient is a reduce-scatter; samples → rows of a convolution: an all-to-all.
+    strategy.layers[n - 1] = Split {
+        sample: 1,
+        attribute: 1,
+        parameter: 4,
+    };
+    strategy.layers[1] = Split {
+        sample: 1,
+        attribute: 4,
+        parameter: 1,
+    };
+    let lowered = lower(&costs, &strategy, model(&graph)).unwrap();
+    lowered.validate().unwrap();
+    for r in 0..4 {
+        let ops = |op: &str| count(&lowered, r, |i| i.op() == op);
+        assert_eq!(ops("all_gather"), 1, "rank {r}");
+        assert_eq!(ops("reduce_scatter"), 1, "rank {r}");
+        // Into the row-split convolution and back out, forward and backward.
+        assert_eq!(ops("all_to_all"), 4, "rank {r}");
+        assert_eq!(ops("send") + ops("recv"), 0, "rank {r}: no messages left");
+    }
+    assert!(lowered.groups.contains(&vec![0, 1, 2, 3]));
+}

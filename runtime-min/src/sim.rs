@@ -29,7 +29,7 @@
 //!
 //! Besides the timelines: per-GPU busy and idle time, the idle windows a background job
 //! could use (DeepPool's multiplexing), GPU-time amplification, bytes moved per link class
-//! (a message's bytes; an all-reduce's ring traffic, `2(n−1)/n` of its size per member) and
+//! (a message's bytes; a collective's ring traffic, see `collective_bytes`) and
 //! each rank's peak memory.
 
 use std::collections::BTreeMap;
@@ -177,6 +177,22 @@ fn reserve(calendars: &mut [Calendar], held: &[usize], mut t: f64, d: f64) -> f6
         calendars[i].book(t, d);
     }
     t
+}
+
+/// The bytes a collective moves over all its `members`: a ring all-reduce sends
+/// `2(n−1)/n` of the tensor per member, an all-gather or reduce-scatter `(n−1)/n`, an
+/// all-to-all `bytes` to each of the `n−1` others.
+fn collective_bytes(instr: &Instruction, members: usize) -> u64 {
+    let n = members as f64;
+    let moved = match *instr {
+        Instruction::AllReduce { bytes, .. } => 2.0 * (n - 1.0) * bytes as f64,
+        Instruction::AllGather { bytes, .. } | Instruction::ReduceScatter { bytes, .. } => {
+            (n - 1.0) * bytes as f64
+        }
+        Instruction::AllToAll { bytes, .. } => n * (n - 1.0) * bytes as f64,
+        _ => 0.0,
+    };
+    moved.round() as u64
 }
 
 /// Per rank and instruction, the earlier instructions it depends on: for every buffer it
@@ -392,7 +408,10 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                         progressed = true;
                         continue;
                     }
-                    Instruction::AllReduce { group, .. } => {
+                    Instruction::AllReduce { group, .. }
+                    | Instruction::AllGather { group, .. }
+                    | Instruction::ReduceScatter { group, .. }
+                    | Instruction::AllToAll { group, .. } => {
                         let arrived = c.send_free.max(c.recv_free).max(ready(&ended, rank, index));
                         let waiting = arrivals.entry(group).or_default();
                         waiting.insert(rank as u32, arrived);
@@ -412,11 +431,9 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                                 spanned.iter().flat_map(|&n| [2 * n, 2 * n + 1]).collect();
                             start = reserve(&mut nics, &held, start, us);
                         }
-                        if let (Some(class), Instruction::AllReduce { bytes, .. }) = (class, instr)
-                        {
-                            let k = members.len() as f64;
-                            let ring = 2.0 * (k - 1.0) / k * *bytes as f64 * k;
-                            *bytes_by_link.entry(class).or_default() += ring.round() as u64;
+                        if let Some(class) = class {
+                            let moved = collective_bytes(instr, members.len());
+                            *bytes_by_link.entry(class).or_default() += moved;
                         }
                         for &m in members {
                             let m = m as usize;

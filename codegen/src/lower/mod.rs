@@ -29,8 +29,9 @@ use std::collections::BTreeMap;
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{Producer, Split};
 use ralpc_passes::plan::{
-    buckets, evaluate, input_gradient_sums, input_share, partial_sums, transfers, weight_replicas,
-    Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile, Transfer,
+    buckets, evaluate, gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient,
+    transfers, weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile,
+    Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -64,6 +65,34 @@ fn order(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<
     }
 }
 
+/// How an edge's tensor moves between layers of one stage.
+#[derive(Clone, Debug, PartialEq)]
+enum Pattern {
+    /// Point-to-point messages (or nothing).
+    Messages,
+    /// An all-gather over these ranks; its gradient a reduce-scatter when `scatter`.
+    Gather { ranks: Vec<u32>, scatter: bool },
+    /// Every rank of the group sends the same share to every other.
+    AllToAll { ranks: Vec<u32>, fraction: f64 },
+}
+
+/// Whether `messages` are an all-to-all: every ordered pair of a group, equal shares.
+fn all_to_all(messages: &[Transfer]) -> Option<(Vec<u32>, f64)> {
+    let mut ranks: Vec<u32> = messages.iter().flat_map(|t| [t.from, t.to]).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let n = ranks.len();
+    let first = messages.first()?;
+    let mut pairs: Vec<(u32, u32)> = messages.iter().map(|t| (t.from, t.to)).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    let equal = messages
+        .iter()
+        .all(|t| (t.fraction - first.fraction).abs() <= 1e-9 * first.fraction);
+    (n >= 2 && pairs.len() == messages.len() && messages.len() == n * (n - 1) && equal)
+        .then_some((ranks, first.fraction))
+}
+
 struct Edge {
     producer: usize,
     consumer: usize,
@@ -85,6 +114,8 @@ struct Lowering<'c, 'a> {
     optimizer_state: f64,
     /// Per edge, its forward messages.
     messages: Vec<Vec<Transfer>>,
+    /// Per edge, the collective its messages are, if any.
+    patterns: Vec<Pattern>,
     /// Per stage, its gradient buckets in launch order.
     buckets: Vec<Vec<Bucket>>,
     buffers: Tracker,
@@ -185,6 +216,85 @@ impl Lowering<'_, '_> {
         }
     }
 
+    /// A resharding collective `make(group, us)` over `ranks`, reading `source` and
+    /// writing `target` on every member.
+    fn reshard(
+        &mut self,
+        ranks: &[u32],
+        us: f64,
+        make: impl Fn(u32, f64) -> Instruction,
+        source: Key,
+        target: Key,
+        bytes: f64,
+    ) {
+        let next = self.groups.len() as u32;
+        let group = *self.groups.entry(ranks.to_vec()).or_insert(next);
+        for &r in ranks {
+            let at = self.push(r, make(group, us));
+            self.buffers.read(r, source, at);
+            self.buffers.grow(r, target, bytes);
+            self.buffers.write(r, target, at);
+        }
+    }
+
+    /// Moves edge `ei`'s tensor on microbatch `mb` as its pattern's collective (forward,
+    /// or its gradient backward); false when it moves as messages.
+    fn collective_edge(&mut self, ei: usize, mb: u32, backward: bool) -> bool {
+        let e = &self.edges[ei];
+        let (producer, consumer) = (e.producer, e.consumer);
+        let bytes = e.bytes / f64::from(self.strategy.microbatches);
+        let tag = self.tag(ei, mb, backward);
+        let (source, target) = if backward {
+            (
+                Key::pass(BufferKind::InputGradient, consumer, mb),
+                Key::received(producer, mb, tag),
+            )
+        } else {
+            (
+                Key::pass(BufferKind::Activation, producer, mb),
+                Key::received(consumer, mb, tag),
+            )
+        };
+        match self.patterns[ei].clone() {
+            Pattern::Messages => false,
+            Pattern::Gather { ranks, scatter } => {
+                let n = ranks.len() as f64;
+                if !backward {
+                    let us = self.comm.all_gather(&ranks, bytes).us;
+                    let make = |group, us| Instruction::AllGather {
+                        group,
+                        bytes: bytes.round() as u64,
+                        us,
+                    };
+                    self.reshard(&ranks, us, make, source, target, bytes * (n - 1.0) / n);
+                } else if scatter {
+                    let us = self.comm.reduce_scatter(&ranks, bytes).us;
+                    let make = |group, us| Instruction::ReduceScatter {
+                        group,
+                        bytes: bytes.round() as u64,
+                        us,
+                    };
+                    self.reshard(&ranks, us, make, source, target, bytes / n);
+                }
+                // Otherwise every rank holds the whole gradient and keeps its piece.
+                true
+            }
+            Pattern::AllToAll { ranks, fraction } => {
+                let pair = fraction * bytes;
+                let (lo, hi) = (ranks[0], ranks[ranks.len() - 1]);
+                let busiest = pair * (ranks.len() - 1) as f64;
+                let us = self.costs.cluster.link(lo, hi).transfer_us(busiest);
+                let make = |group, us| Instruction::AllToAll {
+                    group,
+                    bytes: pair.round() as u64,
+                    us,
+                };
+                self.reshard(&ranks, us, make, source, target, busiest);
+                true
+            }
+        }
+    }
+
     /// The copies of rank 0's group (`ranks`) that together cover `all`: the same pattern
     /// shifted to each rank not yet in a copy.
     fn copies(ranks: &[u32], all: std::ops::Range<u32>) -> Vec<Vec<u32>> {
@@ -246,6 +356,9 @@ impl Lowering<'_, '_> {
                 let payload = Key::received(l, mb, tag);
                 inputs.push(payload);
                 inputs.push(Key::pass(BufferKind::Activation, producer, mb));
+                if self.collective_edge(ei, mb, false) {
+                    continue;
+                }
                 for t in self.messages(ei) {
                     let bytes = self.bytes(&self.edges[ei], &t);
                     if same_stage {
@@ -357,11 +470,18 @@ impl Lowering<'_, '_> {
                 if self.edges[ei].consumer != l {
                     continue;
                 }
-                if let Some((ranks, share)) = input_gradient_sums(layer.kind, split, first) {
+                // A reduce-scatter sums the input gradient on its way back.
+                let scattered = matches!(self.patterns[ei], Pattern::Gather { scatter: true, .. });
+                if let Some((ranks, share)) =
+                    input_gradient_sums(layer.kind, split, first).filter(|_| !scattered)
+                {
                     let bytes =
                         self.edges[ei].bytes * share / f64::from(self.strategy.microbatches);
                     let groups = Self::copies(&ranks, self.ranks(l));
                     self.all_reduce(groups, bytes, &[input_gradient]);
+                }
+                if self.collective_edge(ei, mb, true) {
+                    continue;
                 }
                 let producer = self.edges[ei].producer;
                 let same_stage = self.stage_of[producer] == k;
@@ -510,7 +630,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         .unwrap_or(1);
     let stage_of = strategy.stage_of_layers();
     let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
-    let messages = edges
+    let messages: Vec<Vec<Transfer>> = edges
         .iter()
         .map(|e| {
             let kind = |l: usize| graph.layers[l].kind;
@@ -522,7 +642,27 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             )
         })
         .collect();
+    let patterns = edges
+        .iter()
+        .zip(&messages)
+        .map(|(e, m)| {
+            if stage_of[e.producer] != stage_of[e.consumer] {
+                return Pattern::Messages;
+            }
+            let kind = |l: usize| graph.layers[l].kind;
+            let (from, to) = (place(e.producer), place(e.consumer));
+            if let Some(ranks) = gathers(kind(e.producer), from, kind(e.consumer), to) {
+                let scatter = scatters_gradient(&ranks, kind(e.consumer), to);
+                return Pattern::Gather { ranks, scatter };
+            }
+            all_to_all(m).map_or(Pattern::Messages, |(ranks, fraction)| Pattern::AllToAll {
+                ranks,
+                fraction,
+            })
+        })
+        .collect();
     let mut lowering = Lowering {
+        patterns,
         costs,
         strategy,
         comm: Comm::new(costs.cluster),

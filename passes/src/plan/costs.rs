@@ -260,7 +260,8 @@ impl<'a> Costs<'a> {
     /// Forward and backward µs of moving the tensor of `bytes` (for one microbatch) that
     /// `producer` writes under `from` into consumer `consumer` placed `to`: the partial
     /// sums of a row-parallel producer are reduced first, the consumer receives what it
-    /// lacks, and a parameter-split consumer's input gradient is summed over its slices.
+    /// lacks (an all-gather when that is what it is, with a reduce-scatter for its
+    /// gradient), and a parameter-split consumer's input gradient is summed over its slices.
     pub(crate) fn edge(
         &self,
         producer: usize,
@@ -278,6 +279,21 @@ impl<'a> Costs<'a> {
         if let Some((ranks, share)) = layout::partial_sums(pk, from.0, from.1) {
             let s = self.all_reduce(&ranks, bytes * share);
             fwd += s.latency_us + s.bandwidth_us;
+        }
+        // Resharding that is an all-gather runs as one (NCCL's ring), and its gradient as
+        // a reduce-scatter when the consumer's input gradient is summed over its ranks.
+        if let Some(ranks) = layout::gathers(pk, from, ck, to) {
+            fwd += self.comm.all_gather(&ranks, bytes).us;
+            if layout::scatters_gradient(&ranks, ck, to) {
+                bwd += self.comm.reduce_scatter(&ranks, bytes).us;
+                return (fwd, bwd);
+            }
+            // Otherwise every rank ends with the whole gradient and keeps its piece.
+            if let Some((ranks, share)) = layout::input_gradient_sums(ck, to.0, to.1) {
+                let s = self.all_reduce(&ranks, bytes * share);
+                bwd += s.latency_us + s.bandwidth_us;
+            }
+            return (fwd, bwd);
         }
         let held = View::output(pk, from.0, from.1);
         let needed = View::input(ck, to.0, to.1);

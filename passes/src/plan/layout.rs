@@ -295,6 +295,35 @@ pub fn transfers(
     out
 }
 
+/// The ranks of the all-gather that moving the tensor is, when it is one: the consumer
+/// runs on the producer's ranks, each producer rank holds a distinct piece, and every
+/// consumer rank reads the tensor whole. Its gradient is then a reduce-scatter over the
+/// same ranks when the consumer's input gradient is a partial sum over all of them
+/// ([`scatters_gradient`]).
+pub fn gathers(
+    producer: LayerKind,
+    from: (Split, u32),
+    consumer: LayerKind,
+    to: (Split, u32),
+) -> Option<Vec<u32>> {
+    let held = View::output(producer, from.0, from.1);
+    let needed = View::input(consumer, to.0, to.1);
+    let n = held.ranks();
+    (n >= 2
+        && held.first == needed.first
+        && n == needed.ranks()
+        && held.replication() == 1
+        && (needed.share() - 1.0).abs() < 1e-12)
+        .then(|| (held.first..held.first + n).collect())
+}
+
+/// Whether the gradient of an all-gather over `ranks` into a `consumer`-kind layer placed
+/// `to` is a reduce-scatter: its input gradient is a partial sum over exactly those ranks.
+pub fn scatters_gradient(ranks: &[u32], consumer: LayerKind, to: (Split, u32)) -> bool {
+    input_gradient_sums(consumer, to.0, to.1)
+        .is_some_and(|(group, share)| group == ranks && (share - 1.0).abs() < 1e-12)
+}
+
 /// The fraction of its input each rank of a `kind` layer under `split` reads.
 pub fn input_share(kind: LayerKind, split: Split) -> f64 {
     View::input(kind, split, 0).share()

@@ -32,8 +32,8 @@ pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
 pub use layout::{
-    input_gradient_sums, input_share, partial_sums, splits_freely, transfers, weight_replicas,
-    Transfer,
+    gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient, splits_freely,
+    transfers, weight_replicas, Transfer,
 };
 pub use search::{plan, Candidate, Planned, Request};
 
