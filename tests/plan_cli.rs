@@ -327,13 +327,20 @@ fn out_writes_a_valid_executable_plan() {
             .args(["plan", VGG16, "--gpus", "8", "-o", out.to_str().unwrap()])
             .assert()
             .success();
-        std::fs::read_to_string(out.join("plan.json")).unwrap()
+        let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+        (
+            read("plan.json"),
+            [read("timeline.json"), read("report.html"), read("plan.dot")],
+        )
     };
-    let (first, second) = (run("a"), run("b/nested"));
+    let ((first, artifacts), (second, again)) = (run("a"), run("b/nested"));
     assert_eq!(
         first, second,
         "plan.json is byte-identical for identical inputs"
     );
+    for (a, b) in artifacts.iter().zip(&again) {
+        assert!(a == b, "the trace, report and graph are byte-identical too");
+    }
     let plan = ralpc::codegen::Plan::parse(&first).expect("a valid plan");
     assert_eq!(plan.ranks, 8);
     assert_eq!(plan.layers.len(), 22);
