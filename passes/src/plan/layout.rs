@@ -197,25 +197,9 @@ pub(crate) fn node_busiest(from: &View, to: &View, node_of: &dyn Fn(u32) -> u32)
             *inbound.entry(node).or_default() += (volume(&need) - held).max(0.0);
             continue;
         }
-        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
-        for q in 0..from.ranks() {
-            let b = from.rank_box(q);
-            if volume(&intersect(&need, &b)) < 1e-12 {
+        for (sender, fraction) in incoming(from, to, r) {
+            if node_of(sender) == node {
                 continue;
-            }
-            match pieces.iter_mut().find(|(x, _)| *x == b) {
-                Some((_, holders)) => holders.push(from.first + q),
-                None => pieces.push((b, vec![from.first + q])),
-            }
-        }
-        for (b, holders) in pieces {
-            let sender = holders[r as usize % holders.len()];
-            if own == Some(b) || node_of(sender) == node {
-                continue;
-            }
-            let mut fraction = volume(&intersect(&need, &b));
-            if let Some(o) = own {
-                fraction -= volume(&intersect(&intersect(&need, &b), &o));
             }
             *inbound.entry(node).or_default() += fraction;
             *outbound.entry(node_of(sender)).or_default() += fraction;
@@ -257,42 +241,49 @@ pub fn transfers(
 ) -> Vec<Transfer> {
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
-    let mut out = Vec::new();
-    for r in 0..needed.ranks() {
-        let need = needed.rank_box(r);
-        let absolute = needed.first + r;
-        let own = (absolute >= held.first && absolute < held.first + held.ranks())
-            .then(|| held.rank_box(absolute - held.first));
-        // Distinct producer boxes meeting the need, each with its holders.
-        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
-        for q in 0..held.ranks() {
-            let b = held.rank_box(q);
-            if volume(&intersect(&need, &b)) < 1e-12 {
-                continue;
-            }
-            match pieces.iter_mut().find(|(x, _)| *x == b) {
-                Some((_, holders)) => holders.push(held.first + q),
-                None => pieces.push((b, vec![held.first + q])),
-            }
+    (0..needed.ranks())
+        .flat_map(|r| {
+            incoming(&held, &needed, r)
+                .into_iter()
+                .map(move |(sender, fraction)| Transfer {
+                    from: sender,
+                    to: needed.first + r,
+                    fraction,
+                })
+        })
+        .collect()
+}
+
+/// What consumer rank index `r` of `to` receives of a tensor held as `from`: for each
+/// distinct producer box meeting its need that it does not hold itself, the holder that
+/// sends it (holders of a replicated piece take turns, by consumer rank) and the share.
+fn incoming(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
+    let need = to.rank_box(r);
+    let absolute = to.first + r;
+    let own = (absolute >= from.first && absolute < from.first + from.ranks())
+        .then(|| from.rank_box(absolute - from.first));
+    let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
+    for q in 0..from.ranks() {
+        let b = from.rank_box(q);
+        if volume(&intersect(&need, &b)) < 1e-12 {
+            continue;
         }
-        for (b, holders) in pieces {
-            if own == Some(b) {
-                continue;
-            }
+        match pieces.iter_mut().find(|(x, _)| *x == b) {
+            Some((_, holders)) => holders.push(from.first + q),
+            None => pieces.push((b, vec![from.first + q])),
+        }
+    }
+    pieces
+        .into_iter()
+        .filter(|(b, _)| own != Some(*b))
+        .filter_map(|(b, holders)| {
             let mut fraction = volume(&intersect(&need, &b));
             if let Some(o) = own {
                 fraction -= volume(&intersect(&intersect(&need, &b), &o));
             }
-            if fraction > 1e-12 {
-                out.push(Transfer {
-                    from: holders[r as usize % holders.len()],
-                    to: absolute,
-                    fraction,
-                });
-            }
-        }
-    }
-    out
+            (fraction > 1e-12).then(|| (holders[r as usize % holders.len()], fraction))
+        })
+        .collect()
 }
 
 /// The ranks of the all-gather that moving the tensor is, when it is one: the consumer
