@@ -41,6 +41,9 @@ pub enum Error {
     /// An output file could not be written (nothing partial is left behind).
     #[error("cannot write {}", .0.path)]
     Write(#[source] Box<FileError>),
+    /// `--check`: the output directory's plan was not made from these inputs.
+    #[error("{0} is not up to date with the model, cluster, profile and options")]
+    OutOfDate(Box<String>),
 }
 
 /// A file and the I/O error on it.
@@ -66,7 +69,8 @@ impl Error {
             | Error::Profile(_)
             | Error::Layers(_)
             | Error::Plan(_)
-            | Error::Read(_) => 1,
+            | Error::Read(_)
+            | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Internal(_) => 101,
         }

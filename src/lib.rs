@@ -30,11 +30,15 @@
 )]
 
 mod cluster;
+mod compile;
 mod error;
 mod inspect;
 mod plan;
 
 pub use cluster::{cluster, ClusterOptions};
+pub use compile::{
+    compile, default_out_dir, inputs_hash, up_to_date, Compiled, Options, ARTIFACTS,
+};
 pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{

@@ -6,7 +6,7 @@ use assert_cmd::Command;
 
 fn ralpc() -> Command {
     let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::root()).env("NO_COLOR", "1");
+    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
     cmd
 }
 

@@ -9,7 +9,7 @@ const VGG16: &str = "fixtures/onnx/vgg16/model.onnx";
 
 fn ralpc() -> Command {
     let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::root()).env("NO_COLOR", "1");
+    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
     cmd
 }
 

@@ -32,7 +32,7 @@ fn the_report_renders_in_headless_chromium() {
     let out = dir.path().join("out");
     let mut ralpc = assert_cmd::Command::cargo_bin("ralpc").unwrap();
     ralpc
-        .current_dir(common::root())
+        .current_dir(common::workdir())
         .args([
             "plan",
             "fixtures/onnx/vgg16/model.onnx",

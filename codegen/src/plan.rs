@@ -5,6 +5,7 @@
 //! {
 //!   "format": "ralpc-plan/1",
 //!   "model": { "name": "vgg16/model.onnx", "blake3": "…64 hex digits…", "layers": 22 },
+//!   "inputs": "…64 hex digits…",
 //!   "cluster": "dgx-a100", "ranks": 8, "batch": 32, "microbatches": 1, "schedule": "1f1b",
 //!   "sites": [ { "node": 0, "rack": 0, "nic": 0 }, …one per rank… ],
 //!   "strategy": { …a ralpc-strategy/1 file… },
@@ -338,6 +339,10 @@ pub struct Plan {
     pub format: String,
     /// The model.
     pub model: ModelRef,
+    /// blake3 of everything the plan was made from (model, cluster, profile, options,
+    /// ralpc's version): a build system compares it to decide whether to plan again. The
+    /// lowering alone knows only the model and writes its hash.
+    pub inputs: String,
     /// The cluster's name.
     pub cluster: String,
     /// Ranks (GPUs) the plan runs on.

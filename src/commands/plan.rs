@@ -18,12 +18,17 @@ Examples:
   ralpc plan graph.txt --gpus 8 --link-bandwidth 1GB/s --strategy pipeline --schedule async
   ralpc plan model.onnx --gpus 8 --profile a100.prof --write-strategy plan.strategy.json
   ralpc plan model.onnx --gpus 8 -o out/          # out/plan.json: per-rank instructions
+  ralpc plan model.onnx --gpus 8 -o out/ --check  # exit 0 if out/ is up to date, else 1
   ralpc plan model.onnx --gpus 8 --strategy-file theirs.strategy.json   # price another plan
 
 Strategies: dp (data parallel on every GPU), burst (each layer its own GPU count),
 soap (also split convolutions and dense layers by rows/features/channels), pipeline
 (stages on disjoint GPU groups), auto (the fastest of all). Every plan is compared
-with data parallelism under the same costs.";
+with data parallelism under the same costs.
+
+Artifacts go to DIR (default `<model stem>.ralpc`): plan.json, plan.dot (+ plan.svg with
+Graphviz), timeline.json and report.html, each written atomically. plan.json records a
+hash of every input; a run whose DIR is up to date does nothing (--force plans again).";
 
 /// Arguments of `ralpc plan`.
 #[derive(Debug, clap::Args)]
@@ -81,14 +86,25 @@ pub struct Args {
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,
-    /// Write the executable plan (`plan.json`, format ralpc-plan/1), the placed graph
-    /// (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated timeline
-    /// (`timeline.json`, open it in ui.perfetto.dev) and `report.html` into this directory.
+    /// Where to write the executable plan (`plan.json`, format ralpc-plan/1), the placed
+    /// graph (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated
+    /// timeline (`timeline.json`, open it in ui.perfetto.dev) and `report.html`
+    /// [default: `<model stem>.ralpc` in the working directory].
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
+    /// Print one JSON object instead of the summary (always plans).
+    #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
+    /// Print nothing but errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Exit 0 when DIR holds the plan of exactly these inputs (model, cluster, profile,
+    /// options, ralpc version), 1 when not; plan nothing.
+    #[arg(long, conflicts_with_all = ["json", "force"])]
+    pub check: bool,
+    /// Plan again even when DIR is up to date.
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn precision(name: &str) -> Precision {
@@ -122,37 +138,50 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
         precision: args.precision.as_deref().map(precision),
         strategy_file: args.strategy_file.clone(),
-        executable: args.out.is_some(),
+        executable: true,
     };
-    let output = ralpc::plan(&options)?;
-    if let (Some(dir), Some(exe)) = (&args.out, &output.executable) {
-        std::fs::create_dir_all(dir).map_err(|error| {
-            ralpc::Error::Write(Box::new(ralpc::FileError {
-                path: dir.display().to_string(),
-                error,
-            }))
-        })?;
-        ralpc::write_atomically(&dir.join("plan.json"), &exe.plan.to_json())?;
-        ralpc::write_atomically(&dir.join("plan.dot"), &exe.dot)?;
-        ralpc::write_atomically(&dir.join("timeline.json"), &exe.timeline)?;
-        let svg = ralpc::render_svg(&exe.dot);
-        if let Some(svg) = &svg {
-            ralpc::write_atomically(&dir.join("plan.svg"), svg)?;
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| ralpc::default_out_dir(&args.model));
+    let shown = dir.display().to_string();
+    if args.check {
+        if !ralpc::up_to_date(&options, &dir)? {
+            return Err(ralpc::Error::OutOfDate(Box::new(shown)));
         }
-        let html = ralpc::report_html(&output.report, exe, svg);
-        ralpc::write_atomically(&dir.join("report.html"), &html)?;
+        if !args.quiet {
+            super::print_stdout(&format!("{shown}: up to date\n"));
+        }
+        return Ok(());
     }
+    // The summary and the strategy file are not kept in DIR: asking for them plans again.
+    let skippable = !args.force && !args.json && args.write_strategy.is_none();
+    // (An unreadable input is not up to date: planning says what is wrong with it.)
+    if skippable && ralpc::up_to_date(&options, &dir).unwrap_or(false) {
+        if !args.quiet {
+            super::print_stdout(&format!(
+                "{shown}: up to date with the model, cluster, profile and options; nothing \
+                 to do (--force plans again)\n"
+            ));
+        }
+        return Ok(());
+    }
+    let compiled = ralpc::compile(&options)?;
+    compiled.write(&dir)?;
     if let Some(path) = &args.write_strategy {
-        ralpc::write_atomically(path, &output.strategy.to_json())?;
+        ralpc::write_atomically(path, &compiled.strategy.to_json())?;
+    }
+    if args.quiet {
+        return Ok(());
     }
     let text = if args.json {
         // Strings and finite numbers always serialize.
-        serde_json::to_string_pretty(&output.report).unwrap_or_default() + "\n"
+        serde_json::to_string_pretty(&compiled.report).unwrap_or_default() + "\n"
     } else {
-        summary(
-            &output.report,
-            output.executable.as_ref().map(|e| &e.simulation),
-        )
+        let mut text = summary(&compiled.report, Some(&compiled.executable.simulation));
+        let names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
+        let _ = writeln!(text, "wrote {}: {}", shown, names.join(", "));
+        text
     };
     super::print_stdout(&text);
     Ok(())

@@ -64,3 +64,20 @@ pub fn account(
     let acc = ralpc_ir::account(&model.graph, &info).unwrap_or_else(|e| panic!("{case}: {e}"));
     (model, info, acc)
 }
+
+/// A scratch working directory for running `ralpc` from (it writes `<stem>.ralpc/` there by
+/// default), with `fixtures` linked in so that relative model paths resolve. One per test
+/// process.
+pub fn workdir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ralpc-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let link = dir.join("fixtures");
+        if !link.exists() {
+            std::os::unix::fs::symlink(fixture(""), &link).expect("a fixtures link");
+        }
+        dir
+    })
+    .clone()
+}

@@ -710,6 +710,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
     groups.sort();
     Ok(Plan {
         format: FORMAT.to_owned(),
+        inputs: model.blake3.clone(),
         model,
         cluster: costs.cluster.name.clone(),
         ranks,

@@ -1,0 +1,169 @@
+//! The build-step entry point: a model in, every artifact of its plan out, in memory, with
+//! a hash of everything that went in so that a build system can skip up-to-date work.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::FileError;
+use crate::plan::{plan, render_svg, report_html, PlanOptions, PlanReport};
+use crate::{write_atomically, Error};
+
+/// What to compile: the planning options (see [`PlanOptions`]; the executable plan is
+/// always lowered).
+pub type Options = PlanOptions;
+
+/// The artifacts `ralpc` writes into an output directory, always.
+pub const ARTIFACTS: [&str; 4] = ["plan.json", "plan.dot", "timeline.json", "report.html"];
+
+/// A compiled model: the chosen plan, its executable form and every artifact.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The summary (what `--json` prints).
+    pub report: PlanReport,
+    /// blake3 of the inputs (also in `plan.json` as `inputs`).
+    pub inputs: String,
+    /// The executable plan, simulated, and its visualizations.
+    pub executable: crate::Executable,
+    /// The chosen strategy (a `ralpc-strategy/1` file).
+    pub strategy: ralpc_passes::plan::StrategyFile,
+    /// (file name, contents) of every artifact: [`ARTIFACTS`], plus `plan.svg` when
+    /// Graphviz is installed.
+    pub files: Vec<(&'static str, String)>,
+}
+
+impl Compiled {
+    /// Writes every artifact into `dir` (created if missing), each atomically: a file is
+    /// complete or absent, also when the process is killed mid-write.
+    ///
+    /// # Errors
+    /// [`Error::Write`] when `dir` or a file cannot be written.
+    pub fn write(&self, dir: &Path) -> Result<(), Error> {
+        std::fs::create_dir_all(dir).map_err(|error| {
+            Error::Write(Box::new(FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        // plan.json last: it marks the directory up to date.
+        for (name, text) in self.files.iter().rev() {
+            write_atomically(&dir.join(name), text)?;
+        }
+        Ok(())
+    }
+}
+
+/// Plans `options.model` and renders every artifact.
+///
+/// ```
+/// let options = ralpc::Options {
+///     model: "fixtures/onnx/vgg16/model.onnx".into(),
+///     gpus: Some(8),
+///     ..Default::default()
+/// };
+/// let compiled = ralpc::compile(&options)?;
+/// assert!(compiled.report.speedup_over_dp >= 1.0);
+/// assert_eq!(compiled.executable.plan.inputs, compiled.inputs);
+/// let dir = std::env::temp_dir().join("ralpc-doctest-vgg16");
+/// compiled.write(&dir)?;
+/// assert!(ralpc::up_to_date(&options, &dir)?);
+/// # Ok::<(), ralpc::Error>(())
+/// ```
+///
+/// # Errors
+/// Everything [`plan`](crate::plan()) reports: unreadable or invalid inputs, no plan that
+/// fits.
+pub fn compile(options: &Options) -> Result<Compiled, Error> {
+    let options = PlanOptions {
+        executable: true,
+        ..options.clone()
+    };
+    let output = plan(&options)?;
+    let inputs = inputs_hash(&options)?;
+    let Some(mut executable) = output.executable else {
+        return Err(Error::Internal(Box::new(
+            "no executable plan was lowered".into(),
+        )));
+    };
+    executable.plan.inputs.clone_from(&inputs);
+    let svg = render_svg(&executable.dot);
+    let html = report_html(&output.report, &executable, svg.clone());
+    let mut files = vec![
+        ("plan.json", executable.plan.to_json()),
+        ("plan.dot", executable.dot.clone()),
+        ("timeline.json", executable.timeline.clone()),
+        ("report.html", html),
+    ];
+    if let Some(svg) = svg {
+        files.push(("plan.svg", svg));
+    }
+    Ok(Compiled {
+        report: output.report,
+        inputs,
+        executable,
+        strategy: output.strategy,
+        files,
+    })
+}
+
+/// blake3 of everything a plan depends on: ralpc's version, the options, and the bytes of
+/// the model, the profile, the strategy file and a cluster file.
+///
+/// # Errors
+/// [`Error::Read`] when one of those files cannot be read.
+pub fn inputs_hash(options: &Options) -> Result<String, Error> {
+    let mut hasher = blake3::Hasher::new();
+    let options = PlanOptions {
+        executable: true,
+        ..options.clone()
+    };
+    hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
+    hasher.update(format!("{options:?}").as_bytes());
+    let cluster_file = options
+        .cluster
+        .spec
+        .as_ref()
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    let files = [
+        Some(options.model.clone()),
+        options.profile.clone(),
+        options.strategy_file.clone(),
+        cluster_file,
+    ];
+    for path in files.into_iter().flatten() {
+        let bytes = std::fs::read(&path).map_err(|error| {
+            Error::Read(Box::new(FileError {
+                path: path.display().to_string(),
+                error,
+            }))
+        })?;
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// Whether `dir` holds every artifact of `options`' plan, made from the same inputs.
+///
+/// # Errors
+/// [`Error::Read`] when an input cannot be read.
+pub fn up_to_date(options: &Options, dir: &Path) -> Result<bool, Error> {
+    let inputs = inputs_hash(options)?;
+    if ARTIFACTS.iter().any(|f| !dir.join(f).is_file()) {
+        return Ok(false);
+    }
+    let Ok(text) = std::fs::read_to_string(dir.join("plan.json")) else {
+        return Ok(false);
+    };
+    let recorded = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("inputs").and_then(|i| i.as_str()).map(str::to_owned));
+    Ok(recorded.as_deref() == Some(inputs.as_str()))
+}
+
+/// The default output directory for `model`: `<stem>.ralpc` in the working directory.
+pub fn default_out_dir(model: &Path) -> PathBuf {
+    let stem = model
+        .file_stem()
+        .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    PathBuf::from(format!("{stem}.ralpc"))
+}
