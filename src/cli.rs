@@ -32,7 +32,7 @@ pub struct Cli {
 }
 
 /// Subcommand names: anything else in first position is a model for `ralpc plan`.
-pub const SUBCOMMANDS: [&str; 4] = ["inspect", "plan", "cluster", "help"];
+pub const SUBCOMMANDS: [&str; 5] = ["inspect", "plan", "cluster", "sweep", "help"];
 
 /// `ralpc MODEL …` → `ralpc plan MODEL …` when the first word looks like a file (it
 /// exists, or has a `.` or `/`); any other word stays a (mistyped) subcommand for clap to
@@ -57,6 +57,9 @@ pub enum Command {
     /// Plan how every layer is spread over the GPUs (`ralpc MODEL …` is short for this).
     #[command(after_help = commands::plan::EXAMPLES)]
     Plan(Box<commands::plan::Args>),
+    /// The best plan for every GPU type and count: throughput, speedup, efficiency.
+    #[command(after_help = commands::sweep::EXAMPLES)]
+    Sweep(Box<commands::sweep::Args>),
     /// Show a cluster: GPUs, their peaks and memory, and the links between them.
     #[command(after_help = commands::cluster::EXAMPLES)]
     Cluster(commands::cluster::Args),

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
         cli::Command::Plan(args) => commands::plan::run(&args),
         cli::Command::Cluster(args) => commands::cluster::run(&args),
+        cli::Command::Sweep(args) => commands::sweep::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

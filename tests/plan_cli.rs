@@ -204,7 +204,7 @@ fn a_pipedream_graph_is_a_model() {
 #[test]
 fn the_summary_explains_the_plan() {
     let out = ralpc()
-        .args(["plan", VGG16, "--gpus", "8"])
+        .args(["plan", VGG16, "--gpus", "8", "--force"])
         .assert()
         .success();
     let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();

@@ -56,6 +56,12 @@ fn the_report_renders_in_headless_chromium() {
     for needle in ["Summary", "predicted iteration", "Placement", "<svg"] {
         assert!(html.contains(needle), "{needle} missing");
     }
+    renders(&report, dir.path());
+}
+
+/// Renders `report` in headless Chromium: a screenshot that is not blank, no console
+/// errors. Without Chromium it only notes so, except under CI, which installs it.
+fn renders(report: &Path, scratch: &Path) {
     let Some(browser) = chromium() else {
         if std::env::var_os("CI").is_some() {
             panic!("CI installs Chromium (.ci/run), but it did not run");
@@ -63,8 +69,8 @@ fn the_report_renders_in_headless_chromium() {
         eprintln!("NOTE: Chromium is not installed: report.html was not rendered");
         return;
     };
-    let shot = dir.path().join("shot.png");
-    let profile = dir.path().join("profile");
+    let shot = scratch.join("shot.png");
+    let profile = scratch.join("profile");
     let run = Command::new(browser)
         .args([
             "--headless",
@@ -96,4 +102,34 @@ fn the_report_renders_in_headless_chromium() {
         console.join("\n")
     );
     assert!(colours(&shot) > 4, "the screenshot is blank");
+}
+
+#[test]
+fn the_sweep_report_draws_the_scaling_curves() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    assert_cmd::Command::cargo_bin("ralpc")
+        .unwrap()
+        .current_dir(common::workdir())
+        .args([
+            "sweep",
+            "fixtures/onnx/vgg16/model.onnx",
+            "--gpus",
+            "1,2,4,8,16",
+            "--gpu-types",
+            "a100,h100",
+            "-o",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let report = out.join("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert_eq!(
+        html.matches("<polyline").count(),
+        2,
+        "one curve per GPU type"
+    );
+    assert!(!html.replace("http://www.w3.org", "").contains("http"));
+    renders(&report, dir.path());
 }

@@ -27,7 +27,8 @@ pub struct ReportInput {
     pub graph_dot: String,
 }
 
-fn html(text: &str) -> String {
+/// `text` escaped for HTML text and attribute values.
+pub fn html(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -1,0 +1,146 @@
+//! `ralpc sweep MODEL --gpus 1,2,4,8 [--gpu-types a100,h100,v100]`.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ralpc::passes::cost::Optimizer;
+use ralpc::passes::plan::Family;
+use ralpc::{PlanOptions, SweepOptions, SweepRow};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  ralpc sweep fixtures/onnx/vgg16/model.onnx --gpus 1,2,4,8,16,32
+  ralpc sweep model.onnx --gpus 1,8,64 --gpu-types a100,h100,v100 --csv > matrix.csv
+  ralpc sweep model.onnx --gpus 1,2,4,8 --json -o sweep/   # sweep/report.html: curves
+
+GPU types: a100 (dgx-a100 servers), h100 (dgx-h100), v100 (p3dn-v100), or any cluster
+preset or TOML file; the cluster grows to the GPU count. Each point is the best plan
+(--strategy, default auto); points where no plan fits say why.";
+
+/// Arguments of `ralpc sweep`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// An ONNX model, or a PipeDream profiler `graph.txt`.
+    pub model: PathBuf,
+    /// GPU counts, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub gpus: Vec<u32>,
+    /// GPU types or cluster presets, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "a100")]
+    pub gpu_types: Vec<String>,
+    /// Global batch for ONNX models [default: the model's, or 32].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch: Option<u64>,
+    /// Which plans to search at each point.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
+    pub strategy: String,
+    /// Allowed GPU-sec amplification above 1 (default: unbounded).
+    #[arg(long)]
+    pub tolerance: Option<f64>,
+    /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
+    #[arg(long, value_parser = ralpc::passes::units::parse_bytes)]
+    pub memory_limit: Option<u64>,
+    /// The optimizer, whose state counts in memory.
+    #[arg(long, default_value = "momentum", value_parser = ["sgd", "momentum", "adam"])]
+    pub optimizer: String,
+    /// Print CSV instead of the table.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// Print JSON (an array of points) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write `sweep.csv`, `sweep.json` and `report.html` (scaling curves) here.
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    let options = SweepOptions {
+        base: PlanOptions {
+            model: args.model.clone(),
+            batch: args.batch,
+            family: Family::parse(&args.strategy),
+            tolerance: args.tolerance,
+            memory_limit: args.memory_limit,
+            optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
+            ..PlanOptions::default()
+        },
+        gpus: args.gpus.clone(),
+        gpu_types: args.gpu_types.clone(),
+    };
+    // Drawn only when stderr is a terminal.
+    let bar = ProgressBar::with_draw_target(
+        Some((args.gpus.len() * args.gpu_types.len()) as u64),
+        ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = ProgressStyle::with_template("planning {bar:30} {pos}/{len} points") {
+        bar.set_style(style);
+    }
+    let rows = ralpc::sweep(&options, &|| bar.inc(1));
+    bar.finish_and_clear();
+    let rows = rows?;
+    let json = serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n";
+    let csv = ralpc::sweep_csv(&rows);
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|error| {
+            ralpc::Error::Write(Box::new(ralpc::FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        ralpc::write_atomically(&dir.join("sweep.csv"), &csv)?;
+        ralpc::write_atomically(&dir.join("sweep.json"), &json)?;
+        let model = args.model.display().to_string();
+        ralpc::write_atomically(
+            &dir.join("report.html"),
+            &ralpc::sweep_report_html(&model, &rows),
+        )?;
+    }
+    let text = if args.json {
+        json
+    } else if args.csv {
+        csv
+    } else {
+        table(&rows)
+    };
+    super::print_stdout(&text);
+    Ok(())
+}
+
+fn table(rows: &[SweepRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<10} {:>6}  {:<9} {:>12} {:>12} {:>8} {:>10} {:>6} {:>10}",
+        "GPU type",
+        "GPUs",
+        "strategy",
+        "iteration",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "ampl.",
+        "memory"
+    );
+    for r in rows {
+        let _ = match &r.error {
+            Some(e) => writeln!(out, "{:<10} {:>6}  no plan: {e}", r.gpu_type, r.gpus),
+            None => writeln!(
+                out,
+                "{:<10} {:>6}  {:<9} {:>9.3} ms {:>12.1} {:>7.2}× {:>9.0}% {:>6.2} {:>6.2} GiB",
+                r.gpu_type,
+                r.gpus,
+                r.strategy,
+                r.iteration_time_us / 1e3,
+                r.samples_per_second,
+                r.speedup,
+                r.efficiency * 100.0,
+                r.gpu_sec_amplification,
+                r.peak_memory_bytes / (1u64 << 30) as f64
+            ),
+        };
+    }
+    out
+}

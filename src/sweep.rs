@@ -1,0 +1,274 @@
+//! `ralpc sweep`: the best plan for every GPU type and count, the throughput matrix a
+//! heterogeneity-aware scheduler (Gavel) needs and the scaling curve a user wants before
+//! asking for GPUs.
+
+use std::fmt::Write;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use ralpc_codegen::report::html;
+
+use crate::plan::{plan, PlanOptions};
+use crate::{ClusterOptions, Error};
+
+/// What to sweep.
+#[derive(Clone, Debug, Default)]
+pub struct SweepOptions {
+    /// Everything but the cluster and the GPU count (the model, batch, strategy, …).
+    pub base: PlanOptions,
+    /// GPU counts.
+    pub gpus: Vec<u32>,
+    /// GPU types (`a100`, `h100`, `v100`) or cluster presets or TOML files; each grows to
+    /// the GPU count.
+    pub gpu_types: Vec<String>,
+}
+
+/// One point of the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepRow {
+    /// The GPU type as given.
+    pub gpu_type: String,
+    /// The cluster planned on.
+    pub cluster: String,
+    /// GPUs.
+    pub gpus: u32,
+    /// The winning family (`dp`, `burst`, `soap`, `pipeline`); empty when nothing fits.
+    pub strategy: String,
+    /// Predicted iteration time, µs (0 when nothing fits).
+    pub iteration_time_us: f64,
+    /// Samples per second.
+    pub samples_per_second: f64,
+    /// Over one GPU of this type computing the whole batch.
+    pub speedup: f64,
+    /// Speedup per GPU.
+    pub efficiency: f64,
+    /// GPU-sec amplification.
+    pub gpu_sec_amplification: f64,
+    /// The fullest GPU's memory, bytes.
+    pub peak_memory_bytes: f64,
+    /// Why there is no plan (memory, budget), when there is none.
+    pub error: Option<String>,
+}
+
+/// The cluster preset of a GPU type's name.
+pub fn cluster_of_gpu_type(name: &str) -> String {
+    match name.to_ascii_lowercase().as_str() {
+        "a100" => "dgx-a100".into(),
+        "h100" => "dgx-h100".into(),
+        "v100" => "p3dn-v100".into(),
+        _ => name.into(),
+    }
+}
+
+/// Plans every (GPU type, count) point, in parallel; `tick` is called as each finishes.
+/// Points where no plan fits keep their reason in [`SweepRow::error`].
+///
+/// # Errors
+/// Anything wrong with the inputs themselves (model, profile, cluster name).
+pub fn sweep(options: &SweepOptions, tick: &(dyn Fn() + Sync)) -> Result<Vec<SweepRow>, Error> {
+    let points: Vec<(&String, u32)> = options
+        .gpu_types
+        .iter()
+        .flat_map(|t| options.gpus.iter().map(move |&g| (t, g)))
+        .collect();
+    points
+        .par_iter()
+        .map(|&(gpu_type, gpus)| {
+            // The type's cluster, with as many nodes as the count needs.
+            let spec = Some(cluster_of_gpu_type(gpu_type));
+            let base = crate::cluster(&ClusterOptions {
+                spec: spec.clone(),
+                ..ClusterOptions::default()
+            })?;
+            let nodes = gpus.div_ceil(base.gpu_count().max(1));
+            let plan_options = PlanOptions {
+                gpus: Some(gpus),
+                cluster: ClusterOptions {
+                    spec,
+                    nodes: (nodes > 1).then_some(nodes),
+                    ..options.base.cluster.clone()
+                },
+                executable: false,
+                ..options.base.clone()
+            };
+            let row = row(gpu_type, gpus, &plan_options);
+            tick();
+            row
+        })
+        .collect()
+}
+
+fn row(gpu_type: &str, gpus: u32, options: &PlanOptions) -> Result<SweepRow, Error> {
+    let mut row = SweepRow {
+        gpu_type: gpu_type.into(),
+        cluster: cluster_of_gpu_type(gpu_type),
+        gpus,
+        strategy: String::new(),
+        iteration_time_us: 0.0,
+        samples_per_second: 0.0,
+        speedup: 0.0,
+        efficiency: 0.0,
+        gpu_sec_amplification: 0.0,
+        peak_memory_bytes: 0.0,
+        error: None,
+    };
+    match plan(options) {
+        Ok(output) => {
+            let r = output.report;
+            let speedup = r.single_gpu_time_us / r.iteration_time_us.max(1e-9);
+            row.cluster = r.cluster;
+            row.strategy = r.strategy.into();
+            row.iteration_time_us = r.iteration_time_us;
+            row.samples_per_second = r.batch as f64 / (r.iteration_time_us * 1e-6).max(1e-12);
+            row.speedup = speedup;
+            row.efficiency = speedup / f64::from(gpus);
+            row.gpu_sec_amplification = r.gpu_sec_amplification;
+            row.peak_memory_bytes = r.peak_memory_bytes;
+        }
+        // No plan at this point (memory, budget, a batch too small): a fact of the sweep.
+        Err(Error::Plan(e)) => row.error = Some(e.to_string()),
+        Err(e) => return Err(e),
+    }
+    Ok(row)
+}
+
+/// The rows as CSV (a header, then one line per point).
+pub fn to_csv(rows: &[SweepRow]) -> String {
+    let mut out = String::from(
+        "gpu_type,cluster,gpus,strategy,iteration_time_us,samples_per_second,speedup,\
+         efficiency,gpu_sec_amplification,peak_memory_bytes,error\n",
+    );
+    for r in rows {
+        let error = r.error.as_deref().unwrap_or("").replace('"', "'");
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.0},\"{error}\"",
+            r.gpu_type,
+            r.cluster,
+            r.gpus,
+            r.strategy,
+            r.iteration_time_us,
+            r.samples_per_second,
+            r.speedup,
+            r.efficiency,
+            r.gpu_sec_amplification,
+            r.peak_memory_bytes
+        );
+    }
+    out
+}
+
+/// A self-contained HTML page: the scaling curves (samples/s against GPUs, one line per
+/// GPU type, log-scaled GPU axis) and the table.
+pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
+    const COLOURS: [&str; 6] = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1",
+    ];
+    let (left, top, width, height) = (70.0, 20.0, 640.0, 320.0);
+    let ok: Vec<&SweepRow> = rows.iter().filter(|r| r.error.is_none()).collect();
+    let max_gpus = ok.iter().map(|r| r.gpus).max().unwrap_or(1).max(2);
+    let max_rate = ok
+        .iter()
+        .map(|r| r.samples_per_second)
+        .fold(0.0, f64::max)
+        .max(1e-9);
+    let x = |g: u32| left + width * f64::from(g).log2() / f64::from(max_gpus).log2();
+    let y = |rate: f64| top + height * (1.0 - rate / max_rate);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" \
+         font-family=\"sans-serif\" font-size=\"11\">\n",
+        left + width + 150.0,
+        top + height + 50.0
+    );
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\
+         <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"#333\"/>\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GPUs</text>\
+         <text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">samples/s</text>",
+        top + height,
+        left + width,
+        top + height,
+        top + height,
+        left + width / 2.0,
+        top + height + 40.0,
+        top + height / 2.0,
+        top + height / 2.0
+    );
+    let mut counts: Vec<u32> = ok.iter().map(|r| r.gpus).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    for g in counts {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{g}</text>",
+            x(g),
+            top + height + 16.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{max_rate:.0}</text>",
+        left - 4.0,
+        top + 4.0
+    );
+    let mut types: Vec<&str> = rows.iter().map(|r| r.gpu_type.as_str()).collect();
+    types.dedup();
+    for (i, t) in types.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let points: Vec<String> = ok
+            .iter()
+            .filter(|r| r.gpu_type == *t)
+            .map(|r| format!("{:.1},{:.1}", x(r.gpus), y(r.samples_per_second)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\
+             <text x=\"{}\" y=\"{}\" fill=\"{colour}\">{}</text>",
+            points.join(" "),
+            left + width + 10.0,
+            top + 14.0 * (i as f64 + 1.0),
+            html(t)
+        );
+    }
+    svg.push_str("</svg>\n");
+    let mut table = String::from(
+        "<table><tr><th>GPU type</th><th>GPUs</th><th>strategy</th><th>iteration</th>\
+         <th>samples/s</th><th>speedup</th><th>efficiency</th><th>amplification</th>\
+         <th>peak memory</th></tr>\n",
+    );
+    for r in rows {
+        let _ = match &r.error {
+            Some(e) => writeln!(
+                table,
+                "<tr><td>{}</td><td>{}</td><td colspan=\"7\">no plan: {}</td></tr>",
+                html(&r.gpu_type),
+                r.gpus,
+                html(e)
+            ),
+            None => writeln!(
+                table,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3} ms</td><td>{:.1}</td>\
+                 <td>{:.2}×</td><td>{:.0}%</td><td>{:.2}</td><td>{:.2} GiB</td></tr>",
+                html(&r.gpu_type),
+                r.gpus,
+                r.strategy,
+                r.iteration_time_us / 1e3,
+                r.samples_per_second,
+                r.speedup,
+                r.efficiency * 100.0,
+                r.gpu_sec_amplification,
+                r.peak_memory_bytes / (1u64 << 30) as f64
+            ),
+        };
+    }
+    table.push_str("</table>\n");
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ralpc sweep: {m}</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head>\n\
+         <body><h1>Scaling of {m}</h1>\n{svg}{table}</body></html>\n",
+        m = html(model)
+    )
+}
