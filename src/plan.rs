@@ -156,6 +156,8 @@ pub struct PlanReport {
     pub gpus_used: u32,
     /// The most memory any GPU holds, bytes.
     pub peak_memory_bytes: f64,
+    /// What the smallest GPU may hold (its memory, or `--memory-limit`), bytes.
+    pub memory_capacity_bytes: f64,
     /// Total FLOPs over the GPUs' combined peak, µs.
     pub lower_bound_us: f64,
     /// Wall time of loading and planning, µs (the one field that varies between runs).
@@ -219,10 +221,11 @@ fn ms(us: f64) -> String {
 /// summary and the report: GPU time, idle windows, traffic per link class, peak memory
 /// from the instruction order.
 pub fn simulated_facts(sim: &ralpc_runtime_min::Simulation) -> Vec<(String, String)> {
-    let idle: f64 = sim.ranks.iter().map(|r| r.idle_us).sum();
+    let idle: f64 = sim.ranks.iter().map(|r| r.idle_us).sum::<f64>().max(0.0);
     let windows: Vec<&ralpc_runtime_min::IdleWindow> =
         sim.ranks.iter().flat_map(|r| &r.idle_windows).collect();
-    let in_windows: f64 = windows.iter().map(|w| w.end_us - w.start_us).sum();
+    // (An empty f64 sum is −0.)
+    let in_windows: f64 = windows.iter().map(|w| w.end_us - w.start_us).sum::<f64>() + 0.0;
     let peak = sim
         .ranks
         .iter()
@@ -608,6 +611,12 @@ fn report(
         gpu_sec_amplification: e.gpu_sec_amplification,
         gpus_used: e.gpus_used,
         peak_memory_bytes: e.peak_memory_bytes,
+        memory_capacity_bytes: (0..gpus)
+            .map(|r| {
+                let own = cluster.gpu(r).memory_bytes;
+                options.memory_limit.map_or(own, |l| l.min(own)) as f64
+            })
+            .fold(f64::INFINITY, f64::min),
         lower_bound_us: planned.lower_bound_us,
         planning_time_us,
         stages: s

@@ -435,3 +435,31 @@ fn out_writes_the_graph_and_the_timeline() {
         Err(e) => panic!("CI installs Graphviz (.ci/run), but `dot` did not run: {e}"),
     }
 }
+
+/// The summary a user reads, as a snapshot: every figure is a function of the inputs
+/// except the planning time and where the files went, which are redacted.
+#[test]
+fn the_summary_reads_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ralpc()
+        .args(["plan", VGG16, "--gpus", "8", "-o"])
+        .arg(dir.path().join("out"))
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    let redacted: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("planned in ") {
+                "planned in [time]".to_owned()
+            } else if let Some(rest) = line.strip_prefix("wrote ") {
+                let files = rest.split_once(": ").map_or("", |(_, f)| f);
+                // plan.svg only where Graphviz is installed.
+                format!("wrote [dir]: {}", files.replace(", plan.svg", ""))
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    insta::assert_snapshot!(redacted.join("\n"));
+}

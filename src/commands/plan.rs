@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
+use indicatif::{ProgressBar, ProgressDrawTarget};
 use ralpc::passes::cluster::{Link, Precision};
 use ralpc::passes::cost::Optimizer;
 use ralpc::passes::plan::{Family, Schedule};
@@ -166,7 +167,17 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         }
         return Ok(());
     }
-    let compiled = ralpc::compile(&options)?;
+    // A spinner on a terminal (indicatif draws nothing elsewhere) while big searches run.
+    let spinner = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    };
+    spinner.set_message(format!("planning {}", args.model.display()));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let compiled = ralpc::compile(&options);
+    spinner.finish_and_clear();
+    let compiled = compiled?;
     compiled.write(&dir)?;
     if let Some(path) = &args.write_strategy {
         ralpc::write_atomically(path, &compiled.strategy.to_json())?;
@@ -195,6 +206,16 @@ fn gib(bytes: f64) -> String {
     format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
 }
 
+/// `text` cut to `width` characters, keeping its end (layer names differ at the end).
+fn shorten(text: &str, width: usize) -> String {
+    let n = text.chars().count();
+    if n <= width {
+        return text.to_owned();
+    }
+    let tail: String = text.chars().skip(n - (width - 1)).collect();
+    format!("…{tail}")
+}
+
 fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -214,21 +235,25 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
     );
     let _ = writeln!(
         out,
-        "iteration: {}  (data parallel {}: {:.2}×; lower bound {})",
+        "iteration: {}, {:.0} samples/s  (data parallel {}: {:.2}×; lower bound {})",
         ms(r.iteration_time_us),
+        r.batch as f64 / (r.iteration_time_us * 1e-6).max(1e-12),
         ms(r.dp_iteration_time_us),
         r.speedup_over_dp,
         ms(r.lower_bound_us)
     );
     let _ = writeln!(
         out,
-        "GPU time: {} on {} GPU{}, {:.2}× the single-GPU {}; peak memory {}\n",
+        "GPU time: {} on {} GPU{}, {:.2}× the single-GPU {} ({:.2}× faster than one GPU); \
+         peak memory {} of {}\n",
         ms(r.gpu_time_us),
         r.gpus_used,
         if r.gpus_used == 1 { "" } else { "s" },
         r.gpu_sec_amplification,
         ms(r.single_gpu_time_us),
-        gib(r.peak_memory_bytes)
+        r.single_gpu_time_us / r.iteration_time_us.max(1e-9),
+        gib(r.peak_memory_bytes),
+        gib(r.memory_capacity_bytes)
     );
     let _ = writeln!(out, "stages:");
     for (k, s) in r.stages.iter().enumerate() {
@@ -245,39 +270,43 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
             gib(s.memory_bytes)
         );
     }
-    let width = r
-        .layers
-        .iter()
-        .map(|l| l.name.chars().count())
-        .max()
-        .unwrap_or(5)
-        .clamp(5, 48);
+    // Placement, compactly: runs of consecutive layers placed alike.
     let _ = writeln!(
         out,
-        "\n{:<width$}  {:<20}  {:>4}  {:>9}  {:>5}  {:>10}  {:>10}  {:>10}",
-        "layer", "op", "gpus", "s×a×p", "stage", "compute", "sync", "transfer"
+        "\n{:<9}  {:<52}  {:>4}  {:>9}  {:>5}  {:>10}",
+        "layers", "from .. to", "gpus", "s×a×p", "stage", "compute"
     );
-    for l in &r.layers {
-        let name: String = if l.name.chars().count() > width {
-            let tail: Vec<char> = l.name.chars().rev().take(width - 1).collect();
-            format!("…{}", tail.into_iter().rev().collect::<String>())
-        } else {
+    let mut start = 0;
+    while start < r.layers.len() {
+        let l = &r.layers[start];
+        let alike =
+            |m: &ralpc::PlacedLayer| (m.gpus, m.split, m.stage) == (l.gpus, l.split, l.stage);
+        let end = start + r.layers[start..].iter().take_while(|m| alike(m)).count();
+        let run = &r.layers[start..end];
+        let compute: f64 = run.iter().map(|m| m.forward_us + m.backward_us).sum();
+        let names = if run.len() == 1 {
             l.name.clone()
+        } else {
+            format!("{} .. {}", l.name, run[run.len() - 1].name)
         };
-        let op: String = l.op.chars().take(20).collect();
         let _ = writeln!(
             out,
-            "{name:<width$}  {op:<20}  {:>4}  {:>9}  {:>5}  {:>10}  {:>10}  {:>10}",
+            "{:<9}  {:<52}  {:>4}  {:>9}  {:>5}  {:>10}",
+            if run.len() == 1 {
+                start.to_string()
+            } else {
+                format!("{start}-{}", end - 1)
+            },
+            shorten(&names, 52),
             l.gpus,
             format!(
                 "{}×{}×{}",
                 l.split.sample, l.split.attribute, l.split.parameter
             ),
             l.stage,
-            ms(l.forward_us + l.backward_us),
-            ms(l.sync_us),
-            ms(l.transfer_us)
+            ms(compute)
         );
+        start = end;
     }
     if r.candidates.len() > 1 {
         let _ = writeln!(out, "\ncompared:");
