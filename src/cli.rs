@@ -12,7 +12,7 @@ Exit status:
   1    the input is at fault: unreadable or malformed model, unsupported operator,
        shape mismatch, bad --batch/--input, unknown or invalid cluster, bad
        profile or strategy file, a model that fits no plan's memory, a
-       --tolerance no plan meets
+       --tolerance no plan meets, `plan --check` on an out-of-date directory
   3    an output file cannot be written (nothing partial is left behind)
   2    usage error (unknown flag, bad value)
   101  internal error: a bug in ralpc; please report it with `ralpc --version`";
