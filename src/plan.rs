@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::error::FileError;
 use crate::{cluster, ClusterOptions, Error};
 
-/// The global batch when none is given.
+/// The global batch when none is given and the model was not exported at a batch ≥ 2.
 pub const DEFAULT_BATCH: u64 = 32;
 
 /// What to plan.
@@ -28,7 +28,8 @@ pub struct PlanOptions {
     pub gpus: Option<u32>,
     /// The cluster.
     pub cluster: ClusterOptions,
-    /// Global batch (ONNX models; a PipeDream graph has its own); `None`: 32.
+    /// Global batch (ONNX models; a PipeDream graph has its own); `None`: the batch the
+    /// model was exported at when it is ≥ 2, else 32.
     pub batch: Option<u64>,
     /// Pipeline microbatches; `None`: searched.
     pub microbatches: Option<u32>,
@@ -374,6 +375,24 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
 }
 
 /// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
+/// The batch a model was exported with, when it is a real one: every input has rank ≥ 2
+/// and the same fixed axis 0 of at least 2 (exports at batch 1 are only examples).
+fn exported_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
+    let mut batch = None;
+    for input in graph.inputs() {
+        let shape = graph.value(input).declared.as_ref()?.shape.as_ref()?;
+        if shape.rank() < 2 {
+            return None;
+        }
+        let b = shape.0[0].as_size().filter(|&b| b >= 2)?;
+        if batch.is_some_and(|x| x != b) {
+            return None;
+        }
+        batch = Some(b);
+    }
+    batch
+}
+
 fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
     let is_onnx = model
         .extension()
@@ -405,8 +424,10 @@ fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
             }
         }
     }
-    let batch = batch.unwrap_or(DEFAULT_BATCH);
     let mut imported = onnx::import(model)?;
+    let batch = batch
+        .or_else(|| exported_batch(&imported.graph))
+        .unwrap_or(DEFAULT_BATCH);
     bind(
         &mut imported.graph,
         &Bindings {

@@ -463,3 +463,18 @@ fn the_summary_reads_the_same() {
         .collect();
     insta::assert_snapshot!(redacted.join("\n"));
 }
+
+#[test]
+fn the_default_batch_is_the_exported_one_when_it_is_real() {
+    let exported = json(&[
+        "plan",
+        "fixtures/rules/exported_batch4.onnx",
+        "--gpus",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(exported["batch"], 4);
+    // Exported at batch 1 (an example, not a training batch): 32.
+    let vgg = json(&["plan", VGG16, "--gpus", "8", "--json"]);
+    assert_eq!(vgg["batch"], 32);
+}

@@ -46,7 +46,8 @@ pub struct Args {
     /// [default: dgx-a100, with as many nodes as --gpus needs].
     #[arg(long)]
     pub cluster: Option<String>,
-    /// Global batch for ONNX models (a PipeDream graph keeps its own).
+    /// Global batch for ONNX models [default: the exported batch when ≥ 2, else 32] (a
+    /// PipeDream graph keeps its own).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
     /// Pipeline microbatches (default: searched over powers of two dividing the batch).
