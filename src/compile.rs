@@ -84,8 +84,10 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
         )));
     };
     executable.plan.inputs.clone_from(&inputs);
+    let mut report = output.report;
+    report.simulated = Some(crate::plan::SimulatedRow::of(&executable.simulation));
     let svg = render_svg(&executable.dot);
-    let html = report_html(&output.report, &executable, svg.clone());
+    let html = report_html(&report, &executable, svg.clone());
     let mut files = vec![
         ("plan.json", executable.plan.to_json()),
         ("plan.dot", executable.dot.clone()),
@@ -96,7 +98,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
         files.push(("plan.svg", svg));
     }
     Ok(Compiled {
-        report: output.report,
+        report,
         inputs,
         executable,
         strategy: output.strategy,

@@ -44,7 +44,8 @@ pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
     plan, render_svg, report_html, simulated_facts, write_atomically, CandidateRow, Executable,
-    PlacedLayer, PlanOptions, PlanOutput, PlanReport, SplitRow, StageRow, DEFAULT_BATCH,
+    PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow,
+    DEFAULT_BATCH,
 };
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;

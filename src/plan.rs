@@ -169,6 +169,40 @@ pub struct PlanReport {
     pub layers: Vec<PlacedLayer>,
     /// Each searched family's best plan.
     pub candidates: Vec<CandidateRow>,
+    /// What simulating the executable plan found, when it was lowered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<SimulatedRow>,
+}
+
+/// The simulator's figures for the chosen plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimulatedRow {
+    /// One iteration, µs.
+    pub iteration_time_us: f64,
+    /// Busy GPU time over all ranks, µs.
+    pub gpu_time_us: f64,
+    /// Idle GPU time over all ranks, µs.
+    pub idle_us: f64,
+    /// Idle windows of at least 100 µs, over all ranks.
+    pub idle_windows: usize,
+    /// Bytes moved per link class (`intra_node`, `inter_node`, `inter_rack`).
+    pub bytes_by_link: std::collections::BTreeMap<ralpc_codegen::LinkClass, u64>,
+    /// Each rank's peak memory from the instruction order, bytes.
+    pub peak_memory_bytes: Vec<u64>,
+}
+
+impl SimulatedRow {
+    /// The row of a simulation.
+    pub fn of(sim: &ralpc_runtime_min::Simulation) -> SimulatedRow {
+        SimulatedRow {
+            iteration_time_us: sim.iteration_time_us,
+            gpu_time_us: sim.gpu_time_us,
+            idle_us: sim.ranks.iter().map(|r| r.idle_us).sum::<f64>().max(0.0),
+            idle_windows: sim.ranks.iter().map(|r| r.idle_windows.len()).sum(),
+            bytes_by_link: sim.bytes_by_link.clone(),
+            peak_memory_bytes: sim.ranks.iter().map(|r| r.peak_memory_bytes).collect(),
+        }
+    }
 }
 
 /// A plan and its strategy in file form.
@@ -690,6 +724,7 @@ fn report(
                 fits: c.evaluation.fits,
             })
             .collect(),
+        simulated: None,
     }
 }
 

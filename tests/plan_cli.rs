@@ -45,6 +45,14 @@ fn json_has_the_documented_fields() {
     assert!(t <= v["dp_iteration_time_us"].as_f64().unwrap());
     assert!(t >= v["lower_bound_us"].as_f64().unwrap());
     assert_eq!(v["batch"], 32);
+    assert!(
+        v["memory_capacity_bytes"].as_f64().unwrap() >= v["peak_memory_bytes"].as_f64().unwrap()
+    );
+    // The simulator's figures: one peak per rank, bytes per link class.
+    let simulated = &v["simulated"];
+    assert!(simulated["iteration_time_us"].as_f64().unwrap() > 0.0);
+    assert_eq!(simulated["peak_memory_bytes"].as_array().unwrap().len(), 8);
+    assert!(simulated["bytes_by_link"]["intra_node"].as_u64().unwrap() > 0);
     let stages = v["stages"].as_array().unwrap();
     assert!(!stages.is_empty());
     for s in stages {
