@@ -61,9 +61,9 @@ pub struct Args {
     #[arg(long, value_parser = ["1f1b", "gpipe", "async"])]
     pub schedule: Option<String>,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
-    /// time in GPU time (default: unbounded).
-    #[arg(long)]
-    pub tolerance: Option<f64>,
+    /// time in GPU time (`inf`: no budget).
+    #[arg(long, default_value_t = 1.0)]
+    pub tolerance: f64,
     /// Measured per-op costs (ralpc JSON or DeepPool .prof).
     #[arg(long)]
     pub profile: Option<PathBuf>,
@@ -134,7 +134,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         microbatches: args.microbatches,
         family: Family::parse(&args.strategy),
         schedule: args.schedule.as_deref().and_then(Schedule::parse),
-        tolerance: args.tolerance,
+        // A strategy file is priced as it is, whatever its GPU time.
+        tolerance: (args.tolerance.is_finite() && args.strategy_file.is_none())
+            .then_some(args.tolerance),
         profile: args.profile.clone(),
         memory_limit: args.memory_limit,
         optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),

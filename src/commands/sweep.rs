@@ -36,9 +36,10 @@ pub struct Args {
     /// Which plans to search at each point.
     #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
     pub strategy: String,
-    /// Allowed GPU-sec amplification above 1 (default: unbounded).
-    #[arg(long)]
-    pub tolerance: Option<f64>,
+    /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
+    /// time in GPU time (`inf`: no budget).
+    #[arg(long, default_value_t = 1.0)]
+    pub tolerance: f64,
     /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
     #[arg(long, value_parser = ralpc::passes::units::parse_bytes)]
     pub memory_limit: Option<u64>,
@@ -62,7 +63,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             model: args.model.clone(),
             batch: args.batch,
             family: Family::parse(&args.strategy),
-            tolerance: args.tolerance,
+            tolerance: args.tolerance.is_finite().then_some(args.tolerance),
             memory_limit: args.memory_limit,
             optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
             ..PlanOptions::default()
