@@ -1,0 +1,418 @@
+//! Forward and backward kernels on `f32` slices in row-major NCHW layout.
+//!
+//! Matrix products go through `matrixmultiply` (packed, vectorized, threaded GEMM), never
+//! a hand-written loop nest; convolutions are lowered to it with im2col, one sample at a
+//! time in parallel (rayon). Backward kernels accumulate into their gradient outputs
+//! (`+=`), as a layer's gradient sums over microbatches and over consumers.
+
+use rayon::prelude::*;
+
+/// `C = alpha·op(A)·op(B) + beta·C` for row-major `A` (`m×k`, or `k×m` when `trans_a`),
+/// `B` (`k×n`, or `n×k` when `trans_b`) and `C` (`m×n`).
+#[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
+pub fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(
+        a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
+        "gemm operand sizes"
+    );
+    let (rsa, csa) = if trans_a { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if trans_b { (1, k) } else { (n, 1) };
+    // SAFETY: the assert above bounds every element the strides reach: A is m×k (or k×m),
+    // B is k×n (or n×k) and C is m×n, all contiguous row-major.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// A 2-d convolution's geometry (NCHW input, OIHW weight, one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2d {
+    /// Samples.
+    pub batch: usize,
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Input height and width.
+    pub input: (usize, usize),
+    /// Kernel height and width.
+    pub kernel: (usize, usize),
+    /// Strides.
+    pub stride: (usize, usize),
+    /// Zero padding on each side.
+    pub padding: (usize, usize),
+}
+
+impl Conv2d {
+    /// Output height and width.
+    pub fn output(&self) -> (usize, usize) {
+        let out = |i: usize, k: usize, s: usize, p: usize| (i + 2 * p).saturating_sub(k) / s + 1;
+        (
+            out(self.input.0, self.kernel.0, self.stride.0, self.padding.0),
+            out(self.input.1, self.kernel.1, self.stride.1, self.padding.1),
+        )
+    }
+
+    fn patch(&self) -> usize {
+        self.in_channels * self.kernel.0 * self.kernel.1
+    }
+
+    fn pixels(&self) -> usize {
+        let (oh, ow) = self.output();
+        oh * ow
+    }
+
+    /// The input position read by output pixel `(oy, ox)` at kernel offset `(ky, kx)`.
+    fn source(&self, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<(usize, usize)> {
+        let y = (oy * self.stride.0 + ky).checked_sub(self.padding.0)?;
+        let x = (ox * self.stride.1 + kx).checked_sub(self.padding.1)?;
+        (y < self.input.0 && x < self.input.1).then_some((y, x))
+    }
+
+    /// One sample's input as columns: `patch × pixels`.
+    fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+        let (oh, ow) = self.output();
+        let (h, w) = self.input;
+        for c in 0..self.in_channels {
+            for ky in 0..self.kernel.0 {
+                for kx in 0..self.kernel.1 {
+                    let row = (c * self.kernel.0 + ky) * self.kernel.1 + kx;
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            cols[row * oh * ow + oy * ow + ox] = self
+                                .source(oy, ox, ky, kx)
+                                .map_or(0.0, |(y, xx)| x[(c * h + y) * w + xx]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds columns back onto one sample's input gradient (the adjoint of `im2col`).
+    fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
+        let (oh, ow) = self.output();
+        let (h, w) = self.input;
+        for c in 0..self.in_channels {
+            for ky in 0..self.kernel.0 {
+                for kx in 0..self.kernel.1 {
+                    let row = (c * self.kernel.0 + ky) * self.kernel.1 + kx;
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            if let Some((y, xx)) = self.source(oy, ox, ky, kx) {
+                                dx[(c * h + y) * w + xx] += cols[row * oh * ow + oy * ow + ox];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `y = conv(x, w) + bias`: `x` is N×C×H×W, `w` O×C×KH×KW, `y` N×O×OH×OW.
+    pub fn forward(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+        let (patch, pixels) = (self.patch(), self.pixels());
+        let in_size = self.in_channels * self.input.0 * self.input.1;
+        y.par_chunks_mut(self.out_channels * pixels)
+            .zip(x.par_chunks(in_size))
+            .for_each(|(ys, xs)| {
+                let mut cols = vec![0.0; patch * pixels];
+                self.im2col(xs, &mut cols);
+                gemm(
+                    self.out_channels,
+                    patch,
+                    pixels,
+                    1.0,
+                    w,
+                    false,
+                    &cols,
+                    false,
+                    0.0,
+                    ys,
+                );
+                if let Some(b) = bias {
+                    for (o, plane) in ys.chunks_mut(pixels).enumerate() {
+                        plane.iter_mut().for_each(|v| *v += b[o]);
+                    }
+                }
+            });
+    }
+
+    /// Accumulates the gradients of `x`, `w` and the bias from `dy` (N×O×OH×OW).
+    pub fn backward(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        dw: &mut [f32],
+        db: Option<&mut [f32]>,
+    ) {
+        let (patch, pixels) = (self.patch(), self.pixels());
+        let in_size = self.in_channels * self.input.0 * self.input.1;
+        let out_size = self.out_channels * pixels;
+        // Per sample: dW_n = dY_n · colsᵀ, dcols = Wᵀ · dY_n; summed in sample order so the
+        // result does not depend on the thread count.
+        let parts: Vec<(Vec<f32>, Option<Vec<f32>>)> = (0..self.batch)
+            .into_par_iter()
+            .map(|n| {
+                let xs = &x[n * in_size..(n + 1) * in_size];
+                let dys = &dy[n * out_size..(n + 1) * out_size];
+                let mut cols = vec![0.0; patch * pixels];
+                self.im2col(xs, &mut cols);
+                let mut dw_n = vec![0.0; self.out_channels * patch];
+                gemm(
+                    self.out_channels,
+                    pixels,
+                    patch,
+                    1.0,
+                    dys,
+                    false,
+                    &cols,
+                    true,
+                    0.0,
+                    &mut dw_n,
+                );
+                let dx_n = dx.is_some().then(|| {
+                    let mut dcols = vec![0.0; patch * pixels];
+                    gemm(
+                        patch,
+                        self.out_channels,
+                        pixels,
+                        1.0,
+                        w,
+                        true,
+                        dys,
+                        false,
+                        0.0,
+                        &mut dcols,
+                    );
+                    let mut dx_n = vec![0.0; in_size];
+                    self.col2im(&dcols, &mut dx_n);
+                    dx_n
+                });
+                (dw_n, dx_n)
+            })
+            .collect();
+        let mut dx = dx;
+        for (n, (dw_n, dx_n)) in parts.into_iter().enumerate() {
+            add(dw, &dw_n);
+            if let (Some(dx), Some(dx_n)) = (dx.as_deref_mut(), dx_n) {
+                add(&mut dx[n * in_size..(n + 1) * in_size], &dx_n);
+            }
+        }
+        if let Some(db) = db {
+            for dys in dy.chunks(out_size) {
+                for (o, plane) in dys.chunks(pixels).enumerate() {
+                    db[o] += plane.iter().sum::<f32>();
+                }
+            }
+        }
+    }
+}
+
+/// `a += b`, elementwise.
+pub fn add(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
+
+/// A fully connected layer `y = x·Wᵀ + b` (ONNX Gemm with `transB = 1`): `x` is
+/// `batch×inputs`, `w` `outputs×inputs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Linear {
+    /// Rows of `x`.
+    pub batch: usize,
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+}
+
+impl Linear {
+    /// The forward pass.
+    pub fn forward(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+        gemm(
+            self.batch,
+            self.inputs,
+            self.outputs,
+            1.0,
+            x,
+            false,
+            w,
+            true,
+            0.0,
+            y,
+        );
+        if let Some(b) = bias {
+            for row in y.chunks_mut(self.outputs) {
+                add(row, b);
+            }
+        }
+    }
+
+    /// Accumulates `dx = dy·W`, `dW = dyᵀ·x`, `db = Σ dy`.
+    pub fn backward(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        dw: &mut [f32],
+        db: Option<&mut [f32]>,
+    ) {
+        if let Some(dx) = dx {
+            gemm(
+                self.batch,
+                self.outputs,
+                self.inputs,
+                1.0,
+                dy,
+                false,
+                w,
+                false,
+                1.0,
+                dx,
+            );
+        }
+        gemm(
+            self.outputs,
+            self.batch,
+            self.inputs,
+            1.0,
+            dy,
+            true,
+            x,
+            false,
+            1.0,
+            dw,
+        );
+        if let Some(db) = db {
+            for row in dy.chunks(self.outputs) {
+                add(db, row);
+            }
+        }
+    }
+}
+
+/// `y = max(x, 0)`.
+pub fn relu(x: &[f32], y: &mut [f32]) {
+    y.iter_mut().zip(x).for_each(|(o, &v)| *o = v.max(0.0));
+}
+
+/// Accumulates `dx += dy · [y > 0]` from the forward output `y`.
+pub fn relu_backward(y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((d, &o), &g) in dx.iter_mut().zip(y).zip(dy) {
+        if o > 0.0 {
+            *d += g;
+        }
+    }
+}
+
+/// Max pooling over `kernel` windows with `stride` (no padding) on N·C planes of `input`
+/// size. Returns, per output, the index of the input it took (for the backward pass).
+pub fn max_pool(
+    planes: usize,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    x: &[f32],
+    y: &mut [f32],
+) -> Vec<u32> {
+    let oh = (input.0 - kernel.0) / stride.0 + 1;
+    let ow = (input.1 - kernel.1) / stride.1 + 1;
+    let mut argmax = vec![0u32; planes * oh * ow];
+    for p in 0..planes {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let (mut best, mut at) = (f32::NEG_INFINITY, 0);
+                for ky in 0..kernel.0 {
+                    for kx in 0..kernel.1 {
+                        let i = (p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx;
+                        if x[i] > best {
+                            (best, at) = (x[i], i);
+                        }
+                    }
+                }
+                let o = (p * oh + oy) * ow + ox;
+                y[o] = best;
+                argmax[o] = at as u32;
+            }
+        }
+    }
+    argmax
+}
+
+/// Accumulates max pooling's input gradient: each output's gradient to the input it took.
+pub fn max_pool_backward(argmax: &[u32], dy: &[f32], dx: &mut [f32]) {
+    for (&i, &g) in argmax.iter().zip(dy) {
+        dx[i as usize] += g;
+    }
+}
+
+/// Mean softmax cross-entropy of `logits` (`batch×classes`) against `labels`, and its
+/// gradient with respect to the logits (overwritten into `dlogits`). `scale` divides the
+/// loss, e.g. the global batch when this is one rank's share.
+pub fn softmax_cross_entropy(
+    classes: usize,
+    logits: &[f32],
+    labels: &[u32],
+    scale: f32,
+    dlogits: &mut [f32],
+) -> f64 {
+    let mut loss = 0.0f64;
+    for ((row, &label), drow) in logits
+        .chunks(classes)
+        .zip(labels)
+        .zip(dlogits.chunks_mut(classes))
+    {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+        let label = label as usize;
+        loss -= f64::from(row[label] - max) - sum.ln();
+        for (j, (d, &v)) in drow.iter_mut().zip(row).enumerate() {
+            let p = (f64::from(v - max).exp() / sum) as f32;
+            *d = (p - if j == label { 1.0 } else { 0.0 }) / scale;
+        }
+    }
+    loss / f64::from(scale)
+}
+
+/// SGD with momentum (PyTorch's form): `v = μ·v + g`, `w -= lr·v`.
+pub fn sgd_momentum(
+    weights: &mut [f32],
+    grads: &[f32],
+    velocity: &mut [f32],
+    lr: f32,
+    momentum: f32,
+) {
+    for ((w, &g), v) in weights.iter_mut().zip(grads).zip(velocity.iter_mut()) {
+        *v = momentum * *v + g;
+        *w -= lr * *v;
+    }
+}

@@ -1,0 +1,248 @@
+//! The CPU kernels against their definitions: convolution against the direct sum, every
+//! backward against finite differences of its forward (exact for the linear layers, which
+//! are linear in each operand), the loss gradient numerically, and SGD's closed form.
+
+use proptest::prelude::*;
+use ralpc_runtime_min::cpu::kernels::{self, Conv2d, Linear};
+
+/// Seeded values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum()
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+}
+
+fn conv_case() -> impl Strategy<Value = (Conv2d, u64)> {
+    (
+        1usize..3,
+        1usize..4,
+        1usize..4,
+        3usize..8,
+        3usize..8,
+        1usize..4,
+        1usize..3,
+        0usize..2,
+        any::<u64>(),
+    )
+        .prop_filter("the kernel fits", |&(_, _, _, h, w, k, _, p, _)| {
+            k <= h + 2 * p && k <= w + 2 * p
+        })
+        .prop_map(|(batch, ic, oc, h, w, k, s, p, seed)| {
+            (
+                Conv2d {
+                    batch,
+                    in_channels: ic,
+                    out_channels: oc,
+                    input: (h, w),
+                    kernel: (k, k),
+                    stride: (s, s),
+                    padding: (p, p),
+                },
+                seed,
+            )
+        })
+}
+
+fn sizes(c: &Conv2d) -> (usize, usize, usize) {
+    let (oh, ow) = c.output();
+    (
+        c.batch * c.in_channels * c.input.0 * c.input.1,
+        c.out_channels * c.in_channels * c.kernel.0 * c.kernel.1,
+        c.batch * c.out_channels * oh * ow,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn convolution_is_the_direct_sum((c, seed) in conv_case()) {
+        let (nx, nw, ny) = sizes(&c);
+        let (x, w, b) = (values(nx, seed), values(nw, seed ^ 1), values(c.out_channels, seed ^ 2));
+        let mut y = vec![0.0; ny];
+        c.forward(&x, &w, Some(&b), &mut y);
+        let (oh, ow) = c.output();
+        let (h, wd) = c.input;
+        for n in 0..c.batch {
+            for o in 0..c.out_channels {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut sum = f64::from(b[o]);
+                        for i in 0..c.in_channels {
+                            for ky in 0..c.kernel.0 {
+                                for kx in 0..c.kernel.1 {
+                                    let yy = (oy * c.stride.0 + ky) as isize - c.padding.0 as isize;
+                                    let xx = (ox * c.stride.1 + kx) as isize - c.padding.1 as isize;
+                                    if yy < 0 || xx < 0 || yy >= h as isize || xx >= wd as isize {
+                                        continue;
+                                    }
+                                    let xv = x[((n * c.in_channels + i) * h + yy as usize) * wd + xx as usize];
+                                    let wv = w[((o * c.in_channels + i) * c.kernel.0 + ky) * c.kernel.1 + kx];
+                                    sum += f64::from(xv) * f64::from(wv);
+                                }
+                            }
+                        }
+                        let got = y[((n * c.out_channels + o) * oh + oy) * ow + ox];
+                        prop_assert!(close(f64::from(got), sum, 1e-5), "{got} vs {sum}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `L = Σ r·conv(x, w)` is linear in `x`, in `w` and in `b`: its change under a unit
+    /// step of one element is exactly that element's gradient.
+    #[test]
+    fn convolution_gradients_are_exact((c, seed) in conv_case()) {
+        let (nx, nw, ny) = sizes(&c);
+        let (x, w, b) = (values(nx, seed), values(nw, seed ^ 1), values(c.out_channels, seed ^ 2));
+        let r = values(ny, seed ^ 3);
+        let loss = |x: &[f32], w: &[f32], b: &[f32]| {
+            let mut y = vec![0.0; ny];
+            c.forward(x, w, Some(b), &mut y);
+            dot(&y, &r)
+        };
+        let (mut dx, mut dw, mut db) = (vec![0.0; nx], vec![0.0; nw], vec![0.0; c.out_channels]);
+        c.backward(&x, &w, &r, Some(&mut dx), &mut dw, Some(&mut db));
+        let base = loss(&x, &w, &b);
+        for i in (0..nx).step_by(nx / 7 + 1) {
+            let mut x2 = x.clone();
+            x2[i] += 1.0;
+            prop_assert!(close(loss(&x2, &w, &b) - base, f64::from(dx[i]), 1e-4), "dx[{i}]");
+        }
+        for i in (0..nw).step_by(nw / 7 + 1) {
+            let mut w2 = w.clone();
+            w2[i] += 1.0;
+            prop_assert!(close(loss(&x, &w2, &b) - base, f64::from(dw[i]), 1e-4), "dw[{i}]");
+        }
+        for o in 0..c.out_channels {
+            let mut b2 = b.clone();
+            b2[o] += 1.0;
+            prop_assert!(close(loss(&x, &w, &b2) - base, f64::from(db[o]), 1e-4), "db[{o}]");
+        }
+    }
+
+    #[test]
+    fn linear_gradients_are_exact(batch in 1usize..5, inputs in 1usize..9, outputs in 1usize..9, seed in any::<u64>()) {
+        let l = Linear { batch, inputs, outputs };
+        let (x, w, b) = (values(batch * inputs, seed), values(outputs * inputs, seed ^ 1), values(outputs, seed ^ 2));
+        let r = values(batch * outputs, seed ^ 3);
+        let loss = |x: &[f32], w: &[f32], b: &[f32]| {
+            let mut y = vec![0.0; batch * outputs];
+            l.forward(x, w, Some(b), &mut y);
+            dot(&y, &r)
+        };
+        let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; outputs]);
+        l.backward(&x, &w, &r, Some(&mut dx), &mut dw, Some(&mut db));
+        let base = loss(&x, &w, &b);
+        for i in 0..x.len() {
+            let mut x2 = x.clone();
+            x2[i] += 1.0;
+            prop_assert!(close(loss(&x2, &w, &b) - base, f64::from(dx[i]), 1e-4));
+        }
+        for i in 0..w.len() {
+            let mut w2 = w.clone();
+            w2[i] += 1.0;
+            prop_assert!(close(loss(&x, &w2, &b) - base, f64::from(dw[i]), 1e-4));
+        }
+        for o in 0..outputs {
+            let mut b2 = b.clone();
+            b2[o] += 1.0;
+            prop_assert!(close(loss(&x, &w, &b2) - base, f64::from(db[o]), 1e-4));
+        }
+    }
+}
+
+#[test]
+fn relu_and_max_pool_route_gradients_to_what_they_passed() {
+    let x = values(2 * 4 * 4, 11);
+    let mut y = vec![0.0; x.len()];
+    kernels::relu(&x, &mut y);
+    let dy = values(x.len(), 12);
+    let mut dx = vec![0.0; x.len()];
+    kernels::relu_backward(&y, &dy, &mut dx);
+    for i in 0..x.len() {
+        assert_eq!(dx[i], if x[i] > 0.0 { dy[i] } else { 0.0 });
+    }
+    // 2 planes of 4×4, 2×2 windows, stride 2: each output is its window's maximum.
+    let mut pooled = vec![0.0; 2 * 2 * 2];
+    let argmax = kernels::max_pool(2, (4, 4), (2, 2), (2, 2), &x, &mut pooled);
+    for (o, &i) in argmax.iter().enumerate() {
+        let (p, oy, ox) = (o / 4, (o % 4) / 2, o % 2);
+        let window: Vec<f32> = (0..4)
+            .map(|k| x[(p * 4 + oy * 2 + k / 2) * 4 + ox * 2 + k % 2])
+            .collect();
+        let max = window.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(pooled[o], max);
+        assert_eq!(x[i as usize], max);
+    }
+    let dpool = values(pooled.len(), 13);
+    let mut dx = vec![0.0; x.len()];
+    kernels::max_pool_backward(&argmax, &dpool, &mut dx);
+    assert!((dx.iter().sum::<f32>() - dpool.iter().sum::<f32>()).abs() < 1e-5);
+}
+
+#[test]
+fn the_loss_gradient_matches_finite_differences() {
+    let (batch, classes) = (3, 5);
+    let logits = values(batch * classes, 21);
+    let labels = [0u32, 3, 4];
+    let mut grad = vec![0.0; logits.len()];
+    let mut scratch = vec![0.0; logits.len()];
+    let loss = kernels::softmax_cross_entropy(classes, &logits, &labels, batch as f32, &mut grad);
+    assert!(loss > 0.0);
+    let eps = 1e-2f32;
+    for i in 0..logits.len() {
+        let (mut up, mut down) = (logits.clone(), logits.clone());
+        up[i] += eps;
+        down[i] -= eps;
+        let numeric =
+            (kernels::softmax_cross_entropy(classes, &up, &labels, batch as f32, &mut scratch)
+                - kernels::softmax_cross_entropy(
+                    classes,
+                    &down,
+                    &labels,
+                    batch as f32,
+                    &mut scratch,
+                ))
+                / f64::from(2.0 * eps);
+        assert!(
+            close(numeric, f64::from(grad[i]), 1e-3),
+            "{i}: {numeric} vs {}",
+            grad[i]
+        );
+    }
+    // Each row's gradient sums to zero (softmax minus a one-hot).
+    for row in grad.chunks(classes) {
+        assert!(row.iter().sum::<f32>().abs() < 1e-6);
+    }
+}
+
+#[test]
+fn sgd_with_momentum_has_its_closed_form() {
+    let (mut w, mut v) = (vec![1.0f32, -2.0], vec![0.0f32; 2]);
+    let g = [0.5f32, 1.0];
+    kernels::sgd_momentum(&mut w, &g, &mut v, 0.1, 0.9);
+    kernels::sgd_momentum(&mut w, &g, &mut v, 0.1, 0.9);
+    // v1 = g, v2 = 1.9·g; w = w0 − 0.1·(g + 1.9·g) = w0 − 0.29·g.
+    assert!((w[0] - (1.0 - 0.29 * 0.5)).abs() < 1e-6);
+    assert!((w[1] - (-2.0 - 0.29 * 1.0)).abs() < 1e-6);
+}
