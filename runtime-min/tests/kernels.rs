@@ -246,3 +246,81 @@ fn sgd_with_momentum_has_its_closed_form() {
     assert!((w[0] - (1.0 - 0.29 * 0.5)).abs() < 1e-6);
     assert!((w[1] - (-2.0 - 0.29 * 1.0)).abs() < 1e-6);
 }
+
+/// `L = Σ r·f(x)` by central differences, against the analytic gradient `grad`.
+fn check_gradient(x: &[f32], grad: &[f32], loss: impl Fn(&[f32]) -> f64, eps: f32, tol: f64) {
+    for i in 0..x.len() {
+        let (mut up, mut down) = (x.to_vec(), x.to_vec());
+        up[i] += eps;
+        down[i] -= eps;
+        let numeric = (loss(&up) - loss(&down)) / f64::from(2.0 * eps);
+        assert!(
+            close(numeric, f64::from(grad[i]), tol),
+            "{i}: {numeric} vs {}",
+            grad[i]
+        );
+    }
+}
+
+#[test]
+fn average_pooling_spreads_gradients_evenly() {
+    // 3 planes of 4×6, 2×3 windows, stride (2, 3): linear, so unit steps are exact.
+    let (planes, input, kernel, stride) = (3, (4, 6), (2, 3), (2, 3));
+    let x = values(planes * 24, 31);
+    let r = values(planes * 4, 32);
+    let loss = |x: &[f32]| {
+        let mut y = vec![0.0; r.len()];
+        kernels::avg_pool(planes, input, kernel, stride, x, &mut y);
+        dot(&y, &r)
+    };
+    let mut dx = vec![0.0; x.len()];
+    kernels::avg_pool_backward(planes, input, kernel, stride, &r, &mut dx);
+    check_gradient(&x, &dx, loss, 1.0, 1e-5);
+}
+
+#[test]
+fn batch_norm_normalizes_and_its_gradients_match_finite_differences() {
+    let bn = kernels::BatchNorm {
+        channels: 3,
+        spatial: 4,
+        epsilon: 1e-5,
+    };
+    let n = 2 * 3 * 4;
+    let x = values(n, 41);
+    let (gamma, beta) = (values(3, 42), values(3, 43));
+    let mut y = vec![0.0; n];
+    bn.forward(&x, &[1.0; 3], &[0.0; 3], &mut y);
+    // With γ = 1, β = 0 every channel has mean 0 and variance 1.
+    for c in 0..3 {
+        let of_c: Vec<f64> = (0..n)
+            .filter(|i| (i / 4) % 3 == c)
+            .map(|i| f64::from(y[i]))
+            .collect();
+        let mean = of_c.iter().sum::<f64>() / 8.0;
+        let var = of_c.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 8.0;
+        assert!(
+            mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-3,
+            "{mean} {var}"
+        );
+    }
+    let r = values(n, 44);
+    let loss = |x: &[f32], gamma: &[f32], beta: &[f32]| {
+        let mut y = vec![0.0; n];
+        bn.forward(x, gamma, beta, &mut y);
+        dot(&y, &r)
+    };
+    let stats_g = bn.forward(&x, &gamma, &beta, &mut y);
+    let (mut dx, mut dgamma, mut dbeta) = (vec![0.0; n], vec![0.0; 3], vec![0.0; 3]);
+    bn.backward(
+        &x,
+        &gamma,
+        (&stats_g.0, &stats_g.1),
+        &r,
+        &mut dx,
+        &mut dgamma,
+        &mut dbeta,
+    );
+    check_gradient(&x, &dx, |x| loss(x, &gamma, &beta), 1e-2, 2e-2);
+    check_gradient(&gamma, &dgamma, |g| loss(&x, g, &beta), 1e-2, 1e-3);
+    check_gradient(&beta, &dbeta, |b| loss(&x, &gamma, b), 1e-2, 1e-3);
+}

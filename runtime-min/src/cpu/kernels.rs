@@ -344,8 +344,7 @@ pub fn max_pool(
     x: &[f32],
     y: &mut [f32],
 ) -> Vec<u32> {
-    let oh = (input.0 - kernel.0) / stride.0 + 1;
-    let ow = (input.1 - kernel.1) / stride.1 + 1;
+    let (oh, ow) = pooled(input, kernel, stride);
     let mut argmax = vec![0u32; planes * oh * ow];
     for p in 0..planes {
         for oy in 0..oh {
@@ -414,5 +413,148 @@ pub fn sgd_momentum(
     for ((w, &g), v) in weights.iter_mut().zip(grads).zip(velocity.iter_mut()) {
         *v = momentum * *v + g;
         *w -= lr * *v;
+    }
+}
+
+/// Average pooling over `kernel` windows with `stride` (no padding) on `planes` planes.
+pub fn avg_pool(
+    planes: usize,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    x: &[f32],
+    y: &mut [f32],
+) {
+    let (oh, ow) = pooled(input, kernel, stride);
+    let area = (kernel.0 * kernel.1) as f32;
+    for p in 0..planes {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut sum = 0.0;
+                for ky in 0..kernel.0 {
+                    for kx in 0..kernel.1 {
+                        sum += x[(p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx];
+                    }
+                }
+                y[(p * oh + oy) * ow + ox] = sum / area;
+            }
+        }
+    }
+}
+
+/// Accumulates average pooling's input gradient: each output's gradient spread evenly
+/// over its window.
+pub fn avg_pool_backward(
+    planes: usize,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    let (oh, ow) = pooled(input, kernel, stride);
+    let area = (kernel.0 * kernel.1) as f32;
+    for p in 0..planes {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let g = dy[(p * oh + oy) * ow + ox] / area;
+                for ky in 0..kernel.0 {
+                    for kx in 0..kernel.1 {
+                        dx[(p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx] += g;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn pooled(input: (usize, usize), kernel: (usize, usize), stride: (usize, usize)) -> (usize, usize) {
+    (
+        (input.0 - kernel.0) / stride.0 + 1,
+        (input.1 - kernel.1) / stride.1 + 1,
+    )
+}
+
+/// The layout batch normalization works on: N×C×(spatial), `spatial` elements per
+/// channel plane.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchNorm {
+    /// Channels.
+    pub channels: usize,
+    /// Elements of one channel plane (H·W).
+    pub spatial: usize,
+    /// ε.
+    pub epsilon: f32,
+}
+
+impl BatchNorm {
+    fn channel(&self, i: usize) -> usize {
+        (i / self.spatial) % self.channels
+    }
+
+    /// Training mode: normalizes each channel by the batch's mean and (biased) variance,
+    /// then scales and shifts. Returns the per-channel mean and inverse standard deviation
+    /// the backward pass needs.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        y: &mut [f32],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let c = self.channels;
+        let (mut sum, mut squares) = (vec![0.0f64; c], vec![0.0f64; c]);
+        for (i, &v) in x.iter().enumerate() {
+            sum[self.channel(i)] += f64::from(v);
+            squares[self.channel(i)] += f64::from(v) * f64::from(v);
+        }
+        let count = (x.len() / c) as f64;
+        let mean: Vec<f32> = sum.iter().map(|s| (s / count) as f32).collect();
+        let inv_std: Vec<f32> = squares
+            .iter()
+            .zip(&sum)
+            .map(|(q, s)| {
+                let m = s / count;
+                (1.0 / (q / count - m * m + f64::from(self.epsilon)).sqrt()) as f32
+            })
+            .collect();
+        for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
+            let ch = self.channel(i);
+            *o = gamma[ch] * (v - mean[ch]) * inv_std[ch] + beta[ch];
+        }
+        (mean, inv_std)
+    }
+
+    /// Accumulates the gradients. The batch statistics depend on `x`, so each input's
+    /// gradient has the batch terms: `dx = γ·σ⁻¹·(dy − mean(dy) − x̂·mean(dy·x̂))`.
+    #[allow(clippy::too_many_arguments, reason = "the operands of one layer")]
+    pub fn backward(
+        &self,
+        x: &[f32],
+        gamma: &[f32],
+        (mean, inv_std): (&[f32], &[f32]),
+        dy: &[f32],
+        dx: &mut [f32],
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) {
+        let c = self.channels;
+        let count = (x.len() / c) as f64;
+        let xhat =
+            |i: usize, v: f32| f64::from((v - mean[self.channel(i)]) * inv_std[self.channel(i)]);
+        let (mut sum_dy, mut sum_dy_xhat) = (vec![0.0f64; c], vec![0.0f64; c]);
+        for (i, (&v, &g)) in x.iter().zip(dy).enumerate() {
+            sum_dy[self.channel(i)] += f64::from(g);
+            sum_dy_xhat[self.channel(i)] += f64::from(g) * xhat(i, v);
+        }
+        for ch in 0..c {
+            dgamma[ch] += sum_dy_xhat[ch] as f32;
+            dbeta[ch] += sum_dy[ch] as f32;
+        }
+        for (i, (d, (&v, &g))) in dx.iter_mut().zip(x.iter().zip(dy)).enumerate() {
+            let ch = self.channel(i);
+            let term = f64::from(g) - sum_dy[ch] / count - xhat(i, v) * sum_dy_xhat[ch] / count;
+            *d += (f64::from(gamma[ch] * inv_std[ch]) * term) as f32;
+        }
     }
 }
