@@ -21,8 +21,10 @@ Exit status:
 ///
 /// It reads an ONNX model and decides, layer by layer, how training is spread over the
 /// GPUs of a cluster: `ralpc plan` (or just `ralpc MODEL --gpus N`) searches data-parallel,
-/// burst-parallel, SOAP and pipeline plans; `ralpc inspect` shows per-layer parameters,
-/// MACs, FLOPs and memory; `ralpc cluster` shows the machines plans are made for.
+/// burst-parallel, SOAP and pipeline plans and writes the executable plan with its report;
+/// `ralpc sweep` finds the best plan for every GPU type and count; `ralpc inspect` shows
+/// per-layer parameters, MACs, FLOPs and memory; `ralpc cluster` shows the machines plans
+/// are made for.
 #[derive(Debug, Parser)]
 #[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
 pub struct Cli {
