@@ -51,6 +51,22 @@ pub struct SweepRow {
     pub error: Option<String>,
 }
 
+impl SweepRow {
+    /// The figures of a planned point as display cells: strategy, iteration, samples/s,
+    /// speedup, efficiency, amplification, peak memory.
+    pub fn cells(&self) -> [String; 7] {
+        [
+            self.strategy.clone(),
+            format!("{:.3} ms", self.iteration_time_us / 1e3),
+            format!("{:.1}", self.samples_per_second),
+            format!("{:.2}×", self.speedup),
+            format!("{:.0}%", self.efficiency * 100.0),
+            format!("{:.2}", self.gpu_sec_amplification),
+            format!("{:.2} GiB", self.peak_memory_bytes / (1u64 << 30) as f64),
+        ]
+    }
+}
+
 /// The cluster preset of a GPU type's name.
 pub fn cluster_of_gpu_type(name: &str) -> String {
     match name.to_ascii_lowercase().as_str() {
@@ -249,17 +265,10 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
             ),
             None => writeln!(
                 table,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3} ms</td><td>{:.1}</td>\
-                 <td>{:.2}×</td><td>{:.0}%</td><td>{:.2}</td><td>{:.2} GiB</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
                 html(&r.gpu_type),
                 r.gpus,
-                r.strategy,
-                r.iteration_time_us / 1e3,
-                r.samples_per_second,
-                r.speedup,
-                r.efficiency * 100.0,
-                r.gpu_sec_amplification,
-                r.peak_memory_bytes / (1u64 << 30) as f64
+                r.cells().map(|c| html(&c)).join("</td><td>")
             ),
         };
     }

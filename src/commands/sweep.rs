@@ -128,19 +128,15 @@ fn table(rows: &[SweepRow]) -> String {
     for r in rows {
         let _ = match &r.error {
             Some(e) => writeln!(out, "{:<10} {:>6}  no plan: {e}", r.gpu_type, r.gpus),
-            None => writeln!(
-                out,
-                "{:<10} {:>6}  {:<9} {:>9.3} ms {:>12.1} {:>7.2}× {:>9.0}% {:>6.2} {:>6.2} GiB",
-                r.gpu_type,
-                r.gpus,
-                r.strategy,
-                r.iteration_time_us / 1e3,
-                r.samples_per_second,
-                r.speedup,
-                r.efficiency * 100.0,
-                r.gpu_sec_amplification,
-                r.peak_memory_bytes / (1u64 << 30) as f64
-            ),
+            None => {
+                let [strategy, iteration, rate, speedup, efficiency, ampl, memory] = r.cells();
+                writeln!(
+                    out,
+                    "{:<10} {:>6}  {strategy:<9} {iteration:>12} {rate:>12} {speedup:>8} \
+                     {efficiency:>10} {ampl:>6} {memory:>10}",
+                    r.gpu_type, r.gpus
+                )
+            }
         };
     }
     out

@@ -344,26 +344,14 @@ pub fn max_pool(
     x: &[f32],
     y: &mut [f32],
 ) -> Vec<u32> {
-    let (oh, ow) = pooled(input, kernel, stride);
-    let mut argmax = vec![0u32; planes * oh * ow];
-    for p in 0..planes {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let (mut best, mut at) = (f32::NEG_INFINITY, 0);
-                for ky in 0..kernel.0 {
-                    for kx in 0..kernel.1 {
-                        let i = (p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx;
-                        if x[i] > best {
-                            (best, at) = (x[i], i);
-                        }
-                    }
-                }
-                let o = (p * oh + oy) * ow + ox;
-                y[o] = best;
-                argmax[o] = at as u32;
-            }
+    let mut argmax = vec![0u32; y.len()];
+    y.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+    for_each_window(planes, input, kernel, stride, |o, i| {
+        if x[i] > y[o] {
+            y[o] = x[i];
+            argmax[o] = i as u32;
         }
-    }
+    });
     argmax
 }
 
@@ -425,21 +413,9 @@ pub fn avg_pool(
     x: &[f32],
     y: &mut [f32],
 ) {
-    let (oh, ow) = pooled(input, kernel, stride);
     let area = (kernel.0 * kernel.1) as f32;
-    for p in 0..planes {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let mut sum = 0.0;
-                for ky in 0..kernel.0 {
-                    for kx in 0..kernel.1 {
-                        sum += x[(p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx];
-                    }
-                }
-                y[(p * oh + oy) * ow + ox] = sum / area;
-            }
-        }
-    }
+    y.iter_mut().for_each(|v| *v = 0.0);
+    for_each_window(planes, input, kernel, stride, |o, i| y[o] += x[i] / area);
 }
 
 /// Accumulates average pooling's input gradient: each output's gradient spread evenly
@@ -452,27 +428,38 @@ pub fn avg_pool_backward(
     dy: &[f32],
     dx: &mut [f32],
 ) {
-    let (oh, ow) = pooled(input, kernel, stride);
     let area = (kernel.0 * kernel.1) as f32;
+    for_each_window(planes, input, kernel, stride, |o, i| dx[i] += dy[o] / area);
+}
+
+/// Calls `visit(output, input)` for every output position of a pooling (no padding) and
+/// every input position in its window, planes outermost.
+fn for_each_window(
+    planes: usize,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    mut visit: impl FnMut(usize, usize),
+) {
+    let (oh, ow) = (
+        (input.0 - kernel.0) / stride.0 + 1,
+        (input.1 - kernel.1) / stride.1 + 1,
+    );
     for p in 0..planes {
         for oy in 0..oh {
             for ox in 0..ow {
-                let g = dy[(p * oh + oy) * ow + ox] / area;
+                let o = (p * oh + oy) * ow + ox;
                 for ky in 0..kernel.0 {
                     for kx in 0..kernel.1 {
-                        dx[(p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx] += g;
+                        visit(
+                            o,
+                            (p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx,
+                        );
                     }
                 }
             }
         }
     }
-}
-
-fn pooled(input: (usize, usize), kernel: (usize, usize), stride: (usize, usize)) -> (usize, usize) {
-    (
-        (input.0 - kernel.0) / stride.0 + 1,
-        (input.1 - kernel.1) / stride.1 + 1,
-    )
 }
 
 /// The layout batch normalization works on: N×C×(spatial), `spatial` elements per
