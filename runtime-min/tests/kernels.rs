@@ -247,6 +247,15 @@ fn sgd_with_momentum_has_its_closed_form() {
     assert!((w[1] - (-2.0 - 0.29 * 1.0)).abs() < 1e-6);
 }
 
+/// `L(x) = Σ r·f(x)`, where `f` writes an output as long as `r`.
+fn probed<'a>(r: &'a [f32], f: impl Fn(&[f32], &mut [f32]) + 'a) -> impl Fn(&[f32]) -> f64 + 'a {
+    move |x| {
+        let mut y = vec![0.0; r.len()];
+        f(x, &mut y);
+        dot(&y, r)
+    }
+}
+
 /// `L = Σ r·f(x)` by central differences, against the analytic gradient `grad`.
 fn check_gradient(x: &[f32], grad: &[f32], loss: impl Fn(&[f32]) -> f64, eps: f32, tol: f64) {
     for i in 0..x.len() {
@@ -268,11 +277,9 @@ fn average_pooling_spreads_gradients_evenly() {
     let (planes, input, kernel, stride) = (3, (4, 6), (2, 3), (2, 3));
     let x = values(planes * 24, 31);
     let r = values(planes * 4, 32);
-    let loss = |x: &[f32]| {
-        let mut y = vec![0.0; r.len()];
-        kernels::avg_pool(planes, input, kernel, stride, x, &mut y);
-        dot(&y, &r)
-    };
+    let loss = probed(&r, |x, y| {
+        kernels::avg_pool(planes, input, kernel, stride, x, y)
+    });
     let mut dx = vec![0.0; x.len()];
     kernels::avg_pool_backward(planes, input, kernel, stride, &r, &mut dx);
     check_gradient(&x, &dx, loss, 1.0, 1e-5);
@@ -315,6 +322,72 @@ fn batch_norm_normalizes_and_its_gradients_match_finite_differences() {
         &x,
         &gamma,
         (&stats_g.0, &stats_g.1),
+        &r,
+        &mut dx,
+        &mut dgamma,
+        &mut dbeta,
+    );
+    check_gradient(&x, &dx, |x| loss(x, &gamma, &beta), 1e-2, 2e-2);
+    check_gradient(&gamma, &dgamma, |g| loss(&x, g, &beta), 1e-2, 1e-3);
+    check_gradient(&beta, &dbeta, |b| loss(&x, &gamma, b), 1e-2, 1e-3);
+}
+
+#[test]
+fn softmax_rows_sum_to_one_and_its_gradient_matches() {
+    let (rows, width) = (3, 6);
+    let x = values(rows * width, 51);
+    let mut y = vec![0.0; x.len()];
+    kernels::softmax(width, &x, &mut y);
+    for row in y.chunks(width) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+    let r = values(x.len(), 52);
+    let mut dx = vec![0.0; x.len()];
+    kernels::softmax_backward(width, &y, &r, &mut dx);
+    let loss = probed(&r, |x, y| kernels::softmax(width, x, y));
+    check_gradient(&x, &dx, loss, 1e-2, 1e-3);
+}
+
+#[test]
+fn gelu_matches_its_definition_and_its_gradient() {
+    let x: Vec<f32> = (0..41).map(|i| (i as f32 - 20.0) * 0.2).collect();
+    for tanh in [false, true] {
+        let mut y = vec![0.0; x.len()];
+        kernels::gelu(tanh, &x, &mut y);
+        // GELU(0) = 0, GELU(x) → x for large x, → 0 for very negative x.
+        assert_eq!(y[20], 0.0);
+        assert!((y[40] - 4.0).abs() < 1e-3 && y[0].abs() < 1e-3, "{tanh}");
+        // Exact and tanh forms agree to about 1e-3.
+        let mut other = vec![0.0; x.len()];
+        kernels::gelu(!tanh, &x, &mut other);
+        assert!(y.iter().zip(&other).all(|(a, b)| (a - b).abs() < 2e-3));
+        let r = values(x.len(), 61);
+        let mut dx = vec![0.0; x.len()];
+        kernels::gelu_backward(tanh, &x, &r, &mut dx);
+        let loss = probed(&r, |x, y| kernels::gelu(tanh, x, y));
+        check_gradient(&x, &dx, loss, 1e-2, 1e-3);
+    }
+}
+
+#[test]
+fn layer_norm_gradients_match_finite_differences() {
+    let (rows, width) = (3, 8);
+    let x = values(rows * width, 71);
+    let (gamma, beta) = (values(width, 72), values(width, 73));
+    let r = values(x.len(), 74);
+    let loss = |x: &[f32], gamma: &[f32], beta: &[f32]| {
+        let mut y = vec![0.0; x.len()];
+        kernels::layer_norm(width, 1e-5, x, gamma, beta, &mut y);
+        dot(&y, &r)
+    };
+    let mut y = vec![0.0; x.len()];
+    let (mean, inv_std) = kernels::layer_norm(width, 1e-5, &x, &gamma, &beta, &mut y);
+    let (mut dx, mut dgamma, mut dbeta) = (vec![0.0; x.len()], vec![0.0; width], vec![0.0; width]);
+    kernels::layer_norm_backward(
+        width,
+        &x,
+        &gamma,
+        (&mean, &inv_std),
         &r,
         &mut dx,
         &mut dgamma,

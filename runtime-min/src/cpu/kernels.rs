@@ -545,3 +545,146 @@ impl BatchNorm {
         }
     }
 }
+
+/// Softmax over the last axis (rows of `width`).
+pub fn softmax(width: usize, x: &[f32], y: &mut [f32]) {
+    for (row, out) in x.chunks(width).zip(y.chunks_mut(width)) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = (v - max).exp() / sum;
+        }
+    }
+}
+
+/// Accumulates softmax's input gradient from its output `y`: `dx = y·(dy − Σ dy·y)`.
+pub fn softmax_backward(width: usize, y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((ys, gs), ds) in y
+        .chunks(width)
+        .zip(dy.chunks(width))
+        .zip(dx.chunks_mut(width))
+    {
+        let inner: f32 = ys.iter().zip(gs).map(|(a, b)| a * b).sum();
+        for ((d, &o), &g) in ds.iter_mut().zip(ys).zip(gs) {
+            *d += o * (g - inner);
+        }
+    }
+}
+
+/// GELU with the tanh approximation (`tanh`) or the exact erf form.
+pub fn gelu(tanh: bool, x: &[f32], y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = v * gelu_cdf(tanh, v).0;
+    }
+}
+
+/// Accumulates GELU's input gradient: `d/dx [x·Φ(x)] = Φ(x) + x·Φ'(x)`.
+pub fn gelu_backward(tanh: bool, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        let (cdf, pdf) = gelu_cdf(tanh, v);
+        *d += g * (cdf + v * pdf);
+    }
+}
+
+/// Φ(x) and its derivative, in f64: the Gaussian CDF, or its tanh approximation.
+fn gelu_cdf(tanh: bool, x: f32) -> (f32, f32) {
+    let x = f64::from(x);
+    let (cdf, pdf) = if tanh {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = c * (x + 0.044715 * x * x * x);
+        let t = inner.tanh();
+        (
+            0.5 * (1.0 + t),
+            0.5 * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x),
+        )
+    } else {
+        (
+            0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+            (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt(),
+        )
+    };
+    (cdf as f32, pdf as f32)
+}
+
+/// The error function (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7).
+fn erf(x: f64) -> f64 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let e = 1.0 - poly * (-x * x).exp();
+    if x < 0.0 {
+        -e
+    } else {
+        e
+    }
+}
+
+/// Layer normalization over the last axis (rows of `width`): `y = γ·x̂ + β`. Returns each
+/// row's mean and inverse standard deviation for the backward pass.
+pub fn layer_norm(
+    width: usize,
+    epsilon: f32,
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    y: &mut [f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let mut stats = (Vec::new(), Vec::new());
+    for (row, out) in x.chunks(width).zip(y.chunks_mut(width)) {
+        let n = width as f64;
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        let inv_std = 1.0 / (var + f64::from(epsilon)).sqrt();
+        for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+            *o = gamma[j] * ((f64::from(v) - mean) * inv_std) as f32 + beta[j];
+        }
+        stats.0.push(mean as f32);
+        stats.1.push(inv_std as f32);
+    }
+    stats
+}
+
+/// Accumulates layer normalization's gradients (per row:
+/// `dx = σ⁻¹·(g − mean(g) − x̂·mean(g·x̂))` with `g = γ·dy`).
+#[allow(clippy::too_many_arguments, reason = "the operands of one layer")]
+pub fn layer_norm_backward(
+    width: usize,
+    x: &[f32],
+    gamma: &[f32],
+    (mean, inv_std): (&[f32], &[f32]),
+    dy: &[f32],
+    dx: &mut [f32],
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) {
+    let n = width as f64;
+    for (r, ((row, gs), ds)) in x
+        .chunks(width)
+        .zip(dy.chunks(width))
+        .zip(dx.chunks_mut(width))
+        .enumerate()
+    {
+        let xhat: Vec<f64> = row
+            .iter()
+            .map(|&v| f64::from((v - mean[r]) * inv_std[r]))
+            .collect();
+        let g: Vec<f64> = gs
+            .iter()
+            .zip(gamma)
+            .map(|(&d, &w)| f64::from(d * w))
+            .collect();
+        let mean_g = g.iter().sum::<f64>() / n;
+        let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
+        for j in 0..width {
+            dgamma[j] += (f64::from(gs[j]) * xhat[j]) as f32;
+            dbeta[j] += gs[j];
+            ds[j] += (f64::from(inv_std[r]) * (g[j] - mean_g - xhat[j] * mean_gx)) as f32;
+        }
+    }
+}
