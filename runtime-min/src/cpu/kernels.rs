@@ -95,8 +95,9 @@ impl Conv2d {
         (y < self.input.0 && x < self.input.1).then_some((y, x))
     }
 
-    /// One sample's input as columns: `patch × pixels`.
-    fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+    /// Calls `visit(column, input)` for every element of one sample's column matrix
+    /// (`patch × pixels`) with the input element it copies, `None` in the zero padding.
+    fn for_each_column(&self, mut visit: impl FnMut(usize, Option<usize>)) {
         let (oh, ow) = self.output();
         let (h, w) = self.input;
         for c in 0..self.in_channels {
@@ -105,9 +106,11 @@ impl Conv2d {
                     let row = (c * self.kernel.0 + ky) * self.kernel.1 + kx;
                     for oy in 0..oh {
                         for ox in 0..ow {
-                            cols[row * oh * ow + oy * ow + ox] = self
-                                .source(oy, ox, ky, kx)
-                                .map_or(0.0, |(y, xx)| x[(c * h + y) * w + xx]);
+                            let source = self.source(oy, ox, ky, kx);
+                            visit(
+                                row * oh * ow + oy * ow + ox,
+                                source.map(|(y, x)| (c * h + y) * w + x),
+                            );
                         }
                     }
                 }
@@ -115,24 +118,18 @@ impl Conv2d {
         }
     }
 
+    /// One sample's input as columns: `patch × pixels`.
+    fn im2col(&self, x: &[f32], cols: &mut [f32]) {
+        self.for_each_column(|col, src| cols[col] = src.map_or(0.0, |i| x[i]));
+    }
+
     /// Adds columns back onto one sample's input gradient (the adjoint of `im2col`).
     fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
-        let (oh, ow) = self.output();
-        let (h, w) = self.input;
-        for c in 0..self.in_channels {
-            for ky in 0..self.kernel.0 {
-                for kx in 0..self.kernel.1 {
-                    let row = (c * self.kernel.0 + ky) * self.kernel.1 + kx;
-                    for oy in 0..oh {
-                        for ox in 0..ow {
-                            if let Some((y, xx)) = self.source(oy, ox, ky, kx) {
-                                dx[(c * h + y) * w + xx] += cols[row * oh * ow + oy * ow + ox];
-                            }
-                        }
-                    }
-                }
+        self.for_each_column(|col, src| {
+            if let Some(i) = src {
+                dx[i] += cols[col];
             }
-        }
+        });
     }
 
     /// `y = conv(x, w) + bias`: `x` is N×C×H×W, `w` O×C×KH×KW, `y` N×O×OH×OW.
