@@ -51,6 +51,9 @@ pub enum Op {
         axis: i64,
         /// LogSoftmax.
         log: bool,
+        /// Opset < 13: the axes from `axis` on are normalized together (the input is
+        /// coerced to 2-D), not `axis` alone.
+        flatten: bool,
     },
     /// Max or average pooling.
     Pool(Pool),

@@ -3,7 +3,7 @@
 //! are linear in each operand), the loss gradient numerically, and SGD's closed form.
 
 use proptest::prelude::*;
-use ralpc_runtime_min::cpu::kernels::{self, Conv2d, Linear};
+use ralpc_runtime_min::cpu::kernels::{self, Conv2d, Linear, Pool2d};
 
 /// Seeded values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -32,32 +32,33 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
 
 fn conv_case() -> impl Strategy<Value = (Conv2d, u64)> {
     (
-        1usize..3,
-        1usize..4,
-        1usize..4,
-        3usize..8,
-        3usize..8,
-        1usize..4,
-        1usize..3,
-        0usize..2,
+        (1usize..3, 1usize..3, 1usize..3, 1usize..3),
+        (3usize..8, 3usize..8, 1usize..4, 1usize..3, 1usize..3),
+        [0usize..2, 0usize..2, 0usize..2, 0usize..2],
         any::<u64>(),
     )
-        .prop_filter("the kernel fits", |&(_, _, _, h, w, k, _, p, _)| {
-            k <= h + 2 * p && k <= w + 2 * p
-        })
-        .prop_map(|(batch, ic, oc, h, w, k, s, p, seed)| {
-            (
-                Conv2d {
-                    batch,
-                    in_channels: ic,
-                    out_channels: oc,
-                    input: (h, w),
-                    kernel: (k, k),
-                    stride: (s, s),
-                    padding: (p, p),
-                },
-                seed,
-            )
+        .prop_map(
+            |((batch, groups, ic, oc), (h, w, k, s, d), padding, seed)| {
+                (
+                    Conv2d {
+                        batch,
+                        in_channels: ic * groups,
+                        out_channels: oc * groups,
+                        input: (h, w),
+                        kernel: (k, k),
+                        stride: (s, s),
+                        dilation: (d, d),
+                        padding,
+                        groups,
+                    },
+                    seed,
+                )
+            },
+        )
+        .prop_filter("the kernel fits", |(c, _)| {
+            let span = (c.kernel.0 - 1) * c.dilation.0 + 1;
+            span <= c.input.0 + c.padding[0] + c.padding[2]
+                && span <= c.input.1 + c.padding[1] + c.padding[3]
         })
 }
 
@@ -65,7 +66,7 @@ fn sizes(c: &Conv2d) -> (usize, usize, usize) {
     let (oh, ow) = c.output();
     (
         c.batch * c.in_channels * c.input.0 * c.input.1,
-        c.out_channels * c.in_channels * c.kernel.0 * c.kernel.1,
+        c.out_channels * c.in_channels / c.groups * c.kernel.0 * c.kernel.1,
         c.batch * c.out_channels * oh * ow,
     )
 }
@@ -86,16 +87,18 @@ proptest! {
                 for oy in 0..oh {
                     for ox in 0..ow {
                         let mut sum = f64::from(b[o]);
-                        for i in 0..c.in_channels {
+                        let cg = c.in_channels / c.groups;
+                        let g = o / (c.out_channels / c.groups);
+                        for i in 0..cg {
                             for ky in 0..c.kernel.0 {
                                 for kx in 0..c.kernel.1 {
-                                    let yy = (oy * c.stride.0 + ky) as isize - c.padding.0 as isize;
-                                    let xx = (ox * c.stride.1 + kx) as isize - c.padding.1 as isize;
+                                    let yy = (oy * c.stride.0 + ky * c.dilation.0) as isize - c.padding[0] as isize;
+                                    let xx = (ox * c.stride.1 + kx * c.dilation.1) as isize - c.padding[1] as isize;
                                     if yy < 0 || xx < 0 || yy >= h as isize || xx >= wd as isize {
                                         continue;
                                     }
-                                    let xv = x[((n * c.in_channels + i) * h + yy as usize) * wd + xx as usize];
-                                    let wv = w[((o * c.in_channels + i) * c.kernel.0 + ky) * c.kernel.1 + kx];
+                                    let xv = x[((n * c.in_channels + g * cg + i) * h + yy as usize) * wd + xx as usize];
+                                    let wv = w[((o * cg + i) * c.kernel.0 + ky) * c.kernel.1 + kx];
                                     sum += f64::from(xv) * f64::from(wv);
                                 }
                             }
@@ -138,6 +141,19 @@ proptest! {
             b2[o] += 1.0;
             prop_assert!(close(loss(&x, &w, &b2) - base, f64::from(db[o]), 1e-4), "db[{o}]");
         }
+    }
+
+    /// The transposed convolution is the convolution's adjoint in its input:
+    /// `⟨conv(x, w), r⟩ = ⟨x, convᵀ(r, w)⟩`.
+    #[test]
+    fn the_transposed_convolution_is_the_adjoint((c, seed) in conv_case()) {
+        let (nx, nw, ny) = sizes(&c);
+        let (x, w, r) = (values(nx, seed), values(nw, seed ^ 1), values(ny, seed ^ 3));
+        let mut y = vec![0.0; ny];
+        c.forward(&x, &w, None, &mut y);
+        let mut back = vec![0.0; nx];
+        c.transpose(&r, &w, &mut back);
+        prop_assert!(close(dot(&y, &r), dot(&x, &back), 1e-4));
     }
 
     #[test]
@@ -184,7 +200,7 @@ fn relu_and_max_pool_route_gradients_to_what_they_passed() {
     }
     // 2 planes of 4×4, 2×2 windows, stride 2: each output is its window's maximum.
     let mut pooled = vec![0.0; 2 * 2 * 2];
-    let argmax = kernels::max_pool(2, (4, 4), (2, 2), (2, 2), &x, &mut pooled);
+    let argmax = Pool2d::simple(2, (4, 4), (2, 2), (2, 2)).max(&x, &mut pooled);
     for (o, &i) in argmax.iter().enumerate() {
         let (p, oy, ox) = (o / 4, (o % 4) / 2, o % 2);
         let window: Vec<f32> = (0..4)
@@ -277,11 +293,10 @@ fn average_pooling_spreads_gradients_evenly() {
     let (planes, input, kernel, stride) = (3, (4, 6), (2, 3), (2, 3));
     let x = values(planes * 24, 31);
     let r = values(planes * 4, 32);
-    let loss = probed(&r, |x, y| {
-        kernels::avg_pool(planes, input, kernel, stride, x, y)
-    });
+    let pool = Pool2d::simple(planes, input, kernel, stride);
+    let loss = probed(&r, |x, y| pool.average(false, x, y));
     let mut dx = vec![0.0; x.len()];
-    kernels::avg_pool_backward(planes, input, kernel, stride, &r, &mut dx);
+    pool.average_backward(false, &r, &mut dx);
     check_gradient(&x, &dx, loss, 1.0, 1e-5);
 }
 

@@ -78,6 +78,22 @@ pub fn import_bytes(bytes: &[u8], path: &Path, base: Option<&Path>) -> Result<Mo
     convert(model, path, base)
 }
 
+/// Decodes a serialized `TensorProto` (an ONNX test's `input_0.pb`, a reference output):
+/// its name and contents. External data is resolved against `base`.
+///
+/// # Errors
+/// When the bytes are not a tensor or the tensor is malformed; the message says why.
+pub fn read_tensor(
+    bytes: &[u8],
+    base: Option<&Path>,
+) -> Result<(String, crate::tensor::TensorData), String> {
+    let mut proto =
+        onnx_protobuf::TensorProto::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
+    let data =
+        tensor::decode(&mut proto, &tensor::ExternalFiles::new(base)).map_err(|p| p.to_string())?;
+    Ok((proto.name, data))
+}
+
 fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
     let opset = model
         .opset_import

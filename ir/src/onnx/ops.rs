@@ -133,6 +133,7 @@ pub(crate) fn convert(
             // The default axis moved from 1 to -1 in opset 13.
             axis: a.int("axis")?.unwrap_or(if opset >= 13 { -1 } else { 1 }),
             log: node.op_type == "LogSoftmax",
+            flatten: opset < 13,
         },
         "MaxPool" => Op::Pool(pool(&a, PoolKind::Max)?),
         "AveragePool" => Op::Pool(pool(&a, PoolKind::Average)?),

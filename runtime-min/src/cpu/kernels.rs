@@ -50,7 +50,7 @@ pub fn gemm(
     }
 }
 
-/// A 2-d convolution's geometry (NCHW input, OIHW weight, one group).
+/// A 2-d convolution's geometry (NCHW input, weight `O × C/groups × KH × KW`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2d {
     /// Samples.
@@ -65,22 +65,41 @@ pub struct Conv2d {
     pub kernel: (usize, usize),
     /// Strides.
     pub stride: (usize, usize),
-    /// Zero padding on each side.
-    pub padding: (usize, usize),
+    /// Dilations (1 for a dense kernel).
+    pub dilation: (usize, usize),
+    /// Zero padding: top, left, bottom, right.
+    pub padding: [usize; 4],
+    /// Channel groups (both channel counts divide by it).
+    pub groups: usize,
 }
 
 impl Conv2d {
     /// Output height and width.
     pub fn output(&self) -> (usize, usize) {
-        let out = |i: usize, k: usize, s: usize, p: usize| (i + 2 * p).saturating_sub(k) / s + 1;
+        let out = |i: usize, k: usize, s: usize, d: usize, p: usize| {
+            (i + p).saturating_sub((k - 1) * d + 1) / s + 1
+        };
         (
-            out(self.input.0, self.kernel.0, self.stride.0, self.padding.0),
-            out(self.input.1, self.kernel.1, self.stride.1, self.padding.1),
+            out(
+                self.input.0,
+                self.kernel.0,
+                self.stride.0,
+                self.dilation.0,
+                self.padding[0] + self.padding[2],
+            ),
+            out(
+                self.input.1,
+                self.kernel.1,
+                self.stride.1,
+                self.dilation.1,
+                self.padding[1] + self.padding[3],
+            ),
         )
     }
 
-    fn patch(&self) -> usize {
-        self.in_channels * self.kernel.0 * self.kernel.1
+    /// Rows of one group's column matrix.
+    fn group_patch(&self) -> usize {
+        self.in_channels / self.groups * self.kernel.0 * self.kernel.1
     }
 
     fn pixels(&self) -> usize {
@@ -90,13 +109,14 @@ impl Conv2d {
 
     /// The input position read by output pixel `(oy, ox)` at kernel offset `(ky, kx)`.
     fn source(&self, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<(usize, usize)> {
-        let y = (oy * self.stride.0 + ky).checked_sub(self.padding.0)?;
-        let x = (ox * self.stride.1 + kx).checked_sub(self.padding.1)?;
+        let y = (oy * self.stride.0 + ky * self.dilation.0).checked_sub(self.padding[0])?;
+        let x = (ox * self.stride.1 + kx * self.dilation.1).checked_sub(self.padding[1])?;
         (y < self.input.0 && x < self.input.1).then_some((y, x))
     }
 
     /// Calls `visit(column, input)` for every element of one sample's column matrix
-    /// (`patch × pixels`) with the input element it copies, `None` in the zero padding.
+    /// (`C·KH·KW × pixels`, each group's rows contiguous) with the input element it
+    /// copies, `None` in the zero padding.
     fn for_each_column(&self, mut visit: impl FnMut(usize, Option<usize>)) {
         let (oh, ow) = self.output();
         let (h, w) = self.input;
@@ -118,12 +138,12 @@ impl Conv2d {
         }
     }
 
-    /// One sample's input as columns: `patch × pixels`.
+    /// One sample's input as columns.
     fn im2col(&self, x: &[f32], cols: &mut [f32]) {
         self.for_each_column(|col, src| cols[col] = src.map_or(0.0, |i| x[i]));
     }
 
-    /// Adds columns back onto one sample's input gradient (the adjoint of `im2col`).
+    /// Adds columns back onto one sample's input (the adjoint of `im2col`).
     fn col2im(&self, cols: &[f32], dx: &mut [f32]) {
         self.for_each_column(|col, src| {
             if let Some(i) = src {
@@ -132,27 +152,33 @@ impl Conv2d {
         });
     }
 
-    /// `y = conv(x, w) + bias`: `x` is N×C×H×W, `w` O×C×KH×KW, `y` N×O×OH×OW.
+    fn in_size(&self) -> usize {
+        self.in_channels * self.input.0 * self.input.1
+    }
+
+    /// `y = conv(x, w) + bias`: `x` is N×C×H×W, `y` N×O×OH×OW.
     pub fn forward(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
-        let (patch, pixels) = (self.patch(), self.pixels());
-        let in_size = self.in_channels * self.input.0 * self.input.1;
+        let (patch, pixels) = (self.group_patch(), self.pixels());
+        let og = self.out_channels / self.groups;
         y.par_chunks_mut(self.out_channels * pixels)
-            .zip(x.par_chunks(in_size))
+            .zip(x.par_chunks(self.in_size()))
             .for_each(|(ys, xs)| {
-                let mut cols = vec![0.0; patch * pixels];
+                let mut cols = vec![0.0; self.groups * patch * pixels];
                 self.im2col(xs, &mut cols);
-                gemm(
-                    self.out_channels,
-                    patch,
-                    pixels,
-                    1.0,
-                    w,
-                    false,
-                    &cols,
-                    false,
-                    0.0,
-                    ys,
-                );
+                for g in 0..self.groups {
+                    gemm(
+                        og,
+                        patch,
+                        pixels,
+                        1.0,
+                        &w[g * og * patch..],
+                        false,
+                        &cols[g * patch * pixels..],
+                        false,
+                        0.0,
+                        &mut ys[g * og * pixels..],
+                    );
+                }
                 if let Some(b) = bias {
                     for (o, plane) in ys.chunks_mut(pixels).enumerate() {
                         plane.iter_mut().for_each(|v| *v += b[o]);
@@ -171,45 +197,50 @@ impl Conv2d {
         dw: &mut [f32],
         db: Option<&mut [f32]>,
     ) {
-        let (patch, pixels) = (self.patch(), self.pixels());
-        let in_size = self.in_channels * self.input.0 * self.input.1;
+        let (patch, pixels) = (self.group_patch(), self.pixels());
+        let in_size = self.in_size();
         let out_size = self.out_channels * pixels;
-        // Per sample: dW_n = dY_n · colsᵀ, dcols = Wᵀ · dY_n; summed in sample order so the
-        // result does not depend on the thread count.
+        let og = self.out_channels / self.groups;
+        // Per sample: dW_n = dY_n · colsᵀ, dcols = Wᵀ · dY_n (per group); summed in sample
+        // order so the result does not depend on the thread count.
         let parts: Vec<(Vec<f32>, Option<Vec<f32>>)> = (0..self.batch)
             .into_par_iter()
             .map(|n| {
                 let xs = &x[n * in_size..(n + 1) * in_size];
                 let dys = &dy[n * out_size..(n + 1) * out_size];
-                let mut cols = vec![0.0; patch * pixels];
+                let mut cols = vec![0.0; self.groups * patch * pixels];
                 self.im2col(xs, &mut cols);
                 let mut dw_n = vec![0.0; self.out_channels * patch];
-                gemm(
-                    self.out_channels,
-                    pixels,
-                    patch,
-                    1.0,
-                    dys,
-                    false,
-                    &cols,
-                    true,
-                    0.0,
-                    &mut dw_n,
-                );
-                let dx_n = dx.is_some().then(|| {
-                    let mut dcols = vec![0.0; patch * pixels];
+                for g in 0..self.groups {
                     gemm(
-                        patch,
-                        self.out_channels,
+                        og,
                         pixels,
+                        patch,
                         1.0,
-                        w,
-                        true,
-                        dys,
+                        &dys[g * og * pixels..],
                         false,
+                        &cols[g * patch * pixels..],
+                        true,
                         0.0,
-                        &mut dcols,
+                        &mut dw_n[g * og * patch..],
                     );
+                }
+                let dx_n = dx.is_some().then(|| {
+                    let mut dcols = vec![0.0; self.groups * patch * pixels];
+                    for g in 0..self.groups {
+                        gemm(
+                            patch,
+                            og,
+                            pixels,
+                            1.0,
+                            &w[g * og * patch..],
+                            true,
+                            &dys[g * og * pixels..],
+                            false,
+                            0.0,
+                            &mut dcols[g * patch * pixels..],
+                        );
+                    }
                     let mut dx_n = vec![0.0; in_size];
                     self.col2im(&dcols, &mut dx_n);
                     dx_n
@@ -231,6 +262,35 @@ impl Conv2d {
                 }
             }
         }
+    }
+
+    /// The transposed convolution of `x` (N×O×OH×OW, this geometry's output) into `y`
+    /// (N×C×H×W, its input), `w` as for [`Conv2d::forward`]: the adjoint of the
+    /// convolution's input gradient, i.e. ONNX ConvTranspose with this geometry reversed.
+    pub fn transpose(&self, x: &[f32], w: &[f32], y: &mut [f32]) {
+        let (patch, pixels) = (self.group_patch(), self.pixels());
+        let og = self.out_channels / self.groups;
+        y.par_chunks_mut(self.in_size())
+            .zip(x.par_chunks(self.out_channels * pixels))
+            .for_each(|(ys, xs)| {
+                let mut cols = vec![0.0; self.groups * patch * pixels];
+                for g in 0..self.groups {
+                    gemm(
+                        patch,
+                        og,
+                        pixels,
+                        1.0,
+                        &w[g * og * patch..],
+                        true,
+                        &xs[g * og * pixels..],
+                        false,
+                        0.0,
+                        &mut cols[g * patch * pixels..],
+                    );
+                }
+                ys.iter_mut().for_each(|v| *v = 0.0);
+                self.col2im(&cols, ys);
+            });
     }
 }
 
@@ -331,34 +391,6 @@ pub fn relu_backward(y: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 
-/// Max pooling over `kernel` windows with `stride` (no padding) on N·C planes of `input`
-/// size. Returns, per output, the index of the input it took (for the backward pass).
-pub fn max_pool(
-    planes: usize,
-    input: (usize, usize),
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    x: &[f32],
-    y: &mut [f32],
-) -> Vec<u32> {
-    let mut argmax = vec![0u32; y.len()];
-    y.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
-    for_each_window(planes, input, kernel, stride, |o, i| {
-        if x[i] > y[o] {
-            y[o] = x[i];
-            argmax[o] = i as u32;
-        }
-    });
-    argmax
-}
-
-/// Accumulates max pooling's input gradient: each output's gradient to the input it took.
-pub fn max_pool_backward(argmax: &[u32], dy: &[f32], dx: &mut [f32]) {
-    for (&i, &g) in argmax.iter().zip(dy) {
-        dx[i as usize] += g;
-    }
-}
-
 /// Mean softmax cross-entropy of `logits` (`batch×classes`) against `labels`, and its
 /// gradient with respect to the logits (overwritten into `dlogits`). `scale` divides the
 /// loss, e.g. the global batch when this is one rank's share.
@@ -401,61 +433,169 @@ pub fn sgd_momentum(
     }
 }
 
-/// Average pooling over `kernel` windows with `stride` (no padding) on `planes` planes.
-pub fn avg_pool(
-    planes: usize,
-    input: (usize, usize),
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    x: &[f32],
-    y: &mut [f32],
-) {
-    let area = (kernel.0 * kernel.1) as f32;
-    y.iter_mut().for_each(|v| *v = 0.0);
-    for_each_window(planes, input, kernel, stride, |o, i| y[o] += x[i] / area);
+/// A 2-d pooling's geometry over `planes` planes (N·C).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2d {
+    /// Planes.
+    pub planes: usize,
+    /// Input height and width.
+    pub input: (usize, usize),
+    /// Window.
+    pub kernel: (usize, usize),
+    /// Strides.
+    pub stride: (usize, usize),
+    /// Dilations.
+    pub dilation: (usize, usize),
+    /// Padding: top, left, bottom, right.
+    pub padding: [usize; 4],
+    /// Output height and width (rounded down or up by the caller).
+    pub output: (usize, usize),
 }
 
-/// Accumulates average pooling's input gradient: each output's gradient spread evenly
-/// over its window.
-pub fn avg_pool_backward(
-    planes: usize,
-    input: (usize, usize),
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    dy: &[f32],
-    dx: &mut [f32],
-) {
-    let area = (kernel.0 * kernel.1) as f32;
-    for_each_window(planes, input, kernel, stride, |o, i| dx[i] += dy[o] / area);
+/// What a window position covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tap {
+    /// An input element.
+    Input(usize),
+    /// The padding.
+    Pad,
+    /// Beyond the padding (a ceil-mode window that overhangs).
+    Outside,
 }
 
-/// Calls `visit(output, input)` for every output position of a pooling (no padding) and
-/// every input position in its window, planes outermost.
-fn for_each_window(
-    planes: usize,
-    input: (usize, usize),
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    mut visit: impl FnMut(usize, usize),
-) {
-    let (oh, ow) = (
-        (input.0 - kernel.0) / stride.0 + 1,
-        (input.1 - kernel.1) / stride.1 + 1,
-    );
-    for p in 0..planes {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let o = (p * oh + oy) * ow + ox;
-                for ky in 0..kernel.0 {
-                    for kx in 0..kernel.1 {
-                        visit(
-                            o,
-                            (p * input.0 + oy * stride.0 + ky) * input.1 + ox * stride.1 + kx,
+impl Pool2d {
+    /// A window on an unpadded input, output rounded down.
+    pub fn simple(
+        planes: usize,
+        input: (usize, usize),
+        kernel: (usize, usize),
+        stride: (usize, usize),
+    ) -> Pool2d {
+        Pool2d {
+            planes,
+            input,
+            kernel,
+            stride,
+            dilation: (1, 1),
+            padding: [0; 4],
+            output: (
+                (input.0 - kernel.0) / stride.0 + 1,
+                (input.1 - kernel.1) / stride.1 + 1,
+            ),
+        }
+    }
+
+    /// Calls `visit(output, tap)` for every output position and every position of its
+    /// window, planes outermost.
+    fn for_each_window(&self, mut visit: impl FnMut(usize, Tap)) {
+        let (oh, ow) = self.output;
+        let (h, w) = self.input;
+        let tap = |o: usize, k: usize, s: usize, d: usize, pad: usize, size: usize, end: usize| {
+            let at = (o * s + k * d) as isize - pad as isize;
+            if at >= 0 && (at as usize) < size {
+                Ok(at as usize)
+            } else if at < (size + end) as isize {
+                Err(true)
+            } else {
+                Err(false)
+            }
+        };
+        for p in 0..self.planes {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let o = (p * oh + oy) * ow + ox;
+                    for ky in 0..self.kernel.0 {
+                        let y = tap(
+                            oy,
+                            ky,
+                            self.stride.0,
+                            self.dilation.0,
+                            self.padding[0],
+                            h,
+                            self.padding[2],
                         );
+                        for kx in 0..self.kernel.1 {
+                            let x = tap(
+                                ox,
+                                kx,
+                                self.stride.1,
+                                self.dilation.1,
+                                self.padding[1],
+                                w,
+                                self.padding[3],
+                            );
+                            visit(
+                                o,
+                                match (y, x) {
+                                    (Ok(y), Ok(x)) => Tap::Input((p * h + y) * w + x),
+                                    (Err(false), _) | (_, Err(false)) => Tap::Outside,
+                                    _ => Tap::Pad,
+                                },
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Max pooling; returns, per output, the index of the input it took (for backward).
+    pub fn max(&self, x: &[f32], y: &mut [f32]) -> Vec<u32> {
+        let mut argmax = vec![0u32; y.len()];
+        y.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+        self.for_each_window(|o, tap| {
+            if let Tap::Input(i) = tap {
+                if x[i] > y[o] {
+                    y[o] = x[i];
+                    argmax[o] = i as u32;
+                }
+            }
+        });
+        argmax
+    }
+
+    /// Each output's divisor: its window's input elements, plus the padding it covers
+    /// when `count_pad`.
+    fn divisors(&self, count_pad: bool) -> Vec<f32> {
+        let mut count = vec![0.0f32; self.planes * self.output.0 * self.output.1];
+        self.for_each_window(|o, tap| match tap {
+            Tap::Input(_) => count[o] += 1.0,
+            Tap::Pad if count_pad => count[o] += 1.0,
+            _ => {}
+        });
+        count
+    }
+
+    /// Average pooling.
+    pub fn average(&self, count_pad: bool, x: &[f32], y: &mut [f32]) {
+        let divisors = self.divisors(count_pad);
+        y.iter_mut().for_each(|v| *v = 0.0);
+        self.for_each_window(|o, tap| {
+            if let Tap::Input(i) = tap {
+                y[o] += x[i];
+            }
+        });
+        y.iter_mut()
+            .zip(&divisors)
+            .for_each(|(v, d)| *v /= d.max(1.0));
+    }
+
+    /// Accumulates average pooling's input gradient: each output's gradient spread over
+    /// its window.
+    pub fn average_backward(&self, count_pad: bool, dy: &[f32], dx: &mut [f32]) {
+        let divisors = self.divisors(count_pad);
+        self.for_each_window(|o, tap| {
+            if let Tap::Input(i) = tap {
+                dx[i] += dy[o] / divisors[o].max(1.0);
+            }
+        });
+    }
+}
+
+/// Accumulates max pooling's input gradient: each output's gradient to the input it took.
+pub fn max_pool_backward(argmax: &[u32], dy: &[f32], dx: &mut [f32]) {
+    for (&i, &g) in argmax.iter().zip(dy) {
+        dx[i as usize] += g;
     }
 }
 
@@ -604,7 +744,7 @@ fn gelu_cdf(tanh: bool, x: f32) -> (f32, f32) {
 }
 
 /// The error function (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7).
-fn erf(x: f64) -> f64 {
+pub(crate) fn erf(x: f64) -> f64 {
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
     let poly = t
         * (0.254_829_592

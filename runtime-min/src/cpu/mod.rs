@@ -1,7 +1,12 @@
-//! The CPU backend (issue #6), so far its parts: the kernels ([`kernels`], forward and
-//! backward of the layers plans are made of, on `f32` NCHW tensors) and the shared-memory
-//! communication between ranks run as threads ([`comm`]). The interpreter that runs a
-//! plan's ranks on them is still to come.
+//! The CPU backend (issue #6): the kernels ([`kernels`], forward and backward of the layers
+//! plans are made of, on `f32` NCHW tensors), the forward semantics of every IR operator
+//! ([`ops`]) on host tensors ([`tensor`]), and the shared-memory communication between
+//! ranks run as threads ([`comm`]).
 
 pub mod comm;
+pub mod grad;
+pub mod graph;
+pub mod init;
 pub mod kernels;
+pub mod ops;
+pub mod tensor;

@@ -1,0 +1,599 @@
+//! The backward semantics of the IR operators: given a node's inputs, outputs, what its
+//! forward pass saved, and the gradients of its outputs, the gradients of its inputs.
+//! Integer inputs (shapes, indices, masks) get none.
+
+use ralpc_ir::{Binary, Op, PoolKind, Unary};
+
+use super::kernels;
+use super::ops::{self, floats, Saved};
+use super::tensor::{self as t, Tensor};
+
+type R<T> = Result<T, ops::OpError>;
+
+/// One gradient per input slot, `None` where the input is absent, an integer, or constant
+/// with respect to the output.
+pub type InputGrads = Vec<Option<Vec<f32>>>;
+
+fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is missing"))
+}
+
+fn grads(n: usize) -> InputGrads {
+    vec![None; n]
+}
+
+/// The gradient of a reshaping op: the output gradient under the input's shape.
+fn passthrough(n: usize, dy: &[f32]) -> InputGrads {
+    let mut g = grads(n);
+    g[0] = Some(dy.to_vec());
+    g
+}
+
+/// Gradients of `op`'s inputs from `dy`, the gradient of its first output (the only one
+/// training differentiates through; Split gets one per output in `dys`).
+pub fn backward(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    outputs: &[&Tensor],
+    saved: &Saved,
+    dys: &[Option<&[f32]>],
+) -> R<InputGrads> {
+    let n = inputs.len();
+    let y: &Tensor = outputs.first().ok_or("the node has no output")?;
+    let zeros;
+    let dy = match dys.first().copied().flatten() {
+        Some(d) => d,
+        None => {
+            zeros = vec![0.0; y.len()];
+            &zeros
+        }
+    };
+    let x = input(inputs, 0)?;
+    Ok(match op {
+        Op::Conv(c) => {
+            let w = input(inputs, 1)?;
+            let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
+            let mut dx = vec![0.0; x.len()];
+            let mut dw = vec![0.0; w.len()];
+            let has_bias = inputs.get(2).copied().flatten().is_some();
+            let mut db = vec![0.0; if has_bias { g.out_channels } else { 0 }];
+            g.backward(
+                floats(x, "X")?,
+                floats(w, "W")?,
+                dy,
+                Some(&mut dx),
+                &mut dw,
+                has_bias.then_some(&mut db[..]),
+            );
+            let mut out = grads(n);
+            out[0] = Some(dx);
+            out[1] = Some(dw);
+            if has_bias {
+                out[2] = Some(db);
+            }
+            out
+        }
+        Op::Gemm(g) => gemm(g, inputs, dy)?,
+        Op::MatMul => matmul(x, input(inputs, 1)?, dy)?,
+        Op::Unary(u) => {
+            let xs = floats(x, "X")?;
+            let ys = floats(y, "Y")?;
+            let mut dx = vec![0.0; xs.len()];
+            if let Unary::Gelu { tanh } = u {
+                kernels::gelu_backward(*tanh, xs, dy, &mut dx);
+            } else {
+                for i in 0..xs.len() {
+                    dx[i] = dy[i] * unary_derivative(*u, xs[i], ys[i]);
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::Clip { min, max } => {
+            let bound = |attr: &Option<f32>, i: usize| {
+                attr.or_else(|| {
+                    inputs
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .and_then(|t| t.to_f64s().first().map(|&v| v as f32))
+                })
+            };
+            let (lo, hi) = (bound(min, 1), bound(max, 2));
+            let xs = floats(x, "X")?;
+            let dx = xs
+                .iter()
+                .zip(dy)
+                .map(|(&v, &g)| {
+                    let inside = lo.is_none_or(|l| v >= l) && hi.is_none_or(|h| v <= h);
+                    if inside {
+                        g
+                    } else {
+                        0.0
+                    }
+                })
+                .collect::<Vec<_>>();
+            passthrough(n, &dx)
+        }
+        Op::Binary(b) => binary(*b, x, input(inputs, 1)?, y, dy)?,
+        Op::Sum => (0..n)
+            .map(|i| {
+                let xi = input(inputs, i)?;
+                Ok(Some(t::unbroadcast(dy, &y.shape, &xi.shape)))
+            })
+            .collect::<R<_>>()?,
+        Op::Softmax { axis, log, flatten } => {
+            let (outer, width, inner) = ops::softmax_layout(&y.shape, *axis, *flatten)?;
+            let ys = floats(y, "Y")?;
+            let mut dx = vec![0.0; ys.len()];
+            for o in 0..outer {
+                for i in 0..inner {
+                    let at = |k: usize| (o * width + k) * inner + i;
+                    if *log {
+                        let sum: f32 = (0..width).map(|k| dy[at(k)]).sum();
+                        for k in 0..width {
+                            dx[at(k)] = dy[at(k)] - ys[at(k)].exp() * sum;
+                        }
+                    } else {
+                        let dot: f32 = (0..width).map(|k| dy[at(k)] * ys[at(k)]).sum();
+                        for k in 0..width {
+                            dx[at(k)] = ys[at(k)] * (dy[at(k)] - dot);
+                        }
+                    }
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::Pool(p) => {
+            let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
+            let mut dx = vec![0.0; x.len()];
+            match (p.kind, saved) {
+                (PoolKind::Max, Saved::Argmax(argmax)) => {
+                    kernels::max_pool_backward(argmax, dy, &mut dx);
+                }
+                (PoolKind::Average, _) => g.average_backward(p.count_include_pad, dy, &mut dx),
+                _ => return Err("max pooling saved no argmax".into()),
+            }
+            passthrough(n, &dx)
+        }
+        Op::GlobalPool(kind) => {
+            let xs = floats(x, "X")?;
+            let area = t::numel(&x.shape[2..]).max(1);
+            let mut dx = vec![0.0; xs.len()];
+            for (p, (plane, d)) in xs.chunks(area).zip(dx.chunks_mut(area)).enumerate() {
+                match kind {
+                    PoolKind::Average => d.iter_mut().for_each(|v| *v = dy[p] / area as f32),
+                    PoolKind::Max => {
+                        let best =
+                            (0..plane.len())
+                                .fold(0, |b, i| if plane[i] > plane[b] { i } else { b });
+                        d[best] = dy[p];
+                    }
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::BatchNorm { epsilon, .. } => {
+            let Saved::Stats(mean, inv_std) = saved else {
+                return Err("batch normalization's backward needs training-mode statistics".into());
+            };
+            let gamma = floats(input(inputs, 1)?, "scale")?;
+            let channels = gamma.len();
+            let bn = kernels::BatchNorm {
+                channels,
+                spatial: t::numel(&x.shape[2..]),
+                epsilon: *epsilon,
+            };
+            let (mut dx, mut dg, mut db) =
+                (vec![0.0; x.len()], vec![0.0; channels], vec![0.0; channels]);
+            bn.backward(
+                floats(x, "X")?,
+                gamma,
+                (mean, inv_std),
+                dy,
+                &mut dx,
+                &mut dg,
+                &mut db,
+            );
+            let mut out = grads(n);
+            out[0] = Some(dx);
+            out[1] = Some(dg);
+            out[2] = Some(db);
+            out
+        }
+        Op::LayerNorm { axis, .. } => {
+            let Saved::Stats(mean, inv_std) = saved else {
+                return Err("layer normalization saved no statistics".into());
+            };
+            let a = ops::axis_of(*axis, x.shape.len())?;
+            let width = t::numel(&x.shape[a..]);
+            let gamma = floats(input(inputs, 1)?, "Scale")?;
+            let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; width], vec![0.0; width]);
+            kernels::layer_norm_backward(
+                width,
+                floats(x, "X")?,
+                gamma,
+                (mean, inv_std),
+                dy,
+                &mut dx,
+                &mut dg,
+                &mut db,
+            );
+            let mut out = grads(n);
+            out[0] = Some(dx);
+            out[1] = Some(dg);
+            if inputs.get(2).copied().flatten().is_some() {
+                out[2] = Some(db);
+            }
+            out
+        }
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => {
+            let (size, alpha, beta, bias) = (*size as usize, *alpha, *beta, *bias);
+            let channels = x.shape[1];
+            let spatial = t::numel(&x.shape[2..]);
+            let xs = floats(x, "X")?;
+            let scale = |i: usize| {
+                let (plane, c, s) = (
+                    i / (channels * spatial),
+                    (i / spatial) % channels,
+                    i % spatial,
+                );
+                let sum: f32 = ops::lrn_window(c, size, channels)
+                    .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
+                    .sum();
+                bias + alpha / size as f32 * sum
+            };
+            let scales: Vec<f32> = (0..xs.len()).map(scale).collect();
+            let mut dx = vec![0.0; xs.len()];
+            for j in 0..xs.len() {
+                let (plane, c, s) = (
+                    j / (channels * spatial),
+                    (j / spatial) % channels,
+                    j % spatial,
+                );
+                dx[j] += dy[j] * scales[j].powf(-beta);
+                // y_j depends on every x_k in its window through s_j.
+                let common =
+                    -2.0 * alpha * beta / size as f32 * dy[j] * xs[j] * scales[j].powf(-beta - 1.0);
+                for k in ops::lrn_window(c, size, channels) {
+                    let i = (plane * channels + k) * spatial + s;
+                    dx[i] += common * xs[i];
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::Concat { axis } => {
+            let a = ops::axis_of(*axis, y.shape.len())?;
+            let sizes: Vec<usize> = (0..n)
+                .map(|i| input(inputs, i).map(|p| p.shape[a]))
+                .collect::<R<_>>()?;
+            let dyt = Tensor::f32(y.shape.clone(), dy.to_vec());
+            ops::split(&dyt, a, &sizes)
+                .into_iter()
+                .zip(inputs)
+                .map(|(part, i)| {
+                    i.filter(|t| t.floats().is_some())
+                        .and_then(|_| part.floats().map(<[f32]>::to_vec))
+                })
+                .collect()
+        }
+        Op::Split { axis, .. } => {
+            let a = ops::axis_of(*axis, x.shape.len())?;
+            let parts: Vec<Tensor> = outputs
+                .iter()
+                .enumerate()
+                .map(|(k, o)| {
+                    let d = dys.get(k).copied().flatten();
+                    Tensor::f32(
+                        o.shape.clone(),
+                        d.map_or_else(|| vec![0.0; o.len()], <[f32]>::to_vec),
+                    )
+                })
+                .collect();
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            let whole = ops::concat(&refs, a as i64)?;
+            passthrough(n, whole.floats().unwrap_or_default())
+        }
+        Op::Slice { ranges } => {
+            let (_, positions) =
+                ops::slice_positions(&ops::slice_ranges(ranges, inputs)?, &x.shape);
+            let mut dx = vec![0.0; x.len()];
+            for (g, i) in dy.iter().zip(positions) {
+                dx[i] += g;
+            }
+            passthrough(n, &dx)
+        }
+        Op::Flatten { .. }
+        | Op::Reshape { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Identity
+        | Op::Dropout { .. } => passthrough(n, dy),
+        Op::Cast { to } if to.is_float() && x.floats().is_some() => passthrough(n, dy),
+        Op::Transpose { perm } => {
+            let r = x.shape.len();
+            let perm: Vec<usize> = match perm {
+                Some(p) => p.iter().map(|&a| ops::axis_of(a, r)).collect::<R<_>>()?,
+                None => (0..r).rev().collect(),
+            };
+            let mut inverse = vec![0; r];
+            for (d, &p) in perm.iter().enumerate() {
+                inverse[p] = d;
+            }
+            let dyt = Tensor::f32(y.shape.clone(), dy.to_vec());
+            passthrough(
+                n,
+                ops::transpose(&dyt, &inverse).floats().unwrap_or_default(),
+            )
+        }
+        Op::Gather { axis } => {
+            let idx = input(inputs, 1)?;
+            let a = ops::axis_of(*axis, x.shape.len())?;
+            let dim = x.shape[a];
+            let (outer, inner) = (t::numel(&x.shape[..a]), t::numel(&x.shape[a + 1..]));
+            let mut dx = vec![0.0; x.len()];
+            let picks = idx.to_i64s();
+            let mut k = 0;
+            for o in 0..outer {
+                for &j in &picks {
+                    let j = if j < 0 { j + dim as i64 } else { j } as usize;
+                    for i in 0..inner {
+                        dx[(o * dim + j) * inner + i] += dy[k];
+                        k += 1;
+                    }
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::Expand => passthrough(n, &t::unbroadcast(dy, &y.shape, &x.shape)),
+        Op::ReduceMean { .. } => {
+            let count = (x.len() / y.len().max(1)).max(1) as f32;
+            // The output (keepdims or not) holds one mean per kept index, in order.
+            let kept = kept_shape(&x.shape, &y.shape);
+            let dx = t::broadcast(&kept, &x.shape)
+                .map(|o| dy[o] / count)
+                .collect::<Vec<_>>();
+            passthrough(n, &dx)
+        }
+        Op::Pad { mode, pads } => {
+            let (_, sources) = ops::pad_sources(pads, *mode, inputs)?;
+            let mut dx = vec![0.0; x.len()];
+            for (g, src) in dy.iter().zip(sources) {
+                if let Some(i) = src {
+                    dx[i] += g;
+                }
+            }
+            passthrough(n, &dx)
+        }
+        Op::Where => {
+            let (c, a, b) = (x, input(inputs, 1)?, input(inputs, 2)?);
+            let cond: Vec<f64> = c.to_f64s();
+            let mask: Vec<bool> = t::broadcast(&c.shape, &y.shape)
+                .map(|i| cond[i] != 0.0)
+                .collect();
+            let da: Vec<f32> = dy
+                .iter()
+                .zip(&mask)
+                .map(|(&g, &m)| if m { g } else { 0.0 })
+                .collect();
+            let db: Vec<f32> = dy
+                .iter()
+                .zip(&mask)
+                .map(|(&g, &m)| if m { 0.0 } else { g })
+                .collect();
+            let mut out = grads(n);
+            if a.floats().is_some() {
+                out[1] = Some(t::unbroadcast(&da, &y.shape, &a.shape));
+            }
+            if b.floats().is_some() {
+                out[2] = Some(t::unbroadcast(&db, &y.shape, &b.shape));
+            }
+            out
+        }
+        Op::Trilu { upper } => {
+            let k = inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .and_then(|k| k.to_i64s().first().copied())
+                .unwrap_or(0);
+            let r = x.shape.len();
+            let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
+            let dx = dy
+                .iter()
+                .enumerate()
+                .map(|(e, &g)| {
+                    if ops::trilu_keeps((e / cols) % rows, e % cols, *upper, k) {
+                        g
+                    } else {
+                        0.0
+                    }
+                })
+                .collect::<Vec<_>>();
+            passthrough(n, &dx)
+        }
+        Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range | Op::Cast { .. } => grads(n),
+        other => {
+            return Err(format!(
+                "{} has no backward pass in the CPU backend",
+                other.name()
+            ))
+        }
+    })
+}
+
+/// The input shape with reduced axes kept as 1, from the input and output shapes.
+fn kept_shape(x: &[usize], y: &[usize]) -> Vec<usize> {
+    if x.len() == y.len() {
+        return y.to_vec();
+    }
+    // keepdims = 0: walk the input, matching kept axes to the output in order.
+    let mut out = Vec::with_capacity(x.len());
+    let mut k = 0;
+    for &d in x {
+        if k < y.len() && y[k] == d && t::numel(&out) * d * t::numel(&y[k + 1..]) <= t::numel(y) {
+            out.push(d);
+            k += 1;
+        } else {
+            out.push(1);
+        }
+    }
+    out
+}
+
+fn unary_derivative(u: Unary, x: f32, y: f32) -> f32 {
+    match u {
+        Unary::Relu => f32::from(u8::from(x > 0.0)),
+        Unary::LeakyRelu { alpha } => {
+            if x >= 0.0 {
+                1.0
+            } else {
+                alpha
+            }
+        }
+        Unary::Sigmoid => y * (1.0 - y),
+        Unary::HardSigmoid { alpha, beta } => {
+            let v = alpha * x + beta;
+            if v > 0.0 && v < 1.0 {
+                alpha
+            } else {
+                0.0
+            }
+        }
+        Unary::HardSwish => {
+            if x < -3.0 {
+                0.0
+            } else if x > 3.0 {
+                1.0
+            } else {
+                (2.0 * x + 3.0) / 6.0
+            }
+        }
+        Unary::Tanh => 1.0 - y * y,
+        Unary::Erf => 2.0 / std::f32::consts::PI.sqrt() * (-x * x).exp(),
+        Unary::Sqrt => 0.5 / y,
+        Unary::Neg => -1.0,
+        Unary::Exp => y,
+        Unary::Reciprocal => -y * y,
+        _ => f32::NAN,
+    }
+}
+
+fn binary(b: Binary, x: &Tensor, z: &Tensor, y: &Tensor, dy: &[f32]) -> R<InputGrads> {
+    let mut out = grads(2);
+    if b == Binary::Equal {
+        return Ok(out);
+    }
+    let (a, c) = (x.to_f64s(), z.to_f64s());
+    let ia: Vec<usize> = t::broadcast(&x.shape, &y.shape).collect();
+    let ic: Vec<usize> = t::broadcast(&z.shape, &y.shape).collect();
+    let mut da = vec![0.0f32; dy.len()];
+    let mut dc = vec![0.0f32; dy.len()];
+    for k in 0..dy.len() {
+        let (p, q, g) = (a[ia[k]] as f32, c[ic[k]] as f32, dy[k]);
+        let (gp, gq) = match b {
+            Binary::Add => (g, g),
+            Binary::Sub => (g, -g),
+            Binary::Mul => (g * q, g * p),
+            Binary::Div => (g / q, -g * p / (q * q)),
+            Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
+            Binary::Equal => (0.0, 0.0),
+        };
+        da[k] = gp;
+        dc[k] = gq;
+    }
+    if x.floats().is_some() {
+        out[0] = Some(t::unbroadcast(&da, &y.shape, &x.shape));
+    }
+    if z.floats().is_some() {
+        out[1] = Some(t::unbroadcast(&dc, &y.shape, &z.shape));
+    }
+    Ok(out)
+}
+
+fn gemm(g: &ralpc_ir::Gemm, inputs: &[Option<&Tensor>], dy: &[f32]) -> R<InputGrads> {
+    let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
+    let (m, k) = if g.trans_a {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let n = if g.trans_b { b.shape[0] } else { b.shape[1] };
+    let mut da = vec![0.0; a.len()];
+    if g.trans_a {
+        // A is k×m: dA = α·op(B)·dYᵀ.
+        kernels::gemm(k, n, m, g.alpha, xb, g.trans_b, dy, true, 0.0, &mut da);
+    } else {
+        // dA = α·dY·op(B)ᵀ.
+        kernels::gemm(m, n, k, g.alpha, dy, false, xb, !g.trans_b, 0.0, &mut da);
+    }
+    let mut db = vec![0.0; b.len()];
+    if g.trans_b {
+        // B is n×k: dB = α·dYᵀ·op(A).
+        kernels::gemm(n, m, k, g.alpha, dy, true, xa, g.trans_a, 0.0, &mut db);
+    } else {
+        // dB = α·op(A)ᵀ·dY.
+        kernels::gemm(k, m, n, g.alpha, xa, !g.trans_a, dy, false, 0.0, &mut db);
+    }
+    let mut out = grads(inputs.len());
+    out[0] = Some(da);
+    out[1] = Some(db);
+    if let Some(c) = inputs.get(2).copied().flatten() {
+        let scaled: Vec<f32> = dy.iter().map(|v| v * g.beta).collect();
+        out[2] = Some(t::unbroadcast(&scaled, &[m, n], &c.shape));
+    }
+    Ok(out)
+}
+
+fn matmul(a: &Tensor, b: &Tensor, dy: &[f32]) -> R<InputGrads> {
+    let (ash, bsh) = ops::matmul_shapes(&a.shape, &b.shape)?;
+    let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+    let (abatch, bbatch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
+    let batch = t::broadcast_shapes(abatch, bbatch).ok_or("the batch axes do not broadcast")?;
+    let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
+    let ia: Vec<usize> = t::broadcast(abatch, &batch).collect();
+    let ib: Vec<usize> = t::broadcast(bbatch, &batch).collect();
+    // Per broadcast batch element, then summed onto the operand's own batch element.
+    let mut da = vec![0.0; xa.len()];
+    let mut db = vec![0.0; xb.len()];
+    let mut ta = vec![0.0; m * k];
+    let mut tb = vec![0.0; k * n];
+    for (i, g) in dy.chunks(m * n).enumerate() {
+        kernels::gemm(
+            m,
+            n,
+            k,
+            1.0,
+            g,
+            false,
+            &xb[ib[i] * k * n..],
+            true,
+            0.0,
+            &mut ta,
+        );
+        kernels::add(&mut da[ia[i] * m * k..(ia[i] + 1) * m * k], &ta);
+        kernels::gemm(
+            k,
+            m,
+            n,
+            1.0,
+            &xa[ia[i] * m * k..],
+            true,
+            g,
+            false,
+            0.0,
+            &mut tb,
+        );
+        kernels::add(&mut db[ib[i] * k * n..(ib[i] + 1) * k * n], &tb);
+    }
+    Ok(vec![Some(da), Some(db)])
+}

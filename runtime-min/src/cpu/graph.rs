@@ -1,0 +1,276 @@
+//! Running an IR graph, or any set of its nodes, forward and backward on host tensors:
+//! the single-device reference and the body of every rank's forward and backward
+//! instructions.
+
+use std::collections::BTreeMap;
+
+use ralpc_ir::{Graph, NodeId, Op, Site, Storage, TensorData, TensorReadError, ValueId};
+
+use super::grad;
+use super::init;
+use super::ops::{self, Env, Saved};
+use super::tensor::Tensor;
+
+/// Why a graph could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// A node failed.
+    #[error("{site}: {message}")]
+    Node {
+        /// The node.
+        site: Site,
+        /// What went wrong.
+        message: String,
+    },
+    /// A weight's bytes could not be read.
+    #[error("cannot read the weight '{name}'")]
+    Weight {
+        /// The initializer.
+        name: String,
+        /// Why.
+        #[source]
+        source: TensorReadError,
+    },
+    /// A graph input is missing or malformed.
+    #[error("input '{name}': {message}")]
+    Input {
+        /// The input.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The constants of a model: its weights (initializers) and `Constant` payloads.
+#[derive(Clone, Debug, Default)]
+pub struct Weights {
+    /// Every constant, by the value it produces.
+    pub tensors: BTreeMap<ValueId, Tensor>,
+    /// The floating-point initializers (the trainable weights), in graph order.
+    pub trainable: Vec<ValueId>,
+    /// How many initializers had no data and were initialized from the seed.
+    pub seeded: usize,
+}
+
+/// A constant's elements, `None` when its bytes are absent (a structure-only model).
+fn decode(data: &TensorData) -> Result<Option<Tensor>, TensorReadError> {
+    let shape: Vec<usize> = data.dims.iter().map(|&d| d as usize).collect();
+    let bytes = match (&data.storage, data.bytes()) {
+        (_, Ok(b)) => b,
+        (Storage::External(_), Err(TensorReadError::Io { .. })) => return Ok(None),
+        (_, Err(e)) => return Err(e),
+    };
+    let expected = data.size_bytes().unwrap_or(u64::MAX);
+    if bytes.len() as u64 != expected {
+        return Ok(None);
+    }
+    let values = data.to_f64s()?;
+    Ok(Some(if data.dtype.is_float() {
+        Tensor::f32(shape, values.iter().map(|&v| v as f32).collect())
+    } else {
+        Tensor::i64(shape, values.iter().map(|&v| v as i64).collect())
+    }))
+}
+
+impl Weights {
+    /// Reads every constant of `graph`; initializers without data get seeded values
+    /// ([`init::rule`]).
+    ///
+    /// # Errors
+    /// When a constant's data is present but unreadable, or a non-float one is missing.
+    pub fn load(graph: &Graph, seed: u64) -> Result<Weights, ExecError> {
+        let mut w = Weights::default();
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let Op::Constant {
+                tensor,
+                initializer,
+            } = &node.op
+            else {
+                continue;
+            };
+            let Some(&value) = node.outputs.first() else {
+                continue;
+            };
+            let name = graph.value(value).name.clone();
+            let weight = |source| ExecError::Weight {
+                name: name.clone(),
+                source,
+            };
+            let t = match decode(tensor).map_err(weight)? {
+                Some(t) => t,
+                None if tensor.dtype.is_float() => {
+                    w.seeded += 1;
+                    let rule = init::rule(graph, value, &tensor.dims);
+                    let n = tensor.numel().unwrap_or(0) as usize;
+                    Tensor::f32(
+                        tensor.dims.iter().map(|&d| d as usize).collect(),
+                        init::weight(seed, &name, n, rule),
+                    )
+                }
+                None => {
+                    return Err(weight(TensorReadError::NotNumeric {
+                        dtype: tensor.dtype,
+                    }))
+                }
+            };
+            if *initializer && tensor.dtype.is_float() {
+                w.trainable.push(value);
+            }
+            w.tensors.insert(value, t);
+        }
+        Ok(w)
+    }
+}
+
+/// Values computed so far, by [`ValueId`].
+#[derive(Clone, Debug, Default)]
+pub struct Values(Vec<Option<Tensor>>);
+
+impl Values {
+    /// Room for every value of `graph`.
+    pub fn new(graph: &Graph) -> Values {
+        Values(vec![None; graph.value_count()])
+    }
+
+    /// Sets a value.
+    pub fn set(&mut self, v: ValueId, t: Tensor) {
+        self.0[v.index()] = Some(t);
+    }
+
+    /// A value, if computed.
+    pub fn get(&self, v: ValueId) -> Option<&Tensor> {
+        self.0.get(v.index()).and_then(Option::as_ref)
+    }
+
+    /// Removes a value.
+    pub fn take(&mut self, v: ValueId) -> Option<Tensor> {
+        self.0.get_mut(v.index()).and_then(Option::take)
+    }
+}
+
+/// What one node's forward pass left for its backward pass.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// The node.
+    pub node: NodeId,
+    /// What it saved.
+    pub saved: Saved,
+}
+
+fn node_error(graph: &Graph, node: NodeId) -> impl Fn(String) -> ExecError + '_ {
+    move |message| ExecError::Node {
+        site: graph.site(node),
+        message,
+    }
+}
+
+/// Runs `nodes` (in a topological order) forward; their inputs must be in `values`
+/// already (graph inputs and constants are never computed here).
+///
+/// # Errors
+/// When an input is missing or an op fails.
+pub fn forward(
+    graph: &Graph,
+    nodes: &[NodeId],
+    values: &mut Values,
+    env: Env,
+) -> Result<Vec<Record>, ExecError> {
+    let mut records = Vec::with_capacity(nodes.len());
+    for &id in nodes {
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input | Op::Constant { .. }) {
+            continue;
+        }
+        let error = node_error(graph, id);
+        let inputs: Vec<Option<&Tensor>> = node
+            .inputs
+            .iter()
+            .map(|v| {
+                v.map(|v| {
+                    values.get(v).ok_or_else(|| {
+                        error(format!("input '{}' was not computed", graph.value(v).name))
+                    })
+                })
+                .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        let (outputs, saved) =
+            ops::forward(&node.op, &inputs, node.outputs.len(), env).map_err(&error)?;
+        for (&v, t) in node.outputs.iter().zip(outputs) {
+            values.set(v, t);
+        }
+        records.push(Record { node: id, saved });
+    }
+    Ok(records)
+}
+
+/// Gradients by [`ValueId`], accumulated over consumers.
+#[derive(Clone, Debug, Default)]
+pub struct Grads(BTreeMap<ValueId, Vec<f32>>);
+
+impl Grads {
+    /// Adds `g` to the gradient of `v`.
+    pub fn add(&mut self, v: ValueId, g: &[f32]) {
+        match self.0.get_mut(&v) {
+            Some(acc) => super::kernels::add(acc, g),
+            None => {
+                self.0.insert(v, g.to_vec());
+            }
+        }
+    }
+
+    /// The gradient of `v`, if any reached it.
+    pub fn get(&self, v: ValueId) -> Option<&[f32]> {
+        self.0.get(&v).map(Vec::as_slice)
+    }
+
+    /// Removes and returns the gradient of `v`.
+    pub fn take(&mut self, v: ValueId) -> Option<Vec<f32>> {
+        self.0.remove(&v)
+    }
+}
+
+/// Runs the backward pass of `records` (a forward pass's, replayed in reverse) from the
+/// output gradients in `grads`, adding every input's gradient to `grads`.
+///
+/// # Errors
+/// When an op has no backward pass or its operands are inconsistent.
+pub fn backward(
+    graph: &Graph,
+    records: &[Record],
+    values: &Values,
+    grads: &mut Grads,
+) -> Result<(), ExecError> {
+    for record in records.iter().rev() {
+        let node = graph.node(record.node);
+        let dys: Vec<Option<&[f32]>> = node.outputs.iter().map(|&v| grads.get(v)).collect();
+        if dys.iter().all(Option::is_none) {
+            continue;
+        }
+        let error = node_error(graph, record.node);
+        let inputs: Vec<Option<&Tensor>> = node
+            .inputs
+            .iter()
+            .map(|v| v.and_then(|v| values.get(v)))
+            .collect();
+        let outputs: Vec<&Tensor> = node
+            .outputs
+            .iter()
+            .map(|&v| {
+                values
+                    .get(v)
+                    .ok_or_else(|| error("an output was not kept".into()))
+            })
+            .collect::<Result<_, _>>()?;
+        let input_grads =
+            grad::backward(&node.op, &inputs, &outputs, &record.saved, &dys).map_err(&error)?;
+        for (slot, g) in input_grads.into_iter().enumerate() {
+            if let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) {
+                grads.add(*v, &g);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Seeded values for what a model does not carry: the weights of a structure-only model
+//! and synthetic inputs and labels.
+//!
+//! Counter-based, so that any element can be computed on its own and the stream is the
+//! same on every platform and for every partitioning: element `i` of the tensor named
+//! `name` is `splitmix64(seed ⊕ fnv1a64(name) + (i + 1)·φ)`, its top 24 bits a uniform
+//! `u ∈ [0, 1)`. `fixtures/numerics/gen.py` reproduces it in numpy so that onnxruntime
+//! runs the same weights.
+
+use ralpc_ir::{Graph, Op, ValueId};
+
+const PHI: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// FNV-1a, 64 bits.
+fn fnv1a(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The raw 64-bit stream of `name`, `n` elements.
+fn stream(seed: u64, name: &str, n: usize) -> impl Iterator<Item = u64> {
+    let base = seed ^ fnv1a(name);
+    (0..n as u64).map(move |i| splitmix(base.wrapping_add((i + 1).wrapping_mul(PHI))))
+}
+
+/// `n` values uniform in `[-bound, bound)`.
+pub fn uniform(seed: u64, name: &str, n: usize, bound: f32) -> Vec<f32> {
+    stream(seed, name, n)
+        .map(|z| {
+            let u = (z >> 40) as f32 / (1u64 << 24) as f32;
+            (2.0 * u - 1.0) * bound
+        })
+        .collect()
+}
+
+/// `n` integers uniform in `[0, range)`.
+pub fn integers(seed: u64, name: &str, n: usize, range: u64) -> Vec<i64> {
+    stream(seed, name, n)
+        .map(|z| (z % range.max(1)) as i64)
+        .collect()
+}
+
+/// How a missing weight is initialized, from the op that reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// All ones (normalization scales and variances).
+    Ones,
+    /// All zeros (normalization shifts and means).
+    Zeros,
+    /// Uniform in `[-bound, bound)`.
+    Uniform(f32),
+}
+
+/// The rule for the weight `value` of `dims`: normalization parameters are the identity;
+/// a matrix or kernel is uniform with bound `√(6 / fan_in)` (Kaiming's, for ReLU
+/// networks), fan-in read from the consuming op's layout; vectors (biases) and embedding
+/// tables are uniform in ±0.1.
+pub fn rule(graph: &Graph, value: ValueId, dims: &[u64]) -> Rule {
+    let consumer = graph.consumers(value).into_iter().next();
+    let tail = |from: usize| dims.iter().skip(from).product::<u64>().max(1);
+    let fan_in = match consumer.map(|(node, slot)| (&graph.node(node).op, slot)) {
+        Some((Op::BatchNorm { .. }, 1 | 4)) | Some((Op::LayerNorm { .. }, 1)) => return Rule::Ones,
+        Some((Op::BatchNorm { .. }, 2 | 3)) | Some((Op::LayerNorm { .. }, 2)) => {
+            return Rule::Zeros
+        }
+        Some((Op::Gather { .. }, 0)) => return Rule::Uniform(0.1),
+        _ if dims.len() < 2 => return Rule::Uniform(0.1),
+        Some((Op::Gemm(g), 1)) => {
+            if g.trans_b {
+                dims[1]
+            } else {
+                dims[0]
+            }
+        }
+        Some((Op::MatMul, 1)) => dims[dims.len() - 2],
+        _ => tail(1),
+    };
+    Rule::Uniform((6.0 / fan_in.max(1) as f32).sqrt())
+}
+
+/// The elements of a weight initialized by `rule`.
+pub fn weight(seed: u64, name: &str, n: usize, rule: Rule) -> Vec<f32> {
+    match rule {
+        Rule::Ones => vec![1.0; n],
+        Rule::Zeros => vec![0.0; n],
+        Rule::Uniform(bound) => uniform(seed, name, n, bound),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_is_fixed() {
+        // The same figures are asserted by fixtures/numerics/gen.py.
+        assert_eq!(fnv1a("x"), 0xaf63_f54c_8602_1707);
+        let v = uniform(0, "x", 3, 1.0);
+        assert_eq!(v.len(), 3);
+        assert!(v.iter().all(|x| (-1.0..1.0).contains(x)));
+        assert_eq!(uniform(0, "x", 3, 1.0), v);
+        assert_ne!(uniform(1, "x", 3, 1.0), v);
+        assert!(integers(7, "ids", 100, 5)
+            .iter()
+            .all(|&i| (0..5).contains(&i)));
+    }
+}

@@ -1,0 +1,1451 @@
+//! The forward semantics of every IR operator on host tensors, following the ONNX spec
+//! (<https://onnx.ai/onnx/operators/>). Output shapes come from the inputs at run time —
+//! never from the verifier's shapes — so that a rank computing its slice of a layer (fewer
+//! samples, fewer channels) runs the same code.
+//!
+//! 1-d and 2-d convolution and pooling are supported (1-d as 2-d with unit height);
+//! 3-d ones are refused with an error.
+
+use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
+
+use super::kernels::{self, Conv2d, Pool2d};
+use super::tensor::{self as t, Data, Tensor};
+
+/// Why an op could not run (the caller names the node).
+pub type OpError = String;
+
+type R<T> = Result<T, OpError>;
+
+/// What a forward pass keeps for its backward pass beyond its inputs and outputs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Saved {
+    /// Nothing.
+    #[default]
+    None,
+    /// Max pooling: the input each output took.
+    Argmax(Vec<u32>),
+    /// Normalization: per-group mean and inverse standard deviation.
+    Stats(Vec<f32>, Vec<f32>),
+}
+
+/// Whether normalization uses batch statistics (training) or running ones (inference).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Inference: batch normalization reads its running statistics.
+    Inference,
+    /// Training: batch normalization normalizes by the batch's statistics.
+    Training,
+}
+
+pub(crate) fn floats<'a>(x: &'a Tensor, what: &str) -> R<&'a [f32]> {
+    x.floats()
+        .ok_or_else(|| format!("{what} must be a floating-point tensor"))
+}
+
+fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is missing"))
+}
+
+fn optional<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+    inputs.get(i).copied().flatten()
+}
+
+/// An attribute, or the integer tensor input `i` that replaces it in later opsets.
+fn ints_or_input(
+    attr: &Option<Vec<i64>>,
+    inputs: &[Option<&Tensor>],
+    i: usize,
+) -> Option<Vec<i64>> {
+    attr.clone()
+        .or_else(|| optional(inputs, i).map(Tensor::to_i64s))
+}
+
+/// What every op of one run shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Env {
+    /// Batch statistics or running ones.
+    pub mode: Mode,
+    /// The batch size a fixed-batch model was exported with, when it runs at another: a
+    /// constant Reshape or Expand target that leads with it is re-batched, as the verifier
+    /// does.
+    pub exported_batch: Option<i64>,
+}
+
+/// A constant shape target re-batched: its leading entry, when it is the exported batch,
+/// becomes the running batch.
+fn rebatched(target: &[i64], env: Env, batch: Option<usize>) -> Option<Vec<i64>> {
+    let (exported, batch) = (env.exported_batch?, batch?);
+    (target.first() == Some(&exported)).then(|| {
+        let mut t = target.to_vec();
+        t[0] = batch as i64;
+        t
+    })
+}
+
+/// Runs `op` on `inputs`; `outputs` is how many outputs the node declares.
+pub fn forward(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+    env: Env,
+) -> R<(Vec<Tensor>, Saved)> {
+    let mode = env.mode;
+    let one = |t: Tensor| Ok((vec![t], Saved::None));
+    match op {
+        Op::Input | Op::Constant { .. } => Err("sources are not computed".into()),
+        Op::Conv(c) => one(conv(c, inputs)?),
+        Op::ConvTranspose(c) => one(conv_transpose(c, inputs)?),
+        Op::Gemm(g) => one(gemm(g, inputs)?),
+        Op::MatMul => one(matmul(input(inputs, 0)?, input(inputs, 1)?)?),
+        Op::Unary(u) => one(unary(*u, input(inputs, 0)?)?),
+        Op::Clip { min, max } => {
+            let scalar = |attr: &Option<f32>, i: usize| {
+                attr.or_else(|| {
+                    optional(inputs, i).and_then(|t| t.to_f64s().first().map(|&v| v as f32))
+                })
+            };
+            let (lo, hi) = (scalar(min, 1), scalar(max, 2));
+            let x = input(inputs, 0)?;
+            Ok((vec![map_floats(x, |v| clip(v, lo, hi))?], Saved::None))
+        }
+        Op::Binary(b) => one(binary(*b, input(inputs, 0)?, input(inputs, 1)?)?),
+        Op::Sum => {
+            let mut acc = input(inputs, 0)?.clone();
+            for i in 1..inputs.len() {
+                acc = binary(Binary::Add, &acc, input(inputs, i)?)?;
+            }
+            one(acc)
+        }
+        Op::Softmax { axis, log, flatten } => {
+            let x = input(inputs, 0)?;
+            let (outer, width, inner) = softmax_layout(&x.shape, *axis, *flatten)?;
+            let xs = floats(x, "input")?;
+            let mut y = vec![0.0; xs.len()];
+            softmax(outer, width, inner, *log, xs, &mut y);
+            one(Tensor::f32(x.shape.clone(), y))
+        }
+        Op::Pool(p) => pool(p, input(inputs, 0)?),
+        Op::GlobalPool(kind) => one(global_pool(*kind, input(inputs, 0)?)?),
+        Op::BatchNorm { epsilon, .. } => batch_norm(*epsilon, inputs, outputs, mode),
+        Op::LayerNorm { axis, epsilon } => layer_norm(*axis, *epsilon, inputs, outputs),
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => one(lrn(
+            input(inputs, 0)?,
+            *size as usize,
+            *alpha,
+            *beta,
+            *bias,
+        )?),
+        Op::Concat { axis } => {
+            let parts: Vec<&Tensor> = (0..inputs.len())
+                .map(|i| input(inputs, i))
+                .collect::<R<_>>()?;
+            one(concat(&parts, *axis)?)
+        }
+        Op::Split { axis, sizes } => {
+            let x = input(inputs, 0)?;
+            let ax = axis_of(*axis, x.shape.len())?;
+            let total = x.shape[ax];
+            let sizes: Vec<usize> = match ints_or_input(sizes, inputs, 1) {
+                Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
+                None => {
+                    let chunk = total.div_ceil(outputs.max(1));
+                    (0..outputs)
+                        .map(|i| chunk.min(total.saturating_sub(chunk * i)))
+                        .collect()
+                }
+            };
+            if sizes.len() != outputs || sizes.iter().sum::<usize>() != total {
+                return Err(format!(
+                    "split sizes {sizes:?} do not split {total} into {outputs} outputs"
+                ));
+            }
+            Ok((split(x, ax, &sizes), Saved::None))
+        }
+        Op::Slice { ranges } => {
+            let x = input(inputs, 0)?;
+            let (shape, positions) = slice_positions(&slice_ranges(ranges, inputs)?, &x.shape);
+            one(x.pick(shape, positions))
+        }
+        Op::Flatten { axis } => {
+            let x = input(inputs, 0)?;
+            let r = x.shape.len() as i64;
+            let a = if *axis < 0 { axis + r } else { *axis };
+            if !(0..=r).contains(&a) {
+                return Err(format!("axis {axis} is out of range for rank {r}"));
+            }
+            let outer = t::numel(&x.shape[..a as usize]);
+            let inner = t::numel(&x.shape[a as usize..]);
+            one(x.clone().reshaped(vec![outer, inner]))
+        }
+        Op::Reshape { allowzero } => {
+            let x = input(inputs, 0)?;
+            let target = input(inputs, 1)?.to_i64s();
+            let shape =
+                reshape_target(&x.shape, &target, *allowzero).or_else(|e| {
+                    match rebatched(&target, env, x.shape.first().copied()) {
+                        Some(t) => reshape_target(&x.shape, &t, *allowzero),
+                        None => Err(e),
+                    }
+                })?;
+            one(x.clone().reshaped(shape))
+        }
+        Op::Transpose { perm } => {
+            let x = input(inputs, 0)?;
+            let r = x.shape.len();
+            let perm: Vec<usize> = match perm {
+                Some(p) => p.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?,
+                None => (0..r).rev().collect(),
+            };
+            one(transpose(x, &perm))
+        }
+        Op::Squeeze { axes } => {
+            let x = input(inputs, 0)?;
+            let r = x.shape.len();
+            let axes: Vec<usize> = match ints_or_input(axes, inputs, 1) {
+                Some(a) => a.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?,
+                None => (0..r).filter(|&d| x.shape[d] == 1).collect(),
+            };
+            let shape = x
+                .shape
+                .iter()
+                .enumerate()
+                .filter(|(d, _)| !axes.contains(d))
+                .map(|(_, &n)| n)
+                .collect();
+            one(x.clone().reshaped(shape))
+        }
+        Op::Unsqueeze { axes } => {
+            let x = input(inputs, 0)?;
+            let axes = ints_or_input(axes, inputs, 1).ok_or("axes are missing")?;
+            let r = x.shape.len() + axes.len();
+            let mut axes: Vec<usize> = axes.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?;
+            axes.sort_unstable();
+            let mut shape = x.shape.clone();
+            for a in axes {
+                shape.insert(a.min(shape.len()), 1);
+            }
+            one(x.clone().reshaped(shape))
+        }
+        Op::Gather { axis } => one(gather(input(inputs, 0)?, input(inputs, 1)?, *axis)?),
+        Op::Shape { start, end } => {
+            let x = input(inputs, 0)?;
+            let r = x.shape.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+            let (s, e) = (clamp(*start), clamp(end.unwrap_or(r)));
+            let dims: Vec<i64> = x.shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
+            one(Tensor::i64(vec![dims.len()], dims))
+        }
+        Op::ConstantOfShape { value, dtype } => {
+            let shape: Vec<usize> = match optional(inputs, 0) {
+                Some(s) => s.to_i64s().iter().map(|&d| d.max(0) as usize).collect(),
+                None => Vec::new(),
+            };
+            let n = t::numel(&shape);
+            one(if dtype.is_float() {
+                Tensor::f32(shape, vec![*value as f32; n])
+            } else {
+                Tensor::i64(shape, vec![*value as i64; n])
+            })
+        }
+        Op::Range => {
+            let (start, limit, delta) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+            let first = |t: &Tensor| t.to_f64s().first().copied().unwrap_or(0.0);
+            let (s, l, d) = (first(start), first(limit), first(delta));
+            if d == 0.0 {
+                return Err("delta is zero".into());
+            }
+            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            one(match start.data {
+                Data::F32(_) => {
+                    Tensor::f32(vec![n], (0..n).map(|i| (s + i as f64 * d) as f32).collect())
+                }
+                Data::I64(_) => {
+                    let (s, d) = (s as i64, d as i64);
+                    Tensor::i64(vec![n], (0..n as i64).map(|i| s + i * d).collect())
+                }
+            })
+        }
+        Op::Cast { to } => one(cast(input(inputs, 0)?, *to)),
+        Op::Dropout { .. } => {
+            // Dropout is the identity: plans are compared with single-device training,
+            // which a random mask would make irreproducible across partitionings.
+            let x = input(inputs, 0)?;
+            let mut outs = vec![x.clone()];
+            if outputs > 1 {
+                outs.push(Tensor::i64(x.shape.clone(), vec![1; x.len()]));
+            }
+            Ok((outs, Saved::None))
+        }
+        Op::Identity => one(input(inputs, 0)?.clone()),
+        Op::ReduceMean {
+            axes,
+            keepdims,
+            noop_with_empty_axes,
+        } => {
+            let x = input(inputs, 0)?;
+            let r = x.shape.len();
+            let axes: Vec<usize> = match ints_or_input(axes, inputs, 1) {
+                Some(a) if !a.is_empty() => a.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?,
+                _ if *noop_with_empty_axes => return one(x.clone()),
+                _ => (0..r).collect(),
+            };
+            one(reduce_mean(x, &axes, *keepdims)?)
+        }
+        Op::Pad { mode, pads } => {
+            let value = optional(inputs, 2)
+                .and_then(|v| v.to_f64s().first().copied())
+                .unwrap_or(0.0);
+            one(pad(
+                input(inputs, 0)?,
+                pad_sources(pads, *mode, inputs)?,
+                value,
+            ))
+        }
+        Op::Where => {
+            let (c, x, y) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+            let shape = t::broadcast_shapes(&c.shape, &x.shape)
+                .and_then(|s| t::broadcast_shapes(&s, &y.shape))
+                .ok_or("the shapes do not broadcast")?;
+            let cond: Vec<bool> = t::broadcast(&c.shape, &shape)
+                .map(|i| c.to_f64s()[i] != 0.0)
+                .collect();
+            one(select(&cond, x, y, &shape)?)
+        }
+        Op::Expand => {
+            let x = input(inputs, 0)?;
+            let target: Vec<usize> = input(inputs, 1)?
+                .to_i64s()
+                .iter()
+                .map(|&d| d.max(0) as usize)
+                .collect();
+            let shape = t::broadcast_shapes(&x.shape, &target)
+                .or_else(|| {
+                    let t: Vec<i64> = target.iter().map(|&d| d as i64).collect();
+                    let t = rebatched(&t, env, x.shape.first().copied())?;
+                    let t: Vec<usize> = t.iter().map(|&d| d as usize).collect();
+                    t::broadcast_shapes(&x.shape, &t)
+                })
+                .ok_or_else(|| format!("{:?} does not expand to {target:?}", x.shape))?;
+            one(x.pick(shape.clone(), t::broadcast(&x.shape, &shape)))
+        }
+        Op::Trilu { upper } => {
+            let x = input(inputs, 0)?;
+            let k = optional(inputs, 1)
+                .and_then(|k| k.to_i64s().first().copied())
+                .unwrap_or(0);
+            one(trilu(x, *upper, k)?)
+        }
+        other => Err(format!(
+            "{} is not supported by the CPU backend",
+            other.name()
+        )),
+    }
+}
+
+pub(crate) fn axis_of(axis: i64, rank: usize) -> R<usize> {
+    t::axis(axis, rank).ok_or_else(|| format!("axis {axis} is out of range for rank {rank}"))
+}
+
+fn clip(v: f32, lo: Option<f32>, hi: Option<f32>) -> f32 {
+    let v = lo.map_or(v, |lo| v.max(lo));
+    hi.map_or(v, |hi| v.min(hi))
+}
+
+fn map_floats(x: &Tensor, f: impl Fn(f32) -> f32) -> R<Tensor> {
+    Ok(match &x.data {
+        Data::F32(v) => Tensor::f32(x.shape.clone(), v.iter().map(|&v| f(v)).collect()),
+        Data::I64(v) => Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| f(v as f32) as i64).collect(),
+        ),
+    })
+}
+
+/// One unary function on one element.
+pub(crate) fn unary_value(u: Unary, v: f32) -> f32 {
+    match u {
+        Unary::Relu => v.max(0.0),
+        Unary::LeakyRelu { alpha } => {
+            if v >= 0.0 {
+                v
+            } else {
+                alpha * v
+            }
+        }
+        Unary::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        Unary::HardSigmoid { alpha, beta } => (alpha * v + beta).clamp(0.0, 1.0),
+        Unary::HardSwish => v * (v / 6.0 + 0.5).clamp(0.0, 1.0),
+        Unary::Tanh => v.tanh(),
+        Unary::Gelu { tanh } => {
+            let mut y = [0.0];
+            kernels::gelu(tanh, &[v], &mut y);
+            y[0]
+        }
+        Unary::Erf => kernels::erf(f64::from(v)) as f32,
+        Unary::Sqrt => v.sqrt(),
+        Unary::Neg => -v,
+        Unary::Exp => v.exp(),
+        Unary::Reciprocal => 1.0 / v,
+        _ => f32::NAN,
+    }
+}
+
+fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
+    match (&x.data, u) {
+        (Data::I64(v), Unary::Neg) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| -v).collect(),
+        )),
+        (Data::I64(v), Unary::Relu) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| v.max(0)).collect(),
+        )),
+        (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
+        (Data::F32(v), _) => Ok(Tensor::f32(
+            x.shape.clone(),
+            v.iter().map(|&v| unary_value(u, v)).collect(),
+        )),
+    }
+}
+
+/// Applies a broadcasting binary function.
+pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
+    let shape = t::broadcast_shapes(&x.shape, &y.shape)
+        .ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", x.shape, y.shape))?;
+    let n = t::numel(&shape);
+    let pairs = || t::broadcast(&x.shape, &shape).zip(t::broadcast(&y.shape, &shape));
+    Ok(match (&x.data, &y.data, b) {
+        (Data::F32(a), Data::F32(c), Binary::Equal) => Tensor::i64(
+            shape.clone(),
+            pairs().map(|(i, j)| i64::from(a[i] == c[j])).collect(),
+        ),
+        (Data::I64(a), Data::I64(c), _) => {
+            let mut out = Vec::with_capacity(n);
+            for (i, j) in pairs() {
+                let (p, q) = (a[i], c[j]);
+                out.push(match b {
+                    Binary::Add => p.wrapping_add(q),
+                    Binary::Sub => p.wrapping_sub(q),
+                    Binary::Mul => p.wrapping_mul(q),
+                    Binary::Div => p.checked_div(q).ok_or("integer division by zero")?,
+                    Binary::Pow => p.wrapping_pow(q.clamp(0, u32::MAX as i64) as u32),
+                    Binary::Equal => i64::from(p == q),
+                });
+            }
+            Tensor::i64(shape, out)
+        }
+        _ => {
+            // Floats, or a float base with an integer exponent (Pow).
+            let (a, c) = (x.to_f64s(), y.to_f64s());
+            let out: Vec<f32> = pairs()
+                .map(|(i, j)| binary_value(b, a[i] as f32, c[j] as f32))
+                .collect();
+            if b == Binary::Equal || matches!(x.data, Data::I64(_)) {
+                // Comparisons give booleans; an integer base keeps its type (Pow).
+                Tensor::i64(shape, out.iter().map(|&v| v as i64).collect())
+            } else {
+                Tensor::f32(shape, out)
+            }
+        }
+    })
+}
+
+pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
+    match b {
+        Binary::Add => p + q,
+        Binary::Sub => p - q,
+        Binary::Mul => p * q,
+        Binary::Div => p / q,
+        Binary::Pow => p.powf(q),
+        Binary::Equal => f32::from(u8::from(p == q)),
+    }
+}
+
+/// `(outer, width, inner)`: softmax runs over `width` elements `inner` apart.
+pub(crate) fn softmax_layout(
+    shape: &[usize],
+    axis: i64,
+    flatten: bool,
+) -> R<(usize, usize, usize)> {
+    let a = axis_of(axis, shape.len())?;
+    Ok(if flatten {
+        (t::numel(&shape[..a]), t::numel(&shape[a..]), 1)
+    } else {
+        (t::numel(&shape[..a]), shape[a], t::numel(&shape[a + 1..]))
+    })
+}
+
+fn softmax(outer: usize, width: usize, inner: usize, log: bool, x: &[f32], y: &mut [f32]) {
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| (o * width + k) * inner + i;
+            let max = (0..width)
+                .map(|k| x[at(k)])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = (0..width).map(|k| (x[at(k)] - max).exp()).sum();
+            for k in 0..width {
+                y[at(k)] = if log {
+                    x[at(k)] - max - sum.ln()
+                } else {
+                    (x[at(k)] - max).exp() / sum
+                };
+            }
+        }
+    }
+}
+
+/// Zero padding `[top, left, bottom, right]` and output size of a window op.
+#[allow(clippy::too_many_arguments, reason = "one window axis pair")]
+fn window_padding(
+    padding: &Padding,
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    dilation: (usize, usize),
+    ceil: bool,
+    one_d: bool,
+) -> R<([usize; 4], (usize, usize))> {
+    let span = |k: usize, d: usize| (k - 1) * d + 1;
+    let pads = match padding {
+        Padding::Explicit(p) if p.is_empty() => [0; 4],
+        Padding::Explicit(p) if one_d && p.len() == 2 => [0, p[0] as usize, 0, p[1] as usize],
+        Padding::Explicit(p) if p.len() == 4 => {
+            [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
+        }
+        Padding::Explicit(p) => return Err(format!("pads {p:?} do not fit the spatial rank")),
+        Padding::Valid => [0; 4],
+        Padding::SameUpper | Padding::SameLower => {
+            let total = |i: usize, k: usize, s: usize, d: usize| {
+                ((i.div_ceil(s) - 1) * s + span(k, d)).saturating_sub(i)
+            };
+            let (th, tw) = (
+                total(input.0, kernel.0, stride.0, dilation.0),
+                total(input.1, kernel.1, stride.1, dilation.1),
+            );
+            if *padding == Padding::SameUpper {
+                [th / 2, tw / 2, th - th / 2, tw - tw / 2]
+            } else {
+                [th - th / 2, tw - tw / 2, th / 2, tw / 2]
+            }
+        }
+    };
+    let out = |i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize| -> R<usize> {
+        let room = (i + pb + pe)
+            .checked_sub(span(k, d))
+            .ok_or("the window is larger than the padded input")?;
+        let mut n = if ceil { room.div_ceil(s) } else { room / s } + 1;
+        // A ceil-mode window must start inside the input or its leading padding.
+        if ceil && (n - 1) * s >= i + pb {
+            n -= 1;
+        }
+        Ok(n)
+    };
+    Ok((
+        pads,
+        (
+            out(input.0, kernel.0, stride.0, dilation.0, pads[0], pads[2])?,
+            out(input.1, kernel.1, stride.1, dilation.1, pads[1], pads[3])?,
+        ),
+    ))
+}
+
+/// `(N, C, H, W)` of an NCHW or NCL tensor, and whether it is 1-d.
+fn spatial(shape: &[usize]) -> R<(usize, usize, (usize, usize), bool)> {
+    match *shape {
+        [n, c, l] => Ok((n, c, (1, l), true)),
+        [n, c, h, w] => Ok((n, c, (h, w), false)),
+        _ => Err(format!(
+            "the CPU backend runs 1-d and 2-d windows; this input has shape {shape:?}"
+        )),
+    }
+}
+
+fn pair(v: &Option<Vec<u64>>, one_d: bool, default: usize) -> R<(usize, usize)> {
+    match v.as_deref() {
+        None => Ok((default, default)),
+        Some([x]) if one_d => Ok((1, *x as usize)),
+        Some([y, x]) if !one_d => Ok((*y as usize, *x as usize)),
+        Some(other) => Err(format!("{other:?} does not fit the spatial rank")),
+    }
+}
+
+fn out_shape(n: usize, c: usize, (h, w): (usize, usize), one_d: bool) -> Vec<usize> {
+    if one_d {
+        vec![n, c, w]
+    } else {
+        vec![n, c, h, w]
+    }
+}
+
+/// The geometry of a convolution of `x` by `w`.
+pub(crate) fn conv_geometry(c: &Conv, x: &[usize], w: &[usize]) -> R<(Conv2d, bool)> {
+    let (n, ch, input, one_d) = spatial(x)?;
+    let kernel = if one_d {
+        (1, *w.get(2).ok_or("the weight has no kernel axis")?)
+    } else {
+        (
+            *w.get(2).ok_or("the weight has no kernel axes")?,
+            *w.get(3).ok_or("the weight has no kernel axes")?,
+        )
+    };
+    let stride = pair(&c.strides, one_d, 1)?;
+    let dilation = pair(&c.dilations, one_d, 1)?;
+    let (padding, _) = window_padding(&c.padding, input, kernel, stride, dilation, false, one_d)?;
+    let groups = c.group as usize;
+    if groups == 0 || ch % groups != 0 || w[0] % groups != 0 || w[1] * groups != ch {
+        return Err(format!(
+            "input channels {ch}, weight {w:?} and group {groups} do not agree"
+        ));
+    }
+    Ok((
+        Conv2d {
+            batch: n,
+            in_channels: ch,
+            out_channels: w[0],
+            input,
+            kernel,
+            stride,
+            dilation,
+            padding,
+            groups,
+        },
+        one_d,
+    ))
+}
+
+fn conv(c: &Conv, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (g, one_d) = conv_geometry(c, &x.shape, &w.shape)?;
+    let (oh, ow) = g.output();
+    let mut y = vec![0.0; g.batch * g.out_channels * oh * ow];
+    let bias = optional(inputs, 2).map(|b| floats(b, "bias")).transpose()?;
+    g.forward(floats(x, "X")?, floats(w, "W")?, bias, &mut y);
+    Ok(Tensor::f32(
+        out_shape(g.batch, g.out_channels, (oh, ow), one_d),
+        y,
+    ))
+}
+
+fn conv_transpose(c: &ralpc_ir::ConvTranspose, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (n, ch, input_hw, one_d) = spatial(&x.shape)?;
+    let groups = c.conv.group as usize;
+    if w.shape.len() != x.shape.len() || w.shape[0] != ch || groups == 0 || ch % groups != 0 {
+        return Err(format!(
+            "input {:?} and weight {:?} do not agree",
+            x.shape, w.shape
+        ));
+    }
+    let out_channels = w.shape[1] * groups;
+    let kernel = if one_d {
+        (1, w.shape[2])
+    } else {
+        (w.shape[2], w.shape[3])
+    };
+    let stride = pair(&c.conv.strides, one_d, 1)?;
+    let dilation = pair(&c.conv.dilations, one_d, 1)?;
+    let extra = pair(&c.output_padding, one_d, 0)?;
+    let span = |k: usize, d: usize| (k - 1) * d + 1;
+    // Pads as the spec computes them, from an explicit output shape when there is one.
+    let explicit = |p: &[u64]| -> R<[usize; 4]> {
+        match p.len() {
+            0 => Ok([0; 4]),
+            2 if one_d => Ok([0, p[0] as usize, 0, p[1] as usize]),
+            4 => Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]),
+            _ => Err(format!("pads {p:?} do not fit the spatial rank")),
+        }
+    };
+    let full = |i: usize, k: usize, s: usize, d: usize, e: usize| s * (i - 1) + e + span(k, d);
+    let target = match (&c.output_shape, &c.conv.padding) {
+        (Some(shape), _) => Some(pair(&Some(shape.clone()), one_d, 1)?),
+        (None, Padding::SameUpper | Padding::SameLower) => {
+            Some((input_hw.0 * stride.0, input_hw.1 * stride.1))
+        }
+        _ => None,
+    };
+    let full_hw = (
+        full(input_hw.0, kernel.0, stride.0, dilation.0, extra.0),
+        full(input_hw.1, kernel.1, stride.1, dilation.1, extra.1),
+    );
+    let (padding, out_hw) = match target {
+        Some((oh, ow)) => {
+            // A target beyond the full size is reached by rows the convolution never reads.
+            let (th, tw) = (full_hw.0.saturating_sub(oh), full_hw.1.saturating_sub(ow));
+            let pads = if c.conv.padding == Padding::SameLower {
+                [th - th / 2, tw - tw / 2, th / 2, tw / 2]
+            } else {
+                [th / 2, tw / 2, th - th / 2, tw - tw / 2]
+            };
+            (pads, (oh, ow))
+        }
+        None => {
+            let pads = match &c.conv.padding {
+                Padding::Explicit(p) => explicit(p)?,
+                _ => [0; 4],
+            };
+            let out = (
+                full_hw
+                    .0
+                    .checked_sub(pads[0] + pads[2])
+                    .ok_or("the padding exceeds the output")?,
+                full_hw
+                    .1
+                    .checked_sub(pads[1] + pads[3])
+                    .ok_or("the padding exceeds the output")?,
+            );
+            (pads, out)
+        }
+    };
+    // The convolution whose input gradient this is: input = our output, output = our input.
+    let g = Conv2d {
+        batch: n,
+        in_channels: out_channels,
+        out_channels: ch,
+        input: out_hw,
+        kernel,
+        stride,
+        dilation,
+        padding,
+        groups,
+    };
+    if g.output() != input_hw {
+        return Err("the output shape does not invert the convolution".into());
+    }
+    let mut y = vec![0.0; n * out_channels * out_hw.0 * out_hw.1];
+    g.transpose(floats(x, "X")?, floats(w, "W")?, &mut y);
+    if let Some(b) = optional(inputs, 2) {
+        let b = floats(b, "B")?;
+        for (i, v) in y.iter_mut().enumerate() {
+            *v += b[(i / (out_hw.0 * out_hw.1)) % out_channels];
+        }
+    }
+    Ok(Tensor::f32(out_shape(n, out_channels, out_hw, one_d), y))
+}
+
+fn gemm(g: &Gemm, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (&[ar, ac], &[br, bc]) = (a.shape.as_slice(), b.shape.as_slice()) else {
+        return Err(format!(
+            "Gemm needs matrices, got {:?} and {:?}",
+            a.shape, b.shape
+        ));
+    };
+    let (m, k) = if g.trans_a { (ac, ar) } else { (ar, ac) };
+    let (k2, n) = if g.trans_b { (bc, br) } else { (br, bc) };
+    if k != k2 {
+        return Err(format!("inner dimensions {k} and {k2} differ"));
+    }
+    let mut y = vec![0.0; m * n];
+    if let Some(c) = optional(inputs, 2) {
+        let cs = floats(c, "C")?;
+        if t::broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+            return Err(format!("C {:?} does not broadcast to {m}×{n}", c.shape));
+        }
+        for (o, i) in y.iter_mut().zip(t::broadcast(&c.shape, &[m, n])) {
+            *o = g.beta * cs[i];
+        }
+    }
+    kernels::gemm(
+        m,
+        k,
+        n,
+        g.alpha,
+        floats(a, "A")?,
+        g.trans_a,
+        floats(b, "B")?,
+        g.trans_b,
+        1.0,
+        &mut y,
+    );
+    Ok(Tensor::f32(vec![m, n], y))
+}
+
+/// numpy `matmul`: 1-d operands are promoted and the batch axes broadcast.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
+    let (ash, bsh) = matmul_shapes(&a.shape, &b.shape)?;
+    let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+    let batch = t::broadcast_shapes(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2])
+        .ok_or("the batch axes do not broadcast")?;
+    let count = t::numel(&batch);
+    let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
+    let mut y = vec![0.0; count * m * n];
+    let ia: Vec<usize> = t::broadcast(&ash[..ash.len() - 2], &batch).collect();
+    let ib: Vec<usize> = t::broadcast(&bsh[..bsh.len() - 2], &batch).collect();
+    for (i, out) in y.chunks_mut(m * n).enumerate() {
+        kernels::gemm(
+            m,
+            k,
+            n,
+            1.0,
+            &xa[ia[i] * m * k..],
+            false,
+            &xb[ib[i] * k * n..],
+            false,
+            0.0,
+            out,
+        );
+    }
+    let mut shape = batch;
+    if a.shape.len() > 1 {
+        shape.push(m);
+    }
+    if b.shape.len() > 1 {
+        shape.push(n);
+    }
+    Ok(Tensor::f32(shape, y))
+}
+
+/// Both operands as (batch…, rows, columns), after promoting 1-d ones.
+pub(crate) fn matmul_shapes(a: &[usize], b: &[usize]) -> R<(Vec<usize>, Vec<usize>)> {
+    let ash = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let bsh = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    if ash.len() < 2 || bsh.len() < 2 || ash[ash.len() - 1] != bsh[bsh.len() - 2] {
+        return Err(format!("shapes {a:?} and {b:?} do not multiply"));
+    }
+    Ok((ash, bsh))
+}
+
+/// The geometry of a pooling of `x`.
+pub(crate) fn pool_geometry(p: &Pool, x: &[usize]) -> R<(Pool2d, bool, (usize, usize))> {
+    let (n, c, input, one_d) = spatial(x)?;
+    let kernel = pair(&Some(p.kernel.clone()), one_d, 1)?;
+    let stride = pair(&p.strides, one_d, 1)?;
+    let dilation = pair(&p.dilations, one_d, 1)?;
+    let (padding, output) = window_padding(
+        &p.padding,
+        input,
+        kernel,
+        stride,
+        dilation,
+        p.ceil_mode,
+        one_d,
+    )?;
+    Ok((
+        Pool2d {
+            planes: n * c,
+            input,
+            kernel,
+            stride,
+            dilation,
+            padding,
+            output,
+        },
+        one_d,
+        (n, c),
+    ))
+}
+
+fn pool(p: &Pool, x: &Tensor) -> R<(Vec<Tensor>, Saved)> {
+    let (g, one_d, (n, c)) = pool_geometry(p, &x.shape)?;
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; g.planes * g.output.0 * g.output.1];
+    let saved = match p.kind {
+        PoolKind::Max => Saved::Argmax(g.max(xs, &mut y)),
+        PoolKind::Average => {
+            g.average(p.count_include_pad, xs, &mut y);
+            Saved::None
+        }
+    };
+    Ok((
+        vec![Tensor::f32(out_shape(n, c, g.output, one_d), y)],
+        saved,
+    ))
+}
+
+fn global_pool(kind: PoolKind, x: &Tensor) -> R<Tensor> {
+    if x.shape.len() < 3 {
+        return Err(format!(
+            "global pooling needs N×C×spatial, got {:?}",
+            x.shape
+        ));
+    }
+    let planes = x.shape[0] * x.shape[1];
+    let area = t::numel(&x.shape[2..]).max(1);
+    let xs = floats(x, "X")?;
+    let y = xs
+        .chunks(area)
+        .map(|p| match kind {
+            PoolKind::Max => p.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            PoolKind::Average => p.iter().sum::<f32>() / area as f32,
+        })
+        .collect::<Vec<_>>();
+    debug_assert_eq!(y.len(), planes);
+    let mut shape = x.shape.clone();
+    shape[2..].iter_mut().for_each(|d| *d = 1);
+    Ok(Tensor::f32(shape, y))
+}
+
+fn batch_norm(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+    mode: Mode,
+) -> R<(Vec<Tensor>, Saved)> {
+    let x = input(inputs, 0)?;
+    let params: Vec<&[f32]> = (1..5)
+        .map(|i| floats(input(inputs, i)?, "a batch-norm parameter"))
+        .collect::<R<_>>()?;
+    let (gamma, beta, mean, var) = (params[0], params[1], params[2], params[3]);
+    let channels = *x.shape.get(1).ok_or("the input has no channel axis")?;
+    if params.iter().any(|p| p.len() != channels) {
+        return Err(format!("parameters must have {channels} elements"));
+    }
+    let spatial = t::numel(&x.shape[2..]);
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    let saved = match mode {
+        Mode::Training => {
+            let bn = kernels::BatchNorm {
+                channels,
+                spatial,
+                epsilon,
+            };
+            let (m, s) = bn.forward(xs, gamma, beta, &mut y);
+            Saved::Stats(m, s)
+        }
+        Mode::Inference => {
+            for (i, (o, &v)) in y.iter_mut().zip(xs).enumerate() {
+                let c = (i / spatial.max(1)) % channels;
+                *o = gamma[c] * (v - mean[c]) / (var[c] + epsilon).sqrt() + beta[c];
+            }
+            Saved::None
+        }
+    };
+    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
+    // Running statistics, when the node declares them, pass through unchanged.
+    for i in 3..3 + outputs.saturating_sub(1).min(2) {
+        outs.push(input(inputs, i)?.clone());
+    }
+    Ok((outs, saved))
+}
+
+fn layer_norm(
+    axis: i64,
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> R<(Vec<Tensor>, Saved)> {
+    let x = input(inputs, 0)?;
+    let a = axis_of(axis, x.shape.len())?;
+    let width = t::numel(&x.shape[a..]);
+    let gamma = floats(input(inputs, 1)?, "Scale")?;
+    let zeros;
+    let beta = match optional(inputs, 2) {
+        Some(b) => floats(b, "B")?,
+        None => {
+            zeros = vec![0.0; width];
+            &zeros
+        }
+    };
+    if gamma.len() != width || beta.len() != width {
+        return Err(format!("Scale and B must have {width} elements"));
+    }
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    let (mean, inv_std) = kernels::layer_norm(width, epsilon, xs, gamma, beta, &mut y);
+    let mut stat_shape = x.shape.clone();
+    stat_shape[a..].iter_mut().for_each(|d| *d = 1);
+    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
+    if outputs > 1 {
+        outs.push(Tensor::f32(stat_shape.clone(), mean.clone()));
+    }
+    if outputs > 2 {
+        outs.push(Tensor::f32(stat_shape, inv_std.clone()));
+    }
+    Ok((outs, Saved::Stats(mean, inv_std)))
+}
+
+/// The channel window of local response normalization at channel `c`.
+pub(crate) fn lrn_window(c: usize, size: usize, channels: usize) -> std::ops::Range<usize> {
+    let lo = c.saturating_sub((size - 1) / 2);
+    let hi = (c + size.div_ceil(2)).min(channels);
+    lo..hi
+}
+
+fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
+    let (channels, spatial) = (
+        *x.shape.get(1).ok_or("the input has no channel axis")?,
+        t::numel(x.shape.get(2..).unwrap_or(&[])),
+    );
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    for (i, o) in y.iter_mut().enumerate() {
+        let (plane, c, s) = (
+            i / (channels * spatial),
+            (i / spatial) % channels,
+            i % spatial,
+        );
+        let sum: f32 = lrn_window(c, size, channels)
+            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
+            .sum();
+        *o = xs[i] / (bias + alpha / size as f32 * sum).powf(beta);
+    }
+    Ok(Tensor::f32(x.shape.clone(), y))
+}
+
+/// Concatenation along `axis`.
+pub(crate) fn concat(parts: &[&Tensor], axis: i64) -> R<Tensor> {
+    let first = parts.first().ok_or("nothing to concatenate")?;
+    let a = axis_of(axis, first.shape.len())?;
+    let outer = t::numel(&first.shape[..a]);
+    let mut shape = first.shape.clone();
+    shape[a] = parts
+        .iter()
+        .map(|p| p.shape.get(a).copied().unwrap_or(0))
+        .sum();
+    for p in parts {
+        if p.shape.len() != shape.len()
+            || p.shape
+                .iter()
+                .enumerate()
+                .any(|(d, &n)| d != a && n != first.shape[d])
+        {
+            return Err(format!(
+                "{:?} and {:?} do not concatenate",
+                first.shape, p.shape
+            ));
+        }
+    }
+    let blocks: Vec<usize> = parts.iter().map(|p| t::numel(&p.shape[a..])).collect();
+    let index = (0..outer).flat_map(|o| {
+        blocks
+            .iter()
+            .enumerate()
+            .flat_map(move |(k, &b)| (0..b).map(move |i| (k, o * b + i)))
+    });
+    Ok(if parts.iter().all(|p| matches!(p.data, Data::I64(_))) {
+        let ints: Vec<&[i64]> = parts.iter().filter_map(|p| p.ints()).collect();
+        Tensor::i64(shape, index.map(|(k, i)| ints[k][i]).collect())
+    } else {
+        let fs: Vec<Vec<f64>> = parts.iter().map(|p| p.to_f64s()).collect();
+        Tensor::f32(shape, index.map(|(k, i)| fs[k][i] as f32).collect())
+    })
+}
+
+/// Splits along axis `a` into parts of `sizes`.
+pub(crate) fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Vec<Tensor> {
+    let mut start = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            let part = narrow(x, a, start, n);
+            start += n;
+            part
+        })
+        .collect()
+}
+
+/// The elements `start..start + len` of axis `a`.
+pub(crate) fn narrow(x: &Tensor, a: usize, start: usize, len: usize) -> Tensor {
+    let st = t::strides(&x.shape);
+    let mut shape = x.shape.clone();
+    shape[a] = len;
+    let strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+    x.pick(
+        shape.clone(),
+        t::positions(&shape, &strides, (start * st[a]) as isize),
+    )
+}
+
+/// Per axis: start, end, step (already clamped).
+type Ranges = Vec<(usize, i64, i64, i64)>;
+
+pub(crate) fn slice_ranges(
+    ranges: &Option<ralpc_ir::SliceRanges>,
+    inputs: &[Option<&Tensor>],
+) -> R<Ranges> {
+    let x = input(inputs, 0)?;
+    let r = x.shape.len();
+    let (starts, ends, axes, steps) = match ranges {
+        Some(rg) => (rg.starts.clone(), rg.ends.clone(), rg.axes.clone(), None),
+        None => (
+            input(inputs, 1)?.to_i64s(),
+            input(inputs, 2)?.to_i64s(),
+            optional(inputs, 3).map(Tensor::to_i64s),
+            optional(inputs, 4).map(Tensor::to_i64s),
+        ),
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    let mut out = Vec::new();
+    for i in 0..starts.len() {
+        let a = axis_of(axes[i], r)?;
+        let dim = x.shape[a] as i64;
+        let step = steps[i];
+        if step == 0 {
+            return Err("a slice step is zero".into());
+        }
+        let norm = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
+        let (s, e) = if step > 0 {
+            (norm(starts[i]).clamp(0, dim), norm(ends[i]).clamp(0, dim))
+        } else {
+            (
+                norm(starts[i]).clamp(0, dim - 1),
+                norm(ends[i]).clamp(-1, dim - 1),
+            )
+        };
+        out.push((a, s, e, step));
+    }
+    Ok(out)
+}
+
+/// The output shape of a slice of `shape` and the input position of each output element.
+pub(crate) fn slice_positions(ranges: &Ranges, shape: &[usize]) -> (Vec<usize>, t::Positions) {
+    let st = t::strides(shape);
+    let mut out = shape.to_vec();
+    let mut strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+    let mut offset = 0isize;
+    for &(a, s, e, step) in ranges {
+        let len = if step > 0 {
+            (e - s).max(0).div_ceil_i(step)
+        } else {
+            (s - e).max(0).div_ceil_i(-step)
+        };
+        out[a] = len as usize;
+        strides[a] = st[a] as isize * step as isize;
+        if len > 0 {
+            offset += s as isize * st[a] as isize;
+        }
+    }
+    let positions = t::positions(&out, &strides, offset);
+    (out, positions)
+}
+
+trait DivCeil {
+    fn div_ceil_i(self, d: i64) -> i64;
+}
+
+impl DivCeil for i64 {
+    fn div_ceil_i(self, d: i64) -> i64 {
+        (self + d - 1) / d
+    }
+}
+
+/// The target of a Reshape: `0` copies the input's dimension (unless `allowzero`), `-1`
+/// takes what is left.
+pub(crate) fn reshape_target(shape: &[usize], target: &[i64], allowzero: bool) -> R<Vec<usize>> {
+    let total = t::numel(shape);
+    let mut out: Vec<usize> = Vec::with_capacity(target.len());
+    let mut infer = None;
+    for (i, &d) in target.iter().enumerate() {
+        match d {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                out.push(1);
+            }
+            0 if !allowzero => {
+                out.push(*shape.get(i).ok_or("a 0 in the target has no input axis")?)
+            }
+            d if d >= 0 => out.push(d as usize),
+            _ => return Err(format!("invalid target {target:?}")),
+        }
+    }
+    if let Some(i) = infer {
+        let known = t::numel(&out);
+        if known == 0 || total % known != 0 {
+            return Err(format!("{shape:?} does not reshape to {target:?}"));
+        }
+        out[i] = total / known;
+    }
+    if t::numel(&out) != total {
+        return Err(format!("{shape:?} does not reshape to {target:?}"));
+    }
+    Ok(out)
+}
+
+/// Axis permutation: output axis `d` is input axis `perm[d]`.
+pub(crate) fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
+    let st = t::strides(&x.shape);
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let strides: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
+    x.pick(shape.clone(), t::positions(&shape, &strides, 0))
+}
+
+fn gather(x: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
+    let a = axis_of(axis, x.shape.len())?;
+    let dim = x.shape[a];
+    let idx: Vec<usize> = indices
+        .to_i64s()
+        .iter()
+        .map(|&i| {
+            let j = if i < 0 { i + dim as i64 } else { i };
+            usize::try_from(j)
+                .ok()
+                .filter(|&j| j < dim)
+                .ok_or_else(|| format!("index {i} is out of range for {dim}"))
+        })
+        .collect::<R<_>>()?;
+    let (outer, inner) = (t::numel(&x.shape[..a]), t::numel(&x.shape[a + 1..]));
+    let mut shape = x.shape[..a].to_vec();
+    shape.extend(&indices.shape);
+    shape.extend(&x.shape[a + 1..]);
+    let positions = (0..outer).flat_map(|o| {
+        idx.iter()
+            .flat_map(move |&j| (0..inner).map(move |i| (o * dim + j) * inner + i))
+    });
+    Ok(x.pick(shape, positions.collect::<Vec<_>>().into_iter()))
+}
+
+fn cast(x: &Tensor, to: DType) -> Tensor {
+    if to.is_float() {
+        let v = x.to_f64s();
+        let v = match to {
+            DType::F16 => v.iter().map(|&f| round_to_f16(f as f32)).collect(),
+            DType::BF16 => v.iter().map(|&f| round_to_bf16(f as f32)).collect(),
+            _ => v.iter().map(|&f| f as f32).collect(),
+        };
+        Tensor::f32(x.shape.clone(), v)
+    } else if to == DType::Bool {
+        Tensor::i64(
+            x.shape.clone(),
+            x.to_f64s().iter().map(|&v| i64::from(v != 0.0)).collect(),
+        )
+    } else {
+        Tensor::i64(x.shape.clone(), x.to_i64s())
+    }
+}
+
+/// Rounds to the nearest bfloat16 value (ties to even), kept in f32.
+fn round_to_bf16(v: f32) -> f32 {
+    if !v.is_finite() {
+        return v;
+    }
+    let bits = v.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(rounded)
+}
+
+/// Rounds to the nearest half-precision value (ties to even), kept in f32.
+fn round_to_f16(v: f32) -> f32 {
+    if !v.is_finite() || v == 0.0 {
+        return v;
+    }
+    let exp = v.abs().log2().floor().max(-14.0);
+    let quantum = 2f32.powf(exp - 10.0);
+    let r = (v / quantum).round_ties_even() * quantum;
+    if r.abs() > 65504.0 {
+        f32::INFINITY.copysign(v)
+    } else {
+        r
+    }
+}
+
+fn reduce_mean(x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
+    let xs = x.to_f64s();
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
+        .collect();
+    let count = axes.iter().map(|&a| x.shape[a]).product::<usize>().max(1);
+    let mut sums = vec![0.0f64; t::numel(&kept)];
+    for (v, o) in xs.iter().zip(t::broadcast(&kept, &x.shape)) {
+        sums[o] += v;
+    }
+    let shape = if keepdims {
+        kept
+    } else {
+        x.shape
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !axes.contains(d))
+            .map(|(_, &n)| n)
+            .collect()
+    };
+    Ok(match x.data {
+        Data::F32(_) => Tensor::f32(
+            shape,
+            sums.iter().map(|s| (s / count as f64) as f32).collect(),
+        ),
+        Data::I64(_) => Tensor::i64(
+            shape,
+            sums.iter().map(|s| (s / count as f64) as i64).collect(),
+        ),
+    })
+}
+
+/// The input index that output index `o` of a padded axis reads, `None` for the fill.
+fn padded_source(o: i64, before: i64, dim: i64, mode: PadMode) -> Option<usize> {
+    let i = o - before;
+    if (0..dim).contains(&i) {
+        return Some(i as usize);
+    }
+    let j = match mode {
+        PadMode::Constant => return None,
+        PadMode::Edge => i.clamp(0, dim - 1),
+        PadMode::Wrap => i.rem_euclid(dim),
+        PadMode::Reflect => {
+            if dim == 1 {
+                0
+            } else {
+                let period = 2 * (dim - 1);
+                let m = i.rem_euclid(period);
+                if m < dim {
+                    m
+                } else {
+                    period - m
+                }
+            }
+        }
+    };
+    Some(j as usize)
+}
+
+/// The padding of an op's inputs: pads from the attribute or input 1, axes from input 3.
+pub(crate) fn pad_sources(
+    pads: &Option<Vec<i64>>,
+    mode: PadMode,
+    inputs: &[Option<&Tensor>],
+) -> R<(Vec<usize>, Vec<Option<usize>>)> {
+    let x = input(inputs, 0)?;
+    let pads = ints_or_input(pads, inputs, 1).ok_or("pads are missing")?;
+    let axes = optional(inputs, 3).map(Tensor::to_i64s);
+    let r = x.shape.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(format!("{} pads for {} axes", pads.len(), axes.len()));
+    }
+    let mut before = vec![0i64; r];
+    let mut after = vec![0i64; r];
+    for (k, &a) in axes.iter().enumerate() {
+        before[a] = pads[k];
+        after[a] = pads[k + axes.len()];
+    }
+    let shape: Vec<usize> = (0..r)
+        .map(|d| {
+            usize::try_from(x.shape[d] as i64 + before[d] + after[d])
+                .map_err(|_| "the pads remove more than the axis".to_string())
+        })
+        .collect::<R<_>>()?;
+    if mode != PadMode::Constant && x.shape.contains(&0) {
+        return Err("cannot pad an empty axis by reflection".into());
+    }
+    let st = t::strides(&x.shape);
+    let mut index = vec![0usize; r];
+    let n = t::numel(&shape);
+    let mut sources: Vec<Option<usize>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut at = Some(0usize);
+        for d in 0..r {
+            at = match (
+                at,
+                padded_source(index[d] as i64, before[d], x.shape[d] as i64, mode),
+            ) {
+                (Some(base), Some(i)) => Some(base + i * st[d]),
+                _ => None,
+            };
+        }
+        sources.push(at);
+        for d in (0..r).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok((shape, sources))
+}
+
+fn pad(x: &Tensor, (shape, sources): (Vec<usize>, Vec<Option<usize>>), value: f64) -> Tensor {
+    match &x.data {
+        Data::F32(v) => Tensor::f32(
+            shape,
+            sources
+                .iter()
+                .map(|s| s.map_or(value as f32, |i| v[i]))
+                .collect(),
+        ),
+        Data::I64(v) => Tensor::i64(
+            shape,
+            sources
+                .iter()
+                .map(|s| s.map_or(value as i64, |i| v[i]))
+                .collect(),
+        ),
+    }
+}
+
+fn select(cond: &[bool], x: &Tensor, y: &Tensor, shape: &[usize]) -> R<Tensor> {
+    let ix: Vec<usize> = t::broadcast(&x.shape, shape).collect();
+    let iy: Vec<usize> = t::broadcast(&y.shape, shape).collect();
+    Ok(match (&x.data, &y.data) {
+        (Data::I64(a), Data::I64(b)) => Tensor::i64(
+            shape.to_vec(),
+            (0..cond.len())
+                .map(|k| if cond[k] { a[ix[k]] } else { b[iy[k]] })
+                .collect(),
+        ),
+        _ => {
+            let (a, b) = (x.to_f64s(), y.to_f64s());
+            Tensor::f32(
+                shape.to_vec(),
+                (0..cond.len())
+                    .map(|k| (if cond[k] { a[ix[k]] } else { b[iy[k]] }) as f32)
+                    .collect(),
+            )
+        }
+    })
+}
+
+/// Whether element `(i, j)` of a matrix is kept by Trilu.
+pub(crate) fn trilu_keeps(i: usize, j: usize, upper: bool, k: i64) -> bool {
+    let diff = j as i64 - i as i64;
+    if upper {
+        diff >= k
+    } else {
+        diff <= k
+    }
+}
+
+fn trilu(x: &Tensor, upper: bool, k: i64) -> R<Tensor> {
+    let r = x.shape.len();
+    if r < 2 {
+        return Err("Trilu needs at least two axes".into());
+    }
+    let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
+    let keep = |e: usize| {
+        let (i, j) = ((e / cols) % rows, e % cols);
+        trilu_keeps(i, j, upper, k)
+    };
+    Ok(match &x.data {
+        Data::F32(v) => Tensor::f32(
+            x.shape.clone(),
+            v.iter()
+                .enumerate()
+                .map(|(e, &v)| if keep(e) { v } else { 0.0 })
+                .collect(),
+        ),
+        Data::I64(v) => Tensor::i64(
+            x.shape.clone(),
+            v.iter()
+                .enumerate()
+                .map(|(e, &v)| if keep(e) { v } else { 0 })
+                .collect(),
+        ),
+    })
+}

@@ -1,0 +1,248 @@
+//! Host tensors for the CPU interpreter: row-major, `f32` for every floating-point type
+//! (the precision plans are trained in) and `i64` for integers and booleans (shape
+//! arithmetic, indices, masks).
+
+/// A tensor's elements.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// Floating point (f16, bf16 and f64 are computed in f32).
+    F32(Vec<f32>),
+    /// Integers and booleans (0 or 1).
+    I64(Vec<i64>),
+}
+
+/// A row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Elements.
+    pub data: Data,
+}
+
+impl Tensor {
+    /// A float tensor; `data` must have `shape`'s element count.
+    pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
+        debug_assert_eq!(numel(&shape), data.len());
+        Tensor {
+            shape,
+            data: Data::F32(data),
+        }
+    }
+
+    /// An integer tensor.
+    pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Tensor {
+        debug_assert_eq!(numel(&shape), data.len());
+        Tensor {
+            shape,
+            data: Data::I64(data),
+        }
+    }
+
+    /// Zeros of `shape`.
+    pub fn zeros(shape: Vec<usize>) -> Tensor {
+        let n = numel(&shape);
+        Tensor::f32(shape, vec![0.0; n])
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The float elements, if it is a float tensor.
+    pub fn floats(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            Data::I64(_) => None,
+        }
+    }
+
+    /// The integer elements, if it is an integer tensor.
+    pub fn ints(&self) -> Option<&[i64]> {
+        match &self.data {
+            Data::I64(v) => Some(v),
+            Data::F32(_) => None,
+        }
+    }
+
+    /// The elements as `f64` whatever the type.
+    pub fn to_f64s(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+
+    /// The elements as `i64` (floats truncated).
+    pub fn to_i64s(&self) -> Vec<i64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I64(v) => v.clone(),
+        }
+    }
+
+    /// The same elements under another shape of the same size.
+    pub fn reshaped(mut self, shape: Vec<usize>) -> Tensor {
+        debug_assert_eq!(numel(&shape), self.len());
+        self.shape = shape;
+        self
+    }
+
+    /// Gathers the elements at `indices` (flat positions), keeping the type.
+    pub fn pick(&self, shape: Vec<usize>, indices: impl Iterator<Item = usize>) -> Tensor {
+        match &self.data {
+            Data::F32(v) => Tensor::f32(shape, indices.map(|i| v[i]).collect()),
+            Data::I64(v) => Tensor::i64(shape, indices.map(|i| v[i]).collect()),
+        }
+    }
+}
+
+/// Element count of a shape.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// The flat positions `offset + Σ index_d · strides[d]` for every multi-index of `shape`,
+/// in row-major order (strides may be zero, for broadcasting, or negative).
+pub fn positions(shape: &[usize], strides: &[isize], offset: isize) -> Positions {
+    Positions {
+        shape: shape.to_vec(),
+        strides: strides.to_vec(),
+        index: vec![0; shape.len()],
+        at: offset,
+        left: numel(shape),
+    }
+}
+
+/// Iterator of [`positions`].
+pub struct Positions {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    index: Vec<usize>,
+    at: isize,
+    left: usize,
+}
+
+impl Iterator for Positions {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let here = self.at as usize;
+        // Advance the odometer.
+        for d in (0..self.shape.len()).rev() {
+            self.index[d] += 1;
+            self.at += self.strides[d];
+            if self.index[d] < self.shape[d] {
+                break;
+            }
+            self.at -= self.strides[d] * self.shape[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(here)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+/// numpy broadcasting of two shapes; `None` when they are incompatible.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let da = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                1
+            };
+            match (da, db) {
+                (x, y) if x == y => Some(x),
+                (1, y) => Some(y),
+                (x, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The strides that read a tensor of `shape` broadcast to `target` (zero on broadcast axes).
+pub fn broadcast_strides(shape: &[usize], target: &[usize]) -> Vec<isize> {
+    let own = strides(shape);
+    let lead = target.len() - shape.len();
+    (0..target.len())
+        .map(|d| {
+            if d < lead || shape[d - lead] == 1 {
+                0
+            } else {
+                own[d - lead] as isize
+            }
+        })
+        .collect()
+}
+
+/// The flat positions of a tensor of `shape` read at every element of `target`.
+pub fn broadcast(shape: &[usize], target: &[usize]) -> Positions {
+    positions(target, &broadcast_strides(shape, target), 0)
+}
+
+/// Sums a gradient of broadcast shape `from` back onto `shape` (the adjoint of
+/// broadcasting).
+pub fn unbroadcast(grad: &[f32], from: &[usize], shape: &[usize]) -> Vec<f32> {
+    if from == shape {
+        return grad.to_vec();
+    }
+    let mut out = vec![0.0; numel(shape)];
+    for (g, i) in grad.iter().zip(broadcast(shape, from)) {
+        out[i] += g;
+    }
+    out
+}
+
+/// Normalizes a possibly negative axis of a rank-`rank` tensor.
+pub fn axis(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    (0..rank as i64).contains(&a).then_some(a as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_walk_row_major_with_any_strides() {
+        let p: Vec<usize> = positions(&[2, 3], &[1, 2], 0).collect();
+        assert_eq!(p, vec![0, 2, 4, 1, 3, 5]);
+        let b: Vec<usize> = broadcast(&[3], &[2, 3]).collect();
+        assert_eq!(b, vec![0, 1, 2, 0, 1, 2]);
+        let b: Vec<usize> = broadcast(&[2, 1], &[2, 3]).collect();
+        assert_eq!(b, vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(broadcast_shapes(&[4, 1, 3], &[2, 1]), Some(vec![4, 2, 3]));
+        assert_eq!(broadcast_shapes(&[2], &[3]), None);
+        assert_eq!(unbroadcast(&[1.0; 6], &[2, 3], &[1, 3]), vec![2.0; 3]);
+    }
+}
