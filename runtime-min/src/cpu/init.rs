@@ -47,6 +47,43 @@ pub fn integers(seed: u64, name: &str, n: usize, range: u64) -> Vec<i64> {
         .collect()
 }
 
+/// A seeded graph input of `n` elements: floats uniform in `[-1, 1)`; integers uniform
+/// in `[0, range)`, where `range` is the size of the table the input indexes (see
+/// [`index_range`]).
+pub fn input(seed: u64, name: &str, n: usize, float: bool, range: u64) -> super::tensor::Data {
+    let key = format!("input:{name}");
+    if float {
+        super::tensor::Data::F32(uniform(seed, &key, n, 1.0))
+    } else {
+        super::tensor::Data::I64(integers(seed, &key, n, range))
+    }
+}
+
+/// The range of valid values of an integer input: the size of the axis a `Gather` indexes
+/// with it (token ids into an embedding table), else 2.
+pub fn index_range(
+    graph: &Graph,
+    value: ValueId,
+    dims_of: impl Fn(ValueId) -> Option<Vec<u64>>,
+) -> u64 {
+    for (node, slot) in graph.consumers(value) {
+        let n = graph.node(node);
+        if let (Op::Gather { axis }, 1) = (&n.op, slot) {
+            if let Some(dims) = n.inputs.first().copied().flatten().and_then(&dims_of) {
+                let a = if *axis < 0 {
+                    *axis + dims.len() as i64
+                } else {
+                    *axis
+                };
+                if let Some(&d) = dims.get(a as usize) {
+                    return d;
+                }
+            }
+        }
+    }
+    2
+}
+
 /// How a missing weight is initialized, from the op that reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
@@ -58,12 +95,25 @@ pub enum Rule {
     Uniform(f32),
 }
 
+/// The first op that reads `value`, looking through `Identity` nodes (exporters alias
+/// equal tensors, e.g. a batch norm's running variance to its scale), with the slot.
+fn first_use(graph: &Graph, value: ValueId) -> Option<(ralpc_ir::NodeId, usize)> {
+    graph.consumers(value).into_iter().find_map(|(node, slot)| {
+        let n = graph.node(node);
+        match n.op {
+            Op::Identity => n.outputs.first().and_then(|&out| first_use(graph, out)),
+            _ => Some((node, slot)),
+        }
+    })
+}
+
 /// The rule for the weight `value` of `dims`: normalization parameters are the identity;
-/// a matrix or kernel is uniform with bound `√(6 / fan_in)` (Kaiming's, for ReLU
-/// networks), fan-in read from the consuming op's layout; vectors (biases) and embedding
-/// tables are uniform in ±0.1.
+/// a matrix or kernel is uniform with bound `√(3 / fan_in)` (variance `1 / fan_in`, so
+/// that inference-mode batch norm with identity statistics does not let residual and
+/// dense blocks overflow), fan-in read from the consuming op's layout; vectors (biases)
+/// and embedding tables are uniform in ±0.1.
 pub fn rule(graph: &Graph, value: ValueId, dims: &[u64]) -> Rule {
-    let consumer = graph.consumers(value).into_iter().next();
+    let consumer = first_use(graph, value);
     let tail = |from: usize| dims.iter().skip(from).product::<u64>().max(1);
     let fan_in = match consumer.map(|(node, slot)| (&graph.node(node).op, slot)) {
         Some((Op::BatchNorm { .. }, 1 | 4)) | Some((Op::LayerNorm { .. }, 1)) => return Rule::Ones,
@@ -82,7 +132,7 @@ pub fn rule(graph: &Graph, value: ValueId, dims: &[u64]) -> Rule {
         Some((Op::MatMul, 1)) => dims[dims.len() - 2],
         _ => tail(1),
     };
-    Rule::Uniform((6.0 / fan_in.max(1) as f32).sqrt())
+    Rule::Uniform((3.0 / fan_in.max(1) as f32).sqrt())
 }
 
 /// The elements of a weight initialized by `rule`.

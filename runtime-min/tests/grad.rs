@@ -1,0 +1,426 @@
+//! Every backward pass of the CPU backend against central differences of its forward pass:
+//! for `L = Σ r·op(x…)`, the analytic gradient of each floating-point input matches
+//! `(L(x + ε) − L(x − ε)) / 2ε` at sampled elements.
+
+use ralpc_ir::{
+    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, SliceRanges, Unary,
+};
+use ralpc_runtime_min::cpu::grad;
+use ralpc_runtime_min::cpu::init;
+use ralpc_runtime_min::cpu::ops::{self, Env, Mode};
+use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
+
+const ENV: Env = Env {
+    mode: Mode::Training,
+    exported_batch: None,
+};
+
+fn rand(shape: &[usize], seed: &str) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::f32(shape.to_vec(), init::uniform(1, seed, n, 1.0))
+}
+
+fn ints(shape: &[usize], v: Vec<i64>) -> Tensor {
+    Tensor::i64(shape.to_vec(), v)
+}
+
+fn loss(op: &Op, inputs: &[Option<Tensor>], probes: &[Vec<f32>]) -> f64 {
+    let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+    let (outs, _) = ops::forward(op, &refs, probes.len(), ENV).expect("forward");
+    outs.iter()
+        .zip(probes)
+        .map(|(o, r)| {
+            o.floats()
+                .expect("float output")
+                .iter()
+                .zip(r)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// Checks the gradients of `op` at `inputs` (`None` for an omitted optional input).
+fn check(name: &str, op: Op, inputs: Vec<Option<Tensor>>, outputs: usize) {
+    check_except(name, op, inputs, outputs, &[]);
+}
+
+/// As [`check`], with the inputs in `constant` having no gradient.
+fn check_except(
+    name: &str,
+    op: Op,
+    inputs: Vec<Option<Tensor>>,
+    outputs: usize,
+    constant: &[usize],
+) {
+    let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+    let (outs, saved) = ops::forward(&op, &refs, outputs, ENV).expect(name);
+    let probes: Vec<Vec<f32>> = outs
+        .iter()
+        .enumerate()
+        .map(|(k, o)| init::uniform(2, &format!("{name}{k}"), o.len(), 1.0))
+        .collect();
+    let out_refs: Vec<&Tensor> = outs.iter().collect();
+    let dys: Vec<Option<&[f32]>> = probes.iter().map(|p| Some(p.as_slice())).collect();
+    let grads = grad::backward(&op, &refs, &out_refs, &saved, &dys).expect(name);
+    let eps = 1e-2f32;
+    for (i, x) in inputs.iter().enumerate() {
+        let Some(Tensor {
+            data: Data::F32(values),
+            ..
+        }) = x
+        else {
+            continue;
+        };
+        if constant.contains(&i) {
+            assert!(grads[i].is_none(), "{name}: input {i} is constant");
+            continue;
+        }
+        let g = grads[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
+        assert_eq!(
+            g.len(),
+            values.len(),
+            "{name}: gradient {i} has the wrong size"
+        );
+        for e in (0..values.len()).step_by(values.len() / 9 + 1) {
+            let at = |delta: f32| {
+                let mut moved = inputs.clone();
+                if let Some(Tensor {
+                    data: Data::F32(v), ..
+                }) = &mut moved[i]
+                {
+                    v[e] += delta;
+                }
+                loss(&op, &moved, &probes)
+            };
+            let numeric = (at(eps) - at(-eps)) / f64::from(2.0 * eps);
+            let analytic = f64::from(g[e]);
+            assert!(
+                (numeric - analytic).abs() <= 2e-2 * (1.0 + numeric.abs().max(analytic.abs())),
+                "{name}: d input {i} [{e}]: numeric {numeric}, analytic {analytic}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dense_and_convolution() {
+    let conv = Conv {
+        kernel: None,
+        strides: Some(vec![2, 1]),
+        dilations: Some(vec![1, 2]),
+        padding: Padding::Explicit(vec![1, 0, 0, 2]),
+        group: 2,
+    };
+    check(
+        "conv",
+        Op::Conv(conv),
+        vec![
+            Some(rand(&[2, 4, 5, 6], "x")),
+            Some(rand(&[6, 2, 3, 2], "w")),
+            Some(rand(&[6], "b")),
+        ],
+        1,
+    );
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if ta { [4, 3] } else { [3, 4] };
+        let b = if tb { [5, 4] } else { [4, 5] };
+        check(
+            "gemm",
+            Op::Gemm(Gemm {
+                alpha: 0.5,
+                beta: 2.0,
+                trans_a: ta,
+                trans_b: tb,
+            }),
+            vec![
+                Some(rand(&a, "a")),
+                Some(rand(&b, "b")),
+                Some(rand(&[5], "c")),
+            ],
+            1,
+        );
+    }
+    check(
+        "matmul",
+        Op::MatMul,
+        vec![Some(rand(&[2, 1, 3, 4], "a")), Some(rand(&[3, 4, 2], "b"))],
+        1,
+    );
+    check(
+        "matmul-vector",
+        Op::MatMul,
+        vec![Some(rand(&[4], "a")), Some(rand(&[2, 4, 3], "b"))],
+        1,
+    );
+}
+
+#[test]
+fn elementwise() {
+    let unaries = [
+        Unary::Relu,
+        Unary::LeakyRelu { alpha: 0.1 },
+        Unary::Sigmoid,
+        Unary::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        Unary::HardSwish,
+        Unary::Tanh,
+        Unary::Gelu { tanh: false },
+        Unary::Gelu { tanh: true },
+        Unary::Erf,
+        Unary::Neg,
+        Unary::Exp,
+    ];
+    for u in unaries {
+        check(
+            &format!("{u:?}"),
+            Op::Unary(u),
+            vec![Some(rand(&[3, 7], "x"))],
+            1,
+        );
+    }
+    let positive = Tensor::f32(vec![5], vec![0.5, 1.0, 1.5, 2.0, 3.0]);
+    for u in [Unary::Sqrt, Unary::Reciprocal] {
+        check(
+            &format!("{u:?}"),
+            Op::Unary(u),
+            vec![Some(positive.clone())],
+            1,
+        );
+    }
+    check(
+        "clip",
+        Op::Clip {
+            min: Some(-0.5),
+            max: Some(0.4),
+        },
+        vec![Some(rand(&[20], "x"))],
+        1,
+    );
+    for b in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+        let divisor = Tensor::f32(vec![3, 1], vec![1.5, -2.0, 0.7]);
+        check(
+            &format!("{b:?}"),
+            Op::Binary(b),
+            vec![Some(rand(&[2, 1, 4], "a")), Some(divisor)],
+            1,
+        );
+    }
+    check(
+        "pow",
+        Op::Binary(Binary::Pow),
+        vec![Some(positive.clone()), Some(rand(&[5], "e"))],
+        1,
+    );
+    check(
+        "sum",
+        Op::Sum,
+        vec![
+            Some(rand(&[2, 3], "a")),
+            Some(rand(&[3], "b")),
+            Some(rand(&[2, 1], "c")),
+        ],
+        1,
+    );
+    check(
+        "where",
+        Op::Where,
+        vec![
+            Some(ints(&[3], vec![1, 0, 1])),
+            Some(rand(&[2, 3], "a")),
+            Some(rand(&[3], "b")),
+        ],
+        1,
+    );
+    check(
+        "expand",
+        Op::Expand,
+        vec![Some(rand(&[3, 1], "x")), Some(ints(&[3], vec![2, 3, 4]))],
+        1,
+    );
+}
+
+#[test]
+fn normalization_softmax_and_pooling() {
+    for (axis, log, flatten) in [(1, false, false), (-1, true, false), (1, false, true)] {
+        check(
+            "softmax",
+            Op::Softmax { axis, log, flatten },
+            vec![Some(rand(&[2, 3, 4], "x"))],
+            1,
+        );
+    }
+    check_except(
+        "batchnorm",
+        Op::BatchNorm {
+            epsilon: 1e-5,
+            momentum: 0.9,
+        },
+        vec![
+            Some(rand(&[3, 2, 2, 2], "x")),
+            Some(rand(&[2], "g")),
+            Some(rand(&[2], "b")),
+            Some(Tensor::f32(vec![2], vec![0.0; 2])),
+            Some(Tensor::f32(vec![2], vec![1.0; 2])),
+        ],
+        1,
+        &[3, 4],
+    );
+    check(
+        "layernorm",
+        Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-5,
+        },
+        vec![
+            Some(rand(&[3, 5], "x")),
+            Some(rand(&[5], "g")),
+            Some(rand(&[5], "b")),
+        ],
+        1,
+    );
+    check(
+        "lrn",
+        Op::Lrn {
+            size: 3,
+            alpha: 0.5,
+            beta: 0.75,
+            bias: 1.0,
+        },
+        vec![Some(rand(&[2, 5, 2, 2], "x"))],
+        1,
+    );
+    for kind in [PoolKind::Max, PoolKind::Average] {
+        let pool = Pool {
+            kind,
+            kernel: vec![3, 2],
+            strides: Some(vec![2, 2]),
+            dilations: None,
+            padding: Padding::Explicit(vec![1, 0, 1, 1]),
+            ceil_mode: true,
+            count_include_pad: false,
+        };
+        check(
+            "pool",
+            Op::Pool(pool),
+            vec![Some(rand(&[2, 2, 5, 5], "x"))],
+            1,
+        );
+        check(
+            "global",
+            Op::GlobalPool(kind),
+            vec![Some(rand(&[2, 3, 2, 3], "x"))],
+            1,
+        );
+    }
+    for keepdims in [true, false] {
+        check(
+            "reducemean",
+            Op::ReduceMean {
+                axes: Some(vec![1, -1]),
+                keepdims,
+                noop_with_empty_axes: false,
+            },
+            vec![Some(rand(&[2, 3, 4], "x"))],
+            1,
+        );
+    }
+}
+
+#[test]
+fn data_movement() {
+    check(
+        "concat",
+        Op::Concat { axis: 1 },
+        vec![Some(rand(&[2, 1, 3], "a")), Some(rand(&[2, 2, 3], "b"))],
+        1,
+    );
+    check(
+        "split",
+        Op::Split {
+            axis: -1,
+            sizes: Some(vec![1, 3]),
+        },
+        vec![Some(rand(&[2, 4], "x"))],
+        2,
+    );
+    check(
+        "slice",
+        Op::Slice {
+            ranges: Some(SliceRanges {
+                starts: vec![-1, 0],
+                ends: vec![0, 3],
+                axes: Some(vec![0, 1]),
+            }),
+        },
+        vec![Some(rand(&[4, 5], "x"))],
+        1,
+    );
+    check(
+        "slice-steps",
+        Op::Slice { ranges: None },
+        vec![
+            Some(rand(&[6, 5], "x")),
+            Some(ints(&[2], vec![5, 0])),
+            Some(ints(&[2], vec![0, 5])),
+            Some(ints(&[2], vec![0, 1])),
+            Some(ints(&[2], vec![-2, 2])),
+        ],
+        1,
+    );
+    check(
+        "transpose",
+        Op::Transpose {
+            perm: Some(vec![2, 0, 1]),
+        },
+        vec![Some(rand(&[2, 3, 4], "x"))],
+        1,
+    );
+    check(
+        "gather",
+        Op::Gather { axis: 1 },
+        vec![
+            Some(rand(&[2, 5, 3], "x")),
+            Some(ints(&[2, 2], vec![0, 4, 4, -1])),
+        ],
+        1,
+    );
+    check(
+        "reshape",
+        Op::Reshape { allowzero: false },
+        vec![Some(rand(&[2, 3, 4], "x")), Some(ints(&[2], vec![0, -1]))],
+        1,
+    );
+    for mode in [
+        PadMode::Constant,
+        PadMode::Reflect,
+        PadMode::Edge,
+        PadMode::Wrap,
+    ] {
+        check(
+            "pad",
+            Op::Pad {
+                mode,
+                pads: Some(vec![1, 2, 2, 1]),
+            },
+            vec![Some(rand(&[3, 4], "x"))],
+            1,
+        );
+    }
+    check(
+        "trilu",
+        Op::Trilu { upper: false },
+        vec![Some(rand(&[2, 3, 4], "x")), Some(ints(&[], vec![1]))],
+        1,
+    );
+    check(
+        "cast",
+        Op::Cast { to: DType::F32 },
+        vec![Some(rand(&[4], "x"))],
+        1,
+    );
+}
