@@ -41,6 +41,12 @@ pub enum Error {
     /// An output file could not be written (nothing partial is left behind).
     #[error("cannot write {}", .0.path)]
     Write(#[source] Box<FileError>),
+    /// A plan file is malformed or was made for another model.
+    #[error("cannot use the plan: {0}")]
+    PlanFile(Box<String>),
+    /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
+    #[error("the run failed: {0}")]
+    Run(Box<String>),
     /// `--check`: the output directory's plan was not made from these inputs.
     #[error("{0} is not up to date with the model, cluster, profile and options")]
     OutOfDate(Box<String>),
@@ -58,7 +64,7 @@ pub struct FileError {
 
 impl Error {
     /// The process exit code for this error: 1 for problems with the input, 3 when an
-    /// output cannot be written, 101 for bugs in ralpc.
+    /// output cannot be written, 4 when a run fails, 101 for bugs in ralpc.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Import(_)
@@ -70,8 +76,10 @@ impl Error {
             | Error::Layers(_)
             | Error::Plan(_)
             | Error::Read(_)
+            | Error::PlanFile(_)
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
+            Error::Run(_) => 4,
             Error::Internal(_) => 101,
         }
     }

@@ -15,7 +15,7 @@ use crate::layers::{LayerKind, Split};
 
 /// Which index of a rank cuts an axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Cut {
+pub enum Cut {
     /// The axis is whole on every rank.
     Whole,
     /// Cut by the attribute index `aᵢ` into `a` pieces.
@@ -26,7 +26,7 @@ pub(crate) enum Cut {
 
 /// The share of one tensor each rank of a placement holds (or needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct View {
+pub struct View {
     /// First absolute rank.
     pub first: u32,
     /// The placement's degrees.
@@ -109,6 +109,20 @@ impl View {
             Cut::Parameter => piece(pi, p),
         };
         [piece(si, s), cut(self.rows), cut(self.features)]
+    }
+
+    /// The pieces rank index `k` holds on samples, rows and features: `(index, count)`,
+    /// piece `index` of `count` equal pieces (`(0, 1)` for a whole axis). Executors turn
+    /// them into index ranges; the planner's boxes are the same pieces in `[0, 1)`.
+    pub fn pieces(&self, k: u32) -> [(u32, u32); 3] {
+        let (s, a, p) = self.split;
+        let (si, ai, pi) = (k / (a * p), (k / p) % a, k % p);
+        let cut = |c: Cut| match c {
+            Cut::Whole => (0, 1),
+            Cut::Attribute => (ai, a),
+            Cut::Parameter => (pi, p),
+        };
+        [(si, s), cut(self.rows), cut(self.features)]
     }
 
     /// The fraction of the tensor each rank holds (every rank's box has the same volume).

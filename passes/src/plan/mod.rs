@@ -33,7 +33,7 @@ pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
 pub use layout::{
     gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient, splits_freely,
-    transfers, weight_replicas, Transfer,
+    transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 

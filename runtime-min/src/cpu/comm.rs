@@ -39,7 +39,7 @@ struct Slot {
 #[derive(Default)]
 struct State {
     /// Messages by (from, to, tag).
-    mailboxes: BTreeMap<(u32, u32, u64), Vec<f32>>,
+    mailboxes: BTreeMap<(u32, u32, u64), std::collections::VecDeque<Vec<f32>>>,
     /// Collectives by (sorted group, sequence number within the group).
     slots: BTreeMap<(Vec<u32>, u64), Slot>,
     /// Set by the first failure.
@@ -166,7 +166,11 @@ impl Comm {
         if let Some(why) = &state.failed {
             return Err(CommError::Aborted(why.clone()));
         }
-        state.mailboxes.insert((self.rank, to, tag), data);
+        state
+            .mailboxes
+            .entry((self.rank, to, tag))
+            .or_default()
+            .push_back(data);
         shared.changed.notify_all();
         Ok(())
     }
@@ -176,13 +180,22 @@ impl Comm {
         let key = (from, self.rank, tag);
         self.wait(
             || format!("the message from rank {from} with tag {tag}"),
-            |state| state.mailboxes.remove(&key),
+            |state| {
+                let queue = state.mailboxes.get_mut(&key)?;
+                let data = queue.pop_front();
+                if queue.is_empty() {
+                    state.mailboxes.remove(&key);
+                }
+                data
+            },
         )
     }
 
     /// Enters the next collective of `group` with `data`; returns every member's
     /// contribution in rank order once all have entered.
-    fn exchange(&self, group: &[u32], data: Vec<f32>) -> Result<Vec<Vec<f32>>, CommError> {
+    /// Every member's `data`, in rank order: the general collective the others are built on
+    /// (members may contribute different sizes).
+    pub fn exchange(&self, group: &[u32], data: Vec<f32>) -> Result<Vec<Vec<f32>>, CommError> {
         let mut members = group.to_vec();
         members.sort_unstable();
         let seq = {

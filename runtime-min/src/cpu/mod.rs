@@ -4,9 +4,11 @@
 //! ranks run as threads ([`comm`]).
 
 pub mod comm;
+pub mod exec;
 pub mod grad;
 pub mod graph;
 pub mod init;
 pub mod kernels;
 pub mod ops;
 pub mod tensor;
+pub mod train;

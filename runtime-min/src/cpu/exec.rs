@@ -1,0 +1,1631 @@
+//! The CPU executor of `ralpc-plan/1`: every rank a thread, running its program in order
+//! with real tensors — each forward and backward on its share of the layer, each message
+//! and collective carrying the data the plan says it carries.
+//!
+//! What an instruction moves follows from the plan and the model alone:
+//! * a layer on `s×a×p` ranks holds and needs the pieces of its tensors that the planner's
+//!   [`View`]s name (samples, rows, features; piece `i` of `n` covers indices
+//!   `⌊i·N/n⌋..⌊(i+1)·N/n⌋`), on the tensor axes [`Axes`] maps them to;
+//! * a message's tag names its edge, microbatch and direction (the lowering's numbering),
+//!   and it carries the intersection of what the receiver needs and the sender holds;
+//! * a collective's buffers (the plan's `buffers`) name what it reduces or reshards.
+//!
+//! Gradients of a tensor read by several ranks with the same share are identical copies
+//! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
+//! checks that they cover what it holds. Anything the plan does not deliver is an error
+//! naming the rank, the instruction and the tensor — never a silent zero.
+//!
+//! Not executable yet (refused with a clear error): spatial (attribute) splits of
+//! convolutions and pooling, which need halo rows the plan does not carry; row-parallel
+//! dense layers with a fused epilogue; a loss over logits split by classes; the
+//! asynchronous (PipeDream) schedule. Batch normalization uses each rank's local batch,
+//! as PyTorch's DDP does without SyncBatchNorm.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Range;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
+use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
+use ralpc_passes::layers::{LayerGraph, LayerKind, Producer, Split};
+use ralpc_passes::plan::{gathers, scatters_gradient, Schedule, View};
+
+use super::comm::{AbortOnPanic, Comm, World};
+use super::graph::{self, Grads, Record, Values, Weights};
+use super::kernels;
+use super::ops::{Env, Mode};
+use super::tensor::{self as t, Data, Tensor};
+use super::train::{self, Dataset, TrainOptions, TrainReport};
+
+/// Why a plan could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The plan cannot run on this model with this backend.
+    #[error("{0}")]
+    Setup(String),
+    /// A rank failed.
+    #[error("rank {rank}, instruction {index} ({op}): {message}")]
+    Rank {
+        /// The rank.
+        rank: u32,
+        /// The instruction's index in its program.
+        index: usize,
+        /// The instruction's `op`.
+        op: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Everything a run reads.
+pub struct Executable<'a> {
+    /// The plan.
+    pub plan: &'a Plan,
+    /// The model, bound at the plan's global batch.
+    pub graph: &'a Graph,
+    /// Its verification at that batch.
+    pub info: &'a GraphInfo,
+    /// Its layers, as the planner built them.
+    pub layers: &'a LayerGraph,
+    /// Its weights for the whole model (read or seeded).
+    pub weights: &'a Weights,
+    /// The global batch's inputs and labels.
+    pub data: &'a Dataset,
+    /// The model verified at another batch size (what a rank's share of a microbatch
+    /// sees): folded shape arithmetic that depends on the batch is read from it.
+    pub info_at: &'a (dyn Fn(u64) -> Result<GraphInfo, String> + Sync),
+}
+
+/// How the abstract axes of a [`View`] map onto a tensor's axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Axes {
+    /// The spatial or sequence axis, if the tensor has one.
+    pub rows: Option<usize>,
+    /// The channel or feature axis, if the tensor has one.
+    pub features: Option<usize>,
+}
+
+impl Axes {
+    /// NCHW and NCL tensors (channels first) when `channels_first`, else `[B, T, D]`;
+    /// `[B, F]` has no rows.
+    pub fn of(rank: usize, channels_first: bool) -> Axes {
+        match rank {
+            0 | 1 => Axes {
+                rows: None,
+                features: None,
+            },
+            2 => Axes {
+                rows: None,
+                features: Some(1),
+            },
+            3 if !channels_first => Axes {
+                rows: Some(1),
+                features: Some(2),
+            },
+            _ => Axes {
+                rows: Some(2),
+                features: Some(1),
+            },
+        }
+    }
+}
+
+/// An index range per axis.
+type Region = Vec<Range<usize>>;
+
+/// A piece of a gradient: the region and its values.
+type GradPiece = (Region, Vec<f32>);
+
+/// A buffer an instruction touches: its kind, layer, microbatch, and whether it writes it.
+type Touch = (BufferKind, Option<u32>, Option<u32>, bool);
+
+fn interval((i, n): (u32, u32), len: usize) -> Range<usize> {
+    let (i, n) = (i as usize, n.max(1) as usize);
+    i * len / n..(i + 1) * len / n
+}
+
+fn intersect(a: &Region, b: &Region) -> Region {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.start.max(y.start)..x.end.min(y.end).max(x.start.max(y.start)))
+        .collect()
+}
+
+fn volume(r: &Region) -> usize {
+    r.iter().map(|x| x.end - x.start).product()
+}
+
+fn dims(r: &Region) -> Vec<usize> {
+    r.iter().map(|x| x.end - x.start).collect()
+}
+
+/// Positions in a tensor holding `holder` of the elements of `piece` (inside it).
+fn positions_in(holder: &Region, piece: &Region) -> t::Positions {
+    let st = t::strides(&dims(holder));
+    let offset: usize = piece
+        .iter()
+        .zip(holder)
+        .zip(&st)
+        .map(|((p, h), s)| (p.start - h.start) * s)
+        .sum();
+    let strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+    t::positions(&dims(piece), &strides, offset as isize)
+}
+
+/// The part `piece` of `x`, which holds `holder`.
+fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
+    x.pick(dims(piece), positions_in(holder, piece))
+}
+
+/// Writes `src` (holding `piece`) into `dst` (holding `holder`), marking what it filled.
+fn paste(dst: &mut [f32], holder: &Region, src: &[f32], piece: &Region, filled: &mut [bool]) {
+    for (i, &v) in positions_in(holder, piece).zip(src) {
+        dst[i] = v;
+        filled[i] = true;
+    }
+}
+
+struct EdgeInfo {
+    producer: usize,
+    consumer: usize,
+    value: ValueId,
+    /// Its gradient returns as a reduce-scatter (the lowering's `Gather { scatter }`).
+    scattered: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Edge(usize),
+    GraphInput,
+    Constant,
+    Folded,
+}
+
+/// How a rank holds a weight: whole, or a piece along one axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Slice {
+    Whole,
+    Axis(usize, (u32, u32)),
+    /// A row-parallel layer's bias, held by the first input-feature slice only; the others
+    /// add zeros.
+    FirstSliceOnly,
+}
+
+struct LayerExec {
+    name: String,
+    kind: LayerKind,
+    split: Split,
+    first: u32,
+    nodes: Vec<NodeId>,
+    /// Every value its nodes read from outside, with where it comes from.
+    inputs: Vec<(ValueId, Source)>,
+    /// The values it writes that other layers or the loss read.
+    outputs: Vec<ValueId>,
+    /// Its conv, Gemm or MatMul node, if any.
+    main: Option<NodeId>,
+    /// Its trainable weights.
+    weights: Vec<ValueId>,
+}
+
+impl LayerExec {
+    fn view_out(&self) -> View {
+        View::output(self.kind, self.split, self.first)
+    }
+
+    fn view_in(&self) -> View {
+        View::input(self.kind, self.split, self.first)
+    }
+
+    fn holds(&self, rank: u32) -> Option<u32> {
+        (rank >= self.first && rank < self.first + self.split.degree()).then(|| rank - self.first)
+    }
+}
+
+/// What every rank shares.
+struct Prepared<'a> {
+    exe: &'a Executable<'a>,
+    edges: Vec<EdgeInfo>,
+    layers: Vec<LayerExec>,
+    /// The layer writing the model's first output, and that value.
+    output: (usize, ValueId),
+    microbatch: usize,
+    channels_first: BTreeSet<ValueId>,
+    infos: Mutex<BTreeMap<u64, std::sync::Arc<GraphInfo>>>,
+    env: Env,
+}
+
+fn setup(message: impl Into<String>) -> RunError {
+    RunError::Setup(message.into())
+}
+
+/// Follows `aliases` to the value that carries `v`.
+fn carrier(layers: &LayerGraph, mut v: ValueId) -> ValueId {
+    let mut guard = 0;
+    while let Some(&next) = layers.aliases.get(&v) {
+        if next == v || guard > 64 {
+            break;
+        }
+        v = next;
+        guard += 1;
+    }
+    v
+}
+
+impl<'a> Prepared<'a> {
+    fn new(exe: &'a Executable<'a>) -> Result<Prepared<'a>, RunError> {
+        let plan = exe.plan;
+        let lg = exe.layers;
+        let g = exe.graph;
+        if plan.layers.len() != lg.layers.len()
+            || plan
+                .layers
+                .iter()
+                .zip(&lg.layers)
+                .any(|(a, b)| *a != b.name)
+        {
+            return Err(setup(
+                "the plan's layers are not this model's: plan it again for this model",
+            ));
+        }
+        let strategy = plan
+            .strategy
+            .resolve(lg)
+            .map_err(|e| setup(format!("the plan's strategy: {e}")))?;
+        if strategy.schedule == Schedule::Async {
+            return Err(setup(
+                "the asynchronous (PipeDream) schedule is not executable on the CPU backend: \
+                 its weight versions change the numerics by design; plan with --schedule 1f1b",
+            ));
+        }
+        let m = plan.microbatches.max(1) as u64;
+        if plan.batch % m != 0 {
+            return Err(setup(format!(
+                "the batch {} does not divide into {m} microbatches",
+                plan.batch
+            )));
+        }
+        let stage_of = strategy.stage_of_layers();
+        let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
+        // Edges in the lowering's order: by consumer, then its inputs from layers.
+        let mut edges = Vec::new();
+        for (c, layer) in lg.layers.iter().enumerate() {
+            for e in &layer.inputs {
+                let Producer::Layer(p) = e.from else { continue };
+                let p = p.0 as usize;
+                let value = e.value.ok_or_else(|| {
+                    setup(format!("layer {} has an edge without a tensor", layer.name))
+                })?;
+                let kind = |l: usize| lg.layers[l].kind;
+                let scattered = stage_of[p] == stage_of[c]
+                    && gathers(kind(p), place(p), kind(c), place(c))
+                        .is_some_and(|ranks| scatters_gradient(&ranks, kind(c), place(c)));
+                edges.push(EdgeInfo {
+                    producer: p,
+                    consumer: c,
+                    value: carrier(lg, value),
+                    scattered,
+                });
+            }
+        }
+        let mut produced_by: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for (l, layer) in lg.layers.iter().enumerate() {
+            for part in &layer.parts {
+                produced_by.insert(part.node, l);
+            }
+        }
+        let order: BTreeMap<NodeId, usize> = exe
+            .info
+            .order()
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, i))
+            .collect();
+        let graph_output = *g
+            .outputs()
+            .first()
+            .ok_or_else(|| setup("the model has no output"))?;
+        let graph_output = carrier(lg, graph_output);
+        let mut output = None;
+        let mut weight_owner: BTreeMap<ValueId, usize> = BTreeMap::new();
+        let mut layers = Vec::with_capacity(lg.layers.len());
+        for (l, layer) in lg.layers.iter().enumerate() {
+            let mut nodes: Vec<NodeId> = layer.parts.iter().map(|p| p.node).collect();
+            nodes.sort_by_key(|n| order.get(n).copied().unwrap_or(usize::MAX));
+            let inside: BTreeSet<ValueId> = nodes
+                .iter()
+                .flat_map(|&n| g.node(n).outputs.iter().copied())
+                .collect();
+            let mut inputs: Vec<(ValueId, Source)> = Vec::new();
+            let mut weights = Vec::new();
+            for &n in &nodes {
+                for v in g.node(n).inputs.iter().flatten().copied() {
+                    if inside.contains(&v) || inputs.iter().any(|(w, _)| *w == v) {
+                        continue;
+                    }
+                    let c = carrier(lg, v);
+                    let producer = g.node(g.value(c).producer);
+                    let source = if let Some(e) =
+                        edges.iter().position(|e| e.consumer == l && e.value == c)
+                    {
+                        Source::Edge(e)
+                    } else if matches!(producer.op, Op::Constant { .. }) {
+                        if exe.weights.trainable.contains(&c) {
+                            if let Some(other) = weight_owner.insert(c, l) {
+                                if other != l {
+                                    return Err(setup(format!(
+                                        "weight '{}' is shared by layers {} and {}: shared weights are not executable yet",
+                                        g.value(c).name,
+                                        lg.layers[other].name,
+                                        layer.name
+                                    )));
+                                }
+                            }
+                            weights.push(c);
+                        }
+                        Source::Constant
+                    } else if matches!(producer.op, Op::Input) {
+                        Source::GraphInput
+                    } else if exe.info.ty(c).content.is_some() {
+                        Source::Folded
+                    } else {
+                        return Err(setup(format!(
+                            "layer {} reads '{}', which no layer, input or constant provides",
+                            layer.name,
+                            g.value(v).name
+                        )));
+                    };
+                    inputs.push((v, source));
+                }
+            }
+            let mut outputs: Vec<ValueId> = edges
+                .iter()
+                .filter(|e| e.producer == l)
+                .map(|e| e.value)
+                .collect();
+            if inside.contains(&graph_output) {
+                outputs.push(graph_output);
+                output = Some((l, graph_output));
+            }
+            outputs.sort_unstable();
+            outputs.dedup();
+            let main = nodes.iter().copied().find(|&n| {
+                matches!(
+                    g.node(n).op,
+                    Op::Conv(_) | Op::ConvTranspose(_) | Op::Gemm(_) | Op::MatMul
+                )
+            });
+            layers.push(LayerExec {
+                name: layer.name.clone(),
+                kind: layer.kind,
+                split: strategy.layers[l],
+                first: strategy.stages[stage_of[l]].first_rank,
+                nodes,
+                inputs,
+                outputs,
+                main,
+                weights,
+            });
+        }
+        let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
+        // Tensors a convolution or pooling touches are channels-first.
+        let mut channels_first = BTreeSet::new();
+        for id in g.node_ids() {
+            let n = g.node(id);
+            if matches!(
+                n.op,
+                Op::Conv(_)
+                    | Op::ConvTranspose(_)
+                    | Op::Pool(_)
+                    | Op::GlobalPool(_)
+                    | Op::BatchNorm { .. }
+            ) {
+                channels_first.extend(n.inputs.iter().flatten().map(|&v| carrier(lg, v)));
+                channels_first.extend(n.outputs.iter().map(|&v| carrier(lg, v)));
+            }
+        }
+        let prepared = Prepared {
+            exe,
+            microbatch: (plan.batch / m) as usize,
+            edges,
+            layers,
+            output,
+            channels_first,
+            infos: Mutex::default(),
+            env: Env {
+                mode: Mode::Training,
+                exported_batch: g.rebatch().map(|r| r.exported),
+            },
+        };
+        prepared.check()?;
+        Ok(prepared)
+    }
+
+    /// Refuses what this executor cannot run exactly.
+    fn check(&self) -> Result<(), RunError> {
+        let g = self.exe.graph;
+        for l in &self.layers {
+            let Split {
+                attribute: a,
+                parameter: p,
+                ..
+            } = l.split;
+            match l.kind {
+                LayerKind::Conv | LayerKind::Pool if a > 1 => {
+                    return Err(setup(format!(
+                        "layer {}: splitting a convolution or pooling by rows needs halo rows, \
+                         which plans do not carry yet; use a strategy without attribute splits here",
+                        l.name
+                    )))
+                }
+                LayerKind::Conv if p > 1 => {
+                    if let Some(Op::Conv(c)) = l.main.map(|n| &g.node(n).op) {
+                        if c.group != 1 {
+                            return Err(setup(format!(
+                                "layer {}: a grouped convolution split by channels is not executable yet",
+                                l.name
+                            )));
+                        }
+                    }
+                }
+                LayerKind::Dense if a > 1 => {
+                    let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
+                    if l.nodes.last() != Some(&main) {
+                        return Err(setup(format!(
+                            "layer {}: a row-parallel split needs the product last (its partial sums \
+                             are reduced before anything else applies), but it fuses {}",
+                            l.name, self.exe.layers.layers.iter().find(|x| x.name == l.name).map_or("more", |x| x.op.as_str())
+                        )));
+                    }
+                }
+                _ => {}
+            }
+            if (a > 1 || p > 1)
+                && l.nodes.iter().any(|&n| {
+                    // Weights computed by prologue ops cannot be sliced where they enter.
+                    g.node(n).inputs.iter().flatten().any(|&v| {
+                        let producer = &g.node(g.value(v).producer).op;
+                        self.exe.weights.trainable.contains(&v)
+                            && !matches!(producer, Op::Constant { .. })
+                    })
+                })
+            {
+                return Err(setup(format!(
+                    "layer {}: its weights are computed; it cannot be split",
+                    l.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn axes(&self, v: ValueId, rank: usize) -> Axes {
+        Axes::of(rank, self.channels_first.contains(&v))
+    }
+
+    /// `v`'s shape on one microbatch.
+    fn microbatch_shape(&self, v: ValueId) -> Result<Vec<usize>, String> {
+        let mut shape: Vec<usize> = self
+            .exe
+            .info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .ok_or_else(|| format!("'{}' has no static shape", self.exe.graph.value(v).name))?
+            .iter()
+            .map(|&d| d as usize)
+            .collect();
+        if shape.first() == Some(&(self.exe.plan.batch as usize)) {
+            shape[0] = self.microbatch;
+        } else if self.exe.plan.microbatches > 1 {
+            return Err(format!(
+                "'{}' has no batch axis and cannot be split into microbatches",
+                self.exe.graph.value(v).name
+            ));
+        }
+        Ok(shape)
+    }
+
+    /// The region of `v` a view's rank index `k` holds (or needs).
+    fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, String> {
+        let shape = self.microbatch_shape(v)?;
+        let axes = self.axes(v, shape.len());
+        let pieces = view.pieces(k);
+        let mut r: Region = shape.iter().map(|&d| 0..d).collect();
+        if shape.is_empty() {
+            return Ok(r);
+        }
+        let batched = self
+            .exe
+            .info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .and_then(|s| s.first().copied())
+            == Some(self.exe.plan.batch);
+        if batched {
+            r[0] = interval(pieces[0], shape[0]);
+        } else if pieces[0].1 > 1 {
+            return Err(format!(
+                "'{}' has no batch axis and cannot be split by samples",
+                self.exe.graph.value(v).name
+            ));
+        }
+        for (axis, piece) in [(axes.rows, pieces[1]), (axes.features, pieces[2])] {
+            match axis {
+                Some(a) => r[a] = interval(piece, shape[a]),
+                None if piece.1 > 1 => {
+                    return Err(format!(
+                        "'{}' (shape {shape:?}) has no axis for a split into {} pieces",
+                        self.exe.graph.value(v).name,
+                        piece.1
+                    ))
+                }
+                None => {}
+            }
+        }
+        Ok(r)
+    }
+
+    fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
+        let mut cache = self.infos.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(info) = cache.get(&batch) {
+            return Ok(info.clone());
+        }
+        let info = std::sync::Arc::new((self.exe.info_at)(batch)?);
+        cache.insert(batch, info.clone());
+        Ok(info)
+    }
+
+    /// How rank index `k` of layer `l` holds weight `w` (read by `node` at `slot`).
+    fn slice_of(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
+        let g = self.exe.graph;
+        let Split {
+            attribute: a,
+            parameter: p,
+            ..
+        } = l.split;
+        if a <= 1 && p <= 1 {
+            return Slice::Whole;
+        }
+        let out = l.view_out().pieces(k);
+        let inp = l.view_in().pieces(k);
+        let wdims = self
+            .exe
+            .weights
+            .tensors
+            .get(&w)
+            .map(|t| t.shape.clone())
+            .unwrap_or_default();
+        let Some((node, slot)) = g
+            .consumers(w)
+            .into_iter()
+            .find(|(n, _)| l.nodes.contains(n))
+        else {
+            return Slice::Whole;
+        };
+        let op = &g.node(node).op;
+        let last = wdims.len().saturating_sub(1);
+        match (op, slot, l.kind) {
+            (Op::Conv(_), 1 | 2, LayerKind::Conv) => Slice::Axis(0, out[2]),
+            (Op::Gemm(gm), 1, LayerKind::Dense) => match (gm.trans_b, p > 1) {
+                (true, true) => Slice::Axis(0, out[2]),
+                (false, true) => Slice::Axis(1, out[2]),
+                (true, false) => Slice::Axis(1, inp[2]),
+                (false, false) => Slice::Axis(0, inp[2]),
+            },
+            (Op::Gemm(_), 2, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
+            (Op::Gemm(_), 2, LayerKind::Dense) => Slice::FirstSliceOnly,
+            (Op::MatMul, 1, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
+            (Op::MatMul, 1, LayerKind::Dense) => Slice::Axis(last.saturating_sub(1), inp[2]),
+            (Op::BatchNorm { .. }, 1..=4, _) => Slice::Axis(0, out[2]),
+            _ => {
+                // A constant broadcast against the layer's output: cut it where it spans
+                // the features (or rows) the rank holds.
+                let Some(&o) = l.outputs.first() else {
+                    return Slice::Whole;
+                };
+                let Ok(shape) = self.microbatch_shape(o) else {
+                    return Slice::Whole;
+                };
+                let axes = self.axes(o, shape.len());
+                let lead = shape.len().saturating_sub(wdims.len());
+                for (axis, piece) in [(axes.features, out[2]), (axes.rows, out[1])] {
+                    if let Some(ax) = axis.filter(|&ax| ax >= lead && piece.1 > 1) {
+                        if wdims[ax - lead] == shape[ax] && shape[ax] > 1 {
+                            return Slice::Axis(ax - lead, piece);
+                        }
+                    }
+                }
+                Slice::Whole
+            }
+        }
+    }
+}
+
+/// A layer's forward pass on one microbatch, kept for its backward pass.
+struct LayerRun {
+    values: Values,
+    records: Vec<Record>,
+    /// The region each output holds.
+    regions: BTreeMap<ValueId, Region>,
+}
+
+/// What a rank reports.
+#[derive(Default)]
+struct RankReport {
+    /// Per step, this rank's share of the loss.
+    losses: Vec<f64>,
+    /// First step's output pieces: (global element offset, values).
+    output: Vec<(usize, Vec<f32>)>,
+    /// Weights and first-step gradients: (name, slice, full dims, values).
+    weights: Vec<(ValueId, Slice, Vec<f32>)>,
+    gradients: Vec<(ValueId, Slice, Vec<f32>)>,
+}
+
+struct Rank<'p, 'a> {
+    p: &'p Prepared<'a>,
+    rank: u32,
+    comm: Comm,
+    options: TrainOptions,
+    weights: BTreeMap<ValueId, (Slice, Tensor)>,
+    grads: BTreeMap<ValueId, Vec<f32>>,
+    velocity: BTreeMap<ValueId, Vec<f32>>,
+    runs: BTreeMap<(usize, u32), LayerRun>,
+    pieces: BTreeMap<(usize, u32), Vec<(Region, Tensor)>>,
+    grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
+    input_grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
+    pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
+    /// Per instruction, the buffers it reads and writes: (kind, layer, microbatch, writes).
+    touches: BTreeMap<u32, Vec<Touch>>,
+    step: u32,
+    report: RankReport,
+}
+
+impl<'p, 'a> Rank<'p, 'a> {
+    fn new(
+        p: &'p Prepared<'a>,
+        rank: u32,
+        comm: Comm,
+        options: TrainOptions,
+    ) -> Result<Self, String> {
+        let mut weights = BTreeMap::new();
+        for l in &p.layers {
+            let Some(k) = l.holds(rank) else { continue };
+            for &w in &l.weights {
+                let full = p.exe.weights.tensors.get(&w).ok_or("a weight is missing")?;
+                let slice = p.slice_of(l, k, w);
+                let local = match &slice {
+                    Slice::Whole => full.clone(),
+                    Slice::FirstSliceOnly => {
+                        if l.view_in().pieces(k)[2].0 == 0 {
+                            full.clone()
+                        } else {
+                            Tensor::zeros(full.shape.clone())
+                        }
+                    }
+                    Slice::Axis(axis, piece) => {
+                        let range = interval(*piece, full.shape[*axis]);
+                        super::ops::narrow(full, *axis, range.start, range.len())
+                    }
+                };
+                weights.insert(w, (slice, local));
+            }
+        }
+        let mut touches: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+        for b in p.exe.plan.buffers.get(rank as usize).into_iter().flatten() {
+            for &i in &b.reads {
+                touches
+                    .entry(i)
+                    .or_default()
+                    .push((b.kind, b.layer, b.microbatch, false));
+            }
+            for &i in &b.writes {
+                touches
+                    .entry(i)
+                    .or_default()
+                    .push((b.kind, b.layer, b.microbatch, true));
+            }
+        }
+        Ok(Rank {
+            p,
+            rank,
+            comm,
+            options,
+            weights,
+            grads: BTreeMap::new(),
+            velocity: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            pieces: BTreeMap::new(),
+            grad_pieces: BTreeMap::new(),
+            input_grads: BTreeMap::new(),
+            pending_sums: BTreeMap::new(),
+            touches,
+            step: 0,
+            report: RankReport::default(),
+        })
+    }
+
+    /// Whether this rank's weight `w` is real (not a zero stand-in for a bias it lacks).
+    fn trains(&self, l: &LayerExec, w: ValueId) -> bool {
+        match self.weights.get(&w) {
+            Some((Slice::FirstSliceOnly, _)) => l
+                .holds(self.rank)
+                .is_some_and(|k| l.view_in().pieces(k)[2].0 == 0),
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    fn run(&mut self) -> Result<(), RunError> {
+        let program = self
+            .p
+            .exe
+            .plan
+            .programs
+            .get(self.rank as usize)
+            .cloned()
+            .unwrap_or_default();
+        for step in 0..self.options.steps {
+            self.step = step;
+            self.report.losses.push(0.0);
+            for (i, instruction) in program.iter().enumerate() {
+                self.execute(i as u32, instruction).map_err(|message| {
+                    let error = RunError::Rank {
+                        rank: self.rank,
+                        index: i,
+                        op: instruction.op(),
+                        message,
+                    };
+                    self.comm.abort(&error.to_string());
+                    error
+                })?;
+            }
+        }
+        for (&w, (slice, t)) in &self.weights {
+            let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
+            if l.is_some_and(|l| self.trains(l, w)) {
+                self.report.weights.push((
+                    w,
+                    slice.clone(),
+                    t.floats().unwrap_or_default().to_vec(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, index: u32, instruction: &Instruction) -> Result<(), String> {
+        match *instruction {
+            Instruction::Forward {
+                layer, microbatch, ..
+            } => self.forward(layer as usize, microbatch),
+            Instruction::Backward {
+                layer, microbatch, ..
+            } => self.backward(layer as usize, microbatch),
+            Instruction::Send { to, tag, .. } => self.send(to, tag),
+            Instruction::Recv { from, tag, .. } => self.recv(from, tag),
+            Instruction::AllReduce { group, .. } => self.all_reduce(index, self.group(group)?),
+            Instruction::AllGather { group, .. } | Instruction::AllToAll { group, .. } => {
+                self.reshard_forward_or_back(index, self.group(group)?)
+            }
+            Instruction::ReduceScatter { group, .. } => {
+                self.reshard_forward_or_back(index, self.group(group)?)
+            }
+            Instruction::Step { .. } => self.optimizer_step(),
+        }
+    }
+
+    fn group(&self, g: u32) -> Result<Vec<u32>, String> {
+        self.p
+            .exe
+            .plan
+            .groups
+            .get(g as usize)
+            .cloned()
+            .ok_or_else(|| format!("group {g} does not exist"))
+    }
+
+    fn comm_error(e: super::comm::CommError) -> String {
+        e.to_string()
+    }
+
+    /// Decodes a message tag: (edge, microbatch, backward).
+    fn decode(&self, tag: u64) -> Result<(usize, u32, bool), String> {
+        let m = u64::from(self.p.exe.plan.microbatches.max(1));
+        let (pass, backward) = (tag / 2, tag % 2 == 1);
+        let (edge, mb) = ((pass / m) as usize, (pass % m) as u32);
+        if edge >= self.p.edges.len() {
+            return Err(format!("tag {tag} names no edge"));
+        }
+        Ok((edge, mb, backward))
+    }
+
+    fn value_name(&self, v: ValueId) -> &str {
+        &self.p.exe.graph.value(v).name
+    }
+
+    /// The region of edge `e`'s tensor that consumer rank `rank` needs.
+    fn need(&self, e: usize, rank: u32) -> Result<Region, String> {
+        let edge = &self.p.edges[e];
+        let c = &self.p.layers[edge.consumer];
+        let k = c
+            .holds(rank)
+            .ok_or_else(|| format!("rank {rank} does not run {}", c.name))?;
+        self.p.region(edge.value, &c.view_in(), k)
+    }
+
+    /// The region of edge `e`'s tensor that producer rank `rank` holds.
+    fn held(&self, e: usize, rank: u32) -> Result<Region, String> {
+        let edge = &self.p.edges[e];
+        let pl = &self.p.layers[edge.producer];
+        let k = pl
+            .holds(rank)
+            .ok_or_else(|| format!("rank {rank} does not run {}", pl.name))?;
+        self.p.region(edge.value, &pl.view_out(), k)
+    }
+
+    /// For a layer split by parameters, an input only its epilogue reads (a residual added
+    /// after the product) is needed only where the rank's output is: that region, inside
+    /// what the plan delivers. `None` for inputs used whole.
+    fn epilogue_share(&self, l: usize, k: u32, e: usize) -> Result<Option<Region>, String> {
+        let need = self.need(e, self.rank)?;
+        self.epilogue_crop(l, k, self.p.edges[e].value, need)
+    }
+
+    /// As [`Rank::epilogue_share`], for any input `v` the rank reads as `need`.
+    fn epilogue_crop(
+        &self,
+        l: usize,
+        k: u32,
+        v: ValueId,
+        need: Region,
+    ) -> Result<Option<Region>, String> {
+        let layer = &self.p.layers[l];
+        let g = self.p.exe.graph;
+        let split_output =
+            matches!(layer.kind, LayerKind::Conv | LayerKind::Dense) && (layer.split.parameter > 1);
+        if !split_output {
+            return Ok(None);
+        }
+        let main_reads = layer.main.is_some_and(|m| {
+            g.node(m)
+                .inputs
+                .iter()
+                .flatten()
+                .any(|&x| carrier(self.p.exe.layers, x) == v)
+        });
+        if main_reads {
+            return Ok(None);
+        }
+        let share = intersect(&need, &self.p.region(v, &layer.view_out(), k)?);
+        Ok(Some(share))
+    }
+
+    /// The input of edge `e` this rank needs, from what it holds and what it received.
+    fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, String> {
+        let edge = &self.p.edges[e];
+        let need = self.need(e, self.rank)?;
+        let n = volume(&need);
+        let mut out = vec![0.0f32; n];
+        let mut filled = vec![false; n];
+        if self.p.layers[edge.producer].holds(self.rank).is_some() {
+            let held = self.held(e, self.rank)?;
+            if let Some(run) = self.runs.get(&(edge.producer, mb)) {
+                let x = run
+                    .values
+                    .get(edge.value)
+                    .ok_or("the producer's output is missing")?;
+                let piece = intersect(&need, &held);
+                if volume(&piece) > 0 {
+                    let part = crop(x, &held, &piece);
+                    paste(
+                        &mut out,
+                        &need,
+                        part.floats().unwrap_or_default(),
+                        &piece,
+                        &mut filled,
+                    );
+                }
+            }
+        }
+        for (region, part) in self.pieces.remove(&(e, mb)).unwrap_or_default() {
+            let piece = intersect(&need, &region);
+            if volume(&piece) > 0 {
+                let part = crop(&part, &region, &piece);
+                paste(
+                    &mut out,
+                    &need,
+                    part.floats().unwrap_or_default(),
+                    &piece,
+                    &mut filled,
+                );
+            }
+        }
+        let missing = filled.iter().filter(|f| !**f).count();
+        if missing > 0 {
+            return Err(format!(
+                "{missing} of the {n} elements of '{}' that layer {} needs never arrived",
+                self.value_name(edge.value),
+                self.p.layers[edge.consumer].name
+            ));
+        }
+        Ok(Tensor::f32(dims(&need), out))
+    }
+
+    fn forward(&mut self, l: usize, mb: u32) -> Result<(), String> {
+        let p = self.p;
+        let layer = &p.layers[l];
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let g = p.exe.graph;
+        let mut values = Values::new(g);
+        let samples = interval(layer.view_in().pieces(k)[0], p.microbatch);
+        for &(v, source) in &layer.inputs {
+            let c = carrier(p.exe.layers, v);
+            let t =
+                match source {
+                    Source::Edge(e) => {
+                        let whole = self.assemble(e, mb)?;
+                        match self.epilogue_share(l, k, e)? {
+                            Some(share) => crop(&whole, &self.need(e, self.rank)?, &share),
+                            None => whole,
+                        }
+                    }
+                    Source::GraphInput => {
+                        let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
+                        let need = p.region(c, &layer.view_in(), k)?;
+                        let need = self.epilogue_crop(l, k, c, need.clone())?.unwrap_or(need);
+                        // The rank's piece of this microbatch's rows of the global batch.
+                        let offset = mb as usize * p.microbatch;
+                        let global: Region = full.shape.iter().map(|&d| 0..d).collect();
+                        let shifted: Region = need
+                            .iter()
+                            .enumerate()
+                            .map(|(d, r)| {
+                                if d == 0 {
+                                    r.start + offset..r.end + offset
+                                } else {
+                                    r.clone()
+                                }
+                            })
+                            .collect();
+                        crop(full, &global, &shifted)
+                    }
+                    Source::Constant => match self.weights.get(&c) {
+                        Some((_, t)) => t.clone(),
+                        None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
+                            format!("constant '{}' is missing", self.value_name(c))
+                        })?,
+                    },
+                    Source::Folded => {
+                        let info = p.info_at(samples.len() as u64)?;
+                        folded(&info, c).ok_or_else(|| {
+                            format!(
+                                "'{}' has no value at batch {}",
+                                self.value_name(c),
+                                samples.len()
+                            )
+                        })?
+                    }
+                };
+            values.set(v, t.clone());
+            if c != v {
+                values.set(c, t);
+            }
+        }
+        let records =
+            graph::forward(g, &layer.nodes, &mut values, p.env).map_err(|e| e.to_string())?;
+        let mut regions = BTreeMap::new();
+        for &o in &layer.outputs {
+            let region = p.region(o, &layer.view_out(), k)?;
+            let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
+            if got != dims(&region) {
+                return Err(format!(
+                    "layer {} computed '{}' of shape {got:?} where its share is {:?}",
+                    layer.name,
+                    self.value_name(o),
+                    dims(&region)
+                ));
+            }
+            regions.insert(o, region);
+        }
+        self.runs.insert(
+            (l, mb),
+            LayerRun {
+                values,
+                records,
+                regions,
+            },
+        );
+        Ok(())
+    }
+
+    fn backward(&mut self, l: usize, mb: u32) -> Result<(), String> {
+        let p = self.p;
+        let layer = &p.layers[l];
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let run = self.runs.remove(&(l, mb)).ok_or_else(|| {
+            format!(
+                "layer {} has no forward pass for microbatch {mb}",
+                layer.name
+            )
+        })?;
+        let mut grads = Grads::default();
+        for (&o, held) in &run.regions {
+            let n = volume(held);
+            let mut total = vec![0.0f32; n];
+            let mut any = false;
+            for e in
+                (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
+            {
+                let mut acc = vec![0.0f32; n];
+                let mut filled = vec![false; n];
+                if let Some((region, data)) = self.input_grads.get(&(e, mb)) {
+                    let piece = intersect(held, region);
+                    if volume(&piece) > 0 {
+                        let part = crop(&Tensor::f32(dims(region), data.clone()), region, &piece);
+                        paste(
+                            &mut acc,
+                            held,
+                            part.floats().unwrap_or_default(),
+                            &piece,
+                            &mut filled,
+                        );
+                    }
+                }
+                for (region, data) in self.grad_pieces.remove(&(e, mb)).unwrap_or_default() {
+                    let piece = intersect(held, &region);
+                    if volume(&piece) > 0 {
+                        let part = crop(&Tensor::f32(dims(&region), data), &region, &piece);
+                        paste(
+                            &mut acc,
+                            held,
+                            part.floats().unwrap_or_default(),
+                            &piece,
+                            &mut filled,
+                        );
+                    }
+                }
+                let missing = filled.iter().filter(|f| !**f).count();
+                if missing > 0 {
+                    return Err(format!(
+                        "{missing} of the {n} gradient elements of '{}' (read by layer {}) never came back",
+                        self.value_name(o),
+                        p.layers[p.edges[e].consumer].name
+                    ));
+                }
+                kernels::add(&mut total, &acc);
+                any = true;
+            }
+            if (l, o) == p.output {
+                let y = run.values.get(o).ok_or("the output is missing")?;
+                let pieces = layer.view_out().pieces(k);
+                if pieces[1].1 > 1 || pieces[2].1 > 1 {
+                    return Err(format!(
+                        "layer {} splits the model's output by features; the loss needs whole rows",
+                        layer.name
+                    ));
+                }
+                let full: usize = p.microbatch_shape(o)?.iter().product();
+                let per_sample = full / p.microbatch.max(1);
+                let start = (mb as usize * p.microbatch + held[0].start) * per_sample;
+                let total_elements = per_sample * p.exe.plan.batch as usize;
+                let (loss, dy) = train::loss(
+                    self.options.loss,
+                    y,
+                    start,
+                    &p.exe.data.labels,
+                    total_elements,
+                )
+                .map_err(|e| e.to_string())?;
+                // Replicas of the same share compute the same loss: count it once.
+                let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);
+                if owner {
+                    if let Some(last) = self.report.losses.last_mut() {
+                        *last += loss;
+                    }
+                    if self.step == 0 {
+                        self.report
+                            .output
+                            .push((start, y.floats().unwrap_or_default().to_vec()));
+                    }
+                }
+                kernels::add(&mut total, &dy);
+                any = true;
+            }
+            if any {
+                grads.add(o, &total);
+            }
+        }
+        graph::backward(p.exe.graph, &run.records, &run.values, &mut grads)
+            .map_err(|e| e.to_string())?;
+        for &w in &layer.weights {
+            if !self.trains(layer, w) {
+                continue;
+            }
+            if let Some(gw) = grads.take(w) {
+                match self.grads.get_mut(&w) {
+                    Some(acc) => kernels::add(acc, &gw),
+                    None => {
+                        self.grads.insert(w, gw);
+                    }
+                }
+            }
+        }
+        let mut sums = VecDeque::new();
+        for &(v, source) in &layer.inputs {
+            let Source::Edge(e) = source else { continue };
+            let need = self.need(e, self.rank)?;
+            let share = self.epilogue_share(l, k, e)?;
+            let read = share.clone().unwrap_or_else(|| need.clone());
+            let gv = grads
+                .take(v)
+                .or_else(|| grads.take(carrier(p.exe.layers, v)))
+                .unwrap_or_else(|| vec![0.0; volume(&read)]);
+            // A cropped input's gradient is zero outside the crop; the input-gradient sum
+            // over the parameter slices then assembles the whole.
+            let gv = match share {
+                Some(share) => {
+                    let mut full = vec![0.0; volume(&need)];
+                    let mut filled = vec![false; full.len()];
+                    paste(&mut full, &need, &gv, &share, &mut filled);
+                    full
+                }
+                None => gv,
+            };
+            self.input_grads.insert((e, mb), (need, gv));
+            if matches!(layer.kind, LayerKind::Conv | LayerKind::Dense)
+                && layer.split.parameter > 1
+                && !p.edges[e].scattered
+            {
+                sums.push_back(e);
+            }
+        }
+        if !sums.is_empty() {
+            self.pending_sums.insert((l, mb), sums);
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, to: u32, tag: u64) -> Result<(), String> {
+        let (e, mb, backward) = self.decode(tag)?;
+        let edge = &self.p.edges[e];
+        let data = if backward {
+            // From a consumer rank back to the producer rank.
+            let (need, data) = self.input_grads.get(&(e, mb)).ok_or_else(|| {
+                format!("no gradient of '{}' to send", self.value_name(edge.value))
+            })?;
+            let piece = intersect(need, &self.held(e, to)?);
+            crop(&Tensor::f32(dims(need), data.clone()), need, &piece)
+        } else {
+            let held = self.held(e, self.rank)?;
+            let piece = intersect(&self.need(e, to)?, &held);
+            let run = self.runs.get(&(edge.producer, mb)).ok_or_else(|| {
+                format!(
+                    "'{}' was not computed before its send",
+                    self.value_name(edge.value)
+                )
+            })?;
+            let x = run.values.get(edge.value).ok_or("the output is missing")?;
+            crop(x, &held, &piece)
+        };
+        let floats = data
+            .floats()
+            .ok_or("only floating-point tensors travel between ranks")?;
+        self.comm
+            .send(to, tag, floats.to_vec())
+            .map_err(Self::comm_error)
+    }
+
+    fn recv(&mut self, from: u32, tag: u64) -> Result<(), String> {
+        let (e, mb, backward) = self.decode(tag)?;
+        let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
+        let piece = if backward {
+            intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
+        } else {
+            intersect(&self.need(e, self.rank)?, &self.held(e, from)?)
+        };
+        if data.len() != volume(&piece) {
+            return Err(format!(
+                "the message from rank {from} has {} elements where {} were expected",
+                data.len(),
+                volume(&piece)
+            ));
+        }
+        if backward {
+            self.grad_pieces
+                .entry((e, mb))
+                .or_default()
+                .push((piece, data));
+        } else {
+            self.pieces
+                .entry((e, mb))
+                .or_default()
+                .push((piece.clone(), Tensor::f32(dims(&piece), data)));
+        }
+        Ok(())
+    }
+
+    fn touched(&self, index: u32) -> Vec<Touch> {
+        self.touches.get(&index).cloned().unwrap_or_default()
+    }
+
+    fn all_reduce(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+        let touched = self.touched(index);
+        let reads = |kind: BufferKind| {
+            touched
+                .iter()
+                .filter(|(k, _, _, w)| *k == kind && !w)
+                .filter_map(|&(_, l, mb, _)| Some((l? as usize, mb)))
+                .collect::<Vec<_>>()
+        };
+        let buckets = reads(BufferKind::Gradients);
+        if !buckets.is_empty() {
+            // A gradient bucket: this rank's gradients of those layers, in layer order.
+            let mut layers: Vec<usize> = buckets.iter().map(|&(l, _)| l).collect();
+            layers.sort_unstable();
+            layers.dedup();
+            let mut keys = Vec::new();
+            for &l in &layers {
+                let layer = &self.p.layers[l];
+                for &w in &layer.weights {
+                    if self.trains(layer, w) {
+                        keys.push(w);
+                    }
+                }
+            }
+            let mut flat = Vec::new();
+            for &w in &keys {
+                let n = self.weights.get(&w).map_or(0, |(_, t)| t.len());
+                let g = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
+                flat.extend_from_slice(g);
+            }
+            self.comm
+                .all_reduce(&group, &mut flat)
+                .map_err(Self::comm_error)?;
+            let mut at = 0;
+            for &w in &keys {
+                if let Some(g) = self.grads.get_mut(&w) {
+                    let n = g.len();
+                    g.copy_from_slice(&flat[at..at + n]);
+                    at += n;
+                }
+            }
+            return Ok(());
+        }
+        if let Some(&(l, Some(mb))) = reads(BufferKind::Activation).first() {
+            // A row-parallel layer's partial sums.
+            let run = self
+                .runs
+                .get_mut(&(l, mb))
+                .ok_or("partial sums of a layer that did not run")?;
+            let outputs: Vec<ValueId> = run.regions.keys().copied().collect();
+            for o in outputs {
+                let Some(Tensor {
+                    shape,
+                    data: Data::F32(mut x),
+                }) = run.values.take(o)
+                else {
+                    return Err("partial sums of a missing or integer output".into());
+                };
+                self.comm
+                    .all_reduce(&group, &mut x)
+                    .map_err(Self::comm_error)?;
+                run.values.set(o, Tensor::f32(shape, x));
+            }
+            return Ok(());
+        }
+        if let Some(&(l, Some(mb))) = reads(BufferKind::InputGradient).first() {
+            let e = self
+                .pending_sums
+                .get_mut(&(l, mb))
+                .and_then(VecDeque::pop_front)
+                .ok_or("an input-gradient sum the layer does not need")?;
+            let (_, data) = self
+                .input_grads
+                .get_mut(&(e, mb))
+                .ok_or("no input gradient to sum")?;
+            return self.comm.all_reduce(&group, data).map_err(Self::comm_error);
+        }
+        Err("an all-reduce whose buffers name nothing to reduce".into())
+    }
+
+    /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
+    /// takes what it needs (the CPU backend moves whole shares; the result is the same).
+    fn reshard_forward_or_back(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+        let touched = self.touched(index);
+        let find = |kind: BufferKind, writes: bool| {
+            touched
+                .iter()
+                .find(|(k, _, _, w)| *k == kind && *w == writes)
+                .and_then(|&(_, l, mb, _)| Some((l? as usize, mb?)))
+        };
+        let mut members = group.clone();
+        members.sort_unstable();
+        if let (Some((producer, mb)), Some((consumer, _))) = (
+            find(BufferKind::Activation, false),
+            find(BufferKind::Received, true),
+        ) {
+            let e = self.edge_between(producer, consumer)?;
+            let held = self.held(e, self.rank)?;
+            let mine = {
+                let run = self
+                    .runs
+                    .get(&(producer, mb))
+                    .ok_or("resharding a tensor not computed")?;
+                run.values
+                    .get(self.p.edges[e].value)
+                    .and_then(|t| t.floats())
+                    .ok_or("the output is missing")?
+                    .to_vec()
+            };
+            let all = self.comm.exchange(&group, mine).map_err(Self::comm_error)?;
+            for (&member, data) in members.iter().zip(all) {
+                if member == self.rank {
+                    continue;
+                }
+                let region = self.held(e, member)?;
+                self.pieces
+                    .entry((e, mb))
+                    .or_default()
+                    .push((region.clone(), Tensor::f32(dims(&region), data)));
+            }
+            let _ = held;
+            return Ok(());
+        }
+        if let (Some((consumer, mb)), Some((producer, _))) = (
+            find(BufferKind::InputGradient, false),
+            find(BufferKind::Received, true),
+        ) {
+            let e = self.edge_between(producer, consumer)?;
+            let (need, data) = self
+                .input_grads
+                .get(&(e, mb))
+                .cloned()
+                .ok_or("no input gradient to reshard")?;
+            let all = self.comm.exchange(&group, data).map_err(Self::comm_error)?;
+            let held = self.held(e, self.rank)?;
+            let reduce = matches!(
+                self.p.exe.plan.programs[self.rank as usize][index as usize],
+                Instruction::ReduceScatter { .. }
+            );
+            if reduce {
+                // Partial sums over the group: add every member's, keep this rank's share.
+                let mut sum = vec![0.0f32; volume(&need)];
+                for part in &all {
+                    kernels::add(&mut sum, part);
+                }
+                let piece = intersect(&need, &held);
+                let part = crop(&Tensor::f32(dims(&need), sum), &need, &piece);
+                self.input_grads.remove(&(e, mb));
+                self.grad_pieces
+                    .entry((e, mb))
+                    .or_default()
+                    .push((piece, part.floats().unwrap_or_default().to_vec()));
+            } else {
+                for (&member, part) in members.iter().zip(all) {
+                    if member == self.rank {
+                        continue;
+                    }
+                    let region = self.need(e, member)?;
+                    self.grad_pieces
+                        .entry((e, mb))
+                        .or_default()
+                        .push((region, part));
+                }
+            }
+            return Ok(());
+        }
+        Err("a resharding collective whose buffers name no tensor".into())
+    }
+
+    fn edge_between(&self, producer: usize, consumer: usize) -> Result<usize, String> {
+        let found: Vec<usize> = (0..self.p.edges.len())
+            .filter(|&e| {
+                self.p.edges[e].producer == producer && self.p.edges[e].consumer == consumer
+            })
+            .collect();
+        match found.as_slice() {
+            [e] => Ok(*e),
+            [] => Err(format!("no edge from layer {producer} to layer {consumer}")),
+            _ => Err(format!(
+                "several tensors flow from layer {producer} to layer {consumer}"
+            )),
+        }
+    }
+
+    fn optimizer_step(&mut self) -> Result<(), String> {
+        if self.step == 0 {
+            for (&w, g) in &self.grads {
+                if let Some((slice, _)) = self.weights.get(&w) {
+                    self.report.gradients.push((w, slice.clone(), g.clone()));
+                }
+            }
+        }
+        let grads = std::mem::take(&mut self.grads);
+        for (w, g) in grads {
+            let Some((
+                _,
+                Tensor {
+                    data: Data::F32(x), ..
+                },
+            )) = self.weights.get_mut(&w)
+            else {
+                continue;
+            };
+            let v = self.velocity.entry(w).or_insert_with(|| vec![0.0; g.len()]);
+            kernels::sgd_momentum(x, &g, v, self.options.lr, self.options.momentum);
+        }
+        Ok(())
+    }
+}
+
+/// A folded value's content as a tensor.
+fn folded(info: &GraphInfo, v: ValueId) -> Option<Tensor> {
+    let ty = info.ty(v);
+    let shape: Vec<usize> = ty.shape.as_sizes()?.iter().map(|&d| d as usize).collect();
+    let content = ty.content.as_ref()?;
+    Some(if ty.dtype.is_float() {
+        Tensor::f32(
+            shape,
+            content
+                .iter()
+                .map(|s| s.as_f64().unwrap_or(0.0) as f32)
+                .collect(),
+        )
+    } else {
+        Tensor::i64(
+            shape,
+            content
+                .iter()
+                .map(|s| match s {
+                    Scalar::Int(d) => d.as_known().unwrap_or(0),
+                    Scalar::Float(f) => *f as i64,
+                })
+                .collect(),
+        )
+    })
+}
+
+/// Runs `options.steps` iterations of the plan, every rank a thread.
+///
+/// # Errors
+/// [`RunError::Setup`] when the plan cannot run here; [`RunError::Rank`] for the first rank
+/// that failed (the others stop within `timeout`).
+pub fn run(
+    exe: &Executable<'_>,
+    options: &TrainOptions,
+    timeout: Duration,
+) -> Result<(TrainReport, Duration), RunError> {
+    let prepared = Prepared::new(exe)?;
+    let ranks = exe.plan.ranks;
+    let world = World::new(ranks, timeout);
+    let started = Instant::now();
+    let results: Vec<Result<RankReport, RunError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|r| {
+                let comm = world.comm(r);
+                let abort = world.comm(r);
+                let prepared = &prepared;
+                let options = *options;
+                scope.spawn(move || {
+                    let _guard = AbortOnPanic(&abort);
+                    let mut rank =
+                        Rank::new(prepared, r, comm, options).map_err(RunError::Setup)?;
+                    rank.run()?;
+                    Ok(rank.report)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RunError::Rank {
+                        rank: r as u32,
+                        index: 0,
+                        op: "?",
+                        message: "panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    let mut reports = Vec::with_capacity(results.len());
+    let mut first_error = None;
+    for r in results {
+        match r {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                // Prefer the cause over the ranks it aborted.
+                let aborted =
+                    matches!(&e, RunError::Rank { message, .. } if message.starts_with("aborted"));
+                if first_error.is_none() || (!aborted && matches!(&first_error, Some((true, _)))) {
+                    first_error = Some((aborted, e));
+                }
+            }
+        }
+    }
+    if let Some((_, e)) = first_error {
+        return Err(e);
+    }
+    Ok((assemble_report(&prepared, reports, options), elapsed))
+}
+
+fn assemble_report(
+    p: &Prepared<'_>,
+    reports: Vec<RankReport>,
+    options: &TrainOptions,
+) -> TrainReport {
+    let g = p.exe.graph;
+    let losses = (0..options.steps as usize)
+        .map(|s| {
+            reports
+                .iter()
+                .map(|r| r.losses.get(s).copied().unwrap_or(0.0))
+                .sum()
+        })
+        .collect();
+    let total: usize = p
+        .exe
+        .info
+        .ty(p.output.1)
+        .shape
+        .as_sizes()
+        .map_or(0, |s| s.iter().product::<u64>() as usize);
+    let mut output = vec![0.0f32; total];
+    let mut pieces: Vec<&(usize, Vec<f32>)> = reports.iter().flat_map(|r| &r.output).collect();
+    pieces.sort_by_key(|(start, _)| *start);
+    for (start, data) in pieces {
+        if let Some(dst) = output.get_mut(*start..*start + data.len()) {
+            dst.copy_from_slice(data);
+        }
+    }
+    let mut out = TrainReport {
+        losses,
+        first_output: output,
+        ..TrainReport::default()
+    };
+    let place = |list: Vec<&(ValueId, Slice, Vec<f32>)>| {
+        let mut full: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+        for (w, slice, data) in list {
+            let Some(whole) = p.exe.weights.tensors.get(w) else {
+                continue;
+            };
+            let entry = full
+                .entry(g.value(*w).name.clone())
+                .or_insert_with(|| vec![0.0; whole.len()]);
+            match slice {
+                Slice::Whole | Slice::FirstSliceOnly => entry.copy_from_slice(data),
+                Slice::Axis(axis, piece) => {
+                    let region: Region = whole
+                        .shape
+                        .iter()
+                        .enumerate()
+                        .map(|(d, &n)| {
+                            if d == *axis {
+                                interval(*piece, n)
+                            } else {
+                                0..n
+                            }
+                        })
+                        .collect();
+                    let holder: Region = whole.shape.iter().map(|&n| 0..n).collect();
+                    let mut filled = vec![false; entry.len()];
+                    paste(entry, &holder, data, &region, &mut filled);
+                }
+            }
+        }
+        full
+    };
+    out.weights = place(reports.iter().flat_map(|r| &r.weights).collect());
+    out.first_gradients = place(reports.iter().flat_map(|r| &r.gradients).collect());
+    out
+}

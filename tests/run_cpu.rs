@@ -1,0 +1,264 @@
+//! Partitioned training on the CPU backend equals single-device training: for every
+//! strategy kind (data parallel, burst, SOAP splits of convolutions and dense layers,
+//! GPipe and 1F1B pipelines) on 2, 4 and 8 ranks, the first step's output, loss and every
+//! weight gradient, and the weights after three SGD steps, against one device (relative
+//! error of each tensor, in the L2 norm, at most 1e-5).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use ralpc::runtime::cpu::train::TrainReport;
+
+fn fixture(name: &str) -> PathBuf {
+    common::fixture("train").join(name)
+}
+
+fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+    let diff: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+fn assert_same(what: &str, got: &TrainReport, want: &TrainReport) {
+    assert_eq!(got.losses.len(), want.losses.len(), "{what}: steps");
+    for (s, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "{what}: loss of step {s}: {a} vs {b}"
+        );
+    }
+    let e = relative_error(&got.first_output, &want.first_output);
+    assert!(e <= 1e-5, "{what}: first output off by {e:.2e}");
+    for (name, expected) in &want.first_gradients {
+        let g = got
+            .first_gradients
+            .get(name)
+            .unwrap_or_else(|| panic!("{what}: no gradient of {name}"));
+        let e = relative_error(g, expected);
+        assert!(e <= 1e-5, "{what}: gradient of {name} off by {e:.2e}");
+    }
+    for (name, expected) in &want.weights {
+        let w = got
+            .weights
+            .get(name)
+            .unwrap_or_else(|| panic!("{what}: no weight {name}"));
+        let e = relative_error(w, expected);
+        assert!(
+            e <= 1e-5,
+            "{what}: weight {name} after the steps off by {e:.2e}"
+        );
+    }
+}
+
+/// Plans `model` for `gpus` with `strategy` (a ralpc-strategy/1 file's JSON), then runs it.
+fn run_plan(model: &Path, batch: u64, gpus: u32, strategy: &str, steps: u32) -> TrainReport {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy_file = dir.path().join("strategy.json");
+    std::fs::write(&strategy_file, strategy).expect("write the strategy");
+    let options = ralpc::Options {
+        model: model.to_path_buf(),
+        gpus: Some(gpus),
+        batch: Some(batch),
+        strategy_file: Some(strategy_file),
+        ..Default::default()
+    };
+    let compiled = ralpc::compile(&options).expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let run = ralpc::run(&ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(model.to_path_buf()),
+        steps,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("run: {e}: {}", error_chain(&e)));
+    run.report
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out += &format!(" / {s}");
+        source = s.source();
+    }
+    out
+}
+
+fn reference(model: &Path, batch: u64, steps: u32) -> TrainReport {
+    ralpc::train_single_device(
+        model,
+        batch,
+        &ralpc::RunOptions {
+            steps,
+            ..Default::default()
+        },
+    )
+    .expect("single-device training")
+}
+
+fn stage(first: &str, last: &str, replicas: u32) -> String {
+    format!(r#"{{ "first_layer": "{first}", "last_layer": "{last}", "replicas": {replicas} }}"#)
+}
+
+fn strategy(stages: &[String], layers: &str, schedule: &str, microbatches: u32) -> String {
+    format!(
+        r#"{{ "format": "ralpc-strategy/1", "schedule": "{schedule}", "microbatches": {microbatches},
+             "stages": [{}], "layers": [{layers}] }}"#,
+        stages.join(", ")
+    )
+}
+
+#[test]
+fn data_parallel_equals_one_device() {
+    let model = fixture("mlp.onnx");
+    let want = reference(&model, 8, 3);
+    for gpus in [2, 4, 8] {
+        let s = strategy(&[stage("fc0", "fc2", gpus)], "", "1f1b", 1);
+        assert_same(
+            &format!("dp{gpus}"),
+            &run_plan(&model, 8, gpus, &s, 3),
+            &want,
+        );
+    }
+}
+
+fn check(model: &str, batch: u64, gpus: u32, strategy: &str, what: &str) {
+    let model = fixture(model);
+    let want = reference(&model, batch, 3);
+    assert_same(what, &run_plan(&model, batch, gpus, strategy, 3), &want);
+}
+
+fn split(layer: &str, s: u32, a: u32, p: u32) -> String {
+    format!(
+        r#"{{ "name": "{layer}", "split": {{ "sample": {s}, "attribute": {a}, "parameter": {p} }} }}"#
+    )
+}
+
+#[test]
+fn burst_parallelism_equals_one_device() {
+    // Per-layer GPU counts inside one stage of 4: the convolutions on 4, the rest on fewer.
+    let layers = [
+        split("conv1", 2, 1, 1),
+        split("pool1", 2, 1, 1),
+        split("fc0", 1, 1, 1),
+        split("fc1", 1, 1, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("conv0", "fc1", 4)], &layers, "1f1b", 1);
+    check("cnn.onnx", 8, 4, &s, "burst");
+}
+
+#[test]
+fn soap_splits_of_convolutions_and_dense_layers_equal_one_device() {
+    // Output channels of a convolution, column- and row-parallel dense layers.
+    let layers = [
+        split("conv1", 2, 1, 2),
+        split("pool1", 2, 1, 2),
+        split("fc0", 1, 1, 4),
+        split("fc1", 1, 4, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("conv0", "fc1", 4)], &layers, "1f1b", 1);
+    check("cnn.onnx", 8, 4, &s, "soap-cnn");
+    let layers = [
+        split("fc0", 4, 1, 2),
+        split("fc1", 2, 1, 4),
+        split("fc2", 1, 8, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("fc0", "fc2", 8)], &layers, "1f1b", 1);
+    check("mlp.onnx", 8, 8, &s, "soap-mlp");
+}
+
+#[test]
+fn pipelines_equal_one_device() {
+    for (schedule, microbatches) in [("gpipe", 4), ("1f1b", 2)] {
+        let s = strategy(
+            &[stage("conv0", "pool0", 1), stage("conv1", "fc1", 1)],
+            "",
+            schedule,
+            microbatches,
+        );
+        check("cnn.onnx", 8, 2, &s, &format!("{schedule}-2"));
+        let s = strategy(
+            &[
+                stage("conv0", "pool0", 2),
+                stage("conv1", "pool1", 1),
+                stage("fc0", "fc1", 1),
+            ],
+            "",
+            schedule,
+            microbatches,
+        );
+        check("cnn.onnx", 8, 4, &s, &format!("{schedule}-4"));
+    }
+}
+
+#[test]
+fn a_transformer_block_trains_the_same_on_every_layout() {
+    let s = strategy(&[stage("ln1", "fc2", 2)], "", "1f1b", 1);
+    check("transformer.onnx", 4, 2, &s, "transformer-dp");
+    let s = strategy(
+        &[stage("ln1", "proj", 2), stage("ln2", "fc2", 2)],
+        "",
+        "gpipe",
+        2,
+    );
+    check("transformer.onnx", 4, 4, &s, "transformer-pipeline");
+    // Column-parallel projections: one with a residual added after it, one with a bias
+    // and GELU.
+    let layers = [split("proj", 1, 1, 2), split("fc1", 1, 1, 2)].join(", ");
+    let s = strategy(&[stage("ln1", "fc2", 2)], &layers, "1f1b", 1);
+    check("transformer.onnx", 4, 2, &s, "transformer-soap");
+}
+
+#[test]
+fn eight_ranks_in_four_stages_of_two() {
+    let stages = [
+        stage("conv0", "conv0", 2),
+        stage("pool0", "conv1", 2),
+        stage("pool1", "fc0", 2),
+        stage("fc1", "fc1", 2),
+    ];
+    let s = strategy(&stages, "", "1f1b", 4);
+    check("cnn.onnx", 8, 8, &s, "1f1b-8");
+}
+
+#[test]
+fn layouts_the_cpu_backend_cannot_run_exactly_are_refused_with_the_reason() {
+    let model = fixture("cnn.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy_file = dir.path().join("strategy.json");
+    let layers = split("conv1", 1, 2, 1);
+    std::fs::write(
+        &strategy_file,
+        strategy(&[stage("conv0", "fc1", 2)], &layers, "1f1b", 1),
+    )
+    .expect("write");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: model.clone(),
+        gpus: Some(2),
+        batch: Some(8),
+        strategy_file: Some(strategy_file),
+        ..Default::default()
+    })
+    .expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let error = ralpc::run(&ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(model),
+        ..Default::default()
+    })
+    .expect_err("rows of a convolution need halos");
+    assert_eq!(error.exit_code(), 4);
+    let message = error.to_string();
+    assert!(
+        message.contains("conv1") && message.contains("halo"),
+        "{message}"
+    );
+}
