@@ -12,8 +12,11 @@ Exit status:
   1    the input is at fault: unreadable or malformed model, unsupported operator,
        shape mismatch, bad --batch/--input, unknown or invalid cluster, bad
        profile or strategy file, a model that fits no plan's memory, a
-       --tolerance no plan meets, `plan --check` on an out-of-date directory
+       --tolerance no plan meets, `plan --check` on an out-of-date directory,
+       a malformed plan or one made for another model, bad --data
   3    an output file cannot be written (nothing partial is left behind)
+  4    `ralpc run` failed: a rank failed or timed out (every rank stops), or the
+       plan uses a layout the backend cannot execute
   2    usage error (unknown flag, bad value)
   101  internal error: a bug in ralpc; please report it with `ralpc --version`";
 
@@ -24,7 +27,7 @@ Exit status:
 /// burst-parallel, SOAP and pipeline plans and writes the executable plan with its report;
 /// `ralpc sweep` finds the best plan for every GPU type and count; `ralpc inspect` shows
 /// per-layer parameters, MACs, FLOPs and memory; `ralpc cluster` shows the machines plans
-/// are made for.
+/// are made for; `ralpc run` trains with a plan on the CPU, every rank a thread.
 #[derive(Debug, Parser)]
 #[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
 pub struct Cli {
@@ -34,7 +37,7 @@ pub struct Cli {
 }
 
 /// Subcommand names: anything else in first position is a model for `ralpc plan`.
-pub const SUBCOMMANDS: [&str; 5] = ["inspect", "plan", "cluster", "sweep", "help"];
+pub const SUBCOMMANDS: [&str; 6] = ["inspect", "plan", "cluster", "sweep", "run", "help"];
 
 /// `ralpc MODEL …` → `ralpc plan MODEL …` when the first word looks like a file (it
 /// exists, or has a `.` or `/`); any other word stays a (mistyped) subcommand for clap to
@@ -62,6 +65,10 @@ pub enum Command {
     /// The best plan for every GPU type and count: throughput, speedup, efficiency.
     #[command(after_help = commands::sweep::EXAMPLES)]
     Sweep(Box<commands::sweep::Args>),
+    /// Run a plan's training steps on the CPU: every rank, message and collective, with
+    /// numbers equal to single-device training.
+    #[command(after_help = commands::run::EXAMPLES)]
+    Run(Box<commands::run::Args>),
     /// Show a cluster: GPUs, their peaks and memory, and the links between them.
     #[command(after_help = commands::cluster::EXAMPLES)]
     Cluster(commands::cluster::Args),

@@ -44,6 +44,9 @@ pub enum Error {
     /// A plan file is malformed or was made for another model.
     #[error("cannot use the plan: {0}")]
     PlanFile(Box<String>),
+    /// `--data` is malformed or does not fit the model.
+    #[error("cannot use the data: {0}")]
+    Data(Box<String>),
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
     #[error("the run failed: {0}")]
     Run(Box<String>),
@@ -77,6 +80,7 @@ impl Error {
             | Error::Plan(_)
             | Error::Read(_)
             | Error::PlanFile(_)
+            | Error::Data(_)
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         cli::Command::Plan(args) => commands::plan::run(&args),
         cli::Command::Cluster(args) => commands::cluster::run(&args),
         cli::Command::Sweep(args) => commands::sweep::run(&args),
+        cli::Command::Run(args) => commands::run::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -573,6 +573,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
+            path: Some(options.model.display().to_string()),
             blake3: ralpc_codegen::model_hash(&bytes),
             layers: graph.layers.len() as u32,
         };

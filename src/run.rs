@@ -9,6 +9,7 @@ use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::exec::{self, Executable};
 use ralpc_runtime_min::cpu::graph::Weights;
+use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
 
 use crate::error::{Error, FileError};
@@ -32,6 +33,9 @@ pub struct RunOptions {
     pub loss: Loss,
     /// How long a rank waits for another before every rank gives up.
     pub timeout: Duration,
+    /// Inputs and labels for the global batch (JSON, see [`read_data`]) instead of
+    /// seeded ones.
+    pub data: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -46,6 +50,7 @@ impl Default for RunOptions {
             momentum: train.momentum,
             loss: train.loss,
             timeout: Duration::from_secs(60),
+            data: None,
         }
     }
 }
@@ -88,7 +93,8 @@ struct Prepared {
     data: Dataset,
 }
 
-fn prepare(model: &Path, batch: u64, seed: u64, loss: Loss) -> Result<Prepared, Error> {
+fn prepare(model: &Path, batch: u64, options: &RunOptions) -> Result<Prepared, Error> {
+    let (seed, loss) = (options.seed, options.loss);
     let unbound = onnx::import(model)?.graph;
     let mut graph = unbound.clone();
     bind(
@@ -100,7 +106,10 @@ fn prepare(model: &Path, batch: u64, seed: u64, loss: Loss) -> Result<Prepared, 
     )?;
     let info = verify(&graph)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
-    let data = Dataset::synthetic(&graph, &info, seed, loss);
+    let data = match &options.data {
+        Some(path) => read_data(path, &graph, &info, loss)?,
+        None => Dataset::synthetic(&graph, &info, seed, loss),
+    };
     Ok(Prepared {
         unbound,
         graph,
@@ -108,6 +117,108 @@ fn prepare(model: &Path, batch: u64, seed: u64, loss: Loss) -> Result<Prepared, 
         weights,
         data,
     })
+}
+
+/// Reads `--data`: a JSON object with every graph input's values for the global batch,
+/// row-major, and the labels — one class index per output row (cross-entropy) or one
+/// target per output element (MSE):
+///
+/// ```json
+/// { "inputs": { "image": [0.1, 0.2, …] }, "labels": [3, 7, …] }
+/// ```
+///
+/// # Errors
+/// An unreadable file, malformed JSON, a missing or unknown input, or a size that does
+/// not match the model at the plan's batch; the message names the field.
+pub fn read_data(
+    path: &Path,
+    graph: &Graph,
+    info: &GraphInfo,
+    loss: Loss,
+) -> Result<Dataset, Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        inputs: std::collections::BTreeMap<String, Vec<f64>>,
+        labels: Vec<f64>,
+    }
+    let bad = |m: String| Error::Data(Box::new(format!("{}: {m}", path.display())));
+    let text = String::from_utf8(read(path)?).map_err(|_| bad("not UTF-8 text".into()))?;
+    let file: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let sizes = |v: ralpc_ir::ValueId| -> Vec<usize> {
+        info.ty(v)
+            .shape
+            .as_sizes()
+            .unwrap_or_default()
+            .iter()
+            .map(|&d| d as usize)
+            .collect()
+    };
+    let mut inputs = std::collections::BTreeMap::new();
+    for v in graph.inputs() {
+        let name = &graph.value(v).name;
+        let values = file
+            .inputs
+            .get(name)
+            .ok_or_else(|| bad(format!("inputs.{name} is missing")))?;
+        let shape = sizes(v);
+        let n: usize = shape.iter().product();
+        if values.len() != n {
+            return Err(bad(format!(
+                "inputs.{name} has {} values; shape {shape:?} at this batch needs {n}",
+                values.len()
+            )));
+        }
+        let data = if info.ty(v).dtype.is_float() {
+            Data::F32(values.iter().map(|&x| x as f32).collect())
+        } else {
+            Data::I64(values.iter().map(|&x| x as i64).collect())
+        };
+        inputs.insert(v, Tensor { shape, data });
+    }
+    if let Some(extra) = file
+        .inputs
+        .keys()
+        .find(|k| !graph.inputs().iter().any(|&v| graph.value(v).name == **k))
+    {
+        return Err(bad(format!("inputs.{extra}: the model has no such input")));
+    }
+    let output = graph
+        .outputs()
+        .first()
+        .map(|&o| sizes(o))
+        .unwrap_or_default();
+    let n: usize = output.iter().product();
+    let classes = output.last().copied().unwrap_or(1).max(1);
+    let labels = match loss {
+        Loss::CrossEntropy => {
+            if file.labels.len() != n / classes {
+                return Err(bad(format!(
+                    "labels has {} values; the output {output:?} has {} rows",
+                    file.labels.len(),
+                    n / classes
+                )));
+            }
+            if let Some(l) = file
+                .labels
+                .iter()
+                .find(|&&l| l.fract() != 0.0 || l < 0.0 || l >= classes as f64)
+            {
+                return Err(bad(format!("labels: {l} is not a class in 0..{classes}")));
+            }
+            Data::I64(file.labels.iter().map(|&l| l as i64).collect())
+        }
+        Loss::Mse => {
+            if file.labels.len() != n {
+                return Err(bad(format!(
+                    "labels has {} values; the output {output:?} has {n} elements",
+                    file.labels.len()
+                )));
+            }
+            Data::F32(file.labels.iter().map(|&l| l as f32).collect())
+        }
+    };
+    Ok(Dataset { inputs, labels })
 }
 
 fn run_error(e: impl std::fmt::Display) -> Error {
@@ -132,22 +243,29 @@ fn plan_path(path: &Path) -> PathBuf {
     }
 }
 
-/// Where the plan's model is: `--model`, else the name it was planned with (as given,
-/// then beside the plan's directory).
-fn model_path(plan: &Plan, plan_file: &Path, given: Option<&Path>) -> PathBuf {
+/// Where the plan's model is: `--model`, else the path it was planned from (relative to
+/// the working directory), else its file name beside the plan's directory.
+fn model_path(plan: &Plan, plan_file: &Path, given: Option<&Path>) -> Result<PathBuf, Error> {
     if let Some(m) = given {
-        return m.to_path_buf();
+        return Ok(m.to_path_buf());
     }
-    let named = PathBuf::from(&plan.model.name);
-    if named.exists() {
-        return named;
-    }
-    plan_file
+    let recorded = plan.model.path.as_ref().map(PathBuf::from);
+    let beside = plan_file
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join(&named))
-        .filter(|p| p.exists())
-        .unwrap_or(named)
+        .map(|dir| dir.join(&plan.model.name));
+    recorded
+        .into_iter()
+        .chain(beside)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::PlanFile(Box::new(format!(
+                "{}: cannot find its model '{}' (planned from '{}'); give it with --model",
+                plan_file.display(),
+                plan.model.name,
+                plan.model.path.as_deref().unwrap_or("?")
+            )))
+        })
 }
 
 /// Trains the model on one device, as `batch` samples per step: the reference every plan
@@ -160,7 +278,7 @@ pub fn train_single_device(
     batch: u64,
     options: &RunOptions,
 ) -> Result<TrainReport, Error> {
-    let p = prepare(model, batch, options.seed, options.loss)?;
+    let p = prepare(model, batch, options)?;
     train::train_reference(&p.graph, &p.info, &p.weights, &p.data, &options.train())
         .map_err(run_error)
 }
@@ -178,11 +296,11 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
     })?;
     let plan = Plan::parse(&text)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
-    let model = model_path(&plan, &plan_file, options.model.as_deref());
+    let model = model_path(&plan, &plan_file, options.model.as_deref())?;
     let bytes = read(&model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
-    let p = prepare(&model, plan.batch, options.seed, options.loss)?;
+    let p = prepare(&model, plan.batch, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())
         .map_err(|e| Error::Layers(Box::new(e)))?;
     let unbound = &p.unbound;

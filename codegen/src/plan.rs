@@ -66,8 +66,12 @@ pub const FORMAT: &str = "ralpc-plan/1";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelRef {
-    /// Its file name, as given.
+    /// Its file name.
     pub name: String,
+    /// Its path as given when planning (relative to where ralpc ran), so that `ralpc run`
+    /// finds it; absent in plans made from bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// blake3 of the model file's bytes, lower-case hex.
     pub blake3: String,
     /// Its placement units.

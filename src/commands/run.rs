@@ -1,0 +1,123 @@
+//! `ralpc run PLAN --backend cpu [--steps N] [--seed S] [--data FILE] [--json]`.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ralpc::runtime::cpu::train::Loss;
+use ralpc::RunOptions;
+
+pub const EXAMPLES: &str = "\
+Examples:
+  ralpc fixtures/train/cnn.onnx --gpus 4 --batch 8 -o cnn.ralpc
+  ralpc run cnn.ralpc --steps 5              # 4 ranks as threads of this process
+  ralpc run cnn.ralpc/plan.json --json       # {\"losses\": [...], \"samples_per_s\": ...}
+  ralpc run cnn.ralpc --data batch.json      # your inputs and labels
+
+The CPU backend runs the exact plan a GPU cluster would: every rank's forward and
+backward on its share of each layer, every message and collective, then SGD with
+momentum. Its numbers equal single-device training, so a plan can be checked before
+GPU time is spent on it. A model without weights (structure only) is initialized from
+--seed, and so are inputs and labels unless --data gives them:
+  {\"inputs\": {\"<input name>\": [values, row-major, whole batch]}, \"labels\": [...]}
+(labels: one class per output row for cross-entropy, one target per element for mse).";
+
+/// Arguments of `ralpc run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The plan: a directory `ralpc plan` wrote, or its plan.json.
+    pub plan: PathBuf,
+    /// Where to run it.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub backend: String,
+    /// The model [default: the path the plan was made from].
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Training iterations.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub steps: u32,
+    /// Seeds weights the model lacks, and inputs and labels without --data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Inputs and labels for the global batch (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// The loss added on the model's first output.
+    #[arg(long, default_value = "cross-entropy", value_parser = ["cross-entropy", "mse"])]
+    pub loss: String,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f32,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f32,
+    /// Seconds a rank waits for another before every rank stops with an error.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+    /// Print one JSON object: losses (one per step), samples/s and the run's shape.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    let options = RunOptions {
+        plan: args.plan.clone(),
+        model: args.model.clone(),
+        steps: args.steps,
+        seed: args.seed,
+        lr: args.lr,
+        momentum: args.momentum,
+        loss: Loss::parse(&args.loss).unwrap_or_default(),
+        timeout: Duration::from_secs(args.timeout),
+        data: args.data.clone(),
+    };
+    // Drawn only when stderr is a terminal.
+    let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} training {msg} {elapsed}") {
+        spinner.set_style(style);
+    }
+    spinner.set_message(format!("{} step(s) on the CPU", args.steps));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let result = ralpc::run(&options);
+    spinner.finish_and_clear();
+    let out = result?;
+    if out.seeded_weights > 0 && args.data.is_none() {
+        eprintln!(
+            "note: the model carries no data for {} weight tensor(s); they, the inputs and the \
+             labels are seeded (--seed {})",
+            out.seeded_weights, args.seed
+        );
+    } else if out.seeded_weights > 0 {
+        eprintln!(
+            "note: the model carries no data for {} weight tensor(s); they are seeded (--seed {})",
+            out.seeded_weights, args.seed
+        );
+    }
+    let text = if args.json {
+        let value = serde_json::json!({
+            "losses": out.report.losses,
+            "samples_per_s": out.samples_per_s,
+            "seconds": out.seconds,
+            "steps": args.steps,
+            "ranks": out.ranks,
+            "batch": out.batch,
+            "backend": args.backend,
+            "seeded_weights": out.seeded_weights,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+    } else {
+        let mut text = String::new();
+        for (i, loss) in out.report.losses.iter().enumerate() {
+            let _ = writeln!(text, "step {:>4}  loss {loss:.6}", i + 1);
+        }
+        let _ = writeln!(
+            text,
+            "{} step(s) of batch {} on {} CPU rank(s): {:.1} samples/s ({:.3} s)",
+            args.steps, out.batch, out.ranks, out.samples_per_s, out.seconds
+        );
+        text
+    };
+    super::print_stdout(&text);
+    Ok(())
+}

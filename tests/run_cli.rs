@@ -1,0 +1,158 @@
+//! `ralpc run`: the command line of the CPU backend — losses per step, `--json`, `--data`,
+//! and clear errors for a plan that does not fit the model or data that does not fit it.
+
+mod common;
+
+use std::path::Path;
+
+use assert_cmd::Command;
+
+fn ralpc(cwd: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
+    cmd.current_dir(cwd).env("NO_COLOR", "1");
+    cmd
+}
+
+/// Plans `model` (relative to the work directory) data-parallel on 2 GPUs at batch 4.
+fn plan(cwd: &Path, model: &str, out: &str) {
+    ralpc(cwd)
+        .args([
+            model,
+            "--gpus",
+            "2",
+            "--batch",
+            "4",
+            "--strategy",
+            "dp",
+            "--tolerance",
+            "inf",
+            "--quiet",
+            "-o",
+            out,
+        ])
+        .assert()
+        .success();
+}
+
+#[test]
+fn a_plan_trains_and_reports_its_losses() {
+    let cwd = common::workdir();
+    plan(&cwd, "fixtures/train/mlp.onnx", "run-mlp.ralpc");
+    let out = ralpc(&cwd)
+        .args(["run", "run-mlp.ralpc", "--steps", "4", "--json"])
+        .assert()
+        .success();
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.get_output().stdout).expect("one JSON object");
+    let losses: Vec<f64> = json["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect();
+    assert_eq!(losses.len(), 4);
+    assert!(
+        losses[3] < losses[0],
+        "training lowers the loss: {losses:?}"
+    );
+    assert!(json["samples_per_s"].as_f64().expect("rate") > 0.0);
+    assert_eq!(json["ranks"], 2);
+    // The model carries its weights: nothing is seeded, so stderr says nothing.
+    assert!(out.get_output().stderr.is_empty());
+    // The human form: one line per step and the rate.
+    let text = ralpc(&cwd)
+        .args(["run", "run-mlp.ralpc/plan.json", "--steps", "2"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains("step    1  loss") && text.contains("samples/s"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_structure_only_model_is_seeded_and_says_so() {
+    let cwd = common::workdir();
+    plan(&cwd, "fixtures/train/cnn.onnx", "run-cnn.ralpc");
+    let out = ralpc(&cwd)
+        .args(["run", "run-cnn.ralpc", "--seed", "3"])
+        .assert()
+        .success();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("seeded") && stderr.contains("--seed 3"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn given_data_is_used_and_checked() {
+    let cwd = common::workdir();
+    plan(&cwd, "fixtures/train/mlp.onnx", "data-mlp.ralpc");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good = dir.path().join("good.json");
+    let x: Vec<f32> = (0..4 * 24).map(|i| (i % 7) as f32 / 7.0).collect();
+    std::fs::write(
+        &good,
+        serde_json::json!({ "inputs": { "x": x }, "labels": [1, 2, 3, 9] }).to_string(),
+    )
+    .expect("write");
+    let run = |data: &Path| {
+        ralpc(&cwd)
+            .args(["run", "data-mlp.ralpc", "--json", "--data"])
+            .arg(data)
+            .assert()
+    };
+    run(&good).success();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        serde_json::json!({ "inputs": { "x": [1.0, 2.0] }, "labels": [1, 2, 3, 9] }).to_string(),
+    )
+    .expect("write");
+    let out = run(&bad).code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("inputs.x") && stderr.contains("96"),
+        "{stderr}"
+    );
+    let wrong_class = dir.path().join("class.json");
+    std::fs::write(
+        &wrong_class,
+        serde_json::json!({ "inputs": { "x": x }, "labels": [1, 2, 3, 10] }).to_string(),
+    )
+    .expect("write");
+    let out = run(&wrong_class).code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.contains("labels: 10"), "{stderr}");
+}
+
+#[test]
+fn a_plan_for_another_model_or_a_broken_plan_is_refused() {
+    let cwd = common::workdir();
+    plan(&cwd, "fixtures/train/mlp.onnx", "other-mlp.ralpc");
+    let out = ralpc(&cwd)
+        .args([
+            "run",
+            "other-mlp.ralpc",
+            "--model",
+            "fixtures/train/cnn.onnx",
+        ])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("another model") || stderr.contains("blake3"),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let broken = dir.path().join("plan.json");
+    std::fs::write(&broken, "{\"format\": \"ralpc-plan/1\"").expect("write");
+    let out = ralpc(&cwd).arg("run").arg(&broken).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.starts_with("error: cannot use the plan"), "{stderr}");
+}
