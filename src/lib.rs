@@ -34,6 +34,7 @@ mod compile;
 mod error;
 mod inspect;
 mod plan;
+mod profile;
 mod run;
 mod sweep;
 
@@ -48,6 +49,7 @@ pub use plan::{
     PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow,
     DEFAULT_BATCH,
 };
+pub use profile::{profile_cpu, ProfileOptions};
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;

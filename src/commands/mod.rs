@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod inspect;
 pub mod plan;
+pub mod profile;
 pub mod run;
 pub mod sweep;
 

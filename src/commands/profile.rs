@@ -1,0 +1,67 @@
+//! `ralpc profile MODEL --device cpu [--batch-sizes 1,2,4] -o profile.json`.
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ralpc::ProfileOptions;
+
+pub const EXAMPLES: &str = "\
+Examples:
+  ralpc profile fixtures/train/cnn.onnx --device cpu --batch-sizes 1,2,4,8 -o cnn.profile.json
+  ralpc fixtures/train/cnn.onnx --gpus 4 --profile cnn.profile.json   # plan with the measurements
+
+Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
+and backward, at each batch size: one warm-up, then the median of --repeats runs. The
+output is ralpc's profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
+
+/// Arguments of `ralpc profile`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Where to measure.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub device: String,
+    /// Per-device batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_sizes: Vec<u64>,
+    /// Timed runs per op and direction; the median is kept.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
+    /// Seeds weights the model lacks and the inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The profile to write (JSON).
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    let options = ProfileOptions {
+        model: args.model.clone(),
+        batch_sizes: args.batch_sizes.clone(),
+        repeats: args.repeats,
+        seed: args.seed,
+    };
+    // Drawn only when stderr is a terminal.
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("profiling {bar:30} {pos}/{len} ops") {
+        bar.set_style(style);
+    }
+    let profile = ralpc::profile_cpu(&options, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let profile = profile?;
+    let json = serde_json::to_string_pretty(&profile).unwrap_or_default() + "\n";
+    ralpc::write_atomically(&args.out, &json)?;
+    let measurements: usize = profile.entries.iter().map(|e| e.points.len()).sum();
+    eprintln!(
+        "wrote {}: {} op signatures, {measurements} measurements",
+        args.out.display(),
+        profile.entries.len()
+    );
+    Ok(())
+}

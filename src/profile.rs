@@ -1,0 +1,184 @@
+//! Measuring a model's ops on this machine's CPU (`ralpc profile MODEL --device cpu`) into
+//! ralpc's profile format, which the planner reads with `--profile`.
+//!
+//! For each batch size the model runs forward once on seeded weights and inputs, which
+//! gives every op realistic operands; then each distinct op signature is timed on its own:
+//! forward and backward (from a gradient of ones), after warm-up runs, the median of the
+//! repeats.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ralpc_ir::{bind, onnx, verify, Bindings, NodeId, Op};
+use ralpc_passes::cluster::Precision;
+use ralpc_passes::profile::{Device, Entry, Point, Profile, Signature, FORMAT};
+use ralpc_runtime_min::cpu::grad;
+use ralpc_runtime_min::cpu::graph::{self, Values, Weights};
+use ralpc_runtime_min::cpu::ops::{self, Env, Mode};
+use ralpc_runtime_min::cpu::tensor::Tensor;
+use ralpc_runtime_min::cpu::train::{Dataset, Loss};
+
+use crate::error::Error;
+
+/// What `ralpc profile` measures.
+#[derive(Clone, Debug)]
+pub struct ProfileOptions {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Per-device batch sizes to measure at.
+    pub batch_sizes: Vec<u64>,
+    /// Timed runs per op and direction (the median is kept), after one warm-up.
+    pub repeats: u32,
+    /// Seeds weights the model lacks and the inputs.
+    pub seed: u64,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> ProfileOptions {
+        ProfileOptions {
+            model: PathBuf::new(),
+            batch_sizes: vec![1, 2, 4, 8],
+            repeats: 5,
+            seed: 0,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn run_error(e: impl std::fmt::Display) -> Error {
+    Error::Run(Box::new(e.to_string()))
+}
+
+/// Times `f` `repeats` times after one warm-up; the median in µs.
+fn time(repeats: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    let mut samples = Vec::with_capacity(repeats as usize);
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        f()?;
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(samples))
+}
+
+/// Measures every op signature of `options.model` on the CPU at each batch size;
+/// `progress(done, total)` is called after each measurement.
+///
+/// # Errors
+/// An unreadable or invalid model, or an op the CPU backend cannot run.
+pub fn profile_cpu(
+    options: &ProfileOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Profile, Error> {
+    let unbound = onnx::import(&options.model)?.graph;
+    let mut points: BTreeMap<Signature, Vec<Point>> = BTreeMap::new();
+    let mut batches = options.batch_sizes.clone();
+    batches.sort_unstable();
+    batches.dedup();
+    let mut plans: Vec<(u64, Vec<(Signature, NodeId)>)> = Vec::new();
+    let mut total = 0u64;
+    for &batch in &batches {
+        let mut g = unbound.clone();
+        bind(
+            &mut g,
+            &Bindings {
+                batch: Some(batch),
+                inputs: Default::default(),
+            },
+        )?;
+        let info = verify(&g)?;
+        let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
+        for &n in info.order() {
+            if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
+                continue;
+            }
+            if let Some(s) = Signature::of(&g, &info, n) {
+                seen.entry(s).or_insert(n);
+            }
+        }
+        total += seen.len() as u64;
+        plans.push((batch, seen.into_iter().collect()));
+    }
+    let mut done = 0;
+    for (batch, signatures) in plans {
+        let mut g = unbound.clone();
+        bind(
+            &mut g,
+            &Bindings {
+                batch: Some(batch),
+                inputs: Default::default(),
+            },
+        )?;
+        let info = verify(&g)?;
+        let weights = Weights::load(&g, options.seed).map_err(run_error)?;
+        let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
+        let env = Env {
+            mode: Mode::Training,
+            exported_batch: g.rebatch().map(|r| r.exported),
+        };
+        let mut values = Values::new(&g);
+        for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
+            values.set(v, t.clone());
+        }
+        graph::forward(&g, info.order(), &mut values, env).map_err(run_error)?;
+        for (signature, n) in signatures {
+            let node = g.node(n);
+            let inputs: Vec<Option<&Tensor>> = node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values.get(v)))
+                .collect();
+            let outputs = node.outputs.len();
+            let site = g.site(n);
+            let fail = |e: String| run_error(format!("{site}: {e}"));
+            let mut saved = None;
+            let forward_us = time(options.repeats, || {
+                saved = Some(ops::forward(&node.op, &inputs, outputs, env)?);
+                Ok(())
+            })
+            .map_err(fail)?;
+            let (outs, kept) = saved.ok_or_else(|| fail("no output".into()))?;
+            let ones: Vec<Vec<f32>> = outs.iter().map(|o| vec![1.0; o.len()]).collect();
+            let dys: Vec<Option<&[f32]>> = ones.iter().map(|o| Some(o.as_slice())).collect();
+            let out_refs: Vec<&Tensor> = outs.iter().collect();
+            // Ops without a backward pass (shape arithmetic) cost nothing backward.
+            let backward_us = time(options.repeats, || {
+                grad::backward(&node.op, &inputs, &out_refs, &kept, &dys).map(|_| ())
+            })
+            .unwrap_or(0.0);
+            points.entry(signature).or_default().push(Point {
+                batch,
+                forward_us,
+                backward_us,
+                peak_bytes: None,
+            });
+            done += 1;
+            progress(done, total);
+        }
+    }
+    let profile = Profile {
+        format: FORMAT.to_owned(),
+        device: Device {
+            name: "cpu".to_owned(),
+            note: format!(
+                "ralpc {} CPU backend, {} threads; median of {} runs after a warm-up",
+                env!("CARGO_PKG_VERSION"),
+                rayon::current_num_threads(),
+                options.repeats.max(1)
+            ),
+        },
+        precision: Precision::Fp32,
+        entries: points
+            .into_iter()
+            .map(|(signature, points)| Entry { signature, points })
+            .collect(),
+    };
+    profile
+        .normalize(&options.model.display().to_string())
+        .map_err(|e| Error::Profile(Box::new(e)))
+}

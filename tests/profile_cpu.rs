@@ -1,0 +1,61 @@
+//! `ralpc profile --device cpu`: every op of a model measured forward and backward at each
+//! batch size, written in ralpc's profile format, and accepted by the planner.
+
+mod common;
+
+use assert_cmd::Command;
+use ralpc::passes::profile::{self, Loaded};
+
+#[test]
+fn a_cpu_profile_measures_every_op_and_the_planner_reads_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("mlp.profile.json");
+    let model = common::fixture("train/mlp.onnx");
+    Command::cargo_bin("ralpc")
+        .expect("binary")
+        .args([
+            "profile",
+            "--device",
+            "cpu",
+            "--batch-sizes",
+            "1,4",
+            "--repeats",
+            "3",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&model)
+        .assert()
+        .success();
+    let Loaded::Profile(p) = profile::load(&out).expect("a profile") else {
+        panic!("not a ralpc profile");
+    };
+    assert_eq!(p.device.name, "cpu");
+    let ops: Vec<&str> = p.entries.iter().map(|e| e.signature.op.as_str()).collect();
+    assert!(ops.contains(&"Gemm") && ops.contains(&"Relu"), "{ops:?}");
+    for e in &p.entries {
+        let batches: Vec<u64> = e.points.iter().map(|q| q.batch).collect();
+        assert_eq!(batches, [1, 4], "{}", e.signature);
+        assert!(
+            e.points.iter().all(|q| q.forward_us > 0.0),
+            "{}",
+            e.signature
+        );
+    }
+    let gemm = p
+        .entries
+        .iter()
+        .find(|e| e.signature.op == "Gemm")
+        .expect("a Gemm");
+    assert!(gemm.points.iter().all(|q| q.backward_us > 0.0));
+    // The planner takes it.
+    let compiled = ralpc::compile(&ralpc::Options {
+        model,
+        gpus: Some(2),
+        batch: Some(8),
+        profile: Some(out),
+        ..Default::default()
+    })
+    .expect("plans with the CPU profile");
+    assert!(compiled.report.iteration_time_us > 0.0);
+}
