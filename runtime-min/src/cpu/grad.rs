@@ -562,9 +562,16 @@ fn matmul(a: &Tensor, b: &Tensor, dy: &[f32]) -> R<InputGrads> {
     let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
     let ia: Vec<usize> = t::broadcast(abatch, &batch).collect();
     let ib: Vec<usize> = t::broadcast(bbatch, &batch).collect();
-    // Per broadcast batch element, then summed onto the operand's own batch element.
     let mut da = vec![0.0; xa.len()];
     let mut db = vec![0.0; xb.len()];
+    if bbatch.is_empty() && xa.len() == t::numel(&batch) * m * k {
+        // A batch of rows times one matrix: dA = dY·Bᵀ and dB = Aᵀ·dY as single products.
+        let rows = t::numel(&batch) * m;
+        kernels::gemm(rows, n, k, 1.0, dy, false, xb, true, 0.0, &mut da);
+        kernels::gemm(k, rows, n, 1.0, xa, true, dy, false, 0.0, &mut db);
+        return Ok(vec![Some(da), Some(db)]);
+    }
+    // Per broadcast batch element, then summed onto the operand's own batch element.
     let mut ta = vec![0.0; m * k];
     let mut tb = vec![0.0; k * n];
     for (i, g) in dy.chunks(m * n).enumerate() {

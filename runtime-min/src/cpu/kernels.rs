@@ -1,7 +1,7 @@
 //! Forward and backward kernels on `f32` slices in row-major NCHW layout.
 //!
-//! Matrix products go through `matrixmultiply` (packed, vectorized, threaded GEMM), never
-//! a hand-written loop nest; convolutions are lowered to it with im2col, one sample at a
+//! Matrix products go through `matrixmultiply` (packed, vectorized GEMM; [`gemm`] runs
+//! blocks of large ones in parallel), never a hand-written loop nest; convolutions are lowered to it with im2col, one sample at a
 //! time in parallel (rayon). Backward kernels accumulate into their gradient outputs
 //! (`+=`), as a layer's gradient sums over microbatches and over consumers.
 
@@ -9,8 +9,32 @@ use rayon::prelude::*;
 
 /// `C = alpha·op(A)·op(B) + beta·C` for row-major `A` (`m×k`, or `k×m` when `trans_a`),
 /// `B` (`k×n`, or `n×k` when `trans_b`) and `C` (`m×n`).
+///
+/// Large products are cut into blocks of rows of `C` (or of columns, when `C` has few
+/// rows) that rayon runs in parallel; each block is one `matrixmultiply` call. Inside an
+/// already parallel loop (a convolution's samples) the blocks are stolen as threads free
+/// up, so nothing is oversubscribed.
 #[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
 pub fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    beta: f32,
+    c: &mut [f32],
+) {
+    gemm_in(true, m, k, n, alpha, a, trans_a, b, trans_b, beta, c);
+}
+
+/// [`gemm`], cut into parallel blocks only when `split` (callers that already run one
+/// product per thread pass `false`).
+#[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
+fn gemm_in(
+    split: bool,
     m: usize,
     k: usize,
     n: usize,
@@ -28,26 +52,82 @@ pub fn gemm(
     );
     let (rsa, csa) = if trans_a { (1, m) } else { (k, 1) };
     let (rsb, csb) = if trans_b { (1, k) } else { (n, 1) };
-    // SAFETY: the assert above bounds every element the strides reach: A is m×k (or k×m),
-    // B is k×n (or n×k) and C is m×n, all contiguous row-major.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            alpha,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
+    let threads = rayon::current_num_threads();
+    // Below ~4 MFLOP a block costs more to schedule than to compute.
+    let blocks = if split && threads > 1 && m * n * k >= 1 << 21 {
+        threads
+    } else {
+        1
+    };
+    let (a_at, b_at, c_at) = (
+        a.as_ptr() as usize,
+        b.as_ptr() as usize,
+        c.as_mut_ptr() as usize,
+    );
+    let block = |i: usize, rows: bool, size: usize| {
+        let lo = i * size;
+        let (len, total) = if rows {
+            (size.min(m.saturating_sub(lo)), m)
+        } else {
+            (size.min(n.saturating_sub(lo)), n)
+        };
+        if lo >= total || len == 0 {
+            return;
+        }
+        // SAFETY: the assert above bounds A, B and C; a block reads rows `lo..lo + len` of
+        // op(A) (or columns of op(B)) and writes the matching rows (columns) of C, which no
+        // other block writes, so the blocks' writes are disjoint.
+        unsafe {
+            let (a_ptr, b_ptr, c_ptr, mm, nn) = if rows {
+                (
+                    (a_at as *const f32).add(lo * rsa),
+                    b_at as *const f32,
+                    (c_at as *mut f32).add(lo * n),
+                    len,
+                    n,
+                )
+            } else {
+                (
+                    a_at as *const f32,
+                    (b_at as *const f32).add(lo * csb),
+                    (c_at as *mut f32).add(lo),
+                    m,
+                    len,
+                )
+            };
+            matrixmultiply::sgemm(
+                mm,
+                k,
+                nn,
+                alpha,
+                a_ptr,
+                rsa as isize,
+                csa as isize,
+                b_ptr,
+                rsb as isize,
+                csb as isize,
+                beta,
+                c_ptr,
+                n as isize,
+                1,
+            );
+        }
+    };
+    if blocks == 1 {
+        block(0, true, m);
+        return;
     }
+    // Each block packs its share of one operand and all of the other: cut the larger
+    // dimension.
+    let rows = m >= n;
+    let size = if rows {
+        m.div_ceil(blocks)
+    } else {
+        n.div_ceil(blocks)
+    };
+    (0..blocks)
+        .into_par_iter()
+        .for_each(|i| block(i, rows, size));
 }
 
 /// A 2-d convolution's geometry (NCHW input, weight `O × C/groups × KH × KW`).
@@ -138,9 +218,53 @@ impl Conv2d {
         }
     }
 
-    /// One sample's input as columns.
+    /// A 1×1 convolution with unit stride and no padding: its column matrix is its input.
+    fn pointwise(&self) -> bool {
+        self.kernel == (1, 1) && self.stride == (1, 1) && self.padding == [0; 4]
+    }
+
+    /// One sample's input as columns (borrowed as is for a pointwise convolution).
+    fn columns<'x>(&self, x: &'x [f32]) -> std::borrow::Cow<'x, [f32]> {
+        if self.pointwise() {
+            return std::borrow::Cow::Borrowed(x);
+        }
+        let mut cols = vec![0.0; self.groups * self.group_patch() * self.pixels()];
+        self.im2col(x, &mut cols);
+        std::borrow::Cow::Owned(cols)
+    }
+
+    /// One sample's input as columns. With unit stride and dilation each output row of a
+    /// column row is one contiguous run of the input, copied whole.
     fn im2col(&self, x: &[f32], cols: &mut [f32]) {
-        self.for_each_column(|col, src| cols[col] = src.map_or(0.0, |i| x[i]));
+        if self.stride != (1, 1) || self.dilation != (1, 1) {
+            self.for_each_column(|col, src| cols[col] = src.map_or(0.0, |i| x[i]));
+            return;
+        }
+        let (oh, ow) = self.output();
+        let (h, w) = self.input;
+        let (top, left) = (self.padding[0], self.padding[1]);
+        let mut rows = cols.chunks_mut(oh * ow);
+        for c in 0..self.in_channels {
+            for ky in 0..self.kernel.0 {
+                for kx in 0..self.kernel.1 {
+                    let Some(row) = rows.next() else { return };
+                    // Output columns whose input column x = ox + kx − left is inside.
+                    let lo = left.saturating_sub(kx).min(ow);
+                    let hi = (w + left).saturating_sub(kx).min(ow).max(lo);
+                    for (oy, out) in row.chunks_mut(ow).enumerate() {
+                        match (oy + ky).checked_sub(top).filter(|&y| y < h) {
+                            Some(y) => {
+                                out[..lo].fill(0.0);
+                                out[hi..].fill(0.0);
+                                let start = (c * h + y) * w + lo + kx - left;
+                                out[lo..hi].copy_from_slice(&x[start..start + hi - lo]);
+                            }
+                            None => out.fill(0.0),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Adds columns back onto one sample's input (the adjoint of `im2col`).
@@ -160,13 +284,15 @@ impl Conv2d {
     pub fn forward(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
         let (patch, pixels) = (self.group_patch(), self.pixels());
         let og = self.out_channels / self.groups;
+        // Samples in parallel; each product split too when samples are fewer than threads.
+        let split = self.batch < rayon::current_num_threads();
         y.par_chunks_mut(self.out_channels * pixels)
             .zip(x.par_chunks(self.in_size()))
             .for_each(|(ys, xs)| {
-                let mut cols = vec![0.0; self.groups * patch * pixels];
-                self.im2col(xs, &mut cols);
+                let cols = self.columns(xs);
                 for g in 0..self.groups {
-                    gemm(
+                    gemm_in(
+                        split,
                         og,
                         patch,
                         pixels,
@@ -201,6 +327,7 @@ impl Conv2d {
         let in_size = self.in_size();
         let out_size = self.out_channels * pixels;
         let og = self.out_channels / self.groups;
+        let split = self.batch < rayon::current_num_threads();
         // Per sample: dW_n = dY_n · colsᵀ, dcols = Wᵀ · dY_n (per group); summed in sample
         // order so the result does not depend on the thread count.
         let parts: Vec<(Vec<f32>, Option<Vec<f32>>)> = (0..self.batch)
@@ -208,11 +335,11 @@ impl Conv2d {
             .map(|n| {
                 let xs = &x[n * in_size..(n + 1) * in_size];
                 let dys = &dy[n * out_size..(n + 1) * out_size];
-                let mut cols = vec![0.0; self.groups * patch * pixels];
-                self.im2col(xs, &mut cols);
+                let cols = self.columns(xs);
                 let mut dw_n = vec![0.0; self.out_channels * patch];
                 for g in 0..self.groups {
-                    gemm(
+                    gemm_in(
+                        split,
                         og,
                         pixels,
                         patch,
@@ -228,7 +355,8 @@ impl Conv2d {
                 let dx_n = dx.is_some().then(|| {
                     let mut dcols = vec![0.0; self.groups * patch * pixels];
                     for g in 0..self.groups {
-                        gemm(
+                        gemm_in(
+                            split,
                             patch,
                             og,
                             pixels,
@@ -240,6 +368,9 @@ impl Conv2d {
                             0.0,
                             &mut dcols[g * patch * pixels..],
                         );
+                    }
+                    if self.pointwise() {
+                        return dcols;
                     }
                     let mut dx_n = vec![0.0; in_size];
                     self.col2im(&dcols, &mut dx_n);
@@ -710,9 +841,13 @@ pub fn softmax_backward(width: usize, y: &[f32], dy: &[f32], dx: &mut [f32]) {
 
 /// GELU with the tanh approximation (`tanh`) or the exact erf form.
 pub fn gelu(tanh: bool, x: &[f32], y: &mut [f32]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = v * gelu_cdf(tanh, v).0;
-    }
+    y.par_chunks_mut(1 << 14)
+        .zip(x.par_chunks(1 << 14))
+        .for_each(|(ys, xs)| {
+            for (o, &v) in ys.iter_mut().zip(xs) {
+                *o = v * gaussian_cdf(tanh, f64::from(v)) as f32;
+            }
+        });
 }
 
 /// Accumulates GELU's input gradient: `d/dx [x·Φ(x)] = Φ(x) + x·Φ'(x)`.
@@ -723,24 +858,27 @@ pub fn gelu_backward(tanh: bool, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     }
 }
 
+/// Φ(x): the Gaussian CDF, or its tanh approximation.
+fn gaussian_cdf(tanh: bool, x: f64) -> f64 {
+    if tanh {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+    } else {
+        0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2))
+    }
+}
+
 /// Φ(x) and its derivative, in f64: the Gaussian CDF, or its tanh approximation.
 fn gelu_cdf(tanh: bool, x: f32) -> (f32, f32) {
     let x = f64::from(x);
-    let (cdf, pdf) = if tanh {
+    let pdf = if tanh {
         let c = (2.0 / std::f64::consts::PI).sqrt();
-        let inner = c * (x + 0.044715 * x * x * x);
-        let t = inner.tanh();
-        (
-            0.5 * (1.0 + t),
-            0.5 * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x),
-        )
+        let t = (c * (x + 0.044715 * x * x * x)).tanh();
+        0.5 * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
     } else {
-        (
-            0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2)),
-            (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt(),
-        )
+        (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
     };
-    (cdf as f32, pdf as f32)
+    (gaussian_cdf(tanh, x) as f32, pdf as f32)
 }
 
 /// The error function (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7).

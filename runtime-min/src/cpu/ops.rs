@@ -410,6 +410,15 @@ fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
             v.iter().map(|&v| v.max(0)).collect(),
         )),
         (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
+        (Data::F32(v), Unary::Relu) => Ok(Tensor::f32(
+            x.shape.clone(),
+            v.iter().map(|&v| v.max(0.0)).collect(),
+        )),
+        (Data::F32(v), Unary::Gelu { tanh }) => {
+            let mut y = vec![0.0; v.len()];
+            kernels::gelu(tanh, v, &mut y);
+            Ok(Tensor::f32(x.shape.clone(), y))
+        }
         (Data::F32(v), _) => Ok(Tensor::f32(
             x.shape.clone(),
             v.iter().map(|&v| unary_value(u, v)).collect(),
@@ -443,8 +452,15 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
             }
             Tensor::i64(shape, out)
         }
+        (Data::F32(a), Data::F32(c), _) => {
+            let f = |p: f32, q: f32| binary_value(b, p, q);
+            Tensor::f32(
+                shape.clone(),
+                float_binary(a, &x.shape, c, &y.shape, &shape, f),
+            )
+        }
         _ => {
-            // Floats, or a float base with an integer exponent (Pow).
+            // A float base with an integer exponent (Pow), or mixed types.
             let (a, c) = (x.to_f64s(), y.to_f64s());
             let out: Vec<f32> = pairs()
                 .map(|(i, j)| binary_value(b, a[i] as f32, c[j] as f32))
@@ -457,6 +473,52 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
             }
         }
     })
+}
+
+/// `f` over two float tensors broadcast to `shape`, with the common layouts — equal
+/// shapes, a scalar, a trailing-axes operand (a bias) — as straight loops.
+fn float_binary(
+    a: &[f32],
+    ashape: &[usize],
+    c: &[f32],
+    cshape: &[usize],
+    shape: &[usize],
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let n = t::numel(shape);
+    if ashape == shape && cshape == shape {
+        return a.iter().zip(c).map(|(&p, &q)| f(p, q)).collect();
+    }
+    if ashape == shape && c.len() == 1 {
+        return a.iter().map(|&p| f(p, c[0])).collect();
+    }
+    if cshape == shape && a.len() == 1 {
+        return c.iter().map(|&q| f(a[0], q)).collect();
+    }
+    // One operand repeats along leading axes: the other's innermost block.
+    let tail = |small: &[usize]| {
+        let lead = shape.len() - small.len();
+        small.iter().all(|&d| d != 1) && shape[lead..] == *small
+    };
+    if ashape == shape && tail(cshape) && !c.is_empty() {
+        return a
+            .chunks(c.len())
+            .flat_map(|row| row.iter().zip(c).map(|(&p, &q)| f(p, q)))
+            .collect();
+    }
+    if cshape == shape && tail(ashape) && !a.is_empty() {
+        return c
+            .chunks(a.len())
+            .flat_map(|row| a.iter().zip(row).map(|(&p, &q)| f(p, q)))
+            .collect();
+    }
+    let mut out = Vec::with_capacity(n);
+    out.extend(
+        t::broadcast(ashape, shape)
+            .zip(t::broadcast(cshape, shape))
+            .map(|(i, j)| f(a[i], c[j])),
+    );
+    out
 }
 
 pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
@@ -485,6 +547,29 @@ pub(crate) fn softmax_layout(
 }
 
 fn softmax(outer: usize, width: usize, inner: usize, log: bool, x: &[f32], y: &mut [f32]) {
+    use rayon::prelude::*;
+    if inner == 1 && width > 0 {
+        // Contiguous rows, in parallel; each exponential computed once.
+        y.par_chunks_mut(width)
+            .zip(x.par_chunks(width))
+            .for_each(|(out, row)| {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o = (v - max).exp();
+                    sum += *o;
+                }
+                if log {
+                    let ln = sum.ln();
+                    out.iter_mut()
+                        .zip(row)
+                        .for_each(|(o, &v)| *o = v - max - ln);
+                } else {
+                    out.iter_mut().for_each(|o| *o /= sum);
+                }
+            });
+        return;
+    }
     for o in 0..outer {
         for i in 0..inner {
             let at = |k: usize| (o * width + k) * inner + i;
@@ -778,6 +863,18 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     let count = t::numel(&batch);
     let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
     let mut y = vec![0.0; count * m * n];
+    if bsh.len() == 2 {
+        // A batch of rows times one matrix (a linear layer): one product, B packed once.
+        kernels::gemm(count * m, k, n, 1.0, xa, false, xb, false, 0.0, &mut y);
+        let mut shape = batch;
+        if a.shape.len() > 1 {
+            shape.push(m);
+        }
+        if b.shape.len() > 1 {
+            shape.push(n);
+        }
+        return Ok(Tensor::f32(shape, y));
+    }
     let ia: Vec<usize> = t::broadcast(&ash[..ash.len() - 2], &batch).collect();
     let ib: Vec<usize> = t::broadcast(&bsh[..bsh.len() - 2], &batch).collect();
     for (i, out) in y.chunks_mut(m * n).enumerate() {
@@ -921,9 +1018,15 @@ fn batch_norm(
             Saved::Stats(m, s)
         }
         Mode::Inference => {
-            for (i, (o, &v)) in y.iter_mut().zip(xs).enumerate() {
-                let c = (i / spatial.max(1)) % channels;
-                *o = gamma[c] * (v - mean[c]) / (var[c] + epsilon).sqrt() + beta[c];
+            // y = x·scale + shift per channel plane.
+            let plane = spatial.max(1);
+            for (i, (out, xs)) in y.chunks_mut(plane).zip(xs.chunks(plane)).enumerate() {
+                let c = i % channels;
+                let scale = gamma[c] / (var[c] + epsilon).sqrt();
+                let shift = beta[c] - mean[c] * scale;
+                for (o, &v) in out.iter_mut().zip(xs) {
+                    *o = v * scale + shift;
+                }
             }
             Saved::None
         }
