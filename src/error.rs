@@ -47,6 +47,9 @@ pub enum Error {
     /// `--data` is malformed or does not fit the model.
     #[error("cannot use the data: {0}")]
     Data(Box<String>),
+    /// A checkpoint is malformed or belongs to another plan.
+    #[error("cannot use the checkpoint: {0}")]
+    Checkpoint(Box<String>),
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
     #[error("the run failed: {0}")]
     Run(Box<String>),
@@ -81,6 +84,7 @@ impl Error {
             | Error::Read(_)
             | Error::PlanFile(_)
             | Error::Data(_)
+            | Error::Checkpoint(_)
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,

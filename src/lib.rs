@@ -29,6 +29,7 @@
     )
 )]
 
+mod checkpoint;
 mod cluster;
 mod compile;
 mod error;
@@ -45,9 +46,9 @@ pub use compile::{
 pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
-    plan, render_svg, report_html, simulated_facts, write_atomically, CandidateRow, Executable,
-    PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow,
-    DEFAULT_BATCH,
+    plan, render_svg, report_html, simulated_facts, write_atomically, write_bytes_atomically,
+    CandidateRow, Executable, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow,
+    SplitRow, StageRow, DEFAULT_BATCH,
 };
 pub use profile::{profile_cpu, ProfileOptions};
 pub use ralpc_codegen as codegen;

@@ -735,6 +735,14 @@ fn report(
 /// # Errors
 /// [`Error::Write`] when the directory is not writable or the disk is full.
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
+    write_bytes_atomically(path, text.as_bytes())
+}
+
+/// As [`write_atomically`], for bytes.
+///
+/// # Errors
+/// [`Error::Write`] when the file cannot be written.
+pub fn write_bytes_atomically(path: &Path, text: &[u8]) -> Result<(), Error> {
     let fail = |source| {
         Error::Write(Box::new(FileError {
             path: path.display().to_string(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ralpc_codegen::plan::Plan;
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
-use ralpc_runtime_min::cpu::exec::{self, Executable};
+use ralpc_runtime_min::cpu::exec::{self, Checkpoint, Control, Executable, Fault};
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
@@ -36,6 +36,14 @@ pub struct RunOptions {
     /// Inputs and labels for the global batch (JSON, see [`read_data`]) instead of
     /// seeded ones.
     pub data: Option<PathBuf>,
+    /// Write the training state to `checkpoint` after every this many steps.
+    pub checkpoint_every: Option<u32>,
+    /// The checkpoint file (`ralpc-checkpoint/1`).
+    pub checkpoint: Option<PathBuf>,
+    /// Continue from this checkpoint file (written by a run of the same plan).
+    pub resume: Option<PathBuf>,
+    /// A fault to inject (testing what a failing rank does to the others).
+    pub fault: Option<Fault>,
 }
 
 impl Default for RunOptions {
@@ -51,6 +59,10 @@ impl Default for RunOptions {
             loss: train.loss,
             timeout: Duration::from_secs(60),
             data: None,
+            checkpoint_every: None,
+            checkpoint: None,
+            resume: None,
+            fault: None,
         }
     }
 }
@@ -268,6 +280,44 @@ fn model_path(plan: &Plan, plan_file: &Path, given: Option<&Path>) -> Result<Pat
         })
 }
 
+/// Memory this machine can give a run: `RALPC_MEMORY_AVAILABLE` (bytes) when set, else
+/// Linux's `MemAvailable`; `None` when unknown.
+fn memory_available() -> Option<u64> {
+    if let Some(v) = std::env::var_os("RALPC_MEMORY_AVAILABLE") {
+        return v.to_str()?.parse().ok();
+    }
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses a plan whose ranks together need more memory than this machine has: the sum
+/// of every rank's peak in instruction order, without the GPU kernels' workspace.
+fn check_memory(plan: &Plan) -> Result<(), Error> {
+    let workspace: u64 = plan
+        .buffers
+        .iter()
+        .flatten()
+        .filter(|b| b.kind == ralpc_codegen::plan::BufferKind::Workspace)
+        .map(|b| b.bytes)
+        .sum();
+    let need = plan
+        .peak_memory_bytes()
+        .iter()
+        .sum::<u64>()
+        .saturating_sub(workspace);
+    match memory_available() {
+        Some(have) if need > have => Err(run_error(format!(
+            "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU workspace);              this machine has {:.2} GiB available",
+            plan.ranks,
+            need as f64 / f64::from(1u32 << 30),
+            have as f64 / f64::from(1u32 << 30)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Trains the model on one device, as `batch` samples per step: the reference every plan
 /// is compared with.
 ///
@@ -300,6 +350,7 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
     let bytes = read(&model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
+    check_memory(&plan)?;
     let p = prepare(&model, plan.batch, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())
         .map_err(|e| Error::Layers(Box::new(e)))?;
@@ -325,15 +376,56 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
         data: &p.data,
         info_at: &info_at,
     };
-    let (report, elapsed) =
-        exec::run(&exe, &options.train(), options.timeout).map_err(run_error)?;
+    let resume = options
+        .resume
+        .as_deref()
+        .map(|path| crate::checkpoint::read(path, &plan.inputs))
+        .transpose()?;
+    if let Some(c) = &resume {
+        if c.step >= options.steps {
+            return Err(Error::Checkpoint(Box::new(format!(
+                "the checkpoint is after step {}; ask for more --steps than that",
+                c.step
+            ))));
+        }
+    }
+    let checkpoint_path = match (&options.checkpoint, options.checkpoint_every) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.bin")),
+        (None, None) => None,
+    };
+    let write_checkpoint = |c: &Checkpoint| -> Result<(), String> {
+        match &checkpoint_path {
+            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| {
+                let mut message = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    message += &format!(": {s}");
+                    source = s.source();
+                }
+                message
+            }),
+            None => Ok(()),
+        }
+    };
+    let control = Control {
+        timeout: options.timeout,
+        fault: options.fault,
+        checkpoint_every: options
+            .checkpoint_every
+            .filter(|_| checkpoint_path.is_some()),
+        on_checkpoint: Some(&write_checkpoint),
+        resume: resume.as_ref(),
+    };
+    let (report, elapsed) = exec::run(&exe, &options.train(), &control).map_err(run_error)?;
+    let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
     let seconds = elapsed.as_secs_f64();
     Ok(RunOutput {
         report,
         ranks: plan.ranks,
         batch: plan.batch,
         seconds,
-        samples_per_s: (plan.batch * u64::from(options.steps)) as f64 / seconds.max(1e-9),
+        samples_per_s: (plan.batch * u64::from(done)) as f64 / seconds.max(1e-9),
         seeded_weights: p.weights.seeded,
     })
 }

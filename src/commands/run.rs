@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ralpc::runtime::cpu::exec::{Fault, FaultKind};
 use ralpc::runtime::cpu::train::Loss;
 use ralpc::RunOptions;
 
@@ -14,6 +15,8 @@ Examples:
   ralpc run cnn.ralpc --steps 5              # 4 ranks as threads of this process
   ralpc run cnn.ralpc/plan.json --json       # {\"losses\": [...], \"samples_per_s\": ...}
   ralpc run cnn.ralpc --data batch.json      # your inputs and labels
+  ralpc run cnn.ralpc --steps 100 --checkpoint-every 10     # cnn.ralpc/checkpoint.bin
+  ralpc run cnn.ralpc --steps 100 --resume cnn.ralpc/checkpoint.bin
 
 The CPU backend runs the exact plan a GPU cluster would: every rank's forward and
 backward on its share of each layer, every message and collective, then SGD with
@@ -55,9 +58,45 @@ pub struct Args {
     /// Seconds a rank waits for another before every rank stops with an error.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
+    /// Write the weights and optimizer state after every N steps (atomically).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoint_every: Option<u32>,
+    /// The checkpoint file [default: checkpoint.bin beside the plan].
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
+    /// Continue from a checkpoint of this plan: the same losses as an uninterrupted run.
+    #[arg(long, value_name = "FILE")]
+    pub resume: Option<PathBuf>,
     /// Print one JSON object: losses (one per step), samples/s and the run's shape.
     #[arg(long)]
     pub json: bool,
+    /// Inject a fault: RANK:INSTRUCTION[:panic|hang|exit] (for testing failure handling).
+    #[arg(long, hide = true, value_parser = parse_fault)]
+    pub fault: Option<Fault>,
+}
+
+/// Parses `RANK:INSTRUCTION[:panic|hang|exit]`.
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let number = |p: &str| {
+        p.parse::<u64>()
+            .map_err(|_| format!("'{p}' is not a number"))
+    };
+    let (rank, instruction) = match parts.as_slice() {
+        [r, i] | [r, i, _] => (number(r)?, number(i)?),
+        _ => return Err("expected RANK:INSTRUCTION[:panic|hang|exit]".into()),
+    };
+    let kind = match parts.get(2).copied().unwrap_or("panic") {
+        "panic" => FaultKind::Panic,
+        "hang" => FaultKind::Hang,
+        "exit" => FaultKind::Exit,
+        other => return Err(format!("'{other}' is not panic, hang or exit")),
+    };
+    Ok(Fault {
+        rank: u32::try_from(rank).map_err(|_| "the rank is too large".to_string())?,
+        instruction: instruction as usize,
+        kind,
+    })
 }
 
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
@@ -71,6 +110,10 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         loss: Loss::parse(&args.loss).unwrap_or_default(),
         timeout: Duration::from_secs(args.timeout),
         data: args.data.clone(),
+        checkpoint_every: args.checkpoint_every,
+        checkpoint: args.checkpoint.clone(),
+        resume: args.resume.clone(),
+        fault: args.fault,
     };
     // Drawn only when stderr is a terminal.
     let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());

@@ -44,6 +44,18 @@ struct State {
     slots: BTreeMap<(Vec<u32>, u64), Slot>,
     /// Set by the first failure.
     failed: Option<String>,
+    /// Per rank: the instruction it is at, whether it is waiting on the others, whether it
+    /// finished. A rank neither waiting nor finished when another times out is the one
+    /// that stopped responding.
+    activity: BTreeMap<u32, Activity>,
+}
+
+/// What a rank is doing, as far as the others can tell.
+#[derive(Clone, Copy, Debug, Default)]
+struct Activity {
+    instruction: usize,
+    waiting: bool,
+    done: bool,
 }
 
 #[derive(Default)]
@@ -116,6 +128,27 @@ impl Comm {
         self.rank
     }
 
+    /// Records that this rank starts `instruction` of its program.
+    pub fn at(&self, instruction: usize) {
+        let mut state = lock(&self.world.shared);
+        let a = state.activity.entry(self.rank).or_default();
+        a.instruction = instruction;
+        a.waiting = false;
+    }
+
+    /// Records that this rank finished its program.
+    pub fn finish(&self) {
+        let shared = &self.world.shared;
+        let mut state = lock(shared);
+        state.activity.entry(self.rank).or_default().done = true;
+        shared.changed.notify_all();
+    }
+
+    /// Whether the world has failed.
+    pub fn failed(&self) -> bool {
+        lock(&self.world.shared).failed.is_some()
+    }
+
     /// Marks the world failed; every waiting and later call returns [`CommError::Aborted`].
     pub fn abort(&self, why: &str) {
         let shared = &self.world.shared;
@@ -127,26 +160,39 @@ impl Comm {
     /// Waits until `ready` yields a value, the world fails, or the timeout passes.
     fn wait<T>(
         &self,
-        what: impl Fn() -> String,
+        what: impl Fn(&State) -> String,
         mut ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Result<T, CommError> {
         let shared = &self.world.shared;
         let deadline = Instant::now() + self.world.timeout;
         let mut state = lock(shared);
+        state.activity.entry(self.rank).or_default().waiting = true;
         loop {
             if let Some(why) = &state.failed {
                 return Err(CommError::Aborted(why.clone()));
             }
             if let Some(value) = ready(&mut state) {
+                state.activity.entry(self.rank).or_default().waiting = false;
                 shared.changed.notify_all();
                 return Ok(value);
             }
             let now = Instant::now();
             if now >= deadline {
+                let stopped: Vec<String> = (0..self.world.ranks)
+                    .filter_map(|r| {
+                        let a = state.activity.get(&r).copied().unwrap_or_default();
+                        (!a.waiting && !a.done)
+                            .then(|| format!("rank {r} at instruction {}", a.instruction))
+                    })
+                    .collect();
+                let mut what = what(&state);
+                if !stopped.is_empty() {
+                    what += &format!("; stopped responding: {}", stopped.join(", "));
+                }
                 let error = CommError::Timeout {
                     rank: self.rank,
                     seconds: self.world.timeout.as_secs(),
-                    what: what(),
+                    what,
                 };
                 state.failed = Some(error.to_string());
                 shared.changed.notify_all();
@@ -179,7 +225,7 @@ impl Comm {
     pub fn recv(&self, from: u32, tag: u64) -> Result<Vec<f32>, CommError> {
         let key = (from, self.rank, tag);
         self.wait(
-            || format!("the message from rank {from} with tag {tag}"),
+            |_| format!("the message from rank {from} with tag {tag}"),
             |state| {
                 let queue = state.mailboxes.get_mut(&key)?;
                 let data = queue.pop_front();
@@ -220,7 +266,21 @@ impl Comm {
         }
         let n = members.len();
         self.wait(
-            || format!("collective #{seq} of group {members:?}"),
+            |state: &State| {
+                let missing: Vec<u32> = members
+                    .iter()
+                    .copied()
+                    .filter(|r| {
+                        !state
+                            .slots
+                            .get(&key)
+                            .is_some_and(|s| s.contributions.contains_key(r))
+                    })
+                    .collect();
+                format!(
+                    "collective #{seq} of group {members:?}, which ranks {missing:?} never joined"
+                )
+            },
             |state| {
                 let slot = state.slots.get_mut(&key)?;
                 if slot.contributions.len() < n {

@@ -59,6 +59,86 @@ pub enum RunError {
     },
 }
 
+/// A fault injected into one rank, to test that the others stop (`ralpc run --fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The failing rank.
+    pub rank: u32,
+    /// The instruction (index into its program, first iteration) where it fails.
+    pub instruction: usize,
+    /// How it fails.
+    pub kind: FaultKind,
+}
+
+/// How an injected fault fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The rank panics.
+    Panic,
+    /// The rank stops responding: it waits for something that never comes.
+    Hang,
+    /// The rank is gone without a word (a killed process).
+    Exit,
+}
+
+/// The training state between two steps: every weight and its momentum, whole, by name,
+/// and the losses so far.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
+    /// Steps done.
+    pub step: u32,
+    /// Loss of each step done.
+    pub losses: Vec<f64>,
+    /// Weights.
+    pub weights: BTreeMap<String, Vec<f32>>,
+    /// SGD momentum buffers (absent for weights not yet updated).
+    pub velocity: BTreeMap<String, Vec<f32>>,
+}
+
+/// Where checkpoints go: writes one, or says why it could not.
+pub type CheckpointSink<'a> = dyn Fn(&Checkpoint) -> Result<(), String> + Sync + 'a;
+
+/// How a run is driven beyond the training options.
+pub struct Control<'c> {
+    /// How long a rank waits for another before every rank gives up.
+    pub timeout: Duration,
+    /// A fault to inject.
+    pub fault: Option<Fault>,
+    /// Hand the state to `on_checkpoint` after every this many steps.
+    pub checkpoint_every: Option<u32>,
+    /// Receives each checkpoint (writes it); an error stops the run.
+    pub on_checkpoint: Option<&'c CheckpointSink<'c>>,
+    /// Start from this state instead of the model's weights.
+    pub resume: Option<&'c Checkpoint>,
+}
+
+impl Control<'_> {
+    /// Just a timeout.
+    pub fn timeout(timeout: Duration) -> Control<'static> {
+        Control {
+            timeout,
+            fault: None,
+            checkpoint_every: None,
+            on_checkpoint: None,
+            resume: None,
+        }
+    }
+}
+
+/// One rank's state at a checkpoint.
+struct RankState {
+    losses: Vec<f64>,
+    weights: Vec<(ValueId, Slice, Vec<f32>)>,
+    velocity: Vec<(ValueId, Slice, Vec<f32>)>,
+}
+
+/// Collects every rank's state at a checkpoint; the last to report hands it on.
+struct Collector<'c> {
+    ranks: usize,
+    pending: Mutex<BTreeMap<u32, Vec<RankState>>>,
+    on_checkpoint: &'c CheckpointSink<'c>,
+}
+
 /// Everything a run reads.
 pub struct Executable<'a> {
     /// The plan.
@@ -111,6 +191,10 @@ impl Axes {
         }
     }
 }
+
+/// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
+/// failure, reports nothing: the other ranks' errors name it).
+const KILLED: &str = "stopped by an injected fault";
 
 /// An index range per axis.
 type Region = Vec<Range<usize>>;
@@ -644,6 +728,19 @@ impl<'a> Prepared<'a> {
     }
 }
 
+/// A rank's share of a whole weight (or of its momentum).
+fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
+    match slice {
+        Slice::Whole => full.clone(),
+        Slice::FirstSliceOnly if first_slice => full.clone(),
+        Slice::FirstSliceOnly => Tensor::zeros(full.shape.clone()),
+        Slice::Axis(axis, piece) => {
+            let range = interval(*piece, full.shape[*axis]);
+            super::ops::narrow(full, *axis, range.start, range.len())
+        }
+    }
+}
+
 /// A layer's forward pass on one microbatch, kept for its backward pass.
 struct LayerRun {
     values: Values,
@@ -681,6 +778,10 @@ struct Rank<'p, 'a> {
     touches: BTreeMap<u32, Vec<Touch>>,
     step: u32,
     report: RankReport,
+    fault: Option<Fault>,
+    checkpoint_every: Option<u32>,
+    collector: Option<&'p Collector<'p>>,
+    first_step: u32,
 }
 
 impl<'p, 'a> Rank<'p, 'a> {
@@ -689,28 +790,42 @@ impl<'p, 'a> Rank<'p, 'a> {
         rank: u32,
         comm: Comm,
         options: TrainOptions,
+        resume: Option<&Checkpoint>,
     ) -> Result<Self, String> {
         let mut weights = BTreeMap::new();
+        let mut velocity = BTreeMap::new();
         for l in &p.layers {
             let Some(k) = l.holds(rank) else { continue };
             for &w in &l.weights {
-                let full = p.exe.weights.tensors.get(&w).ok_or("a weight is missing")?;
-                let slice = p.slice_of(l, k, w);
-                let local = match &slice {
-                    Slice::Whole => full.clone(),
-                    Slice::FirstSliceOnly => {
-                        if l.view_in().pieces(k)[2].0 == 0 {
-                            full.clone()
-                        } else {
-                            Tensor::zeros(full.shape.clone())
-                        }
+                let model = p.exe.weights.tensors.get(&w).ok_or("a weight is missing")?;
+                let name = &p.exe.graph.value(w).name;
+                let restored;
+                let full = match resume {
+                    Some(c) => {
+                        let data = c
+                            .weights
+                            .get(name)
+                            .filter(|d| d.len() == model.len())
+                            .ok_or_else(|| {
+                                format!(
+                                    "the checkpoint has no weight '{name}' of {} elements",
+                                    model.len()
+                                )
+                            })?;
+                        restored = Tensor::f32(model.shape.clone(), data.clone());
+                        &restored
                     }
-                    Slice::Axis(axis, piece) => {
-                        let range = interval(*piece, full.shape[*axis]);
-                        super::ops::narrow(full, *axis, range.start, range.len())
-                    }
+                    None => model,
                 };
-                weights.insert(w, (slice, local));
+                let slice = p.slice_of(l, k, w);
+                let first = l.view_in().pieces(k)[2].0 == 0;
+                if let Some(v) = resume.and_then(|c| c.velocity.get(name)) {
+                    let v = Tensor::f32(model.shape.clone(), v.clone());
+                    if let Some(data) = share(&v, &slice, first).floats() {
+                        velocity.insert(w, data.to_vec());
+                    }
+                }
+                weights.insert(w, (slice.clone(), share(full, &slice, first)));
             }
         }
         let mut touches: BTreeMap<u32, Vec<_>> = BTreeMap::new();
@@ -735,7 +850,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             options,
             weights,
             grads: BTreeMap::new(),
-            velocity: BTreeMap::new(),
+            velocity,
             runs: BTreeMap::new(),
             pieces: BTreeMap::new(),
             grad_pieces: BTreeMap::new(),
@@ -743,7 +858,23 @@ impl<'p, 'a> Rank<'p, 'a> {
             pending_sums: BTreeMap::new(),
             touches,
             step: 0,
-            report: RankReport::default(),
+            report: RankReport {
+                // Rank 0 carries the losses so far; the others' shares of them are zero.
+                losses: resume
+                    .map(|c| {
+                        if rank == 0 {
+                            c.losses.clone()
+                        } else {
+                            vec![0.0; c.losses.len()]
+                        }
+                    })
+                    .unwrap_or_default(),
+                ..RankReport::default()
+            },
+            fault: None,
+            checkpoint_every: None,
+            collector: None,
+            first_step: resume.map_or(0, |c| c.step),
         })
     }
 
@@ -767,15 +898,69 @@ impl<'p, 'a> Rank<'p, 'a> {
             .get(self.rank as usize)
             .cloned()
             .unwrap_or_default();
-        for step in 0..self.options.steps {
+        for step in self.first_step..self.options.steps {
             self.step = step;
             self.report.losses.push(0.0);
             for (i, instruction) in program.iter().enumerate() {
-                self.execute(i as u32, instruction).map_err(|message| {
+                let me = self.rank;
+                let fail = move |message: String| RunError::Rank {
+                    rank: me,
+                    index: i,
+                    op: instruction.op(),
+                    message,
+                };
+                let fault = self.fault.filter(|f| {
+                    step == self.first_step && f.rank == self.rank && f.instruction == i
+                });
+                let panics = fault.is_some_and(|f| f.kind == FaultKind::Panic);
+                if let Some(f) = fault {
+                    match f.kind {
+                        FaultKind::Panic => {}
+                        FaultKind::Exit => {
+                            self.comm.at(i);
+                            return Err(fail(KILLED.into()));
+                        }
+                        FaultKind::Hang => {
+                            // Busy with nothing, never reaching the others, until they
+                            // give up.
+                            self.comm.at(i);
+                            while !self.comm.failed() {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                            return Err(fail(KILLED.into()));
+                        }
+                    }
+                }
+                self.comm.at(i);
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if panics {
+                        panic!("injected fault");
+                    }
+                    self.execute(i as u32, instruction)
+                }))
+                .unwrap_or_else(|payload| {
+                    let what = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(format!("panicked: {what}"))
+                });
+                outcome.map_err(|message| {
+                    let error = fail(message);
+                    self.comm.abort(&error.to_string());
+                    error
+                })?;
+            }
+            if self
+                .checkpoint_every
+                .is_some_and(|n| n > 0 && (step + 1) % n == 0)
+            {
+                self.checkpoint(step + 1).map_err(|message| {
                     let error = RunError::Rank {
                         rank: self.rank,
-                        index: i,
-                        op: instruction.op(),
+                        index: program.len(),
+                        op: "checkpoint",
                         message,
                     };
                     self.comm.abort(&error.to_string());
@@ -783,6 +968,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 })?;
             }
         }
+        self.comm.finish();
         for (&w, (slice, t)) in &self.weights {
             let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
             if l.is_some_and(|l| self.trains(l, w)) {
@@ -792,6 +978,54 @@ impl<'p, 'a> Rank<'p, 'a> {
                     t.floats().unwrap_or_default().to_vec(),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Hands this rank's state after `step` steps to the collector; the last rank to do so
+    /// assembles the checkpoint and writes it.
+    fn checkpoint(&self, step: u32) -> Result<(), String> {
+        let Some(collector) = self.collector else {
+            return Ok(());
+        };
+        let mut weights = Vec::new();
+        let mut velocity = Vec::new();
+        for (&w, (slice, t)) in &self.weights {
+            let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
+            if !l.is_some_and(|l| self.trains(l, w)) {
+                continue;
+            }
+            weights.push((w, slice.clone(), t.floats().unwrap_or_default().to_vec()));
+            if let Some(v) = self.velocity.get(&w) {
+                velocity.push((w, slice.clone(), v.clone()));
+            }
+        }
+        let state = RankState {
+            losses: self.report.losses.clone(),
+            weights,
+            velocity,
+        };
+        let complete = {
+            let mut pending = collector.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let states = pending.entry(step).or_default();
+            states.push(state);
+            (states.len() == collector.ranks).then(|| pending.remove(&step).unwrap_or_default())
+        };
+        if let Some(states) = complete {
+            let checkpoint = Checkpoint {
+                step,
+                losses: (0..step as usize)
+                    .map(|s| {
+                        states
+                            .iter()
+                            .map(|r| r.losses.get(s).copied().unwrap_or(0.0))
+                            .sum()
+                    })
+                    .collect(),
+                weights: assemble(self.p, states.iter().flat_map(|r| &r.weights).collect()),
+                velocity: assemble(self.p, states.iter().flat_map(|r| &r.velocity).collect()),
+            };
+            (collector.on_checkpoint)(&checkpoint)?;
         }
         Ok(())
     }
@@ -1492,19 +1726,25 @@ fn folded(info: &GraphInfo, v: ValueId) -> Option<Tensor> {
     })
 }
 
-/// Runs `options.steps` iterations of the plan, every rank a thread.
+/// Runs the plan's iterations up to `options.steps` (from a checkpoint's step when
+/// resuming), every rank a thread.
 ///
 /// # Errors
-/// [`RunError::Setup`] when the plan cannot run here; [`RunError::Rank`] for the first rank
-/// that failed (the others stop within `timeout`).
+/// [`RunError::Setup`] when the plan cannot run here; [`RunError::Rank`] for the rank that
+/// failed (the others stop within `control.timeout`, their errors naming it).
 pub fn run(
     exe: &Executable<'_>,
     options: &TrainOptions,
-    timeout: Duration,
+    control: &Control<'_>,
 ) -> Result<(TrainReport, Duration), RunError> {
     let prepared = Prepared::new(exe)?;
     let ranks = exe.plan.ranks;
-    let world = World::new(ranks, timeout);
+    let world = World::new(ranks, control.timeout);
+    let collector = control.on_checkpoint.map(|on_checkpoint| Collector {
+        ranks: ranks as usize,
+        pending: Mutex::default(),
+        on_checkpoint,
+    });
     let started = Instant::now();
     let results: Vec<Result<RankReport, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..ranks)
@@ -1512,11 +1752,15 @@ pub fn run(
                 let comm = world.comm(r);
                 let abort = world.comm(r);
                 let prepared = &prepared;
+                let collector = collector.as_ref();
                 let options = *options;
                 scope.spawn(move || {
                     let _guard = AbortOnPanic(&abort);
-                    let mut rank =
-                        Rank::new(prepared, r, comm, options).map_err(RunError::Setup)?;
+                    let mut rank = Rank::new(prepared, r, comm, options, control.resume)
+                        .map_err(RunError::Setup)?;
+                    rank.fault = control.fault;
+                    rank.checkpoint_every = control.checkpoint_every;
+                    rank.collector = collector;
                     rank.run()?;
                     Ok(rank.report)
                 })
@@ -1539,24 +1783,64 @@ pub fn run(
     });
     let elapsed = started.elapsed();
     let mut reports = Vec::with_capacity(results.len());
-    let mut first_error = None;
+    let mut errors = Vec::new();
     for r in results {
         match r {
             Ok(report) => reports.push(report),
-            Err(e) => {
-                // Prefer the cause over the ranks it aborted.
-                let aborted =
-                    matches!(&e, RunError::Rank { message, .. } if message.starts_with("aborted"));
-                if first_error.is_none() || (!aborted && matches!(&first_error, Some((true, _)))) {
-                    first_error = Some((aborted, e));
-                }
-            }
+            Err(e) => errors.push(e),
         }
     }
-    if let Some((_, e)) = first_error {
+    // The cause first: a rank's own failure, then a rank that timed out waiting (it
+    // names the silent rank), then the ranks the failure aborted. A rank stopped by an
+    // injected fault reports nothing of itself, as a killed process could not.
+    let rank_of = |e: &RunError| match e {
+        RunError::Rank { message, .. } if message == KILLED => 3,
+        RunError::Rank { message, .. } if message.starts_with("aborted") => 2,
+        RunError::Rank { message, .. } if message.contains("waited more than") => 1,
+        _ => 0,
+    };
+    if let Some(e) = errors.into_iter().min_by_key(|e| rank_of(e)) {
         return Err(e);
     }
     Ok((assemble_report(&prepared, reports, options), elapsed))
+}
+
+/// Whole tensors, by name, from ranks' slices of them.
+fn assemble(
+    p: &Prepared<'_>,
+    list: Vec<&(ValueId, Slice, Vec<f32>)>,
+) -> BTreeMap<String, Vec<f32>> {
+    let g = p.exe.graph;
+    let mut full: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    for (w, slice, data) in list {
+        let Some(whole) = p.exe.weights.tensors.get(w) else {
+            continue;
+        };
+        let entry = full
+            .entry(g.value(*w).name.clone())
+            .or_insert_with(|| vec![0.0; whole.len()]);
+        match slice {
+            Slice::Whole | Slice::FirstSliceOnly => entry.copy_from_slice(data),
+            Slice::Axis(axis, piece) => {
+                let region: Region = whole
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &n)| {
+                        if d == *axis {
+                            interval(*piece, n)
+                        } else {
+                            0..n
+                        }
+                    })
+                    .collect();
+                let holder: Region = whole.shape.iter().map(|&n| 0..n).collect();
+                let mut filled = vec![false; entry.len()];
+                paste(entry, &holder, data, &region, &mut filled);
+            }
+        }
+    }
+    full
 }
 
 fn assemble_report(
@@ -1564,7 +1848,6 @@ fn assemble_report(
     reports: Vec<RankReport>,
     options: &TrainOptions,
 ) -> TrainReport {
-    let g = p.exe.graph;
     let losses = (0..options.steps as usize)
         .map(|s| {
             reports
@@ -1593,39 +1876,7 @@ fn assemble_report(
         first_output: output,
         ..TrainReport::default()
     };
-    let place = |list: Vec<&(ValueId, Slice, Vec<f32>)>| {
-        let mut full: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-        for (w, slice, data) in list {
-            let Some(whole) = p.exe.weights.tensors.get(w) else {
-                continue;
-            };
-            let entry = full
-                .entry(g.value(*w).name.clone())
-                .or_insert_with(|| vec![0.0; whole.len()]);
-            match slice {
-                Slice::Whole | Slice::FirstSliceOnly => entry.copy_from_slice(data),
-                Slice::Axis(axis, piece) => {
-                    let region: Region = whole
-                        .shape
-                        .iter()
-                        .enumerate()
-                        .map(|(d, &n)| {
-                            if d == *axis {
-                                interval(*piece, n)
-                            } else {
-                                0..n
-                            }
-                        })
-                        .collect();
-                    let holder: Region = whole.shape.iter().map(|&n| 0..n).collect();
-                    let mut filled = vec![false; entry.len()];
-                    paste(entry, &holder, data, &region, &mut filled);
-                }
-            }
-        }
-        full
-    };
-    out.weights = place(reports.iter().flat_map(|r| &r.weights).collect());
-    out.first_gradients = place(reports.iter().flat_map(|r| &r.gradients).collect());
+    out.weights = assemble(p, reports.iter().flat_map(|r| &r.weights).collect());
+    out.first_gradients = assemble(p, reports.iter().flat_map(|r| &r.gradients).collect());
     out
 }
