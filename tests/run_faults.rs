@@ -1,7 +1,8 @@
-//! A failing rank never hangs a run: a rank that panics, is killed or stops responding at
-//! any instruction makes every rank stop within the timeout, and the error names the rank
-//! and its instruction. Checkpoints resume bit-identically, and training is
-//! bit-reproducible whatever the thread count.
+//! Reliability of runs and artifacts. A failing rank never hangs a run: a rank that
+//! panics, is killed or stops responding at any instruction makes every rank stop within
+//! the timeout, and the error names the rank and its instruction. Checkpoints resume
+//! bit-identically; training, plans, traces and reports are bit-identical whatever the
+//! thread count.
 
 mod common;
 
@@ -171,4 +172,32 @@ fn a_plan_that_does_not_fit_in_memory_is_refused_before_it_starts() {
         stderr.contains("need") && stderr.contains("available"),
         "{stderr}"
     );
+}
+
+#[test]
+fn plans_traces_and_reports_are_byte_identical_whatever_the_thread_count() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("dir")).collect();
+    for (dir, threads) in dirs.iter().zip(["1", "2"]) {
+        assert_cmd::Command::cargo_bin("ralpc")
+            .expect("binary")
+            .current_dir(common::root())
+            .env("RAYON_NUM_THREADS", threads)
+            .args([
+                "fixtures/onnx/resnet50/model.onnx",
+                "--gpus",
+                "16",
+                "--quiet",
+                "-o",
+            ])
+            .arg(dir.path())
+            .assert()
+            .success();
+    }
+    for artifact in ["plan.json", "timeline.json", "report.html", "plan.dot"] {
+        let read = |d: &tempfile::TempDir| std::fs::read(d.path().join(artifact)).expect(artifact);
+        assert!(
+            read(&dirs[0]) == read(&dirs[1]),
+            "{artifact} differs between 1 and 2 threads"
+        );
+    }
 }

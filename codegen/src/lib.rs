@@ -7,6 +7,8 @@
 //! report ([`report`]).
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lower;
 pub mod plan;
 pub mod report;

@@ -5,6 +5,8 @@
 
 pub mod cluster;
 pub mod cost;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layers;
 pub mod plan;
 pub mod profile;

@@ -1,0 +1,8 @@
+#![no_main]
+//! Fuzzes the cluster reader: any bytes may be refused, none may panic.
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    ralpc_passes::fuzzing::cluster(data);
+});
