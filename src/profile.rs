@@ -115,6 +115,17 @@ pub fn profile_cpu(
             },
         )?;
         let info = verify(&g)?;
+        // Every value of the forward pass is kept: refuse a model that cannot fit.
+        let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
+        let need = totals.weight_bytes.saturating_add(totals.activation_bytes);
+        if let Some(have) = crate::run::memory_available().filter(|&have| need > have) {
+            return Err(run_error(format!(
+                "profiling at batch {batch} needs {:.2} GiB (weights and activations); this \
+                 machine has {:.2} GiB available",
+                need as f64 / f64::from(1u32 << 30),
+                have as f64 / f64::from(1u32 << 30)
+            )));
+        }
         let weights = Weights::load(&g, options.seed).map_err(run_error)?;
         let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
         let env = Env {

@@ -282,7 +282,7 @@ fn model_path(plan: &Plan, plan_file: &Path, given: Option<&Path>) -> Result<Pat
 
 /// Memory this machine can give a run: `RALPC_MEMORY_AVAILABLE` (bytes) when set, else
 /// Linux's `MemAvailable`; `None` when unknown.
-fn memory_available() -> Option<u64> {
+pub(crate) fn memory_available() -> Option<u64> {
     if let Some(v) = std::env::var_os("RALPC_MEMORY_AVAILABLE") {
         return v.to_str()?.parse().ok();
     }

@@ -59,3 +59,23 @@ fn a_cpu_profile_measures_every_op_and_the_planner_reads_it() {
     .expect("plans with the CPU profile");
     assert!(compiled.report.iteration_time_us > 0.0);
 }
+
+#[test]
+fn profiling_a_model_that_cannot_fit_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("p.json");
+    let run = Command::cargo_bin("ralpc")
+        .expect("binary")
+        .env("RALPC_MEMORY_AVAILABLE", "100")
+        .args(["profile", "-o"])
+        .arg(&out)
+        .arg(common::fixture("train/mlp.onnx"))
+        .assert()
+        .code(4);
+    let stderr = String::from_utf8_lossy(&run.get_output().stderr);
+    assert!(
+        stderr.contains("needs") && stderr.contains("available"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written");
+}
