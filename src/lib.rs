@@ -4,8 +4,9 @@
 //! It covers importing an ONNX model, binding its input dimensions, verifying it and
 //! accounting for every layer's parameters, compute and memory ([`inspect`]), resolving
 //! clusters ([`cluster`]) and planning how every layer is spread over the GPUs ([`plan`]).
-//! The layer graph, cost model, profiles and the search live in [`passes`]. Codegen and
-//! execution arrive with later issues.
+//! The layer graph, cost model, profiles and the search live in [`passes`]; the executable
+//! plan ([`compile`]) in [`codegen`]; running it on the CPU ([`run`]), the single-device
+//! reference ([`train_single_device`]) and CPU profiling ([`profile_cpu`]) in [`runtime`].
 //!
 //! ```
 //! let options = ralpc::InspectOptions {

@@ -1,8 +1,12 @@
-//! The CPU backend (issue #6): the kernels ([`kernels`], forward and backward of the layers
-//! plans are made of, on `f32` NCHW tensors), the forward semantics of every IR operator
-//! ([`ops`]) on host tensors ([`tensor`]), and the shared-memory communication between
-//! ranks run as threads ([`comm`]).
-
+//! The CPU backend: ralpc's reference executor, which runs the exact plan GPUs would run —
+//! every rank, transfer and collective — with real numbers.
+//!
+//! * [`tensor`], [`ops`], [`grad`]: host tensors and the forward and backward semantics of
+//!   every IR operator, on [`kernels`] (GEMM-based convolution, pooling, normalization…);
+//! * [`graph`]: any set of a graph's nodes run forward and backward; weights read or
+//!   seeded ([`init`]);
+//! * [`train`]: the loss, synthetic data and the single-device reference;
+//! * [`exec`]: the plan executor, ranks as threads talking through [`comm`].
 pub mod comm;
 pub mod exec;
 pub mod grad;
