@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ralpc_ir::{bind, onnx, verify, Bindings, NodeId, Op};
+use ralpc_ir::{onnx, NodeId, Op};
 use ralpc_passes::cluster::Precision;
 use ralpc_passes::profile::{Device, Entry, Point, Profile, Signature, FORMAT};
 use ralpc_runtime_min::cpu::grad;
@@ -83,15 +83,7 @@ pub fn profile_cpu(
     let mut plans: Vec<(u64, Vec<(Signature, NodeId)>)> = Vec::new();
     let mut total = 0u64;
     for &batch in &batches {
-        let mut g = unbound.clone();
-        bind(
-            &mut g,
-            &Bindings {
-                batch: Some(batch),
-                inputs: Default::default(),
-            },
-        )?;
-        let info = verify(&g)?;
+        let (g, info) = crate::run::at_batch(&unbound, batch)?;
         let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
         for &n in info.order() {
             if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
@@ -106,15 +98,7 @@ pub fn profile_cpu(
     }
     let mut done = 0;
     for (batch, signatures) in plans {
-        let mut g = unbound.clone();
-        bind(
-            &mut g,
-            &Bindings {
-                batch: Some(batch),
-                inputs: Default::default(),
-            },
-        )?;
-        let info = verify(&g)?;
+        let (g, info) = crate::run::at_batch(&unbound, batch)?;
         // Every value of the forward pass is kept: refuse a model that cannot fit.
         let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
         let need = totals.weight_bytes.saturating_add(totals.activation_bytes);

@@ -105,9 +105,8 @@ struct Prepared {
     data: Dataset,
 }
 
-fn prepare(model: &Path, batch: u64, options: &RunOptions) -> Result<Prepared, Error> {
-    let (seed, loss) = (options.seed, options.loss);
-    let unbound = onnx::import(model)?.graph;
+/// `unbound` bound at the global `batch` and verified.
+pub(crate) fn at_batch(unbound: &Graph, batch: u64) -> Result<(Graph, GraphInfo), Error> {
     let mut graph = unbound.clone();
     bind(
         &mut graph,
@@ -117,6 +116,24 @@ fn prepare(model: &Path, batch: u64, options: &RunOptions) -> Result<Prepared, E
         },
     )?;
     let info = verify(&graph)?;
+    Ok((graph, info))
+}
+
+/// An error and its causes on one line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message += &format!(": {s}");
+        source = s.source();
+    }
+    message
+}
+
+fn prepare(model: &Path, batch: u64, options: &RunOptions) -> Result<Prepared, Error> {
+    let (seed, loss) = (options.seed, options.loss);
+    let unbound = onnx::import(model)?.graph;
+    let (graph, info) = at_batch(&unbound, batch)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,
@@ -356,16 +373,9 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
         .map_err(|e| Error::Layers(Box::new(e)))?;
     let unbound = &p.unbound;
     let info_at = move |batch: u64| -> Result<GraphInfo, String> {
-        let mut g = unbound.clone();
-        bind(
-            &mut g,
-            &Bindings {
-                batch: Some(batch),
-                inputs: Default::default(),
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        verify(&g).map_err(|e| e.to_string())
+        at_batch(unbound, batch)
+            .map(|(_, info)| info)
+            .map_err(|e| chain(&e))
     };
     let exe = Executable {
         plan: &plan,
@@ -396,15 +406,7 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
     };
     let write_checkpoint = |c: &Checkpoint| -> Result<(), String> {
         match &checkpoint_path {
-            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| {
-                let mut message = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    message += &format!(": {s}");
-                    source = s.source();
-                }
-                message
-            }),
+            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| chain(&e)),
             None => Ok(()),
         }
     };

@@ -243,6 +243,19 @@ fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
     x.pick(dims(piece), positions_in(holder, piece))
 }
 
+/// Copies what `values` (holding `region`) has of `holder` into `out` (holding `holder`),
+/// marking what it filled.
+fn fill(out: &mut [f32], filled: &mut [bool], holder: &Region, values: &[f32], region: &Region) {
+    let piece = intersect(holder, region);
+    if volume(&piece) == 0 {
+        return;
+    }
+    for (dst, src) in positions_in(holder, &piece).zip(positions_in(region, &piece)) {
+        out[dst] = values[src];
+        filled[dst] = true;
+    }
+}
+
 /// Writes `src` (holding `piece`) into `dst` (holding `holder`), marking what it filled.
 fn paste(dst: &mut [f32], holder: &Region, src: &[f32], piece: &Region, filled: &mut [bool]) {
     for (i, &v) in positions_in(holder, piece).zip(src) {
@@ -1151,31 +1164,20 @@ impl<'p, 'a> Rank<'p, 'a> {
                     .values
                     .get(edge.value)
                     .ok_or("the producer's output is missing")?;
-                let piece = intersect(&need, &held);
-                if volume(&piece) > 0 {
-                    let part = crop(x, &held, &piece);
-                    paste(
-                        &mut out,
-                        &need,
-                        part.floats().unwrap_or_default(),
-                        &piece,
-                        &mut filled,
-                    );
-                }
+                let values = x
+                    .floats()
+                    .ok_or("only floating-point tensors flow between layers")?;
+                fill(&mut out, &mut filled, &need, values, &held);
             }
         }
         for (region, part) in self.pieces.remove(&(e, mb)).unwrap_or_default() {
-            let piece = intersect(&need, &region);
-            if volume(&piece) > 0 {
-                let part = crop(&part, &region, &piece);
-                paste(
-                    &mut out,
-                    &need,
-                    part.floats().unwrap_or_default(),
-                    &piece,
-                    &mut filled,
-                );
-            }
+            fill(
+                &mut out,
+                &mut filled,
+                &need,
+                part.floats().unwrap_or_default(),
+                &region,
+            );
         }
         let missing = filled.iter().filter(|f| !**f).count();
         if missing > 0 {
@@ -1300,30 +1302,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                 let mut acc = vec![0.0f32; n];
                 let mut filled = vec![false; n];
                 if let Some((region, data)) = self.input_grads.get(&(e, mb)) {
-                    let piece = intersect(held, region);
-                    if volume(&piece) > 0 {
-                        let part = crop(&Tensor::f32(dims(region), data.clone()), region, &piece);
-                        paste(
-                            &mut acc,
-                            held,
-                            part.floats().unwrap_or_default(),
-                            &piece,
-                            &mut filled,
-                        );
-                    }
+                    fill(&mut acc, &mut filled, held, data, region);
                 }
                 for (region, data) in self.grad_pieces.remove(&(e, mb)).unwrap_or_default() {
-                    let piece = intersect(held, &region);
-                    if volume(&piece) > 0 {
-                        let part = crop(&Tensor::f32(dims(&region), data), &region, &piece);
-                        paste(
-                            &mut acc,
-                            held,
-                            part.floats().unwrap_or_default(),
-                            &piece,
-                            &mut filled,
-                        );
-                    }
+                    fill(&mut acc, &mut filled, held, &data, &region);
                 }
                 let missing = filled.iter().filter(|f| !**f).count();
                 if missing > 0 {
