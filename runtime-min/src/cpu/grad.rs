@@ -5,7 +5,7 @@
 use ralpc_ir::{Binary, Op, PoolKind, Unary};
 
 use super::kernels;
-use super::ops::{self, floats, Saved};
+use super::ops::{self, floats, input, Saved};
 use super::tensor::{self as t, Tensor};
 
 type R<T> = Result<T, ops::OpError>;
@@ -13,14 +13,6 @@ type R<T> = Result<T, ops::OpError>;
 /// One gradient per input slot, `None` where the input is absent, an integer, or constant
 /// with respect to the output.
 pub type InputGrads = Vec<Option<Vec<f32>>>;
-
-fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor> {
-    inputs
-        .get(i)
-        .copied()
-        .flatten()
-        .ok_or_else(|| format!("input {i} is missing"))
-}
 
 fn grads(n: usize) -> InputGrads {
     vec![None; n]

@@ -42,7 +42,8 @@ pub(crate) fn floats<'a>(x: &'a Tensor, what: &str) -> R<&'a [f32]> {
         .ok_or_else(|| format!("{what} must be a floating-point tensor"))
 }
 
-fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor> {
+/// Input `i`, or an error saying it is missing.
+pub(crate) fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor> {
     inputs
         .get(i)
         .copied()
