@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 
 pub mod cpu;
+pub mod cuda;
+pub mod dist;
 pub mod sim;
 
 pub use ralpc_codegen as codegen;

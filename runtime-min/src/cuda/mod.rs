@@ -1,0 +1,6 @@
+//! The CUDA/NCCL backend (issue #7), compiled always: cudarc loads CUDA at run time, so
+//! CPU-only machines build and test everything here that needs no GPU.
+//!
+//! * [`libs`]: finding the CUDA libraries (pip wheels, `libnccl.so.2`) and clear errors
+//!   when one is missing, before cudarc would panic.
+pub mod libs;

@@ -1,0 +1,8 @@
+//! What a run of one process per rank needs whatever the backend: the rank and world
+//! from the launcher's environment ([`env`]) and a TCP rendezvous on the master address
+//! ([`rendezvous`]) that hands every rank the others' blobs (the NCCL unique id, the CPU
+//! transport's addresses).
+pub mod env;
+pub mod rendezvous;
+
+pub use env::{Launcher, Placement};

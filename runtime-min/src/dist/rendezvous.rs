@@ -1,0 +1,305 @@
+//! The TCP rendezvous of a multi-process run: rank 0 listens on the master address, every
+//! other rank connects, and each process gets every rank's blob (an NCCL unique id, the
+//! address a rank's CPU transport listens on).
+//!
+//! The exchange is bounded by a timeout and checks what it is told: ranks of one world,
+//! each once, all agreeing on the world size; anything else is an error naming the rank.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use super::env::Placement;
+
+const MAGIC: &[u8; 8] = b"RALPCRV1";
+/// Blobs are small (addresses, 128-byte ids): a larger length is a stranger talking.
+const MAX_BLOB: u32 = 1 << 16;
+
+/// Every rank's blob, in rank order, once all `placement.world` ranks have joined.
+///
+/// `blob` is called with the address this process is reached at (the one it reached
+/// rank 0 from; for rank 0, the master address).
+///
+/// # Errors
+/// The master cannot be reached or bound, a rank is missing at the timeout, or a peer
+/// sent something that is not this protocol.
+pub fn all_gather(
+    placement: &Placement,
+    timeout: Duration,
+    blob: impl FnOnce(IpAddr) -> Vec<u8>,
+) -> Result<Vec<Vec<u8>>, String> {
+    let deadline = Instant::now() + timeout;
+    let master = master_addr(placement)?;
+    if placement.world == 1 {
+        return Ok(vec![blob(master.ip())]);
+    }
+    if placement.rank == 0 {
+        serve(placement, master, deadline, blob(master.ip()))
+    } else {
+        join(placement, master, deadline, blob)
+    }
+}
+
+fn master_addr(p: &Placement) -> Result<SocketAddr, String> {
+    (p.master_addr.as_str(), p.master_port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve MASTER_ADDR '{}': {e}", p.master_addr))?
+        .next()
+        .ok_or_else(|| format!("MASTER_ADDR '{}' has no address", p.master_addr))
+}
+
+fn io(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
+    move |e| format!("rendezvous: {what}: {e}")
+}
+
+fn serve(
+    p: &Placement,
+    master: SocketAddr,
+    deadline: Instant,
+    own: Vec<u8>,
+) -> Result<Vec<Vec<u8>>, String> {
+    let any = SocketAddr::new(
+        if master.is_ipv4() {
+            IpAddr::from([0, 0, 0, 0])
+        } else {
+            IpAddr::from([0u16; 8])
+        },
+        master.port(),
+    );
+    let listener = TcpListener::bind(any).map_err(|e| {
+        format!(
+            "rendezvous: rank 0 cannot listen on port {}: {e} (another run using MASTER_PORT \
+             {0}?)",
+            master.port()
+        )
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io("cannot poll the listener"))?;
+    let world = p.world as usize;
+    let mut blobs: Vec<Option<Vec<u8>>> = vec![None; world];
+    blobs[0] = Some(own);
+    let mut peers = Vec::with_capacity(world - 1);
+    while peers.len() < world - 1 {
+        match listener.accept() {
+            Ok((mut stream, from)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(io("cannot configure a connection"))?;
+                stream
+                    .set_read_timeout(Some(remaining(deadline)))
+                    .map_err(io("cannot configure a connection"))?;
+                let (rank, data) = read_hello(&mut stream, p.world)
+                    .map_err(|e| format!("rendezvous: from {from}: {e}"))?;
+                let slot = &mut blobs[rank as usize];
+                if slot.is_some() {
+                    return Err(format!("rendezvous: rank {rank} joined twice"));
+                }
+                *slot = Some(data);
+                peers.push(stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (0..world).filter(|&r| blobs[r].is_none()).collect();
+                    return Err(format!(
+                        "rendezvous: ranks {missing:?} did not join before the timeout"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(io("accept failed")(e)),
+        }
+    }
+    let blobs: Vec<Vec<u8>> = blobs.into_iter().map(Option::unwrap_or_default).collect();
+    let mut reply = MAGIC.to_vec();
+    reply.extend((blobs.len() as u32).to_le_bytes());
+    for b in &blobs {
+        reply.extend((b.len() as u32).to_le_bytes());
+        reply.extend(b);
+    }
+    for mut peer in peers {
+        peer.write_all(&reply).map_err(io("cannot answer a rank"))?;
+    }
+    Ok(blobs)
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
+    let mut b = [0; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_blob(r: &mut impl Read) -> Result<Vec<u8>, String> {
+    let len = read_u32(r).map_err(|e| e.to_string())?;
+    if len > MAX_BLOB {
+        return Err(format!("a blob of {len} bytes is not this protocol"));
+    }
+    let mut data = vec![0; len as usize];
+    r.read_exact(&mut data).map_err(|e| e.to_string())?;
+    Ok(data)
+}
+
+fn read_magic(r: &mut impl Read) -> Result<(), String> {
+    let mut magic = [0; 8];
+    r.read_exact(&mut magic).map_err(|e| e.to_string())?;
+    if &magic != MAGIC {
+        return Err("not a ralpc rendezvous (wrong magic)".into());
+    }
+    Ok(())
+}
+
+/// `magic, world, rank, blob`.
+fn read_hello(r: &mut impl Read, world: u32) -> Result<(u32, Vec<u8>), String> {
+    read_magic(r)?;
+    let their_world = read_u32(r).map_err(|e| e.to_string())?;
+    let rank = read_u32(r).map_err(|e| e.to_string())?;
+    if their_world != world {
+        return Err(format!(
+            "rank {rank} says the world has {their_world} ranks, rank 0 says {world}"
+        ));
+    }
+    if rank == 0 || rank >= world {
+        return Err(format!("rank {rank} is not a rank of 1..{world}"));
+    }
+    Ok((rank, read_blob(r)?))
+}
+
+fn join(
+    p: &Placement,
+    master: SocketAddr,
+    deadline: Instant,
+    blob: impl FnOnce(IpAddr) -> Vec<u8>,
+) -> Result<Vec<Vec<u8>>, String> {
+    // Rank 0 may not be listening yet.
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&master, remaining(deadline)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "rendezvous: rank {} cannot reach rank 0 at {master}: {e}",
+                    p.rank
+                ))
+            }
+        }
+    };
+    let own_ip = stream.local_addr().map_err(io("no local address"))?.ip();
+    let own = blob(own_ip);
+    let mut hello = MAGIC.to_vec();
+    hello.extend(p.world.to_le_bytes());
+    hello.extend(p.rank.to_le_bytes());
+    hello.extend((own.len() as u32).to_le_bytes());
+    hello.extend(&own);
+    stream
+        .write_all(&hello)
+        .map_err(io("cannot send to rank 0"))?;
+    stream
+        .set_read_timeout(Some(remaining(deadline)))
+        .map_err(io("cannot configure the connection"))?;
+    let answer = (|| {
+        read_magic(&mut stream)?;
+        let n = read_u32(&mut stream).map_err(|e| e.to_string())?;
+        if n != p.world {
+            return Err(format!("rank 0 answered for {n} ranks, not {}", p.world));
+        }
+        (0..n).map(|_| read_blob(&mut stream)).collect()
+    })();
+    answer.map_err(|e| {
+        format!(
+            "rendezvous: rank {} got no answer from rank 0 (other ranks missing?): {e}",
+            p.rank
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::env::Launcher;
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap()
+    }
+
+    fn placement(rank: u32, world: u32, port: u16) -> Placement {
+        Placement {
+            rank,
+            world,
+            local_rank: rank,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            launcher: Launcher::Torchrun,
+        }
+    }
+
+    #[test]
+    fn every_rank_gets_every_blob() {
+        let port = free_port();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u32)
+                .rev() // rank 0 last: the others wait for it
+                .map(|r| {
+                    s.spawn(move || {
+                        all_gather(&placement(r, 4, port), Duration::from_secs(10), |_| {
+                            vec![r as u8; r as usize + 1]
+                        })
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected: Vec<Vec<u8>> = (0..4u8).map(|r| vec![r; r as usize + 1]).collect();
+        for r in results {
+            assert_eq!(r.unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn a_missing_rank_is_named_at_the_timeout() {
+        let port = free_port();
+        let e = std::thread::scope(|s| {
+            let joiner = s.spawn(move || {
+                all_gather(
+                    &placement(1, 3, port),
+                    Duration::from_millis(800),
+                    |_| vec![],
+                )
+            });
+            let e = all_gather(
+                &placement(0, 3, port),
+                Duration::from_millis(500),
+                |_| vec![],
+            )
+            .unwrap_err();
+            assert!(joiner.join().unwrap().is_err());
+            e
+        });
+        assert!(e.contains("ranks [2] did not join"), "{e}");
+    }
+
+    #[test]
+    fn a_stranger_is_refused() {
+        let port = free_port();
+        let e = std::thread::scope(|s| {
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            });
+            all_gather(&placement(0, 2, port), Duration::from_secs(5), |_| vec![]).unwrap_err()
+        });
+        assert!(e.contains("wrong magic"), "{e}");
+    }
+}
