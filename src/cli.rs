@@ -27,7 +27,8 @@ Exit status:
 /// burst-parallel, SOAP and pipeline plans and writes the executable plan with its report;
 /// `ralpc sweep` finds the best plan for every GPU type and count; `ralpc inspect` shows
 /// per-layer parameters, MACs, FLOPs and memory; `ralpc cluster` shows the machines plans
-/// are made for; `ralpc run` trains with a plan on the CPU, every rank a thread;
+/// are made for; `ralpc run` trains with a plan on the CPU, every rank a thread (or,
+/// with `ralpc launch` or another launcher, one process per rank);
 /// `ralpc profile` measures a model's ops for the cost model.
 #[derive(Debug, Parser)]
 #[command(name = "ralpc", version, after_help = EXIT_CODES, propagate_version = true)]
@@ -38,8 +39,8 @@ pub struct Cli {
 }
 
 /// Subcommand names: anything else in first position is a model for `ralpc plan`.
-pub const SUBCOMMANDS: [&str; 7] = [
-    "inspect", "plan", "cluster", "sweep", "run", "profile", "help",
+pub const SUBCOMMANDS: [&str; 8] = [
+    "inspect", "plan", "cluster", "sweep", "run", "launch", "profile", "help",
 ];
 
 /// `ralpc MODEL …` → `ralpc plan MODEL …` when the first word looks like a file (it
@@ -72,6 +73,10 @@ pub enum Command {
     /// numbers equal to single-device training.
     #[command(after_help = commands::run::EXAMPLES)]
     Run(Box<commands::run::Args>),
+    /// Run a plan with one process per rank on this machine (`ralpc run` under a
+    /// launcher's environment).
+    #[command(after_help = commands::launch::EXAMPLES)]
+    Launch(Box<commands::launch::Args>),
     /// Measure a model's ops (forward and backward, per batch size) into a profile the
     /// planner reads with --profile.
     #[command(after_help = commands::profile::EXAMPLES)]

@@ -50,6 +50,9 @@ pub enum Error {
     /// A checkpoint is malformed or belongs to another plan.
     #[error("cannot use the checkpoint: {0}")]
     Checkpoint(Box<String>),
+    /// The launcher's environment is malformed, or a backend's libraries are missing.
+    #[error("{0}")]
+    Setup(Box<String>),
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
     #[error("the run failed: {0}")]
     Run(Box<String>),
@@ -85,6 +88,7 @@ impl Error {
             | Error::PlanFile(_)
             | Error::Data(_)
             | Error::Checkpoint(_)
+            | Error::Setup(_)
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         cli::Command::Cluster(args) => commands::cluster::run(&args),
         cli::Command::Sweep(args) => commands::sweep::run(&args),
         cli::Command::Run(args) => commands::run::run(&args),
+        cli::Command::Launch(args) => commands::launch::run(&args),
         cli::Command::Profile(args) => commands::profile::run(&args),
     };
     match result {

@@ -7,10 +7,12 @@ use std::time::Duration;
 use ralpc_codegen::plan::Plan;
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
+use ralpc_runtime_min::cpu::comm::World;
 use ralpc_runtime_min::cpu::exec::{self, Checkpoint, Control, Executable, Fault};
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
+use ralpc_runtime_min::dist::Placement;
 
 use crate::error::{Error, FileError};
 
@@ -44,6 +46,9 @@ pub struct RunOptions {
     pub resume: Option<PathBuf>,
     /// A fault to inject (testing what a failing rank does to the others).
     pub fault: Option<Fault>,
+    /// Run only this process's rank, meeting the other processes through the launcher's
+    /// rendezvous ([`Placement::from_env`]); `None` runs every rank as a thread.
+    pub placement: Option<Placement>,
 }
 
 impl Default for RunOptions {
@@ -63,6 +68,7 @@ impl Default for RunOptions {
             checkpoint: None,
             resume: None,
             fault: None,
+            placement: None,
         }
     }
 }
@@ -264,6 +270,20 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
 }
 
 /// The plan file: `PATH` itself, or `PATH/plan.json` for a directory.
+/// Reads a plan: `plan.json` or the directory `ralpc plan` wrote. Returns the file read.
+///
+/// # Errors
+/// An unreadable or malformed plan.
+pub fn read_plan(path: &Path) -> Result<(PathBuf, Plan), Error> {
+    let plan_file = plan_path(path);
+    let text = String::from_utf8(read(&plan_file)?).map_err(|_| {
+        Error::PlanFile(Box::new(format!("{}: not UTF-8 text", plan_file.display())))
+    })?;
+    let plan = Plan::parse(&text)
+        .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
+    Ok((plan_file, plan))
+}
+
 fn plan_path(path: &Path) -> PathBuf {
     if path.is_dir() {
         path.join("plan.json")
@@ -357,12 +377,7 @@ pub fn train_single_device(
 /// An unreadable plan or model, a plan made for another model, a plan the CPU backend
 /// cannot execute, or a failed rank (the others stop within `options.timeout`).
 pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
-    let plan_file = plan_path(&options.plan);
-    let text = String::from_utf8(read(&plan_file)?).map_err(|_| {
-        Error::PlanFile(Box::new(format!("{}: not UTF-8 text", plan_file.display())))
-    })?;
-    let plan = Plan::parse(&text)
-        .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
+    let (plan_file, plan) = read_plan(&options.plan)?;
     let model = model_path(&plan, &plan_file, options.model.as_deref())?;
     let bytes = read(&model)?;
     plan.check_model(&bytes)
@@ -410,7 +425,7 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
             None => Ok(()),
         }
     };
-    let control = Control {
+    let mut control = Control {
         timeout: options.timeout,
         fault: options.fault,
         checkpoint_every: options
@@ -419,7 +434,18 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
         on_checkpoint: Some(&write_checkpoint),
         resume: resume.as_ref(),
     };
-    let (report, elapsed) = exec::run(&exe, &options.train(), &control).map_err(run_error)?;
+    let (report, elapsed) = match &options.placement {
+        None => exec::run(&exe, &options.train(), &control),
+        Some(placement) => {
+            if control.checkpoint_every.is_none() {
+                control.on_checkpoint = None;
+            }
+            let world = World::connect(placement, options.timeout)
+                .map_err(|e| Error::Run(Box::new(format!("rank {}: {e}", placement.rank))))?;
+            exec::run_process(&exe, &options.train(), &control, &world, placement.rank)
+        }
+    }
+    .map_err(run_error)?;
     let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
     let seconds = elapsed.as_secs_f64();
     Ok(RunOutput {

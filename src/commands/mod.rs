@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod inspect;
+pub mod launch;
 pub mod plan;
 pub mod profile;
 pub mod run;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ralpc::runtime::cpu::exec::{Fault, FaultKind};
 use ralpc::runtime::cpu::train::Loss;
+use ralpc::runtime::dist::Placement;
 use ralpc::RunOptions;
 
 pub const EXAMPLES: &str = "\
@@ -17,6 +18,12 @@ Examples:
   ralpc run cnn.ralpc --data batch.json      # your inputs and labels
   ralpc run cnn.ralpc --steps 100 --checkpoint-every 10     # cnn.ralpc/checkpoint.bin
   ralpc run cnn.ralpc --steps 100 --resume cnn.ralpc/checkpoint.bin
+  ralpc launch cnn.ralpc --steps 5           # the same, one process per rank
+  torchrun --nproc-per-node 4 --no-python ralpc run cnn.ralpc   # any launcher
+
+Under a launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun sets them, or
+Slurm's or Open MPI's variables) each process runs its own rank and talks to the
+others over TCP; rank 0 prints the results.
 
 The CPU backend runs the exact plan a GPU cluster would: every rank's forward and
 backward on its share of each layer, every message and collective, then SGD with
@@ -75,6 +82,27 @@ pub struct Args {
     pub fault: Option<Fault>,
 }
 
+/// Environment variable `ralpc launch` sets: a directory where each failing process
+/// leaves its error (`rank-R.txt`), so the launcher can name the cause.
+pub const LAUNCH_REPORTS: &str = "RALPC_LAUNCH_REPORTS";
+
+/// Under a launcher: leaves this rank's error for `ralpc launch`, or — for an injected
+/// `exit` fault — exits at once with no word, as a killed process would.
+fn report_to_launcher(rank: u32, fault: Option<Fault>, e: &ralpc::Error) {
+    let message = e.to_string();
+    if fault.is_some_and(|f| f.rank == rank && f.kind == FaultKind::Exit)
+        && message.contains(ralpc::runtime::cpu::exec::KILLED)
+    {
+        std::process::exit(137);
+    }
+    if let Some(dir) = std::env::var_os(LAUNCH_REPORTS) {
+        let _ = std::fs::write(
+            std::path::Path::new(&dir).join(format!("rank-{rank}.txt")),
+            message,
+        );
+    }
+}
+
 /// Parses `RANK:INSTRUCTION[:panic|hang|exit]`.
 fn parse_fault(s: &str) -> Result<Fault, String> {
     let parts: Vec<&str> = s.split(':').collect();
@@ -114,9 +142,21 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         checkpoint: args.checkpoint.clone(),
         resume: args.resume.clone(),
         fault: args.fault,
+        placement: Placement::from_env().map_err(|e| {
+            ralpc::Error::Setup(Box::new(format!("cannot join the launcher's run: {e}")))
+        })?,
     };
+    // Under a launcher every process runs this; rank 0 speaks for the run.
+    let speaks = options.placement.as_ref().is_none_or(|p| p.rank == 0);
     // Drawn only when stderr is a terminal.
-    let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    let spinner = ProgressBar::with_draw_target(
+        None,
+        if speaks {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
     if let Ok(style) = ProgressStyle::with_template("{spinner} training {msg} {elapsed}") {
         spinner.set_style(style);
     }
@@ -124,7 +164,18 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     spinner.enable_steady_tick(Duration::from_millis(100));
     let result = ralpc::run(&options);
     spinner.finish_and_clear();
-    let out = result?;
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            if let Some(p) = &options.placement {
+                report_to_launcher(p.rank, args.fault, &e);
+            }
+            return Err(e);
+        }
+    };
+    if !speaks {
+        return Ok(());
+    }
     if out.seeded_weights > 0 && args.data.is_none() {
         eprintln!(
             "note: the model carries no data for {} weight tensor(s); they, the inputs and the \
@@ -144,6 +195,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             "seconds": out.seconds,
             "steps": args.steps,
             "ranks": out.ranks,
+            "processes": options.placement.as_ref().map_or(1, |p| p.world),
             "batch": out.batch,
             "backend": args.backend,
             "seeded_weights": out.seeded_weights,

@@ -1,5 +1,7 @@
-//! Shared-memory communication between the ranks of one process (one thread per rank):
-//! point-to-point messages and the collectives a plan uses, with NCCL's semantics.
+//! Communication between ranks: point-to-point messages and the collectives a plan uses,
+//! with NCCL's semantics. The ranks of one process (one thread each) share memory; ranks
+//! in other processes are reached over TCP ([`super::net`]), whose frames land in the same
+//! mailboxes and collective slots, so both worlds wait, fail and time out alike.
 //!
 //! Reductions add contributions in rank order, whatever order ranks arrive in, so a run
 //! is bit-reproducible. Every wait is bounded: when a rank fails ([`Comm::abort`], or a
@@ -9,6 +11,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use super::net::{Frame, Net};
+use crate::dist::Placement;
 
 /// Why a communication did not complete.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -37,7 +42,7 @@ struct Slot {
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// Messages by (from, to, tag).
     mailboxes: BTreeMap<(u32, u32, u64), std::collections::VecDeque<Vec<f32>>>,
     /// Collectives by (sorted group, sequence number within the group).
@@ -48,6 +53,9 @@ struct State {
     /// finished. A rank neither waiting nor finished when another times out is the one
     /// that stopped responding.
     activity: BTreeMap<u32, Activity>,
+    /// Ranks in other processes that said they finished: their connection closing is
+    /// then no failure.
+    peers_done: std::collections::BTreeSet<u32>,
 }
 
 /// What a rank is doing, as far as the others can tell.
@@ -59,32 +67,104 @@ struct Activity {
 }
 
 #[derive(Default)]
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
     changed: Condvar,
 }
 
-/// The ranks of one process.
+impl Shared {
+    /// Applies what rank `from` (in another process) sent.
+    pub(super) fn deliver(&self, from: u32, me: u32, frame: Frame) {
+        let mut state = lock(self);
+        match frame {
+            Frame::Message { tag, data } => state
+                .mailboxes
+                .entry((from, me, tag))
+                .or_default()
+                .push_back(data),
+            Frame::Collective { members, seq, data } => {
+                state
+                    .slots
+                    .entry((members, seq))
+                    .or_default()
+                    .contributions
+                    .insert(from, data);
+            }
+            Frame::Done => {
+                state.peers_done.insert(from);
+            }
+            Frame::Abort(why) => {
+                state.failed.get_or_insert(why);
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Rank `from`'s connection closed or broke.
+    pub(super) fn lost(&self, from: u32, why: &str) {
+        let mut state = lock(self);
+        if !state.peers_done.contains(&from) {
+            state.failed.get_or_insert_with(|| {
+                format!("rank {from}'s process exited or lost its connection ({why})")
+            });
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// The ranks of a run, as seen from one process: all of them as threads, or one of them
+/// with the others in other processes.
 #[derive(Clone)]
 pub struct World {
     shared: Arc<Shared>,
     ranks: u32,
     timeout: Duration,
+    /// The connections to the other processes' ranks (absent when every rank is local).
+    net: Option<Arc<Net>>,
 }
 
 impl World {
-    /// A world of `ranks` ranks whose waits give up after `timeout`.
+    /// A world of `ranks` ranks, all threads of this process, whose waits give up after
+    /// `timeout`.
     pub fn new(ranks: u32, timeout: Duration) -> World {
         World {
             shared: Arc::default(),
             ranks,
             timeout,
+            net: None,
         }
+    }
+
+    /// This process's rank in a world of one process per rank: meets the others through
+    /// the rendezvous on the master address, then connects to each over TCP.
+    ///
+    /// # Errors
+    /// The rendezvous or a connection failed within `timeout`.
+    pub fn connect(placement: &Placement, timeout: Duration) -> Result<World, String> {
+        let shared = Arc::new(Shared::default());
+        let net = Net::connect(placement, timeout, shared.clone())?;
+        Ok(World {
+            shared,
+            ranks: placement.world,
+            timeout,
+            net: Some(Arc::new(net)),
+        })
+    }
+
+    /// How many ranks in all.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// Whether `rank` runs in this process.
+    fn is_local(&self, rank: u32) -> bool {
+        self.net.as_ref().is_none_or(|n| n.rank() == rank)
     }
 
     /// Rank `rank`'s endpoint.
     pub fn comm(&self, rank: u32) -> Comm {
         assert!(rank < self.ranks, "rank {rank} of {}", self.ranks);
+        assert!(self.is_local(rank), "rank {rank} runs in another process");
         Comm {
             world: self.clone(),
             rank,
@@ -139,9 +219,14 @@ impl Comm {
     /// Records that this rank finished its program.
     pub fn finish(&self) {
         let shared = &self.world.shared;
-        let mut state = lock(shared);
-        state.activity.entry(self.rank).or_default().done = true;
-        shared.changed.notify_all();
+        {
+            let mut state = lock(shared);
+            state.activity.entry(self.rank).or_default().done = true;
+            shared.changed.notify_all();
+        }
+        if let Some(net) = &self.world.net {
+            net.broadcast(&Frame::Done);
+        }
     }
 
     /// Whether the world has failed.
@@ -152,9 +237,15 @@ impl Comm {
     /// Marks the world failed; every waiting and later call returns [`CommError::Aborted`].
     pub fn abort(&self, why: &str) {
         let shared = &self.world.shared;
-        let mut state = lock(shared);
-        state.failed.get_or_insert_with(|| why.to_owned());
-        shared.changed.notify_all();
+        let why = {
+            let mut state = lock(shared);
+            let why = state.failed.get_or_insert_with(|| why.to_owned()).clone();
+            shared.changed.notify_all();
+            why
+        };
+        if let Some(net) = &self.world.net {
+            net.broadcast(&Frame::Abort(why));
+        }
     }
 
     /// Waits until `ready` yields a value, the world fails, or the timeout passes.
@@ -178,7 +269,9 @@ impl Comm {
             }
             let now = Instant::now();
             if now >= deadline {
+                // Only this process's ranks report what they are doing.
                 let stopped: Vec<String> = (0..self.world.ranks)
+                    .filter(|&r| self.world.is_local(r))
                     .filter_map(|r| {
                         let a = state.activity.get(&r).copied().unwrap_or_default();
                         (!a.waiting && !a.done)
@@ -196,6 +289,10 @@ impl Comm {
                 };
                 state.failed = Some(error.to_string());
                 shared.changed.notify_all();
+                drop(state);
+                if let Some(net) = &self.world.net {
+                    net.broadcast(&Frame::Abort(error.to_string()));
+                }
                 return Err(error);
             }
             state = shared
@@ -211,6 +308,12 @@ impl Comm {
         let mut state = lock(shared);
         if let Some(why) = &state.failed {
             return Err(CommError::Aborted(why.clone()));
+        }
+        if let Some(net) = self.world.net.as_ref().filter(|_| !self.world.is_local(to)) {
+            drop(state);
+            return net
+                .send(to, &Frame::Message { tag, data })
+                .map_err(CommError::Aborted);
         }
         state
             .mailboxes
@@ -254,6 +357,16 @@ impl Comm {
             *next - 1
         };
         let key = (members.clone(), seq);
+        if let Some(net) = &self.world.net {
+            let frame = Frame::Collective {
+                members: members.clone(),
+                seq,
+                data: data.clone(),
+            };
+            for &m in members.iter().filter(|&&m| m != self.rank) {
+                net.send(m, &frame).map_err(CommError::Aborted)?;
+            }
+        }
         {
             let mut state = lock(&self.world.shared);
             state
@@ -265,6 +378,8 @@ impl Comm {
             self.world.shared.changed.notify_all();
         }
         let n = members.len();
+        // The slot goes once every member in this process took the result.
+        let takers = members.iter().filter(|&&m| self.world.is_local(m)).count();
         self.wait(
             |state: &State| {
                 let missing: Vec<u32> = members
@@ -288,7 +403,7 @@ impl Comm {
                 }
                 let all: Vec<Vec<f32>> = slot.contributions.values().cloned().collect();
                 slot.taken += 1;
-                if slot.taken == n {
+                if slot.taken == takers {
                     state.slots.remove(&key);
                 }
                 Some(all)
@@ -340,5 +455,102 @@ impl Comm {
             .iter()
             .flat_map(|part| part[index * share..(index + 1) * share].iter().copied())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::{Launcher, Placement};
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap()
+    }
+
+    /// `world` ranks, each with its own [`World::connect`] as a separate process would.
+    fn connected(world: u32, timeout: Duration) -> Vec<World> {
+        let port = free_port();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let p = Placement {
+                            rank,
+                            world,
+                            local_rank: rank,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                            launcher: Launcher::Torchrun,
+                        };
+                        World::connect(&p, timeout).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn tcp_worlds_match_the_shared_one() {
+        let timeout = Duration::from_secs(10);
+        let program = |comm: Comm| {
+            let r = comm.rank() as f32;
+            let peer = comm.rank() ^ 1;
+            comm.send(peer, 5, vec![r; 3]).unwrap();
+            let got = comm.recv(peer, 5).unwrap();
+            let mut sum = vec![r + 1.0, r * 2.0];
+            comm.all_reduce(&[0, 1, 2, 3], &mut sum).unwrap();
+            // Only members enter a collective.
+            let gathered = (comm.rank() % 2 == 1).then(|| comm.all_gather(&[1, 3], &[r]).unwrap());
+            let scattered = comm.reduce_scatter(&[0, 1, 2, 3], &[r; 8]).unwrap();
+            comm.finish();
+            (got, sum, gathered, scattered)
+        };
+        let shared = World::new(4, timeout);
+        let expected: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let c = shared.comm(r);
+                    s.spawn(move || program(c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let worlds = connected(4, timeout);
+        let got: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = worlds
+                .iter()
+                .enumerate()
+                .map(|(r, w)| {
+                    let c = w.comm(r as u32);
+                    s.spawn(move || program(c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, expected);
+        assert_eq!(got[0].1, vec![10.0, 12.0]);
+    }
+
+    #[test]
+    fn a_closed_connection_fails_the_others_at_once() {
+        let mut worlds = connected(3, Duration::from_secs(30));
+        let gone = worlds.pop().unwrap();
+        drop(gone); // rank 2's process exits without a word
+        let started = Instant::now();
+        let e = worlds[0].comm(0).recv(2, 1).unwrap_err();
+        assert!(e.to_string().contains("rank 2's process exited"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_abort_reaches_every_process() {
+        let worlds = connected(3, Duration::from_secs(30));
+        worlds[1].comm(1).abort("rank 1 panicked");
+        let e = worlds[2].comm(2).all_gather(&[0, 2], &[1.0]).unwrap_err();
+        assert_eq!(e, CommError::Aborted("rank 1 panicked".into()));
     }
 }

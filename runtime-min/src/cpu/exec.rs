@@ -194,7 +194,7 @@ impl Axes {
 
 /// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
 /// failure, reports nothing: the other ranks' errors name it).
-const KILLED: &str = "stopped by an injected fault";
+pub const KILLED: &str = "stopped by an injected fault";
 
 /// An index range per axis.
 type Region = Vec<Range<usize>>;
@@ -1785,6 +1785,87 @@ pub fn run(
         return Err(e);
     }
     Ok((assemble_report(&prepared, reports, options), elapsed))
+}
+
+/// Runs one rank of the plan in this process, the others being other processes of
+/// `world` ([`World::connect`]): what `ralpc run` does under a launcher.
+///
+/// The report's losses are summed over every rank (one last collective of the whole
+/// world); its output, weights and gradients stay on their ranks and are left empty.
+///
+/// # Errors
+/// As [`run`]; checkpoints need every rank in one process and are refused.
+pub fn run_process(
+    exe: &Executable<'_>,
+    options: &TrainOptions,
+    control: &Control<'_>,
+    world: &World,
+    rank: u32,
+) -> Result<(TrainReport, Duration), RunError> {
+    if control.on_checkpoint.is_some() || control.resume.is_some() {
+        return Err(setup(
+            "checkpoints need every rank in one process: run the plan without a launcher",
+        ));
+    }
+    if world.ranks() != exe.plan.ranks {
+        return Err(setup(format!(
+            "the launcher started {} processes, but the plan has {} ranks",
+            world.ranks(),
+            exe.plan.ranks
+        )));
+    }
+    let prepared = Prepared::new(exe)?;
+    let guard = world.comm(rank);
+    let _guard = AbortOnPanic(&guard);
+    let started = Instant::now();
+    let mut r =
+        Rank::new(&prepared, rank, world.comm(rank), *options, None).map_err(RunError::Setup)?;
+    r.fault = control.fault;
+    r.run()?;
+    // The rank's own endpoint: its collective numbering continues.
+    let (comm, report) = (&r.comm, &r.report);
+    // Losses travel as the bits of each f64, two f32 words apiece.
+    let words: Vec<f32> = report
+        .losses
+        .iter()
+        .flat_map(|l| {
+            let bits = l.to_bits();
+            [
+                f32::from_bits(bits as u32),
+                f32::from_bits((bits >> 32) as u32),
+            ]
+        })
+        .collect();
+    let everyone: Vec<u32> = (0..world.ranks()).collect();
+    let all = comm
+        .exchange(&everyone, words)
+        .map_err(|e| RunError::Rank {
+            rank,
+            index: exe.plan.programs.get(rank as usize).map_or(0, Vec::len),
+            op: "report",
+            message: e.to_string(),
+        })?;
+    comm.finish();
+    let elapsed = started.elapsed();
+    let losses = (0..options.steps as usize)
+        .map(|s| {
+            all.iter()
+                .map(|w| match (w.get(2 * s), w.get(2 * s + 1)) {
+                    (Some(lo), Some(hi)) => {
+                        f64::from_bits(u64::from(lo.to_bits()) | u64::from(hi.to_bits()) << 32)
+                    }
+                    _ => 0.0,
+                })
+                .sum()
+        })
+        .collect();
+    Ok((
+        TrainReport {
+            losses,
+            ..TrainReport::default()
+        },
+        elapsed,
+    ))
 }
 
 /// Whole tensors, by name, from ranks' slices of them.

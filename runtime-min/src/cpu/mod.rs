@@ -6,13 +6,15 @@
 //! * [`graph`]: any set of a graph's nodes run forward and backward; weights read or
 //!   seeded ([`init`]);
 //! * [`train`]: the loss, synthetic data and the single-device reference;
-//! * [`exec`]: the plan executor, ranks as threads talking through [`comm`].
+//! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
+//!   per process talking over TCP ([`net`]).
 pub mod comm;
 pub mod exec;
 pub mod grad;
 pub mod graph;
 pub mod init;
 pub mod kernels;
+pub mod net;
 pub mod ops;
 pub mod tensor;
 pub mod train;

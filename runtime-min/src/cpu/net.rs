@@ -1,0 +1,352 @@
+//! The TCP transport between CPU ranks in different processes.
+//!
+//! Every pair of ranks shares one connection (the higher rank dials the lower, after the
+//! rendezvous told everyone where each listens). A reader thread per connection decodes
+//! frames into the process's mailboxes and collective slots; a connection that closes
+//! before its rank said it was done fails the world at once, so a killed process stops
+//! the others without waiting for the timeout.
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::comm::Shared;
+use crate::dist::{rendezvous, Placement};
+
+/// What travels between ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frame {
+    /// A point-to-point message.
+    Message {
+        /// Its tag.
+        tag: u64,
+        /// Its values.
+        data: Vec<f32>,
+    },
+    /// A contribution to collective `seq` of the group `members` (sorted).
+    Collective {
+        /// The group.
+        members: Vec<u32>,
+        /// Which of the group's collectives.
+        seq: u64,
+        /// The contribution.
+        data: Vec<f32>,
+    },
+    /// The sender finished its program: its connection closing is no failure.
+    Done,
+    /// The sender's world failed, for this reason.
+    Abort(String),
+}
+
+const HELLO: &[u8; 8] = b"RALPCNT1";
+/// Bounds what a length field may claim before anything is allocated for it.
+const MAX_VALUES: u64 = 1 << 34;
+
+impl Frame {
+    fn encode(&self) -> Vec<u8> {
+        let values = |out: &mut Vec<u8>, data: &[f32]| {
+            out.extend((data.len() as u64).to_le_bytes());
+            out.reserve(data.len() * 4);
+            for v in data {
+                out.extend(v.to_le_bytes());
+            }
+        };
+        let mut out = Vec::new();
+        match self {
+            Frame::Message { tag, data } => {
+                out.push(0);
+                out.extend(tag.to_le_bytes());
+                values(&mut out, data);
+            }
+            Frame::Collective { members, seq, data } => {
+                out.push(1);
+                out.extend((members.len() as u32).to_le_bytes());
+                for m in members {
+                    out.extend(m.to_le_bytes());
+                }
+                out.extend(seq.to_le_bytes());
+                values(&mut out, data);
+            }
+            Frame::Done => out.push(2),
+            Frame::Abort(why) => {
+                out.push(3);
+                out.extend((why.len() as u32).to_le_bytes());
+                out.extend(why.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// The next frame, `None` at a clean end of stream.
+    fn decode(r: &mut impl Read) -> std::io::Result<Option<Frame>> {
+        let mut kind = [0u8];
+        if r.read(&mut kind)? == 0 {
+            return Ok(None);
+        }
+        let u32_ = |r: &mut dyn Read| -> std::io::Result<u32> {
+            let mut b = [0; 4];
+            r.read_exact(&mut b)?;
+            Ok(u32::from_le_bytes(b))
+        };
+        let u64_ = |r: &mut dyn Read| -> std::io::Result<u64> {
+            let mut b = [0; 8];
+            r.read_exact(&mut b)?;
+            Ok(u64::from_le_bytes(b))
+        };
+        let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let values = |r: &mut dyn Read| -> std::io::Result<Vec<f32>> {
+            let n = u64_(r)?;
+            if n > MAX_VALUES {
+                return Err(bad(format!("a frame of {n} values")));
+            }
+            let mut bytes = vec![0u8; n as usize * 4];
+            r.read_exact(&mut bytes)?;
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
+        Ok(Some(match kind[0] {
+            0 => Frame::Message {
+                tag: u64_(r)?,
+                data: values(r)?,
+            },
+            1 => {
+                let n = u32_(r)?;
+                if n > 1 << 20 {
+                    return Err(bad(format!("a group of {n} ranks")));
+                }
+                let members = (0..n).map(|_| u32_(r)).collect::<Result<_, _>>()?;
+                Frame::Collective {
+                    members,
+                    seq: u64_(r)?,
+                    data: values(r)?,
+                }
+            }
+            2 => Frame::Done,
+            3 => {
+                let n = u32_(r)?;
+                let mut text = vec![0; n.min(1 << 16) as usize];
+                r.read_exact(&mut text)?;
+                Frame::Abort(String::from_utf8_lossy(&text).into_owned())
+            }
+            k => return Err(bad(format!("unknown frame kind {k}"))),
+        }))
+    }
+}
+
+/// This process's connections to every other rank.
+pub struct Net {
+    rank: u32,
+    /// Per rank, the writing half of its connection (none for this rank).
+    peers: Vec<Option<Mutex<BufWriter<TcpStream>>>>,
+}
+
+fn fail(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl Net {
+    /// This process's rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Meets the other ranks and connects to each; frames from them go to `shared`.
+    pub(super) fn connect(
+        placement: &Placement,
+        timeout: Duration,
+        shared: Arc<Shared>,
+    ) -> Result<Net, String> {
+        let deadline = Instant::now() + timeout;
+        let me = placement.rank;
+        let listener = TcpListener::bind((IpAddr::from([0, 0, 0, 0]), 0))
+            .map_err(fail("cannot listen for the other ranks"))?;
+        let port = listener
+            .local_addr()
+            .map_err(fail("cannot listen for the other ranks"))?
+            .port();
+        let blobs = rendezvous::all_gather(placement, timeout, |ip| {
+            SocketAddr::new(ip, port).to_string().into_bytes()
+        })?;
+        let addrs: Vec<SocketAddr> = blobs
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                String::from_utf8_lossy(b)
+                    .parse()
+                    .map_err(|_| format!("rank {r} sent no address to reach it at"))
+            })
+            .collect::<Result<_, _>>()?;
+        let world = placement.world as usize;
+        let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        // Dial every lower rank…
+        for (r, addr) in addrs.iter().enumerate().take(me as usize) {
+            let mut stream = loop {
+                match TcpStream::connect_timeout(addr, Duration::from_secs(1)) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => {
+                        return Err(format!("rank {me} cannot reach rank {r} at {addr}: {e}"))
+                    }
+                }
+            };
+            let mut hello = HELLO.to_vec();
+            hello.extend(me.to_le_bytes());
+            stream
+                .write_all(&hello)
+                .map_err(fail("cannot greet a rank"))?;
+            streams[r] = Some(stream);
+        }
+        // …and take the calls of every higher one.
+        listener
+            .set_nonblocking(true)
+            .map_err(fail("cannot poll for the other ranks"))?;
+        let mut expected = world - 1 - me as usize;
+        while expected > 0 {
+            match listener.accept() {
+                Ok((mut stream, from)) => {
+                    stream
+                        .set_nonblocking(false)
+                        .and_then(|()| {
+                            stream.set_read_timeout(Some(
+                                deadline
+                                    .saturating_duration_since(Instant::now())
+                                    .max(Duration::from_millis(1)),
+                            ))
+                        })
+                        .map_err(fail("cannot configure a connection"))?;
+                    let mut hello = [0u8; 12];
+                    stream
+                        .read_exact(&mut hello)
+                        .map_err(|e| format!("a connection from {from} said nothing: {e}"))?;
+                    let r = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]);
+                    if &hello[..8] != HELLO || r <= me || r as usize >= world {
+                        return Err(format!(
+                            "a connection from {from} is not one of this run's ranks"
+                        ));
+                    }
+                    if streams[r as usize].replace(stream).is_some() {
+                        return Err(format!("rank {r} connected twice"));
+                    }
+                    expected -= 1;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<usize> = (me as usize + 1..world)
+                            .filter(|&r| streams[r].is_none())
+                            .collect();
+                        return Err(format!(
+                            "ranks {missing:?} did not connect to rank {me} in time"
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(fail("cannot accept a rank")(e)),
+            }
+        }
+        let mut peers = Vec::with_capacity(world);
+        for (r, stream) in streams.into_iter().enumerate() {
+            let Some(stream) = stream else {
+                peers.push(None);
+                continue;
+            };
+            stream
+                .set_read_timeout(None)
+                .and_then(|()| stream.set_nodelay(true))
+                .map_err(fail("cannot configure a connection"))?;
+            let reader = stream
+                .try_clone()
+                .map_err(fail("cannot read a connection"))?;
+            let shared = shared.clone();
+            let from = r as u32;
+            std::thread::Builder::new()
+                .name(format!("ralpc-net-{from}"))
+                .spawn(move || {
+                    let mut reader = BufReader::with_capacity(1 << 20, reader);
+                    loop {
+                        match Frame::decode(&mut reader) {
+                            Ok(Some(frame)) => shared.deliver(from, me, frame),
+                            Ok(None) => return shared.lost(from, "closed"),
+                            Err(e) => return shared.lost(from, &e.to_string()),
+                        }
+                    }
+                })
+                .map_err(fail("cannot start a reader thread"))?;
+            peers.push(Some(Mutex::new(BufWriter::with_capacity(1 << 20, stream))));
+        }
+        Ok(Net { rank: me, peers })
+    }
+
+    /// Sends `frame` to rank `to`.
+    pub(super) fn send(&self, to: u32, frame: &Frame) -> Result<(), String> {
+        let Some(Some(peer)) = self.peers.get(to as usize) else {
+            return Err(format!("rank {to} is not a peer of rank {}", self.rank));
+        };
+        let mut peer = peer.lock().unwrap_or_else(|p| p.into_inner());
+        peer.write_all(&frame.encode())
+            .and_then(|()| peer.flush())
+            .map_err(|e| format!("rank {}'s connection to rank {to} broke: {e}", self.rank))
+    }
+
+    /// Sends `frame` to every other rank, ignoring broken connections (used to spread a
+    /// failure: the ranks it cannot reach are gone already).
+    pub(super) fn broadcast(&self, frame: &Frame) {
+        for to in 0..self.peers.len() as u32 {
+            if to != self.rank {
+                let _ = self.send(to, frame);
+            }
+        }
+    }
+}
+
+impl Drop for Net {
+    /// Closes every connection (the reader threads hold copies of the sockets, which
+    /// would keep them open): the others learn at once that this rank is gone.
+    fn drop(&mut self) {
+        for peer in self.peers.iter().flatten() {
+            let mut peer = peer.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = peer.flush();
+            let _ = peer.get_ref().shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let frames = [
+            Frame::Message {
+                tag: 7,
+                data: vec![1.0, -0.0, f32::NAN, 3.5],
+            },
+            Frame::Collective {
+                members: vec![0, 2, 5],
+                seq: 9,
+                data: vec![],
+            },
+            Frame::Done,
+            Frame::Abort("rank 3 panicked".into()),
+        ];
+        let bytes: Vec<u8> = frames.iter().flat_map(Frame::encode).collect();
+        let mut r = &bytes[..];
+        for f in &frames {
+            let got = Frame::decode(&mut r).unwrap().unwrap();
+            // NaN != NaN: compare the bytes.
+            assert_eq!(got.encode(), f.encode());
+        }
+        assert!(Frame::decode(&mut r).unwrap().is_none());
+        let mut junk: &[u8] = &[9, 1, 2];
+        assert!(Frame::decode(&mut junk).is_err());
+        let mut huge: &[u8] = &[
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255,
+        ];
+        assert!(Frame::decode(&mut huge).is_err());
+    }
+}

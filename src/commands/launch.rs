@@ -1,0 +1,177 @@
+//! `ralpc launch PLAN [--nproc N] [RUN OPTIONS]`: one `ralpc run` process per rank on this
+//! machine, as torchrun would start them.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  ralpc fixtures/train/cnn.onnx --gpus 4 --batch 8 -o cnn.ralpc
+  ralpc launch cnn.ralpc --steps 5           # 4 processes, one per rank
+  ralpc launch cnn.ralpc --steps 5 --json    # rank 0 prints the JSON of `ralpc run`
+
+Every process is `ralpc run PLAN [RUN OPTIONS]` with RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; the ranks meet at a rendezvous on
+this machine and talk over TCP. When one process fails the others stop (they see its
+connection close, or time out after --timeout); any still running after --grace
+seconds are killed. For several machines use your own launcher (torchrun, srun,
+mpirun) with `ralpc run`.";
+
+/// Arguments of `ralpc launch`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The plan: a directory `ralpc plan` wrote, or its plan.json.
+    pub plan: PathBuf,
+    /// Processes to start [default: the plan's ranks].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub nproc: Option<u32>,
+    /// Seconds the others get to stop after a process fails, before they are killed.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grace: u64,
+    /// Passed to every `ralpc run` (--steps, --json, --timeout, …).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "RUN OPTIONS"
+    )]
+    pub run: Vec<OsString>,
+}
+
+fn launch_error(message: String) -> ralpc::Error {
+    ralpc::Error::Run(Box::new(message))
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => "stopped".into(),
+    }
+}
+
+pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    let (_, plan) = ralpc::read_plan(&args.plan)?;
+    let world = args.nproc.unwrap_or(plan.ranks);
+    let exe = std::env::current_exe()
+        .map_err(|e| launch_error(format!("cannot find the ralpc executable: {e}")))?;
+    // A free port for the rendezvous (released for rank 0 to take).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| launch_error(format!("no free port for the rendezvous: {e}")))?
+        .port();
+    let reports = tempfile::tempdir().map_err(|e| {
+        launch_error(format!(
+            "cannot make a directory for the ranks' errors: {e}"
+        ))
+    })?;
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(world as usize);
+    for rank in 0..world {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("run").arg(&args.plan).args(&args.run);
+        for var in ["OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
+            cmd.env_remove(var);
+        }
+        cmd.env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", world.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env(super::run::LAUNCH_REPORTS, reports.path());
+        match cmd.spawn() {
+            Ok(child) => children.push(Some(child)),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(launch_error(format!("cannot start rank {rank}: {e}")));
+            }
+        }
+    }
+    // After the first failure the others get the grace period to stop by themselves.
+    let mut first_failure: Option<Instant> = None;
+    let mut failed: Vec<(u32, ExitStatus)> = Vec::new();
+    let mut killed = Vec::new();
+    while children.iter().any(Option::is_some) {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        first_failure.get_or_insert_with(Instant::now);
+                        failed.push((rank as u32, status));
+                    }
+                    *slot = None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    kill_all(&mut children);
+                    return Err(launch_error(format!("cannot watch rank {rank}: {e}")));
+                }
+            }
+        }
+        if let Some(at) = first_failure {
+            if at.elapsed() > Duration::from_secs(args.grace) {
+                for (rank, slot) in children.iter_mut().enumerate() {
+                    if let Some(mut child) = slot.take() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        killed.push(rank);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match cause(&failed, reports.path()) {
+        None => Ok(()),
+        Some((rank, status, error)) => {
+            let mut message = format!(
+                "rank {rank} of {world} {}{}; {} process(es) failed",
+                describe(status),
+                error.map_or_else(
+                    || " without a word (killed?)".to_owned(),
+                    |e| format!(": {e}")
+                ),
+                failed.len()
+            );
+            if !killed.is_empty() {
+                message += &format!(
+                    "; ranks {killed:?} were still running {} s later and were killed",
+                    args.grace
+                );
+            }
+            Err(launch_error(message))
+        }
+    }
+}
+
+/// The failure that caused the others: a process that failed by itself (or died without
+/// leaving an error) before one that timed out waiting for another, before those a
+/// failure elsewhere aborted.
+fn cause(
+    failed: &[(u32, ExitStatus)],
+    reports: &std::path::Path,
+) -> Option<(u32, ExitStatus, Option<String>)> {
+    failed
+        .iter()
+        .map(|&(rank, status)| {
+            let error = std::fs::read_to_string(reports.join(format!("rank-{rank}.txt")))
+                .ok()
+                .map(|e| e.trim_start_matches("the run failed: ").to_owned());
+            (rank, status, error)
+        })
+        .min_by_key(|(_, _, error)| match error.as_deref() {
+            Some(e) if e.contains("aborted") => 2,
+            Some(e) if e.contains("waited more than") => 1,
+            _ => 0,
+        })
+}
+
+fn kill_all(children: &mut [Option<Child>]) {
+    for mut child in children.iter_mut().filter_map(Option::take) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -1,0 +1,209 @@
+//! `ralpc launch` and `ralpc run` under a launcher: one process per rank, meeting at a TCP
+//! rendezvous. The losses equal the threaded run's bit for bit, and a rank that dies,
+//! panics or hangs stops every process with an error naming it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+
+fn ralpc() -> Command {
+    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
+    cmd.env("NO_COLOR", "1")
+        .env_remove("RANK")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("SLURM_PROCID");
+    cmd
+}
+
+/// A 4-rank plan of the CNN fixture: 1F1B pipeline of two stages, each on two ranks
+/// (messages between stages, all-reduces within them).
+fn pipeline_plan() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("strategy.json");
+    std::fs::write(
+        &strategy,
+        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
+  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ] }"#,
+    )
+    .expect("write");
+    let out = dir.path().join("plan");
+    ralpc()
+        .arg(common::fixture("train/cnn.onnx"))
+        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
+        .arg(&strategy)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    (dir, out)
+}
+
+fn losses(stdout: &[u8]) -> Vec<f64> {
+    let json: serde_json::Value = serde_json::from_slice(stdout).expect("one JSON object");
+    json["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect()
+}
+
+#[test]
+fn processes_train_exactly_like_threads() {
+    let (_dir, plan) = pipeline_plan();
+    let threads = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .args(["--steps", "3", "--json"])
+        .assert()
+        .success();
+    let processes = ralpc()
+        .arg("launch")
+        .arg(&plan)
+        .args(["--steps", "3", "--json"])
+        .assert()
+        .success();
+    let out = &processes.get_output().stdout;
+    let json: serde_json::Value = serde_json::from_slice(out).expect("only rank 0 prints");
+    assert_eq!(json["processes"], 4);
+    assert_eq!(losses(out), losses(&threads.get_output().stdout));
+}
+
+/// `ralpc run` started by hand as torchrun would: two processes, environment only.
+#[test]
+fn run_joins_a_launchers_world() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = dir.path().join("mlp");
+    ralpc()
+        .arg(common::fixture("train/mlp.onnx"))
+        .args([
+            "--gpus",
+            "2",
+            "--batch",
+            "4",
+            "--strategy",
+            "dp",
+            "--tolerance",
+            "inf",
+        ])
+        .args(["--quiet", "-o"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let rank = |r: u32| {
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ralpc"));
+        cmd.arg("run")
+            .arg(&plan)
+            .args(["--steps", "2", "--json"])
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("start a rank")
+    };
+    let (one, zero) = (rank(1), rank(0));
+    let zero = zero.wait_with_output().expect("rank 0");
+    let one = one.wait_with_output().expect("rank 1");
+    assert!(
+        zero.status.success(),
+        "{}",
+        String::from_utf8_lossy(&zero.stderr)
+    );
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert!(one.stdout.is_empty(), "rank 1 stays quiet");
+    let threads = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .args(["--steps", "2", "--json"])
+        .assert()
+        .success();
+    assert_eq!(losses(&zero.stdout), losses(&threads.get_output().stdout));
+}
+
+fn launch_with_fault(plan: &Path, fault: &str) -> (String, Duration) {
+    let started = Instant::now();
+    let out = ralpc()
+        .arg("launch")
+        .arg(plan)
+        .args([
+            "--grace",
+            "5",
+            "--steps",
+            "2",
+            "--timeout",
+            "2",
+            "--fault",
+            fault,
+        ])
+        .assert()
+        .code(4);
+    (
+        String::from_utf8_lossy(&out.get_output().stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn a_failing_process_stops_every_process() {
+    let (_dir, plan) = pipeline_plan();
+    // Gone without a word: the others see its connections close, before any timeout.
+    let (stderr, took) = launch_with_fault(&plan, "2:3:exit");
+    assert!(stderr.contains("rank 2's process exited"), "{stderr}");
+    assert!(
+        stderr.contains("rank 2 of 4 exited with status 137 without a word"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // A panic is caught and spread as an abort naming it.
+    let (stderr, _) = launch_with_fault(&plan, "1:4:panic");
+    assert!(
+        stderr.contains("rank 1 of 4 exited with status 4: rank 1, instruction 4"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("panicked"), "{stderr}");
+    // Silent: a rank waiting on it times out, names it, and the abort reaches everyone.
+    let (stderr, took) = launch_with_fault(&plan, "0:2:hang");
+    assert!(stderr.contains("waited more than 2 s"), "{stderr}");
+    assert!(stderr.contains("stopped by an injected fault"), "{stderr}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn a_malformed_launcher_environment_is_an_input_error() {
+    let (_dir, plan) = pipeline_plan();
+    let out = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .env("RANK", "zero")
+        .env("WORLD_SIZE", "4")
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.contains("RANK='zero'"), "{stderr}");
+    let out = ralpc()
+        .arg("launch")
+        .arg(&plan)
+        .args(["--nproc", "2", "--timeout", "5"])
+        .assert()
+        .code(4);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("the launcher started 2 processes, but the plan has 4 ranks"),
+        "{stderr}"
+    );
+}
