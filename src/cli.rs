@@ -39,8 +39,8 @@ pub struct Cli {
 }
 
 /// Subcommand names: anything else in first position is a model for `ralpc plan`.
-pub const SUBCOMMANDS: [&str; 8] = [
-    "inspect", "plan", "cluster", "sweep", "run", "launch", "profile", "help",
+pub const SUBCOMMANDS: [&str; 9] = [
+    "inspect", "plan", "cluster", "sweep", "run", "launch", "profile", "doctor", "help",
 ];
 
 /// `ralpc MODEL …` → `ralpc plan MODEL …` when the first word looks like a file (it
@@ -81,6 +81,9 @@ pub enum Command {
     /// planner reads with --profile.
     #[command(after_help = commands::profile::EXAMPLES)]
     Profile(Box<commands::profile::Args>),
+    /// Check this machine for CUDA training: libraries, driver, GPUs, kernels.
+    #[command(after_help = commands::doctor::EXAMPLES)]
+    Doctor(commands::doctor::Args),
     /// Show a cluster: GPUs, their peaks and memory, and the links between them.
     #[command(after_help = commands::cluster::EXAMPLES)]
     Cluster(commands::cluster::Args),

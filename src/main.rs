@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         cli::Command::Sweep(args) => commands::sweep::run(&args),
         cli::Command::Run(args) => commands::run::run(&args),
         cli::Command::Launch(args) => commands::launch::run(&args),
+        cli::Command::Doctor(args) => commands::doctor::run(&args),
         cli::Command::Profile(args) => commands::profile::run(&args),
     };
     match result {

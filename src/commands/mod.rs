@@ -1,6 +1,7 @@
 //! One module per subcommand: an `Args` struct and a `run` that calls one library function.
 
 pub mod cluster;
+pub mod doctor;
 pub mod inspect;
 pub mod launch;
 pub mod plan;
@@ -8,7 +9,61 @@ pub mod profile;
 pub mod run;
 pub mod sweep;
 
+use std::collections::BTreeMap;
 use std::io::Write;
+
+use ralpc::runtime::cuda::libs::{self, Lib, Resolution};
+
+/// Set in a restart by [`restart_with`]: `name=path` of each library linked, `;`-separated.
+const CUDA_RESTARTED: &str = "RALPC_CUDA_RESTARTED";
+
+/// Makes `libs` loadable: when some are found only outside the loader's path, starts this
+/// process again (once) with a path that has them. Returns only when they load.
+pub fn restart_with(wanted: &[Lib]) -> Result<(), ralpc::Error> {
+    let setup = |e: String| ralpc::Error::Setup(Box::new(e));
+    let (library_path, found) = match libs::resolve(wanted).map_err(setup)? {
+        Resolution::Ready => return Ok(()),
+        Resolution::Restart {
+            library_path,
+            found,
+        } => (library_path, found),
+    };
+    if std::env::var_os(CUDA_RESTARTED).is_some() {
+        return Err(setup(libs::check(wanted).err().unwrap_or_else(|| {
+            "the CUDA libraries do not load even from the directories they were found in".into()
+        })));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| setup(format!("cannot find the ralpc executable to restart: {e}")))?;
+    let marker: Vec<String> = found
+        .iter()
+        .map(|(lib, path)| format!("{}={}", lib.stem(), path.display()))
+        .collect();
+    use std::os::unix::process::CommandExt;
+    let error = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("LD_LIBRARY_PATH", library_path)
+        .env(CUDA_RESTARTED, marker.join(";"))
+        .exec();
+    Err(setup(format!(
+        "cannot restart ralpc with the CUDA libraries' path: {error}"
+    )))
+}
+
+/// The libraries a restart linked, and from where.
+pub fn linked_cuda_libs() -> BTreeMap<Lib, String> {
+    let marker = std::env::var(CUDA_RESTARTED).unwrap_or_default();
+    marker
+        .split(';')
+        .filter_map(|entry| entry.split_once('='))
+        .filter_map(|(stem, path)| {
+            Lib::ALL
+                .into_iter()
+                .find(|l| l.stem() == stem)
+                .map(|l| (l, format!("from {path}")))
+        })
+        .collect()
+}
 
 /// Writes an artifact to stdout; a closed pipe (`| head`) is not an error.
 pub fn print_stdout(text: &str) {

@@ -264,6 +264,22 @@ fn site_packages() -> Vec<PathBuf> {
         }
     }
     out.push(PathBuf::from("/usr/lib/python3/dist-packages"));
+    // Whatever else `python3` uses (pyenv, conda, a framework build): asked last, and only
+    // when a library was not where the loader looks.
+    let asked = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output();
+    if let Some(o) = asked.ok().filter(|o| o.status.success()) {
+        out.extend(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(PathBuf::from),
+        );
+    }
     out
 }
 
@@ -341,8 +357,7 @@ fn link_dir(found: &[(Lib, PathBuf)]) -> Result<PathBuf, String> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     found.hash(&mut h);
-    let user = std::env::var("USER").unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("ralpc-cuda-libs-{user}-{:016x}", h.finish()));
+    let dir = std::env::temp_dir().join(format!("ralpc-cuda-libs-{:016x}", h.finish()));
     let complete = |dir: &Path| {
         found.iter().all(|(lib, file)| {
             std::fs::read_link(dir.join(format!("lib{}.so", lib.stem()))).is_ok_and(|t| t == *file)

@@ -3,4 +3,9 @@
 //!
 //! * [`libs`]: finding the CUDA libraries (pip wheels, `libnccl.so.2`) and clear errors
 //!   when one is missing, before cudarc would panic.
+//! * [`kernels`]: the NVRTC kernels (elementwise, reductions, softmax and loss,
+//!   normalization, pooling, im2col, SGD) and their compilation.
+//! * [`device`]: the GPUs the driver sees.
+pub mod device;
+pub mod kernels;
 pub mod libs;

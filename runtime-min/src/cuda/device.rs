@@ -1,0 +1,53 @@
+//! The GPUs the driver sees.
+
+use cudarc::driver::CudaContext;
+
+/// One GPU.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Its ordinal (`cuda:N`).
+    pub ordinal: usize,
+    /// Its name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Memory in bytes.
+    pub memory: u64,
+}
+
+/// The CUDA version the driver supports, as (major, minor). The caller checks that the
+/// driver loads first ([`super::libs`]).
+///
+/// # Errors
+/// The driver's error.
+pub fn driver_version() -> Result<(i32, i32), String> {
+    let mut v = 0;
+    // SAFETY: one out-parameter the driver writes.
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if status == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok((v / 1000, (v % 1000) / 10))
+    } else {
+        Err(format!("cuDriverGetVersion failed: {status:?}"))
+    }
+}
+
+/// Every GPU. The caller checks that the driver loads first ([`super::libs`]).
+///
+/// # Errors
+/// The driver's error (no device, a broken installation).
+pub fn devices() -> Result<Vec<DeviceInfo>, String> {
+    let fail = |e: cudarc::driver::DriverError| format!("the CUDA driver failed: {e}");
+    let n = CudaContext::device_count().map_err(fail)?;
+    (0..n.max(0) as usize)
+        .map(|ordinal| {
+            let ctx = CudaContext::new(ordinal).map_err(fail)?;
+            let (major, minor) = ctx.compute_capability().map_err(fail)?;
+            Ok(DeviceInfo {
+                ordinal,
+                name: ctx.name().map_err(fail)?,
+                compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+                memory: ctx.total_mem().map_err(fail)? as u64,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,545 @@
+// ralpc's CUDA kernels, compiled at run time with NVRTC for the device's architecture.
+// GEMMs and convolutions go to cuBLAS and cuDNN; these are the rest of training: elementwise
+// ops and their gradients, reductions, softmax and the loss, normalizations, pooling,
+// im2col (convolution without cuDNN), resharding copies and the optimizer.
+//
+// Conventions: f32 data, i64 labels and indices; sizes are long long; every kernel is a
+// grid-stride loop over its outputs (any launch shape is correct), except the row kernels
+// (softmax, layer norm, loss, channel statistics), which take one block per row and reduce
+// with `block_sum` (blockDim.x a power of two, at most 1024).
+//
+// Kept in step with the CPU kernels (runtime-min/src/cpu/kernels.rs, ops.rs): GELU is the
+// exact erf form, pooling follows ONNX's padding and count_include_pad, batch norm's
+// variance is the biased one.
+
+#define MAX_DIMS 6
+// NVRTC has no <math.h>: -infinity by its bits.
+#define NEG_INF (__int_as_float(0xff800000))
+
+#define GRID_STRIDE(i, n) \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (long long)blockDim.x * gridDim.x)
+
+// Shapes and strides travel by value: launches pass this struct as one argument.
+struct Strides {
+  long long shape[MAX_DIMS];   // output shape (leading unused dims are 1)
+  long long a[MAX_DIMS];       // element strides of operand a (0 where broadcast)
+  long long b[MAX_DIMS];       // element strides of operand b (0 where broadcast)
+};
+
+// Offsets of output element `i` in a and b.
+__device__ __forceinline__ void offsets(const Strides& s, long long i, long long* oa,
+                                        long long* ob) {
+  long long a = 0, b = 0;
+  for (int d = MAX_DIMS - 1; d >= 0; --d) {
+    long long n = s.shape[d];
+    long long k = i % n;
+    i /= n;
+    a += k * s.a[d];
+    b += k * s.b[d];
+  }
+  *oa = a;
+  *ob = b;
+}
+
+// ---- elementwise, broadcasting ----------------------------------------------------------
+
+// op: 0 add, 1 sub, 2 mul, 3 div, 4 pow, 5 max, 6 min
+extern "C" __global__ void binary(float* out, const float* a, const float* b, Strides s,
+                                  long long n, int op) {
+  GRID_STRIDE(i, n) {
+    long long oa, ob;
+    offsets(s, i, &oa, &ob);
+    float x = a[oa], y = b[ob], r;
+    switch (op) {
+      case 0: r = x + y; break;
+      case 1: r = x - y; break;
+      case 2: r = x * y; break;
+      case 3: r = x / y; break;
+      case 4: r = powf(x, y); break;
+      case 5: r = fmaxf(x, y); break;
+      default: r = fminf(x, y); break;
+    }
+    out[i] = r;
+  }
+}
+
+// Copies a strided view of `src` (strides in Strides::a) into contiguous `dst`: transposes,
+// slices, the pieces of a resharding, broadcasts (stride 0).
+extern "C" __global__ void gather_strided(float* dst, const float* src, Strides s,
+                                          long long src_offset, long long n) {
+  GRID_STRIDE(i, n) {
+    long long oa, ob;
+    offsets(s, i, &oa, &ob);
+    dst[i] = src[src_offset + oa];
+  }
+}
+
+// Writes contiguous `src` into a strided view of `dst` (strides in Strides::a); with
+// `accumulate`, adds instead (the gradient of a broadcast or of overlapping reads).
+extern "C" __global__ void scatter_strided(float* dst, const float* src, Strides s,
+                                           long long dst_offset, long long n, int accumulate) {
+  GRID_STRIDE(i, n) {
+    long long oa, ob;
+    offsets(s, i, &oa, &ob);
+    if (accumulate) {
+      atomicAdd(&dst[dst_offset + oa], src[i]);
+    } else {
+      dst[dst_offset + oa] = src[i];
+    }
+  }
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+
+// op: 0 relu, 1 sigmoid, 2 tanh, 3 gelu, 4 exp, 5 log, 6 sqrt, 7 neg, 8 abs, 9 leaky relu
+// (alpha), 10 clip (alpha..beta), 11 hard sigmoid (alpha, beta), 12 silu, 13 reciprocal,
+// 14 elu (alpha), 15 erf, 16 identity scaled by alpha
+extern "C" __global__ void unary(float* out, const float* x, long long n, int op, float alpha,
+                                 float beta) {
+  GRID_STRIDE(i, n) {
+    float v = x[i], r;
+    switch (op) {
+      case 0: r = fmaxf(v, 0.0f); break;
+      case 1: r = 1.0f / (1.0f + expf(-v)); break;
+      case 2: r = tanhf(v); break;
+      case 3: r = gelu(v); break;
+      case 4: r = expf(v); break;
+      case 5: r = logf(v); break;
+      case 6: r = sqrtf(v); break;
+      case 7: r = -v; break;
+      case 8: r = fabsf(v); break;
+      case 9: r = v >= 0.0f ? v : alpha * v; break;
+      case 10: r = fminf(fmaxf(v, alpha), beta); break;
+      case 11: r = fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f); break;
+      case 12: r = v / (1.0f + expf(-v)); break;
+      case 13: r = 1.0f / v; break;
+      case 14: r = v >= 0.0f ? v : alpha * (expf(v) - 1.0f); break;
+      case 15: r = erff(v); break;
+      default: r = alpha * v; break;
+    }
+    out[i] = r;
+  }
+}
+
+// dx from dy and the forward's input x (or output y where noted), same op codes as `unary`:
+// relu (x), sigmoid (y), tanh (y), gelu (x), exp (y), log (x), sqrt (y), neg, abs (x),
+// leaky relu (x), clip (x), hard sigmoid (x), silu (x), reciprocal (y), elu (x), erf (x).
+extern "C" __global__ void unary_backward(float* dx, const float* dy, const float* saved,
+                                          long long n, int op, float alpha, float beta) {
+  GRID_STRIDE(i, n) {
+    float g = dy[i], v = saved[i], r;
+    switch (op) {
+      case 0: r = v > 0.0f ? g : 0.0f; break;
+      case 1: r = g * v * (1.0f - v); break;
+      case 2: r = g * (1.0f - v * v); break;
+      case 3: {
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        r = g * (cdf + v * pdf);
+        break;
+      }
+      case 4: r = g * v; break;
+      case 5: r = g / v; break;
+      case 6: r = g * 0.5f / v; break;
+      case 7: r = -g; break;
+      case 8: r = v > 0.0f ? g : (v < 0.0f ? -g : 0.0f); break;
+      case 9: r = v >= 0.0f ? g : alpha * g; break;
+      case 10: r = (v >= alpha && v <= beta) ? g : 0.0f; break;
+      case 11: {
+        float t = alpha * v + beta;
+        r = (t > 0.0f && t < 1.0f) ? alpha * g : 0.0f;
+        break;
+      }
+      case 12: {
+        float s = 1.0f / (1.0f + expf(-v));
+        r = g * s * (1.0f + v * (1.0f - s));
+        break;
+      }
+      case 13: r = -g * v * v; break;
+      case 14: r = v >= 0.0f ? g : g * alpha * expf(v); break;
+      case 15: r = g * 1.12837916709551257f * expf(-v * v); break;
+      default: r = alpha * g; break;
+    }
+    dx[i] = r;
+  }
+}
+
+extern "C" __global__ void fill(float* out, long long n, float value) {
+  GRID_STRIDE(i, n) { out[i] = value; }
+}
+
+// out = alpha * x + beta * out
+extern "C" __global__ void axpby(float* out, const float* x, long long n, float alpha,
+                                 float beta) {
+  GRID_STRIDE(i, n) { out[i] = alpha * x[i] + beta * out[i]; }
+}
+
+// ---- reductions -------------------------------------------------------------------------
+
+// Sum of `v` over the block, returned to every thread. `scratch` holds blockDim.x floats.
+__device__ float block_sum(float v, float* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) scratch[threadIdx.x] += scratch[threadIdx.x + s];
+    __syncthreads();
+  }
+  float total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ float block_max(float v, float* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + s]);
+    __syncthreads();
+  }
+  float m = scratch[0];
+  __syncthreads();
+  return m;
+}
+
+// x viewed as [outer, n, inner]: out[o, j] = sum (or mean) over the middle axis. One thread
+// per output, summing in index order (deterministic).
+extern "C" __global__ void reduce_axis(float* out, const float* x, long long outer, long long n,
+                                       long long inner, int mean) {
+  GRID_STRIDE(i, outer * inner) {
+    long long o = i / inner, j = i % inner;
+    const float* p = x + o * n * inner + j;
+    float acc = 0.0f;
+    for (long long k = 0; k < n; ++k) acc += p[k * inner];
+    out[i] = mean ? acc / (float)n : acc;
+  }
+}
+
+// ---- softmax and the loss ---------------------------------------------------------------
+
+// Row-wise softmax of x [rows, n]; one block per row; shared memory blockDim.x floats.
+extern "C" __global__ void softmax_rows(float* y, const float* x, long long rows, long long n,
+                                       int log_space) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float m = NEG_INF;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
+    s = block_sum(s, scratch);
+    float ls = logf(s);
+    for (long long k = threadIdx.x; k < n; k += blockDim.x)
+      yr[k] = log_space ? xr[k] - m - ls : expf(xr[k] - m) / s;
+  }
+}
+
+// dx = y * (dy - sum(dy * y)) per row (softmax); for log-softmax dx = dy - exp(y) * sum(dy).
+extern "C" __global__ void softmax_rows_backward(float* dx, const float* dy, const float* y,
+                                                long long rows, long long n, int log_space) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* g = dy + r * n;
+    const float* yr = y + r * n;
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += log_space ? g[k] : g[k] * yr[k];
+    s = block_sum(s, scratch);
+    for (long long k = threadIdx.x; k < n; k += blockDim.x)
+      dx[r * n + k] = log_space ? g[k] - expf(yr[k]) * s : yr[k] * (g[k] - s);
+  }
+}
+
+// Softmax cross-entropy of logits [rows, n] against class labels: loss[r] is row r's loss
+// divided by `total_rows` (the global batch, so shares of a split batch add up), and
+// dlogits = (softmax - onehot) / total_rows.
+extern "C" __global__ void cross_entropy(float* loss, float* dlogits, const float* logits,
+                                         const long long* labels, long long rows, long long n,
+                                         long long total_rows) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = logits + r * n;
+    float m = NEG_INF;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
+    s = block_sum(s, scratch);
+    long long label = labels[r];
+    float scale = 1.0f / (float)total_rows;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x)
+      dlogits[r * n + k] = (expf(xr[k] - m) / s - (k == label ? 1.0f : 0.0f)) * scale;
+    if (threadIdx.x == 0) {
+      float picked = (label >= 0 && label < n) ? xr[label] : m;
+      loss[r] = (m + logf(s) - picked) * scale;
+    }
+  }
+}
+
+// Mean squared error over all elements of the global output (`total` of them):
+// loss[i] = (x - t)^2 / total, dx = 2 (x - t) / total.
+extern "C" __global__ void mse(float* loss, float* dx, const float* x, const float* target,
+                               long long n, long long total) {
+  GRID_STRIDE(i, n) {
+    float d = x[i] - target[i];
+    loss[i] = d * d / (float)total;
+    dx[i] = 2.0f * d / (float)total;
+  }
+}
+
+// ---- normalization ----------------------------------------------------------------------
+
+// Layer norm over the last `n` elements of each of `rows` rows; saves mean and 1/std.
+extern "C" __global__ void layer_norm(float* y, float* mean_out, float* rstd_out, const float* x,
+                                      const float* gamma, const float* beta, long long rows,
+                                      long long n, float eps) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += xr[k];
+    float mean = block_sum(s, scratch) / (float)n;
+    float v = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) {
+      float d = xr[k] - mean;
+      v += d * d;
+    }
+    float rstd = rsqrtf(block_sum(v, scratch) / (float)n + eps);
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) {
+      float h = (xr[k] - mean) * rstd;
+      y[r * n + k] = h * (gamma ? gamma[k] : 1.0f) + (beta ? beta[k] : 0.0f);
+    }
+    if (threadIdx.x == 0) {
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+// dx of layer norm (dgamma, dbeta come from reduce_axis over rows of dy*xhat and dy).
+extern "C" __global__ void layer_norm_backward(float* dx, const float* dy, const float* x,
+                                               const float* gamma, const float* mean,
+                                               const float* rstd, long long rows, long long n) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    const float* g = dy + r * n;
+    float mu = mean[r], rs = rstd[r];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) {
+      float gh = g[k] * (gamma ? gamma[k] : 1.0f);
+      s1 += gh;
+      s2 += gh * (xr[k] - mu) * rs;
+    }
+    s1 = block_sum(s1, scratch) / (float)n;
+    s2 = block_sum(s2, scratch) / (float)n;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) {
+      float gh = g[k] * (gamma ? gamma[k] : 1.0f);
+      float h = (xr[k] - mu) * rs;
+      dx[r * n + k] = rs * (gh - s1 - h * s2);
+    }
+  }
+}
+
+// Per-channel mean and 1/std of x [batch, channels, spatial]; one block per channel.
+extern "C" __global__ void channel_stats(float* mean_out, float* rstd_out, const float* x,
+                                         long long batch, long long channels, long long spatial,
+                                         float eps) {
+  extern __shared__ float scratch[];
+  long long count = batch * spatial;
+  for (long long c = blockIdx.x; c < channels; c += gridDim.x) {
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < count; k += blockDim.x)
+      s += x[(k / spatial) * channels * spatial + c * spatial + k % spatial];
+    float mean = block_sum(s, scratch) / (float)count;
+    float v = 0.0f;
+    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
+      float d = x[(k / spatial) * channels * spatial + c * spatial + k % spatial] - mean;
+      v += d * d;
+    }
+    float var = block_sum(v, scratch) / (float)count;
+    if (threadIdx.x == 0) {
+      mean_out[c] = mean;
+      rstd_out[c] = rsqrtf(var + eps);
+    }
+  }
+}
+
+// y = (x - mean[c]) * rstd[c] * gamma[c] + beta[c] for x [batch, channels, spatial]. With
+// `running_var`, rstd is 1/sqrt(running_var + eps) (inference mode).
+extern "C" __global__ void channel_affine(float* y, const float* x, const float* mean,
+                                          const float* rstd, const float* gamma,
+                                          const float* beta, long long channels,
+                                          long long spatial, long long n, int rstd_is_var,
+                                          float eps) {
+  GRID_STRIDE(i, n) {
+    long long c = (i / spatial) % channels;
+    float r = rstd_is_var ? rsqrtf(rstd[c] + eps) : rstd[c];
+    y[i] = (x[i] - mean[c]) * r * gamma[c] + beta[c];
+  }
+}
+
+// Batch norm (training) backward: per channel, dgamma = sum(dy * xhat), dbeta = sum(dy),
+// dx = gamma * rstd / count * (count * dy - dbeta - xhat * dgamma). One block per channel.
+extern "C" __global__ void batch_norm_backward(float* dx, float* dgamma, float* dbeta,
+                                               const float* dy, const float* x,
+                                               const float* mean, const float* rstd,
+                                               const float* gamma, long long batch,
+                                               long long channels, long long spatial) {
+  extern __shared__ float scratch[];
+  long long count = batch * spatial;
+  for (long long c = blockIdx.x; c < channels; c += gridDim.x) {
+    float mu = mean[c], rs = rstd[c];
+    float sg = 0.0f, sgh = 0.0f;
+    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
+      long long i = (k / spatial) * channels * spatial + c * spatial + k % spatial;
+      sg += dy[i];
+      sgh += dy[i] * (x[i] - mu) * rs;
+    }
+    sg = block_sum(sg, scratch);
+    sgh = block_sum(sgh, scratch);
+    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
+      long long i = (k / spatial) * channels * spatial + c * spatial + k % spatial;
+      float h = (x[i] - mu) * rs;
+      dx[i] = gamma[c] * rs / (float)count * ((float)count * dy[i] - sg - h * sgh);
+    }
+    if (threadIdx.x == 0) {
+      dgamma[c] = sgh;
+      dbeta[c] = sg;
+    }
+  }
+}
+
+// ---- pooling and im2col (NCHW, 2-d windows) ---------------------------------------------
+
+struct Window {
+  long long n, c, h, w;           // input
+  long long oh, ow;               // output
+  long long kh, kw, sh, sw;       // kernel, strides
+  long long ph, pw;               // leading pads (trailing ones follow from oh, ow)
+  long long dh, dw;               // dilations
+};
+
+// Max pooling; saves the flat input index of each maximum (-1 for an all-padding window).
+extern "C" __global__ void max_pool(float* y, long long* argmax, const float* x, Window g) {
+  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
+    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
+    float best = NEG_INF;
+    long long at = -1;
+    for (long long ky = 0; ky < g.kh; ++ky) {
+      long long iy = oy * g.sh - g.ph + ky * g.dh;
+      if (iy < 0 || iy >= g.h) continue;
+      for (long long kx = 0; kx < g.kw; ++kx) {
+        long long ix = ox * g.sw - g.pw + kx * g.dw;
+        if (ix < 0 || ix >= g.w) continue;
+        long long j = (nc * g.h + iy) * g.w + ix;
+        if (x[j] > best || at < 0) {
+          best = x[j];
+          at = j;
+        }
+      }
+    }
+    y[i] = at < 0 ? 0.0f : best;
+    argmax[i] = at;
+  }
+}
+
+extern "C" __global__ void max_pool_backward(float* dx, const float* dy, const long long* argmax,
+                                             long long n) {
+  GRID_STRIDE(i, n) {
+    if (argmax[i] >= 0) atomicAdd(&dx[argmax[i]], dy[i]);
+  }
+}
+
+// Average pooling; the divisor counts padding when `count_pad` (ONNX count_include_pad),
+// clipped to the padded input either way.
+__device__ __forceinline__ float pool_divisor(const Window& g, long long oy, long long ox,
+                                              int count_pad) {
+  long long y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+  long long y1 = y0 + g.kh, x1 = x0 + g.kw;
+  if (count_pad) {
+    long long ye = min(y1, g.h + g.ph), xe = min(x1, g.w + g.pw);
+    return (float)((ye - y0) * (xe - x0));
+  }
+  long long ys = max(y0, 0LL), xs = max(x0, 0LL), ye = min(y1, g.h), xe = min(x1, g.w);
+  return (float)(max(ye - ys, 0LL) * max(xe - xs, 0LL));
+}
+
+extern "C" __global__ void avg_pool(float* y, const float* x, Window g, int count_pad) {
+  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
+    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
+    float s = 0.0f;
+    for (long long ky = 0; ky < g.kh; ++ky) {
+      long long iy = oy * g.sh - g.ph + ky;
+      if (iy < 0 || iy >= g.h) continue;
+      for (long long kx = 0; kx < g.kw; ++kx) {
+        long long ix = ox * g.sw - g.pw + kx;
+        if (ix < 0 || ix >= g.w) continue;
+        s += x[(nc * g.h + iy) * g.w + ix];
+      }
+    }
+    float d = pool_divisor(g, oy, ox, count_pad);
+    y[i] = d > 0.0f ? s / d : 0.0f;
+  }
+}
+
+extern "C" __global__ void avg_pool_backward(float* dx, const float* dy, Window g,
+                                             int count_pad) {
+  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
+    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
+    float d = pool_divisor(g, oy, ox, count_pad);
+    if (d <= 0.0f) continue;
+    float share = dy[i] / d;
+    for (long long ky = 0; ky < g.kh; ++ky) {
+      long long iy = oy * g.sh - g.ph + ky;
+      if (iy < 0 || iy >= g.h) continue;
+      for (long long kx = 0; kx < g.kw; ++kx) {
+        long long ix = ox * g.sw - g.pw + kx;
+        if (ix < 0 || ix >= g.w) continue;
+        atomicAdd(&dx[(nc * g.h + iy) * g.w + ix], share);
+      }
+    }
+  }
+}
+
+// im2col of one image's channels [c0, c0 + g.c) → cols [g.c * kh * kw, oh * ow], for
+// convolution by GEMM where cuDNN is absent (`g.n` is ignored: one image per call).
+extern "C" __global__ void im2col(float* cols, const float* image, Window g) {
+  long long spatial = g.oh * g.ow;
+  GRID_STRIDE(i, g.c * g.kh * g.kw * spatial) {
+    long long p = i % spatial, row = i / spatial;
+    long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+    long long oy = p / g.ow, ox = p % g.ow;
+    long long iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
+    cols[i] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? image[(c * g.h + iy) * g.w + ix]
+                                                           : 0.0f;
+  }
+}
+
+// The adjoint of im2col: adds cols back into the image gradient.
+extern "C" __global__ void col2im(float* image, const float* cols, Window g) {
+  long long spatial = g.oh * g.ow;
+  GRID_STRIDE(i, g.c * g.kh * g.kw * spatial) {
+    long long p = i % spatial, row = i / spatial;
+    long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+    long long oy = p / g.ow, ox = p % g.ow;
+    long long iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
+    if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+      atomicAdd(&image[(c * g.h + iy) * g.w + ix], cols[i]);
+  }
+}
+
+// ---- the optimizer ----------------------------------------------------------------------
+
+// SGD with momentum, as the CPU backend: v = momentum * v + g; w -= lr * v.
+extern "C" __global__ void sgd_momentum(float* w, float* velocity, const float* grad, long long n,
+                                        float lr, float momentum) {
+  GRID_STRIDE(i, n) {
+    float v = momentum * velocity[i] + grad[i];
+    velocity[i] = v;
+    w[i] -= lr * v;
+  }
+}

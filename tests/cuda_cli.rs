@@ -1,0 +1,138 @@
+//! The CUDA backend's checks that need no GPU: `ralpc doctor` names every CUDA library
+//! and why one is missing, finds NCCL under the name pip and Debian install it
+//! (`libnccl.so.2`, which cudarc does not try) with no symlink made by hand, and NVRTC
+//! compiles every kernel for Hopper. Under CI the kernels must compile (`.ci/run` installs
+//! NVRTC from pip); elsewhere that test says it skipped when NVRTC is absent.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+
+fn doctor(args: &[&str]) -> (serde_json::Value, i32, String) {
+    let out = Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg("doctor")
+        .arg("--json")
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("ralpc doctor runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}); stderr: {stderr}"));
+    (json, out.status.code().unwrap_or(-1), stderr)
+}
+
+#[test]
+fn doctor_names_every_library_and_how_to_get_it() {
+    let (json, code, stderr) = doctor(&[]);
+    let libraries = json["libraries"].as_object().expect("libraries");
+    let names: Vec<&str> = libraries.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "libcublas",
+            "libcublasLt",
+            "libcuda",
+            "libcudart",
+            "libcudnn",
+            "libnccl",
+            "libnvrtc"
+        ]
+    );
+    let mut training_missing = false;
+    for (name, lib) in libraries {
+        let status = lib["status"].as_str().expect("status");
+        assert!(["loads", "missing"].contains(&status), "{name}: {status}");
+        if status == "missing" {
+            let detail = lib["detail"].as_str().expect("why");
+            assert!(
+                detail.contains("pip install") || detail.contains("NVIDIA driver"),
+                "{name}: {detail}"
+            );
+            training_missing |= name != "libcudart";
+        }
+    }
+    if training_missing {
+        assert_eq!(code, 1, "{stderr}");
+        assert!(
+            stderr.contains("CUDA training is not possible here"),
+            "{stderr}"
+        );
+    } else {
+        assert_eq!(code, 0, "{stderr}");
+    }
+    if libraries["libcuda"]["status"] == "missing" {
+        assert!(libraries["libcuda"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("no CUDA driver found")));
+        assert_eq!(json["gpus"], serde_json::json!([]));
+    }
+}
+
+/// A stand-in for `libnccl.so.2` (a link to the C math library: cudarc only opens it) in a
+/// directory named by `RALPC_CUDA_LIB_PATH`: ralpc links it as `libnccl.so` and restarts.
+#[test]
+fn nccl_is_found_under_the_name_it_ships_with() {
+    let libm = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib64/libm.so.6",
+        "/usr/lib64/libm.so.6",
+        "/lib/aarch64-linux-gnu/libm.so.6",
+    ]
+    .into_iter()
+    .map(Path::new)
+    .find(|p| p.is_file())
+    .expect("a glibc system has libm.so.6");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = dir.path().join("libnccl.so.2");
+    std::os::unix::fs::symlink(libm, &fake).expect("link");
+    let out = Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .args(["doctor", "--json"])
+        .env("RALPC_CUDA_LIB_PATH", dir.path())
+        .output()
+        .expect("ralpc doctor runs");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let nccl = &json["libraries"]["libnccl"];
+    assert_eq!(nccl["status"], "loads", "{json}");
+    if nccl["detail"].is_string() {
+        assert_eq!(nccl["detail"], format!("from {}", fake.display()));
+    } else {
+        eprintln!("note: a real NCCL is already on the loader's path");
+    }
+}
+
+#[test]
+fn every_kernel_compiles_for_hopper() {
+    let (json, _, stderr) = {
+        let out = Command::cargo_bin("ralpc")
+            .expect("binary built")
+            .args(["doctor", "--json", "--compile-kernels", "--arch", "9.0"])
+            .output()
+            .expect("ralpc doctor runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if stderr.contains("cannot compile the kernels: libnvrtc not found") {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must compile the kernels: {stderr}"
+            );
+            eprintln!("skipped: NVRTC is not installed (pip install 'nvidia-cuda-nvrtc==13.0.*')");
+            return;
+        }
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}); stderr: {stderr}"));
+        (json, out.status.code(), stderr)
+    };
+    let kernels = &json["kernels"];
+    assert_eq!(kernels["arch"], "compute_90", "{stderr}");
+    let compiled: Vec<&str> = kernels["compiled"]
+        .as_array()
+        .expect("names")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(compiled, ralpc::runtime::cuda::kernels::NAMES);
+    assert!(kernels["ptx_bytes"].as_u64().is_some_and(|n| n > 10_000));
+}
