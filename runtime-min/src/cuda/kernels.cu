@@ -94,9 +94,18 @@ __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
 
+// GELU's tanh approximation: Φ(x) ≈ (1 + tanh(√(2/π)·(x + 0.044715·x³))) / 2.
+__device__ __forceinline__ float gelu_tanh_cdf(float x, float* pdf) {
+  const float k = 0.79788456080286536f;
+  float u = k * (x + 0.044715f * x * x * x);
+  float t = tanhf(u);
+  *pdf = 0.5f * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t);
+}
+
 // op: 0 relu, 1 sigmoid, 2 tanh, 3 gelu, 4 exp, 5 log, 6 sqrt, 7 neg, 8 abs, 9 leaky relu
 // (alpha), 10 clip (alpha..beta), 11 hard sigmoid (alpha, beta), 12 silu, 13 reciprocal,
-// 14 elu (alpha), 15 erf, 16 identity scaled by alpha
+// 14 elu (alpha), 15 erf, 16 identity scaled by alpha, 17 gelu (tanh approximation)
 extern "C" __global__ void unary(float* out, const float* x, long long n, int op, float alpha,
                                  float beta) {
   GRID_STRIDE(i, n) {
@@ -118,6 +127,11 @@ extern "C" __global__ void unary(float* out, const float* x, long long n, int op
       case 13: r = 1.0f / v; break;
       case 14: r = v >= 0.0f ? v : alpha * (expf(v) - 1.0f); break;
       case 15: r = erff(v); break;
+      case 17: {
+        float pdf;
+        r = v * gelu_tanh_cdf(v, &pdf);
+        break;
+      }
       default: r = alpha * v; break;
     }
     out[i] = r;
@@ -126,7 +140,8 @@ extern "C" __global__ void unary(float* out, const float* x, long long n, int op
 
 // dx from dy and the forward's input x (or output y where noted), same op codes as `unary`:
 // relu (x), sigmoid (y), tanh (y), gelu (x), exp (y), log (x), sqrt (y), neg, abs (x),
-// leaky relu (x), clip (x), hard sigmoid (x), silu (x), reciprocal (y), elu (x), erf (x).
+// leaky relu (x), clip (x), hard sigmoid (x), silu (x), reciprocal (y), elu (x), erf (x),
+// scale, gelu tanh (x).
 extern "C" __global__ void unary_backward(float* dx, const float* dy, const float* saved,
                                           long long n, int op, float alpha, float beta) {
   GRID_STRIDE(i, n) {
@@ -161,6 +176,11 @@ extern "C" __global__ void unary_backward(float* dx, const float* dy, const floa
       case 13: r = -g * v * v; break;
       case 14: r = v >= 0.0f ? g : g * alpha * expf(v); break;
       case 15: r = g * 1.12837916709551257f * expf(-v * v); break;
+      case 17: {
+        float pdf, cdf = gelu_tanh_cdf(v, &pdf);
+        r = g * (cdf + v * pdf);
+        break;
+      }
       default: r = alpha * g; break;
     }
     dx[i] = r;
@@ -413,107 +433,105 @@ extern "C" __global__ void batch_norm_backward(float* dx, float* dgamma, float* 
   }
 }
 
-// ---- pooling and im2col (NCHW, 2-d windows) ---------------------------------------------
+// ---- pooling and im2col (2-d windows over planes = N*C, or one image's channels) --------
 
+// The geometry of a window op, as the CPU backend's Pool2d.
 struct Window {
-  long long n, c, h, w;           // input
-  long long oh, ow;               // output
+  long long planes, h, w;         // input planes and size
+  long long oh, ow;               // output size
   long long kh, kw, sh, sw;       // kernel, strides
-  long long ph, pw;               // leading pads (trailing ones follow from oh, ow)
+  long long pt, pl, pb, pr;       // pads: top, left, bottom, right
   long long dh, dw;               // dilations
 };
 
-// Max pooling; saves the flat input index of each maximum (-1 for an all-padding window).
+// Where a window tap lands on one axis: 0 an input element, 1 the declared padding, 2
+// beyond it (a ceil-mode window overhanging the padded input).
+__device__ __forceinline__ int tap(long long at, long long size, long long pad_end) {
+  return (at >= 0 && at < size) ? 0 : (at < size + pad_end ? 1 : 2);
+}
+
+// Calls visit(input index or -1 for padding, is_input) for every tap of output `o` that is
+// not beyond the padding.
+#define FOR_EACH_TAP(g, o, body)                                                      \
+  {                                                                                   \
+    long long ox_ = (o) % (g).ow, oy_ = ((o) / (g).ow) % (g).oh;                      \
+    long long plane_ = (o) / ((g).ow * (g).oh);                                       \
+    for (long long ky_ = 0; ky_ < (g).kh; ++ky_) {                                    \
+      long long iy_ = oy_ * (g).sh + ky_ * (g).dh - (g).pt;                           \
+      int ty_ = tap(iy_, (g).h, (g).pb);                                              \
+      for (long long kx_ = 0; kx_ < (g).kw; ++kx_) {                                  \
+        long long ix_ = ox_ * (g).sw + kx_ * (g).dw - (g).pl;                         \
+        int tx_ = tap(ix_, (g).w, (g).pr);                                            \
+        if (ty_ == 2 || tx_ == 2) continue;                                           \
+        bool inside = ty_ == 0 && tx_ == 0;                                           \
+        long long at = inside ? (plane_ * (g).h + iy_) * (g).w + ix_ : -1;            \
+        body                                                                          \
+      }                                                                               \
+    }                                                                                 \
+  }
+
+// Max pooling; saves the flat input index of each maximum (0 for a window of padding
+// only, whose output is -infinity, as on the CPU).
 extern "C" __global__ void max_pool(float* y, long long* argmax, const float* x, Window g) {
-  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
-    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
+  GRID_STRIDE(i, g.planes * g.oh * g.ow) {
     float best = NEG_INF;
-    long long at = -1;
-    for (long long ky = 0; ky < g.kh; ++ky) {
-      long long iy = oy * g.sh - g.ph + ky * g.dh;
-      if (iy < 0 || iy >= g.h) continue;
-      for (long long kx = 0; kx < g.kw; ++kx) {
-        long long ix = ox * g.sw - g.pw + kx * g.dw;
-        if (ix < 0 || ix >= g.w) continue;
-        long long j = (nc * g.h + iy) * g.w + ix;
-        if (x[j] > best || at < 0) {
-          best = x[j];
-          at = j;
-        }
+    long long best_at = 0;
+    FOR_EACH_TAP(g, i, {
+      if (inside && x[at] > best) {
+        best = x[at];
+        best_at = at;
       }
-    }
-    y[i] = at < 0 ? 0.0f : best;
-    argmax[i] = at;
+    })
+    y[i] = best;
+    argmax[i] = best_at;
   }
 }
 
 extern "C" __global__ void max_pool_backward(float* dx, const float* dy, const long long* argmax,
                                              long long n) {
-  GRID_STRIDE(i, n) {
-    if (argmax[i] >= 0) atomicAdd(&dx[argmax[i]], dy[i]);
-  }
+  GRID_STRIDE(i, n) { atomicAdd(&dx[argmax[i]], dy[i]); }
 }
 
-// Average pooling; the divisor counts padding when `count_pad` (ONNX count_include_pad),
-// clipped to the padded input either way.
-__device__ __forceinline__ float pool_divisor(const Window& g, long long oy, long long ox,
-                                              int count_pad) {
-  long long y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
-  long long y1 = y0 + g.kh, x1 = x0 + g.kw;
-  if (count_pad) {
-    long long ye = min(y1, g.h + g.ph), xe = min(x1, g.w + g.pw);
-    return (float)((ye - y0) * (xe - x0));
-  }
-  long long ys = max(y0, 0LL), xs = max(x0, 0LL), ye = min(y1, g.h), xe = min(x1, g.w);
-  return (float)(max(ye - ys, 0LL) * max(xe - xs, 0LL));
+// The average's divisor: input taps, plus padding taps when `count_pad` (ONNX
+// count_include_pad); taps beyond the padding never count.
+__device__ __forceinline__ float pool_divisor(const Window& g, long long o, int count_pad) {
+  float d = 0.0f;
+  FOR_EACH_TAP(g, o, {
+    if (inside || count_pad) d += 1.0f;
+    (void)at;
+  })
+  return fmaxf(d, 1.0f);
 }
 
 extern "C" __global__ void avg_pool(float* y, const float* x, Window g, int count_pad) {
-  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
-    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
+  GRID_STRIDE(i, g.planes * g.oh * g.ow) {
     float s = 0.0f;
-    for (long long ky = 0; ky < g.kh; ++ky) {
-      long long iy = oy * g.sh - g.ph + ky;
-      if (iy < 0 || iy >= g.h) continue;
-      for (long long kx = 0; kx < g.kw; ++kx) {
-        long long ix = ox * g.sw - g.pw + kx;
-        if (ix < 0 || ix >= g.w) continue;
-        s += x[(nc * g.h + iy) * g.w + ix];
-      }
-    }
-    float d = pool_divisor(g, oy, ox, count_pad);
-    y[i] = d > 0.0f ? s / d : 0.0f;
+    FOR_EACH_TAP(g, i, {
+      if (inside) s += x[at];
+    })
+    y[i] = s / pool_divisor(g, i, count_pad);
   }
 }
 
 extern "C" __global__ void avg_pool_backward(float* dx, const float* dy, Window g,
                                              int count_pad) {
-  GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
-    long long ox = i % g.ow, oy = (i / g.ow) % g.oh, nc = i / (g.ow * g.oh);
-    float d = pool_divisor(g, oy, ox, count_pad);
-    if (d <= 0.0f) continue;
-    float share = dy[i] / d;
-    for (long long ky = 0; ky < g.kh; ++ky) {
-      long long iy = oy * g.sh - g.ph + ky;
-      if (iy < 0 || iy >= g.h) continue;
-      for (long long kx = 0; kx < g.kw; ++kx) {
-        long long ix = ox * g.sw - g.pw + kx;
-        if (ix < 0 || ix >= g.w) continue;
-        atomicAdd(&dx[(nc * g.h + iy) * g.w + ix], share);
-      }
-    }
+  GRID_STRIDE(i, g.planes * g.oh * g.ow) {
+    float share = dy[i] / pool_divisor(g, i, count_pad);
+    FOR_EACH_TAP(g, i, {
+      if (inside) atomicAdd(&dx[at], share);
+    })
   }
 }
 
-// im2col of one image's channels [c0, c0 + g.c) → cols [g.c * kh * kw, oh * ow], for
-// convolution by GEMM where cuDNN is absent (`g.n` is ignored: one image per call).
+// im2col of one image ([g.planes channels, h, w]) → cols [planes * kh * kw, oh * ow], for
+// convolution by GEMM where cuDNN is absent.
 extern "C" __global__ void im2col(float* cols, const float* image, Window g) {
   long long spatial = g.oh * g.ow;
-  GRID_STRIDE(i, g.c * g.kh * g.kw * spatial) {
+  GRID_STRIDE(i, g.planes * g.kh * g.kw * spatial) {
     long long p = i % spatial, row = i / spatial;
     long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
     long long oy = p / g.ow, ox = p % g.ow;
-    long long iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
+    long long iy = oy * g.sh - g.pt + ky * g.dh, ix = ox * g.sw - g.pl + kx * g.dw;
     cols[i] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? image[(c * g.h + iy) * g.w + ix]
                                                            : 0.0f;
   }
@@ -522,11 +540,11 @@ extern "C" __global__ void im2col(float* cols, const float* image, Window g) {
 // The adjoint of im2col: adds cols back into the image gradient.
 extern "C" __global__ void col2im(float* image, const float* cols, Window g) {
   long long spatial = g.oh * g.ow;
-  GRID_STRIDE(i, g.c * g.kh * g.kw * spatial) {
+  GRID_STRIDE(i, g.planes * g.kh * g.kw * spatial) {
     long long p = i % spatial, row = i / spatial;
     long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
     long long oy = p / g.ow, ox = p % g.ow;
-    long long iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
+    long long iy = oy * g.sh - g.pt + ky * g.dh, ix = ox * g.sw - g.pl + kx * g.dw;
     if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
       atomicAdd(&image[(c * g.h + iy) * g.w + ix], cols[i]);
   }

@@ -35,6 +35,227 @@ pub const NAMES: [&str; 24] = [
     "sgd_momentum",
 ];
 
+/// The most dimensions a strided kernel handles.
+pub const MAX_DIMS: usize = 6;
+
+/// `struct Strides` of the kernels: an output shape and, per operand, the element stride
+/// of each dimension (0 where the operand is broadcast), right-aligned to [`MAX_DIMS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    /// Output shape (leading unused dimensions are 1).
+    pub shape: [i64; MAX_DIMS],
+    /// Operand a's strides.
+    pub a: [i64; MAX_DIMS],
+    /// Operand b's strides.
+    pub b: [i64; MAX_DIMS],
+}
+
+impl Strides {
+    /// NumPy broadcasting of contiguous `a` and `b` to `out`.
+    ///
+    /// # Errors
+    /// More than [`MAX_DIMS`] dimensions, or shapes that do not broadcast to `out`.
+    pub fn broadcast(out: &[usize], a: &[usize], b: &[usize]) -> Result<Strides, String> {
+        if out.len() > MAX_DIMS || a.len() > out.len() || b.len() > out.len() {
+            return Err(format!(
+                "cannot broadcast {a:?} and {b:?} to {out:?} (at most {MAX_DIMS} dimensions)"
+            ));
+        }
+        let mut s = Strides {
+            shape: [1; MAX_DIMS],
+            a: [0; MAX_DIMS],
+            b: [0; MAX_DIMS],
+        };
+        let lead = MAX_DIMS - out.len();
+        for (d, &n) in out.iter().enumerate() {
+            s.shape[lead + d] = n as i64;
+        }
+        for (operand, strides) in [(a, &mut s.a), (b, &mut s.b)] {
+            let mut stride = 1i64;
+            for (k, &n) in operand.iter().enumerate().rev() {
+                let d = MAX_DIMS - operand.len() + k;
+                if n != 1 && n as i64 != s.shape[d] {
+                    return Err(format!("cannot broadcast {a:?} and {b:?} to {out:?}"));
+                }
+                strides[d] = if n == 1 { 0 } else { stride };
+                stride *= n as i64;
+            }
+        }
+        Ok(s)
+    }
+
+    /// A strided view: `shape` read with element `strides` (a transpose, a slice, a piece
+    /// of a resharding), for `gather_strided` and `scatter_strided`.
+    ///
+    /// # Errors
+    /// More than [`MAX_DIMS`] dimensions, or lengths that differ.
+    pub fn view(shape: &[usize], strides: &[usize]) -> Result<Strides, String> {
+        if shape.len() > MAX_DIMS || shape.len() != strides.len() {
+            return Err(format!("a view of {shape:?} with strides {strides:?}"));
+        }
+        let mut s = Strides {
+            shape: [1; MAX_DIMS],
+            a: [0; MAX_DIMS],
+            b: [0; MAX_DIMS],
+        };
+        let lead = MAX_DIMS - shape.len();
+        for d in 0..shape.len() {
+            s.shape[lead + d] = shape[d] as i64;
+            s.a[lead + d] = strides[d] as i64;
+        }
+        Ok(s)
+    }
+
+    /// Output elements.
+    pub fn len(&self) -> i64 {
+        self.shape.iter().product()
+    }
+
+    /// Whether the output is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `struct Window` of the kernels: a 2-d window op's geometry, as the CPU backend's
+/// [`Pool2d`](crate::cpu::kernels::Pool2d).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Input planes (N·C for pooling, one image's channels for im2col), height, width.
+    pub planes: i64,
+    /// Input height.
+    pub h: i64,
+    /// Input width.
+    pub w: i64,
+    /// Output height.
+    pub oh: i64,
+    /// Output width.
+    pub ow: i64,
+    /// Kernel height.
+    pub kh: i64,
+    /// Kernel width.
+    pub kw: i64,
+    /// Vertical stride.
+    pub sh: i64,
+    /// Horizontal stride.
+    pub sw: i64,
+    /// Top padding.
+    pub pt: i64,
+    /// Left padding.
+    pub pl: i64,
+    /// Bottom padding.
+    pub pb: i64,
+    /// Right padding.
+    pub pr: i64,
+    /// Vertical dilation.
+    pub dh: i64,
+    /// Horizontal dilation.
+    pub dw: i64,
+}
+
+impl From<&crate::cpu::kernels::Pool2d> for Window {
+    fn from(p: &crate::cpu::kernels::Pool2d) -> Window {
+        let i = |v: usize| v as i64;
+        Window {
+            planes: i(p.planes),
+            h: i(p.input.0),
+            w: i(p.input.1),
+            oh: i(p.output.0),
+            ow: i(p.output.1),
+            kh: i(p.kernel.0),
+            kw: i(p.kernel.1),
+            sh: i(p.stride.0),
+            sw: i(p.stride.1),
+            pt: i(p.padding[0]),
+            pl: i(p.padding[1]),
+            pb: i(p.padding[2]),
+            pr: i(p.padding[3]),
+            dh: i(p.dilation.0),
+            dw: i(p.dilation.1),
+        }
+    }
+}
+
+// SAFETY: plain `repr(C)` integers, the layout the kernels declare.
+unsafe impl cudarc::driver::DeviceRepr for Strides {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for Window {}
+
+/// Operation codes of the `binary` kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum BinaryOp {
+    /// a + b
+    Add = 0,
+    /// a - b
+    Sub = 1,
+    /// a * b
+    Mul = 2,
+    /// a / b
+    Div = 3,
+    /// a ^ b
+    Pow = 4,
+    /// max(a, b)
+    Max = 5,
+    /// min(a, b)
+    Min = 6,
+}
+
+/// Operation codes of the `unary` and `unary_backward` kernels (`alpha`, `beta` where
+/// noted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum UnaryOp {
+    /// max(x, 0)
+    Relu = 0,
+    /// 1 / (1 + e^-x)
+    Sigmoid = 1,
+    /// tanh
+    Tanh = 2,
+    /// x·Φ(x), exact
+    Gelu = 3,
+    /// e^x
+    Exp = 4,
+    /// ln x
+    Log = 5,
+    /// √x
+    Sqrt = 6,
+    /// -x
+    Neg = 7,
+    /// |x|
+    Abs = 8,
+    /// x, or alpha·x below 0
+    LeakyRelu = 9,
+    /// x clipped to alpha..beta
+    Clip = 10,
+    /// clip(alpha·x + beta, 0, 1)
+    HardSigmoid = 11,
+    /// x·sigmoid(x)
+    Silu = 12,
+    /// 1 / x
+    Reciprocal = 13,
+    /// x, or alpha·(e^x - 1) below 0
+    Elu = 14,
+    /// erf
+    Erf = 15,
+    /// alpha·x
+    Scale = 16,
+    /// GELU, tanh approximation
+    GeluTanh = 17,
+}
+
+impl UnaryOp {
+    /// Whether `unary_backward` takes the forward's output (else its input).
+    pub fn backward_reads_output(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Sigmoid | UnaryOp::Tanh | UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Reciprocal
+        )
+    }
+}
+
 /// The compiled kernels.
 pub struct Compiled {
     /// The PTX.
