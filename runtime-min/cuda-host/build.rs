@@ -11,5 +11,7 @@ fn main() {
         .flag_if_supported("-std=c++17")
         .flag_if_supported("-ffp-contract=off")
         .warnings(false)
+        // The kernels run whole models in the tests: optimize them even in debug builds.
+        .opt_level(3)
         .compile("ralpc_kernels_host");
 }

@@ -67,3 +67,468 @@ unsafe extern "C" {
     pub fn col2im(image: F, cols: C, g: Window);
     pub fn sgd_momentum(w: F, velocity: F, grad: C, n: i64, lr: f32, momentum: f32);
 }
+
+/// The kernels on the host, behind the executor's [`Backend`]: what the CUDA executor
+/// runs, one thread at a time. GEMM is `matrixmultiply`'s.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Host;
+
+use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
+use ralpc_runtime_min::cuda::kernels::{BinaryOp, UnaryOp};
+
+fn n(len: usize) -> i64 {
+    len as i64
+}
+
+impl Backend for Host {
+    type Buf = Vec<f32>;
+    type Idx = Vec<i64>;
+
+    fn zeros(&self, len: usize) -> R<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+    fn upload(&self, data: &[f32]) -> R<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+    fn upload_indices(&self, data: &[i64]) -> R<Vec<i64>> {
+        Ok(data.to_vec())
+    }
+    fn index_zeros(&self, len: usize) -> R<Vec<i64>> {
+        Ok(vec![0; len])
+    }
+    fn download(&self, buf: &Vec<f32>) -> R<Vec<f32>> {
+        Ok(buf.clone())
+    }
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn gemm(&self, g: &Gemm, a: &Vec<f32>, b: &Vec<f32>, c: &mut Vec<f32>) -> R<()> {
+        let (m, n_, k) = (g.m, g.n, g.k);
+        // Row-major strides of op(A) (m×k) and op(B) (k×n) as stored.
+        let (rsa, csa) = if g.trans_a { (1, m) } else { (k, 1) };
+        let (rsb, csb) = if g.trans_b { (1, k) } else { (n_, 1) };
+        for i in 0..g.batch {
+            let [oa, ob, oc] = g.offsets;
+            let [sa, sb, sc] = g.strides;
+            let (a0, b0, c0) = (oa + i * sa, ob + i * sb, oc + i * sc);
+            if a0 + m * k > a.len() || b0 + k * n_ > b.len() || c0 + m * n_ > c.len() {
+                return Err(format!("gemm {g:?} overruns its buffers"));
+            }
+            // SAFETY: bounds checked above; matrixmultiply reads and writes within them.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n_,
+                    g.alpha,
+                    a[a0..].as_ptr(),
+                    rsa as isize,
+                    csa as isize,
+                    b[b0..].as_ptr(),
+                    rsb as isize,
+                    csb as isize,
+                    g.beta,
+                    c[c0..].as_mut_ptr(),
+                    n_ as isize,
+                    1,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn binary(
+        &self,
+        out: &mut Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        s: &Strides,
+        op: BinaryOp,
+    ) -> R<()> {
+        // SAFETY: `s` was built for these buffers by the executor.
+        unsafe {
+            binary(
+                out.as_mut_ptr(),
+                a.as_ptr(),
+                b.as_ptr(),
+                *s,
+                n(out.len()),
+                op as i32,
+            )
+        };
+        Ok(())
+    }
+    fn gather(&self, dst: &mut Vec<f32>, src: &Vec<f32>, s: &Strides, offset: usize) -> R<()> {
+        // SAFETY: as above.
+        unsafe { gather_strided(dst.as_mut_ptr(), src.as_ptr(), *s, n(offset), s.len()) };
+        Ok(())
+    }
+    fn scatter(
+        &self,
+        dst: &mut Vec<f32>,
+        src: &Vec<f32>,
+        s: &Strides,
+        offset: usize,
+        accumulate: bool,
+    ) -> R<()> {
+        // SAFETY: as above.
+        unsafe {
+            scatter_strided(
+                dst.as_mut_ptr(),
+                src.as_ptr(),
+                *s,
+                n(offset),
+                s.len(),
+                i32::from(accumulate),
+            )
+        };
+        Ok(())
+    }
+    fn unary(&self, out: &mut Vec<f32>, x: &Vec<f32>, op: UnaryOp, alpha: f32, beta: f32) -> R<()> {
+        // SAFETY: equal lengths.
+        unsafe {
+            unary(
+                out.as_mut_ptr(),
+                x.as_ptr(),
+                n(x.len()),
+                op as i32,
+                alpha,
+                beta,
+            )
+        };
+        Ok(())
+    }
+    fn unary_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        saved: &Vec<f32>,
+        op: UnaryOp,
+        alpha: f32,
+        beta: f32,
+    ) -> R<()> {
+        // SAFETY: equal lengths.
+        unsafe {
+            unary_backward(
+                dx.as_mut_ptr(),
+                dy.as_ptr(),
+                saved.as_ptr(),
+                n(dy.len()),
+                op as i32,
+                alpha,
+                beta,
+            )
+        };
+        Ok(())
+    }
+    fn fill(&self, out: &mut Vec<f32>, value: f32) -> R<()> {
+        // SAFETY: one buffer.
+        unsafe { fill(out.as_mut_ptr(), n(out.len()), value) };
+        Ok(())
+    }
+    fn axpby(&self, out: &mut Vec<f32>, x: &Vec<f32>, alpha: f32, beta: f32) -> R<()> {
+        // SAFETY: equal lengths.
+        unsafe { axpby(out.as_mut_ptr(), x.as_ptr(), n(out.len()), alpha, beta) };
+        Ok(())
+    }
+    fn reduce_axis(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        outer: usize,
+        len: usize,
+        inner: usize,
+        mean: bool,
+    ) -> R<()> {
+        // SAFETY: x is outer·len·inner, out outer·inner.
+        unsafe {
+            reduce_axis(
+                out.as_mut_ptr(),
+                x.as_ptr(),
+                n(outer),
+                n(len),
+                n(inner),
+                i32::from(mean),
+            )
+        };
+        Ok(())
+    }
+    fn softmax_rows(
+        &self,
+        y: &mut Vec<f32>,
+        x: &Vec<f32>,
+        rows: usize,
+        len: usize,
+        log: bool,
+    ) -> R<()> {
+        // SAFETY: rows·len each.
+        unsafe { softmax_rows(y.as_mut_ptr(), x.as_ptr(), n(rows), n(len), i32::from(log)) };
+        Ok(())
+    }
+    fn softmax_rows_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        y: &Vec<f32>,
+        rows: usize,
+        len: usize,
+        log: bool,
+    ) -> R<()> {
+        // SAFETY: rows·len each.
+        unsafe {
+            softmax_rows_backward(
+                dx.as_mut_ptr(),
+                dy.as_ptr(),
+                y.as_ptr(),
+                n(rows),
+                n(len),
+                i32::from(log),
+            )
+        };
+        Ok(())
+    }
+    fn cross_entropy(
+        &self,
+        loss: &mut Vec<f32>,
+        dlogits: &mut Vec<f32>,
+        logits: &Vec<f32>,
+        labels: &Vec<i64>,
+        rows: usize,
+        len: usize,
+        total_rows: usize,
+    ) -> R<()> {
+        // SAFETY: rows·len logits, rows labels and losses.
+        unsafe {
+            cross_entropy(
+                loss.as_mut_ptr(),
+                dlogits.as_mut_ptr(),
+                logits.as_ptr(),
+                labels.as_ptr(),
+                n(rows),
+                n(len),
+                n(total_rows),
+            )
+        };
+        Ok(())
+    }
+    fn mse(
+        &self,
+        loss: &mut Vec<f32>,
+        dx: &mut Vec<f32>,
+        x: &Vec<f32>,
+        target: &Vec<f32>,
+        total: usize,
+    ) -> R<()> {
+        // SAFETY: equal lengths.
+        unsafe {
+            mse(
+                loss.as_mut_ptr(),
+                dx.as_mut_ptr(),
+                x.as_ptr(),
+                target.as_ptr(),
+                n(x.len()),
+                n(total),
+            )
+        };
+        Ok(())
+    }
+    fn layer_norm(
+        &self,
+        y: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        x: &Vec<f32>,
+        affine: Option<(&Vec<f32>, &Vec<f32>)>,
+        rows: usize,
+        len: usize,
+        eps: f32,
+    ) -> R<()> {
+        let (g, b) = affine.map_or((std::ptr::null(), std::ptr::null()), |(g, b)| {
+            (g.as_ptr(), b.as_ptr())
+        });
+        // SAFETY: rows·len, rows, and len-long parameters (or null).
+        unsafe {
+            layer_norm(
+                y.as_mut_ptr(),
+                mean.as_mut_ptr(),
+                rstd.as_mut_ptr(),
+                x.as_ptr(),
+                g,
+                b,
+                n(rows),
+                n(len),
+                eps,
+            )
+        };
+        Ok(())
+    }
+    fn layer_norm_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        gamma: Option<&Vec<f32>>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        len: usize,
+    ) -> R<()> {
+        let g = gamma.map_or(std::ptr::null(), |g| g.as_ptr());
+        // SAFETY: as above.
+        unsafe {
+            layer_norm_backward(
+                dx.as_mut_ptr(),
+                dy.as_ptr(),
+                x.as_ptr(),
+                g,
+                mean.as_ptr(),
+                rstd.as_ptr(),
+                n(rows),
+                n(len),
+            )
+        };
+        Ok(())
+    }
+    fn channel_stats(
+        &self,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        x: &Vec<f32>,
+        batch: usize,
+        channels: usize,
+        spatial: usize,
+        eps: f32,
+    ) -> R<()> {
+        // SAFETY: batch·channels·spatial, channels.
+        unsafe {
+            channel_stats(
+                mean.as_mut_ptr(),
+                rstd.as_mut_ptr(),
+                x.as_ptr(),
+                n(batch),
+                n(channels),
+                n(spatial),
+                eps,
+            )
+        };
+        Ok(())
+    }
+    fn channel_affine(
+        &self,
+        y: &mut Vec<f32>,
+        x: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        channels: usize,
+        spatial: usize,
+    ) -> R<()> {
+        // SAFETY: as above.
+        unsafe {
+            channel_affine(
+                y.as_mut_ptr(),
+                x.as_ptr(),
+                mean.as_ptr(),
+                rstd.as_ptr(),
+                gamma.as_ptr(),
+                beta.as_ptr(),
+                n(channels),
+                n(spatial),
+                n(x.len()),
+                0,
+                0.0,
+            )
+        };
+        Ok(())
+    }
+    fn batch_norm_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dgamma: &mut Vec<f32>,
+        dbeta: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        (mean, rstd): (&Vec<f32>, &Vec<f32>),
+        gamma: &Vec<f32>,
+        batch: usize,
+        channels: usize,
+        spatial: usize,
+    ) -> R<()> {
+        // SAFETY: as above.
+        unsafe {
+            batch_norm_backward(
+                dx.as_mut_ptr(),
+                dgamma.as_mut_ptr(),
+                dbeta.as_mut_ptr(),
+                dy.as_ptr(),
+                x.as_ptr(),
+                mean.as_ptr(),
+                rstd.as_ptr(),
+                gamma.as_ptr(),
+                n(batch),
+                n(channels),
+                n(spatial),
+            )
+        };
+        Ok(())
+    }
+    fn max_pool(&self, y: &mut Vec<f32>, argmax: &mut Vec<i64>, x: &Vec<f32>, g: &Window) -> R<()> {
+        // SAFETY: sizes from the window.
+        unsafe { max_pool(y.as_mut_ptr(), argmax.as_mut_ptr(), x.as_ptr(), *g) };
+        Ok(())
+    }
+    fn max_pool_backward(&self, dx: &mut Vec<f32>, dy: &Vec<f32>, argmax: &Vec<i64>) -> R<()> {
+        // SAFETY: one index per output.
+        unsafe { max_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), argmax.as_ptr(), n(dy.len())) };
+        Ok(())
+    }
+    fn avg_pool(&self, y: &mut Vec<f32>, x: &Vec<f32>, g: &Window, count_pad: bool) -> R<()> {
+        // SAFETY: sizes from the window.
+        unsafe { avg_pool(y.as_mut_ptr(), x.as_ptr(), *g, i32::from(count_pad)) };
+        Ok(())
+    }
+    fn avg_pool_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        g: &Window,
+        count_pad: bool,
+    ) -> R<()> {
+        // SAFETY: as above.
+        unsafe { avg_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), *g, i32::from(count_pad)) };
+        Ok(())
+    }
+    fn im2col(&self, cols: &mut Vec<f32>, x: &Vec<f32>, offset: usize, g: &Window) -> R<()> {
+        // SAFETY: the image at `offset` and the columns fit the window.
+        unsafe { im2col(cols.as_mut_ptr(), x[offset..].as_ptr(), *g) };
+        Ok(())
+    }
+    fn col2im(&self, dx: &mut Vec<f32>, offset: usize, cols: &Vec<f32>, g: &Window) -> R<()> {
+        // SAFETY: as above.
+        unsafe { col2im(dx[offset..].as_mut_ptr(), cols.as_ptr(), *g) };
+        Ok(())
+    }
+    fn sgd_momentum(
+        &self,
+        w: &mut Vec<f32>,
+        velocity: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        lr: f32,
+        momentum: f32,
+    ) -> R<()> {
+        // SAFETY: equal lengths.
+        unsafe {
+            sgd_momentum(
+                w.as_mut_ptr(),
+                velocity.as_mut_ptr(),
+                grad.as_ptr(),
+                n(w.len()),
+                lr,
+                momentum,
+            )
+        };
+        Ok(())
+    }
+}

@@ -5,7 +5,11 @@
 //!   when one is missing, before cudarc would panic.
 //! * [`kernels`]: the NVRTC kernels (elementwise, reductions, softmax and loss,
 //!   normalization, pooling, im2col, SGD) and their compilation.
+//! * [`backend`]: what the executor asks of a device (buffers, kernels, GEMM), and
+//!   [`train`]: training on one device, written once against it;
 //! * [`device`]: the GPUs the driver sees.
+pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod libs;
+pub mod train;

@@ -1,0 +1,1142 @@
+//! Training a model on one device of a [`Backend`]: every node forward as kernel launches
+//! and GEMMs, the loss, every node backward, SGD with momentum — the CPU backend's
+//! [`train_reference`](crate::cpu::train::train_reference), on a device.
+//!
+//! Shapes come from the model's verification at the batch it runs at ([`GraphInfo`]), so
+//! views (Reshape, Flatten, Squeeze, Identity…) share their input's buffer and integer
+//! shape arithmetic never reaches the device. Operators without a device lowering yet are
+//! refused with an error naming the node.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, PoolKind, Unary, ValueId};
+
+use super::backend::{Backend, Gemm, R};
+use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
+use crate::cpu::graph::{ExecError, Weights};
+use crate::cpu::kernels::Pool2d;
+use crate::cpu::ops;
+use crate::cpu::tensor::Data;
+use crate::cpu::train::{Dataset, Loss, TrainOptions, TrainReport};
+
+/// A float tensor on the device; views share the buffer.
+struct DTensor<B: Backend> {
+    buf: Rc<B::Buf>,
+    shape: Vec<usize>,
+}
+
+impl<B: Backend> Clone for DTensor<B> {
+    fn clone(&self) -> Self {
+        DTensor {
+            buf: self.buf.clone(),
+            shape: self.shape.clone(),
+        }
+    }
+}
+
+/// What a node's forward pass keeps for its backward pass.
+enum Saved<B: Backend> {
+    None,
+    /// Max pooling's argmax.
+    Argmax(B::Idx),
+    /// Normalization statistics: mean and 1/std.
+    Stats(B::Buf, B::Buf),
+    /// Layer norm: the normalized input, and its statistics.
+    Normalized(B::Buf, B::Buf, B::Buf),
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides of `shape`.
+fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// The device training loop's state.
+struct Runner<'a, B: Backend> {
+    dev: &'a B,
+    graph: &'a Graph,
+    info: &'a GraphInfo,
+    /// Host copies of the constants (scalars such as Clip's bounds are read here).
+    host: &'a Weights,
+    values: BTreeMap<ValueId, DTensor<B>>,
+    saved: Vec<(NodeId, Saved<B>)>,
+}
+
+impl<'a, B: Backend> Runner<'a, B> {
+    fn shape(&self, v: ValueId) -> R<Vec<usize>> {
+        self.info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .map(|s| s.iter().map(|&d| d as usize).collect())
+            .ok_or_else(|| format!("'{}' has no static shape", self.graph.value(v).name))
+    }
+
+    fn input(&self, node: NodeId, slot: usize) -> R<DTensor<B>> {
+        let v = self
+            .graph
+            .node(node)
+            .inputs
+            .get(slot)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("input {slot} is absent"))?;
+        self.values.get(&v).cloned().ok_or_else(|| {
+            format!(
+                "'{}' is not a float tensor on the device",
+                self.graph.value(v).name
+            )
+        })
+    }
+
+    fn optional(&self, node: NodeId, slot: usize) -> Option<DTensor<B>> {
+        self.input(node, slot).ok()
+    }
+
+    /// A float scalar from a constant input (Clip's bounds).
+    fn scalar(&self, node: NodeId, slot: usize) -> Option<f32> {
+        let v = self.graph.node(node).inputs.get(slot).copied().flatten()?;
+        self.host
+            .tensors
+            .get(&v)
+            .and_then(|t| t.to_f64s().first().map(|&x| x as f32))
+    }
+
+    fn forward(&mut self, id: NodeId) -> R<()> {
+        let node = self.graph.node(id);
+        let out_shape = match node.outputs.first() {
+            Some(&v) => self.shape(v)?,
+            None => return Ok(()),
+        };
+        let dev = self.dev;
+        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
+        let (y, saved): (B::Buf, Saved<B>) = match &node.op {
+            Op::Input | Op::Constant { .. } => return Ok(()),
+            Op::Identity
+            | Op::Flatten { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Dropout { .. } => {
+                if node.outputs.len() > 1 {
+                    return Err("a dropout mask output is not on the CUDA backend yet".into());
+                }
+                let x = self.input(id, 0)?;
+                self.values.insert(
+                    node.outputs[0],
+                    DTensor {
+                        buf: x.buf,
+                        shape: out_shape,
+                    },
+                );
+                self.saved.push((id, Saved::None));
+                return Ok(());
+            }
+            Op::Conv(c) => {
+                let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
+                let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
+                let mut y = fresh(&out_shape)?;
+                let conv = ConvPlan::new(&g);
+                let mut cols = dev.zeros(conv.k * conv.spatial)?;
+                for n in 0..g.batch {
+                    for grp in 0..g.groups {
+                        dev.im2col(&mut cols, &x.buf, conv.image_offset(n, grp), &conv.window)?;
+                        let mut mm = Gemm::new(conv.cout_g, conv.spatial, conv.k);
+                        mm.offsets = [grp * conv.cout_g * conv.k, 0, conv.output_offset(n, grp)];
+                        dev.gemm(&mm, &w.buf, &cols, &mut y)?;
+                    }
+                }
+                if let Some(b) = self.optional(id, 2) {
+                    y = self.add_broadcast(
+                        &y,
+                        &out_shape,
+                        &b.buf,
+                        &[g.out_channels, 1, 1][..out_shape.len() - 1],
+                    )?;
+                }
+                (y, Saved::None)
+            }
+            Op::Gemm(gm) => {
+                let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
+                let (m, n) = (out_shape[0], out_shape[1]);
+                let k = if gm.trans_a { a.shape[0] } else { a.shape[1] };
+                let mut y = fresh(&out_shape)?;
+                let mut mm = Gemm::new(m, n, k);
+                mm.trans_a = gm.trans_a;
+                mm.trans_b = gm.trans_b;
+                mm.alpha = gm.alpha;
+                if let Some(c) = self.optional(id, 2) {
+                    let s = Strides::broadcast(&out_shape, &c.shape, &c.shape)?;
+                    dev.gather(&mut y, &c.buf, &s, 0)?;
+                    mm.beta = gm.beta;
+                }
+                dev.gemm(&mm, &a.buf, &b.buf, &mut y)?;
+                (y, Saved::None)
+            }
+            Op::MatMul => {
+                let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
+                let plan = MatMulPlan::new(&a.shape, &b.shape)?;
+                let mut y = fresh(&out_shape)?;
+                dev.gemm(&plan.forward(), &a.buf, &b.buf, &mut y)?;
+                (y, Saved::None)
+            }
+            Op::Unary(u) => {
+                let (op, alpha, beta) = unary_op(*u)?;
+                let x = self.input(id, 0)?;
+                let mut y = fresh(&out_shape)?;
+                dev.unary(&mut y, &x.buf, op, alpha, beta)?;
+                (y, Saved::None)
+            }
+            Op::Clip { min, max } => {
+                let lo = min
+                    .or_else(|| self.scalar(id, 1))
+                    .unwrap_or(f32::NEG_INFINITY);
+                let hi = max.or_else(|| self.scalar(id, 2)).unwrap_or(f32::INFINITY);
+                let x = self.input(id, 0)?;
+                let mut y = fresh(&out_shape)?;
+                dev.unary(&mut y, &x.buf, UnaryOp::Clip, lo, hi)?;
+                (y, Saved::None)
+            }
+            Op::Binary(b) => {
+                let op = binary_op(*b)?;
+                let (a, c) = (self.input(id, 0)?, self.input(id, 1)?);
+                let mut y = fresh(&out_shape)?;
+                dev.binary(
+                    &mut y,
+                    &a.buf,
+                    &c.buf,
+                    &Strides::broadcast(&out_shape, &a.shape, &c.shape)?,
+                    op,
+                )?;
+                (y, Saved::None)
+            }
+            Op::Sum => {
+                let mut acc = self.input(id, 0)?;
+                for slot in 1..node.inputs.len() {
+                    let x = self.input(id, slot)?;
+                    let mut y = fresh(&out_shape)?;
+                    dev.binary(
+                        &mut y,
+                        &acc.buf,
+                        &x.buf,
+                        &Strides::broadcast(&out_shape, &acc.shape, &x.shape)?,
+                        BinaryOp::Add,
+                    )?;
+                    acc = DTensor {
+                        buf: Rc::new(y),
+                        shape: out_shape.clone(),
+                    };
+                }
+                match Rc::try_unwrap(acc.buf) {
+                    Ok(y) => (y, Saved::None),
+                    // One input: the sum is a view of it.
+                    Err(buf) => {
+                        self.values.insert(
+                            node.outputs[0],
+                            DTensor {
+                                buf,
+                                shape: out_shape,
+                            },
+                        );
+                        self.saved.push((id, Saved::None));
+                        return Ok(());
+                    }
+                }
+            }
+            Op::Softmax { axis, log, flatten } => {
+                let x = self.input(id, 0)?;
+                let (outer, width, inner) = ops::softmax_layout(&x.shape, *axis, *flatten)?;
+                if inner != 1 {
+                    return Err(
+                        "softmax over an axis other than the last is not on the CUDA backend yet"
+                            .into(),
+                    );
+                }
+                let mut y = fresh(&out_shape)?;
+                dev.softmax_rows(&mut y, &x.buf, outer, width, *log)?;
+                (y, Saved::None)
+            }
+            Op::Pool(p) => {
+                let x = self.input(id, 0)?;
+                let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
+                let win = Window::from(&g);
+                let mut y = fresh(&out_shape)?;
+                match p.kind {
+                    PoolKind::Max => {
+                        let mut argmax = dev.index_zeros(numel(&out_shape))?;
+                        dev.max_pool(&mut y, &mut argmax, &x.buf, &win)?;
+                        (y, Saved::Argmax(argmax))
+                    }
+                    PoolKind::Average => {
+                        dev.avg_pool(&mut y, &x.buf, &win, p.count_include_pad)?;
+                        (y, Saved::None)
+                    }
+                }
+            }
+            Op::GlobalPool(PoolKind::Average) => {
+                let x = self.input(id, 0)?;
+                let planes = x.shape.iter().take(2).product::<usize>();
+                let area = numel(x.shape.get(2..).unwrap_or_default());
+                let mut y = fresh(&out_shape)?;
+                dev.reduce_axis(&mut y, &x.buf, planes, area, 1, true)?;
+                (y, Saved::None)
+            }
+            Op::BatchNorm { epsilon, .. } => {
+                if node.outputs.len() > 1 {
+                    return Err(
+                        "batch norm's running-statistics outputs are not on the CUDA backend yet"
+                            .into(),
+                    );
+                }
+                let (x, gamma, beta) = (self.input(id, 0)?, self.input(id, 1)?, self.input(id, 2)?);
+                let (batch, channels, spatial) = channel_layout(&x.shape)?;
+                let (mut mean, mut rstd) = (dev.zeros(channels)?, dev.zeros(channels)?);
+                dev.channel_stats(
+                    &mut mean, &mut rstd, &x.buf, batch, channels, spatial, *epsilon,
+                )?;
+                let mut y = fresh(&out_shape)?;
+                dev.channel_affine(
+                    &mut y, &x.buf, &mean, &rstd, &gamma.buf, &beta.buf, channels, spatial,
+                )?;
+                (y, Saved::Stats(mean, rstd))
+            }
+            Op::LayerNorm { axis, epsilon } => {
+                if node.outputs.len() > 1 {
+                    return Err(
+                        "layer norm's statistics outputs are not on the CUDA backend yet".into(),
+                    );
+                }
+                let x = self.input(id, 0)?;
+                let a = axis_of(*axis, x.shape.len())?;
+                let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
+                let (mut mean, mut rstd) = (dev.zeros(rows)?, dev.zeros(rows)?);
+                let mut xhat = fresh(&out_shape)?;
+                dev.layer_norm(
+                    &mut xhat, &mut mean, &mut rstd, &x.buf, None, rows, n, *epsilon,
+                )?;
+                let gamma = self.input(id, 1)?;
+                let mut y = fresh(&out_shape)?;
+                let param = [rows, n];
+                dev.binary(
+                    &mut y,
+                    &xhat,
+                    &gamma.buf,
+                    &Strides::broadcast(&param, &param, &[n])?,
+                    BinaryOp::Mul,
+                )?;
+                if let Some(beta) = self.optional(id, 2) {
+                    y = self.add_broadcast(&y, &param, &beta.buf, &[n])?;
+                }
+                (y, Saved::Normalized(xhat, mean, rstd))
+            }
+            Op::Transpose { perm } => {
+                let x = self.input(id, 0)?;
+                let perm = permutation(perm.as_deref(), x.shape.len())?;
+                let strides = strides_of(&x.shape);
+                let view: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+                let mut y = fresh(&out_shape)?;
+                dev.gather(&mut y, &x.buf, &Strides::view(&out_shape, &view)?, 0)?;
+                (y, Saved::None)
+            }
+            Op::Concat { axis } => {
+                let a = axis_of(*axis, out_shape.len())?;
+                let mut y = fresh(&out_shape)?;
+                let strides = strides_of(&out_shape);
+                let mut start = 0;
+                for slot in 0..node.inputs.len() {
+                    let x = self.input(id, slot)?;
+                    dev.scatter(
+                        &mut y,
+                        &x.buf,
+                        &Strides::view(&x.shape, &strides)?,
+                        start * strides[a],
+                        false,
+                    )?;
+                    start += x.shape[a];
+                }
+                (y, Saved::None)
+            }
+            other => {
+                return Err(format!(
+                    "{} is not on the CUDA backend yet",
+                    other_name(other)
+                ))
+            }
+        };
+        if let Some(&v) = node.outputs.first() {
+            self.values.insert(
+                v,
+                DTensor {
+                    buf: Rc::new(y),
+                    shape: out_shape,
+                },
+            );
+        }
+        self.saved.push((id, saved));
+        Ok(())
+    }
+
+    /// `y + b` with `b` broadcast as `b_shape` against `shape`.
+    fn add_broadcast(
+        &self,
+        y: &B::Buf,
+        shape: &[usize],
+        b: &B::Buf,
+        b_shape: &[usize],
+    ) -> R<B::Buf> {
+        let mut out = self.dev.zeros(numel(shape))?;
+        self.dev.binary(
+            &mut out,
+            y,
+            b,
+            &Strides::broadcast(shape, shape, b_shape)?,
+            BinaryOp::Add,
+        )?;
+        Ok(out)
+    }
+
+    /// `dy` (of `shape`) summed down to `target` (which broadcasts to `shape`), one axis at
+    /// a time in index order (deterministic).
+    fn reduce_to(&self, dy: &B::Buf, shape: &[usize], target: &[usize]) -> R<B::Buf> {
+        let lead = shape.len() - target.len();
+        let mut current: Vec<usize> = shape.to_vec();
+        let mut acc: Option<B::Buf> = None;
+        for d in 0..shape.len() {
+            let keep = d >= lead && target[d - lead] == shape[d];
+            if keep || shape[d] == 1 {
+                continue;
+            }
+            let (outer, inner) = (numel(&current[..d]), numel(&current[d + 1..]));
+            let mut out = self.dev.zeros(outer * inner)?;
+            self.dev.reduce_axis(
+                &mut out,
+                acc.as_ref().unwrap_or(dy),
+                outer,
+                current[d],
+                inner,
+                false,
+            )?;
+            current[d] = 1;
+            acc = Some(out);
+        }
+        match acc {
+            Some(a) => Ok(a),
+            None => {
+                let mut copy = self.dev.zeros(numel(shape))?;
+                self.dev.axpby(&mut copy, dy, 1.0, 0.0)?;
+                Ok(copy)
+            }
+        }
+    }
+
+    /// Gradients of node `id`'s inputs from its outputs' gradient `dy`, by input slot.
+    fn backward(&self, id: NodeId, saved: &Saved<B>, dy: &B::Buf) -> R<Vec<(usize, B::Buf)>> {
+        let node = self.graph.node(id);
+        let dev = self.dev;
+        let out_shape = self.shape(node.outputs[0])?;
+        let zeros = |n: usize| dev.zeros(n);
+        let mut grads = Vec::new();
+        match &node.op {
+            Op::Identity
+            | Op::Flatten { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Dropout { .. } => {
+                let mut dx = zeros(dev.len(dy))?;
+                dev.axpby(&mut dx, dy, 1.0, 0.0)?;
+                grads.push((0, dx));
+            }
+            Op::Conv(c) => {
+                let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
+                let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
+                let conv = ConvPlan::new(&g);
+                let mut cols = zeros(conv.k * conv.spatial)?;
+                let mut dcols = zeros(conv.k * conv.spatial)?;
+                let (mut dx, mut dw) = (zeros(numel(&x.shape))?, zeros(numel(&w.shape))?);
+                for n in 0..g.batch {
+                    for grp in 0..g.groups {
+                        let (x_at, y_at) = (conv.image_offset(n, grp), conv.output_offset(n, grp));
+                        let w_at = grp * conv.cout_g * conv.k;
+                        dev.im2col(&mut cols, &x.buf, x_at, &conv.window)?;
+                        // dW += dY · colsᵀ
+                        let mut mm = Gemm::new(conv.cout_g, conv.k, conv.spatial);
+                        mm.trans_b = true;
+                        mm.beta = 1.0;
+                        mm.offsets = [y_at, 0, w_at];
+                        dev.gemm(&mm, dy, &cols, &mut dw)?;
+                        // dcols = Wᵀ · dY, then back into the image.
+                        let mut mm = Gemm::new(conv.k, conv.spatial, conv.cout_g);
+                        mm.trans_a = true;
+                        mm.offsets = [w_at, y_at, 0];
+                        dev.gemm(&mm, &w.buf, dy, &mut dcols)?;
+                        dev.col2im(&mut dx, x_at, &dcols, &conv.window)?;
+                    }
+                }
+                grads.push((0, dx));
+                grads.push((1, dw));
+                if node.inputs.get(2).copied().flatten().is_some() {
+                    let (n, ch) = (out_shape[0], out_shape[1]);
+                    grads.push((
+                        2,
+                        self.reduce_to(dy, &[n, ch, numel(&out_shape[2..])], &[ch, 1])?,
+                    ));
+                }
+            }
+            Op::Gemm(gm) => {
+                let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
+                let (m, n) = (out_shape[0], out_shape[1]);
+                let k = if gm.trans_a { a.shape[0] } else { a.shape[1] };
+                // dA = alpha · dY · op(B)ᵀ (stored transposed when A is).
+                let mut da = zeros(m * k)?;
+                let mut mm = if gm.trans_a {
+                    let mut mm = Gemm::new(k, m, n);
+                    mm.trans_a = gm.trans_b;
+                    mm.trans_b = true;
+                    mm
+                } else {
+                    let mut mm = Gemm::new(m, k, n);
+                    mm.trans_b = !gm.trans_b;
+                    mm
+                };
+                mm.alpha = gm.alpha;
+                if gm.trans_a {
+                    dev.gemm(&mm, &b.buf, dy, &mut da)?;
+                } else {
+                    dev.gemm(&mm, dy, &b.buf, &mut da)?;
+                }
+                // dB = alpha · op(A)ᵀ · dY (stored transposed when B is).
+                let mut db = zeros(k * n)?;
+                let mut mm = if gm.trans_b {
+                    let mut mm = Gemm::new(n, k, m);
+                    mm.trans_a = true;
+                    mm.trans_b = gm.trans_a;
+                    mm
+                } else {
+                    let mut mm = Gemm::new(k, n, m);
+                    mm.trans_a = !gm.trans_a;
+                    mm
+                };
+                mm.alpha = gm.alpha;
+                if gm.trans_b {
+                    dev.gemm(&mm, dy, &a.buf, &mut db)?;
+                } else {
+                    dev.gemm(&mm, &a.buf, dy, &mut db)?;
+                }
+                grads.push((0, da));
+                grads.push((1, db));
+                if let Some(c) = self.optional(id, 2) {
+                    let mut dc = self.reduce_to(dy, &out_shape, &c.shape)?;
+                    if gm.beta != 1.0 {
+                        let copy = self.copy(&dc)?;
+                        dev.axpby(&mut dc, &copy, gm.beta, 0.0)?;
+                    }
+                    grads.push((2, dc));
+                }
+            }
+            Op::MatMul => {
+                let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
+                let plan = MatMulPlan::new(&a.shape, &b.shape)?;
+                let (mut da, mut db) = (zeros(numel(&a.shape))?, zeros(numel(&b.shape))?);
+                dev.gemm(&plan.grad_a(), dy, &b.buf, &mut da)?;
+                dev.gemm(&plan.grad_b(), &a.buf, dy, &mut db)?;
+                grads.push((0, da));
+                grads.push((1, db));
+            }
+            Op::Unary(u) => {
+                let (op, alpha, beta) = unary_op(*u)?;
+                let saved_value = if op.backward_reads_output() {
+                    self.values
+                        .get(&node.outputs[0])
+                        .cloned()
+                        .ok_or("the output was not kept")?
+                } else {
+                    self.input(id, 0)?
+                };
+                let mut dx = zeros(dev.len(dy))?;
+                dev.unary_backward(&mut dx, dy, &saved_value.buf, op, alpha, beta)?;
+                grads.push((0, dx));
+            }
+            Op::Clip { min, max } => {
+                let lo = min
+                    .or_else(|| self.scalar(id, 1))
+                    .unwrap_or(f32::NEG_INFINITY);
+                let hi = max.or_else(|| self.scalar(id, 2)).unwrap_or(f32::INFINITY);
+                let x = self.input(id, 0)?;
+                let mut dx = zeros(dev.len(dy))?;
+                dev.unary_backward(&mut dx, dy, &x.buf, UnaryOp::Clip, lo, hi)?;
+                grads.push((0, dx));
+            }
+            Op::Binary(bop) => {
+                let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
+                let same = Strides::broadcast(&out_shape, &out_shape, &out_shape)?;
+                let full = |x: &DTensor<B>| Strides::broadcast(&out_shape, &out_shape, &x.shape);
+                // Each operand's gradient over the output's shape, then summed down.
+                let (ga, gb): (B::Buf, B::Buf) = match bop {
+                    Binary::Add => (self.copy(dy)?, self.copy(dy)?),
+                    Binary::Sub => {
+                        let mut neg = zeros(dev.len(dy))?;
+                        dev.unary(&mut neg, dy, UnaryOp::Neg, 0.0, 0.0)?;
+                        (self.copy(dy)?, neg)
+                    }
+                    Binary::Mul => {
+                        let (mut ga, mut gb) = (zeros(dev.len(dy))?, zeros(dev.len(dy))?);
+                        dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Mul)?;
+                        dev.binary(&mut gb, dy, &a.buf, &full(&a)?, BinaryOp::Mul)?;
+                        (ga, gb)
+                    }
+                    Binary::Div => {
+                        let y = self
+                            .values
+                            .get(&node.outputs[0])
+                            .cloned()
+                            .ok_or("the output was not kept")?;
+                        let (mut ga, mut t, mut gb) = (
+                            zeros(dev.len(dy))?,
+                            zeros(dev.len(dy))?,
+                            zeros(dev.len(dy))?,
+                        );
+                        dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
+                        // d/db (a/b) = -y/b
+                        dev.binary(&mut t, &ga, &y.buf, &same, BinaryOp::Mul)?;
+                        dev.unary(&mut gb, &t, UnaryOp::Neg, 0.0, 0.0)?;
+                        (ga, gb)
+                    }
+                    other => {
+                        return Err(format!(
+                            "{other:?}'s gradient is not on the CUDA backend yet"
+                        ))
+                    }
+                };
+                grads.push((0, self.reduce_to(&ga, &out_shape, &a.shape)?));
+                grads.push((1, self.reduce_to(&gb, &out_shape, &b.shape)?));
+            }
+            Op::Sum => {
+                for slot in 0..node.inputs.len() {
+                    let x = self.input(id, slot)?;
+                    grads.push((slot, self.reduce_to(dy, &out_shape, &x.shape)?));
+                }
+            }
+            Op::Softmax { axis, log, flatten } => {
+                let (outer, width, _) = ops::softmax_layout(&out_shape, *axis, *flatten)?;
+                let y = self
+                    .values
+                    .get(&node.outputs[0])
+                    .cloned()
+                    .ok_or("the output was not kept")?;
+                let mut dx = zeros(dev.len(dy))?;
+                dev.softmax_rows_backward(&mut dx, dy, &y.buf, outer, width, *log)?;
+                grads.push((0, dx));
+            }
+            Op::Pool(p) => {
+                let x = self.input(id, 0)?;
+                let (g, _, _): (Pool2d, _, _) = ops::pool_geometry(p, &x.shape)?;
+                let win = Window::from(&g);
+                let mut dx = zeros(numel(&x.shape))?;
+                match (p.kind, saved) {
+                    (PoolKind::Max, Saved::Argmax(argmax)) => {
+                        dev.max_pool_backward(&mut dx, dy, argmax)?
+                    }
+                    (PoolKind::Average, _) => {
+                        dev.avg_pool_backward(&mut dx, dy, &win, p.count_include_pad)?
+                    }
+                    _ => return Err("max pooling kept no argmax".into()),
+                }
+                grads.push((0, dx));
+            }
+            Op::GlobalPool(PoolKind::Average) => {
+                let x = self.input(id, 0)?;
+                let area = numel(x.shape.get(2..).unwrap_or_default());
+                let planes = numel(&x.shape) / area.max(1);
+                let mut spread = zeros(numel(&x.shape))?;
+                dev.gather(
+                    &mut spread,
+                    dy,
+                    &Strides::view(&[planes, area], &[1, 0])?,
+                    0,
+                )?;
+                let mut dx = zeros(numel(&x.shape))?;
+                dev.unary(&mut dx, &spread, UnaryOp::Scale, 1.0 / area as f32, 0.0)?;
+                grads.push((0, dx));
+            }
+            Op::BatchNorm { .. } => {
+                let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
+                let Saved::Stats(mean, rstd) = saved else {
+                    return Err("batch norm kept no statistics".into());
+                };
+                let (batch, channels, spatial) = channel_layout(&x.shape)?;
+                let (mut dx, mut dg, mut db) =
+                    (zeros(numel(&x.shape))?, zeros(channels)?, zeros(channels)?);
+                dev.batch_norm_backward(
+                    &mut dx,
+                    &mut dg,
+                    &mut db,
+                    dy,
+                    &x.buf,
+                    (mean, rstd),
+                    &gamma.buf,
+                    batch,
+                    channels,
+                    spatial,
+                )?;
+                grads.push((0, dx));
+                grads.push((1, dg));
+                grads.push((2, db));
+            }
+            Op::LayerNorm { axis, .. } => {
+                let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
+                let Saved::Normalized(xhat, mean, rstd) = saved else {
+                    return Err("layer norm kept no statistics".into());
+                };
+                let a = axis_of(*axis, x.shape.len())?;
+                let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
+                let mut dx = zeros(rows * n)?;
+                dev.layer_norm_backward(
+                    &mut dx,
+                    dy,
+                    &x.buf,
+                    Some(&gamma.buf),
+                    mean,
+                    rstd,
+                    rows,
+                    n,
+                )?;
+                let mut dyx = zeros(rows * n)?;
+                let param = [rows, n];
+                dev.binary(
+                    &mut dyx,
+                    dy,
+                    xhat,
+                    &Strides::broadcast(&param, &param, &param)?,
+                    BinaryOp::Mul,
+                )?;
+                let mut dg = zeros(n)?;
+                dev.reduce_axis(&mut dg, &dyx, 1, rows, n, false)?;
+                grads.push((0, dx));
+                grads.push((1, dg));
+                if node.inputs.get(2).copied().flatten().is_some() {
+                    let mut dbeta = zeros(n)?;
+                    dev.reduce_axis(&mut dbeta, dy, 1, rows, n, false)?;
+                    grads.push((2, dbeta));
+                }
+            }
+            Op::Transpose { perm } => {
+                let x = self.input(id, 0)?;
+                let perm = permutation(perm.as_deref(), x.shape.len())?;
+                let strides = strides_of(&x.shape);
+                let view: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+                let mut dx = zeros(numel(&x.shape))?;
+                dev.scatter(&mut dx, dy, &Strides::view(&out_shape, &view)?, 0, false)?;
+                grads.push((0, dx));
+            }
+            Op::Concat { axis } => {
+                let a = axis_of(*axis, out_shape.len())?;
+                let strides = strides_of(&out_shape);
+                let mut start = 0;
+                for slot in 0..node.inputs.len() {
+                    let x = self.input(id, slot)?;
+                    let mut dx = zeros(numel(&x.shape))?;
+                    dev.gather(
+                        &mut dx,
+                        dy,
+                        &Strides::view(&x.shape, &strides)?,
+                        start * strides[a],
+                    )?;
+                    start += x.shape[a];
+                    grads.push((slot, dx));
+                }
+            }
+            other => {
+                return Err(format!(
+                    "{}'s gradient is not on the CUDA backend yet",
+                    other_name(other)
+                ))
+            }
+        }
+        Ok(grads)
+    }
+
+    fn copy(&self, x: &B::Buf) -> R<B::Buf> {
+        let mut out = self.dev.zeros(self.dev.len(x))?;
+        self.dev.axpby(&mut out, x, 1.0, 0.0)?;
+        Ok(out)
+    }
+}
+
+/// Convolution as im2col + GEMM, per image and group.
+struct ConvPlan {
+    window: Window,
+    cin_g: usize,
+    cout_g: usize,
+    /// Rows of the im2col matrix: `cin_g·kh·kw`.
+    k: usize,
+    spatial: usize,
+    image: usize,
+    cin: usize,
+    cout: usize,
+}
+
+impl ConvPlan {
+    fn new(g: &crate::cpu::kernels::Conv2d) -> ConvPlan {
+        let (oh, ow) = g.output();
+        let cin_g = g.in_channels / g.groups.max(1);
+        let i = |v: usize| v as i64;
+        ConvPlan {
+            window: Window {
+                planes: i(cin_g),
+                h: i(g.input.0),
+                w: i(g.input.1),
+                oh: i(oh),
+                ow: i(ow),
+                kh: i(g.kernel.0),
+                kw: i(g.kernel.1),
+                sh: i(g.stride.0),
+                sw: i(g.stride.1),
+                pt: i(g.padding[0]),
+                pl: i(g.padding[1]),
+                pb: i(g.padding[2]),
+                pr: i(g.padding[3]),
+                dh: i(g.dilation.0),
+                dw: i(g.dilation.1),
+            },
+            cin_g,
+            cout_g: g.out_channels / g.groups.max(1),
+            k: cin_g * g.kernel.0 * g.kernel.1,
+            spatial: oh * ow,
+            image: g.input.0 * g.input.1,
+            cin: g.in_channels,
+            cout: g.out_channels,
+        }
+    }
+
+    fn image_offset(&self, n: usize, group: usize) -> usize {
+        (n * self.cin + group * self.cin_g) * self.image
+    }
+
+    fn output_offset(&self, n: usize, group: usize) -> usize {
+        (n * self.cout + group * self.cout_g) * self.spatial
+    }
+}
+
+/// A numpy matrix product as one (batched) GEMM: `[.., m, k] × [k, n]` (the batch folded
+/// into the rows) or `[b.., m, k] × [b.., k, n]`.
+struct MatMulPlan {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    /// B is one matrix shared by the batch (folded into A's rows).
+    shared_b: bool,
+}
+
+impl MatMulPlan {
+    fn new(a: &[usize], b: &[usize]) -> R<MatMulPlan> {
+        if a.len() < 2 || b.len() < 2 {
+            return Err(format!(
+                "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
+            ));
+        }
+        let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+        let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
+        if k != k2 {
+            return Err(format!("MatMul of {a:?} × {b:?}: inner sizes differ"));
+        }
+        let batch_a = numel(&a[..a.len() - 2]);
+        if b.len() == 2 {
+            return Ok(MatMulPlan {
+                m: batch_a * m,
+                n,
+                k,
+                batch: 1,
+                shared_b: true,
+            });
+        }
+        if a[..a.len() - 2] == b[..b.len() - 2] {
+            return Ok(MatMulPlan {
+                m,
+                n,
+                k,
+                batch: batch_a,
+                shared_b: false,
+            });
+        }
+        Err(format!(
+            "MatMul of {a:?} × {b:?}: broadcast batch axes are not on the CUDA backend yet"
+        ))
+    }
+
+    fn batched(&self, mut g: Gemm) -> Gemm {
+        g.batch = self.batch;
+        g
+    }
+
+    /// `Y = A·B`.
+    fn forward(&self) -> Gemm {
+        self.batched(Gemm::new(self.m, self.n, self.k))
+    }
+
+    /// `dA = dY·Bᵀ`.
+    fn grad_a(&self) -> Gemm {
+        let mut g = Gemm::new(self.m, self.k, self.n);
+        g.trans_b = true;
+        g.strides = [
+            self.m * self.n,
+            if self.shared_b { 0 } else { self.k * self.n },
+            self.m * self.k,
+        ];
+        self.batched(g)
+    }
+
+    /// `dB = Aᵀ·dY` (summed over the batch when B is shared: one GEMM over all rows).
+    fn grad_b(&self) -> Gemm {
+        let mut g = Gemm::new(self.k, self.n, self.m);
+        g.trans_a = true;
+        g.strides = [self.m * self.k, self.m * self.n, self.k * self.n];
+        self.batched(g)
+    }
+}
+
+fn axis_of(axis: i64, rank: usize) -> R<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if (0..rank as i64).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(format!("axis {axis} is out of range for rank {rank}"))
+    }
+}
+
+fn permutation(perm: Option<&[i64]>, rank: usize) -> R<Vec<usize>> {
+    match perm {
+        None => Ok((0..rank).rev().collect()),
+        Some(p) => p.iter().map(|&a| axis_of(a, rank)).collect(),
+    }
+}
+
+fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
+    match shape {
+        [n, c, rest @ ..] => Ok((*n, *c, numel(rest))),
+        _ => Err(format!("batch norm needs N×C×…, got {shape:?}")),
+    }
+}
+
+fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
+    Ok(match u {
+        Unary::Relu => (UnaryOp::Relu, 0.0, 0.0),
+        Unary::LeakyRelu { alpha } => (UnaryOp::LeakyRelu, alpha, 0.0),
+        Unary::Sigmoid => (UnaryOp::Sigmoid, 0.0, 0.0),
+        Unary::HardSigmoid { alpha, beta } => (UnaryOp::HardSigmoid, alpha, beta),
+        Unary::Tanh => (UnaryOp::Tanh, 0.0, 0.0),
+        Unary::Gelu { tanh: false } => (UnaryOp::Gelu, 0.0, 0.0),
+        Unary::Gelu { tanh: true } => (UnaryOp::GeluTanh, 0.0, 0.0),
+        Unary::Erf => (UnaryOp::Erf, 0.0, 0.0),
+        Unary::Sqrt => (UnaryOp::Sqrt, 0.0, 0.0),
+        Unary::Neg => (UnaryOp::Neg, 0.0, 0.0),
+        Unary::Exp => (UnaryOp::Exp, 0.0, 0.0),
+        Unary::Reciprocal => (UnaryOp::Reciprocal, 0.0, 0.0),
+        other => return Err(format!("{other:?} is not on the CUDA backend yet")),
+    })
+}
+
+fn binary_op(b: Binary) -> R<BinaryOp> {
+    Ok(match b {
+        Binary::Add => BinaryOp::Add,
+        Binary::Sub => BinaryOp::Sub,
+        Binary::Mul => BinaryOp::Mul,
+        Binary::Div => BinaryOp::Div,
+        Binary::Pow => BinaryOp::Pow,
+        other => return Err(format!("{other:?} is not on the CUDA backend yet")),
+    })
+}
+
+/// The operator's name for messages (`Gather`, `Pad`, …).
+fn other_name(op: &Op) -> String {
+    let debug = format!("{op:?}");
+    debug
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("this operator")
+        .to_owned()
+}
+
+/// Trains `graph` (bound at the global batch) on `dev` as
+/// [`train_reference`](crate::cpu::train::train_reference) does on the host: same
+/// weights, data, loss and optimizer, so the two reports agree to rounding.
+///
+/// # Errors
+/// An operator the device cannot run yet (naming the node), or a device failure.
+pub fn train<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    options: &TrainOptions,
+) -> Result<TrainReport, ExecError> {
+    let at = |node: Option<NodeId>| {
+        move |message: String| match node {
+            Some(n) => ExecError::Node {
+                site: graph.site(n),
+                message,
+            },
+            None => ExecError::Input {
+                name: "device".into(),
+                message,
+            },
+        }
+    };
+    let device = at(None);
+    let output = *graph.outputs().first().ok_or_else(|| ExecError::Input {
+        name: "output".into(),
+        message: "the model has no output".into(),
+    })?;
+    // Float constants and inputs live on the device; integer ones (shapes) stay here.
+    let mut params: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    for (&v, t) in &weights.tensors {
+        if let Some(f) = t.floats() {
+            params.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+        }
+    }
+    let mut inputs: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    for (&v, t) in &data.inputs {
+        if let Some(f) = t.floats() {
+            inputs.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+        }
+    }
+    let mut velocity: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
+    let mut report = TrainReport::default();
+    let shape_of = |v: ValueId| -> Vec<usize> {
+        info.ty(v)
+            .shape
+            .as_sizes()
+            .unwrap_or_default()
+            .iter()
+            .map(|&d| d as usize)
+            .collect()
+    };
+    for step in 0..options.steps {
+        let mut runner = Runner {
+            dev,
+            graph,
+            info,
+            host: weights,
+            values: BTreeMap::new(),
+            saved: Vec::new(),
+        };
+        for (&v, buf) in params.iter().chain(&inputs) {
+            runner.values.insert(
+                v,
+                DTensor {
+                    buf: buf.clone(),
+                    shape: shape_of(v),
+                },
+            );
+        }
+        for &id in info.order() {
+            runner.forward(id).map_err(at(Some(id)))?;
+        }
+        let y = runner
+            .values
+            .get(&output)
+            .cloned()
+            .ok_or_else(|| ExecError::Input {
+                name: graph.value(output).name.clone(),
+                message: "the output is not a float tensor on the device".into(),
+            })?;
+        let (l, dy) = loss(dev, options.loss, &y, &data.labels).map_err(&device)?;
+        report.losses.push(l);
+        if step == 0 {
+            report.first_output = dev.download(&y.buf).map_err(&device)?;
+        }
+        let mut grads: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
+        grads.insert(output, dy);
+        let saved = std::mem::take(&mut runner.saved);
+        for (id, kept) in saved.iter().rev() {
+            let node = graph.node(*id);
+            let Some(dy) = node.outputs.first().and_then(|v| grads.remove(v)) else {
+                continue;
+            };
+            let input_grads = runner.backward(*id, kept, &dy).map_err(at(Some(*id)))?;
+            for (slot, g) in input_grads {
+                let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                    continue;
+                };
+                match grads.get_mut(&v) {
+                    Some(acc) => dev.axpby(acc, &g, 1.0, 1.0).map_err(&device)?,
+                    None => {
+                        grads.insert(v, g);
+                    }
+                }
+            }
+        }
+        drop(saved);
+        drop(runner);
+        for &w in &weights.trainable {
+            let Some(param) = params.get_mut(&w) else {
+                continue;
+            };
+            let n = dev.len(param);
+            let g = match grads.remove(&w) {
+                Some(g) => g,
+                None => dev.zeros(n).map_err(&device)?,
+            };
+            if step == 0 {
+                report.first_gradients.insert(
+                    graph.value(w).name.clone(),
+                    dev.download(&g).map_err(&device)?,
+                );
+            }
+            let v = match velocity.entry(w) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(dev.zeros(n).map_err(&device)?)
+                }
+            };
+            let param = Rc::get_mut(param)
+                .ok_or_else(|| device("a weight is still shared after the step (a bug)".into()))?;
+            dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
+                .map_err(&device)?;
+        }
+    }
+    for &w in &weights.trainable {
+        if let Some(p) = params.get(&w) {
+            report.weights.insert(
+                graph.value(w).name.clone(),
+                dev.download(p).map_err(&device)?,
+            );
+        }
+    }
+    Ok(report)
+}
+
+/// The loss of the whole output and its gradient.
+fn loss<B: Backend>(dev: &B, kind: Loss, y: &DTensor<B>, labels: &Data) -> R<(f64, B::Buf)> {
+    let total = numel(&y.shape);
+    let mut dy = dev.zeros(total)?;
+    let per = match (kind, labels) {
+        (Loss::CrossEntropy, Data::I64(classes_of)) => {
+            let classes = y.shape.last().copied().unwrap_or(1).max(1);
+            let rows = total / classes;
+            let labels = dev.upload_indices(classes_of.get(..rows).ok_or("too few labels")?)?;
+            let mut per = dev.zeros(rows)?;
+            dev.cross_entropy(&mut per, &mut dy, &y.buf, &labels, rows, classes, rows)?;
+            per
+        }
+        (Loss::Mse, Data::F32(targets)) => {
+            let t = dev.upload(targets.get(..total).ok_or("too few targets")?)?;
+            let mut per = dev.zeros(total)?;
+            dev.mse(&mut per, &mut dy, &y.buf, &t, total)?;
+            per
+        }
+        _ => return Err("the labels do not fit the loss".into()),
+    };
+    let l = dev.download(&per)?.iter().map(|&v| f64::from(v)).sum();
+    Ok((l, dy))
+}
