@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub resume: Option<PathBuf>,
     /// A fault to inject (testing what a failing rank does to the others).
     pub fault: Option<Fault>,
+    /// Where to run: the CPU, or a GPU.
+    pub backend: Backend,
     /// Run only this process's rank, meeting the other processes through the launcher's
     /// rendezvous ([`Placement::from_env`]); `None` runs every rank as a thread.
     pub placement: Option<Placement>,
@@ -68,9 +70,20 @@ impl Default for RunOptions {
             checkpoint: None,
             resume: None,
             fault: None,
+            backend: Backend::Cpu,
             placement: None,
         }
     }
+}
+
+/// Where `ralpc run` trains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// Every rank a thread (or a process under a launcher), real numbers on the host.
+    #[default]
+    Cpu,
+    /// NVIDIA GPUs: the NVRTC kernels and cuBLAS (one-rank plans so far).
+    Cuda,
 }
 
 impl RunOptions {
@@ -355,6 +368,51 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
     }
 }
 
+/// `run` on a GPU: the plan's one rank trains on GPU `LOCAL_RANK` (0 without a launcher).
+fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
+    use ralpc_runtime_min::cuda::{gpu::Gpu, libs, train as device};
+    if plan.ranks != 1 {
+        return Err(run_error(format!(
+            "the CUDA backend runs one-rank plans so far; this plan has {} ranks (NCCL and \
+             the same-device communicator are not built yet): run it with --backend cpu",
+            plan.ranks
+        )));
+    }
+    if options.checkpoint_every.is_some() || options.resume.is_some() || options.fault.is_some() {
+        return Err(run_error(
+            "checkpoints and injected faults are not on the CUDA backend yet".to_string(),
+        ));
+    }
+    libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
+    let ordinal = options
+        .placement
+        .as_ref()
+        .map_or(0, |p| p.local_rank as usize);
+    let gpu =
+        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))?;
+    let p = prepare(model, plan.batch, options)?;
+    let started = std::time::Instant::now();
+    let report = device::train(
+        &gpu,
+        &p.graph,
+        &p.info,
+        &p.weights,
+        &p.data,
+        &options.train(),
+    )
+    .map_err(run_error)?;
+    gpu.synchronize().map_err(run_error)?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(RunOutput {
+        report,
+        ranks: plan.ranks,
+        batch: plan.batch,
+        seconds,
+        samples_per_s: (plan.batch * u64::from(options.steps)) as f64 / seconds.max(1e-9),
+        seeded_weights: p.weights.seeded,
+    })
+}
+
 /// Trains the model on one device, as `batch` samples per step: the reference every plan
 /// is compared with.
 ///
@@ -382,6 +440,9 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
     let bytes = read(&model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
+    if options.backend == Backend::Cuda {
+        return run_cuda(&plan, &model, options);
+    }
     check_memory(&plan)?;
     let p = prepare(&model, plan.batch, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())

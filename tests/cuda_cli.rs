@@ -136,3 +136,71 @@ fn every_kernel_compiles_for_hopper() {
     assert_eq!(compiled, ralpc::runtime::cuda::kernels::NAMES);
     assert!(kernels["ptx_bytes"].as_u64().is_some_and(|n| n > 10_000));
 }
+
+/// A one-rank plan of the CNN fixture at batch 8, in a temporary directory.
+fn one_gpu_plan() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("cnn");
+    Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train/cnn.onnx"))
+        .args(["--gpus", "1", "--batch", "8", "--quiet", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    (dir, out)
+}
+
+fn driver_present() -> bool {
+    ralpc::runtime::cuda::libs::Lib::Driver.loadable()
+}
+
+#[test]
+fn running_on_cuda_without_a_gpu_is_a_clear_input_error() {
+    if driver_present() {
+        eprintln!("a CUDA driver is present: the GPU tests (--ignored) cover this machine");
+        return;
+    }
+    let (_dir, plan) = one_gpu_plan();
+    let out = Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg("run")
+        .arg(&plan)
+        .args(["--backend", "cuda"])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.contains("error: no CUDA driver found"), "{stderr}");
+}
+
+/// `ralpc run --backend cuda` equals `--backend cpu` within 1e-3 on a one-rank plan.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_plan_trains_on_the_gpu_as_on_the_cpu() {
+    let (_dir, plan) = one_gpu_plan();
+    let losses = |backend: &str| -> Vec<f64> {
+        let out = Command::cargo_bin("ralpc")
+            .expect("binary built")
+            .arg("run")
+            .arg(&plan)
+            .args(["--steps", "3", "--json", "--backend", backend])
+            .assert()
+            .success();
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.get_output().stdout).expect("JSON");
+        eprintln!("{backend}: {json}");
+        json["losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .map(|v| v.as_f64().expect("a number"))
+            .collect()
+    };
+    let (gpu, cpu) = (losses("cuda"), losses("cpu"));
+    for (g, c) in gpu.iter().zip(&cpu) {
+        assert!(
+            (g - c).abs() <= 1e-3 * c.abs().max(1.0),
+            "{gpu:?} against {cpu:?}"
+        );
+    }
+}

@@ -39,7 +39,7 @@ pub struct Args {
     /// The plan: a directory `ralpc plan` wrote, or its plan.json.
     pub plan: PathBuf,
     /// Where to run it.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
     /// The model [default: the path the plan was made from].
     #[arg(long)]
@@ -142,10 +142,18 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         checkpoint: args.checkpoint.clone(),
         resume: args.resume.clone(),
         fault: args.fault,
+        backend: if args.backend == "cuda" {
+            ralpc::Backend::Cuda
+        } else {
+            ralpc::Backend::Cpu
+        },
         placement: Placement::from_env().map_err(|e| {
             ralpc::Error::Setup(Box::new(format!("cannot join the launcher's run: {e}")))
         })?,
     };
+    if options.backend == ralpc::Backend::Cuda {
+        super::restart_with(&ralpc::runtime::cuda::libs::Lib::ONE_GPU)?;
+    }
     // Under a launcher every process runs this; rank 0 speaks for the run.
     let speaks = options.placement.as_ref().is_none_or(|p| p.rank == 0);
     // Drawn only when stderr is a terminal.
@@ -160,7 +168,15 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     if let Ok(style) = ProgressStyle::with_template("{spinner} training {msg} {elapsed}") {
         spinner.set_style(style);
     }
-    spinner.set_message(format!("{} step(s) on the CPU", args.steps));
+    spinner.set_message(format!(
+        "{} step(s) on the {}",
+        args.steps,
+        if options.backend == ralpc::Backend::Cuda {
+            "GPU"
+        } else {
+            "CPU"
+        }
+    ));
     spinner.enable_steady_tick(Duration::from_millis(100));
     let result = ralpc::run(&options);
     spinner.finish_and_clear();
@@ -208,8 +224,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         }
         let _ = writeln!(
             text,
-            "{} step(s) of batch {} on {} CPU rank(s): {:.1} samples/s ({:.3} s)",
-            args.steps, out.batch, out.ranks, out.samples_per_s, out.seconds
+            "{} step(s) of batch {} on {} {} rank(s): {:.1} samples/s ({:.3} s)",
+            args.steps,
+            out.batch,
+            out.ranks,
+            args.backend.to_uppercase(),
+            out.samples_per_s,
+            out.seconds
         );
         text
     };

@@ -48,7 +48,8 @@ impl Lib {
         Lib::Nccl,
     ];
 
-    /// The libraries a training run needs.
+    /// The libraries the CUDA backend is built on (cuDNN and NCCL for convolutions and
+    /// multi-GPU runs).
     pub const TRAINING: [Lib; 6] = [
         Lib::Driver,
         Lib::Nvrtc,
@@ -57,6 +58,9 @@ impl Lib {
         Lib::Cudnn,
         Lib::Nccl,
     ];
+
+    /// The libraries training on one GPU loads today (NVRTC kernels and cuBLAS).
+    pub const ONE_GPU: [Lib; 4] = [Lib::Driver, Lib::Nvrtc, Lib::Cublas, Lib::CublasLt];
 
     /// The name cudarc knows it by (`lib{stem}.so` and versions of it).
     pub fn stem(self) -> &'static str {

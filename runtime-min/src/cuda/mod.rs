@@ -7,9 +7,11 @@
 //!   normalization, pooling, im2col, SGD) and their compilation.
 //! * [`backend`]: what the executor asks of a device (buffers, kernels, GEMM), and
 //!   [`train`]: training on one device, written once against it;
+//! * [`gpu`]: that trait on an NVIDIA GPU (cudarc: NVRTC kernels, cuBLAS);
 //! * [`device`]: the GPUs the driver sees.
 pub mod backend;
 pub mod device;
+pub mod gpu;
 pub mod kernels;
 pub mod libs;
 pub mod train;
