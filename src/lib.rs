@@ -51,7 +51,7 @@ pub use plan::{
     CandidateRow, Executable, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow,
     SplitRow, StageRow, DEFAULT_BATCH,
 };
-pub use profile::{profile_cpu, ProfileOptions};
+pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ralpc_ir::{onnx, NodeId, Op};
+use ralpc_ir::{onnx, Graph, GraphInfo, NodeId, Op};
 use ralpc_passes::cluster::Precision;
 use ralpc_passes::profile::{Device, Entry, Point, Profile, Signature, FORMAT};
 use ralpc_runtime_min::cpu::grad;
@@ -66,6 +66,17 @@ fn time(repeats: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, 
     Ok(median(samples))
 }
 
+/// Times one batch size's op signatures: each signature's node, forward and backward µs.
+type Measure<'m> = dyn FnMut(
+        &Graph,
+        &GraphInfo,
+        &Weights,
+        &Dataset,
+        &[(Signature, NodeId)],
+        &mut dyn FnMut(),
+    ) -> Result<Vec<(f64, f64)>, Error>
+    + 'm;
+
 /// Measures every op signature of `options.model` on the CPU at each batch size;
 /// `progress(done, total)` is called after each measurement.
 ///
@@ -74,6 +85,135 @@ fn time(repeats: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, 
 pub fn profile_cpu(
     options: &ProfileOptions,
     progress: &dyn Fn(u64, u64),
+) -> Result<Profile, Error> {
+    let device = Device {
+        name: "cpu".to_owned(),
+        note: format!(
+            "ralpc {} CPU backend, {} threads; median of {} runs after a warm-up",
+            env!("CARGO_PKG_VERSION"),
+            rayon::current_num_threads(),
+            options.repeats.max(1)
+        ),
+    };
+    let repeats = options.repeats;
+    profile_with(
+        options,
+        progress,
+        device,
+        &mut |g, info, weights, data, signatures, tick| {
+            // Every value of the forward pass is kept: refuse a model that cannot fit.
+            let totals = ralpc_ir::account(g, info).map_err(|e| Error::Account(Box::new(e)))?;
+            let need = totals.weight_bytes.saturating_add(totals.activation_bytes);
+            if let Some(have) = crate::run::memory_available().filter(|&have| need > have) {
+                return Err(run_error(format!(
+                    "profiling needs {:.2} GiB (weights and activations); this machine has {:.2} \
+                 GiB available",
+                    need as f64 / f64::from(1u32 << 30),
+                    have as f64 / f64::from(1u32 << 30)
+                )));
+            }
+            let env = Env {
+                mode: Mode::Training,
+                exported_batch: g.rebatch().map(|r| r.exported),
+            };
+            let mut values = Values::new(g);
+            for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
+                values.set(v, t.clone());
+            }
+            graph::forward(g, info.order(), &mut values, env).map_err(run_error)?;
+            let mut out = Vec::with_capacity(signatures.len());
+            for &(_, n) in signatures {
+                let node = g.node(n);
+                let inputs: Vec<Option<&Tensor>> = node
+                    .inputs
+                    .iter()
+                    .map(|v| v.and_then(|v| values.get(v)))
+                    .collect();
+                let outputs = node.outputs.len();
+                let site = g.site(n);
+                let fail = |e: String| run_error(format!("{site}: {e}"));
+                let mut saved = None;
+                let forward_us = time(repeats, || {
+                    saved = Some(ops::forward(&node.op, &inputs, outputs, env)?);
+                    Ok(())
+                })
+                .map_err(fail)?;
+                let (outs, kept) = saved.ok_or_else(|| fail("no output".into()))?;
+                let ones: Vec<Vec<f32>> = outs.iter().map(|o| vec![1.0; o.len()]).collect();
+                let dys: Vec<Option<&[f32]>> = ones.iter().map(|o| Some(o.as_slice())).collect();
+                let out_refs: Vec<&Tensor> = outs.iter().collect();
+                // Ops without a backward pass (shape arithmetic) cost nothing backward.
+                let backward_us = time(repeats, || {
+                    grad::backward(&node.op, &inputs, &out_refs, &kept, &dys).map(|_| ())
+                })
+                .unwrap_or(0.0);
+                out.push((forward_us, backward_us));
+                tick();
+            }
+            Ok(out)
+        },
+    )
+}
+
+/// Measures every op signature of `options.model` on GPU `ordinal` at each batch size:
+/// the CUDA executor's kernels and GEMMs, timed with CUDA events. The caller makes sure
+/// the CUDA libraries load ([`ralpc_runtime_min::cuda::libs`]).
+///
+/// # Errors
+/// An unreadable or invalid model, an op the CUDA backend cannot run, or the GPU failing.
+pub fn profile_cuda(
+    options: &ProfileOptions,
+    ordinal: usize,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Profile, Error> {
+    use ralpc_runtime_min::cuda::{device, gpu::Gpu, libs, train as device_train};
+    libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
+    let gpu =
+        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))?;
+    let name = device::devices()
+        .ok()
+        .and_then(|d| d.into_iter().find(|d| d.ordinal == ordinal))
+        .map_or_else(|| format!("cuda:{ordinal}"), |d| d.name);
+    let device = Device {
+        name,
+        note: format!(
+            "ralpc {} CUDA backend (NVRTC kernels, cuBLAS, fp32, TF32 off); CUDA events, \
+             median of {} runs after a warm-up",
+            env!("CARGO_PKG_VERSION"),
+            options.repeats.max(1)
+        ),
+    };
+    let repeats = options.repeats;
+    profile_with(
+        options,
+        progress,
+        device,
+        &mut |g, info, weights, data, signatures, tick| {
+            let nodes: Vec<NodeId> = signatures.iter().map(|&(_, n)| n).collect();
+            let times = device_train::profile(&gpu, g, info, weights, data, &nodes, repeats)
+                .map_err(run_error)?;
+            let by_node: BTreeMap<NodeId, (f64, f64)> = times
+                .iter()
+                .map(|t| (t.node, (t.forward_us, t.backward_us)))
+                .collect();
+            Ok(nodes
+                .iter()
+                .map(|n| {
+                    tick();
+                    by_node.get(n).copied().unwrap_or((0.0, 0.0))
+                })
+                .collect())
+        },
+    )
+}
+
+/// The profile of `options.model` at each batch size, each batch's signatures timed by
+/// `measure`.
+fn profile_with(
+    options: &ProfileOptions,
+    progress: &dyn Fn(u64, u64),
+    device: Device,
+    measure: &mut Measure<'_>,
 ) -> Result<Profile, Error> {
     let unbound = onnx::import(&options.model)?.graph;
     let mut points: BTreeMap<Signature, Vec<Point>> = BTreeMap::new();
@@ -99,74 +239,29 @@ pub fn profile_cpu(
     let mut done = 0;
     for (batch, signatures) in plans {
         let (g, info) = crate::run::at_batch(&unbound, batch)?;
-        // Every value of the forward pass is kept: refuse a model that cannot fit.
-        let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
-        let need = totals.weight_bytes.saturating_add(totals.activation_bytes);
-        if let Some(have) = crate::run::memory_available().filter(|&have| need > have) {
-            return Err(run_error(format!(
-                "profiling at batch {batch} needs {:.2} GiB (weights and activations); this \
-                 machine has {:.2} GiB available",
-                need as f64 / f64::from(1u32 << 30),
-                have as f64 / f64::from(1u32 << 30)
-            )));
-        }
         let weights = Weights::load(&g, options.seed).map_err(run_error)?;
         let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
-        let env = Env {
-            mode: Mode::Training,
-            exported_batch: g.rebatch().map(|r| r.exported),
+        let mut tick = || {
+            done += 1;
+            progress(done, total);
         };
-        let mut values = Values::new(&g);
-        for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
-            values.set(v, t.clone());
-        }
-        graph::forward(&g, info.order(), &mut values, env).map_err(run_error)?;
-        for (signature, n) in signatures {
-            let node = g.node(n);
-            let inputs: Vec<Option<&Tensor>> = node
-                .inputs
-                .iter()
-                .map(|v| v.and_then(|v| values.get(v)))
-                .collect();
-            let outputs = node.outputs.len();
-            let site = g.site(n);
-            let fail = |e: String| run_error(format!("{site}: {e}"));
-            let mut saved = None;
-            let forward_us = time(options.repeats, || {
-                saved = Some(ops::forward(&node.op, &inputs, outputs, env)?);
-                Ok(())
-            })
-            .map_err(fail)?;
-            let (outs, kept) = saved.ok_or_else(|| fail("no output".into()))?;
-            let ones: Vec<Vec<f32>> = outs.iter().map(|o| vec![1.0; o.len()]).collect();
-            let dys: Vec<Option<&[f32]>> = ones.iter().map(|o| Some(o.as_slice())).collect();
-            let out_refs: Vec<&Tensor> = outs.iter().collect();
-            // Ops without a backward pass (shape arithmetic) cost nothing backward.
-            let backward_us = time(options.repeats, || {
-                grad::backward(&node.op, &inputs, &out_refs, &kept, &dys).map(|_| ())
-            })
-            .unwrap_or(0.0);
+        let times =
+            measure(&g, &info, &weights, &data, &signatures, &mut tick).map_err(|e| match e {
+                Error::Run(m) => run_error(format!("at batch {batch}: {m}")),
+                other => other,
+            })?;
+        for ((signature, _), (forward_us, backward_us)) in signatures.into_iter().zip(times) {
             points.entry(signature).or_default().push(Point {
                 batch,
                 forward_us,
                 backward_us,
                 peak_bytes: None,
             });
-            done += 1;
-            progress(done, total);
         }
     }
     let profile = Profile {
         format: FORMAT.to_owned(),
-        device: Device {
-            name: "cpu".to_owned(),
-            note: format!(
-                "ralpc {} CPU backend, {} threads; median of {} runs after a warm-up",
-                env!("CARGO_PKG_VERSION"),
-                rayon::current_num_threads(),
-                options.repeats.max(1)
-            ),
-        },
+        device,
         precision: Precision::Fp32,
         entries: points
             .into_iter()

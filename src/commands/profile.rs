@@ -1,4 +1,4 @@
-//! `ralpc profile MODEL --device cpu [--batch-sizes 1,2,4] -o profile.json`.
+//! `ralpc profile MODEL --device cpu|cuda:N [--batch-sizes 1,2,4] -o profile.json`.
 
 use std::path::PathBuf;
 
@@ -8,10 +8,12 @@ use ralpc::ProfileOptions;
 pub const EXAMPLES: &str = "\
 Examples:
   ralpc profile fixtures/train/cnn.onnx --device cpu --batch-sizes 1,2,4,8 -o cnn.profile.json
+  ralpc profile fixtures/onnx/resnet50/model.onnx --device cuda:0 --batch-sizes 16,32,64 -o r50.json
   ralpc fixtures/train/cnn.onnx --gpus 4 --profile cnn.profile.json   # plan with the measurements
 
 Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
-and backward, at each batch size: one warm-up, then the median of --repeats runs. The
+and backward, at each batch size: one warm-up, then the median of --repeats runs (CUDA
+events on a GPU, which runs ralpc's CUDA executor: NVRTC kernels and cuBLAS). The
 output is ralpc's profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
 
 /// Arguments of `ralpc profile`.
@@ -19,9 +21,9 @@ output is ralpc's profile format (ralpc-profile/1), which `ralpc plan --profile`
 pub struct Args {
     /// The ONNX model.
     pub model: PathBuf,
-    /// Where to measure.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
-    pub device: String,
+    /// Where to measure: cpu, or cuda:N (GPU N; cuda is cuda:0).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: Target,
     /// Per-device batch sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -37,7 +39,32 @@ pub struct Args {
     pub out: PathBuf,
 }
 
+/// What `--device` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// This machine's CPU.
+    Cpu,
+    /// GPU N.
+    Cuda(usize),
+}
+
+/// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+fn parse_device(s: &str) -> Result<Target, String> {
+    match s {
+        "cpu" => Ok(Target::Cpu),
+        "cuda" => Ok(Target::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Target::Cuda)
+            .ok_or_else(|| format!("'{s}' is not cpu, cuda or cuda:N")),
+    }
+}
+
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    if args.device != Target::Cpu {
+        super::restart_with(&ralpc::runtime::cuda::libs::Lib::ONE_GPU)?;
+    }
     let options = ProfileOptions {
         model: args.model.clone(),
         batch_sizes: args.batch_sizes.clone(),
@@ -49,10 +76,14 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     if let Ok(style) = ProgressStyle::with_template("profiling {bar:30} {pos}/{len} ops") {
         bar.set_style(style);
     }
-    let profile = ralpc::profile_cpu(&options, &|done, total| {
+    let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    });
+    };
+    let profile = match args.device {
+        Target::Cpu => ralpc::profile_cpu(&options, &progress),
+        Target::Cuda(ordinal) => ralpc::profile_cuda(&options, ordinal, &progress),
+    };
     bar.finish_and_clear();
     let profile = profile?;
     let json = serde_json::to_string_pretty(&profile).unwrap_or_default() + "\n";

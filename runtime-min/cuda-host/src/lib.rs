@@ -83,6 +83,14 @@ fn n(len: usize) -> i64 {
 impl Backend for Host {
     type Buf = Vec<f32>;
     type Idx = Vec<i64>;
+    type Mark = std::time::Instant;
+
+    fn mark(&self) -> R<std::time::Instant> {
+        Ok(std::time::Instant::now())
+    }
+    fn elapsed_us(&self, start: &std::time::Instant, end: &std::time::Instant) -> R<f64> {
+        Ok(end.duration_since(*start).as_secs_f64() * 1e6)
+    }
 
     fn zeros(&self, len: usize) -> R<Vec<f32>> {
         Ok(vec![0.0; len])

@@ -148,3 +148,40 @@ fn an_operator_without_a_lowering_is_named() {
     .to_string();
     assert!(e.contains("is not on the CUDA backend yet"), "{e}");
 }
+
+/// `ralpc profile --device cuda:N`'s measurement, on the host kernels: every node of the
+/// CNN timed forward, and backward where it has a gradient.
+#[test]
+fn every_node_is_timed() {
+    use ralpc_ir::Op;
+    use ralpc_runtime_min::cuda::train::profile;
+    let mut graph = onnx::import(&fixture("train/cnn.onnx"))
+        .expect("import")
+        .graph;
+    bind(
+        &mut graph,
+        &Bindings {
+            batch: Some(2),
+            inputs: Default::default(),
+        },
+    )
+    .expect("bind");
+    let info = verify(&graph).expect("verify");
+    let weights = Weights::load(&graph, 1).expect("weights");
+    let data = Dataset::synthetic(&graph, &info, 1, Loss::CrossEntropy);
+    let nodes: Vec<_> = info
+        .order()
+        .iter()
+        .copied()
+        .filter(|&n| !matches!(graph.node(n).op, Op::Input | Op::Constant { .. }))
+        .collect();
+    let times = profile(&Host, &graph, &info, &weights, &data, &nodes, 3).expect("profile");
+    assert_eq!(times.iter().map(|t| t.node).collect::<Vec<_>>(), nodes);
+    for t in &times {
+        let op = &graph.node(t.node).op;
+        assert!(t.forward_us > 0.0, "{op:?}");
+        if matches!(op, Op::Conv(_) | Op::Gemm(_)) {
+            assert!(t.backward_us > 0.0, "{op:?}");
+        }
+    }
+}

@@ -68,6 +68,14 @@ pub trait Backend {
     /// A buffer of `i64` (labels, argmax indices).
     type Idx;
 
+    /// A point in the device's queue of work (a CUDA event; the clock on the host).
+    type Mark;
+
+    /// Marks the work queued so far.
+    fn mark(&self) -> R<Self::Mark>;
+    /// Microseconds of device work between two marks (waits for the second).
+    fn elapsed_us(&self, start: &Self::Mark, end: &Self::Mark) -> R<f64>;
+
     /// `n` zeros.
     fn zeros(&self, n: usize) -> R<Self::Buf>;
     /// A copy of `data` on the device.

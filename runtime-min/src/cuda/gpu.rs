@@ -143,6 +143,23 @@ fn fits(what: &str, len: usize, needed: usize) -> R<()> {
 impl Backend for Gpu {
     type Buf = CudaSlice<f32>;
     type Idx = CudaSlice<i64>;
+    type Mark = cudarc::driver::CudaEvent;
+
+    fn mark(&self) -> R<cudarc::driver::CudaEvent> {
+        self.stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(fail("cannot record an event"))
+    }
+    fn elapsed_us(
+        &self,
+        start: &cudarc::driver::CudaEvent,
+        end: &cudarc::driver::CudaEvent,
+    ) -> R<f64> {
+        start
+            .elapsed_ms(end)
+            .map(|ms| f64::from(ms) * 1e3)
+            .map_err(fail("cannot time the GPU"))
+    }
 
     fn zeros(&self, n: usize) -> R<CudaSlice<f32>> {
         self.stream

@@ -1140,3 +1140,113 @@ fn loss<B: Backend>(dev: &B, kind: Loss, y: &DTensor<B>, labels: &Data) -> R<(f6
     let l = dev.download(&per)?.iter().map(|&v| f64::from(v)).sum();
     Ok((l, dy))
 }
+
+/// One node's measured times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeTime {
+    /// The node.
+    pub node: NodeId,
+    /// Forward, µs.
+    pub forward_us: f64,
+    /// Backward (all its input gradients from a gradient of ones), µs; 0 for a node
+    /// without one.
+    pub backward_us: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Times `nodes` of `graph` (bound at its batch) on `dev`, forward and backward, each on
+/// its own with the operands a forward pass of the whole model gives it: one warm-up, then
+/// the median of `repeats` runs between two [`Backend::mark`]s (CUDA events on a GPU).
+///
+/// # Errors
+/// An operator the device cannot run yet (naming the node), or a device failure.
+pub fn profile<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    nodes: &[NodeId],
+    repeats: u32,
+) -> Result<Vec<NodeTime>, ExecError> {
+    let at = |node: NodeId| {
+        move |message: String| ExecError::Node {
+            site: graph.site(node),
+            message,
+        }
+    };
+    let device = |message: String| ExecError::Input {
+        name: "device".into(),
+        message,
+    };
+    let mut runner = Runner {
+        dev,
+        graph,
+        info,
+        host: weights,
+        values: BTreeMap::new(),
+        saved: Vec::new(),
+    };
+    for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
+        if let (Some(f), Ok(shape)) = (t.floats(), runner.shape(v)) {
+            let buf = dev.upload(f).map_err(&device)?;
+            runner.values.insert(
+                v,
+                DTensor {
+                    buf: Rc::new(buf),
+                    shape,
+                },
+            );
+        }
+    }
+    for &id in info.order() {
+        runner.forward(id).map_err(at(id))?;
+    }
+    runner.saved.clear();
+    let timed =
+        |runner: &mut Runner<'_, B>, f: &mut dyn FnMut(&mut Runner<'_, B>) -> R<()>| -> R<f64> {
+            f(runner)?;
+            let mut samples = Vec::with_capacity(repeats.max(1) as usize);
+            for _ in 0..repeats.max(1) {
+                let start = dev.mark()?;
+                f(runner)?;
+                let end = dev.mark()?;
+                samples.push(dev.elapsed_us(&start, &end)?);
+            }
+            Ok(median(samples))
+        };
+    let mut times = Vec::with_capacity(nodes.len());
+    for &id in nodes {
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input | Op::Constant { .. }) || node.outputs.is_empty() {
+            continue;
+        }
+        let forward_us = timed(&mut runner, &mut |r| {
+            r.forward(id)?;
+            r.saved.pop();
+            Ok(())
+        })
+        .map_err(at(id))?;
+        runner.forward(id).map_err(at(id))?;
+        let (_, kept) = runner
+            .saved
+            .pop()
+            .ok_or_else(|| at(id)("nothing was saved".into()))?;
+        let n = numel(&runner.shape(node.outputs[0]).map_err(at(id))?);
+        let mut ones = dev.zeros(n).map_err(&device)?;
+        dev.fill(&mut ones, 1.0).map_err(&device)?;
+        // Nodes without a gradient (shape arithmetic) cost nothing backward.
+        let backward_us =
+            timed(&mut runner, &mut |r| r.backward(id, &kept, &ones).map(drop)).unwrap_or(0.0);
+        times.push(NodeTime {
+            node: id,
+            forward_us,
+            backward_us,
+        });
+    }
+    Ok(times)
+}
