@@ -368,13 +368,31 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
     }
 }
 
-/// `run` on a GPU: the plan's one rank trains on GPU `LOCAL_RANK` (0 without a launcher).
+/// Whether every layer of `plan` is replicated on every rank with the batch split among
+/// them (plain data parallelism, one microbatch).
+fn is_data_parallel(plan: &Plan) -> bool {
+    let n = plan.ranks;
+    let s = &plan.strategy;
+    s.microbatches <= 1
+        && s.stages.len() <= 1
+        && s.stages.iter().all(|st| st.replicas == n)
+        && s.layers.iter().all(|l| {
+            l.gpus.is_none_or(|g| g == n)
+                && l.split
+                    .is_none_or(|d| d.sample == n && d.attribute == 1 && d.parameter == 1)
+        })
+}
+
+/// `run` on GPUs. A one-rank plan trains on GPU 0; a data-parallel plan trains a replica
+/// per rank — threads sharing GPU 0, or one process per rank under a launcher, on GPU
+/// `LOCAL_RANK` modulo the GPUs there are — summing gradients through host memory.
 fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
     use ralpc_runtime_min::cuda::{gpu::Gpu, libs, train as device};
-    if plan.ranks != 1 {
+    if plan.ranks > 1 && !is_data_parallel(plan) {
         return Err(run_error(format!(
-            "the CUDA backend runs one-rank plans so far; this plan has {} ranks (NCCL and \
-             the same-device communicator are not built yet): run it with --backend cpu",
+            "the CUDA backend runs one-rank and data-parallel plans so far; this plan of {} \
+             ranks splits layers or pipelines them (NCCL transfers are not built yet): run it \
+             with --backend cpu",
             plan.ranks
         )));
     }
@@ -383,25 +401,89 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
             "checkpoints and injected faults are not on the CUDA backend yet".to_string(),
         ));
     }
+    let ranks = plan.ranks as usize;
+    if plan.batch % plan.ranks.max(1) as u64 != 0 {
+        return Err(run_error(format!(
+            "a global batch of {} does not divide among {ranks} ranks",
+            plan.batch
+        )));
+    }
     libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
-    let ordinal = options
-        .placement
-        .as_ref()
-        .map_or(0, |p| p.local_rank as usize);
-    let gpu =
-        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))?;
     let p = prepare(model, plan.batch, options)?;
+    let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64)?;
+    let train = options.train();
+    let open = |ordinal: usize| {
+        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))
+    };
+    let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
+        let part = device::shard(&p.data, rank, ranks).map_err(run_error)?;
+        let report = device::train_replica(gpu, &graph, &info, &p.weights, &part, &train, sync)
+            .map_err(run_error)?;
+        gpu.synchronize().map_err(run_error)?;
+        Ok::<_, Error>(report)
+    };
     let started = std::time::Instant::now();
-    let report = device::train(
-        &gpu,
-        &p.graph,
-        &p.info,
-        &p.weights,
-        &p.data,
-        &options.train(),
-    )
-    .map_err(run_error)?;
-    gpu.synchronize().map_err(run_error)?;
+    let report = match (&options.placement, ranks) {
+        (None, 1) => replica(&open(0)?, 0, &device::Alone)?,
+        (Some(place), _) => {
+            // More local ranks than GPUs share them (a one-GPU machine runs every rank).
+            let gpus = ralpc_runtime_min::cuda::device::count()
+                .map_err(|e| Error::Setup(Box::new(e)))?
+                .max(1);
+            let gpu = open(place.local_rank as usize % gpus)?;
+            let world = World::connect(place, options.timeout)
+                .map_err(|e| Error::Run(Box::new(format!("rank {}: {e}", place.rank))))?;
+            let comm = world.comm(place.rank);
+            let sync = device::HostStaged {
+                comm: &comm,
+                group: (0..plan.ranks).collect(),
+            };
+            let report = replica(&gpu, place.rank as usize, &sync)?;
+            comm.finish();
+            report
+        }
+        (None, _) => {
+            // Ranks as threads on GPU 0, each with its own stream.
+            let world = World::new(plan.ranks, options.timeout);
+            let reports: Vec<Result<TrainReport, Error>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..plan.ranks)
+                    .map(|r| {
+                        let comm = world.comm(r);
+                        let replica = &replica;
+                        let open = &open;
+                        s.spawn(move || {
+                            let sync = device::HostStaged {
+                                comm: &comm,
+                                group: (0..plan.ranks).collect(),
+                            };
+                            let result = open(0).and_then(|gpu| replica(&gpu, r as usize, &sync));
+                            if let Err(e) = &result {
+                                comm.abort(&format!("rank {r}: {e}"));
+                            }
+                            result
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(run_error("a rank panicked".to_string())))
+                    })
+                    .collect()
+            });
+            let mut first = None;
+            for r in reports {
+                match r {
+                    Ok(report) => {
+                        first.get_or_insert(report);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            first.ok_or_else(|| run_error("no rank ran".to_string()))?
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     Ok(RunOutput {
         report,

@@ -137,18 +137,64 @@ fn every_kernel_compiles_for_hopper() {
     assert!(kernels["ptx_bytes"].as_u64().is_some_and(|n| n > 10_000));
 }
 
-/// A one-rank plan of the CNN fixture at batch 8, in a temporary directory.
-fn one_gpu_plan() -> (tempfile::TempDir, std::path::PathBuf) {
+/// A plan of the CNN fixture at batch 8 for `gpus` GPUs (data parallel), in a temporary
+/// directory.
+fn plan_for(gpus: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("cnn");
     Command::cargo_bin("ralpc")
         .expect("binary built")
         .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train/cnn.onnx"))
-        .args(["--gpus", "1", "--batch", "8", "--quiet", "-o"])
+        .args([
+            "--gpus",
+            gpus,
+            "--batch",
+            "8",
+            "--strategy",
+            "dp",
+            "--tolerance",
+            "inf",
+        ])
+        .args(["--quiet", "-o"])
         .arg(&out)
         .assert()
         .success();
     (dir, out)
+}
+
+fn one_gpu_plan() -> (tempfile::TempDir, std::path::PathBuf) {
+    plan_for("1")
+}
+
+/// Losses of `ralpc <command> PLAN --steps 3 --json <extra>`.
+fn losses(command: &str, plan: &std::path::Path, extra: &[&str]) -> Vec<f64> {
+    let out = Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg(command)
+        .arg(plan)
+        .args(["--steps", "3", "--json"])
+        .args(extra)
+        .assert()
+        .success();
+    let json: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).expect("JSON");
+    eprintln!("{command} {extra:?}: {json}");
+    json["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect()
+}
+
+#[track_caller]
+fn same_losses(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-3 * w.abs().max(1.0),
+            "{got:?} against {want:?}"
+        );
+    }
 }
 
 fn driver_present() -> bool {
@@ -178,29 +224,20 @@ fn running_on_cuda_without_a_gpu_is_a_clear_input_error() {
 #[ignore = "needs an NVIDIA GPU"]
 fn a_plan_trains_on_the_gpu_as_on_the_cpu() {
     let (_dir, plan) = one_gpu_plan();
-    let losses = |backend: &str| -> Vec<f64> {
-        let out = Command::cargo_bin("ralpc")
-            .expect("binary built")
-            .arg("run")
-            .arg(&plan)
-            .args(["--steps", "3", "--json", "--backend", backend])
-            .assert()
-            .success();
-        let json: serde_json::Value =
-            serde_json::from_slice(&out.get_output().stdout).expect("JSON");
-        eprintln!("{backend}: {json}");
-        json["losses"]
-            .as_array()
-            .expect("losses")
-            .iter()
-            .map(|v| v.as_f64().expect("a number"))
-            .collect()
-    };
-    let (gpu, cpu) = (losses("cuda"), losses("cpu"));
-    for (g, c) in gpu.iter().zip(&cpu) {
-        assert!(
-            (g - c).abs() <= 1e-3 * c.abs().max(1.0),
-            "{gpu:?} against {cpu:?}"
-        );
-    }
+    same_losses(
+        &losses("run", &plan, &["--backend", "cuda"]),
+        &losses("run", &plan, &["--backend", "cpu"]),
+    );
+}
+
+/// A 4-rank data-parallel plan on one GPU — ranks as threads sharing it, and as processes
+/// under `ralpc launch` — gives the one-rank losses.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn data_parallel_ranks_share_one_gpu() {
+    let (_one, single) = one_gpu_plan();
+    let (_four, four) = plan_for("4");
+    let want = losses("run", &single, &["--backend", "cuda"]);
+    same_losses(&losses("run", &four, &["--backend", "cuda"]), &want);
+    same_losses(&losses("launch", &four, &["--backend", "cuda"]), &want);
 }

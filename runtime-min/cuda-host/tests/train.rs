@@ -185,3 +185,81 @@ fn every_node_is_timed() {
         }
     }
 }
+
+/// Data-parallel replicas (threads, gradients summed through host memory, as ranks sharing
+/// one GPU do) train exactly as one device on the whole batch.
+#[test]
+fn data_parallel_replicas_train_as_one_device() {
+    use ralpc_runtime_min::cpu::comm::World;
+    use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
+    for (model, replicas) in [
+        ("train/mlp.onnx", 4usize),
+        ("train/cnn.onnx", 2),
+        ("train/transformer.onnx", 2),
+    ] {
+        let global = 8u64;
+        let load = |batch: u64| {
+            let mut graph = onnx::import(&fixture(model)).expect("import").graph;
+            bind(
+                &mut graph,
+                &Bindings {
+                    batch: Some(batch),
+                    inputs: Default::default(),
+                },
+            )
+            .expect("bind");
+            let info = verify(&graph).expect("verify");
+            (graph, info)
+        };
+        let (graph, info) = load(global);
+        let weights = Weights::load(&graph, 4).expect("weights");
+        let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
+        let options = TrainOptions {
+            steps: 3,
+            seed: 4,
+            lr: 0.05,
+            momentum: 0.9,
+            loss: Loss::CrossEntropy,
+        };
+        let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
+        let (local_graph, local_info) = load(global / replicas as u64);
+        let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
+        let group: Vec<u32> = (0..replicas as u32).collect();
+        let reports: Vec<TrainReport> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..replicas)
+                .map(|r| {
+                    let comm = world.comm(r as u32);
+                    let (g, i, w, d, o, group) = (
+                        &local_graph,
+                        &local_info,
+                        &weights,
+                        &data,
+                        &options,
+                        group.clone(),
+                    );
+                    s.spawn(move || {
+                        let part = shard(d, r, replicas).expect("shard");
+                        let sync = HostStaged { comm: &comm, group };
+                        train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("replica thread"))
+                .collect()
+        });
+        for got in &reports {
+            for (g, w) in got.losses.iter().zip(&want.losses) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{model}: {g} against {w}"
+                );
+            }
+            for (name, w) in &want.weights {
+                let e = relative_error(&got.weights[name], w);
+                assert!(e <= 1e-5, "{model}: weight {name}: {e}");
+            }
+        }
+    }
+}

@@ -31,6 +31,16 @@ pub fn driver_version() -> Result<(i32, i32), String> {
     }
 }
 
+/// How many GPUs the driver sees. The caller checks that the driver loads first.
+///
+/// # Errors
+/// The driver's error.
+pub fn count() -> Result<usize, String> {
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| format!("the CUDA driver failed: {e}"))
+}
+
 /// Every GPU. The caller checks that the driver loads first ([`super::libs`]).
 ///
 /// # Errors

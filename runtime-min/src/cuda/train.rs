@@ -966,6 +966,125 @@ fn other_name(op: &Op) -> String {
         .to_owned()
 }
 
+/// How data-parallel replicas combine what each computed on its share of the batch.
+pub trait Replicas<B: Backend> {
+    /// How many replicas train together.
+    fn count(&self) -> usize;
+    /// Sums `buf` over the replicas, in place (the same result on every one).
+    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()>;
+    /// Sums a loss over the replicas.
+    fn sum(&self, value: f64) -> R<f64>;
+}
+
+/// One replica: nothing to combine.
+pub struct Alone;
+
+impl<B: Backend> Replicas<B> for Alone {
+    fn count(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _: &B, _: &mut B::Buf) -> R<()> {
+        Ok(())
+    }
+    fn sum(&self, value: f64) -> R<f64> {
+        Ok(value)
+    }
+}
+
+/// Replicas combined through host memory by the CPU backend's communicator: ranks as
+/// threads sharing one GPU (the same-device communicator), or processes over TCP. Sums
+/// in rank order, so every replica steps identically.
+pub struct HostStaged<'c> {
+    /// This replica's endpoint.
+    pub comm: &'c crate::cpu::comm::Comm,
+    /// Every replica's rank.
+    pub group: Vec<u32>,
+}
+
+impl<B: Backend> Replicas<B> for HostStaged<'_> {
+    fn count(&self) -> usize {
+        self.group.len()
+    }
+    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
+        let mut host = dev.download(buf)?;
+        self.comm
+            .all_reduce(&self.group, &mut host)
+            .map_err(|e| e.to_string())?;
+        *buf = dev.upload(&host)?;
+        Ok(())
+    }
+    fn sum(&self, value: f64) -> R<f64> {
+        let bits = value.to_bits();
+        let words = vec![
+            f32::from_bits(bits as u32),
+            f32::from_bits((bits >> 32) as u32),
+        ];
+        let all = self
+            .comm
+            .exchange(&self.group, words)
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .iter()
+            .map(|w| match w.as_slice() {
+                [lo, hi] => f64::from_bits(u64::from(lo.to_bits()) | u64::from(hi.to_bits()) << 32),
+                _ => 0.0,
+            })
+            .sum())
+    }
+}
+
+/// Replica `rank` of `count`'s rows of the global batch: every input's and the labels'
+/// equal share along their first axis.
+///
+/// # Errors
+/// A batch that does not divide among the replicas.
+pub fn shard(data: &Dataset, rank: usize, count: usize) -> Result<Dataset, String> {
+    use crate::cpu::tensor::Tensor;
+    fn rows<T: Clone>(v: &[T], rank: usize, count: usize) -> Result<Vec<T>, String> {
+        if v.len() % count != 0 {
+            return Err(format!(
+                "{} rows do not divide among {count} replicas",
+                v.len()
+            ));
+        }
+        let n = v.len() / count;
+        Ok(v[rank * n..(rank + 1) * n].to_vec())
+    }
+    let part = |d: &Data| -> Result<Data, String> {
+        Ok(match d {
+            Data::F32(v) => Data::F32(rows(v, rank, count)?),
+            Data::I64(v) => Data::I64(rows(v, rank, count)?),
+        })
+    };
+    let inputs = data
+        .inputs
+        .iter()
+        .map(|(&v, t)| {
+            let mut shape = t.shape.clone();
+            match shape.first_mut() {
+                Some(b) if *b % count == 0 => *b /= count,
+                _ => {
+                    return Err(format!(
+                        "an input of shape {:?} does not divide among {count} replicas",
+                        t.shape
+                    ))
+                }
+            }
+            Ok((
+                v,
+                Tensor {
+                    shape,
+                    data: part(&t.data)?,
+                },
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Dataset {
+        inputs,
+        labels: part(&data.labels)?,
+    })
+}
+
 /// Trains `graph` (bound at the global batch) on `dev` as
 /// [`train_reference`](crate::cpu::train::train_reference) does on the host: same
 /// weights, data, loss and optimizer, so the two reports agree to rounding.
@@ -979,6 +1098,25 @@ pub fn train<B: Backend>(
     weights: &Weights,
     data: &Dataset,
     options: &TrainOptions,
+) -> Result<TrainReport, ExecError> {
+    train_replica(dev, graph, info, weights, data, options, &Alone)
+}
+
+/// Trains one data-parallel replica: `graph` is bound at this replica's share of the
+/// batch and `data` is its share ([`shard`]); the loss is normalized by the global batch,
+/// gradients are summed over `replicas` before every update, and the reported losses are
+/// the whole batch's. The first output in the report is this replica's rows.
+///
+/// # Errors
+/// As [`train`], and a failed combination with the other replicas.
+pub fn train_replica<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    options: &TrainOptions,
+    replicas: &dyn Replicas<B>,
 ) -> Result<TrainReport, ExecError> {
     let at = |node: Option<NodeId>| {
         move |message: String| match node {
@@ -1050,8 +1188,9 @@ pub fn train<B: Backend>(
                 name: graph.value(output).name.clone(),
                 message: "the output is not a float tensor on the device".into(),
             })?;
-        let (l, dy) = loss(dev, options.loss, &y, &data.labels).map_err(&device)?;
-        report.losses.push(l);
+        let (l, dy) =
+            loss(dev, options.loss, &y, &data.labels, replicas.count()).map_err(&device)?;
+        report.losses.push(replicas.sum(l).map_err(&device)?);
         if step == 0 {
             report.first_output = dev.download(&y.buf).map_err(&device)?;
         }
@@ -1083,10 +1222,11 @@ pub fn train<B: Backend>(
                 continue;
             };
             let n = dev.len(param);
-            let g = match grads.remove(&w) {
+            let mut g = match grads.remove(&w) {
                 Some(g) => g,
                 None => dev.zeros(n).map_err(&device)?,
             };
+            replicas.all_reduce(dev, &mut g).map_err(&device)?;
             if step == 0 {
                 report.first_gradients.insert(
                     graph.value(w).name.clone(),
@@ -1116,8 +1256,15 @@ pub fn train<B: Backend>(
     Ok(report)
 }
 
-/// The loss of the whole output and its gradient.
-fn loss<B: Backend>(dev: &B, kind: Loss, y: &DTensor<B>, labels: &Data) -> R<(f64, B::Buf)> {
+/// The loss of this replica's output, normalized by the global batch (`replicas` equal
+/// shares), and its gradient.
+fn loss<B: Backend>(
+    dev: &B,
+    kind: Loss,
+    y: &DTensor<B>,
+    labels: &Data,
+    replicas: usize,
+) -> R<(f64, B::Buf)> {
     let total = numel(&y.shape);
     let mut dy = dev.zeros(total)?;
     let per = match (kind, labels) {
@@ -1126,13 +1273,21 @@ fn loss<B: Backend>(dev: &B, kind: Loss, y: &DTensor<B>, labels: &Data) -> R<(f6
             let rows = total / classes;
             let labels = dev.upload_indices(classes_of.get(..rows).ok_or("too few labels")?)?;
             let mut per = dev.zeros(rows)?;
-            dev.cross_entropy(&mut per, &mut dy, &y.buf, &labels, rows, classes, rows)?;
+            dev.cross_entropy(
+                &mut per,
+                &mut dy,
+                &y.buf,
+                &labels,
+                rows,
+                classes,
+                rows * replicas,
+            )?;
             per
         }
         (Loss::Mse, Data::F32(targets)) => {
             let t = dev.upload(targets.get(..total).ok_or("too few targets")?)?;
             let mut per = dev.zeros(total)?;
-            dev.mse(&mut per, &mut dy, &y.buf, &t, total)?;
+            dev.mse(&mut per, &mut dy, &y.buf, &t, total * replicas)?;
             per
         }
         _ => return Err("the labels do not fit the loss".into()),
