@@ -385,7 +385,8 @@ fn is_data_parallel(plan: &Plan) -> bool {
 
 /// `run` on GPUs. A one-rank plan trains on GPU 0; a data-parallel plan trains a replica
 /// per rank — threads sharing GPU 0, or one process per rank under a launcher, on GPU
-/// `LOCAL_RANK` modulo the GPUs there are — summing gradients through host memory.
+/// `LOCAL_RANK` modulo the GPUs there are — summing gradients with NCCL when every process
+/// has its own GPU, else through host memory.
 fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
     use ralpc_runtime_min::cuda::{gpu::Gpu, libs, train as device};
     if plan.ranks > 1 && !is_data_parallel(plan) {
@@ -431,16 +432,27 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
                 .map_err(|e| Error::Setup(Box::new(e)))?
                 .max(1);
             let gpu = open(place.local_rank as usize % gpus)?;
-            let world = World::connect(place, options.timeout)
-                .map_err(|e| Error::Run(Box::new(format!("rank {}: {e}", place.rank))))?;
-            let comm = world.comm(place.rank);
-            let sync = device::HostStaged {
-                comm: &comm,
-                group: (0..plan.ranks).collect(),
-            };
-            let report = replica(&gpu, place.rank as usize, &sync)?;
-            comm.finish();
-            report
+            let join_error = |e: String| Error::Run(Box::new(format!("rank {}: {e}", place.rank)));
+            // NCCL needs a GPU per process; ranks sharing one combine through host memory.
+            let local_world = std::env::var("LOCAL_WORLD_SIZE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(place.local_rank as usize + 1);
+            if libs::Lib::Nccl.loadable() && local_world <= gpus {
+                let nccl = ralpc_runtime_min::cuda::nccl::Nccl::join(&gpu, place, options.timeout)
+                    .map_err(join_error)?;
+                replica(&gpu, place.rank as usize, &nccl)?
+            } else {
+                let world = World::connect(place, options.timeout).map_err(join_error)?;
+                let comm = world.comm(place.rank);
+                let sync = device::HostStaged {
+                    comm: &comm,
+                    group: (0..plan.ranks).collect(),
+                };
+                let report = replica(&gpu, place.rank as usize, &sync)?;
+                comm.finish();
+                report
+            }
         }
         (None, _) => {
             // Ranks as threads on GPU 0, each with its own stream.

@@ -152,7 +152,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         })?,
     };
     if options.backend == ralpc::Backend::Cuda {
-        super::restart_with(&ralpc::runtime::cuda::libs::Lib::ONE_GPU)?;
+        use ralpc::runtime::cuda::libs::{self, Lib};
+        // NCCL when it is anywhere: processes on distinct GPUs sum gradients with it.
+        let mut wanted = Lib::ONE_GPU.to_vec();
+        if libs::locate(&[Lib::Nccl]).is_ok() {
+            wanted.push(Lib::Nccl);
+        }
+        super::restart_with(&wanted)?;
     }
     // Under a launcher every process runs this; rank 0 speaks for the run.
     let speaks = options.placement.as_ref().is_none_or(|p| p.rank == 0);

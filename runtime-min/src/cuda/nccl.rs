@@ -1,0 +1,82 @@
+//! Data-parallel replicas summing their gradients with NCCL, one process per GPU: rank 0
+//! makes the NCCL unique id and the TCP rendezvous ([`crate::dist::rendezvous`]) hands it
+//! to every rank. Ranks sharing one GPU cannot use NCCL (it refuses duplicate devices);
+//! they combine through host memory ([`super::train::HostStaged`]).
+
+use std::time::Duration;
+
+use cudarc::nccl::{Comm, Id, ReduceOp};
+
+use super::backend::R;
+use super::gpu::Gpu;
+use super::train::Replicas;
+use crate::dist::{rendezvous, Placement};
+
+/// This process's member of the NCCL world.
+pub struct Nccl {
+    comm: Comm,
+}
+
+fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("NCCL: {what}: {e:?}")
+}
+
+impl Nccl {
+    /// Joins the launcher's processes on `gpu`'s stream. The caller checks that NCCL
+    /// loads ([`super::libs`]).
+    ///
+    /// # Errors
+    /// The rendezvous or NCCL's initialization failed.
+    pub fn join(gpu: &Gpu, placement: &Placement, timeout: Duration) -> R<Nccl> {
+        let id = if placement.rank == 0 {
+            Some(Id::new().map_err(fail("cannot make the unique id"))?)
+        } else {
+            None
+        };
+        let blobs = rendezvous::all_gather(placement, timeout, |_| {
+            id.as_ref()
+                .map(|id| id.internal().iter().map(|&c| c as u8).collect())
+                .unwrap_or_default()
+        })?;
+        let bytes: [u8; 128] = blobs
+            .first()
+            .and_then(|b| b.as_slice().try_into().ok())
+            .ok_or("NCCL: rank 0 sent no 128-byte unique id")?;
+        let id = Id::uninit(bytes.map(|b| b as std::ffi::c_char));
+        let comm = Comm::from_rank(
+            gpu.stream().clone(),
+            placement.rank as usize,
+            placement.world as usize,
+            id,
+        )
+        .map_err(fail("cannot join the world"))?;
+        Ok(Nccl { comm })
+    }
+}
+
+impl Replicas<Gpu> for Nccl {
+    fn count(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as super::backend::Backend>::Buf) -> R<()> {
+        self.comm
+            .all_reduce_in_place(buf, &ReduceOp::Sum)
+            .map(drop)
+            .map_err(fail("all-reduce failed"))
+    }
+
+    fn sum(&self, value: f64) -> R<f64> {
+        let stream = self.comm.stream();
+        let mut buf = stream
+            .clone_htod(&[value])
+            .map_err(fail("cannot copy the loss"))?;
+        self.comm
+            .all_reduce_in_place(&mut buf, &ReduceOp::Sum)
+            .map_err(fail("all-reduce failed"))?;
+        let total = stream
+            .clone_dtoh(&buf)
+            .map_err(fail("cannot copy the loss"))?;
+        Ok(total.first().copied().unwrap_or(0.0))
+    }
+}
