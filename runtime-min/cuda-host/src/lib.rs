@@ -63,8 +63,8 @@ unsafe extern "C" {
     pub fn max_pool_backward(dx: F, dy: C, argmax: *const i64, n: i64);
     pub fn avg_pool(y: F, x: C, g: Window, count_pad: i32);
     pub fn avg_pool_backward(dx: F, dy: C, g: Window, count_pad: i32);
-    pub fn im2col(cols: F, image: C, g: Window);
-    pub fn col2im(image: F, cols: C, g: Window);
+    pub fn im2col(cols: F, image: C, g: Window, images: i64);
+    pub fn col2im(image: F, cols: C, g: Window, images: i64);
     pub fn sgd_momentum(w: F, velocity: F, grad: C, n: i64, lr: f32, momentum: f32);
 }
 
@@ -508,14 +508,42 @@ impl Backend for Host {
         unsafe { avg_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), *g, i32::from(count_pad)) };
         Ok(())
     }
-    fn im2col(&self, cols: &mut Vec<f32>, x: &Vec<f32>, offset: usize, g: &Window) -> R<()> {
-        // SAFETY: the image at `offset` and the columns fit the window.
-        unsafe { im2col(cols.as_mut_ptr(), x[offset..].as_ptr(), *g) };
+    fn im2col(
+        &self,
+        cols: &mut Vec<f32>,
+        x: &Vec<f32>,
+        offset: usize,
+        g: &Window,
+        images: usize,
+    ) -> R<()> {
+        let (image, columns) = (
+            (g.planes * g.h * g.w) as usize,
+            (g.planes * g.kh * g.kw * g.oh * g.ow) as usize,
+        );
+        if offset + images * image > x.len() || images * columns > cols.len() {
+            return Err(format!("im2col of {images} images overruns its buffers"));
+        }
+        // SAFETY: bounds checked above.
+        unsafe { im2col(cols.as_mut_ptr(), x[offset..].as_ptr(), *g, n(images)) };
         Ok(())
     }
-    fn col2im(&self, dx: &mut Vec<f32>, offset: usize, cols: &Vec<f32>, g: &Window) -> R<()> {
-        // SAFETY: as above.
-        unsafe { col2im(dx[offset..].as_mut_ptr(), cols.as_ptr(), *g) };
+    fn col2im(
+        &self,
+        dx: &mut Vec<f32>,
+        offset: usize,
+        cols: &Vec<f32>,
+        g: &Window,
+        images: usize,
+    ) -> R<()> {
+        let (image, columns) = (
+            (g.planes * g.h * g.w) as usize,
+            (g.planes * g.kh * g.kw * g.oh * g.ow) as usize,
+        );
+        if offset + images * image > dx.len() || images * columns > cols.len() {
+            return Err(format!("col2im of {images} images overruns its buffers"));
+        }
+        // SAFETY: bounds checked above.
+        unsafe { col2im(dx[offset..].as_mut_ptr(), cols.as_ptr(), *g, n(images)) };
         Ok(())
     }
     fn sgd_momentum(

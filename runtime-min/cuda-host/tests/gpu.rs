@@ -109,4 +109,6 @@ fn fixtures_train_on_the_gpu_as_on_the_cpu() {
     check(&gpu, "train/transformer.onnx", 4, 3);
     check(&gpu, "onnx/resnet50/model.onnx", 4, 1);
     check(&gpu, "onnx/vgg16/model.onnx", 2, 1);
+    check(&gpu, "onnx/mobilenet_v2/model.onnx", 4, 1);
+    check(&gpu, "onnx/efficientnet_b0/model.onnx", 4, 1);
 }

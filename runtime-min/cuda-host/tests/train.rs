@@ -114,6 +114,30 @@ fn resnet50_trains_as_on_the_cpu() {
     check_steps("onnx/resnet50/model.onnx", 2, Loss::CrossEntropy, 1, 1e-3);
 }
 
+/// Depthwise (grouped) convolutions, ReLU6 as Clip, inverted residuals.
+#[test]
+fn mobilenet_v2_trains_as_on_the_cpu() {
+    check_steps(
+        "onnx/mobilenet_v2/model.onnx",
+        2,
+        Loss::CrossEntropy,
+        1,
+        1e-3,
+    );
+}
+
+/// SiLU as Sigmoid·Mul, squeeze-and-excitation (broadcast multiplies), ReduceMean.
+#[test]
+fn efficientnet_b0_trains_as_on_the_cpu() {
+    check_steps(
+        "onnx/efficientnet_b0/model.onnx",
+        2,
+        Loss::CrossEntropy,
+        1,
+        1e-3,
+    );
+}
+
 #[test]
 fn vgg16_trains_as_on_the_cpu() {
     check_steps("onnx/vgg16/model.onnx", 1, Loss::CrossEntropy, 1, 1e-4);

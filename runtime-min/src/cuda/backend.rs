@@ -266,10 +266,25 @@ pub trait Backend {
         g: &Window,
         count_pad: bool,
     ) -> R<()>;
-    /// im2col of the image at `offset` in `x`.
-    fn im2col(&self, cols: &mut Self::Buf, x: &Self::Buf, offset: usize, g: &Window) -> R<()>;
-    /// col2im, added into the image at `offset` in `dx`.
-    fn col2im(&self, dx: &mut Self::Buf, offset: usize, cols: &Self::Buf, g: &Window) -> R<()>;
+    /// im2col of `images` consecutive images from `offset` in `x`: columns
+    /// `[images, planes·kh·kw, oh·ow]`.
+    fn im2col(
+        &self,
+        cols: &mut Self::Buf,
+        x: &Self::Buf,
+        offset: usize,
+        g: &Window,
+        images: usize,
+    ) -> R<()>;
+    /// col2im of `images` images' columns, added into the images from `offset` in `dx`.
+    fn col2im(
+        &self,
+        dx: &mut Self::Buf,
+        offset: usize,
+        cols: &Self::Buf,
+        g: &Window,
+        images: usize,
+    ) -> R<()>;
     /// SGD with momentum.
     fn sgd_momentum(
         &self,

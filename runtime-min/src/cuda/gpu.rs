@@ -769,12 +769,18 @@ impl Backend for Gpu {
         x: &CudaSlice<f32>,
         offset: usize,
         g: &Window,
+        images: usize,
     ) -> R<()> {
-        let n = (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
+        let n = images * (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
         fits("im2col", cols.len(), n)?;
-        fits("im2col", x.len(), offset + (g.planes * g.h * g.w) as usize)?;
+        fits(
+            "im2col",
+            x.len(),
+            offset + images * (g.planes * g.h * g.w) as usize,
+        )?;
         let image = x.slice(offset..);
-        launch!(self, "im2col", Self::elements(n), cols, &image, g)
+        let count = images as i64;
+        launch!(self, "im2col", Self::elements(n), cols, &image, g, &count)
     }
     fn col2im(
         &self,
@@ -782,12 +788,26 @@ impl Backend for Gpu {
         offset: usize,
         cols: &CudaSlice<f32>,
         g: &Window,
+        images: usize,
     ) -> R<()> {
-        let n = (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
+        let n = images * (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
         fits("col2im", cols.len(), n)?;
-        fits("col2im", dx.len(), offset + (g.planes * g.h * g.w) as usize)?;
+        fits(
+            "col2im",
+            dx.len(),
+            offset + images * (g.planes * g.h * g.w) as usize,
+        )?;
         let mut image = dx.slice_mut(offset..);
-        launch!(self, "col2im", Self::elements(n), &mut image, cols, g)
+        let count = images as i64;
+        launch!(
+            self,
+            "col2im",
+            Self::elements(n),
+            &mut image,
+            cols,
+            g,
+            &count
+        )
     }
     fn sgd_momentum(
         &self,

@@ -523,30 +523,31 @@ extern "C" __global__ void avg_pool_backward(float* dx, const float* dy, Window 
   }
 }
 
-// im2col of one image ([g.planes channels, h, w]) → cols [planes * kh * kw, oh * ow], for
-// convolution by GEMM where cuDNN is absent.
-extern "C" __global__ void im2col(float* cols, const float* image, Window g) {
-  long long spatial = g.oh * g.ow;
-  GRID_STRIDE(i, g.planes * g.kh * g.kw * spatial) {
-    long long p = i % spatial, row = i / spatial;
+// im2col of `images` consecutive images ([g.planes channels, h, w] each) → cols
+// [images, planes * kh * kw, oh * ow]: convolution as (batched) GEMM where cuDNN is absent.
+extern "C" __global__ void im2col(float* cols, const float* image, Window g, long long images) {
+  long long spatial = g.oh * g.ow, rows = g.planes * g.kh * g.kw;
+  GRID_STRIDE(i, images * rows * spatial) {
+    long long p = i % spatial, row = (i / spatial) % rows, n = i / (spatial * rows);
     long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
     long long oy = p / g.ow, ox = p % g.ow;
     long long iy = oy * g.sh - g.pt + ky * g.dh, ix = ox * g.sw - g.pl + kx * g.dw;
-    cols[i] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? image[(c * g.h + iy) * g.w + ix]
-                                                           : 0.0f;
+    cols[i] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+                  ? image[((n * g.planes + c) * g.h + iy) * g.w + ix]
+                  : 0.0f;
   }
 }
 
-// The adjoint of im2col: adds cols back into the image gradient.
-extern "C" __global__ void col2im(float* image, const float* cols, Window g) {
-  long long spatial = g.oh * g.ow;
-  GRID_STRIDE(i, g.planes * g.kh * g.kw * spatial) {
-    long long p = i % spatial, row = i / spatial;
+// The adjoint of im2col: adds cols back into the images' gradient.
+extern "C" __global__ void col2im(float* image, const float* cols, Window g, long long images) {
+  long long spatial = g.oh * g.ow, rows = g.planes * g.kh * g.kw;
+  GRID_STRIDE(i, images * rows * spatial) {
+    long long p = i % spatial, row = (i / spatial) % rows, n = i / (spatial * rows);
     long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
     long long oy = p / g.ow, ox = p % g.ow;
     long long iy = oy * g.sh - g.pt + ky * g.dh, ix = ox * g.sw - g.pl + kx * g.dw;
     if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
-      atomicAdd(&image[(c * g.h + iy) * g.w + ix], cols[i]);
+      atomicAdd(&image[((n * g.planes + c) * g.h + iy) * g.w + ix], cols[i]);
   }
 }
 

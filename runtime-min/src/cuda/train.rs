@@ -110,6 +110,32 @@ impl<'a, B: Backend> Runner<'a, B> {
             .and_then(|t| t.to_f64s().first().map(|&x| x as f32))
     }
 
+    /// ReduceMean's axes (sorted, non-negative): the attribute, else input 1, else all
+    /// (none with `noop_with_empty_axes`).
+    fn reduced_axes(
+        &self,
+        id: NodeId,
+        attr: &Option<Vec<i64>>,
+        noop: bool,
+        rank: usize,
+    ) -> R<Vec<usize>> {
+        let given: Option<Vec<i64>> = attr.clone().or_else(|| {
+            let v = self.graph.node(id).inputs.get(1).copied().flatten()?;
+            self.host
+                .tensors
+                .get(&v)
+                .map(|t| t.to_f64s().iter().map(|&a| a as i64).collect())
+        });
+        let mut axes: Vec<usize> = match given {
+            Some(a) if !a.is_empty() => a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?,
+            _ if noop => Vec::new(),
+            _ => (0..rank).collect(),
+        };
+        axes.sort_unstable();
+        axes.dedup();
+        Ok(axes)
+    }
+
     fn forward(&mut self, id: NodeId) -> R<()> {
         let node = self.graph.node(id);
         let out_shape = match node.outputs.first() {
@@ -145,12 +171,19 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
                 let mut y = fresh(&out_shape)?;
                 let conv = ConvPlan::new(&g);
-                let mut cols = dev.zeros(conv.k * conv.spatial)?;
-                for n in 0..g.batch {
+                let mut cols = dev.zeros(conv.chunk * conv.rows * conv.spatial)?;
+                for (start, count) in conv.chunks() {
+                    dev.im2col(&mut cols, &x.buf, start * conv.image, &conv.window, count)?;
                     for grp in 0..g.groups {
-                        dev.im2col(&mut cols, &x.buf, conv.image_offset(n, grp), &conv.window)?;
+                        // Y[n, group] = W[group] · cols[n, group rows], every image at once.
                         let mut mm = Gemm::new(conv.cout_g, conv.spatial, conv.k);
-                        mm.offsets = [grp * conv.cout_g * conv.k, 0, conv.output_offset(n, grp)];
+                        mm.batch = count;
+                        mm.offsets = [
+                            grp * conv.cout_g * conv.k,
+                            grp * conv.k * conv.spatial,
+                            conv.output_offset(start, grp),
+                        ];
+                        mm.strides = [0, conv.rows * conv.spatial, conv.cout * conv.spatial];
                         dev.gemm(&mm, &w.buf, &cols, &mut y)?;
                     }
                 }
@@ -346,6 +379,44 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.gather(&mut y, &x.buf, &Strides::view(&out_shape, &view)?, 0)?;
                 (y, Saved::None)
             }
+            Op::ReduceMean {
+                axes,
+                noop_with_empty_axes,
+                ..
+            } => {
+                let x = self.input(id, 0)?;
+                let axes = self.reduced_axes(id, axes, *noop_with_empty_axes, x.shape.len())?;
+                let mut current = x.shape.clone();
+                let mut acc: Option<B::Buf> = None;
+                for &a in &axes {
+                    let (outer, inner) = (numel(&current[..a]), numel(&current[a + 1..]));
+                    let mut out = dev.zeros(outer * inner)?;
+                    dev.reduce_axis(
+                        &mut out,
+                        acc.as_ref().unwrap_or(&x.buf),
+                        outer,
+                        current[a],
+                        inner,
+                        true,
+                    )?;
+                    current[a] = 1;
+                    acc = Some(out);
+                }
+                match acc {
+                    Some(y) => (y, Saved::None),
+                    None => {
+                        self.values.insert(
+                            node.outputs[0],
+                            DTensor {
+                                buf: x.buf,
+                                shape: out_shape,
+                            },
+                        );
+                        self.saved.push((id, Saved::None));
+                        return Ok(());
+                    }
+                }
+            }
             Op::Concat { axis } => {
                 let a = axis_of(*axis, out_shape.len())?;
                 let mut y = fresh(&out_shape)?;
@@ -459,27 +530,51 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
                 let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
                 let conv = ConvPlan::new(&g);
-                let mut cols = zeros(conv.k * conv.spatial)?;
-                let mut dcols = zeros(conv.k * conv.spatial)?;
+                let size = conv.chunk * conv.rows * conv.spatial;
+                let (mut cols, mut dcols, mut cols_t) = (zeros(size)?, zeros(size)?, zeros(size)?);
+                let mut dy_t = zeros(conv.chunk * conv.cout * conv.spatial)?;
                 let (mut dx, mut dw) = (zeros(numel(&x.shape))?, zeros(numel(&w.shape))?);
-                for n in 0..g.batch {
+                for (start, count) in conv.chunks() {
+                    let wide = count * conv.spatial;
+                    dev.im2col(&mut cols, &x.buf, start * conv.image, &conv.window, count)?;
+                    // dW[group] += dYᵀ[group] · colsᵀ[group]ᵀ over every image at once:
+                    // channels first, images and positions along the columns.
+                    let by_channel = |channels: usize| {
+                        Strides::view(
+                            &[channels, count, conv.spatial],
+                            &[conv.spatial, channels * conv.spatial, 1],
+                        )
+                    };
+                    dev.gather(&mut cols_t, &cols, &by_channel(conv.rows)?, 0)?;
+                    dev.gather(
+                        &mut dy_t,
+                        dy,
+                        &by_channel(conv.cout)?,
+                        conv.output_offset(start, 0),
+                    )?;
                     for grp in 0..g.groups {
-                        let (x_at, y_at) = (conv.image_offset(n, grp), conv.output_offset(n, grp));
-                        let w_at = grp * conv.cout_g * conv.k;
-                        dev.im2col(&mut cols, &x.buf, x_at, &conv.window)?;
-                        // dW += dY · colsᵀ
-                        let mut mm = Gemm::new(conv.cout_g, conv.k, conv.spatial);
+                        let mut mm = Gemm::new(conv.cout_g, conv.k, wide);
                         mm.trans_b = true;
                         mm.beta = 1.0;
-                        mm.offsets = [y_at, 0, w_at];
-                        dev.gemm(&mm, dy, &cols, &mut dw)?;
-                        // dcols = Wᵀ · dY, then back into the image.
+                        mm.offsets = [
+                            grp * conv.cout_g * wide,
+                            grp * conv.k * wide,
+                            grp * conv.cout_g * conv.k,
+                        ];
+                        dev.gemm(&mm, &dy_t, &cols_t, &mut dw)?;
+                        // dcols[n, group rows] = W[group]ᵀ · dY[n, group], every image at once.
                         let mut mm = Gemm::new(conv.k, conv.spatial, conv.cout_g);
                         mm.trans_a = true;
-                        mm.offsets = [w_at, y_at, 0];
+                        mm.batch = count;
+                        mm.offsets = [
+                            grp * conv.cout_g * conv.k,
+                            conv.output_offset(start, grp),
+                            grp * conv.k * conv.spatial,
+                        ];
+                        mm.strides = [0, conv.cout * conv.spatial, conv.rows * conv.spatial];
                         dev.gemm(&mm, &w.buf, dy, &mut dcols)?;
-                        dev.col2im(&mut dx, x_at, &dcols, &conv.window)?;
                     }
+                    dev.col2im(&mut dx, start * conv.image, &dcols, &conv.window, count)?;
                 }
                 grads.push((0, dx));
                 grads.push((1, dw));
@@ -737,6 +832,41 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.scatter(&mut dx, dy, &Strides::view(&out_shape, &view)?, 0, false)?;
                 grads.push((0, dx));
             }
+            Op::ReduceMean {
+                axes,
+                noop_with_empty_axes,
+                ..
+            } => {
+                let x = self.input(id, 0)?;
+                let axes = self.reduced_axes(id, axes, *noop_with_empty_axes, x.shape.len())?;
+                // dy, read back over every reduced position, over their count.
+                let mut kept = x.shape.clone();
+                for &a in &axes {
+                    kept[a] = 1;
+                }
+                let kept_strides = strides_of(&kept);
+                let view: Vec<usize> = (0..x.shape.len())
+                    .map(|d| {
+                        if axes.contains(&d) {
+                            0
+                        } else {
+                            kept_strides[d]
+                        }
+                    })
+                    .collect();
+                let mut spread = zeros(numel(&x.shape))?;
+                dev.gather(&mut spread, dy, &Strides::view(&x.shape, &view)?, 0)?;
+                let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+                let mut dx = zeros(numel(&x.shape))?;
+                dev.unary(
+                    &mut dx,
+                    &spread,
+                    UnaryOp::Scale,
+                    1.0 / count.max(1) as f32,
+                    0.0,
+                )?;
+                grads.push((0, dx));
+            }
             Op::Concat { axis } => {
                 let a = axis_of(*axis, out_shape.len())?;
                 let strides = strides_of(&out_shape);
@@ -771,27 +901,37 @@ impl<'a, B: Backend> Runner<'a, B> {
     }
 }
 
-/// Convolution as im2col + GEMM, per image and group.
+/// Convolution as im2col + batched GEMM over chunks of images (each chunk's columns at
+/// most [`COLUMNS_BUDGET`] floats), per channel group.
 struct ConvPlan {
     window: Window,
-    cin_g: usize,
     cout_g: usize,
-    /// Rows of the im2col matrix: `cin_g·kh·kw`.
+    /// One group's rows of the im2col matrix: `cin_g·kh·kw`.
     k: usize,
+    /// All rows: `cin·kh·kw`.
+    rows: usize,
     spatial: usize,
+    /// Elements of one input image.
     image: usize,
-    cin: usize,
     cout: usize,
+    batch: usize,
+    /// Images per chunk.
+    chunk: usize,
 }
+
+/// The most floats one chunk's im2col columns take (256 MiB).
+const COLUMNS_BUDGET: usize = 1 << 26;
 
 impl ConvPlan {
     fn new(g: &crate::cpu::kernels::Conv2d) -> ConvPlan {
         let (oh, ow) = g.output();
         let cin_g = g.in_channels / g.groups.max(1);
         let i = |v: usize| v as i64;
+        let rows = g.in_channels * g.kernel.0 * g.kernel.1;
+        let spatial = oh * ow;
         ConvPlan {
             window: Window {
-                planes: i(cin_g),
+                planes: i(g.in_channels),
                 h: i(g.input.0),
                 w: i(g.input.1),
                 oh: i(oh),
@@ -807,18 +947,22 @@ impl ConvPlan {
                 dh: i(g.dilation.0),
                 dw: i(g.dilation.1),
             },
-            cin_g,
             cout_g: g.out_channels / g.groups.max(1),
             k: cin_g * g.kernel.0 * g.kernel.1,
-            spatial: oh * ow,
-            image: g.input.0 * g.input.1,
-            cin: g.in_channels,
+            rows,
+            spatial,
+            image: g.in_channels * g.input.0 * g.input.1,
             cout: g.out_channels,
+            batch: g.batch,
+            chunk: (COLUMNS_BUDGET / (rows * spatial).max(1)).clamp(1, g.batch.max(1)),
         }
     }
 
-    fn image_offset(&self, n: usize, group: usize) -> usize {
-        (n * self.cin + group * self.cin_g) * self.image
+    /// (first image, images) of each chunk.
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.batch)
+            .step_by(self.chunk)
+            .map(|start| (start, self.chunk.min(self.batch - start)))
     }
 
     fn output_offset(&self, n: usize, group: usize) -> usize {
