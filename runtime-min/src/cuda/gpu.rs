@@ -63,7 +63,11 @@ impl Gpu {
                     .map_err(|e| format!("kernel {name}: {e:?}"))
             })
             .collect::<R<_>>()?;
-        let stream = ctx.new_stream().map_err(fail("cannot create a stream"))?;
+        // The training job's stream at the highest priority the device has (CUDA clamps
+        // the number into its range), so background work on the GPU yields to it.
+        let stream = ctx
+            .new_stream_with_priority(-1000)
+            .map_err(fail("cannot create a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(fail("cannot start cuBLAS"))?;
         Ok(Gpu {
             ctx,

@@ -15,6 +15,9 @@ use crate::dist::{rendezvous, Placement};
 /// This process's member of the NCCL world.
 pub struct Nccl {
     comm: Comm,
+    rank: u32,
+    /// How long a collective may take before this rank gives up on the others.
+    timeout: Duration,
 }
 
 fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
@@ -50,7 +53,39 @@ impl Nccl {
             id,
         )
         .map_err(fail("cannot join the world"))?;
-        Ok(Nccl { comm })
+        Ok(Nccl {
+            comm,
+            rank: placement.rank,
+            timeout,
+        })
+    }
+
+    /// Waits for the collective just queued, polling so that a rank that stopped
+    /// responding turns into an error after the timeout instead of a hang (dropping the
+    /// communicator then aborts it, which frees the GPU).
+    fn wait(&self, what: &str) -> R<()> {
+        let stream = self.comm.stream();
+        let done = stream
+            .record_event(None)
+            .map_err(fail("cannot record an event"))?;
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            // SAFETY: a live event of this context.
+            let status = unsafe { cudarc::driver::sys::cuEventQuery(done.cu_event()) };
+            match status {
+                cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(format!("rank {}: {what} failed: {other:?}", self.rank)),
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "rank {} waited more than {} s for {what}: another rank stopped responding",
+                    self.rank,
+                    self.timeout.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -62,8 +97,8 @@ impl Replicas<Gpu> for Nccl {
     fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as super::backend::Backend>::Buf) -> R<()> {
         self.comm
             .all_reduce_in_place(buf, &ReduceOp::Sum)
-            .map(drop)
-            .map_err(fail("all-reduce failed"))
+            .map_err(fail("all-reduce failed"))?;
+        self.wait("the gradient all-reduce (NCCL)")
     }
 
     fn sum(&self, value: f64) -> R<f64> {
@@ -74,6 +109,7 @@ impl Replicas<Gpu> for Nccl {
         self.comm
             .all_reduce_in_place(&mut buf, &ReduceOp::Sum)
             .map_err(fail("all-reduce failed"))?;
+        self.wait("the loss all-reduce (NCCL)")?;
         let total = stream
             .clone_dtoh(&buf)
             .map_err(fail("cannot copy the loss"))?;
