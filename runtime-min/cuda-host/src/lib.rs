@@ -4,6 +4,8 @@
 //! the same source runs with many threads; its block reductions are tested there.
 #![allow(missing_docs, reason = "the declarations mirror kernels.cu one to one")]
 
+pub mod dry;
+
 use ralpc_runtime_min::cuda::kernels::{Strides, Window};
 
 type F = *mut f32;

@@ -1,0 +1,276 @@
+//! A device that computes nothing and counts: kernel launches, GEMMs and their FLOPs, and
+//! the peak of live buffer bytes. It runs the CUDA executor's exact sequence of calls for a
+//! training step at full size in milliseconds, so the lowering's work and memory are
+//! checked without a GPU (against the model's FLOPs, and against a GPU's memory).
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
+use ralpc_runtime_min::cuda::kernels::{BinaryOp, Strides, UnaryOp, Window};
+
+/// Live bytes and their peak.
+#[derive(Debug, Default)]
+struct Memory {
+    live: Cell<usize>,
+    peak: Cell<usize>,
+}
+
+/// A buffer: only its length, charged to the device while it lives.
+#[derive(Debug)]
+pub struct DryBuf {
+    len: usize,
+    bytes: usize,
+    memory: Rc<Memory>,
+}
+
+impl Drop for DryBuf {
+    fn drop(&mut self) {
+        self.memory.live.set(self.memory.live.get() - self.bytes);
+    }
+}
+
+/// The counting device.
+#[derive(Debug, Default)]
+pub struct Dry {
+    memory: Rc<Memory>,
+    launches: Cell<u64>,
+    gemms: Cell<u64>,
+    gemm_flops: Cell<f64>,
+}
+
+/// What a run cost.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Counts {
+    /// Kernel launches (GEMMs excluded).
+    pub launches: u64,
+    /// GEMM calls (a batched one counts once).
+    pub gemms: u64,
+    /// FLOPs of every GEMM (2·m·n·k per matrix).
+    pub gemm_flops: f64,
+    /// The most bytes live at once.
+    pub peak_bytes: usize,
+}
+
+impl Dry {
+    /// What was counted so far.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            launches: self.launches.get(),
+            gemms: self.gemms.get(),
+            gemm_flops: self.gemm_flops.get(),
+            peak_bytes: self.memory.peak.get(),
+        }
+    }
+
+    fn buffer(&self, len: usize, element: usize) -> DryBuf {
+        let bytes = len * element;
+        let live = self.memory.live.get() + bytes;
+        self.memory.live.set(live);
+        self.memory.peak.set(self.memory.peak.get().max(live));
+        DryBuf {
+            len,
+            bytes,
+            memory: self.memory.clone(),
+        }
+    }
+
+    fn launch(&self) -> R<()> {
+        self.launches.set(self.launches.get() + 1);
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "the trait's signatures")]
+impl Backend for Dry {
+    type Buf = DryBuf;
+    type Idx = DryBuf;
+    type Mark = ();
+
+    fn mark(&self) -> R<()> {
+        Ok(())
+    }
+    fn elapsed_us(&self, _: &(), _: &()) -> R<f64> {
+        Ok(1.0)
+    }
+    fn zeros(&self, n: usize) -> R<DryBuf> {
+        Ok(self.buffer(n, 4))
+    }
+    fn upload(&self, data: &[f32]) -> R<DryBuf> {
+        Ok(self.buffer(data.len(), 4))
+    }
+    fn upload_indices(&self, data: &[i64]) -> R<DryBuf> {
+        Ok(self.buffer(data.len(), 8))
+    }
+    fn index_zeros(&self, n: usize) -> R<DryBuf> {
+        Ok(self.buffer(n, 8))
+    }
+    fn download(&self, buf: &DryBuf) -> R<Vec<f32>> {
+        Ok(vec![0.0; buf.len])
+    }
+    fn len(&self, buf: &DryBuf) -> usize {
+        buf.len
+    }
+    fn gemm(&self, g: &Gemm, _: &DryBuf, _: &DryBuf, _: &mut DryBuf) -> R<()> {
+        self.gemms.set(self.gemms.get() + 1);
+        self.gemm_flops
+            .set(self.gemm_flops.get() + 2.0 * (g.m * g.n * g.k) as f64 * g.batch as f64);
+        Ok(())
+    }
+    fn binary(&self, _: &mut DryBuf, _: &DryBuf, _: &DryBuf, _: &Strides, _: BinaryOp) -> R<()> {
+        self.launch()
+    }
+    fn gather(&self, _: &mut DryBuf, _: &DryBuf, _: &Strides, _: usize) -> R<()> {
+        self.launch()
+    }
+    fn scatter(&self, _: &mut DryBuf, _: &DryBuf, _: &Strides, _: usize, _: bool) -> R<()> {
+        self.launch()
+    }
+    fn unary(&self, _: &mut DryBuf, _: &DryBuf, _: UnaryOp, _: f32, _: f32) -> R<()> {
+        self.launch()
+    }
+    fn unary_backward(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: UnaryOp,
+        _: f32,
+        _: f32,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn fill(&self, _: &mut DryBuf, _: f32) -> R<()> {
+        self.launch()
+    }
+    fn axpby(&self, _: &mut DryBuf, _: &DryBuf, _: f32, _: f32) -> R<()> {
+        self.launch()
+    }
+    fn reduce_axis(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn softmax_rows(&self, _: &mut DryBuf, _: &DryBuf, _: usize, _: usize, _: bool) -> R<()> {
+        self.launch()
+    }
+    fn softmax_rows_backward(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn cross_entropy(
+        &self,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn mse(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: &DryBuf, _: usize) -> R<()> {
+        self.launch()
+    }
+    fn layer_norm(
+        &self,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: Option<(&DryBuf, &DryBuf)>,
+        _: usize,
+        _: usize,
+        _: f32,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn layer_norm_backward(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: Option<&DryBuf>,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn channel_stats(
+        &self,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: f32,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn channel_affine(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn batch_norm_backward(
+        &self,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: (&DryBuf, &DryBuf),
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn max_pool(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: &Window) -> R<()> {
+        self.launch()
+    }
+    fn max_pool_backward(&self, _: &mut DryBuf, _: &DryBuf, _: &DryBuf) -> R<()> {
+        self.launch()
+    }
+    fn avg_pool(&self, _: &mut DryBuf, _: &DryBuf, _: &Window, _: bool) -> R<()> {
+        self.launch()
+    }
+    fn avg_pool_backward(&self, _: &mut DryBuf, _: &DryBuf, _: &Window, _: bool) -> R<()> {
+        self.launch()
+    }
+    fn im2col(&self, _: &mut DryBuf, _: &DryBuf, _: usize, _: &Window, _: usize) -> R<()> {
+        self.launch()
+    }
+    fn col2im(&self, _: &mut DryBuf, _: usize, _: &DryBuf, _: &Window, _: usize) -> R<()> {
+        self.launch()
+    }
+    fn sgd_momentum(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: f32, _: f32) -> R<()> {
+        self.launch()
+    }
+}
