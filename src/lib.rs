@@ -56,7 +56,9 @@ pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;
 pub use ralpc_runtime_min as runtime;
-pub use run::{read_plan, run, train_single_device, Backend, RunOptions, RunOutput};
+pub use run::{
+    read_plan, run, run_with_compute, train_single_device, Backend, RunOptions, RunOutput,
+};
 pub use sweep::{
     cluster_of_gpu_type, report_html as sweep_report_html, sweep, to_csv as sweep_csv,
     SweepOptions, SweepRow,

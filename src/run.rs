@@ -8,7 +8,9 @@ use ralpc_codegen::plan::Plan;
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::comm::World;
-use ralpc_runtime_min::cpu::exec::{self, Checkpoint, Control, Executable, Fault};
+use ralpc_runtime_min::cpu::exec::{
+    self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
+};
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
@@ -383,20 +385,13 @@ fn is_data_parallel(plan: &Plan) -> bool {
         })
 }
 
-/// `run` on GPUs. A one-rank plan trains on GPU 0; a data-parallel plan trains a replica
+/// `run` on GPUs, everything on the device. A one-rank plan trains on GPU 0; a
+/// data-parallel plan trains a replica
 /// per rank — threads sharing GPU 0, or one process per rank under a launcher, on GPU
 /// `LOCAL_RANK` modulo the GPUs there are — summing gradients with NCCL when every process
 /// has its own GPU, else through host memory.
 fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
     use ralpc_runtime_min::cuda::{gpu::Gpu, libs, train as device};
-    if plan.ranks > 1 && !is_data_parallel(plan) {
-        return Err(run_error(format!(
-            "the CUDA backend runs one-rank and data-parallel plans so far; this plan of {} \
-             ranks splits layers or pipelines them (NCCL transfers are not built yet): run it \
-             with --backend cpu",
-            plan.ranks
-        )));
-    }
     if options.checkpoint_every.is_some() || options.resume.is_some() || options.fault.is_some() {
         return Err(run_error(
             "checkpoints and injected faults are not on the CUDA backend yet".to_string(),
@@ -529,14 +524,53 @@ pub fn train_single_device(
 /// An unreadable plan or model, a plan made for another model, a plan the CPU backend
 /// cannot execute, or a failed rank (the others stop within `options.timeout`).
 pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
+    run_with(options, None)
+}
+
+/// [`run`] with every rank's layers computed by `compute` (rank → its device), staged
+/// through host memory: how plans other than data parallelism run on GPUs, and how the
+/// CUDA executor is checked on the host kernels. `options.backend` is ignored.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with_compute(
+    options: &RunOptions,
+    compute: &ComputeFactory<'_>,
+) -> Result<RunOutput, Error> {
+    run_with(options, Some(compute))
+}
+
+fn run_with(
+    options: &RunOptions,
+    compute: Option<&ComputeFactory<'_>>,
+) -> Result<RunOutput, Error> {
     let (plan_file, plan) = read_plan(&options.plan)?;
     let model = model_path(&plan, &plan_file, options.model.as_deref())?;
     let bytes = read(&model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
-    if options.backend == Backend::Cuda {
-        return run_cuda(&plan, &model, options);
-    }
+    let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {
+        use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
+        // Every rank of this process on the GPU its launcher gave it (0 without one).
+        let ordinal = options
+            .placement
+            .as_ref()
+            .map_or(0, |p| p.local_rank as usize);
+        let gpu = Gpu::new(ordinal).map_err(|e| format!("rank {rank}, cuda:{ordinal}: {e}"))?;
+        Ok(Box::new(Hosted::new(gpu)))
+    };
+    let compute = match (compute, options.backend) {
+        (Some(c), _) => Some(c),
+        (None, Backend::Cuda) if plan.ranks <= 1 || is_data_parallel(&plan) => {
+            return run_cuda(&plan, &model, options);
+        }
+        (None, Backend::Cuda) => {
+            ralpc_runtime_min::cuda::libs::check(&ralpc_runtime_min::cuda::libs::Lib::ONE_GPU)
+                .map_err(|e| Error::Setup(Box::new(e)))?;
+            Some(&gpus as &ComputeFactory<'_>)
+        }
+        (None, Backend::Cpu) => None,
+    };
     check_memory(&plan)?;
     let p = prepare(&model, plan.batch, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())
@@ -555,6 +589,7 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
         weights: &p.weights,
         data: &p.data,
         info_at: &info_at,
+        compute,
     };
     let resume = options
         .resume

@@ -241,3 +241,33 @@ fn data_parallel_ranks_share_one_gpu() {
     same_losses(&losses("run", &four, &["--backend", "cuda"]), &want);
     same_losses(&losses("launch", &four, &["--backend", "cuda"]), &want);
 }
+
+/// A pipeline (1F1B, two stages of two ranks) on one GPU through the plan executor, its
+/// layers computed on the GPU: the CPU backend's losses.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_pipeline_runs_on_one_gpu_as_on_the_cpu() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("strategy.json");
+    std::fs::write(
+        &strategy,
+        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
+  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ] }"#,
+    )
+    .expect("write");
+    let plan = dir.path().join("plan");
+    Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train/cnn.onnx"))
+        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
+        .arg(&strategy)
+        .arg("-o")
+        .arg(&plan)
+        .assert()
+        .success();
+    same_losses(
+        &losses("run", &plan, &["--backend", "cuda"]),
+        &losses("run", &plan, &["--backend", "cpu"]),
+    );
+}

@@ -109,6 +109,9 @@ impl Backend for Host {
     fn download(&self, buf: &Vec<f32>) -> R<Vec<f32>> {
         Ok(buf.clone())
     }
+    fn download_indices(&self, idx: &Vec<i64>) -> R<Vec<i64>> {
+        Ok(idx.clone())
+    }
     fn len(&self, buf: &Vec<f32>) -> usize {
         buf.len()
     }

@@ -139,6 +139,60 @@ struct Collector<'c> {
     on_checkpoint: &'c CheckpointSink<'c>,
 }
 
+/// Where a rank's layers compute. The plan's interpretation — shares, messages,
+/// collectives, schedule — is the same whatever computes.
+pub trait Compute {
+    /// Runs `nodes` forward, as [`graph::forward`].
+    ///
+    /// # Errors
+    /// As [`graph::forward`].
+    fn forward(
+        &self,
+        graph: &Graph,
+        nodes: &[NodeId],
+        values: &mut Values,
+        env: Env,
+    ) -> Result<Vec<Record>, graph::ExecError>;
+    /// Runs `records` backward, as [`graph::backward`].
+    ///
+    /// # Errors
+    /// As [`graph::backward`].
+    fn backward(
+        &self,
+        graph: &Graph,
+        records: &[Record],
+        values: &Values,
+        grads: &mut Grads,
+    ) -> Result<(), graph::ExecError>;
+}
+
+/// The CPU backend's own kernels.
+pub struct OnCpu;
+
+impl Compute for OnCpu {
+    fn forward(
+        &self,
+        graph: &Graph,
+        nodes: &[NodeId],
+        values: &mut Values,
+        env: Env,
+    ) -> Result<Vec<Record>, graph::ExecError> {
+        graph::forward(graph, nodes, values, env)
+    }
+    fn backward(
+        &self,
+        graph: &Graph,
+        records: &[Record],
+        values: &Values,
+        grads: &mut Grads,
+    ) -> Result<(), graph::ExecError> {
+        graph::backward(graph, records, values, grads)
+    }
+}
+
+/// Makes rank `r`'s [`Compute`] (in the rank's own thread: a GPU context per rank).
+pub type ComputeFactory<'a> = dyn Fn(u32) -> Result<Box<dyn Compute>, String> + Sync + 'a;
+
 /// Everything a run reads.
 pub struct Executable<'a> {
     /// The plan.
@@ -156,6 +210,8 @@ pub struct Executable<'a> {
     /// The model verified at another batch size (what a rank's share of a microbatch
     /// sees): folded shape arithmetic that depends on the batch is read from it.
     pub info_at: &'a (dyn Fn(u64) -> Result<GraphInfo, String> + Sync),
+    /// Where the ranks compute: the CPU when absent.
+    pub compute: Option<&'a ComputeFactory<'a>>,
 }
 
 /// How the abstract axes of a [`View`] map onto a tensor's axes.
@@ -795,6 +851,7 @@ struct Rank<'p, 'a> {
     checkpoint_every: Option<u32>,
     collector: Option<&'p Collector<'p>>,
     first_step: u32,
+    compute: Box<dyn Compute>,
 }
 
 impl<'p, 'a> Rank<'p, 'a> {
@@ -888,6 +945,10 @@ impl<'p, 'a> Rank<'p, 'a> {
             checkpoint_every: None,
             collector: None,
             first_step: resume.map_or(0, |c| c.step),
+            compute: match p.exe.compute {
+                Some(make) => make(rank)?,
+                None => Box::new(OnCpu),
+            },
         })
     }
 
@@ -1252,8 +1313,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                 values.set(c, t);
             }
         }
-        let records =
-            graph::forward(g, &layer.nodes, &mut values, p.env).map_err(|e| e.to_string())?;
+        let records = self
+            .compute
+            .forward(g, &layer.nodes, &mut values, p.env)
+            .map_err(|e| e.to_string())?;
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
             let region = p.region(o, &layer.view_out(), k)?;
@@ -1358,7 +1421,8 @@ impl<'p, 'a> Rank<'p, 'a> {
                 grads.add(o, &total);
             }
         }
-        graph::backward(p.exe.graph, &run.records, &run.values, &mut grads)
+        self.compute
+            .backward(p.exe.graph, &run.records, &run.values, &mut grads)
             .map_err(|e| e.to_string())?;
         for &w in &layer.weights {
             if !self.trains(layer, w) {

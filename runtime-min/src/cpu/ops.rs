@@ -78,7 +78,7 @@ pub struct Env {
 
 /// A constant shape target re-batched: its leading entry, when it is the exported batch,
 /// becomes the running batch.
-fn rebatched(target: &[i64], env: Env, batch: Option<usize>) -> Option<Vec<i64>> {
+pub(crate) fn rebatched(target: &[i64], env: Env, batch: Option<usize>) -> Option<Vec<i64>> {
     let (exported, batch) = (env.exported_batch?, batch?);
     (target.first() == Some(&exported)).then(|| {
         let mut t = target.to_vec();

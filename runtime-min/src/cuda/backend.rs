@@ -86,6 +86,8 @@ pub trait Backend {
     fn index_zeros(&self, n: usize) -> R<Self::Idx>;
     /// A copy of `buf` on the host.
     fn download(&self, buf: &Self::Buf) -> R<Vec<f32>>;
+    /// A copy of `idx` on the host.
+    fn download_indices(&self, idx: &Self::Idx) -> R<Vec<i64>>;
     /// Elements of `buf`.
     fn len(&self, buf: &Self::Buf) -> usize;
 

@@ -196,6 +196,11 @@ impl Backend for Gpu {
             .clone_dtoh(buf)
             .map_err(fail("cannot copy from the GPU"))
     }
+    fn download_indices(&self, idx: &CudaSlice<i64>) -> R<Vec<i64>> {
+        self.stream
+            .clone_dtoh(idx)
+            .map_err(fail("cannot copy from the GPU"))
+    }
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()
     }

@@ -8,11 +8,14 @@
 //! * [`backend`]: what the executor asks of a device (buffers, kernels, GEMM), and
 //!   [`train`]: training on one device, written once against it;
 //! * [`gpu`]: that trait on an NVIDIA GPU (cudarc: NVRTC kernels, cuBLAS);
+//! * [`hosted`]: a device computing the CPU plan executor's layers, so every plan runs on
+//!   GPUs through the same interpreter;
 //! * [`nccl`]: replicas on distinct GPUs summing gradients with NCCL;
 //! * [`device`]: the GPUs the driver sees.
 pub mod backend;
 pub mod device;
 pub mod gpu;
+pub mod hosted;
 pub mod kernels;
 pub mod libs;
 pub mod nccl;

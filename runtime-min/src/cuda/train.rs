@@ -21,9 +21,9 @@ use crate::cpu::tensor::Data;
 use crate::cpu::train::{Dataset, Loss, TrainOptions, TrainReport};
 
 /// A float tensor on the device; views share the buffer.
-struct DTensor<B: Backend> {
-    buf: Rc<B::Buf>,
-    shape: Vec<usize>,
+pub(super) struct DTensor<B: Backend> {
+    pub(super) buf: Rc<B::Buf>,
+    pub(super) shape: Vec<usize>,
 }
 
 impl<B: Backend> Clone for DTensor<B> {
@@ -36,7 +36,7 @@ impl<B: Backend> Clone for DTensor<B> {
 }
 
 /// What a node's forward pass keeps for its backward pass.
-enum Saved<B: Backend> {
+pub(super) enum Saved<B: Backend> {
     None,
     /// Max pooling's argmax.
     Argmax(B::Idx),
@@ -60,24 +60,190 @@ fn strides_of(shape: &[usize]) -> Vec<usize> {
 }
 
 /// The device training loop's state.
-struct Runner<'a, B: Backend> {
-    dev: &'a B,
-    graph: &'a Graph,
-    info: &'a GraphInfo,
+pub(super) struct Runner<'a, B: Backend> {
+    pub(super) dev: &'a B,
+    pub(super) graph: &'a Graph,
+    /// Static shapes (the whole model at its batch); without them, a node's output shape
+    /// follows from its operands, as for a rank's share of a layer.
+    pub(super) info: Option<&'a GraphInfo>,
+    /// The batch a fixed-batch export was made at (re-batches Reshape targets).
+    pub(super) env: ops::Env,
     /// Host copies of the constants (scalars such as Clip's bounds are read here).
-    host: &'a Weights,
-    values: BTreeMap<ValueId, DTensor<B>>,
-    saved: Vec<(NodeId, Saved<B>)>,
+    pub(super) host: &'a Weights,
+    pub(super) values: BTreeMap<ValueId, DTensor<B>>,
+    pub(super) saved: Vec<(NodeId, Saved<B>)>,
 }
 
 impl<'a, B: Backend> Runner<'a, B> {
     fn shape(&self, v: ValueId) -> R<Vec<usize>> {
+        if let Some(t) = self.values.get(&v) {
+            return Ok(t.shape.clone());
+        }
         self.info
-            .ty(v)
-            .shape
-            .as_sizes()
+            .and_then(|info| info.ty(v).shape.as_sizes())
             .map(|s| s.iter().map(|&d| d as usize).collect())
-            .ok_or_else(|| format!("'{}' has no static shape", self.graph.value(v).name))
+            .ok_or_else(|| format!("'{}' has no known shape", self.graph.value(v).name))
+    }
+
+    /// Integers of a host constant input (a Reshape target, Squeeze axes).
+    fn ints(&self, node: NodeId, slot: usize) -> Option<Vec<i64>> {
+        let v = self.graph.node(node).inputs.get(slot).copied().flatten()?;
+        self.host.tensors.get(&v).map(|t| t.to_i64s())
+    }
+
+    /// Node `id`'s first output's shape: static, or from its operands.
+    fn output_shape(&self, id: NodeId) -> R<Vec<usize>> {
+        let node = self.graph.node(id);
+        let out = *node.outputs.first().ok_or("the node has no output")?;
+        if self.info.is_some() {
+            return self.shape(out);
+        }
+        let x = || self.input(id, 0).map(|t| t.shape);
+        Ok(match &node.op {
+            Op::Identity
+            | Op::Dropout { .. }
+            | Op::Unary(_)
+            | Op::Clip { .. }
+            | Op::Softmax { .. }
+            | Op::BatchNorm { .. }
+            | Op::LayerNorm { .. } => x()?,
+            Op::Flatten { axis } => {
+                let s = x()?;
+                let a = axis_of(*axis, s.len() + 1)?;
+                vec![numel(&s[..a]), numel(&s[a..])]
+            }
+            Op::Reshape { allowzero } => {
+                let s = x()?;
+                let target = self
+                    .ints(id, 1)
+                    .ok_or("the Reshape target is not a constant")?;
+                ops::reshape_target(&s, &target, *allowzero).or_else(|e| {
+                    match ops::rebatched(&target, self.env, s.first().copied()) {
+                        Some(t) => ops::reshape_target(&s, &t, *allowzero),
+                        None => Err(e),
+                    }
+                })?
+            }
+            Op::Squeeze { axes } => {
+                let s = x()?;
+                let axes: Vec<usize> = match axes.clone().or_else(|| self.ints(id, 1)) {
+                    Some(a) => a.iter().map(|&a| axis_of(a, s.len())).collect::<R<_>>()?,
+                    None => (0..s.len()).filter(|&d| s[d] == 1).collect(),
+                };
+                s.iter()
+                    .enumerate()
+                    .filter(|(d, _)| !axes.contains(d))
+                    .map(|(_, &n)| n)
+                    .collect()
+            }
+            Op::Unsqueeze { axes } => {
+                let mut s = x()?;
+                let axes = axes
+                    .clone()
+                    .or_else(|| self.ints(id, 1))
+                    .ok_or("Unsqueeze's axes are missing")?;
+                let rank = s.len() + axes.len();
+                let mut axes: Vec<usize> =
+                    axes.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?;
+                axes.sort_unstable();
+                for a in axes {
+                    s.insert(a.min(s.len()), 1);
+                }
+                s
+            }
+            Op::Conv(c) => {
+                let (xs, ws) = (x()?, self.input(id, 1)?.shape);
+                let (g, one_d) = ops::conv_geometry(c, &xs, &ws)?;
+                let (oh, ow) = g.output();
+                if one_d {
+                    vec![g.batch, g.out_channels, ow]
+                } else {
+                    vec![g.batch, g.out_channels, oh, ow]
+                }
+            }
+            Op::Gemm(gm) => {
+                let (a, b) = (x()?, self.input(id, 1)?.shape);
+                let m = if gm.trans_a { a.get(1) } else { a.first() };
+                let n = if gm.trans_b { b.first() } else { b.get(1) };
+                vec![m.copied().unwrap_or(0), n.copied().unwrap_or(0)]
+            }
+            Op::MatMul => {
+                let (a, b) = (x()?, self.input(id, 1)?.shape);
+                if a.len() < 2 || b.len() < 2 {
+                    return Err(format!(
+                        "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
+                    ));
+                }
+                let mut s = if b.len() > a.len() {
+                    b[..b.len() - 2].to_vec()
+                } else {
+                    a[..a.len() - 2].to_vec()
+                };
+                s.push(a[a.len() - 2]);
+                s.push(b[b.len() - 1]);
+                s
+            }
+            Op::Binary(_) | Op::Sum => {
+                let mut s = x()?;
+                for slot in 1..node.inputs.len() {
+                    let other = self.input(id, slot)?.shape;
+                    s = crate::cpu::tensor::broadcast_shapes(&s, &other)
+                        .ok_or_else(|| format!("{s:?} and {other:?} do not broadcast"))?;
+                }
+                s
+            }
+            Op::Pool(p) => {
+                let s = x()?;
+                let (g, one_d, (n, c)) = ops::pool_geometry(p, &s)?;
+                if one_d {
+                    vec![n, c, g.output.1]
+                } else {
+                    vec![n, c, g.output.0, g.output.1]
+                }
+            }
+            Op::GlobalPool(_) => {
+                let mut s = x()?;
+                s.iter_mut().skip(2).for_each(|d| *d = 1);
+                s
+            }
+            Op::Transpose { perm } => {
+                let s = x()?;
+                permutation(perm.as_deref(), s.len())?
+                    .iter()
+                    .map(|&p| s[p])
+                    .collect()
+            }
+            Op::Concat { axis } => {
+                let mut s = x()?;
+                let a = axis_of(*axis, s.len())?;
+                for slot in 1..node.inputs.len() {
+                    s[a] += self.input(id, slot)?.shape.get(a).copied().unwrap_or(0);
+                }
+                s
+            }
+            Op::ReduceMean {
+                axes,
+                keepdims,
+                noop_with_empty_axes,
+            } => {
+                let s = x()?;
+                let axes = self.reduced_axes(id, axes, *noop_with_empty_axes, s.len())?;
+                s.iter()
+                    .enumerate()
+                    .filter_map(|(d, &n)| match (axes.contains(&d), keepdims) {
+                        (false, _) => Some(n),
+                        (true, true) => Some(1),
+                        (true, false) => None,
+                    })
+                    .collect()
+            }
+            other => {
+                return Err(format!(
+                    "{} is not on the CUDA backend yet",
+                    other_name(other)
+                ))
+            }
+        })
     }
 
     fn input(&self, node: NodeId, slot: usize) -> R<DTensor<B>> {
@@ -136,12 +302,12 @@ impl<'a, B: Backend> Runner<'a, B> {
         Ok(axes)
     }
 
-    fn forward(&mut self, id: NodeId) -> R<()> {
+    pub(super) fn forward(&mut self, id: NodeId) -> R<()> {
         let node = self.graph.node(id);
-        let out_shape = match node.outputs.first() {
-            Some(&v) => self.shape(v)?,
-            None => return Ok(()),
-        };
+        if node.outputs.is_empty() || matches!(node.op, Op::Input | Op::Constant { .. }) {
+            return Ok(());
+        }
+        let out_shape = self.output_shape(id)?;
         let dev = self.dev;
         let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (y, saved): (B::Buf, Saved<B>) = match &node.op {
@@ -509,10 +675,15 @@ impl<'a, B: Backend> Runner<'a, B> {
     }
 
     /// Gradients of node `id`'s inputs from its outputs' gradient `dy`, by input slot.
-    fn backward(&self, id: NodeId, saved: &Saved<B>, dy: &B::Buf) -> R<Vec<(usize, B::Buf)>> {
+    pub(super) fn backward(
+        &self,
+        id: NodeId,
+        saved: &Saved<B>,
+        dy: &B::Buf,
+    ) -> R<Vec<(usize, B::Buf)>> {
         let node = self.graph.node(id);
         let dev = self.dev;
-        let out_shape = self.shape(node.outputs[0])?;
+        let out_shape = self.shape(*node.outputs.first().ok_or("the node has no output")?)?;
         let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         match &node.op {
@@ -898,6 +1069,14 @@ impl<'a, B: Backend> Runner<'a, B> {
         let mut out = self.dev.zeros(self.dev.len(x))?;
         self.dev.axpby(&mut out, x, 1.0, 0.0)?;
         Ok(out)
+    }
+}
+
+/// What shape arithmetic needs when shapes follow from operands: the exported batch.
+fn static_env(graph: &Graph) -> ops::Env {
+    ops::Env {
+        mode: ops::Mode::Training,
+        exported_batch: graph.rebatch().map(|r| r.exported),
     }
 }
 
@@ -1307,7 +1486,8 @@ pub fn train_replica<B: Backend>(
         let mut runner = Runner {
             dev,
             graph,
-            info,
+            info: Some(info),
+            env: static_env(graph),
             host: weights,
             values: BTreeMap::new(),
             saved: Vec::new(),
@@ -1485,7 +1665,8 @@ pub fn profile<B: Backend>(
     let mut runner = Runner {
         dev,
         graph,
-        info,
+        info: Some(info),
+        env: static_env(graph),
         host: weights,
         values: BTreeMap::new(),
         saved: Vec::new(),
