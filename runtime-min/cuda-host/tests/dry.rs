@@ -3,31 +3,16 @@
 //! weight gradient) — and its peak memory at batch 64 fits an 80 GB GPU. Figures are
 //! printed (`-- --nocapture`).
 
-use std::path::PathBuf;
+mod common;
 
 use ralpc_cuda_host::dry::Dry;
-use ralpc_ir::{account, bind, onnx, verify, Bindings};
+use ralpc_ir::account;
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
 use ralpc_runtime_min::cuda::train::train;
 
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(rel)
-}
-
 fn step(model: &str, batch: u64) {
-    let mut graph = onnx::import(&fixture(model)).expect("import").graph;
-    bind(
-        &mut graph,
-        &Bindings {
-            batch: Some(batch),
-            inputs: Default::default(),
-        },
-    )
-    .expect("bind");
-    let info = verify(&graph).expect("verify");
+    let (graph, info) = common::load(model, batch);
     let macs = account(&graph, &info).expect("account").macs as f64;
     let weights = Weights::load(&graph, 0).expect("weights");
     let data = Dataset::synthetic(&graph, &info, 0, Loss::CrossEntropy);

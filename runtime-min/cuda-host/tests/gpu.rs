@@ -3,21 +3,15 @@
 //! (TF32 off), and reports its step times. The same executor on the host kernels is
 //! checked in `tests/train.rs` on every machine.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Instant;
 
-use ralpc_ir::{bind, onnx, verify, Bindings};
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions};
 use ralpc_runtime_min::cuda::gpu::Gpu;
 use ralpc_runtime_min::cuda::libs::{self, Lib, Resolution};
 use ralpc_runtime_min::cuda::train::train;
-
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(rel)
-}
 
 /// GPU 0, or `None` when this test re-ran itself in a child whose loader path has the
 /// CUDA libraries (pip wheels sit outside it) and the child passed.
@@ -41,27 +35,8 @@ fn gpu(test: &str) -> Option<Gpu> {
     }
 }
 
-fn relative_error(got: &[f32], want: &[f32]) -> f64 {
-    let diff: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
-
 fn check(gpu: &Gpu, model: &str, batch: u64, steps: u32) {
-    let mut graph = onnx::import(&fixture(model)).expect("import").graph;
-    bind(
-        &mut graph,
-        &Bindings {
-            batch: Some(batch),
-            inputs: Default::default(),
-        },
-    )
-    .expect("bind");
-    let info = verify(&graph).expect("verify");
+    let (graph, info) = common::load(model, batch);
     let weights = Weights::load(&graph, 5).expect("weights");
     let data = Dataset::synthetic(&graph, &info, 5, Loss::CrossEntropy);
     let options = TrainOptions {
@@ -89,11 +64,11 @@ fn check(gpu: &Gpu, model: &str, batch: u64, steps: u32) {
         );
     }
     for (name, w) in &want.first_gradients {
-        let e = relative_error(&got.first_gradients[name], w);
+        let e = common::relative_error(&got.first_gradients[name], w);
         assert!(e <= 1e-3, "{model}: gradient {name}: relative error {e}");
     }
     for (name, w) in &want.weights {
-        let e = relative_error(&got.weights[name], w);
+        let e = common::relative_error(&got.weights[name], w);
         assert!(e <= 1e-3, "{model}: weight {name}: relative error {e}");
     }
 }

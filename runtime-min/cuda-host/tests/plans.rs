@@ -4,28 +4,14 @@
 //! GPipe pipelines, each on 4 ranks. On a GPU the same path runs with `ralpc run --backend
 //! cuda` (ranks sharing one GPU, or one per GPU under a launcher).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
 use ralpc_runtime_min::cuda::hosted::Hosted;
-
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(rel)
-}
-
-fn relative_error(got: &[f32], want: &[f32]) -> f64 {
-    let diff: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
 
 /// The plan of `strategy` for `model`, run on the CPU backend and through the hosted
 /// device.
@@ -57,7 +43,7 @@ fn both(model: &Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
 }
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
-    let (got, want) = both(&fixture(model), gpus, strategy);
+    let (got, want) = both(&common::fixture(model), gpus, strategy);
     for (g, w) in got.losses.iter().zip(&want.losses) {
         assert!(
             (g - w).abs() <= 1e-5 * w.abs().max(1.0),
@@ -65,7 +51,7 @@ fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
         );
     }
     for (name, w) in &want.weights {
-        let e = relative_error(&got.weights[name], w);
+        let e = common::relative_error(&got.weights[name], w);
         assert!(e <= 1e-5, "{what}: weight {name}: relative error {e}");
     }
 }

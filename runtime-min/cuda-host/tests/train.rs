@@ -4,30 +4,12 @@
 //! here: how each operator maps to kernels and GEMMs, the backward passes, the loss and
 //! the optimizer.
 
-use std::path::PathBuf;
+mod common;
 
 use ralpc_cuda_host::Host;
-use ralpc_ir::{bind, onnx, verify, Bindings};
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::train::train;
-
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(rel)
-}
-
-fn relative_error(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let diff: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
 
 fn compare(got: &TrainReport, want: &TrainReport, tol: f64) {
     assert_eq!(got.losses.len(), want.losses.len());
@@ -37,7 +19,7 @@ fn compare(got: &TrainReport, want: &TrainReport, tol: f64) {
             "loss {g} against {w}"
         );
     }
-    assert!(relative_error(&got.first_output, &want.first_output) <= tol);
+    assert!(common::relative_error(&got.first_output, &want.first_output) <= tol);
     for (maps, what) in [
         ((&got.first_gradients, &want.first_gradients), "gradient"),
         ((&got.weights, &want.weights), "weight"),
@@ -47,7 +29,7 @@ fn compare(got: &TrainReport, want: &TrainReport, tol: f64) {
             maps.1.keys().collect::<Vec<_>>()
         );
         for (name, w) in maps.1 {
-            let e = relative_error(&maps.0[name], w);
+            let e = common::relative_error(&maps.0[name], w);
             assert!(e <= tol, "{what} {name}: relative error {e}");
         }
     }
@@ -58,16 +40,7 @@ fn check(model: &str, batch: u64, loss: Loss) {
 }
 
 fn check_steps(model: &str, batch: u64, loss: Loss, steps: u32, tol: f64) {
-    let mut graph = onnx::import(&fixture(model)).expect("import").graph;
-    bind(
-        &mut graph,
-        &Bindings {
-            batch: Some(batch),
-            inputs: Default::default(),
-        },
-    )
-    .expect("bind");
-    let info = verify(&graph).expect("verify");
+    let (graph, info) = common::load(model, batch);
     let weights = Weights::load(&graph, 3).expect("weights");
     let data = Dataset::synthetic(&graph, &info, 3, loss);
     let options = TrainOptions {
@@ -146,18 +119,7 @@ fn vgg16_trains_as_on_the_cpu() {
 #[test]
 fn an_operator_without_a_lowering_is_named() {
     // VGG16 runs on the device path; a Gather (GPT-2's embedding) is refused by name.
-    let mut graph = onnx::import(&fixture("onnx/gpt2_torchscript/model.onnx"))
-        .expect("import")
-        .graph;
-    bind(
-        &mut graph,
-        &Bindings {
-            batch: Some(1),
-            inputs: Default::default(),
-        },
-    )
-    .expect("bind");
-    let info = verify(&graph).expect("verify");
+    let (graph, info) = common::load("onnx/gpt2_torchscript/model.onnx", 1);
     let weights = Weights::load(&graph, 0).expect("weights");
     let data = Dataset::synthetic(&graph, &info, 0, Loss::CrossEntropy);
     let e = train(
@@ -179,18 +141,7 @@ fn an_operator_without_a_lowering_is_named() {
 fn every_node_is_timed() {
     use ralpc_ir::Op;
     use ralpc_runtime_min::cuda::train::profile;
-    let mut graph = onnx::import(&fixture("train/cnn.onnx"))
-        .expect("import")
-        .graph;
-    bind(
-        &mut graph,
-        &Bindings {
-            batch: Some(2),
-            inputs: Default::default(),
-        },
-    )
-    .expect("bind");
-    let info = verify(&graph).expect("verify");
+    let (graph, info) = common::load("train/cnn.onnx", 2);
     let weights = Weights::load(&graph, 1).expect("weights");
     let data = Dataset::synthetic(&graph, &info, 1, Loss::CrossEntropy);
     let nodes: Vec<_> = info
@@ -222,20 +173,7 @@ fn data_parallel_replicas_train_as_one_device() {
         ("train/transformer.onnx", 2),
     ] {
         let global = 8u64;
-        let load = |batch: u64| {
-            let mut graph = onnx::import(&fixture(model)).expect("import").graph;
-            bind(
-                &mut graph,
-                &Bindings {
-                    batch: Some(batch),
-                    inputs: Default::default(),
-                },
-            )
-            .expect("bind");
-            let info = verify(&graph).expect("verify");
-            (graph, info)
-        };
-        let (graph, info) = load(global);
+        let (graph, info) = common::load(model, global);
         let weights = Weights::load(&graph, 4).expect("weights");
         let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
         let options = TrainOptions {
@@ -246,7 +184,7 @@ fn data_parallel_replicas_train_as_one_device() {
             loss: Loss::CrossEntropy,
         };
         let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
-        let (local_graph, local_info) = load(global / replicas as u64);
+        let (local_graph, local_info) = common::load(model, global / replicas as u64);
         let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
         let group: Vec<u32> = (0..replicas as u32).collect();
         let reports: Vec<TrainReport> = std::thread::scope(|s| {
@@ -281,7 +219,7 @@ fn data_parallel_replicas_train_as_one_device() {
                 );
             }
             for (name, w) in &want.weights {
-                let e = relative_error(&got.weights[name], w);
+                let e = common::relative_error(&got.weights[name], w);
                 assert!(e <= 1e-5, "{model}: weight {name}: {e}");
             }
         }

@@ -322,15 +322,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                     return Err("a dropout mask output is not on the CUDA backend yet".into());
                 }
                 let x = self.input(id, 0)?;
-                self.values.insert(
-                    node.outputs[0],
-                    DTensor {
-                        buf: x.buf,
-                        shape: out_shape,
-                    },
-                );
-                self.saved.push((id, Saved::None));
-                return Ok(());
+                return self.alias(id, x.buf, out_shape);
             }
             Op::Conv(c) => {
                 let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
@@ -437,17 +429,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 match Rc::try_unwrap(acc.buf) {
                     Ok(y) => (y, Saved::None),
                     // One input: the sum is a view of it.
-                    Err(buf) => {
-                        self.values.insert(
-                            node.outputs[0],
-                            DTensor {
-                                buf,
-                                shape: out_shape,
-                            },
-                        );
-                        self.saved.push((id, Saved::None));
-                        return Ok(());
-                    }
+                    Err(buf) => return self.alias(id, buf, out_shape),
                 }
             }
             Op::Softmax { axis, log, flatten } => {
@@ -571,15 +553,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 match acc {
                     Some(y) => (y, Saved::None),
                     None => {
-                        self.values.insert(
-                            node.outputs[0],
-                            DTensor {
-                                buf: x.buf,
-                                shape: out_shape,
-                            },
-                        );
-                        self.saved.push((id, Saved::None));
-                        return Ok(());
+                        return self.alias(id, x.buf, out_shape);
                     }
                 }
             }
@@ -618,6 +592,19 @@ impl<'a, B: Backend> Runner<'a, B> {
             );
         }
         self.saved.push((id, saved));
+        Ok(())
+    }
+
+    /// Node `id`'s output is a view of `buf` (Reshape, Identity, a one-input Sum…).
+    fn alias(&mut self, id: NodeId, buf: Rc<B::Buf>, shape: Vec<usize>) -> R<()> {
+        let out = *self
+            .graph
+            .node(id)
+            .outputs
+            .first()
+            .ok_or("the node has no output")?;
+        self.values.insert(out, DTensor { buf, shape });
+        self.saved.push((id, Saved::None));
         Ok(())
     }
 
