@@ -258,7 +258,7 @@ impl Backend for Dry {
     fn max_pool(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: &Window) -> R<()> {
         self.launch()
     }
-    fn max_pool_backward(&self, _: &mut DryBuf, _: &DryBuf, _: &DryBuf) -> R<()> {
+    fn max_pool_backward(&self, _: &mut DryBuf, _: &DryBuf, _: &DryBuf, _: &Window) -> R<()> {
         self.launch()
     }
     fn avg_pool(&self, _: &mut DryBuf, _: &DryBuf, _: &Window, _: bool) -> R<()> {

@@ -62,7 +62,7 @@ unsafe extern "C" {
         spatial: i64,
     );
     pub fn max_pool(y: F, argmax: *mut i64, x: C, g: Window);
-    pub fn max_pool_backward(dx: F, dy: C, argmax: *const i64, n: i64);
+    pub fn max_pool_backward(dx: F, dy: C, argmax: *const i64, g: Window);
     pub fn avg_pool(y: F, x: C, g: Window, count_pad: i32);
     pub fn avg_pool_backward(dx: F, dy: C, g: Window, count_pad: i32);
     pub fn im2col(cols: F, image: C, g: Window, images: i64);
@@ -492,9 +492,15 @@ impl Backend for Host {
         unsafe { max_pool(y.as_mut_ptr(), argmax.as_mut_ptr(), x.as_ptr(), *g) };
         Ok(())
     }
-    fn max_pool_backward(&self, dx: &mut Vec<f32>, dy: &Vec<f32>, argmax: &Vec<i64>) -> R<()> {
-        // SAFETY: one index per output.
-        unsafe { max_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), argmax.as_ptr(), n(dy.len())) };
+    fn max_pool_backward(
+        &self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        argmax: &Vec<i64>,
+        g: &Window,
+    ) -> R<()> {
+        // SAFETY: sizes from the window; one index per output.
+        unsafe { max_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), argmax.as_ptr(), *g) };
         Ok(())
     }
     fn avg_pool(&self, y: &mut Vec<f32>, x: &Vec<f32>, g: &Window, count_pad: bool) -> R<()> {

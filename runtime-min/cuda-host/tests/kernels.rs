@@ -511,7 +511,7 @@ fn pooling_matches_the_cpu() {
         // SAFETY: the geometry's sizes.
         unsafe {
             k::max_pool(y.as_mut_ptr(), argmax.as_mut_ptr(), x.as_ptr(), g);
-            k::max_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), argmax.as_ptr(), output as i64);
+            k::max_pool_backward(dx.as_mut_ptr(), dy.as_ptr(), argmax.as_ptr(), g);
         }
         assert_eq!(y, want, "{p:?}");
         assert_eq!(

@@ -257,7 +257,13 @@ pub trait Backend {
         g: &Window,
     ) -> R<()>;
     /// Its input gradient (added into `dx`).
-    fn max_pool_backward(&self, dx: &mut Self::Buf, dy: &Self::Buf, argmax: &Self::Idx) -> R<()>;
+    fn max_pool_backward(
+        &self,
+        dx: &mut Self::Buf,
+        dy: &Self::Buf,
+        argmax: &Self::Idx,
+        g: &Window,
+    ) -> R<()>;
     /// Average pooling.
     fn avg_pool(&self, y: &mut Self::Buf, x: &Self::Buf, g: &Window, count_pad: bool) -> R<()>;
     /// Its input gradient (added into `dx`).

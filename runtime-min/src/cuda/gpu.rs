@@ -717,17 +717,23 @@ impl Backend for Gpu {
         dx: &mut CudaSlice<f32>,
         dy: &CudaSlice<f32>,
         argmax: &CudaSlice<i64>,
+        g: &Window,
     ) -> R<()> {
-        fits("max pool backward", argmax.len(), dy.len())?;
-        let n = dy.len() as i64;
+        let n = (g.planes * g.h * g.w) as usize;
+        fits("max pool backward", dx.len(), n)?;
+        fits(
+            "max pool backward",
+            argmax.len().min(dy.len()),
+            (g.planes * g.oh * g.ow) as usize,
+        )?;
         launch!(
             self,
             "max_pool_backward",
-            Self::elements(dy.len()),
+            Self::elements(n),
             dx,
             dy,
             argmax,
-            &n
+            g
         )
     }
     fn avg_pool(
@@ -764,7 +770,7 @@ impl Backend for Gpu {
             launch!(
                 self,
                 "avg_pool_backward",
-                Self::elements(n),
+                Self::elements((g.planes * g.h * g.w) as usize),
                 dx,
                 dy,
                 g,

@@ -487,9 +487,35 @@ extern "C" __global__ void max_pool(float* y, long long* argmax, const float* x,
   }
 }
 
+// Calls body with `o`, each output whose window reads input element `j` (plane, iy, ix):
+// the inverse of FOR_EACH_TAP, visited in a fixed order so that sums are deterministic.
+#define FOR_EACH_WINDOW_OF(g, j, body)                                                \
+  {                                                                                   \
+    long long ix_ = (j) % (g).w, iy_ = ((j) / (g).w) % (g).h;                         \
+    long long plane_ = (j) / ((g).w * (g).h);                                         \
+    for (long long ky_ = 0; ky_ < (g).kh; ++ky_) {                                    \
+      long long ty_ = iy_ + (g).pt - ky_ * (g).dh;                                    \
+      if (ty_ < 0 || ty_ % (g).sh != 0 || ty_ / (g).sh >= (g).oh) continue;          \
+      for (long long kx_ = 0; kx_ < (g).kw; ++kx_) {                                  \
+        long long tx_ = ix_ + (g).pl - kx_ * (g).dw;                                  \
+        if (tx_ < 0 || tx_ % (g).sw != 0 || tx_ / (g).sw >= (g).ow) continue;        \
+        long long o = (plane_ * (g).oh + ty_ / (g).sh) * (g).ow + tx_ / (g).sw;       \
+        body                                                                          \
+      }                                                                               \
+    }                                                                                 \
+  }
+
+// Adds to each input the gradients of the outputs that took it as their maximum. Each
+// input gathers its own sum (no atomics): deterministic.
 extern "C" __global__ void max_pool_backward(float* dx, const float* dy, const long long* argmax,
-                                             long long n) {
-  GRID_STRIDE(i, n) { atomicAdd(&dx[argmax[i]], dy[i]); }
+                                             Window g) {
+  GRID_STRIDE(j, g.planes * g.h * g.w) {
+    float s = 0.0f;
+    FOR_EACH_WINDOW_OF(g, j, {
+      if (argmax[o] == j) s += dy[o];
+    })
+    dx[j] += s;
+  }
 }
 
 // The average's divisor: input taps, plus padding taps when `count_pad` (ONNX
@@ -513,13 +539,15 @@ extern "C" __global__ void avg_pool(float* y, const float* x, Window g, int coun
   }
 }
 
+// Adds to each input its share of every window that averaged it (gathered, deterministic).
 extern "C" __global__ void avg_pool_backward(float* dx, const float* dy, Window g,
                                              int count_pad) {
-  GRID_STRIDE(i, g.planes * g.oh * g.ow) {
-    float share = dy[i] / pool_divisor(g, i, count_pad);
-    FOR_EACH_TAP(g, i, {
-      if (inside) atomicAdd(&dx[at], share);
+  GRID_STRIDE(j, g.planes * g.h * g.w) {
+    float s = 0.0f;
+    FOR_EACH_WINDOW_OF(g, j, {
+      s += dy[o] / pool_divisor(g, o, count_pad);
     })
+    dx[j] += s;
   }
 }
 
@@ -538,16 +566,20 @@ extern "C" __global__ void im2col(float* cols, const float* image, Window g, lon
   }
 }
 
-// The adjoint of im2col: adds cols back into the images' gradient.
+// The adjoint of im2col: adds cols back into the images' gradient, each pixel gathering
+// its own sum (no atomics): deterministic.
 extern "C" __global__ void col2im(float* image, const float* cols, Window g, long long images) {
   long long spatial = g.oh * g.ow, rows = g.planes * g.kh * g.kw;
-  GRID_STRIDE(i, images * rows * spatial) {
-    long long p = i % spatial, row = (i / spatial) % rows, n = i / (spatial * rows);
-    long long kx = row % g.kw, ky = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    long long oy = p / g.ow, ox = p % g.ow;
-    long long iy = oy * g.sh - g.pt + ky * g.dh, ix = ox * g.sw - g.pl + kx * g.dw;
-    if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
-      atomicAdd(&image[((n * g.planes + c) * g.h + iy) * g.w + ix], cols[i]);
+  long long pixels = g.planes * g.h * g.w;
+  GRID_STRIDE(i, images * pixels) {
+    long long n = i / pixels, j = i % pixels, c = j / (g.h * g.w);
+    const float* colsn = cols + n * rows * spatial;
+    float s = 0.0f;
+    FOR_EACH_WINDOW_OF(g, j, {
+      long long row = (c * g.kh + ky_) * g.kw + kx_;
+      s += colsn[row * spatial + (o % spatial)];
+    })
+    image[i] += s;
   }
 }
 

@@ -896,7 +896,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let mut dx = zeros(numel(&x.shape))?;
                 match (p.kind, saved) {
                     (PoolKind::Max, Saved::Argmax(argmax)) => {
-                        dev.max_pool_backward(&mut dx, dy, argmax)?
+                        dev.max_pool_backward(&mut dx, dy, argmax, &win)?
                     }
                     (PoolKind::Average, _) => {
                         dev.avg_pool_backward(&mut dx, dy, &win, p.count_include_pad)?
