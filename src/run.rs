@@ -551,11 +551,13 @@ fn run_with(
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
     let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {
         use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
-        // Every rank of this process on the GPU its launcher gave it (0 without one).
+        // Every rank of this process on the GPU its launcher gave it (0 without one); more
+        // local ranks than GPUs share them.
+        let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
         let ordinal = options
             .placement
             .as_ref()
-            .map_or(0, |p| p.local_rank as usize);
+            .map_or(0, |p| p.local_rank as usize % gpus);
         let gpu = Gpu::new(ordinal).map_err(|e| format!("rank {rank}, cuda:{ordinal}: {e}"))?;
         Ok(Box::new(Hosted::new(gpu)))
     };
