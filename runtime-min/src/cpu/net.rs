@@ -100,8 +100,12 @@ impl Frame {
             if n > MAX_VALUES {
                 return Err(bad(format!("a frame of {n} values")));
             }
-            let mut bytes = vec![0u8; n as usize * 4];
-            r.read_exact(&mut bytes)?;
+            // Grown as the bytes arrive: a length claimed but never sent allocates nothing.
+            let mut bytes = Vec::new();
+            (&mut *r).take(n * 4).read_to_end(&mut bytes)?;
+            if bytes.len() as u64 != n * 4 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
             Ok(bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -318,6 +322,21 @@ impl Drop for Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever a peer sends, decoding ends in frames or an error, never a panic or a
+        /// huge allocation.
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let mut r = &bytes[..];
+            for _ in 0..64 {
+                match Frame::decode(&mut r) {
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+    }
 
     #[test]
     fn frames_round_trip() {

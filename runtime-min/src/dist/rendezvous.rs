@@ -244,6 +244,21 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A hello of any bytes is a rank and a blob or an error, never a panic.
+        #[test]
+        fn any_hello_is_parsed_or_refused(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let mut with_magic = MAGIC.to_vec();
+            with_magic.extend(&bytes);
+            for input in [&bytes[..], &with_magic[..]] {
+                let mut r = input;
+                if let Ok((rank, _)) = read_hello(&mut r, 4) {
+                    proptest::prop_assert!((1..4).contains(&rank));
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_rank_gets_every_blob() {
         let port = free_port();
