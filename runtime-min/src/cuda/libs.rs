@@ -406,12 +406,14 @@ pub fn check(libs: &[Lib]) -> Result<(), String> {
             library_path,
             found,
         } => {
-            let (lib, file) = &found[0];
+            let names: Vec<String> = found
+                .iter()
+                .map(|(lib, file)| format!("{} at {}", lib.name(), file.display()))
+                .collect();
             Err(format!(
-                "{} is at {}, outside the loader's path: start the process with \
-                 LD_LIBRARY_PATH={} (the `ralpc` command does this itself)",
-                lib.name(),
-                file.display(),
+                "{} outside the loader's path: start the process with LD_LIBRARY_PATH={} \
+                 (the `ralpc` command does this itself)",
+                names.join(", "),
                 library_path.to_string_lossy()
             ))
         }
