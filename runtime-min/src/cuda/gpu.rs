@@ -22,6 +22,8 @@ const BLOCK: u32 = 256;
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Collectives' stream, so that they can overlap computation.
+    comm: Arc<CudaStream>,
     blas: CudaBlas,
     functions: BTreeMap<&'static str, CudaFunction>,
 }
@@ -68,10 +70,12 @@ impl Gpu {
         let stream = ctx
             .new_stream_with_priority(-1000)
             .map_err(fail("cannot create a stream"))?;
+        let comm = ctx.new_stream().map_err(fail("cannot create a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(fail("cannot start cuBLAS"))?;
         Ok(Gpu {
             ctx,
             stream,
+            comm,
             blas,
             functions,
         })
@@ -93,6 +97,11 @@ impl Gpu {
     /// The stream every launch goes to.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The stream collectives go to.
+    pub fn comm_stream(&self) -> &Arc<CudaStream> {
+        &self.comm
     }
 
     fn function(&self, name: &'static str) -> R<&CudaFunction> {

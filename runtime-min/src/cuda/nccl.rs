@@ -12,9 +12,12 @@ use super::gpu::Gpu;
 use super::train::Replicas;
 use crate::dist::{rendezvous, Placement};
 
-/// This process's member of the NCCL world.
+/// This process's member of the NCCL world. Collectives run on the GPU's communication
+/// stream, ordered after the computation that produced their buffers and before the one
+/// that reads them, so they overlap whatever computation is independent of them.
 pub struct Nccl {
     comm: Comm,
+    compute: std::sync::Arc<cudarc::driver::CudaStream>,
     rank: u32,
     /// How long a collective may take before this rank gives up on the others.
     timeout: Duration,
@@ -47,7 +50,7 @@ impl Nccl {
             .ok_or("NCCL: rank 0 sent no 128-byte unique id")?;
         let id = Id::uninit(bytes.map(|b| b as std::ffi::c_char));
         let comm = Comm::from_rank(
-            gpu.stream().clone(),
+            gpu.comm_stream().clone(),
             placement.rank as usize,
             placement.world as usize,
             id,
@@ -55,6 +58,7 @@ impl Nccl {
         .map_err(fail("cannot join the world"))?;
         Ok(Nccl {
             comm,
+            compute: gpu.stream().clone(),
             rank: placement.rank,
             timeout,
         })
@@ -95,14 +99,26 @@ impl Replicas<Gpu> for Nccl {
     }
 
     fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as super::backend::Backend>::Buf) -> R<()> {
+        let comm = self.comm.stream();
+        comm.join(&self.compute)
+            .map_err(fail("cannot order the streams"))?;
         self.comm
             .all_reduce_in_place(buf, &ReduceOp::Sum)
             .map_err(fail("all-reduce failed"))?;
-        self.wait("the gradient all-reduce (NCCL)")
+        self.compute
+            .join(&comm)
+            .map_err(fail("cannot order the streams"))
+    }
+
+    fn settle(&self) -> R<()> {
+        self.wait("the gradient all-reduces (NCCL)")
     }
 
     fn sum(&self, value: f64) -> R<f64> {
         let stream = self.comm.stream();
+        stream
+            .join(&self.compute)
+            .map_err(fail("cannot order the streams"))?;
         let mut buf = stream
             .clone_htod(&[value])
             .map_err(fail("cannot copy the loss"))?;

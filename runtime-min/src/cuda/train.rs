@@ -1280,10 +1280,16 @@ fn other_name(op: &Op) -> String {
 pub trait Replicas<B: Backend> {
     /// How many replicas train together.
     fn count(&self) -> usize;
-    /// Sums `buf` over the replicas, in place (the same result on every one).
+    /// Sums `buf` over the replicas, in place (the same result on every one); later work
+    /// on the device is ordered after it.
     fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()>;
     /// Sums a loss over the replicas.
     fn sum(&self, value: f64) -> R<f64>;
+    /// Waits for the sums started by [`Replicas::all_reduce`] (which may return before
+    /// they finish), giving up after the replicas' timeout.
+    fn settle(&self) -> R<()> {
+        Ok(())
+    }
 }
 
 /// One replica: nothing to combine.
@@ -1555,6 +1561,7 @@ pub fn train_replica<B: Backend>(
             dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
                 .map_err(&device)?;
         }
+        replicas.settle().map_err(&device)?;
     }
     for &w in &weights.trainable {
         if let Some(p) = params.get(&w) {
