@@ -534,23 +534,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             } => {
                 let x = self.input(id, 0)?;
                 let axes = self.reduced_axes(id, axes, *noop_with_empty_axes, x.shape.len())?;
-                let mut current = x.shape.clone();
-                let mut acc: Option<B::Buf> = None;
-                for &a in &axes {
-                    let (outer, inner) = (numel(&current[..a]), numel(&current[a + 1..]));
-                    let mut out = dev.zeros(outer * inner)?;
-                    dev.reduce_axis(
-                        &mut out,
-                        acc.as_ref().unwrap_or(&x.buf),
-                        outer,
-                        current[a],
-                        inner,
-                        true,
-                    )?;
-                    current[a] = 1;
-                    acc = Some(out);
-                }
-                match acc {
+                match self.reduce_axes(&x.buf, &x.shape, &axes, true)? {
                     Some(y) => (y, Saved::None),
                     None => {
                         return self.alias(id, x.buf, out_shape);
@@ -608,6 +592,29 @@ impl<'a, B: Backend> Runner<'a, B> {
         Ok(())
     }
 
+    /// `x` (of `shape`) summed — or averaged — over `axes` (ascending), one axis at a time
+    /// in index order (deterministic); `None` when there is no axis.
+    fn reduce_axes(
+        &self,
+        x: &B::Buf,
+        shape: &[usize],
+        axes: &[usize],
+        mean: bool,
+    ) -> R<Option<B::Buf>> {
+        let mut current = shape.to_vec();
+        let mut acc: Option<B::Buf> = None;
+        for &a in axes {
+            let (outer, inner) = (numel(&current[..a]), numel(&current[a + 1..]));
+            let mut out = self.dev.zeros(outer * inner)?;
+            let from = acc.as_ref().unwrap_or(x);
+            self.dev
+                .reduce_axis(&mut out, from, outer, current[a], inner, mean)?;
+            current[a] = 1;
+            acc = Some(out);
+        }
+        Ok(acc)
+    }
+
     /// `y + b` with `b` broadcast as `b_shape` against `shape`.
     fn add_broadcast(
         &self,
@@ -631,27 +638,10 @@ impl<'a, B: Backend> Runner<'a, B> {
     /// a time in index order (deterministic).
     fn reduce_to(&self, dy: &B::Buf, shape: &[usize], target: &[usize]) -> R<B::Buf> {
         let lead = shape.len() - target.len();
-        let mut current: Vec<usize> = shape.to_vec();
-        let mut acc: Option<B::Buf> = None;
-        for d in 0..shape.len() {
-            let keep = d >= lead && target[d - lead] == shape[d];
-            if keep || shape[d] == 1 {
-                continue;
-            }
-            let (outer, inner) = (numel(&current[..d]), numel(&current[d + 1..]));
-            let mut out = self.dev.zeros(outer * inner)?;
-            self.dev.reduce_axis(
-                &mut out,
-                acc.as_ref().unwrap_or(dy),
-                outer,
-                current[d],
-                inner,
-                false,
-            )?;
-            current[d] = 1;
-            acc = Some(out);
-        }
-        match acc {
+        let axes: Vec<usize> = (0..shape.len())
+            .filter(|&d| shape[d] != 1 && (d < lead || target[d - lead] != shape[d]))
+            .collect();
+        match self.reduce_axes(dy, shape, &axes, false)? {
             Some(a) => Ok(a),
             None => {
                 let mut copy = self.dev.zeros(numel(shape))?;
