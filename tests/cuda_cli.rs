@@ -135,6 +135,8 @@ fn every_kernel_compiles_for_hopper() {
         .collect();
     assert_eq!(compiled, ralpc::runtime::cuda::kernels::NAMES);
     assert!(kernels["ptx_bytes"].as_u64().is_some_and(|n| n > 10_000));
+    // Machine code for sm_90 too, which loads whatever the driver's CUDA version.
+    assert!(kernels["cubin_bytes"].as_u64().is_some_and(|n| n > 10_000));
 }
 
 /// A plan of the CNN fixture at batch 8 for `gpus` GPUs (data parallel), in a temporary

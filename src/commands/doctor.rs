@@ -86,7 +86,10 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             .arch
             .or_else(|| gpus.first().map(|g| g.compute_capability))
             .unwrap_or((9, 0));
-        Some(kernels::compile(major, minor).map_err(|e| ralpc::Error::Setup(Box::new(e)))?)
+        let setup = |e: String| ralpc::Error::Setup(Box::new(e));
+        let ptx = kernels::compile(major, minor).map_err(setup)?;
+        let cubin = kernels::compile_cubin(major, minor).map_err(setup)?;
+        Some((ptx, cubin))
     } else {
         None
     };
@@ -104,11 +107,12 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             "libraries": libraries,
             "driver_cuda_version": driver.map(|(a, b)| format!("{a}.{b}")),
             "gpus": gpus,
-            "kernels": compiled.as_ref().map(|c| serde_json::json!({
+            "kernels": compiled.as_ref().map(|(c, cubin)| serde_json::json!({
                 "arch": c.arch,
                 "nvrtc": format!("{}.{}", c.nvrtc.0, c.nvrtc.1),
                 "compiled": kernels::NAMES,
                 "ptx_bytes": c.ptx.to_src().len(),
+                "cubin_bytes": cubin.len(),
                 "seconds": c.seconds,
             })),
         });
@@ -140,15 +144,17 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
                 g.memory as f64 / (1u64 << 30) as f64
             );
         }
-        if let Some(c) = &compiled {
+        if let Some((c, cubin)) = &compiled {
             let _ = writeln!(
                 t,
-                "kernels: {} compiled for {} by NVRTC {}.{} in {:.2} s",
+                "kernels: {} compiled for {} by NVRTC {}.{} in {:.2} s (PTX {} KiB, cubin {} KiB)",
                 kernels::NAMES.len(),
                 c.arch,
                 c.nvrtc.0,
                 c.nvrtc.1,
-                c.seconds
+                c.seconds,
+                c.ptx.to_src().len() / 1024,
+                cubin.len() / 1024
             );
         }
         t

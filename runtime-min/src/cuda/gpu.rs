@@ -43,18 +43,27 @@ impl Gpu {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(fail("cannot read the GPU's architecture"))?;
-        let driver = super::device::driver_version()?;
-        let nvrtc = kernels::nvrtc_version()?;
-        if nvrtc > driver {
-            return Err(format!(
-                "NVRTC {}.{} is newer than the driver's CUDA {}.{}: the driver would reject \
-                 its PTX; install nvidia-cuda-nvrtc=={}.{}.*",
-                nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
-            ));
-        }
-        let compiled = kernels::compile(major.max(0) as u32, minor.max(0) as u32)?;
+        // Machine code for this exact device, which loads whatever the driver's CUDA
+        // version; PTX (finished by the driver) only if NVRTC cannot make it and is not newer
+        // than the driver.
+        let (major, minor) = (major.max(0) as u32, minor.max(0) as u32);
+        let image = match kernels::compile_cubin(major, minor) {
+            Ok(cubin) => cudarc::nvrtc::Ptx::from_binary(cubin),
+            Err(cubin_error) => {
+                let driver = super::device::driver_version()?;
+                let nvrtc = kernels::nvrtc_version()?;
+                if nvrtc > driver {
+                    return Err(format!(
+                        "{cubin_error}; and NVRTC {}.{} is newer than the driver's CUDA {}.{}, \
+                         which would reject its PTX: install nvidia-cuda-nvrtc=={}.{}.*",
+                        nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
+                    ));
+                }
+                kernels::compile(major, minor)?.ptx
+            }
+        };
         let module = ctx
-            .load_module(compiled.ptx)
+            .load_module(image)
             .map_err(fail("the driver cannot load the kernels"))?;
         let functions = kernels::NAMES
             .iter()

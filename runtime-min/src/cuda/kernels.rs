@@ -326,6 +326,65 @@ pub fn compile(major: u32, minor: u32) -> Result<Compiled, String> {
     })
 }
 
+/// Compiles [`SOURCE`] to a cubin for exactly compute capability `major.minor`
+/// (`sm_XY`): machine code the driver loads whatever CUDA version its NVRTC is, unlike PTX,
+/// which a driver older than the NVRTC rejects. The caller checks that NVRTC loads first.
+///
+/// # Errors
+/// NVRTC's log naming the line, or NVRTC not knowing the architecture.
+pub fn compile_cubin(major: u32, minor: u32) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let arch = format!("sm_{major}{minor}");
+    let src = std::ffi::CString::new(SOURCE).map_err(|e| e.to_string())?;
+    let name = c"ralpc_kernels.cu";
+    let prog = result::create_program(&src, Some(name)).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_owned(),
+        "--ftz=false".to_owned(),
+        "--prec-div=true".to_owned(),
+        "--prec-sqrt=true".to_owned(),
+        "--fmad=true".to_owned(),
+    ];
+    // SAFETY: `prog` is live until the destroy below; every out-pointer is sized by the
+    // size NVRTC reports for it.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let out = match compiled {
+            Err(_) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let text: Vec<u8> = log
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                Err(format!(
+                    "the CUDA kernels do not compile for {arch}:\n{}",
+                    String::from_utf8_lossy(&text).trim_end()
+                ))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let status = sys::nvrtcGetCUBINSize(prog, &mut size);
+                if status != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+                    Err(format!("NVRTC made no cubin for {arch}: {status:?}"))
+                } else {
+                    let mut cubin = vec![0u8; size];
+                    let status = sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast());
+                    if status == sys::nvrtcResult::NVRTC_SUCCESS {
+                        Ok(cubin)
+                    } else {
+                        Err(format!("NVRTC could not hand over the cubin: {status:?}"))
+                    }
+                }
+            }
+        };
+        let _ = result::destroy_program(prog);
+        out
+    };
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
