@@ -387,11 +387,11 @@ fn is_data_parallel(plan: &Plan) -> bool {
 
 /// `run` on GPUs, everything on the device. A one-rank plan trains on GPU 0; a
 /// data-parallel plan trains a replica
-/// per rank — threads sharing GPU 0, or one process per rank under a launcher, on GPU
-/// `LOCAL_RANK` modulo the GPUs there are — summing gradients with NCCL when every process
-/// has its own GPU, else through host memory.
+/// per rank: threads sharing GPU 0, summing their gradients device to device; or one
+/// process per rank under a launcher, on GPU `LOCAL_RANK` modulo the GPUs there are,
+/// summing with NCCL when every process has its own GPU, else through host memory.
 fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
-    use ralpc_runtime_min::cuda::{gpu::Gpu, libs, train as device};
+    use ralpc_runtime_min::cuda::{backend::Backend as _, gpu::Gpu, libs, train as device};
     if options.checkpoint_every.is_some() || options.resume.is_some() || options.fault.is_some() {
         return Err(run_error(
             "checkpoints and injected faults are not on the CUDA backend yet".to_string(),
@@ -450,22 +450,22 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
             }
         }
         (None, _) => {
-            // Ranks as threads on GPU 0, each with its own stream.
-            let world = World::new(plan.ranks, options.timeout);
+            // Ranks as threads on GPU 0, each with its own streams, summing their gradients
+            // on the device (the same-device communicator).
+            use ralpc_runtime_min::cuda::same_device::{Hub, SameDevice};
+            let buffers = Hub::new(ranks, options.timeout);
+            let losses = Hub::new(ranks, options.timeout);
             let reports: Vec<Result<TrainReport, Error>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..plan.ranks)
+                let handles: Vec<_> = (0..ranks)
                     .map(|r| {
-                        let comm = world.comm(r);
-                        let replica = &replica;
-                        let open = &open;
+                        let (replica, open) = (&replica, &open);
+                        let (buffers, losses) = (&buffers, &losses);
                         s.spawn(move || {
-                            let sync = device::HostStaged {
-                                comm: &comm,
-                                group: (0..plan.ranks).collect(),
-                            };
-                            let result = open(0).and_then(|gpu| replica(&gpu, r as usize, &sync));
+                            let sync = SameDevice::<Gpu>::new(buffers, losses, r);
+                            let result = open(0).and_then(|gpu| replica(&gpu, r, &sync));
                             if let Err(e) = &result {
-                                comm.abort(&format!("rank {r}: {e}"));
+                                buffers.fail(&format!("rank {r}: {e}"));
+                                losses.fail(&format!("rank {r}: {e}"));
                             }
                             result
                         })

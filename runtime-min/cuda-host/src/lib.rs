@@ -112,6 +112,9 @@ impl Backend for Host {
     fn download_indices(&self, idx: &Vec<i64>) -> R<Vec<i64>> {
         Ok(idx.clone())
     }
+    fn synchronize(&self) -> R<()> {
+        Ok(())
+    }
     fn len(&self, buf: &Vec<f32>) -> usize {
         buf.len()
     }

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions};
+use ralpc_runtime_min::cuda::backend::Backend as _;
 use ralpc_runtime_min::cuda::gpu::Gpu;
 use ralpc_runtime_min::cuda::libs::{self, Lib, Resolution};
 use ralpc_runtime_min::cuda::train::train;

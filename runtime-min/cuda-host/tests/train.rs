@@ -161,11 +161,12 @@ fn every_node_is_timed() {
     }
 }
 
-/// Data-parallel replicas (threads, gradients summed through host memory, as ranks sharing
-/// one GPU do) train exactly as one device on the whole batch.
+/// Data-parallel replicas (threads, gradients summed through host memory or, as ranks sharing
+/// one GPU do, device to device at a hub) train exactly as one device on the whole batch.
 #[test]
 fn data_parallel_replicas_train_as_one_device() {
     use ralpc_runtime_min::cpu::comm::World;
+    use ralpc_runtime_min::cuda::same_device::{Hub, SameDevice};
     use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
     for (model, replicas) in [
         ("train/mlp.onnx", 4usize),
@@ -185,11 +186,14 @@ fn data_parallel_replicas_train_as_one_device() {
         };
         let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
         let (local_graph, local_info) = common::load(model, global / replicas as u64);
-        let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
+        let timeout = std::time::Duration::from_secs(30);
+        let world = World::new(replicas as u32, timeout);
         let group: Vec<u32> = (0..replicas as u32).collect();
+        let (buffers, losses) = (Hub::new(replicas, timeout), Hub::new(replicas, timeout));
         let reports: Vec<TrainReport> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..replicas)
-                .map(|r| {
+            let handles: Vec<_> = (0..2 * replicas)
+                .map(|k| {
+                    let (r, device_to_device) = (k % replicas, k >= replicas);
                     let comm = world.comm(r as u32);
                     let (g, i, w, d, o, group) = (
                         &local_graph,
@@ -199,10 +203,16 @@ fn data_parallel_replicas_train_as_one_device() {
                         &options,
                         group.clone(),
                     );
+                    let (buffers, losses) = (&buffers, &losses);
                     s.spawn(move || {
                         let part = shard(d, r, replicas).expect("shard");
-                        let sync = HostStaged { comm: &comm, group };
-                        train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                        if device_to_device {
+                            let sync = SameDevice::<Host>::new(buffers, losses, r);
+                            train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                        } else {
+                            let sync = HostStaged { comm: &comm, group };
+                            train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                        }
                     })
                 })
                 .collect();
@@ -211,6 +221,7 @@ fn data_parallel_replicas_train_as_one_device() {
                 .map(|h| h.join().expect("replica thread"))
                 .collect()
         });
+        assert_eq!(reports.len(), 2 * replicas);
         for got in &reports {
             for (g, w) in got.losses.iter().zip(&want.losses) {
                 assert!(

@@ -88,6 +88,8 @@ pub trait Backend {
     fn download(&self, buf: &Self::Buf) -> R<Vec<f32>>;
     /// A copy of `idx` on the host.
     fn download_indices(&self, idx: &Self::Idx) -> R<Vec<i64>>;
+    /// Waits for everything queued on this device's stream.
+    fn synchronize(&self) -> R<()>;
     /// Elements of `buf`.
     fn len(&self, buf: &Self::Buf) -> usize;
 

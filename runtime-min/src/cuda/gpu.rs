@@ -90,14 +90,6 @@ impl Gpu {
         })
     }
 
-    /// Waits for everything queued.
-    ///
-    /// # Errors
-    /// A kernel's failure, reported late as CUDA does.
-    pub fn synchronize(&self) -> R<()> {
-        self.stream.synchronize().map_err(fail("the GPU failed"))
-    }
-
     /// The context (for events and timing).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -218,6 +210,9 @@ impl Backend for Gpu {
         self.stream
             .clone_dtoh(idx)
             .map_err(fail("cannot copy from the GPU"))
+    }
+    fn synchronize(&self) -> R<()> {
+        self.stream.synchronize().map_err(fail("the GPU failed"))
     }
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()

@@ -10,7 +10,8 @@
 //! * [`gpu`]: that trait on an NVIDIA GPU (cudarc: NVRTC kernels, cuBLAS);
 //! * [`hosted`]: a device computing the CPU plan executor's layers, so every plan runs on
 //!   GPUs through the same interpreter;
-//! * [`nccl`]: replicas on distinct GPUs summing gradients with NCCL;
+//! * [`nccl`]: replicas on distinct GPUs summing gradients with NCCL, and [`same_device`]:
+//!   replicas sharing one summing device to device;
 //! * [`device`]: the GPUs the driver sees.
 pub mod backend;
 pub mod device;
@@ -19,4 +20,5 @@ pub mod hosted;
 pub mod kernels;
 pub mod libs;
 pub mod nccl;
+pub mod same_device;
 pub mod train;
