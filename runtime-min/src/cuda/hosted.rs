@@ -7,7 +7,6 @@
 //! (data-parallel plans keep everything on the device, [`super::train::train_replica`]).
 //! Shape and integer arithmetic, and operators the device lacks, stay on the CPU.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use ralpc_ir::{Graph, NodeId, Op};
@@ -93,15 +92,8 @@ impl<B: Backend> Hosted<B> {
         with_outputs: bool,
     ) -> R<Runner<'r, B>> {
         let node = graph.node(id);
-        let mut runner = Runner {
-            dev: &self.dev,
-            graph,
-            info: None,
-            env,
-            host,
-            values: BTreeMap::new(),
-            saved: Vec::new(),
-        };
+        let mut runner = Runner::new(&self.dev, graph, None, host);
+        runner.env = env;
         let outputs = node
             .outputs
             .iter()

@@ -75,6 +75,25 @@ pub(super) struct Runner<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> Runner<'a, B> {
+    /// A runner with no values yet; `info` gives static shapes (else they follow from the
+    /// operands), `host` the constants.
+    pub(super) fn new(
+        dev: &'a B,
+        graph: &'a Graph,
+        info: Option<&'a GraphInfo>,
+        host: &'a Weights,
+    ) -> Runner<'a, B> {
+        Runner {
+            dev,
+            graph,
+            info,
+            env: static_env(graph),
+            host,
+            values: BTreeMap::new(),
+            saved: Vec::new(),
+        }
+    }
+
     fn shape(&self, v: ValueId) -> R<Vec<usize>> {
         if let Some(t) = self.values.get(&v) {
             return Ok(t.shape.clone());
@@ -1082,27 +1101,19 @@ impl ConvPlan {
     fn new(g: &crate::cpu::kernels::Conv2d) -> ConvPlan {
         let (oh, ow) = g.output();
         let cin_g = g.in_channels / g.groups.max(1);
-        let i = |v: usize| v as i64;
         let rows = g.in_channels * g.kernel.0 * g.kernel.1;
         let spatial = oh * ow;
         ConvPlan {
-            window: Window {
-                planes: i(g.in_channels),
-                h: i(g.input.0),
-                w: i(g.input.1),
-                oh: i(oh),
-                ow: i(ow),
-                kh: i(g.kernel.0),
-                kw: i(g.kernel.1),
-                sh: i(g.stride.0),
-                sw: i(g.stride.1),
-                pt: i(g.padding[0]),
-                pl: i(g.padding[1]),
-                pb: i(g.padding[2]),
-                pr: i(g.padding[3]),
-                dh: i(g.dilation.0),
-                dw: i(g.dilation.1),
-            },
+            // The same geometry as a pooling over one image's channels.
+            window: Window::from(&Pool2d {
+                planes: g.in_channels,
+                input: g.input,
+                kernel: g.kernel,
+                stride: g.stride,
+                dilation: g.dilation,
+                padding: g.padding,
+                output: (oh, ow),
+            }),
             cout_g: g.out_channels / g.groups.max(1),
             k: cin_g * g.kernel.0 * g.kernel.1,
             rows,
@@ -1466,15 +1477,7 @@ pub fn train_replica<B: Backend>(
             .collect()
     };
     for step in 0..options.steps {
-        let mut runner = Runner {
-            dev,
-            graph,
-            info: Some(info),
-            env: static_env(graph),
-            host: weights,
-            values: BTreeMap::new(),
-            saved: Vec::new(),
-        };
+        let mut runner = Runner::new(dev, graph, Some(info), weights);
         for (&v, buf) in params.iter().chain(&inputs) {
             runner.values.insert(
                 v,
@@ -1646,15 +1649,7 @@ pub fn profile<B: Backend>(
         name: "device".into(),
         message,
     };
-    let mut runner = Runner {
-        dev,
-        graph,
-        info: Some(info),
-        env: static_env(graph),
-        host: weights,
-        values: BTreeMap::new(),
-        saved: Vec::new(),
-    };
+    let mut runner = Runner::new(dev, graph, Some(info), weights);
     for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
         if let (Some(f), Ok(shape)) = (t.floats(), runner.shape(v)) {
             let buf = dev.upload(f).map_err(&device)?;
