@@ -4,6 +4,8 @@
 //! compiles every kernel for Hopper. Under CI the kernels must compile (`.ci/run` installs
 //! NVRTC from pip); elsewhere that test says it skipped when NVRTC is absent.
 
+mod common;
+
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -249,25 +251,7 @@ fn data_parallel_ranks_share_one_gpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn a_pipeline_runs_on_one_gpu_as_on_the_cpu() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let strategy = dir.path().join("strategy.json");
-    std::fs::write(
-        &strategy,
-        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
-  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
-              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ] }"#,
-    )
-    .expect("write");
-    let plan = dir.path().join("plan");
-    Command::cargo_bin("ralpc")
-        .expect("binary built")
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/train/cnn.onnx"))
-        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
-        .arg(&strategy)
-        .arg("-o")
-        .arg(&plan)
-        .assert()
-        .success();
+    let (_dir, plan) = common::pipeline_plan();
     same_losses(
         &losses("run", &plan, &["--backend", "cuda"]),
         &losses("run", &plan, &["--backend", "cpu"]),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
@@ -16,30 +16,6 @@ fn ralpc() -> Command {
         .env_remove("OMPI_COMM_WORLD_RANK")
         .env_remove("SLURM_PROCID");
     cmd
-}
-
-/// A 4-rank plan of the CNN fixture: 1F1B pipeline of two stages, each on two ranks
-/// (messages between stages, all-reduces within them).
-fn pipeline_plan() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let strategy = dir.path().join("strategy.json");
-    std::fs::write(
-        &strategy,
-        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
-  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
-              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ] }"#,
-    )
-    .expect("write");
-    let out = dir.path().join("plan");
-    ralpc()
-        .arg(common::fixture("train/cnn.onnx"))
-        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
-        .arg(&strategy)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .success();
-    (dir, out)
 }
 
 fn losses(stdout: &[u8]) -> Vec<f64> {
@@ -54,7 +30,7 @@ fn losses(stdout: &[u8]) -> Vec<f64> {
 
 #[test]
 fn processes_train_exactly_like_threads() {
-    let (_dir, plan) = pipeline_plan();
+    let (_dir, plan) = common::pipeline_plan();
     let threads = ralpc()
         .arg("run")
         .arg(&plan)
@@ -160,7 +136,7 @@ fn launch_with_fault(plan: &Path, fault: &str) -> (String, Duration) {
 
 #[test]
 fn a_failing_process_stops_every_process() {
-    let (_dir, plan) = pipeline_plan();
+    let (_dir, plan) = common::pipeline_plan();
     // Gone without a word: the others see its connections close, before any timeout.
     let (stderr, took) = launch_with_fault(&plan, "2:3:exit");
     assert!(stderr.contains("rank 2's process exited"), "{stderr}");
@@ -185,7 +161,7 @@ fn a_failing_process_stops_every_process() {
 
 #[test]
 fn a_malformed_launcher_environment_is_an_input_error() {
-    let (_dir, plan) = pipeline_plan();
+    let (_dir, plan) = common::pipeline_plan();
     let out = ralpc()
         .arg("run")
         .arg(&plan)

@@ -81,3 +81,30 @@ pub fn workdir() -> PathBuf {
     })
     .clone()
 }
+
+/// A 4-rank plan of the CNN fixture at batch 8 — a 1F1B pipeline of two stages, each on two
+/// ranks (messages between stages, all-reduces within them) — written by `ralpc` into a
+/// temporary directory: the directory and the plan's path.
+pub fn pipeline_plan() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("strategy.json");
+    std::fs::write(
+        &strategy,
+        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
+  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ] }"#,
+    )
+    .expect("write");
+    let out = dir.path().join("plan");
+    assert_cmd::Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .env("NO_COLOR", "1")
+        .arg(fixture("train/cnn.onnx"))
+        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
+        .arg(&strategy)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    (dir, out)
+}
