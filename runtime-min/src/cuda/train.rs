@@ -539,9 +539,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Transpose { perm } => {
                 let x = self.input(id, 0)?;
-                let perm = permutation(perm.as_deref(), x.shape.len())?;
-                let strides = strides_of(&x.shape);
-                let view: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+                let view = transposed_strides(perm.as_deref(), &x.shape)?;
                 let mut y = fresh(&out_shape)?;
                 dev.gather(&mut y, &x.buf, &Strides::view(&out_shape, &view)?, 0)?;
                 (y, Saved::None)
@@ -992,9 +990,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Transpose { perm } => {
                 let x = self.input(id, 0)?;
-                let perm = permutation(perm.as_deref(), x.shape.len())?;
-                let strides = strides_of(&x.shape);
-                let view: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+                let view = transposed_strides(perm.as_deref(), &x.shape)?;
                 let mut dx = zeros(numel(&x.shape))?;
                 dev.scatter(&mut dx, dy, &Strides::view(&out_shape, &view)?, 0, false)?;
                 grads.push((0, dx));
@@ -1229,6 +1225,15 @@ fn permutation(perm: Option<&[i64]>, rank: usize) -> R<Vec<usize>> {
         None => Ok((0..rank).rev().collect()),
         Some(p) => p.iter().map(|&a| axis_of(a, rank)).collect(),
     }
+}
+
+/// The strides through which `shape`, read in `perm`'s axis order, is its transpose.
+fn transposed_strides(perm: Option<&[i64]>, shape: &[usize]) -> R<Vec<usize>> {
+    let strides = strides_of(shape);
+    Ok(permutation(perm, shape.len())?
+        .iter()
+        .map(|&p| strides[p])
+        .collect())
 }
 
 fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
