@@ -51,6 +51,7 @@ pub mod fuzzing;
 mod graph;
 mod ids;
 mod infer;
+pub mod models;
 pub mod onnx;
 mod op;
 mod shape;

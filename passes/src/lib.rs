@@ -12,6 +12,7 @@ pub mod plan;
 pub mod profile;
 pub mod rewrite;
 pub mod synthetic;
+pub mod transformer;
 pub mod units;
 
 pub use ralpc_ir as ir;

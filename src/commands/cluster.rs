@@ -15,7 +15,7 @@ Examples:
 /// Arguments of `ralpc cluster`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100; `NAMExN` for N nodes) or a
+    /// A preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100, selene, eos; `NAMExN` for N nodes) or a
     /// cluster TOML file.
     pub cluster: Option<String>,
     /// Multiply the number of nodes.

@@ -42,7 +42,7 @@ pub struct Args {
     /// Multiply the cluster's nodes.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub nodes: Option<u32>,
-    /// A cluster preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100; NAMExN) or TOML file
+    /// A cluster preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100, selene, eos; NAMExN) or TOML file
     /// [default: dgx-a100, with as many nodes as --gpus needs].
     #[arg(long)]
     pub cluster: Option<String>,

@@ -80,7 +80,14 @@ pub fn gpu_type(name: &str) -> Option<GpuType> {
 }
 
 /// Names of the built-in clusters (one node each; `NAMExN` for N nodes).
-pub const PRESETS: &[&str] = &["dgx-a100", "dgx-h100", "p3dn-v100", "pcie-a100"];
+pub const PRESETS: &[&str] = &[
+    "dgx-a100",
+    "dgx-h100",
+    "p3dn-v100",
+    "pcie-a100",
+    "selene",
+    "eos",
+];
 
 fn server(gpu: &str, intra_node: Link, network: Link) -> NodeGroup {
     NodeGroup {
@@ -109,6 +116,15 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
                 bandwidth: 8.0 * 25.0 * GB,
             },
         ),
+        // Selene, where Megatron-LM's published runs were measured (Narayanan et al., SC'21,
+        // §5): DGX A100 80 GB nodes (as above), the 8 compute HDR InfiniBand ports of each on
+        // a full fat tree (NVIDIA DGX SuperPOD reference architecture: no oversubscription,
+        // so no rack level).
+        "selene" => preset_node("dgx-a100")?,
+        // Eos, the DGX H100 SuperPOD: DGX H100 nodes (as below), 8 × 400 Gb/s NDR
+        // InfiniBand each on a full fat tree (NVIDIA DGX SuperPOD DGX H100 reference
+        // architecture).
+        "eos" => preset_node("dgx-h100")?,
         // NVIDIA DGX H100 user guide: 8 H100-SXM5-80GB, fourth-generation NVLink at 900 GB/s
         // per GPU (450 GB/s each way); 8 ConnectX-7 NDR InfiniBand at 400 Gb/s (50 GB/s)
         // each, 400 GB/s per node.

@@ -1,0 +1,66 @@
+//! Writes a structure-only GPT decoder (Megatron-LM's shape family) as ONNX.
+//!
+//! ```sh
+//! cargo run --example gpt -- --layers 48 --hidden 8192 --heads 64 -o gpt-39b.onnx
+//! ralpc plan gpt-39b.onnx --cluster selene --gpus 512 --batch 1536 --precision fp16 --optimizer adam
+//! ```
+
+use clap::Parser;
+use ralpc::ir::models::{gpt, GptSpec};
+
+/// A GPT of any (layers, hidden, heads, sequence, vocabulary).
+#[derive(Parser)]
+struct Args {
+    /// Transformer layers.
+    #[arg(long, default_value_t = 24)]
+    layers: u64,
+    /// Hidden size.
+    #[arg(long, default_value_t = 2304)]
+    hidden: u64,
+    /// Attention heads.
+    #[arg(long, default_value_t = 24)]
+    heads: u64,
+    /// Sequence length.
+    #[arg(long, default_value_t = 2048)]
+    sequence: u64,
+    /// Vocabulary.
+    #[arg(long, default_value_t = 51200)]
+    vocabulary: u64,
+    /// MLP inner size [default: 4 × hidden].
+    #[arg(long)]
+    ffn: Option<u64>,
+    /// A separate LM head instead of the tied embedding.
+    #[arg(long)]
+    untied: bool,
+    /// Where to write the model.
+    #[arg(short = 'o', long, default_value = "gpt.onnx")]
+    out: std::path::PathBuf,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let spec = GptSpec {
+        ffn: args.ffn.unwrap_or(4 * args.hidden),
+        tied: !args.untied,
+        ..GptSpec::megatron(
+            args.layers,
+            args.hidden,
+            args.heads,
+            args.sequence,
+            args.vocabulary,
+        )
+    };
+    let written = gpt(&spec).and_then(|bytes| {
+        ralpc::write_bytes_atomically(&args.out, &bytes).map_err(|e| e.to_string())
+    });
+    match written {
+        Ok(()) => {
+            println!("{}: {} parameters", args.out.display(), spec.params());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

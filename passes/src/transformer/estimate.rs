@@ -1,0 +1,583 @@
+//! The price of one point of Megatron-LM's space: time per iteration and memory per GPU.
+//!
+//! Time, per GPU (Narayanan et al., SC'21, §3):
+//! * each block's GEMMs at the shapes tensor parallelism leaves on one GPU (`t` splits the
+//!   heads, the QKV and first MLP columns, the projection and second MLP rows), each
+//!   `max(FLOPs / (peak · GEMM_EFFICIENCY), bytes / (HBM · HBM_EFFICIENCY))` — the batched
+//!   attention GEMMs of small head size are memory-bound, large projections compute-bound;
+//!   backward = the input-gradient and weight-gradient GEMMs of every forward GEMM;
+//! * the memory-bound rest of the block as Megatron-LM trains it, whether or not the export
+//!   kept its Dropout nodes: two LayerNorms, the fused scale-mask-softmax, dropout on the
+//!   probabilities, two fused bias-dropout-adds, bias+GELU (backward twice the traffic);
+//! * tensor-parallel collectives on the critical path: two all-reduces of `b·s·h` forward
+//!   and two backward per block (sequence parallelism: all-gathers and reduce-scatters of
+//!   the same volume), again in a full recomputation;
+//! * pipeline: stage `k` takes `T_k` per microbatch (its blocks, the embedding on the first,
+//!   the head and loss on the last, and its point-to-point sends, `b·s·h/t` bytes each with
+//!   Megatron's scatter/gather); an iteration of `m` microbatches takes
+//!   `m · max T + (Σ T − max T) / v` — (m + p − 1)·T for uniform 1F1B, Narayanan's
+//!   `(p − 1)/(v·m)` bubble for interleaving;
+//! * then the data-parallel gradient all-reduce (ZeRO 1–2: reduce-scatter plus all-gather
+//!   of the parameters), hierarchical across nodes with every GPU of a node on its own NIC
+//!   at once, not overlapped with backward (as in the paper's runs), the tied embedding's
+//!   all-reduce between the first and last stage, and the optimizer step (memory-bound).
+//!
+//! Memory, per GPU, on its fullest stage (Korthikanti et al., 2022): model states at
+//! `w + g + master + moments` bytes per parameter (16 for fp16 with Adam, 18 with fp32
+//! gradients), sharded by ZeRO; activations tensor by tensor as Korthikanti derives them
+//! (`sbh(34 + 5as/h)` without parallelism or recomputation), times the microbatches in
+//! flight on that stage under the schedule; a workspace.
+
+use serde::Serialize;
+
+use crate::cluster::{Cluster, Link, Precision};
+use crate::cost::comm::{ring_all_gather_us, ring_all_reduce_us};
+use crate::cost::Optimizer;
+use crate::plan::Schedule;
+
+use super::{Parallelism, Recompute, Transformer};
+
+/// Fraction of the tensor-core peak a compute-bound GEMM reaches inside a training step:
+/// the one constant fitted to measurements — the value in steps of 0.01 minimizing the mean
+/// |error| on three rows of Narayanan et al.'s Table 1 (1.7 B, 39.1 B, 1 T: 1.6 %);
+/// `passes/tests/megatron.rs` prints all ten rows. It sits below what cuBLAS reaches on
+/// isolated large GEMMs (80–90 % of the A100's FP16 peak, NVIDIA's "Matrix Multiplication
+/// Background User's Guide") because a step also pays clock throttling under sustained
+/// load, allocator and framework gaps that no term here models.
+pub const GEMM_EFFICIENCY: f64 = 0.68;
+
+/// Fraction of HBM bandwidth streaming kernels reach: BabelStream's Triad on an
+/// A100-SXM4-40GB reaches about 1.33 of 1.555 TB/s (Deakin et al., "Tracking performance
+/// portability on the Yellow Brick Road to exascale", 2020).
+pub const HBM_EFFICIENCY: f64 = 0.85;
+
+/// Kernels of one block's memory-bound work per pass (two LayerNorms, softmax, dropout,
+/// two bias-dropout-adds, bias+GELU), each paying the launch overhead.
+pub const ACTIVATION_LAUNCHES: f64 = 7.0;
+
+/// Everything an estimate depends on besides the parallelism.
+#[derive(Clone, Debug)]
+pub struct Setting<'a> {
+    /// The model.
+    pub model: &'a Transformer,
+    /// Global batch, sequences.
+    pub batch: u64,
+    /// The machines.
+    pub cluster: &'a Cluster,
+    /// GPUs to use: ranks `0..gpus`.
+    pub gpus: u32,
+    /// Math precision (fp16/bf16: mixed precision with fp32 master weights).
+    pub precision: Precision,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Gradients accumulated and reduced in fp32 (18 B per parameter with Adam).
+    pub fp32_gradients: bool,
+    /// Bytes per GPU reserved for the context and workspaces.
+    pub workspace_bytes: f64,
+    /// A per-GPU memory limit below the GPUs' own, bytes.
+    pub memory_limit: Option<u64>,
+}
+
+/// Where an iteration's time goes on the slowest stage, µs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TimeBreakdown {
+    /// Compute of every microbatch (forward, backward, recomputation).
+    pub compute_us: f64,
+    /// Tensor-parallel collectives.
+    pub tensor_comm_us: f64,
+    /// Pipeline sends and receives.
+    pub pipeline_comm_us: f64,
+    /// Pipeline fill and drain.
+    pub bubble_us: f64,
+    /// Data-parallel gradient synchronization (and ZeRO-3's parameter gathers).
+    pub data_comm_us: f64,
+    /// The optimizer step.
+    pub optimizer_us: f64,
+}
+
+/// Memory of the fullest GPU by kind, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MemoryBreakdown {
+    /// Weights in the math precision.
+    pub weights: f64,
+    /// Gradients.
+    pub gradients: f64,
+    /// Optimizer state: fp32 master weights (mixed precision) and moments.
+    pub optimizer: f64,
+    /// Stashed activations of the microbatches in flight.
+    pub activations: f64,
+    /// Context and library workspaces.
+    pub workspace: f64,
+}
+
+impl MemoryBreakdown {
+    /// All of it.
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer + self.activations + self.workspace
+    }
+}
+
+/// The price of a [`Parallelism`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    /// The configuration.
+    pub parallelism: Parallelism,
+    /// Predicted time per iteration, µs.
+    pub iteration_time_us: f64,
+    /// Where it goes.
+    pub time: TimeBreakdown,
+    /// Microbatches per iteration.
+    pub microbatches: u64,
+    /// Blocks per pipeline stage.
+    pub stage_layers: Vec<u64>,
+    /// Per stage, one microbatch's time through it (all its chunks), µs.
+    pub stage_us: Vec<f64>,
+    /// Per stage, the memory of one of its GPUs, bytes.
+    pub stage_memory_bytes: Vec<f64>,
+    /// The fullest GPU's memory by kind.
+    pub memory: MemoryBreakdown,
+    /// The fullest GPU's memory, bytes.
+    pub peak_memory_bytes: f64,
+    /// What a GPU may hold, bytes.
+    pub memory_capacity_bytes: f64,
+    /// Whether every GPU fits.
+    pub fits: bool,
+    /// Forward + backward FLOPs of the iteration, no recomputation.
+    pub model_flops: f64,
+    /// FLOPs executed, recomputation included.
+    pub hardware_flops: f64,
+}
+
+/// Bytes of one block's stashed activations for one microbatch on one GPU, tensor by
+/// tensor as Korthikanti et al. (2022, §4) count them at 16-bit precision (`e = 2`; masks
+/// are one byte): outside the tensor-parallel regions (LayerNorm inputs, the QKV and first
+/// MLP inputs, dropout masks: `10sbh`) split only by sequence parallelism; inside them
+/// (`24sbh + 5as²b`) split by `t`; selective recomputation drops the attention core
+/// (`5as²b`), full recomputation keeps only the block's input (`2sbh`, split by sequence
+/// parallelism).
+pub fn block_activation_bytes(
+    model: &Transformer,
+    micro_batch: u64,
+    tensor: u32,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    element_bytes: f64,
+) -> f64 {
+    let (s, b, h, a, f) = (
+        model.sequence as f64,
+        micro_batch as f64,
+        model.hidden as f64,
+        model.heads as f64,
+        model.ffn as f64,
+    );
+    let t = f64::from(tensor);
+    let e = element_bytes;
+    let sbh = s * b * h;
+    let sp = if sequence_parallel { t } else { 1.0 };
+    if recompute == Recompute::Full {
+        return e * sbh / sp;
+    }
+    // Outside the parallel regions: two LayerNorm inputs, the QKV and first MLP inputs
+    // (e each), two dropout masks (1 byte).
+    let outside = (4.0 * e + 2.0) * sbh / sp;
+    // Inside: Q and K, V, the projection input (e·sbh each, Q and K 2), the GELU and second
+    // MLP inputs (e·sbf each).
+    let inside = (4.0 * e * sbh + 2.0 * e * s * b * f) / t;
+    // The attention core: softmax output and dropout output (e), dropout mask (1 byte).
+    let core = (2.0 * e + 1.0) * a * s * s * b / t;
+    match recompute {
+        Recompute::Selective => outside + inside,
+        _ => outside + inside + core,
+    }
+}
+
+/// Prices `par` in `setting`.
+pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
+    let model = setting.model;
+    let cluster = setting.cluster;
+    let gpu = cluster.gpu(0);
+    let group = cluster.group_of(0);
+    let gpn = group.gpus_per_node.max(1);
+    let peak = gpu.peak(setting.precision).unwrap_or(gpu.fp32) * GEMM_EFFICIENCY;
+    let hbm = gpu.hbm_bandwidth * HBM_EFFICIENCY;
+    let launch_us = crate::cost::compute::DEFAULT_LAUNCH_US;
+    let e = match setting.precision {
+        Precision::Fp16 | Precision::Bf16 => 2.0,
+        Precision::Fp32 | Precision::Tf32 => 4.0,
+    };
+    let grad_e = if setting.fp32_gradients { 4.0 } else { e };
+    let (t, p, d, v) = (
+        f64::from(par.tensor),
+        par.pipeline.max(1),
+        f64::from(par.data),
+        par.virtual_stages.max(1),
+    );
+    let (s, b, h, a, f, vocab) = (
+        model.sequence as f64,
+        par.micro_batch as f64,
+        model.hidden as f64,
+        model.heads as f64,
+        model.ffn as f64,
+        model.vocabulary as f64,
+    );
+    let tokens = s * b;
+    let m = par.microbatches(setting.batch).max(1);
+    let gemm = |rows: f64, cols: f64, inner: f64, batch: f64| -> f64 {
+        let flops = 2.0 * rows * cols * inner * batch;
+        let bytes = e * (rows * inner + inner * cols + rows * cols) * batch;
+        (flops / peak).max(bytes / hbm) * 1e6 + launch_us
+    };
+    // Forward and backward (input and weight gradients) of one GEMM.
+    let fwd_bwd = |rows: f64, cols: f64, inner: f64, batch: f64| -> (f64, f64) {
+        (
+            gemm(rows, cols, inner, batch),
+            gemm(rows, inner, cols, batch) + gemm(inner, cols, rows, batch),
+        )
+    };
+    let heads_per_gpu = a / t;
+    let head_dim = h / a;
+    let dense = [
+        fwd_bwd(tokens, 3.0 * h / t, h, 1.0),
+        fwd_bwd(tokens, h, h / t, 1.0),
+        fwd_bwd(tokens, f / t, h, 1.0),
+        fwd_bwd(tokens, h, f / t, 1.0),
+    ];
+    let core = [
+        fwd_bwd(s, s, head_dim, b * heads_per_gpu),
+        fwd_bwd(s, head_dim, s, b * heads_per_gpu),
+    ];
+    let sp = if par.sequence_parallel { t } else { 1.0 };
+    let core_bytes = b * heads_per_gpu * s * s * (2.0 * e + (2.0 * e + 1.0));
+    let other_bytes = 2.0 * 2.0 * tokens * h * e / sp
+        + 2.0 * tokens * h * (3.0 * e + 1.0) / sp
+        + 2.0 * tokens * f / t * e;
+    let elementwise = |bytes: f64, launches: f64| bytes / hbm * 1e6 + launches * launch_us;
+    let core_fwd = core.iter().map(|g| g.0).sum::<f64>() + elementwise(core_bytes, 2.0);
+    let block_fwd = dense.iter().map(|g| g.0).sum::<f64>()
+        + core_fwd
+        + elementwise(other_bytes, ACTIVATION_LAUNCHES - 2.0);
+    let block_bwd = dense.iter().chain(&core).map(|g| g.1).sum::<f64>()
+        + 2.0 * elementwise(core_bytes + other_bytes, ACTIVATION_LAUNCHES);
+    // Tensor-parallel collectives inside the node.
+    let intra = group.intra_node;
+    let activation = tokens * h * e;
+    let tp_ar = if par.tensor > 1 {
+        ring_all_reduce_us(par.tensor, intra, activation)
+    } else {
+        0.0
+    };
+    let (recompute_us, recompute_tp) = match par.recompute {
+        Recompute::None => (0.0, 0.0),
+        Recompute::Selective => (core_fwd, 0.0),
+        Recompute::Full => (block_fwd, 2.0 * tp_ar),
+    };
+    // ZeRO-3 gathers each block's parameters forward and backward (and for a full
+    // recomputation), and reduce-scatters its gradients, every microbatch; like every other
+    // collective here it is not assumed hidden behind compute.
+    let block_weights = model.block_params() as f64 / t;
+    let dp = DataParallel::new(cluster, par.tensor, par.data, gpn);
+    let zero3_us = if par.zero >= 3 && par.data > 1 {
+        let gathers = if par.recompute == Recompute::Full {
+            3.0
+        } else {
+            2.0
+        };
+        gathers * dp.all_gather_us(block_weights * e) + dp.all_gather_us(block_weights * grad_e)
+    } else {
+        0.0
+    };
+    let block_compute = block_fwd + block_bwd + recompute_us;
+    let block_tp = 4.0 * tp_ar + recompute_tp;
+    let block_us = block_compute + block_tp + zero3_us;
+    // Embedding (first stage) and head + loss (last stage).
+    let vocab_local = vocab / t;
+    let embed_us = elementwise(3.0 * tokens * h * e, 2.0) + tp_ar;
+    let (head_fwd, head_bwd) = fwd_bwd(tokens, vocab_local, h, 1.0);
+    let loss_bytes = tokens * vocab_local * (e + 8.0);
+    let small_ar = if par.tensor > 1 {
+        3.0 * ring_all_reduce_us(par.tensor, intra, tokens * 4.0)
+    } else {
+        0.0
+    };
+    let head_us = head_fwd
+        + head_bwd
+        + elementwise(3.0 * loss_bytes + 6.0 * tokens * h * e, 4.0)
+        + small_ar
+        + tp_ar;
+    // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
+    // the head).
+    let layers = model.layers;
+    let stage_layers: Vec<u64> = (0..u64::from(p))
+        .map(|k| layers / u64::from(p) + u64::from(k < layers % u64::from(p)))
+        .collect();
+    // Point-to-point between stages: `t·d` ranks apart.
+    let stride = par.tensor * par.data;
+    let p2p_link = if p > 1 {
+        per_gpu_link(cluster, 0, stride, gpn)
+    } else {
+        intra
+    };
+    let p2p_us = if p > 1 {
+        let bytes = activation / t;
+        2.0 * f64::from(v) * (p2p_link.latency_us + bytes / p2p_link.bandwidth * 1e6)
+    } else {
+        0.0
+    };
+    let stage_us: Vec<f64> = stage_layers
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            n as f64 * block_us
+                + if k == 0 { embed_us } else { 0.0 }
+                + if k + 1 == stage_layers.len() {
+                    head_us
+                } else {
+                    0.0
+                }
+                + p2p_us
+        })
+        .collect();
+    let slowest = (0..stage_us.len())
+        .max_by(|&x, &y| stage_us[x].total_cmp(&stage_us[y]))
+        .unwrap_or(0);
+    let t_max = stage_us[slowest];
+    let t_sum: f64 = stage_us.iter().sum();
+    let bubble_us = (t_sum - t_max) / f64::from(v);
+    let pipe_us = m as f64 * t_max + bubble_us;
+    // Parameters per GPU on each stage.
+    let stage_params: Vec<f64> = stage_layers
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            let last = k + 1 == stage_layers.len();
+            let mut params = n as f64 * model.block_params() as f64;
+            if k == 0 {
+                params += model.embedding_params() as f64;
+            }
+            if last {
+                params += model.head_params() as f64;
+                if model.tied && p > 1 {
+                    // The last stage keeps its own copy of the tied embedding.
+                    params += (model.vocabulary * model.hidden) as f64;
+                }
+            }
+            params / t
+        })
+        .collect();
+    let fullest_params = stage_params.iter().copied().fold(0.0, f64::max);
+    // Data-parallel gradient synchronization after the flush.
+    let data_comm_us = if par.data <= 1 {
+        0.0
+    } else if par.zero == 0 {
+        dp.all_reduce_us(fullest_params * grad_e)
+    } else if par.zero <= 2 {
+        dp.all_gather_us(fullest_params * grad_e) + dp.all_gather_us(fullest_params * e)
+    } else {
+        0.0
+    } + if model.tied && p > 1 {
+        let link = per_gpu_link(cluster, 0, stride * (p - 1), gpn);
+        ring_all_reduce_us(
+            2,
+            link,
+            (model.vocabulary * model.hidden) as f64 / t * grad_e,
+        )
+    } else {
+        0.0
+    };
+    // Optimizer step over this GPU's shard: read gradient, master, state; write them back
+    // and the low-precision copy.
+    let shard = if par.zero >= 1 { d } else { 1.0 };
+    let master: f64 = if e < 4.0 { 4.0 } else { 0.0 };
+    let state = 4.0 * setting.optimizer.state_factor();
+    let step_bytes = grad_e + 2.0 * (master.max(e) + state) + if e < 4.0 { e } else { 0.0 };
+    let optimizer_us = fullest_params / shard * step_bytes / hbm * 1e6;
+    let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
+    // Memory.
+    let capacity = (0..setting.gpus.max(1))
+        .map(|r| {
+            cluster
+                .gpu(r.min(cluster.gpu_count().saturating_sub(1)))
+                .memory_bytes
+        })
+        .min()
+        .unwrap_or(0);
+    let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
+    let per_block = block_activation_bytes(
+        model,
+        par.micro_batch,
+        par.tensor,
+        par.sequence_parallel,
+        par.recompute,
+        e,
+    );
+    let working = if par.recompute == Recompute::Full {
+        // One block's activations while it is recomputed.
+        block_activation_bytes(
+            model,
+            par.micro_batch,
+            par.tensor,
+            par.sequence_parallel,
+            Recompute::None,
+            e,
+        )
+    } else {
+        0.0
+    };
+    let stage_memory: Vec<MemoryBreakdown> = stage_layers
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            let params = stage_params[k];
+            let zero_div = |stage: u8| if par.zero >= stage { d } else { 1.0 };
+            let in_flight_blocks =
+                in_flight_chunks(par, k as u64, m) as f64 * n as f64 / f64::from(v);
+            let mut activations = in_flight_blocks * per_block + working;
+            if k + 1 == stage_layers.len() {
+                // One microbatch's logits (16-bit) and fp32 softmax with its gradient.
+                activations += tokens * vocab_local * (e + 8.0);
+            }
+            if k == 0 {
+                activations +=
+                    in_flight_chunks(par, 0, m).min(m) as f64 * tokens * h * (e + 1.0) / sp;
+            }
+            MemoryBreakdown {
+                weights: params * e / zero_div(3),
+                gradients: params * grad_e / zero_div(2),
+                optimizer: params * (master + state) / zero_div(1),
+                activations,
+                workspace: setting.workspace_bytes,
+            }
+        })
+        .collect();
+    let fullest = stage_memory
+        .iter()
+        .copied()
+        .max_by(|x, y| x.total().total_cmp(&y.total()))
+        .unwrap_or_default();
+    let model_flops = model.model_flops(setting.batch);
+    let recomputed = match par.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => 4.0 * model.sequence as f64 * model.hidden as f64,
+        Recompute::Full => model.block_flops_per_token(),
+    } * (setting.batch * model.sequence * model.layers) as f64;
+    let mf = m as f64;
+    let compute_share = (stage_layers[slowest] as f64 * (block_us - block_tp.min(block_us))
+        + if slowest == 0 { embed_us - tp_ar } else { 0.0 }
+        + if slowest + 1 == stage_layers.len() {
+            head_us - small_ar - tp_ar
+        } else {
+            0.0
+        })
+        * mf;
+    let tensor_share = (stage_layers[slowest] as f64 * block_tp.min(block_us)
+        + if slowest == 0 { tp_ar } else { 0.0 }
+        + if slowest + 1 == stage_layers.len() {
+            small_ar + tp_ar
+        } else {
+            0.0
+        })
+        * mf;
+    Estimate {
+        parallelism: *par,
+        iteration_time_us,
+        time: TimeBreakdown {
+            compute_us: compute_share,
+            tensor_comm_us: tensor_share,
+            pipeline_comm_us: p2p_us * mf,
+            bubble_us,
+            data_comm_us,
+            optimizer_us,
+        },
+        microbatches: m,
+        stage_layers,
+        stage_us,
+        stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
+        memory: fullest,
+        peak_memory_bytes: fullest.total(),
+        memory_capacity_bytes: capacity,
+        fits: fullest.total() <= capacity,
+        model_flops,
+        hardware_flops: model_flops + recomputed,
+    }
+}
+
+/// Microbatch chunks whose activations stage `k` holds at once: all `m` under GPipe; `p − k`
+/// under 1F1B; Megatron's warm-up `2(p − k − 1) + (v − 1)p` plus one under interleaving.
+fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
+    let (p, v) = (
+        u64::from(par.pipeline.max(1)),
+        u64::from(par.virtual_stages.max(1)),
+    );
+    match par.schedule {
+        Schedule::GPipe => m * v,
+        _ if v > 1 => (2 * (p - k - 1) + (v - 1) * p + 1).min(m * v),
+        _ => (p - k).min(m),
+    }
+}
+
+/// What one GPU gets on the link from rank `a` to rank `a + offset`: NVLink inside a node;
+/// across nodes its share of the node's NICs, every GPU of the node sending at once.
+fn per_gpu_link(cluster: &Cluster, a: u32, offset: u32, gpus_per_node: u32) -> Link {
+    let b = (a + offset).min(cluster.gpu_count().saturating_sub(1));
+    let link = cluster.link(a, b);
+    if cluster.flat.is_some() || cluster.level(&[a, b]) <= crate::cluster::LinkLevel::IntraNode {
+        return link;
+    }
+    Link {
+        latency_us: link.latency_us,
+        bandwidth: link.bandwidth / f64::from(gpus_per_node),
+    }
+}
+
+/// Collectives over one data-parallel group: `d` ranks `t` apart, every group of the
+/// cluster at once (so each GPU has its own NIC's share across nodes).
+struct DataParallel {
+    /// Group members per node.
+    local: u32,
+    /// Nodes the group spans.
+    nodes: u32,
+    intra: Link,
+    across: Link,
+    flat: Option<Link>,
+    size: u32,
+}
+
+impl DataParallel {
+    fn new(cluster: &Cluster, tensor: u32, data: u32, gpus_per_node: u32) -> DataParallel {
+        let local = (gpus_per_node / tensor.max(1)).clamp(1, data.max(1));
+        let nodes = data.max(1).div_ceil(local);
+        let across = per_gpu_link(
+            cluster,
+            0,
+            gpus_per_node.min(cluster.gpu_count()),
+            gpus_per_node,
+        );
+        DataParallel {
+            local,
+            nodes,
+            intra: cluster.group_of(0).intra_node,
+            across,
+            flat: cluster.flat,
+            size: data.max(1),
+        }
+    }
+
+    /// Hierarchical all-reduce: reduce-scatter inside the node, all-reduce of each GPU's
+    /// part across nodes, all-gather inside.
+    fn all_reduce_us(&self, bytes: f64) -> f64 {
+        if let Some(flat) = self.flat {
+            return ring_all_reduce_us(self.size, flat, bytes);
+        }
+        2.0 * ring_all_gather_us(self.local, self.intra, bytes)
+            + ring_all_reduce_us(self.nodes, self.across, bytes / f64::from(self.local))
+    }
+
+    /// Hierarchical all-gather (or reduce-scatter).
+    fn all_gather_us(&self, bytes: f64) -> f64 {
+        if let Some(flat) = self.flat {
+            return ring_all_gather_us(self.size, flat, bytes);
+        }
+        ring_all_gather_us(self.local, self.intra, bytes)
+            + ring_all_gather_us(self.nodes, self.across, bytes / f64::from(self.local))
+    }
+}

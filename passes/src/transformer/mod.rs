@@ -1,0 +1,173 @@
+//! Large transformer language models, planned as Megatron-LM trains them (Narayanan et al.,
+//! SC'21; Korthikanti et al., 2022): tensor parallelism inside a node (attention split by
+//! heads, MLP column- then row-parallel, vocabulary-parallel embedding and head), pipeline
+//! stages across nodes (1F1B, GPipe, interleaved 1F1B), data parallelism over what is left,
+//! activation recomputation, sequence parallelism and sharded optimizer state (ZeRO 1–3),
+//! with mixed-precision memory.
+//!
+//! A GPT-like decoder is [`recognize`]d in the verified graph; its blocks are identical, so
+//! one block is priced ([`estimate`]) and composed into stages, and the search
+//! ([`search`]) enumerates Megatron's whole space — (t, p, d, micro-batch, v, recompute,
+//! sequence parallelism, ZeRO) — in milliseconds even for a 1 T-parameter model on
+//! thousands of GPUs.
+
+mod estimate;
+mod recognize;
+mod search;
+
+pub use estimate::{
+    block_activation_bytes, estimate, Estimate, MemoryBreakdown, Setting, TimeBreakdown,
+};
+pub use estimate::{ACTIVATION_LAUNCHES, GEMM_EFFICIENCY, HBM_EFFICIENCY};
+pub use recognize::{recognize, NotATransformer};
+pub use search::{search, Knobs, Searched};
+
+use serde::Serialize;
+
+use crate::plan::Schedule;
+
+/// The shape of a GPT-like decoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Transformer {
+    /// Blocks `l`.
+    pub layers: u64,
+    /// Hidden size `h`.
+    pub hidden: u64,
+    /// Attention heads `a`.
+    pub heads: u64,
+    /// Sequence length `s`.
+    pub sequence: u64,
+    /// Vocabulary `V`.
+    pub vocabulary: u64,
+    /// The MLP's inner size `f` (Megatron: `4h`).
+    pub ffn: u64,
+    /// Whether the LM head reuses the token embedding.
+    pub tied: bool,
+    /// Rows of the learned position table (0: none).
+    pub positions: u64,
+    /// The graph's parameters (elements of every floating-point initializer).
+    pub params: u64,
+}
+
+impl Transformer {
+    /// One block's parameters: attention `4h² + 4h`, MLP `2hf + f + h`, two LayerNorms `4h`.
+    pub fn block_params(&self) -> u64 {
+        let (h, f) = (self.hidden, self.ffn);
+        4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    }
+
+    /// The token and position embeddings' parameters.
+    pub fn embedding_params(&self) -> u64 {
+        (self.vocabulary + self.positions) * self.hidden
+    }
+
+    /// The final LayerNorm and an untied head.
+    pub fn head_params(&self) -> u64 {
+        2 * self.hidden
+            + if self.tied {
+                0
+            } else {
+                self.vocabulary * self.hidden
+            }
+    }
+
+    /// Parameters of a GPT of this shape.
+    pub fn formula_params(&self) -> u64 {
+        self.layers * self.block_params() + self.embedding_params() + self.head_params()
+    }
+
+    /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²`, projection
+    /// `2h²`, MLP `4hf`, scores and context `4sh`.
+    pub fn block_flops_per_token(&self) -> f64 {
+        let (h, f, s) = (self.hidden as f64, self.ffn as f64, self.sequence as f64);
+        8.0 * h * h + 4.0 * h * f + 4.0 * s * h
+    }
+
+    /// Forward FLOPs of the LM head per token: `2hV`.
+    pub fn head_flops_per_token(&self) -> f64 {
+        2.0 * self.hidden as f64 * self.vocabulary as f64
+    }
+
+    /// Forward + backward FLOPs of one iteration at `batch` sequences, no recomputation
+    /// (Megatron's "model FLOPs"): `3 · B·s · (l · block + head)`.
+    pub fn model_flops(&self, batch: u64) -> f64 {
+        let tokens = (batch * self.sequence) as f64;
+        3.0 * tokens
+            * (self.layers as f64 * self.block_flops_per_token() + self.head_flops_per_token())
+    }
+}
+
+/// What is recomputed in the backward pass instead of stashed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Everything stashed.
+    None,
+    /// The attention core (scores, softmax, dropout, context): Korthikanti's selective.
+    Selective,
+    /// Every block from its input (one checkpoint per block).
+    Full,
+}
+
+impl Recompute {
+    /// All choices, cheapest in time first.
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+
+    /// Parses `none`, `selective`, `full`.
+    pub fn parse(name: &str) -> Option<Recompute> {
+        Recompute::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// A point of Megatron-LM's space: how every block, the embedding and the head are spread
+/// over `tensor × pipeline × data` GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Parallelism {
+    /// Tensor-parallel degree `t` (GPUs of one node splitting every block).
+    pub tensor: u32,
+    /// Pipeline stages `p`.
+    pub pipeline: u32,
+    /// Data-parallel replicas `d`.
+    pub data: u32,
+    /// Sequences per microbatch `b`.
+    pub micro_batch: u64,
+    /// Model chunks per GPU `v` (interleaved 1F1B when above 1).
+    pub virtual_stages: u32,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// Sequence parallelism (LayerNorm and dropout regions split by positions).
+    pub sequence_parallel: bool,
+    /// ZeRO stage: 1 shards optimizer state over `d`, 2 gradients too, 3 parameters too.
+    pub zero: u8,
+    /// Pipeline schedule (1F1B, interleaved when `virtual_stages > 1`, or GPipe).
+    pub schedule: Schedule,
+}
+
+impl Parallelism {
+    /// GPUs used: `t · p · d`.
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.tensor) * u64::from(self.pipeline) * u64::from(self.data)
+    }
+
+    /// Microbatches per iteration for a global batch: `B / (b · d)`.
+    pub fn microbatches(&self, batch: u64) -> u64 {
+        batch / (self.micro_batch * u64::from(self.data)).max(1)
+    }
+
+    /// The schedule's name: `1f1b`, `interleaved-1f1b` or `gpipe`.
+    pub fn schedule_name(&self) -> &'static str {
+        match self.schedule {
+            Schedule::OneFOneB if self.virtual_stages > 1 => "interleaved-1f1b",
+            s => s.name(),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Recognizing a GPT-like decoder in a verified graph, whatever the exporter: the token
+//! embedding (a `Gather` of a `[V, h]` weight by an integer model input), one attention
+//! core per block (a `Softmax` over `[batch, heads, s, s]` scores — the heads are read
+//! through the exporter's `Reshape`/`Transpose`/`Split` of the hidden dimension, since the
+//! scores carry them as an axis), the MLP's inner size (the `[h, f]` and `[f, h]` weights of
+//! the dense layers) and whether the LM head reuses the embedding.
+//!
+//! The result is checked against the graph's own parameter count: a model whose weights do
+//! not add up to a GPT of the recognized shape (within 2 %) is not treated as one.
+
+use std::collections::BTreeMap;
+
+use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
+
+use super::Transformer;
+
+/// Why a graph is not planned as a transformer (it is then planned layer by layer).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a GPT-like decoder: {0}")]
+pub struct NotATransformer(pub String);
+
+/// Finds the GPT shape of `graph`, planned at `batch`.
+///
+/// # Errors
+/// [`NotATransformer`] saying which part is missing or does not agree.
+pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATransformer> {
+    let no = |m: String| Err(NotATransformer(m));
+    let weight_dims = |v: ValueId| -> Option<(NodeId, Vec<u64>)> {
+        let n = graph.value(v).producer;
+        match &graph.node(n).op {
+            Op::Constant {
+                initializer: true, ..
+            } if info.ty(v).dtype.is_float() => Some((n, info.ty(v).shape.as_sizes()?)),
+            // A transposed weight (a tied head reads the embedding through one).
+            Op::Transpose { .. } => {
+                let input = graph.node(n).inputs.first().copied().flatten()?;
+                let (w, _) = weight_of(graph, info, input)?;
+                Some((w, info.ty(v).shape.as_sizes()?))
+            }
+            _ => None,
+        }
+    };
+    // The token embedding.
+    let mut embedding = None;
+    for &n in info.order() {
+        let node = graph.node(n);
+        let (Op::Gather { .. }, [Some(table), Some(ids), ..]) = (&node.op, node.inputs.as_slice())
+        else {
+            continue;
+        };
+        let from_input = matches!(graph.node(graph.value(*ids).producer).op, Op::Input)
+            || matches!(graph.node(graph.value(*ids).producer).op, Op::Cast { .. });
+        if let (true, Some((w, dims))) = (from_input, weight_dims(*table)) {
+            if dims.len() == 2 {
+                embedding = Some((w, dims[0], dims[1]));
+                break;
+            }
+        }
+    }
+    let Some((wte, vocabulary, hidden)) = embedding else {
+        return no("no token embedding (a Gather of a [vocabulary, hidden] weight by an integer model input)".into());
+    };
+    // Attention cores: softmax over [batch, heads, s, s].
+    let mut cores = Vec::new();
+    for &n in info.order() {
+        let node = graph.node(n);
+        if !matches!(node.op, Op::Softmax { .. }) {
+            continue;
+        }
+        let Some(dims) = node
+            .outputs
+            .first()
+            .and_then(|&v| info.ty(v).shape.as_sizes())
+        else {
+            continue;
+        };
+        if dims.len() == 4 && dims[2] == dims[3] {
+            cores.push((dims[1], dims[2]));
+        }
+    }
+    let Some(&(heads, sequence)) = cores.first() else {
+        return no(
+            "no attention (a Softmax over [batch, heads, sequence, sequence] scores)".into(),
+        );
+    };
+    if let Some(other) = cores.iter().find(|&&c| c != (heads, sequence)) {
+        return no(format!(
+            "its attention blocks differ ({heads} heads × {sequence} positions, then {} × {})",
+            other.0, other.1
+        ));
+    }
+    if heads == 0 || hidden % heads != 0 {
+        return no(format!(
+            "hidden {hidden} is not a multiple of {heads} heads"
+        ));
+    }
+    // Dense weights: the MLP's inner size, and whether the head is tied.
+    let mut inner: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut tied = false;
+    for &n in info.order() {
+        let node = graph.node(n);
+        if !matches!(node.op, Op::MatMul | Op::Gemm(_)) {
+            continue;
+        }
+        for &v in node.inputs.iter().flatten() {
+            let Some((w, dims)) = weight_dims(v) else {
+                continue;
+            };
+            if w == wte {
+                tied = true;
+                continue;
+            }
+            if let [r, c] = dims[..] {
+                let other = if r == hidden {
+                    c
+                } else if c == hidden {
+                    r
+                } else {
+                    continue;
+                };
+                if other != hidden && other != 3 * hidden && other != vocabulary {
+                    *inner.entry(other).or_default() += 1;
+                }
+            }
+        }
+    }
+    let layers = cores.len() as u64;
+    let Some((&ffn, _)) = inner
+        .iter()
+        .filter(|(_, &count)| u64::from(count) >= layers)
+        .max_by_key(|(_, &count)| count)
+    else {
+        return no(format!(
+            "no MLP: no [hidden, inner] weight in each of its {layers} blocks"
+        ));
+    };
+    let params: u64 = graph
+        .node_ids()
+        .filter(|&n| {
+            matches!(
+                graph.node(n).op,
+                Op::Constant {
+                    initializer: true,
+                    ..
+                }
+            )
+        })
+        .filter_map(|n| {
+            let v = *graph.node(n).outputs.first()?;
+            let ty = info.ty(v);
+            ty.dtype
+                .is_float()
+                .then(|| ty.shape.known_numel())
+                .flatten()
+        })
+        .sum();
+    // Learned positions: a [P, h] (or [1, P, h]) table that no dense layer reads.
+    let positions = graph
+        .node_ids()
+        .filter(|&n| n != wte)
+        .filter_map(|n| {
+            let v = *graph.node(n).outputs.first()?;
+            let (_, dims) = weight_dims(v).filter(|(w, _)| *w == n)?;
+            let read_densely = graph
+                .consumers(v)
+                .iter()
+                .any(|&(c, _)| matches!(graph.node(c).op, Op::MatMul | Op::Gemm(_)));
+            match dims[..] {
+                [p, h] | [1, p, h] if h == hidden && p != vocabulary && !read_densely => Some(p),
+                _ => None,
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    let model = Transformer {
+        layers,
+        hidden,
+        heads,
+        sequence,
+        vocabulary,
+        ffn,
+        tied,
+        positions,
+        params,
+    };
+    let expected = model.formula_params();
+    let off = (params as f64 - expected as f64).abs() / expected as f64;
+    if off > 0.02 {
+        return no(format!(
+            "its weights ({params} parameters) are not those of a GPT with {layers} layers, \
+             hidden {hidden}, MLP {ffn}, vocabulary {vocabulary} ({expected})"
+        ));
+    }
+    Ok(model)
+}
+
+/// The initializer behind `v`, through transposes.
+fn weight_of(graph: &Graph, info: &GraphInfo, v: ValueId) -> Option<(NodeId, Vec<u64>)> {
+    let n = graph.value(v).producer;
+    match &graph.node(n).op {
+        Op::Constant {
+            initializer: true, ..
+        } => Some((n, info.ty(v).shape.as_sizes()?)),
+        Op::Transpose { .. } => weight_of(graph, info, graph.node(n).inputs.first().copied()??),
+        _ => None,
+    }
+}

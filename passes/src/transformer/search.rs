@@ -1,0 +1,274 @@
+//! The search over Megatron-LM's space. The blocks are identical, so every point is priced
+//! from one block ([`estimate`]) in O(p); the space — tensor degrees dividing a node and the
+//! heads, every pipeline depth whose `t·p` divides the GPUs, every micro-batch size dividing
+//! a replica's batch, interleaving depths, three recomputation levels, sequence parallelism
+//! and ZeRO stages — is enumerated whole: tens of thousands of points, milliseconds.
+//!
+//! Each knob the user gives fixes its dimension; with all of them given the configuration is
+//! only priced. ZeRO 2 and 3 shard gradients that pipeline microbatches accumulate, so they
+//! are searched without pipelining (DeepSpeed's restriction).
+
+use serde::Serialize;
+
+use super::estimate::{estimate, Estimate, Setting};
+use super::{Parallelism, Recompute};
+use crate::plan::{PlanError, Schedule};
+
+/// Dimensions the user fixed (`None`: searched).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Knobs {
+    /// `--tensor-parallel`.
+    pub tensor: Option<u32>,
+    /// `--pipeline-parallel`.
+    pub pipeline: Option<u32>,
+    /// `--virtual-stages`.
+    pub virtual_stages: Option<u32>,
+    /// `--micro-batch-size`.
+    pub micro_batch: Option<u64>,
+    /// `--recompute`.
+    pub recompute: Option<Recompute>,
+    /// `--sequence-parallel` (only `Some(true)` from the command line).
+    pub sequence_parallel: Option<bool>,
+    /// `--zero`.
+    pub zero: Option<u8>,
+    /// `--schedule` (1F1B or GPipe).
+    pub schedule: Option<Schedule>,
+}
+
+/// The search's result.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Searched {
+    /// The fastest configuration that fits.
+    pub best: Estimate,
+    /// Data parallelism on every GPU (no splitting, no recomputation), priced even when it
+    /// does not fit.
+    pub data_parallel: Estimate,
+    /// Configurations priced.
+    pub evaluated: u64,
+}
+
+/// Finds the fastest configuration of `setting` within `knobs`.
+///
+/// # Errors
+/// A knob that cannot hold (a tensor degree not dividing the heads, a pipeline deeper than
+/// the blocks, …) as [`PlanError::Request`]; no configuration fitting in memory as
+/// [`PlanError::OutOfMemory`] with the smallest need found.
+pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanError> {
+    let model = setting.model;
+    let gpus = setting.gpus.max(1);
+    let batch = setting.batch;
+    let gpn = setting.cluster.group_of(0).gpus_per_node.max(1);
+    check_knobs(setting, knobs, gpn)?;
+    let schedule = knobs.schedule.unwrap_or(Schedule::OneFOneB);
+    let data_parallel = {
+        let d = gcd(u64::from(gpus), batch).max(1);
+        estimate(
+            setting,
+            &Parallelism {
+                tensor: 1,
+                pipeline: 1,
+                data: d as u32,
+                micro_batch: batch / d,
+                virtual_stages: 1,
+                recompute: Recompute::None,
+                sequence_parallel: false,
+                zero: 0,
+                schedule,
+            },
+        )
+    };
+    let mut best: Option<Estimate> = None;
+    let mut smallest_need = f64::INFINITY;
+    let mut evaluated = 0u64;
+    let tensors: Vec<u32> = (1..=gpn)
+        .filter(|&t| {
+            gpn % t == 0
+                && gpus % t == 0
+                && model.heads % u64::from(t) == 0
+                && model.ffn % u64::from(t) == 0
+        })
+        .filter(|&t| knobs.tensor.is_none_or(|k| k == t))
+        .collect();
+    for &t in &tensors {
+        for p in 1..=(gpus / t).min(u32::try_from(model.layers).unwrap_or(u32::MAX)) {
+            if (gpus / t) % p != 0 || knobs.pipeline.is_some_and(|k| k != p) {
+                continue;
+            }
+            let d = gpus / (t * p);
+            if batch % u64::from(d) != 0 {
+                continue;
+            }
+            let replica_batch = batch / u64::from(d);
+            for b in divisors(replica_batch) {
+                if knobs.micro_batch.is_some_and(|k| k != b) {
+                    continue;
+                }
+                let m = replica_batch / b;
+                let depths: Vec<u32> = (1..=u32::try_from(model.layers / u64::from(p))
+                    .unwrap_or(1))
+                    .filter(|&v| {
+                        v == 1
+                            || (p > 1
+                                && schedule == Schedule::OneFOneB
+                                && model.layers % (u64::from(p) * u64::from(v)) == 0
+                                && m % u64::from(p) == 0)
+                    })
+                    .filter(|&v| knobs.virtual_stages.is_none_or(|k| k == v))
+                    .collect();
+                for &v in &depths {
+                    for recompute in Recompute::ALL {
+                        if knobs.recompute.is_some_and(|k| k != recompute) {
+                            continue;
+                        }
+                        for sequence_parallel in [false, true] {
+                            if (sequence_parallel && t == 1)
+                                || knobs
+                                    .sequence_parallel
+                                    .is_some_and(|k| k != sequence_parallel)
+                            {
+                                continue;
+                            }
+                            for zero in 0..=3u8 {
+                                if knobs.zero.is_some_and(|k| k != zero)
+                                    || (knobs.zero.is_none() && zero >= 2 && p > 1)
+                                {
+                                    continue;
+                                }
+                                let e = estimate(
+                                    setting,
+                                    &Parallelism {
+                                        tensor: t,
+                                        pipeline: p,
+                                        data: d,
+                                        micro_batch: b,
+                                        virtual_stages: v,
+                                        recompute,
+                                        sequence_parallel,
+                                        zero,
+                                        schedule,
+                                    },
+                                );
+                                evaluated += 1;
+                                smallest_need = smallest_need.min(e.peak_memory_bytes);
+                                if e.fits
+                                    && best.as_ref().is_none_or(|x| {
+                                        e.iteration_time_us < x.iteration_time_us * (1.0 - 1e-12)
+                                    })
+                                {
+                                    best = Some(e);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    match best {
+        Some(best) => Ok(Searched {
+            best,
+            data_parallel,
+            evaluated,
+        }),
+        None if evaluated == 0 => Err(PlanError::Request(format!(
+            "no tensor × pipeline × data split of {gpus} GPUs divides the batch {batch} \
+             with the options given"
+        ))),
+        None => Err(PlanError::OutOfMemory {
+            need: smallest_need,
+            capacity: data_parallel.memory_capacity_bytes,
+        }),
+    }
+}
+
+/// Refuses knobs that no configuration can satisfy, naming the option.
+fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), PlanError> {
+    let model = setting.model;
+    let bad = |m: String| Err(PlanError::Request(m));
+    if let Some(t) = knobs.tensor {
+        if t == 0 || gpn % t != 0 {
+            return bad(format!(
+                "--tensor-parallel {t}: tensor-parallel groups stay inside a node, so the \
+                 degree must divide its {gpn} GPUs"
+            ));
+        }
+        if model.heads % u64::from(t) != 0 || model.ffn % u64::from(t) != 0 {
+            return bad(format!(
+                "--tensor-parallel {t} does not divide the model's {} attention heads and \
+                 MLP size {}",
+                model.heads, model.ffn
+            ));
+        }
+    }
+    if let Some(p) = knobs.pipeline {
+        if p == 0 || u64::from(p) > model.layers {
+            return bad(format!(
+                "--pipeline-parallel {p}: the model has {} blocks (1 to {} stages)",
+                model.layers, model.layers
+            ));
+        }
+    }
+    let tp = knobs.tensor.unwrap_or(1) * knobs.pipeline.unwrap_or(1);
+    if setting.gpus % tp != 0 {
+        return bad(format!(
+            "tensor × pipeline = {tp} does not divide the {} GPUs",
+            setting.gpus
+        ));
+    }
+    if let Some(v) = knobs.virtual_stages.filter(|&v| v > 1) {
+        if knobs.schedule == Some(Schedule::GPipe) {
+            return bad("--virtual-stages needs the 1f1b schedule (interleaved 1F1B)".into());
+        }
+        if let Some(p) = knobs.pipeline {
+            if p == 1 || model.layers % (u64::from(p) * u64::from(v)) != 0 {
+                return bad(format!(
+                    "--virtual-stages {v} with {p} stage(s): interleaving needs at least two \
+                     stages and the {} blocks divisible into {p} × {v} chunks",
+                    model.layers
+                ));
+            }
+        }
+    }
+    if let Some(z) = knobs.zero {
+        if z > 3 {
+            return bad(format!("--zero {z}: stages are 0, 1, 2 and 3"));
+        }
+    }
+    if knobs.sequence_parallel == Some(true) && knobs.tensor == Some(1) {
+        return bad("--sequence-parallel needs --tensor-parallel above 1".into());
+    }
+    if knobs.micro_batch == Some(0) {
+        return bad("--micro-batch-size must be at least 1".into());
+    }
+    if knobs.schedule == Some(Schedule::Async) {
+        return bad(
+            "the asynchronous schedule is not one of Megatron-LM's: use 1f1b or gpipe".into(),
+        );
+    }
+    Ok(())
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut i = 1;
+    while i * i <= n {
+        if n % i == 0 {
+            small.push(i);
+            if i * i != n {
+                large.push(n / i);
+            }
+        }
+        i += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}

@@ -1,0 +1,368 @@
+//! ralpc's transformer planner against Megatron-LM's measured runs: Narayanan et al.,
+//! "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+//! (SC'21), Table 1 — fp16, full recomputation, sequence 2048, vocabulary 51,200, Selene
+//! (DGX A100 80 GB). The published time per iteration follows from their FLOP count
+//! `F = 96·B·s·l·h²·(1 + s/6h + V/16lh)` and the measured TFLOP/s per GPU.
+//!
+//! Every model goes through the whole front end: a structure-only GPT is generated as ONNX,
+//! imported, verified and recognized. `cargo test -p ralpc-passes --test megatron --
+//! --nocapture` prints the comparison.
+
+use ralpc_ir::models::{gpt, GptSpec};
+use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::Optimizer;
+use ralpc_passes::plan::Schedule;
+use ralpc_passes::transformer::{
+    self, block_activation_bytes, estimate, recognize, search, Knobs, Parallelism, Recompute,
+    Setting, Transformer,
+};
+
+/// One row of Table 1.
+struct Row {
+    params: &'static str,
+    heads: u64,
+    hidden: u64,
+    layers: u64,
+    t: u32,
+    p: u32,
+    gpus: u32,
+    batch: u64,
+    micro_batch: u64,
+    /// Interleaved stages (1: none).
+    v: u32,
+    tflops_per_gpu: f64,
+}
+
+const fn row(
+    params: &'static str,
+    heads: u64,
+    hidden: u64,
+    layers: u64,
+    t: u32,
+    p: u32,
+    gpus: u32,
+    batch: u64,
+    micro_batch: u64,
+    v: u32,
+    tflops_per_gpu: f64,
+) -> Row {
+    Row {
+        params,
+        heads,
+        hidden,
+        layers,
+        t,
+        p,
+        gpus,
+        batch,
+        micro_batch,
+        v,
+        tflops_per_gpu,
+    }
+}
+
+const TABLE: [Row; 10] = [
+    row("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, 137.0),
+    row("3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, 1, 138.0),
+    row("7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, 1, 142.0),
+    row("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 8, 1, 135.0),
+    row("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 4, 1, 138.0),
+    row("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 3, 140.0),
+    row("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 2, 148.0),
+    row("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 2, 155.0),
+    row("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, 163.0),
+    row("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, 163.0),
+];
+
+const SEQUENCE: u64 = 2048;
+const VOCABULARY: u64 = 51200;
+
+impl Row {
+    /// Published seconds per iteration.
+    fn published_s(&self) -> f64 {
+        let (b, s, l, h, v) = (
+            self.batch as f64,
+            SEQUENCE as f64,
+            self.layers as f64,
+            self.hidden as f64,
+            VOCABULARY as f64,
+        );
+        let flops = 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+        flops / (f64::from(self.gpus) * self.tflops_per_gpu * 1e12)
+    }
+
+    /// The model, through the front end.
+    fn model(&self) -> Transformer {
+        let spec = GptSpec::megatron(self.layers, self.hidden, self.heads, SEQUENCE, VOCABULARY);
+        let bytes = gpt(&spec).expect("generates");
+        let path = std::path::Path::new("gpt.onnx");
+        let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
+        ralpc_ir::bind(
+            &mut m.graph,
+            &ralpc_ir::Bindings {
+                batch: Some(self.micro_batch),
+                ..Default::default()
+            },
+        )
+        .expect("binds");
+        let info = ralpc_ir::verify(&m.graph).expect("verifies");
+        recognize(&m.graph, &info).expect("a GPT")
+    }
+
+    fn parallelism(&self) -> Parallelism {
+        Parallelism {
+            tensor: self.t,
+            pipeline: self.p,
+            data: self.gpus / (self.t * self.p),
+            micro_batch: self.micro_batch,
+            virtual_stages: self.v,
+            recompute: Recompute::Full,
+            sequence_parallel: false,
+            zero: 0,
+            schedule: Schedule::OneFOneB,
+        }
+    }
+}
+
+fn selene(gpus: u32) -> Cluster {
+    Cluster::preset("selene").unwrap().times(gpus.div_ceil(8))
+}
+
+fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setting<'a> {
+    Setting {
+        model,
+        batch: row.batch,
+        cluster,
+        gpus: row.gpus,
+        precision: Precision::Fp16,
+        optimizer: Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: (1u64 << 30) as f64,
+        memory_limit: None,
+    }
+}
+
+#[test]
+fn recognized_shapes_are_the_generated_ones() {
+    for row in &TABLE[..3] {
+        let m = row.model();
+        assert_eq!(
+            (
+                m.layers,
+                m.hidden,
+                m.heads,
+                m.sequence,
+                m.vocabulary,
+                m.ffn,
+                m.tied,
+                m.positions
+            ),
+            (
+                row.layers,
+                row.hidden,
+                row.heads,
+                SEQUENCE,
+                VOCABULARY,
+                4 * row.hidden,
+                true,
+                SEQUENCE
+            ),
+            "{}",
+            row.params
+        );
+    }
+}
+
+#[test]
+fn megatron_table_1_fidelity_memory_and_search() {
+    println!(
+        "\n{:>7} {:>3} {:>3} {:>5} {:>4} {:>2} | {:>9} {:>9} {:>7} | {:>7} | search: t p d b v recompute sp zero  {:>9}  {:>7}",
+        "model", "t", "p", "d", "b", "v", "published", "ralpc", "error", "GiB", "predicted", "time"
+    );
+    let mut errors = Vec::new();
+    for row in &TABLE {
+        let model = row.model();
+        let cluster = selene(row.gpus);
+        let setting = setting(&model, row, &cluster);
+        let theirs = estimate(&setting, &row.parallelism());
+        let predicted = theirs.iteration_time_us / 1e6;
+        let published = row.published_s();
+        let error = predicted / published - 1.0;
+        errors.push(error);
+        // They ran: the configuration fits in 80 GB.
+        assert!(
+            theirs.fits,
+            "{}: predicted {:.1} GiB",
+            row.params,
+            theirs.peak_memory_bytes / (1u64 << 30) as f64
+        );
+        // The search with only the model, GPUs, batch, precision and optimizer given finds
+        // a plan at least as fast as theirs under the same costs.
+        let started = std::time::Instant::now();
+        let found = search(&setting, &Knobs::default()).expect("a plan fits");
+        let planning = started.elapsed();
+        assert!(
+            found.best.iteration_time_us <= theirs.iteration_time_us * (1.0 + 1e-9),
+            "{}: the search's best is slower than Megatron's configuration",
+            row.params
+        );
+        let b = &found.best.parallelism;
+        println!(
+            "{:>7} {:>3} {:>3} {:>5} {:>4} {:>2} | {:>8.2}s {:>8.2}s {:>+6.1}% | {:>7.1} | {:>8} {:>2} {:>4} {:>2} {:>2} {:>9} {:>2} {:>4}  {:>8.2}s  {:>5.0}ms",
+            row.params,
+            row.t,
+            row.p,
+            row.gpus / (row.t * row.p),
+            row.micro_batch,
+            row.v,
+            published,
+            predicted,
+            error * 100.0,
+            theirs.peak_memory_bytes / (1u64 << 30) as f64,
+            b.tensor,
+            b.pipeline,
+            b.data,
+            b.micro_batch,
+            b.virtual_stages,
+            b.recompute.name(),
+            u8::from(b.sequence_parallel),
+            b.zero,
+            found.best.iteration_time_us / 1e6,
+            planning.as_secs_f64() * 1e3
+        );
+    }
+    let mean = errors.iter().map(|e| e.abs()).sum::<f64>() / errors.len() as f64;
+    let worst = errors.iter().map(|e| e.abs()).fold(0.0, f64::max);
+    println!(
+        "mean |error| {:.1}%, worst {:.1}% (GEMM efficiency {}, HBM efficiency {})",
+        mean * 100.0,
+        worst * 100.0,
+        transformer::GEMM_EFFICIENCY,
+        transformer::HBM_EFFICIENCY
+    );
+    assert!(mean <= 0.05, "mean |error| {:.1}%", mean * 100.0);
+    assert!(worst <= 0.10, "worst |error| {:.1}%", worst * 100.0);
+}
+
+#[test]
+fn activations_follow_korthikanti() {
+    // Korthikanti et al. (2022), Table 2, bytes per block for one microbatch at 16 bits.
+    let model = TABLE[4].model();
+    let (s, h, a) = (2048.0, 8192.0, 64.0);
+    for b in [1u64, 4] {
+        for t in [1u32, 8] {
+            let sbh = s * b as f64 * h;
+            let tf = f64::from(t);
+            let cases = [
+                (
+                    false,
+                    Recompute::None,
+                    sbh * (10.0 + 24.0 / tf + 5.0 * a * s / (h * tf)),
+                ),
+                (true, Recompute::None, sbh / tf * (34.0 + 5.0 * a * s / h)),
+                (false, Recompute::Selective, sbh * (10.0 + 24.0 / tf)),
+                (true, Recompute::Selective, sbh * 34.0 / tf),
+                (false, Recompute::Full, 2.0 * sbh),
+                (true, Recompute::Full, 2.0 * sbh / tf),
+            ];
+            for (sp, recompute, expected) in cases {
+                if sp && t == 1 {
+                    continue;
+                }
+                let ours = block_activation_bytes(&model, b, t, sp, recompute, 2.0);
+                assert!(
+                    (ours / expected - 1.0).abs() <= 0.05,
+                    "b={b} t={t} sp={sp} {recompute:?}: {ours} vs {expected}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaving_shrinks_the_bubble_as_published() {
+    // (p − 1)/(v·m): the bubble term falls by v.
+    let row = &TABLE[5];
+    let model = row.model();
+    let cluster = selene(row.gpus);
+    let setting = setting(&model, row, &cluster);
+    let plain = estimate(
+        &setting,
+        &Parallelism {
+            virtual_stages: 1,
+            ..row.parallelism()
+        },
+    );
+    let interleaved = estimate(&setting, &row.parallelism());
+    let ratio = plain.time.bubble_us / interleaved.time.bubble_us;
+    assert!((ratio / 3.0 - 1.0).abs() < 0.05, "bubble ratio {ratio}");
+    assert!(interleaved.peak_memory_bytes > plain.peak_memory_bytes);
+}
+
+#[test]
+fn zero_shards_model_states() {
+    let row = &TABLE[0];
+    let model = row.model();
+    let cluster = selene(row.gpus);
+    let setting = setting(&model, row, &cluster);
+    let base = Parallelism {
+        recompute: Recompute::Full,
+        ..row.parallelism()
+    };
+    let per_param = |zero: u8| {
+        let e = estimate(&setting, &Parallelism { zero, ..base });
+        let m = e.memory;
+        (m.weights + m.gradients + m.optimizer) / model.formula_params() as f64
+    };
+    // 16 bytes per parameter with Adam in mixed precision; ZeRO-1 shards the 12 bytes of
+    // master weights and moments over d = 32, ZeRO-2 the gradients too, ZeRO-3 everything.
+    let d = 32.0;
+    for (zero, expected) in [
+        (0, 16.0),
+        (1, 4.0 + 12.0 / d),
+        (2, 2.0 + 14.0 / d),
+        (3, 16.0 / d),
+    ] {
+        let got = per_param(zero);
+        assert!((got / expected - 1.0).abs() < 0.01, "zero {zero}: {got}");
+    }
+}
+
+#[test]
+fn knobs_are_checked_with_their_names() {
+    let row = &TABLE[0];
+    let model = row.model();
+    let cluster = selene(row.gpus);
+    let setting = setting(&model, row, &cluster);
+    let err = |knobs: Knobs| search(&setting, &knobs).unwrap_err().to_string();
+    assert!(err(Knobs {
+        tensor: Some(5),
+        ..Knobs::default()
+    })
+    .contains("--tensor-parallel 5"));
+    assert!(err(Knobs {
+        pipeline: Some(25),
+        ..Knobs::default()
+    })
+    .contains("--pipeline-parallel 25: the model has 24 blocks"));
+    assert!(err(Knobs {
+        virtual_stages: Some(5),
+        pipeline: Some(2),
+        ..Knobs::default()
+    })
+    .contains("--virtual-stages 5"));
+    // All given: only priced.
+    let all = Knobs {
+        tensor: Some(2),
+        pipeline: Some(2),
+        virtual_stages: Some(1),
+        micro_batch: Some(4),
+        recompute: Some(Recompute::Selective),
+        sequence_parallel: Some(true),
+        zero: Some(1),
+        schedule: Some(Schedule::OneFOneB),
+    };
+    let found = search(&setting, &all).unwrap();
+    assert_eq!(found.evaluated, 1);
+    assert_eq!(found.best.parallelism.data, 8);
+}
