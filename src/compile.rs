@@ -21,12 +21,13 @@ pub struct Compiled {
     pub report: PlanReport,
     /// blake3 of the inputs (also in `plan.json` as `inputs`).
     pub inputs: String,
-    /// The executable plan, simulated, and its visualizations.
-    pub executable: crate::Executable,
-    /// The chosen strategy (a `ralpc-strategy/1` file).
-    pub strategy: ralpc_passes::plan::StrategyFile,
+    /// The executable plan, simulated, and its visualizations; `None` for transformer
+    /// (3d) plans, which are not lowered yet.
+    pub executable: Option<crate::Executable>,
+    /// The chosen strategy (a `ralpc-strategy/1` file); `None` for transformer plans.
+    pub strategy: Option<ralpc_passes::plan::StrategyFile>,
     /// (file name, contents) of every artifact: [`ARTIFACTS`], plus `plan.svg` when
-    /// Graphviz is installed.
+    /// Graphviz is installed; none for a transformer plan.
     pub files: Vec<(&'static str, String)>,
 }
 
@@ -37,6 +38,9 @@ impl Compiled {
     /// # Errors
     /// [`Error::Write`] when `dir` or a file cannot be written.
     pub fn write(&self, dir: &Path) -> Result<(), Error> {
+        if self.files.is_empty() {
+            return Ok(());
+        }
         std::fs::create_dir_all(dir).map_err(|error| {
             Error::Write(Box::new(FileError {
                 path: dir.display().to_string(),
@@ -61,7 +65,8 @@ impl Compiled {
 /// };
 /// let compiled = ralpc::compile(&options)?;
 /// assert!(compiled.report.speedup_over_dp >= 1.0);
-/// assert_eq!(compiled.executable.plan.inputs, compiled.inputs);
+/// let executable = compiled.executable.as_ref().expect("VGG16's plan is lowered");
+/// assert_eq!(executable.plan.inputs, compiled.inputs);
 /// let dir = std::env::temp_dir().join("ralpc-doctest-vgg16");
 /// compiled.write(&dir)?;
 /// assert!(ralpc::up_to_date(&options, &dir)?);
@@ -79,6 +84,16 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
     let output = plan(&options)?;
     let inputs = inputs_hash(&options)?;
     let Some(mut executable) = output.executable else {
+        if output.report.parallelism.is_some() {
+            // Transformer plans are priced and searched; their lowering is still to come.
+            return Ok(Compiled {
+                report: output.report,
+                inputs,
+                executable: None,
+                strategy: None,
+                files: Vec::new(),
+            });
+        }
         return Err(Error::Internal(Box::new(
             "no executable plan was lowered".into(),
         )));
@@ -100,7 +115,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
     Ok(Compiled {
         report,
         inputs,
-        executable,
+        executable: Some(executable),
         strategy: output.strategy,
         files,
     })

@@ -48,8 +48,8 @@ pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
     plan, render_svg, report_html, simulated_facts, write_atomically, write_bytes_atomically,
-    CandidateRow, Executable, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow,
-    SplitRow, StageRow, DEFAULT_BATCH,
+    CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
+    SimulatedRow, SplitRow, StageRow, DEFAULT_BATCH,
 };
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
 pub use ralpc_codegen as codegen;

@@ -11,6 +11,10 @@ use ralpc_passes::plan::{
     self, CostOptions, Costs, Family, PlanError, Planned, Request, Schedule, StrategyFile,
 };
 use ralpc_passes::profile::{self, Loaded, Profile};
+use ralpc_passes::transformer::{
+    self, Estimate, Knobs, MemoryBreakdown, Parallelism, Recompute, Setting, TimeBreakdown,
+    Transformer,
+};
 use serde::Serialize;
 
 use crate::error::FileError;
@@ -51,6 +55,11 @@ pub struct PlanOptions {
     pub strategy_file: Option<PathBuf>,
     /// Also lower the chosen strategy into an executable plan.
     pub executable: bool,
+    /// Megatron-LM's dimensions for transformer models; each one given fixes it.
+    pub knobs: Knobs,
+    /// Transformer plans: gradients kept and reduced in fp32 (18 B per parameter with Adam
+    /// instead of 16).
+    pub fp32_gradients: bool,
 }
 
 /// A stage of the chosen plan.
@@ -172,6 +181,42 @@ pub struct PlanReport {
     /// What simulating the executable plan found, when it was lowered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub simulated: Option<SimulatedRow>,
+    /// Transformer plans: Megatron-LM's configuration and where time and memory go.
+    #[serde(flatten)]
+    pub parallelism: Option<ParallelismRow>,
+}
+
+/// A transformer plan's configuration (Megatron-LM's arguments) and its figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ParallelismRow {
+    /// Tensor-parallel degree.
+    pub tensor_parallel: u32,
+    /// Pipeline stages.
+    pub pipeline_parallel: u32,
+    /// Data-parallel replicas.
+    pub data_parallel: u32,
+    /// Sequences per microbatch.
+    pub micro_batch_size: u64,
+    /// Model chunks per GPU (interleaved 1F1B above 1).
+    pub virtual_stages: u32,
+    /// `none`, `selective` or `full`.
+    pub recompute: &'static str,
+    /// Sequence parallelism.
+    pub sequence_parallel: bool,
+    /// ZeRO stage.
+    pub zero: u8,
+    /// Forward + backward FLOPs per iteration, no recomputation.
+    pub model_flops_per_iteration: f64,
+    /// FLOPs executed per iteration, recomputation included.
+    pub hardware_flops_per_iteration: f64,
+    /// The recognized model.
+    pub transformer: Transformer,
+    /// Where an iteration's time goes, µs.
+    pub time_breakdown: TimeBreakdown,
+    /// The fullest GPU's memory by kind, bytes.
+    pub memory_breakdown: MemoryBreakdown,
+    /// Configurations the search priced.
+    pub configurations_priced: u64,
 }
 
 /// The simulator's figures for the chosen plan.
@@ -210,8 +255,8 @@ impl SimulatedRow {
 pub struct PlanOutput {
     /// The report.
     pub report: PlanReport,
-    /// The chosen strategy (what `--write-strategy` writes).
-    pub strategy: StrategyFile,
+    /// The chosen strategy (what `--write-strategy` writes); transformer plans have none.
+    pub strategy: Option<StrategyFile>,
     /// The executable plan and its pictures, when asked for.
     pub executable: Option<Executable>,
 }
@@ -427,7 +472,21 @@ fn exported_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
     batch
 }
 
-fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
+/// A model as read: a PipeDream layer graph, or a verified ONNX graph at its batch.
+enum Model {
+    Layers(LayerGraph),
+    Graph {
+        graph: Box<ralpc_ir::Graph>,
+        info: Box<ralpc_ir::GraphInfo>,
+        batch: u64,
+    },
+}
+
+fn request_error(message: String) -> Error {
+    Error::Plan(Box::new(PlanError::Request(message)))
+}
+
+fn load_model(model: &Path, batch: Option<u64>) -> Result<Model, Error> {
     let is_onnx = model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
@@ -436,20 +495,20 @@ fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
             match profile::parse(&text, &model.display().to_string()) {
                 Ok(Loaded::LayerGraph(g)) => {
                     if let Some(b) = batch.filter(|&b| b != g.graph.batch) {
-                        return Err(Error::Plan(Box::new(PlanError::Request(format!(
+                        return Err(request_error(format!(
                             "{} is a PipeDream graph measured at batch {}; --batch {b} cannot \
                              change it",
                             model.display(),
                             g.graph.batch
-                        )))));
+                        )));
                     }
-                    return Ok(g.graph);
+                    return Ok(Model::Layers(g.graph));
                 }
                 Ok(Loaded::Profile(_)) => {
-                    return Err(Error::Plan(Box::new(PlanError::Request(format!(
+                    return Err(request_error(format!(
                         "{} is a per-op profile, not a model: pass it with --profile",
                         model.display()
-                    )))))
+                    )))
                 }
                 Err(e @ profile::ProfileError::Line { .. }) => {
                     return Err(Error::Profile(Box::new(e)))
@@ -470,12 +529,60 @@ fn load_layers(model: &Path, batch: Option<u64>) -> Result<LayerGraph, Error> {
         },
     )?;
     let info = verify(&imported.graph)?;
-    Ok(layers::build(
-        &imported.graph,
-        &info,
+    Ok(Model::Graph {
+        graph: Box::new(imported.graph),
+        info: Box::new(info),
         batch,
-        Default::default(),
-    )?)
+    })
+}
+
+fn load_layers(model: Model) -> Result<LayerGraph, Error> {
+    match model {
+        Model::Layers(g) => Ok(g),
+        Model::Graph { graph, info, batch } => {
+            Ok(layers::build(&graph, &info, batch, Default::default())?)
+        }
+    }
+}
+
+/// Whether the transformer planner takes the model: a recognized GPT-like decoder under
+/// `auto` or `3d`. Asking for `3d` or Megatron's options on anything else says why not.
+fn transformer_of(model: &Model, options: &PlanOptions) -> Result<Option<Transformer>, Error> {
+    let asked = options.family == Some(Family::ThreeD);
+    let knobs = options.knobs != Knobs::default() || options.fp32_gradients;
+    let family_ok = matches!(options.family, None | Some(Family::Auto | Family::ThreeD));
+    if knobs && !family_ok {
+        return Err(request_error(format!(
+            "Megatron-LM's options (--tensor-parallel, --pipeline-parallel, --recompute, …) \
+             apply to the 3d strategy, not to --strategy {}",
+            options.family.map_or("auto", Family::name)
+        )));
+    }
+    if options.strategy_file.is_some() {
+        if asked || knobs {
+            return Err(request_error(
+                "a strategy file places layers; it does not combine with the 3d strategy or \
+                 Megatron-LM's options"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let recognized = match model {
+        Model::Graph { graph, info, .. } => transformer::recognize(graph, info),
+        Model::Layers(_) => Err(transformer::NotATransformer(
+            "a PipeDream layer graph has no transformer shape".into(),
+        )),
+    };
+    match recognized {
+        Ok(t) if family_ok => Ok(Some(t)),
+        Ok(_) => Ok(None),
+        Err(e) if asked || knobs => Err(request_error(format!(
+            "{}: the 3d strategy needs a GPT-like model; {e}",
+            options.model.display()
+        ))),
+        Err(_) => Ok(None),
+    }
 }
 
 /// The cluster, grown to `gpus` when the default preset is too small.
@@ -489,7 +596,14 @@ fn cluster_for(options: &PlanOptions) -> Result<(Cluster, u32), Error> {
         ))));
     }
     if gpus > have {
-        if options.cluster.spec.is_some() || options.cluster.nodes.is_some() {
+        // A bare preset name (`selene`) names a kind of node, not a count: it grows like
+        // the default; a file, `NAMExN` or --nodes fix the size.
+        let sized = options
+            .cluster
+            .spec
+            .as_deref()
+            .is_some_and(|s| !ralpc_passes::cluster::PRESETS.contains(&s));
+        if sized || options.cluster.nodes.is_some() {
             return Err(Error::Plan(Box::new(PlanError::Request(format!(
                 "--gpus {gpus}: cluster {} has {have} GPUs (add --nodes)",
                 cluster.name
@@ -518,8 +632,17 @@ fn load_profile(path: &Path) -> Result<Profile, Error> {
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let graph = load_layers(&options.model, options.batch)?;
+    let model = load_model(&options.model, options.batch)?;
     let (cluster, gpus) = cluster_for(options)?;
+    if let Some(shape) = transformer_of(&model, options)? {
+        let Model::Graph { batch, .. } = model else {
+            return Err(Error::Internal(Box::new(
+                "a transformer was recognized outside an ONNX graph".into(),
+            )));
+        };
+        return plan_transformer(options, shape, batch, &cluster, gpus, started);
+    }
+    let graph = load_layers(model)?;
     let profile = options.profile.as_deref().map(load_profile).transpose()?;
     let precision = options
         .precision
@@ -618,8 +741,197 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     );
     Ok(PlanOutput {
         report,
-        strategy,
+        strategy: Some(strategy),
         executable,
+    })
+}
+
+/// Plans a recognized transformer in Megatron-LM's space.
+fn plan_transformer(
+    options: &PlanOptions,
+    shape: Transformer,
+    batch: u64,
+    cluster: &Cluster,
+    gpus: u32,
+    started: Instant,
+) -> Result<PlanOutput, Error> {
+    if options.profile.is_some() {
+        return Err(request_error(
+            "--profile: the transformer planner prices blocks analytically and reads no \
+             profile yet (use --strategy dp|burst|soap|pipeline to plan layer by layer)"
+                .into(),
+        ));
+    }
+    if options.microbatches.is_some() {
+        return Err(request_error(
+            "--microbatches: transformer plans take --micro-batch-size (sequences per \
+             microbatch); the count follows from the batch and the data-parallel degree"
+                .into(),
+        ));
+    }
+    let precision = options.precision.unwrap_or(Precision::Tf32);
+    let setting = Setting {
+        model: &shape,
+        batch,
+        cluster,
+        gpus,
+        precision,
+        optimizer: options.optimizer,
+        fp32_gradients: options.fp32_gradients,
+        workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
+        memory_limit: options.memory_limit,
+    };
+    let knobs = Knobs {
+        schedule: options.schedule.or(options.knobs.schedule),
+        ..options.knobs
+    };
+    let found = transformer::search(&setting, &knobs).map_err(|e| Error::Plan(Box::new(e)))?;
+    // One GPU's compute for the iteration: the model unsplit, one sequence at a time.
+    let one_gpu = Setting {
+        gpus: 1,
+        memory_limit: None,
+        ..setting.clone()
+    };
+    let single = transformer::estimate(
+        &one_gpu,
+        &Parallelism {
+            tensor: 1,
+            pipeline: 1,
+            data: 1,
+            micro_batch: 1,
+            virtual_stages: 1,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            zero: 0,
+            schedule: Schedule::OneFOneB,
+        },
+    );
+    let single_gpu_time_us = single.time.compute_us + single.time.optimizer_us;
+    let best = &found.best;
+    let par = best.parallelism;
+    let peak_total: f64 = (0..gpus)
+        .map(|r| {
+            cluster
+                .gpu(r)
+                .peak(precision)
+                .unwrap_or(cluster.gpu(r).fp32)
+        })
+        .sum();
+    let used = par.gpus() as u32;
+    let ranks_per_stage = par.tensor * par.data;
+    let split = SplitRow {
+        sample: par.data,
+        attribute: 1,
+        parameter: par.tensor,
+    };
+    let mut layers = Vec::new();
+    let mut stages = Vec::new();
+    let mut next = 0u64;
+    for (k, &n) in best.stage_layers.iter().enumerate() {
+        let last = k + 1 == best.stage_layers.len();
+        let mut names = Vec::new();
+        if k == 0 {
+            names.push((
+                "embedding".to_owned(),
+                "Gather (vocabulary-parallel)",
+                best.embedding_us,
+                0.0,
+            ));
+        }
+        for i in next..next + n {
+            names.push((
+                format!("block.{i}"),
+                "attention + MLP (heads and MLP columns/rows split)",
+                best.block_forward_us,
+                best.block_backward_us,
+            ));
+        }
+        if last {
+            names.push((
+                "head".to_owned(),
+                "LayerNorm + MatMul + cross-entropy (vocabulary-parallel)",
+                best.head_us,
+                0.0,
+            ));
+        }
+        stages.push(StageRow {
+            first_layer: names.first().map(|n| n.0.clone()).unwrap_or_default(),
+            last_layer: names.last().map(|n| n.0.clone()).unwrap_or_default(),
+            replicas: ranks_per_stage,
+            first_rank: k as u32 * ranks_per_stage,
+            microbatch_us: best.stage_us[k],
+            sync_us: best.time.data_comm_us,
+            memory_bytes: best.stage_memory_bytes[k],
+        });
+        for (name, op, forward_us, backward_us) in names {
+            layers.push(PlacedLayer {
+                name,
+                op: op.to_owned(),
+                gpus: ranks_per_stage,
+                split,
+                stage: k,
+                forward_us,
+                backward_us,
+                sync_us: 0.0,
+                transfer_us: 0.0,
+            });
+        }
+        next += n;
+    }
+    let row = |strategy: &'static str, e: &Estimate| CandidateRow {
+        strategy,
+        iteration_time_us: e.iteration_time_us,
+        gpu_sec_amplification: e.iteration_time_us * e.parallelism.gpus() as f64
+            / single_gpu_time_us.max(1e-9),
+        gpus_used: e.parallelism.gpus() as u32,
+        peak_memory_bytes: e.peak_memory_bytes,
+        fits: e.fits,
+    };
+    let chosen = row("3d", best);
+    let report = PlanReport {
+        model: options.model.display().to_string(),
+        cluster: cluster.name.clone(),
+        gpus,
+        batch,
+        strategy: "3d",
+        schedule: par.schedule_name(),
+        microbatches: u32::try_from(best.microbatches).unwrap_or(u32::MAX),
+        iteration_time_us: best.iteration_time_us,
+        dp_iteration_time_us: found.data_parallel.iteration_time_us,
+        speedup_over_dp: found.data_parallel.iteration_time_us / best.iteration_time_us,
+        single_gpu_time_us,
+        gpu_time_us: best.iteration_time_us * f64::from(used),
+        gpu_sec_amplification: chosen.gpu_sec_amplification,
+        gpus_used: used,
+        peak_memory_bytes: best.peak_memory_bytes,
+        memory_capacity_bytes: best.memory_capacity_bytes,
+        lower_bound_us: best.model_flops / peak_total * 1e6,
+        planning_time_us: started.elapsed().as_micros() as u64,
+        stages,
+        layers,
+        candidates: vec![chosen, row("dp", &found.data_parallel)],
+        simulated: None,
+        parallelism: Some(ParallelismRow {
+            tensor_parallel: par.tensor,
+            pipeline_parallel: par.pipeline,
+            data_parallel: par.data,
+            micro_batch_size: par.micro_batch,
+            virtual_stages: par.virtual_stages,
+            recompute: par.recompute.name(),
+            sequence_parallel: par.sequence_parallel,
+            zero: par.zero,
+            model_flops_per_iteration: best.model_flops,
+            hardware_flops_per_iteration: best.hardware_flops,
+            transformer: shape,
+            time_breakdown: best.time,
+            memory_breakdown: best.memory,
+            configurations_priced: found.evaluated,
+        }),
+    };
+    Ok(PlanOutput {
+        report,
+        strategy: None,
+        executable: None,
     })
 }
 
@@ -726,6 +1038,7 @@ fn report(
             })
             .collect(),
         simulated: None,
+        parallelism: None,
     }
 }
 

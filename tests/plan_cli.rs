@@ -178,7 +178,7 @@ fn tolerance_bounds_gpu_time() {
 
 #[test]
 fn a_pipedream_graph_is_a_model() {
-    let graph = "../shared/anchors/pipedream/vgg16/graph.txt";
+    let graph = "fixtures/anchors/pipedream/vgg16/graph.txt";
     let v = json(&[
         "plan",
         graph,
@@ -280,7 +280,8 @@ fn bad_inputs_exit_1_and_say_what_is_wrong() {
         &["does not fit", "smallest per-GPU memory"],
     );
     fails(
-        &["plan", VGG16, "--cluster", "dgx-a100", "--gpus", "12"],
+        // A sized cluster does not grow (a bare preset name does).
+        &["plan", VGG16, "--cluster", "dgx-a100x1", "--gpus", "12"],
         1,
         &["has 8 GPUs"],
     );
@@ -294,7 +295,7 @@ fn bad_inputs_exit_1_and_say_what_is_wrong() {
             "plan",
             VGG16,
             "--profile",
-            "../shared/anchors/pipedream/vgg16/graph.txt",
+            "fixtures/anchors/pipedream/vgg16/graph.txt",
         ],
         1,
         &["give it as the model"],

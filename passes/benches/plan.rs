@@ -53,7 +53,7 @@ fn vgg16_on_8(bencher: divan::Bencher) {
 
 #[divan::bench(sample_count = 20)]
 fn pipedream_resnet50_on_8(bencher: divan::Bencher) {
-    let path = repo("../shared/anchors/pipedream/resnet50/graph.txt");
+    let path = repo("fixtures/anchors/pipedream/resnet50/graph.txt");
     let Ok(Loaded::LayerGraph(g)) = profile::load(&path) else {
         panic!("{} is not a PipeDream graph", path.display());
     };

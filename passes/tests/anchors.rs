@@ -1,4 +1,4 @@
-//! The two published planner inputs in ../shared/anchors: every line accounted for, and
+//! The two published planner inputs in fixtures/anchors: every line accounted for, and
 //! DeepPool's VGG16 timings matched to the layers of an ONNX VGG16.
 
 mod common;

@@ -1,5 +1,5 @@
 //! ralpc's planner against the published plans of DeepPool and PipeDream, on their own
-//! inputs (`../shared/anchors`), every plan priced by ralpc's cost model. Run with
+//! inputs (`fixtures/anchors`), every plan priced by ralpc's cost model. Run with
 //! `--nocapture` to see the comparison table.
 
 mod common;

@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget};
 use ralpc::passes::cluster::{Link, Precision};
 use ralpc::passes::cost::Optimizer;
 use ralpc::passes::plan::{Family, Schedule};
+use ralpc::passes::transformer::{Knobs, Recompute};
 use ralpc::passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 use ralpc::{ClusterOptions, PlanOptions, PlanReport};
 
@@ -21,11 +22,20 @@ Examples:
   ralpc plan model.onnx --gpus 8 -o out/          # out/plan.json: per-rank instructions
   ralpc plan model.onnx --gpus 8 -o out/ --check  # exit 0 if out/ is up to date, else 1
   ralpc plan model.onnx --gpus 8 --strategy-file theirs.strategy.json   # price another plan
+  ralpc plan gpt.onnx --cluster selene --gpus 512 --batch 1536 --precision fp16 --optimizer adam
+  ralpc plan gpt.onnx --cluster selene --gpus 512 --batch 1536 --precision fp16 --optimizer adam \
+      --tensor-parallel 8 --pipeline-parallel 2 --micro-batch-size 4 --recompute full  # price it
 
 Strategies: dp (data parallel on every GPU), burst (each layer its own GPU count),
 soap (also split convolutions and dense layers by rows/features/channels), pipeline
-(stages on disjoint GPU groups), auto (the fastest of all). Every plan is compared
-with data parallelism under the same costs.
+(stages on disjoint GPU groups), 3d (tensor x pipeline x data parallelism of a
+GPT-like model, as Megatron-LM trains it), auto (the fastest of all; 3d for a GPT-like
+model). Every plan is compared with data parallelism under the same costs.
+
+Transformer (3d) plans: a GPT-like decoder (token embedding, attention blocks, MLP) is
+recognized in the ONNX graph and placed as Megatron-LM places it; each Megatron option
+given fixes that dimension and the rest is searched (all given: only priced). Their
+executable form is not written yet: they print the plan and --json only.
 
 Artifacts go to DIR (default `<model stem>.ralpc`): plan.json, plan.dot (+ plan.svg with
 Graphviz), timeline.json and report.html, each written atomically. plan.json records a
@@ -54,7 +64,7 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub microbatches: Option<u32>,
     /// Which plans to search.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline", "3d"])]
     pub strategy: String,
     /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
     /// weight-stashing schedule.
@@ -107,6 +117,34 @@ pub struct Args {
     /// Plan again even when DIR is up to date.
     #[arg(long)]
     pub force: bool,
+    /// Transformer plans: GPUs of one node splitting every block (attention by heads, MLP
+    /// by columns then rows) [default: searched].
+    #[arg(long, value_name = "T", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub tensor_parallel: Option<u32>,
+    /// Pipeline stages [default: searched].
+    #[arg(long, value_name = "P", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pipeline_parallel: Option<u32>,
+    /// Model chunks per GPU: interleaved 1F1B above 1 [default: searched].
+    #[arg(long, value_name = "V", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub virtual_stages: Option<u32>,
+    /// Sequences per microbatch [default: searched].
+    #[arg(long, value_name = "B", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u64).range(1..))]
+    pub micro_batch_size: Option<u64>,
+    /// Activation recomputation: none, selective (attention core) or full (every block)
+    /// [default: searched].
+    #[arg(long, help_heading = "Transformer (3d) plans", value_parser = ["none", "selective", "full"])]
+    pub recompute: Option<String>,
+    /// Split LayerNorm and dropout by sequence positions inside tensor-parallel groups
+    /// (`--sequence-parallel` alone: on) [default: searched].
+    #[arg(long, value_name = "on|off", help_heading = "Transformer (3d) plans", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off"])]
+    pub sequence_parallel: Option<String>,
+    /// Shard optimizer state (1), gradients too (2), parameters too (3) over data-parallel
+    /// replicas [default: searched].
+    #[arg(long, value_name = "K", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+    /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
+    #[arg(long, help_heading = "Transformer (3d) plans")]
+    pub fp32_gradients: bool,
 }
 
 fn precision(name: &str) -> Precision {
@@ -143,6 +181,17 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         precision: args.precision.as_deref().map(precision),
         strategy_file: args.strategy_file.clone(),
         executable: true,
+        knobs: Knobs {
+            tensor: args.tensor_parallel,
+            pipeline: args.pipeline_parallel,
+            virtual_stages: args.virtual_stages,
+            micro_batch: args.micro_batch_size,
+            recompute: args.recompute.as_deref().and_then(Recompute::parse),
+            sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
+            zero: args.zero,
+            schedule: None,
+        },
+        fp32_gradients: args.fp32_gradients,
     };
     let dir = args
         .out
@@ -183,7 +232,16 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let compiled = compiled?;
     compiled.write(&dir)?;
     if let Some(path) = &args.write_strategy {
-        ralpc::write_atomically(path, &compiled.strategy.to_json())?;
+        let Some(strategy) = &compiled.strategy else {
+            return Err(ralpc::Error::Plan(Box::new(
+                ralpc::passes::plan::PlanError::Request(
+                    "--write-strategy: a transformer (3d) plan has no strategy file form yet \
+                     (--json prints its configuration)"
+                        .into(),
+                ),
+            )));
+        };
+        ralpc::write_atomically(path, &strategy.to_json())?;
     }
     if args.quiet {
         return Ok(());
@@ -192,9 +250,20 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         // Strings and finite numbers always serialize.
         serde_json::to_string_pretty(&compiled.report).unwrap_or_default() + "\n"
     } else {
-        let mut text = summary(&compiled.report, Some(&compiled.executable.simulation));
+        let simulation = compiled.executable.as_ref().map(|e| &e.simulation);
+        let mut text = match &compiled.report.parallelism {
+            Some(p) => summary_3d(&compiled.report, p),
+            None => summary(&compiled.report, simulation),
+        };
         let names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
-        let _ = writeln!(text, "wrote {}: {}", shown, names.join(", "));
+        if names.is_empty() {
+            let _ = writeln!(
+                text,
+                "wrote nothing: transformer (3d) plans are not lowered to an executable plan yet"
+            );
+        } else {
+            let _ = writeln!(text, "wrote {}: {}", shown, names.join(", "));
+        }
         text
     };
     super::print_stdout(&text);
@@ -217,6 +286,115 @@ fn shorten(text: &str, width: usize) -> String {
     }
     let tail: String = text.chars().skip(n - (width - 1)).collect();
     format!("…{tail}")
+}
+
+/// One line per stage: its layers, GPUs, time per microbatch, sync and memory.
+fn write_stages(out: &mut String, r: &PlanReport) {
+    let _ = writeln!(out, "stages:");
+    for (k, s) in r.stages.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  {k}: {} .. {}  on {} GPUs (ranks {}..{})  {} per microbatch, sync {}, {}",
+            s.first_layer,
+            s.last_layer,
+            s.replicas,
+            s.first_rank,
+            s.first_rank + s.replicas - 1,
+            ms(s.microbatch_us),
+            ms(s.sync_us),
+            gib(s.memory_bytes)
+        );
+    }
+}
+
+fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
+    let mut out = String::new();
+    let m = &p.transformer;
+    let secs = |us: f64| format!("{:.3} s", us / 1e6);
+    let _ = writeln!(
+        out,
+        "model: {}  (GPT: {} layers, hidden {}, {} heads, MLP {}, sequence {}, vocabulary {}; \
+         {:.2} B parameters)",
+        r.model,
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.ffn,
+        m.sequence,
+        m.vocabulary,
+        m.params as f64 / 1e9
+    );
+    let _ = writeln!(
+        out,
+        "plan: 3d — tensor {} × pipeline {} × data {} on {} GPUs of {} (batch {})",
+        p.tensor_parallel, p.pipeline_parallel, p.data_parallel, r.gpus_used, r.cluster, r.batch
+    );
+    let _ = writeln!(
+        out,
+        "      micro-batch {} ({} microbatches), {}{}, recompute {}, sequence parallel {}, ZeRO {}",
+        p.micro_batch_size,
+        r.microbatches,
+        r.schedule,
+        if p.virtual_stages > 1 {
+            format!(" with {} chunks per GPU", p.virtual_stages)
+        } else {
+            String::new()
+        },
+        p.recompute,
+        if p.sequence_parallel { "on" } else { "off" },
+        p.zero
+    );
+    let per_gpu = |flops: f64| flops / (r.iteration_time_us * 1e-6) / f64::from(r.gpus_used) / 1e12;
+    let dp = r.candidates.iter().find(|c| c.strategy == "dp");
+    let _ = writeln!(
+        out,
+        "iteration: {}, {:.1} samples/s, {:.0} TFLOP/s per GPU ({:.0} with recomputation)  \
+         (data parallel {}{}; lower bound {})",
+        secs(r.iteration_time_us),
+        r.batch as f64 / (r.iteration_time_us * 1e-6),
+        per_gpu(p.model_flops_per_iteration),
+        per_gpu(p.hardware_flops_per_iteration),
+        secs(r.dp_iteration_time_us),
+        if dp.is_some_and(|c| !c.fits) {
+            ", does not fit"
+        } else {
+            ""
+        },
+        secs(r.lower_bound_us)
+    );
+    let t = &p.time_breakdown;
+    let _ = writeln!(
+        out,
+        "time: compute {}, tensor-parallel {}, pipeline sends {}, bubble {}, gradient sync {}, \
+         optimizer {}",
+        secs(t.compute_us),
+        secs(t.tensor_comm_us),
+        secs(t.pipeline_comm_us),
+        secs(t.bubble_us),
+        secs(t.data_comm_us),
+        secs(t.optimizer_us)
+    );
+    let mem = &p.memory_breakdown;
+    let _ = writeln!(
+        out,
+        "memory per GPU: {} of {}: weights {}, gradients {}, optimizer {}, activations {}, \
+         workspace {}\n",
+        gib(r.peak_memory_bytes),
+        gib(r.memory_capacity_bytes),
+        gib(mem.weights),
+        gib(mem.gradients),
+        gib(mem.optimizer),
+        gib(mem.activations),
+        gib(mem.workspace)
+    );
+    write_stages(&mut out, r);
+    let _ = writeln!(
+        out,
+        "\n{} configurations priced; planned in {}",
+        p.configurations_priced,
+        ms(r.planning_time_us as f64)
+    );
+    out
 }
 
 fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> String {
@@ -258,21 +436,7 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
         gib(r.peak_memory_bytes),
         gib(r.memory_capacity_bytes)
     );
-    let _ = writeln!(out, "stages:");
-    for (k, s) in r.stages.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "  {k}: {} .. {}  on {} GPUs (ranks {}..{})  {} per microbatch, sync {}, {}",
-            s.first_layer,
-            s.last_layer,
-            s.replicas,
-            s.first_rank,
-            s.first_rank + s.replicas - 1,
-            ms(s.microbatch_us),
-            ms(s.sync_us),
-            gib(s.memory_bytes)
-        );
-    }
+    write_stages(&mut out, r);
     // Placement, compactly: runs of consecutive layers placed alike.
     let _ = writeln!(
         out,

@@ -90,6 +90,9 @@ pub enum Family {
     Soap,
     /// Pipeline stages with replicas.
     Pipeline,
+    /// Tensor × pipeline × data parallelism of a transformer language model (Megatron-LM's
+    /// space, [`crate::transformer`]).
+    ThreeD,
 }
 
 impl Family {
@@ -101,6 +104,7 @@ impl Family {
             Family::Burst => "burst",
             Family::Soap => "soap",
             Family::Pipeline => "pipeline",
+            Family::ThreeD => "3d",
         }
     }
 
@@ -112,6 +116,7 @@ impl Family {
             "burst" => Family::Burst,
             "soap" => Family::Soap,
             "pipeline" => Family::Pipeline,
+            "3d" => Family::ThreeD,
             _ => return None,
         })
     }

@@ -99,6 +99,11 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         });
     }
     let family = request.family.unwrap_or(Family::Auto);
+    if family == Family::ThreeD {
+        return Err(PlanError::Request(
+            "the 3d family places transformer blocks: plan it with transformer::search".into(),
+        ));
+    }
     let wants = |f: Family| family == Family::Auto || family == f;
     if wants(Family::Dp) {
         candidates.push(Candidate {

@@ -132,6 +132,14 @@ pub struct Estimate {
     pub stage_layers: Vec<u64>,
     /// Per stage, one microbatch's time through it (all its chunks), µs.
     pub stage_us: Vec<f64>,
+    /// One block, one microbatch: forward (with its tensor-parallel collectives), µs.
+    pub block_forward_us: f64,
+    /// One block, one microbatch: backward with recomputation and collectives, µs.
+    pub block_backward_us: f64,
+    /// The embedding, one microbatch, forward and backward, µs.
+    pub embedding_us: f64,
+    /// The head and loss, one microbatch, forward and backward, µs.
+    pub head_us: f64,
     /// Per stage, the memory of one of its GPUs, bytes.
     pub stage_memory_bytes: Vec<f64>,
     /// The fullest GPU's memory by kind.
@@ -491,6 +499,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         microbatches: m,
         stage_layers,
         stage_us,
+        block_forward_us: block_fwd + 2.0 * tp_ar + zero3_us / 2.0,
+        block_backward_us: block_us - block_fwd - 2.0 * tp_ar - zero3_us / 2.0,
+        embedding_us: embed_us,
+        head_us,
         stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
         memory: fullest,
         peak_memory_bytes: fullest.total(),

@@ -13,9 +13,9 @@ pub fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
-/// A path under `../shared/anchors` (beside the checkout).
+/// A path under `fixtures/anchors` (published planner inputs, with their licences).
 pub fn anchor(path: &str) -> PathBuf {
-    repo("../shared/anchors").join(path)
+    repo("fixtures/anchors").join(path)
 }
 
 /// Imports, binds the batch and verifies a model.

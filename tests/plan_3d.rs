@@ -1,0 +1,244 @@
+//! `ralpc plan` on transformer language models: recognition (generated GPTs and the real
+//! GPT-2 exports), Megatron-LM's options, `--json` and the errors a user meets.
+
+mod common;
+
+use assert_cmd::Command;
+use ralpc::ir::models::{gpt, GptSpec};
+use serde_json::Value;
+
+fn ralpc() -> Command {
+    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
+    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
+    cmd
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = ralpc().args(args).assert().success();
+    serde_json::from_slice(&out.get_output().stdout).expect("one JSON object")
+}
+
+fn stderr_of_failure(args: &[&str]) -> String {
+    let out = ralpc().args(args).assert().code(1);
+    String::from_utf8_lossy(&out.get_output().stderr).into_owned()
+}
+
+/// Writes a structure-only GPT into `dir` and returns its path.
+fn write_gpt(dir: &tempfile::TempDir, spec: &GptSpec) -> String {
+    let path = dir.path().join("gpt.onnx");
+    std::fs::write(&path, gpt(spec).expect("generates")).expect("writes");
+    path.display().to_string()
+}
+
+/// Megatron-LM's 1.7 B GPT (Narayanan et al., Table 1).
+fn gpt_1_7b() -> GptSpec {
+    GptSpec::megatron(24, 2304, 24, 2048, 51200)
+}
+
+const SELENE_32: [&str; 10] = [
+    "--cluster",
+    "selene",
+    "--gpus",
+    "32",
+    "--batch",
+    "512",
+    "--precision",
+    "fp16",
+    "--optimizer",
+    "adam",
+];
+
+#[test]
+fn a_gpt_is_planned_in_megatrons_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &gpt_1_7b());
+    let mut args = vec!["plan", &model, "--json"];
+    args.extend(SELENE_32);
+    let v = json(&args);
+    assert_eq!(v["strategy"], "3d");
+    let product = ["tensor_parallel", "pipeline_parallel", "data_parallel"]
+        .iter()
+        .map(|k| v[k].as_u64().unwrap())
+        .product::<u64>();
+    assert_eq!(product, 32);
+    for key in [
+        "micro_batch_size",
+        "virtual_stages",
+        "recompute",
+        "sequence_parallel",
+        "zero",
+        "model_flops_per_iteration",
+        "hardware_flops_per_iteration",
+        "time_breakdown",
+        "memory_breakdown",
+    ] {
+        assert!(v.get(key).is_some(), "--json lacks {key}");
+    }
+    // Megatron's model FLOPs: 72·B·s·l·h²·(1 + s/6h) + 6·B·s·h·V.
+    let (b, s, l, h, vocab) = (512.0, 2048.0, 24.0, 2304.0, 51200.0);
+    let flops = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * b * s * h * vocab;
+    let ours = v["model_flops_per_iteration"].as_f64().unwrap();
+    assert!((ours / flops - 1.0).abs() < 1e-9, "{ours} vs {flops}");
+    assert!(
+        v["peak_memory_bytes"].as_f64().unwrap() <= v["memory_capacity_bytes"].as_f64().unwrap()
+    );
+    assert_eq!(v["transformer"]["layers"], 24);
+    // Deterministic: the same inputs give the same report.
+    let mut again = json(&args);
+    let mut first = v.clone();
+    first.as_object_mut().unwrap().remove("planning_time_us");
+    again.as_object_mut().unwrap().remove("planning_time_us");
+    assert_eq!(first, again);
+}
+
+#[test]
+fn every_option_given_is_only_priced() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &gpt_1_7b());
+    let mut args = vec!["plan", &model, "--json"];
+    args.extend(SELENE_32);
+    args.extend([
+        "--tensor-parallel",
+        "2",
+        "--pipeline-parallel",
+        "2",
+        "--virtual-stages",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+        "--zero",
+        "1",
+    ]);
+    let v = json(&args);
+    assert_eq!(v["configurations_priced"], 1);
+    assert_eq!(v["data_parallel"], 8);
+    assert_eq!(v["schedule"], "interleaved-1f1b");
+    assert_eq!(v["recompute"], "selective");
+    assert_eq!(v["sequence_parallel"], true);
+    // 512 sequences over 8 replicas of micro-batch 2.
+    assert_eq!(v["microbatches"], 32);
+    // One option fixes its dimension; the rest is searched.
+    let mut partly = vec!["plan", &model, "--json", "--tensor-parallel", "4"];
+    partly.extend(SELENE_32);
+    let v = json(&partly);
+    assert_eq!(v["tensor_parallel"], 4);
+    assert!(v["configurations_priced"].as_u64().unwrap() > 10);
+}
+
+#[test]
+fn options_that_cannot_hold_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &gpt_1_7b());
+    let with = |extra: &[&str]| {
+        let mut args = vec!["plan", model.as_str()];
+        args.extend(SELENE_32);
+        args.extend(extra);
+        stderr_of_failure(&args)
+    };
+    let e = with(&["--tensor-parallel", "5"]);
+    assert!(e.contains("--tensor-parallel 5"), "{e}");
+    let e = with(&["--pipeline-parallel", "25"]);
+    assert!(e.contains("the model has 24 blocks"), "{e}");
+    let e = with(&["--strategy", "dp", "--recompute", "full"]);
+    assert!(e.contains("apply to the 3d strategy"), "{e}");
+    let e = with(&["--microbatches", "4"]);
+    assert!(e.contains("--micro-batch-size"), "{e}");
+    // Memory: the 1.7 B model in fp32 with Adam on one GPU does not fit 8 GiB.
+    let e = stderr_of_failure(&[
+        "plan",
+        &model,
+        "--gpus",
+        "1",
+        "--optimizer",
+        "adam",
+        "--memory-limit",
+        "8GiB",
+    ]);
+    assert!(e.contains("does not fit"), "{e}");
+}
+
+#[test]
+fn the_3d_strategy_needs_a_gpt() {
+    let e = stderr_of_failure(&[
+        "plan",
+        "fixtures/onnx/vgg16/model.onnx",
+        "--gpus",
+        "8",
+        "--strategy",
+        "3d",
+    ]);
+    assert!(e.contains("needs a GPT-like model"), "{e}");
+    assert!(e.contains("no token embedding"), "{e}");
+    // An encoder without a token embedding (ViT) is planned layer by layer under auto.
+    let v = json(&[
+        "plan",
+        "fixtures/onnx/vit_b_16/model.onnx",
+        "--gpus",
+        "8",
+        "--json",
+        "-o",
+        tempfile::tempdir().unwrap().path().to_str().unwrap(),
+    ]);
+    assert_ne!(v["strategy"], "3d");
+}
+
+#[test]
+fn both_gpt2_exports_plan_the_same_way() {
+    // The dynamo (opset 20) and TorchScript (opset 17) exports of one GPT-2 model.
+    let plan = |case: &str| {
+        json(&[
+            "plan",
+            &format!("fixtures/onnx/{case}/model.onnx"),
+            "--gpus",
+            "8",
+            "--batch",
+            "16",
+            "--json",
+        ])
+    };
+    let dynamo = plan("gpt2");
+    let torchscript = plan("gpt2_torchscript");
+    for v in [&dynamo, &torchscript] {
+        assert_eq!(v["strategy"], "3d");
+        let t = &v["transformer"];
+        assert_eq!(
+            (
+                &t["layers"],
+                &t["hidden"],
+                &t["heads"],
+                &t["vocabulary"],
+                &t["ffn"],
+                &t["tied"]
+            ),
+            (
+                &12.into(),
+                &768.into(),
+                &12.into(),
+                &50257.into(),
+                &3072.into(),
+                &false.into()
+            )
+        );
+    }
+    for key in [
+        "tensor_parallel",
+        "pipeline_parallel",
+        "data_parallel",
+        "micro_batch_size",
+        "virtual_stages",
+        "recompute",
+        "sequence_parallel",
+        "zero",
+    ] {
+        assert_eq!(dynamo[key], torchscript[key], "{key}");
+    }
+    // The TorchScript exporter keeps only the 128 positions it was traced at (dynamo: all
+    // 1,024): 0.5 % fewer parameters, the same plan within 0.1 %.
+    assert_eq!(dynamo["transformer"]["positions"], 1024);
+    assert_eq!(torchscript["transformer"]["positions"], 128);
+    let time = |v: &Value| v["iteration_time_us"].as_f64().unwrap();
+    assert!((time(&dynamo) / time(&torchscript) - 1.0).abs() < 1e-3);
+}
