@@ -366,3 +366,67 @@ fn knobs_are_checked_with_their_names() {
     assert_eq!(found.evaluated, 1);
     assert_eq!(found.best.parallelism.data, 8);
 }
+
+#[test]
+fn search_invariants_over_shapes_and_clusters() {
+    // Every result uses at most the GPUs given, keeps tensor groups inside a node and
+    // dividing the heads, fits, splits the batch exactly, and is never slower than a data
+    // parallel plan that fits.
+    for (layers, hidden, heads) in [(4, 256, 8), (12, 768, 12), (24, 2048, 16)] {
+        let model = Transformer {
+            layers,
+            hidden,
+            heads,
+            sequence: 1024,
+            vocabulary: 32000,
+            ffn: 4 * hidden,
+            tied: true,
+            positions: 1024,
+            params: 0,
+        };
+        for gpus in [1u32, 4, 8, 16, 48] {
+            for batch in [16u64, 96] {
+                let cluster = selene(gpus);
+                let setting = Setting {
+                    model: &model,
+                    batch,
+                    cluster: &cluster,
+                    gpus,
+                    precision: Precision::Bf16,
+                    optimizer: Optimizer::Adam,
+                    fp32_gradients: false,
+                    workspace_bytes: (1u64 << 30) as f64,
+                    memory_limit: None,
+                };
+                let Ok(found) = search(&setting, &Knobs::default()) else {
+                    continue;
+                };
+                let b = &found.best;
+                let par = b.parallelism;
+                let case = format!("{layers}x{hidden} on {gpus} at batch {batch}");
+                assert!(par.gpus() <= u64::from(gpus), "{case}");
+                assert!(
+                    par.tensor <= 8 && heads % u64::from(par.tensor) == 0,
+                    "{case}"
+                );
+                assert!(
+                    b.fits && b.peak_memory_bytes <= b.memory_capacity_bytes,
+                    "{case}"
+                );
+                assert_eq!(
+                    b.microbatches * par.micro_batch * u64::from(par.data),
+                    batch,
+                    "{case}"
+                );
+                assert_eq!(b.stage_layers.iter().sum::<u64>(), layers, "{case}");
+                if found.data_parallel.fits {
+                    assert!(
+                        b.iteration_time_us <= found.data_parallel.iteration_time_us,
+                        "{case}"
+                    );
+                }
+                assert!(b.hardware_flops >= b.model_flops, "{case}");
+            }
+        }
+    }
+}

@@ -164,6 +164,16 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             }
         }
     }
+    // Data parallelism on as many GPUs as the batch feeds is a plan too (it may use fewer
+    // GPUs than every configuration above, which use them all).
+    if data_parallel.fits
+        && knobs == &Knobs::default()
+        && best
+            .as_ref()
+            .is_none_or(|b| data_parallel.iteration_time_us < b.iteration_time_us)
+    {
+        best = Some(data_parallel.clone());
+    }
     match best {
         Some(best) => Ok(Searched {
             best,
