@@ -2,13 +2,9 @@
 
 mod common;
 
-use assert_cmd::Command;
+use common::ralpc;
 
-fn ralpc() -> Command {
-    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
-    cmd
-}
+use assert_cmd::Command;
 
 #[test]
 fn inspect_prints_the_layer_table() {

@@ -3,15 +3,10 @@
 
 mod common;
 
-use assert_cmd::Command;
+use common::ralpc;
+
 use ralpc::ir::models::{gpt, GptSpec};
 use serde_json::Value;
-
-fn ralpc() -> Command {
-    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
-    cmd
-}
 
 fn json(args: &[&str]) -> Value {
     let out = ralpc().args(args).assert().success();

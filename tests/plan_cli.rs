@@ -2,16 +2,11 @@
 
 mod common;
 
-use assert_cmd::Command;
+use common::ralpc;
+
 use serde_json::Value;
 
 const VGG16: &str = "fixtures/onnx/vgg16/model.onnx";
-
-fn ralpc() -> Command {
-    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
-    cmd
-}
 
 fn json(args: &[&str]) -> Value {
     let out = ralpc().args(args).assert().success();

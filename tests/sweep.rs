@@ -2,14 +2,9 @@
 
 mod common;
 
-use assert_cmd::Command;
-use serde_json::Value;
+use common::ralpc;
 
-fn ralpc() -> Command {
-    let mut cmd = Command::cargo_bin("ralpc").expect("binary built");
-    cmd.current_dir(common::workdir()).env("NO_COLOR", "1");
-    cmd
-}
+use serde_json::Value;
 
 fn stdout(args: &[&str]) -> String {
     let out = ralpc().args(args).assert().success();

@@ -108,3 +108,10 @@ pub fn pipeline_plan() -> (tempfile::TempDir, PathBuf) {
         .success();
     (dir, out)
 }
+
+/// The `ralpc` binary, run in [`workdir`] without colour.
+pub fn ralpc() -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::cargo_bin("ralpc").expect("binary built");
+    cmd.current_dir(workdir()).env("NO_COLOR", "1");
+    cmd
+}
