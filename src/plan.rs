@@ -809,14 +809,7 @@ fn plan_transformer(
     let single_gpu_time_us = single.time.compute_us + single.time.optimizer_us;
     let best = &found.best;
     let par = best.parallelism;
-    let peak_total: f64 = (0..gpus)
-        .map(|r| {
-            cluster
-                .gpu(r)
-                .peak(precision)
-                .unwrap_or(cluster.gpu(r).fp32)
-        })
-        .sum();
+    let peak_total = ralpc_passes::cost::combined_peak(cluster, gpus, precision);
     let used = par.gpus() as u32;
     let ranks_per_stage = par.tensor * par.data;
     let split = SplitRow {

@@ -27,8 +27,10 @@ pub struct GptSpec {
     pub hidden: u64,
     /// Attention heads (divides `hidden`).
     pub heads: u64,
-    /// Sequence length `s` (also the number of learned positions).
+    /// Sequence length `s`.
     pub sequence: u64,
+    /// Rows of the learned position table (Megatron: `s`; 0: none).
+    pub positions: u64,
     /// Vocabulary `V`.
     pub vocabulary: u64,
     /// The MLP's inner size (Megatron: `4h`).
@@ -45,21 +47,39 @@ impl GptSpec {
             hidden,
             heads,
             sequence,
+            positions: sequence,
             vocabulary,
             ffn: 4 * hidden,
             tied: true,
         }
     }
 
-    /// Parameters: per block `4h² + 4h` (attention) + `2hf + f + h` (MLP) + `4h` (two
-    /// LayerNorms); embeddings `(V + s)h`; the final LayerNorm `2h`; an untied head `Vh`.
-    /// With `f = 4h` and a tied head this is Megatron's `12lh²(1 + 13/12h + (V+s)/12lh)`
-    /// plus the final LayerNorm.
-    pub fn params(&self) -> u64 {
+    /// One block's parameters: attention `4h² + 4h`, MLP `2hf + f + h`, two LayerNorms
+    /// `4h`.
+    pub fn block_params(&self) -> u64 {
         let (h, f) = (self.hidden, self.ffn);
-        let block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h;
-        let head = if self.tied { 0 } else { self.vocabulary * h };
-        self.layers * block + (self.vocabulary + self.sequence) * h + 2 * h + head
+        4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    }
+
+    /// The token and position embeddings' parameters: `(V + positions)h`.
+    pub fn embedding_params(&self) -> u64 {
+        (self.vocabulary + self.positions) * self.hidden
+    }
+
+    /// The final LayerNorm `2h` and an untied head `Vh`.
+    pub fn head_params(&self) -> u64 {
+        2 * self.hidden
+            + if self.tied {
+                0
+            } else {
+                self.vocabulary * self.hidden
+            }
+    }
+
+    /// All parameters. With `f = 4h`, `s` positions and a tied head this is Megatron's
+    /// `12lh²(1 + 13/12h + (V+s)/12lh)` plus the final LayerNorm.
+    pub fn params(&self) -> u64 {
+        self.layers * self.block_params() + self.embedding_params() + self.head_params()
     }
 
     /// Checks that the shape describes a model (non-zero sizes, heads dividing hidden).
@@ -72,12 +92,19 @@ impl GptSpec {
             ("hidden", self.hidden),
             ("heads", self.heads),
             ("sequence", self.sequence),
+            ("positions", self.positions),
             ("vocabulary", self.vocabulary),
             ("ffn", self.ffn),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.positions < self.sequence {
+            return Err(format!(
+                "positions {} cannot cover the sequence {}",
+                self.positions, self.sequence
+            ));
         }
         if self.hidden % self.heads != 0 {
             return Err(format!(
@@ -106,7 +133,7 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
     let mut b = Builder::default();
     b.input("input_ids", 7, &[None, Some(s)]);
     b.external("wte", &[v, h]);
-    b.external("wpe", &[s, h]);
+    b.external("wpe", &[spec.positions as i64, h]);
     b.ints("position_ids", &[s], &(0..s).collect::<Vec<_>>());
     b.ints("qkv_sizes", &[3], &[h, h, h]);
     b.ints("heads_shape", &[4], &[0, s, a, h / a]);

@@ -312,7 +312,7 @@ fn zero_shards_model_states() {
     let per_param = |zero: u8| {
         let e = estimate(&setting, &Parallelism { zero, ..base });
         let m = e.memory;
-        (m.weights + m.gradients + m.optimizer) / model.formula_params() as f64
+        (m.weights + m.gradients + m.optimizer) / model.spec().params() as f64
     };
     // 16 bytes per parameter with Adam in mixed precision; ZeRO-1 shards the 12 bytes of
     // master weights and moments over d = 32, ZeRO-2 the gradients too, ZeRO-3 everything.

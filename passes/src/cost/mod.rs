@@ -13,6 +13,17 @@ pub use memory::{MemoryUse, Optimizer};
 use crate::cluster::{Cluster, Precision};
 use crate::layers::LayerGraph;
 
+/// The summed peak throughput of ranks `0..gpus` at `precision` (FP32 where a GPU lacks
+/// it), FLOP/s.
+pub fn combined_peak(cluster: &Cluster, gpus: u32, precision: Precision) -> f64 {
+    (0..gpus)
+        .map(|r| {
+            let gpu = cluster.gpu(r);
+            gpu.peak(precision).unwrap_or(gpu.fp32)
+        })
+        .sum()
+}
+
 /// The physical lower bound of one iteration on the first `gpus` GPUs of `cluster`: the
 /// model's forward and backward FLOPs spread perfectly over their combined peak, µs.
 ///
@@ -25,14 +36,7 @@ pub fn lower_bound_us(
     precision: Precision,
 ) -> f64 {
     let gpus = gpus.clamp(1, cluster.gpu_count().max(1));
-    let peak: f64 = (0..gpus)
-        .map(|r| {
-            cluster
-                .gpu(r)
-                .peak(precision)
-                .unwrap_or(cluster.gpu(r).fp32)
-        })
-        .sum();
+    let peak = combined_peak(cluster, gpus, precision);
     let flops: f64 = graph.total_flops();
     let measured: f64 = graph
         .layers

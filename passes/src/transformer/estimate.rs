@@ -282,7 +282,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // ZeRO-3 gathers each block's parameters forward and backward (and for a full
     // recomputation), and reduce-scatters its gradients, every microbatch; like every other
     // collective here it is not assumed hidden behind compute.
-    let block_weights = model.block_params() as f64 / t;
+    let block_weights = model.spec().block_params() as f64 / t;
     let dp = DataParallel::new(cluster, par.tensor, par.data, gpn);
     let zero3_us = if par.zero >= 3 && par.data > 1 {
         let gathers = if par.recompute == Recompute::Full {
@@ -294,24 +294,32 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let block_compute = block_fwd + block_bwd + recompute_us;
-    let block_tp = 4.0 * tp_ar + recompute_tp;
-    let block_us = block_compute + block_tp + zero3_us;
-    // Embedding (first stage) and head + loss (last stage).
+    let block = Work {
+        compute_us: block_fwd + block_bwd + recompute_us,
+        tensor_us: 4.0 * tp_ar + recompute_tp,
+        zero_us: zero3_us,
+    };
+    // Embedding (first stage) and head + loss (last stage), vocabulary-parallel: the
+    // embedding's output and the head's input gradient are all-reduced, and the parallel
+    // cross-entropy all-reduces three per-token scalars.
     let vocab_local = vocab / t;
-    let embed_us = elementwise(3.0 * tokens * h * e, 2.0) + tp_ar;
+    let embedding = Work {
+        compute_us: elementwise(3.0 * tokens * h * e, 2.0),
+        tensor_us: tp_ar,
+        zero_us: 0.0,
+    };
     let (head_fwd, head_bwd) = fwd_bwd(tokens, vocab_local, h, 1.0);
     let loss_bytes = tokens * vocab_local * (e + 8.0);
-    let small_ar = if par.tensor > 1 {
-        3.0 * ring_all_reduce_us(par.tensor, intra, tokens * 4.0)
-    } else {
-        0.0
+    let head = Work {
+        compute_us: head_fwd + head_bwd + elementwise(3.0 * loss_bytes + 6.0 * tokens * h * e, 4.0),
+        tensor_us: tp_ar
+            + if par.tensor > 1 {
+                3.0 * ring_all_reduce_us(par.tensor, intra, tokens * 4.0)
+            } else {
+                0.0
+            },
+        zero_us: 0.0,
     };
-    let head_us = head_fwd
-        + head_bwd
-        + elementwise(3.0 * loss_bytes + 6.0 * tokens * h * e, 4.0)
-        + small_ar
-        + tp_ar;
     // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
     // the head).
     let layers = model.layers;
@@ -331,20 +339,21 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let stage_us: Vec<f64> = stage_layers
+    let stage_work: Vec<Work> = stage_layers
         .iter()
         .enumerate()
         .map(|(k, &n)| {
-            n as f64 * block_us
-                + if k == 0 { embed_us } else { 0.0 }
-                + if k + 1 == stage_layers.len() {
-                    head_us
-                } else {
-                    0.0
-                }
-                + p2p_us
+            let mut work = block.times(n as f64);
+            if k == 0 {
+                work = work.plus(embedding);
+            }
+            if k + 1 == stage_layers.len() {
+                work = work.plus(head);
+            }
+            work
         })
         .collect();
+    let stage_us: Vec<f64> = stage_work.iter().map(|w| w.total() + p2p_us).collect();
     let slowest = (0..stage_us.len())
         .max_by(|&x, &y| stage_us[x].total_cmp(&stage_us[y]))
         .unwrap_or(0);
@@ -358,12 +367,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .enumerate()
         .map(|(k, &n)| {
             let last = k + 1 == stage_layers.len();
-            let mut params = n as f64 * model.block_params() as f64;
+            let mut params = n as f64 * model.spec().block_params() as f64;
             if k == 0 {
-                params += model.embedding_params() as f64;
+                params += model.spec().embedding_params() as f64;
             }
             if last {
-                params += model.head_params() as f64;
+                params += model.spec().head_params() as f64;
                 if model.tied && p > 1 {
                     // The last stage keeps its own copy of the tied embedding.
                     params += (model.vocabulary * model.hidden) as f64;
@@ -445,8 +454,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 activations += tokens * vocab_local * (e + 8.0);
             }
             if k == 0 {
-                activations +=
-                    in_flight_chunks(par, 0, m).min(m) as f64 * tokens * h * (e + 1.0) / sp;
+                // The embedding's output and dropout mask, per microbatch in flight through
+                // the first chunk.
+                let microbatches = (in_flight_chunks(par, 0, m) as f64 / f64::from(v)).ceil();
+                activations += microbatches * tokens * h * (e + 1.0) / sp;
             }
             MemoryBreakdown {
                 weights: params * e / zero_div(3),
@@ -468,41 +479,25 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         Recompute::Selective => 4.0 * model.sequence as f64 * model.hidden as f64,
         Recompute::Full => model.block_flops_per_token(),
     } * (setting.batch * model.sequence * model.layers) as f64;
-    let mf = m as f64;
-    let compute_share = (stage_layers[slowest] as f64 * (block_us - block_tp.min(block_us))
-        + if slowest == 0 { embed_us - tp_ar } else { 0.0 }
-        + if slowest + 1 == stage_layers.len() {
-            head_us - small_ar - tp_ar
-        } else {
-            0.0
-        })
-        * mf;
-    let tensor_share = (stage_layers[slowest] as f64 * block_tp.min(block_us)
-        + if slowest == 0 { tp_ar } else { 0.0 }
-        + if slowest + 1 == stage_layers.len() {
-            small_ar + tp_ar
-        } else {
-            0.0
-        })
-        * mf;
+    let slowest_work = stage_work[slowest].times(m as f64);
     Estimate {
         parallelism: *par,
         iteration_time_us,
         time: TimeBreakdown {
-            compute_us: compute_share,
-            tensor_comm_us: tensor_share,
-            pipeline_comm_us: p2p_us * mf,
+            compute_us: slowest_work.compute_us,
+            tensor_comm_us: slowest_work.tensor_us,
+            pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
-            data_comm_us,
+            data_comm_us: data_comm_us + slowest_work.zero_us,
             optimizer_us,
         },
         microbatches: m,
         stage_layers,
         stage_us,
         block_forward_us: block_fwd + 2.0 * tp_ar + zero3_us / 2.0,
-        block_backward_us: block_us - block_fwd - 2.0 * tp_ar - zero3_us / 2.0,
-        embedding_us: embed_us,
-        head_us,
+        block_backward_us: block.total() - block_fwd - 2.0 * tp_ar - zero3_us / 2.0,
+        embedding_us: embedding.total(),
+        head_us: head.total(),
         stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
         memory: fullest,
         peak_memory_bytes: fullest.total(),
@@ -510,6 +505,38 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         fits: fullest.total() <= capacity,
         model_flops,
         hardware_flops: model_flops + recomputed,
+    }
+}
+
+/// One microbatch's time through some blocks, by kind, µs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Work {
+    compute_us: f64,
+    /// Tensor-parallel collectives.
+    tensor_us: f64,
+    /// ZeRO-3 parameter gathers and gradient reduce-scatters.
+    zero_us: f64,
+}
+
+impl Work {
+    fn total(self) -> f64 {
+        self.compute_us + self.tensor_us + self.zero_us
+    }
+
+    fn times(self, n: f64) -> Work {
+        Work {
+            compute_us: self.compute_us * n,
+            tensor_us: self.tensor_us * n,
+            zero_us: self.zero_us * n,
+        }
+    }
+
+    fn plus(self, other: Work) -> Work {
+        Work {
+            compute_us: self.compute_us + other.compute_us,
+            tensor_us: self.tensor_us + other.tensor_us,
+            zero_us: self.zero_us + other.zero_us,
+        }
     }
 }
 

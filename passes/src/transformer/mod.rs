@@ -22,6 +22,7 @@ pub use estimate::{ACTIVATION_LAUNCHES, GEMM_EFFICIENCY, HBM_EFFICIENCY};
 pub use recognize::{recognize, NotATransformer};
 pub use search::{search, Knobs, Searched};
 
+use ralpc_ir::models::GptSpec;
 use serde::Serialize;
 
 use crate::plan::Schedule;
@@ -50,30 +51,19 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// One block's parameters: attention `4h² + 4h`, MLP `2hf + f + h`, two LayerNorms `4h`.
-    pub fn block_params(&self) -> u64 {
-        let (h, f) = (self.hidden, self.ffn);
-        4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-    }
-
-    /// The token and position embeddings' parameters.
-    pub fn embedding_params(&self) -> u64 {
-        (self.vocabulary + self.positions) * self.hidden
-    }
-
-    /// The final LayerNorm and an untied head.
-    pub fn head_params(&self) -> u64 {
-        2 * self.hidden
-            + if self.tied {
-                0
-            } else {
-                self.vocabulary * self.hidden
-            }
-    }
-
-    /// Parameters of a GPT of this shape.
-    pub fn formula_params(&self) -> u64 {
-        self.layers * self.block_params() + self.embedding_params() + self.head_params()
+    /// Its shape as a generator spec, which owns the parameter formulas (per block,
+    /// embeddings, head).
+    pub fn spec(&self) -> GptSpec {
+        GptSpec {
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            sequence: self.sequence,
+            positions: self.positions,
+            vocabulary: self.vocabulary,
+            ffn: self.ffn,
+            tied: self.tied,
+        }
     }
 
     /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²`, projection

@@ -183,7 +183,7 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         positions,
         params,
     };
-    let expected = model.formula_params();
+    let expected = model.spec().params();
     let off = (params as f64 - expected as f64).abs() / expected as f64;
     if off > 0.02 {
         return no(format!(
