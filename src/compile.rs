@@ -21,14 +21,16 @@ pub struct Compiled {
     pub report: PlanReport,
     /// blake3 of the inputs (also in `plan.json` as `inputs`).
     pub inputs: String,
-    /// The executable plan, simulated, and its visualizations; `None` for transformer
-    /// (3d) plans, which are not lowered yet.
+    /// The executable plan, simulated, and its visualizations; `None` for a transformer
+    /// (3d) plan using options that are priced but not lowered yet.
     pub executable: Option<crate::Executable>,
-    /// The chosen strategy (a `ralpc-strategy/1` file); `None` for transformer plans.
+    /// The chosen strategy (a `ralpc-strategy/1` file); `None` where `executable` is.
     pub strategy: Option<ralpc_passes::plan::StrategyFile>,
     /// (file name, contents) of every artifact: [`ARTIFACTS`], plus `plan.svg` when
-    /// Graphviz is installed; none for a transformer plan.
+    /// Graphviz is installed; none where `executable` is `None`.
     pub files: Vec<(&'static str, String)>,
+    /// Why a transformer plan was not lowered.
+    pub not_lowered: Option<String>,
 }
 
 impl Compiled {
@@ -84,14 +86,14 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
     let output = plan(&options)?;
     let inputs = inputs_hash(&options)?;
     let Some(mut executable) = output.executable else {
-        if output.report.parallelism.is_some() {
-            // Transformer plans are priced and searched; their lowering is still to come.
+        if let Some(why) = output.not_lowered {
             return Ok(Compiled {
                 report: output.report,
                 inputs,
                 executable: None,
                 strategy: None,
                 files: Vec::new(),
+                not_lowered: Some(why),
             });
         }
         return Err(Error::Internal(Box::new(
@@ -118,6 +120,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
         executable: Some(executable),
         strategy: output.strategy,
         files,
+        not_lowered: None,
     })
 }
 

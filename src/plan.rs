@@ -259,6 +259,8 @@ pub struct PlanOutput {
     pub strategy: Option<StrategyFile>,
     /// The executable plan and its pictures, when asked for.
     pub executable: Option<Executable>,
+    /// Why a transformer plan was not lowered, when asked for.
+    pub not_lowered: Option<String>,
 }
 
 /// The executable plan, simulated, and its visualizations.
@@ -635,12 +637,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let model = load_model(&options.model, options.batch)?;
     let (cluster, gpus) = cluster_for(options)?;
     if let Some(shape) = transformer_of(&model, options)? {
-        let Model::Graph { batch, .. } = model else {
-            return Err(Error::Internal(Box::new(
-                "a transformer was recognized outside an ONNX graph".into(),
-            )));
-        };
-        return plan_transformer(options, shape, batch, &cluster, gpus, started);
+        return plan_transformer(options, shape, model, &cluster, gpus, started);
     }
     let graph = load_layers(model)?;
     let profile = options.profile.as_deref().map(load_profile).transpose()?;
@@ -684,48 +681,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let planned = plan::plan(&costs, &request).map_err(|e| Error::Plan(Box::new(e)))?;
     let strategy = StrategyFile::of(&graph, &planned.chosen.strategy);
     let executable = if options.executable {
-        let bytes = std::fs::read(&options.model).map_err(|error| {
-            Error::Read(Box::new(FileError {
-                path: options.model.display().to_string(),
-                error,
-            }))
-        })?;
-        let model = ralpc_codegen::ModelRef {
-            name: options
-                .model
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            path: Some(options.model.display().to_string()),
-            blake3: ralpc_codegen::model_hash(&bytes),
-            layers: graph.layers.len() as u32,
-        };
-        let plan = ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)
-            .map_err(|e| Error::Plan(Box::new(e)))?;
-        let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
-            // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
-            Error::Internal(Box::new(format!("the lowered plan does not run: {e}")))
-        })?;
-        let ran: Vec<ralpc_codegen::viz::Ran> = simulation
-            .ranks
-            .iter()
-            .enumerate()
-            .flat_map(|(rank, t)| {
-                t.spans.iter().map(move |s| ralpc_codegen::viz::Ran {
-                    rank: rank as u32,
-                    index: s.index,
-                    start_us: s.start_us,
-                    end_us: s.end_us,
-                })
-            })
-            .collect();
-        Some(Executable {
-            dot: ralpc_codegen::viz::dot(&plan, &graph),
-            timeline: ralpc_codegen::viz::trace(&plan, &ran),
-            ran,
-            simulation,
-            plan,
-        })
+        Some(executable(options, &costs, &planned.chosen.strategy)?)
     } else {
         None
     };
@@ -743,14 +699,96 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
         report,
         strategy: Some(strategy),
         executable,
+        not_lowered: None,
     })
+}
+
+/// Lowers `strategy` into the executable plan of `options.model`, simulates it and draws it.
+fn executable(
+    options: &PlanOptions,
+    costs: &Costs<'_>,
+    strategy: &ralpc_passes::plan::Strategy,
+) -> Result<Executable, Error> {
+    let graph = costs.graph;
+    let bytes = std::fs::read(&options.model).map_err(|error| {
+        Error::Read(Box::new(FileError {
+            path: options.model.display().to_string(),
+            error,
+        }))
+    })?;
+    let model = ralpc_codegen::ModelRef {
+        name: options
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        path: Some(options.model.display().to_string()),
+        blake3: ralpc_codegen::model_hash(&bytes),
+        layers: graph.layers.len() as u32,
+    };
+    let plan =
+        ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;
+    let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
+        // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
+        Error::Internal(Box::new(format!("the lowered plan does not run: {e}")))
+    })?;
+    let ran: Vec<ralpc_codegen::viz::Ran> = simulation
+        .ranks
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, t)| {
+            t.spans.iter().map(move |s| ralpc_codegen::viz::Ran {
+                rank: rank as u32,
+                index: s.index,
+                start_us: s.start_us,
+                end_us: s.end_us,
+            })
+        })
+        .collect();
+    Ok(Executable {
+        dot: ralpc_codegen::viz::dot(&plan, graph),
+        timeline: ralpc_codegen::viz::trace(&plan, &ran),
+        ran,
+        simulation,
+        plan,
+    })
+}
+
+/// The executable form of a transformer plan, where it has one: its layered strategy,
+/// lowered on the model's layer graph (priced there by the layered cost model), or why not.
+fn lower_transformer(
+    options: &PlanOptions,
+    model: Model,
+    best: &Estimate,
+    cluster: &Cluster,
+    gpus: u32,
+    precision: Precision,
+) -> Result<Result<(StrategyFile, Executable), String>, Error> {
+    let graph = load_layers(model)?;
+    let strategy = match transformer::layered(&graph, best) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e.0)),
+    };
+    let costs = Costs::new(
+        &graph,
+        cluster,
+        gpus,
+        CostOptions {
+            precision,
+            optimizer: options.optimizer,
+            memory_limit: options.memory_limit,
+            ..CostOptions::default()
+        },
+    );
+    let executable = executable(options, &costs, &strategy)?;
+    Ok(Ok((StrategyFile::of(&graph, &strategy), executable)))
 }
 
 /// Plans a recognized transformer in Megatron-LM's space.
 fn plan_transformer(
     options: &PlanOptions,
     shape: Transformer,
-    batch: u64,
+    model: Model,
     cluster: &Cluster,
     gpus: u32,
     started: Instant,
@@ -769,6 +807,11 @@ fn plan_transformer(
                 .into(),
         ));
     }
+    let Model::Graph { batch, .. } = model else {
+        return Err(Error::Internal(Box::new(
+            "a transformer was recognized outside an ONNX graph".into(),
+        )));
+    };
     let precision = options.precision.unwrap_or(Precision::Tf32);
     let setting = Setting {
         model: &shape,
@@ -921,10 +964,19 @@ fn plan_transformer(
             configurations_priced: found.evaluated,
         }),
     };
+    let (strategy, executable, not_lowered) = if options.executable {
+        match lower_transformer(options, model, best, cluster, gpus, precision)? {
+            Ok((strategy, executable)) => (Some(strategy), Some(executable), None),
+            Err(why) => (None, None, Some(why)),
+        }
+    } else {
+        (None, None, None)
+    };
     Ok(PlanOutput {
         report,
-        strategy: None,
-        executable: None,
+        strategy,
+        executable,
+        not_lowered,
     })
 }
 

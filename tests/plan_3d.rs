@@ -237,3 +237,106 @@ fn both_gpt2_exports_plan_the_same_way() {
     let time = |v: &Value| v["iteration_time_us"].as_f64().unwrap();
     assert!((time(&dynamo) / time(&torchscript) - 1.0).abs() < 1e-3);
 }
+
+/// The losses `ralpc run --json` prints for a plan directory.
+fn losses(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
+    let mut args = vec!["run", dir.to_str().unwrap(), "--steps", "3", "--json"];
+    args.extend(extra);
+    let v = json(&args);
+    v["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GptSpec::megatron(4, 32, 4, 8, 64);
+    let model = write_gpt(&dir, &spec);
+    let out = dir.path().join("3d");
+    let out_s = out.display().to_string();
+    let v = json(&[
+        "plan",
+        &model,
+        "--gpus",
+        "4",
+        "--batch",
+        "8",
+        "--json",
+        "-o",
+        &out_s,
+        "--tensor-parallel",
+        "1",
+        "--pipeline-parallel",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--virtual-stages",
+        "1",
+        "--recompute",
+        "none",
+        "--zero",
+        "0",
+        "--sequence-parallel",
+        "off",
+    ]);
+    assert_eq!(v["strategy"], "3d");
+    assert!(v["simulated"]["iteration_time_us"].as_f64().unwrap() > 0.0);
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let stages = plan["strategy"]["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    // Two blocks a stage: the second starts at block 2's first LayerNorm.
+    assert_eq!(stages[0]["first_layer"], "embed_tokens");
+    assert_eq!(stages[1]["first_layer"], "h.2.ln_1");
+    assert_eq!(stages[1]["last_layer"], "lm_head");
+    assert_eq!(plan["microbatches"], 2);
+    // The same losses as one device (the tied embedding and head sit on both stages).
+    let single = dir.path().join("single");
+    ralpc()
+        .args([
+            "plan",
+            &model,
+            "--gpus",
+            "1",
+            "--batch",
+            "8",
+            "-q",
+            "--strategy",
+            "dp",
+        ])
+        .args(["-o", single.to_str().unwrap()])
+        .assert()
+        .success();
+    let (got, want) = (losses(&out, &[]), losses(&single, &[]));
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn options_the_executable_plan_cannot_express_yet_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GptSpec::megatron(2, 32, 4, 8, 64);
+    let model = write_gpt(&dir, &spec);
+    for (option, value, fix) in [
+        ("--zero", "1", "--zero 0"),
+        ("--recompute", "full", "--recompute none"),
+        ("--tensor-parallel", "2", "--tensor-parallel 1"),
+    ] {
+        let out = ralpc()
+            .args(["plan", &model, "--gpus", "4", "--batch", "8", option, value])
+            .args(["-o", dir.path().join("x").to_str().unwrap()])
+            .assert()
+            .success();
+        let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        assert!(
+            text.contains("wrote nothing") && text.contains(fix),
+            "{option} {value}: {text}"
+        );
+        assert!(!dir.path().join("x").exists());
+    }
+}

@@ -262,3 +262,59 @@ fn layouts_the_cpu_backend_cannot_run_exactly_are_refused_with_the_reason() {
         "{message}"
     );
 }
+
+/// A small GPT with its head tied to the token embedding (and the attention scale and
+/// mask shared by both blocks), written where the test can run it.
+fn tied_gpt(dir: &Path) -> PathBuf {
+    let spec = ralpc_ir::models::GptSpec {
+        ffn: 64,
+        ..ralpc_ir::models::GptSpec::megatron(2, 32, 4, 8, 64)
+    };
+    let path = dir.join("gpt.onnx");
+    std::fs::write(&path, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
+    path
+}
+
+#[test]
+fn tied_weights_sum_their_gradients_over_every_use() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = tied_gpt(dir.path());
+    let want = reference(&model, 4, 3);
+    // Every use on the same ranks: the sum forms in place, all-reduced in one bucket.
+    let s = strategy(&[stage("embed_tokens", "lm_head", 2)], "", "1f1b", 1);
+    assert_same("tied-dp", &run_plan(&model, 4, 2, &s, 3), &want);
+    // Embedding and head on different stages: their own all-reduce before the step.
+    let s = strategy(
+        &[
+            stage("embed_tokens", "h.0.mlp.proj.matmul", 2),
+            stage("h.1.ln_1", "lm_head", 2),
+        ],
+        "",
+        "1f1b",
+        2,
+    );
+    assert_same("tied-pipeline", &run_plan(&model, 4, 4, &s, 3), &want);
+    // One stage, the embedding on fewer GPUs than the head.
+    let layers = split("embed_tokens", 1, 1, 1);
+    let s = strategy(&[stage("embed_tokens", "lm_head", 2)], &layers, "1f1b", 1);
+    assert_same("tied-burst", &run_plan(&model, 4, 2, &s, 3), &want);
+}
+
+#[test]
+fn an_initializer_merged_by_the_exporter_trains_as_one_weight_on_any_split() {
+    // fc1 reads fc0's bias: the same split keeps one piece per rank, summed in place;
+    // different splits or stages keep whole copies with their own all-reduce.
+    let same = [split("fc0", 1, 1, 2), split("fc1", 1, 1, 2)].join(", ");
+    let s = strategy(&[stage("fc0", "fc2", 2)], &same, "1f1b", 1);
+    check("merged.onnx", 8, 2, &s, "merged-same-split");
+    let different = [split("fc0", 2, 1, 2), split("fc1", 4, 1, 1)].join(", ");
+    let s = strategy(&[stage("fc0", "fc2", 4)], &different, "1f1b", 1);
+    check("merged.onnx", 8, 4, &s, "merged-different-splits");
+    let s = strategy(
+        &[stage("fc0", "fc0", 2), stage("fc1", "fc2", 1)],
+        "",
+        "gpipe",
+        2,
+    );
+    check("merged.onnx", 8, 3, &s, "merged-pipeline");
+}

@@ -34,12 +34,15 @@
 //!   `tag`, `bytes` and endpoints; consecutive messages of one tag on a rank form a group
 //!   that runs concurrently (one `latency_us`);
 //! * `all_reduce` — a collective over `groups[group]`: gradient buckets, the partial sums of
-//!   a row-parallel layer, a parameter-split layer's input gradient;
+//!   a row-parallel layer, a parameter-split layer's input gradient, and (`"tied": NAME`)
+//!   the gradient of a weight several layers on different ranks read, over all of them,
+//!   before the step;
 //! * `all_gather`, `reduce_scatter`, `all_to_all` — resharding recognized as a collective
 //!   (a split tensor read whole by the same ranks, its gradient, an exchange between two
 //!   splits of the same ranks); every member enters a group's collectives in the same
 //!   order;
-//! * `step` — the optimizer update of `bytes` of this rank's weights.
+//! * `step` — the optimizer update of `bytes` of this rank's weights: all but the tied ones
+//!   with their own all-reduce, each of which (`"tied": NAME`) follows its all-reduce.
 //!
 //! Buffers (`buffers[rank]`) name the memory each rank's instructions use, by instruction
 //! index: which write it, which read it, and `live: [first, last]` — allocated before
@@ -135,6 +138,11 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The weight whose gradient it sums over every holder, for a weight several
+        /// layers read (a tied embedding) placed differently; absent for the rest, whose
+        /// buffers say what they reduce.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tied: Option<String>,
     },
     /// All-gather over a communicator group: each member holds `bytes / members` and
     /// ends with all `bytes` (resharding a split tensor to ranks that each read it whole).
@@ -172,6 +180,10 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The tied weight it updates, after that weight's own all-reduce; absent: every
+        /// other weight of the rank.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tied: Option<String>,
     },
 }
 

@@ -257,6 +257,25 @@ pub struct LayerGraph {
     /// IR values carried by another value after rewriting.
     #[serde(skip)]
     pub aliases: BTreeMap<ValueId, ValueId>,
+    /// Weights read by more than one layer.
+    pub tied: Vec<TiedWeight>,
+}
+
+/// A weight several layers read: a tied embedding, or initializers an exporter merged
+/// because their values were equal. It is one tensor: its gradient is the sum over every
+/// use and one update applies it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TiedWeight {
+    /// The initializer's name.
+    pub name: String,
+    /// Its value in the IR.
+    #[serde(skip)]
+    pub value: Option<ValueId>,
+    /// Its bytes.
+    pub bytes: u64,
+    /// The layers reading it, ascending; the first counts it in its `params` and
+    /// `param_bytes`.
+    pub layers: Vec<LayerId>,
 }
 
 /// Why a layer graph could not be built.
@@ -492,11 +511,77 @@ fn assemble(
             producer_unit.get(v).and_then(|&p| layer_of_unit[p])
         })
         .collect();
+    let tied = tie(
+        graph,
+        info,
+        &facts.parameter,
+        &rewritten.aliases,
+        &mut layers,
+    );
     LayerGraph {
         batch,
         layers,
         outputs,
         rewrite: Some(rewritten.report),
         aliases: rewritten.aliases,
+        tied,
     }
+}
+
+/// Finds the weights several layers read and credits each to the first of them (the
+/// accounting credits it to the first node reading it, which may sit in a later layer).
+fn tie(
+    graph: &Graph,
+    info: &GraphInfo,
+    parameter: &[bool],
+    aliases: &BTreeMap<ValueId, ValueId>,
+    layers: &mut [Layer],
+) -> Vec<TiedWeight> {
+    let position: BTreeMap<NodeId, usize> = info
+        .order()
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (n, i))
+        .collect();
+    // Per weight: its readers, as (layer, position of the reading node).
+    let mut readers: BTreeMap<ValueId, Vec<(usize, usize)>> = BTreeMap::new();
+    for (l, layer) in layers.iter().enumerate() {
+        for part in &layer.parts {
+            for &v in graph.node(part.node).inputs.iter().flatten() {
+                let v = aliases.get(&v).copied().unwrap_or(v);
+                if parameter.get(v.index()).copied().unwrap_or(false) {
+                    let at = position.get(&part.node).copied().unwrap_or(usize::MAX);
+                    readers.entry(v).or_default().push((l, at));
+                }
+            }
+        }
+    }
+    let mut tied = Vec::new();
+    for (v, uses) in readers {
+        let mut ids: Vec<usize> = uses.iter().map(|&(l, _)| l).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() < 2 {
+            continue;
+        }
+        let bytes = bytes_of(info, v);
+        let params = info.ty(v).shape.known_numel().unwrap_or(0);
+        let credited = uses.iter().min_by_key(|&&(_, at)| at).map(|&(l, _)| l);
+        let owner = ids[0];
+        if let Some(c) = credited.filter(|&c| c != owner) {
+            if layers[c].param_bytes >= bytes && layers[c].params >= params {
+                layers[c].param_bytes -= bytes;
+                layers[c].params -= params;
+                layers[owner].param_bytes += bytes;
+                layers[owner].params += params;
+            }
+        }
+        tied.push(TiedWeight {
+            name: graph.value(v).name.clone(),
+            value: Some(v),
+            bytes,
+            layers: ids.into_iter().map(|l| LayerId(l as u32)).collect(),
+        });
+    }
+    tied
 }

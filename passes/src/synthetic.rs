@@ -151,5 +151,6 @@ pub fn graph(layers: usize, batch: u64, branchy: bool, seed: u64) -> LayerGraph 
         outputs,
         rewrite: None,
         aliases: BTreeMap::new(),
+        tied: Vec::new(),
     }
 }

@@ -234,11 +234,14 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     if let Some(path) = &args.write_strategy {
         let Some(strategy) = &compiled.strategy else {
             return Err(ralpc::Error::Plan(Box::new(
-                ralpc::passes::plan::PlanError::Request(
-                    "--write-strategy: a transformer (3d) plan has no strategy file form yet \
-                     (--json prints its configuration)"
-                        .into(),
-                ),
+                ralpc::passes::plan::PlanError::Request(format!(
+                    "--write-strategy: this transformer (3d) plan has no strategy file form: {} \
+                     (--json prints its configuration)",
+                    compiled
+                        .not_lowered
+                        .as_deref()
+                        .unwrap_or("it was not lowered")
+                )),
             )));
         };
         ralpc::write_atomically(path, &strategy.to_json())?;
@@ -256,11 +259,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             None => summary(&compiled.report, simulation),
         };
         let names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
-        if names.is_empty() {
-            let _ = writeln!(
-                text,
-                "wrote nothing: transformer (3d) plans are not lowered to an executable plan yet"
-            );
+        if let Some(why) = &compiled.not_lowered {
+            let _ = writeln!(text, "wrote nothing: {why}");
         } else {
             let _ = writeln!(text, "wrote {}: {}", shown, names.join(", "));
         }
@@ -388,6 +388,15 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         gib(mem.workspace)
     );
     write_stages(&mut out, r);
+    if let Some(sim) = &r.simulated {
+        // The executable plan runs the model's own layers, priced layer by layer.
+        let _ = writeln!(
+            out,
+            "\nexecutable plan: these stages on the model's own layers, simulated {} per \
+             iteration under the layer-by-layer costs",
+            secs(sim.iteration_time_us)
+        );
+    }
     let _ = writeln!(
         out,
         "\n{} configurations priced; planned in {}",

@@ -30,8 +30,8 @@ use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{Producer, Split};
 use ralpc_passes::plan::{
     buckets, evaluate, gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient,
-    transfers, weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile,
-    Transfer,
+    separately_reduced, tied_reductions, transfers, weight_replicas, Bucket, Costs, PlanError,
+    Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -118,6 +118,10 @@ struct Lowering<'c, 'a> {
     patterns: Vec<Pattern>,
     /// Per stage, its gradient buckets in launch order.
     buckets: Vec<Vec<Bucket>>,
+    /// The tied weights with their own all-reduce.
+    tied: Vec<TiedReduction>,
+    /// Per layer, the bytes of its weights those all-reduce (see [`separately_reduced`]).
+    separate: Vec<u64>,
     buffers: Tracker,
 }
 
@@ -206,6 +210,7 @@ impl Lowering<'_, '_> {
                         group,
                         bytes: bytes.round() as u64,
                         us,
+                        tied: None,
                     },
                 );
                 for &key in data {
@@ -512,6 +517,83 @@ impl Lowering<'_, '_> {
         }
     }
 
+    /// The layers reading tied weight `t` that run on rank `r`.
+    fn tied_uses(&self, t: &TiedReduction, r: u32) -> Vec<usize> {
+        self.costs.graph.tied[t.weight]
+            .layers
+            .iter()
+            .map(|l| l.0 as usize)
+            .filter(|&l| self.ranks(l).contains(&r))
+            .collect()
+    }
+
+    /// Whether rank `r` holds tied weight `t` through a layer other than the one counting
+    /// its bytes.
+    fn holds_tied_copy(&self, t: &TiedReduction, r: u32) -> bool {
+        let owner = self.costs.graph.tied[t.weight].layers[0].0 as usize;
+        t.ranks.contains(&r) && !self.ranks(owner).contains(&r)
+    }
+
+    /// Stage `k`'s part of the tied weights' all-reduces, each followed by the weight's
+    /// update, in weight order on every holder (the rest of the update does not wait for
+    /// the other stages).
+    fn tied_all_reduces(&mut self, k: usize) {
+        let stage = self.strategy.stages[k];
+        for t in self.tied.clone() {
+            let name = self.costs.graph.tied[t.weight].name.clone();
+            let us = self.comm.all_reduce(&t.ranks, t.bytes).us;
+            let next = self.groups.len() as u32;
+            let group = *self.groups.entry(t.ranks.clone()).or_insert(next);
+            for r in stage.first_rank..stage.first_rank + stage.gpus {
+                if !t.ranks.contains(&r) {
+                    continue;
+                }
+                let at = self.push(
+                    r,
+                    Instruction::AllReduce {
+                        group,
+                        bytes: t.bytes.round() as u64,
+                        us,
+                        tied: Some(name.clone()),
+                    },
+                );
+                let uses = self.tied_uses(&t, r);
+                for &l in &uses {
+                    let key = Key::layer(BufferKind::Gradients, l);
+                    self.buffers.read(r, key, at);
+                    self.buffers.write(r, key, at);
+                }
+                let moved = t.bytes * (3.0 + 2.0 * self.optimizer_state);
+                let at = self.push(
+                    r,
+                    Instruction::Step {
+                        bytes: t.bytes.round() as u64,
+                        us: moved / self.costs.cluster.gpu(r).hbm_bandwidth * 1e6,
+                        tied: Some(name.clone()),
+                    },
+                );
+                for &l in &uses {
+                    self.step_buffers(r, l, at);
+                }
+            }
+        }
+    }
+
+    /// The buffers an update of layer `l`'s weights on rank `r` touches.
+    fn step_buffers(&mut self, r: u32, l: usize, at: usize) {
+        for kind in [
+            BufferKind::Weights,
+            BufferKind::Gradients,
+            BufferKind::OptimizerState,
+        ] {
+            self.buffers.read(r, Key::layer(kind, l), at);
+        }
+        self.buffers
+            .write(r, Key::layer(BufferKind::Weights, l), at);
+        self.buffers
+            .write(r, Key::layer(BufferKind::OptimizerState, l), at);
+    }
+
     /// The optimizer step of stage `k`'s ranks.
     fn step(&mut self, k: usize) {
         let stage = self.strategy.stages[k];
@@ -525,7 +607,8 @@ impl Lowering<'_, '_> {
                     continue;
                 }
                 let (_, share) = weight_replicas(graph.layers[l].kind, self.strategy.layers[l], 0);
-                bytes += graph.layers[l].param_bytes as f64 * share;
+                let own = graph.layers[l].param_bytes.saturating_sub(self.separate[l]);
+                bytes += own as f64 * share;
                 touched.push(l);
             }
             // Read weights, gradients and state; write weights and state.
@@ -536,22 +619,14 @@ impl Lowering<'_, '_> {
                 Instruction::Step {
                     bytes: bytes.round() as u64,
                     us,
+                    tied: None,
                 },
             );
             for l in touched {
-                for kind in [
-                    BufferKind::Weights,
-                    BufferKind::Gradients,
-                    BufferKind::OptimizerState,
-                ] {
-                    self.buffers.read(r, Key::layer(kind, l), at);
-                }
-                self.buffers
-                    .write(r, Key::layer(BufferKind::Weights, l), at);
-                self.buffers
-                    .write(r, Key::layer(BufferKind::OptimizerState, l), at);
+                self.step_buffers(r, l, at);
             }
         }
+        self.tied_all_reduces(k);
     }
 
     /// The buffers that live throughout: each layer's weights, gradients and optimizer
@@ -576,6 +651,26 @@ impl Lowering<'_, '_> {
                     r,
                     Key::layer(BufferKind::OptimizerState, l),
                     bytes * self.optimizer_state,
+                );
+            }
+        }
+        for t in self.tied.clone() {
+            for &r in &t.ranks {
+                let Some(&l) = self.tied_uses(&t, r).first() else {
+                    continue;
+                };
+                if !self.holds_tied_copy(&t, r) {
+                    continue;
+                }
+                weights[r as usize] += t.bytes;
+                self.buffers
+                    .grow(r, Key::layer(BufferKind::Weights, l), t.bytes);
+                self.buffers
+                    .grow(r, Key::layer(BufferKind::Gradients, l), t.bytes);
+                self.buffers.grow(
+                    r,
+                    Key::layer(BufferKind::OptimizerState, l),
+                    t.bytes * self.optimizer_state,
                 );
             }
         }
@@ -661,6 +756,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             })
         })
         .collect();
+    let tied = tied_reductions(graph, strategy);
     let mut lowering = Lowering {
         patterns,
         costs,
@@ -680,6 +776,8 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             .zip(&evaluation.stages)
             .map(|(stage, cost)| buckets(graph, strategy, stage, cost.bucket_bytes))
             .collect(),
+        separate: separately_reduced(graph, &tied),
+        tied,
         buffers: Tracker::new(ranks as usize),
     };
     lowering.persistent_buffers();

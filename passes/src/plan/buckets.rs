@@ -5,11 +5,13 @@
 //! backward order (last layers first), and a bucket is all-reduced as soon as the backward
 //! of its earliest layer has run on the last microbatch, overlapping the rest of backward.
 //! A bucket also ends where the replica group changes (a different split, or a layer whose
-//! weights replicate differently); layers without weights belong to no bucket.
+//! weights replicate differently); layers without weights belong to no bucket, and a tied
+//! weight with its own all-reduce ([`super::tied`]) to none.
 
 use std::ops::RangeInclusive;
 
 use super::layout::weight_replicas;
+use super::tied::{separately_reduced, tied_reductions};
 use super::{Stage, Strategy};
 use crate::layers::LayerGraph;
 
@@ -46,16 +48,18 @@ pub fn buckets(
     cap: Option<f64>,
 ) -> Vec<Bucket> {
     let cap_bytes = cap.unwrap_or(f64::INFINITY);
+    let separate = separately_reduced(graph, &tied_reductions(graph, strategy));
     let mut out: Vec<Bucket> = Vec::new();
     for l in (stage.first_layer..=stage.last_layer).rev() {
         let layer = &graph.layers[l];
-        if layer.param_bytes == 0 {
+        let param_bytes = layer.param_bytes.saturating_sub(separate[l]);
+        if param_bytes == 0 {
             continue;
         }
         let split = strategy.layers[l];
         let (ranks, share) = weight_replicas(layer.kind, split, stage.first_rank);
         let all = stage.first_rank..stage.first_rank + split.degree();
-        let bytes = layer.param_bytes as f64 * share;
+        let bytes = param_bytes as f64 * share;
         match out.last_mut() {
             Some(b) if b.ranks == ranks && b.all == all && b.bytes + bytes <= cap_bytes => {
                 b.layers = l..=*b.layers.end();

@@ -242,14 +242,19 @@ impl<'a> Costs<'a> {
         (s.latency_us, s.bandwidth_us / 1e9)
     }
 
-    /// The gradient synchronization of layer `l` under `split` on ranks from `first`.
-    pub(crate) fn sync(&self, l: usize, split: Split, first: u32) -> Sync {
-        let layer = &self.graph.layers[l];
-        if layer.param_bytes == 0 {
+    /// The gradient synchronization of `param_bytes` of layer `l`'s weights (all of them, or
+    /// those its gradient bucket carries) under `split` on ranks from `first`.
+    pub(crate) fn sync(&self, l: usize, split: Split, first: u32, param_bytes: u64) -> Sync {
+        if param_bytes == 0 {
             return Sync::default();
         }
-        let (ranks, share) = layout::weight_replicas(layer.kind, split, first);
-        self.all_reduce(&ranks, layer.param_bytes as f64 * share)
+        let (ranks, share) = layout::weight_replicas(self.graph.layers[l].kind, split, first);
+        self.all_reduce(&ranks, param_bytes as f64 * share)
+    }
+
+    /// All-reduce of `bytes` over any set of ranks, µs.
+    pub fn all_reduce_us(&self, ranks: &[u32], bytes: f64) -> f64 {
+        self.comm.all_reduce(ranks, bytes).us
     }
 
     /// The α and β of the slowest link among ranks `lo..=hi`.

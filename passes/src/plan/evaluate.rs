@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use super::buckets::{buckets, Bucket, BUCKET_CAPS};
 use super::costs::{Costs, Sync};
+use super::tied::{separately_reduced, tied_reductions};
 use super::{PlanError, Schedule, Strategy};
 use crate::layers::Producer;
 
@@ -122,13 +123,20 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut memory = vec![0.0f64; costs.gpus as usize];
     let mut weights = vec![0.0f64; costs.gpus as usize];
     let mut transient = vec![0.0f64; costs.gpus as usize];
+    let reductions = tied_reductions(graph, strategy);
+    let separate = separately_reduced(graph, &reductions);
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
         let stage = &strategy.stages[k];
         let split = strategy.layers[l];
         let g = split.degree();
         let work = costs.work(l, split, stage.first_rank, m);
-        syncs.push(costs.sync(l, split, stage.first_rank));
+        syncs.push(costs.sync(
+            l,
+            split,
+            stage.first_rank,
+            layer.param_bytes.saturating_sub(separate[l]),
+        ));
         let mut transfer = 0.0;
         for edge in &layer.inputs {
             let Producer::Layer(p) = edge.from else {
@@ -180,8 +188,29 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             transfer_us: transfer,
         });
     }
+    // A tied weight's other holders keep a copy, its gradient and its optimizer state too,
+    // and every holder waits for its all-reduce before the step.
+    let mut tied_us = vec![0.0f64; costs.gpus as usize];
+    for r in &reductions {
+        let owner = graph.tied[r.weight].layers[0].0 as usize;
+        let first = strategy.stages[stage_of[owner]].first_rank;
+        let owners = first..first + strategy.layers[owner].degree();
+        let us = costs.all_reduce_us(&r.ranks, r.bytes);
+        for &rank in &r.ranks {
+            if !owners.contains(&rank) {
+                memory[rank as usize] += r.bytes * (2.0 + costs.optimizer().state_factor());
+                weights[rank as usize] += r.bytes;
+            }
+            tied_us[rank as usize] += us;
+        }
+    }
     for (k, stage) in strategy.stages.iter().enumerate() {
         let mut slowest: f64 = 0.0;
+        let mut tied: f64 = 0.0;
+        for r in stage.first_rank..stage.first_rank + stage.gpus {
+            tied = tied.max(tied_us[r as usize]);
+        }
+        busy_gpu_us += tied * f64::from(stage.gpus);
         for r in stage.first_rank..stage.first_rank + stage.gpus {
             let step = costs.step_us(weights[r as usize], r);
             slowest = slowest.max(step);
@@ -210,7 +239,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         if let Some(last) = chosen.last() {
             busy_gpu_us += exposed * f64::from(last.all.end - last.all.start);
         }
-        stage_cost[k].sync_us = exposed + slowest;
+        stage_cost[k].sync_us = exposed + tied + slowest;
         stage_cost[k].send_delay_us = if k > 0 { delay } else { 0.0 };
         stage_cost[k].buckets = chosen.len() as u32;
         stage_cost[k].bucket_bytes = chosen_cap(&chosen);

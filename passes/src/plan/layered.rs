@@ -129,7 +129,7 @@ fn table(costs: &Costs<'_>, l: usize, splits: Vec<Split>, weights: Weights) -> T
     let (mut own, mut latency) = (Vec::new(), Vec::new());
     for &split in &splits {
         let w = costs.work(l, split, 0, 1);
-        let sync = costs.sync(l, split, 0);
+        let sync = costs.sync(l, split, 0, costs.graph.layers[l].param_bytes);
         let scale = 1.0 + weights.lambda * f64::from(split.degree());
         let layer = &costs.graph.layers[l];
         let (_, share) = super::layout::weight_replicas(layer.kind, split, 0);

@@ -24,6 +24,7 @@ mod layered;
 mod layout;
 mod pipeline;
 mod search;
+mod tied;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +37,7 @@ pub use layout::{
     transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
+pub use tied::{separately_reduced, tied_reductions, TiedReduction};
 
 use crate::layers::Split;
 

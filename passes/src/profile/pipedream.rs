@@ -245,6 +245,7 @@ pub fn parse_pipedream(
             outputs,
             rewrite: None,
             aliases: BTreeMap::new(),
+            tied: Vec::new(),
         },
         inputs: inputs.iter().map(|&i| nodes[i].id.clone()).collect(),
         nodes: nodes.len(),

@@ -288,7 +288,9 @@ fn extract(
             continue;
         };
         if let Some(&carrier) = value_of.get(&egraph.find(c)) {
-            if carrier != v && !facts.folded[v.index()] {
+            // Folded values are constants of their own, but a weight's alias (an exporter's
+            // `Identity` on a merged initializer) stays the weight: it trains as one.
+            if carrier != v && (!facts.folded[v.index()] || facts.parameter[carrier.index()]) {
                 aliases.insert(v, carrier);
             }
         }

@@ -12,6 +12,7 @@
 //! thousands of GPUs.
 
 mod estimate;
+mod layered;
 mod recognize;
 mod search;
 
@@ -19,6 +20,7 @@ pub use estimate::{
     block_activation_bytes, estimate, Estimate, MemoryBreakdown, Setting, TimeBreakdown,
 };
 pub use estimate::{ACTIVATION_LAUNCHES, GEMM_EFFICIENCY, HBM_EFFICIENCY};
+pub use layered::{layered, NotLayered};
 pub use recognize::{recognize, NotATransformer};
 pub use search::{search, Knobs, Searched};
 

@@ -10,6 +10,11 @@
 //!   and it carries the intersection of what the receiver needs and the sender holds;
 //! * a collective's buffers (the plan's `buffers`) name what it reduces or reshards.
 //!
+//! A weight several layers read (a tied embedding, initializers an exporter merged) is one
+//! tensor: its uses add into one gradient and one update applies it — in the first
+//! layer's bucket when every use holds the same piece, else after the plan's own
+//! all-reduce of it over every holder (each keeping it whole).
+//!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
 //! checks that they cover what it holds. Anything the plan does not deliver is an error
@@ -360,6 +365,9 @@ struct LayerExec {
     main: Option<NodeId>,
     /// Its trainable weights.
     weights: Vec<ValueId>,
+    /// The weights whose gradients its bucket all-reduces: those it reads first, but for
+    /// tied weights the plan all-reduces on their own.
+    owned: Vec<ValueId>,
 }
 
 impl LayerExec {
@@ -385,6 +393,9 @@ struct Prepared<'a> {
     output: (usize, ValueId),
     microbatch: usize,
     channels_first: BTreeSet<ValueId>,
+    /// Tied weights with their own all-reduce: every holder keeps a whole copy, cuts what
+    /// each layer holds from it, and adds each layer's gradient at its place.
+    tied: BTreeSet<ValueId>,
     infos: Mutex<BTreeMap<u64, std::sync::Arc<GraphInfo>>>,
     env: Env,
 }
@@ -482,6 +493,17 @@ impl<'a> Prepared<'a> {
         let graph_output = carrier(lg, graph_output);
         let mut output = None;
         let mut weight_owner: BTreeMap<ValueId, usize> = BTreeMap::new();
+        let tied_all_reduced: BTreeSet<&str> = plan
+            .programs
+            .iter()
+            .flatten()
+            .filter_map(|i| match i {
+                Instruction::AllReduce {
+                    tied: Some(name), ..
+                } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
         let mut layers = Vec::with_capacity(lg.layers.len());
         for (l, layer) in lg.layers.iter().enumerate() {
             let mut nodes: Vec<NodeId> = layer.parts.iter().map(|p| p.node).collect();
@@ -492,6 +514,7 @@ impl<'a> Prepared<'a> {
                 .collect();
             let mut inputs: Vec<(ValueId, Source)> = Vec::new();
             let mut weights = Vec::new();
+            let mut owned = Vec::new();
             for &n in &nodes {
                 for v in g.node(n).inputs.iter().flatten().copied() {
                     if inside.contains(&v) || inputs.iter().any(|(w, _)| *w == v) {
@@ -505,14 +528,12 @@ impl<'a> Prepared<'a> {
                         Source::Edge(e)
                     } else if matches!(producer.op, Op::Constant { .. }) {
                         if exe.weights.trainable.contains(&c) {
-                            if let Some(other) = weight_owner.insert(c, l) {
-                                if other != l {
-                                    return Err(setup(format!(
-                                        "weight '{}' is shared by layers {} and {}: shared weights are not executable yet",
-                                        g.value(c).name,
-                                        lg.layers[other].name,
-                                        layer.name
-                                    )));
+                            // The first layer reading a weight carries its gradient in its
+                            // bucket, unless the plan sums it by its own all-reduce.
+                            if !weight_owner.contains_key(&c) {
+                                weight_owner.insert(c, l);
+                                if !tied_all_reduced.contains(g.value(c).name.as_str()) {
+                                    owned.push(c);
                                 }
                             }
                             weights.push(c);
@@ -559,6 +580,7 @@ impl<'a> Prepared<'a> {
                 outputs,
                 main,
                 weights,
+                owned,
             });
         }
         let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
@@ -578,6 +600,11 @@ impl<'a> Prepared<'a> {
                 channels_first.extend(n.outputs.iter().map(|&v| carrier(lg, v)));
             }
         }
+        let tied = weight_owner
+            .keys()
+            .copied()
+            .filter(|&w| tied_all_reduced.contains(g.value(w).name.as_str()))
+            .collect();
         let prepared = Prepared {
             exe,
             microbatch: (plan.batch / m) as usize,
@@ -585,6 +612,7 @@ impl<'a> Prepared<'a> {
             layers,
             output,
             channels_first,
+            tied,
             infos: Mutex::default(),
             env: Env {
                 mode: Mode::Training,
@@ -751,11 +779,16 @@ impl<'a> Prepared<'a> {
             .get(&w)
             .map(|t| t.shape.clone())
             .unwrap_or_default();
-        let Some((node, slot)) = g
-            .consumers(w)
-            .into_iter()
-            .find(|(n, _)| l.nodes.contains(n))
-        else {
+        // The node using it, perhaps through an alias (the `Identity` an exporter puts on
+        // a merged weight).
+        let lg = self.exe.layers;
+        let Some((node, slot)) = l.nodes.iter().find_map(|&n| {
+            g.node(n)
+                .inputs
+                .iter()
+                .position(|v| v.is_some_and(|v| carrier(lg, v) == w))
+                .map(|slot| (n, slot))
+        }) else {
             return Slice::Whole;
         };
         let op = &g.node(node).op;
@@ -808,6 +841,21 @@ fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
             super::ops::narrow(full, *axis, range.start, range.len())
         }
     }
+}
+
+/// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
+/// weight (of `shape`).
+fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
+    let Slice::Axis(axis, piece) = slice else {
+        return gradient;
+    };
+    let whole: Region = shape.iter().map(|&d| 0..d).collect();
+    let mut region = whole.clone();
+    region[*axis] = interval(*piece, shape[*axis]);
+    let mut out = vec![0.0f32; volume(&whole)];
+    let mut filled = vec![false; out.len()];
+    paste(&mut out, &whole, &gradient, &region, &mut filled);
+    out
 }
 
 /// A layer's forward pass on one microbatch, kept for its backward pass.
@@ -887,7 +935,22 @@ impl<'p, 'a> Rank<'p, 'a> {
                     }
                     None => model,
                 };
-                let slice = p.slice_of(l, k, w);
+                let slice = if p.tied.contains(&w) {
+                    Slice::Whole
+                } else {
+                    p.slice_of(l, k, w)
+                };
+                if let Some((held, _)) = weights.get(&w) {
+                    if *held != slice {
+                        return Err(format!(
+                            "the weight '{name}' is read by several layers that hold different \
+                             pieces of it on rank {rank} (layer {} holds {slice:?}, an earlier \
+                             one {held:?}); give them the same split",
+                            l.name
+                        ));
+                    }
+                    continue;
+                }
                 let first = l.view_in().pieces(k)[2].0 == 0;
                 if let Some(v) = resume.and_then(|c| c.velocity.get(name)) {
                     let v = Tensor::f32(model.shape.clone(), v.clone());
@@ -952,10 +1015,21 @@ impl<'p, 'a> Rank<'p, 'a> {
         })
     }
 
+    /// How layer `l` holds weight `w` on this rank: as the rank keeps it, or, for a tied
+    /// weight kept whole, the piece the layer's split gives it.
+    fn piece(&self, l: &LayerExec, w: ValueId) -> Option<Slice> {
+        let (slice, _) = self.weights.get(&w)?;
+        if !self.p.tied.contains(&w) {
+            return Some(slice.clone());
+        }
+        let k = l.holds(self.rank)?;
+        Some(self.p.slice_of(l, k, w))
+    }
+
     /// Whether this rank's weight `w` is real (not a zero stand-in for a bias it lacks).
     fn trains(&self, l: &LayerExec, w: ValueId) -> bool {
-        match self.weights.get(&w) {
-            Some((Slice::FirstSliceOnly, _)) => l
+        match self.piece(l, w) {
+            Some(Slice::FirstSliceOnly) => l
                 .holds(self.rank)
                 .is_some_and(|k| l.view_in().pieces(k)[2].0 == 0),
             Some(_) => true,
@@ -1114,6 +1188,11 @@ impl<'p, 'a> Rank<'p, 'a> {
             } => self.backward(layer as usize, microbatch),
             Instruction::Send { to, tag, .. } => self.send(to, tag),
             Instruction::Recv { from, tag, .. } => self.recv(from, tag),
+            Instruction::AllReduce {
+                group,
+                tied: Some(ref name),
+                ..
+            } => self.tied_all_reduce(name, self.group(group)?),
             Instruction::AllReduce { group, .. } => self.all_reduce(index, self.group(group)?),
             Instruction::AllGather { group, .. } | Instruction::AllToAll { group, .. } => {
                 self.reshard_forward_or_back(index, self.group(group)?)
@@ -1121,7 +1200,24 @@ impl<'p, 'a> Rank<'p, 'a> {
             Instruction::ReduceScatter { group, .. } => {
                 self.reshard_forward_or_back(index, self.group(group)?)
             }
-            Instruction::Step { .. } => self.optimizer_step(),
+            Instruction::Step {
+                tied: Some(ref name),
+                ..
+            } => {
+                let g = self.p.exe.graph;
+                let w = self
+                    .p
+                    .tied
+                    .iter()
+                    .copied()
+                    .find(|&w| g.value(w).name == *name)
+                    .ok_or_else(|| format!("'{name}' is not a tied weight of this plan"))?;
+                self.optimizer_step(|v| v == w)
+            }
+            Instruction::Step { .. } => {
+                let tied = &self.p.tied;
+                self.optimizer_step(|v| !tied.contains(&v))
+            }
         }
     }
 
@@ -1292,6 +1388,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                         crop(full, &global, &shifted)
                     }
                     Source::Constant => match self.weights.get(&c) {
+                        Some((_, t)) if p.tied.contains(&c) => {
+                            let first = layer.view_in().pieces(k)[2].0 == 0;
+                            share(t, &p.slice_of(layer, k, c), first)
+                        }
                         Some((_, t)) => t.clone(),
                         None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
                             format!("constant '{}' is missing", self.value_name(c))
@@ -1424,11 +1524,26 @@ impl<'p, 'a> Rank<'p, 'a> {
         self.compute
             .backward(p.exe.graph, &run.records, &run.values, &mut grads)
             .map_err(|e| e.to_string())?;
+        // A weight read through an alias gets its gradient there.
+        for &(v, source) in &layer.inputs {
+            let c = carrier(p.exe.layers, v);
+            if source == Source::Constant && c != v {
+                if let Some(g) = grads.take(v) {
+                    grads.add(c, &g);
+                }
+            }
+        }
         for &w in &layer.weights {
             if !self.trains(layer, w) {
                 continue;
             }
-            if let Some(gw) = grads.take(w) {
+            let gw = match (grads.take(w), self.weights.get(&w)) {
+                (Some(gw), Some((_, whole))) if p.tied.contains(&w) => {
+                    Some(place(gw, &p.slice_of(layer, k, w), &whole.shape))
+                }
+                (gw, _) => gw,
+            };
+            if let Some(gw) = gw {
                 match self.grads.get_mut(&w) {
                     Some(acc) => kernels::add(acc, &gw),
                     None => {
@@ -1553,7 +1668,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             let mut keys = Vec::new();
             for &l in &layers {
                 let layer = &self.p.layers[l];
-                for &w in &layer.weights {
+                for &w in &layer.owned {
                     if self.trains(layer, w) {
                         keys.push(w);
                     }
@@ -1613,6 +1728,24 @@ impl<'p, 'a> Rank<'p, 'a> {
             return self.comm.all_reduce(&group, data).map_err(Self::comm_error);
         }
         Err("an all-reduce whose buffers name nothing to reduce".into())
+    }
+
+    /// Sums a tied weight's gradient over every rank holding it: each keeps it whole and
+    /// has added the uses it runs, each at its place.
+    fn tied_all_reduce(&mut self, name: &str, group: Vec<u32>) -> Result<(), String> {
+        let g = self.p.exe.graph;
+        let found = self
+            .weights
+            .iter()
+            .find(|(w, _)| g.value(**w).name == name)
+            .map(|(&w, (_, t))| (w, t.len()));
+        let Some((w, n)) = found else {
+            return Err(format!("this rank does not hold the tied weight '{name}'"));
+        };
+        let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
+        self.comm
+            .all_reduce(&group, gradient)
+            .map_err(Self::comm_error)
     }
 
     /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
@@ -1719,16 +1852,20 @@ impl<'p, 'a> Rank<'p, 'a> {
         }
     }
 
-    fn optimizer_step(&mut self) -> Result<(), String> {
+    /// Updates the weights `which` selects (the tied ones follow their own all-reduce).
+    fn optimizer_step(&mut self, which: impl Fn(ValueId) -> bool) -> Result<(), String> {
+        let ready: Vec<ValueId> = self.grads.keys().copied().filter(|&w| which(w)).collect();
         if self.step == 0 {
-            for (&w, g) in &self.grads {
-                if let Some((slice, _)) = self.weights.get(&w) {
-                    self.report.gradients.push((w, slice.clone(), g.clone()));
+            for w in &ready {
+                if let (Some((slice, _)), Some(g)) = (self.weights.get(w), self.grads.get(w)) {
+                    self.report.gradients.push((*w, slice.clone(), g.clone()));
                 }
             }
         }
-        let grads = std::mem::take(&mut self.grads);
-        for (w, g) in grads {
+        for w in ready {
+            let Some(g) = self.grads.remove(&w) else {
+                continue;
+            };
             let Some((
                 _,
                 Tensor {
