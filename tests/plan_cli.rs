@@ -274,6 +274,21 @@ fn bad_inputs_exit_1_and_say_what_is_wrong() {
         1,
         &["does not fit", "smallest per-GPU memory"],
     );
+    // Pipelines that fit but cost too much GPU time are a budget problem, said as one.
+    fails(
+        &[
+            "plan",
+            VGG16,
+            "--gpus",
+            "16",
+            "--strategy",
+            "pipeline",
+            "--microbatches",
+            "4",
+        ],
+        1,
+        &["no pipeline plan keeps GPU-sec amplification"],
+    );
     fails(
         // A sized cluster does not grow (a bare preset name does).
         &["plan", VGG16, "--cluster", "dgx-a100x1", "--gpus", "12"],

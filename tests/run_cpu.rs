@@ -318,3 +318,13 @@ fn an_initializer_merged_by_the_exporter_trains_as_one_weight_on_any_split() {
     );
     check("merged.onnx", 8, 3, &s, "merged-pipeline");
 }
+
+#[test]
+fn weights_a_model_generates_are_seeded_and_trained_on_any_split() {
+    // The ONNX zoo's "light" models make their weights with ConstantOfShape.
+    let s = strategy(&[stage("fc0", "fc1", 4)], "", "1f1b", 1);
+    check("generated.onnx", 8, 4, &s, "generated-dp");
+    let layers = [split("fc0", 1, 1, 4), split("fc1", 1, 4, 1)].join(", ");
+    let s = strategy(&[stage("fc0", "fc1", 4)], &layers, "1f1b", 1);
+    check("generated.onnx", 8, 4, &s, "generated-soap");
+}

@@ -120,6 +120,7 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
             }
         }
     }
+    let mut fits_over_budget = false;
     if wants(Family::Pipeline) {
         let schedules = request
             .schedule
@@ -140,6 +141,8 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
                 };
                 let evaluation = evaluate(costs, &strategy)?;
                 smallest_need = smallest_need.min(evaluation.peak_memory_bytes);
+                // Fitting but over the budget is a budget problem, not a memory one.
+                fits_over_budget |= evaluation.fits;
                 if !evaluation.fits || budget.is_some_and(|b| evaluation.gpu_sec_amplification > b)
                 {
                     continue;
@@ -198,7 +201,10 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         })
         .cloned();
     let Some(chosen) = chosen else {
-        if candidates.iter().any(|c| c.evaluation.fits) || smallest_need.is_infinite() {
+        if fits_over_budget
+            || candidates.iter().any(|c| c.evaluation.fits)
+            || smallest_need.is_infinite()
+        {
             return Err(PlanError::OverBudget {
                 family: family.name(),
                 budget: budget.unwrap_or(f64::INFINITY),

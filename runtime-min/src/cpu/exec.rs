@@ -506,7 +506,18 @@ impl<'a> Prepared<'a> {
             .collect();
         let mut layers = Vec::with_capacity(lg.layers.len());
         for (l, layer) in lg.layers.iter().enumerate() {
-            let mut nodes: Vec<NodeId> = layer.parts.iter().map(|p| p.node).collect();
+            // Generated weights come from the weights, not from the layer's prologue.
+            let mut nodes: Vec<NodeId> = layer
+                .parts
+                .iter()
+                .map(|p| p.node)
+                .filter(|&n| {
+                    !g.node(n)
+                        .outputs
+                        .iter()
+                        .all(|v| exe.weights.trainable.contains(v))
+                })
+                .collect();
             nodes.sort_by_key(|n| order.get(n).copied().unwrap_or(usize::MAX));
             let inside: BTreeSet<ValueId> = nodes
                 .iter()
@@ -526,7 +537,9 @@ impl<'a> Prepared<'a> {
                         edges.iter().position(|e| e.consumer == l && e.value == c)
                     {
                         Source::Edge(e)
-                    } else if matches!(producer.op, Op::Constant { .. }) {
+                    } else if matches!(producer.op, Op::Constant { .. })
+                        || exe.weights.trainable.contains(&c)
+                    {
                         if exe.weights.trainable.contains(&c) {
                             // The first layer reading a weight carries its gradient in its
                             // bucket, unless the plan sums it by its own all-reduce.
@@ -668,7 +681,7 @@ impl<'a> Prepared<'a> {
                     g.node(n).inputs.iter().flatten().any(|&v| {
                         let producer = &g.node(g.value(v).producer).op;
                         self.exe.weights.trainable.contains(&v)
-                            && !matches!(producer, Op::Constant { .. })
+                            && !matches!(producer, Op::Constant { .. } | Op::ConstantOfShape { .. })
                     })
                 })
             {

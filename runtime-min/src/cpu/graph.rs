@@ -42,12 +42,15 @@ pub enum ExecError {
     },
 }
 
-/// The constants of a model: its weights (initializers) and `Constant` payloads.
+/// The constants of a model: its weights (initializers, and the float tensors a
+/// `ConstantOfShape` of a constant shape generates, as the ONNX zoo's "light" models write
+/// their weights) and `Constant` payloads.
 #[derive(Clone, Debug, Default)]
 pub struct Weights {
     /// Every constant, by the value it produces.
     pub tensors: BTreeMap<ValueId, Tensor>,
-    /// The floating-point initializers (the trainable weights), in graph order.
+    /// The trainable weights (floating-point initializers and generated weights), in graph
+    /// order.
     pub trainable: Vec<ValueId>,
     /// How many initializers had no data and were initialized from the seed.
     pub seeded: usize,
@@ -83,6 +86,21 @@ impl Weights {
         let mut w = Weights::default();
         for id in graph.node_ids() {
             let node = graph.node(id);
+            if let Some((value, dims)) = generated_weight(graph, id) {
+                let name = graph.value(value).name.clone();
+                let rule = init::rule(graph, value, &dims);
+                let n = dims.iter().product::<u64>() as usize;
+                w.seeded += 1;
+                w.trainable.push(value);
+                w.tensors.insert(
+                    value,
+                    Tensor::f32(
+                        dims.iter().map(|&d| d as usize).collect(),
+                        init::weight(seed, &name, n, rule),
+                    ),
+                );
+                continue;
+            }
             let Op::Constant {
                 tensor,
                 initializer,
@@ -122,6 +140,29 @@ impl Weights {
         }
         Ok(w)
     }
+}
+
+/// The weight a float `ConstantOfShape` of an initializer's shape generates (value and
+/// dims); ralpc counts it as a parameter, so it is seeded and trained like one.
+pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64>)> {
+    let n = graph.node(node);
+    let Op::ConstantOfShape { dtype, .. } = &n.op else {
+        return None;
+    };
+    if !dtype.is_float() {
+        return None;
+    }
+    let shape = n.inputs.first().copied().flatten()?;
+    let Op::Constant { tensor, .. } = &graph.node(graph.value(shape).producer).op else {
+        return None;
+    };
+    let dims: Vec<u64> = tensor
+        .to_f64s()
+        .ok()?
+        .iter()
+        .map(|&d| (d >= 0.0).then_some(d as u64))
+        .collect::<Option<_>>()?;
+    Some((*n.outputs.first()?, dims))
 }
 
 /// Values computed so far, by [`ValueId`].
@@ -181,6 +222,12 @@ pub fn forward(
     for &id in nodes {
         let node = graph.node(id);
         if matches!(node.op, Op::Input | Op::Constant { .. }) {
+            continue;
+        }
+        // A generated weight comes from the weights, like an initializer.
+        if matches!(node.op, Op::ConstantOfShape { .. })
+            && node.outputs.iter().all(|&v| values.get(v).is_some())
+        {
             continue;
         }
         let error = node_error(graph, id);
