@@ -328,3 +328,20 @@ fn weights_a_model_generates_are_seeded_and_trained_on_any_split() {
     let s = strategy(&[stage("fc0", "fc1", 4)], &layers, "1f1b", 1);
     check("generated.onnx", 8, 4, &s, "generated-soap");
 }
+
+#[test]
+fn sequence_first_tensors_split_by_samples_on_their_batch_axis() {
+    // `[tokens, batch, 16]` flows from to_seq_first to proj to to_batch_first.
+    let s = strategy(&[stage("to_seq_first", "out", 2)], "", "1f1b", 1);
+    check("seqfirst.onnx", 4, 2, &s, "seqfirst-dp");
+    let s = strategy(
+        &[
+            stage("to_seq_first", "proj", 2),
+            stage("to_batch_first", "out", 1),
+        ],
+        "",
+        "gpipe",
+        2,
+    );
+    check("seqfirst.onnx", 4, 3, &s, "seqfirst-pipeline");
+}

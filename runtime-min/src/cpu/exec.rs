@@ -397,6 +397,8 @@ struct Prepared<'a> {
     /// each layer holds from it, and adds each layer's gradient at its place.
     tied: BTreeSet<ValueId>,
     infos: Mutex<BTreeMap<u64, std::sync::Arc<GraphInfo>>>,
+    /// Per value, its batch axis and entries per sample ([`Prepared::batch_axis`]).
+    batch_axes: Mutex<BTreeMap<ValueId, Option<(usize, usize)>>>,
     env: Env,
 }
 
@@ -627,6 +629,7 @@ impl<'a> Prepared<'a> {
             channels_first,
             tied,
             infos: Mutex::default(),
+            batch_axes: Mutex::default(),
             env: Env {
                 mode: Mode::Training,
                 exported_batch: g.rebatch().map(|r| r.exported),
@@ -695,7 +698,85 @@ impl<'a> Prepared<'a> {
     }
 
     fn axes(&self, v: ValueId, rank: usize) -> Axes {
-        Axes::of(rank, self.channels_first.contains(&v))
+        match self.batch_axis(v).map(|(a, _)| a) {
+            // Sequence-first tensors (`[s, b, h]`, PyTorch's attention without batch_first):
+            // features last, no row split.
+            Some(a) if a > 0 => Axes {
+                rows: None,
+                features: (rank > a + 1).then(|| rank - 1),
+            },
+            _ => Axes::of(rank, self.channels_first.contains(&v)),
+        }
+    }
+
+    /// The axis of `v` that indexes the samples, and how many entries of it each sample
+    /// has: the first axis when its size is the batch; else the one axis whose size follows
+    /// the batch (the model verified at twice the batch tells). An axis holding several
+    /// entries per sample (`[s, b·heads, d]`) must be sample-major, which the ops making it
+    /// (reshapes merging the batch with what follows it, transposes) show.
+    fn batch_axis(&self, v: ValueId) -> Option<(usize, usize)> {
+        if let Some(&known) = self.lock_batch_axes().get(&v) {
+            return known;
+        }
+        let found = self.find_batch_axis(v, 0);
+        self.lock_batch_axes().insert(v, found);
+        found
+    }
+
+    fn lock_batch_axes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<ValueId, Option<(usize, usize)>>> {
+        self.batch_axes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn find_batch_axis(&self, v: ValueId, depth: usize) -> Option<(usize, usize)> {
+        let batch = self.exe.plan.batch;
+        let sizes = self.exe.info.ty(v).shape.as_sizes()?;
+        if sizes.first() == Some(&batch) {
+            return Some((0, 1));
+        }
+        let doubled = self.info_at(2 * batch).ok()?.ty(v).shape.as_sizes()?;
+        if doubled.len() != sizes.len() {
+            return None;
+        }
+        let mut axis = None;
+        for (a, (&x, &y)) in sizes.iter().zip(&doubled).enumerate() {
+            match (x > 0 && x % batch == 0 && y == 2 * x, x == y) {
+                (true, _) if axis.is_none() => axis = Some(a),
+                (_, true) => {}
+                _ => return None,
+            }
+        }
+        let a = axis?;
+        let per_sample = (sizes[a] / batch) as usize;
+        if per_sample == 1 {
+            return Some((a, 1));
+        }
+        // Several entries per sample: sample-major where the op that made it says so.
+        let g = self.exe.graph;
+        let node = g.node(g.value(v).producer);
+        let input = node.inputs.first().copied().flatten()?;
+        if depth > 64 {
+            return None;
+        }
+        let from = self.find_batch_axis(input, depth + 1)?;
+        let in_sizes = self.exe.info.ty(input).shape.as_sizes()?;
+        let major = match &node.op {
+            Op::Transpose { perm } => {
+                let source = match perm {
+                    Some(p) => usize::try_from(*p.get(a)?).ok()?,
+                    None => sizes.len() - 1 - a,
+                };
+                from == (source, per_sample)
+            }
+            Op::Reshape { .. } | Op::Flatten { .. } => {
+                // The merged axis starts where the batch axis did.
+                let before = |s: &[u64], n: usize| s[..n].iter().product::<u64>();
+                before(&in_sizes, from.0) == before(&sizes, a)
+            }
+            _ => in_sizes == sizes && from == (a, per_sample),
+        };
+        major.then_some((a, per_sample))
     }
 
     /// `v`'s shape on one microbatch.
@@ -710,8 +791,8 @@ impl<'a> Prepared<'a> {
             .iter()
             .map(|&d| d as usize)
             .collect();
-        if shape.first() == Some(&(self.exe.plan.batch as usize)) {
-            shape[0] = self.microbatch;
+        if let Some((a, per_sample)) = self.batch_axis(v) {
+            shape[a] = self.microbatch * per_sample;
         } else if self.exe.plan.microbatches > 1 {
             return Err(format!(
                 "'{}' has no batch axis and cannot be split into microbatches",
@@ -730,19 +811,14 @@ impl<'a> Prepared<'a> {
         if shape.is_empty() {
             return Ok(r);
         }
-        let batched = self
-            .exe
-            .info
-            .ty(v)
-            .shape
-            .as_sizes()
-            .and_then(|s| s.first().copied())
-            == Some(self.exe.plan.batch);
-        if batched {
-            r[0] = interval(pieces[0], shape[0]);
+        if let Some((a, per_sample)) = self.batch_axis(v) {
+            let samples = interval(pieces[0], self.microbatch);
+            r[a] = samples.start * per_sample..samples.end * per_sample;
         } else if pieces[0].1 > 1 {
             return Err(format!(
-                "'{}' has no batch axis and cannot be split by samples",
+                "'{}' (shape {shape:?}) has no batch axis a sample split can cut: its samples \
+                 are not one contiguous run per rank (a reshape merged the batch under another \
+                 axis); place the layers around it on the same ranks",
                 self.exe.graph.value(v).name
             ));
         }

@@ -44,7 +44,7 @@ pub enum ExecError {
 
 /// The constants of a model: its weights (initializers, and the float tensors a
 /// `ConstantOfShape` of a constant shape generates, as the ONNX zoo's "light" models write
-/// their weights) and `Constant` payloads.
+/// their weights: they start at its fill value) and `Constant` payloads.
 #[derive(Clone, Debug, Default)]
 pub struct Weights {
     /// Every constant, by the value it produces.
@@ -86,18 +86,13 @@ impl Weights {
         let mut w = Weights::default();
         for id in graph.node_ids() {
             let node = graph.node(id);
-            if let Some((value, dims)) = generated_weight(graph, id) {
-                let name = graph.value(value).name.clone();
-                let rule = init::rule(graph, value, &dims);
+            if let Some((value, dims, fill)) = generated_weight(graph, id) {
+                // It starts as the model says (onnxruntime computes the same) and trains.
                 let n = dims.iter().product::<u64>() as usize;
-                w.seeded += 1;
                 w.trainable.push(value);
                 w.tensors.insert(
                     value,
-                    Tensor::f32(
-                        dims.iter().map(|&d| d as usize).collect(),
-                        init::weight(seed, &name, n, rule),
-                    ),
+                    Tensor::f32(dims.iter().map(|&d| d as usize).collect(), vec![fill; n]),
                 );
                 continue;
             }
@@ -142,11 +137,11 @@ impl Weights {
     }
 }
 
-/// The weight a float `ConstantOfShape` of an initializer's shape generates (value and
-/// dims); ralpc counts it as a parameter, so it is seeded and trained like one.
-pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64>)> {
+/// The weight a float `ConstantOfShape` of an initializer's shape generates (value, dims
+/// and fill); ralpc counts it as a parameter, so it is trained like one.
+pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64>, f32)> {
     let n = graph.node(node);
-    let Op::ConstantOfShape { dtype, .. } = &n.op else {
+    let Op::ConstantOfShape { dtype, value } = &n.op else {
         return None;
     };
     if !dtype.is_float() {
@@ -162,7 +157,7 @@ pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64
         .iter()
         .map(|&d| (d >= 0.0).then_some(d as u64))
         .collect::<Option<_>>()?;
-    Some((*n.outputs.first()?, dims))
+    Some((*n.outputs.first()?, dims, *value as f32))
 }
 
 /// Values computed so far, by [`ValueId`].
