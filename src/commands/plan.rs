@@ -270,6 +270,27 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     Ok(())
 }
 
+/// A duration in the unit that shows it: seconds for large models, milliseconds or
+/// microseconds for small ones.
+fn duration(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{:.3} s", us / 1e6)
+    } else if us >= 1e3 {
+        format!("{:.3} ms", us / 1e3)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+/// A count with the prefix that shows it (`1.56 B`, `124.4 M`, `109312`).
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} M", n as f64 / 1e6),
+        n => n.to_string(),
+    }
+}
+
 fn ms(us: f64) -> String {
     format!("{:.3} ms", us / 1e3)
 }
@@ -310,11 +331,11 @@ fn write_stages(out: &mut String, r: &PlanReport) {
 fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     let mut out = String::new();
     let m = &p.transformer;
-    let secs = |us: f64| format!("{:.3} s", us / 1e6);
+    let secs = duration;
     let _ = writeln!(
         out,
         "model: {}  (GPT: {} layers, hidden {}, {} heads, MLP {}, sequence {}, vocabulary {}; \
-         {:.2} B parameters)",
+         {} parameters)",
         r.model,
         m.layers,
         m.hidden,
@@ -322,7 +343,7 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         m.ffn,
         m.sequence,
         m.vocabulary,
-        m.params as f64 / 1e9
+        count(m.params)
     );
     let _ = writeln!(
         out,
