@@ -22,6 +22,15 @@ impl GraphInfo {
         &self.order
     }
 
+    /// Each node's index in [`GraphInfo::order`].
+    pub fn positions(&self) -> std::collections::BTreeMap<NodeId, usize> {
+        self.order
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, i))
+            .collect()
+    }
+
     /// The type of a value.
     ///
     /// # Panics

@@ -537,12 +537,7 @@ fn tie(
     aliases: &BTreeMap<ValueId, ValueId>,
     layers: &mut [Layer],
 ) -> Vec<TiedWeight> {
-    let position: BTreeMap<NodeId, usize> = info
-        .order()
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| (n, i))
-        .collect();
+    let position = info.positions();
     // Per weight: its readers, as (layer, position of the reading node).
     let mut readers: BTreeMap<ValueId, Vec<(usize, usize)>> = BTreeMap::new();
     for (l, layer) in layers.iter().enumerate() {

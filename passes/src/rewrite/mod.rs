@@ -274,12 +274,7 @@ fn extract(
         value_of.insert(class, value);
     }
     // Producers before consumers, in the IR's order: sort by each unit's last member.
-    let position: BTreeMap<NodeId, usize> = info
-        .order()
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| (n, i))
-        .collect();
+    let position = info.positions();
     let mut units: Vec<Unit> = units.into_iter().map(|(_, u)| u).collect();
     units.sort_by_key(|u| u.members.last().map(|m| position[m]));
     let mut aliases = BTreeMap::new();

@@ -481,13 +481,7 @@ impl<'a> Prepared<'a> {
                 produced_by.insert(part.node, l);
             }
         }
-        let order: BTreeMap<NodeId, usize> = exe
-            .info
-            .order()
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (n, i))
-            .collect();
+        let order = exe.info.positions();
         let graph_output = *g
             .outputs()
             .first()
