@@ -60,6 +60,9 @@ pub struct PlanOptions {
     /// Transformer plans: gradients kept and reduced in fp32 (18 B per parameter with Adam
     /// instead of 16).
     pub fp32_gradients: bool,
+    /// Full shapes of named inputs (`--input`), axis 0 the batch: a sequence length, an
+    /// image size; the rest keep the model's own.
+    pub inputs: std::collections::BTreeMap<String, Vec<u64>>,
 }
 
 /// A stage of the chosen plan.
@@ -488,7 +491,34 @@ fn request_error(message: String) -> Error {
     Error::Plan(Box::new(PlanError::Request(message)))
 }
 
-fn load_model(model: &Path, batch: Option<u64>) -> Result<Model, Error> {
+/// The batch the `--input` shapes give (their axis 0), if any; they must agree.
+fn input_batch(
+    inputs: &std::collections::BTreeMap<String, Vec<u64>>,
+) -> Result<Option<(String, u64)>, Error> {
+    let mut found: Option<(String, u64)> = None;
+    for (name, dims) in inputs {
+        let Some(&b) = dims.first() else {
+            return Err(request_error(format!("--input {name}: no dimensions")));
+        };
+        match &found {
+            Some((first, fb)) if *fb != b => {
+                return Err(request_error(format!(
+                    "--input {first} has batch {fb} and --input {name} batch {b}: axis 0 is \
+                     the batch of every input"
+                )))
+            }
+            Some(_) => {}
+            None => found = Some((name.clone(), b)),
+        }
+    }
+    Ok(found)
+}
+
+fn load_model(
+    model: &Path,
+    batch: Option<u64>,
+    inputs: &std::collections::BTreeMap<String, Vec<u64>>,
+) -> Result<Model, Error> {
     let is_onnx = model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
@@ -496,6 +526,13 @@ fn load_model(model: &Path, batch: Option<u64>) -> Result<Model, Error> {
         if let Ok(text) = std::fs::read_to_string(model) {
             match profile::parse(&text, &model.display().to_string()) {
                 Ok(Loaded::LayerGraph(g)) => {
+                    if !inputs.is_empty() {
+                        return Err(request_error(format!(
+                            "{} is a PipeDream graph: its layers were measured at their own \
+                             input shapes, which --input cannot change",
+                            model.display()
+                        )));
+                    }
                     if let Some(b) = batch.filter(|&b| b != g.graph.batch) {
                         return Err(request_error(format!(
                             "{} is a PipeDream graph measured at batch {}; --batch {b} cannot \
@@ -520,14 +557,22 @@ fn load_model(model: &Path, batch: Option<u64>) -> Result<Model, Error> {
         }
     }
     let mut imported = onnx::import(model)?;
-    let batch = batch
-        .or_else(|| exported_batch(&imported.graph))
-        .unwrap_or(DEFAULT_BATCH);
+    let batch = match (batch, input_batch(inputs)?) {
+        (Some(b), Some((name, given))) if b != given => {
+            return Err(request_error(format!(
+                "--input {name} has batch {given} (its axis 0) where --batch is {b}"
+            )))
+        }
+        (b, given) => b
+            .or(given.map(|(_, g)| g))
+            .or_else(|| exported_batch(&imported.graph))
+            .unwrap_or(DEFAULT_BATCH),
+    };
     bind(
         &mut imported.graph,
         &Bindings {
             batch: Some(batch),
-            inputs: Default::default(),
+            inputs: inputs.clone(),
         },
     )?;
     let info = verify(&imported.graph)?;
@@ -634,7 +679,7 @@ fn load_profile(path: &Path) -> Result<Profile, Error> {
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let model = load_model(&options.model, options.batch)?;
+    let model = load_model(&options.model, options.batch, &options.inputs)?;
     let (cluster, gpus) = cluster_for(options)?;
     if let Some(shape) = transformer_of(&model, options)? {
         return plan_transformer(options, shape, model, &cluster, gpus, started);
@@ -725,6 +770,7 @@ fn executable(
         path: Some(options.model.display().to_string()),
         blake3: ralpc_codegen::model_hash(&bytes),
         layers: graph.layers.len() as u32,
+        inputs: options.inputs.clone(),
     };
     let plan =
         ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;

@@ -223,7 +223,7 @@ fn profile_with(
     let mut plans: Vec<(u64, Vec<(Signature, NodeId)>)> = Vec::new();
     let mut total = 0u64;
     for &batch in &batches {
-        let (g, info) = crate::run::at_batch(&unbound, batch)?;
+        let (g, info) = crate::run::at_batch(&unbound, batch, &BTreeMap::new())?;
         let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
         for &n in info.order() {
             if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
@@ -238,7 +238,7 @@ fn profile_with(
     }
     let mut done = 0;
     for (batch, signatures) in plans {
-        let (g, info) = crate::run::at_batch(&unbound, batch)?;
+        let (g, info) = crate::run::at_batch(&unbound, batch, &BTreeMap::new())?;
         let weights = Weights::load(&g, options.seed).map_err(run_error)?;
         let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
         let mut tick = || {

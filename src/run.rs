@@ -1,6 +1,7 @@
 //! Running a plan (`ralpc run PLAN --backend cpu`): every rank a thread of this process, a
 //! real training step per iteration, and the single-device run it is held to.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -126,14 +127,29 @@ struct Prepared {
     data: Dataset,
 }
 
-/// `unbound` bound at the global `batch` and verified.
-pub(crate) fn at_batch(unbound: &Graph, batch: u64) -> Result<(Graph, GraphInfo), Error> {
+/// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
+/// axis 0 set to `batch`) and verified.
+pub(crate) fn at_batch(
+    unbound: &Graph,
+    batch: u64,
+    shapes: &BTreeMap<String, Vec<u64>>,
+) -> Result<(Graph, GraphInfo), Error> {
     let mut graph = unbound.clone();
+    let inputs = shapes
+        .iter()
+        .map(|(name, dims)| {
+            let mut dims = dims.clone();
+            if let Some(first) = dims.first_mut() {
+                *first = batch;
+            }
+            (name.clone(), dims)
+        })
+        .collect();
     bind(
         &mut graph,
         &Bindings {
             batch: Some(batch),
-            inputs: Default::default(),
+            inputs,
         },
     )?;
     let info = verify(&graph)?;
@@ -151,10 +167,15 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     message
 }
 
-fn prepare(model: &Path, batch: u64, options: &RunOptions) -> Result<Prepared, Error> {
+fn prepare(
+    model: &Path,
+    batch: u64,
+    shapes: &BTreeMap<String, Vec<u64>>,
+    options: &RunOptions,
+) -> Result<Prepared, Error> {
     let (seed, loss) = (options.seed, options.loss);
     let unbound = onnx::import(model)?.graph;
-    let (graph, info) = at_batch(&unbound, batch)?;
+    let (graph, info) = at_batch(&unbound, batch, shapes)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,
@@ -405,8 +426,9 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
         )));
     }
     libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
-    let p = prepare(model, plan.batch, options)?;
-    let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64)?;
+    let shapes = &plan.model.inputs;
+    let p = prepare(model, plan.batch, shapes, options)?;
+    let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64, shapes)?;
     let train = options.train();
     let open = |ordinal: usize| {
         Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))
@@ -512,7 +534,7 @@ pub fn train_single_device(
     batch: u64,
     options: &RunOptions,
 ) -> Result<TrainReport, Error> {
-    let p = prepare(model, batch, options)?;
+    let p = prepare(model, batch, &BTreeMap::new(), options)?;
     train::train_reference(&p.graph, &p.info, &p.weights, &p.data, &options.train())
         .map_err(run_error)
 }
@@ -574,12 +596,13 @@ fn run_with(
         (None, Backend::Cpu) => None,
     };
     check_memory(&plan)?;
-    let p = prepare(&model, plan.batch, options)?;
+    let shapes = &plan.model.inputs;
+    let p = prepare(&model, plan.batch, shapes, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())
         .map_err(|e| Error::Layers(Box::new(e)))?;
     let unbound = &p.unbound;
     let info_at = move |batch: u64| -> Result<GraphInfo, String> {
-        at_batch(unbound, batch)
+        at_batch(unbound, batch, shapes)
             .map(|(_, info)| info)
             .map_err(|e| chain(&e))
     };

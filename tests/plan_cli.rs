@@ -497,3 +497,63 @@ fn the_default_batch_is_the_exported_one_when_it_is_real() {
     let vgg = json(&["plan", VGG16, "--gpus", "8", "--json"]);
     assert_eq!(vgg["batch"], 32);
 }
+
+#[test]
+fn input_shapes_are_planned_recorded_in_the_plan_and_run_at() {
+    let model = "fixtures/train/dynamic.onnx";
+    let dir = tempfile::tempdir().unwrap();
+    let losses = |gpus: &str| -> Vec<f64> {
+        let out = dir.path().join(format!("g{gpus}"));
+        let out = out.to_str().unwrap();
+        ralpc()
+            .args([
+                "plan",
+                model,
+                "--gpus",
+                gpus,
+                "--strategy",
+                "dp",
+                "--tolerance",
+                "inf",
+            ])
+            .args(["--input", "x=4,5,16", "-q", "-o", out])
+            .assert()
+            .success();
+        let plan: Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{out}/plan.json")).unwrap())
+                .unwrap();
+        assert_eq!(plan["model"]["inputs"]["x"], serde_json::json!([4, 5, 16]));
+        assert_eq!(plan["batch"], 4);
+        let run = ralpc()
+            .args(["run", out, "--steps", "2", "--json"])
+            .assert()
+            .success();
+        let v: Value = serde_json::from_slice(&run.get_output().stdout).unwrap();
+        v["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (one, two) = (losses("1"), losses("2"));
+    for (a, b) in two.iter().zip(&one) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{two:?} vs {one:?}");
+    }
+    // Without the token count the model cannot be planned, and the error says how.
+    fails(
+        &["plan", model, "--gpus", "2"],
+        1,
+        &["unbound dimension 'tokens'", "--input"],
+    );
+    fails(
+        &["plan", model, "--batch", "8", "--input", "x=4,5,16"],
+        1,
+        &["--input x has batch 4", "--batch is 8"],
+    );
+    fails(
+        &["plan", VGG16, "--input", "input=8,3,112,112"],
+        1,
+        &["fixes dimension 2 to 224"],
+    );
+}

@@ -14,6 +14,7 @@ fn model(graph: &LayerGraph) -> ModelRef {
         name: "synthetic".into(),
         blake3: model_hash(b"synthetic"),
         layers: graph.layers.len() as u32,
+        inputs: Default::default(),
         path: None,
     }
 }

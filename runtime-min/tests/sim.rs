@@ -26,6 +26,7 @@ fn model(graph: &LayerGraph) -> ModelRef {
         name: "vgg16".into(),
         blake3: model_hash(b"vgg16"),
         layers: graph.layers.len() as u32,
+        inputs: Default::default(),
         path: None,
     }
 }

@@ -60,6 +60,10 @@ pub struct Args {
     /// PipeDream graph keeps its own).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
+    /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
+    /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
+    #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
+    pub inputs: Vec<(String, Vec<u64>)>,
     /// Pipeline microbatches (default: searched over powers of two dividing the batch).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub microbatches: Option<u32>,
@@ -169,6 +173,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             }),
         },
         batch: args.batch,
+        inputs: args.inputs.iter().cloned().collect(),
         microbatches: args.microbatches,
         family: Family::parse(&args.strategy),
         schedule: args.schedule.as_deref().and_then(Schedule::parse),

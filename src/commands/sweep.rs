@@ -33,6 +33,10 @@ pub struct Args {
     /// Global batch for ONNX models [default: the model's, or 32].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: Option<u64>,
+    /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
+    /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
+    #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
+    pub inputs: Vec<(String, Vec<u64>)>,
     /// Which plans to search at each point.
     #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
     pub strategy: String,
@@ -62,6 +66,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         base: PlanOptions {
             model: args.model.clone(),
             batch: args.batch,
+            inputs: args.inputs.iter().cloned().collect(),
             family: Family::parse(&args.strategy),
             tolerance: args.tolerance.is_finite().then_some(args.tolerance),
             memory_limit: args.memory_limit,
