@@ -757,6 +757,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         })
         .collect();
     let tied = tied_reductions(graph, strategy);
+    let separate = separately_reduced(graph, &tied);
     let mut lowering = Lowering {
         patterns,
         costs,
@@ -774,9 +775,9 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             .stages
             .iter()
             .zip(&evaluation.stages)
-            .map(|(stage, cost)| buckets(graph, strategy, stage, cost.bucket_bytes))
+            .map(|(stage, cost)| buckets(graph, strategy, stage, cost.bucket_bytes, &separate))
             .collect(),
-        separate: separately_reduced(graph, &tied),
+        separate,
         tied,
         buffers: Tracker::new(ranks as usize),
     };

@@ -11,7 +11,6 @@
 use std::ops::RangeInclusive;
 
 use super::layout::weight_replicas;
-use super::tied::{separately_reduced, tied_reductions};
 use super::{Stage, Strategy};
 use crate::layers::LayerGraph;
 
@@ -38,7 +37,8 @@ pub struct Bucket {
 }
 
 /// The buckets of `stage` under a size `cap` (`None`: unbounded), in the order they are
-/// all-reduced (backward order).
+/// all-reduced (backward order); `separate[l]` of layer `l`'s weight bytes are tied
+/// weights reduced on their own ([`super::separately_reduced`]).
 ///
 /// Cost: O(layers of the stage).
 pub fn buckets(
@@ -46,13 +46,15 @@ pub fn buckets(
     strategy: &Strategy,
     stage: &Stage,
     cap: Option<f64>,
+    separate: &[u64],
 ) -> Vec<Bucket> {
     let cap_bytes = cap.unwrap_or(f64::INFINITY);
-    let separate = separately_reduced(graph, &tied_reductions(graph, strategy));
     let mut out: Vec<Bucket> = Vec::new();
     for l in (stage.first_layer..=stage.last_layer).rev() {
         let layer = &graph.layers[l];
-        let param_bytes = layer.param_bytes.saturating_sub(separate[l]);
+        let param_bytes = layer
+            .param_bytes
+            .saturating_sub(separate.get(l).copied().unwrap_or(0));
         if param_bytes == 0 {
             continue;
         }

@@ -223,7 +223,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let (exposed, delay, chosen) = BUCKET_CAPS
             .into_iter()
             .map(|cap| {
-                let bs = buckets(graph, strategy, stage, cap);
+                let bs = buckets(graph, strategy, stage, cap, &separate);
                 let t = bucket_times(&bs, &syncs, &layers, stage);
                 (t.exposed_us, t.delay_us, bs)
             })
