@@ -27,7 +27,6 @@
 //! as PyTorch's DDP does without SyncBatchNorm.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ops::Range;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -40,7 +39,11 @@ use super::comm::{AbortOnPanic, Comm, World};
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
-use super::tensor::{self as t, Data, Tensor};
+pub use super::region::Axes;
+use super::region::{
+    crop, dims, fill, intersect, interval, paste, place, share, volume, Region, Slice,
+};
+use super::tensor::{Data, Tensor};
 use super::train::{self, Dataset, TrainOptions, TrainReport};
 
 /// Why a plan could not run.
@@ -219,111 +222,15 @@ pub struct Executable<'a> {
     pub compute: Option<&'a ComputeFactory<'a>>,
 }
 
-/// How the abstract axes of a [`View`] map onto a tensor's axes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Axes {
-    /// The spatial or sequence axis, if the tensor has one.
-    pub rows: Option<usize>,
-    /// The channel or feature axis, if the tensor has one.
-    pub features: Option<usize>,
-}
-
-impl Axes {
-    /// NCHW and NCL tensors (channels first) when `channels_first`, else `[B, T, D]`;
-    /// `[B, F]` has no rows.
-    pub fn of(rank: usize, channels_first: bool) -> Axes {
-        match rank {
-            0 | 1 => Axes {
-                rows: None,
-                features: None,
-            },
-            2 => Axes {
-                rows: None,
-                features: Some(1),
-            },
-            3 if !channels_first => Axes {
-                rows: Some(1),
-                features: Some(2),
-            },
-            _ => Axes {
-                rows: Some(2),
-                features: Some(1),
-            },
-        }
-    }
-}
-
 /// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
 /// failure, reports nothing: the other ranks' errors name it).
 pub const KILLED: &str = "stopped by an injected fault";
-
-/// An index range per axis.
-type Region = Vec<Range<usize>>;
 
 /// A piece of a gradient: the region and its values.
 type GradPiece = (Region, Vec<f32>);
 
 /// A buffer an instruction touches: its kind, layer, microbatch, and whether it writes it.
 type Touch = (BufferKind, Option<u32>, Option<u32>, bool);
-
-fn interval((i, n): (u32, u32), len: usize) -> Range<usize> {
-    let (i, n) = (i as usize, n.max(1) as usize);
-    i * len / n..(i + 1) * len / n
-}
-
-fn intersect(a: &Region, b: &Region) -> Region {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| x.start.max(y.start)..x.end.min(y.end).max(x.start.max(y.start)))
-        .collect()
-}
-
-fn volume(r: &Region) -> usize {
-    r.iter().map(|x| x.end - x.start).product()
-}
-
-fn dims(r: &Region) -> Vec<usize> {
-    r.iter().map(|x| x.end - x.start).collect()
-}
-
-/// Positions in a tensor holding `holder` of the elements of `piece` (inside it).
-fn positions_in(holder: &Region, piece: &Region) -> t::Positions {
-    let st = t::strides(&dims(holder));
-    let offset: usize = piece
-        .iter()
-        .zip(holder)
-        .zip(&st)
-        .map(|((p, h), s)| (p.start - h.start) * s)
-        .sum();
-    let strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
-    t::positions(&dims(piece), &strides, offset as isize)
-}
-
-/// The part `piece` of `x`, which holds `holder`.
-fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
-    x.pick(dims(piece), positions_in(holder, piece))
-}
-
-/// Copies what `values` (holding `region`) has of `holder` into `out` (holding `holder`),
-/// marking what it filled.
-fn fill(out: &mut [f32], filled: &mut [bool], holder: &Region, values: &[f32], region: &Region) {
-    let piece = intersect(holder, region);
-    if volume(&piece) == 0 {
-        return;
-    }
-    for (dst, src) in positions_in(holder, &piece).zip(positions_in(region, &piece)) {
-        out[dst] = values[src];
-        filled[dst] = true;
-    }
-}
-
-/// Writes `src` (holding `piece`) into `dst` (holding `holder`), marking what it filled.
-fn paste(dst: &mut [f32], holder: &Region, src: &[f32], piece: &Region, filled: &mut [bool]) {
-    for (i, &v) in positions_in(holder, piece).zip(src) {
-        dst[i] = v;
-        filled[i] = true;
-    }
-}
 
 struct EdgeInfo {
     producer: usize,
@@ -339,16 +246,6 @@ enum Source {
     GraphInput,
     Constant,
     Folded,
-}
-
-/// How a rank holds a weight: whole, or a piece along one axis.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Slice {
-    Whole,
-    Axis(usize, (u32, u32)),
-    /// A row-parallel layer's bias, held by the first input-feature slice only; the others
-    /// add zeros.
-    FirstSliceOnly,
 }
 
 struct LayerExec {
@@ -911,34 +808,6 @@ impl<'a> Prepared<'a> {
             }
         }
     }
-}
-
-/// A rank's share of a whole weight (or of its momentum).
-fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
-    match slice {
-        Slice::Whole => full.clone(),
-        Slice::FirstSliceOnly if first_slice => full.clone(),
-        Slice::FirstSliceOnly => Tensor::zeros(full.shape.clone()),
-        Slice::Axis(axis, piece) => {
-            let range = interval(*piece, full.shape[*axis]);
-            super::ops::narrow(full, *axis, range.start, range.len())
-        }
-    }
-}
-
-/// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
-/// weight (of `shape`).
-fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
-    let Slice::Axis(axis, piece) = slice else {
-        return gradient;
-    };
-    let whole: Region = shape.iter().map(|&d| 0..d).collect();
-    let mut region = whole.clone();
-    region[*axis] = interval(*piece, shape[*axis]);
-    let mut out = vec![0.0f32; volume(&whole)];
-    let mut filled = vec![false; out.len()];
-    paste(&mut out, &whole, &gradient, &region, &mut filled);
-    out
 }
 
 /// A layer's forward pass on one microbatch, kept for its backward pass.

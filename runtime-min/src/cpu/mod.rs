@@ -6,6 +6,7 @@
 //! * [`graph`]: any set of a graph's nodes run forward and backward; weights read or
 //!   seeded ([`init`]);
 //! * [`train`]: the loss, synthetic data and the single-device reference;
+//! * `region`: the boxes of tensors and weights a rank holds, and copies between them;
 //! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
 //!   per process talking over TCP ([`net`]).
 pub mod comm;
@@ -16,5 +17,6 @@ pub mod init;
 pub mod kernels;
 pub mod net;
 pub mod ops;
+mod region;
 pub mod tensor;
 pub mod train;

@@ -1,0 +1,153 @@
+//! Regions of tensors: the index box a rank holds or needs of a tensor (one range per
+//! axis), how the planner's abstract axes map onto a tensor's, and the piece of a weight a
+//! rank keeps — with the copies between them that messages and collectives need.
+
+use std::ops::Range;
+
+use super::tensor::{self as t, Tensor};
+
+/// How the abstract axes of a [`View`] map onto a tensor's axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Axes {
+    /// The spatial or sequence axis, if the tensor has one.
+    pub rows: Option<usize>,
+    /// The channel or feature axis, if the tensor has one.
+    pub features: Option<usize>,
+}
+
+impl Axes {
+    /// NCHW and NCL tensors (channels first) when `channels_first`, else `[B, T, D]`;
+    /// `[B, F]` has no rows.
+    pub fn of(rank: usize, channels_first: bool) -> Axes {
+        match rank {
+            0 | 1 => Axes {
+                rows: None,
+                features: None,
+            },
+            2 => Axes {
+                rows: None,
+                features: Some(1),
+            },
+            3 if !channels_first => Axes {
+                rows: Some(1),
+                features: Some(2),
+            },
+            _ => Axes {
+                rows: Some(2),
+                features: Some(1),
+            },
+        }
+    }
+}
+
+/// An index range per axis.
+pub(crate) type Region = Vec<Range<usize>>;
+
+pub(crate) fn interval((i, n): (u32, u32), len: usize) -> Range<usize> {
+    let (i, n) = (i as usize, n.max(1) as usize);
+    i * len / n..(i + 1) * len / n
+}
+
+pub(crate) fn intersect(a: &Region, b: &Region) -> Region {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.start.max(y.start)..x.end.min(y.end).max(x.start.max(y.start)))
+        .collect()
+}
+
+pub(crate) fn volume(r: &Region) -> usize {
+    r.iter().map(|x| x.end - x.start).product()
+}
+
+pub(crate) fn dims(r: &Region) -> Vec<usize> {
+    r.iter().map(|x| x.end - x.start).collect()
+}
+
+/// Positions in a tensor holding `holder` of the elements of `piece` (inside it).
+pub(crate) fn positions_in(holder: &Region, piece: &Region) -> t::Positions {
+    let st = t::strides(&dims(holder));
+    let offset: usize = piece
+        .iter()
+        .zip(holder)
+        .zip(&st)
+        .map(|((p, h), s)| (p.start - h.start) * s)
+        .sum();
+    let strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+    t::positions(&dims(piece), &strides, offset as isize)
+}
+
+/// The part `piece` of `x`, which holds `holder`.
+pub(crate) fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
+    x.pick(dims(piece), positions_in(holder, piece))
+}
+
+/// Copies what `values` (holding `region`) has of `holder` into `out` (holding `holder`),
+/// marking what it filled.
+pub(crate) fn fill(
+    out: &mut [f32],
+    filled: &mut [bool],
+    holder: &Region,
+    values: &[f32],
+    region: &Region,
+) {
+    let piece = intersect(holder, region);
+    if volume(&piece) == 0 {
+        return;
+    }
+    for (dst, src) in positions_in(holder, &piece).zip(positions_in(region, &piece)) {
+        out[dst] = values[src];
+        filled[dst] = true;
+    }
+}
+
+/// Writes `src` (holding `piece`) into `dst` (holding `holder`), marking what it filled.
+pub(crate) fn paste(
+    dst: &mut [f32],
+    holder: &Region,
+    src: &[f32],
+    piece: &Region,
+    filled: &mut [bool],
+) {
+    for (i, &v) in positions_in(holder, piece).zip(src) {
+        dst[i] = v;
+        filled[i] = true;
+    }
+}
+
+/// How a rank holds a weight: whole, or a piece along one axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Slice {
+    Whole,
+    Axis(usize, (u32, u32)),
+    /// A row-parallel layer's bias, held by the first input-feature slice only; the others
+    /// add zeros.
+    FirstSliceOnly,
+}
+
+/// A rank's share of a whole weight (or of its momentum).
+pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
+    match slice {
+        Slice::Whole => full.clone(),
+        Slice::FirstSliceOnly if first_slice => full.clone(),
+        Slice::FirstSliceOnly => Tensor::zeros(full.shape.clone()),
+        Slice::Axis(axis, piece) => {
+            let range = interval(*piece, full.shape[*axis]);
+            super::ops::narrow(full, *axis, range.start, range.len())
+        }
+    }
+}
+
+/// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
+/// weight (of `shape`).
+pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
+    let Slice::Axis(axis, piece) = slice else {
+        return gradient;
+    };
+    let whole: Region = shape.iter().map(|&d| 0..d).collect();
+    let mut region = whole.clone();
+    region[*axis] = interval(*piece, shape[*axis]);
+    let mut out = vec![0.0f32; volume(&whole)];
+    let mut filled = vec![false; out.len()];
+    paste(&mut out, &whole, &gradient, &region, &mut filled);
+    out
+}
