@@ -251,23 +251,19 @@ fn losses(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = GptSpec::megatron(4, 32, 4, 8, 64);
-    let model = write_gpt(&dir, &spec);
-    let out = dir.path().join("3d");
-    let out_s = out.display().to_string();
-    let v = json(&[
+/// Plans the generated GPT `model` with t = 1 × p = 2 × d = 2 and the given recomputation
+/// and ZeRO stage into `out`; the `--json` summary.
+fn plan_p2_d2(model: &str, out: &std::path::Path, recompute: &str, zero: &str) -> Value {
+    json(&[
         "plan",
-        &model,
+        model,
         "--gpus",
         "4",
         "--batch",
         "8",
         "--json",
         "-o",
-        &out_s,
+        out.to_str().unwrap(),
         "--tensor-parallel",
         "1",
         "--pipeline-parallel",
@@ -277,24 +273,19 @@ fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_train
         "--virtual-stages",
         "1",
         "--recompute",
-        "none",
+        recompute,
         "--zero",
-        "0",
+        zero,
         "--sequence-parallel",
         "off",
-    ]);
-    assert_eq!(v["strategy"], "3d");
-    assert!(v["simulated"]["iteration_time_us"].as_f64().unwrap() > 0.0);
-    let plan: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
-    let stages = plan["strategy"]["stages"].as_array().unwrap();
-    assert_eq!(stages.len(), 2);
-    // Two blocks a stage: the second starts at block 2's first LayerNorm.
-    assert_eq!(stages[0]["first_layer"], "embed_tokens");
-    assert_eq!(stages[1]["first_layer"], "h.2.ln_1");
-    assert_eq!(stages[1]["last_layer"], "lm_head");
-    assert_eq!(plan["microbatches"], 2);
-    // The same losses as one device (the tied embedding and head sit on both stages).
+    ])
+}
+
+#[test]
+fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GptSpec::megatron(4, 32, 4, 8, 64);
+    let model = write_gpt(&dir, &spec);
     let single = dir.path().join("single");
     ralpc()
         .args([
@@ -311,9 +302,45 @@ fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_train
         .args(["-o", single.to_str().unwrap()])
         .assert()
         .success();
-    let (got, want) = (losses(&out, &[]), losses(&single, &[]));
-    for (a, b) in got.iter().zip(&want) {
-        assert!((a - b).abs() <= 1e-5 * b.abs(), "{got:?} vs {want:?}");
+    let want = losses(&single, &[]);
+    for (recompute, zero, runs) in [("none", "0", 0), ("full", "1", 4), ("selective", "1", 4)] {
+        let out = dir.path().join(format!("3d-{recompute}-{zero}"));
+        let v = plan_p2_d2(&model, &out, recompute, zero);
+        assert_eq!(v["strategy"], "3d");
+        assert!(v["simulated"]["iteration_time_us"].as_f64().unwrap() > 0.0);
+        let plan: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+        let stages = plan["strategy"]["stages"].as_array().unwrap();
+        assert_eq!(stages.len(), 2);
+        // Two blocks a stage: the second starts at block 2's first LayerNorm.
+        assert_eq!(stages[0]["first_layer"], "embed_tokens");
+        assert_eq!(stages[1]["first_layer"], "h.2.ln_1");
+        assert_eq!(stages[1]["last_layer"], "lm_head");
+        assert_eq!(plan["microbatches"], 2);
+        // One recomputed run per block: the whole block, or its attention core.
+        let recomputed = plan["strategy"]["recompute"].as_array().map_or(0, Vec::len);
+        assert_eq!(recomputed, runs, "{recompute}");
+        let ops = |op: &str| {
+            plan["programs"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|i| i["op"] == op)
+                .count()
+        };
+        assert_eq!(ops("recompute") > 0, runs > 0, "{recompute}");
+        assert_eq!(ops("reduce_scatter") > 0, zero == "1", "zero {zero}");
+        if recompute == "full" {
+            assert_eq!(plan["strategy"]["recompute"][0]["first_layer"], "h.0.ln_1");
+        }
+        // The same losses as one device (the tied embedding and head sit on both stages).
+        let got = losses(&out, &[]);
+        for (a, b) in got.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{recompute}/{zero}: {got:?} vs {want:?}"
+            );
+        }
     }
 }
 
@@ -323,8 +350,7 @@ fn options_the_executable_plan_cannot_express_yet_say_so() {
     let spec = GptSpec::megatron(2, 32, 4, 8, 64);
     let model = write_gpt(&dir, &spec);
     for (option, value, fix) in [
-        ("--zero", "1", "--zero 0"),
-        ("--recompute", "full", "--recompute none"),
+        ("--zero", "2", "--zero 1"),
         ("--tensor-parallel", "2", "--tensor-parallel 1"),
     ] {
         let out = ralpc()

@@ -345,3 +345,104 @@ fn sequence_first_tensors_split_by_samples_on_their_batch_axis() {
     );
     check("seqfirst.onnx", 4, 3, &s, "seqfirst-pipeline");
 }
+
+/// `strategy` with extra top-level fields (`"zero": 1`, `"recompute": […]`).
+fn with_fields(strategy: &str, fields: &str) -> String {
+    strategy.replacen('{', &format!("{{ {fields},"), 1)
+}
+
+fn run(first: &str, last: &str) -> String {
+    format!(r#"{{ "first_layer": "{first}", "last_layer": "{last}" }}"#)
+}
+
+#[test]
+fn a_sharded_optimizer_and_recomputation_train_the_same_as_one_device() {
+    // ZeRO-1 on replicas of two pipeline stages, then with a parameter-split layer whose
+    // replica groups interleave.
+    let stages = [stage("conv0", "pool0", 2), stage("conv1", "fc1", 2)];
+    let s = with_fields(&strategy(&stages, "", "1f1b", 2), r#""zero": 1"#);
+    check("cnn.onnx", 8, 4, &s, "zero-1f1b");
+    let layers = split("fc0", 2, 1, 2);
+    let s = with_fields(
+        &strategy(&[stage("conv0", "fc1", 4)], &layers, "gpipe", 2),
+        r#""zero": 1"#,
+    );
+    check("cnn.onnx", 8, 4, &s, "zero-soap");
+    // Recomputation of a run on each stage (one holds an input from the stage before),
+    // alone and with ZeRO-1.
+    let runs = format!(
+        r#""recompute": [{}, {}]"#,
+        run("conv0", "conv0"),
+        run("conv1", "fc0")
+    );
+    let s = with_fields(&strategy(&stages, "", "1f1b", 2), &runs);
+    check("cnn.onnx", 8, 4, &s, "recompute-1f1b");
+    let s = with_fields(
+        &strategy(&stages, "", "gpipe", 2),
+        &format!(r#"{runs}, "zero": 1"#),
+    );
+    check("cnn.onnx", 8, 4, &s, "recompute-zero-gpipe");
+    // A transformer block recomputed whole, and its attention core alone.
+    for runs in [run("ln1", "fc2"), run("scores", "attend")] {
+        let s = with_fields(
+            &strategy(&[stage("ln1", "fc2", 2)], "", "1f1b", 2),
+            &format!(r#""recompute": [{runs}], "zero": 1"#),
+        );
+        check("transformer.onnx", 4, 2, &s, &format!("transformer {runs}"));
+    }
+}
+
+#[test]
+fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_name() {
+    let model = fixture("cnn.onnx");
+    let stages = [stage("conv0", "pool0", 2), stage("conv1", "fc1", 2)];
+    let base = strategy(&stages, "", "1f1b", 2);
+    let async_base = strategy(&stages, "", "async", 2);
+    let soap = strategy(
+        &[stage("conv0", "fc1", 4)],
+        &split("fc0", 2, 1, 2),
+        "1f1b",
+        1,
+    );
+    for (s, expected) in [
+        (with_fields(&base, r#""zero": 2"#), "zero is 2"),
+        (
+            with_fields(&async_base, r#""zero": 1"#),
+            "synchronous schedule",
+        ),
+        (
+            with_fields(
+                &base,
+                &format!(r#""recompute": [{}]"#, run("conv0", "conv1")),
+            ),
+            "inside one stage",
+        ),
+        (
+            with_fields(&soap, &format!(r#""recompute": [{}]"#, run("fc0", "fc1"))),
+            "splits samples only",
+        ),
+        (
+            with_fields(
+                &base,
+                &format!(r#""recompute": [{}]"#, run("conv0", "nope")),
+            ),
+            r#"recompute[0].last_layer: no layer is named "nope""#,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("strategy.json");
+        std::fs::write(&file, &s).unwrap();
+        let options = ralpc::Options {
+            model: model.clone(),
+            gpus: Some(4),
+            batch: Some(8),
+            strategy_file: Some(file),
+            ..Default::default()
+        };
+        let Err(e) = ralpc::compile(&options) else {
+            panic!("{s} was accepted");
+        };
+        let text = format!("{e}{}", error_chain(&e));
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+}

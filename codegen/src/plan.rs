@@ -98,6 +98,17 @@ pub enum Instruction {
         /// Predicted µs.
         us: f64,
     },
+    /// A layer's forward pass run again just before its backward (activation
+    /// recomputation): it makes again what the backward reads, which its first forward
+    /// dropped.
+    Recompute {
+        /// Layer index.
+        layer: u32,
+        /// Microbatch.
+        microbatch: u32,
+        /// Predicted µs.
+        us: f64,
+    },
     /// A layer's backward pass on one microbatch.
     Backward {
         /// Layer index.
@@ -188,6 +199,11 @@ pub enum Instruction {
         /// other weight of the rank.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tied: Option<String>,
+        /// ZeRO-1: the update of this rank's share of the weights whose buffers it
+        /// touches, sharded over the members of this group (a gradient reduce-scatter
+        /// before, a weight all-gather after); absent: whole weights.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<u32>,
     },
 }
 
@@ -197,7 +213,10 @@ impl Instruction {
     pub fn is_compute(&self) -> bool {
         matches!(
             self,
-            Instruction::Forward { .. } | Instruction::Backward { .. } | Instruction::Step { .. }
+            Instruction::Forward { .. }
+                | Instruction::Recompute { .. }
+                | Instruction::Backward { .. }
+                | Instruction::Step { .. }
         )
     }
 
@@ -205,6 +224,7 @@ impl Instruction {
     pub fn us(&self) -> f64 {
         match *self {
             Instruction::Forward { us, .. }
+            | Instruction::Recompute { us, .. }
             | Instruction::Backward { us, .. }
             | Instruction::Send { us, .. }
             | Instruction::Recv { us, .. }
@@ -231,6 +251,7 @@ impl Instruction {
     pub fn op(&self) -> &'static str {
         match self {
             Instruction::Forward { .. } => "forward",
+            Instruction::Recompute { .. } => "recompute",
             Instruction::Backward { .. } => "backward",
             Instruction::Send { .. } => "send",
             Instruction::Recv { .. } => "recv",
@@ -259,6 +280,8 @@ pub enum BufferKind {
     Workspace,
     /// What a forward keeps for its backward (its output and what it stashes).
     Activation,
+    /// What a recomputation makes again for the backward.
+    Recomputed,
     /// A message's payload.
     Received,
     /// The gradient a backward computes for the layer's inputs.
@@ -583,6 +606,9 @@ impl Plan {
                     Instruction::Forward {
                         layer, microbatch, ..
                     }
+                    | Instruction::Recompute {
+                        layer, microbatch, ..
+                    }
                     | Instruction::Backward {
                         layer, microbatch, ..
                     } => {
@@ -625,6 +651,15 @@ impl Plan {
                             .or_default()
                             .push((instr.op(), bytes));
                     }
+                    Instruction::Step {
+                        group: Some(group), ..
+                    } => match self.groups.get(group as usize) {
+                        None => return bad(format!("{at}: group {group} does not exist")),
+                        Some(members) if !members.contains(&rank) => {
+                            return bad(format!("{at}: rank {rank} is not in group {group}"))
+                        }
+                        Some(_) => {}
+                    },
                     Instruction::Step { .. } => {}
                 }
             }

@@ -39,6 +39,7 @@ pub fn html(text: &str) -> String {
 fn style(i: &Instruction) -> (&'static str, &'static str) {
     match i {
         Instruction::Forward { .. } => ("#4e79a7", "forward"),
+        Instruction::Recompute { .. } => ("#9c755f", "recompute"),
         Instruction::Backward { .. } => ("#f28e2b", "backward"),
         Instruction::Step { .. } => ("#59a14f", "optimizer step"),
         Instruction::Send { .. } | Instruction::Recv { .. } => ("#b07aa1", "transfer"),

@@ -209,6 +209,9 @@ pub fn trace(plan: &Plan, ran: &[Ran]) -> String {
             Instruction::Forward {
                 layer, microbatch, ..
             } => (format!("F {} mb{microbatch}", name(*layer)), 0, "forward"),
+            Instruction::Recompute {
+                layer, microbatch, ..
+            } => (format!("R {} mb{microbatch}", name(*layer)), 0, "recompute"),
             Instruction::Backward {
                 layer, microbatch, ..
             } => (format!("B {} mb{microbatch}", name(*layer)), 0, "backward"),

@@ -81,6 +81,8 @@ fn deeppool_vgg16_burst_plan() {
                 split: None,
             })
             .collect(),
+        zero: 0,
+        recompute: Vec::new(),
     };
     let theirs = plan::plan(
         &costs,
@@ -222,6 +224,8 @@ fn best_cuts(costs: &Costs<'_>, graph: &LayerGraph, replicas: &[u32]) -> f64 {
             microbatches: 1,
             stages,
             layers: Vec::new(),
+            zero: 0,
+            recompute: Vec::new(),
         };
         let strategy = file.resolve(graph).unwrap();
         if let Ok(e) = plan::evaluate(costs, &strategy) {

@@ -281,6 +281,7 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                 };
                 match *instr {
                     Instruction::Forward { .. }
+                    | Instruction::Recompute { .. }
                     | Instruction::Backward { .. }
                     | Instruction::Step { .. } => {
                         let start = c.compute_free.max(ready(&ended, rank, index));

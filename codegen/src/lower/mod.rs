@@ -14,7 +14,13 @@
 //! The gradients are all-reduced in buckets ([`buckets`], the evaluator's choice of size),
 //! each launched in the last backward pass as soon as its earliest layer is done, so that
 //! it overlaps the rest of backward; then the optimizer step — once per iteration for the
-//! synchronous schedules, after every backward pass for the asynchronous one.
+//! synchronous schedules, after every backward pass for the asynchronous one. Under ZeRO-1
+//! a bucket is reduce-scattered instead, each replica updates its share (a `step` naming
+//! the group) and the bucket's weights are all-gathered.
+//!
+//! A recomputed run's forward passes are emitted as usual; just before the backward of
+//! its last layer, `recompute` instructions run the run's forward again, from the run's
+//! kept inputs, and the backward passes read what they made.
 //!
 //! Every instruction records the buffers it reads and writes ([`buffers`]), which give
 //! each rank's memory over time and every data dependency.
@@ -195,30 +201,73 @@ impl Lowering<'_, '_> {
     /// An all-reduce of `bytes` over every group of `groups` (each a list of ranks), in
     /// place on the buffers `data` of each member.
     fn all_reduce(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
+        self.in_place(groups, bytes, data, |comm, ranks, bytes| {
+            let us = comm.all_reduce(ranks, bytes).us;
+            move |group| Instruction::AllReduce {
+                group,
+                bytes: bytes.round() as u64,
+                us,
+                tied: None,
+            }
+        });
+    }
+
+    /// ZeRO-1's reduce-scatter of a gradient bucket of `bytes` over every group of
+    /// `groups`, priced as the first half of the all-reduce it replaces.
+    fn reduce_scatter(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
+        self.in_place(groups, bytes, data, |comm, ranks, bytes| {
+            let us = comm.all_reduce(ranks, bytes).us / 2.0;
+            move |group| Instruction::ReduceScatter {
+                group,
+                bytes: bytes.round() as u64,
+                us,
+            }
+        });
+    }
+
+    /// ZeRO-1's all-gather of updated weights of `bytes` over every group of `groups`,
+    /// the all-reduce's second half.
+    fn all_gather(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
+        self.in_place(groups, bytes, data, |comm, ranks, bytes| {
+            let us = comm.all_reduce(ranks, bytes).us / 2.0;
+            move |group| Instruction::AllGather {
+                group,
+                bytes: bytes.round() as u64,
+                us,
+            }
+        });
+    }
+
+    /// A collective over every group of `groups` with two or more ranks that reads and
+    /// writes the buffers `data` of each member; `make` prices it for a group.
+    fn in_place<F: Fn(u32) -> Instruction>(
+        &mut self,
+        groups: Vec<Vec<u32>>,
+        bytes: f64,
+        data: &[Key],
+        make: impl Fn(&Comm<'_>, &[u32], f64) -> F,
+    ) {
         for mut ranks in groups {
             ranks.sort_unstable();
             if ranks.len() < 2 || bytes <= 0.0 {
                 continue;
             }
-            let us = self.comm.all_reduce(&ranks, bytes).us;
-            let next = self.groups.len() as u32;
-            let group = *self.groups.entry(ranks.clone()).or_insert(next);
+            let instruction = make(&self.comm, &ranks, bytes);
+            let group = self.group(&ranks);
             for &r in &ranks {
-                let at = self.push(
-                    r,
-                    Instruction::AllReduce {
-                        group,
-                        bytes: bytes.round() as u64,
-                        us,
-                        tied: None,
-                    },
-                );
+                let at = self.push(r, instruction(group));
                 for &key in data {
                     self.buffers.read(r, key, at);
                     self.buffers.write(r, key, at);
                 }
             }
         }
+    }
+
+    /// The index of communicator group `ranks` (sorted), adding it.
+    fn group(&mut self, ranks: &[u32]) -> u32 {
+        let next = self.groups.len() as u32;
+        *self.groups.entry(ranks.to_vec()).or_insert(next)
     }
 
     /// A resharding collective `make(group, us)` over `ranks`, reading `source` and
@@ -232,8 +281,7 @@ impl Lowering<'_, '_> {
         target: Key,
         bytes: f64,
     ) {
-        let next = self.groups.len() as u32;
-        let group = *self.groups.entry(ranks.to_vec()).or_insert(next);
+        let group = self.group(ranks);
         for &r in ranks {
             let at = self.push(r, make(group, us));
             self.buffers.read(r, source, at);
@@ -441,6 +489,15 @@ impl Lowering<'_, '_> {
                     self.recv(t.to, t.from, bytes, tag, Key::received(l, mb, tag));
                 }
             }
+            let run = self.strategy.recompute_run(l);
+            if let Some((first, last)) = run.filter(|&(_, last)| last == l) {
+                self.recompute(first, last, mb);
+            }
+            let kept = if run.is_some() {
+                BufferKind::Recomputed
+            } else {
+                BufferKind::Activation
+            };
             let us = self.backward_us[l];
             let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
             let input_gradient_bytes = self.input_gradient_bytes(l);
@@ -453,12 +510,9 @@ impl Lowering<'_, '_> {
                         us,
                     },
                 );
-                for key in [
-                    Key::pass(BufferKind::Activation, l, mb),
-                    Key::layer(BufferKind::Weights, l),
-                ]
-                .into_iter()
-                .chain(gradients.iter().copied())
+                for key in [Key::pass(kept, l, mb), Key::layer(BufferKind::Weights, l)]
+                    .into_iter()
+                    .chain(gradients.iter().copied())
                 {
                     self.buffers.read(r, key, at);
                 }
@@ -511,8 +565,51 @@ impl Lowering<'_, '_> {
                     .map(|j| Key::layer(BufferKind::Gradients, j))
                     .collect();
                 let groups = Self::copies(&bucket.ranks, bucket.all.clone());
-                self.all_reduce(groups, bucket.bytes, &data);
+                if self.strategy.zero > 0 {
+                    self.reduce_scatter(groups, bucket.bytes, &data);
+                } else {
+                    self.all_reduce(groups, bucket.bytes, &data);
+                }
                 next_bucket += 1;
+            }
+        }
+    }
+
+    /// Runs the forward of layers `first..=last` (a recomputed run) again on microbatch
+    /// `mb`, from the run's kept inputs, making what their backward passes read.
+    fn recompute(&mut self, first: usize, last: usize, mb: u32) {
+        for l in first..=last {
+            let mut inputs: Vec<Key> = Vec::new();
+            for ei in 0..self.edges.len() {
+                let e = &self.edges[ei];
+                if e.consumer != l {
+                    continue;
+                }
+                if e.producer >= first {
+                    inputs.push(Key::pass(BufferKind::Recomputed, e.producer, mb));
+                } else {
+                    inputs.push(Key::received(l, mb, self.tag(ei, mb, false)));
+                    inputs.push(Key::pass(BufferKind::Activation, e.producer, mb));
+                }
+            }
+            let us = self.forward_us[l];
+            let output = Key::pass(BufferKind::Recomputed, l, mb);
+            let activation = self.activation_bytes(l);
+            for r in self.ranks(l) {
+                let at = self.push(
+                    r,
+                    Instruction::Recompute {
+                        layer: l as u32,
+                        microbatch: mb,
+                        us,
+                    },
+                );
+                self.buffers.read(r, Key::layer(BufferKind::Weights, l), at);
+                for &key in &inputs {
+                    self.buffers.read(r, key, at);
+                }
+                self.buffers.grow(r, output, activation);
+                self.buffers.write(r, output, at);
             }
         }
     }
@@ -542,8 +639,7 @@ impl Lowering<'_, '_> {
         for t in self.tied.clone() {
             let name = self.costs.graph.tied[t.weight].name.clone();
             let us = self.comm.all_reduce(&t.ranks, t.bytes).us;
-            let next = self.groups.len() as u32;
-            let group = *self.groups.entry(t.ranks.clone()).or_insert(next);
+            let group = self.group(&t.ranks);
             for r in stage.first_rank..stage.first_rank + stage.gpus {
                 if !t.ranks.contains(&r) {
                     continue;
@@ -570,6 +666,7 @@ impl Lowering<'_, '_> {
                         bytes: t.bytes.round() as u64,
                         us: moved / self.costs.cluster.gpu(r).hbm_bandwidth * 1e6,
                         tied: Some(name.clone()),
+                        group: None,
                     },
                 );
                 for &l in &uses {
@@ -594,16 +691,54 @@ impl Lowering<'_, '_> {
             .write(r, Key::layer(BufferKind::OptimizerState, l), at);
     }
 
-    /// The optimizer step of stage `k`'s ranks.
+    /// The optimizer step of stage `k`'s ranks: under ZeRO-1 first each replicated
+    /// bucket's sharded update and weight all-gather, then the update of the rest.
     fn step(&mut self, k: usize) {
         let stage = self.strategy.stages[k];
         let graph = self.costs.graph;
-        let state = self.optimizer_state;
+        let mut sharded = vec![false; graph.layers.len()];
+        if self.strategy.zero > 0 {
+            for bucket in self.buckets[k].clone() {
+                let n = bucket.ranks.len();
+                if n < 2 || bucket.bytes <= 0.0 {
+                    continue;
+                }
+                let weights: Vec<Key> = bucket
+                    .layers
+                    .clone()
+                    .map(|l| Key::layer(BufferKind::Weights, l))
+                    .collect();
+                let share = bucket.bytes / n as f64;
+                let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+                for mut ranks in groups.clone() {
+                    ranks.sort_unstable();
+                    let group = self.group(&ranks);
+                    for &r in &ranks {
+                        let at = self.push(
+                            r,
+                            Instruction::Step {
+                                bytes: share.round() as u64,
+                                us: self.costs.step_us(share, r),
+                                tied: None,
+                                group: Some(group),
+                            },
+                        );
+                        for l in bucket.layers.clone() {
+                            self.step_buffers(r, l, at);
+                        }
+                    }
+                }
+                self.all_gather(groups, bucket.bytes, &weights);
+                for l in bucket.layers.clone() {
+                    sharded[l] = true;
+                }
+            }
+        }
         for r in stage.first_rank..stage.first_rank + stage.gpus {
             let mut bytes = 0.0;
             let mut touched = Vec::new();
             for l in stage.first_layer..=stage.last_layer {
-                if !self.ranks(l).contains(&r) || graph.layers[l].param_bytes == 0 {
+                if sharded[l] || !self.ranks(l).contains(&r) || graph.layers[l].param_bytes == 0 {
                     continue;
                 }
                 let (_, share) = weight_replicas(graph.layers[l].kind, self.strategy.layers[l], 0);
@@ -611,15 +746,13 @@ impl Lowering<'_, '_> {
                 bytes += own as f64 * share;
                 touched.push(l);
             }
-            // Read weights, gradients and state; write weights and state.
-            let moved = bytes * (3.0 + 2.0 * state);
-            let us = moved / self.costs.cluster.gpu(r).hbm_bandwidth * 1e6;
             let at = self.push(
                 r,
                 Instruction::Step {
                     bytes: bytes.round() as u64,
-                    us,
+                    us: self.costs.step_us(bytes, r),
                     tied: None,
+                    group: None,
                 },
             );
             for l in touched {
@@ -639,8 +772,14 @@ impl Lowering<'_, '_> {
             if layer.param_bytes == 0 {
                 continue;
             }
-            let (_, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
+            let (replicas, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
             let bytes = layer.param_bytes as f64 * share;
+            // ZeRO-1: each of the replicas holds a share of the optimizer state.
+            let shards = if self.strategy.zero > 0 {
+                replicas.len() as f64
+            } else {
+                1.0
+            };
             for r in self.ranks(l) {
                 weights[r as usize] += bytes;
                 self.buffers
@@ -650,7 +789,7 @@ impl Lowering<'_, '_> {
                 self.buffers.grow(
                     r,
                     Key::layer(BufferKind::OptimizerState, l),
-                    bytes * self.optimizer_state,
+                    bytes * self.optimizer_state / shards,
                 );
             }
         }

@@ -252,6 +252,38 @@ impl<'a> Costs<'a> {
         self.all_reduce(&ranks, param_bytes as f64 * share)
     }
 
+    /// ZeRO-1's gradient synchronization of `param_bytes` of layer `l`'s weights: a
+    /// reduce-scatter over its replicas, priced as the first half of their all-reduce (what
+    /// NCCL's ring and hierarchical all-reduces are made of).
+    pub(crate) fn sharded_sync(
+        &self,
+        l: usize,
+        split: Split,
+        first: u32,
+        param_bytes: u64,
+    ) -> Sync {
+        let s = self.sync(l, split, first, param_bytes);
+        Sync {
+            latency_us: s.latency_us / 2.0,
+            bandwidth_us: s.bandwidth_us / 2.0,
+        }
+    }
+
+    /// ZeRO-1's all-gather of `bytes` of updated weights over `ranks` (each holds a
+    /// `1/n` share), priced as the second half of their all-reduce, µs.
+    pub fn sharded_gather_us(&self, ranks: &[u32], bytes: f64) -> f64 {
+        let s = self.all_reduce(ranks, bytes);
+        (s.latency_us + s.bandwidth_us) / 2.0
+    }
+
+    /// One microbatch's stashed activations of layer `l` on one of its ranks under
+    /// `split`, bytes.
+    pub(crate) fn stash_per_microbatch(&self, l: usize, split: Split, microbatches: u32) -> f64 {
+        self.graph.layers[l].stash_bytes as f64
+            / f64::from(split.sample.max(1) * split.attribute.max(1))
+            / f64::from(microbatches.max(1))
+    }
+
     /// All-reduce of `bytes` over any set of ranks, µs.
     pub fn all_reduce_us(&self, ranks: &[u32], bytes: f64) -> f64 {
         self.comm.all_reduce(ranks, bytes).us
@@ -356,10 +388,7 @@ impl<'a> Costs<'a> {
         let weights = layer.param_bytes as f64 * share;
         let state = weights * (2.0 + self.options.optimizer.state_factor())
             + weights * f64::from(extra_weight_versions);
-        let stash = layer.stash_bytes as f64
-            / f64::from(split.sample.max(1) * split.attribute.max(1))
-            / f64::from(microbatches.max(1));
-        state + stash * f64::from(in_flight.max(1))
+        state + self.stash_per_microbatch(l, split, microbatches) * f64::from(in_flight.max(1))
     }
 
     /// The optimizer step on rank `rank` holding `weight_bytes` of weights, µs: it reads

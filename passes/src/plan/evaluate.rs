@@ -42,6 +42,8 @@ pub struct LayerCost {
     pub forward_us: f64,
     /// Backward compute per microbatch, µs.
     pub backward_us: f64,
+    /// Its forward run again before its backward per microbatch (recomputation), µs.
+    pub recompute_us: f64,
     /// Gradient synchronization per iteration, µs (a bucket's latency on its first layer).
     pub sync_us: f64,
     /// Moving its inputs per microbatch, forward and backward, µs.
@@ -121,22 +123,28 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut busy_gpu_us = 0.0;
     let mut syncs = Vec::with_capacity(graph.layers.len());
     let mut memory = vec![0.0f64; costs.gpus as usize];
-    let mut weights = vec![0.0f64; costs.gpus as usize];
     let mut transient = vec![0.0f64; costs.gpus as usize];
     let reductions = tied_reductions(graph, strategy);
     let separate = separately_reduced(graph, &reductions);
+    // Per rank, the weight bytes its optimizer step updates (its share under ZeRO-1).
+    let mut stepped = vec![0.0f64; costs.gpus as usize];
+    // Per (recomputed run, rank), one microbatch's activations of the run: alive while
+    // the run is recomputed and its backward runs.
+    let mut recomputing: std::collections::BTreeMap<(usize, u32), f64> = Default::default();
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
         let stage = &strategy.stages[k];
         let split = strategy.layers[l];
         let g = split.degree();
         let work = costs.work(l, split, stage.first_rank, m);
-        syncs.push(costs.sync(
-            l,
-            split,
-            stage.first_rank,
-            layer.param_bytes.saturating_sub(separate[l]),
-        ));
+        let own_bytes = layer.param_bytes.saturating_sub(separate[l]);
+        syncs.push(if strategy.zero > 0 {
+            costs.sharded_sync(l, split, stage.first_rank, own_bytes)
+        } else {
+            costs.sync(l, split, stage.first_rank, own_bytes)
+        });
+        let run = strategy.recompute_run(l);
+        let recompute_us = if run.is_some() { work.fwd_us } else { 0.0 };
         let mut transfer = 0.0;
         for edge in &layer.inputs {
             let Producer::Layer(p) = edge.from else {
@@ -158,17 +166,43 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 stage_cost[k].receive_us += f + b;
             }
         }
-        stage_cost[k].microbatch_us += work.fwd_us + work.bwd_us + transfer;
-        stage_cost[k].backward_us += work.bwd_us + transfer / 2.0;
-        busy_gpu_us += f64::from(g) * (work.fwd_us + work.bwd_us) * f64::from(m);
+        stage_cost[k].microbatch_us += work.fwd_us + recompute_us + work.bwd_us + transfer;
+        stage_cost[k].backward_us += recompute_us + work.bwd_us + transfer / 2.0;
+        busy_gpu_us += f64::from(g) * (work.fwd_us + recompute_us + work.bwd_us) * f64::from(m);
         let in_flight = strategy.schedule.in_flight(m, stages, k);
         let versions = if strategy.schedule == Schedule::Async {
             in_flight - 1
         } else {
             0
         };
-        let bytes = costs.memory(l, split, m, in_flight, versions);
-        let (_, share) = super::layout::weight_replicas(layer.kind, split, 0);
+        let (replicas, share) = super::layout::weight_replicas(layer.kind, split, 0);
+        let weight_bytes = layer.param_bytes as f64 * share;
+        // ZeRO-1 keeps a 1/n share of the optimizer state on each of the n replicas.
+        let shards = if strategy.zero > 0 {
+            replicas.len() as f64
+        } else {
+            1.0
+        };
+        let state = weight_bytes * costs.optimizer().state_factor();
+        let mut bytes =
+            costs.memory(l, split, m, in_flight, versions) - state * (1.0 - 1.0 / shards);
+        if let Some((first, _)) = run {
+            // A recomputed layer keeps only the run's inputs per microbatch in flight.
+            let stash = costs.stash_per_microbatch(l, split, m);
+            bytes -= stash * f64::from(in_flight);
+            let kept: f64 = layer
+                .inputs
+                .iter()
+                .filter(|e| !matches!(e.from, Producer::Layer(p) if (p.0 as usize) >= first))
+                .map(|e| {
+                    e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split)
+                })
+                .sum();
+            bytes += kept * f64::from(in_flight);
+            for r in stage.first_rank..stage.first_rank + g {
+                *recomputing.entry((first, r)).or_default() += stash;
+            }
+        }
         // Its backward writes its input gradient while its activation is still held.
         let input_gradient: f64 = layer
             .inputs
@@ -178,18 +212,24 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             .sum();
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
-            weights[r as usize] += layer.param_bytes as f64 * share;
+            stepped[r as usize] += own_bytes as f64 * share / shards;
             transient[r as usize] = transient[r as usize].max(input_gradient);
         }
         layers.push(LayerCost {
             forward_us: work.fwd_us,
             backward_us: work.bwd_us,
+            recompute_us,
             sync_us: 0.0,
             transfer_us: transfer,
         });
     }
     // A tied weight's other holders keep a copy, its gradient and its optimizer state too,
     // and every holder waits for its all-reduce before the step.
+    // The run being recomputed holds one microbatch's activations on top (the largest).
+    let mut recompute_peak = vec![0.0f64; costs.gpus as usize];
+    for (&(_, r), &run_bytes) in &recomputing {
+        recompute_peak[r as usize] = recompute_peak[r as usize].max(run_bytes);
+    }
     let mut tied_us = vec![0.0f64; costs.gpus as usize];
     for r in &reductions {
         let owner = graph.tied[r.weight].layers[0].0 as usize;
@@ -199,8 +239,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         for &rank in &r.ranks {
             if !owners.contains(&rank) {
                 memory[rank as usize] += r.bytes * (2.0 + costs.optimizer().state_factor());
-                weights[rank as usize] += r.bytes;
             }
+            // Every holder updates its whole copy after the weight's own all-reduce.
+            stepped[rank as usize] += r.bytes;
             tied_us[rank as usize] += us;
         }
     }
@@ -212,7 +253,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         }
         busy_gpu_us += tied * f64::from(stage.gpus);
         for r in stage.first_rank..stage.first_rank + stage.gpus {
-            let step = costs.step_us(weights[r as usize], r);
+            let step = costs.step_us(stepped[r as usize], r);
             slowest = slowest.max(step);
             busy_gpu_us += step;
         }
@@ -220,14 +261,25 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         // the all-reduce latency fewer times.
         // A later stage also counts how long its gradient for the stage before waits.
         let weigh_delay = if k > 0 { 1.0 } else { 0.0 };
-        let (exposed, delay, chosen) = BUCKET_CAPS
+        // Under ZeRO-1 each bucket's weights are all-gathered after the step.
+        let gathers = |bs: &[Bucket]| -> f64 {
+            if strategy.zero == 0 {
+                return 0.0;
+            }
+            bs.iter()
+                .map(|b| costs.sharded_gather_us(&b.ranks, b.bytes))
+                .sum()
+        };
+        let (exposed, delay, gather, chosen) = BUCKET_CAPS
             .into_iter()
             .map(|cap| {
                 let bs = buckets(graph, strategy, stage, cap, &separate);
                 let t = bucket_times(&bs, &syncs, &layers, stage);
-                (t.exposed_us, t.delay_us, bs)
+                (t.exposed_us, t.delay_us, gathers(&bs), bs)
             })
-            .min_by(|a, b| (a.0 + weigh_delay * a.1).total_cmp(&(b.0 + weigh_delay * b.1)))
+            .min_by(|a, b| {
+                (a.0 + a.2 + weigh_delay * a.1).total_cmp(&(b.0 + b.2 + weigh_delay * b.1))
+            })
             .unwrap_or_default();
         for b in &chosen {
             for l in b.layers.clone() {
@@ -237,9 +289,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         // Synchronization hidden behind backward costs no GPU time; the exposed tail
         // holds the GPUs of the last bucket.
         if let Some(last) = chosen.last() {
-            busy_gpu_us += exposed * f64::from(last.all.end - last.all.start);
+            busy_gpu_us += (exposed + gather) * f64::from(last.all.end - last.all.start);
         }
-        stage_cost[k].sync_us = exposed + tied + slowest;
+        stage_cost[k].sync_us = exposed + tied + slowest + gather;
         stage_cost[k].send_delay_us = if k > 0 { delay } else { 0.0 };
         stage_cost[k].buckets = chosen.len() as u32;
         stage_cost[k].bucket_bytes = chosen_cap(&chosen);
@@ -248,7 +300,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut peak: f64 = 0.0;
     for (k, stage) in strategy.stages.iter().enumerate() {
         for r in stage.first_rank..stage.first_rank + stage.gpus {
-            let used = memory[r as usize] + transient[r as usize] + costs.workspace();
+            let used = memory[r as usize]
+                + transient[r as usize]
+                + recompute_peak[r as usize]
+                + costs.workspace();
             fits &= used <= costs.capacity(r);
             peak = peak.max(used);
             stage_cost[k].memory_bytes = stage_cost[k].memory_bytes.max(used);
@@ -312,8 +367,9 @@ pub(crate) fn bucket_times(
     let mut next = buckets.iter().peekable();
     for l in (stage.first_layer..=stage.last_layer).rev() {
         let transfer = layers[l].transfer_us / 2.0;
-        alone += layers[l].backward_us + transfer;
-        computed += layers[l].backward_us;
+        let backward = layers[l].recompute_us + layers[l].backward_us;
+        alone += backward + transfer;
+        computed += backward;
         if transfer > 0.0 {
             communicated = communicated.max(computed) + transfer;
             computed = communicated;

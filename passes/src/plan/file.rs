@@ -25,6 +25,9 @@
 //!   `parameter`: output channels or features) and `gpus`, when also given, must equal
 //!   their product.
 //! * `schedule` (`1f1b`, `gpipe`, `async`) and `microbatches` default to `1f1b` and 1.
+//! * `zero` (default 0): 1 shards the optimizer state over each replica group (ZeRO-1).
+//! * `recompute` (default none): runs of layers whose activations are recomputed, each
+//!   `{ "first_layer": …, "last_layer": … }` inside one stage.
 //!
 //! Layers are named as `ralpc plan --json` names them (the ONNX node name of a layer's main
 //! op, or PipeDream's node id).
@@ -56,6 +59,26 @@ pub struct StrategyFile {
     /// Per-layer placements (any subset).
     #[serde(default)]
     pub layers: Vec<StrategyFileLayer>,
+    /// ZeRO stage: 0 or 1.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub zero: u8,
+    /// Runs of layers whose activations are recomputed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recompute: Vec<StrategyFileRun>,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
+}
+
+/// A run of recomputed layers in a strategy file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyFileRun {
+    /// Name of its first layer.
+    pub first_layer: String,
+    /// Name of its last layer.
+    pub last_layer: String,
 }
 
 fn default_schedule() -> Schedule {
@@ -154,6 +177,15 @@ impl StrategyFile {
                     }),
                 })
                 .collect(),
+            zero: strategy.zero,
+            recompute: strategy
+                .recompute
+                .iter()
+                .map(|&(first, last)| StrategyFileRun {
+                    first_layer: name(first),
+                    last_layer: name(last),
+                })
+                .collect(),
         }
     }
 
@@ -242,7 +274,20 @@ impl StrategyFile {
                 .find(|s| s.first_layer <= l && l <= s.last_layer)
                 .map_or(1, |s| s.gpus)
         };
+        let recompute = self
+            .recompute
+            .iter()
+            .enumerate()
+            .map(|(i, run)| {
+                Ok((
+                    find(&format!("recompute[{i}].first_layer"), &run.first_layer)?,
+                    find(&format!("recompute[{i}].last_layer"), &run.last_layer)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, PlanError>>()?;
         Ok(Strategy {
+            zero: self.zero,
+            recompute,
             schedule: self.schedule,
             microbatches: self.microbatches,
             layers: layers

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 pub use buckets::{buckets, Bucket, BUCKET_CAPS};
 pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
-pub use file::{StrategyFile, StrategyFileLayer, StrategyFileStage, FORMAT};
+pub use file::{StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT};
 pub use layout::{
     gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient, splits_freely,
     transfers, weight_replicas, Cut, Transfer, View,
@@ -149,6 +149,15 @@ pub struct Strategy {
     pub stages: Vec<Stage>,
     /// Per layer, its split (the product of the degrees is its GPU count).
     pub layers: Vec<Split>,
+    /// How the optimizer state is held: 0, every replica updates its whole copy of the
+    /// weights; 1, each replica group shards it (ZeRO-1, Megatron-LM's distributed
+    /// optimizer): the gradients are reduce-scattered, each replica updates its share of
+    /// the weights, and the weights are all-gathered.
+    pub zero: u8,
+    /// Runs of consecutive layers of one stage, `(first, last)` inclusive, whose
+    /// activations are recomputed: a run's forward pass keeps only the run's inputs, and
+    /// the run's forward is run again just before its backward.
+    pub recompute: Vec<(usize, usize)>,
 }
 
 /// Why planning failed.
@@ -205,6 +214,8 @@ impl Strategy {
                 gpus: layers.iter().map(Split::degree).max().unwrap_or(1),
             }],
             layers,
+            zero: 0,
+            recompute: Vec::new(),
         }
     }
 
@@ -299,6 +310,51 @@ impl Strategy {
                 costs.gpus
             ));
         }
+        if self.zero > 1 {
+            return bad(format!(
+                "zero is {}; a layered plan shards the optimizer state (1) or not (0)",
+                self.zero
+            ));
+        }
+        if self.zero > 0 && self.schedule == Schedule::Async {
+            return bad(
+                "zero 1 needs a synchronous schedule (1f1b or gpipe): the asynchronous \
+                        one updates every replica's weights after each microbatch"
+                    .into(),
+            );
+        }
+        let stage_of = self.stage_of_layers();
+        let mut after = 0;
+        for (i, &(first, last)) in self.recompute.iter().enumerate() {
+            if first < after || last < first || last >= n || stage_of[first] != stage_of[last] {
+                return bad(format!(
+                    "recompute run {i} covers layers {first}..={last}; runs must be in order, \
+                     apart, and each inside one stage"
+                ));
+            }
+            // Rerunning a run's forward moves nothing when its layers split samples only,
+            // all the same way.
+            let split = self.layers[first];
+            if let Some(l) =
+                (first..=last).find(|&l| self.layers[l] != split || split.degree() != split.sample)
+            {
+                return bad(format!(
+                    "recompute run {i}: layer {} is split differently from the run's first \
+                     layer or splits more than samples; a recomputed run splits samples only, \
+                     the same way throughout",
+                    graph.layers[l].name
+                ));
+            }
+            after = last + 1;
+        }
         Ok(())
+    }
+
+    /// The recomputed run holding layer `l`, if any.
+    pub fn recompute_run(&self, l: usize) -> Option<(usize, usize)> {
+        self.recompute
+            .iter()
+            .copied()
+            .find(|&(first, last)| first <= l && l <= last)
     }
 }

@@ -314,6 +314,8 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
         microbatches: m_mb,
         stages,
         layers,
+        zero: 0,
+        recompute: Vec::new(),
     })
 }
 

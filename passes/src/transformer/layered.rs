@@ -1,6 +1,8 @@
 //! The layer-graph form of a transformer plan: the [`Strategy`] the layered planner, the
 //! lowering and the executors understand, for the configurations it can express —
-//! pipeline stages holding whole blocks, each replicated over its data-parallel GPUs.
+//! pipeline stages holding whole blocks, each replicated over its data-parallel GPUs, with
+//! ZeRO-1 and either recomputation (full: every block is a recomputed run; selective:
+//! each block's attention core, the weightless layers around its softmax).
 //!
 //! Stage boundaries are the blocks' boundaries in the model's own layer graph: the
 //! attention cores (one `Softmax` layer per block) number the blocks, and block `i` starts
@@ -22,8 +24,8 @@ pub struct NotLayered(pub String);
 ///
 /// # Errors
 /// [`NotLayered`] naming the option the layered form cannot express yet (tensor or
-/// sequence parallelism, interleaving, recomputation, ZeRO), or a layer graph whose blocks
-/// cannot be told apart.
+/// sequence parallelism, interleaving, ZeRO 2 and 3), or a layer graph whose blocks cannot
+/// be told apart.
 pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayered> {
     let par = plan.parallelism;
     let refuse = |what: &str, fix: &str| {
@@ -40,11 +42,11 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
     if par.virtual_stages > 1 {
         return refuse("the interleaved schedule", "--virtual-stages 1");
     }
-    if par.recompute != Recompute::None {
-        return refuse("activation recomputation", "--recompute none");
-    }
-    if par.zero > 0 {
-        return refuse("ZeRO sharding", "--zero 0");
+    if par.zero > 1 {
+        return refuse(
+            &format!("ZeRO-{} sharding of gradients or weights", par.zero),
+            "--zero 1",
+        );
     }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
@@ -76,24 +78,73 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
     }
     let microbatches = u32::try_from(plan.microbatches)
         .map_err(|_| NotLayered(format!("{} microbatches", plan.microbatches)))?;
+    let recompute = match par.recompute {
+        Recompute::None => Vec::new(),
+        Recompute::Full => block_runs(graph, &starts)?,
+        Recompute::Selective => attention_cores(graph),
+    };
     Ok(Strategy {
         schedule: par.schedule,
         microbatches,
         stages,
         layers: vec![Split::samples(d); graph.layers.len()],
+        zero: par.zero,
+        recompute,
     })
+}
+
+/// The attention-core layers of `layer`'s graph: each `Softmax` layer with the layers
+/// without weights on either side of it (the scores and context products, the head
+/// reshapes), up to the QKV and output projections.
+fn attention_cores(graph: &LayerGraph) -> Vec<(usize, usize)> {
+    let weightless = |l: usize| graph.layers[l].param_bytes == 0;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for core in softmax_layers(graph) {
+        let mut first = core;
+        while first > 0 && weightless(first - 1) && runs.last().is_none_or(|r| r.1 < first - 1) {
+            first -= 1;
+        }
+        let mut last = core;
+        while last + 1 < graph.layers.len() && weightless(last + 1) {
+            last += 1;
+        }
+        runs.push((first, last));
+    }
+    runs
+}
+
+/// Every block as a recomputed run: from its start to the layer before the next block's;
+/// the last block as long as the one before it (blocks are identical), or, alone, up to
+/// the last single-tensor cut before the model's last layer.
+fn block_runs(graph: &LayerGraph, starts: &[usize]) -> Result<Vec<(usize, usize)>, NotLayered> {
+    let n = graph.layers.len();
+    let mut runs: Vec<(usize, usize)> = starts.windows(2).map(|w| (w[0], w[1] - 1)).collect();
+    let last_start = *starts
+        .last()
+        .ok_or_else(|| NotLayered("no blocks".into()))?;
+    let end = match runs.last() {
+        Some(&(first, last)) => last_start + (last - first),
+        None => {
+            let crossing = crossings(graph);
+            (last_start..n.saturating_sub(1))
+                .rev()
+                .find(|&j| crossing[j] == 1)
+                .unwrap_or(last_start)
+        }
+    };
+    if end >= n.saturating_sub(1) {
+        return Err(NotLayered(
+            "the last block runs into the model's head; its recomputation is not lowered".into(),
+        ));
+    }
+    runs.push((last_start, end));
+    Ok(runs)
 }
 
 /// Per block, the index of its first layer: after the last cut only one tensor crosses
 /// before its attention core (block 0: after the embedding).
 fn block_starts(graph: &LayerGraph) -> Result<Vec<usize>, NotLayered> {
-    let cores: Vec<usize> = graph
-        .layers
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.parts.iter().any(|p| p.op == "Softmax"))
-        .map(|(i, _)| i)
-        .collect();
+    let cores = softmax_layers(graph);
     if cores.is_empty() {
         return Err(NotLayered(
             "the layer graph has no attention core (Softmax) to place stage boundaries at".into(),
@@ -119,6 +170,17 @@ fn block_starts(graph: &LayerGraph) -> Result<Vec<usize>, NotLayered> {
         previous = core;
     }
     Ok(starts)
+}
+
+/// The layers holding a `Softmax`: one attention core per block.
+fn softmax_layers(graph: &LayerGraph) -> Vec<usize> {
+    graph
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.parts.iter().any(|p| p.op == "Softmax"))
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// Per layer `j`, how many distinct tensors made by layers `..=j` are read by layers after

@@ -15,6 +15,11 @@
 //! layer's bucket when every use holds the same piece, else after the plan's own
 //! all-reduce of it over every holder (each keeping it whole).
 //!
+//! A recomputed run keeps, after its forward, only its inputs from outside the run and its
+//! outputs read outside it; `recompute` runs its layers again from those before their
+//! backward passes, which refuse a layer whose activations were dropped and not made
+//! again. ZeRO-1's sharded steps are in [`zero`].
+//!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
 //! checks that they cover what it holds. Anything the plan does not deliver is an error
@@ -45,6 +50,8 @@ use super::region::{
 };
 use super::tensor::{Data, Tensor};
 use super::train::{self, Dataset, TrainOptions, TrainReport};
+
+mod zero;
 
 /// Why a plan could not run.
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +304,8 @@ struct Prepared<'a> {
     /// Per value, its batch axis and entries per sample ([`Prepared::batch_axis`]).
     batch_axes: Mutex<BTreeMap<ValueId, Option<(usize, usize)>>>,
     env: Env,
+    /// Per layer, the recomputed run holding it (first and last layer).
+    recompute: Vec<Option<(usize, usize)>>,
 }
 
 fn setup(message: impl Into<String>) -> RunError {
@@ -525,6 +534,9 @@ impl<'a> Prepared<'a> {
                 mode: Mode::Training,
                 exported_batch: g.rebatch().map(|r| r.exported),
             },
+            recompute: (0..lg.layers.len())
+                .map(|l| strategy.recompute_run(l))
+                .collect(),
         };
         prepared.check()?;
         Ok(prepared)
@@ -816,6 +828,8 @@ struct LayerRun {
     records: Vec<Record>,
     /// The region each output holds.
     regions: BTreeMap<ValueId, Region>,
+    /// Whether what its backward reads was dropped for recomputation.
+    dropped: bool,
 }
 
 /// What a rank reports.
@@ -843,6 +857,8 @@ struct Rank<'p, 'a> {
     grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
     input_grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
+    /// Per (edge, microbatch), the input a recomputed run keeps from outside the run.
+    checkpoints: BTreeMap<(usize, u32), Tensor>,
     /// Per instruction, the buffers it reads and writes: (kind, layer, microbatch, writes).
     touches: BTreeMap<u32, Vec<Touch>>,
     step: u32,
@@ -941,6 +957,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             grad_pieces: BTreeMap::new(),
             input_grads: BTreeMap::new(),
             pending_sums: BTreeMap::new(),
+            checkpoints: BTreeMap::new(),
             touches,
             step: 0,
             report: RankReport {
@@ -1134,7 +1151,10 @@ impl<'p, 'a> Rank<'p, 'a> {
         match *instruction {
             Instruction::Forward {
                 layer, microbatch, ..
-            } => self.forward(layer as usize, microbatch),
+            } => self.forward(layer as usize, microbatch, false),
+            Instruction::Recompute {
+                layer, microbatch, ..
+            } => self.forward(layer as usize, microbatch, true),
             Instruction::Backward {
                 layer, microbatch, ..
             } => self.backward(layer as usize, microbatch),
@@ -1146,12 +1166,22 @@ impl<'p, 'a> Rank<'p, 'a> {
                 ..
             } => self.tied_all_reduce(name, self.group(group)?),
             Instruction::AllReduce { group, .. } => self.all_reduce(index, self.group(group)?),
-            Instruction::AllGather { group, .. } | Instruction::AllToAll { group, .. } => {
+            Instruction::AllGather { group, .. } if self.writes(index, BufferKind::Weights) => {
+                self.all_gather_weights(index, self.group(group)?)
+            }
+            Instruction::ReduceScatter { group, .. }
+                if self.writes(index, BufferKind::Gradients) =>
+            {
+                self.reduce_scatter_gradients(index, self.group(group)?)
+            }
+            Instruction::AllGather { group, .. }
+            | Instruction::AllToAll { group, .. }
+            | Instruction::ReduceScatter { group, .. } => {
                 self.reshard_forward_or_back(index, self.group(group)?)
             }
-            Instruction::ReduceScatter { group, .. } => {
-                self.reshard_forward_or_back(index, self.group(group)?)
-            }
+            Instruction::Step {
+                group: Some(group), ..
+            } => self.sharded_step(index, self.group(group)?),
             Instruction::Step {
                 tied: Some(ref name),
                 ..
@@ -1299,9 +1329,15 @@ impl<'p, 'a> Rank<'p, 'a> {
         Ok(Tensor::f32(dims(&need), out))
     }
 
-    fn forward(&mut self, l: usize, mb: u32) -> Result<(), String> {
+    /// Layer `l`'s forward on microbatch `mb`; `again` for its recomputation, which reads
+    /// the run's kept inputs.
+    fn forward(&mut self, l: usize, mb: u32, again: bool) -> Result<(), String> {
         let p = self.p;
         let layer = &p.layers[l];
+        let run = p.recompute[l];
+        if again && run.is_none() {
+            return Err(format!("layer {} is not recomputed", layer.name));
+        }
         let k = layer
             .holds(self.rank)
             .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
@@ -1313,7 +1349,21 @@ impl<'p, 'a> Rank<'p, 'a> {
             let t =
                 match source {
                     Source::Edge(e) => {
-                        let whole = self.assemble(e, mb)?;
+                        // An input from outside a recomputed run is kept for the rerun.
+                        let kept = run.filter(|&(first, _)| p.edges[e].producer < first);
+                        let whole = match (kept, again) {
+                            (Some(_), true) => {
+                                self.checkpoints.get(&(e, mb)).cloned().ok_or_else(|| {
+                                    format!("layer {} recomputes without its input", layer.name)
+                                })?
+                            }
+                            (Some(_), false) => {
+                                let t = self.assemble(e, mb)?;
+                                self.checkpoints.insert((e, mb), t.clone());
+                                t
+                            }
+                            (None, _) => self.assemble(e, mb)?,
+                        };
                         match self.epilogue_share(l, k, e)? {
                             Some(share) => crop(&whole, &self.need(e, self.rank)?, &share),
                             None => whole,
@@ -1389,9 +1439,39 @@ impl<'p, 'a> Rank<'p, 'a> {
                 values,
                 records,
                 regions,
+                dropped: false,
             },
         );
+        if let Some((first, last)) = run.filter(|&(_, last)| last == l && !again) {
+            self.drop_run(first, last, mb);
+        }
         Ok(())
+    }
+
+    /// After a recomputed run's forward on `mb`: its layers keep only the outputs read
+    /// outside the run; the rest is made again by the run's recomputation.
+    fn drop_run(&mut self, first: usize, last: usize, mb: u32) {
+        let p = self.p;
+        for j in first..=last {
+            let Some(run) = self.runs.get_mut(&(j, mb)) else {
+                continue;
+            };
+            let mut kept = Values::new(p.exe.graph);
+            for &o in run.regions.keys() {
+                let read_outside = p.output == (j, o)
+                    || p.edges
+                        .iter()
+                        .any(|e| e.producer == j && e.value == o && e.consumer > last);
+                if read_outside {
+                    if let Some(t) = run.values.get(o) {
+                        kept.set(o, t.clone());
+                    }
+                }
+            }
+            run.values = kept;
+            run.records = Vec::new();
+            run.dropped = true;
+        }
     }
 
     fn backward(&mut self, l: usize, mb: u32) -> Result<(), String> {
@@ -1406,6 +1486,18 @@ impl<'p, 'a> Rank<'p, 'a> {
                 layer.name
             )
         })?;
+        if run.dropped {
+            return Err(format!(
+                "layer {}'s activations of microbatch {mb} were dropped for recomputation \
+                 and not recomputed",
+                layer.name
+            ));
+        }
+        if let Some((first, last)) = p.recompute[l].filter(|&(first, _)| first == l) {
+            // The run's last backward: its kept inputs are spent.
+            self.checkpoints
+                .retain(|&(e, m), _| m != mb || !(first..=last).contains(&p.edges[e].consumer));
+        }
         let mut grads = Grads::default();
         for (&o, held) in &run.regions {
             let n = volume(held);
@@ -1602,6 +1694,13 @@ impl<'p, 'a> Rank<'p, 'a> {
         self.touches.get(&index).cloned().unwrap_or_default()
     }
 
+    /// Whether instruction `index` writes a buffer of `kind`.
+    fn writes(&self, index: u32, kind: BufferKind) -> bool {
+        self.touches
+            .get(&index)
+            .is_some_and(|t| t.iter().any(|&(k, _, _, w)| k == kind && w))
+    }
+
     fn all_reduce(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
         let touched = self.touched(index);
         let reads = |kind: BufferKind| {
@@ -1611,27 +1710,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                 .filter_map(|&(_, l, mb, _)| Some((l? as usize, mb)))
                 .collect::<Vec<_>>()
         };
-        let buckets = reads(BufferKind::Gradients);
-        if !buckets.is_empty() {
+        if !reads(BufferKind::Gradients).is_empty() {
             // A gradient bucket: this rank's gradients of those layers, in layer order.
-            let mut layers: Vec<usize> = buckets.iter().map(|&(l, _)| l).collect();
-            layers.sort_unstable();
-            layers.dedup();
-            let mut keys = Vec::new();
-            for &l in &layers {
-                let layer = &self.p.layers[l];
-                for &w in &layer.owned {
-                    if self.trains(layer, w) {
-                        keys.push(w);
-                    }
-                }
-            }
-            let mut flat = Vec::new();
-            for &w in &keys {
-                let n = self.weights.get(&w).map_or(0, |(_, t)| t.len());
-                let g = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
-                flat.extend_from_slice(g);
-            }
+            let keys = self.bucket_weights(index, BufferKind::Gradients);
+            let mut flat = self.flat_gradients(&keys);
             self.comm
                 .all_reduce(&group, &mut flat)
                 .map_err(Self::comm_error)?;
