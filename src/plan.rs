@@ -583,13 +583,15 @@ fn load_model(
     })
 }
 
-fn load_layers(model: Model) -> Result<LayerGraph, Error> {
-    match model {
-        Model::Layers(g) => Ok(g),
+/// The model's layer graph, its activations as wide as `precision` keeps them.
+fn load_layers(model: Model, precision: Precision) -> Result<LayerGraph, Error> {
+    let graph = match model {
+        Model::Layers(g) => g,
         Model::Graph { graph, info, batch } => {
-            Ok(layers::build(&graph, &info, batch, Default::default())?)
+            layers::build(&graph, &info, batch, Default::default())?
         }
-    }
+    };
+    Ok(graph.with_activation_bytes(precision.activation_bytes()))
 }
 
 /// Whether the transformer planner takes the model: a recognized GPT-like decoder under
@@ -684,12 +686,12 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     if let Some(shape) = transformer_of(&model, options)? {
         return plan_transformer(options, shape, model, &cluster, gpus, started);
     }
-    let graph = load_layers(model)?;
     let profile = options.profile.as_deref().map(load_profile).transpose()?;
     let precision = options
         .precision
         .or(profile.as_ref().map(|p| p.precision))
         .unwrap_or(Precision::Tf32);
+    let graph = load_layers(model, precision)?;
     let costs = Costs::new(
         &graph,
         &cluster,
@@ -810,7 +812,7 @@ fn lower_transformer(
     gpus: u32,
     precision: Precision,
 ) -> Result<Result<(StrategyFile, Executable), String>, Error> {
-    let graph = load_layers(model)?;
+    let graph = load_layers(model, precision)?;
     let strategy = match transformer::layered(&graph, best) {
         Ok(s) => s,
         Err(e) => return Ok(Err(e.0)),

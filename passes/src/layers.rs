@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use ralpc_ir::{account, AccountError, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
+use ralpc_ir::{account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
 use serde::Serialize;
 
 use crate::rewrite::{self, Limits, Report, Rewritten};
@@ -259,6 +259,8 @@ pub struct LayerGraph {
     pub aliases: BTreeMap<ValueId, ValueId>,
     /// Weights read by more than one layer.
     pub tied: Vec<TiedWeight>,
+    /// Bytes of one element of its floating-point activations (4 for an fp32 export).
+    pub float_bytes: u64,
 }
 
 /// A weight several layers read: a tied embedding, or initializers an exporter merged
@@ -291,6 +293,29 @@ pub enum LayerError {
 }
 
 impl LayerGraph {
+    /// The same layers trained in mixed precision, activations `element_bytes` wide (2 for
+    /// fp16 and bf16): the activation figures of a wider export shrink to that width.
+    /// Weights keep theirs: in mixed precision the 16-bit weights and gradients plus the
+    /// fp32 master copy cost what fp32 weights and gradients do.
+    pub fn with_activation_bytes(mut self, element_bytes: u64) -> LayerGraph {
+        let wide = self.float_bytes;
+        if element_bytes == 0 || element_bytes >= wide {
+            return self;
+        }
+        let narrow =
+            |b: &mut u64| *b = (*b as u128 * u128::from(element_bytes) / u128::from(wide)) as u64;
+        for layer in &mut self.layers {
+            narrow(&mut layer.output_bytes);
+            narrow(&mut layer.stash_bytes);
+            narrow(&mut layer.activation_io_bytes);
+            for edge in &mut layer.inputs {
+                narrow(&mut edge.bytes);
+            }
+        }
+        self.float_bytes = element_bytes;
+        self
+    }
+
     /// Total forward + backward FLOPs of one iteration.
     pub fn total_flops(&self) -> f64 {
         self.layers
@@ -468,12 +493,13 @@ fn assemble(
                         | Op::Unsqueeze { .. }
                 ) && !facts.derived[node.outputs[0].index()],
             });
-            // Values made inside the unit and read inside it are stashed (fused chains
-            // keep their intermediate results for backward).
+            // Values made inside the unit and read inside it by an op whose backward
+            // needs them are stashed (fused chains keep their intermediate results).
             for &v in &node.outputs {
                 if !unit.outputs.contains(&v)
                     && facts.uses[v.index()] > 0
                     && !facts.derived[v.index()]
+                    && read_for_backward(graph, &members, v)
                 {
                     layer.stash_bytes += bytes_of(info, v);
                 }
@@ -488,7 +514,9 @@ fn assemble(
             }
             seen.push(v);
             let bytes = bytes_of(info, v);
-            layer.stash_bytes += bytes;
+            if read_for_backward(graph, &members, v) {
+                layer.stash_bytes += bytes;
+            }
             layer.activation_io_bytes += bytes;
             let from = match producer_unit.get(&v).and_then(|&p| layer_of_unit[p]) {
                 Some(l) => Producer::Layer(l),
@@ -525,7 +553,45 @@ fn assemble(
         rewrite: Some(rewritten.report),
         aliases: rewritten.aliases,
         tied,
+        float_bytes: float_bytes(graph, info),
     }
+}
+
+/// Whether a node of `members` reading `v` needs it for its backward pass: sums, views and
+/// index maps do not (their input gradient is the output's, moved or copied); every other
+/// op is assumed to.
+fn read_for_backward(graph: &Graph, members: &[NodeId], v: ValueId) -> bool {
+    members.iter().any(|&m| {
+        let node = graph.node(m);
+        node.inputs.contains(&Some(v))
+            && !matches!(
+                node.op,
+                Op::Binary(Binary::Add | Binary::Sub)
+                    | Op::Identity
+                    | Op::Reshape { .. }
+                    | Op::Flatten { .. }
+                    | Op::Squeeze { .. }
+                    | Op::Unsqueeze { .. }
+                    | Op::Transpose { .. }
+                    | Op::Split { .. }
+                    | Op::Concat { .. }
+            )
+    })
+}
+
+/// The element size of most of the graph's floating-point values (4 when it has none).
+fn float_bytes(graph: &Graph, info: &GraphInfo) -> u64 {
+    let mut count: BTreeMap<u64, usize> = BTreeMap::new();
+    for v in graph.value_ids() {
+        let dtype = info.ty(v).dtype;
+        if dtype.is_float() {
+            *count.entry(dtype.size_bytes()).or_default() += 1;
+        }
+    }
+    count
+        .into_iter()
+        .max_by_key(|&(bytes, n)| (n, bytes))
+        .map_or(4, |(bytes, _)| bytes)
 }
 
 /// Finds the weights several layers read and credits each to the first of them (the

@@ -152,5 +152,6 @@ pub fn graph(layers: usize, batch: u64, branchy: bool, seed: u64) -> LayerGraph 
         rewrite: None,
         aliases: BTreeMap::new(),
         tied: Vec::new(),
+        float_bytes: 4,
     }
 }

@@ -416,11 +416,18 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     write_stages(&mut out, r);
     if let Some(sim) = &r.simulated {
         // The executable plan runs the model's own layers, priced layer by layer.
+        let peak = sim.peak_memory_bytes.iter().copied().max().unwrap_or(0) as f64;
+        let over = if peak > r.memory_capacity_bytes {
+            " (above the GPU's: the layer-by-layer count keeps more activations)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
             "\nexecutable plan: these stages on the model's own layers, simulated {} per \
-             iteration under the layer-by-layer costs",
-            secs(sim.iteration_time_us)
+             iteration and {} per GPU{over} under the layer-by-layer costs",
+            secs(sim.iteration_time_us),
+            gib(peak)
         );
     }
     let _ = writeln!(

@@ -421,25 +421,8 @@ impl Lowering<'_, '_> {
                     self.recv(t.from, t.to, bytes, tag, payload);
                 }
             }
-            let us = self.forward_us[l];
             let output = Key::pass(BufferKind::Activation, l, mb);
-            let activation = self.activation_bytes(l);
-            for r in self.ranks(l) {
-                let at = self.push(
-                    r,
-                    Instruction::Forward {
-                        layer: l as u32,
-                        microbatch: mb,
-                        us,
-                    },
-                );
-                self.buffers.read(r, Key::layer(BufferKind::Weights, l), at);
-                for &key in &inputs {
-                    self.buffers.read(r, key, at);
-                }
-                self.buffers.grow(r, output, activation);
-                self.buffers.write(r, output, at);
-            }
+            self.run_forward(l, mb, &inputs, output);
             let layer = &self.costs.graph.layers[l];
             let (split, first) = self.place(l);
             if let Some((ranks, share)) = partial_sums(layer.kind, split, first) {
@@ -592,25 +575,37 @@ impl Lowering<'_, '_> {
                     inputs.push(Key::pass(BufferKind::Activation, e.producer, mb));
                 }
             }
-            let us = self.forward_us[l];
-            let output = Key::pass(BufferKind::Recomputed, l, mb);
-            let activation = self.activation_bytes(l);
-            for r in self.ranks(l) {
-                let at = self.push(
-                    r,
-                    Instruction::Recompute {
-                        layer: l as u32,
-                        microbatch: mb,
-                        us,
-                    },
-                );
-                self.buffers.read(r, Key::layer(BufferKind::Weights, l), at);
-                for &key in &inputs {
-                    self.buffers.read(r, key, at);
+            self.run_forward(l, mb, &inputs, Key::pass(BufferKind::Recomputed, l, mb));
+        }
+    }
+
+    /// Layer `l`'s forward on microbatch `mb` on each of its ranks, reading `inputs` and
+    /// writing `output`: a `recompute` when `output` is what a recomputation makes.
+    fn run_forward(&mut self, l: usize, mb: u32, inputs: &[Key], output: Key) {
+        let (layer, microbatch, us) = (l as u32, mb, self.forward_us[l]);
+        let again = output == Key::pass(BufferKind::Recomputed, l, mb);
+        let activation = self.activation_bytes(l);
+        for r in self.ranks(l) {
+            let instruction = if again {
+                Instruction::Recompute {
+                    layer,
+                    microbatch,
+                    us,
                 }
-                self.buffers.grow(r, output, activation);
-                self.buffers.write(r, output, at);
+            } else {
+                Instruction::Forward {
+                    layer,
+                    microbatch,
+                    us,
+                }
+            };
+            let at = self.push(r, instruction);
+            self.buffers.read(r, Key::layer(BufferKind::Weights, l), at);
+            for &key in inputs {
+                self.buffers.read(r, key, at);
             }
+            self.buffers.grow(r, output, activation);
+            self.buffers.write(r, output, at);
         }
     }
 

@@ -35,6 +35,15 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// Bytes of an activation element training at this precision keeps (mixed precision
+    /// keeps 16-bit activations).
+    pub fn activation_bytes(self) -> u64 {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => 4,
+            Precision::Fp16 | Precision::Bf16 => 2,
+        }
+    }
+
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {

@@ -246,6 +246,7 @@ pub fn parse_pipedream(
             rewrite: None,
             aliases: BTreeMap::new(),
             tied: Vec::new(),
+            float_bytes: 4,
         },
         inputs: inputs.iter().map(|&i| nodes[i].id.clone()).collect(),
         nodes: nodes.len(),
