@@ -366,3 +366,26 @@ fn options_the_executable_plan_cannot_express_yet_say_so() {
         assert!(!dir.path().join("x").exists());
     }
 }
+
+#[test]
+fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &gpt_1_7b());
+    let mut args = vec!["plan", &model, "--json"];
+    args.extend(SELENE_32);
+    let v = json(&args);
+    let predicted = v["iteration_time_us"].as_f64().unwrap();
+    let simulated = v["simulated"]["iteration_time_us"].as_f64().unwrap();
+    println!(
+        "1.7 B auto plan: t{} p{} d{} mb {} recompute {} zero {}: predicted {predicted:.0} µs, \
+         simulated {simulated:.0} µs ({:+.1} %)",
+        v["tensor_parallel"],
+        v["pipeline_parallel"],
+        v["data_parallel"],
+        v["micro_batch_size"],
+        v["recompute"],
+        v["zero"],
+        (simulated / predicted - 1.0) * 100.0
+    );
+    assert!((simulated / predicted - 1.0).abs() <= 0.05);
+}
