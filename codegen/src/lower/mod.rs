@@ -776,15 +776,16 @@ impl Lowering<'_, '_> {
                 1.0
             };
             for r in self.ranks(l) {
-                weights[r as usize] += bytes;
+                weights[r as usize] += bytes * self.costs.model_state().weights;
+                let m = self.costs.model_state();
                 self.buffers
-                    .grow(r, Key::layer(BufferKind::Weights, l), bytes);
+                    .grow(r, Key::layer(BufferKind::Weights, l), bytes * m.weights);
                 self.buffers
-                    .grow(r, Key::layer(BufferKind::Gradients, l), bytes);
+                    .grow(r, Key::layer(BufferKind::Gradients, l), bytes * m.gradients);
                 self.buffers.grow(
                     r,
                     Key::layer(BufferKind::OptimizerState, l),
-                    bytes * self.optimizer_state / shards,
+                    bytes * m.optimizer / shards,
                 );
             }
         }
@@ -796,15 +797,19 @@ impl Lowering<'_, '_> {
                 if !self.holds_tied_copy(&t, r) {
                     continue;
                 }
-                weights[r as usize] += t.bytes;
+                weights[r as usize] += t.bytes * self.costs.model_state().weights;
+                let m = self.costs.model_state();
                 self.buffers
-                    .grow(r, Key::layer(BufferKind::Weights, l), t.bytes);
-                self.buffers
-                    .grow(r, Key::layer(BufferKind::Gradients, l), t.bytes);
+                    .grow(r, Key::layer(BufferKind::Weights, l), t.bytes * m.weights);
+                self.buffers.grow(
+                    r,
+                    Key::layer(BufferKind::Gradients, l),
+                    t.bytes * m.gradients,
+                );
                 self.buffers.grow(
                     r,
                     Key::layer(BufferKind::OptimizerState, l),
-                    t.bytes * self.optimizer_state,
+                    t.bytes * m.optimizer,
                 );
             }
         }

@@ -56,6 +56,41 @@ impl Default for CostOptions<'_> {
     }
 }
 
+/// Bytes kept per byte of exported weights (see [`Costs::model_state`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelState {
+    /// The weights the kernels read.
+    pub weights: f64,
+    /// Their gradients.
+    pub gradients: f64,
+    /// Optimizer state, with mixed precision's fp32 master copy.
+    pub optimizer: f64,
+}
+
+/// [`Costs::model_state`] for `graph` priced under `options`.
+fn model_state(graph: &LayerGraph, options: &CostOptions<'_>) -> ModelState {
+    let factor = options.optimizer.state_factor();
+    let params: u64 = graph.layers.iter().map(|l| l.params).sum();
+    let width = if params > 0 {
+        graph.param_bytes() as f64 / params as f64
+    } else {
+        4.0
+    };
+    if options.precision.activation_bytes() < 4 && width > 2.0 {
+        ModelState {
+            weights: 2.0 / width,
+            gradients: 2.0 / width,
+            optimizer: 4.0 * (1.0 + factor) / width,
+        }
+    } else {
+        ModelState {
+            weights: 1.0,
+            gradients: 1.0,
+            optimizer: factor,
+        }
+    }
+}
+
 /// A layer's compute for one microbatch on one rank, µs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Work {
@@ -92,6 +127,7 @@ pub struct Costs<'a> {
     movements: RefCell<HashMap<(View, View), Moved>>,
     /// All-reduce costs already computed, by (first rank, stride, count).
     reductions: RefCell<HashMap<RankProgression, (f64, f64)>>,
+    model_state: ModelState,
 }
 
 impl<'a> Costs<'a> {
@@ -136,6 +172,7 @@ impl<'a> Costs<'a> {
             .unwrap_or(0);
         let min_capacity = options.memory_limit.map_or(own, |l| l.min(own)) as f64;
         Costs {
+            model_state: model_state(graph, &options),
             graph,
             cluster,
             gpus,
@@ -386,8 +423,9 @@ impl<'a> Costs<'a> {
         let layer: &Layer = &self.graph.layers[l];
         let (_, share) = layout::weight_replicas(layer.kind, split, 0);
         let weights = layer.param_bytes as f64 * share;
-        let state = weights * (2.0 + self.options.optimizer.state_factor())
-            + weights * f64::from(extra_weight_versions);
+        let m = self.model_state();
+        let state = weights * (m.weights + m.gradients + m.optimizer)
+            + weights * m.weights * f64::from(extra_weight_versions);
         state + self.stash_per_microbatch(l, split, microbatches) * f64::from(in_flight.max(1))
     }
 
@@ -396,6 +434,14 @@ impl<'a> Costs<'a> {
     pub fn step_us(&self, weight_bytes: f64, rank: u32) -> f64 {
         let moved = weight_bytes * (3.0 + 2.0 * self.options.optimizer.state_factor());
         moved / self.cluster.gpu(rank).hbm_bandwidth * 1e6
+    }
+
+    /// Bytes of weights, gradients and optimizer state a rank keeps per byte of the
+    /// model's weights as exported: the weights' own width and the optimizer's state, or
+    /// in mixed precision (fp16, bf16) 16-bit weights and gradients with an fp32 master copy
+    /// and fp32 state (16 B per parameter with Adam).
+    pub fn model_state(&self) -> ModelState {
+        self.model_state
     }
 
     /// The optimizer priced.

@@ -183,7 +183,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         } else {
             1.0
         };
-        let state = weight_bytes * costs.optimizer().state_factor();
+        let state = weight_bytes * costs.model_state().optimizer;
         let mut bytes =
             costs.memory(l, split, m, in_flight, versions) - state * (1.0 - 1.0 / shards);
         if let Some((first, _)) = run {
@@ -238,7 +238,8 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let us = costs.all_reduce_us(&r.ranks, r.bytes);
         for &rank in &r.ranks {
             if !owners.contains(&rank) {
-                memory[rank as usize] += r.bytes * (2.0 + costs.optimizer().state_factor());
+                let m = costs.model_state();
+                memory[rank as usize] += r.bytes * (m.weights + m.gradients + m.optimizer);
             }
             // Every holder updates its whole copy after the weight's own all-reduce.
             stepped[rank as usize] += r.bytes;
