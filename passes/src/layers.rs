@@ -557,25 +557,15 @@ fn assemble(
     }
 }
 
-/// Whether a node of `members` reading `v` needs it for its backward pass: sums, views and
-/// index maps do not (their input gradient is the output's, moved or copied); every other
-/// op is assumed to.
+/// Whether a node of `members` reading `v` needs it for its backward pass: sums and shape
+/// ops (views, index maps, copies) do not — their input gradient is the output's, moved or
+/// copied; every other op is assumed to.
 fn read_for_backward(graph: &Graph, members: &[NodeId], v: ValueId) -> bool {
     members.iter().any(|&m| {
         let node = graph.node(m);
         node.inputs.contains(&Some(v))
-            && !matches!(
-                node.op,
-                Op::Binary(Binary::Add | Binary::Sub)
-                    | Op::Identity
-                    | Op::Reshape { .. }
-                    | Op::Flatten { .. }
-                    | Op::Squeeze { .. }
-                    | Op::Unsqueeze { .. }
-                    | Op::Transpose { .. }
-                    | Op::Split { .. }
-                    | Op::Concat { .. }
-            )
+            && node.op.class() != OpClass::Shape
+            && !matches!(node.op, Op::Binary(Binary::Add | Binary::Sub))
     })
 }
 

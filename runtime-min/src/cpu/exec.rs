@@ -15,10 +15,7 @@
 //! layer's bucket when every use holds the same piece, else after the plan's own
 //! all-reduce of it over every holder (each keeping it whole).
 //!
-//! A recomputed run keeps, after its forward, only its inputs from outside the run and its
-//! outputs read outside it; `recompute` runs its layers again from those before their
-//! backward passes, which refuse a layer whose activations were dropped and not made
-//! again. ZeRO-1's sharded steps are in [`zero`].
+//! Activation recomputation is in [`recompute`], ZeRO-1's sharded steps in [`zero`].
 //!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
@@ -51,6 +48,7 @@ use super::region::{
 use super::tensor::{Data, Tensor};
 use super::train::{self, Dataset, TrainOptions, TrainReport};
 
+mod recompute;
 mod zero;
 
 /// Why a plan could not run.
@@ -1349,21 +1347,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             let t =
                 match source {
                     Source::Edge(e) => {
-                        // An input from outside a recomputed run is kept for the rerun.
-                        let kept = run.filter(|&(first, _)| p.edges[e].producer < first);
-                        let whole = match (kept, again) {
-                            (Some(_), true) => {
-                                self.checkpoints.get(&(e, mb)).cloned().ok_or_else(|| {
-                                    format!("layer {} recomputes without its input", layer.name)
-                                })?
-                            }
-                            (Some(_), false) => {
-                                let t = self.assemble(e, mb)?;
-                                self.checkpoints.insert((e, mb), t.clone());
-                                t
-                            }
-                            (None, _) => self.assemble(e, mb)?,
-                        };
+                        let whole = self.edge_input(l, e, mb, again)?;
                         match self.epilogue_share(l, k, e)? {
                             Some(share) => crop(&whole, &self.need(e, self.rank)?, &share),
                             None => whole,
@@ -1448,32 +1432,6 @@ impl<'p, 'a> Rank<'p, 'a> {
         Ok(())
     }
 
-    /// After a recomputed run's forward on `mb`: its layers keep only the outputs read
-    /// outside the run; the rest is made again by the run's recomputation.
-    fn drop_run(&mut self, first: usize, last: usize, mb: u32) {
-        let p = self.p;
-        for j in first..=last {
-            let Some(run) = self.runs.get_mut(&(j, mb)) else {
-                continue;
-            };
-            let mut kept = Values::new(p.exe.graph);
-            for &o in run.regions.keys() {
-                let read_outside = p.output == (j, o)
-                    || p.edges
-                        .iter()
-                        .any(|e| e.producer == j && e.value == o && e.consumer > last);
-                if read_outside {
-                    if let Some(t) = run.values.get(o) {
-                        kept.set(o, t.clone());
-                    }
-                }
-            }
-            run.values = kept;
-            run.records = Vec::new();
-            run.dropped = true;
-        }
-    }
-
     fn backward(&mut self, l: usize, mb: u32) -> Result<(), String> {
         let p = self.p;
         let layer = &p.layers[l];
@@ -1493,11 +1451,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 layer.name
             ));
         }
-        if let Some((first, last)) = p.recompute[l].filter(|&(first, _)| first == l) {
-            // The run's last backward: its kept inputs are spent.
-            self.checkpoints
-                .retain(|&(e, m), _| m != mb || !(first..=last).contains(&p.edges[e].consumer));
-        }
+        self.spend_checkpoints(l, mb);
         let mut grads = Grads::default();
         for (&o, held) in &run.regions {
             let n = volume(held);
