@@ -286,7 +286,7 @@ fn tied_weights_sum_their_gradients_over_every_use() {
     // Embedding and head on different stages: their own all-reduce before the step.
     let s = strategy(
         &[
-            stage("embed_tokens", "h.0.mlp.proj.matmul", 2),
+            stage("embed_tokens", "h.0.mlp.proj.dropout", 2),
             stage("h.1.ln_1", "lm_head", 2),
         ],
         "",
@@ -346,6 +346,15 @@ fn sequence_first_tensors_split_by_samples_on_their_batch_axis() {
     check("seqfirst.onnx", 4, 3, &s, "seqfirst-pipeline");
 }
 
+#[test]
+fn a_row_parallel_product_adds_its_fused_bias_once() {
+    // `out` is MatMul+Add: split by input features, the first slice adds the bias to its
+    // partial sum and the others zeros, before the sum.
+    let layers = split("out", 1, 2, 1);
+    let s = strategy(&[stage("to_seq_first", "out", 2)], &layers, "1f1b", 1);
+    check("seqfirst.onnx", 4, 2, &s, "seqfirst-row-parallel-bias");
+}
+
 /// `strategy` with extra top-level fields (`"zero": 1`, `"recompute": […]`).
 fn with_fields(strategy: &str, fields: &str) -> String {
     strategy.replacen('{', &format!("{{ {fields},"), 1)
@@ -383,7 +392,7 @@ fn a_sharded_optimizer_and_recomputation_train_the_same_as_one_device() {
     );
     check("cnn.onnx", 8, 4, &s, "recompute-zero-gpipe");
     // A transformer block recomputed whole, and its attention core alone.
-    for runs in [run("ln1", "fc2"), run("scores", "attend")] {
+    for runs in [run("ln1", "fc2"), run("softmax", "softmax")] {
         let s = with_fields(
             &strategy(&[stage("ln1", "fc2", 2)], "", "1f1b", 2),
             &format!(r#""recompute": [{runs}], "zero": 1"#),

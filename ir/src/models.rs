@@ -37,6 +37,9 @@ pub struct GptSpec {
     pub ffn: u64,
     /// Whether the LM head reuses the token embedding (Megatron's default).
     pub tied: bool,
+    /// Megatron's dropout (kept in training): on the embeddings, on the attention
+    /// probabilities, and before each residual add.
+    pub dropout: bool,
 }
 
 impl GptSpec {
@@ -51,6 +54,7 @@ impl GptSpec {
             vocabulary,
             ffn: 4 * hidden,
             tied: true,
+            dropout: true,
         }
     }
 
@@ -140,6 +144,25 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
     b.ints("hidden_shape", &[3], &[0, s, h]);
     b.external("attention_scale", &[]);
     b.external("causal_mask", &[s, s]);
+    if spec.dropout {
+        b.scalar("dropout_ratio", 1, |t| t.float_data = vec![0.1]);
+        b.scalar("dropout_training", 9, |t| t.int32_data = vec![1]);
+    }
+    // `input`, or its dropout (Megatron's p = 0.1, in training) named `name`.
+    let dropout = |b: &mut Builder, name: &str, input: &str| -> String {
+        if !spec.dropout {
+            return input.to_owned();
+        }
+        let out = format!("{name}.out");
+        b.node(
+            "Dropout",
+            name,
+            &[input, "dropout_ratio", "dropout_training"],
+            &[&out],
+            &[],
+        );
+        out
+    };
     b.node(
         "Gather",
         "embed_tokens",
@@ -154,8 +177,8 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         &["positions"],
         &[],
     );
-    b.node("Add", "embed", &["tokens", "positions"], &["x0"], &[]);
-    let mut x = "x0".to_string();
+    b.node("Add", "embed", &["tokens", "positions"], &["embedded"], &[]);
+    let mut x = dropout(&mut b, "embed.dropout", "embedded");
     for i in 0..spec.layers {
         let p = |name: &str| format!("h.{i}.{name}");
         for w in ["ln_1", "ln_2"] {
@@ -257,10 +280,11 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
             &[&p("probs")],
             &[Attr::Int("axis", -1)],
         );
+        let probs = dropout(&mut b, &p("attn.dropout"), &p("probs"));
         b.node(
             "MatMul",
             &p("attn.context"),
-            &[&p("probs"), &p("vt")],
+            &[&probs, &p("vt")],
             &[&p("ctx")],
             &[],
         );
@@ -279,13 +303,8 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
             &[],
         );
         linear(&mut b, "attn.proj", &p("ctx_h"));
-        b.node(
-            "Add",
-            &p("residual_1"),
-            &[&x, &p("attn.proj.out")],
-            &[&p("x1")],
-            &[],
-        );
+        let attended = dropout(&mut b, &p("attn.proj.dropout"), &p("attn.proj.out"));
+        b.node("Add", &p("residual_1"), &[&x, &attended], &[&p("x1")], &[]);
         ln(&mut b, "ln_2", &p("x1"));
         linear(&mut b, "mlp.fc", &p("ln_2.out"));
         b.node(
@@ -296,14 +315,9 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
             &[Attr::Str("approximate", "tanh")],
         );
         linear(&mut b, "mlp.proj", &p("gelu"));
+        let mixed = dropout(&mut b, &p("mlp.proj.dropout"), &p("mlp.proj.out"));
         let next = format!("x{}", i + 1);
-        b.node(
-            "Add",
-            &p("residual_2"),
-            &[&p("x1"), &p("mlp.proj.out")],
-            &[&next],
-            &[],
-        );
+        b.node("Add", &p("residual_2"), &[&p("x1"), &mixed], &[&next], &[]);
         x = next;
     }
     b.external("ln_f.weight", &[h]);
@@ -399,6 +413,15 @@ impl Builder {
         self.graph.initializer.push(t);
     }
 
+    /// A scalar of ONNX type `data_type` stored inline, its value set by `fill`.
+    fn scalar(&mut self, name: &str, data_type: i32, fill: impl FnOnce(&mut TensorProto)) {
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.data_type = data_type;
+        fill(&mut t);
+        self.graph.initializer.push(t);
+    }
+
     /// An int64 table stored inline.
     fn ints(&mut self, name: &str, dims: &[i64], values: &[i64]) {
         let mut t = TensorProto::new();
@@ -468,8 +491,9 @@ mod tests {
                 ..GptSpec::megatron(3, 64, 4, 16, 100)
             };
             let acc = accounted(&spec, 2);
-            // The attention scale is one stored scalar; the causal mask s² constants.
-            let constants = 1 + spec.sequence * spec.sequence;
+            // The attention scale and the dropout ratio are stored scalars; the causal
+            // mask s² constants.
+            let constants = 2 + spec.sequence * spec.sequence;
             assert_eq!(acc.params, spec.params() + constants, "tied: {tied}");
             // Forward MACs: per layer 12bsh² + 2bs²h (QKV, projection, MLP; scores and
             // context), plus the head bshV.

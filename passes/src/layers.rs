@@ -48,11 +48,14 @@ pub enum LayerKind {
     Embedding,
     /// Copies, concatenations, transposes, slices.
     DataMovement,
+    /// A scaled dot-product attention core (merged by the rewrite): independent per head,
+    /// which are its features.
+    Attention,
 }
 
 impl LayerKind {
     /// All kinds.
-    pub const ALL: [LayerKind; 9] = [
+    pub const ALL: [LayerKind; 10] = [
         LayerKind::Conv,
         LayerKind::Dense,
         LayerKind::Norm,
@@ -62,6 +65,7 @@ impl LayerKind {
         LayerKind::Reduce,
         LayerKind::Embedding,
         LayerKind::DataMovement,
+        LayerKind::Attention,
     ];
 
     /// Lower-case name.
@@ -76,6 +80,7 @@ impl LayerKind {
             LayerKind::Reduce => "reduce",
             LayerKind::Embedding => "embedding",
             LayerKind::DataMovement => "data_movement",
+            LayerKind::Attention => "attention",
         }
     }
 }
@@ -218,24 +223,32 @@ impl Layer {
         self.params > 0
     }
 
-    /// One rank's work under `split`: FLOPs divide by s·a·p; activations by s·a (the input
-    /// is replicated across a parameter split, the output divided); weights by p.
+    /// One rank's work under `split`: FLOPs divide by s·a·p over the ranks that do not
+    /// repeat each other's work ([`replicas`](crate::plan::replicas)); inputs and what is
+    /// stashed by s·a over those replicas (a parameter split replicates a dense layer's
+    /// input), or s·p for an attention core (a parameter split cuts its heads); outputs
+    /// by the work; weights by p.
     pub fn local(&self, split: Split) -> LocalWork {
         let (s, a, p) = (
             f64::from(split.sample.max(1)),
             f64::from(split.attribute.max(1)),
             f64::from(split.parameter.max(1)),
         );
-        let work = 1.0 / (s * a * p);
+        let replicas = f64::from(crate::plan::replicas(self.kind, split));
+        let work = replicas / (s * a * p);
+        let read = match self.kind {
+            LayerKind::Attention => 1.0 / (s * p),
+            _ => replicas / (s * a),
+        };
         let inputs = self.activation_io_bytes.saturating_sub(self.output_bytes) as f64;
         LocalWork {
             fwd_flops: self.fwd_flops as f64 * work,
             bwd_flops: self.bwd_flops as f64 * work,
-            fwd_bytes: inputs / (s * a)
+            fwd_bytes: inputs * read
                 + self.output_bytes as f64 * work
                 + self.param_bytes as f64 / p,
             param_bytes: self.param_bytes as f64 / p,
-            stash_bytes: self.stash_bytes as f64 / (s * a),
+            stash_bytes: self.stash_bytes as f64 * read,
             batch_fraction: 1.0 / s,
             work_fraction: work,
         }
@@ -310,6 +323,9 @@ impl LayerGraph {
             narrow(&mut layer.activation_io_bytes);
             for edge in &mut layer.inputs {
                 narrow(&mut edge.bytes);
+            }
+            for part in &mut layer.parts {
+                narrow(&mut part.bytes);
             }
         }
         self.float_bytes = element_bytes;
@@ -440,10 +456,24 @@ fn assemble(
             .chain(unit.members.iter())
             .copied()
             .collect();
+        let attention = unit.op == crate::rewrite::ATTENTION;
+        // An attention core is named after its softmax.
+        let named = match attention {
+            true => unit
+                .members
+                .iter()
+                .copied()
+                .find(|&m| graph.node(m).op.name() == "Softmax")
+                .unwrap_or(unit.members[0]),
+            false => unit.members[0],
+        };
         let mut layer = Layer {
-            name: graph.provenance(unit.members[0]).name.clone(),
+            name: graph.provenance(named).name.clone(),
             op: unit.op.clone(),
-            kind: kind_of(graph, info, unit.members[0], &parameters),
+            kind: match attention {
+                true => LayerKind::Attention,
+                false => kind_of(graph, info, unit.members[0], &parameters),
+            },
             parts: Vec::new(),
             params: 0,
             param_bytes: 0,

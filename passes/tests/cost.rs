@@ -133,3 +133,42 @@ fn a_split_never_beats_its_share_of_the_bound() {
         )
         .unwrap();
 }
+
+#[test]
+fn every_exporters_attention_core_is_one_layer_with_its_parameters_and_flops() {
+    // A GPT-2 exported by torch.onnx (dynamo and TorchScript), torchvision's ViT-B/16 and
+    // the generator's GPT: one attention layer per block, keeping every FLOP.
+    for (model, blocks) in [
+        ("fixtures/onnx/gpt2/model.onnx", None),
+        ("fixtures/onnx/gpt2_torchscript/model.onnx", None),
+        ("fixtures/onnx/vit_b_16/model.onnx", Some(12)),
+        ("fixtures/train/transformer.onnx", Some(1)),
+    ] {
+        let (graph, info, g) = common::layers(model, 2);
+        let softmaxes = graph
+            .node_ids()
+            .filter(|&n| graph.node(n).op.name() == "Softmax")
+            .count();
+        let cores: Vec<_> = g
+            .layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Attention)
+            .collect();
+        assert_eq!(cores.len(), softmaxes, "{model}");
+        if let Some(blocks) = blocks {
+            assert_eq!(cores.len(), blocks, "{model}");
+        }
+        for core in &cores {
+            let products = core.parts.iter().filter(|p| p.op == "MatMul").count();
+            assert!(
+                products >= 2,
+                "{model}: {} has {products} products",
+                core.name
+            );
+            assert!(core.parts.iter().any(|p| p.op == "Softmax"));
+        }
+        let acc = ralpc_ir::account(&graph, &info).unwrap();
+        let fwd: u64 = g.layers.iter().map(|l| l.fwd_flops).sum();
+        assert_eq!(fwd, 2 * acc.macs + acc.flops, "{model}");
+    }
+}

@@ -179,6 +179,9 @@ impl<'a> ComputeModel<'a> {
             )
         } else if let Some(timed) = self.profiled(layer, split, batch) {
             timed
+        } else if layer.kind == LayerKind::Attention {
+            let (fwd, bwd) = self.attention_us(layer, local.work_fraction);
+            (fwd, bwd, Source::Roofline)
         } else {
             (
                 self.roofline_us(layer.kind, local.fwd_flops, local.fwd_bytes, kernels),
@@ -191,6 +194,32 @@ impl<'a> ComputeModel<'a> {
             bwd_us: bwd.max(self.bound_us(local.bwd_flops)),
             source,
         }
+    }
+
+    /// Roofline of an attention core op by op, each on its share `work` (a core splits
+    /// by samples and heads alike): its two products run as GEMMs; its softmax, splits
+    /// and transposes are memory-bound on what they read and write, which the core's own
+    /// inputs and outputs do not show; its elementwise scale and mask are epilogues fused
+    /// into the product before them, as in any fused layer (Megatron fuses them into its
+    /// `FusedScaleMaskSoftmax`): they cost their launch.
+    fn attention_us(&self, layer: &Layer, work: f64) -> (f64, f64) {
+        let (mut fwd, mut bwd) = (0.0, 0.0);
+        for part in layer.parts.iter().filter(|p| p.launches) {
+            let (kind, backward) = match part.op {
+                "MatMul" => (LayerKind::Dense, 2.0),
+                "Mul" | "Div" | "Add" | "Sub" | "Where" | "Cast" | "Sqrt" => {
+                    fwd += self.launch_us;
+                    bwd += self.launch_us;
+                    continue;
+                }
+                _ => (LayerKind::Elementwise, 1.0),
+            };
+            let flops = part.fwd_flops as f64 * work;
+            let bytes = part.bytes as f64 * work;
+            fwd += self.roofline_us(kind, flops, bytes, 1.0);
+            bwd += self.roofline_us(kind, backward * flops, 2.0 * bytes, 1.0);
+        }
+        (fwd, bwd)
     }
 
     /// Sum over the layer's ops of their profile times at the local batch; ops missing

@@ -43,8 +43,23 @@ pub struct View {
 pub fn splits_freely(kind: LayerKind) -> bool {
     matches!(
         kind,
-        LayerKind::Conv | LayerKind::Dense | LayerKind::Pool | LayerKind::Elementwise
+        LayerKind::Conv
+            | LayerKind::Dense
+            | LayerKind::Pool
+            | LayerKind::Elementwise
+            | LayerKind::Attention
     )
+}
+
+/// How many ranks of a `kind` layer under `split` compute the same share of it: the
+/// degrees its views leave uncut (an attribute degree on a LayerNorm or an embedding is
+/// Megatron's tensor-parallel group holding it whole on every member). A dense layer's
+/// attribute ranks divide its work (they sum partial results), so it has none.
+pub fn replicas(kind: LayerKind, split: Split) -> u32 {
+    match kind {
+        LayerKind::Conv | LayerKind::Dense => 1,
+        _ => View::output(kind, split, 0).replication(),
+    }
 }
 
 fn degrees(split: Split) -> (u32, u32, u32) {
@@ -64,7 +79,7 @@ impl View {
             LayerKind::Conv | LayerKind::Pool | LayerKind::Elementwise => {
                 (Cut::Attribute, Cut::Parameter)
             }
-            LayerKind::Dense => (Cut::Whole, Cut::Parameter),
+            LayerKind::Dense | LayerKind::Attention => (Cut::Whole, Cut::Parameter),
             _ => (Cut::Whole, Cut::Whole),
         };
         View {
@@ -82,6 +97,8 @@ impl View {
         let (rows, features) = match kind {
             LayerKind::Conv => (Cut::Attribute, Cut::Whole),
             LayerKind::Dense => (Cut::Whole, Cut::Attribute),
+            // Heads: the QKV projection's columns, per head.
+            LayerKind::Attention => (Cut::Whole, Cut::Parameter),
             LayerKind::Pool | LayerKind::Elementwise => (Cut::Attribute, Cut::Parameter),
             _ => (Cut::Whole, Cut::Whole),
         };
@@ -136,6 +153,19 @@ impl View {
         let used = |c: Cut| [self.rows, self.features].contains(&c);
         (if used(Cut::Attribute) { 1 } else { a }) * (if used(Cut::Parameter) { 1 } else { p })
     }
+}
+
+/// Whether rank index `k` of a `kind` layer under `split` is the first of the
+/// [`replicas`] computing its share: the one whose weight gradients count (the others
+/// compute the same ones again).
+pub fn first_replica(kind: LayerKind, split: Split, k: u32) -> bool {
+    if replicas(kind, split) == 1 {
+        return true;
+    }
+    let view = View::output(kind, split, 0);
+    let (_, a, p) = view.split;
+    let used = |c: Cut| [view.rows, view.features].contains(&c);
+    (used(Cut::Attribute) || (k / p) % a == 0) && (used(Cut::Parameter) || k % p == 0)
 }
 
 /// `[lo, hi)` on samples, rows, features.
@@ -485,5 +515,24 @@ mod tests {
             input_gradient_sums(LayerKind::Dense, split(2, 1, 4), 0),
             Some((vec![0, 1, 2, 3], 0.5))
         );
+    }
+
+    #[test]
+    fn a_layer_held_whole_by_a_tensor_parallel_group_has_replicas_and_one_counts() {
+        // LayerNorm on 2 samples × 4 replicas: ranks 0–3 hold samples 0, 4–7 samples 1.
+        let held = split(2, 4, 1);
+        assert_eq!(replicas(LayerKind::Norm, held), 4);
+        let counted: Vec<u32> = (0..8)
+            .filter(|&k| first_replica(LayerKind::Norm, held, k))
+            .collect();
+        assert_eq!(counted, [0, 4]);
+        // Dense layers and attention cores divide their work instead.
+        assert_eq!(replicas(LayerKind::Dense, split(2, 4, 1)), 1);
+        assert_eq!(replicas(LayerKind::Attention, split(2, 1, 4)), 1);
+        assert!((0..8).all(|k| first_replica(LayerKind::Attention, split(2, 1, 4), k)));
+        // An attention core's heads follow its QKV projection's columns: nothing moves.
+        let qkv = View::output(LayerKind::Dense, split(2, 1, 4), 0);
+        let core = View::input(LayerKind::Attention, split(2, 1, 4), 0);
+        assert_eq!(movement(&qkv, &core), None);
     }
 }

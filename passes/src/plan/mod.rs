@@ -33,8 +33,8 @@ pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT};
 pub use layout::{
-    gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient, splits_freely,
-    transfers, weight_replicas, Cut, Transfer, View,
+    first_replica, gathers, input_gradient_sums, input_share, partial_sums, replicas,
+    scatters_gradient, splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
@@ -286,9 +286,10 @@ impl Strategy {
                         s.gpus
                     ));
                 }
-                if !splits_freely(layer.kind) && split.degree() != split.sample {
+                if !splits_freely(layer.kind) && split.parameter > 1 {
                     return bad(format!(
-                        "layer {} ({}) can only split samples",
+                        "layer {} ({}) can only split samples (or be held whole by \
+                         `attribute` replicas)",
                         layer.name,
                         layer.kind.name()
                     ));

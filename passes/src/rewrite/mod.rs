@@ -7,6 +7,7 @@
 //! the one with the fewest placement units. Limits on iterations and e-nodes are explicit,
 //! so the result never depends on machine speed; the stop reason is reported.
 
+mod attention;
 mod lang;
 mod rules;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use egg::{CostFunction, EGraph, Extractor, Id, Language, Runner, SimpleScheduler, StopReason};
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
+pub use attention::ATTENTION;
 pub use lang::Facts;
 use lang::{node_id, unit_output, Folding, Term};
 
@@ -181,7 +183,7 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
     };
     let egraph = &runner.egraph;
     let extractor = Extractor::new(egraph, UnitCount { egraph });
-    extract(
+    let mut rewritten = extract(
         graph,
         info,
         facts.clone(),
@@ -189,7 +191,9 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
         &extractor,
         &class_of,
         report,
-    )
+    );
+    rewritten.units = attention::merge(graph, info, &facts, rewritten.units);
+    rewritten
 }
 
 /// Walks the chosen terms from the graph outputs and lists the units they form.

@@ -65,6 +65,7 @@ impl Transformer {
             vocabulary: self.vocabulary,
             ffn: self.ffn,
             tied: self.tied,
+            dropout: true,
         }
     }
 

@@ -24,8 +24,11 @@
 //!
 //! Not executable yet (refused with a clear error): spatial (attribute) splits of
 //! convolutions and pooling, which need halo rows the plan does not carry; row-parallel
-//! dense layers with a fused epilogue; a loss over logits split by classes; the
-//! asynchronous (PipeDream) schedule. Batch normalization uses each rank's local batch,
+//! dense layers with a fused epilogue other than bias adds; a loss over logits split by
+//! classes; the asynchronous (PipeDream) schedule. A tensor held whole by replicas (a
+//! row-parallel layer's output, a LayerNorm held by a tensor-parallel group) whose
+//! consumer reads a part of it fails in backward naming the gradient the other replicas
+//! lack: the plan does not all-gather it yet. Batch normalization uses each rank's local batch,
 //! as PyTorch's DDP does without SyncBatchNorm.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -33,9 +36,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
-use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
+use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 use ralpc_passes::layers::{LayerGraph, LayerKind, Producer, Split};
-use ralpc_passes::plan::{gathers, scatters_gradient, Schedule, View};
+use ralpc_passes::plan::{first_replica, gathers, scatters_gradient, Schedule, View};
 
 use super::comm::{AbortOnPanic, Comm, World};
 use super::graph::{self, Grads, Record, Values, Weights};
@@ -569,10 +572,20 @@ impl<'a> Prepared<'a> {
                 }
                 LayerKind::Dense if a > 1 => {
                     let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
-                    if l.nodes.last() != Some(&main) {
+                    // After the product, only biases: the first slice adds them to its
+                    // partial sum, the others add zeros.
+                    let after = l.nodes.iter().skip_while(|&&n| n != main).skip(1);
+                    let biases_only = after.clone().all(|&n| {
+                        matches!(g.node(n).op, Op::Binary(Binary::Add))
+                            && g.node(n).inputs.iter().flatten().any(|v| {
+                                self.exe.weights.tensors.contains_key(&carrier(self.exe.layers, *v))
+                            })
+                    });
+                    if !biases_only {
                         return Err(setup(format!(
-                            "layer {}: a row-parallel split needs the product last (its partial sums \
-                             are reduced before anything else applies), but it fuses {}",
+                            "layer {}: a row-parallel split needs the product last, or followed by \
+                             bias adds only (its partial sums are reduced before anything else \
+                             applies), but it fuses {}",
                             l.name, self.exe.layers.layers.iter().find(|x| x.name == l.name).map_or("more", |x| x.op.as_str())
                         )));
                     }
@@ -796,6 +809,8 @@ impl<'a> Prepared<'a> {
             (Op::MatMul, 1, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
             (Op::MatMul, 1, LayerKind::Dense) => Slice::Axis(last.saturating_sub(1), inp[2]),
             (Op::BatchNorm { .. }, 1..=4, _) => Slice::Axis(0, out[2]),
+            // A bias after a row-parallel product: added once, to the first partial sum.
+            (Op::Binary(Binary::Add), _, LayerKind::Dense) if a > 1 => Slice::FirstSliceOnly,
             _ => {
                 // A constant broadcast against the layer's output: cut it where it spans
                 // the features (or rows) the rank holds.
@@ -1531,6 +1546,9 @@ impl<'p, 'a> Rank<'p, 'a> {
                 }
             }
         }
+        // Replicas of a layer held whole (LayerNorms over a tensor-parallel group) compute
+        // the same weight gradients: the first counts them, the others add zeros.
+        let counted = first_replica(layer.kind, layer.split, k);
         for &w in &layer.weights {
             if !self.trains(layer, w) {
                 continue;
@@ -1541,6 +1559,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 }
                 (gw, _) => gw,
             };
+            let gw = gw.map(|g| if counted { g } else { vec![0.0; g.len()] });
             if let Some(gw) = gw {
                 match self.grads.get_mut(&w) {
                     Some(acc) => kernels::add(acc, &gw),

@@ -1,0 +1,196 @@
+//! Attention as one placement unit.
+//!
+//! Between a transformer block's QKV projection and its output projection, exporters write
+//! the attention core as a dozen weightless ops: a split of the fused QKV, reshapes of the
+//! hidden dimension into heads and transposes, the scores product, its scale and mask, the
+//! softmax, the context product, and the transpose and reshape merging the heads. Each
+//! one alone has no axis a tensor-parallel split can cut — the reshape moves the hidden
+//! dimension into another axis — but together they are independent per head: the unit
+//! they form reads the QKV projection's columns and writes the output projection's input
+//! features, both cut by heads. Merging them lets the planner place attention as Megatron
+//! does (heads over the tensor-parallel group, nothing moved in between), whatever names,
+//! order or view ops an exporter chose.
+//!
+//! A unit joins a Softmax's attention core when every op it runs is one of [`CORE_OPS`],
+//! its products multiply two activations (not a weight), and it is connected to the
+//! Softmax through such units. A core needs two products (scores and context) and must be
+//! convex: nothing outside it both reads from it and feeds it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ralpc_ir::{Graph, GraphInfo, NodeId, ValueId};
+
+use super::lang::Facts;
+use super::Unit;
+
+/// The op of a merged attention unit.
+pub const ATTENTION: &str = "Attention";
+
+/// Ops an attention core is made of.
+const CORE_OPS: &[&str] = &[
+    "Split",
+    "Slice",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "MatMul",
+    "Mul",
+    "Div",
+    "Add",
+    "Sub",
+    "Where",
+    "Softmax",
+    "Cast",
+    "Sqrt",
+    "Dropout",
+    "Identity",
+];
+
+/// Merges each attention core of `units` (producers before consumers) into one unit.
+pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<Unit>) -> Vec<Unit> {
+    let mut producer: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut readers: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
+    for (i, u) in units.iter().enumerate() {
+        for &v in &u.outputs {
+            producer.insert(v, i);
+        }
+        for &v in &u.inputs {
+            readers.entry(v).or_default().push(i);
+        }
+    }
+    let graph_outputs: BTreeSet<ValueId> = graph.outputs().iter().copied().collect();
+    let in_core = |u: &Unit| {
+        !u.weight_only
+            && u.members.iter().all(|&m| {
+                let op = facts.op_name[m.index()];
+                CORE_OPS.contains(&op)
+                    && (op != "MatMul"
+                        || graph
+                            .node(m)
+                            .inputs
+                            .iter()
+                            .flatten()
+                            .all(|v| !facts.derived[v.index()]))
+            })
+    };
+    let softmax = |u: &Unit| {
+        u.members
+            .iter()
+            .any(|&m| facts.op_name[m.index()] == "Softmax")
+    };
+
+    let mut merged_into: Vec<Option<usize>> = vec![None; units.len()];
+    let mut cores: Vec<BTreeSet<usize>> = Vec::new();
+    for seed in 0..units.len() {
+        if merged_into[seed].is_some() || !softmax(&units[seed]) || !in_core(&units[seed]) {
+            continue;
+        }
+        let mut core = BTreeSet::from([seed]);
+        let mut stack = vec![seed];
+        while let Some(u) = stack.pop() {
+            let neighbours = units[u]
+                .inputs
+                .iter()
+                .filter_map(|v| producer.get(v).copied())
+                .chain(
+                    units[u]
+                        .outputs
+                        .iter()
+                        .flat_map(|v| readers.get(v).into_iter().flatten().copied()),
+                );
+            for n in neighbours.collect::<Vec<_>>() {
+                if merged_into[n].is_none() && in_core(&units[n]) && core.insert(n) {
+                    stack.push(n);
+                }
+            }
+        }
+        let products = core
+            .iter()
+            .flat_map(|&u| units[u].members.iter())
+            .filter(|&&m| facts.op_name[m.index()] == "MatMul")
+            .count();
+        if products < 2 || !convex(&units, &producer, &core) {
+            continue;
+        }
+        for &u in &core {
+            merged_into[u] = Some(cores.len());
+        }
+        cores.push(core);
+    }
+    if cores.is_empty() {
+        return units;
+    }
+
+    let position = info.positions();
+    let mut out: Vec<Unit> = Vec::with_capacity(units.len());
+    for (i, u) in units.iter().enumerate() {
+        if merged_into[i].is_none() {
+            out.push(u.clone());
+        }
+    }
+    for core in &cores {
+        let made: BTreeSet<ValueId> = core
+            .iter()
+            .flat_map(|&u| units[u].outputs.iter().copied())
+            .collect();
+        let mut members: Vec<NodeId> = core
+            .iter()
+            .flat_map(|&u| units[u].members.iter().copied())
+            .collect();
+        members.sort_by_key(|m| position[m]);
+        let mut inputs: Vec<ValueId> = Vec::new();
+        for &u in core {
+            for &v in &units[u].inputs {
+                if !made.contains(&v) && !inputs.contains(&v) {
+                    inputs.push(v);
+                }
+            }
+        }
+        let outputs = made
+            .iter()
+            .copied()
+            .filter(|v| {
+                graph_outputs.contains(v)
+                    || readers
+                        .get(v)
+                        .is_some_and(|r| r.iter().any(|c| !core.contains(c)))
+            })
+            .collect();
+        out.push(Unit {
+            op: ATTENTION.to_owned(),
+            members,
+            inputs,
+            outputs,
+            weight_only: false,
+        });
+    }
+    out.sort_by_key(|u| u.members.last().map(|m| position[m]));
+    out
+}
+
+/// Whether no unit outside `core` lies on a path between two of its units: no input of
+/// the core is computed from one of its outputs.
+fn convex(units: &[Unit], producer: &BTreeMap<ValueId, usize>, core: &BTreeSet<usize>) -> bool {
+    let mut seen: BTreeSet<usize> = BTreeSet::new();
+    let mut stack: Vec<usize> = core
+        .iter()
+        .flat_map(|&u| units[u].inputs.iter())
+        .filter_map(|v| producer.get(v).copied())
+        .filter(|p| !core.contains(p))
+        .collect();
+    while let Some(u) = stack.pop() {
+        if !seen.insert(u) {
+            continue;
+        }
+        for v in &units[u].inputs {
+            if let Some(&p) = producer.get(v) {
+                if core.contains(&p) {
+                    return false;
+                }
+                stack.push(p);
+            }
+        }
+    }
+    true
+}
