@@ -32,6 +32,10 @@ struct Args {
     /// A separate LM head instead of the tied embedding.
     #[arg(long)]
     untied: bool,
+    /// No dropout nodes (Megatron trains with dropout 0.1 on the embeddings, the attention
+    /// probabilities and before each residual add).
+    #[arg(long)]
+    no_dropout: bool,
     /// Where to write the model.
     #[arg(short = 'o', long, default_value = "gpt.onnx")]
     out: std::path::PathBuf,
@@ -42,6 +46,7 @@ fn main() -> std::process::ExitCode {
     let spec = GptSpec {
         ffn: args.ffn.unwrap_or(4 * args.hidden),
         tied: !args.untied,
+        dropout: !args.no_dropout,
         ..GptSpec::megatron(
             args.layers,
             args.hidden,
