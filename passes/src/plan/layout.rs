@@ -150,8 +150,13 @@ impl View {
     /// Whether every rank holds a different box (no axis left whole while ranks vary it).
     fn replication(&self) -> u32 {
         let (_, a, p) = self.split;
-        let used = |c: Cut| [self.rows, self.features].contains(&c);
-        (if used(Cut::Attribute) { 1 } else { a }) * (if used(Cut::Parameter) { 1 } else { p })
+        (if self.cuts(Cut::Attribute) { 1 } else { a })
+            * (if self.cuts(Cut::Parameter) { 1 } else { p })
+    }
+
+    /// Whether an axis is cut by the rank index `c` names.
+    fn cuts(&self, c: Cut) -> bool {
+        [self.rows, self.features].contains(&c)
     }
 }
 
@@ -164,8 +169,7 @@ pub fn first_replica(kind: LayerKind, split: Split, k: u32) -> bool {
     }
     let view = View::output(kind, split, 0);
     let (_, a, p) = view.split;
-    let used = |c: Cut| [view.rows, view.features].contains(&c);
-    (used(Cut::Attribute) || (k / p) % a == 0) && (used(Cut::Parameter) || k % p == 0)
+    (view.cuts(Cut::Attribute) || (k / p) % a == 0) && (view.cuts(Cut::Parameter) || k % p == 0)
 }
 
 /// `[lo, hi)` on samples, rows, features.

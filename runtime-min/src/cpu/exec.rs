@@ -574,8 +574,7 @@ impl<'a> Prepared<'a> {
                     let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
                     // After the product, only biases: the first slice adds them to its
                     // partial sum, the others add zeros.
-                    let after = l.nodes.iter().skip_while(|&&n| n != main).skip(1);
-                    let biases_only = after.clone().all(|&n| {
+                    let biases_only = l.nodes.iter().filter(|&&n| after(&l.nodes, main, n)).all(|&n| {
                         matches!(g.node(n).op, Op::Binary(Binary::Add))
                             && g.node(n).inputs.iter().flatten().any(|v| {
                                 self.exe.weights.tensors.contains_key(&carrier(self.exe.layers, *v))
@@ -810,7 +809,11 @@ impl<'a> Prepared<'a> {
             (Op::MatMul, 1, LayerKind::Dense) => Slice::Axis(last.saturating_sub(1), inp[2]),
             (Op::BatchNorm { .. }, 1..=4, _) => Slice::Axis(0, out[2]),
             // A bias after a row-parallel product: added once, to the first partial sum.
-            (Op::Binary(Binary::Add), _, LayerKind::Dense) if a > 1 => Slice::FirstSliceOnly,
+            (Op::Binary(Binary::Add), _, LayerKind::Dense)
+                if a > 1 && l.main.is_some_and(|m| after(&l.nodes, m, node)) =>
+            {
+                Slice::FirstSliceOnly
+            }
             _ => {
                 // A constant broadcast against the layer's output: cut it where it spans
                 // the features (or rows) the rank holds.
@@ -833,6 +836,12 @@ impl<'a> Prepared<'a> {
             }
         }
     }
+}
+
+/// Whether `node` runs after `main` among a layer's `nodes`.
+fn after(nodes: &[NodeId], main: NodeId, node: NodeId) -> bool {
+    let at = |n| nodes.iter().position(|&m| m == n);
+    matches!((at(main), at(node)), (Some(i), Some(j)) if j > i)
 }
 
 /// A layer's forward pass on one microbatch, kept for its backward pass.
