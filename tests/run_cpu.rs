@@ -455,3 +455,62 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
         assert!(text.contains(expected), "{expected}: {text}");
     }
 }
+
+/// Megatron's tensor-parallel split of one of a GPT's layers over `t` ranks (after `d`
+/// sample shards): QKV and the MLP's first product by columns, the attention core by
+/// heads, the projections by rows; everything else replicated over the group.
+fn megatron_split(name: &str, d: u32, t: u32) -> String {
+    let (a, p) = if name.ends_with("qkv.matmul")
+        || name.ends_with("fc.matmul")
+        || name.ends_with("attn.softmax")
+    {
+        (1, t)
+    } else {
+        (t, 1)
+    };
+    split(name, d, a, p)
+}
+
+fn gpt_layers(layers: u32) -> Vec<String> {
+    let mut names = vec!["embed_tokens".to_string(), "embed.dropout".to_string()];
+    for i in 0..layers {
+        for part in [
+            "ln_1",
+            "attn.qkv.matmul",
+            "attn.softmax",
+            "attn.proj.matmul",
+            "attn.proj.dropout",
+            "ln_2",
+            "mlp.fc.matmul",
+            "mlp.proj.matmul",
+            "mlp.proj.dropout",
+        ] {
+            names.push(format!("h.{i}.{part}"));
+        }
+    }
+    names.extend(["ln_f".to_string(), "lm_head".to_string()]);
+    names
+}
+
+#[test]
+fn megatron_tensor_parallelism_trains_the_same_as_one_device() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = ralpc_ir::models::GptSpec {
+        tied: false,
+        ..ralpc_ir::models::GptSpec::megatron(2, 64, 4, 16, 128)
+    };
+    let model = dir.path().join("gpt.onnx");
+    std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
+    let want = reference(&model, 8, 3);
+    let layers: Vec<String> = gpt_layers(2)
+        .iter()
+        .map(|n| megatron_split(n, 1, 2))
+        .collect();
+    let s = strategy(
+        &[stage("embed_tokens", "lm_head", 2)],
+        &layers.join(", "),
+        "1f1b",
+        1,
+    );
+    assert_same("t2", &run_plan(&model, 8, 2, &s, 3), &want);
+}

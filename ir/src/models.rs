@@ -142,10 +142,15 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
     b.ints("qkv_sizes", &[3], &[h, h, h]);
     b.ints("heads_shape", &[4], &[0, s, a, h / a]);
     b.ints("hidden_shape", &[3], &[0, s, h]);
-    b.external("attention_scale", &[]);
-    b.external("causal_mask", &[s, s]);
+    // Constants, not weights: 1/√(h/a), and a mask that hides later positions (−10⁴, as
+    // Megatron's fused kernel fills them).
+    b.constant("attention_scale", &[], &[1.0 / ((h / a) as f32).sqrt()]);
+    let mask: Vec<f32> = (0..s * s)
+        .map(|k| if k % s > k / s { -1.0e4 } else { 0.0 })
+        .collect();
+    b.constant("causal_mask", &[s, s], &mask);
     if spec.dropout {
-        b.scalar("dropout_ratio", 1, |t| t.float_data = vec![0.1]);
+        b.constant("dropout_ratio", &[], &[0.1]);
         b.scalar("dropout_training", 9, |t| t.int32_data = vec![1]);
     }
     // `input`, or its dropout (Megatron's p = 0.1, in training) named `name`.
@@ -413,6 +418,24 @@ impl Builder {
         self.graph.initializer.push(t);
     }
 
+    /// A float32 `Constant` node named `name` writing `name`, its elements stored raw.
+    fn constant(&mut self, name: &str, dims: &[i64], values: &[f32]) {
+        let mut t = TensorProto::new();
+        t.data_type = 1;
+        t.dims = dims.to_vec();
+        t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut a = AttributeProto::new();
+        a.name = "value".into();
+        a.type_ = onnx_protobuf::attribute_proto::AttributeType::TENSOR.into();
+        a.t = Some(t).into();
+        let mut n = NodeProto::new();
+        n.op_type = "Constant".into();
+        n.name = name.into();
+        n.output = vec![name.into()];
+        n.attribute.push(a);
+        self.graph.node.push(n);
+    }
+
     /// A scalar of ONNX type `data_type` stored inline, its value set by `fill`.
     fn scalar(&mut self, name: &str, data_type: i32, fill: impl FnOnce(&mut TensorProto)) {
         let mut t = TensorProto::new();
@@ -491,10 +514,9 @@ mod tests {
                 ..GptSpec::megatron(3, 64, 4, 16, 100)
             };
             let acc = accounted(&spec, 2);
-            // The attention scale and the dropout ratio are stored scalars; the causal
-            // mask s² constants.
-            let constants = 2 + spec.sequence * spec.sequence;
-            assert_eq!(acc.params, spec.params() + constants, "tied: {tied}");
+            // The attention scale, the causal mask and the dropout ratio are constants, not
+            // parameters.
+            assert_eq!(acc.params, spec.params(), "tied: {tied}");
             // Forward MACs: per layer 12bsh² + 2bs²h (QKV, projection, MLP; scores and
             // context), plus the head bshV.
             let (b, s, h, v, l) = (2, 16, 64, 100, 3);

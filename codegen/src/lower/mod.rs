@@ -9,7 +9,8 @@
 //!   outputs, and send what later stages read;
 //! * **backward**, in reverse: receive the output's gradient from later stages, compute, sum
 //!   a parameter-split layer's input gradient over its slices, and send input gradients back
-//!   along the forward messages, reversed.
+//!   along the forward messages, reversed (to replicas, every piece each lacks:
+//!   [`gradient_transfers`]).
 //!
 //! The gradients are all-reduced in buckets ([`buckets`], the evaluator's choice of size),
 //! each launched in the last backward pass as soon as its earliest layer is done, so that
@@ -33,11 +34,11 @@ mod buffers;
 use std::collections::BTreeMap;
 
 use ralpc_passes::cost::Comm;
-use ralpc_passes::layers::{Producer, Split};
+use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
-    buckets, evaluate, gathers, input_gradient_sums, input_share, partial_sums, scatters_gradient,
-    separately_reduced, tied_reductions, transfers, weight_replicas, Bucket, Costs, PlanError,
-    Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
+    buckets, evaluate, gathers, gradient_transfers, input_gradient_sums, input_share, partial_sums,
+    scatters_gradient, separately_reduced, tied_reductions, transfers, weight_replicas, Bucket,
+    Costs, PlanError, Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -120,6 +121,8 @@ struct Lowering<'c, 'a> {
     optimizer_state: f64,
     /// Per edge, its forward messages.
     messages: Vec<Vec<Transfer>>,
+    /// Per edge, the messages returning its gradient (consumer rank to producer rank).
+    gradient_messages: Vec<Vec<Transfer>>,
     /// Per edge, the collective its messages are, if any.
     patterns: Vec<Pattern>,
     /// Per stage, its gradient buckets in launch order.
@@ -467,9 +470,9 @@ impl Lowering<'_, '_> {
                 if self.stage_of[consumer] == k {
                     continue;
                 }
-                for t in self.messages(ei) {
+                for t in self.gradient_messages[ei].clone() {
                     let bytes = self.bytes(&self.edges[ei], &t);
-                    self.recv(t.to, t.from, bytes, tag, Key::received(l, mb, tag));
+                    self.recv(t.from, t.to, bytes, tag, Key::received(l, mb, tag));
                 }
             }
             let run = self.strategy.recompute_run(l);
@@ -528,11 +531,11 @@ impl Lowering<'_, '_> {
                 let producer = self.edges[ei].producer;
                 let same_stage = self.stage_of[producer] == k;
                 let tag = self.tag(ei, mb, true);
-                for t in self.messages(ei) {
+                for t in self.gradient_messages[ei].clone() {
                     let bytes = self.bytes(&self.edges[ei], &t);
-                    self.send(t.to, t.from, bytes, tag, input_gradient);
+                    self.send(t.from, t.to, bytes, tag, input_gradient);
                     if same_stage {
-                        self.recv(t.to, t.from, bytes, tag, Key::received(producer, mb, tag));
+                        self.recv(t.from, t.to, bytes, tag, Key::received(producer, mb, tag));
                     }
                 }
             }
@@ -864,18 +867,22 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         .unwrap_or(1);
     let stage_of = strategy.stage_of_layers();
     let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
-    let messages: Vec<Vec<Transfer>> = edges
-        .iter()
-        .map(|e| {
-            let kind = |l: usize| graph.layers[l].kind;
-            transfers(
-                kind(e.producer),
-                place(e.producer),
-                kind(e.consumer),
-                place(e.consumer),
-            )
-        })
-        .collect();
+    let kind = |l: usize| graph.layers[l].kind;
+    let moves = |how: fn(LayerKind, (Split, u32), LayerKind, (Split, u32)) -> Vec<Transfer>| {
+        edges
+            .iter()
+            .map(|e| {
+                how(
+                    kind(e.producer),
+                    place(e.producer),
+                    kind(e.consumer),
+                    place(e.consumer),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let messages = moves(transfers);
+    let gradient_messages = moves(gradient_transfers);
     let patterns = edges
         .iter()
         .zip(&messages)
@@ -883,7 +890,6 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             if stage_of[e.producer] != stage_of[e.consumer] {
                 return Pattern::Messages;
             }
-            let kind = |l: usize| graph.layers[l].kind;
             let (from, to) = (place(e.producer), place(e.consumer));
             if let Some(ranks) = gathers(kind(e.producer), from, kind(e.consumer), to) {
                 let scatter = scatters_gradient(&ranks, kind(e.consumer), to);
@@ -905,6 +911,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         stage_of,
         edges,
         messages,
+        gradient_messages,
         programs: vec![Vec::new(); ranks as usize],
         groups: BTreeMap::new(),
         forward_us: evaluation.layers.iter().map(|l| l.forward_us).collect(),

@@ -371,6 +371,24 @@ impl<'a> Costs<'a> {
         }
         let held = View::output(pk, from.0, from.1);
         let needed = View::input(ck, to.0, to.1);
+        let forward = self.moving_us(held, needed, bytes);
+        fwd += forward;
+        // The gradient returns the same way, but to replicas it returns whole: each
+        // gathers the pieces the consumer's ranks computed.
+        bwd += if held.replication() > 1 {
+            self.moving_us(needed, held, bytes)
+        } else {
+            forward
+        };
+        if let Some((ranks, share)) = layout::input_gradient_sums(ck, to.0, to.1) {
+            let s = self.all_reduce(&ranks, bytes * share);
+            bwd += s.latency_us + s.bandwidth_us;
+        }
+        (fwd, bwd)
+    }
+
+    /// Microseconds to move a tensor of `bytes` held as `held` to where `needed` reads it.
+    fn moving_us(&self, held: View, needed: View, bytes: f64) -> f64 {
         let moved = *self
             .movements
             .borrow_mut()
@@ -390,18 +408,10 @@ impl<'a> Costs<'a> {
                 };
                 Some((m, node))
             });
-        if let Some((m, node)) = moved {
-            let t = self
-                .link(m.span.0, m.span.1)
-                .transfer_us(m.busiest.max(node) * bytes);
-            fwd += t;
-            bwd += t;
-        }
-        if let Some((ranks, share)) = layout::input_gradient_sums(ck, to.0, to.1) {
-            let s = self.all_reduce(&ranks, bytes * share);
-            bwd += s.latency_us + s.bandwidth_us;
-        }
-        (fwd, bwd)
+        moved.map_or(0.0, |(m, node)| {
+            self.link(m.span.0, m.span.1)
+                .transfer_us(m.busiest.max(node) * bytes)
+        })
     }
 
     /// A layer's kind, as placement sees it (kinds that cannot split freely split samples).

@@ -147,8 +147,8 @@ impl View {
         volume(&self.rank_box(0))
     }
 
-    /// Whether every rank holds a different box (no axis left whole while ranks vary it).
-    fn replication(&self) -> u32 {
+    /// How many ranks hold each box (1: every rank holds a different one).
+    pub fn replication(&self) -> u32 {
         let (_, a, p) = self.split;
         (if self.cuts(Cut::Attribute) { 1 } else { a })
             * (if self.cuts(Cut::Parameter) { 1 } else { p })
@@ -296,6 +296,46 @@ pub fn transfers(
                 .map(move |(sender, fraction)| Transfer {
                     from: sender,
                     to: needed.first + r,
+                    fraction,
+                })
+        })
+        .collect()
+}
+
+/// The messages that return the gradient of a tensor moved as [`transfers`] says, each
+/// from a consumer rank (`from`) to a producer rank (`to`). Where every producer rank holds
+/// a distinct box, they are the forward's, reversed. Where producers are replicas (a
+/// LayerNorm held whole over a tensor-parallel group, read in pieces by a row-parallel
+/// layer), each needs its box's whole gradient: every piece it did not compute itself
+/// comes from a consumer rank that did (the backward of Megatron's scatter, an
+/// all-gather). Ordered by receiving rank, then sender.
+///
+/// Cost: O(ranks of the consumer × ranks of the producer).
+pub fn gradient_transfers(
+    producer: LayerKind,
+    from: (Split, u32),
+    consumer: LayerKind,
+    to: (Split, u32),
+) -> Vec<Transfer> {
+    let held = View::output(producer, from.0, from.1);
+    let needed = View::input(consumer, to.0, to.1);
+    if held.replication() == 1 {
+        return transfers(producer, from, consumer, to)
+            .into_iter()
+            .map(|t| Transfer {
+                from: t.to,
+                to: t.from,
+                fraction: t.fraction,
+            })
+            .collect();
+    }
+    (0..held.ranks())
+        .flat_map(|q| {
+            incoming(&needed, &held, q)
+                .into_iter()
+                .map(move |(sender, fraction)| Transfer {
+                    from: sender,
+                    to: held.first + q,
                     fraction,
                 })
         })

@@ -46,11 +46,12 @@ use super::kernels;
 use super::ops::{Env, Mode};
 pub use super::region::Axes;
 use super::region::{
-    crop, dims, fill, intersect, interval, paste, place, share, volume, Region, Slice,
+    crop, dims, fill, intersect, interval, paste, place, place_into, share, volume, Region, Slice,
 };
 use super::tensor::{Data, Tensor};
 use super::train::{self, Dataset, TrainOptions, TrainReport};
 
+mod heads;
 mod recompute;
 mod zero;
 
@@ -270,6 +271,8 @@ struct LayerExec {
     main: Option<NodeId>,
     /// Its trainable weights.
     weights: Vec<ValueId>,
+    /// Split by heads: the shape constants its nodes read, made local.
+    local: heads::LocalShapes,
     /// The weights whose gradients its bucket all-reduces: those it reads first, but for
     /// tied weights the plan all-reduces on their own.
     owned: Vec<ValueId>,
@@ -307,6 +310,9 @@ struct Prepared<'a> {
     env: Env,
     /// Per layer, the recomputed run holding it (first and last layer).
     recompute: Vec<Option<(usize, usize)>>,
+    /// Fused tensors distributed by groups along their feature axis (a QKV projection's
+    /// output read by attention split by heads: each rank holds its piece of each group).
+    groups: BTreeMap<ValueId, usize>,
 }
 
 fn setup(message: impl Into<String>) -> RunError {
@@ -497,6 +503,7 @@ impl<'a> Prepared<'a> {
                 main,
                 weights,
                 owned,
+                local: heads::LocalShapes::default(),
             });
         }
         let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
@@ -521,7 +528,7 @@ impl<'a> Prepared<'a> {
             .copied()
             .filter(|&w| tied_all_reduced.contains(g.value(w).name.as_str()))
             .collect();
-        let prepared = Prepared {
+        let mut prepared = Prepared {
             exe,
             microbatch: (plan.batch / m) as usize,
             edges,
@@ -538,9 +545,96 @@ impl<'a> Prepared<'a> {
             recompute: (0..lg.layers.len())
                 .map(|l| strategy.recompute_run(l))
                 .collect(),
+            groups: BTreeMap::new(),
         };
+        prepared.split_heads()?;
         prepared.check()?;
         Ok(prepared)
+    }
+
+    /// Attention layers split by heads: the fused QKV tensor each reads is held by groups
+    /// (one per output of the split separating Q, K and V), and the shape constants the
+    /// layer's nodes read are made local ([`heads`]).
+    fn split_heads(&mut self) -> Result<(), RunError> {
+        let g = self.exe.graph;
+        for l in 0..self.layers.len() {
+            let layer = &self.layers[l];
+            let pieces = layer.view_in().pieces(0)[2].1;
+            if layer.kind != LayerKind::Attention || pieces <= 1 {
+                continue;
+            }
+            let refuse = |why: String| setup(format!("layer {}: {why}", layer.name));
+            let mut seeds = BTreeMap::new();
+            let mut groups = Vec::new();
+            for &(v, source) in &layer.inputs {
+                let Source::Edge(_) = source else { continue };
+                let c = carrier(self.exe.layers, v);
+                let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
+                let f = self.axes(c, rank).features.ok_or_else(|| {
+                    refuse(format!(
+                        "its input '{}' has no feature axis to cut by heads",
+                        g.value(c).name
+                    ))
+                })?;
+                seeds.insert(v, f);
+                seeds.insert(c, f);
+                if let Some(n) = self.qkv_split(&layer.nodes, [v, c], f) {
+                    groups.push((c, n.map_err(&refuse)?));
+                }
+            }
+            let local = heads::local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces)
+                .map_err(&refuse)?;
+            self.layers[l].local = local;
+            self.groups.extend(groups);
+        }
+        Ok(())
+    }
+
+    /// How many equal parts the split among `nodes` that reads one of `input` along axis
+    /// `f` makes (Q, K, V: 3), if there is one; an error for unequal parts.
+    fn qkv_split(
+        &self,
+        nodes: &[NodeId],
+        input: [ValueId; 2],
+        f: usize,
+    ) -> Option<Result<usize, String>> {
+        let g = self.exe.graph;
+        let (id, node) = nodes.iter().map(|&n| (n, g.node(n))).find(|(_, n)| {
+            let Op::Split { axis, .. } = n.op else {
+                return false;
+            };
+            let rank = self.exe.info.ty(input[1]).shape.rank() as i64;
+            (if axis < 0 { axis + rank } else { axis }) == f as i64
+                && n.inputs
+                    .first()
+                    .copied()
+                    .flatten()
+                    .is_some_and(|x| input.contains(&x))
+        })?;
+        let parts = node.outputs.len();
+        let sizes: Vec<Option<u64>> = node
+            .outputs
+            .iter()
+            .map(|&o| {
+                self.exe
+                    .info
+                    .ty(o)
+                    .shape
+                    .as_sizes()
+                    .and_then(|s| s.get(f).copied())
+            })
+            .collect();
+        Some(
+            if sizes.windows(2).all(|w| w[0] == w[1] && w[0].is_some()) {
+                Ok(parts)
+            } else {
+                Err(format!(
+                    "its {} makes unequal parts {sizes:?} (grouped-query attention); only \
+                 equal Q, K and V are split by heads",
+                    g.site(id)
+                ))
+            },
+        )
     }
 
     /// Refuses what this executor cannot run exactly.
@@ -717,14 +811,24 @@ impl<'a> Prepared<'a> {
 
     /// The region of `v` a view's rank index `k` holds (or needs).
     fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, String> {
-        let shape = self.microbatch_shape(v)?;
-        let axes = self.axes(v, shape.len());
+        let mut shape = self.microbatch_shape(v)?;
+        let mut axes = self.axes(v, shape.len());
+        let mut batch_axis = self.batch_axis(v);
+        if let (Some(&groups), Some(f)) = (self.groups.get(&v), axes.features) {
+            // Held by groups: the feature axis as `[groups, features / groups]`, cut on
+            // the second.
+            shape.splice(f..=f, [groups, shape[f] / groups]);
+            let shift = |a: usize| if a > f { a + 1 } else { a };
+            axes.features = Some(f + 1);
+            axes.rows = axes.rows.map(shift);
+            batch_axis = batch_axis.map(|(a, n)| (shift(a), n));
+        }
         let pieces = view.pieces(k);
         let mut r: Region = shape.iter().map(|&d| 0..d).collect();
         if shape.is_empty() {
             return Ok(r);
         }
-        if let Some((a, per_sample)) = self.batch_axis(v) {
+        if let Some((a, per_sample)) = batch_axis {
             let samples = interval(pieces[0], self.microbatch);
             r[a] = samples.start * per_sample..samples.end * per_sample;
         } else if pieces[0].1 > 1 {
@@ -751,6 +855,18 @@ impl<'a> Prepared<'a> {
         Ok(r)
     }
 
+    /// The shape of `v`'s tensor holding `region` of it (a grouped feature axis merged).
+    fn local_dims(&self, v: ValueId, region: &Region) -> Vec<usize> {
+        let mut d = dims(region);
+        if self.groups.contains_key(&v) {
+            if let Some(f) = self.axes(v, d.len().saturating_sub(1)).features {
+                let merged = d[f] * d[f + 1];
+                d.splice(f..=f + 1, [merged]);
+            }
+        }
+        d
+    }
+
     fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
         let mut cache = self.infos.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(info) = cache.get(&batch) {
@@ -761,8 +877,26 @@ impl<'a> Prepared<'a> {
         Ok(info)
     }
 
-    /// How rank index `k` of layer `l` holds weight `w` (read by `node` at `slot`).
+    /// How rank index `k` of layer `l` holds weight `w`: a piece of each group when the
+    /// layer's output features are held by groups.
     fn slice_of(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
+        let slice = self.slice_within(l, k, w);
+        let out = l.view_out().pieces(k)[2];
+        let grouped = l.outputs.iter().find_map(|o| self.groups.get(o));
+        match (slice, grouped) {
+            (Slice::Axis(axis, piece), Some(&groups)) if out.1 > 1 && piece == out => {
+                Slice::Groups {
+                    axis,
+                    groups,
+                    piece,
+                }
+            }
+            (slice, _) => slice,
+        }
+    }
+
+    /// How rank index `k` of layer `l` holds weight `w`, its groups aside.
+    fn slice_within(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
         let g = self.exe.graph;
         let Split {
             attribute: a,
@@ -1348,7 +1482,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 self.p.layers[edge.consumer].name
             ));
         }
-        Ok(Tensor::f32(dims(&need), out))
+        Ok(Tensor::f32(self.p.local_dims(edge.value, &need), out))
     }
 
     /// Layer `l`'s forward on microbatch `mb`; `again` for its recomputation, which reads
@@ -1418,6 +1552,21 @@ impl<'p, 'a> Rank<'p, 'a> {
                         })?
                     }
                 };
+            // A head piece's reshape targets and split sizes.
+            let t = match (source, layer.local.is_empty()) {
+                (Source::Constant | Source::Folded, false) => {
+                    let ints = t.to_i64s();
+                    match layer
+                        .local
+                        .apply(v, &ints)
+                        .or_else(|| layer.local.apply(c, &ints))
+                    {
+                        Some(local) => Tensor::i64(t.shape.clone(), local),
+                        None => t,
+                    }
+                }
+                _ => t,
+            };
             values.set(v, t.clone());
             if c != v {
                 values.set(c, t);
@@ -1431,12 +1580,12 @@ impl<'p, 'a> Rank<'p, 'a> {
         for &o in &layer.outputs {
             let region = p.region(o, &layer.view_out(), k)?;
             let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
-            if got != dims(&region) {
+            let want = p.local_dims(o, &region);
+            if got != want {
                 return Err(format!(
-                    "layer {} computed '{}' of shape {got:?} where its share is {:?}",
+                    "layer {} computed '{}' of shape {got:?} where its share is {want:?}",
                     layer.name,
                     self.value_name(o),
-                    dims(&region)
                 ));
             }
             regions.insert(o, region);
@@ -2099,26 +2248,7 @@ fn assemble(
         let entry = full
             .entry(g.value(*w).name.clone())
             .or_insert_with(|| vec![0.0; whole.len()]);
-        match slice {
-            Slice::Whole | Slice::FirstSliceOnly => entry.copy_from_slice(data),
-            Slice::Axis(axis, piece) => {
-                let region: Region = whole
-                    .shape
-                    .iter()
-                    .enumerate()
-                    .map(|(d, &n)| {
-                        if d == *axis {
-                            interval(*piece, n)
-                        } else {
-                            0..n
-                        }
-                    })
-                    .collect();
-                let holder: Region = whole.shape.iter().map(|&n| 0..n).collect();
-                let mut filled = vec![false; entry.len()];
-                paste(entry, &holder, data, &region, &mut filled);
-            }
-        }
+        place_into(entry, data, slice, &whole.shape);
     }
     full
 }

@@ -119,9 +119,39 @@ pub(crate) fn paste(
 pub(crate) enum Slice {
     Whole,
     Axis(usize, (u32, u32)),
+    /// Piece `piece` of each of `groups` equal groups along axis `axis`: a fused QKV
+    /// projection's columns cut by heads, rank `i` holding `[q_i | k_i | v_i]`.
+    Groups {
+        axis: usize,
+        groups: usize,
+        piece: (u32, u32),
+    },
     /// A row-parallel layer's bias, held by the first input-feature slice only; the others
     /// add zeros.
     FirstSliceOnly,
+}
+
+impl Slice {
+    /// The box this slice holds of a weight of `shape`, in `shape` with the sliced axis
+    /// split into its groups (a contiguous piece is one group): that shape and the box.
+    /// `None` when the slice is the whole weight.
+    fn boxed(&self, shape: &[usize]) -> Option<(Vec<usize>, Region)> {
+        let (axis, groups, piece) = match *self {
+            Slice::Axis(axis, piece) => (axis, 1, piece),
+            Slice::Groups {
+                axis,
+                groups,
+                piece,
+            } => (axis, groups.max(1), piece),
+            Slice::Whole | Slice::FirstSliceOnly => return None,
+        };
+        let n = *shape.get(axis)?;
+        let mut split = shape.to_vec();
+        split.splice(axis..=axis, [groups, n / groups]);
+        let mut region: Region = split.iter().map(|&d| 0..d).collect();
+        region[axis + 1] = interval(piece, split[axis + 1]);
+        Some((split, region))
+    }
 }
 
 /// A rank's share of a whole weight (or of its momentum).
@@ -134,20 +164,37 @@ pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
             let range = interval(*piece, full.shape[*axis]);
             super::ops::narrow(full, *axis, range.start, range.len())
         }
+        Slice::Groups { axis, .. } => match slice.boxed(&full.shape) {
+            Some((split, region)) => {
+                let whole: Region = split.iter().map(|&d| 0..d).collect();
+                let mut shape = full.shape.clone();
+                shape[*axis] = region[*axis].len() * region[axis + 1].len();
+                crop(full, &whole, &region).reshaped(shape)
+            }
+            None => full.clone(),
+        },
     }
 }
 
 /// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
 /// weight (of `shape`).
 pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
-    let Slice::Axis(axis, piece) = slice else {
+    if slice.boxed(shape).is_none() {
         return gradient;
-    };
-    let whole: Region = shape.iter().map(|&d| 0..d).collect();
-    let mut region = whole.clone();
-    region[*axis] = interval(*piece, shape[*axis]);
-    let mut out = vec![0.0f32; volume(&whole)];
-    let mut filled = vec![false; out.len()];
-    paste(&mut out, &whole, &gradient, &region, &mut filled);
+    }
+    let mut out = vec![0.0f32; t::numel(shape)];
+    place_into(&mut out, &gradient, slice, shape);
     out
+}
+
+/// Writes a rank's share `data` of a weight of `shape` at its place in `whole`.
+pub(crate) fn place_into(whole: &mut [f32], data: &[f32], slice: &Slice, shape: &[usize]) {
+    match slice.boxed(shape) {
+        Some((split, region)) => {
+            let holder: Region = split.iter().map(|&d| 0..d).collect();
+            let mut filled = vec![false; whole.len()];
+            paste(whole, &holder, data, &region, &mut filled);
+        }
+        None => whole.copy_from_slice(data),
+    }
 }

@@ -1,0 +1,293 @@
+//! Running an attention layer on a piece of its heads, as Megatron-LM's tensor-parallel
+//! attention does. The layer's nodes are the model's, written for every head, so the
+//! shape constants they read — reshape targets, split sizes — name global sizes. The cut
+//! is followed from the layer's inputs (their feature axis, cut into `pieces`) through the
+//! view ops, products and elementwise ops to every constant that names its size, and that
+//! constant is made local: the cut entry of a reshape target, every size of a split along
+//! the cut axis, divided by `pieces`.
+//!
+//! What the cut cannot pass (a softmax or a reduction over it, a contraction over it, a
+//! per-head constant) is refused with the node's name: the layer cannot run on a piece.
+
+use std::collections::BTreeMap;
+
+use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
+
+/// How a constant read by a head-split layer is made local.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Adjust {
+    /// Entry `i` of a shape target, divided by the pieces.
+    Entry(usize),
+    /// Every entry (split sizes along the cut axis), divided by the pieces.
+    Every,
+}
+
+/// The constants a layer reads that change when it runs on one of `pieces` pieces of its
+/// heads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct LocalShapes {
+    pieces: i64,
+    adjust: BTreeMap<ValueId, Adjust>,
+}
+
+impl LocalShapes {
+    /// `value` (an integer tensor the layer reads) as the local run needs it.
+    pub(super) fn apply(&self, v: ValueId, value: &[i64]) -> Option<Vec<i64>> {
+        let adjust = self.adjust.get(&v)?;
+        let mut out = value.to_vec();
+        match *adjust {
+            Adjust::Entry(i) => {
+                if let Some(x) = out.get_mut(i) {
+                    *x /= self.pieces;
+                }
+            }
+            Adjust::Every => out.iter_mut().for_each(|x| *x /= self.pieces),
+        }
+        Some(out)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.adjust.is_empty()
+    }
+}
+
+/// Follows the cut of `cut` (values and the axis each is cut on, into `pieces`) through
+/// `nodes` (in execution order) and collects the constants to make local.
+///
+/// # Errors
+/// A node the cut cannot pass, named.
+pub(super) fn local_shapes(
+    graph: &Graph,
+    info: &GraphInfo,
+    nodes: &[NodeId],
+    mut cut: BTreeMap<ValueId, usize>,
+    pieces: u32,
+) -> Result<LocalShapes, String> {
+    let sizes = |v: ValueId| -> Result<Vec<u64>, String> {
+        info.ty(v)
+            .shape
+            .as_sizes()
+            .ok_or_else(|| format!("'{}' has no static shape", graph.value(v).name))
+    };
+    let t = u64::from(pieces.max(1));
+    let mut local = LocalShapes {
+        pieces: i64::from(pieces.max(1)),
+        adjust: BTreeMap::new(),
+    };
+    let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), String> {
+        match local.adjust.insert(v, how) {
+            Some(before) if before != how => Err(format!(
+                "{node} reads the shape '{}' that another node of the layer reads \
+                 for another axis",
+                graph.value(v).name
+            )),
+            _ => Ok(()),
+        }
+    };
+    for &n in nodes {
+        let node = graph.node(n);
+        let cuts: Vec<(usize, usize)> = node
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, v)| Some((slot, *cut.get(&(*v)?)?)))
+            .collect();
+        if cuts.is_empty() {
+            continue;
+        }
+        let site = graph.site(n);
+        let refuse = |why: &str| {
+            Err(format!(
+                "{site} {why}, so the layer cannot run on a piece of its heads"
+            ))
+        };
+        let data = |slot: usize| node.inputs.get(slot).copied().flatten();
+        let rank_of = |slot: usize| data(slot).map_or(Ok(0), |v| sizes(v).map(|s| s.len()));
+        let out_rank = match node.outputs.first() {
+            Some(&o) => sizes(o)?.len(),
+            None => continue,
+        };
+        let axis = match &node.op {
+            Op::Split { axis, sizes: attr } => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("reads a cut split-size tensor");
+                };
+                if axis_of(*axis, out_rank) == Some(a) {
+                    match (attr, data(1)) {
+                        (Some(_), _) => {
+                            return refuse("splits the cut axis by sizes in an attribute");
+                        }
+                        (None, Some(s)) => adjust(s, Adjust::Every, &site)?,
+                        (None, None) => {}
+                    }
+                }
+                a
+            }
+            Op::Reshape { allowzero } => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("reads a cut shape");
+                };
+                let (Some(x), Some(target), Some(&o)) = (data(0), data(1), node.outputs.first())
+                else {
+                    return refuse("has no shape input");
+                };
+                let (from, to) = (sizes(x)?, sizes(o)?);
+                let Some(j) = reshaped_axis(&from, a, &to, t) else {
+                    return refuse(&format!(
+                        "reshapes {from:?} to {to:?}, which does not keep axis {a}'s \
+                         {t} pieces contiguous"
+                    ));
+                };
+                let entries: Option<Vec<i64>> = info
+                    .ty(target)
+                    .content
+                    .as_ref()
+                    .and_then(|c| c.iter().map(|s| s.as_i64()).collect());
+                let Some(entries) = entries else {
+                    return refuse("reads a target shape not known before the run");
+                };
+                match entries.get(j) {
+                    Some(-1) => {}
+                    Some(0) if !allowzero && j == a => {}
+                    Some(0) if !allowzero => {
+                        return refuse("copies the cut size to another axis");
+                    }
+                    Some(_) => adjust(target, Adjust::Entry(j), &site)?,
+                    None => return refuse("has a target shorter than its output"),
+                }
+                j
+            }
+            Op::Transpose { perm } => {
+                let a = cuts[0].1;
+                match perm {
+                    Some(p) => match p.iter().position(|&x| axis_of(x, out_rank) == Some(a)) {
+                        Some(j) => j,
+                        None => return refuse("has a permutation without the cut axis"),
+                    },
+                    None => out_rank - 1 - a,
+                }
+            }
+            Op::MatMul => {
+                let (ra, rb) = (rank_of(0)?, rank_of(1)?);
+                if ra < 2 || rb < 2 {
+                    return refuse("multiplies vectors");
+                }
+                let mut axis = None;
+                for &(slot, a) in &cuts {
+                    let r = if slot == 0 { ra } else { rb };
+                    let contracted = if slot == 0 { r - 1 } else { r - 2 };
+                    if a == contracted {
+                        return refuse("contracts over the cut axis (partial sums)");
+                    }
+                    let j = match (slot, a + 2 == r, a + 1 == r) {
+                        (0, true, _) => out_rank - 2,
+                        (1, _, true) => out_rank - 1,
+                        _ => a + out_rank - r,
+                    };
+                    if axis.is_some_and(|x| x != j) {
+                        return refuse("reads its two inputs cut on different axes");
+                    }
+                    axis = Some(j);
+                }
+                let j = axis.unwrap_or(0);
+                if j + 2 < out_rank {
+                    // A batch axis: both inputs must be cut on it, or broadcast over it.
+                    for slot in 0..2 {
+                        if cuts.iter().any(|&(s, _)| s == slot) {
+                            continue;
+                        }
+                        let Some(v) = data(slot) else { continue };
+                        let s = sizes(v)?;
+                        if (j + s.len())
+                            .checked_sub(out_rank)
+                            .is_some_and(|i| s[i] > 1)
+                        {
+                            return refuse("multiplies a cut batch axis by a whole one");
+                        }
+                    }
+                }
+                j
+            }
+            Op::Softmax { axis, flatten, .. } => {
+                let a = cuts[0].1;
+                let over = axis_of(*axis, out_rank);
+                if over == Some(a) || (*flatten && over.is_some_and(|o| o < a)) {
+                    return refuse("normalizes over the cut axis");
+                }
+                a
+            }
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Dropout { .. }
+            | Op::Identity
+            | Op::Clip { .. } => {
+                // Broadcast: axes align from the right.
+                let mut axis = None;
+                for &(slot, a) in &cuts {
+                    let j = a + out_rank - rank_of(slot)?;
+                    if axis.is_some_and(|x| x != j) {
+                        return refuse("reads its inputs cut on different axes");
+                    }
+                    axis = Some(j);
+                }
+                let j = axis.unwrap_or(0);
+                for (slot, v) in node.inputs.iter().enumerate() {
+                    let Some(v) = *v else { continue };
+                    if cuts.iter().any(|&(s, _)| s == slot) {
+                        continue;
+                    }
+                    let s = sizes(v)?;
+                    if (j + s.len())
+                        .checked_sub(out_rank)
+                        .is_some_and(|i| s[i] > 1)
+                    {
+                        return refuse(&format!(
+                            "reads '{}', whole along the cut axis",
+                            graph.value(v).name
+                        ));
+                    }
+                }
+                j
+            }
+            _ => return refuse("is not one the head split passes through"),
+        };
+        for &o in &node.outputs {
+            cut.insert(o, axis);
+        }
+    }
+    Ok(local)
+}
+
+fn axis_of(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    usize::try_from(a).ok().filter(|&a| a < rank)
+}
+
+/// The axis of a reshape's output `to` that carries axis `a` of `from` cut into `t`
+/// contiguous pieces: the one starting at the same flat offset, when both are the
+/// outermost of the axes the reshape merges or splits there and both divide by `t`.
+fn reshaped_axis(from: &[u64], a: usize, to: &[u64], t: u64) -> Option<usize> {
+    let before = |s: &[u64], n: usize| s[..n].iter().product::<u64>();
+    let outer = before(from, a);
+    let j = (0..to.len()).find(|&j| before(to, j) == outer && to[j] != 1)?;
+    (from[a] % t == 0 && to[j] % t == 0).then_some(j)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reshaped_axis;
+
+    #[test]
+    fn a_head_cut_passes_the_split_and_merge_of_heads() {
+        // [b, s, h] -> [b, s, heads, d]: the cut hidden axis becomes the heads axis.
+        assert_eq!(reshaped_axis(&[2, 16, 64], 2, &[2, 16, 4, 16], 2), Some(2));
+        // And back.
+        assert_eq!(reshaped_axis(&[2, 16, 4, 16], 2, &[2, 16, 64], 2), Some(2));
+        // Three heads do not divide by two.
+        assert_eq!(reshaped_axis(&[2, 16, 48], 2, &[2, 16, 3, 16], 2), None);
+        // Merging the cut axis under an outer one breaks its pieces apart.
+        assert_eq!(reshaped_axis(&[2, 4, 16], 1, &[8, 16], 2), None);
+    }
+}
