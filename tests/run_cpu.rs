@@ -457,12 +457,14 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
 }
 
 /// Megatron's tensor-parallel split of one of a GPT's layers over `t` ranks (after `d`
-/// sample shards): QKV and the MLP's first product by columns, the attention core by
-/// heads, the projections by rows; everything else replicated over the group.
+/// sample shards): QKV, the MLP's first product and the LM head (by vocabulary) by
+/// columns, the attention core by heads, the projections by rows; everything else
+/// replicated over the group.
 fn megatron_split(name: &str, d: u32, t: u32) -> String {
     let (a, p) = if name.ends_with("qkv.matmul")
         || name.ends_with("fc.matmul")
         || name.ends_with("attn.softmax")
+        || name == "lm_head"
     {
         (1, t)
     } else {
@@ -494,9 +496,17 @@ fn gpt_layers(layers: u32) -> Vec<String> {
 
 #[test]
 fn megatron_tensor_parallelism_trains_the_same_as_one_device() {
+    for tied in [false, true] {
+        megatron_gpt_trains_the_same_as_one_device(tied);
+    }
+}
+
+/// A GPT (head tied to the embedding or not) at t=2: alone, with d=2, with p=2 × d=2,
+/// and so with ZeRO-1 and full or selective recomputation.
+fn megatron_gpt_trains_the_same_as_one_device(tied: bool) {
     let dir = tempfile::tempdir().expect("temp dir");
     let spec = ralpc_ir::models::GptSpec {
-        tied: false,
+        tied,
         ..ralpc_ir::models::GptSpec::megatron(2, 64, 4, 16, 128)
     };
     let model = dir.path().join("gpt.onnx");
@@ -512,5 +522,9 @@ fn megatron_tensor_parallelism_trains_the_same_as_one_device() {
         "1f1b",
         1,
     );
-    assert_same("t2", &run_plan(&model, 8, 2, &s, 3), &want);
+    assert_same(
+        &format!("t2 tied {tied}"),
+        &run_plan(&model, 8, 2, &s, 3),
+        &want,
+    );
 }

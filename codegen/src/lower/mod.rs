@@ -36,9 +36,10 @@ use std::collections::BTreeMap;
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
-    buckets, evaluate, gathers, gradient_transfers, input_gradient_sums, input_share, partial_sums,
-    scatters_gradient, separately_reduced, tied_reductions, transfers, weight_replicas, Bucket,
-    Costs, PlanError, Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
+    buckets, class_pieces, evaluate, gathers, gradient_transfers, input_gradient_sums, input_share,
+    partial_sums, scatters_gradient, separately_reduced, tied_reductions, transfers,
+    weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile, TiedReduction,
+    Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -449,6 +450,28 @@ impl Lowering<'_, '_> {
         }
     }
 
+    /// Before the backward of the model's last layer `l` on a microbatch, when its
+    /// ranks hold its rows' classes in pieces (a vocabulary-parallel head): the all-gather
+    /// of each row's max, sum of exponentials and label logit (three floats per row and
+    /// piece) that the parallel cross-entropy combines, in place on its output `output`.
+    fn loss_statistics(&mut self, l: usize, output: Key) {
+        if self.costs.graph.outputs.first().map(|o| o.0 as usize) != Some(l) {
+            return;
+        }
+        let layer = &self.costs.graph.layers[l];
+        let (split, first) = self.place(l);
+        let Some(ranks) = class_pieces(layer.kind, split, first) else {
+            return;
+        };
+        // A dense layer does 2 FLOPs per weight per row.
+        let rows = layer.fwd_flops as f64
+            / (2.0 * layer.params.max(1) as f64)
+            / f64::from(split.sample.max(1) * self.strategy.microbatches);
+        let bytes = rows * 12.0 * ranks.len() as f64;
+        let groups = Self::copies(&ranks, self.ranks(l));
+        self.all_gather(groups, bytes, &[output]);
+    }
+
     /// One backward pass of stage `k`; `last` when it is the stage's last before the
     /// update, which launches the gradient buckets.
     fn backward(&mut self, k: usize, mb: u32, last: bool) {
@@ -484,6 +507,7 @@ impl Lowering<'_, '_> {
             } else {
                 BufferKind::Activation
             };
+            self.loss_statistics(l, Key::pass(kept, l, mb));
             let us = self.backward_us[l];
             let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
             let input_gradient_bytes = self.input_gradient_bytes(l);

@@ -433,6 +433,19 @@ pub fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u3
     })
 }
 
+/// The group of rank index 0 of a model's last layer whose ranks hold pieces of the same
+/// rows' classes (a vocabulary-parallel LM head): they exchange the loss's statistics.
+/// `None` when every rank holds whole rows.
+pub fn class_pieces(kind: LayerKind, split: Split, first: u32) -> Option<Vec<u32>> {
+    let view = View::output(kind, split, first);
+    let (_, a, p) = view.split;
+    match view.features {
+        Cut::Parameter if p > 1 => Some((0..p).map(|pi| first + pi).collect()),
+        Cut::Attribute if a > 1 => Some((0..a).map(|ai| first + ai * p).collect()),
+        _ => None,
+    }
+}
+
 /// The group over which a layer's input gradient is a partial sum, with the fraction of the
 /// input each holds: a layer split by parameters reads its input whole on every parameter
 /// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator).

@@ -33,8 +33,9 @@ pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT};
 pub use layout::{
-    first_replica, gathers, gradient_transfers, input_gradient_sums, input_share, partial_sums,
-    replicas, scatters_gradient, splits_freely, transfers, weight_replicas, Cut, Transfer, View,
+    class_pieces, first_replica, gathers, gradient_transfers, input_gradient_sums, input_share,
+    partial_sums, replicas, scatters_gradient, splits_freely, transfers, weight_replicas, Cut,
+    Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};

@@ -49,9 +49,10 @@ use super::region::{
     crop, dims, fill, intersect, interval, paste, place, place_into, share, volume, Region, Slice,
 };
 use super::tensor::{Data, Tensor};
-use super::train::{self, Dataset, TrainOptions, TrainReport};
+use super::train::{Dataset, TrainOptions, TrainReport};
 
 mod heads;
+mod loss;
 mod recompute;
 mod zero;
 
@@ -906,8 +907,6 @@ impl<'a> Prepared<'a> {
         if a <= 1 && p <= 1 {
             return Slice::Whole;
         }
-        let out = l.view_out().pieces(k);
-        let inp = l.view_in().pieces(k);
         let wdims = self
             .exe
             .weights
@@ -918,15 +917,53 @@ impl<'a> Prepared<'a> {
         // The node using it, perhaps through an alias (the `Identity` an exporter puts on
         // a merged weight).
         let lg = self.exe.layers;
-        let Some((node, slot)) = l.nodes.iter().find_map(|&n| {
-            g.node(n)
-                .inputs
-                .iter()
-                .position(|v| v.is_some_and(|v| carrier(lg, v) == w))
-                .map(|slot| (n, slot))
-        }) else {
+        let reader = |v: ValueId| {
+            l.nodes.iter().find_map(|&n| {
+                g.node(n)
+                    .inputs
+                    .iter()
+                    .position(|x| x.is_some_and(|x| carrier(lg, x) == v))
+                    .map(|slot| (n, slot))
+            })
+        };
+        let Some((mut node, mut slot)) = reader(w) else {
             return Slice::Whole;
         };
+        let mut wdims = wdims;
+        // A tied head reads the embedding through a transpose: slice what the product
+        // reads, at the embedding's axis that becomes it.
+        let mut perm: Option<Vec<usize>> = None;
+        if let (Op::Transpose { perm: p }, 0) = (&g.node(node).op, slot) {
+            let order: Vec<usize> = match p {
+                Some(p) => p.iter().map(|&x| x.max(0) as usize).collect(),
+                None => (0..wdims.len()).rev().collect(),
+            };
+            let transposed = g.node(node).outputs.first().copied();
+            if let Some(next) = transposed.and_then(reader) {
+                if order.iter().all(|&x| x < wdims.len()) {
+                    wdims = order.iter().map(|&x| wdims[x]).collect();
+                    (node, slot) = next;
+                    perm = Some(order);
+                }
+            }
+        }
+        let slice = self.slice_at(l, k, node, slot, &wdims);
+        match (slice, perm) {
+            (Slice::Axis(axis, piece), Some(order)) => Slice::Axis(order[axis], piece),
+            (slice, _) => slice,
+        }
+    }
+
+    /// How rank index `k` of layer `l` holds the weight (of `wdims`) `node` reads at `slot`.
+    fn slice_at(&self, l: &LayerExec, k: u32, node: NodeId, slot: usize, wdims: &[usize]) -> Slice {
+        let g = self.exe.graph;
+        let Split {
+            attribute: a,
+            parameter: p,
+            ..
+        } = l.split;
+        let out = l.view_out().pieces(k);
+        let inp = l.view_in().pieces(k);
         let op = &g.node(node).op;
         let last = wdims.len().saturating_sub(1);
         match (op, slot, l.kind) {
@@ -1013,6 +1050,8 @@ struct Rank<'p, 'a> {
     grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
     input_grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
+    /// Per (output layer, microbatch), every class piece's loss statistics.
+    loss_statistics: BTreeMap<(usize, u32), Vec<Vec<f32>>>,
     /// Per (edge, microbatch), the input a recomputed run keeps from outside the run.
     checkpoints: BTreeMap<(usize, u32), Tensor>,
     /// Per instruction, the buffers it reads and writes: (kind, layer, microbatch, writes).
@@ -1113,6 +1152,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             grad_pieces: BTreeMap::new(),
             input_grads: BTreeMap::new(),
             pending_sums: BTreeMap::new(),
+            loss_statistics: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             touches,
             step: 0,
@@ -1654,37 +1694,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             }
             if (l, o) == p.output {
                 let y = run.values.get(o).ok_or("the output is missing")?;
-                let pieces = layer.view_out().pieces(k);
-                if pieces[1].1 > 1 || pieces[2].1 > 1 {
-                    return Err(format!(
-                        "layer {} splits the model's output by features; the loss needs whole rows",
-                        layer.name
-                    ));
-                }
-                let full: usize = p.microbatch_shape(o)?.iter().product();
-                let per_sample = full / p.microbatch.max(1);
-                let start = (mb as usize * p.microbatch + held[0].start) * per_sample;
-                let total_elements = per_sample * p.exe.plan.batch as usize;
-                let (loss, dy) = train::loss(
-                    self.options.loss,
-                    y,
-                    start,
-                    &p.exe.data.labels,
-                    total_elements,
-                )
-                .map_err(|e| e.to_string())?;
-                // Replicas of the same share compute the same loss: count it once.
-                let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);
-                if owner {
-                    if let Some(last) = self.report.losses.last_mut() {
-                        *last += loss;
-                    }
-                    if self.step == 0 {
-                        self.report
-                            .output
-                            .push((start, y.floats().unwrap_or_default().to_vec()));
-                    }
-                }
+                let dy = self.output_loss(l, k, mb, y, held)?;
                 kernels::add(&mut total, &dy);
                 any = true;
             }
@@ -1925,6 +1935,13 @@ impl<'p, 'a> Rank<'p, 'a> {
         };
         let mut members = group.clone();
         members.sort_unstable();
+        // In place on the model's output, split by classes: the loss statistics.
+        if let Some((l, mb)) = find(BufferKind::Activation, true)
+            .filter(|&(l, _)| l == self.p.output.0)
+            .filter(|&at| find(BufferKind::Activation, false) == Some(at))
+        {
+            return self.exchange_loss_statistics(l, mb, &members);
+        }
         if let (Some((producer, mb)), Some((consumer, _))) = (
             find(BufferKind::Activation, false),
             find(BufferKind::Received, true),

@@ -550,6 +550,70 @@ pub fn softmax_cross_entropy(
     loss / f64::from(scale)
 }
 
+/// Vocabulary-parallel cross-entropy (Megatron-LM's): what one piece of each row's classes
+/// contributes — per row, its max, `Σ exp(x − max)` over the piece, and the label's logit
+/// where the piece holds the label (else 0). `first` is the piece's first class; `classes`
+/// its width.
+pub fn class_piece_statistics(
+    classes: usize,
+    logits: &[f32],
+    labels: &[u32],
+    first: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(3 * labels.len());
+    for (row, &label) in logits.chunks(classes).zip(labels) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+        let own = (label as usize).checked_sub(first).filter(|&j| j < classes);
+        out.extend([max, sum as f32, own.map_or(0.0, |j| row[j])]);
+    }
+    out
+}
+
+/// The loss and logits gradient of one class piece (as [`softmax_cross_entropy`]) from
+/// every piece's [`class_piece_statistics`] of the same rows (`all`, one per piece): the
+/// row's log-sum-exp and label logit are combined from them, so no piece needs another's
+/// logits. The loss is the whole rows' (every piece computes the same).
+pub fn class_piece_cross_entropy(
+    classes: usize,
+    logits: &[f32],
+    labels: &[u32],
+    first: usize,
+    all: &[Vec<f32>],
+    scale: f32,
+    dlogits: &mut [f32],
+) -> f64 {
+    let mut loss = 0.0f64;
+    for (r, ((row, &label), drow)) in logits
+        .chunks(classes)
+        .zip(labels)
+        .zip(dlogits.chunks_mut(classes))
+        .enumerate()
+    {
+        let stat = |piece: &Vec<f32>, i: usize| piece.get(3 * r + i).copied().unwrap_or(0.0);
+        let max = all
+            .iter()
+            .map(|s| stat(s, 0))
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = all
+            .iter()
+            .map(|s| f64::from(stat(s, 1)) * f64::from(stat(s, 0) - max).exp())
+            .sum();
+        let lse = f64::from(max) + sum.ln();
+        let target: f64 = all.iter().map(|s| f64::from(stat(s, 2))).sum();
+        loss += lse - target;
+        for (j, (d, &v)) in drow.iter_mut().zip(row).enumerate() {
+            let p = (f64::from(v) - lse).exp() as f32;
+            *d = (p - if first + j == label as usize {
+                1.0
+            } else {
+                0.0
+            }) / scale;
+        }
+    }
+    loss / f64::from(scale)
+}
+
 /// SGD with momentum (PyTorch's form): `v = μ·v + g`, `w -= lr·v`.
 pub fn sgd_momentum(
     weights: &mut [f32],
@@ -960,6 +1024,56 @@ pub fn layer_norm_backward(
             dgamma[j] += (f64::from(gs[j]) * xhat[j]) as f32;
             dbeta[j] += gs[j];
             ds[j] += (f64::from(inv_std[r]) * (g[j] - mean_g - xhat[j] * mean_gx)) as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_pieces_give_the_whole_rows_cross_entropy() {
+        let (rows, classes) = (3, 8);
+        let logits: Vec<f32> = (0..rows * classes)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.37 - 3.0)
+            .collect();
+        let labels = [5u32, 0, 7];
+        let mut want = vec![0.0; logits.len()];
+        let whole = softmax_cross_entropy(classes, &logits, &labels, 6.0, &mut want);
+        for pieces in [2, 4] {
+            let width = classes / pieces;
+            let piece_of = |p: usize| -> Vec<f32> {
+                logits
+                    .chunks(classes)
+                    .flat_map(|row| row[p * width..(p + 1) * width].to_vec())
+                    .collect()
+            };
+            let all: Vec<Vec<f32>> = (0..pieces)
+                .map(|p| class_piece_statistics(width, &piece_of(p), &labels, p * width))
+                .collect();
+            for p in 0..pieces {
+                let mut got = vec![0.0; rows * width];
+                let loss = class_piece_cross_entropy(
+                    width,
+                    &piece_of(p),
+                    &labels,
+                    p * width,
+                    &all,
+                    6.0,
+                    &mut got,
+                );
+                assert!(
+                    (loss - whole).abs() < 1e-6 * whole.abs(),
+                    "{loss} vs {whole}"
+                );
+                for (r, row) in got.chunks(width).enumerate() {
+                    let expected = &want[r * classes + p * width..r * classes + (p + 1) * width];
+                    for (a, b) in row.iter().zip(expected) {
+                        assert!((a - b).abs() < 1e-6, "row {r} piece {p}: {a} vs {b}");
+                    }
+                }
+            }
         }
     }
 }

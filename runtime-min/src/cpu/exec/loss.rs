@@ -1,0 +1,172 @@
+//! The loss on the model's output, computed on each rank's share of it. Shares split by
+//! samples each add their rows' loss. Shares split by classes (a vocabulary-parallel LM
+//! head: Megatron-LM's parallel cross-entropy) first exchange per-row statistics — the
+//! max, the sum of exponentials and the label's logit — in the all-gather the plan runs
+//! before the head's backward, so that no rank needs another's logits.
+
+use super::super::kernels;
+use super::super::region::Region;
+use super::super::tensor::{Data, Tensor};
+use super::super::train::{self, Loss};
+use super::Rank;
+
+/// Where a rank's share of the output sits in it.
+struct Share {
+    /// The global index of its first row.
+    first_row: usize,
+    /// Its rows.
+    rows: usize,
+    /// Classes per row in the whole output.
+    classes: usize,
+    /// Its classes.
+    class_range: std::ops::Range<usize>,
+}
+
+impl Rank<'_, '_> {
+    /// Where `held` (a region of the output on microbatch `mb`) lies in the global
+    /// batch's output: whole rows of a sample range, each whole or cut by classes.
+    fn share(&self, mb: u32, held: &Region) -> Result<Share, String> {
+        let p = self.p;
+        let shape = p.microbatch_shape(p.output.1)?;
+        let (Some(&classes), Some(samples), Some(class_range)) =
+            (shape.last(), held.first(), held.last())
+        else {
+            return Err("the model's output has no rows to take a loss of".into());
+        };
+        let full: usize = shape.iter().product();
+        let rows_per_sample = full / (p.microbatch.max(1) * classes.max(1));
+        let rows = held.iter().map(|r| r.len()).product::<usize>() / class_range.len().max(1);
+        Ok(Share {
+            first_row: (mb as usize * p.microbatch + samples.start) * rows_per_sample,
+            rows,
+            classes,
+            class_range: class_range.clone(),
+        })
+    }
+
+    /// The class labels of `share`'s rows.
+    fn labels(&self, share: &Share) -> Result<Vec<u32>, String> {
+        let Data::I64(labels) = &self.p.exe.data.labels else {
+            return Err("a loss on class-split logits is cross-entropy against labels".into());
+        };
+        labels
+            .get(share.first_row..share.first_row + share.rows)
+            .map(|l| l.iter().map(|&c| c as u32).collect())
+            .ok_or_else(|| "the labels do not cover the output's rows".into())
+    }
+
+    /// The all-gather, over `group`, of the loss statistics of layer `l`'s class-split
+    /// output on microbatch `mb`; kept for its backward.
+    pub(super) fn exchange_loss_statistics(
+        &mut self,
+        l: usize,
+        mb: u32,
+        group: &[u32],
+    ) -> Result<(), String> {
+        let layer = &self.p.layers[l];
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let run = self
+            .runs
+            .get(&(l, mb))
+            .ok_or("loss statistics of an output not computed")?;
+        let y = run
+            .values
+            .get(self.p.output.1)
+            .and_then(Tensor::floats)
+            .ok_or("the output is missing")?;
+        let held = self.p.region(self.p.output.1, &layer.view_out(), k)?;
+        let share = self.share(mb, &held)?;
+        let mine = kernels::class_piece_statistics(
+            share.class_range.len(),
+            y,
+            &self.labels(&share)?,
+            share.class_range.start,
+        );
+        let all = self.comm.exchange(group, mine).map_err(Self::comm_error)?;
+        self.loss_statistics.insert((l, mb), all);
+        Ok(())
+    }
+
+    /// The loss of this rank's share `y` (holding `held`) of the model's output on
+    /// microbatch `mb`, and its gradient. The loss and the first step's output are
+    /// reported once per share (replicas compute the same), the loss once per row.
+    pub(super) fn output_loss(
+        &mut self,
+        l: usize,
+        k: u32,
+        mb: u32,
+        y: &Tensor,
+        held: &Region,
+    ) -> Result<Vec<f32>, String> {
+        let p = self.p;
+        let layer = &p.layers[l];
+        let pieces = layer.view_out().pieces(k);
+        if pieces[1].1 > 1 {
+            return Err(format!(
+                "layer {} splits the model's output by rows; the loss needs whole rows",
+                layer.name
+            ));
+        }
+        let share = self.share(mb, held)?;
+        let values = y.floats().ok_or("the loss needs a floating-point output")?;
+        let whole_rows = share.class_range.len() == share.classes;
+        let (loss, dy) = if whole_rows {
+            let total = p.microbatch_shape(p.output.1)?.iter().product::<usize>()
+                / p.microbatch.max(1)
+                * p.exe.plan.batch as usize;
+            let start = share.first_row * share.classes;
+            train::loss(self.options.loss, y, start, &p.exe.data.labels, total)
+                .map_err(|e| e.to_string())?
+        } else {
+            if self.options.loss != Loss::CrossEntropy {
+                return Err(format!(
+                    "layer {} splits the model's output by classes, which only the \
+                     cross-entropy loss takes",
+                    layer.name
+                ));
+            }
+            let all = self.loss_statistics.remove(&(l, mb)).ok_or_else(|| {
+                format!(
+                    "layer {} splits the model's output by classes, but the plan exchanges \
+                     no loss statistics before its backward",
+                    layer.name
+                )
+            })?;
+            let total_rows = share.rows * p.exe.plan.batch as usize
+                / (held.first().map_or(1, |r| r.len()).max(1));
+            let mut dy = vec![0.0; values.len()];
+            let loss = kernels::class_piece_cross_entropy(
+                share.class_range.len(),
+                values,
+                &self.labels(&share)?,
+                share.class_range.start,
+                &all,
+                total_rows as f32,
+                &mut dy,
+            );
+            (loss, dy)
+        };
+        // Replicas of the same share compute the same loss: count it once.
+        let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);
+        if owner {
+            if pieces[2].0 == 0 {
+                if let Some(last) = self.report.losses.last_mut() {
+                    *last += loss;
+                }
+            }
+            if self.step == 0 && whole_rows {
+                let start = share.first_row * share.classes;
+                self.report.output.push((start, values.to_vec()));
+            } else if self.step == 0 {
+                let width = share.class_range.len();
+                for (r, row) in values.chunks(width.max(1)).enumerate() {
+                    let start = (share.first_row + r) * share.classes + share.class_range.start;
+                    self.report.output.push((start, row.to_vec()));
+                }
+            }
+        }
+        Ok(dy)
+    }
+}
