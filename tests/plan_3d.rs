@@ -251,21 +251,23 @@ fn losses(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
         .collect()
 }
 
-/// Plans the generated GPT `model` with t = 1 × p = 2 × d = 2 and the given recomputation
-/// and ZeRO stage into `out`; the `--json` summary.
-fn plan_p2_d2(model: &str, out: &std::path::Path, recompute: &str, zero: &str) -> Value {
+/// Plans the generated GPT `model` with t × p = 2 × d = 2 and the given recomputation and
+/// ZeRO stage into `out`; the `--json` summary.
+fn plan_p2_d2(model: &str, out: &std::path::Path, t: u32, recompute: &str, zero: &str) -> Value {
+    let gpus = (4 * t).to_string();
+    let t = t.to_string();
     json(&[
         "plan",
         model,
         "--gpus",
-        "4",
+        &gpus,
         "--batch",
         "8",
         "--json",
         "-o",
         out.to_str().unwrap(),
         "--tensor-parallel",
-        "1",
+        &t,
         "--pipeline-parallel",
         "2",
         "--micro-batch-size",
@@ -282,7 +284,7 @@ fn plan_p2_d2(model: &str, out: &std::path::Path, recompute: &str, zero: &str) -
 }
 
 #[test]
-fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
+fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let spec = GptSpec::megatron(4, 32, 4, 8, 64);
     let model = write_gpt(&dir, &spec);
@@ -303,9 +305,17 @@ fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_train
         .assert()
         .success();
     let want = losses(&single, &[]);
-    for (recompute, zero, runs) in [("none", "0", 0), ("full", "1", 4), ("selective", "1", 4)] {
-        let out = dir.path().join(format!("3d-{recompute}-{zero}"));
-        let v = plan_p2_d2(&model, &out, recompute, zero);
+    for (t, recompute, zero, runs) in [
+        (1, "none", "0", 0),
+        (1, "full", "1", 4),
+        (1, "selective", "1", 4),
+        (2, "none", "0", 0),
+        (2, "full", "1", 4),
+        (2, "selective", "1", 4),
+    ] {
+        let out = dir.path().join(format!("3d-{t}-{recompute}-{zero}"));
+        let v = plan_p2_d2(&model, &out, t, recompute, zero);
+        assert_eq!(v["tensor_parallel"], t);
         assert_eq!(v["strategy"], "3d");
         assert!(v["simulated"]["iteration_time_us"].as_f64().unwrap() > 0.0);
         let plan: Value =
@@ -338,7 +348,7 @@ fn a_pipeline_by_data_parallel_gpt_plan_is_lowered_at_block_boundaries_and_train
         for (a, b) in got.iter().zip(&want) {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs(),
-                "{recompute}/{zero}: {got:?} vs {want:?}"
+                "t{t} {recompute}/{zero}: {got:?} vs {want:?}"
             );
         }
     }
@@ -351,7 +361,7 @@ fn options_the_executable_plan_cannot_express_yet_say_so() {
     let model = write_gpt(&dir, &spec);
     for (option, value, fix) in [
         ("--zero", "2", "--zero 1"),
-        ("--tensor-parallel", "2", "--tensor-parallel 1"),
+        ("--sequence-parallel", "on", "--sequence-parallel off"),
     ] {
         let out = ralpc()
             .args(["plan", &model, "--gpus", "4", "--batch", "8", option, value])

@@ -391,6 +391,15 @@ fn a_sharded_optimizer_and_recomputation_train_the_same_as_one_device() {
         &format!(r#"{runs}, "zero": 1"#),
     );
     check("cnn.onnx", 8, 4, &s, "recompute-zero-gpipe");
+    // A run holding a parameter split: its gathers and reductions run again.
+    let soap = strategy(
+        &[stage("conv0", "fc1", 4)],
+        &split("fc0", 2, 1, 2),
+        "1f1b",
+        1,
+    );
+    let s = with_fields(&soap, &format!(r#""recompute": [{}]"#, run("fc0", "fc1")));
+    check("cnn.onnx", 8, 4, &s, "recompute-soap");
     // A transformer block recomputed whole, and its attention core alone.
     for runs in [run("ln1", "fc2"), run("softmax", "softmax")] {
         let s = with_fields(
@@ -407,12 +416,6 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
     let stages = [stage("conv0", "pool0", 2), stage("conv1", "fc1", 2)];
     let base = strategy(&stages, "", "1f1b", 2);
     let async_base = strategy(&stages, "", "async", 2);
-    let soap = strategy(
-        &[stage("conv0", "fc1", 4)],
-        &split("fc0", 2, 1, 2),
-        "1f1b",
-        1,
-    );
     for (s, expected) in [
         (with_fields(&base, r#""zero": 2"#), "zero is 2"),
         (
@@ -425,10 +428,6 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
                 &format!(r#""recompute": [{}]"#, run("conv0", "conv1")),
             ),
             "inside one stage",
-        ),
-        (
-            with_fields(&soap, &format!(r#""recompute": [{}]"#, run("fc0", "fc1"))),
-            "splits samples only",
         ),
         (
             with_fields(
@@ -512,19 +511,56 @@ fn megatron_gpt_trains_the_same_as_one_device(tied: bool) {
     let model = dir.path().join("gpt.onnx");
     std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
     let want = reference(&model, 8, 3);
-    let layers: Vec<String> = gpt_layers(2)
-        .iter()
-        .map(|n| megatron_split(n, 1, 2))
-        .collect();
-    let s = strategy(
-        &[stage("embed_tokens", "lm_head", 2)],
-        &layers.join(", "),
-        "1f1b",
-        1,
-    );
+    let layers = |d| {
+        gpt_layers(2)
+            .iter()
+            .map(|n| megatron_split(n, d, 2))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let whole = [stage("embed_tokens", "lm_head", 2)];
+    let s = strategy(&whole, &layers(1), "1f1b", 1);
     assert_same(
         &format!("t2 tied {tied}"),
         &run_plan(&model, 8, 2, &s, 3),
         &want,
     );
+    let s = strategy(
+        &[stage("embed_tokens", "lm_head", 4)],
+        &layers(2),
+        "1f1b",
+        2,
+    );
+    assert_same(
+        &format!("t2 d2 tied {tied}"),
+        &run_plan(&model, 8, 4, &s, 3),
+        &want,
+    );
+    let stages = [
+        stage("embed_tokens", "h.0.mlp.proj.dropout", 4),
+        stage("h.1.ln_1", "lm_head", 4),
+    ];
+    let s = strategy(&stages, &layers(2), "1f1b", 2);
+    assert_same(
+        &format!("t2 p2 d2 tied {tied}"),
+        &run_plan(&model, 8, 8, &s, 3),
+        &want,
+    );
+    // With ZeRO-1, and each block recomputed whole (full: the tensor-parallel collectives
+    // run again) or its attention core alone (selective).
+    for runs in [
+        [
+            run("h.0.ln_1", "h.0.mlp.proj.dropout"),
+            run("h.1.ln_1", "h.1.mlp.proj.dropout"),
+        ],
+        [
+            run("h.0.attn.softmax", "h.0.attn.softmax"),
+            run("h.1.attn.softmax", "h.1.attn.softmax"),
+        ],
+    ] {
+        let fields = format!(r#""recompute": [{}], "zero": 1"#, runs.join(", "));
+        let s = with_fields(&strategy(&stages, &layers(2), "1f1b", 2), &fields);
+        let what = format!("t2 p2 d2 tied {tied} {fields}");
+        assert_same(&what, &run_plan(&model, 8, 8, &s, 3), &want);
+    }
 }

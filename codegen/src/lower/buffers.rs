@@ -11,6 +11,8 @@ pub(super) struct Key {
     layer: Option<u32>,
     microbatch: Option<u32>,
     tag: Option<u64>,
+    /// Received again, by a recomputation.
+    again: bool,
 }
 
 impl Key {
@@ -20,6 +22,7 @@ impl Key {
             layer: layer.map(|l| l as u32),
             microbatch,
             tag: None,
+            again: false,
         }
     }
 
@@ -44,6 +47,15 @@ impl Key {
         Key {
             tag: Some(tag),
             ..Key::of(BufferKind::Received, Some(l), Some(mb))
+        }
+    }
+
+    /// The payload of the forward messages of `tag` into layer `l` when its recomputation
+    /// receives them again: a buffer of its own, live only around the recomputation.
+    pub(super) fn received_again(l: usize, mb: u32, tag: u64) -> Key {
+        Key {
+            again: true,
+            ..Key::received(l, mb, tag)
         }
     }
 }

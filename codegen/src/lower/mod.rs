@@ -158,6 +158,13 @@ impl Lowering<'_, '_> {
             + u64::from(backward)
     }
 
+    /// The tag of edge `edge`'s forward messages sent again for a recomputation: past
+    /// every other tag.
+    fn tag_again(&self, edge: usize, microbatch: u32) -> u64 {
+        let all = self.edges.len() as u64 * u64::from(self.strategy.microbatches) * 2;
+        all + self.tag(edge, microbatch, false)
+    }
+
     fn bytes(&self, e: &Edge, t: &Transfer) -> u64 {
         (t.fraction * e.bytes / f64::from(self.strategy.microbatches)).round() as u64
     }
@@ -299,7 +306,6 @@ impl Lowering<'_, '_> {
     fn collective_edge(&mut self, ei: usize, mb: u32, backward: bool) -> bool {
         let e = &self.edges[ei];
         let (producer, consumer) = (e.producer, e.consumer);
-        let bytes = e.bytes / f64::from(self.strategy.microbatches);
         let tag = self.tag(ei, mb, backward);
         let (source, target) = if backward {
             (
@@ -312,6 +318,13 @@ impl Lowering<'_, '_> {
                 Key::received(consumer, mb, tag),
             )
         };
+        self.collective_between(ei, backward, source, target)
+    }
+
+    /// Edge `ei`'s tensor (or its gradient, `backward`) moved by its pattern's collective
+    /// from buffer `source` into `target`; false when it moves as messages.
+    fn collective_between(&mut self, ei: usize, backward: bool, source: Key, target: Key) -> bool {
+        let bytes = self.edges[ei].bytes / f64::from(self.strategy.microbatches);
         match self.patterns[ei].clone() {
             Pattern::Messages => false,
             Pattern::Gather { ranks, scatter } => {
@@ -427,14 +440,7 @@ impl Lowering<'_, '_> {
             }
             let output = Key::pass(BufferKind::Activation, l, mb);
             self.run_forward(l, mb, &inputs, output);
-            let layer = &self.costs.graph.layers[l];
-            let (split, first) = self.place(l);
-            if let Some((ranks, share)) = partial_sums(layer.kind, split, first) {
-                let bytes =
-                    layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
-                let groups = Self::copies(&ranks, self.ranks(l));
-                self.all_reduce(groups, bytes, &[output]);
-            }
+            self.reduce_partial_sums(l, output);
             // What later stages read from this layer leaves now.
             for ei in 0..self.edges.len() {
                 let e = &self.edges[ei];
@@ -595,14 +601,40 @@ impl Lowering<'_, '_> {
                 if e.consumer != l {
                     continue;
                 }
-                if e.producer >= first {
-                    inputs.push(Key::pass(BufferKind::Recomputed, e.producer, mb));
+                let (producer, tag) = (e.producer, self.tag(ei, mb, false));
+                if producer >= first {
+                    let tag = self.tag_again(ei, mb);
+                    // Inside the run, what moved in the forward moves again (the tensor-
+                    // parallel layers' gathers).
+                    let source = Key::pass(BufferKind::Recomputed, producer, mb);
+                    let payload = Key::received_again(l, mb, tag);
+                    inputs.extend([source, payload]);
+                    if !self.collective_between(ei, false, source, payload) {
+                        for t in self.messages(ei) {
+                            let bytes = self.bytes(&self.edges[ei], &t);
+                            self.send(t.from, t.to, bytes, tag, source);
+                            self.recv(t.from, t.to, bytes, tag, payload);
+                        }
+                    }
                 } else {
-                    inputs.push(Key::received(l, mb, self.tag(ei, mb, false)));
-                    inputs.push(Key::pass(BufferKind::Activation, e.producer, mb));
+                    inputs.push(Key::received(l, mb, tag));
+                    inputs.push(Key::pass(BufferKind::Activation, producer, mb));
                 }
             }
-            self.run_forward(l, mb, &inputs, Key::pass(BufferKind::Recomputed, l, mb));
+            let output = Key::pass(BufferKind::Recomputed, l, mb);
+            self.run_forward(l, mb, &inputs, output);
+            self.reduce_partial_sums(l, output);
+        }
+    }
+
+    /// A row-parallel layer `l`'s partial outputs, summed in place in `output`.
+    fn reduce_partial_sums(&mut self, l: usize, output: Key) {
+        let layer = &self.costs.graph.layers[l];
+        let (split, first) = self.place(l);
+        if let Some((ranks, share)) = partial_sums(layer.kind, split, first) {
+            let bytes = layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
+            let groups = Self::copies(&ranks, self.ranks(l));
+            self.all_reduce(groups, bytes, &[output]);
         }
     }
 

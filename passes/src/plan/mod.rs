@@ -334,19 +334,6 @@ impl Strategy {
                      apart, and each inside one stage"
                 ));
             }
-            // Rerunning a run's forward moves nothing when its layers split samples only,
-            // all the same way.
-            let split = self.layers[first];
-            if let Some(l) =
-                (first..=last).find(|&l| self.layers[l] != split || split.degree() != split.sample)
-            {
-                return bad(format!(
-                    "recompute run {i}: layer {} is split differently from the run's first \
-                     layer or splits more than samples; a recomputed run splits samples only, \
-                     the same way throughout",
-                    graph.layers[l].name
-                ));
-            }
             after = last + 1;
         }
         Ok(())

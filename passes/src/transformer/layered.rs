@@ -1,8 +1,9 @@
 //! The layer-graph form of a transformer plan: the [`Strategy`] the layered planner, the
 //! lowering and the executors understand, for the configurations it can express —
-//! pipeline stages holding whole blocks, each replicated over its data-parallel GPUs, with
-//! ZeRO-1 and either recomputation (full: every block is a recomputed run; selective:
-//! each block's attention core, the weightless layers around its softmax).
+//! pipeline stages holding whole blocks, each on `d × t` GPUs (Megatron-LM's tensor
+//! parallelism inside `d` data-parallel replicas), with ZeRO-1 and either recomputation
+//! (full: every block is a recomputed run; selective: each block's attention core, the
+//! weightless layers around its softmax).
 //!
 //! Stage boundaries are the blocks' boundaries in the model's own layer graph: the
 //! attention cores (one `Softmax` layer per block) number the blocks, and block `i` starts
@@ -10,7 +11,7 @@
 //! stream crosses (inside a block, the residual and the branch both cross). That holds
 //! for any exporter's layer graph of a pre-LayerNorm decoder, whatever its node names.
 
-use crate::layers::{LayerGraph, Producer, Split};
+use crate::layers::{LayerGraph, LayerKind, Producer, Split};
 use crate::plan::{Stage, Strategy};
 
 use super::{Estimate, Recompute};
@@ -23,9 +24,9 @@ pub struct NotLayered(pub String);
 /// The layered strategy of `plan` for `graph` (the model's layer graph at the global batch).
 ///
 /// # Errors
-/// [`NotLayered`] naming the option the layered form cannot express yet (tensor or
-/// sequence parallelism, interleaving, ZeRO 2 and 3), or a layer graph whose blocks cannot
-/// be told apart.
+/// [`NotLayered`] naming the option the layered form cannot express yet (sequence
+/// parallelism, interleaving, ZeRO 2 and 3), or a layer graph whose blocks cannot be told
+/// apart.
 pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayered> {
     let par = plan.parallelism;
     let refuse = |what: &str, fix: &str| {
@@ -33,9 +34,6 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
-    if par.tensor > 1 {
-        return refuse("tensor parallelism", "--tensor-parallel 1");
-    }
     if par.sequence_parallel {
         return refuse("sequence parallelism", "--sequence-parallel off");
     }
@@ -56,7 +54,7 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
             plan.stage_layers.iter().sum::<u64>()
         )));
     }
-    let d = par.data;
+    let (d, t) = (par.data, par.tensor.max(1));
     let mut stages = Vec::with_capacity(plan.stage_layers.len());
     let mut block = 0u64;
     for (k, &n) in plan.stage_layers.iter().enumerate() {
@@ -72,8 +70,8 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
         stages.push(Stage {
             first_layer,
             last_layer,
-            first_rank: k as u32 * d,
-            gpus: d,
+            first_rank: k as u32 * d * t,
+            gpus: d * t,
         });
     }
     let microbatches = u32::try_from(plan.microbatches)
@@ -87,10 +85,48 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
         schedule: par.schedule,
         microbatches,
         stages,
-        layers: vec![Split::samples(d); graph.layers.len()],
+        layers: tensor_parallel(graph, d, t),
         zero: par.zero,
         recompute,
     })
+}
+
+/// Megatron-LM's split of every layer over `d` sample shards of `t` tensor-parallel ranks
+/// (rank `sᵢ·t + tᵢ`), found from the layer graph's structure: attention cores by heads;
+/// dense layers by columns (QKV, the MLP's first product, the LM head by vocabulary) unless
+/// they read columns, then by rows (the projections), whose partial sums are reduced;
+/// elementwise layers between a column and a row split by the same features; everything
+/// else held whole by every rank of the group (LayerNorms, embeddings, dropout and residual
+/// adds: an attribute degree on them is replicas, or rows for elementwise layers).
+fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
+    let columns = Split {
+        sample: d,
+        attribute: 1,
+        parameter: t,
+    };
+    let rows = Split {
+        sample: d,
+        attribute: t,
+        parameter: 1,
+    };
+    if t <= 1 {
+        return vec![Split::samples(d); graph.layers.len()];
+    }
+    let mut split: Vec<Split> = Vec::with_capacity(graph.layers.len());
+    for layer in &graph.layers {
+        let reads_columns = layer.inputs.iter().any(|e| match e.from {
+            Producer::Layer(p) => split[p.0 as usize] == columns,
+            Producer::Input(_) => false,
+        });
+        split.push(match layer.kind {
+            LayerKind::Attention => columns,
+            LayerKind::Dense if reads_columns => rows,
+            LayerKind::Dense => columns,
+            LayerKind::Elementwise if reads_columns => columns,
+            _ => rows,
+        });
+    }
+    split
 }
 
 /// The attention-core layers of `layer`'s graph: each `Softmax` layer with the layers

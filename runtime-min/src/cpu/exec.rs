@@ -1413,9 +1413,12 @@ impl<'p, 'a> Rank<'p, 'a> {
         e.to_string()
     }
 
-    /// Decodes a message tag: (edge, microbatch, backward).
+    /// Decodes a message tag: (edge, microbatch, backward). Tags past every edge's are a
+    /// recomputation's forward messages, sent again.
     fn decode(&self, tag: u64) -> Result<(usize, u32, bool), String> {
         let m = u64::from(self.p.exe.plan.microbatches.max(1));
+        let all = self.p.edges.len() as u64 * m * 2;
+        let tag = if tag >= all { tag - all } else { tag };
         let (pass, backward) = (tag / 2, tag % 2 == 1);
         let (edge, mb) = ((pass / m) as usize, (pass % m) as u32);
         if edge >= self.p.edges.len() {
@@ -1831,8 +1834,16 @@ impl<'p, 'a> Rank<'p, 'a> {
         Ok(())
     }
 
+    /// The buffers instruction `index` touches; a recomputation's are its forward's
+    /// again (its collectives reduce and gather the same tensors).
     fn touched(&self, index: u32) -> Vec<Touch> {
-        self.touches.get(&index).cloned().unwrap_or_default()
+        let mut touches = self.touches.get(&index).cloned().unwrap_or_default();
+        for t in &mut touches {
+            if t.0 == BufferKind::Recomputed {
+                t.0 = BufferKind::Activation;
+            }
+        }
+        touches
     }
 
     /// Whether instruction `index` writes a buffer of `kind`.
