@@ -817,6 +817,13 @@ fn lower_transformer(
         Ok(s) => s,
         Err(e) => return Ok(Err(e.0)),
     };
+    // Its GEMMs and memory-bound kernels at the efficiencies the transformer estimate
+    // prices them at, so that the lowered plan and the estimate agree on compute.
+    let mut efficiency = ralpc_passes::cost::Efficiency::default();
+    efficiency.0.insert(
+        ralpc_passes::layers::LayerKind::Dense,
+        transformer::GEMM_EFFICIENCY,
+    );
     let costs = Costs::new(
         &graph,
         cluster,
@@ -825,6 +832,8 @@ fn lower_transformer(
             precision,
             optimizer: options.optimizer,
             memory_limit: options.memory_limit,
+            efficiency: Some(efficiency),
+            hbm_efficiency: Some(transformer::HBM_EFFICIENCY),
             ..CostOptions::default()
         },
     );

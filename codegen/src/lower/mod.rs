@@ -37,9 +37,9 @@ use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
     buckets, class_pieces, evaluate, gathers, gradient_transfers, input_gradient_sums, input_share,
-    partial_sums, scatters_gradient, separately_reduced, tied_reductions, transfers,
-    weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile, TiedReduction,
-    Transfer,
+    partial_sums, scatters_gradient, scatters_partial_sums, separately_reduced, tied_reductions,
+    transfers, weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile,
+    TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -469,10 +469,20 @@ impl Lowering<'_, '_> {
         let Some(ranks) = class_pieces(layer.kind, split, first) else {
             return;
         };
-        // A dense layer does 2 FLOPs per weight per row.
-        let rows = layer.fwd_flops as f64
-            / (2.0 * layer.params.max(1) as f64)
-            / f64::from(split.sample.max(1) * self.strategy.microbatches);
+        // Rows = output elements / classes, the last axis of its last op's output; without
+        // shapes (a layer graph read from a file), FLOPs / (2 × weights): a dense layer does
+        // 2 FLOPs per weight per row.
+        let elements = layer.output_bytes / self.costs.graph.float_bytes.max(1);
+        let all_rows = match layer
+            .parts
+            .iter()
+            .rev()
+            .find_map(|p| p.signature.as_ref()?.output.last().copied())
+        {
+            Some(classes) => (elements / classes.max(1)) as f64,
+            None => layer.fwd_flops as f64 / (2.0 * layer.params.max(1) as f64),
+        };
+        let rows = all_rows / f64::from(split.sample.max(1) * self.strategy.microbatches);
         let bytes = rows * 12.0 * ranks.len() as f64;
         let groups = Self::copies(&ranks, self.ranks(l));
         self.all_gather(groups, bytes, &[output]);
@@ -627,13 +637,34 @@ impl Lowering<'_, '_> {
         }
     }
 
-    /// A row-parallel layer `l`'s partial outputs, summed in place in `output`.
+    /// A row-parallel layer `l`'s partial outputs, summed in place in `output`: reduce-
+    /// scattered by rows when every reader reads only its rows on the same ranks
+    /// ([`scatters_partial_sums`]), else all-reduced.
     fn reduce_partial_sums(&mut self, l: usize, output: Key) {
         let layer = &self.costs.graph.layers[l];
         let (split, first) = self.place(l);
-        if let Some((ranks, share)) = partial_sums(layer.kind, split, first) {
-            let bytes = layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
-            let groups = Self::copies(&ranks, self.ranks(l));
+        let Some((ranks, share)) = partial_sums(layer.kind, split, first) else {
+            return;
+        };
+        let bytes = layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
+        let groups = Self::copies(&ranks, self.ranks(l));
+        let is_output = self.costs.graph.outputs.iter().any(|o| o.0 as usize == l);
+        let mut readers = self.edges.iter().filter(|e| e.producer == l).peekable();
+        let scatter = !is_output
+            && readers.peek().is_some()
+            && readers.all(|e| {
+                let c = e.consumer;
+                self.stage_of[c] == self.stage_of[l]
+                    && scatters_partial_sums(
+                        layer.kind,
+                        (split, first),
+                        self.costs.graph.layers[c].kind,
+                        self.place(c),
+                    )
+            });
+        if scatter {
+            self.reduce_scatter(groups, bytes, &[output]);
+        } else {
             self.all_reduce(groups, bytes, &[output]);
         }
     }

@@ -130,6 +130,8 @@ pub struct ComputeModel<'a> {
     pub peak: f64,
     /// Roofline efficiencies.
     pub efficiency: Efficiency,
+    /// The fraction of HBM bandwidth memory-bound kernels reach (1: the datasheet's).
+    pub hbm_efficiency: f64,
     /// Per-kernel overhead, µs.
     pub launch_us: f64,
     /// Measurements, when given.
@@ -143,6 +145,7 @@ impl<'a> ComputeModel<'a> {
             gpu,
             peak: gpu.peak(precision).unwrap_or(gpu.fp32),
             efficiency: Efficiency::default(),
+            hbm_efficiency: 1.0,
             launch_us: DEFAULT_LAUNCH_US,
             profile: None,
         }
@@ -157,7 +160,7 @@ impl<'a> ComputeModel<'a> {
     /// Roofline time of `flops` and `bytes` for a layer kind with `kernels` launches, µs.
     pub fn roofline_us(&self, kind: LayerKind, flops: f64, bytes: f64, kernels: f64) -> f64 {
         let compute = flops / (self.peak * self.efficiency.of(kind));
-        let memory = bytes / self.gpu.hbm_bandwidth;
+        let memory = bytes / (self.gpu.hbm_bandwidth * self.hbm_efficiency);
         compute.max(memory) * 1e6 + self.launch_us * kernels
     }
 

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 
 use crate::cluster::{Cluster, Link, LinkLevel, Precision};
 use crate::cost::memory::DEFAULT_WORKSPACE_BYTES;
-use crate::cost::{Comm, ComputeModel, Optimizer};
+use crate::cost::{Comm, ComputeModel, Efficiency, Optimizer};
 use crate::layers::{Layer, LayerGraph, LayerKind, Producer, Split};
 use crate::profile::Profile;
 
@@ -42,6 +42,11 @@ pub struct CostOptions<'a> {
     pub workspace_bytes: f64,
     /// A per-GPU memory limit below the GPUs' own, bytes.
     pub memory_limit: Option<u64>,
+    /// The fraction of peak each layer kind reaches where no profile says (default:
+    /// [`Efficiency::default`]).
+    pub efficiency: Option<Efficiency>,
+    /// The fraction of HBM bandwidth memory-bound kernels reach (default: all of it).
+    pub hbm_efficiency: Option<f64>,
 }
 
 impl Default for CostOptions<'_> {
@@ -52,6 +57,8 @@ impl Default for CostOptions<'_> {
             optimizer: Optimizer::default(),
             workspace_bytes: DEFAULT_WORKSPACE_BYTES,
             memory_limit: None,
+            efficiency: None,
+            hbm_efficiency: None,
         }
     }
 }
@@ -147,6 +154,12 @@ impl<'a> Costs<'a> {
                 Some(i) => i,
                 None => {
                     let mut m = ComputeModel::new(gpu, options.precision);
+                    if let Some(e) = &options.efficiency {
+                        m.efficiency = e.clone();
+                    }
+                    if let Some(e) = options.hbm_efficiency {
+                        m.hbm_efficiency = e;
+                    }
                     if let Some(p) = options.profile {
                         m = m.with_profile(p);
                     }
@@ -351,8 +364,12 @@ impl<'a> Costs<'a> {
         let mut fwd = 0.0;
         let mut bwd = 0.0;
         if let Some((ranks, share)) = layout::partial_sums(pk, from.0, from.1) {
-            let s = self.all_reduce(&ranks, bytes * share);
-            fwd += s.latency_us + s.bandwidth_us;
+            fwd += if layout::scatters_partial_sums(pk, from, ck, to) {
+                self.comm.reduce_scatter(&ranks, bytes * share).us
+            } else {
+                let s = self.all_reduce(&ranks, bytes * share);
+                s.latency_us + s.bandwidth_us
+            };
         }
         // Resharding that is an all-gather runs as one (NCCL's ring), and its gradient as
         // a reduce-scatter when the consumer's input gradient is summed over its ranks.

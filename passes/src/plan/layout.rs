@@ -433,6 +433,30 @@ pub fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u3
     })
 }
 
+/// Whether a row-parallel `producer`'s partial sums may be reduce-scattered by rows for
+/// `consumer` instead of all-reduced: it runs on the same ranks and each of them reads only
+/// rows of the piece the scatter leaves it (Megatron-LM's sequence-parallel
+/// reduce-scatter, half an all-reduce's traffic; a later gather to what reads the tensor
+/// whole is the other half).
+pub fn scatters_partial_sums(
+    producer: LayerKind,
+    from: (Split, u32),
+    consumer: LayerKind,
+    to: (Split, u32),
+) -> bool {
+    if partial_sums(producer, from.0, from.1).is_none() {
+        return false;
+    }
+    let scattered = View {
+        rows: Cut::Attribute,
+        ..View::output(producer, from.0, from.1)
+    };
+    let needed = View::input(consumer, to.0, to.1);
+    scattered.first == needed.first
+        && scattered.ranks() == needed.ranks()
+        && movement(&scattered, &needed).is_none()
+}
+
 /// The group of rank index 0 of a model's last layer whose ranks hold pieces of the same
 /// rows' classes (a vocabulary-parallel LM head): they exchange the loss's statistics.
 /// `None` when every rank holds whole rows.

@@ -24,9 +24,14 @@ pub struct NotLayered(pub String);
 /// The layered strategy of `plan` for `graph` (the model's layer graph at the global batch).
 ///
 /// # Errors
-/// [`NotLayered`] naming the option the layered form cannot express yet (sequence
-/// parallelism, interleaving, ZeRO 2 and 3), or a layer graph whose blocks cannot be told
-/// apart.
+/// [`NotLayered`] naming the option the layered form cannot express yet (interleaving,
+/// ZeRO 2 and 3), or a layer graph whose blocks cannot be told apart.
+///
+/// Sequence parallelism lowers as far as the layer graph's kinds let it: the dropout and
+/// residual layers split by sequence, reached by a reduce-scatter of the row-parallel
+/// partial sums and left by an all-gather (the same traffic as the all-reduce they
+/// replace), while LayerNorms stay whole on every rank of the group (their activations are
+/// counted whole, above what the estimate counts).
 pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayered> {
     let par = plan.parallelism;
     let refuse = |what: &str, fix: &str| {
@@ -34,9 +39,6 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
-    if par.sequence_parallel {
-        return refuse("sequence parallelism", "--sequence-parallel off");
-    }
     if par.virtual_stages > 1 {
         return refuse("the interleaved schedule", "--virtual-stages 1");
     }
@@ -96,8 +98,9 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
 /// dense layers by columns (QKV, the MLP's first product, the LM head by vocabulary) unless
 /// they read columns, then by rows (the projections), whose partial sums are reduced;
 /// elementwise layers between a column and a row split by the same features; everything
-/// else held whole by every rank of the group (LayerNorms, embeddings, dropout and residual
-/// adds: an attribute degree on them is replicas, or rows for elementwise layers).
+/// else held whole by every rank of the group (LayerNorms, embeddings: an attribute degree
+/// on them is replicas), or, for elementwise layers (dropout, residual adds), split by
+/// sequence (an attribute degree on them cuts rows).
 fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
     let columns = Split {
         sample: d,

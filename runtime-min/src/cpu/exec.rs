@@ -1370,6 +1370,14 @@ impl<'p, 'a> Rank<'p, 'a> {
             {
                 self.reduce_scatter_gradients(index, self.group(group)?)
             }
+            // A row-parallel layer's partial sums, scattered by rows to readers of rows:
+            // summed whole here (each reader reads the same).
+            Instruction::ReduceScatter { group, .. }
+                if self.writes(index, BufferKind::Activation)
+                    || self.writes(index, BufferKind::Recomputed) =>
+            {
+                self.all_reduce(index, self.group(group)?)
+            }
             Instruction::AllGather { group, .. }
             | Instruction::AllToAll { group, .. }
             | Instruction::ReduceScatter { group, .. } => {
