@@ -326,8 +326,7 @@ fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
         assert_eq!(v["tensor_parallel"], t);
         assert_eq!(v["strategy"], "3d");
         assert!(v["simulated"]["iteration_time_us"].as_f64().unwrap() > 0.0);
-        let plan: Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+        let plan = read_plan(&out);
         let stages = plan["strategy"]["stages"].as_array().unwrap();
         assert_eq!(stages.len(), 2);
         // Two blocks a stage: the second starts at block 2's first LayerNorm.
@@ -338,14 +337,7 @@ fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
         // One recomputed run per block: the whole block, or its attention core.
         let recomputed = plan["strategy"]["recompute"].as_array().map_or(0, Vec::len);
         assert_eq!(recomputed, runs, "{recompute}");
-        let ops = |op: &str| {
-            plan["programs"][0]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|i| i["op"] == op)
-                .count()
-        };
+        let ops = |op: &str| rank_ops(&plan, 0, op);
         assert_eq!(ops("recompute") > 0, runs > 0, "{recompute}");
         // ZeRO-1: each replica steps its shard of the state (a step naming its group).
         let sharded = plan["programs"][0]
@@ -467,15 +459,21 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
     assert!((simulated / predicted - 1.0).abs() <= 0.05);
     // Every block's tensor-parallel collectives are in the plan: two reductions of partial
     // sums a block, forward and again in its recomputation.
-    let plan: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
-    let count = |op: &str| {
-        plan["programs"][0]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|i| i["op"] == op)
-            .count()
-    };
-    assert_eq!(count("reduce_scatter"), 24 * 2 * 2 * 12);
+    let plan = read_plan(&out);
+    assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), 24 * 2 * 2 * 12);
+}
+
+/// The plan a plan directory holds.
+fn read_plan(dir: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap()
+}
+
+/// How many `op` instructions rank `r`'s program holds.
+fn rank_ops(plan: &Value, r: usize, op: &str) -> usize {
+    plan["programs"][r]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["op"] == op)
+        .count()
 }

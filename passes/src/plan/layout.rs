@@ -289,13 +289,19 @@ pub fn transfers(
 ) -> Vec<Transfer> {
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
-    (0..needed.ranks())
+    deliveries(&held, &needed)
+}
+
+/// Every rank of `to` receiving what it needs and lacks of a tensor held as `from`, each
+/// piece from one holder ([`incoming`]).
+fn deliveries(from: &View, to: &View) -> Vec<Transfer> {
+    (0..to.ranks())
         .flat_map(|r| {
-            incoming(&held, &needed, r)
+            incoming(from, to, r)
                 .into_iter()
                 .map(move |(sender, fraction)| Transfer {
                     from: sender,
-                    to: needed.first + r,
+                    to: to.first + r,
                     fraction,
                 })
         })
@@ -320,7 +326,7 @@ pub fn gradient_transfers(
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
     if held.replication() == 1 {
-        return transfers(producer, from, consumer, to)
+        return deliveries(&held, &needed)
             .into_iter()
             .map(|t| Transfer {
                 from: t.to,
@@ -329,17 +335,7 @@ pub fn gradient_transfers(
             })
             .collect();
     }
-    (0..held.ranks())
-        .flat_map(|q| {
-            incoming(&needed, &held, q)
-                .into_iter()
-                .map(move |(sender, fraction)| Transfer {
-                    from: sender,
-                    to: held.first + q,
-                    fraction,
-                })
-        })
-        .collect()
+    deliveries(&needed, &held)
 }
 
 /// What consumer rank index `r` of `to` receives of a tensor held as `from`: for each
