@@ -329,6 +329,12 @@ impl Lowering<'_, '_> {
             Pattern::Messages => false,
             Pattern::Gather { ranks, scatter } => {
                 let n = ranks.len() as f64;
+                // Each group gathers the box its consumers read (the whole tensor, or a
+                // sample shard's).
+                let consumer = self.edges[ei].consumer;
+                let (split, _) = self.place(consumer);
+                let bytes = bytes * input_share(self.costs.graph.layers[consumer].kind, split);
+                let groups = Self::copies(&ranks, self.ranks(consumer));
                 if !backward {
                     let us = self.comm.all_gather(&ranks, bytes).us;
                     let make = |group, us| Instruction::AllGather {
@@ -336,7 +342,9 @@ impl Lowering<'_, '_> {
                         bytes: bytes.round() as u64,
                         us,
                     };
-                    self.reshard(&ranks, us, make, source, target, bytes * (n - 1.0) / n);
+                    for group in &groups {
+                        self.reshard(group, us, make, source, target, bytes * (n - 1.0) / n);
+                    }
                 } else if scatter {
                     let us = self.comm.reduce_scatter(&ranks, bytes).us;
                     let make = |group, us| Instruction::ReduceScatter {
@@ -344,7 +352,9 @@ impl Lowering<'_, '_> {
                         bytes: bytes.round() as u64,
                         us,
                     };
-                    self.reshard(&ranks, us, make, source, target, bytes / n);
+                    for group in &groups {
+                        self.reshard(group, us, make, source, target, bytes / n);
+                    }
                 }
                 // Otherwise every rank holds the whole gradient and keeps its piece.
                 true
@@ -591,10 +601,12 @@ impl Lowering<'_, '_> {
                     .map(|j| Key::layer(BufferKind::Gradients, j))
                     .collect();
                 let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+                // Gradients travel at their own width (16-bit under mixed precision).
+                let bytes = bucket.bytes * self.costs.model_state().gradients;
                 if self.strategy.zero > 0 {
-                    self.reduce_scatter(groups, bucket.bytes, &data);
+                    self.reduce_scatter(groups, bytes, &data);
                 } else {
-                    self.all_reduce(groups, bucket.bytes, &data);
+                    self.all_reduce(groups, bytes, &data);
                 }
                 next_bucket += 1;
             }
@@ -723,7 +735,8 @@ impl Lowering<'_, '_> {
         let stage = self.strategy.stages[k];
         for t in self.tied.clone() {
             let name = self.costs.graph.tied[t.weight].name.clone();
-            let us = self.comm.all_reduce(&t.ranks, t.bytes).us;
+            let gradient_bytes = t.bytes * self.costs.model_state().gradients;
+            let us = self.comm.all_reduce(&t.ranks, gradient_bytes).us;
             let group = self.group(&t.ranks);
             for r in stage.first_rank..stage.first_rank + stage.gpus {
                 if !t.ranks.contains(&r) {
@@ -733,7 +746,7 @@ impl Lowering<'_, '_> {
                     r,
                     Instruction::AllReduce {
                         group,
-                        bytes: t.bytes.round() as u64,
+                        bytes: gradient_bytes.round() as u64,
                         us,
                         tied: Some(name.clone()),
                     },
@@ -813,7 +826,8 @@ impl Lowering<'_, '_> {
                         }
                     }
                 }
-                self.all_gather(groups, bucket.bytes, &weights);
+                let weight_bytes = bucket.bytes * self.costs.model_state().weights;
+                self.all_gather(groups, weight_bytes, &weights);
                 for l in bucket.layers.clone() {
                     sharded[l] = true;
                 }

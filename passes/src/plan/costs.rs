@@ -299,7 +299,9 @@ impl<'a> Costs<'a> {
             return Sync::default();
         }
         let (ranks, share) = layout::weight_replicas(self.graph.layers[l].kind, split, first);
-        self.all_reduce(&ranks, param_bytes as f64 * share)
+        // Gradients travel at their own width (16-bit under mixed precision).
+        let bytes = param_bytes as f64 * share * self.model_state.gradients;
+        self.all_reduce(&ranks, bytes)
     }
 
     /// ZeRO-1's gradient synchronization of `param_bytes` of layer `l`'s weights: a
@@ -319,10 +321,11 @@ impl<'a> Costs<'a> {
         }
     }
 
-    /// ZeRO-1's all-gather of `bytes` of updated weights over `ranks` (each holds a
-    /// `1/n` share), priced as the second half of their all-reduce, µs.
+    /// ZeRO-1's all-gather of `bytes` of updated weights (as exported) over `ranks` (each
+    /// holds a `1/n` share), priced as the second half of their all-reduce at the width
+    /// the kernels read them, µs.
     pub fn sharded_gather_us(&self, ranks: &[u32], bytes: f64) -> f64 {
-        let s = self.all_reduce(ranks, bytes);
+        let s = self.all_reduce(ranks, bytes * self.model_state.weights);
         (s.latency_us + s.bandwidth_us) / 2.0
     }
 
@@ -374,9 +377,11 @@ impl<'a> Costs<'a> {
         // Resharding that is an all-gather runs as one (NCCL's ring), and its gradient as
         // a reduce-scatter when the consumer's input gradient is summed over its ranks.
         if let Some(ranks) = layout::gathers(pk, from, ck, to) {
-            fwd += self.comm.all_gather(&ranks, bytes).us;
+            // Each group gathers the box its consumers read.
+            let gathered = bytes * layout::input_share(ck, to.0);
+            fwd += self.comm.all_gather(&ranks, gathered).us;
             if layout::scatters_gradient(&ranks, ck, to) {
-                bwd += self.comm.reduce_scatter(&ranks, bytes).us;
+                bwd += self.comm.reduce_scatter(&ranks, gathered).us;
                 return (fwd, bwd);
             }
             // Otherwise every rank ends with the whole gradient and keeps its piece.

@@ -235,7 +235,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let owner = graph.tied[r.weight].layers[0].0 as usize;
         let first = strategy.stages[stage_of[owner]].first_rank;
         let owners = first..first + strategy.layers[owner].degree();
-        let us = costs.all_reduce_us(&r.ranks, r.bytes);
+        let us = costs.all_reduce_us(&r.ranks, r.bytes * costs.model_state().gradients);
         for &rank in &r.ranks {
             if !owners.contains(&rank) {
                 let m = costs.model_state();

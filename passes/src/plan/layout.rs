@@ -370,11 +370,14 @@ fn incoming(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
         .collect()
 }
 
-/// The ranks of the all-gather that moving the tensor is, when it is one: the consumer
-/// runs on the producer's ranks, each producer rank holds a distinct piece, and every
-/// consumer rank reads the tensor whole. Its gradient is then a reduce-scatter over the
-/// same ranks when the consumer's input gradient is a partial sum over all of them
-/// ([`scatters_gradient`]).
+/// The ranks of rank index 0's group when moving the tensor is an all-gather inside
+/// groups (copies of it cover the others): the consumer runs on the producer's ranks, each
+/// producer rank holds a distinct piece, and every consumer rank of a group reads the same
+/// box, which the group's pieces tile — the whole tensor, or its sample shard for a
+/// tensor-parallel group. Its gradient is then a reduce-scatter over the group when the
+/// consumer's input gradient is a partial sum over it ([`scatters_gradient`]).
+///
+/// Cost: O(ranks × group size).
 pub fn gathers(
     producer: LayerKind,
     from: (Split, u32),
@@ -384,19 +387,33 @@ pub fn gathers(
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
     let n = held.ranks();
-    (n >= 2
-        && held.first == needed.first
-        && n == needed.ranks()
-        && held.replication() == 1
-        && (needed.share() - 1.0).abs() < 1e-12)
-        .then(|| (held.first..held.first + n).collect())
+    if n < 2 || held.first != needed.first || n != needed.ranks() || held.replication() != 1 {
+        return None;
+    }
+    let need = needed.rank_box(0);
+    let group: Vec<u32> = (0..n)
+        .filter(|&q| volume(&intersect(&need, &held.rank_box(q))) > 1e-12)
+        .collect();
+    let tiles = group.len() >= 2
+        && group.iter().all(|&q| {
+            needed.rank_box(q) == need && volume(&intersect(&need, &held.rank_box(q))) > 0.0
+        })
+        && (group
+            .iter()
+            .map(|&q| volume(&held.rank_box(q)))
+            .sum::<f64>()
+            - volume(&need))
+        .abs()
+            < 1e-12;
+    tiles.then(|| group.iter().map(|q| held.first + q).collect())
 }
 
 /// Whether the gradient of an all-gather over `ranks` into a `consumer`-kind layer placed
 /// `to` is a reduce-scatter: its input gradient is a partial sum over exactly those ranks.
 pub fn scatters_gradient(ranks: &[u32], consumer: LayerKind, to: (Split, u32)) -> bool {
+    let read = input_share(consumer, to.0);
     input_gradient_sums(consumer, to.0, to.1)
-        .is_some_and(|(group, share)| group == ranks && (share - 1.0).abs() < 1e-12)
+        .is_some_and(|(group, share)| group == ranks && (share - read).abs() < 1e-12)
 }
 
 /// The fraction of its input each rank of a `kind` layer under `split` reads.
