@@ -153,6 +153,10 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The links' latency inside `us` (absent: none): collectives sharing a server's
+        /// network overlap in it.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        latency_us: f64,
         /// The weight whose gradient it sums over every holder, for a weight several
         /// layers read (a tied embedding) placed differently; absent for the rest, whose
         /// buffers say what they reduce.
@@ -168,6 +172,10 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The links' latency inside `us` (absent: none): collectives sharing a server's
+        /// network overlap in it.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        latency_us: f64,
     },
     /// Reduce-scatter over a communicator group: each member holds a partial sum of
     /// `bytes` and ends with its reduced `1/members` share (an all-gather's gradient).
@@ -178,6 +186,10 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The links' latency inside `us` (absent: none): collectives sharing a server's
+        /// network overlap in it.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        latency_us: f64,
     },
     /// All-to-all over a communicator group: each member sends `bytes` to every other
     /// (resharding between two splits of the same ranks).
@@ -188,6 +200,10 @@ pub enum Instruction {
         bytes: u64,
         /// Predicted µs.
         us: f64,
+        /// The links' latency inside `us` (absent: none): collectives sharing a server's
+        /// network overlap in it.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        latency_us: f64,
     },
     /// Optimizer update.
     Step {
@@ -233,6 +249,19 @@ impl Instruction {
             | Instruction::ReduceScatter { us, .. }
             | Instruction::AllToAll { us, .. }
             | Instruction::Step { us, .. } => us,
+        }
+    }
+
+    /// The part of its duration that is link latency (messages and collectives), µs.
+    pub fn latency_us(&self) -> f64 {
+        match *self {
+            Instruction::Send { latency_us, .. }
+            | Instruction::Recv { latency_us, .. }
+            | Instruction::AllReduce { latency_us, .. }
+            | Instruction::AllGather { latency_us, .. }
+            | Instruction::ReduceScatter { latency_us, .. }
+            | Instruction::AllToAll { latency_us, .. } => latency_us,
+            _ => 0.0,
         }
     }
 
@@ -300,6 +329,10 @@ impl BufferKind {
                 | BufferKind::Workspace
         )
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Memory one rank's instructions use.

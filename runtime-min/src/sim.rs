@@ -21,8 +21,8 @@
 //! at a time in each direction, so concurrent traffic into or out of one server takes as
 //! long as its sum. A send between servers holds the sender's interface and the
 //! receivers' while its bytes flow (its receive ends no earlier); a collective spanning
-//! servers holds the interfaces of all of them. Within a server every GPU has its own
-//! links.
+//! servers holds the interfaces of all of them while its bytes flow (its latency, the
+//! steps' α, holds none). Within a server every GPU has its own links.
 //!
 //! A plan whose ranks wait on each other in a cycle is reported as a deadlock, naming the
 //! stuck instructions.
@@ -428,9 +428,11 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                         let spanned: std::collections::BTreeSet<usize> =
                             members.iter().map(|&m| node(m as usize)).collect();
                         if spanned.len() > 1 {
+                            // Its bytes hold the interfaces; its latency does not.
                             let held: Vec<usize> =
                                 spanned.iter().flat_map(|&n| [2 * n, 2 * n + 1]).collect();
-                            start = reserve(&mut nics, &held, start, us);
+                            let flowing = (us - instr.latency_us()).max(0.0);
+                            start = reserve(&mut nics, &held, start, flowing);
                         }
                         if let Some(class) = class {
                             let moved = collective_bytes(instr, members.len());

@@ -213,11 +213,12 @@ impl Lowering<'_, '_> {
     /// place on the buffers `data` of each member.
     fn all_reduce(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
         self.in_place(groups, bytes, data, |comm, ranks, bytes| {
-            let us = comm.all_reduce(ranks, bytes).us;
+            let c = comm.all_reduce(ranks, bytes);
             move |group| Instruction::AllReduce {
                 group,
                 bytes: bytes.round() as u64,
-                us,
+                us: c.us,
+                latency_us: c.latency_us,
                 tied: None,
             }
         });
@@ -227,11 +228,12 @@ impl Lowering<'_, '_> {
     /// `groups`, priced as the first half of the all-reduce it replaces.
     fn reduce_scatter(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
         self.in_place(groups, bytes, data, |comm, ranks, bytes| {
-            let us = comm.all_reduce(ranks, bytes).us / 2.0;
+            let c = comm.all_reduce(ranks, bytes);
             move |group| Instruction::ReduceScatter {
                 group,
                 bytes: bytes.round() as u64,
-                us,
+                us: c.us / 2.0,
+                latency_us: c.latency_us / 2.0,
             }
         });
     }
@@ -240,11 +242,12 @@ impl Lowering<'_, '_> {
     /// the all-reduce's second half.
     fn all_gather(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
         self.in_place(groups, bytes, data, |comm, ranks, bytes| {
-            let us = comm.all_reduce(ranks, bytes).us / 2.0;
+            let c = comm.all_reduce(ranks, bytes);
             move |group| Instruction::AllGather {
                 group,
                 bytes: bytes.round() as u64,
-                us,
+                us: c.us / 2.0,
+                latency_us: c.latency_us / 2.0,
             }
         });
     }
@@ -336,21 +339,25 @@ impl Lowering<'_, '_> {
                 let bytes = bytes * input_share(self.costs.graph.layers[consumer].kind, split);
                 let groups = Self::copies(&ranks, self.ranks(consumer));
                 if !backward {
-                    let us = self.comm.all_gather(&ranks, bytes).us;
+                    let c = self.comm.all_gather(&ranks, bytes);
+                    let (us, latency_us) = (c.us, c.latency_us);
                     let make = |group, us| Instruction::AllGather {
                         group,
                         bytes: bytes.round() as u64,
                         us,
+                        latency_us,
                     };
                     for group in &groups {
                         self.reshard(group, us, make, source, target, bytes * (n - 1.0) / n);
                     }
                 } else if scatter {
-                    let us = self.comm.reduce_scatter(&ranks, bytes).us;
+                    let c = self.comm.reduce_scatter(&ranks, bytes);
+                    let (us, latency_us) = (c.us, c.latency_us);
                     let make = |group, us| Instruction::ReduceScatter {
                         group,
                         bytes: bytes.round() as u64,
                         us,
+                        latency_us,
                     };
                     for group in &groups {
                         self.reshard(group, us, make, source, target, bytes / n);
@@ -363,11 +370,13 @@ impl Lowering<'_, '_> {
                 let pair = fraction * bytes;
                 let (lo, hi) = (ranks[0], ranks[ranks.len() - 1]);
                 let busiest = pair * (ranks.len() - 1) as f64;
-                let us = self.costs.cluster.link(lo, hi).transfer_us(busiest);
+                let link = self.costs.cluster.link(lo, hi);
+                let us = link.transfer_us(busiest);
                 let make = |group, us| Instruction::AllToAll {
                     group,
                     bytes: pair.round() as u64,
                     us,
+                    latency_us: link.latency_us,
                 };
                 self.reshard(&ranks, us, make, source, target, busiest);
                 true
@@ -736,7 +745,7 @@ impl Lowering<'_, '_> {
         for t in self.tied.clone() {
             let name = self.costs.graph.tied[t.weight].name.clone();
             let gradient_bytes = t.bytes * self.costs.model_state().gradients;
-            let us = self.comm.all_reduce(&t.ranks, gradient_bytes).us;
+            let reduction = self.comm.all_reduce(&t.ranks, gradient_bytes);
             let group = self.group(&t.ranks);
             for r in stage.first_rank..stage.first_rank + stage.gpus {
                 if !t.ranks.contains(&r) {
@@ -747,7 +756,8 @@ impl Lowering<'_, '_> {
                     Instruction::AllReduce {
                         group,
                         bytes: gradient_bytes.round() as u64,
-                        us,
+                        us: reduction.us,
+                        latency_us: reduction.latency_us,
                         tied: Some(name.clone()),
                     },
                 );

@@ -45,6 +45,9 @@ pub enum Algorithm {
 pub struct Collective {
     /// µs.
     pub us: f64,
+    /// The part of `us` that is the links' latency (its steps' α): time during which no
+    /// bytes hold the links, so collectives sharing a server's network overlap in it.
+    pub latency_us: f64,
     /// How.
     pub algorithm: Algorithm,
     /// The widest boundary it crosses.
@@ -56,6 +59,7 @@ impl Collective {
     fn free(level: LinkLevel) -> Collective {
         Collective {
             us: 0.0,
+            latency_us: 0.0,
             algorithm: Algorithm::None,
             level,
         }
@@ -112,8 +116,10 @@ impl<'a> Comm<'a> {
         if n <= 1 || bytes <= 0.0 {
             return Collective::free(level);
         }
+        let link = self.ring_link(ranks);
         let ring = Collective {
-            us: ring_all_reduce_us(n, self.ring_link(ranks), bytes),
+            us: ring_all_reduce_us(n, link, bytes),
+            latency_us: ring_all_reduce_us(n, link, 0.0),
             algorithm: Algorithm::Ring,
             level,
         };
@@ -132,10 +138,11 @@ impl<'a> Comm<'a> {
             .reduce(Link::worst);
         let heads: Vec<u32> = nodes.iter().map(|n| n[0]).collect();
         let inter = self.ring_link(&heads);
-        let inside = intra.map_or(0.0, |l| 2.0 * ring_all_gather_us(local, l, bytes));
-        let across = ring_all_reduce_us(heads.len() as u32, inter, bytes);
+        let inside = |bytes| intra.map_or(0.0, |l| 2.0 * ring_all_gather_us(local, l, bytes));
+        let across = |bytes| ring_all_reduce_us(heads.len() as u32, inter, bytes);
         let hierarchical = Collective {
-            us: inside + across,
+            us: inside(bytes) + across(bytes),
+            latency_us: inside(0.0) + across(0.0),
             algorithm: Algorithm::Hierarchical,
             level,
         };
@@ -153,8 +160,10 @@ impl<'a> Comm<'a> {
         if n <= 1 || bytes <= 0.0 {
             return Collective::free(level);
         }
+        let link = self.ring_link(ranks);
         Collective {
-            us: ring_all_gather_us(n, self.ring_link(ranks), bytes),
+            us: ring_all_gather_us(n, link, bytes),
+            latency_us: ring_all_gather_us(n, link, 0.0),
             algorithm: Algorithm::Ring,
             level,
         }
