@@ -457,10 +457,14 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
         (simulated / predicted - 1.0) * 100.0
     );
     assert!((simulated / predicted - 1.0).abs() <= 0.05);
-    // Every block's tensor-parallel collectives are in the plan: two reductions of partial
-    // sums a block, forward and again in its recomputation.
+    // Every block's tensor-parallel collectives are Megatron's sequence-parallel ones, per
+    // microbatch: the two projections' partial sums reduce-scattered (forward, and again
+    // in the recomputation) and the QKV and MLP inputs' gradients reduce-scattered; the
+    // LayerNorms' outputs all-gathered before QKV and the MLP (forward and recomputation).
+    // No all-reduce is left but the gradients' buckets.
     let plan = read_plan(&out);
-    assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), 24 * 2 * 2 * 12);
+    assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), 24 * 2 * 3 * 12);
+    assert_eq!(rank_ops(&plan, 0, "all_gather"), 24 * 2 * 2 * 12);
 }
 
 /// The plan a plan directory holds.

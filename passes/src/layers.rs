@@ -34,8 +34,11 @@ pub enum LayerKind {
     Conv,
     /// Matrix products (Gemm, MatMul): fully connected and attention layers.
     Dense,
-    /// Normalization.
+    /// Normalization over the batch or channels (BatchNorm, LRN).
     Norm,
+    /// LayerNorm: each row normalized over its own features, so rows (a sequence) split
+    /// freely — Megatron-LM's sequence parallelism.
+    LayerNorm,
     /// Pooling.
     Pool,
     /// Softmax.
@@ -55,10 +58,11 @@ pub enum LayerKind {
 
 impl LayerKind {
     /// All kinds.
-    pub const ALL: [LayerKind; 10] = [
+    pub const ALL: [LayerKind; 11] = [
         LayerKind::Conv,
         LayerKind::Dense,
         LayerKind::Norm,
+        LayerKind::LayerNorm,
         LayerKind::Pool,
         LayerKind::Softmax,
         LayerKind::Elementwise,
@@ -74,6 +78,7 @@ impl LayerKind {
             LayerKind::Conv => "conv",
             LayerKind::Dense => "dense",
             LayerKind::Norm => "norm",
+            LayerKind::LayerNorm => "layer_norm",
             LayerKind::Pool => "pool",
             LayerKind::Softmax => "softmax",
             LayerKind::Elementwise => "elementwise",
@@ -393,6 +398,7 @@ fn kind_of(
     match n.op.class() {
         OpClass::Conv => LayerKind::Conv,
         OpClass::Dense => LayerKind::Dense,
+        OpClass::Norm if matches!(n.op, Op::LayerNorm { .. }) => LayerKind::LayerNorm,
         OpClass::Norm => LayerKind::Norm,
         OpClass::Pool => LayerKind::Pool,
         OpClass::Softmax => LayerKind::Softmax,

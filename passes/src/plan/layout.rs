@@ -80,6 +80,7 @@ impl View {
                 (Cut::Attribute, Cut::Parameter)
             }
             LayerKind::Dense | LayerKind::Attention => (Cut::Whole, Cut::Parameter),
+            LayerKind::LayerNorm => (Cut::Attribute, Cut::Whole),
             _ => (Cut::Whole, Cut::Whole),
         };
         View {
@@ -100,6 +101,7 @@ impl View {
             // Heads: the QKV projection's columns, per head.
             LayerKind::Attention => (Cut::Whole, Cut::Parameter),
             LayerKind::Pool | LayerKind::Elementwise => (Cut::Attribute, Cut::Parameter),
+            LayerKind::LayerNorm => (Cut::Attribute, Cut::Whole),
             _ => (Cut::Whole, Cut::Whole),
         };
         View {

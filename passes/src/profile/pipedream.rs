@@ -46,7 +46,8 @@ fn kind(description: &str) -> LayerKind {
     match op {
         "Conv2d" | "Conv1d" | "Conv3d" => LayerKind::Conv,
         "Linear" => LayerKind::Dense,
-        "BatchNorm2d" | "BatchNorm1d" | "LayerNorm" | "LocalResponseNorm" => LayerKind::Norm,
+        "BatchNorm2d" | "BatchNorm1d" | "LocalResponseNorm" => LayerKind::Norm,
+        "LayerNorm" => LayerKind::LayerNorm,
         "MaxPool2d" | "AvgPool2d" | "AdaptiveAvgPool2d" => LayerKind::Pool,
         "Softmax" | "LogSoftmax" => LayerKind::Softmax,
         "ReLU" | "Dropout" | "Add" | "Mul" | "Sigmoid" | "Tanh" => LayerKind::Elementwise,

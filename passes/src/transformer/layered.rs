@@ -27,11 +27,11 @@ pub struct NotLayered(pub String);
 /// [`NotLayered`] naming the option the layered form cannot express yet (interleaving,
 /// ZeRO 2 and 3), or a layer graph whose blocks cannot be told apart.
 ///
-/// Sequence parallelism lowers as far as the layer graph's kinds let it: the dropout and
-/// residual layers split by sequence, reached by a reduce-scatter of the row-parallel
-/// partial sums and left by an all-gather (the same traffic as the all-reduce they
-/// replace), while LayerNorms stay whole on every rank of the group (their activations are
-/// counted whole, above what the estimate counts).
+/// Tensor parallelism lowers as Megatron-LM's sequence parallelism, with or without
+/// `--sequence-parallel`: LayerNorms, dropout and residual layers split by sequence,
+/// reached by a reduce-scatter of the row-parallel partial sums and left by an all-gather
+/// before the column-parallel products — the traffic of the all-reduces they replace, with
+/// less activation memory than a plan without sequence parallelism is priced at.
 pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayered> {
     let par = plan.parallelism;
     let refuse = |what: &str, fix: &str| {
@@ -98,9 +98,9 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
 /// dense layers by columns (QKV, the MLP's first product, the LM head by vocabulary) unless
 /// they read columns, then by rows (the projections), whose partial sums are reduced;
 /// elementwise layers between a column and a row split by the same features; everything
-/// else held whole by every rank of the group (LayerNorms, embeddings: an attribute degree
-/// on them is replicas), or, for elementwise layers (dropout, residual adds), split by
-/// sequence (an attribute degree on them cuts rows).
+/// else split by sequence where the kind cuts rows (LayerNorms, dropout, residual adds: an
+/// attribute degree cuts their rows) or held whole by every rank of the group (embeddings:
+/// an attribute degree on them is replicas).
 fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
     let columns = Split {
         sample: d,
