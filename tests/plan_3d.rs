@@ -460,11 +460,13 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
     // Every block's tensor-parallel collectives are Megatron's sequence-parallel ones, per
     // microbatch: the two projections' partial sums reduce-scattered (forward, and again
     // in the recomputation) and the QKV and MLP inputs' gradients reduce-scattered; the
-    // LayerNorms' outputs all-gathered before QKV and the MLP (forward and recomputation).
-    // No all-reduce is left but the gradients' buckets.
+    // LayerNorms' outputs all-gathered before QKV and the MLP (forward and recomputation)
+    // and the projections' output gradients all-gathered (and the embedding's). No message
+    // is left but the pipeline's, no all-reduce but the gradients' buckets.
     let plan = read_plan(&out);
     assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), 24 * 2 * 3 * 12);
-    assert_eq!(rank_ops(&plan, 0, "all_gather"), 24 * 2 * 2 * 12);
+    assert_eq!(rank_ops(&plan, 0, "all_gather"), (24 * 2 * 3 + 1) * 12);
+    assert_eq!(rank_ops(&plan, 0, "send"), 2 * 12);
 }
 
 /// The plan a plan directory holds.

@@ -36,10 +36,10 @@ use std::collections::BTreeMap;
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
-    buckets, class_pieces, evaluate, gathers, gradient_transfers, input_gradient_sums, input_share,
-    partial_sums, scatters_gradient, scatters_partial_sums, separately_reduced, tied_reductions,
-    transfers, weight_replicas, Bucket, Costs, PlanError, Schedule, Strategy, StrategyFile,
-    TiedReduction, Transfer,
+    buckets, class_pieces, evaluate, gathers, gathers_gradient, gradient_transfers,
+    input_gradient_sums, input_share, output_share, partial_sums, scatters_gradient,
+    scatters_partial_sums, separately_reduced, tied_reductions, transfers, weight_replicas, Bucket,
+    Costs, PlanError, Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -82,6 +82,9 @@ enum Pattern {
     Gather { ranks: Vec<u32>, scatter: bool },
     /// Every rank of the group sends the same share to every other.
     AllToAll { ranks: Vec<u32>, fraction: f64 },
+    /// Nothing moves forward; the gradient is an all-gather over these ranks (replicas
+    /// gathering their box's gradient from the consumer's pieces).
+    GatherGradient { ranks: Vec<u32> },
 }
 
 /// Whether `messages` are an all-to-all: every ordered pair of a group, equal shares.
@@ -364,6 +367,27 @@ impl Lowering<'_, '_> {
                     }
                 }
                 // Otherwise every rank holds the whole gradient and keeps its piece.
+                true
+            }
+            Pattern::GatherGradient { ranks } => {
+                if backward {
+                    let n = ranks.len() as f64;
+                    let producer = self.edges[ei].producer;
+                    let (split, _) = self.place(producer);
+                    let kind = self.costs.graph.layers[producer].kind;
+                    let bytes = bytes * output_share(kind, split);
+                    let c = self.comm.all_gather(&ranks, bytes);
+                    let (us, latency_us) = (c.us, c.latency_us);
+                    let make = |group, us| Instruction::AllGather {
+                        group,
+                        bytes: bytes.round() as u64,
+                        us,
+                        latency_us,
+                    };
+                    for group in Self::copies(&ranks, self.ranks(producer)) {
+                        self.reshard(&group, us, make, source, target, bytes * (n - 1.0) / n);
+                    }
+                }
                 true
             }
             Pattern::AllToAll { ranks, fraction } => {
@@ -1002,6 +1026,9 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                 return Pattern::Messages;
             }
             let (from, to) = (place(e.producer), place(e.consumer));
+            if let Some(ranks) = gathers_gradient(kind(e.producer), from, kind(e.consumer), to) {
+                return Pattern::GatherGradient { ranks };
+            }
             if let Some(ranks) = gathers(kind(e.producer), from, kind(e.consumer), to) {
                 let scatter = scatters_gradient(&ranks, kind(e.consumer), to);
                 return Pattern::Gather { ranks, scatter };

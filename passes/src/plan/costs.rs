@@ -396,8 +396,12 @@ impl<'a> Costs<'a> {
         let forward = self.moving_us(held, needed, bytes);
         fwd += forward;
         // The gradient returns the same way, but to replicas it returns whole: each
-        // gathers the pieces the consumer's ranks computed.
-        bwd += if held.replication() > 1 {
+        // gathers the pieces the consumer's ranks computed (an all-gather where the
+        // pieces tile the replicas' box on their ranks).
+        bwd += if let Some(ranks) = layout::gathers_gradient(pk, from, ck, to) {
+            let gathered = bytes * layout::output_share(pk, from.0);
+            self.comm.all_gather(&ranks, gathered).us
+        } else if held.replication() > 1 {
             self.moving_us(needed, held, bytes)
         } else {
             forward

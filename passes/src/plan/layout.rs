@@ -386,8 +386,34 @@ pub fn gathers(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> Option<Vec<u32>> {
+    gather_group(
+        &View::output(producer, from.0, from.1),
+        &View::input(consumer, to.0, to.1),
+    )
+}
+
+/// The ranks of rank index 0's group when returning the tensor's gradient is an all-gather
+/// inside groups: the producer's ranks are replicas of a box (a tensor-parallel group's
+/// projection output, held whole) that its consumer reads in pieces on the same ranks
+/// (the sequence pieces after Megatron's reduce-scatter), so nothing moves forward and each
+/// replica gathers its box's gradient from the pieces.
+pub fn gathers_gradient(
+    producer: LayerKind,
+    from: (Split, u32),
+    consumer: LayerKind,
+    to: (Split, u32),
+) -> Option<Vec<u32>> {
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
+    if held.replication() < 2 || movement(&held, &needed).is_some() {
+        return None;
+    }
+    gather_group(&needed, &held)
+}
+
+/// Rank index 0's group of an all-gather from `held` pieces into `needed` boxes on the
+/// same ranks, if moving the tensor is one ([`gathers`]).
+fn gather_group(held: &View, needed: &View) -> Option<Vec<u32>> {
     let n = held.ranks();
     if n < 2 || held.first != needed.first || n != needed.ranks() || held.replication() != 1 {
         return None;
@@ -397,9 +423,7 @@ pub fn gathers(
         .filter(|&q| volume(&intersect(&need, &held.rank_box(q))) > 1e-12)
         .collect();
     let tiles = group.len() >= 2
-        && group.iter().all(|&q| {
-            needed.rank_box(q) == need && volume(&intersect(&need, &held.rank_box(q))) > 0.0
-        })
+        && group.iter().all(|&q| needed.rank_box(q) == need)
         && (group
             .iter()
             .map(|&q| volume(&held.rank_box(q)))
@@ -421,6 +445,11 @@ pub fn scatters_gradient(ranks: &[u32], consumer: LayerKind, to: (Split, u32)) -
 /// The fraction of its input each rank of a `kind` layer under `split` reads.
 pub fn input_share(kind: LayerKind, split: Split) -> f64 {
     View::input(kind, split, 0).share()
+}
+
+/// The fraction of its output each rank of a `kind` layer under `split` holds.
+pub fn output_share(kind: LayerKind, split: Split) -> f64 {
+    View::output(kind, split, 0).share()
 }
 
 /// The ranks of the group that all-reduces the gradients of rank index 0's weights: the

@@ -33,9 +33,9 @@ pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT};
 pub use layout::{
-    class_pieces, first_replica, gathers, gradient_transfers, input_gradient_sums, input_share,
-    partial_sums, replicas, scatters_gradient, scatters_partial_sums, splits_freely, transfers,
-    weight_replicas, Cut, Transfer, View,
+    class_pieces, first_replica, gathers, gathers_gradient, gradient_transfers,
+    input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,
+    scatters_partial_sums, splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
