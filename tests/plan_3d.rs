@@ -251,6 +251,89 @@ fn losses(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
         .collect()
 }
 
+/// The losses of 3 steps of `model` trained on one device (batch 8).
+fn single_device_losses(dir: &tempfile::TempDir, model: &str) -> Vec<f64> {
+    let single = dir.path().join("single");
+    ralpc()
+        .args(["plan", model, "--gpus", "1", "--batch", "8", "-q"])
+        .args(["--strategy", "dp", "-o", single.to_str().unwrap()])
+        .assert()
+        .success();
+    losses(&single, &[])
+}
+
+#[test]
+fn the_interleaved_schedule_is_lowered_and_trains_exactly() {
+    // Four blocks on two pipeline ranks of two virtual stages each: chunk j on rank j mod 2.
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(4, 32, 4, 8, 64));
+    let want = single_device_losses(&dir, &model);
+    for (t, recompute, zero) in [(1, "none", "0"), (2, "full", "1")] {
+        let out = dir.path().join(format!("interleaved-{t}"));
+        let gpus = (4 * t).to_string();
+        let v = json(&[
+            "plan",
+            &model,
+            "--gpus",
+            &gpus,
+            "--batch",
+            "8",
+            "--json",
+            "-o",
+            out.to_str().unwrap(),
+            "--tensor-parallel",
+            &t.to_string(),
+            "--pipeline-parallel",
+            "2",
+            "--virtual-stages",
+            "2",
+            "--micro-batch-size",
+            "2",
+            "--recompute",
+            recompute,
+            "--zero",
+            zero,
+            "--sequence-parallel",
+            "off",
+        ]);
+        assert_eq!(v["virtual_stages"], 2);
+        let plan = read_plan(&out);
+        assert_eq!(plan["strategy"]["virtual_stages"], 2);
+        let stages = plan["strategy"]["stages"].as_array().unwrap();
+        let firsts: Vec<&str> = stages
+            .iter()
+            .map(|s| s["first_layer"].as_str().unwrap())
+            .collect();
+        assert_eq!(firsts, ["embed_tokens", "h.1.ln_1", "h.2.ln_1", "h.3.ln_1"]);
+        // Rank 0 runs chunks 0 and 2: the first microbatch group's forwards through
+        // chunk 0, then chunk 2, before any backward.
+        let passes: Vec<(String, u64)> = plan["programs"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["op"] == "forward" || i["op"] == "backward")
+            .map(|i| {
+                (
+                    i["op"].as_str().unwrap().to_owned(),
+                    i["layer"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let first_backward = passes.iter().position(|(op, _)| op == "backward").unwrap();
+        let h2 = plan["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|l| l == "h.2.ln_1")
+            .unwrap() as u64;
+        assert!(passes[..first_backward].iter().any(|&(_, l)| l == h2));
+        let got = losses(&out, &[]);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "t{t}: {got:?} vs {want:?}");
+        }
+    }
+}
+
 /// Plans the generated GPT `model` with t × p = 2 × d = 2 and the given recomputation and
 /// ZeRO stage into `out`; the `--json` summary.
 fn plan_p2_d2(
@@ -293,25 +376,8 @@ fn plan_p2_d2(
 #[test]
 fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = GptSpec::megatron(4, 32, 4, 8, 64);
-    let model = write_gpt(&dir, &spec);
-    let single = dir.path().join("single");
-    ralpc()
-        .args([
-            "plan",
-            &model,
-            "--gpus",
-            "1",
-            "--batch",
-            "8",
-            "-q",
-            "--strategy",
-            "dp",
-        ])
-        .args(["-o", single.to_str().unwrap()])
-        .assert()
-        .success();
-    let want = losses(&single, &[]);
+    let model = write_gpt(&dir, &GptSpec::megatron(4, 32, 4, 8, 64));
+    let want = single_device_losses(&dir, &model);
     for (t, recompute, zero, runs, sp) in [
         (1, "none", "0", 0, "off"),
         (1, "full", "1", 4, "off"),
@@ -410,37 +476,39 @@ fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_pre
     assert!((simulated / predicted - 1.0).abs() <= 0.05);
 }
 
-#[test]
-fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_percent() {
-    // Megatron-LM's 39.1 B row (t = 8, p = 2, micro-batch 4, full recomputation) on one
-    // data-parallel replica: 16 GPUs, 12 microbatches a step as each of the published 32
-    // replicas runs (1536 / 32 / 4). The lowering writes every rank's program: the
-    // published 512 GPUs lower too (+1.3 %), but take 90 s and 13 GB, too much for CI.
-    let dir = tempfile::tempdir().unwrap();
-    let model = write_gpt(&dir, &GptSpec::megatron(48, 8192, 64, 2048, 51200));
+/// Plans Megatron-LM's configuration `config` (`[t, p, v, micro-batch]`) of a GPT of
+/// `shape` (`[layers, hidden, heads]`) on one data-parallel replica of `gpus` GPUs with
+/// full recomputation, checks the lowered plan simulates within 5 % of the prediction,
+/// and returns the plan directory's `--json` summary.
+fn one_replica(dir: &tempfile::TempDir, shape: [u64; 3], config: [u32; 4], batch: u32) -> Value {
+    let [l, h, a] = shape;
+    let [t, p, v, mb] = config;
+    let model = write_gpt(dir, &GptSpec::megatron(l, h, a, 2048, 51200));
     let out = dir.path().join("plan");
-    let v = json(&[
+    let (gpus, batch) = ((t * p).to_string(), batch.to_string());
+    let (t, p, v, mb) = (t.to_string(), p.to_string(), v.to_string(), mb.to_string());
+    let summary = json(&[
         "plan",
         &model,
         "--json",
         "--cluster",
         "selene",
         "--gpus",
-        "16",
+        &gpus,
         "--batch",
-        "48",
+        &batch,
         "--precision",
         "fp16",
         "--optimizer",
         "adam",
         "--tensor-parallel",
-        "8",
+        &t,
         "--pipeline-parallel",
-        "2",
+        &p,
         "--micro-batch-size",
-        "4",
+        &mb,
         "--virtual-stages",
-        "1",
+        &v,
         "--recompute",
         "full",
         "--sequence-parallel",
@@ -450,13 +518,37 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
         "-o",
         out.to_str().unwrap(),
     ]);
-    let predicted = v["iteration_time_us"].as_f64().unwrap();
-    let simulated = v["simulated"]["iteration_time_us"].as_f64().unwrap();
+    let predicted = summary["iteration_time_us"].as_f64().unwrap();
+    let simulated = summary["simulated"]["iteration_time_us"].as_f64().unwrap();
     println!(
-        "39.1 B, t8 p2 d1: predicted {predicted:.0} µs, simulated {simulated:.0} µs ({:+.1} %)",
+        "{l} layers × {h}, t{t} p{p} v{v} d1: predicted {predicted:.0} µs, simulated \
+         {simulated:.0} µs ({:+.1} %)",
         (simulated / predicted - 1.0) * 100.0
     );
     assert!((simulated / predicted - 1.0).abs() <= 0.05);
+    summary
+}
+
+#[test]
+fn the_76_1b_interleaved_configuration_simulates_within_5_percent() {
+    // Megatron-LM's 76.1 B row (t = 8, p = 4, v = 3, micro-batch 2) on one replica of its
+    // 32: 32 GPUs, 1792 / 32 = 56 sequences, 28 microbatches.
+    let dir = tempfile::tempdir().unwrap();
+    let v = one_replica(&dir, [60, 10240, 80], [8, 4, 3, 2], 56);
+    assert_eq!(v["virtual_stages"], 3);
+    let plan = read_plan(&dir.path().join("plan"));
+    assert_eq!(plan["strategy"]["stages"].as_array().unwrap().len(), 12);
+}
+
+#[test]
+fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_percent() {
+    // Megatron-LM's 39.1 B row (t = 8, p = 2, micro-batch 4, full recomputation) on one
+    // data-parallel replica: 16 GPUs, 12 microbatches a step as each of the published 32
+    // replicas runs (1536 / 32 / 4). The lowering writes every rank's program: the
+    // published 512 GPUs lower too (-2.0 %), but take 75 s and 10 GB, too much for CI.
+    let dir = tempfile::tempdir().unwrap();
+    one_replica(&dir, [48, 8192, 64], [8, 2, 1, 4], 48);
+    let out = dir.path().join("plan");
     // Every block's tensor-parallel collectives are Megatron's sequence-parallel ones, per
     // microbatch: the two projections' partial sums reduce-scattered (forward, and again
     // in the recomputation) and the QKV and MLP inputs' gradients reduce-scattered; the

@@ -83,6 +83,7 @@ fn deeppool_vgg16_burst_plan() {
             .collect(),
         zero: 0,
         recompute: Vec::new(),
+        virtual_stages: 1,
     };
     let theirs = plan::plan(
         &costs,
@@ -226,6 +227,7 @@ fn best_cuts(costs: &Costs<'_>, graph: &LayerGraph, replicas: &[u32]) -> f64 {
             layers: Vec::new(),
             zero: 0,
             recompute: Vec::new(),
+            virtual_stages: 1,
         };
         let strategy = file.resolve(graph).unwrap();
         if let Ok(e) = plan::evaluate(costs, &strategy) {

@@ -73,6 +73,40 @@ fn order(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<
     }
 }
 
+/// The order of pipeline rank `g`'s passes under Megatron-LM's interleaved 1F1B schedule
+/// (Narayanan et al., §2.2), `devices` pipeline ranks of `v` virtual stages each: its
+/// chunk (virtual stage `chunk · devices + g`) and pass. Microbatches go through in groups
+/// of `devices`, chunk by chunk; rank `g` warms up with `2(devices − g − 1) + (v − 1) ·
+/// devices` forwards (all of them when the microbatches are as many as the ranks).
+fn interleaved(devices: usize, v: usize, g: usize, microbatches: u32) -> Vec<(usize, Pass)> {
+    let m = microbatches as usize;
+    let total = m * v;
+    let warm = if m == devices {
+        total
+    } else {
+        (2 * (devices - g - 1) + (v - 1) * devices).min(total)
+    };
+    let chunk = |k: usize, forward: bool| {
+        let c = (k % (devices * v)) / devices;
+        if forward {
+            c
+        } else {
+            v - 1 - c
+        }
+    };
+    let mb = |k: usize| ((k / (devices * v)) * devices + k % devices) as u32;
+    let mut out: Vec<(usize, Pass)> = (0..warm)
+        .map(|k| (chunk(k, true), Pass::Forward(mb(k))))
+        .collect();
+    for i in 0..total - warm {
+        let k = warm + i;
+        out.push((chunk(k, true), Pass::Forward(mb(k))));
+        out.push((chunk(i, false), Pass::Backward(mb(i))));
+    }
+    out.extend((total - warm..total).map(|i| (chunk(i, false), Pass::Backward(mb(i)))));
+    out
+}
+
 /// How an edge's tensor moves between layers of one stage.
 #[derive(Clone, Debug, PartialEq)]
 enum Pattern {
@@ -772,7 +806,13 @@ impl Lowering<'_, '_> {
             let reduction = self.comm.all_reduce(&t.ranks, gradient_bytes);
             let group = self.group(&t.ranks);
             for r in stage.first_rank..stage.first_rank + stage.gpus {
-                if !t.ranks.contains(&r) {
+                // Once per rank: with virtual stages, at the first stage on it.
+                let first_stage = self
+                    .strategy
+                    .stages
+                    .iter()
+                    .position(|s| (s.first_rank..s.first_rank + s.gpus).contains(&r));
+                if !t.ranks.contains(&r) || first_stage != Some(k) {
                     continue;
                 }
                 let at = self.push(
@@ -1067,7 +1107,28 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
     };
     lowering.persistent_buffers();
     let stages = strategy.stages.len();
-    for k in 0..stages {
+    let v = strategy.virtual_stages();
+    if v > 1 {
+        // Each pipeline rank runs its virtual stages' passes in the interleaved order.
+        let devices = stages / v;
+        for g in 0..devices {
+            let mut left = vec![strategy.microbatches; stages];
+            for (chunk, pass) in interleaved(devices, v, g, strategy.microbatches) {
+                let k = chunk * devices + g;
+                match pass {
+                    Pass::Forward(mb) => lowering.forward(k, mb),
+                    Pass::Backward(mb) => {
+                        left[k] -= 1;
+                        lowering.backward(k, mb, left[k] == 0);
+                    }
+                }
+            }
+            for chunk in 0..v {
+                lowering.step(chunk * devices + g);
+            }
+        }
+    }
+    for k in (0..stages).filter(|_| v == 1) {
         let passes = order(strategy.schedule, stages, k, strategy.microbatches);
         let asynchronous = strategy.schedule == Schedule::Async;
         for (i, &pass) in passes.iter().enumerate() {

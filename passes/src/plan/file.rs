@@ -65,10 +65,19 @@ pub struct StrategyFile {
     /// Runs of layers whose activations are recomputed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recompute: Vec<StrategyFileRun>,
+    /// Virtual stages per GPU (the interleaved schedule): the stages are taken in turns
+    /// by the GPUs of the first `stages / virtual_stages`, stage `k` on stage
+    /// `k mod (stages / virtual_stages)`'s.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub virtual_stages: u32,
 }
 
 fn is_zero(v: &u8) -> bool {
     *v == 0
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 /// A run of recomputed layers in a strategy file.
@@ -186,6 +195,7 @@ impl StrategyFile {
                     last_layer: name(last),
                 })
                 .collect(),
+            virtual_stages: strategy.virtual_stages() as u32,
         }
     }
 
@@ -216,7 +226,15 @@ impl StrategyFile {
                 None => Err(bad(format!("{field}: no layer is named \"{name}\""))),
             }
         };
-        let mut stages = Vec::with_capacity(self.stages.len());
+        let mut stages: Vec<Stage> = Vec::with_capacity(self.stages.len());
+        let v = self.virtual_stages.max(1) as usize;
+        if self.stages.len() % v != 0 {
+            return Err(bad(format!(
+                "virtual_stages is {v}; the {} stages do not take turns on {v} per GPU",
+                self.stages.len()
+            )));
+        }
+        let devices = self.stages.len() / v;
         let mut rank = 0u32;
         for (k, s) in self.stages.iter().enumerate() {
             let first = find(&format!("stages[{k}].first_layer"), &s.first_layer)?;
@@ -224,13 +242,29 @@ impl StrategyFile {
             if s.replicas == 0 {
                 return Err(bad(format!("stages[{k}].replicas must be ≥ 1")));
             }
+            // A later virtual stage runs on its turn's GPUs again.
+            let first_rank = match k.checked_sub(devices).map(|j| stages[j]) {
+                Some(earlier) if earlier.gpus == s.replicas => earlier.first_rank,
+                Some(earlier) => {
+                    return Err(bad(format!(
+                        "stages[{k}].replicas is {}; as a virtual stage on stage {}'s GPUs it \
+                         needs {}",
+                        s.replicas,
+                        k - devices,
+                        earlier.gpus
+                    )))
+                }
+                None => rank,
+            };
             stages.push(Stage {
                 first_layer: first,
                 last_layer: last,
-                first_rank: rank,
+                first_rank,
                 gpus: s.replicas,
             });
-            rank = rank.saturating_add(s.replicas);
+            if k < devices {
+                rank = rank.saturating_add(s.replicas);
+            }
         }
         let mut layers: Vec<Option<Split>> = vec![None; graph.layers.len()];
         for (i, l) in self.layers.iter().enumerate() {

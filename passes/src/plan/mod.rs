@@ -231,6 +231,26 @@ impl Strategy {
         of
     }
 
+    /// The virtual stages per GPU of an interleaved pipeline (Narayanan et al.): the first
+    /// `P` stages hold ranks of their own and every later stage `k` is on stage `k − P`'s
+    /// ranks again; 1 when no stage shares ranks.
+    pub fn virtual_stages(&self) -> usize {
+        let Some(first) = self.stages.first() else {
+            return 1;
+        };
+        let same = |a: &Stage, b: &Stage| a.first_rank == b.first_rank && a.gpus == b.gpus;
+        let devices = (1..self.stages.len())
+            .find(|&k| same(&self.stages[k], first))
+            .unwrap_or(self.stages.len());
+        let cyclic = self.stages.len() % devices == 0
+            && (0..self.stages.len()).all(|k| same(&self.stages[k], &self.stages[k % devices]));
+        if cyclic {
+            self.stages.len() / devices
+        } else {
+            1
+        }
+    }
+
     /// Checks the strategy against the layers and the ranks of `costs`.
     ///
     /// # Errors
@@ -256,6 +276,24 @@ impl Strategy {
         }
         let mut next_layer = 0;
         let mut next_rank = 0u32;
+        let v = self.virtual_stages();
+        let devices = self.stages.len() / v;
+        if v > 1 {
+            if self.schedule != Schedule::OneFOneB {
+                return bad(format!(
+                    "its stages take {v} virtual stages per GPU, which run the interleaved \
+                     1f1b schedule, not {}",
+                    self.schedule.name()
+                ));
+            }
+            if self.microbatches % devices as u32 != 0 {
+                return bad(format!(
+                    "the interleaved schedule runs microbatches in groups of its {devices} \
+                     pipeline ranks; {} is not a multiple",
+                    self.microbatches
+                ));
+            }
+        }
         for (k, s) in self.stages.iter().enumerate() {
             if s.first_layer != next_layer || s.last_layer < s.first_layer || s.last_layer >= n {
                 return bad(format!(
@@ -264,7 +302,8 @@ impl Strategy {
                     s.first_layer, s.last_layer
                 ));
             }
-            if s.gpus == 0 || s.first_rank < next_rank {
+            let again = k >= devices && v > 1;
+            if s.gpus == 0 || (s.first_rank < next_rank && !again) {
                 return bad(format!(
                     "stage {k} starts at rank {} with {} GPUs; stages need at least one GPU \
                      and ranks of their own",
@@ -272,7 +311,7 @@ impl Strategy {
                 ));
             }
             next_layer = s.last_layer + 1;
-            next_rank = s.first_rank + s.gpus;
+            next_rank = next_rank.max(s.first_rank + s.gpus);
             for l in s.first_layer..=s.last_layer {
                 let split = self.layers[l];
                 let layer = &graph.layers[l];

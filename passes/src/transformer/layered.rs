@@ -39,9 +39,6 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
-    if par.virtual_stages > 1 {
-        return refuse("the interleaved schedule", "--virtual-stages 1");
-    }
     if par.zero > 1 {
         return refuse(
             &format!("ZeRO-{} sharding of gradients or weights", par.zero),
@@ -50,7 +47,27 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
     }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
-    if plan.stage_layers.iter().sum::<u64>() != blocks {
+    // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on
+    // rank `j mod p` (Narayanan et al.'s assignment).
+    let v = par.virtual_stages.max(1);
+    let chunk_layers: Vec<u64> = if v > 1 {
+        let per = plan.stage_layers.first().copied().unwrap_or(0);
+        if plan.stage_layers.iter().any(|&n| n != per) || per % u64::from(v) != 0 {
+            return refuse(
+                &format!(
+                    "the interleaved schedule with stages of {:?} blocks (it needs as many \
+                     on every stage, a multiple of the {v} virtual stages)",
+                    plan.stage_layers
+                ),
+                "--virtual-stages 1",
+            );
+        }
+        vec![per / u64::from(v); plan.stage_layers.len() * v as usize]
+    } else {
+        plan.stage_layers.clone()
+    };
+    let pipeline = plan.stage_layers.len();
+    if chunk_layers.iter().sum::<u64>() != blocks {
         return Err(NotLayered(format!(
             "the layer graph has {blocks} attention cores where the plan places {} blocks",
             plan.stage_layers.iter().sum::<u64>()
@@ -59,11 +76,11 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
     let (d, t) = (par.data, par.tensor.max(1));
     let mut stages = Vec::with_capacity(plan.stage_layers.len());
     let mut block = 0u64;
-    for (k, &n) in plan.stage_layers.iter().enumerate() {
+    for (k, &n) in chunk_layers.iter().enumerate() {
         let first_layer = if k == 0 { 0 } else { starts[block as usize] };
         block += n;
         let last_layer = match starts.get(block as usize) {
-            Some(&next) if k + 1 < plan.stage_layers.len() => next - 1,
+            Some(&next) if k + 1 < chunk_layers.len() => next - 1,
             _ => graph.layers.len() - 1,
         };
         if last_layer < first_layer {
@@ -72,7 +89,7 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
         stages.push(Stage {
             first_layer,
             last_layer,
-            first_rank: k as u32 * d * t,
+            first_rank: (k % pipeline) as u32 * d * t,
             gpus: d * t,
         });
     }

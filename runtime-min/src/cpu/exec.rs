@@ -1401,8 +1401,17 @@ impl<'p, 'a> Rank<'p, 'a> {
                 self.optimizer_step(|v| v == w)
             }
             Instruction::Step { .. } => {
+                // The weights of the layers whose buffers it updates (a rank running several
+                // virtual stages steps each stage's in turn).
+                let mine: BTreeSet<ValueId> = self
+                    .touched(index)
+                    .iter()
+                    .filter(|&&(kind, _, _, writes)| kind == BufferKind::Weights && writes)
+                    .filter_map(|&(_, l, _, _)| self.p.layers.get(l? as usize))
+                    .flat_map(|l| l.weights.iter().copied())
+                    .collect();
                 let tied = &self.p.tied;
-                self.optimizer_step(|v| !tied.contains(&v))
+                self.optimizer_step(|v| !tied.contains(&v) && mine.contains(&v))
             }
         }
     }
