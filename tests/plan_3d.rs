@@ -270,32 +270,7 @@ fn the_interleaved_schedule_is_lowered_and_trains_exactly() {
     let want = single_device_losses(&dir, &model);
     for (t, recompute, zero) in [(1, "none", "0"), (2, "full", "1")] {
         let out = dir.path().join(format!("interleaved-{t}"));
-        let gpus = (4 * t).to_string();
-        let v = json(&[
-            "plan",
-            &model,
-            "--gpus",
-            &gpus,
-            "--batch",
-            "8",
-            "--json",
-            "-o",
-            out.to_str().unwrap(),
-            "--tensor-parallel",
-            &t.to_string(),
-            "--pipeline-parallel",
-            "2",
-            "--virtual-stages",
-            "2",
-            "--micro-batch-size",
-            "2",
-            "--recompute",
-            recompute,
-            "--zero",
-            zero,
-            "--sequence-parallel",
-            "off",
-        ]);
+        let v = plan_p2_d2(&model, &out, t, 2, recompute, zero, "off");
         assert_eq!(v["virtual_stages"], 2);
         let plan = read_plan(&out);
         assert_eq!(plan["strategy"]["virtual_stages"], 2);
@@ -334,12 +309,13 @@ fn the_interleaved_schedule_is_lowered_and_trains_exactly() {
     }
 }
 
-/// Plans the generated GPT `model` with t × p = 2 × d = 2 and the given recomputation and
-/// ZeRO stage into `out`; the `--json` summary.
+/// Plans the generated GPT `model` with t × p = 2 × d = 2, `virtual_stages` per GPU, and
+/// the given recomputation and ZeRO stage into `out`; the `--json` summary.
 fn plan_p2_d2(
     model: &str,
     out: &std::path::Path,
     t: u32,
+    virtual_stages: u32,
     recompute: &str,
     zero: &str,
     sequence_parallel: &str,
@@ -363,7 +339,7 @@ fn plan_p2_d2(
         "--micro-batch-size",
         "2",
         "--virtual-stages",
-        "1",
+        &virtual_stages.to_string(),
         "--recompute",
         recompute,
         "--zero",
@@ -387,7 +363,7 @@ fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
         (2, "selective", "1", 4, "on"),
     ] {
         let out = dir.path().join(format!("3d-{t}-{recompute}-{zero}"));
-        let v = plan_p2_d2(&model, &out, t, recompute, zero, sp);
+        let v = plan_p2_d2(&model, &out, t, 1, recompute, zero, sp);
         assert_eq!(v["sequence_parallel"], sp == "on");
         assert_eq!(v["tensor_parallel"], t);
         assert_eq!(v["strategy"], "3d");

@@ -368,59 +368,28 @@ impl Lowering<'_, '_> {
         match self.patterns[ei].clone() {
             Pattern::Messages => false,
             Pattern::Gather { ranks, scatter } => {
-                let n = ranks.len() as f64;
                 // Each group gathers the box its consumers read (the whole tensor, or a
                 // sample shard's).
                 let consumer = self.edges[ei].consumer;
                 let (split, _) = self.place(consumer);
                 let bytes = bytes * input_share(self.costs.graph.layers[consumer].kind, split);
-                let groups = Self::copies(&ranks, self.ranks(consumer));
+                let all = self.ranks(consumer);
                 if !backward {
-                    let c = self.comm.all_gather(&ranks, bytes);
-                    let (us, latency_us) = (c.us, c.latency_us);
-                    let make = |group, us| Instruction::AllGather {
-                        group,
-                        bytes: bytes.round() as u64,
-                        us,
-                        latency_us,
-                    };
-                    for group in &groups {
-                        self.reshard(group, us, make, source, target, bytes * (n - 1.0) / n);
-                    }
+                    self.gather_in_groups(&ranks, all, bytes, false, source, target);
                 } else if scatter {
-                    let c = self.comm.reduce_scatter(&ranks, bytes);
-                    let (us, latency_us) = (c.us, c.latency_us);
-                    let make = |group, us| Instruction::ReduceScatter {
-                        group,
-                        bytes: bytes.round() as u64,
-                        us,
-                        latency_us,
-                    };
-                    for group in &groups {
-                        self.reshard(group, us, make, source, target, bytes / n);
-                    }
+                    self.gather_in_groups(&ranks, all, bytes, true, source, target);
                 }
                 // Otherwise every rank holds the whole gradient and keeps its piece.
                 true
             }
             Pattern::GatherGradient { ranks } => {
                 if backward {
-                    let n = ranks.len() as f64;
                     let producer = self.edges[ei].producer;
                     let (split, _) = self.place(producer);
                     let kind = self.costs.graph.layers[producer].kind;
                     let bytes = bytes * output_share(kind, split);
-                    let c = self.comm.all_gather(&ranks, bytes);
-                    let (us, latency_us) = (c.us, c.latency_us);
-                    let make = |group, us| Instruction::AllGather {
-                        group,
-                        bytes: bytes.round() as u64,
-                        us,
-                        latency_us,
-                    };
-                    for group in Self::copies(&ranks, self.ranks(producer)) {
-                        self.reshard(&group, us, make, source, target, bytes * (n - 1.0) / n);
-                    }
+                    let all = self.ranks(producer);
+                    self.gather_in_groups(&ranks, all, bytes, false, source, target);
                 }
                 true
             }
@@ -439,6 +408,49 @@ impl Lowering<'_, '_> {
                 self.reshard(&ranks, us, make, source, target, busiest);
                 true
             }
+        }
+    }
+
+    /// An all-gather of `bytes` (a reduce-scatter when `scatter`) over `ranks` and each of
+    /// its copies covering `all`, from `source` into `target` on every member.
+    fn gather_in_groups(
+        &mut self,
+        ranks: &[u32],
+        all: std::ops::Range<u32>,
+        bytes: f64,
+        scatter: bool,
+        source: Key,
+        target: Key,
+    ) {
+        let n = ranks.len() as f64;
+        let c = if scatter {
+            self.comm.reduce_scatter(ranks, bytes)
+        } else {
+            self.comm.all_gather(ranks, bytes)
+        };
+        let (whole, latency_us) = (bytes.round() as u64, c.latency_us);
+        let make = |group, us| match scatter {
+            true => Instruction::ReduceScatter {
+                group,
+                bytes: whole,
+                us,
+                latency_us,
+            },
+            false => Instruction::AllGather {
+                group,
+                bytes: whole,
+                us,
+                latency_us,
+            },
+        };
+        // What each member receives and keeps.
+        let grows = if scatter {
+            bytes / n
+        } else {
+            bytes * (n - 1.0) / n
+        };
+        for group in Self::copies(ranks, all) {
+            self.reshard(&group, c.us, make, source, target, grows);
         }
     }
 
