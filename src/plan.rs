@@ -23,6 +23,10 @@ use crate::{cluster, ClusterOptions, Error};
 /// The global batch when none is given and the model was not exported at a batch ≥ 2.
 pub const DEFAULT_BATCH: u64 = 32;
 
+/// The most instructions a transformer plan is lowered into unless asked for more: about
+/// 2 GB of memory and 15 s on a 2-core machine.
+pub const DEFAULT_MAX_INSTRUCTIONS: u64 = 2_000_000;
+
 /// What to plan.
 #[derive(Clone, Debug, Default)]
 pub struct PlanOptions {
@@ -60,6 +64,10 @@ pub struct PlanOptions {
     /// Transformer plans: gradients kept and reduced in fp32 (18 B per parameter with Adam
     /// instead of 16).
     pub fp32_gradients: bool,
+    /// Transformer plans: the most instructions the executable plan may hold (every rank's
+    /// program is written out; lowering takes about 1 KB of memory per instruction); above
+    /// it the plan is priced, not lowered. `None`: [`DEFAULT_MAX_INSTRUCTIONS`].
+    pub max_instructions: Option<u64>,
     /// Full shapes of named inputs (`--input`), axis 0 the batch: a sequence length, an
     /// image size; the rest keep the model's own.
     pub inputs: std::collections::BTreeMap<String, Vec<u64>>,
@@ -817,6 +825,24 @@ fn lower_transformer(
         Ok(s) => s,
         Err(e) => return Ok(Err(e.0)),
     };
+    // Every rank's program is written out: per microbatch and layer, a forward, a backward
+    // and a recomputation or collective or two.
+    let instructions: u64 = strategy
+        .stages
+        .iter()
+        .map(|s| {
+            let layers = (s.last_layer + 1 - s.first_layer) as u64;
+            u64::from(s.gpus) * u64::from(strategy.microbatches) * layers * 6
+        })
+        .sum();
+    let limit = options.max_instructions.unwrap_or(DEFAULT_MAX_INSTRUCTIONS);
+    if instructions > limit {
+        return Ok(Err(format!(
+            "its executable plan would hold about {instructions} instructions, more than \
+             --max-instructions {limit} (lowering takes about 1 KB of memory each; raise \
+             it to lower this plan)"
+        )));
+    }
     // Its GEMMs and memory-bound kernels at the efficiencies the transformer estimate
     // prices them at, so that the lowered plan and the estimate agree on compute.
     let mut efficiency = ralpc_passes::cost::Efficiency::default();

@@ -551,3 +551,39 @@ fn rank_ops(plan: &Value, r: usize, op: &str) -> usize {
         .filter(|i| i["op"] == op)
         .count()
 }
+
+#[test]
+fn a_plan_too_big_to_write_is_priced_and_says_how_to_lower_it() {
+    // The 1 T GPT on 3072 GPUs: hundreds of millions of instructions. Priced in well under
+    // a second; nothing written unless --max-instructions allows it.
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(128, 25600, 160, 2048, 51200));
+    let out = dir.path().join("plan");
+    let run = ralpc()
+        .args([
+            "plan",
+            &model,
+            "--cluster",
+            "selene",
+            "--gpus",
+            "3072",
+            "--batch",
+            "3072",
+        ])
+        .args([
+            "--precision",
+            "fp16",
+            "--optimizer",
+            "adam",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&run.get_output().stdout).into_owned();
+    assert!(
+        text.contains("wrote nothing") && text.contains("--max-instructions 2000000"),
+        "{text}"
+    );
+    assert!(!out.exists());
+}

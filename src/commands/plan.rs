@@ -149,6 +149,11 @@ pub struct Args {
     /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
     #[arg(long, help_heading = "Transformer (3d) plans")]
     pub fp32_gradients: bool,
+    /// Lower the plan only if its instructions (every rank's program) stay below N; above
+    /// it the plan is priced, not written (lowering takes about 1 KB of memory per
+    /// instruction) [default: 2000000].
+    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans")]
+    pub max_instructions: Option<u64>,
 }
 
 fn precision(name: &str) -> Precision {
@@ -197,6 +202,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             schedule: None,
         },
         fp32_gradients: args.fp32_gradients,
+        max_instructions: args.max_instructions,
     };
     let dir = args
         .out
