@@ -529,10 +529,11 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
     // microbatch: the two projections' partial sums reduce-scattered (forward, and again
     // in the recomputation) and the QKV and MLP inputs' gradients reduce-scattered; the
     // LayerNorms' outputs all-gathered before QKV and the MLP (forward and recomputation)
-    // and the projections' output gradients all-gathered (and the embedding's). No message
+    // and the projections' output gradients all-gathered; the vocabulary-parallel
+    // embedding's partial sums reduce-scattered, its gradient all-gathered. No message
     // is left but the pipeline's, no all-reduce but the gradients' buckets.
     let plan = read_plan(&out);
-    assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), 24 * 2 * 3 * 12);
+    assert_eq!(rank_ops(&plan, 0, "reduce_scatter"), (24 * 2 * 3 + 1) * 12);
     assert_eq!(rank_ops(&plan, 0, "all_gather"), (24 * 2 * 3 + 1) * 12);
     assert_eq!(rank_ops(&plan, 0, "send"), 2 * 12);
 }

@@ -52,12 +52,14 @@ pub fn splits_freely(kind: LayerKind) -> bool {
 }
 
 /// How many ranks of a `kind` layer under `split` compute the same share of it: the
-/// degrees its views leave uncut (an attribute degree on a LayerNorm or an embedding is
-/// Megatron's tensor-parallel group holding it whole on every member). A dense layer's
-/// attribute ranks divide its work (they sum partial results), so it has none.
+/// degrees its views leave uncut (an attribute degree on a softmax or a data-movement
+/// layer is a tensor-parallel group holding it whole on every member). A dense layer's
+/// attribute ranks divide its work (they sum partial results), and so do an embedding's
+/// (each looks up its piece of the vocabulary: Megatron's vocabulary-parallel embedding),
+/// so they have none.
 pub fn replicas(kind: LayerKind, split: Split) -> u32 {
     match kind {
-        LayerKind::Conv | LayerKind::Dense => 1,
+        LayerKind::Conv | LayerKind::Dense | LayerKind::Embedding => 1,
         _ => View::output(kind, split, 0).replication(),
     }
 }
@@ -455,10 +457,10 @@ pub fn output_share(kind: LayerKind, split: Split) -> f64 {
 /// The ranks of the group that all-reduces the gradients of rank index 0's weights: the
 /// ranks holding the same weight slice. Convolutions keep a whole weight per parameter
 /// slice (replicated over samples and rows); a dense layer's weight is cut by input
-/// features too (replicated over samples only).
+/// features too, an embedding's table by vocabulary (replicated over samples only).
 pub fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, f64) {
     let (s, a, p) = degrees(split);
-    if kind == LayerKind::Dense {
+    if matches!(kind, LayerKind::Dense | LayerKind::Embedding) {
         let ranks = (0..s).map(|si| first + si * a * p).collect();
         (ranks, 1.0 / f64::from(a * p))
     } else {
@@ -467,11 +469,12 @@ pub fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, 
     }
 }
 
-/// The groups that must sum partial results of a row-parallel dense layer (rank index 0's),
+/// The groups that must sum partial results of a row-parallel dense layer or a
+/// vocabulary-parallel embedding (rank index 0's),
 /// with the fraction of the output each holds; `None` when there are no partial sums.
 pub fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
     let (s, a, p) = degrees(split);
-    (kind == LayerKind::Dense && a > 1).then(|| {
+    (matches!(kind, LayerKind::Dense | LayerKind::Embedding) && a > 1).then(|| {
         let ranks = (0..a).map(|ai| first + ai * p).collect();
         (ranks, 1.0 / f64::from(s * p))
     })

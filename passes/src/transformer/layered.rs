@@ -116,8 +116,9 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
 /// they read columns, then by rows (the projections), whose partial sums are reduced;
 /// elementwise layers between a column and a row split by the same features; everything
 /// else split by sequence where the kind cuts rows (LayerNorms, dropout, residual adds: an
-/// attribute degree cuts their rows) or held whole by every rank of the group (embeddings:
-/// an attribute degree on them is replicas).
+/// attribute degree cuts their rows), by vocabulary (embeddings: an attribute degree cuts
+/// their tables' rows, the pieces' lookups summed) or held whole by every rank of the
+/// group.
 fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
     let columns = Split {
         sample: d,

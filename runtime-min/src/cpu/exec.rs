@@ -291,6 +291,23 @@ impl LayerExec {
     fn holds(&self, rank: u32) -> Option<u32> {
         (rank >= self.first && rank < self.first + self.split.degree()).then(|| rank - self.first)
     }
+
+    /// Whether rank index `k` holds the first slice of what the layer's ranks sum (a
+    /// row-parallel layer's input features, an embedding's vocabulary): the one that adds
+    /// the biases.
+    fn first_slice(&self, k: u32) -> bool {
+        match self.kind {
+            LayerKind::Embedding => self.vocabulary_piece(k).0 == 0,
+            _ => self.view_in().pieces(k)[2].0 == 0,
+        }
+    }
+
+    /// The piece of the vocabulary rank index `k` of a vocabulary-parallel embedding
+    /// looks up: its attribute index.
+    fn vocabulary_piece(&self, k: u32) -> (u32, u32) {
+        let (a, p) = (self.split.attribute.max(1), self.split.parameter.max(1));
+        ((k / p) % a, a)
+    }
 }
 
 /// What every rank shares.
@@ -665,6 +682,19 @@ impl<'a> Prepared<'a> {
                         }
                     }
                 }
+                LayerKind::Embedding if a > 1 => {
+                    // Its pieces' lookups are summed: it may only look up and add.
+                    let linear = l.nodes.iter().all(|&n| {
+                        matches!(g.node(n).op, Op::Gather { .. } | Op::Binary(Binary::Add))
+                    });
+                    if !linear || self.vocabulary_lookup(l).is_none() {
+                        return Err(setup(format!(
+                            "layer {}: a vocabulary-parallel embedding sums its pieces' \
+                             lookups, so it may only look up tables and add them",
+                            l.name
+                        )));
+                    }
+                }
                 LayerKind::Dense if a > 1 => {
                     let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
                     // After the product, only biases: the first slice adds them to its
@@ -929,6 +959,14 @@ impl<'a> Prepared<'a> {
         let Some((mut node, mut slot)) = reader(w) else {
             return Slice::Whole;
         };
+        if l.kind == LayerKind::Embedding {
+            // Vocabulary-parallel: the largest table by pieces of its rows, the others
+            // (position embeddings) added by the first piece only.
+            return match self.vocabulary_table(l) {
+                Some(table) if table == w => Slice::Vocabulary(l.vocabulary_piece(k)),
+                _ => Slice::FirstSliceOnly,
+            };
+        }
         let mut wdims = wdims;
         // A tied head reads the embedding through a transpose: slice what the product
         // reads, at the embedding's axis that becomes it.
@@ -952,6 +990,63 @@ impl<'a> Prepared<'a> {
             (Slice::Axis(axis, piece), Some(order)) => Slice::Axis(order[axis], piece),
             (slice, _) => slice,
         }
+    }
+
+    /// The rows of its table rank index `k` of vocabulary-parallel embedding `l` holds, when
+    /// `v` is the ids it looks them up by.
+    fn vocabulary_rows(&self, l: &LayerExec, k: u32, v: ValueId) -> Option<std::ops::Range<usize>> {
+        if l.kind != LayerKind::Embedding || l.split.attribute <= 1 {
+            return None;
+        }
+        let (table, ids) = self.vocabulary_lookup(l)?;
+        let lg = self.exe.layers;
+        if ids != v && carrier(lg, ids) != carrier(lg, v) {
+            return None;
+        }
+        let rows = self
+            .exe
+            .weights
+            .tensors
+            .get(&table)?
+            .shape
+            .first()
+            .copied()?;
+        Some(interval(l.vocabulary_piece(k), rows))
+    }
+
+    /// The table a vocabulary-parallel embedding layer splits: the largest one its
+    /// `Gather`s read, with the node that reads it.
+    fn vocabulary_table(&self, l: &LayerExec) -> Option<ValueId> {
+        self.vocabulary_lookup(l).map(|(table, _)| table)
+    }
+
+    /// A vocabulary-parallel embedding's table and the ids its lookup reads.
+    fn vocabulary_lookup(&self, l: &LayerExec) -> Option<(ValueId, ValueId)> {
+        let g = self.exe.graph;
+        let lg = self.exe.layers;
+        l.nodes
+            .iter()
+            .filter(|&&n| matches!(g.node(n).op, Op::Gather { .. }))
+            .filter_map(|&n| {
+                let inputs = &g.node(n).inputs;
+                let table = carrier(lg, inputs.first().copied().flatten()?);
+                let ids = inputs.get(1).copied().flatten()?;
+                let rows = self
+                    .exe
+                    .weights
+                    .tensors
+                    .get(&table)?
+                    .shape
+                    .first()
+                    .copied()?;
+                self.exe
+                    .weights
+                    .trainable
+                    .contains(&table)
+                    .then_some((rows, table, ids))
+            })
+            .max_by_key(|&(rows, table, _)| (rows, std::cmp::Reverse(table)))
+            .map(|(_, table, ids)| (table, ids))
     }
 
     /// How rank index `k` of layer `l` holds the weight (of `wdims`) `node` reads at `slot`.
@@ -1114,7 +1209,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                     }
                     continue;
                 }
-                let first = l.view_in().pieces(k)[2].0 == 0;
+                let first = l.first_slice(k);
                 if let Some(v) = resume.and_then(|c| c.velocity.get(name)) {
                     let v = Tensor::f32(model.shape.clone(), v.clone());
                     if let Some(data) = share(&v, &slice, first).floats() {
@@ -1194,9 +1289,7 @@ impl<'p, 'a> Rank<'p, 'a> {
     /// Whether this rank's weight `w` is real (not a zero stand-in for a bias it lacks).
     fn trains(&self, l: &LayerExec, w: ValueId) -> bool {
         match self.piece(l, w) {
-            Some(Slice::FirstSliceOnly) => l
-                .holds(self.rank)
-                .is_some_and(|k| l.view_in().pieces(k)[2].0 == 0),
+            Some(Slice::FirstSliceOnly) => l.holds(self.rank).is_some_and(|k| l.first_slice(k)),
             Some(_) => true,
             None => false,
         }
@@ -1593,7 +1686,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                     }
                     Source::Constant => match self.weights.get(&c) {
                         Some((_, t)) if p.tied.contains(&c) => {
-                            let first = layer.view_in().pieces(k)[2].0 == 0;
+                            let first = layer.first_slice(k);
                             share(t, &p.slice_of(layer, k, c), first)
                         }
                         Some((_, t)) => t.clone(),
@@ -1612,6 +1705,21 @@ impl<'p, 'a> Rank<'p, 'a> {
                         })?
                     }
                 };
+            // A vocabulary piece's ids: its rows, the others its zero row.
+            let t = match p.vocabulary_rows(layer, k, v) {
+                Some(rows) => {
+                    let ids = t
+                        .to_i64s()
+                        .iter()
+                        .map(|&id| match usize::try_from(id) {
+                            Ok(i) if rows.contains(&i) => (i - rows.start) as i64,
+                            _ => rows.len() as i64,
+                        })
+                        .collect();
+                    Tensor::i64(t.shape.clone(), ids)
+                }
+                None => t,
+            };
             // A head piece's reshape targets and split sizes.
             let t = match (source, layer.local.is_empty()) {
                 (Source::Constant | Source::Folded, false) => {
@@ -1748,6 +1856,16 @@ impl<'p, 'a> Rank<'p, 'a> {
                 (gw, _) => gw,
             };
             let gw = gw.map(|g| if counted { g } else { vec![0.0; g.len()] });
+            // What a vocabulary piece's zero row gathered (ids it does not hold) is dropped.
+            let gw = match self.weights.get(&w) {
+                Some((Slice::Vocabulary(_), t)) if !p.tied.contains(&w) => gw.map(|mut g| {
+                    let width: usize = t.shape[1..].iter().product();
+                    let n = g.len();
+                    g[n.saturating_sub(width)..].fill(0.0);
+                    g
+                }),
+                _ => gw,
+            };
             if let Some(gw) = gw {
                 match self.grads.get_mut(&w) {
                     Some(acc) => kernels::add(acc, &gw),

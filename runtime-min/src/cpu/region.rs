@@ -129,6 +129,10 @@ pub(crate) enum Slice {
     /// A row-parallel layer's bias, held by the first input-feature slice only; the others
     /// add zeros.
     FirstSliceOnly,
+    /// Piece `(i, n)` of an embedding table's rows (its vocabulary), with one zero row
+    /// appended: the row every id outside the piece looks up (Megatron's masked lookup),
+    /// whose gradient is dropped.
+    Vocabulary((u32, u32)),
 }
 
 impl Slice {
@@ -143,7 +147,7 @@ impl Slice {
                 groups,
                 piece,
             } => (axis, groups.max(1), piece),
-            Slice::Whole | Slice::FirstSliceOnly => return None,
+            Slice::Whole | Slice::FirstSliceOnly | Slice::Vocabulary(_) => return None,
         };
         let n = *shape.get(axis)?;
         let mut split = shape.to_vec();
@@ -164,6 +168,16 @@ pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
             let range = interval(*piece, full.shape[*axis]);
             super::ops::narrow(full, *axis, range.start, range.len())
         }
+        Slice::Vocabulary(piece) => {
+            let range = interval(*piece, full.shape[0]);
+            let rows = super::ops::narrow(full, 0, range.start, range.len());
+            let width: usize = full.shape[1..].iter().product();
+            let mut data = rows.floats().map(<[f32]>::to_vec).unwrap_or_default();
+            data.extend(std::iter::repeat_n(0.0, width));
+            let mut shape = full.shape.clone();
+            shape[0] = range.len() + 1;
+            Tensor::f32(shape, data)
+        }
         Slice::Groups { axis, .. } => match slice.boxed(&full.shape) {
             Some((split, region)) => {
                 let whole: Region = split.iter().map(|&d| 0..d).collect();
@@ -179,7 +193,7 @@ pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
 /// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
 /// weight (of `shape`).
 pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
-    if slice.boxed(shape).is_none() {
+    if slice.boxed(shape).is_none() && !matches!(slice, Slice::Vocabulary(_)) {
         return gradient;
     }
     let mut out = vec![0.0f32; t::numel(shape)];
@@ -189,6 +203,14 @@ pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f
 
 /// Writes a rank's share `data` of a weight of `shape` at its place in `whole`.
 pub(crate) fn place_into(whole: &mut [f32], data: &[f32], slice: &Slice, shape: &[usize]) {
+    if let (Slice::Vocabulary(piece), Some(&rows)) = (slice, shape.first()) {
+        // Its rows, without the zero row.
+        let width: usize = shape[1..].iter().product();
+        let range = interval(*piece, rows);
+        let n = range.len() * width;
+        whole[range.start * width..range.start * width + n].copy_from_slice(&data[..n]);
+        return;
+    }
     match slice.boxed(shape) {
         Some((split, region)) => {
             let holder: Region = split.iter().map(|&d| 0..d).collect();
