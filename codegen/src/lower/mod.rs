@@ -73,6 +73,10 @@ fn order(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<
     }
 }
 
+/// How a tensor (or its gradient) moves from a producer kind placed so to a consumer kind
+/// placed so: [`transfers`] or [`gradient_transfers`].
+type Router = fn(LayerKind, (Split, u32), LayerKind, (Split, u32)) -> Vec<Transfer>;
+
 /// The order of pipeline rank `g`'s passes under Megatron-LM's interleaved 1F1B schedule
 /// (Narayanan et al., §2.2), `devices` pipeline ranks of `v` virtual stages each: its
 /// chunk (virtual stage `chunk · devices + g`) and pass. Microbatches go through in groups
@@ -1055,7 +1059,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
     let stage_of = strategy.stage_of_layers();
     let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
     let kind = |l: usize| graph.layers[l].kind;
-    let moves = |how: fn(LayerKind, (Split, u32), LayerKind, (Split, u32)) -> Vec<Transfer>| {
+    let moves = |how: Router| {
         edges
             .iter()
             .map(|e| {
