@@ -54,6 +54,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 mod heads;
 mod loss;
 mod recompute;
+mod vocabulary;
 mod zero;
 
 /// Why a plan could not run.
@@ -570,91 +571,6 @@ impl<'a> Prepared<'a> {
         Ok(prepared)
     }
 
-    /// Attention layers split by heads: the fused QKV tensor each reads is held by groups
-    /// (one per output of the split separating Q, K and V), and the shape constants the
-    /// layer's nodes read are made local ([`heads`]).
-    fn split_heads(&mut self) -> Result<(), RunError> {
-        let g = self.exe.graph;
-        for l in 0..self.layers.len() {
-            let layer = &self.layers[l];
-            let pieces = layer.view_in().pieces(0)[2].1;
-            if layer.kind != LayerKind::Attention || pieces <= 1 {
-                continue;
-            }
-            let refuse = |why: String| setup(format!("layer {}: {why}", layer.name));
-            let mut seeds = BTreeMap::new();
-            let mut groups = Vec::new();
-            for &(v, source) in &layer.inputs {
-                let Source::Edge(_) = source else { continue };
-                let c = carrier(self.exe.layers, v);
-                let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
-                let f = self.axes(c, rank).features.ok_or_else(|| {
-                    refuse(format!(
-                        "its input '{}' has no feature axis to cut by heads",
-                        g.value(c).name
-                    ))
-                })?;
-                seeds.insert(v, f);
-                seeds.insert(c, f);
-                if let Some(n) = self.qkv_split(&layer.nodes, [v, c], f) {
-                    groups.push((c, n.map_err(&refuse)?));
-                }
-            }
-            let local = heads::local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces)
-                .map_err(&refuse)?;
-            self.layers[l].local = local;
-            self.groups.extend(groups);
-        }
-        Ok(())
-    }
-
-    /// How many equal parts the split among `nodes` that reads one of `input` along axis
-    /// `f` makes (Q, K, V: 3), if there is one; an error for unequal parts.
-    fn qkv_split(
-        &self,
-        nodes: &[NodeId],
-        input: [ValueId; 2],
-        f: usize,
-    ) -> Option<Result<usize, String>> {
-        let g = self.exe.graph;
-        let (id, node) = nodes.iter().map(|&n| (n, g.node(n))).find(|(_, n)| {
-            let Op::Split { axis, .. } = n.op else {
-                return false;
-            };
-            let rank = self.exe.info.ty(input[1]).shape.rank() as i64;
-            (if axis < 0 { axis + rank } else { axis }) == f as i64
-                && n.inputs
-                    .first()
-                    .copied()
-                    .flatten()
-                    .is_some_and(|x| input.contains(&x))
-        })?;
-        let parts = node.outputs.len();
-        let sizes: Vec<Option<u64>> = node
-            .outputs
-            .iter()
-            .map(|&o| {
-                self.exe
-                    .info
-                    .ty(o)
-                    .shape
-                    .as_sizes()
-                    .and_then(|s| s.get(f).copied())
-            })
-            .collect();
-        Some(
-            if sizes.windows(2).all(|w| w[0] == w[1] && w[0].is_some()) {
-                Ok(parts)
-            } else {
-                Err(format!(
-                    "its {} makes unequal parts {sizes:?} (grouped-query attention); only \
-                 equal Q, K and V are split by heads",
-                    g.site(id)
-                ))
-            },
-        )
-    }
-
     /// Refuses what this executor cannot run exactly.
     fn check(&self) -> Result<(), RunError> {
         let g = self.exe.graph;
@@ -886,18 +802,6 @@ impl<'a> Prepared<'a> {
         Ok(r)
     }
 
-    /// The shape of `v`'s tensor holding `region` of it (a grouped feature axis merged).
-    fn local_dims(&self, v: ValueId, region: &Region) -> Vec<usize> {
-        let mut d = dims(region);
-        if self.groups.contains_key(&v) {
-            if let Some(f) = self.axes(v, d.len().saturating_sub(1)).features {
-                let merged = d[f] * d[f + 1];
-                d.splice(f..=f + 1, [merged]);
-            }
-        }
-        d
-    }
-
     fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
         let mut cache = self.infos.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(info) = cache.get(&batch) {
@@ -990,63 +894,6 @@ impl<'a> Prepared<'a> {
             (Slice::Axis(axis, piece), Some(order)) => Slice::Axis(order[axis], piece),
             (slice, _) => slice,
         }
-    }
-
-    /// The rows of its table rank index `k` of vocabulary-parallel embedding `l` holds, when
-    /// `v` is the ids it looks them up by.
-    fn vocabulary_rows(&self, l: &LayerExec, k: u32, v: ValueId) -> Option<std::ops::Range<usize>> {
-        if l.kind != LayerKind::Embedding || l.split.attribute <= 1 {
-            return None;
-        }
-        let (table, ids) = self.vocabulary_lookup(l)?;
-        let lg = self.exe.layers;
-        if ids != v && carrier(lg, ids) != carrier(lg, v) {
-            return None;
-        }
-        let rows = self
-            .exe
-            .weights
-            .tensors
-            .get(&table)?
-            .shape
-            .first()
-            .copied()?;
-        Some(interval(l.vocabulary_piece(k), rows))
-    }
-
-    /// The table a vocabulary-parallel embedding layer splits: the largest one its
-    /// `Gather`s read, with the node that reads it.
-    fn vocabulary_table(&self, l: &LayerExec) -> Option<ValueId> {
-        self.vocabulary_lookup(l).map(|(table, _)| table)
-    }
-
-    /// A vocabulary-parallel embedding's table and the ids its lookup reads.
-    fn vocabulary_lookup(&self, l: &LayerExec) -> Option<(ValueId, ValueId)> {
-        let g = self.exe.graph;
-        let lg = self.exe.layers;
-        l.nodes
-            .iter()
-            .filter(|&&n| matches!(g.node(n).op, Op::Gather { .. }))
-            .filter_map(|&n| {
-                let inputs = &g.node(n).inputs;
-                let table = carrier(lg, inputs.first().copied().flatten()?);
-                let ids = inputs.get(1).copied().flatten()?;
-                let rows = self
-                    .exe
-                    .weights
-                    .tensors
-                    .get(&table)?
-                    .shape
-                    .first()
-                    .copied()?;
-                self.exe
-                    .weights
-                    .trainable
-                    .contains(&table)
-                    .then_some((rows, table, ids))
-            })
-            .max_by_key(|&(rows, table, _)| (rows, std::cmp::Reverse(table)))
-            .map(|(_, table, ids)| (table, ids))
     }
 
     /// How rank index `k` of layer `l` holds the weight (of `wdims`) `node` reads at `slot`.

@@ -8,10 +8,18 @@
 //!
 //! What the cut cannot pass (a softmax or a reduction over it, a contraction over it, a
 //! per-head constant) is refused with the node's name: the layer cannot run on a piece.
+//!
+//! The fused QKV tensor such a layer reads is held by groups — its feature axis taken as
+//! `[groups, features / groups]`, one group per output of the split separating Q, K and V
+//! — so that a rank's piece is `[q_i | k_i | v_i]`.
 
 use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
+use ralpc_passes::layers::LayerKind;
+
+use super::super::region::{dims, Region};
+use super::{carrier, setup, Prepared, RunError, Source};
 
 /// How a constant read by a head-split layer is made local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +56,105 @@ impl LocalShapes {
 
     pub(super) fn is_empty(&self) -> bool {
         self.adjust.is_empty()
+    }
+}
+
+impl Prepared<'_> {
+    /// Attention layers split by heads: the fused QKV tensor each reads is held by groups
+    /// (one per output of the split separating Q, K and V), and the shape constants the
+    /// layer's nodes read are made local ([`heads`]).
+    pub(super) fn split_heads(&mut self) -> Result<(), RunError> {
+        let g = self.exe.graph;
+        for l in 0..self.layers.len() {
+            let layer = &self.layers[l];
+            let pieces = layer.view_in().pieces(0)[2].1;
+            if layer.kind != LayerKind::Attention || pieces <= 1 {
+                continue;
+            }
+            let refuse = |why: String| setup(format!("layer {}: {why}", layer.name));
+            let mut seeds = BTreeMap::new();
+            let mut groups = Vec::new();
+            for &(v, source) in &layer.inputs {
+                let Source::Edge(_) = source else { continue };
+                let c = carrier(self.exe.layers, v);
+                let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
+                let f = self.axes(c, rank).features.ok_or_else(|| {
+                    refuse(format!(
+                        "its input '{}' has no feature axis to cut by heads",
+                        g.value(c).name
+                    ))
+                })?;
+                seeds.insert(v, f);
+                seeds.insert(c, f);
+                if let Some(n) = self.qkv_split(&layer.nodes, [v, c], f) {
+                    groups.push((c, n.map_err(&refuse)?));
+                }
+            }
+            let local =
+                local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces).map_err(&refuse)?;
+            self.layers[l].local = local;
+            self.groups.extend(groups);
+        }
+        Ok(())
+    }
+
+    /// How many equal parts the split among `nodes` that reads one of `input` along axis
+    /// `f` makes (Q, K, V: 3), if there is one; an error for unequal parts.
+    pub(super) fn qkv_split(
+        &self,
+        nodes: &[NodeId],
+        input: [ValueId; 2],
+        f: usize,
+    ) -> Option<Result<usize, String>> {
+        let g = self.exe.graph;
+        let (id, node) = nodes.iter().map(|&n| (n, g.node(n))).find(|(_, n)| {
+            let Op::Split { axis, .. } = n.op else {
+                return false;
+            };
+            let rank = self.exe.info.ty(input[1]).shape.rank() as i64;
+            (if axis < 0 { axis + rank } else { axis }) == f as i64
+                && n.inputs
+                    .first()
+                    .copied()
+                    .flatten()
+                    .is_some_and(|x| input.contains(&x))
+        })?;
+        let parts = node.outputs.len();
+        let sizes: Vec<Option<u64>> = node
+            .outputs
+            .iter()
+            .map(|&o| {
+                self.exe
+                    .info
+                    .ty(o)
+                    .shape
+                    .as_sizes()
+                    .and_then(|s| s.get(f).copied())
+            })
+            .collect();
+        Some(
+            if sizes.windows(2).all(|w| w[0] == w[1] && w[0].is_some()) {
+                Ok(parts)
+            } else {
+                Err(format!(
+                    "its {} makes unequal parts {sizes:?} (grouped-query attention); only \
+                 equal Q, K and V are split by heads",
+                    g.site(id)
+                ))
+            },
+        )
+    }
+
+    /// The shape of `v`'s tensor holding `region` of it (a grouped feature axis merged).
+    pub(super) fn local_dims(&self, v: ValueId, region: &Region) -> Vec<usize> {
+        let mut d = dims(region);
+        if self.groups.contains_key(&v) {
+            if let Some(f) = self.axes(v, d.len().saturating_sub(1)).features {
+                let merged = d[f] * d[f + 1];
+                d.splice(f..=f + 1, [merged]);
+            }
+        }
+        d
     }
 }
 
