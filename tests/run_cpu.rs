@@ -564,3 +564,24 @@ fn megatron_gpt_trains_the_same_as_one_device(tied: bool) {
         assert_same(&what, &run_plan(&model, 8, 8, &s, 3), &want);
     }
 }
+
+#[test]
+fn a_torch_exports_attention_adding_the_qkv_bias_splits_by_heads_as_one_device() {
+    // The TorchScript export adds the QKV bias inside the attention core (`Add(bias, mm)`)
+    // and splits Q, K, V by a constant: the bias is cut by the same groups as the columns.
+    let model = common::fixture("onnx/gpt2_torchscript/model.onnx");
+    // One step at batch 2: the model is GPT-2's size on the CPU.
+    let want = reference(&model, 2, 1);
+    let layers = [
+        split("/blocks.0/qkv/MatMul", 1, 1, 2),
+        split("/blocks.0/Softmax", 1, 1, 2),
+    ]
+    .join(", ");
+    let s = strategy(
+        &[stage("/wte/Gather", "/head/MatMul", 2)],
+        &layers,
+        "1f1b",
+        1,
+    );
+    assert_same("torchscript heads", &run_plan(&model, 2, 2, &s, 1), &want);
+}

@@ -817,7 +817,18 @@ impl<'a> Prepared<'a> {
     fn slice_of(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
         let slice = self.slice_within(l, k, w);
         let out = l.view_out().pieces(k)[2];
-        let grouped = l.outputs.iter().find_map(|o| self.groups.get(o));
+        // Its output's groups, or for an attention layer its input's (a bias it adds to
+        // the QKV columns before splitting them).
+        let grouped = l
+            .outputs
+            .iter()
+            .find_map(|o| self.groups.get(o))
+            .or_else(|| {
+                l.inputs
+                    .iter()
+                    .filter(|_| l.kind == LayerKind::Attention)
+                    .find_map(|&(v, _)| self.groups.get(&carrier(self.exe.layers, v)))
+            });
         match (slice, grouped) {
             (Slice::Axis(axis, piece), Some(&groups)) if out.1 > 1 && piece == out => {
                 Slice::Groups {
@@ -863,6 +874,10 @@ impl<'a> Prepared<'a> {
         let Some((mut node, mut slot)) = reader(w) else {
             return Slice::Whole;
         };
+        if let Some(axis) = l.local.sliced(w) {
+            // Applied along the heads: cut like the features it meets.
+            return Slice::Axis(axis, l.view_in().pieces(k)[2]);
+        }
         if l.kind == LayerKind::Embedding {
             // Vocabulary-parallel: the largest table by pieces of its rows, the others
             // (position embeddings) added by the first piece only.

@@ -36,6 +36,9 @@ pub(super) enum Adjust {
 pub(super) struct LocalShapes {
     pieces: i64,
     adjust: BTreeMap<ValueId, Adjust>,
+    /// Weights the layer applies along the cut axis (a QKV bias added after the product):
+    /// each with its axis, cut like the features it meets.
+    sliced: BTreeMap<ValueId, usize>,
 }
 
 impl LocalShapes {
@@ -56,6 +59,11 @@ impl LocalShapes {
 
     pub(super) fn is_empty(&self) -> bool {
         self.adjust.is_empty()
+    }
+
+    /// The axis along which weight `w` is cut, if the layer applies it along the heads.
+    pub(super) fn sliced(&self, w: ValueId) -> Option<usize> {
+        self.sliced.get(&w).copied()
     }
 }
 
@@ -90,8 +98,10 @@ impl Prepared<'_> {
                     groups.push((c, n.map_err(&refuse)?));
                 }
             }
-            let local =
-                local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces).map_err(&refuse)?;
+            let lg = self.exe.layers;
+            let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&carrier(lg, v));
+            let local = local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
+                .map_err(&refuse)?;
             self.layers[l].local = local;
             self.groups.extend(groups);
         }
@@ -107,6 +117,18 @@ impl Prepared<'_> {
         f: usize,
     ) -> Option<Result<usize, String>> {
         let g = self.exe.graph;
+        // The input, and what elementwise ops (a bias add) make of it before the split.
+        let mut reach: Vec<ValueId> = input.to_vec();
+        for &n in nodes {
+            let node = g.node(n);
+            let elementwise = matches!(
+                node.op,
+                Op::Binary(_) | Op::Unary(_) | Op::Identity | Op::Cast { .. }
+            );
+            if elementwise && node.inputs.iter().flatten().any(|x| reach.contains(x)) {
+                reach.extend(node.outputs.iter().copied());
+            }
+        }
         let (id, node) = nodes.iter().map(|&n| (n, g.node(n))).find(|(_, n)| {
             let Op::Split { axis, .. } = n.op else {
                 return false;
@@ -117,7 +139,7 @@ impl Prepared<'_> {
                     .first()
                     .copied()
                     .flatten()
-                    .is_some_and(|x| input.contains(&x))
+                    .is_some_and(|x| reach.contains(&x))
         })?;
         let parts = node.outputs.len();
         let sizes: Vec<Option<u64>> = node
@@ -169,6 +191,7 @@ pub(super) fn local_shapes(
     nodes: &[NodeId],
     mut cut: BTreeMap<ValueId, usize>,
     pieces: u32,
+    is_weight: &dyn Fn(ValueId) -> bool,
 ) -> Result<LocalShapes, String> {
     let sizes = |v: ValueId| -> Result<Vec<u64>, String> {
         info.ty(v)
@@ -180,7 +203,9 @@ pub(super) fn local_shapes(
     let mut local = LocalShapes {
         pieces: i64::from(pieces.max(1)),
         adjust: BTreeMap::new(),
+        sliced: BTreeMap::new(),
     };
+    let mut sliced = BTreeMap::new();
     let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), String> {
         match local.adjust.insert(v, how) {
             Some(before) if before != how => Err(format!(
@@ -346,15 +371,17 @@ pub(super) fn local_shapes(
                         continue;
                     }
                     let s = sizes(v)?;
-                    if (j + s.len())
-                        .checked_sub(out_rank)
-                        .is_some_and(|i| s[i] > 1)
-                    {
+                    let Some(i) = (j + s.len()).checked_sub(out_rank).filter(|&i| s[i] > 1) else {
+                        continue;
+                    };
+                    if !is_weight(v) {
                         return refuse(&format!(
                             "reads '{}', whole along the cut axis",
                             graph.value(v).name
                         ));
                     }
+                    // A weight applied per feature (a bias): cut with them.
+                    sliced.insert(v, i);
                 }
                 j
             }
@@ -364,6 +391,7 @@ pub(super) fn local_shapes(
             cut.insert(o, axis);
         }
     }
+    local.sliced = sliced;
     Ok(local)
 }
 
