@@ -27,15 +27,13 @@ impl Prepared<'_> {
         if ids != v && carrier(lg, ids) != carrier(lg, v) {
             return None;
         }
-        let rows = self
-            .exe
-            .weights
-            .tensors
-            .get(&table)?
-            .shape
-            .first()
-            .copied()?;
+        let rows = self.rows(table)?;
         Some(interval(l.vocabulary_piece(k), rows))
+    }
+
+    /// The rows of weight `table`.
+    fn rows(&self, table: ValueId) -> Option<usize> {
+        self.exe.weights.tensors.get(&table)?.shape.first().copied()
     }
 
     /// The table a vocabulary-parallel embedding layer splits: the largest one its
@@ -55,14 +53,7 @@ impl Prepared<'_> {
                 let inputs = &g.node(n).inputs;
                 let table = carrier(lg, inputs.first().copied().flatten()?);
                 let ids = inputs.get(1).copied().flatten()?;
-                let rows = self
-                    .exe
-                    .weights
-                    .tensors
-                    .get(&table)?
-                    .shape
-                    .first()
-                    .copied()?;
+                let rows = self.rows(table)?;
                 self.exe
                     .weights
                     .trainable
