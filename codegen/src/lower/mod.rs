@@ -73,6 +73,26 @@ fn order(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<
     }
 }
 
+/// A reduce-scatter (`scatter`) or all-gather of a tensor of `bytes` over `group`.
+fn half(scatter: bool, group: u32, bytes: f64, us: f64, latency_us: f64) -> Instruction {
+    let bytes = bytes.round() as u64;
+    if scatter {
+        Instruction::ReduceScatter {
+            group,
+            bytes,
+            us,
+            latency_us,
+        }
+    } else {
+        Instruction::AllGather {
+            group,
+            bytes,
+            us,
+            latency_us,
+        }
+    }
+}
+
 /// How a tensor (or its gradient) moves from a producer kind placed so to a consumer kind
 /// placed so: [`transfers`] or [`gradient_transfers`].
 type Router = fn(LayerKind, (Split, u32), LayerKind, (Split, u32)) -> Vec<Transfer>;
@@ -265,31 +285,23 @@ impl Lowering<'_, '_> {
         });
     }
 
-    /// ZeRO-1's reduce-scatter of a gradient bucket of `bytes` over every group of
-    /// `groups`, priced as the first half of the all-reduce it replaces.
+    /// A reduce-scatter of `bytes` over every group of `groups`, in place (a gradient
+    /// bucket under ZeRO-1, a row-parallel layer's partial sums), priced as the first half
+    /// of the all-reduce it replaces.
     fn reduce_scatter(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
-        self.in_place(groups, bytes, data, |comm, ranks, bytes| {
-            let c = comm.all_reduce(ranks, bytes);
-            move |group| Instruction::ReduceScatter {
-                group,
-                bytes: bytes.round() as u64,
-                us: c.us / 2.0,
-                latency_us: c.latency_us / 2.0,
-            }
-        });
+        self.half_all_reduce(true, groups, bytes, data);
     }
 
-    /// ZeRO-1's all-gather of updated weights of `bytes` over every group of `groups`,
-    /// the all-reduce's second half.
+    /// An all-gather of `bytes` over every group of `groups`, in place (ZeRO-1's updated
+    /// weights, a class-split output's loss statistics), the all-reduce's second half.
     fn all_gather(&mut self, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
+        self.half_all_reduce(false, groups, bytes, data);
+    }
+
+    fn half_all_reduce(&mut self, scatter: bool, groups: Vec<Vec<u32>>, bytes: f64, data: &[Key]) {
         self.in_place(groups, bytes, data, |comm, ranks, bytes| {
             let c = comm.all_reduce(ranks, bytes);
-            move |group| Instruction::AllGather {
-                group,
-                bytes: bytes.round() as u64,
-                us: c.us / 2.0,
-                latency_us: c.latency_us / 2.0,
-            }
+            move |group| half(scatter, group, bytes, c.us / 2.0, c.latency_us / 2.0)
         });
     }
 
@@ -432,21 +444,7 @@ impl Lowering<'_, '_> {
         } else {
             self.comm.all_gather(ranks, bytes)
         };
-        let (whole, latency_us) = (bytes.round() as u64, c.latency_us);
-        let make = |group, us| match scatter {
-            true => Instruction::ReduceScatter {
-                group,
-                bytes: whole,
-                us,
-                latency_us,
-            },
-            false => Instruction::AllGather {
-                group,
-                bytes: whole,
-                us,
-                latency_us,
-            },
-        };
+        let make = |group, us| half(scatter, group, bytes, us, c.latency_us);
         // What each member receives and keeps.
         let grows = if scatter {
             bytes / n
