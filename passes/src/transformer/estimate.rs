@@ -17,8 +17,9 @@
 //!   Megatron's scatter/gather); an iteration of `m` microbatches takes
 //!   `m · max T + (Σ T − max T) / v` — (m + p − 1)·T for uniform 1F1B, Narayanan's
 //!   `(p − 1)/(v·m)` bubble for interleaving;
-//! * then the data-parallel gradient all-reduce (ZeRO 1–2: reduce-scatter plus all-gather
-//!   of the parameters), hierarchical across nodes with every GPU of a node on its own NIC
+//! * then the data-parallel gradient all-reduce (ZeRO-1: reduce-scatter plus all-gather
+//!   of the parameters; ZeRO-2 reduce-scatters every microbatch's gradients, ZeRO-3
+//!   gathers every block's parameters per pass), hierarchical across nodes with every GPU of a node on its own NIC
 //!   at once, not overlapped with backward (as in the paper's runs), the tied embedding's
 //!   all-reduce between the first and last stage, and the optimizer step (memory-bound).
 //!
@@ -387,8 +388,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         0.0
     } else if par.zero == 0 {
         dp.all_reduce_us(fullest_params * grad_e)
-    } else if par.zero <= 2 {
+    } else if par.zero == 1 {
         dp.all_gather_us(fullest_params * grad_e) + dp.all_gather_us(fullest_params * e)
+    } else if par.zero == 2 {
+        // Sharded gradients cannot accumulate over microbatches: every microbatch's are
+        // reduce-scattered into the shard as its backward ends (DeepSpeed's stage 2).
+        m as f64 * dp.all_gather_us(fullest_params * grad_e) + dp.all_gather_us(fullest_params * e)
     } else {
         0.0
     } + if model.tied && p > 1 {
@@ -459,12 +464,22 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 let microbatches = (in_flight_chunks(par, 0, m) as f64 / f64::from(v)).ceil();
                 activations += microbatches * tokens * h * (e + 1.0) / sp;
             }
+            // What sharding leaves whole for a while: ZeRO-2 one block's gradients before
+            // their reduce-scatter, ZeRO-3 two blocks' gathered weights (the one running
+            // and the one prefetched).
+            let block = model.spec().block_params() as f64 / t;
+            let transient = match par.zero {
+                _ if par.data <= 1 => 0.0,
+                2 => block * grad_e,
+                3 => 2.0 * block * e + block * grad_e,
+                _ => 0.0,
+            };
             MemoryBreakdown {
                 weights: params * e / zero_div(3),
                 gradients: params * grad_e / zero_div(2),
                 optimizer: params * (master + state) / zero_div(1),
                 activations,
-                workspace: setting.workspace_bytes,
+                workspace: setting.workspace_bytes + transient,
             }
         })
         .collect();
