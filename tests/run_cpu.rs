@@ -377,6 +377,15 @@ fn a_sharded_optimizer_and_recomputation_train_the_same_as_one_device() {
         r#""zero": 1"#,
     );
     check("cnn.onnx", 8, 4, &s, "zero-soap");
+    // ZeRO-2 (every microbatch's gradients reduce-scattered into the shard) and ZeRO-3
+    // (the weights gathered before every pass) over the same two layouts.
+    let s = with_fields(&strategy(&stages, "", "1f1b", 2), r#""zero": 2"#);
+    check("cnn.onnx", 8, 4, &s, "zero2-1f1b");
+    let s = with_fields(
+        &strategy(&[stage("conv0", "fc1", 4)], &layers, "gpipe", 2),
+        r#""zero": 3"#,
+    );
+    check("cnn.onnx", 8, 4, &s, "zero3-soap");
     // Recomputation of a run on each stage (one holds an input from the stage before),
     // alone and with ZeRO-1.
     let runs = format!(
@@ -417,7 +426,7 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
     let base = strategy(&stages, "", "1f1b", 2);
     let async_base = strategy(&stages, "", "async", 2);
     for (s, expected) in [
-        (with_fields(&base, r#""zero": 2"#), "zero is 2"),
+        (with_fields(&base, r#""zero": 4"#), "zero is 4"),
         (
             with_fields(&async_base, r#""zero": 1"#),
             "synchronous schedule",

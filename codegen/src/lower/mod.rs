@@ -32,6 +32,7 @@
 mod buffers;
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
@@ -503,7 +504,9 @@ impl Lowering<'_, '_> {
 
     fn forward(&mut self, k: usize, mb: u32) {
         let stage = self.strategy.stages[k];
+        let mut gathered = vec![false; self.buckets[k].len()];
         for l in stage.first_layer..=stage.last_layer {
+            self.gather_weights(k, l..=l, &mut gathered);
             // Inputs from this stage move now; from earlier stages they were sent there.
             let mut inputs: Vec<Key> = Vec::new();
             for ei in 0..self.edges.len() {
@@ -584,6 +587,7 @@ impl Lowering<'_, '_> {
     fn backward(&mut self, k: usize, mb: u32, last: bool) {
         let stage = self.strategy.stages[k];
         let mut next_bucket = 0;
+        let mut gathered = vec![false; self.buckets[k].len()];
         for l in (stage.first_layer..=stage.last_layer).rev() {
             // The gradient of this layer's output: from later stages by message, from
             // consumers in this stage by message or in place.
@@ -606,7 +610,9 @@ impl Lowering<'_, '_> {
                 }
             }
             let run = self.strategy.recompute_run(l);
-            if let Some((first, last)) = run.filter(|&(_, last)| last == l) {
+            let rerun = run.filter(|&(_, last)| last == l);
+            self.gather_weights(k, rerun.map_or(l, |(first, _)| first)..=l, &mut gathered);
+            if let Some((first, last)) = rerun {
                 self.recompute(first, last, mb);
             }
             let kept = if run.is_some() {
@@ -671,7 +677,7 @@ impl Lowering<'_, '_> {
                 }
             }
             // Buckets whose layers are all done.
-            while last && next_bucket < self.buckets[k].len() {
+            while (last || self.strategy.zero >= 2) && next_bucket < self.buckets[k].len() {
                 let bucket = self.buckets[k][next_bucket].clone();
                 if *bucket.layers.start() != l {
                     break;
@@ -877,6 +883,38 @@ impl Lowering<'_, '_> {
             .write(r, Key::layer(BufferKind::OptimizerState, l), at);
     }
 
+    /// Under ZeRO-3, before a pass over `layers` of stage `k`: the all-gather of the
+    /// weights of each of its buckets holding any of them and not yet `gathered` in this
+    /// pass.
+    fn gather_weights(&mut self, k: usize, layers: RangeInclusive<usize>, gathered: &mut [bool]) {
+        if self.strategy.zero < 3 {
+            return;
+        }
+        for (i, bucket) in self.buckets[k].clone().iter().enumerate() {
+            let overlaps =
+                bucket.layers.start() <= layers.end() && layers.start() <= bucket.layers.end();
+            if overlaps && !gathered[i] {
+                gathered[i] = true;
+                self.gather_bucket(bucket);
+            }
+        }
+    }
+
+    /// The all-gather of a sharded bucket's weights over its replica groups.
+    fn gather_bucket(&mut self, bucket: &Bucket) {
+        if bucket.ranks.len() < 2 || bucket.bytes <= 0.0 {
+            return;
+        }
+        let weights: Vec<Key> = bucket
+            .layers
+            .clone()
+            .map(|l| Key::layer(BufferKind::Weights, l))
+            .collect();
+        let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+        let bytes = bucket.bytes * self.costs.model_state().weights;
+        self.all_gather(groups, bytes, &weights);
+    }
+
     /// The optimizer step of stage `k`'s ranks: under ZeRO-1 first each replicated
     /// bucket's sharded update and weight all-gather, then the update of the rest.
     fn step(&mut self, k: usize) {
@@ -889,14 +927,8 @@ impl Lowering<'_, '_> {
                 if n < 2 || bucket.bytes <= 0.0 {
                     continue;
                 }
-                let weights: Vec<Key> = bucket
-                    .layers
-                    .clone()
-                    .map(|l| Key::layer(BufferKind::Weights, l))
-                    .collect();
                 let share = bucket.bytes / n as f64;
-                let groups = Self::copies(&bucket.ranks, bucket.all.clone());
-                for mut ranks in groups.clone() {
+                for mut ranks in Self::copies(&bucket.ranks, bucket.all.clone()) {
                     ranks.sort_unstable();
                     let group = self.group(&ranks);
                     for &r in &ranks {
@@ -914,8 +946,7 @@ impl Lowering<'_, '_> {
                         }
                     }
                 }
-                let weight_bytes = bucket.bytes * self.costs.model_state().weights;
-                self.all_gather(groups, weight_bytes, &weights);
+                self.gather_bucket(&bucket);
                 for l in bucket.layers.clone() {
                     sharded[l] = true;
                 }
@@ -961,23 +992,30 @@ impl Lowering<'_, '_> {
             }
             let (replicas, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
             let bytes = layer.param_bytes as f64 * share;
-            // ZeRO-1: each of the replicas holds a share of the optimizer state.
-            let shards = if self.strategy.zero > 0 {
-                replicas.len() as f64
-            } else {
-                1.0
+            // ZeRO: each of the replicas holds a share of the optimizer state (1), of the
+            // gradients too (2), of the weights too (3).
+            let shards = |stage: u8| {
+                if self.strategy.zero >= stage {
+                    replicas.len() as f64
+                } else {
+                    1.0
+                }
             };
             for r in self.ranks(l) {
-                weights[r as usize] += bytes * self.costs.model_state().weights;
                 let m = self.costs.model_state();
+                let held = bytes * m.weights / shards(3);
+                weights[r as usize] += held;
                 self.buffers
-                    .grow(r, Key::layer(BufferKind::Weights, l), bytes * m.weights);
-                self.buffers
-                    .grow(r, Key::layer(BufferKind::Gradients, l), bytes * m.gradients);
+                    .grow(r, Key::layer(BufferKind::Weights, l), held);
+                self.buffers.grow(
+                    r,
+                    Key::layer(BufferKind::Gradients, l),
+                    bytes * m.gradients / shards(2),
+                );
                 self.buffers.grow(
                     r,
                     Key::layer(BufferKind::OptimizerState, l),
-                    bytes * m.optimizer / shards,
+                    bytes * m.optimizer / shards(1),
                 );
             }
         }

@@ -177,15 +177,35 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         };
         let (replicas, share) = super::layout::weight_replicas(layer.kind, split, 0);
         let weight_bytes = layer.param_bytes as f64 * share;
-        // ZeRO-1 keeps a 1/n share of the optimizer state on each of the n replicas.
+        // ZeRO keeps a 1/n share on each of the n replicas: of the optimizer state (1),
+        // the gradients too (2), the weights too (3).
         let shards = if strategy.zero > 0 {
             replicas.len() as f64
         } else {
             1.0
         };
-        let state = weight_bytes * costs.model_state().optimizer;
+        let state = costs.model_state();
+        let sharded = weight_bytes
+            * (state.optimizer
+                + if strategy.zero >= 2 {
+                    state.gradients
+                } else {
+                    0.0
+                }
+                + if strategy.zero >= 3 {
+                    state.weights
+                } else {
+                    0.0
+                });
         let mut bytes =
-            costs.memory(l, split, m, in_flight, versions) - state * (1.0 - 1.0 / shards);
+            costs.memory(l, split, m, in_flight, versions) - sharded * (1.0 - 1.0 / shards);
+        // What a sharded state keeps whole while the layer runs: its gathered weights and
+        // its gradients before their reduce-scatter.
+        let whole = if shards > 1.0 {
+            sharded - weight_bytes * state.optimizer
+        } else {
+            0.0
+        };
         if let Some((first, _)) = run {
             // A recomputed layer keeps only the run's inputs per microbatch in flight.
             let stash = costs.stash_per_microbatch(l, split, m);
@@ -213,7 +233,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
             stepped[r as usize] += own_bytes as f64 * share / shards;
-            transient[r as usize] = transient[r as usize].max(input_gradient);
+            transient[r as usize] = transient[r as usize].max(input_gradient + whole);
         }
         layers.push(LayerCost {
             forward_us: work.fwd_us,
@@ -262,13 +282,34 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         // the all-reduce latency fewer times.
         // A later stage also counts how long its gradient for the stage before waits.
         let weigh_delay = if k > 0 { 1.0 } else { 0.0 };
-        // Under ZeRO-1 each bucket's weights are all-gathered after the step.
-        let gathers = |bs: &[Bucket]| -> f64 {
-            if strategy.zero == 0 {
-                return 0.0;
+        // Under ZeRO each bucket's weights are all-gathered after the step; under ZeRO-3
+        // before every pass over it as well (forward, recomputation, backward).
+        let passes = match strategy.zero {
+            0 => 0.0,
+            1 | 2 => 1.0,
+            _ => {
+                let recomputes = (stage.first_layer..=stage.last_layer)
+                    .any(|l| strategy.recompute_run(l).is_some());
+                1.0 + f64::from(m) * if recomputes { 3.0 } else { 2.0 }
             }
+        };
+        // ZeRO-2 and 3 reduce-scatter every microbatch's gradients; the buckets' exposure
+        // below is the last microbatch's, the others' are paid in full.
+        let earlier = if strategy.zero >= 2 {
+            f64::from(m.saturating_sub(1))
+        } else {
+            0.0
+        };
+        let gathers = |bs: &[Bucket]| -> f64 {
             bs.iter()
-                .map(|b| costs.sharded_gather_us(&b.ranks, b.bytes))
+                .map(|b| {
+                    passes * costs.sharded_gather_us(&b.ranks, b.bytes)
+                        + earlier
+                            * b.layers
+                                .clone()
+                                .map(|l| bucket_layer_us(b, l, &syncs))
+                                .sum::<f64>()
+                })
                 .sum()
         };
         let (exposed, delay, gather, chosen) = BUCKET_CAPS

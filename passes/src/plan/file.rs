@@ -25,7 +25,8 @@
 //!   `parameter`: output channels or features) and `gpus`, when also given, must equal
 //!   their product.
 //! * `schedule` (`1f1b`, `gpipe`, `async`) and `microbatches` default to `1f1b` and 1.
-//! * `zero` (default 0): 1 shards the optimizer state over each replica group (ZeRO-1).
+//! * `zero` (default 0): 1 shards the optimizer state over each replica group (ZeRO-1),
+//!   2 the gradients too, 3 the weights too (FSDP).
 //! * `recompute` (default none): runs of layers whose activations are recomputed, each
 //!   `{ "first_layer": …, "last_layer": … }` inside one stage.
 //!

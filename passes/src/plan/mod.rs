@@ -153,7 +153,9 @@ pub struct Strategy {
     /// How the optimizer state is held: 0, every replica updates its whole copy of the
     /// weights; 1, each replica group shards it (ZeRO-1, Megatron-LM's distributed
     /// optimizer): the gradients are reduce-scattered, each replica updates its share of
-    /// the weights, and the weights are all-gathered.
+    /// the weights, and the weights are all-gathered; 2, the gradients are sharded too
+    /// (each microbatch's are reduce-scattered into the shard); 3, the weights too (each
+    /// bucket's are all-gathered before every forward and backward pass over it).
     pub zero: u8,
     /// Runs of consecutive layers of one stage, `(first, last)` inclusive, whose
     /// activations are recomputed: a run's forward pass keeps only the run's inputs, and
@@ -351,18 +353,19 @@ impl Strategy {
                 costs.gpus
             ));
         }
-        if self.zero > 1 {
+        if self.zero > 3 {
             return bad(format!(
-                "zero is {}; a layered plan shards the optimizer state (1) or not (0)",
+                "zero is {}; ZeRO shards the optimizer state (1), the gradients too (2) and \
+                 the weights too (3), or nothing (0)",
                 self.zero
             ));
         }
         if self.zero > 0 && self.schedule == Schedule::Async {
-            return bad(
-                "zero 1 needs a synchronous schedule (1f1b or gpipe): the asynchronous \
-                        one updates every replica's weights after each microbatch"
-                    .into(),
-            );
+            return bad(format!(
+                "zero {} needs a synchronous schedule (1f1b or gpipe): the asynchronous \
+                 one updates every replica's weights after each microbatch",
+                self.zero
+            ));
         }
         let stage_of = self.stage_of_layers();
         let mut after = 0;

@@ -24,8 +24,8 @@ pub struct NotLayered(pub String);
 /// The layered strategy of `plan` for `graph` (the model's layer graph at the global batch).
 ///
 /// # Errors
-/// [`NotLayered`] naming the option the layered form cannot express yet (interleaving,
-/// ZeRO 2 and 3), or a layer graph whose blocks cannot be told apart.
+/// [`NotLayered`] naming the option the layered form cannot express yet (an interleaving
+/// of unequal stages), or a layer graph whose blocks cannot be told apart.
 ///
 /// Tensor parallelism lowers as Megatron-LM's sequence parallelism, with or without
 /// `--sequence-parallel`: LayerNorms, dropout and residual layers split by sequence,
@@ -39,12 +39,6 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
-    if par.zero > 1 {
-        return refuse(
-            &format!("ZeRO-{} sharding of gradients or weights", par.zero),
-            "--zero 1",
-        );
-    }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on

@@ -15,7 +15,7 @@
 //! layer's bucket when every use holds the same piece, else after the plan's own
 //! all-reduce of it over every holder (each keeping it whole).
 //!
-//! Activation recomputation is in [`recompute`], ZeRO-1's sharded steps in [`zero`].
+//! Activation recomputation is in [`recompute`], ZeRO's sharded gradients and steps in [`zero`].
 //!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and

@@ -1,6 +1,9 @@
-//! ZeRO-1 (a sharded optimizer, Megatron-LM's distributed optimizer) on the executor: a
-//! gradient bucket is reduce-scattered over its replica group, each member updates its
-//! share of the bucket's weights, and the updated shares are all-gathered.
+//! ZeRO on the executor (1: a sharded optimizer, Megatron-LM's distributed optimizer; 2:
+//! sharded gradients; 3: sharded weights): a gradient bucket is reduce-scattered over its
+//! replica group (under ZeRO-2 and 3 after every microbatch), each member updates its
+//! share of the bucket's weights, and the updated shares are all-gathered (under ZeRO-3
+//! before every pass too: the executor holds whole weights, and gathering the shares of
+//! equal copies leaves them equal).
 //!
 //! A bucket's tensors are this rank's trained weights of its layers in layer order, laid
 //! end to end (as the bucket's all-reduce lays them); member `i` of `n` (ranks in order)
@@ -78,7 +81,9 @@ impl Rank<'_, '_> {
         Ok(interval((i as u32, members.len() as u32), total))
     }
 
-    /// Sums a gradient bucket over `group`, keeping this rank's share of the sum.
+    /// Sums a gradient bucket over `group`, keeping this rank's share of the sum and
+    /// zeroing the rest: what the following microbatches add to it is theirs alone, so a
+    /// reduce-scatter after each (ZeRO-2) sums every microbatch exactly once.
     pub(super) fn reduce_scatter_gradients(
         &mut self,
         index: u32,
@@ -93,14 +98,14 @@ impl Rank<'_, '_> {
             .exchange(&group, flat.clone())
             .map_err(Self::comm_error)?;
         let mine = self.shard(&group, flat.len())?;
-        let mut sum = vec![0.0f32; mine.len()];
+        let mut kept = vec![0.0f32; flat.len()];
         for part in &all {
             let part = part
                 .get(mine.clone())
                 .ok_or("a member's gradient bucket has another size")?;
-            kernels::add(&mut sum, part);
+            kernels::add(&mut kept[mine.clone()], part);
         }
-        self.store_gradients(&keys, mine, &sum);
+        self.store_gradients(&keys, 0..flat.len(), &kept);
         Ok(())
     }
 
