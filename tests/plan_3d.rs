@@ -584,3 +584,38 @@ fn a_plan_too_big_to_write_is_priced_and_says_how_to_lower_it() {
     );
     assert!(!out.exists());
 }
+
+#[test]
+fn position_ids_without_data_are_seeded_as_the_arange_they_index_with() {
+    // Dynamo's GPT-2 export keeps its position ids (`arange`) as an initializer like the
+    // weights; a structure-only copy has no data for it. Ids that only index tables are
+    // seeded counting up, which is what they were: training is unchanged.
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::{ModelProto, StringStringEntryProto};
+    use protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(2, 32, 4, 8, 64));
+    let want = single_device_losses(&dir, &model);
+    let mut proto = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    let ids = proto
+        .graph
+        .mut_or_insert_default()
+        .initializer
+        .iter_mut()
+        .find(|t| t.name == "position_ids")
+        .expect("the generator stores the position ids inline");
+    assert!(!ids.int64_data.is_empty() || !ids.raw_data.is_empty());
+    ids.int64_data.clear();
+    ids.raw_data.clear();
+    ids.data_location = DataLocation::EXTERNAL.into();
+    let mut location = StringStringEntryProto::new();
+    location.key = "location".into();
+    location.value = "model.onnx.data".into();
+    ids.external_data.push(location);
+    let stripped = dir.path().join("stripped");
+    std::fs::create_dir(&stripped).unwrap();
+    let path = stripped.join("gpt.onnx");
+    std::fs::write(&path, proto.write_to_bytes().unwrap()).unwrap();
+    let inner = tempfile::tempdir_in(&stripped).unwrap();
+    assert_eq!(single_device_losses(&inner, path.to_str().unwrap()), want);
+}

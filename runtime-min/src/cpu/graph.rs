@@ -122,11 +122,23 @@ impl Weights {
                         init::weight(seed, &name, n, rule),
                     )
                 }
-                None => {
-                    return Err(weight(TensorReadError::NotNumeric {
-                        dtype: tensor.dtype,
-                    }))
-                }
+                None => match gathered_rows(graph, value) {
+                    // Indices without data (a structure-only export's position ids): valid
+                    // for every table they index, counting up as an `arange` would.
+                    Some(rows) if !tensor.dtype.is_float() => {
+                        w.seeded += 1;
+                        let n = tensor.numel().unwrap_or(0);
+                        Tensor::i64(
+                            tensor.dims.iter().map(|&d| d as usize).collect(),
+                            (0..n).map(|i| (i % rows) as i64).collect(),
+                        )
+                    }
+                    _ => {
+                        return Err(weight(TensorReadError::NotNumeric {
+                            dtype: tensor.dtype,
+                        }))
+                    }
+                },
             };
             if *initializer && tensor.dtype.is_float() {
                 w.trainable.push(value);
@@ -135,6 +147,33 @@ impl Weights {
         }
         Ok(w)
     }
+}
+
+/// When `value` is read only as the indices of `Gather`s of constant tables: the fewest
+/// rows any of them has along its gathered axis.
+fn gathered_rows(graph: &Graph, value: ValueId) -> Option<u64> {
+    let consumers = graph.consumers(value);
+    if consumers.is_empty() {
+        return None;
+    }
+    consumers
+        .into_iter()
+        .map(|(node, slot)| {
+            let n = graph.node(node);
+            let Op::Gather { axis } = n.op else {
+                return None;
+            };
+            let table = n.inputs.first().copied().flatten()?;
+            let Op::Constant { tensor, .. } = &graph.node(graph.value(table).producer).op else {
+                return None;
+            };
+            let rank = tensor.dims.len() as i64;
+            let axis = usize::try_from(if axis < 0 { axis + rank } else { axis }).ok()?;
+            let rows = *tensor.dims.get(axis)?;
+            (slot == 1 && rows > 0).then_some(rows)
+        })
+        .min_by_key(|r| r.unwrap_or(0))
+        .flatten()
 }
 
 /// The weight a float `ConstantOfShape` of an initializer's shape generates (value, dims
