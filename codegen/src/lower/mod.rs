@@ -890,13 +890,14 @@ impl Lowering<'_, '_> {
         if self.strategy.zero < 3 {
             return;
         }
-        for (i, bucket) in self.buckets[k].clone().iter().enumerate() {
-            let overlaps =
-                bucket.layers.start() <= layers.end() && layers.start() <= bucket.layers.end();
-            if overlaps && !gathered[i] {
-                gathered[i] = true;
-                self.gather_bucket(bucket);
+        for i in 0..self.buckets[k].len() {
+            let held = &self.buckets[k][i].layers;
+            if gathered[i] || held.start() > layers.end() || layers.start() > held.end() {
+                continue;
             }
+            gathered[i] = true;
+            let bucket = self.buckets[k][i].clone();
+            self.gather_bucket(&bucket);
         }
     }
 
