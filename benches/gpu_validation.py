@@ -46,12 +46,12 @@ def losses(binary, command, plan_dir, *extra):
     return json.loads(out)
 
 
-def step_seconds(binary, plan_dir, steps=(2, 7)):
-    """Seconds per training step on CUDA: the difference of two runs' times over the
-    difference of their steps (excludes start-up, kernel compilation and uploads)."""
-    few, many = (losses(binary, "run", plan_dir, "--backend", "cuda", "--steps", str(s))
-                 for s in steps)
-    return (many["seconds"] - few["seconds"]) / (steps[1] - steps[0])
+def step_seconds(binary, plan_dir, steps=12):
+    """Seconds per training step on CUDA: the median of the steps after the first, each
+    timed by ralpc from one loss to the next (start-up, kernel compilation, uploads and
+    the first step's cuDNN algorithm choice left out)."""
+    run = losses(binary, "run", plan_dir, "--backend", "cuda", "--steps", str(steps))
+    return statistics.median(run["step_seconds"][1:])
 
 
 def pytorch_step_seconds(name, batch, steps=10):
@@ -84,6 +84,8 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--profiles", default=None,
+                        help="keep the measured profiles (NAME.profile.json) in this folder")
     args = parser.parse_args()
     binary = args.ralpc
     results = {"doctor": json.loads(subprocess.run(
@@ -108,13 +110,15 @@ def main():
                 plan(binary, model, 1, args.batch, plan_dir)
                 ours = step_seconds(binary, plan_dir)
                 theirs = pytorch_step_seconds(name, args.batch)
-                profile = os.path.join(tmp, f"{name}.profile.json")
+                profile = os.path.join(args.profiles or tmp, f"{name}.profile.json")
                 ralpc(binary, "profile", model, "--device", "cuda:0", "--batch-sizes",
                       str(args.batch), "--repeats", "5", "-o", profile)
                 predicted = json.loads(ralpc(
                     binary, model, "--gpus", "1", "--batch", str(args.batch), "--cluster",
                     "dgx-h100", "--profile", profile, "--json", "-o",
                     os.path.join(tmp, f"{name}-profiled")))["iteration_time_us"] / 1e6
+                print(f"{name}: ralpc {ours:.4f} s, PyTorch {theirs:.4f} s, "
+                      f"predicted {predicted:.4f} s", flush=True)
                 results[name] = {
                     "ralpc_step_s": ours,
                     "pytorch_step_s": theirs,

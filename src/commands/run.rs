@@ -215,6 +215,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             "losses": out.report.losses,
             "samples_per_s": out.samples_per_s,
             "seconds": out.seconds,
+            "step_seconds": out.report.step_seconds,
             "steps": args.steps,
             "ranks": out.ranks,
             "processes": options.placement.as_ref().map_or(1, |p| p.world),

@@ -1,6 +1,7 @@
 //! On an NVIDIA GPU (`cargo test -p ralpc-cuda-host --test gpu -- --ignored`): the CUDA
 //! executor on the real device trains every fixture as the CPU backend does, within 1e-3
-//! (TF32 off), and reports its step times. The same executor on the host kernels is
+//! (TF32 off) or, for a model that amplifies rounding past that, within ten times what a
+//! 1e-7 nudge of its inputs moves the CPU's own result; and reports its step times. The same executor on the host kernels is
 //! checked in `tests/train.rs` on every machine.
 
 mod common;
@@ -8,7 +9,8 @@ mod common;
 use std::time::Instant;
 
 use ralpc_runtime_min::cpu::graph::Weights;
-use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions};
+use ralpc_runtime_min::cpu::tensor::Data;
+use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::backend::Backend as _;
 use ralpc_runtime_min::cuda::gpu::Gpu;
 use ralpc_runtime_min::cuda::libs::{self, Lib, Resolution};
@@ -64,14 +66,59 @@ fn check(gpu: &Gpu, model: &str, batch: u64, steps: u32) {
             "{model}: loss {g} against {w}"
         );
     }
-    for (name, w) in &want.first_gradients {
-        let e = common::relative_error(&got.first_gradients[name], w);
-        assert!(e <= 1e-3, "{model}: gradient {name}: relative error {e}");
+    let worst = largest_errors(&got, &want);
+    eprintln!("{model}: largest relative errors {worst:?}");
+    if worst.first().is_none_or(|(e, _)| *e <= TOLERANCE) {
+        return;
     }
-    for (name, w) in &want.weights {
-        let e = common::relative_error(&got.weights[name], w);
-        assert!(e <= 1e-3, "{model}: weight {name}: relative error {e}");
+    // Some models amplify fp32 rounding far beyond 1e-3 on their own (ResNet-50 exported
+    // with its batch norms folded: no normalization across 50 layers). Measure that on
+    // the CPU — the same step with the inputs nudged by 1e-7 — and allow ten times it.
+    let nudged = train_reference(&graph, &info, &weights, &nudge(&data), &options).expect("cpu");
+    let sensitivity = largest_errors(&nudged, &want)[0].0;
+    eprintln!("{model}: a 1e-7 nudge of the inputs moves the CPU's result by {sensitivity:.2e}");
+    assert!(
+        worst[0].0 <= 10.0 * sensitivity,
+        "{model}: {worst:?}, where a 1e-7 nudge moves the CPU by {sensitivity:.2e}"
+    );
+}
+
+/// Within this, the GPU equals the CPU (fp32, TF32 off).
+const TOLERANCE: f64 = 1e-3;
+
+/// Every gradient's and updated weight's relative error, worst first: a failure shows
+/// where the difference is largest rather than the first name in order.
+fn largest_errors(got: &TrainReport, want: &TrainReport) -> Vec<(f64, String)> {
+    let mut errors: Vec<(f64, String)> = [
+        ("gradient", &got.first_gradients, &want.first_gradients),
+        ("weight", &got.weights, &want.weights),
+    ]
+    .into_iter()
+    .flat_map(|(what, got, want)| {
+        want.iter().map(move |(name, w)| {
+            (
+                common::relative_error(&got[name], w),
+                format!("{what} {name}"),
+            )
+        })
+    })
+    .collect();
+    errors.sort_by(|a, b| b.0.total_cmp(&a.0));
+    errors.truncate(6);
+    errors
+}
+
+/// `data` with every input element scaled by a factor within 1e-7 of one.
+fn nudge(data: &Dataset) -> Dataset {
+    let mut nudged = data.clone();
+    for t in nudged.inputs.values_mut() {
+        if let Data::F32(v) = &mut t.data {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x *= 1.0 + 1e-7 * ((i * 7919 % 13) as f32 - 6.0) / 6.0;
+            }
+        }
     }
+    nudged
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! the optimizer — is tested against the CPU backend on machines without a GPU.
 
 use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
+use crate::cpu::kernels::Conv2d;
 
 /// A device's result: errors are messages naming the call.
 pub type R<T> = Result<T, String>;
@@ -295,6 +296,24 @@ pub trait Backend {
         g: &Window,
         images: usize,
     ) -> R<()>;
+    /// `y = conv(x, w)` over the whole batch (no bias), `y` overwritten. The default is
+    /// im2col and GEMM ([`super::conv::forward`]).
+    fn conv_forward(&self, g: &Conv2d, x: &Self::Buf, w: &Self::Buf, y: &mut Self::Buf) -> R<()> {
+        super::conv::forward(self, g, x, w, y)
+    }
+    /// The input and weight gradients of [`Backend::conv_forward`] for `dy`, added into
+    /// `dx` and `dw` (default: [`super::conv::backward`]).
+    fn conv_backward(
+        &self,
+        g: &Conv2d,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        dw: &mut Self::Buf,
+    ) -> R<()> {
+        super::conv::backward(self, g, x, w, dy, dx, dw)
+    }
     /// SGD with momentum.
     fn sgd_momentum(
         &self,

@@ -13,7 +13,9 @@ use cudarc::driver::{
 };
 
 use super::backend::{Backend, Gemm, R};
+use super::cudnn::Convolutions;
 use super::kernels::{self, BinaryOp, Strides, UnaryOp, Window};
+use crate::cpu::kernels::Conv2d;
 
 /// Threads per block of every launch (a power of two, as the row kernels need).
 const BLOCK: u32 = 256;
@@ -25,6 +27,8 @@ pub struct Gpu {
     /// Collectives' stream, so that they can overlap computation.
     comm: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuDNN, when installed; convolutions lower to im2col without it.
+    convolutions: Option<Convolutions>,
     functions: BTreeMap<&'static str, CudaFunction>,
 }
 
@@ -40,6 +44,7 @@ impl Gpu {
     /// load, or cuBLAS failing to start.
     pub fn new(ordinal: usize) -> R<Gpu> {
         let ctx = CudaContext::new(ordinal).map_err(fail("cannot open the GPU"))?;
+        keep_freed_memory(&ctx)?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(fail("cannot read the GPU's architecture"))?;
@@ -81,11 +86,13 @@ impl Gpu {
             .map_err(fail("cannot create a stream"))?;
         let comm = ctx.new_stream().map_err(fail("cannot create a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(fail("cannot start cuBLAS"))?;
+        let convolutions = Convolutions::new(&stream)?;
         Ok(Gpu {
             ctx,
             stream,
             comm,
             blas,
+            convolutions,
             functions,
         })
     }
@@ -142,6 +149,55 @@ macro_rules! launch {
         unsafe { b.launch($cfg) }.map_err(|e| format!("kernel {}: {e:?}", $name))?;
         Ok(())
     }};
+}
+
+/// Makes the device's memory pool keep what is freed instead of returning it to the
+/// driver at every synchronization (its default threshold is 0): buffers are freed and
+/// allocated again at every step and every profiled run, and mapping fresh memory for
+/// them cost more than the kernels using them. PyTorch's caching allocator keeps memory
+/// the same way.
+fn keep_freed_memory(ctx: &CudaContext) -> R<()> {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` receives the device's default pool, which lives as long as the
+    // device; the attribute takes a `u64`.
+    let status = unsafe {
+        let got = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+        if got == sys::CUresult::CUDA_SUCCESS {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+        } else {
+            got
+        }
+    };
+    match status {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(format!("cannot configure the GPU's memory pool: {e:?}")),
+    }
+}
+
+/// The buffers hold `g`'s input, weight and output (cuDNN reads them whole).
+fn conv_fits(g: &Conv2d, x: &CudaSlice<f32>, w: &CudaSlice<f32>, y: &CudaSlice<f32>) -> R<()> {
+    let (oh, ow) = g.output();
+    fits(
+        "convolution x",
+        x.len(),
+        g.batch * g.in_channels * g.input.0 * g.input.1,
+    )?;
+    let per_group = g.in_channels / g.groups.max(1);
+    fits(
+        "convolution w",
+        w.len(),
+        g.out_channels * per_group * g.kernel.0 * g.kernel.1,
+    )?;
+    fits("convolution y", y.len(), g.batch * g.out_channels * oh * ow)
 }
 
 fn fits(what: &str, len: usize, needed: usize) -> R<()> {
@@ -837,6 +893,38 @@ impl Backend for Gpu {
             &count
         )
     }
+    fn conv_forward(
+        &self,
+        g: &Conv2d,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+    ) -> R<()> {
+        conv_fits(g, x, w, y)?;
+        match &self.convolutions {
+            Some(dnn) if dnn.forward(g, x, w, y)? => Ok(()),
+            _ => super::conv::forward(self, g, x, w, y),
+        }
+    }
+
+    fn conv_backward(
+        &self,
+        g: &Conv2d,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        dw: &mut CudaSlice<f32>,
+    ) -> R<()> {
+        conv_fits(g, x, w, dy)?;
+        fits("convolution dx", dx.len(), x.len())?;
+        fits("convolution dw", dw.len(), w.len())?;
+        match &self.convolutions {
+            Some(dnn) if dnn.backward(g, x, w, dy, dx, dw)? => Ok(()),
+            _ => super::conv::backward(self, g, x, w, dy, dx, dw),
+        }
+    }
+
     fn sgd_momentum(
         &self,
         w: &mut CudaSlice<f32>,

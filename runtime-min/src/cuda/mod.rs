@@ -14,6 +14,8 @@
 //!   replicas sharing one summing device to device;
 //! * [`device`]: the GPUs the driver sees.
 pub mod backend;
+pub mod conv;
+pub mod cudnn;
 pub mod device;
 pub mod gpu;
 pub mod hosted;

@@ -1,0 +1,280 @@
+//! Convolutions through cuDNN on the GPU's stream: NCHW fp32 with FMA math only (no TF32,
+//! as PyTorch runs with `allow_tf32 = False`), the algorithm cuDNN's heuristics rank
+//! first (PyTorch's default, `cudnn.benchmark = False`). Geometry cuDNN cannot describe
+//! (asymmetric padding) returns `false`, and the caller lowers to im2col instead.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cudnn::sys::{
+    cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionFwdAlgo_t,
+    cudnnConvolutionMode_t, cudnnMathType_t, cudnnTensorFormat_t,
+};
+use cudarc::cudnn::{
+    ConvBackwardData, ConvBackwardFilter, ConvDescriptor, ConvForward, Cudnn, FilterDescriptor,
+    TensorDescriptor,
+};
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use super::backend::R;
+use crate::cpu::kernels::Conv2d;
+
+/// cuDNN's handle on one stream.
+pub struct Convolutions {
+    handle: Arc<Cudnn>,
+    stream: Arc<CudaStream>,
+    /// The algorithms cuDNN's heuristics ranked first, by geometry: asked once per shape,
+    /// since each query costs about a millisecond of host time, longer than most
+    /// convolutions run.
+    chosen: Mutex<Chosen>,
+    /// Scratch space shared by every call on the stream, grown to the largest asked for.
+    workspace: Mutex<Option<CudaSlice<u8>>>,
+}
+
+/// A convolution's geometry, as a map key.
+type Key = [usize; 15];
+
+/// Each direction's algorithm and its workspace bytes, by geometry.
+#[derive(Default)]
+struct Chosen {
+    forward: BTreeMap<Key, (cudnnConvolutionFwdAlgo_t, usize)>,
+    data: BTreeMap<Key, (cudnnConvolutionBwdDataAlgo_t, usize)>,
+    filter: BTreeMap<Key, (cudnnConvolutionBwdFilterAlgo_t, usize)>,
+}
+
+fn key(g: &Conv2d) -> Key {
+    [
+        g.batch,
+        g.in_channels,
+        g.out_channels,
+        g.input.0,
+        g.input.1,
+        g.kernel.0,
+        g.kernel.1,
+        g.stride.0,
+        g.stride.1,
+        g.dilation.0,
+        g.dilation.1,
+        g.padding[0],
+        g.padding[1],
+        g.padding[2],
+        g.groups,
+    ]
+}
+
+/// The cached choice for `g`, or `pick` asked and remembered.
+fn choose<A: Copy>(
+    map: &mut BTreeMap<Key, (A, usize)>,
+    g: &Conv2d,
+    pick: impl FnOnce() -> R<(A, usize)>,
+) -> R<(A, usize)> {
+    if let Some(&hit) = map.get(&key(g)) {
+        return Ok(hit);
+    }
+    let picked = pick()?;
+    map.insert(key(g), picked);
+    Ok(picked)
+}
+
+/// One convolution's descriptors.
+struct Descriptors {
+    conv: ConvDescriptor<f32>,
+    x: TensorDescriptor<f32>,
+    w: FilterDescriptor<f32>,
+    y: TensorDescriptor<f32>,
+}
+
+fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("cuDNN {what}: {e:?}")
+}
+
+fn int(v: usize) -> R<i32> {
+    i32::try_from(v).map_err(|_| format!("convolution size {v} exceeds cuDNN's"))
+}
+
+impl Convolutions {
+    /// cuDNN on `stream`, or `None` when its library is not installed.
+    ///
+    /// # Errors
+    /// cuDNN present but failing to start.
+    pub fn new(stream: &Arc<CudaStream>) -> R<Option<Convolutions>> {
+        if !super::libs::Lib::Cudnn.loadable() {
+            return Ok(None);
+        }
+        let handle = Cudnn::new(stream.clone()).map_err(fail("cannot start"))?;
+        Ok(Some(Convolutions {
+            handle,
+            stream: stream.clone(),
+            chosen: Mutex::default(),
+            workspace: Mutex::default(),
+        }))
+    }
+
+    /// The descriptors of `g`, or `None` when cuDNN cannot express it.
+    fn describe(&self, g: &Conv2d) -> R<Option<Descriptors>> {
+        let [top, left, bottom, right] = g.padding;
+        if top != bottom || left != right || g.groups == 0 {
+            return Ok(None);
+        }
+        let (oh, ow) = g.output();
+        let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let tensor = |c: usize, (h, w): (usize, usize)| -> R<TensorDescriptor<f32>> {
+            self.handle
+                .create_4d_tensor(nchw, [int(g.batch)?, int(c)?, int(h)?, int(w)?])
+                .map_err(fail("tensor descriptor"))
+        };
+        let mut conv = self
+            .handle
+            .create_conv2d(
+                [int(top)?, int(left)?],
+                [int(g.stride.0)?, int(g.stride.1)?],
+                [int(g.dilation.0)?, int(g.dilation.1)?],
+                cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+            )
+            .map_err(fail("convolution descriptor"))?;
+        conv.set_group_count(int(g.groups)?)
+            .map_err(fail("group count"))?;
+        conv.set_math_type(cudnnMathType_t::CUDNN_FMA_MATH)
+            .map_err(fail("math type"))?;
+        let w = self
+            .handle
+            .create_4d_filter(
+                nchw,
+                [
+                    int(g.out_channels)?,
+                    int(g.in_channels / g.groups)?,
+                    int(g.kernel.0)?,
+                    int(g.kernel.1)?,
+                ],
+            )
+            .map_err(fail("filter descriptor"))?;
+        Ok(Some(Descriptors {
+            conv,
+            x: tensor(g.in_channels, g.input)?,
+            w,
+            y: tensor(g.out_channels, (oh, ow))?,
+        }))
+    }
+
+    fn chosen(&self) -> R<std::sync::MutexGuard<'_, Chosen>> {
+        self.chosen
+            .lock()
+            .map_err(|_| "cuDNN: a thread failed while choosing an algorithm".to_owned())
+    }
+
+    /// Runs `launch` with a workspace of at least `bytes`.
+    fn with_workspace(
+        &self,
+        bytes: usize,
+        launch: impl FnOnce(&mut CudaSlice<u8>) -> R<()>,
+    ) -> R<()> {
+        let mut space = self
+            .workspace
+            .lock()
+            .map_err(|_| "cuDNN: a thread failed during a convolution".to_owned())?;
+        if space.as_ref().is_none_or(|s| s.len() < bytes) {
+            // SAFETY: scratch space, written by cuDNN before it is read.
+            let grown = unsafe { self.stream.alloc::<u8>(bytes.max(1)) };
+            *space = Some(grown.map_err(fail("workspace"))?);
+        }
+        match space.as_mut() {
+            Some(space) => launch(space),
+            None => Err("cuDNN: no workspace".to_owned()),
+        }
+    }
+
+    /// `y = conv(x, w)`; `Ok(false)` when cuDNN cannot express `g`.
+    ///
+    /// # Errors
+    /// cuDNN failing.
+    pub fn forward(
+        &self,
+        g: &Conv2d,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+    ) -> R<bool> {
+        let Some(d) = self.describe(g)? else {
+            return Ok(false);
+        };
+        let op = ConvForward {
+            conv: &d.conv,
+            x: &d.x,
+            w: &d.w,
+            y: &d.y,
+        };
+        let (algo, bytes) = choose(&mut self.chosen()?.forward, g, || {
+            let algo = op.pick_algorithm().map_err(fail("forward algorithm"))?;
+            Ok((
+                algo,
+                op.get_workspace_size(algo)
+                    .map_err(fail("forward workspace"))?,
+            ))
+        })?;
+        self.with_workspace(bytes, |space| {
+            // SAFETY: the buffers hold the described NCHW fp32 tensors (their lengths
+            // are checked by the caller against the geometry).
+            unsafe { op.launch(algo, Some(space), (1.0, 0.0), x, w, y) }.map_err(fail("forward"))
+        })?;
+        Ok(true)
+    }
+
+    /// `dx += ∂conv/∂x · dy` and `dw += ∂conv/∂w · dy`; `Ok(false)` when cuDNN cannot
+    /// express `g`.
+    ///
+    /// # Errors
+    /// cuDNN failing.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a convolution's three tensors and their gradients"
+    )]
+    pub fn backward(
+        &self,
+        g: &Conv2d,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        dw: &mut CudaSlice<f32>,
+    ) -> R<bool> {
+        let Some(d) = self.describe(g)? else {
+            return Ok(false);
+        };
+        let data = ConvBackwardData {
+            conv: &d.conv,
+            dx: &d.x,
+            w: &d.w,
+            dy: &d.y,
+        };
+        let (algo, bytes) = choose(&mut self.chosen()?.data, g, || {
+            let algo = data.pick_algorithm().map_err(fail("data algorithm"))?;
+            Ok((
+                algo,
+                data.get_workspace_size(algo)
+                    .map_err(fail("data workspace"))?,
+            ))
+        })?;
+        self.with_workspace(bytes, |space| {
+            // SAFETY: as in `forward`.
+            unsafe { data.launch(algo, Some(space), (1.0, 1.0), dx, w, dy) }
+                .map_err(fail("backward data"))
+        })?;
+        let filter = ConvBackwardFilter {
+            conv: &d.conv,
+            x: &d.x,
+            dw: &d.w,
+            dy: &d.y,
+        };
+        let (algo, bytes) = choose(&mut self.chosen()?.filter, g, || {
+            let algo = filter.pick_algorithm().map_err(fail("filter algorithm"))?;
+            let bytes = filter.get_workspace_size(algo);
+            Ok((algo, bytes.map_err(fail("filter workspace"))?))
+        })?;
+        self.with_workspace(bytes, |space| {
+            // SAFETY: as in `forward`.
+            unsafe { filter.launch(algo, Some(space), (1.0, 1.0), x, dw, dy) }
+                .map_err(fail("backward filter"))
+        })?;
+        Ok(true)
+    }
+}
