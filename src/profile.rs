@@ -177,8 +177,8 @@ pub fn profile_cuda(
     let device = Device {
         name,
         note: format!(
-            "ralpc {} CUDA backend (NVRTC kernels, cuBLAS, fp32, TF32 off); CUDA events, \
-             median of {} runs after a warm-up",
+            "ralpc {} CUDA backend (NVRTC kernels, cuBLAS, cuDNN, fp32, TF32 off); CUDA \
+             events, median of {} samples of 4 back-to-back runs after a warm-up",
             env!("CARGO_PKG_VERSION"),
             options.repeats.max(1)
         ),

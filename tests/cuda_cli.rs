@@ -257,3 +257,87 @@ fn a_pipeline_runs_on_one_gpu_as_on_the_cpu() {
         &losses("run", &plan, &["--backend", "cpu"]),
     );
 }
+
+/// Megatron-style plans of a generated GPT — tensor × pipeline × data parallel, ZeRO 1–3,
+/// selective and full recomputation, sequence parallelism, the interleaved schedule — on
+/// one GPU through `--backend cuda`: the CPU backend's losses.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn megatron_plans_run_on_one_gpu_as_on_the_cpu() {
+    use ralpc::ir::models::{gpt, GptSpec};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = dir.path().join("gpt.onnx");
+    // Four blocks, so that two stages of two chunks each hold one.
+    let spec = GptSpec::megatron(4, 64, 4, 16, 200);
+    std::fs::write(&model, gpt(&spec).expect("generates")).expect("writes");
+    for (name, flags) in [
+        (
+            "t2p2",
+            &[
+                "--gpus",
+                "4",
+                "--tensor-parallel",
+                "2",
+                "--pipeline-parallel",
+                "2",
+            ][..],
+        ),
+        (
+            "t2d2-zero3-selective-sp",
+            &[
+                "--gpus",
+                "4",
+                "--tensor-parallel",
+                "2",
+                "--zero",
+                "3",
+                "--recompute",
+                "selective",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "p2d2-zero2-full",
+            &[
+                "--gpus",
+                "4",
+                "--tensor-parallel",
+                "1",
+                "--pipeline-parallel",
+                "2",
+                "--zero",
+                "2",
+                "--recompute",
+                "full",
+            ][..],
+        ),
+        (
+            "t2p2-interleaved",
+            &[
+                "--gpus",
+                "4",
+                "--tensor-parallel",
+                "2",
+                "--pipeline-parallel",
+                "2",
+                "--virtual-stages",
+                "2",
+            ][..],
+        ),
+    ] {
+        let plan = dir.path().join(name);
+        Command::cargo_bin("ralpc")
+            .expect("binary built")
+            .arg("plan")
+            .arg(&model)
+            .args(flags)
+            .args(["--batch", "8", "--quiet", "-o"])
+            .arg(&plan)
+            .assert()
+            .success();
+        same_losses(
+            &losses("run", &plan, &["--backend", "cuda"]),
+            &losses("run", &plan, &["--backend", "cpu"]),
+        );
+    }
+}

@@ -95,19 +95,7 @@ impl Row {
     /// The model, through the front end.
     fn model(&self) -> Transformer {
         let spec = GptSpec::megatron(self.layers, self.hidden, self.heads, SEQUENCE, VOCABULARY);
-        let bytes = gpt(&spec).expect("generates");
-        let path = std::path::Path::new("gpt.onnx");
-        let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
-        ralpc_ir::bind(
-            &mut m.graph,
-            &ralpc_ir::Bindings {
-                batch: Some(self.micro_batch),
-                ..Default::default()
-            },
-        )
-        .expect("binds");
-        let info = ralpc_ir::verify(&m.graph).expect("verifies");
-        recognize(&m.graph, &info).expect("a GPT")
+        recognized(&spec, self.micro_batch)
     }
 
     fn parallelism(&self) -> Parallelism {
@@ -140,6 +128,41 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
         fp32_gradients: false,
         workspace_bytes: (1u64 << 30) as f64,
         memory_limit: None,
+    }
+}
+
+/// `spec` generated, imported at `batch` and recognized.
+fn recognized(spec: &GptSpec, batch: u64) -> Transformer {
+    let bytes = gpt(spec).expect("generates");
+    let path = std::path::Path::new("gpt.onnx");
+    let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
+    ralpc_ir::bind(
+        &mut m.graph,
+        &ralpc_ir::Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .expect("binds");
+    let info = ralpc_ir::verify(&m.graph).expect("verifies");
+    recognize(&m.graph, &info).expect("a GPT")
+}
+
+/// An MLP as wide as the vocabulary (hidden 256, vocabulary 1024) is still the MLP, with
+/// the head tied or not, and with one block (where an untied head is as common as it).
+#[test]
+fn an_mlp_as_wide_as_the_vocabulary_is_recognized() {
+    for layers in [1, 4] {
+        for tied in [true, false] {
+            let mut spec = GptSpec::megatron(layers, 256, 8, 32, 1024);
+            spec.tied = tied;
+            let m = recognized(&spec, 2);
+            assert_eq!(
+                (m.layers, m.ffn, m.vocabulary, m.tied),
+                (layers, 1024, 1024, tied),
+                "{layers} layers, tied {tied}"
+            );
+        }
     }
 }
 

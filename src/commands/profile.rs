@@ -12,8 +12,9 @@ Examples:
   ralpc fixtures/train/cnn.onnx --gpus 4 --profile cnn.profile.json   # plan with the measurements
 
 Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
-and backward, at each batch size: one warm-up, then the median of --repeats runs (CUDA
-events on a GPU, which runs ralpc's CUDA executor: NVRTC kernels and cuBLAS). The
+and backward, at each batch size: one warm-up, then the median of --repeats runs (on a
+GPU each sample is the mean of 4 runs back to back between two CUDA events, as a training
+step queues them; the GPU runs ralpc's CUDA executor: NVRTC kernels, cuBLAS, cuDNN). The
 output is ralpc's profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
 
 /// Arguments of `ralpc profile`.

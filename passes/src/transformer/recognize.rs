@@ -118,7 +118,10 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
                 } else {
                     continue;
                 };
-                if other != hidden && other != 3 * hidden && other != vocabulary {
+                // The attention projections are [hidden, hidden] (or fused, 3·hidden
+                // wide, once per block); the MLP's two weights per block outnumber
+                // them and an untied head (even one as wide as the MLP).
+                if other != hidden {
                     *inner.entry(other).or_default() += 1;
                 }
             }

@@ -1513,9 +1513,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Runs of one op timed back to back between two marks, their mean one sample: in a
+/// training step the host enqueues ahead of the GPU, so an op costs its time on the
+/// device, not the launch latency one run alone between two events would add.
+const BURST: u32 = 4;
+
 /// Times `nodes` of `graph` (bound at its batch) on `dev`, forward and backward, each on
 /// its own with the operands a forward pass of the whole model gives it: one warm-up, then
-/// the median of `repeats` runs between two [`Backend::mark`]s (CUDA events on a GPU).
+/// the median of `repeats` samples, each the mean of [`BURST`] runs between two
+/// [`Backend::mark`]s (CUDA events on a GPU).
 ///
 /// # Errors
 /// An operator the device cannot run yet (naming the node), or a device failure.
@@ -1561,9 +1567,11 @@ pub fn profile<B: Backend>(
             let mut samples = Vec::with_capacity(repeats.max(1) as usize);
             for _ in 0..repeats.max(1) {
                 let start = dev.mark()?;
-                f(runner)?;
+                for _ in 0..BURST {
+                    f(runner)?;
+                }
                 let end = dev.mark()?;
-                samples.push(dev.elapsed_us(&start, &end)?);
+                samples.push(dev.elapsed_us(&start, &end)? / f64::from(BURST));
             }
             Ok(median(samples))
         };
