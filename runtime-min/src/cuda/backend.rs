@@ -301,7 +301,7 @@ pub trait Backend {
     fn conv_forward(&self, g: &Conv2d, x: &Self::Buf, w: &Self::Buf, y: &mut Self::Buf) -> R<()> {
         super::conv::forward(self, g, x, w, y)
     }
-    /// The input and weight gradients of [`Backend::conv_forward`] for `dy`, added into
+    /// The input and weight gradients of [`Backend::conv_forward`] for `dy`, written into
     /// `dx` and `dw` (default: [`super::conv::backward`]).
     fn conv_backward(
         &self,

@@ -37,8 +37,8 @@ pub fn forward<B: Backend + ?Sized>(
     Ok(())
 }
 
-/// The input and weight gradients of [`forward`] for the output gradient `dy`, added into
-/// `dx` and `dw`.
+/// The input and weight gradients of [`forward`] for the output gradient `dy`, written
+/// into `dx` and `dw`.
 ///
 /// # Errors
 /// A device call failing.
@@ -55,6 +55,9 @@ pub fn backward<B: Backend + ?Sized>(
     let size = conv.chunk * conv.rows * conv.spatial;
     let (mut cols, mut dcols, mut cols_t) = (dev.zeros(size)?, dev.zeros(size)?, dev.zeros(size)?);
     let mut dy_t = dev.zeros(conv.chunk * conv.cout * conv.spatial)?;
+    // Both are sums over the chunks (col2im adds, the weight GEMMs accumulate).
+    dev.fill(dx, 0.0)?;
+    dev.fill(dw, 0.0)?;
     for (start, count) in conv.chunks() {
         let wide = count * conv.spatial;
         dev.im2col(&mut cols, x, start * conv.image, &conv.window, count)?;

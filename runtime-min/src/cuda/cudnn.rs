@@ -1,6 +1,7 @@
 //! Convolutions through cuDNN on the GPU's stream: NCHW fp32 with FMA math only (no TF32,
-//! as PyTorch runs with `allow_tf32 = False`), the algorithm cuDNN's heuristics rank
-//! first (PyTorch's default, `cudnn.benchmark = False`). Geometry cuDNN cannot describe
+//! as PyTorch runs with `allow_tf32 = False`), each direction's fastest algorithm timed on
+//! the GPU once per shape (PyTorch's `cudnn.benchmark = True`: on an H100 the heuristics'
+//! first choice for VGG16's 256-channel 3×3 convolution ran 3.7× slower than the fastest). Geometry cuDNN cannot describe
 //! (asymmetric padding) returns `false`, and the caller lowers to im2col instead.
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use cudarc::cudnn::{
     ConvBackwardData, ConvBackwardFilter, ConvDescriptor, ConvForward, Cudnn, FilterDescriptor,
     TensorDescriptor,
 };
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::backend::R;
@@ -23,9 +25,9 @@ use crate::cpu::kernels::Conv2d;
 pub struct Convolutions {
     handle: Arc<Cudnn>,
     stream: Arc<CudaStream>,
-    /// The algorithms cuDNN's heuristics ranked first, by geometry: asked once per shape,
-    /// since each query costs about a millisecond of host time, longer than most
-    /// convolutions run.
+    /// Each direction's algorithm, by geometry: chosen once per shape, since timing them
+    /// all (or even asking the heuristics, about a millisecond of host time) costs more
+    /// than most convolutions run.
     chosen: Mutex<Chosen>,
     /// Scratch space shared by every call on the stream, grown to the largest asked for.
     workspace: Mutex<Option<CudaSlice<u8>>>,
@@ -75,6 +77,51 @@ fn choose<A: Copy>(
     map.insert(key(g), picked);
     Ok(picked)
 }
+
+/// The most scratch memory an algorithm may ask for.
+const WORKSPACE_LIMIT: usize = 1 << 30;
+
+/// Every forward algorithm cuDNN has, timed once per shape.
+const FORWARD: [cudnnConvolutionFwdAlgo_t; 8] = {
+    use cudnnConvolutionFwdAlgo_t::*;
+    [
+        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    ]
+};
+
+/// Every input-gradient algorithm.
+const DATA: [cudnnConvolutionBwdDataAlgo_t; 6] = {
+    use cudnnConvolutionBwdDataAlgo_t::*;
+    [
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+    ]
+};
+
+/// Every weight-gradient algorithm.
+const FILTER: [cudnnConvolutionBwdFilterAlgo_t; 7] = {
+    use cudnnConvolutionBwdFilterAlgo_t::*;
+    [
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+    ]
+};
 
 /// One convolution's descriptors.
 struct Descriptors {
@@ -163,11 +210,11 @@ impl Convolutions {
     }
 
     /// Runs `launch` with a workspace of at least `bytes`.
-    fn with_workspace(
+    fn with_workspace<T>(
         &self,
         bytes: usize,
-        launch: impl FnOnce(&mut CudaSlice<u8>) -> R<()>,
-    ) -> R<()> {
+        launch: impl FnOnce(&mut CudaSlice<u8>) -> R<T>,
+    ) -> R<T> {
         let mut space = self
             .workspace
             .lock()
@@ -181,6 +228,52 @@ impl Convolutions {
             Some(space) => launch(space),
             None => Err("cuDNN: no workspace".to_owned()),
         }
+    }
+
+    /// The fastest of `candidates` on this GPU (PyTorch's `cudnn.benchmark`): each that
+    /// cuDNN supports within [`WORKSPACE_LIMIT`] runs once to warm up, then the faster of
+    /// two runs between events counts. `None` when none runs.
+    ///
+    /// # Errors
+    /// The events failing (an algorithm failing only takes it out of the race).
+    fn fastest<A: Copy>(
+        &self,
+        candidates: &[A],
+        bytes: impl Fn(A) -> Option<usize>,
+        mut run: impl FnMut(A, &mut CudaSlice<u8>) -> R<()>,
+    ) -> R<Option<(A, usize)>> {
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut best: Option<(f32, A, usize)> = None;
+        for &algo in candidates {
+            let Some(need) = bytes(algo).filter(|&b| b <= WORKSPACE_LIMIT) else {
+                continue;
+            };
+            let timed = self.with_workspace(need, |space| {
+                if run(algo, space).is_err() {
+                    return Ok(None);
+                }
+                let mut fastest = f32::INFINITY;
+                for _ in 0..2 {
+                    let start = self.stream.record_event(timing).map_err(fail("event"))?;
+                    run(algo, space)?;
+                    let end = self.stream.record_event(timing).map_err(fail("event"))?;
+                    fastest = fastest.min(start.elapsed_ms(&end).map_err(fail("timing"))?);
+                }
+                Ok(Some(fastest))
+            })?;
+            if let Some(ms) = timed {
+                if best.is_none_or(|(fastest, ..)| ms < fastest) {
+                    best = Some((ms, algo, need));
+                }
+            }
+        }
+        Ok(best.map(|(_, algo, need)| (algo, need)))
+    }
+
+    /// Scratch floats for timing an algorithm without touching the caller's buffers.
+    fn scratch(&self, len: usize) -> R<CudaSlice<f32>> {
+        // SAFETY: written by the convolution timed into it, never read.
+        unsafe { self.stream.alloc::<f32>(len.max(1)) }.map_err(fail("scratch"))
     }
 
     /// `y = conv(x, w)`; `Ok(false)` when cuDNN cannot express `g`.
@@ -204,12 +297,18 @@ impl Convolutions {
             y: &d.y,
         };
         let (algo, bytes) = choose(&mut self.chosen()?.forward, g, || {
+            let run = |algo, space: &mut CudaSlice<u8>| {
+                // SAFETY: as below; `y` is overwritten by the chosen algorithm after.
+                unsafe { op.launch(algo, Some(space), (1.0, 0.0), x, w, &mut *y) }
+                    .map_err(fail("forward"))
+            };
+            let bytes = |algo| op.get_workspace_size(algo).ok();
+            if let Some(picked) = self.fastest(&FORWARD, bytes, run)? {
+                return Ok(picked);
+            }
             let algo = op.pick_algorithm().map_err(fail("forward algorithm"))?;
-            Ok((
-                algo,
-                op.get_workspace_size(algo)
-                    .map_err(fail("forward workspace"))?,
-            ))
+            let bytes = op.get_workspace_size(algo);
+            Ok((algo, bytes.map_err(fail("forward workspace"))?))
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: the buffers hold the described NCHW fp32 tensors (their lengths
@@ -219,8 +318,8 @@ impl Convolutions {
         Ok(true)
     }
 
-    /// `dx += ∂conv/∂x · dy` and `dw += ∂conv/∂w · dy`; `Ok(false)` when cuDNN cannot
-    /// express `g`.
+    /// `dx = ∂conv/∂x · dy` and `dw = ∂conv/∂w · dy`, both overwritten (accumulating
+    /// costs some algorithms an extra pass); `Ok(false)` when cuDNN cannot express `g`.
     ///
     /// # Errors
     /// cuDNN failing.
@@ -247,16 +346,23 @@ impl Convolutions {
             dy: &d.y,
         };
         let (algo, bytes) = choose(&mut self.chosen()?.data, g, || {
+            let mut into = self.scratch(dx.len())?;
+            let run = |algo, space: &mut CudaSlice<u8>| {
+                // SAFETY: as below, into scratch space of `dx`'s size.
+                unsafe { data.launch(algo, Some(space), (1.0, 0.0), &mut into, w, dy) }
+                    .map_err(fail("backward data"))
+            };
+            let bytes = |algo| data.get_workspace_size(algo).ok();
+            if let Some(picked) = self.fastest(&DATA, bytes, run)? {
+                return Ok(picked);
+            }
             let algo = data.pick_algorithm().map_err(fail("data algorithm"))?;
-            Ok((
-                algo,
-                data.get_workspace_size(algo)
-                    .map_err(fail("data workspace"))?,
-            ))
+            let bytes = data.get_workspace_size(algo);
+            Ok((algo, bytes.map_err(fail("data workspace"))?))
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: as in `forward`.
-            unsafe { data.launch(algo, Some(space), (1.0, 1.0), dx, w, dy) }
+            unsafe { data.launch(algo, Some(space), (1.0, 0.0), dx, w, dy) }
                 .map_err(fail("backward data"))
         })?;
         let filter = ConvBackwardFilter {
@@ -266,13 +372,23 @@ impl Convolutions {
             dy: &d.y,
         };
         let (algo, bytes) = choose(&mut self.chosen()?.filter, g, || {
+            let mut into = self.scratch(dw.len())?;
+            let run = |algo, space: &mut CudaSlice<u8>| {
+                // SAFETY: as below, into scratch space of `dw`'s size.
+                unsafe { filter.launch(algo, Some(space), (1.0, 0.0), x, &mut into, dy) }
+                    .map_err(fail("backward filter"))
+            };
+            let bytes = |algo| filter.get_workspace_size(algo).ok();
+            if let Some(picked) = self.fastest(&FILTER, bytes, run)? {
+                return Ok(picked);
+            }
             let algo = filter.pick_algorithm().map_err(fail("filter algorithm"))?;
             let bytes = filter.get_workspace_size(algo);
             Ok((algo, bytes.map_err(fail("filter workspace"))?))
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: as in `forward`.
-            unsafe { filter.launch(algo, Some(space), (1.0, 1.0), x, dw, dy) }
+            unsafe { filter.launch(algo, Some(space), (1.0, 0.0), x, dw, dy) }
                 .map_err(fail("backward filter"))
         })?;
         Ok(true)
