@@ -5,6 +5,7 @@ use std::io::{IsTerminal, Write};
 use clap::{Parser, Subcommand};
 
 use crate::commands;
+use crate::printable;
 
 const EXIT_CODES: &str = "\
 Exit status:
@@ -100,20 +101,14 @@ pub fn report_error(e: &ralpc::Error) {
     } else {
         "error"
     };
-    let _ = writeln!(out, "{label}: {e}");
+    // Messages quote names from models and files: escaped, continuation lines indented.
+    let _ = writeln!(out, "{label}: {}", printable::message(&e.to_string(), "  "));
     let mut source = std::error::Error::source(e);
     if source.is_some() {
         let _ = writeln!(out, "\nCaused by:");
     }
     while let Some(s) = source {
-        let text = s.to_string();
-        let mut lines = text.lines();
-        if let Some(first) = lines.next() {
-            let _ = writeln!(out, "  {first}");
-        }
-        for line in lines {
-            let _ = writeln!(out, "  {line}");
-        }
+        let _ = writeln!(out, "  {}", printable::message(&s.to_string(), "  "));
         source = s.source();
     }
 }

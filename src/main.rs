@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod printable;
 
 use std::process::ExitCode;
 

@@ -33,3 +33,57 @@ fn every_bad_model_fails_cleanly_with_a_named_cause() {
         insta::assert_snapshot!(case, stderr);
     }
 }
+
+/// `ralpc inspect MODEL` from a temporary copy: exit status and stderr.
+fn inspect_bytes(bytes: &[u8]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, bytes).expect("writes");
+    let out = Command::new(env!("CARGO_BIN_EXE_ralpc"))
+        .arg("inspect")
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("ralpc runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// 200,000 nested protobuf groups in an unknown field (800 KB) overflowed the decoder's
+/// stack (exit 134); they are refused by depth, before decoding.
+#[test]
+fn deeply_nested_groups_are_refused_not_a_crash() {
+    let mut bytes = std::fs::read(common::fixture("train/mlp.onnx")).expect("fixture");
+    let n = 200_000;
+    // Field 99 (tag varint 0x9b 0x06: start group; 0x9c 0x06: end group).
+    bytes.extend([0x9b, 0x06].repeat(n));
+    bytes.extend([0x9c, 0x06].repeat(n));
+    let (code, stderr) = inspect_bytes(&bytes);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("groups nested over 100 deep"), "{stderr}");
+}
+
+/// A node named with a terminal escape, a bell and a newline followed by a forged
+/// `error:` line is printed escaped, its continuation indented.
+#[test]
+fn names_reach_the_terminal_escaped() {
+    use onnx_protobuf::{Message, ModelProto};
+    let bytes = std::fs::read(common::fixture("train/mlp.onnx")).expect("fixture");
+    let mut model = ModelProto::parse_from_bytes(&bytes).expect("decodes");
+    let node = &mut model.graph.mut_or_insert_default().node[0];
+    node.op_type = "NoSuchOp".into();
+    node.name = "evil\u{1b}[2J\u{7}\nerror: forged".into();
+    let (code, stderr) = inspect_bytes(&model.write_to_bytes().expect("encodes"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
+    assert!(stderr.contains("evil\\u{1b}[2J\\u{7}"), "{stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("error: forged")),
+        "{stderr}"
+    );
+}

@@ -31,6 +31,16 @@ pub enum ImportError {
         #[source]
         source: protobuf::Error,
     },
+    /// Protobuf groups nested deeper than the decoder can skip without overflowing.
+    #[error("'{}' is not a valid ONNX model: protobuf groups nested over {limit} deep at byte {offset}", path.display())]
+    TooDeep {
+        /// The model path.
+        path: PathBuf,
+        /// Where the nesting passes the limit.
+        offset: usize,
+        /// The deepest nesting allowed.
+        limit: u32,
+    },
     /// The model has no graph, or an empty one.
     #[error("'{}' contains no graph", path.display())]
     NoGraph {

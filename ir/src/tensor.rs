@@ -5,7 +5,7 @@
 //! imports, verifies and plans. Only shape arithmetic (small integer tensors) and execution
 //! read the bytes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::dtype::DType;
@@ -55,6 +55,14 @@ pub enum TensorReadError {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// The file resolves (through a symbolic link) outside the model's folder.
+    #[error("external data '{}' resolves to '{}', outside the model's folder", path.display(), resolved.display())]
+    OutsideFolder {
+        /// The file as the model names it.
+        path: PathBuf,
+        /// Where it resolves to.
+        resolved: PathBuf,
     },
     /// The file is shorter than `offset + length`.
     #[error("external data '{}' has {file_len} bytes, the tensor needs bytes {offset}..{end}", path.display())]
@@ -110,11 +118,40 @@ impl TensorData {
     }
 }
 
+/// `path` — the model's folder joined with the relative `location` — resolved, symbolic
+/// links followed: `Ok(None)` inside the folder (or absent), `Ok(Some(resolved))` outside.
+///
+/// # Errors
+/// The folder or the file cannot be resolved.
+pub(crate) fn escapes_folder(path: &Path, location: &str) -> std::io::Result<Option<PathBuf>> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let depth = Path::new(location).components().count();
+    let Some(folder) = path.ancestors().nth(depth) else {
+        return Ok(None);
+    };
+    let folder = if folder.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        folder
+    };
+    let (folder, resolved) = (folder.canonicalize()?, path.canonicalize()?);
+    Ok((!resolved.starts_with(&folder)).then_some(resolved))
+}
+
 fn read_external(ext: &ExternalData) -> Result<Vec<u8>, TensorReadError> {
     let io = |source| TensorReadError::Io {
         path: ext.path.clone(),
         source,
     };
+    // Checked again here, not only at import: the folder may have changed since.
+    if let Some(resolved) = escapes_folder(&ext.path, &ext.location).map_err(io)? {
+        return Err(TensorReadError::OutsideFolder {
+            path: ext.path.clone(),
+            resolved,
+        });
+    }
     let file = std::fs::File::open(&ext.path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let end = ext.offset.saturating_add(ext.length);

@@ -77,7 +77,7 @@ fn table(r: &Inspection) -> String {
                 .collect::<Vec<_>>()
                 .join("x");
             [
-                l.name.clone(),
+                crate::printable::printable(&l.name).into_owned(),
                 l.op.clone(),
                 shape,
                 si(l.params),

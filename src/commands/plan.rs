@@ -512,7 +512,7 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
             } else {
                 format!("{start}-{}", end - 1)
             },
-            shorten(&names, 52),
+            shorten(&crate::printable::printable(&names), 52),
             l.gpus,
             format!(
                 "{}×{}×{}",

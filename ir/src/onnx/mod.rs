@@ -16,6 +16,7 @@
 mod attrs;
 mod ops;
 pub(crate) mod tensor;
+mod wire;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,13 @@ pub fn import(path: &Path) -> Result<Model, ImportError> {
 /// # Errors
 /// As [`import`].
 pub fn import_bytes(bytes: &[u8], path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
+    if let Some(offset) = wire::too_deep_group(bytes) {
+        return Err(ImportError::TooDeep {
+            path: path.into(),
+            offset,
+            limit: wire::MAX_GROUP_DEPTH,
+        });
+    }
     let model = ModelProto::parse_from_bytes(bytes).map_err(|source| ImportError::Decode {
         path: path.into(),
         source,

@@ -190,7 +190,21 @@ fn external(
         .base
         .map(|b| b.join(rel))
         .unwrap_or_else(|| rel.to_path_buf());
-    // An absent file is fine (structure-only model); a present one must be long enough.
+    // An absent file is fine (structure-only model); a present one must be inside the
+    // model's folder once links are followed, and long enough.
+    match crate::tensor::escapes_folder(&path, &location) {
+        Ok(None) => {}
+        Ok(Some(resolved)) => {
+            return Err(bad(
+                &location,
+                format!(
+                    "resolves to '{}', outside the model's folder (a symbolic link)",
+                    resolved.display()
+                ),
+            ))
+        }
+        Err(e) => return Err(bad(&location, format!("cannot be resolved: {e}"))),
+    }
     if let Some((is_file, len)) = files.size(&path) {
         if !is_file {
             return Err(bad(&location, "is not a regular file".into()));
@@ -244,6 +258,33 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(ok.storage, Storage::External(ref e) if e.length == 24));
+    }
+
+    /// A data file, or a folder on its path, that is a symbolic link out of the model's
+    /// folder is refused at import; one that stays inside is fine.
+    #[cfg(unix)]
+    #[test]
+    fn links_out_of_the_folder_are_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.bin"), [7u8; 24]).unwrap();
+        let model = tempfile::tempdir().unwrap();
+        let link = |target: &Path, name: &str| {
+            std::os::unix::fs::symlink(target, model.path().join(name)).unwrap();
+        };
+        link(&outside.path().join("secret.bin"), "link.bin");
+        link(outside.path(), "dir");
+        std::fs::write(model.path().join("w.bin"), [0u8; 24]).unwrap();
+        link(&model.path().join("w.bin"), "inside.bin");
+        let files = ExternalFiles::new(Some(model.path()));
+        for bad in ["link.bin", "dir/secret.bin"] {
+            let err = decode(&mut ext_tensor(bad), &files)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("outside the model's folder"), "{bad}: {err}");
+        }
+        for good in ["w.bin", "inside.bin"] {
+            decode(&mut ext_tensor(good), &files).unwrap();
+        }
     }
 
     #[test]
