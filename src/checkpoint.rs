@@ -13,6 +13,7 @@
 //! The losses are stored with every digit (JSON round-trips `f64`), and the weights and
 //! momentum buffers bit for bit, so a resumed run continues exactly where it stopped.
 
+use ralpc_ir::input::{read_input, InputKind};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -91,7 +92,7 @@ pub fn write(path: &Path, plan: &str, checkpoint: &Checkpoint) -> Result<(), Err
 /// of another plan.
 pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
     let bad = |m: String| Error::Checkpoint(Box::new(format!("{}: {m}", path.display())));
-    let bytes = std::fs::read(path).map_err(|error| {
+    let bytes = read_input(path, InputKind::Checkpoint).map_err(|error| {
         Error::Read(Box::new(FileError {
             path: path.display().to_string(),
             error,

@@ -1,6 +1,7 @@
 //! The build-step entry point: a model in, every artifact of its plan out, in memory, with
 //! a hash of everything that went in so that a build system can skip up-to-date work.
 
+use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use std::path::{Path, PathBuf};
 
 use crate::error::FileError;
@@ -149,8 +150,14 @@ pub fn inputs_hash(options: &Options) -> Result<String, Error> {
         options.strategy_file.clone(),
         cluster_file,
     ];
-    for path in files.into_iter().flatten() {
-        let bytes = std::fs::read(&path).map_err(|error| {
+    for (i, path) in files.into_iter().enumerate() {
+        let Some(path) = path else { continue };
+        let kind = if i == 0 {
+            InputKind::Model
+        } else {
+            InputKind::Text
+        };
+        let bytes = read_input(&path, kind).map_err(|error| {
             Error::Read(Box::new(FileError {
                 path: path.display().to_string(),
                 error,
@@ -171,7 +178,7 @@ pub fn up_to_date(options: &Options, dir: &Path) -> Result<bool, Error> {
     if ARTIFACTS.iter().any(|f| !dir.join(f).is_file()) {
         return Ok(false);
     }
-    let Ok(text) = std::fs::read_to_string(dir.join("plan.json")) else {
+    let Ok(text) = read_input_text(&dir.join("plan.json"), InputKind::Text) else {
         return Ok(false);
     };
     let recorded = serde_json::from_str::<serde_json::Value>(&text)

@@ -1,5 +1,6 @@
 //! `ralpc plan`: a model, a cluster and a batch in; the placement of every layer out.
 
+use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -531,7 +532,7 @@ fn load_model(
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
     if !is_onnx {
-        if let Ok(text) = std::fs::read_to_string(model) {
+        if let Ok(text) = read_input_text(model, InputKind::Text) {
             match profile::parse(&text, &model.display().to_string()) {
                 Ok(Loaded::LayerGraph(g)) => {
                     if !inputs.is_empty() {
@@ -714,7 +715,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     );
     let strategy = match &options.strategy_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| {
+            let text = read_input_text(path, InputKind::Text).map_err(|source| {
                 Error::Read(Box::new(FileError {
                     path: path.display().to_string(),
                     error: source,
@@ -765,7 +766,7 @@ fn executable(
     strategy: &ralpc_passes::plan::Strategy,
 ) -> Result<Executable, Error> {
     let graph = costs.graph;
-    let bytes = std::fs::read(&options.model).map_err(|error| {
+    let bytes = read_input(&options.model, InputKind::Model).map_err(|error| {
         Error::Read(Box::new(FileError {
             path: options.model.display().to_string(),
             error,

@@ -1,6 +1,7 @@
 //! Running a plan (`ralpc run PLAN --backend cpu`): every rank a thread of this process, a
 //! real training step per iteration, and the single-device run it is held to.
 
+use ralpc_ir::input::{read_input, InputKind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -214,7 +215,8 @@ pub fn read_data(
         labels: Vec<f64>,
     }
     let bad = |m: String| Error::Data(Box::new(format!("{}: {m}", path.display())));
-    let text = String::from_utf8(read(path)?).map_err(|_| bad("not UTF-8 text".into()))?;
+    let text = String::from_utf8(read(path, InputKind::Text)?)
+        .map_err(|_| bad("not UTF-8 text".into()))?;
     let file: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let sizes = |v: ralpc_ir::ValueId| -> Vec<usize> {
         info.ty(v)
@@ -296,8 +298,8 @@ fn run_error(e: impl std::fmt::Display) -> Error {
     Error::Run(Box::new(e.to_string()))
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|error| {
+fn read(path: &Path, kind: InputKind) -> Result<Vec<u8>, Error> {
+    read_input(path, kind).map_err(|error| {
         Error::Read(Box::new(FileError {
             path: path.display().to_string(),
             error,
@@ -312,7 +314,7 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
 /// An unreadable or malformed plan.
 pub fn read_plan(path: &Path) -> Result<(PathBuf, Plan), Error> {
     let plan_file = plan_path(path);
-    let text = String::from_utf8(read(&plan_file)?).map_err(|_| {
+    let text = String::from_utf8(read(&plan_file, InputKind::Text)?).map_err(|_| {
         Error::PlanFile(Box::new(format!("{}: not UTF-8 text", plan_file.display())))
     })?;
     let plan = Plan::parse(&text)
@@ -568,7 +570,7 @@ fn run_with(
 ) -> Result<RunOutput, Error> {
     let (plan_file, plan) = read_plan(&options.plan)?;
     let model = model_path(&plan, &plan_file, options.model.as_deref())?;
-    let bytes = read(&model)?;
+    let bytes = read(&model, InputKind::Model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
     let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {

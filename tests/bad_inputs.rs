@@ -87,3 +87,36 @@ fn names_reach_the_terminal_escaped() {
         "{stderr}"
     );
 }
+
+/// Devices and files over their kind's limit are refused before they are read: a profile
+/// from `/dev/zero` grew to 14.7 GB before.
+#[cfg(unix)]
+#[test]
+fn inputs_must_be_regular_files_within_their_limit() {
+    let model = common::fixture("train/cnn.onnx");
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ralpc"));
+        c.arg(&model).args(args).env("NO_COLOR", "1");
+        if let Some(limit) = env {
+            c.env("RALPC_MAX_INPUT_BYTES", limit);
+        }
+        let out = c.output().expect("ralpc runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let out = tempfile::tempdir().expect("temp dir");
+    let dir = out.path().join("plan");
+    let dir = dir.to_str().expect("UTF-8");
+    let (code, stderr) = run(&["--gpus", "2", "--profile", "/dev/zero", "-o", dir], None);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+    let (code, stderr) = run(&["--gpus", "2", "-o", dir], Some("100"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("over the limit of 100 for a model (set RALPC_MAX_INPUT_BYTES"),
+        "{stderr}"
+    );
+    assert!(!out.path().join("plan").exists(), "nothing written");
+}

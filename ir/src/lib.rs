@@ -51,6 +51,7 @@ pub mod fuzzing;
 mod graph;
 mod ids;
 mod infer;
+pub mod input;
 pub mod models;
 pub mod onnx;
 mod op;

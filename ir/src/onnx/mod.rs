@@ -52,10 +52,13 @@ pub struct Model {
 /// [`ImportError`] for unreadable files, undecodable bytes, unsupported operators and
 /// malformed models, with every problem listed.
 pub fn import(path: &Path) -> Result<Model, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Read {
-        path: path.into(),
-        source,
-    })?;
+    let bytes =
+        crate::input::read_input(path, crate::input::InputKind::Model).map_err(|source| {
+            ImportError::Read {
+                path: path.into(),
+                source,
+            }
+        })?;
     let base = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")

@@ -26,6 +26,7 @@
 //! latency = "0us"
 //! ```
 
+use ralpc_ir::input::{read_input_text, InputKind};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -334,10 +335,11 @@ impl Cluster {
     pub fn resolve(spec: &str) -> Result<Cluster, ClusterError> {
         let path = Path::new(spec);
         if path.is_file() || spec.ends_with(".toml") {
-            let text = std::fs::read_to_string(path).map_err(|source| ClusterError::Read {
-                path: spec.to_owned(),
-                source,
-            })?;
+            let text =
+                read_input_text(path, InputKind::Text).map_err(|source| ClusterError::Read {
+                    path: spec.to_owned(),
+                    source,
+                })?;
             return Cluster::from_toml(&text, spec);
         }
         Cluster::preset(spec)

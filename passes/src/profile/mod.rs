@@ -32,6 +32,7 @@ mod deeppool;
 mod pipedream;
 mod signature;
 
+use ralpc_ir::input::{read_input_text, InputKind};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -293,7 +294,7 @@ pub enum Loaded {
 /// Unreadable, unknown or malformed files, naming the line or field.
 pub fn load(path: &Path) -> Result<Loaded, ProfileError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+    let text = read_input_text(path, InputKind::Text).map_err(|source| ProfileError::Read {
         path: name.clone(),
         source,
     })?;
