@@ -32,6 +32,8 @@ pub struct Compiled {
     pub files: Vec<(&'static str, String)>,
     /// Why a transformer plan was not lowered.
     pub not_lowered: Option<String>,
+    /// Why `plan.svg` is not among the artifacts, when it is not.
+    pub svg_skipped: Option<crate::plan::SvgSkipped>,
 }
 
 impl Compiled {
@@ -50,6 +52,10 @@ impl Compiled {
                 error,
             }))
         })?;
+        // A picture of an earlier plan must not stay beside this one.
+        if self.svg_skipped.is_some() {
+            let _ = std::fs::remove_file(dir.join("plan.svg"));
+        }
         // plan.json last: it marks the directory up to date.
         for (name, text) in self.files.iter().rev() {
             write_atomically(&dir.join(name), text)?;
@@ -95,6 +101,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
                 strategy: None,
                 files: Vec::new(),
                 not_lowered: Some(why),
+                svg_skipped: None,
             });
         }
         return Err(Error::Internal(Box::new(
@@ -104,17 +111,21 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
     executable.plan.inputs.clone_from(&inputs);
     let mut report = output.report;
     report.simulated = Some(crate::plan::SimulatedRow::of(&executable.simulation));
-    let svg = render_svg(&executable.dot);
-    let html = report_html(&report, &executable, svg.clone());
+    let svg = render_svg(&executable.drawing);
+    let html = report_html(&report, &executable, svg.clone().ok());
     let mut files = vec![
         ("plan.json", executable.plan.to_json()),
         ("plan.dot", executable.dot.clone()),
         ("timeline.json", executable.timeline.clone()),
         ("report.html", html),
     ];
-    if let Some(svg) = svg {
-        files.push(("plan.svg", svg));
-    }
+    let svg_skipped = match svg {
+        Ok(svg) => {
+            files.push(("plan.svg", svg));
+            None
+        }
+        Err(why) => Some(why),
+    };
     Ok(Compiled {
         report,
         inputs,
@@ -122,6 +133,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
         strategy: output.strategy,
         files,
         not_lowered: None,
+        svg_skipped,
     })
 }
 

@@ -49,7 +49,8 @@ pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
     plan, render_svg, report_html, simulated_facts, write_atomically, write_bytes_atomically,
     CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
-    SimulatedRow, SplitRow, StageRow, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
+    SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
+    SVG_SECONDS,
 };
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
 pub use ralpc_codegen as codegen;

@@ -284,27 +284,113 @@ pub struct Executable {
     pub simulation: ralpc_runtime_min::Simulation,
     /// The placed layer graph, Graphviz DOT (`plan.dot`).
     pub dot: String,
+    /// What `plan.svg` is drawn from: `dot`, or for a large model its runs of alike layers
+    /// (`ralpc_codegen::viz::drawing`).
+    pub drawing: String,
     /// The simulated timeline, Chrome trace JSON (`timeline.json`).
     pub timeline: String,
     /// Every instruction as the simulator ran it.
     pub ran: Vec<ralpc_codegen::viz::Ran>,
 }
 
-/// Renders Graphviz DOT to SVG with the `dot` program, when it is installed.
-pub fn render_svg(dot: &str) -> Option<String> {
-    use std::io::Write as _;
-    let mut child = std::process::Command::new("dot")
-        .arg("-Tsvg")
+/// Why `plan.svg` was not written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SvgSkipped {
+    /// Graphviz's `dot` is not installed.
+    NoGraphviz,
+    /// `dot` ran past [`SVG_SECONDS`] and was stopped.
+    TimedOut,
+    /// `dot` failed.
+    Failed,
+}
+
+impl std::fmt::Display for SvgSkipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SvgSkipped::NoGraphviz => write!(f, "Graphviz (dot) is not installed"),
+            SvgSkipped::TimedOut => write!(
+                f,
+                "Graphviz took over {SVG_SECONDS} s to lay the graph out and was stopped \
+                 (plan.dot has it)"
+            ),
+            SvgSkipped::Failed => write!(f, "Graphviz failed on plan.dot"),
+        }
+    }
+}
+
+/// The longest Graphviz may take to draw `plan.svg`: planning is fast, and the picture of
+/// a large model (DenseNet-121: 1,035 boxes, 784 edges) took `dot` minutes.
+pub const SVG_SECONDS: u64 = 10;
+
+/// Layers above which `dot` is asked for a cheaper layout (straight edges, fewer
+/// crossing-reduction and ranking passes).
+const CHEAP_LAYOUT_NODES: usize = 200;
+
+/// `dot` rendered to SVG with Graphviz, within [`SVG_SECONDS`].
+///
+/// # Errors
+/// Why there is no SVG.
+pub fn render_svg(dot: &str) -> Result<String, SvgSkipped> {
+    use std::io::{Read as _, Write as _};
+    let mut command = std::process::Command::new("dot");
+    command.arg("-Tsvg");
+    if dot.matches("label=").count() > CHEAP_LAYOUT_NODES {
+        command.args([
+            "-Gsplines=line",
+            "-Gnslimit=2",
+            "-Gnslimit1=2",
+            "-Gmclimit=0.2",
+        ]);
+    }
+    command
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .ok()?;
-    child.stdin.take()?.write_all(dot.as_bytes()).ok()?;
-    let out = child.wait_with_output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        .stderr(std::process::Stdio::null());
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child
+        // when ralpc dies, so a killed ralpc leaves no `dot` behind.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    let mut child = command.spawn().map_err(|_| SvgSkipped::NoGraphviz)?;
+    // Feed and drain on threads: a large graph fills the pipes both ways.
+    let mut stdin = child.stdin.take().ok_or(SvgSkipped::Failed)?;
+    let input = dot.to_owned();
+    let feeder = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let mut stdout = child.stdout.take().ok_or(SvgSkipped::Failed)?;
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        stdout.read_to_end(&mut out).map(|_| out)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(SVG_SECONDS);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SvgSkipped::TimedOut);
+            }
+        }
+    };
+    let fed = feeder.join().map_err(|_| SvgSkipped::Failed)?;
+    let out = reader.join().map_err(|_| SvgSkipped::Failed)?;
+    match (status.success(), fed, out) {
+        (true, Ok(()), Ok(out)) => Ok(String::from_utf8_lossy(&out).into_owned()),
+        _ => Err(SvgSkipped::Failed),
+    }
 }
 
 fn ms(us: f64) -> String {
@@ -804,6 +890,7 @@ fn executable(
         .collect();
     Ok(Executable {
         dot: ralpc_codegen::viz::dot(&plan, graph),
+        drawing: ralpc_codegen::viz::drawing(&plan, graph),
         timeline: ralpc_codegen::viz::trace(&plan, &ran),
         ran,
         simulation,

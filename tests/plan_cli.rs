@@ -557,3 +557,38 @@ fn input_shapes_are_planned_recorded_in_the_plan_and_run_at() {
         &["fixes dimension 2 to 224"],
     );
 }
+
+/// A large model's picture (`plan.svg`) is drawn from its runs of alike layers, one box
+/// each; `plan.dot` keeps every layer. DenseNet-121's full graph took Graphviz minutes.
+#[test]
+fn a_large_models_drawing_collapses_runs_of_alike_layers() {
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: common::fixture("onnx/densenet121/model.onnx"),
+        gpus: Some(8),
+        ..Default::default()
+    })
+    .expect("plans");
+    let exe = compiled.executable.expect("lowered");
+    let boxes = |dot: &str| dot.lines().filter(|l| l.contains("fillcolor")).count();
+    let layers = compiled.report.layers.len();
+    assert!(layers > ralpc::codegen::viz::MAX_DRAWN_LAYERS);
+    assert_eq!(boxes(&exe.dot), layers);
+    let drawn = boxes(&exe.drawing);
+    assert!(
+        drawn >= 1 && drawn < layers / 10,
+        "{drawn} boxes for {layers} layers"
+    );
+    // Every layer is in one box: the runs' sizes add up.
+    let counted: usize = exe
+        .drawing
+        .lines()
+        .filter(|l| l.contains("fillcolor"))
+        .map(|l| {
+            l.split("\\n(")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .map_or(1, |n| n.parse::<usize>().expect("a layer count"))
+        })
+        .sum();
+    assert_eq!(counted, layers);
+}

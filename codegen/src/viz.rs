@@ -36,6 +36,21 @@ type Degrees = (u32, u32, u32, u32);
 /// The placed layer graph: one box per stage, layers coloured by device group (the ranks
 /// and split they run on), edges labelled with the bytes they carry per iteration.
 pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
+    render(plan, graph, false)
+}
+
+/// Layers above which [`drawing`] collapses the graph.
+pub const MAX_DRAWN_LAYERS: usize = 150;
+
+/// The graph `plan.svg` is drawn from: [`dot`], or for a model of over
+/// [`MAX_DRAWN_LAYERS`] layers each run of consecutive layers placed alike (same stage,
+/// GPUs and split) as one box, edges between runs summed. A drawing of every layer of a
+/// large model is unreadable, and Graphviz takes minutes to lay it out.
+pub fn drawing(plan: &Plan, graph: &LayerGraph) -> String {
+    render(plan, graph, graph.layers.len() > MAX_DRAWN_LAYERS)
+}
+
+fn render(plan: &Plan, graph: &LayerGraph, collapse: bool) -> String {
     let file = &plan.strategy;
     let split_of = |l: usize| -> Degrees {
         let entry = file.layers.get(l);
@@ -62,6 +77,26 @@ pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
             *slot = k;
         }
     }
+    // The boxes: (first layer, last layer) of each run, a layer alone unless collapsed.
+    // Layers are in topological order, so edges between runs only go forward.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for l in 0..graph.layers.len() {
+        match runs.last_mut() {
+            Some((first, last))
+                if collapse
+                    && (stage_of[*first], split_of(*first)) == (stage_of[l], split_of(l)) =>
+            {
+                *last = l;
+            }
+            _ => runs.push((l, l)),
+        }
+    }
+    let mut run_of = vec![0usize; graph.layers.len()];
+    for (r, &(first, last)) in runs.iter().enumerate() {
+        for slot in &mut run_of[first..=last] {
+            *slot = r;
+        }
+    }
     let mut groups: BTreeMap<(usize, Degrees), usize> = BTreeMap::new();
     let mut out = String::new();
     let _ = writeln!(out, "digraph plan {{");
@@ -78,33 +113,62 @@ pub fn dot(plan: &Plan, graph: &LayerGraph) -> String {
             "    label=\"stage {k}: {} GPUs\"; style=dashed;",
             s.replicas
         );
-        for (l, layer) in graph.layers.iter().enumerate() {
-            if stage_of[l] != k {
-                continue;
-            }
-            let key = (k, split_of(l));
+        for &(first, last) in runs.iter().filter(|&&(first, _)| stage_of[first] == k) {
+            let key = (k, split_of(first));
             let next = groups.len();
             let colour = PALETTE[*groups.entry(key).or_insert(next) % PALETTE.len()];
             let (g, sa, a, p) = key.1;
+            let what = if first == last {
+                let layer = &graph.layers[first];
+                format!("{}\\n{}", escape(&layer.name), escape(&layer.op))
+            } else {
+                format!(
+                    "{} ..\\n{}\\n({} layers)",
+                    escape(&graph.layers[first].name),
+                    escape(&graph.layers[last].name),
+                    last - first + 1
+                )
+            };
             let _ = writeln!(
                 out,
-                "    l{l} [label=\"{}\\n{}\\n{g} GPU{} ({sa}×{a}×{p})\", fillcolor=\"{colour}\"];",
-                escape(&layer.name),
-                escape(&layer.op),
+                "    l{first} [label=\"{what}\\n{g} GPU{} ({sa}×{a}×{p})\", fillcolor=\"{colour}\"];",
                 if g == 1 { "" } else { "s" }
             );
         }
         let _ = writeln!(out, "  }}");
     }
-    for (c, layer) in graph.layers.iter().enumerate() {
-        for e in &layer.inputs {
-            if let Producer::Layer(p) = e.from {
-                let _ = writeln!(
-                    out,
-                    "  l{} -> l{c} [label=\"{}\"];",
-                    p.0,
-                    size(e.bytes as f64)
-                );
+    if collapse {
+        let mut between: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+        for (c, layer) in graph.layers.iter().enumerate() {
+            for e in &layer.inputs {
+                if let Producer::Layer(p) = e.from {
+                    let from = run_of[p.0 as usize];
+                    if from != run_of[c] {
+                        *between.entry((from, run_of[c])).or_default() += e.bytes;
+                    }
+                }
+            }
+        }
+        for ((from, to), bytes) in between {
+            let _ = writeln!(
+                out,
+                "  l{} -> l{} [label=\"{}\"];",
+                runs[from].0,
+                runs[to].0,
+                size(bytes as f64)
+            );
+        }
+    } else {
+        for (c, layer) in graph.layers.iter().enumerate() {
+            for e in &layer.inputs {
+                if let Producer::Layer(p) = e.from {
+                    let _ = writeln!(
+                        out,
+                        "  l{} -> l{c} [label=\"{}\"];",
+                        p.0,
+                        size(e.bytes as f64)
+                    );
+                }
             }
         }
     }

@@ -260,6 +260,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     if args.quiet {
         return Ok(());
     }
+    if let Some(why) = &compiled.svg_skipped {
+        eprintln!("note: plan.svg not written: {why}");
+    }
     let text = if args.json {
         // Strings and finite numbers always serialize.
         serde_json::to_string_pretty(&compiled.report).unwrap_or_default() + "\n"

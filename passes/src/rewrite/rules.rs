@@ -44,6 +44,12 @@ pub fn all() -> Vec<Rewrite<Term, Folding>> {
     rules
 }
 
+/// The most ops one fused unit covers. Without a bound, a chain of n elementwise ops
+/// holds a fused unit for every stretch of it (n² of them, n ops each): a 1,000-ReLU
+/// chain took 3 GB to plan. Real fusions (a convolution with its normalization, activation
+/// and residual add; a decomposed GELU) are far shorter.
+const MAX_UNIT_OPS: usize = 16;
+
 const ACTIVATIONS: &[&str] = &[
     "Relu",
     "LeakyRelu",
@@ -171,6 +177,9 @@ impl Applier<Term, Folding> for Fuse {
                     else {
                         continue;
                     };
+                    if p_members.len() + members.len() > MAX_UNIT_OPS {
+                        continue;
+                    }
                     fused.push(Term::Unit {
                         op: Arc::from(format!("{p_op}+{op}")),
                         members: p_members.iter().chain(members.iter()).copied().collect(),
