@@ -768,6 +768,28 @@ fn load_profile(path: &Path) -> Result<Profile, Error> {
     }
 }
 
+/// `--memory-limit` can only lower what a GPU holds: one above the smallest GPU's memory
+/// would be ignored, and a plan that does not fit would then suggest raising it.
+fn check_memory_limit(limit: Option<u64>, cluster: &Cluster, gpus: u32) -> Result<(), Error> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let own = (0..gpus)
+        .map(|r| cluster.gpu(r).memory_bytes)
+        .min()
+        .unwrap_or(0);
+    if limit > own {
+        return Err(Error::Plan(Box::new(PlanError::Request(format!(
+            "--memory-limit {:.2} GiB is above the GPUs' own {:.2} GiB: it can only lower the \
+             memory a plan may use",
+            limit as f64 / GIB,
+            own as f64 / GIB
+        )))));
+    }
+    Ok(())
+}
+
 /// Plans a model: loads it, builds its layer graph, resolves the cluster and searches (or
 /// evaluates `strategy_file`).
 ///
@@ -778,6 +800,7 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
     let model = load_model(&options.model, options.batch, &options.inputs)?;
     let (cluster, gpus) = cluster_for(options)?;
+    check_memory_limit(options.memory_limit, &cluster, gpus)?;
     if let Some(shape) = transformer_of(&model, options)? {
         return plan_transformer(options, shape, model, &cluster, gpus, started);
     }

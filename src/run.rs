@@ -636,9 +636,18 @@ fn run_with(
         (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.bin")),
         (None, None) => None,
     };
+    // A checkpoint that cannot be written stops the run; the run then fails with the
+    // write's own error (exit 3, an output), not as a failed run (4).
+    let write_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::default();
     let write_checkpoint = |c: &Checkpoint| -> Result<(), String> {
         match &checkpoint_path {
-            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| chain(&e)),
+            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| {
+                let message = chain(&e);
+                if let Ok(mut first) = write_failure.lock() {
+                    first.get_or_insert(e);
+                }
+                message
+            }),
             None => Ok(()),
         }
     };
@@ -662,7 +671,10 @@ fn run_with(
             exec::run_process(&exe, &options.train(), &control, &world, placement.rank)
         }
     }
-    .map_err(run_error)?;
+    .map_err(|e| {
+        let written = write_failure.lock().ok().and_then(|mut w| w.take());
+        written.unwrap_or_else(|| run_error(e))
+    })?;
     let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
     let seconds = elapsed.as_secs_f64();
     Ok(RunOutput {

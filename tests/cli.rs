@@ -220,3 +220,53 @@ fn cluster_errors_and_flat_overrides() {
         "{stdout}"
     );
 }
+
+/// Options that would silently do nothing are refused: `--tolerance nan` (it turned the
+/// GPU-time budget off) is a usage error; a `--memory-limit` above the GPUs' memory (it
+/// was ignored) names both.
+#[test]
+fn options_that_would_do_nothing_are_refused() {
+    let model = common::fixture("train/cnn.onnx");
+    let out = tempfile::tempdir().expect("temp dir");
+    for tolerance in ["nan", "-1"] {
+        ralpc()
+            .arg(&model)
+            .args(["--gpus", "2", "--tolerance", tolerance, "-o"])
+            .arg(out.path())
+            .assert()
+            .code(2);
+    }
+    let failed = ralpc()
+        .arg(&model)
+        .args(["--gpus", "2", "--memory-limit", "200GiB", "-o"])
+        .arg(out.path())
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&failed.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("--memory-limit 200.00 GiB is above the GPUs' own"),
+        "{stderr}"
+    );
+}
+
+/// A checkpoint that cannot be written is an output error (exit 3), not a failed run.
+#[test]
+fn an_unwritable_checkpoint_exits_3() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = dir.path().join("plan");
+    ralpc()
+        .arg(common::fixture("train/cnn.onnx"))
+        .args(["--gpus", "2", "--quiet", "-o"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let failed = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .args(["--steps", "2", "--checkpoint-every", "1", "--checkpoint"])
+        .arg(dir.path().join("missing/folder/c.bin"))
+        .assert()
+        .code(3);
+    let stderr = String::from_utf8_lossy(&failed.get_output().stderr).into_owned();
+    assert!(stderr.contains("cannot write"), "{stderr}");
+}

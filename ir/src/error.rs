@@ -41,6 +41,18 @@ pub enum ImportError {
         /// The deepest nesting allowed.
         limit: u32,
     },
+    /// No opset for the default domain in a model of IR version 3 or later.
+    #[error(
+        "'{}' declares no opset for the default ONNX domain, which every model of IR version 3 \
+         or later does (this one: {ir_version}); is the file cut short?",
+        path.display()
+    )]
+    NoOpset {
+        /// The model path.
+        path: PathBuf,
+        /// Its IR version.
+        ir_version: i64,
+    },
     /// The model has no graph, or an empty one.
     #[error("'{}' contains no graph", path.display())]
     NoGraph {

@@ -92,7 +92,7 @@ proptest! {
             let planned = match run(&costs, family, None) {
                 Ok(p) => p,
                 // Only memory may make planning fail without a budget.
-                Err(PlanError::OutOfMemory { need, capacity }) => {
+                Err(PlanError::OutOfMemory { need, capacity, .. }) => {
                     prop_assert!(need > capacity);
                     continue;
                 }

@@ -77,6 +77,15 @@ pub fn print_stdout(text: &str) {
     }
 }
 
+/// Parses `--tolerance`: a non-negative number, or `inf` for no budget (NaN would
+/// silently turn the budget off).
+pub fn parse_tolerance(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x >= 0.0 => Ok(x),
+        _ => Err(format!("expected a number >= 0 or inf, got '{s}'")),
+    }
+}
+
 /// Parses `NAME=D0,D1,...` for `--input`.
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
     let (name, dims) = s

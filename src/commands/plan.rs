@@ -76,7 +76,7 @@ pub struct Args {
     pub schedule: Option<String>,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
     /// time in GPU time (`inf`: no budget).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_tolerance)]
     pub tolerance: f64,
     /// Measured per-op costs (ralpc JSON or DeepPool .prof).
     #[arg(long)]

@@ -42,7 +42,7 @@ pub struct Args {
     pub strategy: String,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
     /// time in GPU time (`inf`: no budget).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_tolerance)]
     pub tolerance: f64,
     /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
     #[arg(long, value_parser = ralpc::passes::units::parse_bytes)]

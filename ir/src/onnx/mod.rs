@@ -106,12 +106,20 @@ pub fn read_tensor(
 }
 
 fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
-    let opset = model
+    let declared = model
         .opset_import
         .iter()
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .unwrap_or(1);
+        .map(|o| o.version);
+    // Every model since IR version 3 names its opset; one that does not is most likely a
+    // file cut short where the graph ends (protobuf writes the opsets after it).
+    if declared.is_none() && model.ir_version >= 3 {
+        return Err(ImportError::NoOpset {
+            path: path.into(),
+            ir_version: model.ir_version,
+        });
+    }
+    let opset = declared.unwrap_or(1);
     let producer = format!("{} {}", model.producer_name, model.producer_version)
         .trim()
         .to_owned();

@@ -173,7 +173,8 @@ pub enum PlanError {
     /// No plan fits in memory.
     #[error(
         "the model does not fit: the smallest per-GPU memory any plan found needs is {need:.3} GiB, \
-         above the {capacity:.3} GiB available (try more GPUs, --microbatches, or a larger --memory-limit)",
+         above the {capacity:.3} GiB available (try more GPUs, --microbatches{})",
+        if *limited { ", or a larger --memory-limit" } else { "" },
         need = need / GIB,
         capacity = capacity / GIB
     )]
@@ -182,6 +183,8 @@ pub enum PlanError {
         need: f64,
         /// The per-GPU capacity, bytes.
         capacity: f64,
+        /// Whether `--memory-limit` set the capacity (below the GPUs' own memory).
+        limited: bool,
     },
     /// No plan stays within the GPU-time budget.
     #[error("no {family} plan keeps GPU-sec amplification within 1 + tolerance = {budget:.3}")]

@@ -213,6 +213,7 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         return Err(PlanError::OutOfMemory {
             need: smallest_need,
             capacity: costs.capacity_of(0, n),
+            limited: costs.options.memory_limit.is_some(),
         });
     };
     Ok(Planned {

@@ -187,6 +187,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
         None => Err(PlanError::OutOfMemory {
             need: smallest_need,
             capacity: data_parallel.memory_capacity_bytes,
+            limited: setting.memory_limit.is_some(),
         }),
     }
 }
