@@ -1,17 +1,20 @@
-//! Checkpoint files (`ralpc-checkpoint/1`): a run's training state between two steps,
+//! Checkpoint files (`ralpc-checkpoint/2`): a run's training state between two steps,
 //! written atomically by `ralpc run --checkpoint-every N` and read by `--resume`.
 //!
 //! One header line of JSON, then the tensors' values as little-endian `f32`, in the
 //! header's order:
 //!
 //! ```text
-//! {"format":"ralpc-checkpoint/1","plan":"<the plan's inputs hash>","step":3,
-//!  "losses":[2.41,2.40,2.38],"tensors":[{"name":"fc0.weight","kind":"weight","len":768},…]}
+//! {"format":"ralpc-checkpoint/2","plan":"<the plan's inputs hash>","step":3,
+//!  "losses":[2.41,2.40,2.38],"tensors":[{"name":"fc0.weight","kind":"weight","len":768},…],
+//!  "blake3":"<hash of the values>"}
 //! <raw f32 values>
 //! ```
 //!
 //! The losses are stored with every digit (JSON round-trips `f64`), and the weights and
 //! momentum buffers bit for bit, so a resumed run continues exactly where it stopped.
+//! Reading checks the values' hash (a flipped bit), that they are finite, and — against
+//! the model — every trained weight's name and size ([`check_against`]).
 
 use ralpc_ir::input::{read_input, InputKind};
 use std::collections::BTreeMap;
@@ -23,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, FileError};
 
 /// The format tag.
-pub const FORMAT: &str = "ralpc-checkpoint/1";
+pub const FORMAT: &str = "ralpc-checkpoint/2";
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +36,8 @@ struct Header {
     step: u32,
     losses: Vec<f64>,
     tensors: Vec<Entry>,
+    /// blake3 of the values after the header line, hex.
+    blake3: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -70,18 +75,21 @@ pub fn write(path: &Path, plan: &str, checkpoint: &Checkpoint) -> Result<(), Err
             values.push(v);
         }
     }
+    let data: Vec<u8> = values
+        .iter()
+        .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
+        .collect();
     let header = Header {
         format: FORMAT.to_owned(),
         plan: plan.to_owned(),
         step: checkpoint.step,
         losses: checkpoint.losses.clone(),
         tensors,
+        blake3: blake3::hash(&data).to_hex().to_string(),
     };
     let mut bytes = serde_json::to_vec(&header).unwrap_or_default();
     bytes.push(b'\n');
-    for v in values {
-        bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-    }
+    bytes.extend(data);
     crate::plan::write_bytes_atomically(path, &bytes)
 }
 
@@ -123,6 +131,11 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
         )));
     }
     let mut data = &bytes[end + 1..];
+    if blake3::hash(data).to_hex().as_str() != header.blake3 {
+        return Err(bad(
+            "its values do not match their hash: the file was damaged after it was written".into(),
+        ));
+    }
     let mut checkpoint = Checkpoint {
         step: header.step,
         losses: header.losses,
@@ -140,14 +153,64 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         data = &data[size..];
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(bad(format!(
+                "tensor '{}' holds {} at element {i}",
+                t.name, values[i]
+            )));
+        }
         let map = match t.kind {
             Kind::Weight => &mut checkpoint.weights,
             Kind::Velocity => &mut checkpoint.velocity,
         };
-        map.insert(t.name, values);
+        if map.insert(t.name.clone(), values).is_some() {
+            return Err(bad(format!("tensor '{}' is listed twice", t.name)));
+        }
     }
     if !data.is_empty() {
         return Err(bad(format!("{} bytes after the last tensor", data.len())));
     }
     Ok(checkpoint)
+}
+
+/// Checks `checkpoint` against the weights the model trains (`expected`: name → elements):
+/// the same names, each of its size, momentum only for those; before any rank starts, so
+/// a wrong checkpoint is an input error, not a run that waits out its timeout.
+///
+/// # Errors
+/// The first difference, named.
+pub fn check_against(
+    checkpoint: &Checkpoint,
+    expected: &BTreeMap<String, usize>,
+) -> Result<(), String> {
+    for (name, &len) in expected {
+        match checkpoint.weights.get(name) {
+            None => return Err(format!("it has no weight '{name}'")),
+            Some(v) if v.len() != len => {
+                return Err(format!(
+                    "its weight '{name}' has {} elements, the model's {len}",
+                    v.len()
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    for (kind, map) in [
+        ("weight", &checkpoint.weights),
+        ("momentum", &checkpoint.velocity),
+    ] {
+        for (name, v) in map {
+            match expected.get(name) {
+                None => return Err(format!("its {kind} '{name}' is not a weight of the model")),
+                Some(&len) if len != v.len() => {
+                    return Err(format!(
+                        "its {kind} '{name}' has {} elements, the model's {len}",
+                        v.len()
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
 }

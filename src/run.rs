@@ -44,7 +44,7 @@ pub struct RunOptions {
     pub data: Option<PathBuf>,
     /// Write the training state to `checkpoint` after every this many steps.
     pub checkpoint_every: Option<u32>,
-    /// The checkpoint file (`ralpc-checkpoint/1`).
+    /// The checkpoint file (`ralpc-checkpoint/2`).
     pub checkpoint: Option<PathBuf>,
     /// Continue from this checkpoint file (written by a run of the same plan).
     pub resume: Option<PathBuf>,
@@ -126,6 +126,20 @@ struct Prepared {
     info: GraphInfo,
     weights: Weights,
     data: Dataset,
+}
+
+/// Name → elements of every weight a run of `p` trains (and checkpoints): the trainable
+/// weights some node reads.
+fn trained_weights(p: &Prepared) -> BTreeMap<String, usize> {
+    p.weights
+        .trainable
+        .iter()
+        .filter(|&&v| !p.graph.consumers(v).is_empty())
+        .filter_map(|&v| {
+            let t = p.weights.tensors.get(&v)?;
+            Some((p.graph.value(v).name.clone(), t.len()))
+        })
+        .collect()
 }
 
 /// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
@@ -624,6 +638,10 @@ fn run_with(
         .map(|path| crate::checkpoint::read(path, &plan.inputs))
         .transpose()?;
     if let Some(c) = &resume {
+        crate::checkpoint::check_against(c, &trained_weights(&p)).map_err(|m| {
+            let path = options.resume.as_deref().unwrap_or(Path::new(""));
+            Error::Checkpoint(Box::new(format!("{}: {m}", path.display())))
+        })?;
         if c.step >= options.steps {
             return Err(Error::Checkpoint(Box::new(format!(
                 "the checkpoint is after step {}; ask for more --steps than that",

@@ -201,3 +201,94 @@ fn plans_traces_and_reports_are_byte_identical_whatever_the_thread_count() {
         );
     }
 }
+
+/// A damaged or doctored checkpoint is refused when it is read, naming what is wrong: a
+/// flipped bit (its hash), a NaN weight, a renamed or a missing tensor. Before, these
+/// were accepted or failed only after the whole timeout.
+#[test]
+fn damaged_checkpoints_are_refused_before_the_run() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let checkpoint = dir.path().join("state.bin");
+    ralpc::run(&ralpc::RunOptions {
+        steps: 2,
+        checkpoint_every: Some(2),
+        checkpoint: Some(checkpoint.clone()),
+        ..options(dir.path(), &model)
+    })
+    .expect("two steps and a checkpoint");
+    let bytes = std::fs::read(&checkpoint).expect("written");
+    let end = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .expect("a header line");
+    let header: serde_json::Value = serde_json::from_slice(&bytes[..end]).expect("JSON");
+    let data = bytes[end + 1..].to_vec();
+    // The file with `header` and `data`, the hash recomputed unless `keep_hash`.
+    let file = |mut header: serde_json::Value, data: &[u8], keep_hash: bool| {
+        if !keep_hash {
+            header["blake3"] = blake3::hash(data).to_hex().to_string().into();
+        }
+        let mut out = serde_json::to_vec(&header).expect("JSON");
+        out.push(b'\n');
+        out.extend_from_slice(data);
+        out
+    };
+    let first_len = header["tensors"][0]["len"].as_u64().expect("len") as usize;
+    let mut flipped = data.clone();
+    flipped[5] ^= 0x10;
+    let mut nan = data.clone();
+    nan[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let mut renamed = header.clone();
+    renamed["tensors"][0]["name"] = "no.such.weight".into();
+    let mut missing = header.clone();
+    missing["tensors"]
+        .as_array_mut()
+        .expect("tensors")
+        .remove(0);
+    let mut extra = header.clone();
+    extra["tensors"]
+        .as_array_mut()
+        .expect("tensors")
+        .push(serde_json::json!({"name": "stray", "kind": "velocity", "len": 1}));
+    let mut more = data.clone();
+    more.extend(0f32.to_le_bytes());
+    let cases = [
+        (
+            "flipped bit",
+            file(header.clone(), &flipped, true),
+            "do not match their hash",
+        ),
+        ("NaN", file(header.clone(), &nan, false), "holds NaN"),
+        (
+            "renamed",
+            file(renamed, &data, false),
+            "it has no weight 'conv0.bias'",
+        ),
+        (
+            "missing",
+            file(missing, &data[first_len * 4..], false),
+            "it has no weight",
+        ),
+        (
+            "extra",
+            file(extra, &more, false),
+            "momentum 'stray' is not a weight of the model",
+        ),
+    ];
+    for (what, bytes, says) in cases {
+        std::fs::write(&checkpoint, bytes).expect("write");
+        let started = Instant::now();
+        let error = ralpc::run(&ralpc::RunOptions {
+            steps: 4,
+            resume: Some(checkpoint.clone()),
+            ..options(dir.path(), &model)
+        })
+        .expect_err(what);
+        assert!(format!("{error:?}").contains(says), "{what}: {error:?}");
+        assert_eq!(error.exit_code(), 1, "{what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{what}: at once"
+        );
+    }
+}
