@@ -16,10 +16,10 @@
 //! Reading checks the values' hash (a flipped bit), that they are finite, and — against
 //! the model — every trained weight's name and size ([`check_against`]).
 
-use ralpc_ir::input::{read_input, InputKind};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use ralpc_ir::input::{read_input, InputKind};
 use ralpc_runtime_min::cpu::exec::Checkpoint;
 use serde::{Deserialize, Serialize};
 

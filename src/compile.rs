@@ -1,8 +1,9 @@
 //! The build-step entry point: a model in, every artifact of its plan out, in memory, with
 //! a hash of everything that went in so that a build system can skip up-to-date work.
 
-use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use std::path::{Path, PathBuf};
+
+use ralpc_ir::input::{read_input, read_input_text, InputKind};
 
 use crate::error::FileError;
 use crate::plan::{plan, render_svg, report_html, PlanOptions, PlanReport};

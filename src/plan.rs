@@ -1,9 +1,9 @@
 //! `ralpc plan`: a model, a cluster and a batch in; the placement of every layer out.
 
-use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings};
 use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;

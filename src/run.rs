@@ -1,12 +1,12 @@
 //! Running a plan (`ralpc run PLAN --backend cpu`): every rank a thread of this process, a
 //! real training step per iteration, and the single-device run it is held to.
 
-use ralpc_ir::input::{read_input, InputKind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ralpc_codegen::plan::Plan;
+use ralpc_ir::input::{read_input, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::comm::World;
@@ -126,6 +126,29 @@ struct Prepared {
     info: GraphInfo,
     weights: Weights,
     data: Dataset,
+}
+
+/// `--fault RANK:INSTRUCTION` must name an instruction of the plan: one that does not
+/// exist would never fire, and the test it was meant for would pass without a fault.
+fn check_fault(plan: &Plan, fault: Option<Fault>) -> Result<(), Error> {
+    let Some(f) = fault else {
+        return Ok(());
+    };
+    let bad = |m: String| {
+        Err(Error::Setup(Box::new(format!(
+            "--fault {}:{}: {m}",
+            f.rank, f.instruction
+        ))))
+    };
+    match plan.programs.get(f.rank as usize) {
+        None => bad(format!("the plan has {} rank(s)", plan.programs.len())),
+        Some(program) if f.instruction >= program.len() => bad(format!(
+            "rank {}'s program has {} instruction(s)",
+            f.rank,
+            program.len()
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// Name → elements of every weight a run of `p` trains (and checkpoints): the trainable
@@ -612,6 +635,7 @@ fn run_with(
         (None, Backend::Cpu) => None,
     };
     check_memory(&plan)?;
+    check_fault(&plan, options.fault)?;
     let shapes = &plan.model.inputs;
     let p = prepare(&model, plan.batch, shapes, options)?;
     let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())

@@ -183,3 +183,79 @@ fn a_malformed_launcher_environment_is_an_input_error() {
         "{stderr}"
     );
 }
+
+/// The ranks `ralpc launch` (process `launcher`) started, once they all run.
+#[cfg(target_os = "linux")]
+fn ranks_of(launcher: u32, count: usize) -> Vec<u32> {
+    let started = Instant::now();
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
+                .unwrap_or_default();
+        let pids: Vec<u32> = children
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.len() >= count || started.elapsed() > Duration::from_secs(20) {
+            return pids;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie waiting to be reaped).
+#[cfg(target_os = "linux")]
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().to_owned()))
+        .is_some_and(|state| !state.starts_with('Z') && !state.starts_with('X'))
+}
+
+/// SIGTERM to `ralpc launch` is passed on to its ranks, which stop with it; SIGKILL
+/// (which it cannot catch) takes the ranks along too. Before, both left the ranks
+/// running under PID 1.
+#[cfg(target_os = "linux")]
+#[test]
+fn signals_to_the_launcher_stop_its_ranks() {
+    let (_dir, plan) = common::pipeline_plan();
+    let bin = assert_cmd::cargo::cargo_bin("ralpc");
+    for (signal, name) in [(15, "TERM"), (9, "KILL")] {
+        let mut launcher = std::process::Command::new(&bin)
+            .arg("launch")
+            .arg(&plan)
+            .args(["--steps", "1000000", "--timeout", "60"])
+            .env_remove("RANK")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("launch starts");
+        let ranks = ranks_of(launcher.id(), 4);
+        assert_eq!(ranks.len(), 4, "SIG{name}: the ranks started");
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(launcher.id().to_string())
+            .status()
+            .expect("kill runs");
+        let status = launcher.wait().expect("the launcher ends");
+        assert!(!status.success(), "SIG{name}");
+        let started = Instant::now();
+        while ranks.iter().any(|&r| running(r)) && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<u32> = ranks.iter().copied().filter(|&r| running(r)).collect();
+        assert!(left.is_empty(), "SIG{name}: ranks {left:?} still run");
+        if signal == 15 {
+            let mut stderr = String::new();
+            use std::io::Read as _;
+            launcher
+                .stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut stderr)
+                .expect("reads");
+            assert!(stderr.contains("interrupted by signal 15"), "{stderr}");
+        }
+    }
+}

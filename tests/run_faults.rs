@@ -292,3 +292,52 @@ fn damaged_checkpoints_are_refused_before_the_run() {
         );
     }
 }
+
+/// `--fault` naming a rank or an instruction the plan does not have is refused (it would
+/// never fire, and a fault test would pass without its fault).
+#[test]
+fn a_fault_that_cannot_fire_is_refused() {
+    let (dir, model) = plan(PIPELINE, 4);
+    for (rank, instruction, says) in [
+        (9, 0, "the plan has 4 rank(s)"),
+        (1, 1 << 20, "rank 1's program has"),
+    ] {
+        let error = ralpc::run(&ralpc::RunOptions {
+            steps: 1,
+            fault: Some(Fault {
+                rank,
+                instruction,
+                kind: FaultKind::Panic,
+            }),
+            ..options(dir.path(), &model)
+        })
+        .expect_err("refused");
+        assert!(error.to_string().contains(says), "{error}");
+        assert_eq!(error.exit_code(), 1);
+    }
+}
+
+/// More ranks than one process runs as threads are refused up front, not by an abort.
+#[test]
+fn too_many_ranks_for_one_process_are_refused_up_front() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::fixture("train/mlp.onnx");
+    let gpus = ralpc::runtime::cpu::exec::MAX_THREAD_RANKS + 1;
+    ralpc::compile(&ralpc::Options {
+        model: model.clone(),
+        gpus: Some(gpus),
+        batch: Some(u64::from(gpus)),
+        family: ralpc::passes::plan::Family::parse("dp"),
+        tolerance: None,
+        ..Default::default()
+    })
+    .expect("plans")
+    .write(dir.path())
+    .expect("writes");
+    let error = ralpc::run(&ralpc::RunOptions {
+        steps: 1,
+        ..options(dir.path(), &model)
+    })
+    .expect_err("refused");
+    assert!(error.to_string().contains("runs at most 1024"), "{error:?}");
+}

@@ -67,9 +67,11 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             "cannot make a directory for the ranks' errors: {e}"
         ))
     })?;
+    let signals = Signals::register()?;
     let mut children: Vec<Option<Child>> = Vec::with_capacity(world as usize);
     for rank in 0..world {
         let mut cmd = Command::new(&exe);
+        die_with_launcher(&mut cmd);
         cmd.arg("run").arg(&args.plan).args(&args.run);
         for var in ["OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
             cmd.env_remove(var);
@@ -89,11 +91,20 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             }
         }
     }
-    // After the first failure the others get the grace period to stop by themselves.
+    // After the first failure (or a signal) the others get the grace period to stop by
+    // themselves.
     let mut first_failure: Option<Instant> = None;
+    let mut interrupted: Option<i32> = None;
     let mut failed: Vec<(u32, ExitStatus)> = Vec::new();
     let mut killed = Vec::new();
     while children.iter().any(Option::is_some) {
+        if let (None, Some(signal)) = (interrupted, signals.received()) {
+            interrupted = Some(signal);
+            first_failure.get_or_insert_with(Instant::now);
+            for child in children.iter().flatten() {
+                forward(child, signal);
+            }
+        }
         for (rank, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot else { continue };
             match child.try_wait() {
@@ -123,6 +134,17 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             }
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(signal) = interrupted {
+        let mut message =
+            format!("interrupted by signal {signal}, which was passed on to the {world} rank(s)");
+        if !killed.is_empty() {
+            message += &format!(
+                "; ranks {killed:?} were still running {} s later and were killed",
+                args.grace
+            );
+        }
+        return Err(launch_error(message));
     }
     match cause(&failed, reports.path()) {
         None => Ok(()),
@@ -174,4 +196,73 @@ fn kill_all(children: &mut [Option<Child>]) {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught so that the ranks are stopped with the launcher
+/// rather than left running without it.
+struct Signals {
+    #[cfg(unix)]
+    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Signals {
+    fn register() -> Result<Signals, ralpc::Error> {
+        #[cfg(unix)]
+        {
+            use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+            let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            for signal in [SIGINT, SIGTERM, SIGHUP] {
+                signal_hook::flag::register_usize(signal, received.clone(), signal as usize)
+                    .map_err(|e| launch_error(format!("cannot catch signal {signal}: {e}")))?;
+            }
+            Ok(Signals { received })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The last signal caught, if any.
+    fn received(&self) -> Option<i32> {
+        #[cfg(unix)]
+        {
+            let signal = self.received.load(std::sync::atomic::Ordering::SeqCst);
+            (signal != 0).then(|| i32::try_from(signal).unwrap_or(15))
+        }
+        #[cfg(not(unix))]
+        None
+    }
+}
+
+/// Sends `signal` to `child`.
+fn forward(child: &Child, signal: i32) {
+    #[cfg(unix)]
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) with a valid signal number, on a child not reaped yet (so the
+        // pid is still that child's).
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (child, signal);
+}
+
+/// On Linux, a rank is killed when the launcher dies, however it dies (SIGKILL included).
+fn die_with_launcher(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }

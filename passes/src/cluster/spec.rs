@@ -26,9 +26,9 @@
 //! latency = "0us"
 //! ```
 
-use ralpc_ir::input::{read_input_text, InputKind};
 use std::path::Path;
 
+use ralpc_ir::input::{read_input_text, InputKind};
 use serde::{Deserialize, Serialize};
 
 use super::presets::{gpu_type, preset_node, GPU_TYPES, PRESETS};

@@ -32,9 +32,9 @@ mod deeppool;
 mod pipedream;
 mod signature;
 
-use ralpc_ir::input::{read_input_text, InputKind};
 use std::path::Path;
 
+use ralpc_ir::input::{read_input_text, InputKind};
 use serde::{Deserialize, Serialize};
 
 pub use deeppool::parse_deeppool;

@@ -2099,6 +2099,10 @@ fn folded(info: &GraphInfo, v: ValueId) -> Option<Tensor> {
     })
 }
 
+/// The most ranks one process runs as threads: 16,384 thread stacks aborted the process,
+/// and 8,192 ranks did not finish a step (nor notice `--timeout`) in minutes.
+pub const MAX_THREAD_RANKS: u32 = 1024;
+
 /// Runs the plan's iterations up to `options.steps` (from a checkpoint's step when
 /// resuming), every rank a thread.
 ///
@@ -2110,8 +2114,14 @@ pub fn run(
     options: &TrainOptions,
     control: &Control<'_>,
 ) -> Result<(TrainReport, Duration), RunError> {
-    let prepared = Prepared::new(exe)?;
     let ranks = exe.plan.ranks;
+    if ranks > MAX_THREAD_RANKS {
+        return Err(RunError::Setup(format!(
+            "the plan has {ranks} ranks; one process runs at most {MAX_THREAD_RANKS} of them \
+             as threads (run the ranks as processes of a launcher on several machines)"
+        )));
+    }
+    let prepared = Prepared::new(exe)?;
     let world = World::new(ranks, control.timeout);
     let collector = control.on_checkpoint.map(|on_checkpoint| Collector {
         ranks: ranks as usize,
