@@ -7,7 +7,7 @@ use ralpc_ir::input::{read_input, read_input_text, InputKind};
 
 use crate::error::FileError;
 use crate::plan::{plan, render_svg, report_html, PlanOptions, PlanReport};
-use crate::{write_atomically, Error};
+use crate::Error;
 
 /// What to compile: the planning options (see [`PlanOptions`]; the executable plan is
 /// always lowered).
@@ -38,8 +38,9 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    /// Writes every artifact into `dir` (created if missing), each atomically: a file is
-    /// complete or absent, also when the process is killed mid-write.
+    /// Writes every artifact into `dir` (created if missing) as one set
+    /// ([`crate::plan::write_set_atomically`]): a file is complete or absent, also when the
+    /// process is killed mid-write, and a write that fails leaves none of the new set.
     ///
     /// # Errors
     /// [`Error::Write`] when `dir` or a file cannot be written.
@@ -53,13 +54,17 @@ impl Compiled {
                 error,
             }))
         })?;
+        // plan.json (first in `files`) last: it marks the directory up to date.
+        let set: Vec<(&str, &str)> = self
+            .files
+            .iter()
+            .rev()
+            .map(|(name, text)| (*name, text.as_str()))
+            .collect();
+        crate::plan::write_set_atomically(dir, &set)?;
         // A picture of an earlier plan must not stay beside this one.
         if self.svg_skipped.is_some() {
             let _ = std::fs::remove_file(dir.join("plan.svg"));
-        }
-        // plan.json last: it marks the directory up to date.
-        for (name, text) in self.files.iter().rev() {
-            write_atomically(&dir.join(name), text)?;
         }
         Ok(())
     }

@@ -102,3 +102,24 @@ fn killing_a_run_leaves_complete_artifacts() {
         }
     }
 }
+
+/// A plan that cannot be written leaves nothing of itself behind: with `plan.json` taken by
+/// a folder, not one artifact is written (before, three were) and the exit status is 3.
+#[test]
+fn a_failed_write_leaves_no_partial_set() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("plan.json")).expect("a folder in the way");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_ralpc"))
+        .arg(common::fixture("train/cnn.onnx"))
+        .args(["--gpus", "2", "--quiet", "-o"])
+        .arg(&out)
+        .status()
+        .expect("ralpc runs");
+    assert_eq!(status.code(), Some(3));
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .expect("listed")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("plan.json")]);
+}
