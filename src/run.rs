@@ -214,6 +214,7 @@ fn prepare(
     let (seed, loss) = (options.seed, options.loss);
     let unbound = onnx::import(model)?.graph;
     let (graph, info) = at_batch(&unbound, batch, shapes)?;
+    check_input_size(&graph, &info, batch)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,
@@ -226,6 +227,29 @@ fn prepare(
         weights,
         data,
     })
+}
+
+/// The model's inputs at the plan's `batch` must fit this machine's memory: the batch
+/// comes from the plan file, and a doctored one (2^40) made the allocation abort.
+fn check_input_size(graph: &Graph, info: &GraphInfo, batch: u64) -> Result<(), Error> {
+    let bytes = graph.inputs().iter().try_fold(0u64, |sum, &v| {
+        let ty = info.ty(v);
+        let element = ty.dtype.size_bytes();
+        sum.checked_add(ty.shape.known_numel()?.checked_mul(element)?)
+    });
+    let have = memory_available();
+    match (bytes, have) {
+        (None, _) => Err(Error::PlanFile(Box::new(format!(
+            "the plan's batch {batch} makes the model's inputs too large to count"
+        )))),
+        (Some(need), Some(have)) if need > have => Err(Error::PlanFile(Box::new(format!(
+            "the plan's batch {batch} makes the model's inputs {:.2} GiB, more than the \
+             {:.2} GiB this machine has available",
+            need as f64 / f64::from(1u32 << 30),
+            have as f64 / f64::from(1u32 << 30)
+        )))),
+        _ => Ok(()),
+    }
 }
 
 /// Reads `--data`: a JSON object with every graph input's values for the global batch,
@@ -413,15 +437,17 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
         .flatten()
         .filter(|b| b.kind == ralpc_codegen::plan::BufferKind::Workspace)
         .map(|b| b.bytes)
-        .sum();
+        .fold(0, u64::saturating_add);
+    // Saturating: sizes come from the plan file, and two of 2^63 bytes wrapped to 0.
     let need = plan
         .peak_memory_bytes()
-        .iter()
-        .sum::<u64>()
+        .into_iter()
+        .fold(0, u64::saturating_add)
         .saturating_sub(workspace);
     match memory_available() {
         Some(have) if need > have => Err(run_error(format!(
-            "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU workspace);              this machine has {:.2} GiB available",
+            "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU workspace); \
+             this machine has {:.2} GiB available",
             plan.ranks,
             need as f64 / f64::from(1u32 << 30),
             have as f64 / f64::from(1u32 << 30)

@@ -341,3 +341,34 @@ fn too_many_ranks_for_one_process_are_refused_up_front() {
     .expect_err("refused");
     assert!(error.to_string().contains("runs at most 1024"), "{error:?}");
 }
+
+/// Sizes written in a plan are not trusted: a doctored batch of 2^40, or two buffers of
+/// 2^63 bytes (whose sum wrapped to nothing), are refused before anything is allocated
+/// (both aborted the process before).
+#[test]
+fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let path = dir.path().join("plan.json");
+    let original: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("plan")).expect("JSON");
+    let mut batch = original.clone();
+    batch["batch"] = (1u64 << 40).into();
+    let mut buffers = original.clone();
+    buffers["buffers"][0][0]["bytes"] = (1u64 << 63).into();
+    buffers["buffers"][0][1]["bytes"] = (1u64 << 63).into();
+    for (what, plan, says) in [
+        ("batch", batch, "makes the model's inputs"),
+        ("buffers", buffers, "GiB together"),
+    ] {
+        std::fs::write(&path, serde_json::to_string(&plan).expect("JSON")).expect("write");
+        let error = ralpc::run(&ralpc::RunOptions {
+            steps: 1,
+            ..options(dir.path(), &model)
+        })
+        .expect_err(what);
+        assert!(
+            error.to_string().contains(says) || format!("{error:?}").contains(says),
+            "{what}: {error:?}"
+        );
+    }
+}
