@@ -49,11 +49,9 @@ fn processes_train_exactly_like_threads() {
     assert_eq!(losses(out), losses(&threads.get_output().stdout));
 }
 
-/// `ralpc run` started by hand as torchrun would: two processes, environment only.
-#[test]
-fn run_joins_a_launchers_world() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let plan = dir.path().join("mlp");
+/// Plans the MLP fixture for two data-parallel ranks into `dir`.
+fn two_rank_plan(dir: &Path) -> std::path::PathBuf {
+    let plan = dir.join("mlp");
     ralpc()
         .arg(common::fixture("train/mlp.onnx"))
         .args([
@@ -70,24 +68,97 @@ fn run_joins_a_launchers_world() {
         .arg(&plan)
         .assert()
         .success();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    plan
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-        .port();
-    let rank = |r: u32| {
-        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("ralpc"));
-        cmd.arg("run")
-            .arg(&plan)
-            .args(["--steps", "2", "--json"])
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("LOCAL_RANK", r.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("start a rank")
+        .port()
+}
+
+/// The losses of two steps of `plan` with every rank a thread of one process.
+fn threaded_losses(plan: &Path) -> Vec<f64> {
+    let threads = ralpc()
+        .arg("run")
+        .arg(plan)
+        .args(["--steps", "2", "--json"])
+        .assert()
+        .success();
+    losses(&threads.get_output().stdout)
+}
+
+/// `ralpc run` as rank `r` of 2 under a torchrun-like environment with `token`.
+fn rank_process(plan: &Path, r: u32, port: u16, token: &str) -> std::process::Child {
+    std::process::Command::new(assert_cmd::cargo::cargo_bin("ralpc"))
+        .arg("run")
+        .arg(plan)
+        .args(["--steps", "2", "--json", "--timeout", "20"])
+        .env("RANK", r.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_RANK", r.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("RALPC_RUN_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a rank")
+}
+
+/// A live two-process run with strangers at its master port — an impostor rank 1 with the
+/// wrong secret, 100 kB of random bytes, an HTTP request and a connection that says
+/// nothing — refuses each, logs it, and finishes with the threaded run's losses. Before,
+/// the impostor joined and forged the losses, and the others ended the run.
+#[test]
+fn strangers_at_the_master_port_are_refused_and_the_run_finishes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = two_rank_plan(dir.path());
+    let port = free_port();
+    let secret = "the real run's secret, 32 chars";
+    let zero = rank_process(&plan, 0, port, secret);
+    let master = ("127.0.0.1", port);
+    let connect = || loop {
+        if let Ok(s) = std::net::TcpStream::connect(master) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     };
+    let _idle = connect();
+    let mut noise = connect();
+    let bytes: Vec<u8> = (0..100_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let _ = std::io::Write::write_all(&mut noise, &bytes);
+    let mut http = connect();
+    let _ = std::io::Write::write_all(&mut http, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    let impostor = rank_process(&plan, 1, port, "an impostor's guessed secret");
+    let impostor = impostor.wait_with_output().expect("the impostor ends");
+    assert!(!impostor.status.success(), "the impostor is refused");
+    let one = rank_process(&plan, 1, port, secret);
+    let zero = zero.wait_with_output().expect("rank 0");
+    let one = one.wait_with_output().expect("rank 1");
+    let log = String::from_utf8_lossy(&zero.stderr);
+    assert!(zero.status.success(), "{log}");
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    // The impostor and the random bytes fail the challenge; the HTTP request and the idle
+    // connection are still waiting for their 10 s to run out when the run is done.
+    assert!(log.matches("refused a connection").count() >= 2, "{log}");
+    assert_eq!(losses(&zero.stdout), threaded_losses(&plan));
+}
+
+/// `ralpc run` started by hand as torchrun would: two processes, environment only.
+#[test]
+fn run_joins_a_launchers_world() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = two_rank_plan(dir.path());
+    let port = free_port();
+    let rank = |r: u32| rank_process(&plan, r, port, "this test run's own secret");
     let (one, zero) = (rank(1), rank(0));
     let zero = zero.wait_with_output().expect("rank 0");
     let one = one.wait_with_output().expect("rank 1");
@@ -102,13 +173,7 @@ fn run_joins_a_launchers_world() {
         String::from_utf8_lossy(&one.stderr)
     );
     assert!(one.stdout.is_empty(), "rank 1 stays quiet");
-    let threads = ralpc()
-        .arg("run")
-        .arg(&plan)
-        .args(["--steps", "2", "--json"])
-        .assert()
-        .success();
-    assert_eq!(losses(&zero.stdout), losses(&threads.get_output().stdout));
+    assert_eq!(losses(&zero.stdout), threaded_losses(&plan));
 }
 
 fn launch_with_fault(plan: &Path, fault: &str) -> (String, Duration) {

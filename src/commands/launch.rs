@@ -68,6 +68,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         ))
     })?;
     let signals = Signals::register()?;
+    // The ranks prove this secret to each other; nobody else learns it.
+    let token = ralpc::runtime::dist::auth::new_token().map_err(launch_error)?;
     let mut children: Vec<Option<Child>> = Vec::with_capacity(world as usize);
     for rank in 0..world {
         let mut cmd = Command::new(&exe);
@@ -82,6 +84,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             .env("LOCAL_WORLD_SIZE", world.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
+            .env(ralpc::runtime::dist::auth::TOKEN_VAR, &token)
             .env(super::run::LAUNCH_REPORTS, reports.path());
         match cmd.spawn() {
             Ok(child) => children.push(Some(child)),

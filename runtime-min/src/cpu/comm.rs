@@ -484,6 +484,9 @@ mod tests {
                             master_addr: "127.0.0.1".into(),
                             master_port: port,
                             launcher: Launcher::Torchrun,
+                            secret: Some(
+                                crate::dist::auth::Secret::new("a test run's secret").unwrap(),
+                            ),
                         };
                         World::connect(&p, timeout).unwrap()
                     })

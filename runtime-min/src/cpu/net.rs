@@ -7,11 +7,12 @@
 //! the others without waiting for the timeout.
 
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::comm::Shared;
+use crate::dist::auth::{self, Secret};
 use crate::dist::{rendezvous, Placement};
 
 /// What travels between ranks.
@@ -140,6 +141,43 @@ impl Frame {
     }
 }
 
+/// The longest a connection may take to prove itself and say which rank it is.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// A call from a higher rank: its proof of the secret, then its rank.
+fn answer(
+    mut stream: TcpStream,
+    secret: &Secret,
+    me: u32,
+    world: u32,
+) -> Result<(u32, TcpStream), String> {
+    stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE)))
+        .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE)))
+        .map_err(|e| e.to_string())?;
+    auth::accept(&mut stream, secret)?;
+    let mut hello = [0u8; 12];
+    stream
+        .read_exact(&mut hello)
+        .map_err(|e| format!("it said nothing: {e}"))?;
+    let r = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]);
+    if &hello[..8] != HELLO || r <= me || r >= world {
+        return Err("it is not one of this run's ranks".into());
+    }
+    stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
+        .map_err(|e| e.to_string())?;
+    Ok((r, stream))
+}
+
 /// This process's connections to every other rank.
 pub struct Net {
     rank: u32,
@@ -165,8 +203,10 @@ impl Net {
     ) -> Result<Net, String> {
         let deadline = Instant::now() + timeout;
         let me = placement.rank;
-        let listener = TcpListener::bind((IpAddr::from([0, 0, 0, 0]), 0))
-            .map_err(fail("cannot listen for the other ranks"))?;
+        // This machine's interface toward the master only (loopback stays loopback).
+        let ip = rendezvous::local_ip_toward(rendezvous::master_addr(placement)?)?;
+        let listener =
+            TcpListener::bind((ip, 0)).map_err(fail("cannot listen for the other ranks"))?;
         let port = listener
             .local_addr()
             .map_err(fail("cannot listen for the other ranks"))?
@@ -174,6 +214,11 @@ impl Net {
         let blobs = rendezvous::all_gather(placement, timeout, |ip| {
             SocketAddr::new(ip, port).to_string().into_bytes()
         })?;
+        // The rendezvous refuses a multi-process run without one.
+        let secret = placement
+            .secret
+            .clone()
+            .ok_or_else(|| format!("{} is not set", auth::TOKEN_VAR))?;
         let addrs: Vec<SocketAddr> = blobs
             .iter()
             .enumerate()
@@ -198,58 +243,64 @@ impl Net {
                     }
                 }
             };
+            stream
+                .set_read_timeout(Some(remaining(deadline)))
+                .map_err(fail("cannot configure a connection"))?;
+            auth::call(&mut stream, &secret)
+                .map_err(|e| format!("rank {me} cannot join rank {r} at {addr}: {e}"))?;
             let mut hello = HELLO.to_vec();
             hello.extend(me.to_le_bytes());
             stream
                 .write_all(&hello)
                 .map_err(fail("cannot greet a rank"))?;
+            stream
+                .set_read_timeout(None)
+                .map_err(fail("cannot configure a connection"))?;
             streams[r] = Some(stream);
         }
-        // …and take the calls of every higher one.
+        // …and take the calls of every higher one, each proving itself on its own thread:
+        // a stranger (or a silent connection) is refused and logged, and the run goes on.
         listener
             .set_nonblocking(true)
             .map_err(fail("cannot poll for the other ranks"))?;
+        let (called, calls) = std::sync::mpsc::channel::<Result<(u32, TcpStream), String>>();
         let mut expected = world - 1 - me as usize;
         while expected > 0 {
             match listener.accept() {
-                Ok((mut stream, from)) => {
-                    stream
-                        .set_nonblocking(false)
-                        .and_then(|()| {
-                            stream.set_read_timeout(Some(
-                                deadline
-                                    .saturating_duration_since(Instant::now())
-                                    .max(Duration::from_millis(1)),
-                            ))
-                        })
-                        .map_err(fail("cannot configure a connection"))?;
-                    let mut hello = [0u8; 12];
-                    stream
-                        .read_exact(&mut hello)
-                        .map_err(|e| format!("a connection from {from} said nothing: {e}"))?;
-                    let r = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]);
-                    if &hello[..8] != HELLO || r <= me || r as usize >= world {
-                        return Err(format!(
-                            "a connection from {from} is not one of this run's ranks"
-                        ));
-                    }
-                    if streams[r as usize].replace(stream).is_some() {
-                        return Err(format!("rank {r} connected twice"));
-                    }
-                    expected -= 1;
+                Ok((stream, from)) => {
+                    let (called, secret) = (called.clone(), secret.clone());
+                    let world = placement.world;
+                    std::thread::spawn(move || {
+                        let _ = called.send(
+                            answer(stream, &secret, me, world)
+                                .map_err(|e| format!("refused a connection from {from}: {e}")),
+                        );
+                    });
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<usize> = (me as usize + 1..world)
-                            .filter(|&r| streams[r].is_none())
-                            .collect();
-                        return Err(format!(
-                            "ranks {missing:?} did not connect to rank {me} in time"
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(fail("cannot accept a rank")(e)),
+            }
+            while let Ok(call) = calls.try_recv() {
+                match call {
+                    Ok((r, stream)) => {
+                        if streams[r as usize].replace(stream).is_some() {
+                            return Err(format!("rank {r} connected twice"));
+                        }
+                        expected -= 1;
+                    }
+                    Err(why) => eprintln!("rank {me}: {why}"),
+                }
+            }
+            if expected > 0 {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (me as usize + 1..world)
+                        .filter(|&r| streams[r].is_none())
+                        .collect();
+                    return Err(format!(
+                        "ranks {missing:?} did not connect to rank {me} in time"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
         let mut peers = Vec::with_capacity(world);

@@ -29,6 +29,8 @@ pub struct Placement {
     pub master_port: u16,
     /// Who set the variables.
     pub launcher: Launcher,
+    /// The run's secret (`RALPC_RUN_TOKEN`), which every connection between ranks proves.
+    pub secret: Option<super::auth::Secret>,
 }
 
 /// The rendezvous port when the launcher names none (torchrun's default).
@@ -110,6 +112,9 @@ impl Placement {
                 .map_err(|_| format!("MASTER_PORT='{p}' is not a port number"))?,
             None => DEFAULT_PORT,
         };
+        let secret = get(super::auth::TOKEN_VAR)
+            .map(|t| super::auth::Secret::new(&t))
+            .transpose()?;
         Ok(Some(Placement {
             rank: rank_value,
             world: world_value,
@@ -117,6 +122,7 @@ impl Placement {
             master_addr,
             master_port,
             launcher,
+            secret,
         }))
     }
 }
@@ -173,7 +179,8 @@ mod tests {
                 local_rank: 1,
                 master_addr: "node7".into(),
                 master_port: 1234,
-                launcher: Launcher::Torchrun
+                launcher: Launcher::Torchrun,
+                secret: None,
             }
         );
     }

@@ -2,13 +2,17 @@
 //! other rank connects, and each process gets every rank's blob (an NCCL unique id, the
 //! address a rank's CPU transport listens on).
 //!
-//! The exchange is bounded by a timeout and checks what it is told: ranks of one world,
-//! each once, all agreeing on the world size; anything else is an error naming the rank.
+//! Every connection first proves it knows the run's secret ([`super::auth`]); one that
+//! does not — an impostor, a port scanner, an idle connection — is refused and logged
+//! on its own thread, and the run goes on. The exchange is bounded by a timeout and
+//! checks what the ranks tell it: ranks of one world, each once, all agreeing on the
+//! world size; anything else is an error naming the rank.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use super::auth::{self, Secret, TOKEN_VAR};
 use super::env::Placement;
 
 const MAGIC: &[u8; 8] = b"RALPCRV1";
@@ -33,6 +37,7 @@ pub fn all_gather(
     if placement.world == 1 {
         return Ok(vec![blob(master.ip())]);
     }
+    secret_of(placement)?;
     if placement.rank == 0 {
         serve(placement, master, deadline, blob(master.ip()))
     } else {
@@ -40,7 +45,29 @@ pub fn all_gather(
     }
 }
 
-fn master_addr(p: &Placement) -> Result<SocketAddr, String> {
+/// The address of this machine's interface toward `master` (no packet is sent): what a
+/// rank's own listener binds, so that it is reachable from the run's network only.
+///
+/// # Errors
+/// No route to the master.
+pub fn local_ip_toward(master: SocketAddr) -> Result<IpAddr, String> {
+    let unspecified = if master.is_ipv4() {
+        IpAddr::from([0, 0, 0, 0])
+    } else {
+        IpAddr::from([0u16; 8])
+    };
+    let probe = std::net::UdpSocket::bind((unspecified, 0))
+        .and_then(|s| s.connect(master).map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map_err(|e| format!("no route to the master address {master}: {e}"))?;
+    Ok(probe.ip())
+}
+
+/// The master's socket address.
+///
+/// # Errors
+/// The name does not resolve.
+pub fn master_addr(p: &Placement) -> Result<SocketAddr, String> {
     (p.master_addr.as_str(), p.master_port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve MASTER_ADDR '{}': {e}", p.master_addr))?
@@ -52,24 +79,50 @@ fn io(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("rendezvous: {what}: {e}")
 }
 
+/// The run's secret, which a multi-process run must have.
+fn secret_of(p: &Placement) -> Result<&Secret, String> {
+    p.secret.as_ref().ok_or_else(|| {
+        format!(
+            "{TOKEN_VAR} is not set: the ranks of a run prove to each other that they know \
+             this secret, so that nobody else who reaches their ports can join. `ralpc \
+             launch` sets it; under torchrun, srun or mpirun export the same value to every \
+             rank, e.g. {TOKEN_VAR}=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')"
+        )
+    })
+}
+
+/// What a connection to rank 0 turned out to be.
+type Joined = Result<(u32, Vec<u8>, TcpStream), (SocketAddr, String)>;
+
+/// The handshake of one connection: the secret's challenge, then the hello. On its own
+/// thread, bounded by [`HANDSHAKE`], so that a silent stranger holds up nobody.
+fn handshake(mut stream: TcpStream, from: SocketAddr, secret: &Secret, world: u32) -> Joined {
+    let fail = |e: String| (from, e);
+    stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE)))
+        .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE)))
+        .map_err(|e| fail(e.to_string()))?;
+    auth::accept(&mut stream, secret).map_err(fail)?;
+    let (rank, data) = read_hello(&mut stream, world).map_err(fail)?;
+    Ok((rank, data, stream))
+}
+
+/// The longest a connection may take to prove itself and say hello.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
 fn serve(
     p: &Placement,
     master: SocketAddr,
     deadline: Instant,
     own: Vec<u8>,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let any = SocketAddr::new(
-        if master.is_ipv4() {
-            IpAddr::from([0, 0, 0, 0])
-        } else {
-            IpAddr::from([0u16; 8])
-        },
-        master.port(),
-    );
-    let listener = TcpListener::bind(any).map_err(|e| {
+    let secret = secret_of(p)?;
+    // The master address only: a loopback master stays unreachable from other machines.
+    let listener = TcpListener::bind(master).map_err(|e| {
         format!(
-            "rendezvous: rank 0 cannot listen on port {}: {e} (another run using MASTER_PORT \
-             {0}?)",
+            "rendezvous: rank 0 cannot listen on {master}: {e} (another run using MASTER_PORT \
+             {}?)",
             master.port()
         )
     })?;
@@ -80,34 +133,42 @@ fn serve(
     let mut blobs: Vec<Option<Vec<u8>>> = vec![None; world];
     blobs[0] = Some(own);
     let mut peers = Vec::with_capacity(world - 1);
+    let (joined, arrivals) = std::sync::mpsc::channel::<Joined>();
     while peers.len() < world - 1 {
         match listener.accept() {
-            Ok((mut stream, from)) => {
-                stream
-                    .set_nonblocking(false)
-                    .map_err(io("cannot configure a connection"))?;
-                stream
-                    .set_read_timeout(Some(remaining(deadline)))
-                    .map_err(io("cannot configure a connection"))?;
-                let (rank, data) = read_hello(&mut stream, p.world)
-                    .map_err(|e| format!("rendezvous: from {from}: {e}"))?;
-                let slot = &mut blobs[rank as usize];
-                if slot.is_some() {
-                    return Err(format!("rendezvous: rank {rank} joined twice"));
-                }
-                *slot = Some(data);
-                peers.push(stream);
+            Ok((stream, from)) => {
+                let (joined, secret, world) = (joined.clone(), secret.clone(), p.world);
+                std::thread::spawn(move || {
+                    let _ = joined.send(handshake(stream, from, &secret, world));
+                });
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (0..world).filter(|&r| blobs[r].is_none()).collect();
-                    return Err(format!(
-                        "rendezvous: ranks {missing:?} did not join before the timeout"
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(io("accept failed")(e)),
+        }
+        while let Ok(arrival) = arrivals.try_recv() {
+            match arrival {
+                Ok((rank, data, stream)) => {
+                    let slot = &mut blobs[rank as usize];
+                    if slot.is_some() {
+                        return Err(format!("rendezvous: rank {rank} joined twice"));
+                    }
+                    *slot = Some(data);
+                    peers.push(stream);
+                }
+                // A stranger is turned away; the run goes on.
+                Err((from, why)) => {
+                    eprintln!("rendezvous: refused a connection from {from}: {why}");
+                }
+            }
+        }
+        if peers.len() < world - 1 {
+            if Instant::now() >= deadline {
+                let missing: Vec<usize> = (0..world).filter(|&r| blobs[r].is_none()).collect();
+                return Err(format!(
+                    "rendezvous: ranks {missing:?} did not join before the timeout"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
     let blobs: Vec<Vec<u8>> = blobs.into_iter().map(Option::unwrap_or_default).collect();
@@ -192,6 +253,15 @@ fn join(
             }
         }
     };
+    stream
+        .set_read_timeout(Some(remaining(deadline)))
+        .map_err(io("cannot configure the connection"))?;
+    auth::call(&mut stream, secret_of(p)?).map_err(|e| {
+        format!(
+            "rendezvous: rank {} cannot join rank 0 at {master}: {e}",
+            p.rank
+        )
+    })?;
     let own_ip = stream.local_addr().map_err(io("no local address"))?.ip();
     let own = blob(own_ip);
     let mut hello = MAGIC.to_vec();
@@ -241,6 +311,7 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: port,
             launcher: Launcher::Torchrun,
+            secret: Some(crate::dist::auth::Secret::new("a test run's secret").unwrap()),
         }
     }
 
@@ -304,17 +375,46 @@ mod tests {
         assert!(e.contains("ranks [2] did not join"), "{e}");
     }
 
+    /// Strangers are turned away and the run goes on: an impostor rank that does not
+    /// know the secret, an HTTP request, random bytes, and a connection that says nothing.
     #[test]
-    fn a_stranger_is_refused() {
+    fn strangers_are_refused_and_the_run_goes_on() {
         let port = free_port();
-        let e = std::thread::scope(|s| {
+        let results = std::thread::scope(|s| {
             s.spawn(move || {
                 std::thread::sleep(Duration::from_millis(100));
-                let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-                c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+                let _idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let mut http = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                http.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+                let mut noise = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                noise.write_all(&[0xa5; 100_000]).unwrap_or(());
+                let mut impostor = placement(1, 2, port);
+                impostor.secret = Some(Secret::new("not the run's secret at all").unwrap());
+                let e = all_gather(&impostor, Duration::from_secs(2), |_| b"evil".to_vec());
+                assert!(e.is_err(), "the impostor is refused");
+                std::thread::sleep(Duration::from_secs(3));
             });
-            all_gather(&placement(0, 2, port), Duration::from_secs(5), |_| vec![]).unwrap_err()
+            let rank1 = s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                all_gather(&placement(1, 2, port), Duration::from_secs(10), |_| {
+                    b"one".to_vec()
+                })
+            });
+            let rank0 = all_gather(&placement(0, 2, port), Duration::from_secs(10), |_| {
+                b"zero".to_vec()
+            });
+            (rank0, rank1.join().unwrap())
         });
-        assert!(e.contains("wrong magic"), "{e}");
+        let want = vec![b"zero".to_vec(), b"one".to_vec()];
+        assert_eq!(results.0.unwrap(), want);
+        assert_eq!(results.1.unwrap(), want);
+    }
+
+    #[test]
+    fn a_run_without_a_secret_is_refused() {
+        let mut p = placement(1, 2, free_port());
+        p.secret = None;
+        let e = all_gather(&p, Duration::from_secs(1), |_| vec![]).unwrap_err();
+        assert!(e.contains("RALPC_RUN_TOKEN is not set"), "{e}");
     }
 }
