@@ -324,3 +324,37 @@ fn signals_to_the_launcher_stop_its_ranks() {
         }
     }
 }
+
+/// A rank that stops making progress (SIGSTOP) is named as the cause, not the rank that
+/// timed out waiting for it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_rank_is_named_not_the_rank_waiting_for_it() {
+    let (_dir, plan) = common::pipeline_plan();
+    let bin = assert_cmd::cargo::cargo_bin("ralpc");
+    let launcher = std::process::Command::new(&bin)
+        .arg("launch")
+        .arg(&plan)
+        .args(["--grace", "1", "--steps", "1000000", "--timeout", "2"])
+        .env_remove("RANK")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("launch starts");
+    let mut ranks = ranks_of(launcher.id(), 4);
+    ranks.sort_unstable();
+    assert_eq!(ranks.len(), 4);
+    std::thread::sleep(Duration::from_millis(500));
+    // Processes are started in rank order: the third pid is rank 2.
+    std::process::Command::new("kill")
+        .args(["-STOP", &ranks[2].to_string()])
+        .status()
+        .expect("kill runs");
+    let out = launcher.wait_with_output().expect("the launcher ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("ranks [2] stopped making progress"),
+        "{stderr}"
+    );
+}

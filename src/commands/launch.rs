@@ -152,21 +152,34 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     match cause(&failed, reports.path()) {
         None => Ok(()),
         Some((rank, status, error)) => {
-            let mut message = format!(
-                "rank {rank} of {world} {}{}; {} process(es) failed",
+            // A rank that times out waiting while others never end (stopped, or spinning)
+            // was waiting for those: name them first.
+            let waited = error
+                .as_deref()
+                .is_some_and(|e| e.contains("waited more than"));
+            let what = format!(
+                "rank {rank} of {world} {}{}",
                 describe(status),
                 error.map_or_else(
                     || " without a word (killed?)".to_owned(),
                     |e| format!(": {e}")
-                ),
-                failed.len()
+                )
             );
-            if !killed.is_empty() {
-                message += &format!(
-                    "; ranks {killed:?} were still running {} s later and were killed",
+            let message = match (waited, killed.is_empty()) {
+                (true, false) => format!(
+                    "ranks {killed:?} stopped making progress: they were still running {} s \
+                     after the first failure and were killed ({what}; {} process(es) failed)",
+                    args.grace,
+                    failed.len()
+                ),
+                (_, true) => format!("{what}; {} process(es) failed", failed.len()),
+                (false, false) => format!(
+                    "{what}; {} process(es) failed; ranks {killed:?} were still running {} s \
+                     later and were killed",
+                    failed.len(),
                     args.grace
-                );
-            }
+                ),
+            };
             Err(launch_error(message))
         }
     }
