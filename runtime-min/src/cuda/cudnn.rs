@@ -209,22 +209,44 @@ impl Convolutions {
             .map_err(|_| "cuDNN: a thread failed while choosing an algorithm".to_owned())
     }
 
+    /// Grows the workspace to at least `bytes`; `false` when that does not fit in the
+    /// GPU's memory.
+    ///
+    /// # Errors
+    /// A thread panicked holding the workspace.
+    fn reserve(&self, bytes: usize) -> R<bool> {
+        let mut space = self.workspace()?;
+        if space.as_ref().is_none_or(|s| s.len() < bytes) {
+            // SAFETY: scratch space, written by cuDNN before it is read.
+            match unsafe { self.stream.alloc::<u8>(bytes.max(1)) } {
+                Ok(grown) => *space = Some(grown),
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    fn workspace(&self) -> R<std::sync::MutexGuard<'_, Option<CudaSlice<u8>>>> {
+        self.workspace
+            .lock()
+            .map_err(|_| "cuDNN: a thread failed during a convolution".to_owned())
+    }
+
     /// Runs `launch` with a workspace of at least `bytes`.
+    ///
+    /// # Errors
+    /// The workspace does not fit in memory, or `launch` fails.
     fn with_workspace<T>(
         &self,
         bytes: usize,
         launch: impl FnOnce(&mut CudaSlice<u8>) -> R<T>,
     ) -> R<T> {
-        let mut space = self
-            .workspace
-            .lock()
-            .map_err(|_| "cuDNN: a thread failed during a convolution".to_owned())?;
-        if space.as_ref().is_none_or(|s| s.len() < bytes) {
-            // SAFETY: scratch space, written by cuDNN before it is read.
-            let grown = unsafe { self.stream.alloc::<u8>(bytes.max(1)) };
-            *space = Some(grown.map_err(fail("workspace"))?);
+        if !self.reserve(bytes)? {
+            return Err(format!(
+                "cuDNN: a workspace of {bytes} bytes does not fit in the GPU's memory"
+            ));
         }
-        match space.as_mut() {
+        match self.workspace()?.as_mut() {
             Some(space) => launch(space),
             None => Err("cuDNN: no workspace".to_owned()),
         }
@@ -245,9 +267,13 @@ impl Convolutions {
         let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let mut best: Option<(f32, A, usize)> = None;
         for &algo in candidates {
+            // One whose workspace is over the limit, or does not fit, drops out.
             let Some(need) = bytes(algo).filter(|&b| b <= WORKSPACE_LIMIT) else {
                 continue;
             };
+            if !self.reserve(need)? {
+                continue;
+            }
             let timed = self.with_workspace(need, |space| {
                 if run(algo, space).is_err() {
                     return Ok(None);
@@ -260,7 +286,8 @@ impl Convolutions {
                     fastest = fastest.min(start.elapsed_ms(&end).map_err(fail("timing"))?);
                 }
                 Ok(Some(fastest))
-            })?;
+            });
+            let timed = timed?;
             if let Some(ms) = timed {
                 if best.is_none_or(|(fastest, ..)| ms < fastest) {
                     best = Some((ms, algo, need));
