@@ -203,8 +203,7 @@ impl Net {
     ) -> Result<Net, String> {
         let deadline = Instant::now() + timeout;
         let me = placement.rank;
-        // This machine's interface toward the master only (loopback stays loopback).
-        let ip = rendezvous::local_ip_toward(rendezvous::master_addr(placement)?)?;
+        let ip = rendezvous::listen_ip(placement, rendezvous::master_addr(placement)?);
         let listener =
             TcpListener::bind((ip, 0)).map_err(fail("cannot listen for the other ranks"))?;
         let port = listener

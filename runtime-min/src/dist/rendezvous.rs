@@ -45,22 +45,21 @@ pub fn all_gather(
     }
 }
 
-/// The address of this machine's interface toward `master` (no packet is sent): what a
-/// rank's own listener binds, so that it is reachable from the run's network only.
-///
-/// # Errors
-/// No route to the master.
-pub fn local_ip_toward(master: SocketAddr) -> Result<IpAddr, String> {
-    let unspecified = if master.is_ipv4() {
+/// The address a rank listens on: the master's own when the run is told a loopback
+/// address (`127.0.0.1`, `::1`, `localhost`): a one-machine run stays unreachable from
+/// others. Otherwise every interface — every connection proves the run's secret anyway,
+/// and a host name can resolve differently on rank 0's machine (Debian maps its own name
+/// to 127.0.1.1) than on the others.
+pub fn listen_ip(p: &Placement, master: SocketAddr) -> IpAddr {
+    let named_loopback =
+        p.master_addr.parse::<IpAddr>().is_ok() || p.master_addr.eq_ignore_ascii_case("localhost");
+    if master.ip().is_loopback() && named_loopback {
+        master.ip()
+    } else if master.is_ipv4() {
         IpAddr::from([0, 0, 0, 0])
     } else {
         IpAddr::from([0u16; 8])
-    };
-    let probe = std::net::UdpSocket::bind((unspecified, 0))
-        .and_then(|s| s.connect(master).map(|()| s))
-        .and_then(|s| s.local_addr())
-        .map_err(|e| format!("no route to the master address {master}: {e}"))?;
-    Ok(probe.ip())
+    }
 }
 
 /// The master's socket address.
@@ -118,8 +117,7 @@ fn serve(
     own: Vec<u8>,
 ) -> Result<Vec<Vec<u8>>, String> {
     let secret = secret_of(p)?;
-    // The master address only: a loopback master stays unreachable from other machines.
-    let listener = TcpListener::bind(master).map_err(|e| {
+    let listener = TcpListener::bind((listen_ip(p, master), master.port())).map_err(|e| {
         format!(
             "rendezvous: rank 0 cannot listen on {master}: {e} (another run using MASTER_PORT \
              {}?)",
