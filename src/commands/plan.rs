@@ -330,8 +330,8 @@ fn write_stages(out: &mut String, r: &PlanReport) {
         let _ = writeln!(
             out,
             "  {k}: {} .. {}  on {} GPUs (ranks {}..{})  {} per microbatch, sync {}, {}",
-            s.first_layer,
-            s.last_layer,
+            crate::printable::printable(&s.first_layer),
+            crate::printable::printable(&s.last_layer),
             s.replicas,
             s.first_rank,
             s.first_rank + s.replicas - 1,
