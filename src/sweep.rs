@@ -98,8 +98,15 @@ pub fn sweep(options: &SweepOptions, tick: &(dyn Fn() + Sync)) -> Result<Vec<Swe
                 ..ClusterOptions::default()
             })?;
             let nodes = gpus.div_ceil(base.gpu_count().max(1));
+            // A limit above this type's memory is that memory (plan() refuses one above).
+            let own = (0..base.gpu_count()).map(|r| base.gpu(r).memory_bytes).min();
+            let memory_limit = match (options.base.memory_limit, own) {
+                (Some(limit), Some(own)) => Some(limit.min(own)),
+                (limit, _) => limit,
+            };
             let plan_options = PlanOptions {
                 gpus: Some(gpus),
+                memory_limit,
                 cluster: ClusterOptions {
                     spec,
                     nodes: (nodes > 1).then_some(nodes),

@@ -70,3 +70,26 @@ fn csv_and_the_table_agree_and_infeasible_points_say_why() {
     assert!(table.contains("no plan:"), "{table}");
     assert!(table.contains("samples/s"), "{table}");
 }
+
+/// A `--memory-limit` between two types' memories applies to the larger and leaves the
+/// smaller its own: every row plans (`ralpc plan` refuses a limit above its GPUs').
+#[test]
+fn a_memory_limit_above_a_smaller_types_memory_is_that_memory() {
+    let args = [
+        "sweep",
+        "fixtures/train/cnn.onnx",
+        "--gpus",
+        "1",
+        "--gpu-types",
+        "a100,v100",
+        "--memory-limit",
+        "40GiB",
+        "--json",
+    ];
+    let rows: Value = serde_json::from_str(&stdout(&args)).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert!(r["error"].is_null(), "{r}");
+    }
+}
