@@ -15,10 +15,10 @@ Exit status:
        profile or strategy file, a model that fits no plan's memory, a
        --tolerance no plan meets, `plan --check` on an out-of-date directory,
        a malformed plan or one made for another model, bad --data
+  2    usage error (unknown flag, bad value)
   3    an output file cannot be written (nothing partial is left behind)
   4    `ralpc run` failed: a rank failed or timed out (every rank stops), or the
        plan uses a layout the backend cannot execute
-  2    usage error (unknown flag, bad value)
   101  internal error: a bug in ralpc; please report it with `ralpc --version`";
 
 /// ralpc — a layer-placement compiler for deep-learning training.

@@ -99,7 +99,9 @@ pub fn sweep(options: &SweepOptions, tick: &(dyn Fn() + Sync)) -> Result<Vec<Swe
             })?;
             let nodes = gpus.div_ceil(base.gpu_count().max(1));
             // A limit above this type's memory is that memory (plan() refuses one above).
-            let own = (0..base.gpu_count()).map(|r| base.gpu(r).memory_bytes).min();
+            let own = (0..base.gpu_count())
+                .map(|r| base.gpu(r).memory_bytes)
+                .min();
             let memory_limit = match (options.base.memory_limit, own) {
                 (Some(limit), Some(own)) => Some(limit.min(own)),
                 (limit, _) => limit,

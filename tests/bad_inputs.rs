@@ -120,3 +120,15 @@ fn inputs_must_be_regular_files_within_their_limit() {
     );
     assert!(!out.path().join("plan").exists(), "nothing written");
 }
+
+/// A PyTorch checkpoint (a zip archive) is named as such, with how to export to ONNX,
+/// rather than "protobuf decoding failed / Incorrect tag".
+#[test]
+fn a_pytorch_file_is_named_and_the_export_suggested() {
+    let mut zip = b"PK\x03\x04".to_vec();
+    zip.extend([0u8; 60]);
+    let (code, stderr) = inspect_bytes(&zip);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("is a zip archive"), "{stderr}");
+    assert!(stderr.contains("torch.onnx.export"), "{stderr}");
+}

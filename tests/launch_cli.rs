@@ -358,3 +358,22 @@ fn a_stopped_rank_is_named_not_the_rank_waiting_for_it() {
         "{stderr}"
     );
 }
+
+/// A bad run option is a usage error of `ralpc launch` itself (exit 2, said once), not
+/// one error per rank and "exited without a word".
+#[test]
+fn a_bad_run_option_is_a_usage_error_before_any_rank_starts() {
+    let (_dir, plan) = common::pipeline_plan();
+    let out = ralpc()
+        .arg("launch")
+        .arg(&plan)
+        .arg("--bogus")
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert_eq!(
+        stderr.matches("unexpected argument '--bogus'").count(),
+        1,
+        "{stderr}"
+    );
+}

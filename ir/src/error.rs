@@ -31,6 +31,18 @@ pub enum ImportError {
         #[source]
         source: protobuf::Error,
     },
+    /// Another kind of file than an ONNX model.
+    #[error(
+        "'{}' is {what}, not an ONNX model: export the model to ONNX first (from PyTorch, \
+         `torch.onnx.export(model, example_inputs, \"model.onnx\")`)",
+        path.display()
+    )]
+    NotOnnx {
+        /// The file.
+        path: PathBuf,
+        /// What it looks like.
+        what: &'static str,
+    },
     /// Protobuf groups nested deeper than the decoder can skip without overflowing.
     #[error("'{}' is not a valid ONNX model: protobuf groups nested over {limit} deep at byte {offset}", path.display())]
     TooDeep {

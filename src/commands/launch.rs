@@ -52,7 +52,22 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// `ralpc run`'s own arguments, to check the run options once before any process starts.
+#[derive(clap::Parser)]
+#[command(name = "ralpc run")]
+struct RunOptions {
+    #[command(flatten)]
+    run: super::run::Args,
+}
+
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    // A bad run option is a usage error here (exit 2), not one error per rank.
+    let check = std::iter::once(OsString::from("ralpc run"))
+        .chain(std::iter::once(args.plan.clone().into_os_string()))
+        .chain(args.run.iter().cloned());
+    if let Err(e) = <RunOptions as clap::Parser>::try_parse_from(check) {
+        e.exit();
+    }
     let (_, plan) = ralpc::read_plan(&args.plan)?;
     let world = args.nproc.unwrap_or(plan.ranks);
     let exe = std::env::current_exe()

@@ -82,6 +82,12 @@ pub fn import_bytes(bytes: &[u8], path: &Path, base: Option<&Path>) -> Result<Mo
             limit: wire::MAX_GROUP_DEPTH,
         });
     }
+    if bytes.starts_with(b"PK\x03\x04") {
+        return Err(ImportError::NotOnnx {
+            path: path.into(),
+            what: "a zip archive (a PyTorch `.pt`/`.pth` checkpoint, say)",
+        });
+    }
     let model = ModelProto::parse_from_bytes(bytes).map_err(|source| ImportError::Decode {
         path: path.into(),
         source,
