@@ -270,3 +270,15 @@ fn an_unwritable_checkpoint_exits_3() {
     let stderr = String::from_utf8_lossy(&failed.get_output().stderr).into_owned();
     assert!(stderr.contains("cannot write"), "{stderr}");
 }
+
+/// Counts below 1 are refused in words, not as clap's "0 is not in 1..18446744073709551615".
+#[test]
+fn a_zero_batch_is_refused_in_words() {
+    let out = ralpc()
+        .args(["inspect", "x.onnx", "--batch", "0"])
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("must be at least 1"), "{stderr}");
+    assert!(!stderr.contains("18446744073709551615"), "{stderr}");
+}

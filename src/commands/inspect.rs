@@ -17,7 +17,7 @@ pub struct Args {
     /// The ONNX model (weights stored as external data need not be present).
     pub model: PathBuf,
     /// Batch size: binds axis 0 of every input (a fixed-batch export is re-batched).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = super::parse_positive)]
     pub batch: u64,
     /// Full shape of one input, e.g. `images=1,3,800,1333` (repeatable).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub nproc: Option<u32>,
     /// Seconds the others get to stop after a process fails, before they are killed.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = super::parse_positive)]
     pub grace: u64,
     /// Passed to every `ralpc run` (--steps, --json, --timeout, …).
     #[arg(

@@ -86,6 +86,16 @@ pub fn parse_tolerance(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Parses a count that must be at least 1 (`--batch`, `--timeout`, …), saying so as a
+/// person would (clap's range check says "0 is not in 1..18446744073709551615").
+pub fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
 /// Parses `NAME=D0,D1,...` for `--input`.
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
     let (name, dims) = s

@@ -58,7 +58,7 @@ pub struct Args {
     pub cluster: Option<String>,
     /// Global batch for ONNX models [default: the exported batch when ≥ 2, else 32] (a
     /// PipeDream graph keeps its own).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,
     /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
     /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
@@ -132,7 +132,7 @@ pub struct Args {
     #[arg(long, value_name = "V", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub virtual_stages: Option<u32>,
     /// Sequences per microbatch [default: searched].
-    #[arg(long, value_name = "B", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "B", help_heading = "Transformer (3d) plans", value_parser = super::parse_positive)]
     pub micro_batch_size: Option<u64>,
     /// Activation recomputation: none, selective (attention core) or full (every block)
     /// [default: searched].
@@ -323,18 +323,36 @@ fn shorten(text: &str, width: usize) -> String {
     format!("…{tail}")
 }
 
+/// A speedup over one GPU in words: "2.41× faster than one GPU", or slower.
+fn against_one_gpu(speedup: f64) -> String {
+    if (speedup - 1.0).abs() < 0.005 {
+        "as fast as one GPU".to_owned()
+    } else if speedup > 1.0 {
+        format!("{speedup:.2}× faster than one GPU")
+    } else {
+        format!("{:.2}× slower than one GPU", 1.0 / speedup.max(1e-9))
+    }
+}
+
 /// One line per stage: its layers, GPUs, time per microbatch, sync and memory.
 fn write_stages(out: &mut String, r: &PlanReport) {
     let _ = writeln!(out, "stages:");
     for (k, s) in r.stages.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {k}: {} .. {}  on {} GPUs (ranks {}..{})  {} per microbatch, sync {}, {}",
+            "  {k}: {} .. {}  on {}  {} per microbatch, sync {}, {}",
             crate::printable::printable(&s.first_layer),
             crate::printable::printable(&s.last_layer),
-            s.replicas,
-            s.first_rank,
-            s.first_rank + s.replicas - 1,
+            if s.replicas == 1 {
+                format!("1 GPU (rank {})", s.first_rank)
+            } else {
+                format!(
+                    "{} GPUs (ranks {}..{})",
+                    s.replicas,
+                    s.first_rank,
+                    s.first_rank + s.replicas - 1
+                )
+            },
             ms(s.microbatch_us),
             ms(s.sync_us),
             gib(s.memory_bytes)
@@ -476,14 +494,13 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
     );
     let _ = writeln!(
         out,
-        "GPU time: {} on {} GPU{}, {:.2}× the single-GPU {} ({:.2}× faster than one GPU); \
-         peak memory {} of {}\n",
+        "GPU time: {} on {} GPU{}, {:.2}× the single-GPU {} ({}); peak memory {} of {}\n",
         ms(r.gpu_time_us),
         r.gpus_used,
         if r.gpus_used == 1 { "" } else { "s" },
         r.gpu_sec_amplification,
         ms(r.single_gpu_time_us),
-        r.single_gpu_time_us / r.iteration_time_us.max(1e-9),
+        against_one_gpu(r.single_gpu_time_us / r.iteration_time_us.max(1e-9)),
         gib(r.peak_memory_bytes),
         gib(r.memory_capacity_bytes)
     );

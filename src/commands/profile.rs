@@ -27,7 +27,7 @@ pub struct Args {
     pub device: Target,
     /// Per-device batch sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = super::parse_positive)]
     pub batch_sizes: Vec<u64>,
     /// Timed runs per op and direction; the median is kept.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]

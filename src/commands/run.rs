@@ -63,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f32,
     /// Seconds a rank waits for another before every rank stops with an error.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 60, value_parser = super::parse_positive)]
     pub timeout: u64,
     /// Write the weights and optimizer state after every N steps (atomically).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "a100")]
     pub gpu_types: Vec<String>,
     /// Global batch for ONNX models [default: the model's, or 32].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,
     /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
     /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
