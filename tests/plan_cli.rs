@@ -592,3 +592,33 @@ fn a_large_models_drawing_collapses_runs_of_alike_layers() {
         .sum();
     assert_eq!(counted, layers);
 }
+
+/// A plan over the GPU-time budget says the least amplification reached and the
+/// tolerance that admits it, and that tolerance plans.
+#[test]
+fn an_over_budget_error_says_the_tolerance_that_plans() {
+    let model = common::fixture("train/cnn.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = ["--gpus", "4", "--batch", "8", "--strategy", "dp", "-o"];
+    let failed = ralpc()
+        .arg(&model)
+        .args(args)
+        .arg(dir.path().join("a"))
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&failed.get_output().stderr).into_owned();
+    let tolerance = stderr
+        .split("raise --tolerance to at least ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no tolerance suggested: {stderr}"))
+        .trim_end_matches(',')
+        .to_owned();
+    ralpc()
+        .arg(&model)
+        .args(args)
+        .arg(dir.path().join("b"))
+        .args(["--tolerance", &tolerance, "--quiet"])
+        .assert()
+        .success();
+}

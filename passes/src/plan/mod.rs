@@ -187,12 +187,26 @@ pub enum PlanError {
         limited: bool,
     },
     /// No plan stays within the GPU-time budget.
-    #[error("no {family} plan keeps GPU-sec amplification within 1 + tolerance = {budget:.3}")]
+    #[error(
+        "no {family} plan keeps GPU-sec amplification within 1 + tolerance = {budget:.3}{}",
+        if least.is_finite() {
+            format!(
+                ": the least any plan that fits reaches is {least:.3} (raise --tolerance to at \
+                 least {:.3}, or give --tolerance inf for no budget)",
+                // Rounded up, so that the value printed is enough.
+                ((least - 1.0) * 1e3).ceil() / 1e3
+            )
+        } else {
+            String::new()
+        }
+    )]
     OverBudget {
         /// The family searched.
         family: &'static str,
         /// 1 + tolerance.
         budget: f64,
+        /// The least amplification of the plans found that fit in memory.
+        least: f64,
     },
     /// A request that cannot be planned (no layers, zero GPUs, a bad batch).
     #[error("{0}")]

@@ -205,9 +205,17 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
             || candidates.iter().any(|c| c.evaluation.fits)
             || smallest_need.is_infinite()
         {
+            let least = candidates
+                .iter()
+                .map(|c| &c.evaluation)
+                .chain(std::iter::once(&data_parallel))
+                .filter(|e| e.fits)
+                .map(|e| e.gpu_sec_amplification)
+                .fold(f64::INFINITY, f64::min);
             return Err(PlanError::OverBudget {
                 family: family.name(),
                 budget: budget.unwrap_or(f64::INFINITY),
+                least,
             });
         }
         return Err(PlanError::OutOfMemory {
