@@ -36,6 +36,7 @@ mod compile;
 mod error;
 mod inspect;
 mod plan;
+mod process;
 mod profile;
 mod run;
 mod sweep;
@@ -52,6 +53,7 @@ pub use plan::{
     SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
     SVG_SECONDS,
 };
+pub use process::die_with_parent;
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;

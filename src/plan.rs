@@ -346,21 +346,8 @@ pub fn render_svg(dot: &str) -> Result<String, SvgSkipped> {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child
-        // when ralpc dies, so a killed ralpc leaves no `dot` behind.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
-    }
+    // A killed ralpc leaves no `dot` behind (SIGKILL: 9).
+    crate::process::die_with_parent(&mut command, 9);
     let mut child = command.spawn().map_err(|_| SvgSkipped::NoGraphviz)?;
     // Feed and drain on threads: a large graph fills the pipes both ways.
     let mut stdin = child.stdin.take().ok_or(SvgSkipped::Failed)?;

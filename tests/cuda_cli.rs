@@ -271,58 +271,18 @@ fn megatron_plans_run_on_one_gpu_as_on_the_cpu() {
     let spec = GptSpec::megatron(4, 64, 4, 16, 200);
     std::fs::write(&model, gpt(&spec).expect("generates")).expect("writes");
     for (name, flags) in [
-        (
-            "t2p2",
-            &[
-                "--gpus",
-                "4",
-                "--tensor-parallel",
-                "2",
-                "--pipeline-parallel",
-                "2",
-            ][..],
-        ),
+        ("t2p2", "--tensor-parallel 2 --pipeline-parallel 2"),
         (
             "t2d2-zero3-selective-sp",
-            &[
-                "--gpus",
-                "4",
-                "--tensor-parallel",
-                "2",
-                "--zero",
-                "3",
-                "--recompute",
-                "selective",
-                "--sequence-parallel",
-            ][..],
+            "--tensor-parallel 2 --zero 3 --recompute selective --sequence-parallel",
         ),
         (
             "p2d2-zero2-full",
-            &[
-                "--gpus",
-                "4",
-                "--tensor-parallel",
-                "1",
-                "--pipeline-parallel",
-                "2",
-                "--zero",
-                "2",
-                "--recompute",
-                "full",
-            ][..],
+            "--tensor-parallel 1 --pipeline-parallel 2 --zero 2 --recompute full",
         ),
         (
             "t2p2-interleaved",
-            &[
-                "--gpus",
-                "4",
-                "--tensor-parallel",
-                "2",
-                "--pipeline-parallel",
-                "2",
-                "--virtual-stages",
-                "2",
-            ][..],
+            "--tensor-parallel 2 --pipeline-parallel 2 --virtual-stages 2",
         ),
     ] {
         let plan = dir.path().join(name);
@@ -330,8 +290,8 @@ fn megatron_plans_run_on_one_gpu_as_on_the_cpu() {
             .expect("binary built")
             .arg("plan")
             .arg(&model)
-            .args(flags)
-            .args(["--batch", "8", "--quiet", "-o"])
+            .args(flags.split_whitespace())
+            .args(["--gpus", "4", "--batch", "8", "--quiet", "-o"])
             .arg(&plan)
             .assert()
             .success();

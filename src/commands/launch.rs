@@ -88,7 +88,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let mut children: Vec<Option<Child>> = Vec::with_capacity(world as usize);
     for rank in 0..world {
         let mut cmd = Command::new(&exe);
-        die_with_launcher(&mut cmd);
+        // A rank gets SIGTERM (15) when the launcher dies, however it dies.
+        ralpc::die_with_parent(&mut cmd, 15);
         cmd.arg("run").arg(&args.plan).args(&args.run);
         for var in ["OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
             cmd.env_remove(var);
@@ -276,24 +277,4 @@ fn forward(child: &Child, signal: i32) {
     }
     #[cfg(not(unix))]
     let _ = (child, signal);
-}
-
-/// On Linux, a rank is killed when the launcher dies, however it dies (SIGKILL included).
-fn die_with_launcher(command: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = command;
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use cudarc::cudnn::result::CudnnError;
 use cudarc::cudnn::sys::{
     cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionFwdAlgo_t,
     cudnnConvolutionMode_t, cudnnMathType_t, cudnnTensorFormat_t,
@@ -297,6 +298,26 @@ impl Convolutions {
         Ok(best.map(|(_, algo, need)| (algo, need)))
     }
 
+    /// The fastest of `candidates` ([`Self::fastest`]) with its workspace bytes, or, when
+    /// none runs, the algorithm cuDNN's heuristics rank first (`ranked`).
+    ///
+    /// # Errors
+    /// The events failing, or cuDNN failing to rank or size an algorithm.
+    fn pick<A: Copy>(
+        &self,
+        candidates: &[A],
+        bytes: impl Fn(A) -> Result<usize, CudnnError>,
+        run: impl FnMut(A, &mut CudaSlice<u8>) -> R<()>,
+        ranked: impl FnOnce() -> Result<A, CudnnError>,
+        what: &'static str,
+    ) -> R<(A, usize)> {
+        if let Some(picked) = self.fastest(candidates, |a| bytes(a).ok(), run)? {
+            return Ok(picked);
+        }
+        let algo = ranked().map_err(fail(what))?;
+        Ok((algo, bytes(algo).map_err(fail(what))?))
+    }
+
     /// Scratch floats for timing an algorithm without touching the caller's buffers.
     fn scratch(&self, len: usize) -> R<CudaSlice<f32>> {
         // SAFETY: written by the convolution timed into it, never read.
@@ -329,13 +350,14 @@ impl Convolutions {
                 unsafe { op.launch(algo, Some(space), (1.0, 0.0), x, w, &mut *y) }
                     .map_err(fail("forward"))
             };
-            let bytes = |algo| op.get_workspace_size(algo).ok();
-            if let Some(picked) = self.fastest(&FORWARD, bytes, run)? {
-                return Ok(picked);
-            }
-            let algo = op.pick_algorithm().map_err(fail("forward algorithm"))?;
-            let bytes = op.get_workspace_size(algo);
-            Ok((algo, bytes.map_err(fail("forward workspace"))?))
+            let bytes = |algo| op.get_workspace_size(algo);
+            self.pick(
+                &FORWARD,
+                bytes,
+                run,
+                || op.pick_algorithm(),
+                "forward algorithm",
+            )
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: the buffers hold the described NCHW fp32 tensors (their lengths
@@ -379,13 +401,14 @@ impl Convolutions {
                 unsafe { data.launch(algo, Some(space), (1.0, 0.0), &mut into, w, dy) }
                     .map_err(fail("backward data"))
             };
-            let bytes = |algo| data.get_workspace_size(algo).ok();
-            if let Some(picked) = self.fastest(&DATA, bytes, run)? {
-                return Ok(picked);
-            }
-            let algo = data.pick_algorithm().map_err(fail("data algorithm"))?;
-            let bytes = data.get_workspace_size(algo);
-            Ok((algo, bytes.map_err(fail("data workspace"))?))
+            let bytes = |algo| data.get_workspace_size(algo);
+            self.pick(
+                &DATA,
+                bytes,
+                run,
+                || data.pick_algorithm(),
+                "data algorithm",
+            )
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: as in `forward`.
@@ -405,13 +428,14 @@ impl Convolutions {
                 unsafe { filter.launch(algo, Some(space), (1.0, 0.0), x, &mut into, dy) }
                     .map_err(fail("backward filter"))
             };
-            let bytes = |algo| filter.get_workspace_size(algo).ok();
-            if let Some(picked) = self.fastest(&FILTER, bytes, run)? {
-                return Ok(picked);
-            }
-            let algo = filter.pick_algorithm().map_err(fail("filter algorithm"))?;
-            let bytes = filter.get_workspace_size(algo);
-            Ok((algo, bytes.map_err(fail("filter workspace"))?))
+            let bytes = |algo| filter.get_workspace_size(algo);
+            self.pick(
+                &FILTER,
+                bytes,
+                run,
+                || filter.pick_algorithm(),
+                "filter algorithm",
+            )
         })?;
         self.with_workspace(bytes, |space| {
             // SAFETY: as in `forward`.
