@@ -15,7 +15,7 @@
 
 use crate::graph::{Graph, Site};
 use crate::ids::{NodeId, ValueId};
-use crate::op::{Op, PoolKind, Unary};
+use crate::op::{Op, PoolKind, ReduceKind, Unary};
 use crate::shape::Dim;
 use crate::verify::GraphInfo;
 
@@ -86,7 +86,19 @@ pub fn flops_per_element(op: &Op) -> u64 {
             | Unary::Sqrt
             | Unary::Exp
             | Unary::Erf
-            | Unary::Reciprocal => 1,
+            | Unary::Reciprocal
+            | Unary::Log
+            | Unary::Abs
+            | Unary::Sin
+            | Unary::Cos
+            | Unary::Floor
+            | Unary::Ceil
+            | Unary::Round
+            | Unary::Sign
+            | Unary::Not => 1,
+            Unary::Softsign => 3,
+            Unary::Softplus | Unary::Elu { .. } => 3,
+            Unary::Selu { .. } => 4,
             Unary::LeakyRelu { .. } => 2,
             Unary::Sigmoid | Unary::Tanh => 4,
             Unary::HardSigmoid { .. } => 3,
@@ -191,11 +203,21 @@ impl Counter<'_> {
                 (self.mul(&[out_n, self.dim(a, rank.saturating_sub(1))])?, 0)
             }
             Op::Pool(p) => (0, self.mul(&[out_n, p.kernel.iter().product::<u64>()])?),
-            Op::GlobalPool(PoolKind::Average | PoolKind::Max) | Op::ReduceMean { .. } => {
+            Op::GlobalPool(PoolKind::Average | PoolKind::Max) => {
                 (0, input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0))
             }
+            Op::Reduce { kind, .. } => {
+                // One operation per input element, plus what each element is mapped through.
+                let per = match kind {
+                    ReduceKind::L1 | ReduceKind::L2 | ReduceKind::SumSquare => 2,
+                    ReduceKind::LogSumExp => 3,
+                    _ => 1,
+                };
+                let n = input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0);
+                (0, self.mul(&[n, per])?)
+            }
             Op::Lrn { size, .. } => (0, self.mul(&[out_n, size + 3])?),
-            Op::Sum => (
+            Op::Variadic(_) => (
                 0,
                 self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,
             ),

@@ -43,8 +43,8 @@ pub enum Op {
     },
     /// An elementwise function of two broadcast tensors.
     Binary(Binary),
-    /// Elementwise sum of any number of broadcast tensors.
-    Sum,
+    /// An elementwise function of any number of broadcast tensors (Sum, Mean, Max, Min).
+    Variadic(Variadic),
     /// Softmax or LogSoftmax along `axis`.
     Softmax {
         /// Axis (may be negative).
@@ -159,8 +159,11 @@ pub enum Op {
     },
     /// Identity.
     Identity,
-    /// Mean over `axes` (from the attribute, opset < 18, or input 1).
-    ReduceMean {
+    /// A reduction over `axes` (from the attribute, or input 1 from opset 13 for
+    /// ReduceSum and 18 for the others).
+    Reduce {
+        /// What it computes.
+        kind: ReduceKind,
         /// Attribute axes.
         axes: Option<Vec<i64>>,
         /// Keep reduced axes as size 1.
@@ -277,6 +280,50 @@ pub enum Unary {
     Exp,
     /// 1/x.
     Reciprocal,
+    /// ln x.
+    Log,
+    /// |x|.
+    Abs,
+    /// ln(1 + eˣ).
+    Softplus,
+    /// x / (1 + |x|).
+    Softsign,
+    /// x for x > 0, alpha·(eˣ − 1) otherwise.
+    Elu {
+        /// Scale of the negative part.
+        alpha: f32,
+    },
+    /// gamma·(x for x > 0, alpha·(eˣ − 1) otherwise).
+    Selu {
+        /// Scale of the negative part.
+        alpha: f32,
+        /// Overall scale.
+        gamma: f32,
+    },
+    /// sin x.
+    Sin,
+    /// cos x.
+    Cos,
+    /// Rounding down (no gradient).
+    Floor,
+    /// Rounding up (no gradient).
+    Ceil,
+    /// Rounding half to even (no gradient).
+    Round,
+    /// −1, 0 or 1 (no gradient).
+    Sign,
+    /// Logical negation of a boolean.
+    Not,
+}
+
+impl Unary {
+    /// Whether the function is piecewise constant or boolean: its gradient is zero.
+    pub fn is_step(self) -> bool {
+        matches!(
+            self,
+            Unary::Floor | Unary::Ceil | Unary::Round | Unary::Sign | Unary::Not
+        )
+    }
 }
 
 /// Elementwise functions of two tensors, numpy broadcasting.
@@ -294,6 +341,63 @@ pub enum Binary {
     Pow,
     /// a == b (boolean result).
     Equal,
+    /// a < b (boolean result).
+    Less,
+    /// a ≤ b (boolean result).
+    LessOrEqual,
+    /// a > b (boolean result).
+    Greater,
+    /// a ≥ b (boolean result).
+    GreaterOrEqual,
+    /// a ∧ b of booleans.
+    And,
+    /// a ∨ b of booleans.
+    Or,
+    /// a ⊕ b of booleans.
+    Xor,
+}
+
+impl Binary {
+    /// Whether the result is boolean (comparisons and logic): no gradient flows.
+    pub fn is_boolean(self) -> bool {
+        !matches!(
+            self,
+            Binary::Add | Binary::Sub | Binary::Mul | Binary::Div | Binary::Pow
+        )
+    }
+
+    /// The comparison `l ⋄ r` (`self` one of Equal, Less…GreaterOrEqual).
+    pub fn compare<T: PartialOrd>(self, l: T, r: T) -> bool {
+        match self {
+            Binary::Less => l < r,
+            Binary::LessOrEqual => l <= r,
+            Binary::Greater => l > r,
+            Binary::GreaterOrEqual => l >= r,
+            _ => l == r,
+        }
+    }
+
+    /// The logical `l ⋄ r` (`self` one of And, Or, Xor).
+    pub fn logic(self, l: bool, r: bool) -> bool {
+        match self {
+            Binary::And => l && r,
+            Binary::Or => l || r,
+            _ => l != r,
+        }
+    }
+}
+
+/// Elementwise functions of any number of broadcast tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variadic {
+    /// Σ.
+    Sum,
+    /// Σ / n.
+    Mean,
+    /// The largest.
+    Max,
+    /// The smallest.
+    Min,
 }
 
 /// Pooling kind.
@@ -333,6 +437,63 @@ pub struct SliceRanges {
     pub ends: Vec<i64>,
     /// Axes (default 0..n).
     pub axes: Option<Vec<i64>>,
+}
+
+/// What a reduction computes over the reduced axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceKind {
+    /// Σx.
+    Sum,
+    /// Σx / n.
+    Mean,
+    /// max x.
+    Max,
+    /// min x.
+    Min,
+    /// Πx.
+    Prod,
+    /// Σ|x|.
+    L1,
+    /// √Σx².
+    L2,
+    /// ln Σx.
+    LogSum,
+    /// ln Σeˣ.
+    LogSumExp,
+    /// Σx².
+    SumSquare,
+}
+
+impl ReduceKind {
+    /// The ONNX operator, `Reduce<kind>`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "ReduceSum",
+            ReduceKind::Mean => "ReduceMean",
+            ReduceKind::Max => "ReduceMax",
+            ReduceKind::Min => "ReduceMin",
+            ReduceKind::Prod => "ReduceProd",
+            ReduceKind::L1 => "ReduceL1",
+            ReduceKind::L2 => "ReduceL2",
+            ReduceKind::LogSum => "ReduceLogSum",
+            ReduceKind::LogSumExp => "ReduceLogSumExp",
+            ReduceKind::SumSquare => "ReduceSumSquare",
+        }
+    }
+
+    /// Every kind, for the importer.
+    pub const ALL: [ReduceKind; 10] = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+        ReduceKind::L1,
+        ReduceKind::L2,
+        ReduceKind::LogSum,
+        ReduceKind::LogSumExp,
+        ReduceKind::SumSquare,
+    ];
 }
 
 /// Pad fill mode.
@@ -399,6 +560,19 @@ impl Op {
                 Unary::Neg => "Neg",
                 Unary::Exp => "Exp",
                 Unary::Reciprocal => "Reciprocal",
+                Unary::Log => "Log",
+                Unary::Abs => "Abs",
+                Unary::Softplus => "Softplus",
+                Unary::Softsign => "Softsign",
+                Unary::Elu { .. } => "Elu",
+                Unary::Selu { .. } => "Selu",
+                Unary::Sin => "Sin",
+                Unary::Cos => "Cos",
+                Unary::Floor => "Floor",
+                Unary::Ceil => "Ceil",
+                Unary::Round => "Round",
+                Unary::Sign => "Sign",
+                Unary::Not => "Not",
             },
             Op::Clip { .. } => "Clip",
             Op::Binary(b) => match b {
@@ -408,8 +582,20 @@ impl Op {
                 Binary::Div => "Div",
                 Binary::Pow => "Pow",
                 Binary::Equal => "Equal",
+                Binary::Less => "Less",
+                Binary::LessOrEqual => "LessOrEqual",
+                Binary::Greater => "Greater",
+                Binary::GreaterOrEqual => "GreaterOrEqual",
+                Binary::And => "And",
+                Binary::Or => "Or",
+                Binary::Xor => "Xor",
             },
-            Op::Sum => "Sum",
+            Op::Variadic(v) => match v {
+                Variadic::Sum => "Sum",
+                Variadic::Mean => "Mean",
+                Variadic::Max => "Max",
+                Variadic::Min => "Min",
+            },
             Op::Softmax { log: false, .. } => "Softmax",
             Op::Softmax { log: true, .. } => "LogSoftmax",
             Op::Pool(Pool {
@@ -440,7 +626,7 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::Dropout { .. } => "Dropout",
             Op::Identity => "Identity",
-            Op::ReduceMean { .. } => "ReduceMean",
+            Op::Reduce { kind, .. } => kind.name(),
             Op::Pad { .. } => "Pad",
             Op::Where => "Where",
             Op::Expand => "Expand",
@@ -457,14 +643,14 @@ impl Op {
             Op::Unary(_)
             | Op::Clip { .. }
             | Op::Binary(_)
-            | Op::Sum
+            | Op::Variadic(_)
             | Op::Where
             | Op::Dropout { .. }
             | Op::Trilu { .. } => OpClass::Elementwise,
             Op::Softmax { .. } => OpClass::Softmax,
             Op::Pool(_) | Op::GlobalPool(_) => OpClass::Pool,
             Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
-            Op::ReduceMean { .. } => OpClass::Reduce,
+            Op::Reduce { .. } => OpClass::Reduce,
             Op::Concat { .. }
             | Op::Split { .. }
             | Op::Slice { .. }

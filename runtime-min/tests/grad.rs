@@ -3,7 +3,8 @@
 //! `(L(x + ε) − L(x − ε)) / 2ε` at sampled elements.
 
 use ralpc_ir::{
-    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, SliceRanges, Unary,
+    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind, SliceRanges,
+    Unary, Variadic,
 };
 use ralpc_runtime_min::cpu::grad;
 use ralpc_runtime_min::cpu::init;
@@ -18,6 +19,15 @@ const ENV: Env = Env {
 fn rand(shape: &[usize], seed: &str) -> Tensor {
     let n = shape.iter().product();
     Tensor::f32(shape.to_vec(), init::uniform(1, seed, n, 1.0))
+}
+
+/// Values in 0.5..1.5.
+fn positive_tensor(shape: &[usize]) -> Tensor {
+    let mut t = rand(shape, "positive");
+    if let Data::F32(v) = &mut t.data {
+        v.iter_mut().for_each(|x| *x = 1.0 + *x / 2.0);
+    }
+    t
 }
 
 fn ints(shape: &[usize], v: Vec<i64>) -> Tensor {
@@ -174,6 +184,16 @@ fn elementwise() {
         Unary::Erf,
         Unary::Neg,
         Unary::Exp,
+        Unary::Abs,
+        Unary::Softplus,
+        Unary::Softsign,
+        Unary::Elu { alpha: 0.7 },
+        Unary::Selu {
+            alpha: 1.67,
+            gamma: 1.05,
+        },
+        Unary::Sin,
+        Unary::Cos,
     ];
     for u in unaries {
         check(
@@ -184,7 +204,7 @@ fn elementwise() {
         );
     }
     let positive = Tensor::f32(vec![5], vec![0.5, 1.0, 1.5, 2.0, 3.0]);
-    for u in [Unary::Sqrt, Unary::Reciprocal] {
+    for u in [Unary::Sqrt, Unary::Reciprocal, Unary::Log] {
         check(
             &format!("{u:?}"),
             Op::Unary(u),
@@ -216,16 +236,18 @@ fn elementwise() {
         vec![Some(positive.clone()), Some(rand(&[5], "e"))],
         1,
     );
-    check(
-        "sum",
-        Op::Sum,
-        vec![
-            Some(rand(&[2, 3], "a")),
-            Some(rand(&[3], "b")),
-            Some(rand(&[2, 1], "c")),
-        ],
-        1,
-    );
+    for v in [Variadic::Sum, Variadic::Mean, Variadic::Max, Variadic::Min] {
+        check(
+            &format!("{v:?}"),
+            Op::Variadic(v),
+            vec![
+                Some(rand(&[2, 3], "a")),
+                Some(rand(&[3], "b")),
+                Some(rand(&[2, 1], "c")),
+            ],
+            1,
+        );
+    }
     check(
         "where",
         Op::Where,
@@ -317,18 +339,42 @@ fn normalization_softmax_and_pooling() {
             1,
         );
     }
-    for keepdims in [true, false] {
-        check(
-            "reducemean",
-            Op::ReduceMean {
-                axes: Some(vec![1, -1]),
-                keepdims,
-                noop_with_empty_axes: false,
-            },
-            vec![Some(rand(&[2, 3, 4], "x"))],
-            1,
-        );
+    for kind in ReduceKind::ALL {
+        for keepdims in [true, false] {
+            // LogSum and L2 need positive sums; the others any input.
+            let x = match kind {
+                ReduceKind::LogSum => positive_tensor(&[2, 3, 4]),
+                _ => rand(&[2, 3, 4], "x"),
+            };
+            check(
+                &format!("{kind:?} keepdims={keepdims}"),
+                Op::Reduce {
+                    kind,
+                    axes: Some(vec![1, -1]),
+                    keepdims,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(x)],
+                1,
+            );
+        }
     }
+    // Prod with one zero in a group: the gradient of the zero is the product of the others.
+    let mut with_zero = rand(&[2, 3], "x");
+    if let Data::F32(v) = &mut with_zero.data {
+        v[1] = 0.0;
+    }
+    check(
+        "prod with a zero",
+        Op::Reduce {
+            kind: ReduceKind::Prod,
+            axes: Some(vec![1]),
+            keepdims: false,
+            noop_with_empty_axes: false,
+        },
+        vec![Some(with_zero)],
+        1,
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{InferError, Scalar, ValueType, MAX_FOLD_ELEMENTS};
 use crate::dtype::DType;
-use crate::op::{Binary, Op};
+use crate::op::{Binary, Op, ReduceKind, Variadic};
 use crate::shape::{Dim, Shape};
 
 type Content = Option<Arc<[Scalar]>>;
@@ -116,8 +116,8 @@ pub(super) fn gather(x: &ValueType, idx: &ValueType, axis: usize) -> Result<Cont
     Ok(Some(out.into()))
 }
 
-fn int_op(b: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
-    Some(match b {
+fn int_op(op: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
+    Some(match op {
         Binary::Add => Scalar::Int(l.checked_add(r)?),
         Binary::Sub => Scalar::Int(l.checked_sub(r)?),
         Binary::Mul => Scalar::Int(l.checked_mul(r)?),
@@ -132,6 +132,14 @@ fn int_op(b: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
             (None, Some(b)) | (Some(b), None) if b <= 0 => 0,
             _ => return None,
         })),
+        Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
+            let (a, c) = (l.as_known()?, r.as_known()?);
+            Scalar::Int(Dim::known(i64::from(op.compare(a, c))))
+        }
+        Binary::And | Binary::Or | Binary::Xor => {
+            let (a, c) = (l.as_known()? != 0, r.as_known()? != 0);
+            Scalar::Int(Dim::known(i64::from(op.logic(a, c))))
+        }
         Binary::Pow => return None,
     })
 }
@@ -144,6 +152,12 @@ fn float_op(b: Binary, l: f64, r: f64) -> Scalar {
         Binary::Div => Scalar::Float(l / r),
         Binary::Pow => Scalar::Float(l.powf(r)),
         Binary::Equal => Scalar::Int(Dim::known((l == r) as i64)),
+        Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
+            Scalar::Int(Dim::known(i64::from(b.compare(l, r))))
+        }
+        Binary::And | Binary::Or | Binary::Xor => {
+            Scalar::Int(Dim::known(i64::from(b.logic(l != 0.0, r != 0.0))))
+        }
     }
 }
 
@@ -172,13 +186,13 @@ pub(super) fn elementwise(op: &Op, inputs: &[Option<&ValueType>], out: &Shape) -
                     at(2, f).clone()
                 }
             }
-            Op::Sum => {
+            Op::Variadic(v) => {
                 let mut acc = at(0, f).clone();
                 for k in 1..contents.len() {
-                    acc = match (&acc, at(k, f)) {
-                        (Scalar::Int(l), Scalar::Int(r)) => Scalar::Int(l.checked_add(r)?),
-                        (l, r) => Scalar::Float(l.as_f64()? + r.as_f64()?),
-                    };
+                    acc = variadic(*v, &acc, at(k, f))?;
+                }
+                if *v == Variadic::Mean {
+                    acc = Scalar::Float(acc.as_f64()? / contents.len() as f64);
                 }
                 acc
             }
@@ -187,6 +201,50 @@ pub(super) fn elementwise(op: &Op, inputs: &[Option<&ValueType>], out: &Shape) -
         result.push(v);
     }
     Some(result.into())
+}
+
+/// One step of a variadic fold (Mean sums; the caller divides).
+fn variadic(v: Variadic, l: &Scalar, r: &Scalar) -> Option<Scalar> {
+    Some(match (v, l, r) {
+        (Variadic::Sum | Variadic::Mean, Scalar::Int(l), Scalar::Int(r)) => {
+            Scalar::Int(l.checked_add(r)?)
+        }
+        (Variadic::Sum | Variadic::Mean, l, r) => Scalar::Float(l.as_f64()? + r.as_f64()?),
+        (Variadic::Max | Variadic::Min, Scalar::Int(a), Scalar::Int(b)) => {
+            let (p, q) = (a.as_known()?, b.as_known()?);
+            let pick = if v == Variadic::Max {
+                p.max(q)
+            } else {
+                p.min(q)
+            };
+            Scalar::Int(Dim::known(pick))
+        }
+        (Variadic::Max, l, r) => Scalar::Float(l.as_f64()?.max(r.as_f64()?)),
+        (Variadic::Min, l, r) => Scalar::Float(l.as_f64()?.min(r.as_f64()?)),
+    })
+}
+
+/// A reduction of a 1-D content over its only axis (shape arithmetic: the product of a
+/// shape's dimensions, their sum); `None` for other kinds or ranks.
+pub(super) fn reduce(kind: ReduceKind, x: &ValueType) -> Content {
+    if x.shape.rank() != 1 {
+        return None;
+    }
+    let c = x.content.as_ref()?;
+    let (first, rest) = c.split_first()?;
+    let mut acc = first.clone();
+    for s in rest {
+        acc = match (kind, &acc, s) {
+            (ReduceKind::Sum, Scalar::Int(l), Scalar::Int(r)) => Scalar::Int(l.checked_add(r)?),
+            (ReduceKind::Prod, Scalar::Int(l), Scalar::Int(r)) => Scalar::Int(l.checked_mul(r)?),
+            (ReduceKind::Max, l, r) => variadic(Variadic::Max, l, r)?,
+            (ReduceKind::Min, l, r) => variadic(Variadic::Min, l, r)?,
+            (ReduceKind::Sum, l, r) => Scalar::Float(l.as_f64()? + r.as_f64()?),
+            (ReduceKind::Prod, l, r) => Scalar::Float(l.as_f64()? * r.as_f64()?),
+            _ => return None,
+        };
+    }
+    Some(vec![acc].into())
 }
 
 pub(super) fn cast(content: &Arc<[Scalar]>, to: DType) -> Content {

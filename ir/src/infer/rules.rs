@@ -811,8 +811,9 @@ fn gather(ctx: &Ctx<'_>, a: i64) -> Result<Vec<ValueType>> {
     Ok(vec![v])
 }
 
-fn reduce_mean(
+fn reduce(
     ctx: &Ctx<'_>,
+    kind: ReduceKind,
     axes: &Option<Vec<i64>>,
     keepdims: bool,
     noop: bool,
@@ -835,7 +836,11 @@ fn reduce_mean(
             out.push(Dim::known(1));
         }
     }
-    Ok(vec![ValueType::new(x.dtype, Shape(out))])
+    let mut v = ValueType::new(x.dtype, Shape(out));
+    if axes == [0] {
+        v.content = fold::reduce(kind, x);
+    }
+    Ok(vec![v])
 }
 
 fn pad(ctx: &Ctx<'_>, pads: &Option<Vec<i64>>) -> Result<Vec<ValueType>> {
@@ -1010,7 +1015,7 @@ fn elementwise(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
     let shapes: Vec<&Shape> = present.iter().map(|t| &t.shape).collect();
     let out = broadcast(&shapes)?;
     let dtype = match ctx.op {
-        Op::Binary(Binary::Equal) => DType::Bool,
+        Op::Binary(b) if b.is_boolean() => DType::Bool,
         Op::Where => ctx.input(1)?.dtype,
         _ => present[0].dtype,
     };
@@ -1040,6 +1045,17 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::ConvTranspose(c) => conv_transpose(ctx, c),
         Op::Gemm(g) => gemm(ctx, g),
         Op::MatMul => matmul(ctx),
+        Op::Unary(Unary::Not) => {
+            let x = ctx.input(0)?;
+            if x.dtype != DType::Bool {
+                return Err(InferError::Type {
+                    reason: format!("Not needs a boolean input, got {}", x.dtype),
+                });
+            }
+            same(ctx)
+        }
+        // Defined on signed integers too.
+        Op::Unary(Unary::Neg | Unary::Abs | Unary::Sign) => same(ctx),
         Op::Unary(_) => {
             let x = ctx.input(0)?;
             need_float(x, 0)?;
@@ -1047,7 +1063,7 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         }
         // Clip is defined on integers too (opset 12).
         Op::Clip { .. } => same(ctx),
-        Op::Binary(_) | Op::Sum | Op::Where => elementwise(ctx),
+        Op::Binary(_) | Op::Variadic(_) | Op::Where => elementwise(ctx),
         Op::Softmax { axis: a, .. } => {
             let x = ctx.input(0)?;
             axis(*a, x.shape.rank(), "axis")?;
@@ -1122,11 +1138,12 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
             let x = ctx.input(0)?;
             Ok(vec![x.clone()])
         }
-        Op::ReduceMean {
+        Op::Reduce {
+            kind,
             axes,
             keepdims,
             noop_with_empty_axes,
-        } => reduce_mean(ctx, axes, *keepdims, *noop_with_empty_axes),
+        } => reduce(ctx, *kind, axes, *keepdims, *noop_with_empty_axes),
         Op::Pad { pads, .. } => pad(ctx, pads),
         Op::Expand => expand(ctx),
         Op::Trilu { .. } => {

@@ -118,6 +118,24 @@ pub(crate) fn convert(
         "Neg" => Op::Unary(Unary::Neg),
         "Exp" => Op::Unary(Unary::Exp),
         "Reciprocal" => Op::Unary(Unary::Reciprocal),
+        "Log" => Op::Unary(Unary::Log),
+        "Abs" => Op::Unary(Unary::Abs),
+        "Softplus" => Op::Unary(Unary::Softplus),
+        "Softsign" => Op::Unary(Unary::Softsign),
+        "Elu" => Op::Unary(Unary::Elu {
+            alpha: a.float("alpha")?.unwrap_or(1.0),
+        }),
+        "Selu" => Op::Unary(Unary::Selu {
+            alpha: a.float("alpha")?.unwrap_or(1.673_263_2),
+            gamma: a.float("gamma")?.unwrap_or(1.050_701),
+        }),
+        "Sin" => Op::Unary(Unary::Sin),
+        "Cos" => Op::Unary(Unary::Cos),
+        "Floor" => Op::Unary(Unary::Floor),
+        "Ceil" => Op::Unary(Unary::Ceil),
+        "Round" => Op::Unary(Unary::Round),
+        "Sign" => Op::Unary(Unary::Sign),
+        "Not" => Op::Unary(Unary::Not),
         "Clip" => Op::Clip {
             min: a.float("min")?,
             max: a.float("max")?,
@@ -128,7 +146,17 @@ pub(crate) fn convert(
         "Div" => Op::Binary(Binary::Div),
         "Pow" => Op::Binary(Binary::Pow),
         "Equal" => Op::Binary(Binary::Equal),
-        "Sum" => Op::Sum,
+        "Less" => Op::Binary(Binary::Less),
+        "LessOrEqual" => Op::Binary(Binary::LessOrEqual),
+        "Greater" => Op::Binary(Binary::Greater),
+        "GreaterOrEqual" => Op::Binary(Binary::GreaterOrEqual),
+        "And" => Op::Binary(Binary::And),
+        "Or" => Op::Binary(Binary::Or),
+        "Xor" => Op::Binary(Binary::Xor),
+        "Sum" => Op::Variadic(Variadic::Sum),
+        "Mean" => Op::Variadic(Variadic::Mean),
+        "Max" => Op::Variadic(Variadic::Max),
+        "Min" => Op::Variadic(Variadic::Min),
         "Softmax" | "LogSoftmax" => Op::Softmax {
             // The default axis moved from 1 to -1 in opset 13.
             axis: a.int("axis")?.unwrap_or(if opset >= 13 { -1 } else { 1 }),
@@ -242,11 +270,17 @@ pub(crate) fn convert(
             ratio: a.float("ratio")?,
         },
         "Identity" => Op::Identity,
-        "ReduceMean" => Op::ReduceMean {
-            axes: a.ints("axes")?,
-            keepdims: a.flag("keepdims", true)?,
-            noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
-        },
+        reduce if reduce.starts_with("Reduce") => {
+            let Some(kind) = ReduceKind::ALL.into_iter().find(|k| k.name() == reduce) else {
+                return Ok(Converted::Unsupported);
+            };
+            Op::Reduce {
+                kind,
+                axes: a.ints("axes")?,
+                keepdims: a.flag("keepdims", true)?,
+                noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+            }
+        }
         "Pad" => Op::Pad {
             mode: match a.string("mode")?.as_deref().unwrap_or("constant") {
                 "constant" => PadMode::Constant,

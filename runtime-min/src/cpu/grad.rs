@@ -2,7 +2,7 @@
 //! forward pass saved, and the gradients of its outputs, the gradients of its inputs.
 //! Integer inputs (shapes, indices, masks) get none.
 
-use ralpc_ir::{Binary, Op, PoolKind, Unary};
+use ralpc_ir::{Binary, Op, PoolKind, ReduceKind, Unary, Variadic};
 
 use super::kernels;
 use super::ops::{self, floats, input, Saved};
@@ -111,12 +111,7 @@ pub fn backward(
             passthrough(n, &dx)
         }
         Op::Binary(b) => binary(*b, x, input(inputs, 1)?, y, dy)?,
-        Op::Sum => (0..n)
-            .map(|i| {
-                let xi = input(inputs, i)?;
-                Ok(Some(t::unbroadcast(dy, &y.shape, &xi.shape)))
-            })
-            .collect::<R<_>>()?,
+        Op::Variadic(v) => variadic(*v, inputs, y, dy)?,
         Op::Softmax { axis, log, flatten } => {
             let (outer, width, inner) = ops::softmax_layout(&y.shape, *axis, *flatten)?;
             let ys = floats(y, "Y")?;
@@ -346,15 +341,15 @@ pub fn backward(
             passthrough(n, &dx)
         }
         Op::Expand => passthrough(n, &t::unbroadcast(dy, &y.shape, &x.shape)),
-        Op::ReduceMean { .. } => {
-            let count = (x.len() / y.len().max(1)).max(1) as f32;
-            // The output (keepdims or not) holds one mean per kept index, in order.
-            let kept = kept_shape(&x.shape, &y.shape);
-            let dx = t::broadcast(&kept, &x.shape)
-                .map(|o| dy[o] / count)
-                .collect::<Vec<_>>();
-            passthrough(n, &dx)
-        }
+        Op::Reduce {
+            kind,
+            axes,
+            noop_with_empty_axes,
+            ..
+        } => match ops::reduce_axes(axes, *noop_with_empty_axes, inputs, x.shape.len())? {
+            Some(axes) => passthrough(n, &reduce(*kind, x, y, &axes, dy)?),
+            None => passthrough(n, dy),
+        },
         Op::Pad { mode, pads } => {
             let (_, sources) = ops::pad_sources(pads, *mode, inputs)?;
             let mut dx = vec![0.0; x.len()];
@@ -422,23 +417,97 @@ pub fn backward(
     })
 }
 
-/// The input shape with reduced axes kept as 1, from the input and output shapes.
-fn kept_shape(x: &[usize], y: &[usize]) -> Vec<usize> {
-    if x.len() == y.len() {
-        return y.to_vec();
-    }
-    // keepdims = 0: walk the input, matching kept axes to the output in order.
-    let mut out = Vec::with_capacity(x.len());
-    let mut k = 0;
-    for &d in x {
-        if k < y.len() && y[k] == d && t::numel(&out) * d * t::numel(&y[k + 1..]) <= t::numel(y) {
-            out.push(d);
-            k += 1;
-        } else {
-            out.push(1);
+/// The input gradient of a reduction over `axes`; the output (keepdims or not) holds one
+/// value per kept index, in order.
+fn reduce(kind: ReduceKind, x: &Tensor, y: &Tensor, axes: &[usize], dy: &[f32]) -> R<Vec<f32>> {
+    let xs = floats(x, "data")?;
+    let ys = floats(y, "reduced")?;
+    let kept = ops::kept_shape(&x.shape, axes);
+    let count = (x.len() / y.len().max(1)).max(1) as f32;
+    let mut dx = vec![0.0; xs.len()];
+    let at = || t::broadcast(&kept, &x.shape).enumerate();
+    match kind {
+        // The first extreme element of each group takes the gradient (as a max pool does).
+        ReduceKind::Max | ReduceKind::Min => {
+            let mut taken = vec![false; ys.len()];
+            for (i, o) in at() {
+                if !taken[o] && xs[i] == ys[o] {
+                    taken[o] = true;
+                    dx[i] = dy[o];
+                }
+            }
+        }
+        // ∂Πx/∂xᵢ is the product of the others: y/xᵢ, unless xᵢ is the group's only zero.
+        ReduceKind::Prod => {
+            let mut zeros = vec![0usize; ys.len()];
+            let mut others = vec![1.0f64; ys.len()];
+            for (i, o) in at() {
+                if xs[i] == 0.0 {
+                    zeros[o] += 1;
+                } else {
+                    others[o] *= f64::from(xs[i]);
+                }
+            }
+            for (i, o) in at() {
+                dx[i] = dy[o]
+                    * match (xs[i] == 0.0, zeros[o]) {
+                        (false, _) => ys[o] / xs[i],
+                        (true, 1) => others[o] as f32,
+                        (true, _) => 0.0,
+                    };
+            }
+        }
+        _ => {
+            for (i, o) in at() {
+                let (v, r) = (xs[i], ys[o]);
+                dx[i] = dy[o]
+                    * match kind {
+                        ReduceKind::Mean => 1.0 / count,
+                        ReduceKind::L1 => ops::sign(v),
+                        ReduceKind::L2 if r != 0.0 => v / r,
+                        ReduceKind::L2 => 0.0,
+                        ReduceKind::LogSum => (-r).exp(),
+                        ReduceKind::LogSumExp => (v - r).exp(),
+                        ReduceKind::SumSquare => 2.0 * v,
+                        _ => 1.0,
+                    };
+            }
         }
     }
-    out
+    Ok(dx)
+}
+
+/// The input gradients of Sum, Mean, Max or Min over broadcast inputs: Max and Min send
+/// each output's gradient to the first input that holds the extreme.
+fn variadic(v: Variadic, inputs: &[Option<&Tensor>], y: &Tensor, dy: &[f32]) -> R<InputGrads> {
+    let n = inputs.len();
+    let mut out = grads(n);
+    let ys = y.to_f64s();
+    let mut taken = vec![false; dy.len()];
+    for (slot, x) in inputs.iter().enumerate() {
+        let Some(x) = x else { continue };
+        if x.floats().is_none() {
+            continue;
+        }
+        let vals = x.to_f64s();
+        let full: Vec<f32> = match v {
+            Variadic::Sum => dy.to_vec(),
+            Variadic::Mean => dy.iter().map(|&g| g / n as f32).collect(),
+            Variadic::Max | Variadic::Min => t::broadcast(&x.shape, &y.shape)
+                .enumerate()
+                .map(|(k, i)| {
+                    if !taken[k] && vals[i] == ys[k] {
+                        taken[k] = true;
+                        dy[k]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        };
+        out[slot] = Some(t::unbroadcast(&full, &y.shape, &x.shape));
+    }
+    Ok(out)
 }
 
 fn unary_derivative(u: Unary, x: f32, y: f32) -> f32 {
@@ -475,13 +544,34 @@ fn unary_derivative(u: Unary, x: f32, y: f32) -> f32 {
         Unary::Neg => -1.0,
         Unary::Exp => y,
         Unary::Reciprocal => -y * y,
+        Unary::Log => 1.0 / x,
+        Unary::Abs => ops::sign(x),
+        Unary::Softplus => 1.0 / (1.0 + (-x).exp()),
+        Unary::Softsign => 1.0 / ((1.0 + x.abs()) * (1.0 + x.abs())),
+        Unary::Elu { alpha } => {
+            if x > 0.0 {
+                1.0
+            } else {
+                alpha * x.exp()
+            }
+        }
+        Unary::Selu { alpha, gamma } => {
+            if x > 0.0 {
+                gamma
+            } else {
+                gamma * alpha * x.exp()
+            }
+        }
+        Unary::Sin => x.cos(),
+        Unary::Cos => -x.sin(),
+        u if u.is_step() => 0.0,
         _ => f32::NAN,
     }
 }
 
 fn binary(b: Binary, x: &Tensor, z: &Tensor, y: &Tensor, dy: &[f32]) -> R<InputGrads> {
     let mut out = grads(2);
-    if b == Binary::Equal {
+    if b.is_boolean() {
         return Ok(out);
     }
     let (a, c) = (x.to_f64s(), z.to_f64s());
@@ -497,7 +587,7 @@ fn binary(b: Binary, x: &Tensor, z: &Tensor, y: &Tensor, dy: &[f32]) -> R<InputG
             Binary::Mul => (g * q, g * p),
             Binary::Div => (g / q, -g * p / (q * q)),
             Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
-            Binary::Equal => (0.0, 0.0),
+            _ => (0.0, 0.0),
         };
         da[k] = gp;
         dc[k] = gq;

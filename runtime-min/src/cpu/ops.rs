@@ -6,7 +6,9 @@
 //! 1-d and 2-d convolution and pooling are supported (1-d as 2-d with unit height);
 //! 3-d ones are refused with an error.
 
-use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
+use ralpc_ir::{
+    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind, Unary, Variadic,
+};
 
 use super::kernels::{self, Conv2d, Pool2d};
 use super::tensor::{self as t, Data, Tensor};
@@ -114,13 +116,7 @@ pub fn forward(
             Ok((vec![map_floats(x, |v| clip(v, lo, hi))?], Saved::None))
         }
         Op::Binary(b) => one(binary(*b, input(inputs, 0)?, input(inputs, 1)?)?),
-        Op::Sum => {
-            let mut acc = input(inputs, 0)?.clone();
-            for i in 1..inputs.len() {
-                acc = binary(Binary::Add, &acc, input(inputs, i)?)?;
-            }
-            one(acc)
-        }
+        Op::Variadic(v) => one(variadic(*v, inputs)?),
         Op::Softmax { axis, log, flatten } => {
             let x = input(inputs, 0)?;
             let (outer, width, inner) = softmax_layout(&x.shape, *axis, *flatten)?;
@@ -287,19 +283,17 @@ pub fn forward(
             Ok((outs, Saved::None))
         }
         Op::Identity => one(input(inputs, 0)?.clone()),
-        Op::ReduceMean {
+        Op::Reduce {
+            kind,
             axes,
             keepdims,
             noop_with_empty_axes,
         } => {
             let x = input(inputs, 0)?;
-            let r = x.shape.len();
-            let axes: Vec<usize> = match ints_or_input(axes, inputs, 1) {
-                Some(a) if !a.is_empty() => a.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?,
-                _ if *noop_with_empty_axes => return one(x.clone()),
-                _ => (0..r).collect(),
-            };
-            one(reduce_mean(x, &axes, *keepdims)?)
+            match reduce_axes(axes, *noop_with_empty_axes, inputs, x.shape.len())? {
+                Some(axes) => one(reduce(*kind, x, &axes, *keepdims)?),
+                None => one(x.clone()),
+            }
         }
         Op::Pad { mode, pads } => {
             let value = optional(inputs, 2)
@@ -396,7 +390,37 @@ pub(crate) fn unary_value(u: Unary, v: f32) -> f32 {
         Unary::Neg => -v,
         Unary::Exp => v.exp(),
         Unary::Reciprocal => 1.0 / v,
+        Unary::Log => v.ln(),
+        Unary::Abs => v.abs(),
+        // ln(1 + eˣ) without overflow for large x.
+        Unary::Softplus => v.max(0.0) + (-v.abs()).exp().ln_1p(),
+        Unary::Softsign => v / (1.0 + v.abs()),
+        Unary::Elu { alpha } => {
+            if v > 0.0 {
+                v
+            } else {
+                alpha * v.exp_m1()
+            }
+        }
+        Unary::Selu { alpha, gamma } => gamma * if v > 0.0 { v } else { alpha * v.exp_m1() },
+        Unary::Sin => v.sin(),
+        Unary::Cos => v.cos(),
+        Unary::Floor => v.floor(),
+        Unary::Ceil => v.ceil(),
+        Unary::Round => v.round_ties_even(),
+        Unary::Sign => sign(v),
         _ => f32::NAN,
+    }
+}
+
+/// −1, 0 or 1 (NaN stays NaN).
+pub(crate) fn sign(v: f32) -> f32 {
+    if v > 0.0 {
+        1.0
+    } else if v < 0.0 {
+        -1.0
+    } else {
+        v
     }
 }
 
@@ -409,6 +433,19 @@ fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
         (Data::I64(v), Unary::Relu) => Ok(Tensor::i64(
             x.shape.clone(),
             v.iter().map(|&v| v.max(0)).collect(),
+        )),
+        (Data::I64(v), Unary::Abs) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| v.wrapping_abs()).collect(),
+        )),
+        (Data::I64(v), Unary::Sign) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| v.signum()).collect(),
+        )),
+        // Booleans are held as 0/1 integers.
+        (Data::I64(v), Unary::Not) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|&v| i64::from(v == 0)).collect(),
         )),
         (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
         (Data::F32(v), Unary::Relu) => Ok(Tensor::f32(
@@ -434,9 +471,11 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
     let n = t::numel(&shape);
     let pairs = || t::broadcast(&x.shape, &shape).zip(t::broadcast(&y.shape, &shape));
     Ok(match (&x.data, &y.data, b) {
-        (Data::F32(a), Data::F32(c), Binary::Equal) => Tensor::i64(
+        (Data::F32(a), Data::F32(c), b) if b.is_boolean() => Tensor::i64(
             shape.clone(),
-            pairs().map(|(i, j)| i64::from(a[i] == c[j])).collect(),
+            pairs()
+                .map(|(i, j)| binary_value(b, a[i], c[j]) as i64)
+                .collect(),
         ),
         (Data::I64(a), Data::I64(c), _) => {
             let mut out = Vec::with_capacity(n);
@@ -449,6 +488,11 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
                     Binary::Div => p.checked_div(q).ok_or("integer division by zero")?,
                     Binary::Pow => p.wrapping_pow(q.clamp(0, u32::MAX as i64) as u32),
                     Binary::Equal => i64::from(p == q),
+                    Binary::Less
+                    | Binary::LessOrEqual
+                    | Binary::Greater
+                    | Binary::GreaterOrEqual => i64::from(b.compare(p, q)),
+                    Binary::And | Binary::Or | Binary::Xor => i64::from(b.logic(p != 0, q != 0)),
                 });
             }
             Tensor::i64(shape, out)
@@ -466,7 +510,7 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
             let out: Vec<f32> = pairs()
                 .map(|(i, j)| binary_value(b, a[i] as f32, c[j] as f32))
                 .collect();
-            if b == Binary::Equal || matches!(x.data, Data::I64(_)) {
+            if b.is_boolean() || matches!(x.data, Data::I64(_)) {
                 // Comparisons give booleans; an integer base keeps its type (Pow).
                 Tensor::i64(shape, out.iter().map(|&v| v as i64).collect())
             } else {
@@ -530,6 +574,10 @@ pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
         Binary::Div => p / q,
         Binary::Pow => p.powf(q),
         Binary::Equal => f32::from(u8::from(p == q)),
+        Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
+            f32::from(u8::from(b.compare(p, q)))
+        }
+        Binary::And | Binary::Or | Binary::Xor => f32::from(u8::from(b.logic(p != 0.0, q != 0.0))),
     }
 }
 
@@ -1354,18 +1402,78 @@ fn round_to_f16(v: f32) -> f32 {
     }
 }
 
-fn reduce_mean(x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
-    let xs = x.to_f64s();
-    let kept: Vec<usize> = x
-        .shape
+/// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
+/// identity (no axes with `noop_with_empty_axes`).
+pub(crate) fn reduce_axes(
+    axes: &Option<Vec<i64>>,
+    noop: bool,
+    inputs: &[Option<&Tensor>],
+    rank: usize,
+) -> R<Option<Vec<usize>>> {
+    Ok(match ints_or_input(axes, inputs, 1) {
+        Some(a) if !a.is_empty() => Some(a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?),
+        _ if noop => None,
+        _ => Some((0..rank).collect()),
+    })
+}
+
+/// `shape` with the reduced `axes` set to 1: the output's shape under keepdims, whose
+/// row-major order is the output's either way.
+pub(crate) fn kept_shape(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+    shape
         .iter()
         .enumerate()
         .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
-        .collect();
-    let count = axes.iter().map(|&a| x.shape[a]).product::<usize>().max(1);
-    let mut sums = vec![0.0f64; t::numel(&kept)];
-    for (v, o) in xs.iter().zip(t::broadcast(&kept, &x.shape)) {
-        sums[o] += v;
+        .collect()
+}
+
+/// A reduction of `x` over `axes`, accumulated in f64.
+pub(crate) fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
+    let xs = x.to_f64s();
+    let kept = kept_shape(&x.shape, axes);
+    let count = axes.iter().map(|&a| x.shape[a]).product::<usize>().max(1) as f64;
+    let init = match kind {
+        ReduceKind::Prod => 1.0,
+        ReduceKind::Max | ReduceKind::LogSumExp => f64::NEG_INFINITY,
+        ReduceKind::Min => f64::INFINITY,
+        _ => 0.0,
+    };
+    let mut acc = vec![init; t::numel(&kept)];
+    let at = || xs.iter().zip(t::broadcast(&kept, &x.shape));
+    // LogSumExp sums e^(x − max) and adds the max back, so that large inputs stay finite.
+    let shift = if kind == ReduceKind::LogSumExp {
+        for (&v, o) in at() {
+            acc[o] = acc[o].max(v);
+        }
+        let shift = acc
+            .iter()
+            .map(|&m| if m.is_finite() { m } else { 0.0 })
+            .collect();
+        acc.fill(0.0);
+        shift
+    } else {
+        Vec::new()
+    };
+    for (&v, o) in at() {
+        let a = &mut acc[o];
+        match kind {
+            ReduceKind::Sum | ReduceKind::Mean | ReduceKind::LogSum => *a += v,
+            ReduceKind::Max => *a = if v > *a || v.is_nan() { v } else { *a },
+            ReduceKind::Min => *a = if v < *a || v.is_nan() { v } else { *a },
+            ReduceKind::Prod => *a *= v,
+            ReduceKind::L1 => *a += v.abs(),
+            ReduceKind::L2 | ReduceKind::SumSquare => *a += v * v,
+            ReduceKind::LogSumExp => *a += (v - shift[o]).exp(),
+        }
+    }
+    for (o, a) in acc.iter_mut().enumerate() {
+        *a = match kind {
+            ReduceKind::Mean => *a / count,
+            ReduceKind::L2 => a.sqrt(),
+            ReduceKind::LogSum => a.ln(),
+            ReduceKind::LogSumExp => a.ln() + shift[o],
+            _ => *a,
+        };
     }
     let shape = if keepdims {
         kept
@@ -1378,14 +1486,41 @@ fn reduce_mean(x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
             .collect()
     };
     Ok(match x.data {
-        Data::F32(_) => Tensor::f32(
-            shape,
-            sums.iter().map(|s| (s / count as f64) as f32).collect(),
-        ),
-        Data::I64(_) => Tensor::i64(
-            shape,
-            sums.iter().map(|s| (s / count as f64) as i64).collect(),
-        ),
+        Data::F32(_) => Tensor::f32(shape, acc.iter().map(|&a| a as f32).collect()),
+        Data::I64(_) => Tensor::i64(shape, acc.iter().map(|&a| a as i64).collect()),
+    })
+}
+
+/// Sum, Mean, Max or Min of any number of broadcast tensors.
+fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let xs: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
+    let first = xs.first().ok_or("the node has no input")?;
+    let mut shape = first.shape.clone();
+    for x in &xs[1..] {
+        shape = t::broadcast_shapes(&shape, &x.shape)
+            .ok_or_else(|| format!("shapes {shape:?} and {:?} do not broadcast", x.shape))?;
+    }
+    let mut acc: Vec<f64> = t::broadcast(&first.shape, &shape)
+        .map(|i| first.to_f64s()[i])
+        .collect();
+    for x in &xs[1..] {
+        let vals = x.to_f64s();
+        for (a, i) in acc.iter_mut().zip(t::broadcast(&x.shape, &shape)) {
+            let b = vals[i];
+            *a = match v {
+                Variadic::Sum | Variadic::Mean => *a + b,
+                Variadic::Max => a.max(b),
+                Variadic::Min => a.min(b),
+            };
+        }
+    }
+    if v == Variadic::Mean {
+        let n = xs.len() as f64;
+        acc.iter_mut().for_each(|a| *a /= n);
+    }
+    Ok(match first.data {
+        Data::F32(_) => Tensor::f32(shape, acc.iter().map(|&a| a as f32).collect()),
+        Data::I64(_) => Tensor::i64(shape, acc.iter().map(|&a| a as i64).collect()),
     })
 }
 

@@ -9,7 +9,7 @@
 
 use std::rc::Rc;
 
-use ralpc_ir::{Graph, NodeId, Op};
+use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
 use super::backend::{Backend, R};
 use super::train::{DTensor, Runner, Saved};
@@ -42,14 +42,17 @@ impl<B: Backend> Hosted<B> {
             Op::Conv(_)
             | Op::Gemm(_)
             | Op::MatMul
-            | Op::Unary(_)
             | Op::Clip { .. }
-            | Op::Sum
+            | Op::Variadic(Variadic::Sum)
             | Op::Pool(_)
             | Op::Transpose { .. }
             | Op::Concat { .. }
-            | Op::ReduceMean { .. }
+            | Op::Reduce {
+                kind: ReduceKind::Mean,
+                ..
+            }
             | Op::GlobalPool(ralpc_ir::PoolKind::Average) => true,
+            Op::Unary(u) => super::train::unary_op(*u).is_ok(),
             Op::Binary(b) => matches!(
                 b,
                 ralpc_ir::Binary::Add
@@ -75,7 +78,7 @@ impl<B: Backend> Hosted<B> {
         let all_floats = node.inputs.iter().enumerate().all(|(slot, v)| {
             v.and_then(|v| values.get(v)).is_none_or(|t| {
                 matches!(t.data, Data::F32(_))
-                    || (slot > 0 && matches!(node.op, Op::ReduceMean { .. } | Op::Clip { .. }))
+                    || (slot > 0 && matches!(node.op, Op::Reduce { .. } | Op::Clip { .. }))
             })
         });
         floats && supported && all_floats

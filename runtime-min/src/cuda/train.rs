@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, PoolKind, Unary, ValueId};
+use ralpc_ir::{
+    Binary, Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, Unary, ValueId, Variadic,
+};
 
 use super::backend::{Backend, Gemm, R};
 use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
@@ -202,7 +204,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 s.push(b[b.len() - 1]);
                 s
             }
-            Op::Binary(_) | Op::Sum => {
+            Op::Binary(_) | Op::Variadic(Variadic::Sum) => {
                 let mut s = x()?;
                 for slot in 1..node.inputs.len() {
                     let other = self.input(id, slot)?.shape;
@@ -240,7 +242,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 }
                 s
             }
-            Op::ReduceMean {
+            Op::Reduce {
+                kind: ReduceKind::Mean,
                 axes,
                 keepdims,
                 noop_with_empty_axes,
@@ -412,7 +415,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 )?;
                 (y, Saved::None)
             }
-            Op::Sum => {
+            Op::Variadic(Variadic::Sum) => {
                 let mut acc = self.input(id, 0)?;
                 for slot in 1..node.inputs.len() {
                     let x = self.input(id, slot)?;
@@ -528,7 +531,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.gather(&mut y, &x.buf, &Strides::view(&out_shape, &view)?, 0)?;
                 (y, Saved::None)
             }
-            Op::ReduceMean {
+            Op::Reduce {
+                kind: ReduceKind::Mean,
                 axes,
                 noop_with_empty_axes,
                 ..
@@ -818,7 +822,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 grads.push((0, self.reduce_to(&ga, &out_shape, &a.shape)?));
                 grads.push((1, self.reduce_to(&gb, &out_shape, &b.shape)?));
             }
-            Op::Sum => {
+            Op::Variadic(Variadic::Sum) => {
                 for slot in 0..node.inputs.len() {
                     let x = self.input(id, slot)?;
                     grads.push((slot, self.reduce_to(dy, &out_shape, &x.shape)?));
@@ -934,7 +938,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.scatter(&mut dx, dy, &Strides::view(&out_shape, &view)?, 0, false)?;
                 grads.push((0, dx));
             }
-            Op::ReduceMean {
+            Op::Reduce {
+                kind: ReduceKind::Mean,
                 axes,
                 noop_with_empty_axes,
                 ..
@@ -1121,7 +1126,7 @@ fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
     }
 }
 
-fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
+pub(crate) fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
     Ok(match u {
         Unary::Relu => (UnaryOp::Relu, 0.0, 0.0),
         Unary::LeakyRelu { alpha } => (UnaryOp::LeakyRelu, alpha, 0.0),
@@ -1135,6 +1140,9 @@ fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
         Unary::Neg => (UnaryOp::Neg, 0.0, 0.0),
         Unary::Exp => (UnaryOp::Exp, 0.0, 0.0),
         Unary::Reciprocal => (UnaryOp::Reciprocal, 0.0, 0.0),
+        Unary::Log => (UnaryOp::Log, 0.0, 0.0),
+        Unary::Abs => (UnaryOp::Abs, 0.0, 0.0),
+        Unary::Elu { alpha } => (UnaryOp::Elu, alpha, 0.0),
         other => return Err(format!("{other:?} is not on the CUDA backend yet")),
     })
 }
