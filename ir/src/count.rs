@@ -15,7 +15,7 @@
 
 use crate::graph::{Graph, Site};
 use crate::ids::{NodeId, ValueId};
-use crate::op::{Op, PoolKind, ReduceKind, Unary};
+use crate::op::{Op, PoolKind, ReduceKind, ResizeMode, Unary};
 use crate::shape::Dim;
 use crate::verify::GraphInfo;
 
@@ -111,6 +111,11 @@ pub fn flops_per_element(op: &Op) -> u64 {
         // Training-mode forward: mean, variance, normalize, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => 7,
         Op::Dropout { .. } | Op::Trilu { .. } => 1,
+        // Bilinear: four taps, a multiply-add each; nearest: a copy.
+        Op::Resize(r) => match r.mode {
+            ResizeMode::Nearest => 0,
+            ResizeMode::Linear => 8,
+        },
         _ => 0,
     }
 }

@@ -182,6 +182,9 @@ pub enum Op {
     Where,
     /// Broadcast to the shape given by input 1.
     Expand,
+    /// Resampling by nearest neighbour or (multi)linear interpolation (ONNX Resize and
+    /// Upsample).
+    Resize(Resize),
     /// Upper or lower triangle of the last two axes (diagonal offset from input 1).
     Trilu {
         /// Keep the upper triangle.
@@ -428,6 +431,114 @@ pub struct Pool {
     pub count_include_pad: bool,
 }
 
+/// Resize attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resize {
+    /// Nearest or linear.
+    pub mode: ResizeMode,
+    /// How an output coordinate maps to an input one.
+    pub coordinates: CoordinateMode,
+    /// How a nearest-neighbour coordinate is rounded.
+    pub nearest: NearestMode,
+    /// Scales given as an attribute (Upsample, opset < 9).
+    pub scales: Option<Vec<f32>>,
+    /// Where the scales and sizes inputs are: `(1, None)` for Upsample and Resize-10,
+    /// `(2, Some(3))` from Resize-11 on (input 1 is the region of interest).
+    pub slots: (usize, Option<usize>),
+    /// The axes the scales or sizes apply to (opset 18); all when absent.
+    pub axes: Option<Vec<i64>>,
+}
+
+/// Interpolation of [`Resize`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeMode {
+    /// The nearest input element.
+    Nearest,
+    /// Linear in every resized axis (bilinear, trilinear…).
+    Linear,
+}
+
+/// ONNX Resize's `coordinate_transformation_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordinateMode {
+    /// `(x + 0.5) / scale − 0.5`.
+    HalfPixel,
+    /// As `HalfPixel`, centred when the scale and the sizes disagree.
+    HalfPixelSymmetric,
+    /// As `HalfPixel`, but 0 for an output of length 1.
+    PytorchHalfPixel,
+    /// `x · (in − 1) / (out − 1)`.
+    AlignCorners,
+    /// `x / scale`.
+    Asymmetric,
+}
+
+/// ONNX Resize's `nearest_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NearestMode {
+    /// Round, halves down.
+    RoundPreferFloor,
+    /// Round, halves up.
+    RoundPreferCeil,
+    /// Down.
+    Floor,
+    /// Up.
+    Ceil,
+}
+
+impl Resize {
+    /// The input coordinate that output coordinate `x` maps to along an axis of `input`
+    /// elements resized to `output` at `scale`.
+    pub fn source(&self, x: usize, input: usize, output: usize, scale: f64) -> f64 {
+        let x = x as f64;
+        match self.coordinates {
+            CoordinateMode::HalfPixel => (x + 0.5) / scale - 0.5,
+            CoordinateMode::HalfPixelSymmetric => {
+                let adjustment = output as f64 / (scale * input as f64);
+                let offset = input as f64 / 2.0 * (1.0 - adjustment);
+                offset + (x + 0.5) / scale - 0.5
+            }
+            CoordinateMode::PytorchHalfPixel if output > 1 => (x + 0.5) / scale - 0.5,
+            CoordinateMode::PytorchHalfPixel => 0.0,
+            CoordinateMode::AlignCorners if output > 1 => {
+                x * (input as f64 - 1.0) / (output as f64 - 1.0)
+            }
+            CoordinateMode::AlignCorners => 0.0,
+            CoordinateMode::Asymmetric => x / scale,
+        }
+    }
+
+    /// The input elements output coordinate `x` reads along one axis, with their weights.
+    pub fn taps(&self, x: usize, input: usize, output: usize, scale: f64) -> Vec<(usize, f32)> {
+        let last = input.saturating_sub(1);
+        let src = self.source(x, input, output, scale);
+        match self.mode {
+            ResizeMode::Nearest => {
+                let frac = src - src.floor();
+                let i = match self.nearest {
+                    NearestMode::RoundPreferFloor if frac == 0.5 => src.floor(),
+                    NearestMode::RoundPreferCeil if frac == 0.5 => src.ceil(),
+                    NearestMode::RoundPreferFloor | NearestMode::RoundPreferCeil => src.round(),
+                    NearestMode::Floor => src.floor(),
+                    NearestMode::Ceil => src.ceil(),
+                };
+                vec![((i.max(0.0) as usize).min(last), 1.0)]
+            }
+            ResizeMode::Linear => {
+                let src = src.clamp(0.0, last as f64);
+                let lo = src.floor() as usize;
+                let hi = (lo + 1).min(last);
+                let w = (src - lo as f64) as f32;
+                if w == 0.0 || hi == lo {
+                    vec![(lo, 1.0)]
+                } else {
+                    vec![(lo, 1.0 - w), (hi, w)]
+                }
+            }
+        }
+    }
+}
+
 /// Slice ranges given as attributes (opset < 10).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SliceRanges {
@@ -630,6 +741,7 @@ impl Op {
             Op::Pad { .. } => "Pad",
             Op::Where => "Where",
             Op::Expand => "Expand",
+            Op::Resize(_) => "Resize",
             Op::Trilu { .. } => "Trilu",
         }
     }
@@ -648,7 +760,8 @@ impl Op {
             | Op::Dropout { .. }
             | Op::Trilu { .. } => OpClass::Elementwise,
             Op::Softmax { .. } => OpClass::Softmax,
-            Op::Pool(_) | Op::GlobalPool(_) => OpClass::Pool,
+            // Resampling works per channel on spatial windows, as pooling does.
+            Op::Pool(_) | Op::GlobalPool(_) | Op::Resize(_) => OpClass::Pool,
             Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
             Op::Reduce { .. } => OpClass::Reduce,
             Op::Concat { .. }

@@ -378,6 +378,41 @@ fn normalization_softmax_and_pooling() {
 }
 
 #[test]
+fn resize() {
+    use ralpc_ir::{CoordinateMode, NearestMode, Resize, ResizeMode};
+    for (mode, coordinates) in [
+        (ResizeMode::Nearest, CoordinateMode::Asymmetric),
+        (ResizeMode::Linear, CoordinateMode::HalfPixel),
+        (ResizeMode::Linear, CoordinateMode::AlignCorners),
+    ] {
+        let r = Resize {
+            mode,
+            coordinates,
+            nearest: NearestMode::RoundPreferFloor,
+            scales: None,
+            slots: (2, Some(3)),
+            axes: None,
+        };
+        // Up by 2 on rows and down to 3 of 5 on columns (scales), then to given sizes.
+        let scales = Tensor::f32(vec![4], vec![1.0, 1.0, 2.0, 0.6]);
+        check_except(
+            &format!("resize {mode:?} {coordinates:?} by scales"),
+            Op::Resize(r.clone()),
+            vec![Some(rand(&[2, 3, 4, 5], "x")), None, Some(scales), None],
+            1,
+            &[2],
+        );
+        let sizes = ints(&[4], vec![2, 3, 7, 9]);
+        check(
+            &format!("resize {mode:?} {coordinates:?} to sizes"),
+            Op::Resize(r),
+            vec![Some(rand(&[2, 3, 4, 5], "x")), None, None, Some(sizes)],
+            1,
+        );
+    }
+}
+
+#[test]
 fn data_movement() {
     check(
         "concat",

@@ -112,6 +112,21 @@ pub fn backward(
         }
         Op::Binary(b) => binary(*b, x, input(inputs, 1)?, y, dy)?,
         Op::Variadic(v) => variadic(*v, inputs, y, dy)?,
+        Op::Resize(r) => {
+            // Back through each resampled axis, last first, from the shape it produced.
+            let steps = ops::resize_taps(r, inputs, &x.shape)?;
+            let mut shapes = vec![x.shape.clone()];
+            for (axis, taps) in &steps {
+                let mut next = shapes[shapes.len() - 1].clone();
+                next[*axis] = taps.len();
+                shapes.push(next);
+            }
+            let mut g = dy.to_vec();
+            for (k, (axis, taps)) in steps.iter().enumerate().rev() {
+                g = ops::resample_backward(&g, &shapes[k], *axis, taps);
+            }
+            passthrough(n, &g)
+        }
         Op::Softmax { axis, log, flatten } => {
             let (outer, width, inner) = ops::softmax_layout(&y.shape, *axis, *flatten)?;
             let ys = floats(y, "Y")?;

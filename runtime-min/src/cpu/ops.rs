@@ -305,13 +305,24 @@ pub fn forward(
                 value,
             ))
         }
+        Op::Resize(r) => {
+            let x = input(inputs, 0)?;
+            let mut data = floats(x, "X")?.to_vec();
+            let mut shape = x.shape.clone();
+            for (axis, taps) in resize_taps(r, inputs, &x.shape)? {
+                data = resample(&data, &shape, axis, &taps);
+                shape[axis] = taps.len();
+            }
+            one(Tensor::f32(shape, data))
+        }
         Op::Where => {
             let (c, x, y) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
             let shape = t::broadcast_shapes(&c.shape, &x.shape)
                 .and_then(|s| t::broadcast_shapes(&s, &y.shape))
                 .ok_or("the shapes do not broadcast")?;
+            let values = c.to_f64s();
             let cond: Vec<bool> = t::broadcast(&c.shape, &shape)
-                .map(|i| c.to_f64s()[i] != 0.0)
+                .map(|i| values[i] != 0.0)
                 .collect();
             one(select(&cond, x, y, &shape)?)
         }
@@ -1402,6 +1413,114 @@ fn round_to_f16(v: f32) -> f32 {
     }
 }
 
+/// Per resized axis (in order), the input elements and weights each output coordinate
+/// reads; axes that keep their size and read each element once are left out.
+pub(crate) type ResizeTaps = Vec<(usize, Vec<Vec<(usize, f32)>>)>;
+
+/// The taps of a Resize of an input of `shape`, from its sizes (when given) or scales.
+pub(crate) fn resize_taps(
+    r: &ralpc_ir::Resize,
+    inputs: &[Option<&Tensor>],
+    shape: &[usize],
+) -> R<ResizeTaps> {
+    let rank = shape.len();
+    let axes: Vec<usize> = match &r.axes {
+        Some(a) => a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?,
+        None => (0..rank).collect(),
+    };
+    let given = |slot: usize| optional(inputs, slot).filter(|t| t.len() > 0);
+    // (output size, scale) per resized axis.
+    let targets: Vec<(usize, f64)> = if let Some(sizes) = r.slots.1.and_then(given) {
+        let sizes = sizes.to_i64s();
+        if sizes.len() != axes.len() {
+            return Err(format!("sizes has {} values for {} axes", sizes.len(), axes.len()).into());
+        }
+        axes.iter()
+            .zip(sizes)
+            .map(|(&a, n)| {
+                let n = usize::try_from(n).map_err(|_| format!("size {n} is negative"))?;
+                Ok((n, n as f64 / shape[a].max(1) as f64))
+            })
+            .collect::<R<_>>()?
+    } else {
+        let scales = match &r.scales {
+            Some(s) => s.iter().map(|&v| f64::from(v)).collect(),
+            None => given(r.slots.0)
+                .ok_or("Resize needs scales or sizes")?
+                .to_f64s(),
+        };
+        if scales.len() != axes.len() {
+            return Err(
+                format!("scales has {} values for {} axes", scales.len(), axes.len()).into(),
+            );
+        }
+        axes.iter()
+            .zip(scales)
+            .map(|(&a, s)| ((shape[a] as f64 * s).floor() as usize, s))
+            .collect()
+    };
+    Ok(axes
+        .iter()
+        .zip(targets)
+        .filter_map(|(&a, (out, scale))| {
+            let taps: Vec<Vec<(usize, f32)>> =
+                (0..out).map(|j| r.taps(j, shape[a], out, scale)).collect();
+            let identity =
+                out == shape[a] && taps.iter().enumerate().all(|(j, t)| t[..] == [(j, 1.0)]);
+            (!identity).then_some((a, taps))
+        })
+        .collect())
+}
+
+/// `data` of `shape` resampled along `axis`: output coordinate `j` is the weighted sum of
+/// the input elements `taps[j]` names.
+pub(crate) fn resample(
+    data: &[f32],
+    shape: &[usize],
+    axis: usize,
+    taps: &[Vec<(usize, f32)>],
+) -> Vec<f32> {
+    let (outer, inner) = (t::numel(&shape[..axis]), t::numel(&shape[axis + 1..]));
+    let n_in = shape[axis];
+    let mut out = vec![0.0; outer * taps.len() * inner];
+    for o in 0..outer {
+        for (j, tap) in taps.iter().enumerate() {
+            let dst = &mut out[(o * taps.len() + j) * inner..][..inner];
+            for &(k, w) in tap {
+                let src = &data[(o * n_in + k) * inner..][..inner];
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d += w * v;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The transpose of [`resample`]: the gradient of its input from that of its output.
+pub(crate) fn resample_backward(
+    dy: &[f32],
+    shape: &[usize],
+    axis: usize,
+    taps: &[Vec<(usize, f32)>],
+) -> Vec<f32> {
+    let (outer, inner) = (t::numel(&shape[..axis]), t::numel(&shape[axis + 1..]));
+    let n_in = shape[axis];
+    let mut dx = vec![0.0; outer * n_in * inner];
+    for o in 0..outer {
+        for (j, tap) in taps.iter().enumerate() {
+            let src = &dy[(o * taps.len() + j) * inner..][..inner];
+            for &(k, w) in tap {
+                let dst = &mut dx[(o * n_in + k) * inner..][..inner];
+                for (d, &g) in dst.iter_mut().zip(src) {
+                    *d += w * g;
+                }
+            }
+        }
+    }
+    dx
+}
+
 /// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
 /// identity (no axes with `noop_with_empty_axes`).
 pub(crate) fn reduce_axes(
@@ -1495,13 +1614,22 @@ pub(crate) fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], keepdims: boo
 fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let xs: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
     let first = xs.first().ok_or("the node has no input")?;
+    if v == Variadic::Sum {
+        // In the inputs' own type, as chained Adds compute it.
+        let mut acc = (*first).clone();
+        for x in &xs[1..] {
+            acc = binary(Binary::Add, &acc, x)?;
+        }
+        return Ok(acc);
+    }
     let mut shape = first.shape.clone();
     for x in &xs[1..] {
         shape = t::broadcast_shapes(&shape, &x.shape)
             .ok_or_else(|| format!("shapes {shape:?} and {:?} do not broadcast", x.shape))?;
     }
+    let values = first.to_f64s();
     let mut acc: Vec<f64> = t::broadcast(&first.shape, &shape)
-        .map(|i| first.to_f64s()[i])
+        .map(|i| values[i])
         .collect();
     for x in &xs[1..] {
         let vals = x.to_f64s();
