@@ -295,6 +295,11 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         graph.set_inputs(id, inputs);
     }
 
+    // Some exporters (Paddle2ONNX before 1.0) store every weight as a Constant node and
+    // none as an initializer: there, float Constants of more than one element are the
+    // weights. Models with float initializers keep their Constants as constants.
+    mark_constant_weights(&mut graph);
+
     // 4. Outputs and declared types of intermediate values.
     let mut outputs = Vec::new();
     for vi in &proto.output {
@@ -338,9 +343,38 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     })
 }
 
+/// Marks float `Constant` nodes of more than one element as weights (`initializer: true`)
+/// in a graph that has no float initializer.
+fn mark_constant_weights(graph: &mut Graph) {
+    let float_constants = |graph: &Graph, initializer: bool| -> Vec<crate::NodeId> {
+        graph
+            .node_ids()
+            .filter(|&n| match &graph.node(n).op {
+                Op::Constant {
+                    tensor,
+                    initializer: i,
+                } => *i == initializer && tensor.dtype.is_float(),
+                _ => false,
+            })
+            .collect()
+    };
+    if !float_constants(graph, true).is_empty() {
+        return;
+    }
+    for n in float_constants(graph, false) {
+        if let Op::Constant {
+            tensor,
+            initializer,
+        } = &mut graph.node_mut(n).op
+        {
+            *initializer = tensor.numel().is_some_and(|e| e > 1);
+        }
+    }
+}
+
 /// The tensor type a `ValueInfoProto` declares. For graph inputs (`input == true`) the
-/// type is required and unnamed dynamic dimensions get a symbol; elsewhere an unnamed
-/// dimension leaves the shape unknown.
+/// type is required and dynamic dimensions (unnamed, -1 or 0) get a symbol; elsewhere an
+/// unnamed or -1 dimension leaves the shape unknown.
 fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String> {
     let Some(TypeValue::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
         return Err("has no tensor type (only tensor inputs are supported)".into());
@@ -353,11 +387,14 @@ fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String>
     let mut dims = Vec::with_capacity(shape.dim.len());
     for (axis, d) in shape.dim.iter().enumerate() {
         let dim = match &d.value {
-            Some(DimValue::DimValue(v)) if *v >= 0 => Dim::known(*v),
-            Some(DimValue::DimValue(v)) => {
+            // PaddlePaddle and TensorFlow exports write -1 (and some 0) for a dynamic
+            // dimension of a graph input, which onnxruntime accepts: a symbol, as unnamed.
+            Some(DimValue::DimValue(v)) if *v > 0 || (*v == 0 && !input) => Dim::known(*v),
+            Some(DimValue::DimValue(v)) if *v < -1 => {
                 return Err(format!("dimension {axis} is negative ({v})"))
             }
-            Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::sym(p),
+            // "?" (PaddlePaddle) names no dimension: two of them need not be equal.
+            Some(DimValue::DimParam(p)) if !p.is_empty() && p != "?" => Dim::sym(p),
             _ if input => Dim::sym(&format!("{}_dim{axis}", vi.name)),
             _ => return Ok(TensorType { dtype, shape: None }),
         };

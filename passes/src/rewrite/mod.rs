@@ -128,6 +128,21 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
             .flatten()
             .filter_map(|v| class_of[v.index()])
             .collect();
+        // Identity(x) = x for a weight, constant or input x: an exporter's alias of a
+        // merged initializer is the weight itself. An Identity of a computed value stays a
+        // unit, which `fuse-view` joins to its producer: as an e-graph union it put a unit
+        // in the class it reads, and the fusions multiplied through that cycle (a Paddle
+        // export with 191 Identities took 39 s to plan).
+        if let (Op::Identity, [only], [out]) = (&node.op, &children[..], &node.outputs[..]) {
+            if egraph[*only]
+                .nodes
+                .iter()
+                .all(|t| matches!(t, Term::Leaf(_)))
+            {
+                class_of[out.index()] = Some(*only);
+                continue;
+            }
+        }
         let unit = egraph.add(Term::Unit {
             op: Arc::from(node.op.name()),
             members: Box::new([n.index() as u32]),

@@ -2,13 +2,13 @@
 //!
 //! Rules rewrite *placement*, not arithmetic: a fused unit still runs every op it covers,
 //! in training mode (BatchNormalization keeps its batch statistics and parameters, Dropout
-//! keeps drawing masks). Only `drop-identity` and the folding of known values remove work.
+//! keeps drawing masks). Only the folding of known values removes work (and an Identity of a
+//! weight, which the e-graph's construction takes as the weight itself).
 
 use std::sync::Arc;
 
 use egg::{
-    rewrite, Applier, EGraph, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst,
-    Symbol, Var,
+    Applier, EGraph, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var,
 };
 
 use super::lang::{Folding, Term};
@@ -17,10 +17,7 @@ type Graph = EGraph<Term, Folding>;
 
 /// All rules, in a fixed order.
 pub fn all() -> Vec<Rewrite<Term, Folding>> {
-    let mut rules = vec![
-        // Identity(x) = x.
-        rewrite!("drop-identity"; "(Identity ?x)" => "?x"),
-    ];
+    let mut rules = Vec::new();
     // Add(MatMul(a, W), b) = Gemm(a, W, b) for 2-D a, 2-D weight W and bias b of W's width.
     for (name, pattern) in [
         ("gemm-from-matmul-add", "(Add (MatMul ?a ?w) ?b)"),
@@ -62,7 +59,7 @@ const ACTIVATIONS: &[&str] = &[
     "Clip",
 ];
 const ARITHMETIC: &[&str] = &["Add", "Sub", "Mul", "Div"];
-const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze"];
+const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"];
 
 fn fusion(
     name: &'static str,
