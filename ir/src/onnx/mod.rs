@@ -373,8 +373,8 @@ fn mark_constant_weights(graph: &mut Graph) {
 }
 
 /// The tensor type a `ValueInfoProto` declares. For graph inputs (`input == true`) the
-/// type is required and dynamic dimensions (unnamed, -1 or 0) get a symbol; elsewhere an
-/// unnamed or -1 dimension leaves the shape unknown.
+/// type is required and dynamic dimensions (unnamed, `?` or -1) get a symbol; elsewhere
+/// such a dimension leaves the shape unknown.
 fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String> {
     let Some(TypeValue::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
         return Err("has no tensor type (only tensor inputs are supported)".into());
@@ -387,9 +387,10 @@ fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String>
     let mut dims = Vec::with_capacity(shape.dim.len());
     for (axis, d) in shape.dim.iter().enumerate() {
         let dim = match &d.value {
-            // PaddlePaddle and TensorFlow exports write -1 (and some 0) for a dynamic
-            // dimension of a graph input, which onnxruntime accepts: a symbol, as unnamed.
-            Some(DimValue::DimValue(v)) if *v > 0 || (*v == 0 && !input) => Dim::known(*v),
+            // PaddlePaddle and TensorFlow exports write -1 for a dynamic dimension of a
+            // graph input, which onnxruntime accepts: a symbol, as unnamed. 0 stays a size:
+            // zero-sized inputs are valid ONNX (the backend tests have them).
+            Some(DimValue::DimValue(v)) if *v >= 0 => Dim::known(*v),
             Some(DimValue::DimValue(v)) if *v < -1 => {
                 return Err(format!("dimension {axis} is negative ({v})"))
             }
