@@ -32,14 +32,18 @@ impl Ctx<'_> {
         self.inputs.get(slot).copied().flatten()
     }
 
-    /// The content of a constant input as dimensions.
-    fn dims_of(&self, slot: usize) -> Result<Vec<Dim>> {
+    /// The content of a constant input.
+    fn content_of(&self, slot: usize) -> Result<&[Scalar]> {
         let t = self.input(slot)?;
-        let content = t.content.as_ref().ok_or_else(|| InferError::NotConstant {
+        t.content.as_deref().ok_or_else(|| InferError::NotConstant {
             slot,
             detail: (self.constant_detail)(slot),
-        })?;
-        content
+        })
+    }
+
+    /// The content of a constant input as dimensions.
+    fn dims_of(&self, slot: usize) -> Result<Vec<Dim>> {
+        self.content_of(slot)?
             .iter()
             .map(|s| s.as_dim())
             .collect::<Option<Vec<_>>>()
@@ -50,12 +54,7 @@ impl Ctx<'_> {
 
     /// The content of a constant input as numbers.
     fn floats_of(&self, slot: usize) -> Result<Vec<f64>> {
-        let t = self.input(slot)?;
-        let content = t.content.as_ref().ok_or_else(|| InferError::NotConstant {
-            slot,
-            detail: (self.constant_detail)(slot),
-        })?;
-        content
+        self.content_of(slot)?
             .iter()
             .map(|s| s.as_f64())
             .collect::<Option<Vec<_>>>()

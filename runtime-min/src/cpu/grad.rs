@@ -123,7 +123,7 @@ pub fn backward(
             }
             let mut g = dy.to_vec();
             for (k, (axis, taps)) in steps.iter().enumerate().rev() {
-                g = ops::resample_backward(&g, &shapes[k], *axis, taps);
+                g = ops::resample(&g, &shapes[k], *axis, taps, true);
             }
             passthrough(n, &g)
         }

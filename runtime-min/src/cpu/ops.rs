@@ -310,7 +310,7 @@ pub fn forward(
             let mut data = floats(x, "X")?.to_vec();
             let mut shape = x.shape.clone();
             for (axis, taps) in resize_taps(r, inputs, &x.shape)? {
-                data = resample(&data, &shape, axis, &taps);
+                data = resample(&data, &shape, axis, &taps, false);
                 shape[axis] = taps.len();
             }
             one(Tensor::f32(shape, data))
@@ -1473,21 +1473,28 @@ pub(crate) fn resize_taps(
 }
 
 /// `data` of `shape` resampled along `axis`: output coordinate `j` is the weighted sum of
-/// the input elements `taps[j]` names.
+/// the input elements `taps[j]` names. `transposed` runs the transpose instead (the
+/// gradient of the input from that of the output, `data` then being the latter).
 pub(crate) fn resample(
     data: &[f32],
     shape: &[usize],
     axis: usize,
     taps: &[Vec<(usize, f32)>],
+    transposed: bool,
 ) -> Vec<f32> {
     let (outer, inner) = (t::numel(&shape[..axis]), t::numel(&shape[axis + 1..]));
-    let n_in = shape[axis];
-    let mut out = vec![0.0; outer * taps.len() * inner];
+    let (n_in, n_out) = (shape[axis], taps.len());
+    let mut out = vec![0.0; outer * if transposed { n_in } else { n_out } * inner];
     for o in 0..outer {
         for (j, tap) in taps.iter().enumerate() {
-            let dst = &mut out[(o * taps.len() + j) * inner..][..inner];
             for &(k, w) in tap {
-                let src = &data[(o * n_in + k) * inner..][..inner];
+                let (from, to) = if transposed {
+                    (o * n_out + j, o * n_in + k)
+                } else {
+                    (o * n_in + k, o * n_out + j)
+                };
+                let src = &data[from * inner..][..inner];
+                let dst = &mut out[to * inner..][..inner];
                 for (d, &v) in dst.iter_mut().zip(src) {
                     *d += w * v;
                 }
@@ -1495,30 +1502,6 @@ pub(crate) fn resample(
         }
     }
     out
-}
-
-/// The transpose of [`resample`]: the gradient of its input from that of its output.
-pub(crate) fn resample_backward(
-    dy: &[f32],
-    shape: &[usize],
-    axis: usize,
-    taps: &[Vec<(usize, f32)>],
-) -> Vec<f32> {
-    let (outer, inner) = (t::numel(&shape[..axis]), t::numel(&shape[axis + 1..]));
-    let n_in = shape[axis];
-    let mut dx = vec![0.0; outer * n_in * inner];
-    for o in 0..outer {
-        for (j, tap) in taps.iter().enumerate() {
-            let src = &dy[(o * taps.len() + j) * inner..][..inner];
-            for &(k, w) in tap {
-                let dst = &mut dx[(o * n_in + k) * inner..][..inner];
-                for (d, &g) in dst.iter_mut().zip(src) {
-                    *d += w * g;
-                }
-            }
-        }
-    }
-    dx
 }
 
 /// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
