@@ -96,8 +96,7 @@ pub fn flops_per_element(op: &Op) -> u64 {
             | Unary::Round
             | Unary::Sign
             | Unary::Not => 1,
-            Unary::Softsign => 3,
-            Unary::Softplus | Unary::Elu { .. } => 3,
+            Unary::Softsign | Unary::Softplus | Unary::Elu { .. } => 3,
             Unary::Selu { .. } => 4,
             Unary::LeakyRelu { .. } => 2,
             Unary::Sigmoid | Unary::Tanh => 4,

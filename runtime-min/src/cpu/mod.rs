@@ -6,6 +6,7 @@
 //! * [`graph`]: any set of a graph's nodes run forward and backward; weights read or
 //!   seeded ([`init`]);
 //! * [`train`]: the loss, synthetic data and the single-device reference;
+//! * `reduce`, `resize`: reductions and variadic ops, and resampling (forward);
 //! * `region`: the boxes of tensors and weights a rank holds, and copies between them;
 //! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
 //!   per process talking over TCP ([`net`]).
@@ -17,6 +18,8 @@ pub mod init;
 pub mod kernels;
 pub mod net;
 pub mod ops;
+mod reduce;
 mod region;
+mod resize;
 pub mod tensor;
 pub mod train;

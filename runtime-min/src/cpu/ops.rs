@@ -6,17 +6,18 @@
 //! 1-d and 2-d convolution and pooling are supported (1-d as 2-d with unit height);
 //! 3-d ones are refused with an error.
 
-use ralpc_ir::{
-    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind, Unary, Variadic,
-};
+use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
 
 use super::kernels::{self, Conv2d, Pool2d};
+pub(crate) use super::reduce::{kept_shape, reduce_axes};
+use super::reduce::{reduce, variadic};
+pub(crate) use super::resize::{resample, resize_taps};
 use super::tensor::{self as t, Data, Tensor};
 
 /// Why an op could not run (the caller names the node).
 pub type OpError = String;
 
-type R<T> = Result<T, OpError>;
+pub(crate) type R<T> = Result<T, OpError>;
 
 /// What a forward pass keeps for its backward pass beyond its inputs and outputs.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -53,12 +54,12 @@ pub(crate) fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor
         .ok_or_else(|| format!("input {i} is missing"))
 }
 
-fn optional<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+pub(crate) fn optional<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
     inputs.get(i).copied().flatten()
 }
 
 /// An attribute, or the integer tensor input `i` that replaces it in later opsets.
-fn ints_or_input(
+pub(crate) fn ints_or_input(
     attr: &Option<Vec<i64>>,
     inputs: &[Option<&Tensor>],
     i: usize,
@@ -1411,228 +1412,6 @@ fn round_to_f16(v: f32) -> f32 {
     } else {
         r
     }
-}
-
-/// Per resized axis (in order), the input elements and weights each output coordinate
-/// reads; axes that keep their size and read each element once are left out.
-pub(crate) type ResizeTaps = Vec<(usize, Vec<Vec<(usize, f32)>>)>;
-
-/// The taps of a Resize of an input of `shape`, from its sizes (when given) or scales.
-pub(crate) fn resize_taps(
-    r: &ralpc_ir::Resize,
-    inputs: &[Option<&Tensor>],
-    shape: &[usize],
-) -> R<ResizeTaps> {
-    let rank = shape.len();
-    let axes: Vec<usize> = match &r.axes {
-        Some(a) => a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?,
-        None => (0..rank).collect(),
-    };
-    let given = |slot: usize| optional(inputs, slot).filter(|t| t.len() > 0);
-    // (output size, scale) per resized axis.
-    let targets: Vec<(usize, f64)> = if let Some(sizes) = r.slots.1.and_then(given) {
-        let sizes = sizes.to_i64s();
-        if sizes.len() != axes.len() {
-            return Err(format!("sizes has {} values for {} axes", sizes.len(), axes.len()).into());
-        }
-        axes.iter()
-            .zip(sizes)
-            .map(|(&a, n)| {
-                let n = usize::try_from(n).map_err(|_| format!("size {n} is negative"))?;
-                Ok((n, n as f64 / shape[a].max(1) as f64))
-            })
-            .collect::<R<_>>()?
-    } else {
-        let scales = match &r.scales {
-            Some(s) => s.iter().map(|&v| f64::from(v)).collect(),
-            None => given(r.slots.0)
-                .ok_or("Resize needs scales or sizes")?
-                .to_f64s(),
-        };
-        if scales.len() != axes.len() {
-            return Err(
-                format!("scales has {} values for {} axes", scales.len(), axes.len()).into(),
-            );
-        }
-        axes.iter()
-            .zip(scales)
-            .map(|(&a, s)| ((shape[a] as f64 * s).floor() as usize, s))
-            .collect()
-    };
-    Ok(axes
-        .iter()
-        .zip(targets)
-        .filter_map(|(&a, (out, scale))| {
-            let taps: Vec<Vec<(usize, f32)>> =
-                (0..out).map(|j| r.taps(j, shape[a], out, scale)).collect();
-            let identity =
-                out == shape[a] && taps.iter().enumerate().all(|(j, t)| t[..] == [(j, 1.0)]);
-            (!identity).then_some((a, taps))
-        })
-        .collect())
-}
-
-/// `data` of `shape` resampled along `axis`: output coordinate `j` is the weighted sum of
-/// the input elements `taps[j]` names. `transposed` runs the transpose instead (the
-/// gradient of the input from that of the output, `data` then being the latter).
-pub(crate) fn resample(
-    data: &[f32],
-    shape: &[usize],
-    axis: usize,
-    taps: &[Vec<(usize, f32)>],
-    transposed: bool,
-) -> Vec<f32> {
-    let (outer, inner) = (t::numel(&shape[..axis]), t::numel(&shape[axis + 1..]));
-    let (n_in, n_out) = (shape[axis], taps.len());
-    let mut out = vec![0.0; outer * if transposed { n_in } else { n_out } * inner];
-    for o in 0..outer {
-        for (j, tap) in taps.iter().enumerate() {
-            for &(k, w) in tap {
-                let (from, to) = if transposed {
-                    (o * n_out + j, o * n_in + k)
-                } else {
-                    (o * n_in + k, o * n_out + j)
-                };
-                let src = &data[from * inner..][..inner];
-                let dst = &mut out[to * inner..][..inner];
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d += w * v;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
-/// identity (no axes with `noop_with_empty_axes`).
-pub(crate) fn reduce_axes(
-    axes: &Option<Vec<i64>>,
-    noop: bool,
-    inputs: &[Option<&Tensor>],
-    rank: usize,
-) -> R<Option<Vec<usize>>> {
-    Ok(match ints_or_input(axes, inputs, 1) {
-        Some(a) if !a.is_empty() => Some(a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?),
-        _ if noop => None,
-        _ => Some((0..rank).collect()),
-    })
-}
-
-/// `shape` with the reduced `axes` set to 1: the output's shape under keepdims, whose
-/// row-major order is the output's either way.
-pub(crate) fn kept_shape(shape: &[usize], axes: &[usize]) -> Vec<usize> {
-    shape
-        .iter()
-        .enumerate()
-        .map(|(d, &n)| if axes.contains(&d) { 1 } else { n })
-        .collect()
-}
-
-/// A reduction of `x` over `axes`, accumulated in f64.
-pub(crate) fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], keepdims: bool) -> R<Tensor> {
-    let xs = x.to_f64s();
-    let kept = kept_shape(&x.shape, axes);
-    let count = axes.iter().map(|&a| x.shape[a]).product::<usize>().max(1) as f64;
-    let init = match kind {
-        ReduceKind::Prod => 1.0,
-        ReduceKind::Max | ReduceKind::LogSumExp => f64::NEG_INFINITY,
-        ReduceKind::Min => f64::INFINITY,
-        _ => 0.0,
-    };
-    let mut acc = vec![init; t::numel(&kept)];
-    let at = || xs.iter().zip(t::broadcast(&kept, &x.shape));
-    // LogSumExp sums e^(x − max) and adds the max back, so that large inputs stay finite.
-    let shift = if kind == ReduceKind::LogSumExp {
-        for (&v, o) in at() {
-            acc[o] = acc[o].max(v);
-        }
-        let shift = acc
-            .iter()
-            .map(|&m| if m.is_finite() { m } else { 0.0 })
-            .collect();
-        acc.fill(0.0);
-        shift
-    } else {
-        Vec::new()
-    };
-    for (&v, o) in at() {
-        let a = &mut acc[o];
-        match kind {
-            ReduceKind::Sum | ReduceKind::Mean | ReduceKind::LogSum => *a += v,
-            ReduceKind::Max => *a = if v > *a || v.is_nan() { v } else { *a },
-            ReduceKind::Min => *a = if v < *a || v.is_nan() { v } else { *a },
-            ReduceKind::Prod => *a *= v,
-            ReduceKind::L1 => *a += v.abs(),
-            ReduceKind::L2 | ReduceKind::SumSquare => *a += v * v,
-            ReduceKind::LogSumExp => *a += (v - shift[o]).exp(),
-        }
-    }
-    for (o, a) in acc.iter_mut().enumerate() {
-        *a = match kind {
-            ReduceKind::Mean => *a / count,
-            ReduceKind::L2 => a.sqrt(),
-            ReduceKind::LogSum => a.ln(),
-            ReduceKind::LogSumExp => a.ln() + shift[o],
-            _ => *a,
-        };
-    }
-    let shape = if keepdims {
-        kept
-    } else {
-        x.shape
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| !axes.contains(d))
-            .map(|(_, &n)| n)
-            .collect()
-    };
-    Ok(match x.data {
-        Data::F32(_) => Tensor::f32(shape, acc.iter().map(|&a| a as f32).collect()),
-        Data::I64(_) => Tensor::i64(shape, acc.iter().map(|&a| a as i64).collect()),
-    })
-}
-
-/// Sum, Mean, Max or Min of any number of broadcast tensors.
-fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
-    let xs: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
-    let first = xs.first().ok_or("the node has no input")?;
-    if v == Variadic::Sum {
-        // In the inputs' own type, as chained Adds compute it.
-        let mut acc = (*first).clone();
-        for x in &xs[1..] {
-            acc = binary(Binary::Add, &acc, x)?;
-        }
-        return Ok(acc);
-    }
-    let mut shape = first.shape.clone();
-    for x in &xs[1..] {
-        shape = t::broadcast_shapes(&shape, &x.shape)
-            .ok_or_else(|| format!("shapes {shape:?} and {:?} do not broadcast", x.shape))?;
-    }
-    let values = first.to_f64s();
-    let mut acc: Vec<f64> = t::broadcast(&first.shape, &shape)
-        .map(|i| values[i])
-        .collect();
-    for x in &xs[1..] {
-        let vals = x.to_f64s();
-        for (a, i) in acc.iter_mut().zip(t::broadcast(&x.shape, &shape)) {
-            let b = vals[i];
-            *a = match v {
-                Variadic::Sum | Variadic::Mean => *a + b,
-                Variadic::Max => a.max(b),
-                Variadic::Min => a.min(b),
-            };
-        }
-    }
-    if v == Variadic::Mean {
-        let n = xs.len() as f64;
-        acc.iter_mut().for_each(|a| *a /= n);
-    }
-    Ok(match first.data {
-        Data::F32(_) => Tensor::f32(shape, acc.iter().map(|&a| a as f32).collect()),
-        Data::I64(_) => Tensor::i64(shape, acc.iter().map(|&a| a as i64).collect()),
-    })
 }
 
 /// The input index that output index `o` of a padded axis reads, `None` for the fill.
