@@ -604,41 +604,40 @@ fn load_model(
     let is_onnx = model
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
+    // A file that is no ONNX model may be a planner's profile; if it is neither, the
+    // error gives both reasons.
+    let mut not_a_profile = None;
     if !is_onnx {
         if let Ok(text) = read_input_text(model, InputKind::Text) {
-            match profile::parse(&text, &model.display().to_string()) {
-                Ok(Loaded::LayerGraph(g)) => {
+            match profile::parse_model(&text, &model.display().to_string(), batch) {
+                Ok(graph) => {
                     if !inputs.is_empty() {
                         return Err(request_error(format!(
-                            "{} is a PipeDream graph: its layers were measured at their own \
+                            "{} is a planner's profile: its layers were measured at their own \
                              input shapes, which --input cannot change",
                             model.display()
                         )));
                     }
-                    if let Some(b) = batch.filter(|&b| b != g.graph.batch) {
-                        return Err(request_error(format!(
-                            "{} is a PipeDream graph measured at batch {}; --batch {b} cannot \
-                             change it",
-                            model.display(),
-                            g.graph.batch
-                        )));
-                    }
-                    return Ok(Model::Layers(g.graph));
+                    return Ok(Model::Layers(graph));
                 }
-                Ok(Loaded::Profile(_)) => {
-                    return Err(request_error(format!(
-                        "{} is a per-op profile, not a model: pass it with --profile",
-                        model.display()
-                    )))
+                Err(e @ profile::ProfileError::UnknownFormat { .. }) => {
+                    not_a_profile = Some(e);
                 }
-                Err(e @ profile::ProfileError::Line { .. }) => {
-                    return Err(Error::Profile(Box::new(e)))
-                }
-                Err(_) => {}
+                Err(e) => return Err(Error::Profile(Box::new(e))),
             }
         }
     }
-    let mut imported = onnx::import(model)?;
+    let mut imported = match (onnx::import(model), not_a_profile) {
+        (Ok(imported), _) => imported,
+        (Err(e), Some(profile)) => {
+            return Err(request_error(format!(
+                "{} is neither an ONNX model ({}) nor a profile ({profile})",
+                model.display(),
+                crate::run::chain(&e)
+            )))
+        }
+        (Err(e), None) => return Err(e.into()),
+    };
     let batch = match (batch, input_batch(inputs)?) {
         (Some(b), Some((name, given))) if b != given => {
             return Err(request_error(format!(

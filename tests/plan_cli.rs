@@ -205,6 +205,29 @@ fn a_pipedream_graph_is_a_model() {
 }
 
 #[test]
+fn a_deeppool_profile_is_a_model_at_any_batch() {
+    let prof = "fixtures/anchors/deeppool/A100_wrn.prof";
+    let v = json(&["plan", prof, "--gpus", "8", "--batch", "16", "--json"]);
+    assert_eq!(v["batch"], 16);
+    assert!(v["iteration_time_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_file_neither_onnx_nor_a_profile_gets_both_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "hello, world\n").unwrap();
+    let out = ralpc()
+        .args(["plan", path.to_str().unwrap(), "--gpus", "2"])
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("neither an ONNX model"), "{err}");
+    assert!(err.contains("protobuf"), "{err}");
+    assert!(err.contains("not a ralpc profile"), "{err}");
+}
+
+#[test]
 fn the_summary_explains_the_plan() {
     let out = ralpc()
         .args(["plan", VGG16, "--gpus", "8", "--force"])

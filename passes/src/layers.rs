@@ -131,12 +131,17 @@ pub struct Part {
 }
 
 /// Times measured for a layer as a whole (imported layer graphs).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Measured {
     /// Forward, µs, for the graph's batch.
     pub fwd_us: f64,
     /// Backward, µs.
     pub bwd_us: f64,
+    /// Measurements at several per-GPU batches, sorted by batch (DeepPool's profiles):
+    /// a share of the layer is then timed at its own batch rather than scaled. Empty when
+    /// only the graph's batch was measured (PipeDream's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<crate::profile::Point>,
 }
 
 /// A unit of placement.

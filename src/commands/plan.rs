@@ -18,6 +18,8 @@ Examples:
   ralpc plan model.onnx --gpus 8 --strategy burst --tolerance 1.0
   ralpc plan model.onnx --gpus 16 --strategy pipeline --schedule gpipe --microbatches 8
   ralpc plan graph.txt --gpus 8 --link-bandwidth 1GB/s --strategy pipeline --schedule async
+  ralpc plan gnmt/graph.txt --gpus 8 --batch 64   # a PipeDream graph that records no batch
+  ralpc plan A100_wrn.prof --gpus 8 --batch 32     # a DeepPool profile: its layers as a chain
   ralpc plan model.onnx --gpus 8 --profile a100.prof --write-strategy plan.strategy.json
   ralpc plan model.onnx --gpus 8 -o out/          # out/plan.json: per-rank instructions
   ralpc plan model.onnx --gpus 8 -o out/ --check  # exit 0 if out/ is up to date, else 1
@@ -44,7 +46,7 @@ hash of every input; a run whose DIR is up to date does nothing (--force plans a
 /// Arguments of `ralpc plan`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// An ONNX model, or a PipeDream profiler `graph.txt` (measured layers).
+    /// An ONNX model, a PipeDream profiler `graph.txt` or a DeepPool `.prof` (measured layers).
     pub model: PathBuf,
     /// GPUs to plan for (default: every GPU of the cluster; the default cluster grows to fit).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
@@ -56,8 +58,9 @@ pub struct Args {
     /// [default: dgx-a100, with as many nodes as --gpus needs].
     #[arg(long)]
     pub cluster: Option<String>,
-    /// Global batch for ONNX models [default: the exported batch when ≥ 2, else 32] (a
-    /// PipeDream graph keeps its own).
+    /// Global batch for ONNX models [default: the exported batch when ≥ 2, else 32]. A
+    /// PipeDream graph keeps the batch it was measured at (give it where the file records
+    /// none); a DeepPool profile plans any batch [default: the largest it measured].
     #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,
     /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::cluster::{GpuType, Precision};
-use crate::layers::{Layer, LayerGraph, LayerKind, Split};
-use crate::profile::{Found, Profile};
+use crate::layers::{Layer, LayerGraph, LayerKind, Measured, Split};
+use crate::profile::{interpolate, Found, Profile};
 
 /// Per-kind fraction of peak throughput a layer reaches.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -174,12 +174,15 @@ impl<'a> ComputeModel<'a> {
     pub fn layer(&self, layer: &Layer, split: Split, batch: u64) -> ComputeTime {
         let local = layer.local(split);
         let kernels = layer.parts.iter().filter(|p| p.launches).count().max(1) as f64;
-        let (fwd, bwd, source) = if let Some(m) = layer.measured {
-            (
-                m.fwd_us * local.work_fraction,
-                m.bwd_us * local.work_fraction,
-                Source::Scaled,
-            )
+        let (fwd, bwd, source) = if let Some(m) = &layer.measured {
+            match curve_us(m, split, batch) {
+                Some(timed) => timed,
+                None => (
+                    m.fwd_us * local.work_fraction,
+                    m.bwd_us * local.work_fraction,
+                    Source::Scaled,
+                ),
+            }
         } else if let Some(timed) = self.profiled(layer, split, batch) {
             timed
         } else if layer.kind == LayerKind::Attention {
@@ -280,4 +283,19 @@ impl<'a> ComputeModel<'a> {
         };
         Some((fwd, bwd, source))
     }
+}
+
+/// A measured layer's time at its local batch, where it was measured at several batches:
+/// rows and samples alike shrink the batch a kernel sees; a parameter slice divides the
+/// work (as [`ComputeModel::profiled`] does for per-op profiles).
+fn curve_us(measured: &Measured, split: Split, batch: u64) -> Option<(f64, f64, Source)> {
+    let local_batch = batch as f64 / f64::from(split.sample.max(1) * split.attribute.max(1));
+    let t = interpolate(&measured.points, local_batch)?;
+    let share = 1.0 / f64::from(split.parameter.max(1));
+    let source = match t.found {
+        Found::Measured => Source::Measured,
+        Found::Interpolated => Source::Interpolated,
+        Found::Extrapolated => Source::Extrapolated,
+    };
+    Some((t.fwd_us * share, t.bwd_us * share, source))
 }

@@ -42,7 +42,7 @@ pub fn lower_bound_us(
         .layers
         .iter()
         .filter(|l| l.fwd_flops == 0 && l.bwd_flops == 0)
-        .filter_map(|l| l.measured)
+        .filter_map(|l| l.measured.as_ref())
         .map(|m| m.fwd_us + m.bwd_us)
         .sum();
     flops / peak * 1e6 + measured / f64::from(gpus)

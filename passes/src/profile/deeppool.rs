@@ -1,4 +1,4 @@
-//! DeepPool's profile format (`profile/A100_vgg.prof` in seojinpark/DeepPool): one line per
+//! DeepPool's profile format (`profile/A100_*.prof` in seojinpark/DeepPool): one line per
 //! (layer, per-GPU batch),
 //!
 //! ```text
@@ -7,9 +7,20 @@
 //!
 //! the layer's parameters as JSON, the batch, the per-sample input dims (`[c,h,w]`, or a
 //! bare number for 1-D inputs), then total ms, forward µs and backward µs; a
-//! `SUM(avg)  <ms>` line closes each batch. Forward/backward are split unreliably (in-place
-//! ReLU lines carry most of the previous conv's backward time) but totals are right, and a
-//! fused `Conv+Relu` unit sums both lines.
+//! `SUM(avg)  <ms> [<ms>]` or `sum:  <ms>` line closes each batch's section. Forward/backward
+//! are split unreliably (in-place ReLU lines carry most of the previous conv's backward
+//! time) but totals are right, and a fused `Conv+Relu` unit sums both lines.
+//!
+//! Layers are single ops (`conv2d`, `linear`, pools, `ReLU2d`, `flatten`) or composite
+//! modules: `ResnetBottleneck` is a whole residual block (three convolutions, their batch
+//! norms and ReLUs, the optional downsample and the addition). A file is read two ways:
+//! * [`parse_deeppool`]: a per-op [`Profile`], each line keyed by the ONNX op it times. A
+//!   composite line has no single op to match, so such a file is refused with the hint to
+//!   use the second way.
+//! * [`deeppool_layers`]: the model itself, a chain of measured layers in the order of its
+//!   sections (line *k* of every section is the same layer at another batch), each costed
+//!   from its measurements at the per-GPU batch a plan gives it. Parameter and activation
+//!   sizes follow from each layer's parameters.
 
 use std::collections::BTreeMap;
 
@@ -17,16 +28,26 @@ use serde_json::Value;
 
 use super::{Device, Entry, Point, Profile, ProfileError, Signature, FORMAT};
 use crate::cluster::Precision;
+use crate::layers::{Edge, Layer, LayerGraph, LayerId, LayerKind, Measured, Producer};
 
-/// Converts a DeepPool profile. Measurements are taken as TF32: on an A100 its conv
-/// layers run faster than the FP32 peak allows, as PyTorch's TF32 default does.
-///
-/// # Errors
-/// A line that does not parse, an unknown layer type, or a batch whose lines do not add
-/// up to its `SUM(avg)` line (within rounding).
-pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
-    let mut entries: BTreeMap<Signature, BTreeMap<u64, (f64, f64, f64)>> = BTreeMap::new();
-    let mut batch_total_ms = 0.0;
+/// One line: a layer at one per-GPU batch.
+struct Line {
+    /// 1-based line number.
+    number: usize,
+    layer: String,
+    params: Value,
+    batch: u64,
+    /// Per-sample input dims.
+    input: Vec<u64>,
+    fwd_us: f64,
+    bwd_us: f64,
+}
+
+/// Reads every layer line, section by section, checking each section against its total.
+fn read(text: &str, path: &str) -> Result<Vec<Vec<Line>>, ProfileError> {
+    let mut sections: Vec<Vec<Line>> = Vec::new();
+    let mut section: Vec<Line> = Vec::new();
+    let mut section_ms = 0.0;
     for (i, raw) in text.lines().enumerate() {
         let err = |message: String| ProfileError::Line {
             path: path.to_owned(),
@@ -37,16 +58,27 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
         if line.is_empty() {
             continue;
         }
-        if let Some(sum) = line.strip_prefix("SUM(avg)") {
-            let expected: f64 = sum
-                .trim()
+        if let Some(sum) = line
+            .strip_prefix("SUM(avg)")
+            .or_else(|| line.strip_prefix("sum:"))
+        {
+            // The first figure adds up the lines; a second, where present, is a whole
+            // iteration timed on its own (with or without synchronization).
+            let first = sum.split_whitespace().next().unwrap_or_default();
+            let expected: f64 = first
                 .parse()
-                .map_err(|_| err(format!("bad SUM(avg) total '{}'", sum.trim())))?;
+                .map_err(|_| err(format!("bad section total '{}'", sum.trim())))?;
             // Lines carry 3 decimals of ms: allow that rounding per line.
-            if (expected - batch_total_ms).abs() > 0.05 + expected * 1e-3 {
-                return Err(err(format!("the batch's lines add up to {batch_total_ms:.3} ms, its SUM(avg) says {expected} ms")));
+            let slack = 0.05 + 5e-4 * section.len() as f64 + expected * 1e-3;
+            if (expected - section_ms).abs() > slack {
+                return Err(err(format!(
+                    "the section's lines add up to {section_ms:.3} ms, its total says {expected} ms"
+                )));
             }
-            batch_total_ms = 0.0;
+            section_ms = 0.0;
+            if !section.is_empty() {
+                sections.push(std::mem::take(&mut section));
+            }
             continue;
         }
         let (layer, rest) = line
@@ -91,22 +123,69 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
         {
             return Err(err("times must be finite and ≥ 0".into()));
         }
-        batch_total_ms += total_ms;
-        let signature = signature(layer, &params, &input).map_err(err)?;
-        // VGG repeats layers of one shape: the same kernel, so their lines are averaged.
+        if section.first().is_some_and(|l: &Line| l.batch != batch) {
+            return Err(err(format!(
+                "batch {batch} in a section of batch {} (a total line closes each section)",
+                section[0].batch
+            )));
+        }
+        section_ms += total_ms;
+        section.push(Line {
+            number: i + 1,
+            layer: layer.to_owned(),
+            params,
+            batch,
+            input,
+            fwd_us,
+            bwd_us,
+        });
+    }
+    if !section.is_empty() {
+        sections.push(section);
+    }
+    if sections.is_empty() {
+        return Err(ProfileError::Invalid {
+            path: path.to_owned(),
+            message: "no layer lines".into(),
+        });
+    }
+    Ok(sections)
+}
+
+/// Converts a DeepPool profile to a per-op profile. Measurements are taken as TF32: on an
+/// A100 its conv layers run faster than the FP32 peak allows, as PyTorch's TF32 default
+/// does.
+///
+/// # Errors
+/// A line that does not parse, an unknown or composite layer type, or a section whose
+/// lines do not add up to its total (within rounding).
+pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
+    let mut entries: BTreeMap<Signature, BTreeMap<u64, (f64, f64, f64)>> = BTreeMap::new();
+    for line in read(text, path)?.iter().flatten() {
+        let err = |message: String| ProfileError::Line {
+            path: path.to_owned(),
+            line: line.number,
+            message,
+        };
+        let layer = Known::of(line).map_err(err)?;
+        let signature = layer.signature.ok_or_else(|| {
+            err(format!(
+                "{} is a composite module, which no single ONNX op matches: give this profile \
+                 as the model (`ralpc {path}`), where each line is one measured layer",
+                line.layer
+            ))
+        })?;
+        // Layers of one shape run the same kernels: their lines are averaged.
         let sum = entries
             .entry(signature)
             .or_default()
-            .entry(batch)
+            .entry(line.batch)
             .or_default();
-        *sum = (sum.0 + fwd_us, sum.1 + bwd_us, sum.2 + 1.0);
+        *sum = (sum.0 + line.fwd_us, sum.1 + line.bwd_us, sum.2 + 1.0);
     }
     Profile {
         format: FORMAT.to_owned(),
-        device: Device {
-            name: "a100".to_owned(),
-            note: format!("converted from DeepPool profile {path}"),
-        },
+        device: device(path),
         precision: Precision::Tf32,
         entries: entries
             .into_iter()
@@ -127,6 +206,111 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
     .normalize(path)
 }
 
+fn device(path: &str) -> Device {
+    Device {
+        name: "a100".to_owned(),
+        note: format!("converted from DeepPool profile {path}"),
+    }
+}
+
+/// Reads a DeepPool profile as the model: a chain of measured layers at global batch
+/// `batch` (the largest batch measured when not given). Each layer keeps its measurements
+/// at every batch, so a share of it is timed at its own per-GPU batch.
+///
+/// # Errors
+/// As [`parse_deeppool`] for the lines, and sections that list different layers.
+pub fn deeppool_layers(
+    text: &str,
+    path: &str,
+    batch: Option<u64>,
+) -> Result<LayerGraph, ProfileError> {
+    let sections = read(text, path)?;
+    let first = &sections[0];
+    for section in &sections[1..] {
+        let differs = section.len() != first.len()
+            || section
+                .iter()
+                .zip(first)
+                .any(|(a, b)| (&a.layer, &a.params, &a.input) != (&b.layer, &b.params, &b.input));
+        if differs {
+            return Err(ProfileError::Line {
+                path: path.to_owned(),
+                line: section[0].number,
+                message: format!(
+                    "this section (batch {}) lists other layers than the first (line {}): \
+                     line k of every section must be the same layer",
+                    section[0].batch, first[0].number
+                ),
+            });
+        }
+    }
+    let batch = batch.unwrap_or_else(|| sections.iter().map(|s| s[0].batch).max().unwrap_or(1));
+    let mut layers: Vec<Layer> = Vec::with_capacity(first.len());
+    for (k, line) in first.iter().enumerate() {
+        let known = Known::of(line).map_err(|message| ProfileError::Line {
+            path: path.to_owned(),
+            line: line.number,
+            message,
+        })?;
+        let mut points: BTreeMap<u64, (f64, f64, f64)> = BTreeMap::new();
+        for section in &sections {
+            let at = &section[k];
+            let sum = points.entry(at.batch).or_default();
+            *sum = (sum.0 + at.fwd_us, sum.1 + at.bwd_us, sum.2 + 1.0);
+        }
+        let points: Vec<Point> = points
+            .into_iter()
+            .map(|(batch, (fwd, bwd, n))| Point {
+                batch,
+                forward_us: fwd / n,
+                backward_us: bwd / n,
+                peak_bytes: None,
+            })
+            .collect();
+        let at = super::interpolate(&points, batch as f64).expect("a section per layer");
+        let input_bytes = 4 * batch * line.input.iter().product::<u64>();
+        let output_bytes = 4 * batch * known.output.iter().product::<u64>();
+        let from = match k {
+            0 => Producer::Input("input".to_owned()),
+            _ => Producer::Layer(LayerId(k as u32 - 1)),
+        };
+        layers.push(Layer {
+            name: format!("{}{}", line.layer, k),
+            op: line.layer.clone(),
+            kind: known.kind,
+            parts: Vec::new(),
+            params: known.params,
+            param_bytes: 4 * known.params,
+            fwd_flops: 0,
+            bwd_flops: 0,
+            activation_io_bytes: input_bytes + output_bytes,
+            output_bytes,
+            stash_bytes: input_bytes,
+            // The layer's own input size: branches listed in sequence (Inception's) read
+            // the block's input, not the line before.
+            inputs: vec![Edge {
+                from,
+                value: None,
+                bytes: input_bytes,
+            }],
+            measured: Some(Measured {
+                fwd_us: at.fwd_us,
+                bwd_us: at.bwd_us,
+                points,
+            }),
+        });
+    }
+    Ok(LayerGraph {
+        batch,
+        outputs: vec![LayerId(layers.len() as u32 - 1)],
+        layers,
+        rewrite: None,
+        aliases: BTreeMap::new(),
+        tied: Vec::new(),
+        float_bytes: 4,
+    })
+}
+
 /// `[text]rest` → (`text`, `rest`).
 fn bracketed(s: &str) -> Option<(&str, &str)> {
     let s = s.strip_prefix('[')?;
@@ -134,71 +318,212 @@ fn bracketed(s: &str) -> Option<(&str, &str)> {
     Some((&s[..end], &s[end + 1..]))
 }
 
-fn signature(layer: &str, params: &Value, input: &[u64]) -> Result<Signature, String> {
-    let int = |key: &str| {
-        params
-            .get(key)
+/// What a line's layer type and parameters say.
+struct Known {
+    /// The ONNX op it times, `None` for a composite module.
+    signature: Option<Signature>,
+    kind: LayerKind,
+    /// Parameters (elements).
+    params: u64,
+    /// Per-sample output dims.
+    output: Vec<u64>,
+}
+
+impl Known {
+    fn of(line: &Line) -> Result<Known, String> {
+        let (layer, params, input) = (line.layer.as_str(), &line.params, &line.input[..]);
+        let int = |key: &str| {
+            params
+                .get(key)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| format!("{layer}: parameter '{key}' missing or not a whole number"))
+        };
+        // A size written once (`3`) or per axis (`[1,7]`); `default` when absent.
+        let pair = |key: &str, default: Option<u64>| -> Result<[u64; 2], String> {
+            match params.get(key) {
+                None => default
+                    .map(|d| [d, d])
+                    .ok_or_else(|| format!("{layer}: parameter '{key}' missing")),
+                Some(Value::Array(a)) => match a
+                    .iter()
+                    .map(Value::as_u64)
+                    .collect::<Option<Vec<_>>>()
+                    .as_deref()
+                {
+                    Some(&[h, w]) => Ok([h, w]),
+                    _ => Err(format!(
+                        "{layer}: parameter '{key}' is not two whole numbers"
+                    )),
+                },
+                Some(v) => v
+                    .as_u64()
+                    .map(|d| [d, d])
+                    .ok_or_else(|| format!("{layer}: parameter '{key}' is not a whole number")),
+            }
+        };
+        let image = || -> Result<[u64; 3], String> {
+            match *input {
+                [c, h, w] => Ok([c, h, w]),
+                _ => Err(format!("{layer}: expected [c,h,w] input dims")),
+            }
+        };
+        // Output rows and columns of a window over the input.
+        let window = |kernel: [u64; 2], stride: [u64; 2], padding: [u64; 2]| {
+            let [_, h, w] = image()?;
+            let out = |d: u64, i: usize| {
+                (d + 2 * padding[i])
+                    .checked_sub(kernel[i])
+                    .filter(|_| stride[i] > 0)
+                    .map(|x| x / stride[i] + 1)
+                    .ok_or_else(|| format!("{layer}: the kernel does not fit the padded input"))
+            };
+            Ok::<_, String>([out(h, 0)?, out(w, 1)?])
+        };
+        let op = |name: &str, attrs, output: Vec<u64>| Signature {
+            op: name.to_owned(),
+            attrs,
+            input: input.to_vec(),
+            output,
+        };
+        let simple = |signature: Signature, kind| Known {
+            output: signature.output.clone(),
+            signature: Some(signature),
+            kind,
+            params: 0,
+        };
+        Ok(match layer {
+            "conv2d" => {
+                let (k, s) = (pair("kernel_size", None)?, pair("stride", Some(1))?);
+                let [c, _, _] = image()?;
+                let out_channels = int("out_channels")?;
+                let [oh, ow] = window(k, s, pair("padding", Some(0))?)?;
+                // Biases unless the line says otherwise (torchvision's VGG has them, its
+                // ResNets do not; a bias is a rounding error of the weight count).
+                let bias = params.get("bias").and_then(Value::as_bool).unwrap_or(true);
+                Known {
+                    signature: Some(op(
+                        "Conv",
+                        Signature::window(&k, Some(&s), None, Some(1)),
+                        vec![out_channels, oh, ow],
+                    )),
+                    kind: LayerKind::Conv,
+                    params: c * out_channels * k[0] * k[1] + u64::from(bias) * out_channels,
+                    output: vec![out_channels, oh, ow],
+                }
+            }
+            "maxPool2d" | "avgPool2d" => {
+                let (k, s) = (pair("kernel_size", None)?, pair("stride", None)?);
+                let [c, _, _] = image()?;
+                let [oh, ow] = window(k, s, pair("padding", Some(0))?)?;
+                let name = if layer == "maxPool2d" {
+                    "MaxPool"
+                } else {
+                    "AveragePool"
+                };
+                simple(
+                    op(
+                        name,
+                        Signature::window(&k, Some(&s), None, None),
+                        vec![c, oh, ow],
+                    ),
+                    LayerKind::Pool,
+                )
+            }
+            "adAvgPool2d" => {
+                let [c, _, _] = image()?;
+                let (oh, ow) = (int("output_height")?, int("output_width")?);
+                if (oh, ow) != (1, 1) {
+                    return Err(format!(
+                        "{layer}: only a 1×1 output (ONNX's GlobalAveragePool) is known, not {oh}×{ow}"
+                    ));
+                }
+                simple(
+                    op("GlobalAveragePool", BTreeMap::new(), vec![c, 1, 1]),
+                    LayerKind::Pool,
+                )
+            }
+            "ReLU2d" | "ReLU1d" => simple(
+                op("Relu", BTreeMap::new(), input.to_vec()),
+                LayerKind::Elementwise,
+            ),
+            "flatten" => simple(
+                op("Flatten", BTreeMap::new(), vec![input.iter().product()]),
+                LayerKind::DataMovement,
+            ),
+            "linear" => {
+                let (inputs, outputs) = (int("in_features")?, int("out_features")?);
+                let bias = params.get("bias").and_then(Value::as_bool).unwrap_or(true);
+                Known {
+                    signature: Some(Signature {
+                        op: "Gemm".into(),
+                        attrs: BTreeMap::new(),
+                        input: vec![inputs],
+                        output: vec![outputs],
+                    }),
+                    kind: LayerKind::Dense,
+                    params: inputs * outputs + u64::from(bias) * outputs,
+                    output: vec![outputs],
+                }
+            }
+            "ResnetBottleneck" => Known::bottleneck(line, image()?, &int)?,
+            other => return Err(format!("unknown DeepPool layer type '{other}'")),
+        })
+    }
+
+    /// torchvision's `Bottleneck`: 1×1 conv to `width`, 3×3 conv (the stride), 1×1 conv to
+    /// `4·planes`, a batch norm after each, and a downsample (1×1 conv and batch norm)
+    /// where `downsampleParams` is `[[in, out, stride], bn channels]`.
+    fn bottleneck(
+        line: &Line,
+        [c, h, w]: [u64; 3],
+        int: &dyn Fn(&str) -> Result<u64, String>,
+    ) -> Result<Known, String> {
+        let (inplanes, planes) = (int("inplanes")?, int("planes")?);
+        let groups = int("groups")?.max(1);
+        let base_width = line
+            .params
+            .get("base_width")
             .and_then(Value::as_u64)
-            .ok_or_else(|| format!("{layer}: parameter '{key}' missing or not a whole number"))
-    };
-    let spatial = |kernel: u64, stride: u64, padding: u64| -> Result<Vec<u64>, String> {
-        if input.len() != 3 || stride == 0 {
+            .unwrap_or(64);
+        let stride = line
+            .params
+            .get("stride")
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
+            .max(1);
+        if inplanes != c {
             return Err(format!(
-                "{layer}: expected [c,h,w] input dims and a stride ≥ 1"
+                "ResnetBottleneck: inplanes {inplanes} but the input has {c} channels"
             ));
         }
-        input[1..]
-            .iter()
-            .map(|&d| {
-                (d + 2 * padding)
-                    .checked_sub(kernel)
-                    .map(|x| x / stride + 1)
-                    .ok_or_else(|| format!("{layer}: kernel {kernel} larger than the padded input"))
-            })
-            .collect()
-    };
-    let same = |op: &str| Signature {
-        op: op.to_owned(),
-        attrs: BTreeMap::new(),
-        input: input.to_vec(),
-        output: input.to_vec(),
-    };
-    Ok(match layer {
-        "conv2d" => {
-            let (k, s) = (int("kernel_size")?, int("stride")?);
-            let mut output = vec![int("out_channels")?];
-            output.extend(spatial(k, s, int("padding")?)?);
-            Signature {
-                op: "Conv".into(),
-                attrs: Signature::window(&[k, k], Some(&[s, s]), None, Some(1)),
-                input: input.to_vec(),
-                output,
-            }
+        let width = planes * base_width / 64 * groups;
+        let out = 4 * planes;
+        let mut params = inplanes * width + width * (width / groups) * 9 + width * out;
+        params += 2 * (width + width + out);
+        if let Some(down) = line.params.get("downsampleParams") {
+            let numbers = |v: &Value| {
+                v.as_array()
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect::<Vec<_>>())
+            };
+            let parts = down.as_array().filter(|a| a.len() == 2);
+            let (conv, bn) = match parts {
+                Some(a) => (numbers(&a[0]).unwrap_or_default(), a[1].as_u64()),
+                None => (Vec::new(), None),
+            };
+            let (&[d_in, d_out, _], Some(bn)) = (&conv[..], bn) else {
+                return Err(
+                    "ResnetBottleneck: downsampleParams is not [[in, out, stride], channels]"
+                        .into(),
+                );
+            };
+            params += d_in * d_out + 2 * bn;
         }
-        "maxPool2d" => {
-            let (k, s) = (int("kernel_size")?, int("stride")?);
-            let mut output = vec![input.first().copied().unwrap_or(0)];
-            output.extend(spatial(k, s, int("padding")?)?);
-            Signature {
-                op: "MaxPool".into(),
-                attrs: Signature::window(&[k, k], Some(&[s, s]), None, None),
-                input: input.to_vec(),
-                output,
-            }
-        }
-        "ReLU2d" | "ReLU1d" => same("Relu"),
-        "flatten" => Signature {
-            op: "Flatten".into(),
-            attrs: BTreeMap::new(),
-            input: input.to_vec(),
-            output: vec![input.iter().product()],
-        },
-        "linear" => Signature {
-            op: "Gemm".into(),
-            attrs: BTreeMap::new(),
-            input: vec![int("in_features")?],
-            output: vec![int("out_features")?],
-        },
-        other => return Err(format!("unknown DeepPool layer type '{other}'")),
-    })
+        let shrink = |d: u64| (d - 1) / stride + 1;
+        Ok(Known {
+            signature: None,
+            kind: LayerKind::Conv,
+            params,
+            output: vec![out, shrink(h), shrink(w)],
+        })
+    }
 }

@@ -37,11 +37,12 @@ use std::path::Path;
 use ralpc_ir::input::{read_input_text, InputKind};
 use serde::{Deserialize, Serialize};
 
-pub use deeppool::parse_deeppool;
-pub use pipedream::{parse_pipedream, PipeDreamGraph, IMAGENET_SAMPLE_BYTES};
+pub use deeppool::{deeppool_layers, parse_deeppool};
+pub use pipedream::{parse_pipedream, PipeDreamGraph};
 pub use signature::Signature;
 
 use crate::cluster::Precision;
+use crate::layers::LayerGraph;
 
 /// The format tag this version writes and reads.
 pub const FORMAT: &str = "ralpc-profile/1";
@@ -243,39 +244,44 @@ impl Entry {
     /// Times at a per-GPU batch (see the module docs for the rule).
     /// `None` for an entry without points ([`Profile::normalize`] rejects those).
     pub fn at(&self, batch: f64) -> Option<Lookup> {
-        let points = &self.points;
-        let (&first, &last) = (points.first()?, points.last()?);
-        let at = |p: Point, found| Lookup {
-            fwd_us: p.forward_us,
-            bwd_us: p.backward_us,
-            found,
-        };
-        if let Some(p) = points.iter().find(|p| p.batch as f64 == batch) {
-            return Some(at(*p, Found::Measured));
-        }
-        if batch < first.batch as f64 {
-            return Some(at(first, Found::Extrapolated));
-        }
-        if batch > last.batch as f64 {
-            let scale = batch / last.batch as f64;
-            return Some(Lookup {
-                fwd_us: last.forward_us * scale,
-                bwd_us: last.backward_us * scale,
-                found: Found::Extrapolated,
-            });
-        }
-        let upper = points
-            .iter()
-            .position(|p| p.batch as f64 > batch)
-            .unwrap_or(points.len() - 1);
-        let (lo, hi) = (points[upper - 1], points[upper]);
-        let t = (batch - lo.batch as f64) / (hi.batch - lo.batch) as f64;
-        Some(Lookup {
-            fwd_us: lo.forward_us + t * (hi.forward_us - lo.forward_us),
-            bwd_us: lo.backward_us + t * (hi.backward_us - lo.backward_us),
-            found: Found::Interpolated,
-        })
+        interpolate(&self.points, batch)
     }
+}
+
+/// Times at a per-GPU batch from measurements sorted by batch (see the module docs for the
+/// rule); `None` without measurements.
+pub fn interpolate(points: &[Point], batch: f64) -> Option<Lookup> {
+    let (&first, &last) = (points.first()?, points.last()?);
+    let at = |p: Point, found| Lookup {
+        fwd_us: p.forward_us,
+        bwd_us: p.backward_us,
+        found,
+    };
+    if let Some(p) = points.iter().find(|p| p.batch as f64 == batch) {
+        return Some(at(*p, Found::Measured));
+    }
+    if batch < first.batch as f64 {
+        return Some(at(first, Found::Extrapolated));
+    }
+    if batch > last.batch as f64 {
+        let scale = batch / last.batch as f64;
+        return Some(Lookup {
+            fwd_us: last.forward_us * scale,
+            bwd_us: last.backward_us * scale,
+            found: Found::Extrapolated,
+        });
+    }
+    let upper = points
+        .iter()
+        .position(|p| p.batch as f64 > batch)
+        .unwrap_or(points.len() - 1);
+    let (lo, hi) = (points[upper - 1], points[upper]);
+    let t = (batch - lo.batch as f64) / (hi.batch - lo.batch) as f64;
+    Some(Lookup {
+        fwd_us: lo.forward_us + t * (hi.forward_us - lo.forward_us),
+        bwd_us: lo.backward_us + t * (hi.backward_us - lo.backward_us),
+        found: Found::Interpolated,
+    })
 }
 
 /// What a profile file held.
@@ -306,21 +312,64 @@ pub fn load(path: &Path) -> Result<Loaded, ProfileError> {
 /// # Errors
 /// See [`load`].
 pub fn parse(text: &str, path: &str) -> Result<Loaded, ProfileError> {
+    match detect(text) {
+        Some(Format::Ralpc) => Profile::from_json(text, path).map(Loaded::Profile),
+        Some(Format::PipeDream) => parse_pipedream(text, path, None).map(Loaded::LayerGraph),
+        Some(Format::DeepPool) => parse_deeppool(text, path).map(Loaded::Profile),
+        None => Err(unknown(path)),
+    }
+}
+
+/// Reads a planner's profile given as the model: PipeDream's graph as it is, DeepPool's as
+/// a chain of measured layers. `batch` is the batch to plan (DeepPool's, which measured
+/// several) or the one the file was measured at (PipeDream's, when the file cannot tell).
+///
+/// # Errors
+/// [`ProfileError::UnknownFormat`] for text of no known format (the caller may try
+/// another reader); a ralpc profile, which times ops and is no model; malformed files.
+pub fn parse_model(text: &str, path: &str, batch: Option<u64>) -> Result<LayerGraph, ProfileError> {
+    match detect(text) {
+        Some(Format::PipeDream) => parse_pipedream(text, path, batch).map(|g| g.graph),
+        Some(Format::DeepPool) => deeppool_layers(text, path, batch),
+        Some(Format::Ralpc) => Err(ProfileError::Invalid {
+            path: path.to_owned(),
+            message: "a per-op profile, not a model: give it with --profile".into(),
+        }),
+        None => Err(unknown(path)),
+    }
+}
+
+fn unknown(path: &str) -> ProfileError {
+    ProfileError::UnknownFormat {
+        path: path.to_owned(),
+    }
+}
+
+/// The formats a profile file can have.
+enum Format {
+    /// `ralpc-profile/1` (JSON).
+    Ralpc,
+    /// `nodeN -- ... -- forward_compute_time=...`.
+    PipeDream,
+    /// `layer{json}[batch]...`.
+    DeepPool,
+}
+
+/// The format of a text, from its first non-empty line.
+fn detect(text: &str) -> Option<Format> {
     let first = text
         .lines()
         .map(str::trim)
         .find(|l| !l.is_empty())
         .unwrap_or("");
     if first.starts_with('{') {
-        Profile::from_json(text, path).map(Loaded::Profile)
+        Some(Format::Ralpc)
     } else if first.starts_with("node") && first.contains(" -- ") {
-        parse_pipedream(text, path, IMAGENET_SAMPLE_BYTES).map(Loaded::LayerGraph)
+        Some(Format::PipeDream)
     } else if first.contains('{') && first.contains("}[") {
-        parse_deeppool(text, path).map(Loaded::Profile)
+        Some(Format::DeepPool)
     } else {
-        Err(ProfileError::UnknownFormat {
-            path: path.to_owned(),
-        })
+        None
     }
 }
 

@@ -7,17 +7,19 @@
 //! ```
 //!
 //! Times are ms for the whole minibatch, sizes bytes (an activation list `[a; b]` sums).
-//! The batch is not stored: it is the `Input` node's activation size over the bytes of one
-//! input sample (ImageNet's 3×224×224 fp32 unless told otherwise). FLOPs are not stored
-//! either: these layers are costed from their measurements alone.
+//! Inputs are the nodes described `Input`, `Input0`, `Input1`, …. The batch is not stored.
+//! For an image model it follows from the first input and the convolution that reads it:
+//! the input holds `batch × c × h × w` floats and the convolution's output `batch × c' ×
+//! h' × w'` with `h'` given by its kernel, stride and padding; one batch fits both at any
+//! resolution (224² for most of PipeDream's profiles, 299² for Inception-v3). Where the
+//! file cannot tell (the translation profiles record no input sizes), the caller states
+//! the batch it was measured at. FLOPs are not stored either: these layers are costed from
+//! their measurements alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::ProfileError;
 use crate::layers::{Edge, Layer, LayerGraph, LayerId, LayerKind, Measured, Producer};
-
-/// Bytes of one 3×224×224 fp32 image.
-pub const IMAGENET_SAMPLE_BYTES: u64 = 3 * 224 * 224 * 4;
 
 /// A PipeDream graph as a layer graph.
 #[derive(Clone, Debug)]
@@ -50,21 +52,33 @@ fn kind(description: &str) -> LayerKind {
         "LayerNorm" => LayerKind::LayerNorm,
         "MaxPool2d" | "AvgPool2d" | "AdaptiveAvgPool2d" => LayerKind::Pool,
         "Softmax" | "LogSoftmax" => LayerKind::Softmax,
+        // Recurrent layers are gate GEMMs per time step: split by samples or by gates.
+        "LSTM" | "GRU" | "RNN" | "EmuBidirLSTM" | "RecurrentAttention" | "Classifier" => {
+            LayerKind::Dense
+        }
         "ReLU" | "Dropout" | "Add" | "Mul" | "Sigmoid" | "Tanh" => LayerKind::Elementwise,
         "Embedding" => LayerKind::Embedding,
         _ => LayerKind::DataMovement,
     }
 }
 
-/// Parses a PipeDream `graph.txt`; `sample_bytes` is one input sample's size.
+/// Whether a node is one of the graph's inputs: `Input`, `Input0`, `Input1`, ….
+fn is_input_description(description: &str) -> bool {
+    description
+        .strip_prefix("Input")
+        .is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Parses a PipeDream `graph.txt`. `batch` is the batch it was measured at, when the
+/// caller knows it; otherwise it is inferred (see the module docs).
 ///
 /// # Errors
-/// A malformed line (named by number), an edge to an unknown node, a cycle, or an input
-/// size that is not a whole number of samples.
+/// A malformed line (named by number), an edge to an unknown node, a cycle, a batch that
+/// cannot be inferred and was not given, or one given that the file contradicts.
 pub fn parse_pipedream(
     text: &str,
     path: &str,
-    sample_bytes: u64,
+    batch: Option<u64>,
 ) -> Result<PipeDreamGraph, ProfileError> {
     let mut nodes: Vec<Node> = Vec::new();
     let mut edges: Vec<(usize, String, String)> = Vec::new();
@@ -180,20 +194,46 @@ pub fn parse_pipedream(
     if order.len() != nodes.len() {
         return Err(invalid("the edges form a cycle".into()));
     }
-    let is_input = |i: usize| nodes[i].description == "Input";
+    let is_input = |i: usize| is_input_description(&nodes[i].description);
     let inputs: Vec<usize> = order.iter().copied().filter(|&i| is_input(i)).collect();
     let Some(&first_input) = inputs.first() else {
         return Err(invalid(
-            "no Input node: the batch size cannot be inferred".into(),
+            "no Input node (described `Input`, `Input0`, …): the graph has no inputs".into(),
         ));
     };
-    let input_bytes = nodes[first_input].activation_bytes;
-    if sample_bytes == 0 || input_bytes == 0 || input_bytes % sample_bytes != 0 {
-        return Err(invalid(format!(
-            "Input node {} holds {input_bytes} bytes, not a whole number of {sample_bytes}-byte samples",
-            nodes[first_input].id
-        )));
-    }
+    let reader = (0..nodes.len()).find(|&j| preds[j].contains(&first_input));
+    let classifier_batches: BTreeSet<u64> = nodes.iter().filter_map(linear_batch).collect();
+    let inferred = reader.and_then(|j| {
+        let fits = image_batches(&nodes[first_input], &nodes[j])?;
+        let agreed: Vec<u64> = fits
+            .iter()
+            .copied()
+            .filter(|b| classifier_batches.is_empty() || classifier_batches.contains(b))
+            .collect();
+        match agreed[..] {
+            [b] => Some(b),
+            _ => None,
+        }
+    });
+    let batch = match (batch, inferred) {
+        (Some(given), Some(found)) if given != found => {
+            return Err(invalid(format!(
+                "measured at batch {found} (input {} and the convolution that reads it say \
+                 so), not the batch {given} given",
+                nodes[first_input].id
+            )))
+        }
+        (Some(b), _) | (None, Some(b)) => b,
+        (None, None) => {
+            return Err(invalid(format!(
+                "the batch it was measured at cannot be inferred (input {} holds {} bytes, \
+                 read by {}): give it with --batch",
+                nodes[first_input].id,
+                nodes[first_input].activation_bytes,
+                reader.map_or("no layer", |j| nodes[j].description.as_str())
+            )))
+        }
+    };
     let mut layer_of: BTreeMap<usize, LayerId> = BTreeMap::new();
     let mut layers = Vec::new();
     for &i in &order {
@@ -230,6 +270,7 @@ pub fn parse_pipedream(
             measured: Some(Measured {
                 fwd_us: n.fwd_ms * 1000.0,
                 bwd_us: n.bwd_ms * 1000.0,
+                points: Vec::new(),
             }),
         });
     }
@@ -241,7 +282,7 @@ pub fn parse_pipedream(
         .collect();
     Ok(PipeDreamGraph {
         graph: LayerGraph {
-            batch: input_bytes / sample_bytes,
+            batch,
             layers,
             outputs,
             rewrite: None,
@@ -253,4 +294,102 @@ pub fn parse_pipedream(
         nodes: nodes.len(),
         edges: edges.len(),
     })
+}
+
+/// The batches an image input and the convolution reading it agree on: the input holds
+/// `b·c·h·w` fp32 values and the convolution's output `b·c'·h'·w'`. Square images are
+/// assumed (every image profile PipeDream ships). A batch `k²` times larger at `1/k` the
+/// resolution fits as well, which a classifier ([`linear_batch`]) tells apart.
+fn image_batches(input: &Node, reader: &Node) -> Option<Vec<u64>> {
+    let conv = Conv2d::parse(&reader.description)?;
+    let per_batch_hw = |bytes: u64, channels: u64| -> Option<u64> {
+        let values = bytes / 4;
+        (bytes % 4 == 0 && values % channels == 0).then_some(values / channels)
+    };
+    let hw_total = per_batch_hw(input.activation_bytes, conv.in_channels)?;
+    let out_total = per_batch_hw(reader.activation_bytes, conv.out_channels)?;
+    let fits: Vec<u64> = (1..=hw_total.min(1 << 20))
+        .filter(|b| hw_total % b == 0)
+        .filter(|&b| {
+            let hw = hw_total / b;
+            let h = hw.isqrt();
+            if h * h != hw {
+                return false;
+            }
+            let out = |d: u64, i: usize| {
+                (d + 2 * conv.padding[i])
+                    .checked_sub(conv.kernel[i])
+                    .map(|x| x / conv.stride[i].max(1) + 1)
+            };
+            matches!((out(h, 0), out(h, 1)), (Some(oh), Some(ow)) if b * oh * ow == out_total)
+        })
+        .collect();
+    Some(fits)
+}
+
+/// The batch a `Linear(in_features=…, out_features=n)` layer's output implies when it
+/// reads one vector per sample (a classifier head): its activation over `4·n` bytes.
+fn linear_batch(node: &Node) -> Option<u64> {
+    let args = node.description.strip_prefix("Linear(")?;
+    let features: u64 = args
+        .split(", ")
+        .find_map(|a| a.strip_prefix("out_features="))?
+        .trim_end_matches(')')
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)?;
+    let bytes = node.activation_bytes;
+    (bytes > 0 && bytes % (4 * features) == 0).then(|| bytes / (4 * features))
+}
+
+/// What batch inference needs of a `Conv2d(3, 64, kernel_size=(3, 3), stride=(1, 1),
+/// padding=(1, 1), bias=False)` description.
+struct Conv2d {
+    in_channels: u64,
+    out_channels: u64,
+    kernel: [u64; 2],
+    stride: [u64; 2],
+    padding: [u64; 2],
+}
+
+impl Conv2d {
+    fn parse(description: &str) -> Option<Conv2d> {
+        let args = description.strip_prefix("Conv2d(")?.strip_suffix(')')?;
+        // Split on the commas outside parentheses.
+        let (mut parts, mut depth, mut start) = (Vec::new(), 0, 0);
+        for (i, c) in args.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    parts.push(args[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        parts.push(args[start..].trim());
+        let pair = |key: &str, default: u64| -> Option<[u64; 2]> {
+            let Some(value) = parts.iter().find_map(|p| p.strip_prefix(key)) else {
+                return Some([default; 2]);
+            };
+            let numbers: Vec<u64> = value
+                .trim_matches(|c| c == '(' || c == ')')
+                .split(',')
+                .map(|n| n.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            match numbers[..] {
+                [n] => Some([n; 2]),
+                [h, w] => Some([h, w]),
+                _ => None,
+            }
+        };
+        Some(Conv2d {
+            in_channels: parts.first()?.parse().ok().filter(|&c| c > 0)?,
+            out_channels: parts.get(1)?.parse().ok().filter(|&c| c > 0)?,
+            kernel: pair("kernel_size=", 1)?,
+            stride: pair("stride=", 1)?,
+            padding: pair("padding=", 0)?,
+        })
+    }
 }
