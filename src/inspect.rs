@@ -81,10 +81,18 @@ fn sizes(dims: &[Dim]) -> Vec<u64> {
 /// naming the node, attribute or input at fault.
 pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
     let mut model = onnx::import(&options.model)?;
+    // Unless told, the model is shown as exported: at its own fixed batch, if it has one.
+    let batch = match options.batch {
+        Some(b) => Some(b),
+        None => crate::plan::input_batch(&options.inputs)?
+            .map(|(_, b)| b)
+            .or_else(|| crate::plan::fixed_batch(&model.graph))
+            .or(Some(1)),
+    };
     bind(
         &mut model.graph,
         &Bindings {
-            batch: options.batch,
+            batch,
             inputs: options.inputs.clone(),
         },
     )?;
@@ -119,7 +127,7 @@ pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
         producer: model.producer.clone(),
         opset: model.opset,
         ir_version: model.ir_version,
-        batch: options.batch,
+        batch,
         inputs,
         params: totals.params,
         macs: totals.macs,

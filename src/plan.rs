@@ -541,16 +541,22 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
 }
 
 /// Loads the model as a layer graph: an ONNX file (bound to `batch`) or a PipeDream graph.
-/// The batch a model was exported with, when it is a real one: every input has rank ≥ 2
-/// and the same fixed axis 0 of at least 2 (exports at batch 1 are only examples).
+/// The batch a model was exported with, when it is a real one to plan at: a
+/// [`fixed_batch`] of at least 2 (exports at batch 1 are only examples).
 fn exported_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
+    fixed_batch(graph).filter(|&b| b >= 2)
+}
+
+/// The batch fixed in the model's inputs: every input has rank ≥ 2 and the same known
+/// axis 0.
+pub(crate) fn fixed_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
     let mut batch = None;
     for input in graph.inputs() {
         let shape = graph.value(input).declared.as_ref()?.shape.as_ref()?;
         if shape.rank() < 2 {
             return None;
         }
-        let b = shape.0[0].as_size().filter(|&b| b >= 2)?;
+        let b = shape.0[0].as_size()?;
         if batch.is_some_and(|x| x != b) {
             return None;
         }
@@ -574,7 +580,7 @@ fn request_error(message: String) -> Error {
 }
 
 /// The batch the `--input` shapes give (their axis 0), if any; they must agree.
-fn input_batch(
+pub(crate) fn input_batch(
     inputs: &std::collections::BTreeMap<String, Vec<u64>>,
 ) -> Result<Option<(String, u64)>, Error> {
     let mut found: Option<(String, u64)> = None;

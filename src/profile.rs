@@ -28,6 +28,9 @@ pub struct ProfileOptions {
     pub model: PathBuf,
     /// Per-device batch sizes to measure at.
     pub batch_sizes: Vec<u64>,
+    /// Full shapes of inputs (`--input`), whose axis 0 each batch size replaces: an image
+    /// size or a sequence length to measure at; the others keep the model's own.
+    pub inputs: BTreeMap<String, Vec<u64>>,
     /// Timed runs per op and direction (the median is kept), after one warm-up.
     pub repeats: u32,
     /// Seeds weights the model lacks and the inputs.
@@ -39,6 +42,7 @@ impl Default for ProfileOptions {
         ProfileOptions {
             model: PathBuf::new(),
             batch_sizes: vec![1, 2, 4, 8],
+            inputs: BTreeMap::new(),
             repeats: 5,
             seed: 0,
         }
@@ -223,7 +227,7 @@ fn profile_with(
     let mut plans: Vec<(u64, Vec<(Signature, NodeId)>)> = Vec::new();
     let mut total = 0u64;
     for &batch in &batches {
-        let (g, info) = crate::run::at_batch(&unbound, batch, &BTreeMap::new())?;
+        let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
         let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
         for &n in info.order() {
             if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
@@ -238,7 +242,7 @@ fn profile_with(
     }
     let mut done = 0;
     for (batch, signatures) in plans {
-        let (g, info) = crate::run::at_batch(&unbound, batch, &BTreeMap::new())?;
+        let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
         let weights = Weights::load(&g, options.seed).map_err(run_error)?;
         let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
         let mut tick = || {

@@ -15,6 +15,32 @@ fn inspect_prints_the_layer_table() {
     insta::assert_snapshot!(String::from_utf8_lossy(&out.get_output().stdout));
 }
 
+/// Without flags a fixed-batch export is shown at its own batch (it was re-batched to 1,
+/// which a baked-in constant then blocked); `--input` gives the batch too.
+#[test]
+fn inspect_keeps_the_exported_batch() {
+    let model = "fixtures/bad/rebatch_baked_constant.onnx";
+    let out = ralpc()
+        .args(["inspect", model, "--json"])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["batch"], 2);
+    let out = ralpc()
+        .args([
+            "inspect",
+            "fixtures/train/cnn.onnx",
+            "--input",
+            "image=3,3,16,16",
+            "--json",
+        ])
+        .assert();
+    let out = out.get_output();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(v["batch"], 3);
+}
+
 #[test]
 fn inspect_json_has_the_documented_fields() {
     let out = ralpc()

@@ -79,3 +79,30 @@ fn profiling_a_model_that_cannot_fit_is_refused_before_allocating() {
     );
     assert!(!out.exists(), "nothing is written");
 }
+
+/// `--input` sets the shapes to measure at (here a sequence length), axis 0 replaced by
+/// each batch size.
+#[test]
+fn a_profile_is_measured_at_the_input_shapes_given() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("dynamic.profile.json");
+    Command::cargo_bin("ralpc")
+        .expect("binary")
+        .args(["profile", "--batch-sizes", "1,2", "--repeats", "1"])
+        .args(["--input", "x=1,5,16", "-o"])
+        .arg(&out)
+        .arg(common::fixture("train/dynamic.onnx"))
+        .assert()
+        .success();
+    let Loaded::Profile(p) = profile::load(&out).expect("a profile") else {
+        panic!("not a ralpc profile");
+    };
+    let matmul = p
+        .entries
+        .iter()
+        .find(|e| e.signature.op == "MatMul")
+        .expect("a MatMul");
+    assert_eq!(matmul.signature.input, [5, 16]);
+    let batches: Vec<u64> = matmul.points.iter().map(|q| q.batch).collect();
+    assert_eq!(batches, [1, 2]);
+}

@@ -59,6 +59,25 @@ pub enum VerifyErrorKind {
     /// Its output types could not be inferred.
     #[error(transparent)]
     Infer(#[from] InferError),
+    /// Its output types could not be inferred after re-batching, and one of its inputs is
+    /// a constant that carries the exported batch in its shape.
+    #[error(
+        "{source}: {what} '{name}' of shape {shape} has the exported batch {exported} baked \
+         into its shape, so the model cannot be re-batched (re-export it with a dynamic batch \
+         axis, or keep batch {exported})"
+    )]
+    BakedBatch {
+        /// Why inference failed.
+        source: InferError,
+        /// `the initializer` or `the constant`.
+        what: &'static str,
+        /// Its name.
+        name: String,
+        /// Its shape.
+        shape: crate::shape::Shape,
+        /// The batch the model was exported at.
+        exported: i64,
+    },
     /// A graph output's declared shape contradicts the inferred one.
     #[error("output '{name}' is declared {declared} but computes {inferred}")]
     DeclaredShape {
@@ -98,7 +117,7 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
         .into_iter()
         .map(|(n, e)| VerifyError {
             site: graph.site(n),
-            kind: VerifyErrorKind::Infer(with_hint(graph, e)),
+            kind: baked_batch(graph, n, with_hint(graph, e)),
         })
         .collect();
 
@@ -150,6 +169,49 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
 }
 
 /// Adds to an unbound-dimension error which input the symbol comes from.
+/// An inference error at `node` of a re-batched graph, naming the constant input whose
+/// shape still holds the exported batch (a constant-folded class token of shape `[2,1,768]`
+/// in an export at batch 2), when there is one.
+fn baked_batch(graph: &Graph, node: NodeId, source: InferError) -> VerifyErrorKind {
+    let Some(rebatch) = graph
+        .rebatch()
+        .filter(|r| r.exported >= 2 && r.batch.as_known() != Some(r.exported))
+    else {
+        return VerifyErrorKind::Infer(source);
+    };
+    let baked = graph.node(node).inputs.iter().flatten().find_map(|&v| {
+        let crate::op::Op::Constant {
+            tensor,
+            initializer,
+        } = &graph.node(graph.value(v).producer).op
+        else {
+            return None;
+        };
+        let dims: Vec<i64> = tensor
+            .dims
+            .iter()
+            .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+            .collect();
+        let holds = dims.contains(&rebatch.exported);
+        let shape = crate::shape::Shape::known(&dims);
+        holds.then(|| (*initializer, graph.value(v).name.clone(), shape))
+    });
+    match baked {
+        Some((initializer, name, shape)) => VerifyErrorKind::BakedBatch {
+            source,
+            what: if initializer {
+                "the initializer"
+            } else {
+                "the constant"
+            },
+            name,
+            shape,
+            exported: rebatch.exported,
+        },
+        None => VerifyErrorKind::Infer(source),
+    }
+}
+
 fn with_hint(graph: &Graph, e: InferError) -> InferError {
     let InferError::Unbound { dim, .. } = e else {
         return e;

@@ -16,9 +16,10 @@ Examples:
 pub struct Args {
     /// The ONNX model (weights stored as external data need not be present).
     pub model: PathBuf,
-    /// Batch size: binds axis 0 of every input (a fixed-batch export is re-batched).
-    #[arg(long, default_value_t = 1, value_parser = super::parse_positive)]
-    pub batch: u64,
+    /// Batch size: binds axis 0 of every input (a fixed-batch export is re-batched)
+    /// [default: the batch of the --input shapes, else the exported batch, else 1].
+    #[arg(long, value_parser = super::parse_positive)]
+    pub batch: Option<u64>,
     /// Full shape of one input, e.g. `images=1,3,800,1333` (repeatable).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
@@ -30,7 +31,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let options = InspectOptions {
         model: args.model.clone(),
-        batch: Some(args.batch),
+        batch: args.batch,
         inputs: args.inputs.iter().cloned().collect(),
     };
     let report = ralpc::inspect(&options)?;
@@ -136,10 +137,14 @@ fn table(r: &Inspection) -> String {
             )
         })
         .collect();
+    let producer = match r.producer.as_str() {
+        "" => String::new(),
+        p => format!(", {p}"),
+    };
     let _ = writeln!(
         out,
-        "model: {}  (opset {}, IR {}, {})",
-        r.model, r.opset, r.ir_version, r.producer
+        "model: {}  (opset {}, IR {}{producer})",
+        r.model, r.opset, r.ir_version
     );
     let _ = writeln!(out, "inputs: {}\n", inputs.join(", "));
     line(&mut out, header);

@@ -9,6 +9,7 @@ pub const EXAMPLES: &str = "\
 Examples:
   ralpc profile fixtures/train/cnn.onnx --device cpu --batch-sizes 1,2,4,8 -o cnn.profile.json
   ralpc profile fixtures/onnx/resnet50/model.onnx --device cuda:0 --batch-sizes 16,32,64 -o r50.json
+  ralpc profile detector.onnx --input images=1,3,640,640 --batch-sizes 1,2 -o det.json  # at 640²
   ralpc fixtures/train/cnn.onnx --gpus 4 --profile cnn.profile.json   # plan with the measurements
 
 Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
@@ -29,6 +30,10 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
           value_parser = super::parse_positive)]
     pub batch_sizes: Vec<u64>,
+    /// Full shape of one input, e.g. `images=1,3,640,640` to measure at 640×640 (axis 0 is
+    /// replaced by each batch size; repeatable; the rest keep the model's own).
+    #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
+    pub inputs: Vec<(String, Vec<u64>)>,
     /// Timed runs per op and direction; the median is kept.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
@@ -69,6 +74,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let options = ProfileOptions {
         model: args.model.clone(),
         batch_sizes: args.batch_sizes.clone(),
+        inputs: args.inputs.iter().cloned().collect(),
         repeats: args.repeats,
         seed: args.seed,
     };

@@ -31,7 +31,9 @@ momentum. Its numbers equal single-device training, so a plan can be checked bef
 GPU time is spent on it. A model without weights (structure only) is initialized from
 --seed, and so are inputs and labels unless --data gives them:
   {\"inputs\": {\"<input name>\": [values, row-major, whole batch]}, \"labels\": [...]}
-(labels: one class per output row for cross-entropy, one target per element for mse).";
+(labels: one class per output row for cross-entropy, one target per element for mse).
+The batch and input shapes are the plan's: set them when planning, e.g.
+  ralpc plan model.onnx --gpus 4 --input x=8,512,16 -o m.ralpc && ralpc run m.ralpc";
 
 /// Arguments of `ralpc run`.
 #[derive(Debug, clap::Args)]
