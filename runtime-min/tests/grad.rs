@@ -3,8 +3,8 @@
 //! `(L(x + ε) − L(x − ε)) / 2ε` at sampled elements.
 
 use ralpc_ir::{
-    Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind, SliceRanges,
-    Unary, Variadic,
+    Binary, Conv, ConvTranspose, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind,
+    SliceRanges, Unary, Variadic,
 };
 use ralpc_runtime_min::cpu::grad;
 use ralpc_runtime_min::cpu::init;
@@ -131,6 +131,49 @@ fn dense_and_convolution() {
             Some(rand(&[2, 4, 5, 6], "x")),
             Some(rand(&[6, 2, 3, 2], "w")),
             Some(rand(&[6], "b")),
+        ],
+        1,
+    );
+    // Transposed: strided, grouped, padded, with an output padding; and 1-D.
+    let transposed = ConvTranspose {
+        conv: Conv {
+            kernel: None,
+            strides: Some(vec![2, 3]),
+            dilations: Some(vec![1, 2]),
+            padding: Padding::Explicit(vec![1, 0, 0, 1]),
+            group: 2,
+        },
+        output_padding: Some(vec![1, 0]),
+        output_shape: None,
+    };
+    check(
+        "conv_transpose",
+        Op::ConvTranspose(transposed),
+        vec![
+            Some(rand(&[2, 4, 3, 4], "x")),
+            Some(rand(&[4, 3, 3, 2], "w")),
+            Some(rand(&[6], "b")),
+        ],
+        1,
+    );
+    let one_d = ConvTranspose {
+        conv: Conv {
+            kernel: None,
+            strides: Some(vec![2]),
+            dilations: None,
+            padding: Padding::Explicit(Vec::new()),
+            group: 1,
+        },
+        output_padding: None,
+        output_shape: None,
+    };
+    check(
+        "conv_transpose_1d",
+        Op::ConvTranspose(one_d),
+        vec![
+            Some(rand(&[2, 3, 5], "x")),
+            Some(rand(&[3, 2, 4], "w")),
+            None,
         ],
         1,
     );

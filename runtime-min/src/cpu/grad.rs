@@ -69,6 +69,30 @@ pub fn backward(
             }
             out
         }
+        Op::ConvTranspose(c) => {
+            // y = Jᵀx for the convolution J whose input gradient the op is: dx = J·dy
+            // (that convolution's forward on dy), and dW is its weight gradient with dy
+            // as the input and x as the output's gradient.
+            let w = input(inputs, 1)?;
+            let (g, _) = ops::conv_transpose_geometry(c, &x.shape, &w.shape)?;
+            let (xs, ws) = (floats(x, "X")?, floats(w, "W")?);
+            let mut dx = vec![0.0; x.len()];
+            g.forward(dy, ws, None, &mut dx);
+            let mut dw = vec![0.0; w.len()];
+            g.backward(dy, ws, xs, None, &mut dw, None);
+            let mut out = grads(n);
+            out[0] = Some(dx);
+            out[1] = Some(dw);
+            if inputs.get(2).copied().flatten().is_some() {
+                let pixels = g.input.0 * g.input.1;
+                let mut db = vec![0.0; g.in_channels];
+                for (i, plane) in dy.chunks(pixels).enumerate() {
+                    db[i % g.in_channels] += plane.iter().sum::<f32>();
+                }
+                out[2] = Some(db);
+            }
+            out
+        }
         Op::Gemm(g) => gemm(g, inputs, dy)?,
         Op::MatMul => matmul(x, input(inputs, 1)?, dy)?,
         Op::Unary(u) => {

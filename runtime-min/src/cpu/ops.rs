@@ -783,19 +783,39 @@ fn conv(c: &Conv, inputs: &[Option<&Tensor>]) -> R<Tensor> {
 
 fn conv_transpose(c: &ralpc_ir::ConvTranspose, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
-    let (n, ch, input_hw, one_d) = spatial(&x.shape)?;
+    let (g, one_d) = conv_transpose_geometry(c, &x.shape, &w.shape)?;
+    let (n, out_channels, out_hw) = (g.batch, g.in_channels, g.input);
+    let mut y = vec![0.0; n * out_channels * out_hw.0 * out_hw.1];
+    g.transpose(floats(x, "X")?, floats(w, "W")?, &mut y);
+    if let Some(b) = optional(inputs, 2) {
+        let b = floats(b, "B")?;
+        for (i, v) in y.iter_mut().enumerate() {
+            *v += b[(i / (out_hw.0 * out_hw.1)) % out_channels];
+        }
+    }
+    Ok(Tensor::f32(out_shape(n, out_channels, out_hw, one_d), y))
+}
+
+/// The convolution whose input gradient a ConvTranspose of input `x_shape` and weight
+/// `w_shape` computes: its input is the ConvTranspose's output (`in_channels × input`),
+/// its output the ConvTranspose's input; and whether the op is 1-D.
+pub(crate) fn conv_transpose_geometry(
+    c: &ralpc_ir::ConvTranspose,
+    x_shape: &[usize],
+    w_shape: &[usize],
+) -> R<(Conv2d, bool)> {
+    let (n, ch, input_hw, one_d) = spatial(x_shape)?;
     let groups = c.conv.group as usize;
-    if w.shape.len() != x.shape.len() || w.shape[0] != ch || groups == 0 || ch % groups != 0 {
+    if w_shape.len() != x_shape.len() || w_shape[0] != ch || groups == 0 || ch % groups != 0 {
         return Err(format!(
-            "input {:?} and weight {:?} do not agree",
-            x.shape, w.shape
+            "input {x_shape:?} and weight {w_shape:?} do not agree"
         ));
     }
-    let out_channels = w.shape[1] * groups;
+    let out_channels = w_shape[1] * groups;
     let kernel = if one_d {
-        (1, w.shape[2])
+        (1, w_shape[2])
     } else {
-        (w.shape[2], w.shape[3])
+        (w_shape[2], w_shape[3])
     };
     let stride = pair(&c.conv.strides, one_d, 1)?;
     let dilation = pair(&c.conv.dilations, one_d, 1)?;
@@ -866,15 +886,7 @@ fn conv_transpose(c: &ralpc_ir::ConvTranspose, inputs: &[Option<&Tensor>]) -> R<
     if g.output() != input_hw {
         return Err("the output shape does not invert the convolution".into());
     }
-    let mut y = vec![0.0; n * out_channels * out_hw.0 * out_hw.1];
-    g.transpose(floats(x, "X")?, floats(w, "W")?, &mut y);
-    if let Some(b) = optional(inputs, 2) {
-        let b = floats(b, "B")?;
-        for (i, v) in y.iter_mut().enumerate() {
-            *v += b[(i / (out_hw.0 * out_hw.1)) % out_channels];
-        }
-    }
-    Ok(Tensor::f32(out_shape(n, out_channels, out_hw, one_d), y))
+    Ok((g, one_d))
 }
 
 fn gemm(g: &Gemm, inputs: &[Option<&Tensor>]) -> R<Tensor> {
