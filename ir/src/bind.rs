@@ -85,6 +85,7 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
     let inputs = graph.inputs();
     let name_of = |g: &Graph, v| g.value(v).name.clone();
     let mut subst: BTreeMap<String, Dim> = BTreeMap::new();
+    let mut rebatch = None;
 
     for (name, dims) in &bindings.inputs {
         let Some(&v) = inputs.iter().find(|&&v| graph.value(v).name == *name) else {
@@ -118,14 +119,19 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
                     (Some(sym), _) => {
                         subst.insert(sym.to_owned(), g.clone());
                     }
-                    (None, Some(k))
-                        if Some(k) != g.as_known() && !(axis == 0 && bindings.batch.is_some()) =>
-                    {
-                        return Err(BindError::Conflict {
-                            name: name.clone(),
-                            axis,
-                            declared: k,
-                            given: dims[axis],
+                    (None, Some(k)) if Some(k) != g.as_known() => {
+                        if axis != 0 || bindings.batch.is_none() {
+                            return Err(BindError::Conflict {
+                                name: name.clone(),
+                                axis,
+                                declared: k,
+                                given: dims[axis],
+                            });
+                        }
+                        // A fixed-batch export given another batch: re-batched.
+                        rebatch = Some(Rebatch {
+                            exported: k,
+                            batch: g.clone(),
                         });
                     }
                     _ => {}
@@ -139,6 +145,9 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
         });
     }
 
+    if rebatch.is_some() {
+        graph.rebatch = rebatch;
+    }
     if let Some(batch) = bindings.batch {
         let n = size("the batch size", batch)?;
         for &v in &inputs {

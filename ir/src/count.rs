@@ -221,6 +221,20 @@ impl Counter<'_> {
                 (0, self.mul(&[n, per])?)
             }
             Op::Lrn { size, .. } => (0, self.mul(&[out_n, size + 3])?),
+            Op::Recurrent(r) => {
+                // Per step, direction and sample: the gates' products with the input and
+                // the previous state; then about 4 operations per gate element.
+                let Some(x) = input(0) else { return Ok((0, 0)) };
+                let (seq, batch) = if r.batch_major { (1, 0) } else { (0, 1) };
+                let rows = self.mul(&[
+                    self.dim(x, seq),
+                    self.dim(x, batch),
+                    r.direction.count(),
+                    r.cell.gates() * r.hidden,
+                ])?;
+                let macs = self.mul(&[rows, self.dim(x, 2) + r.hidden])?;
+                (macs, self.mul(&[rows, 4])?)
+            }
             Op::Variadic(_) => (
                 0,
                 self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,

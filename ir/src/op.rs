@@ -190,6 +190,79 @@ pub enum Op {
         /// Keep the upper triangle.
         upper: bool,
     },
+    /// A recurrent layer over a sequence (ONNX RNN, GRU, LSTM).
+    Recurrent(Recurrent),
+}
+
+/// A recurrent layer: inputs `X, W, R, B, sequence_lens, initial_h` (and `initial_c` for
+/// an LSTM), outputs `Y, Y_h` (and `Y_c`). The time loop is sequential; samples and
+/// directions are independent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recurrent {
+    /// The cell.
+    pub cell: Cell,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Which way(s) the sequence is read.
+    pub direction: Direction,
+    /// `layout = 1`: X is batch × sequence × input (else sequence × batch × input).
+    pub batch_major: bool,
+}
+
+/// The cell of a recurrent layer, with ONNX's default activations (tanh for RNN; sigmoid
+/// gates and tanh for GRU and LSTM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cell {
+    /// `h = tanh(x·Wᵀ + h·Rᵀ + b)`.
+    Rnn,
+    /// Gates z, r, h.
+    Gru {
+        /// Apply the reset gate after the recurrent product (`linear_before_reset = 1`).
+        linear_before_reset: bool,
+    },
+    /// Gates i, o, f, c.
+    Lstm,
+}
+
+impl Cell {
+    /// Gates stacked in W, R and B.
+    pub fn gates(self) -> u64 {
+        match self {
+            Cell::Rnn => 1,
+            Cell::Gru { .. } => 3,
+            Cell::Lstm => 4,
+        }
+    }
+
+    /// The ONNX op type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cell::Rnn => "RNN",
+            Cell::Gru { .. } => "GRU",
+            Cell::Lstm => "LSTM",
+        }
+    }
+}
+
+/// Which way a recurrent layer reads its sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// First to last.
+    Forward,
+    /// Last to first.
+    Reverse,
+    /// Both, outputs stacked forward then reverse.
+    Bidirectional,
+}
+
+impl Direction {
+    /// How many directions (1 or 2).
+    pub fn count(self) -> u64 {
+        match self {
+            Direction::Bidirectional => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// Convolution attributes, for `k` spatial axes.
@@ -641,6 +714,8 @@ pub enum OpClass {
     Reduce,
     /// Data movement and shape arithmetic (no arithmetic on values).
     Shape,
+    /// Recurrent layers: a product per time step, sequential across steps.
+    Recurrent,
 }
 
 impl Op {
@@ -742,6 +817,7 @@ impl Op {
             Op::Where => "Where",
             Op::Expand => "Expand",
             Op::Resize(_) => "Resize",
+            Op::Recurrent(r) => r.cell.name(),
             Op::Trilu { .. } => "Trilu",
         }
     }
@@ -764,6 +840,7 @@ impl Op {
             Op::Pool(_) | Op::GlobalPool(_) | Op::Resize(_) => OpClass::Pool,
             Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
             Op::Reduce { .. } => OpClass::Reduce,
+            Op::Recurrent(_) => OpClass::Recurrent,
             Op::Concat { .. }
             | Op::Split { .. }
             | Op::Slice { .. }

@@ -135,6 +135,11 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
         ) else {
             continue;
         };
+        // An export at batch 1 may have squeezed its batch axis away, which a re-batched
+        // graph keeps: only a graph at its exported batch keeps its declared rank.
+        if skip == 1 && declared.rank() != t.shape.rank() {
+            continue;
+        }
         let clash =
             declared.rank() != t.shape.rank()
                 || declared.0.iter().zip(&t.shape.0).skip(skip).any(

@@ -54,11 +54,14 @@ pub enum LayerKind {
     /// A scaled dot-product attention core (merged by the rewrite): independent per head,
     /// which are its features.
     Attention,
+    /// A recurrent layer (RNN, GRU, LSTM): a small product per time step, the steps in
+    /// sequence; split by samples only.
+    Recurrent,
 }
 
 impl LayerKind {
     /// All kinds.
-    pub const ALL: [LayerKind; 11] = [
+    pub const ALL: [LayerKind; 12] = [
         LayerKind::Conv,
         LayerKind::Dense,
         LayerKind::Norm,
@@ -70,6 +73,7 @@ impl LayerKind {
         LayerKind::Embedding,
         LayerKind::DataMovement,
         LayerKind::Attention,
+        LayerKind::Recurrent,
     ];
 
     /// Lower-case name.
@@ -86,6 +90,7 @@ impl LayerKind {
             LayerKind::Embedding => "embedding",
             LayerKind::DataMovement => "data_movement",
             LayerKind::Attention => "attention",
+            LayerKind::Recurrent => "recurrent",
         }
     }
 }
@@ -128,6 +133,9 @@ pub struct Part {
     pub bytes: u64,
     /// Whether it launches a kernel (views and identities do not).
     pub launches: bool,
+    /// Kernels it launches one after another: 1, or for a recurrent layer two per time
+    /// step (the recurrent product, then the gates), which no batch makes shorter.
+    pub steps: u64,
 }
 
 /// Times measured for a layer as a whole (imported layer graphs).
@@ -409,6 +417,7 @@ fn kind_of(
         OpClass::Softmax => LayerKind::Softmax,
         OpClass::Elementwise => LayerKind::Elementwise,
         OpClass::Reduce => LayerKind::Reduce,
+        OpClass::Recurrent => LayerKind::Recurrent,
         OpClass::Shape | OpClass::Source => {
             let table = n.inputs.first().copied().flatten();
             if matches!(n.op, Op::Gather { .. })
@@ -533,6 +542,15 @@ fn assemble(
                         | Op::Squeeze { .. }
                         | Op::Unsqueeze { .. }
                 ) && !facts.derived[node.outputs[0].index()],
+                steps: match &node.op {
+                    Op::Recurrent(r) => {
+                        let x = node.inputs.first().copied().flatten();
+                        let axis = usize::from(r.batch_major);
+                        let seq = x.and_then(|x| info.ty(x).shape.0.get(axis)?.as_size());
+                        2 * seq.unwrap_or(1)
+                    }
+                    _ => 1,
+                },
             });
             // Values made inside the unit and read inside it by an op whose backward
             // needs them are stashed (fused chains keep their intermediate results).

@@ -548,3 +548,59 @@ fn data_movement() {
         1,
     );
 }
+
+#[test]
+fn recurrent_layers() {
+    use ralpc_ir::{Cell, Direction, Recurrent};
+    let (seq, batch, input, hidden) = (3, 2, 3, 2);
+    for cell in [
+        Cell::Rnn,
+        Cell::Gru {
+            linear_before_reset: false,
+        },
+        Cell::Gru {
+            linear_before_reset: true,
+        },
+        Cell::Lstm,
+    ] {
+        for (direction, batch_major) in [
+            (Direction::Forward, false),
+            (Direction::Reverse, true),
+            (Direction::Bidirectional, false),
+        ] {
+            let dirs = direction.count() as usize;
+            let width = cell.gates() as usize * hidden;
+            let x_shape = if batch_major {
+                [batch, seq, input]
+            } else {
+                [seq, batch, input]
+            };
+            let state = if batch_major {
+                [batch, dirs, hidden]
+            } else {
+                [dirs, batch, hidden]
+            };
+            let lstm = cell == Cell::Lstm;
+            let name = format!("{}-{direction:?}-{batch_major}", cell.name());
+            let mut inputs = vec![
+                Some(rand(&x_shape, "x")),
+                Some(rand(&[dirs, width, input], "w")),
+                Some(rand(&[dirs, width, hidden], "r")),
+                Some(rand(&[dirs, 2 * width], "b")),
+                // The second sample runs 2 of the 3 steps.
+                Some(ints(&[batch], vec![3, 2])),
+                Some(rand(&state, "h0")),
+            ];
+            if lstm {
+                inputs.push(Some(rand(&state, "c0")));
+            }
+            let op = Op::Recurrent(Recurrent {
+                cell,
+                hidden: hidden as u64,
+                direction,
+                batch_major,
+            });
+            check(&name, op, inputs, if lstm { 3 } else { 2 });
+        }
+    }
+}

@@ -95,6 +95,15 @@ impl<'a> Attrs<'a> {
             .map(|a| String::from_utf8_lossy(&a.s).into_owned()))
     }
 
+    pub(crate) fn strings(&self, name: &str) -> AttrResult<Vec<String>> {
+        Ok(self.get(name, AttributeType::STRINGS)?.map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        }))
+    }
+
     pub(crate) fn tensor(&self, name: &str) -> AttrResult<&'a TensorProto> {
         match self.get(name, AttributeType::TENSOR)? {
             Some(a) => match a.t.as_ref() {

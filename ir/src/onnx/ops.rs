@@ -72,6 +72,72 @@ fn pool(a: &Attrs<'_>, kind: PoolKind) -> Result<Pool, Problem> {
     })
 }
 
+/// RNN, GRU and LSTM with their default activations; what else the spec allows (other
+/// activations, clipping, coupled input-forget gates, peepholes) is refused by name.
+fn recurrent(a: &Attrs<'_>, op_type: &str, node: &NodeProto) -> Result<Recurrent, Problem> {
+    let cell = match op_type {
+        "RNN" => Cell::Rnn,
+        "GRU" => Cell::Gru {
+            linear_before_reset: a.flag("linear_before_reset", false)?,
+        },
+        _ => Cell::Lstm,
+    };
+    let hidden = match a.int("hidden_size")? {
+        Some(h) if h > 0 => h as u64,
+        Some(h) => {
+            return Err(invalid(
+                "hidden_size",
+                format!("{h} is not a positive size"),
+            ))
+        }
+        None => return Err(invalid("hidden_size", "required")),
+    };
+    let direction = match a.string("direction")?.as_deref().unwrap_or("forward") {
+        "forward" => Direction::Forward,
+        "reverse" => Direction::Reverse,
+        "bidirectional" => Direction::Bidirectional,
+        other => return Err(invalid("direction", format!("unknown direction '{other}'"))),
+    };
+    if let Some(acts) = a.strings("activations")? {
+        let defaults: &[&str] = match cell {
+            Cell::Rnn => &["Tanh"],
+            Cell::Gru { .. } => &["Sigmoid", "Tanh"],
+            Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
+        };
+        let per_direction = acts.len() / direction.count() as usize;
+        let default = acts.len() == defaults.len() * direction.count() as usize
+            && acts
+                .iter()
+                .enumerate()
+                .all(|(i, act)| act.eq_ignore_ascii_case(defaults[i % per_direction.max(1)]));
+        if !default {
+            return Err(invalid(
+                "activations",
+                format!("{acts:?}: only the defaults {defaults:?} are supported"),
+            ));
+        }
+    }
+    if a.float("clip")?.is_some() {
+        return Err(invalid("clip", "clipped cells are not supported"));
+    }
+    if a.flag("input_forget", false)? {
+        return Err(invalid(
+            "input_forget",
+            "coupled input-forget gates are not supported",
+        ));
+    }
+    // An LSTM's 8th input is the peephole weights.
+    if cell == Cell::Lstm && node.input.get(7).is_some_and(|p| !p.is_empty()) {
+        return Err(invalid("P", "peephole connections are not supported"));
+    }
+    Ok(Recurrent {
+        cell,
+        hidden,
+        direction,
+        batch_major: a.flag("layout", false)?,
+    })
+}
+
 fn resize(a: &Attrs<'_>, upsample: bool, opset: i64) -> Result<Resize, Problem> {
     let mode = match a.string("mode")?.as_deref().unwrap_or("nearest") {
         "nearest" => ResizeMode::Nearest,
@@ -352,6 +418,7 @@ pub(crate) fn convert(
             pads: a.ints("pads")?,
         },
         "Resize" | "Upsample" => Op::Resize(resize(&a, node.op_type == "Upsample", opset)?),
+        "RNN" | "GRU" | "LSTM" => Op::Recurrent(recurrent(&a, &node.op_type, node)?),
         "Where" => Op::Where,
         "Expand" => Op::Expand,
         "Trilu" => Op::Trilu {

@@ -173,7 +173,13 @@ impl<'a> ComputeModel<'a> {
     /// figures are for the global batch `batch`.
     pub fn layer(&self, layer: &Layer, split: Split, batch: u64) -> ComputeTime {
         let local = layer.local(split);
-        let kernels = layer.parts.iter().filter(|p| p.launches).count().max(1) as f64;
+        let kernels = layer
+            .parts
+            .iter()
+            .filter(|p| p.launches)
+            .map(|p| p.steps)
+            .sum::<u64>()
+            .max(1) as f64;
         let (fwd, bwd, source) = if let Some(m) = &layer.measured {
             match curve_us(m, split, batch) {
                 Some(timed) => timed,

@@ -424,6 +424,7 @@ pub fn backward(
             }
             out
         }
+        Op::Recurrent(r) => super::recurrent::backward(r, inputs, dys)?,
         Op::Trilu { upper } => {
             let k = inputs
                 .get(1)

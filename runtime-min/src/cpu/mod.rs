@@ -18,6 +18,7 @@ pub mod init;
 pub mod kernels;
 pub mod net;
 pub mod ops;
+mod recurrent;
 mod reduce;
 mod region;
 mod resize;

@@ -344,6 +344,7 @@ pub fn forward(
                 .ok_or_else(|| format!("{:?} does not expand to {target:?}", x.shape))?;
             one(x.pick(shape.clone(), t::broadcast(&x.shape, &shape)))
         }
+        Op::Recurrent(r) => Ok((super::recurrent::forward(r, inputs, outputs)?, Saved::None)),
         Op::Trilu { upper } => {
             let x = input(inputs, 0)?;
             let k = optional(inputs, 1)
