@@ -189,21 +189,25 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
         precision: Precision::Tf32,
         entries: entries
             .into_iter()
-            .map(|(signature, points)| Entry {
+            .map(|(signature, sums)| Entry {
                 signature,
-                points: points
-                    .into_iter()
-                    .map(|(batch, (fwd, bwd, n))| Point {
-                        batch,
-                        forward_us: fwd / n,
-                        backward_us: bwd / n,
-                        peak_bytes: None,
-                    })
-                    .collect(),
+                points: averaged(sums),
             })
             .collect(),
     }
     .normalize(path)
+}
+
+/// Points from per-batch sums of (forward µs, backward µs, lines).
+fn averaged(sums: BTreeMap<u64, (f64, f64, f64)>) -> Vec<Point> {
+    sums.into_iter()
+        .map(|(batch, (fwd, bwd, n))| Point {
+            batch,
+            forward_us: fwd / n,
+            backward_us: bwd / n,
+            peak_bytes: None,
+        })
+        .collect()
 }
 
 fn device(path: &str) -> Device {
@@ -258,15 +262,7 @@ pub fn deeppool_layers(
             let sum = points.entry(at.batch).or_default();
             *sum = (sum.0 + at.fwd_us, sum.1 + at.bwd_us, sum.2 + 1.0);
         }
-        let points: Vec<Point> = points
-            .into_iter()
-            .map(|(batch, (fwd, bwd, n))| Point {
-                batch,
-                forward_us: fwd / n,
-                backward_us: bwd / n,
-                peak_bytes: None,
-            })
-            .collect();
+        let points = averaged(points);
         let at = super::interpolate(&points, batch as f64).expect("a section per layer");
         let input_bytes = 4 * batch * line.input.iter().product::<u64>();
         let output_bytes = 4 * batch * known.output.iter().product::<u64>();
