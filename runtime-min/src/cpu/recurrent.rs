@@ -533,7 +533,7 @@ pub(crate) fn backward(
                 // z and r enter through both products alike.
                 for b in 0..bsz {
                     let g = b * width;
-                    d_hr[g..g + 2 * hid].copy_from_slice(&d_xw[g..g + 2 * hid].to_vec());
+                    d_hr[g..g + 2 * hid].copy_from_slice(&d_xw[g..g + 2 * hid]);
                 }
             }
             let x = ops.step_input(r.direction, d, k);
