@@ -230,9 +230,9 @@ impl Counter<'_> {
                     self.dim(x, seq),
                     self.dim(x, batch),
                     r.direction.count(),
-                    r.cell.gates() * r.hidden,
+                    r.cell.gates().saturating_mul(r.hidden),
                 ])?;
-                let macs = self.mul(&[rows, self.dim(x, 2) + r.hidden])?;
+                let macs = self.mul(&[rows, self.dim(x, 2).saturating_add(r.hidden)])?;
                 (macs, self.mul(&[rows, 4])?)
             }
             Op::Variadic(_) => (

@@ -7,6 +7,9 @@ use crate::graph::Rebatch;
 use crate::op::*;
 use crate::shape::{Dim, Shape};
 
+mod recurrent;
+mod resize;
+
 type Result<T> = std::result::Result<T, InferError>;
 
 /// What a rule sees of its node.
@@ -1166,161 +1169,7 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
             need_rank(x, 0, 2, "rank >= 2")?;
             same(ctx)
         }
-        Op::Resize(r) => resize(ctx, r),
-        Op::Recurrent(r) => recurrent(ctx, r),
+        Op::Resize(r) => resize::resize(ctx, r),
+        Op::Recurrent(r) => recurrent::recurrent(ctx, r),
     }
-}
-
-/// RNN, GRU, LSTM: `Y` is `[seq, dirs, batch, hidden]` (`[batch, seq, dirs, hidden]`
-/// batch-major), `Y_h` and `Y_c` `[dirs, batch, hidden]` (`[batch, dirs, hidden]`).
-fn recurrent(ctx: &Ctx<'_>, r: &Recurrent) -> Result<Vec<ValueType>> {
-    let (x, w, rec) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
-    need_float(x, 0)?;
-    for (slot, t) in [(0, x), (1, w), (2, rec)] {
-        if t.shape.rank() != 3 {
-            return Err(InferError::Rank {
-                slot,
-                expected: "rank 3".into(),
-                got: t.shape.clone(),
-            });
-        }
-    }
-    let (seq, batch) = if r.batch_major {
-        (&x.shape.0[1], &x.shape.0[0])
-    } else {
-        (&x.shape.0[0], &x.shape.0[1])
-    };
-    let input = &x.shape.0[2];
-    let (dirs, hidden) = (
-        Dim::known(r.direction.count() as i64),
-        Dim::known(r.hidden as i64),
-    );
-    let gates = Dim::known((r.cell.gates() * r.hidden) as i64);
-    let expect =
-        |slot: usize, t: &ValueType, want: [&Dim; 3]| -> Result<()> {
-            let clash =
-                t.shape.0.iter().zip(want).any(
-                    |(a, b)| matches!((a.as_known(), b.as_known()), (Some(a), Some(b)) if a != b),
-                );
-            if clash {
-                let want: Vec<String> = want.iter().map(ToString::to_string).collect();
-                return Err(mismatch(format!(
-                    "input {slot} has shape {} where [{}] is needed",
-                    t.shape,
-                    want.join(",")
-                )));
-            }
-            Ok(())
-        };
-    expect(1, w, [&dirs, &gates, input])?;
-    expect(2, rec, [&dirs, &gates, &hidden])?;
-    if let Some(b) = ctx.opt(3) {
-        let double = Dim::known(2 * (r.cell.gates() * r.hidden) as i64);
-        let clash = b.shape.rank() != 2
-            || b.shape.0[0].as_known() != Some(r.direction.count() as i64)
-            || b.shape.0[1]
-                .as_known()
-                .is_some_and(|d| Some(d) != double.as_known());
-        if clash {
-            return Err(mismatch(format!(
-                "B has shape {} where [{dirs},{double}] is needed",
-                b.shape
-            )));
-        }
-    }
-    let state_dims = if r.batch_major {
-        [batch, &dirs, &hidden]
-    } else {
-        [&dirs, batch, &hidden]
-    };
-    let states: &[usize] = if r.cell == Cell::Lstm { &[5, 6] } else { &[5] };
-    for &slot in states {
-        if let Some(t) = ctx.opt(slot) {
-            expect(slot, t, state_dims)?;
-        }
-    }
-    let y = if r.batch_major {
-        vec![batch.clone(), seq.clone(), dirs.clone(), hidden.clone()]
-    } else {
-        vec![seq.clone(), dirs.clone(), batch.clone(), hidden.clone()]
-    };
-    let state = if r.batch_major {
-        vec![batch.clone(), dirs.clone(), hidden.clone()]
-    } else {
-        vec![dirs.clone(), batch.clone(), hidden.clone()]
-    };
-    let mut outs = vec![ValueType::new(x.dtype, Shape(y))];
-    while outs.len() < ctx.outputs {
-        outs.push(ValueType::new(x.dtype, Shape(state.clone())));
-    }
-    Ok(outs)
-}
-
-/// Resize: the sizes input when given (and not empty), else the scales
-/// (`floor(in · scale)`) on the resized axes.
-fn resize(ctx: &Ctx<'_>, r: &Resize) -> Result<Vec<ValueType>> {
-    let x = ctx.input(0)?;
-    need_float(x, 0)?;
-    let rank = x.shape.rank();
-    let axes: Vec<usize> = match &r.axes {
-        Some(a) => a
-            .iter()
-            .map(|&a| axis(a, rank, "axes"))
-            .collect::<Result<_>>()?,
-        None => (0..rank).collect(),
-    };
-    let mut out = x.shape.0.clone();
-    let given = |slot: usize| {
-        ctx.opt(slot)
-            .is_some_and(|t| t.shape.known_numel() != Some(0))
-    };
-    if let Some(slot) = r.slots.1.filter(|&s| given(s)) {
-        let sizes = ctx.dims_of(slot)?;
-        if sizes.len() != axes.len() {
-            return Err(mismatch(format!(
-                "sizes has {} values for {} axes",
-                sizes.len(),
-                axes.len()
-            )));
-        }
-        for (&a, d) in axes.iter().zip(sizes) {
-            out[a] = d;
-        }
-    } else {
-        let scales = match &r.scales {
-            Some(s) => s.iter().map(|&v| f64::from(v)).collect(),
-            None if given(r.slots.0) => ctx.floats_of(r.slots.0)?,
-            None => return Err(InferError::MissingInput { slot: r.slots.0 }),
-        };
-        if scales.len() != axes.len() {
-            return Err(mismatch(format!(
-                "scales has {} values for {} axes",
-                scales.len(),
-                axes.len()
-            )));
-        }
-        for (&a, &scale) in axes.iter().zip(&scales) {
-            if !(scale.is_finite() && scale > 0.0) {
-                return Err(attr_err(
-                    "scales",
-                    format!("{scale} is not a positive scale"),
-                ));
-            }
-            out[a] = scaled(&x.shape.0[a], scale)?;
-        }
-    }
-    Ok(vec![ValueType::new(x.dtype, Shape(out))])
-}
-
-/// `floor(d · scale)`; a symbolic `d` only by a whole scale.
-fn scaled(d: &Dim, scale: f64) -> Result<Dim> {
-    if let Some(n) = d.as_known() {
-        return Ok(Dim::known((n as f64 * scale).floor() as i64));
-    }
-    if scale.fract() == 0.0 {
-        if let Some(d) = d.checked_mul(&Dim::known(scale as i64)) {
-            return Ok(d);
-        }
-    }
-    known(d).map(Dim::known)
 }

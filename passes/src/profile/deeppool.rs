@@ -263,9 +263,13 @@ pub fn deeppool_layers(
             *sum = (sum.0 + at.fwd_us, sum.1 + at.bwd_us, sum.2 + 1.0);
         }
         let points = averaged(points);
-        let at = super::interpolate(&points, batch as f64).expect("a section per layer");
-        let input_bytes = 4 * batch * line.input.iter().product::<u64>();
-        let output_bytes = 4 * batch * known.output.iter().product::<u64>();
+        let at = super::interpolate(&points, batch as f64).ok_or_else(|| ProfileError::Line {
+            path: path.to_owned(),
+            line: line.number,
+            message: "this layer has no measurement".into(),
+        })?;
+        let input_bytes = product(&[4, batch, product(&line.input)]);
+        let output_bytes = product(&[4, batch, product(&known.output)]);
         let from = match k {
             0 => Producer::Input("input".to_owned()),
             _ => Producer::Layer(LayerId(k as u32 - 1)),
@@ -276,7 +280,7 @@ pub fn deeppool_layers(
             kind: known.kind,
             parts: Vec::new(),
             params: known.params,
-            param_bytes: 4 * known.params,
+            param_bytes: known.params.saturating_mul(4),
             fwd_flops: 0,
             bwd_flops: 0,
             activation_io_bytes: input_bytes + output_bytes,
@@ -305,6 +309,11 @@ pub fn deeppool_layers(
         tied: Vec::new(),
         float_bytes: 4,
     })
+}
+
+/// A product that saturates: sizes come from the file, and a bad one must not overflow.
+fn product(xs: &[u64]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x))
 }
 
 /// `[text]rest` → (`text`, `rest`).
@@ -367,7 +376,7 @@ impl Known {
         let window = |kernel: [u64; 2], stride: [u64; 2], padding: [u64; 2]| {
             let [_, h, w] = image()?;
             let out = |d: u64, i: usize| {
-                (d + 2 * padding[i])
+                d.saturating_add(padding[i].saturating_mul(2))
                     .checked_sub(kernel[i])
                     .filter(|_| stride[i] > 0)
                     .map(|x| x / stride[i] + 1)
@@ -403,7 +412,8 @@ impl Known {
                         vec![out_channels, oh, ow],
                     )),
                     kind: LayerKind::Conv,
-                    params: c * out_channels * k[0] * k[1] + u64::from(bias) * out_channels,
+                    params: product(&[c, out_channels, k[0], k[1]])
+                        .saturating_add(u64::from(bias) * out_channels),
                     output: vec![out_channels, oh, ow],
                 }
             }
@@ -457,7 +467,7 @@ impl Known {
                         output: vec![outputs],
                     }),
                     kind: LayerKind::Dense,
-                    params: inputs * outputs + u64::from(bias) * outputs,
+                    params: product(&[inputs, outputs]).saturating_add(u64::from(bias) * outputs),
                     output: vec![outputs],
                 }
             }
@@ -492,10 +502,12 @@ impl Known {
                 "ResnetBottleneck: inplanes {inplanes} but the input has {c} channels"
             ));
         }
-        let width = planes * base_width / 64 * groups;
-        let out = 4 * planes;
-        let mut params = inplanes * width + width * (width / groups) * 9 + width * out;
-        params += 2 * (width + width + out);
+        let width = (product(&[planes, base_width]) / 64).saturating_mul(groups);
+        let out = planes.saturating_mul(4);
+        let mut params = product(&[inplanes, width])
+            .saturating_add(product(&[width, width / groups, 9]))
+            .saturating_add(product(&[width, out]))
+            .saturating_add(product(&[2, width.saturating_mul(2).saturating_add(out)]));
         if let Some(down) = line.params.get("downsampleParams") {
             let numbers = |v: &Value| {
                 v.as_array()
@@ -512,7 +524,9 @@ impl Known {
                         .into(),
                 );
             };
-            params += d_in * d_out + 2 * bn;
+            params = params
+                .saturating_add(product(&[d_in, d_out]))
+                .saturating_add(bn.saturating_mul(2));
         }
         let shrink = |d: u64| (d - 1) / stride + 1;
         Ok(Known {

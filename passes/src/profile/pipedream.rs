@@ -317,11 +317,12 @@ fn image_batches(input: &Node, reader: &Node) -> Option<Vec<u64>> {
                 return false;
             }
             let out = |d: u64, i: usize| {
-                (d + 2 * conv.padding[i])
+                d.saturating_add(conv.padding[i].saturating_mul(2))
                     .checked_sub(conv.kernel[i])
                     .map(|x| x / conv.stride[i].max(1) + 1)
             };
-            matches!((out(h, 0), out(h, 1)), (Some(oh), Some(ow)) if b * oh * ow == out_total)
+            matches!((out(h, 0), out(h, 1)),
+                (Some(oh), Some(ow)) if b.saturating_mul(oh).saturating_mul(ow) == out_total)
         })
         .collect();
     Some(fits)
