@@ -84,8 +84,12 @@ pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
     // Unless told, the model is shown as exported: at its own fixed batch, if it has one.
     let batch = match options.batch {
         Some(b) => Some(b),
-        None => crate::plan::input_batch(&options.inputs)?
-            .map(|(_, b)| b)
+        // Showing needs no sample split: the first --input's axis 0 is the batch, even
+        // where other inputs hold theirs elsewhere (a recurrent state's is axis 1).
+        None => options
+            .inputs
+            .values()
+            .find_map(|dims| dims.first().copied())
             .or_else(|| crate::plan::fixed_batch(&model.graph))
             .or(Some(1)),
     };

@@ -579,20 +579,23 @@ fn request_error(message: String) -> Error {
     Error::Plan(Box::new(PlanError::Request(message)))
 }
 
-/// The batch the `--input` shapes give (their axis 0), if any; they must agree.
-pub(crate) fn input_batch(
+/// The batch the `--input` shapes give (their axis 0), if any; they must agree. Scalar
+/// inputs (a sample rate, a flag) have no batch.
+fn input_batch(
     inputs: &std::collections::BTreeMap<String, Vec<u64>>,
 ) -> Result<Option<(String, u64)>, Error> {
     let mut found: Option<(String, u64)> = None;
     for (name, dims) in inputs {
         let Some(&b) = dims.first() else {
-            return Err(request_error(format!("--input {name}: no dimensions")));
+            continue;
         };
         match &found {
             Some((first, fb)) if *fb != b => {
                 return Err(request_error(format!(
-                    "--input {first} has batch {fb} and --input {name} batch {b}: axis 0 is \
-                     the batch of every input"
+                    "--input {first} has batch {fb} and --input {name} batch {b}: planning \
+                     splits samples on axis 0 of every input, so their axis 0 must agree (an \
+                     input holding the batch on another axis, such as a recurrent state \
+                     [directions, batch, hidden], cannot be planned yet)"
                 )))
             }
             Some(_) => {}

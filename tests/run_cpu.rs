@@ -594,3 +594,18 @@ fn a_torch_exports_attention_adding_the_qkv_bias_splits_by_heads_as_one_device()
     );
     assert_same("torchscript heads", &run_plan(&model, 2, 2, &s, 1), &want);
 }
+
+#[test]
+fn branches_chosen_by_shapes_are_inlined_and_trained_on_any_split() {
+    // branches.onnx: nested Ifs on the batch and the width; at batch 8 the taken branch
+    // runs a CumSum and adds a bias that is the branch's own initializer.
+    let s = strategy(&[stage("fc0", "fc1", 4)], "", "1f1b", 1);
+    check("branches.onnx", 8, 4, &s, "branches-dp");
+    let s = strategy(
+        &[stage("fc0", "fc0", 2), stage("cumsum", "fc1", 2)],
+        &split("fc1", 1, 1, 2),
+        "gpipe",
+        2,
+    );
+    check("branches.onnx", 8, 4, &s, "branches-pipeline-soap");
+}

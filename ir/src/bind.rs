@@ -76,7 +76,8 @@ fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
     Ok(Dim::known(v as i64))
 }
 
-/// Applies `bindings` to the declared shapes of `graph`'s inputs.
+/// Applies `bindings` to the declared shapes of `graph`'s inputs, then inlines the branch
+/// of every `If` whose condition the bound shapes decide.
 ///
 /// # Errors
 /// When an input is unknown, a rank differs, a fixed dimension is contradicted or a size
@@ -200,5 +201,6 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
             }
         }
     }
+    crate::branches::inline_taken(graph);
     Ok(())
 }

@@ -109,7 +109,7 @@ pub fn flops_per_element(op: &Op) -> u64 {
         Op::Softmax { .. } => 5,
         // Training-mode forward: mean, variance, normalize, scale and shift.
         Op::BatchNorm { .. } | Op::LayerNorm { .. } => 7,
-        Op::Dropout { .. } | Op::Trilu { .. } => 1,
+        Op::Dropout { .. } | Op::Trilu { .. } | Op::CumSum { .. } => 1,
         // Bilinear: four taps, a multiply-add each; nearest: a copy.
         Op::Resize(r) => match r.mode {
             ResizeMode::Nearest => 0,
@@ -234,6 +234,31 @@ impl Counter<'_> {
                 ])?;
                 let macs = self.mul(&[rows, self.dim(x, 2).saturating_add(r.hidden)])?;
                 (macs, self.mul(&[rows, 4])?)
+            }
+            Op::Einsum(e) => {
+                // One product per combination of all labels' indices (n − 1 multiplies
+                // for n operands, the last one fused with the sum); one operand: an add.
+                let operands: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
+                let ranks: Vec<usize> = operands
+                    .iter()
+                    .map(|&v| self.info.ty(v).shape.rank())
+                    .collect();
+                let Ok(axes) = e.axes(&ranks) else {
+                    return Ok((0, 0));
+                };
+                let mut sizes: std::collections::BTreeMap<u32, u64> = Default::default();
+                for (&v, labels) in operands.iter().zip(&axes.operands) {
+                    for (axis, &l) in labels.iter().enumerate() {
+                        let d = self.dim(v, axis);
+                        let s = sizes.entry(l).or_insert(d);
+                        *s = (*s).max(d);
+                    }
+                }
+                let combos = self.mul(&sizes.values().copied().collect::<Vec<_>>())?;
+                match operands.len() {
+                    0 | 1 => (0, combos),
+                    n => (self.mul(&[combos, n as u64 - 1])?, 0),
+                }
             }
             Op::Variadic(_) => (
                 0,

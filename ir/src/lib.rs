@@ -43,6 +43,7 @@
 )]
 
 mod bind;
+mod branches;
 mod count;
 mod dtype;
 mod error;

@@ -192,6 +192,264 @@ pub enum Op {
     },
     /// A recurrent layer over a sequence (ONNX RNN, GRU, LSTM).
     Recurrent(Recurrent),
+    /// The element count of a tensor, as an `i64` scalar.
+    Size,
+    /// `out[i…] = data[i… with axis replaced by indices[i…]]`: indices of the output's shape.
+    GatherElements {
+        /// Axis (may be negative).
+        axis: i64,
+    },
+    /// `data` with `updates` written at positions given per element along `axis`.
+    ScatterElements {
+        /// Axis (may be negative).
+        axis: i64,
+        /// How an update combines with what it overwrites.
+        reduction: Reduction,
+    },
+    /// `data` with slices `updates[i…]` written at the index tuples `indices[i…, :]`.
+    ScatterNd {
+        /// How an update combines with what it overwrites.
+        reduction: Reduction,
+    },
+    /// Running sum along the axis given by input 1.
+    CumSum {
+        /// Leave the current element out of its own sum.
+        exclusive: bool,
+        /// Sum from the last element back.
+        reverse: bool,
+    },
+    /// Tensor contraction written in Einstein notation (explicit or implicit output).
+    Einsum(Arc<Einsum>),
+    /// A conditional whose condition must fold to a constant: binding the graph's inputs
+    /// ([`crate::bind`]) inlines the taken branch. Inputs: the condition, then every value
+    /// of the enclosing graph that the branches read ([`IfBranches::captures`], in order).
+    If(Arc<IfBranches>),
+}
+
+/// How a scatter combines an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// Overwrite.
+    None,
+    /// Add.
+    Add,
+    /// Multiply.
+    Mul,
+    /// Keep the larger.
+    Max,
+    /// Keep the smaller.
+    Min,
+}
+
+/// An Einstein summation, parsed: one label list per operand and for the output. Labels
+/// are letters; an ellipsis stands for the same leading (broadcast) axes in every operand
+/// and is expanded once the ranks are known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Einsum {
+    /// The equation as written.
+    pub equation: String,
+    /// Labels per operand; `None` marks where the ellipsis stood.
+    pub operands: Vec<Vec<Option<char>>>,
+    /// Output labels (implicit form: the labels used once, sorted, after the ellipsis).
+    pub output: Vec<Option<char>>,
+}
+
+/// An [`Einsum`] at known operand ranks: every axis of every operand and of the output
+/// named by a label number. Letters are their code points; the ellipsis's axes are
+/// `ELLIPSIS + k`, `k` counted so that they align on the right, as broadcasting does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EinsumAxes {
+    /// Labels per operand axis.
+    pub operands: Vec<Vec<u32>>,
+    /// Labels per output axis.
+    pub output: Vec<u32>,
+}
+
+impl Einsum {
+    /// First label number of the ellipsis's axes.
+    pub const ELLIPSIS: u32 = 0x1_0000;
+
+    /// Parses an equation (`"bij,bjk->bik"`, `"...ii->...i"`, implicit `"ij,jk"`).
+    ///
+    /// # Errors
+    /// When it is not one: the message says what is wrong.
+    pub fn parse(equation: &str) -> Result<Einsum, String> {
+        let compact: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, rhs) = match compact.split_once("->") {
+            Some((l, r)) => (l, Some(r)),
+            None => (compact.as_str(), None),
+        };
+        let term = |t: &str| -> Result<Vec<Option<char>>, String> {
+            let mut labels = Vec::new();
+            let mut rest = t;
+            let mut ellipsis = false;
+            while let Some(c) = rest.chars().next() {
+                if let Some(after) = rest.strip_prefix("...") {
+                    if std::mem::replace(&mut ellipsis, true) {
+                        return Err(format!("'{t}' has more than one ellipsis"));
+                    }
+                    labels.push(None);
+                    rest = after;
+                } else if c.is_ascii_alphabetic() {
+                    labels.push(Some(c));
+                    rest = &rest[1..];
+                } else {
+                    return Err(format!("'{c}' is not a letter or an ellipsis"));
+                }
+            }
+            Ok(labels)
+        };
+        let operands = lhs.split(',').map(term).collect::<Result<Vec<_>, _>>()?;
+        let output = match rhs {
+            Some(r) => {
+                let out = term(r)?;
+                for l in out.iter().flatten() {
+                    if out.iter().filter(|o| **o == Some(*l)).count() > 1 {
+                        return Err(format!("output label '{l}' appears twice"));
+                    }
+                    if !operands.iter().flatten().any(|o| *o == Some(*l)) {
+                        return Err(format!("output label '{l}' is in no operand"));
+                    }
+                }
+                out
+            }
+            None => {
+                // Implicit output: the ellipsis, then the labels used once, alphabetically.
+                let mut once: Vec<char> = operands
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .copied()
+                    .filter(|l| {
+                        operands
+                            .iter()
+                            .flatten()
+                            .filter(|o| **o == Some(*l))
+                            .count()
+                            == 1
+                    })
+                    .collect();
+                once.sort_unstable();
+                let ellipsis = operands.iter().flatten().any(Option::is_none);
+                ellipsis
+                    .then_some(None)
+                    .into_iter()
+                    .chain(once.into_iter().map(Some))
+                    .collect()
+            }
+        };
+        Ok(Einsum {
+            equation: equation.to_owned(),
+            operands,
+            output,
+        })
+    }
+
+    /// The labels of every axis when the operands have ranks `ranks`.
+    ///
+    /// # Errors
+    /// When the operand count or a rank does not fit the equation.
+    pub fn axes(&self, ranks: &[usize]) -> Result<EinsumAxes, String> {
+        if ranks.len() != self.operands.len() {
+            return Err(format!(
+                "the equation '{}' has {} operand(s), the node {}",
+                self.equation,
+                self.operands.len(),
+                ranks.len()
+            ));
+        }
+        let mut spans = Vec::with_capacity(ranks.len());
+        for (i, (labels, &rank)) in self.operands.iter().zip(ranks).enumerate() {
+            let named = labels.iter().flatten().count();
+            let has_ellipsis = labels.len() > named;
+            if rank < named || (!has_ellipsis && rank != named) {
+                return Err(format!(
+                    "operand {i} has rank {rank}, the equation '{}' gives it {named} label(s){}",
+                    self.equation,
+                    if has_ellipsis { " and an ellipsis" } else { "" }
+                ));
+            }
+            spans.push(rank - named);
+        }
+        let widest = spans.iter().copied().max().unwrap_or(0);
+        let expand = |labels: &[Option<char>], span: usize| -> Vec<u32> {
+            labels
+                .iter()
+                .flat_map(|l| match l {
+                    Some(c) => vec![u32::from(*c)],
+                    None => (widest - span..widest)
+                        .map(|k| Einsum::ELLIPSIS + k as u32)
+                        .collect(),
+                })
+                .collect()
+        };
+        Ok(EinsumAxes {
+            operands: self
+                .operands
+                .iter()
+                .zip(&spans)
+                .map(|(l, &span)| expand(l, span))
+                .collect(),
+            output: expand(&self.output, widest),
+        })
+    }
+}
+
+/// The two branches of an `If`, imported but not connected: each reads values of the
+/// enclosing graph by name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IfBranches {
+    /// Taken when the condition is true.
+    pub then_branch: Branch,
+    /// Taken when the condition is false.
+    pub else_branch: Branch,
+    /// Names of the enclosing graph's values the branches read (sorted); the `If` node's
+    /// inputs from slot 1 on are these values.
+    pub captures: Vec<String>,
+}
+
+/// A subgraph: nodes in file order, reading each other's and captured values by name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Branch {
+    /// Its nodes.
+    pub nodes: Vec<BranchNode>,
+    /// Names of the values it returns, one per output of the `If`.
+    pub outputs: Vec<String>,
+}
+
+/// One node of a [`Branch`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BranchNode {
+    /// The operator.
+    pub op: Op,
+    /// Its ONNX name and type.
+    pub provenance: crate::graph::Provenance,
+    /// Input names by slot (empty: an omitted optional input).
+    pub inputs: Vec<String>,
+    /// Output names by slot.
+    pub outputs: Vec<String>,
+}
+
+impl Branch {
+    /// The names this branch reads but does not define, sorted.
+    pub fn free_names(&self) -> Vec<String> {
+        let mut defined: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut free: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for n in &self.nodes {
+            for i in n.inputs.iter().filter(|i| !i.is_empty()) {
+                if !defined.contains(i.as_str()) {
+                    free.insert(i.clone());
+                }
+            }
+            defined.extend(n.outputs.iter().map(String::as_str));
+        }
+        for o in &self.outputs {
+            if !defined.contains(o.as_str()) {
+                free.insert(o.clone());
+            }
+        }
+        free.into_iter().collect()
+    }
 }
 
 /// A recurrent layer: inputs `X, W, R, B, sequence_lens, initial_h` (and `initial_c` for
@@ -819,6 +1077,13 @@ impl Op {
             Op::Resize(_) => "Resize",
             Op::Recurrent(r) => r.cell.name(),
             Op::Trilu { .. } => "Trilu",
+            Op::Size => "Size",
+            Op::GatherElements { .. } => "GatherElements",
+            Op::ScatterElements { .. } => "ScatterElements",
+            Op::ScatterNd { .. } => "ScatterND",
+            Op::CumSum { .. } => "CumSum",
+            Op::Einsum(_) => "Einsum",
+            Op::If(_) => "If",
         }
     }
 
@@ -839,7 +1104,9 @@ impl Op {
             // Resampling works per channel on spatial windows, as pooling does.
             Op::Pool(_) | Op::GlobalPool(_) | Op::Resize(_) => OpClass::Pool,
             Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
-            Op::Reduce { .. } => OpClass::Reduce,
+            // A contraction is a product and a reduction; the planner splits it by
+            // samples only, as a reduction (no tensor-parallel lowering of its operands).
+            Op::Reduce { .. } | Op::Einsum(_) => OpClass::Reduce,
             Op::Recurrent(_) => OpClass::Recurrent,
             Op::Concat { .. }
             | Op::Split { .. }
@@ -856,7 +1123,14 @@ impl Op {
             | Op::Cast { .. }
             | Op::Identity
             | Op::Pad { .. }
-            | Op::Expand => OpClass::Shape,
+            | Op::Expand
+            | Op::Size
+            | Op::GatherElements { .. }
+            | Op::ScatterElements { .. }
+            | Op::ScatterNd { .. }
+            | Op::If(_) => OpClass::Shape,
+            // A running sum is elementwise in cost: one add per element.
+            Op::CumSum { .. } => OpClass::Elementwise,
         }
     }
 }

@@ -604,3 +604,68 @@ fn recurrent_layers() {
         }
     }
 }
+
+#[test]
+fn indexed_ops() {
+    use ralpc_ir::Reduction;
+    let x = rand(&[3, 4], "x");
+    // Column 1 is read twice: its gradient adds.
+    let idx = ints(&[2, 4], vec![0, 1, 2, -1, 1, 1, 0, 2]);
+    check_except(
+        "gather_elements",
+        Op::GatherElements { axis: 0 },
+        vec![Some(x.clone()), Some(idx)],
+        1,
+        &[1],
+    );
+    for reduction in [Reduction::None, Reduction::Add] {
+        let idx = ints(&[2, 2], vec![3, 0, 1, 2]);
+        check_except(
+            &format!("scatter_elements_{reduction:?}"),
+            Op::ScatterElements { axis: 1, reduction },
+            vec![Some(x.clone()), Some(idx), Some(rand(&[2, 2], "up"))],
+            1,
+            &[1],
+        );
+        let idx = ints(&[2, 1], vec![2, 0]);
+        check_except(
+            &format!("scatter_nd_{reduction:?}"),
+            Op::ScatterNd { reduction },
+            vec![Some(x.clone()), Some(idx), Some(rand(&[2, 4], "rows"))],
+            1,
+            &[1],
+        );
+    }
+    for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
+        check_except(
+            &format!("cumsum_{exclusive}_{reverse}"),
+            Op::CumSum { exclusive, reverse },
+            vec![Some(rand(&[2, 3, 4], "c")), Some(ints(&[], vec![-2]))],
+            1,
+            &[1],
+        );
+    }
+}
+
+#[test]
+fn einsum_contractions() {
+    use std::sync::Arc;
+    let cases: [(&str, &[&[usize]]); 6] = [
+        ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]]),
+        ("ij,jk", &[&[3, 4], &[4, 2]]),
+        ("...ii->...i", &[&[2, 3, 3]]),
+        ("i,i->", &[&[5], &[5]]),
+        ("bhqd,bhkd->bhqk", &[&[1, 2, 3, 4], &[1, 2, 2, 4]]),
+        // The ellipsis broadcasts a 1 against a 2.
+        ("...j,jk->...k", &[&[2, 1, 3], &[3, 2]]),
+    ];
+    for (equation, shapes) in cases {
+        let e = ralpc_ir::Einsum::parse(equation).expect(equation);
+        let inputs = shapes
+            .iter()
+            .enumerate()
+            .map(|(k, s)| Some(rand(s, &format!("{equation}{k}"))))
+            .collect();
+        check(equation, Op::Einsum(Arc::new(e)), inputs, 1);
+    }
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{InferError, Scalar, ValueType, MAX_FOLD_ELEMENTS};
 use crate::dtype::DType;
-use crate::op::{Binary, Op, ReduceKind, Variadic};
+use crate::op::{Binary, Op, ReduceKind, Unary, Variadic};
 use crate::shape::{Dim, Shape};
 
 type Content = Option<Arc<[Scalar]>>;
@@ -59,24 +59,58 @@ pub(super) fn concat(inputs: &[Option<&ValueType>]) -> Content {
     (out.len() as u64 <= MAX_FOLD_ELEMENTS).then(|| out.into())
 }
 
-/// Slice of a 1-D content; `picks` has at most one entry (axis 0, start, step).
-pub(super) fn slice1(x: &ValueType, picks: &[(usize, i64, i64)], out: &Shape) -> Content {
+/// Slice of a content; `picks` lists (axis, start, step) of the sliced axes.
+pub(super) fn slice(x: &ValueType, picks: &[(usize, i64, i64)], out: &Shape) -> Content {
     let content = x.content.as_ref()?;
-    let n = content.len() as i64;
-    let len = out.0.first()?.as_known()?;
-    let (start, step) = match picks {
-        [] => (0, 1),
-        [(0, start, step)] => (*start, *step),
-        _ => return None,
-    };
-    let mut s = if start < 0 { start + n } else { start };
-    s = if step > 0 {
-        s.clamp(0, n)
-    } else {
-        s.clamp(0, n - 1)
-    };
-    (0..len)
-        .map(|i| content.get((s + i * step) as usize).cloned())
+    let in_sizes = sizes(x)?;
+    let out_sizes = out.as_sizes()?;
+    let total = out.known_numel().filter(|&n| n <= MAX_FOLD_ELEMENTS)?;
+    // Per axis: the first input index and the step.
+    let mut first = vec![0i64; in_sizes.len()];
+    let mut steps = vec![1i64; in_sizes.len()];
+    for &(axis, start, step) in picks {
+        let n = *in_sizes.get(axis)? as i64;
+        let s = if start < 0 { start + n } else { start };
+        first[axis] = if step > 0 {
+            s.clamp(0, n)
+        } else {
+            s.clamp(0, n - 1)
+        };
+        steps[axis] = step;
+    }
+    let strides = row_major_strides(&in_sizes);
+    (0..total)
+        .map(|f| {
+            let mut rest = f;
+            let mut at = 0i64;
+            for d in (0..out_sizes.len()).rev() {
+                let i = (rest % out_sizes[d]) as i64;
+                rest /= out_sizes[d];
+                at += (first[d] + i * steps[d]) * strides[d] as i64;
+            }
+            content.get(usize::try_from(at).ok()?).cloned()
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(Into::into)
+}
+
+/// A content with its axes permuted (`perm[k]` is the input axis of output axis `k`).
+pub(super) fn transpose(x: &ValueType, perm: &[usize]) -> Content {
+    let content = x.content.as_ref()?;
+    let in_sizes = sizes(x)?;
+    let strides = row_major_strides(&in_sizes);
+    let out_sizes: Vec<u64> = perm.iter().map(|&p| in_sizes[p]).collect();
+    let total: u64 = out_sizes.iter().product();
+    (0..total)
+        .map(|f| {
+            let mut rest = f;
+            let mut at = 0;
+            for d in (0..out_sizes.len()).rev() {
+                at += (rest % out_sizes[d]) * strides[perm[d]];
+                rest /= out_sizes[d];
+            }
+            content.get(at as usize).cloned()
+        })
         .collect::<Option<Vec<_>>>()
         .map(Into::into)
 }
@@ -201,6 +235,30 @@ pub(super) fn elementwise(op: &Op, inputs: &[Option<&ValueType>], out: &Shape) -
         result.push(v);
     }
     Some(result.into())
+}
+
+/// Neg, Abs or Sign of known numbers (shape arithmetic negates axis counts).
+pub(super) fn sign_op(u: Unary, content: &[Scalar]) -> Content {
+    content
+        .iter()
+        .map(|s| match s {
+            Scalar::Int(d) => {
+                let v = d.as_known()?;
+                let r = match u {
+                    Unary::Neg => v.checked_neg()?,
+                    Unary::Abs => v.checked_abs()?,
+                    _ => v.signum(),
+                };
+                Some(Scalar::Int(Dim::known(r)))
+            }
+            Scalar::Float(x) => Some(Scalar::Float(match u {
+                Unary::Neg => -x,
+                Unary::Abs => x.abs(),
+                _ if *x == 0.0 => 0.0,
+                _ => x.signum(),
+            })),
+        })
+        .collect()
 }
 
 /// One step of a variadic fold (Mean sums; the caller divides).

@@ -267,8 +267,44 @@ fn constant_detail(graph: &Graph, v: Option<crate::ids::ValueId>) -> String {
             },
             Storage::Inline(_) => String::new(),
         },
-        _ => String::new(),
+        _ => {
+            let inputs = value_sources(graph, v);
+            if inputs.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; it depends on the value of {}, known only at run time",
+                    inputs
+                        .iter()
+                        .map(|i| format!("input '{i}'"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        }
     }
+}
+
+/// The graph inputs whose values (not only shapes) flow into `v`, by name.
+fn value_sources(graph: &Graph, v: crate::ids::ValueId) -> Vec<String> {
+    let mut seen = vec![false; graph.value_count()];
+    let mut stack = vec![v];
+    let mut found = std::collections::BTreeSet::new();
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut seen[v.index()], true) {
+            continue;
+        }
+        let node = graph.node(graph.value(v).producer);
+        match node.op {
+            Op::Input => {
+                found.insert(graph.value(v).name.clone());
+            }
+            // These read only their input's shape.
+            Op::Shape { .. } | Op::Size => {}
+            _ => stack.extend(node.inputs.iter().flatten().copied()),
+        }
+    }
+    found.into_iter().collect()
 }
 
 /// Reads external integer constants that shape inference needs (Reshape targets stored as

@@ -7,6 +7,7 @@ use crate::graph::Rebatch;
 use crate::op::*;
 use crate::shape::{Dim, Shape};
 
+mod indexing;
 mod recurrent;
 mod resize;
 
@@ -637,9 +638,7 @@ fn slice(ctx: &Ctx<'_>, ranges: &Option<SliceRanges>) -> Result<Vec<ValueType>> 
         picks.push((ax, starts[i], steps[i]));
     }
     let mut v = ValueType::new(x.dtype, out.clone());
-    if rank == 1 {
-        v.content = fold::slice1(x, &picks, &out);
-    }
+    v.content = fold::slice(x, &picks, &out);
     Ok(vec![v])
 }
 
@@ -807,10 +806,12 @@ fn transpose(ctx: &Ctx<'_>, perm: &Option<Vec<i64>>) -> Result<Vec<ValueType>> {
             format!("{perm:?} is not a permutation of {rank} axes"),
         ));
     }
-    Ok(vec![ValueType::new(
+    let mut v = ValueType::new(
         x.dtype,
         Shape(perm.iter().map(|&p| x.shape.0[p].clone()).collect()),
-    )])
+    );
+    v.content = fold::transpose(x, &perm);
+    Ok(vec![v])
 }
 
 fn gather(ctx: &Ctx<'_>, a: i64) -> Result<Vec<ValueType>> {
@@ -1070,10 +1071,24 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
                     reason: format!("Not needs a boolean input, got {}", x.dtype),
                 });
             }
-            same(ctx)
+            let mut out = same(ctx)?;
+            out[0].content = x.content.as_deref().and_then(|c| {
+                c.iter()
+                    .map(|s| Some(Scalar::Int(Dim::known(i64::from(s.as_i64()? == 0)))))
+                    .collect()
+            });
+            Ok(out)
         }
         // Defined on signed integers too.
-        Op::Unary(Unary::Neg | Unary::Abs | Unary::Sign) => same(ctx),
+        Op::Unary(u @ (Unary::Neg | Unary::Abs | Unary::Sign)) => {
+            let mut out = same(ctx)?;
+            out[0].content = ctx
+                .input(0)?
+                .content
+                .as_deref()
+                .and_then(|c| fold::sign_op(*u, c));
+            Ok(out)
+        }
         Op::Unary(_) => {
             let x = ctx.input(0)?;
             need_float(x, 0)?;
@@ -1171,5 +1186,34 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         }
         Op::Resize(r) => resize::resize(ctx, r),
         Op::Recurrent(r) => recurrent::recurrent(ctx, r),
+        Op::Size => indexing::size(ctx),
+        Op::GatherElements { axis } => indexing::gather_elements(ctx, *axis),
+        Op::ScatterElements { axis, .. } => indexing::scatter_elements(ctx, *axis),
+        Op::ScatterNd { .. } => indexing::scatter_nd(ctx),
+        Op::CumSum { .. } => indexing::cumsum(ctx),
+        Op::Einsum(e) => indexing::einsum(ctx, e),
+        // Binding inlines every If whose condition folds ([`crate::bind`]): one still here
+        // has a condition only known at run time.
+        Op::If(_) => {
+            let cond = ctx.input(0)?;
+            match cond.content.as_deref() {
+                Some([c]) if c.as_f64().is_some() => Err(InferError::Type {
+                    reason: "an If is inlined when the graph's inputs are bound: bind first".into(),
+                }),
+                _ => {
+                    let detail = (ctx.constant_detail)(0);
+                    Err(InferError::NotConstant {
+                        slot: 0,
+                        detail: if detail.is_empty() {
+                            "; only the branch it takes is compiled, and it depends on sizes \
+                             not bound yet (give them with --batch or --input)"
+                                .into()
+                        } else {
+                            format!("{detail}; only the branch it takes is compiled")
+                        },
+                    })
+                }
+            }
+        }
     }
 }

@@ -30,7 +30,7 @@ use crate::dtype::DType;
 use crate::error::{Diagnostic, ImportError, Problem};
 use crate::graph::{Graph, Provenance, Site, TensorType};
 use crate::ids::ValueId;
-use crate::op::Op;
+use crate::op::{Branch, BranchNode, IfBranches, Op};
 use crate::shape::{Dim, Shape};
 
 /// An imported model.
@@ -237,29 +237,16 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             name: name.clone(),
             op_type: node.op_type.clone(),
         };
-        let standard = node.domain.is_empty() || node.domain == "ai.onnx";
-        let failed_outputs = node.output.iter().cloned();
-        let op = if !standard {
-            failed.extend(failed_outputs);
-            unsupported.push(Site {
-                op_type: format!("{}.{}", node.domain, node.op_type),
-                ..site
-            });
+        let Some((op, input_names)) = node_op(
+            node,
+            site.clone(),
+            opset,
+            &files,
+            &mut unsupported,
+            &mut problems,
+        ) else {
+            failed.extend(node.output.iter().cloned());
             continue;
-        } else {
-            match ops::convert(node, opset, &files) {
-                Ok(ops::Converted::Op(op)) => op,
-                Ok(ops::Converted::Unsupported) => {
-                    failed.extend(failed_outputs);
-                    unsupported.push(site);
-                    continue;
-                }
-                Err(kind) => {
-                    failed.extend(failed_outputs);
-                    problems.push(Diagnostic { site, kind });
-                    continue;
-                }
-            }
         };
         let prov = Provenance {
             name,
@@ -270,11 +257,11 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         for v in graph.node(id).outputs.clone() {
             define(&graph, &mut names, v, &site, &mut problems);
         }
-        pending.push((id, node, site));
+        pending.push((id, input_names, site));
     }
-    for (id, node, site) in pending {
-        let mut inputs = Vec::with_capacity(node.input.len());
-        for (slot, name) in node.input.iter().enumerate() {
+    for (id, input_names, site) in pending {
+        let mut inputs = Vec::with_capacity(input_names.len());
+        for (slot, name) in input_names.iter().enumerate() {
             if name.is_empty() {
                 inputs.push(None);
             } else if let Some((v, _)) = names.get(name) {
@@ -340,6 +327,195 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         ir_version: model.ir_version,
         opset,
         producer,
+    })
+}
+
+/// The operator of one node and the names of its inputs (for an `If`: the condition, then
+/// the values its branches capture). `None` when it cannot be imported: the reason is in
+/// `unsupported` or `problems`.
+fn node_op(
+    node: &onnx_protobuf::NodeProto,
+    site: Site,
+    opset: i64,
+    files: &tensor::ExternalFiles<'_>,
+    unsupported: &mut Vec<Site>,
+    problems: &mut Vec<Diagnostic>,
+) -> Option<(Op, Vec<String>)> {
+    if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+        unsupported.push(Site {
+            op_type: format!("{}.{}", node.domain, node.op_type),
+            ..site
+        });
+        return None;
+    }
+    if node.op_type == "If" {
+        return if_op(node, site, opset, files, unsupported, problems);
+    }
+    match ops::convert(node, opset, files) {
+        Ok(ops::Converted::Op(op)) => Some((op, node.input.clone())),
+        Ok(ops::Converted::Unsupported) => {
+            unsupported.push(site);
+            None
+        }
+        Err(kind) => {
+            problems.push(Diagnostic { site, kind });
+            None
+        }
+    }
+}
+
+/// An `If` with both branches imported (every unsupported op inside them is reported).
+fn if_op(
+    node: &onnx_protobuf::NodeProto,
+    site: Site,
+    opset: i64,
+    files: &tensor::ExternalFiles<'_>,
+    unsupported: &mut Vec<Site>,
+    problems: &mut Vec<Diagnostic>,
+) -> Option<(Op, Vec<String>)> {
+    let mut branch = |attr: &str| -> Option<Branch> {
+        let Some(g) = node
+            .attribute
+            .iter()
+            .find(|a| a.name == attr)
+            .and_then(|a| a.g.as_ref())
+        else {
+            problems.push(Diagnostic {
+                site: site.clone(),
+                kind: Problem::AttributeMissing { attr: attr.into() },
+            });
+            return None;
+        };
+        import_branch(g, &site, opset, files, unsupported, problems)
+    };
+    let (then_branch, else_branch) = (branch("then_branch"), branch("else_branch"));
+    let (then_branch, else_branch) = (then_branch?, else_branch?);
+    let (Some(cond), 1) = (
+        node.input.first().filter(|c| !c.is_empty()),
+        node.input.len(),
+    ) else {
+        problems.push(Diagnostic {
+            site,
+            kind: Problem::AttributeValue {
+                attr: "input".into(),
+                reason: "an If takes exactly one input, the condition".into(),
+            },
+        });
+        return None;
+    };
+    for b in [&then_branch, &else_branch] {
+        if b.outputs.len() != node.output.len() {
+            problems.push(Diagnostic {
+                site,
+                kind: Problem::AttributeValue {
+                    attr: "then_branch".into(),
+                    reason: format!(
+                        "a branch returns {} value(s) where the If has {} output(s)",
+                        b.outputs.len(),
+                        node.output.len()
+                    ),
+                },
+            });
+            return None;
+        }
+    }
+    let mut captures = then_branch.free_names();
+    captures.extend(else_branch.free_names());
+    captures.sort_unstable();
+    captures.dedup();
+    let inputs = std::iter::once(cond.clone())
+        .chain(captures.iter().cloned())
+        .collect();
+    let op = Op::If(Arc::new(IfBranches {
+        then_branch,
+        else_branch,
+        captures,
+    }));
+    Some((op, inputs))
+}
+
+/// One branch of an `If`: its initializers become constants, its nodes are imported as in
+/// the main graph (an `If` inside recursively). A branch takes no inputs.
+fn import_branch(
+    g: &onnx_protobuf::GraphProto,
+    site: &Site,
+    opset: i64,
+    files: &tensor::ExternalFiles<'_>,
+    unsupported: &mut Vec<Site>,
+    problems: &mut Vec<Diagnostic>,
+) -> Option<Branch> {
+    if !g.input.is_empty() {
+        problems.push(Diagnostic {
+            site: site.clone(),
+            kind: Problem::AttributeValue {
+                attr: "then_branch".into(),
+                reason: format!(
+                    "a branch of an If takes no inputs, '{}' has {}",
+                    g.name,
+                    g.input.len()
+                ),
+            },
+        });
+        return None;
+    }
+    let mut nodes = Vec::with_capacity(g.initializer.len() + g.node.len());
+    let mut complete = true;
+    for t in &g.initializer {
+        match tensor::decode(&mut t.clone(), files) {
+            Ok(data) => nodes.push(BranchNode {
+                op: Op::Constant {
+                    tensor: Arc::new(data),
+                    initializer: true,
+                },
+                provenance: Provenance {
+                    name: t.name.clone(),
+                    op_type: "initializer".into(),
+                },
+                inputs: Vec::new(),
+                outputs: vec![t.name.clone()],
+            }),
+            Err(kind) => {
+                complete = false;
+                problems.push(Diagnostic {
+                    site: Site {
+                        name: t.name.clone(),
+                        op_type: "initializer".into(),
+                    },
+                    kind,
+                });
+            }
+        }
+    }
+    for (index, node) in g.node.iter().enumerate() {
+        let name = if node.name.is_empty() {
+            node.output
+                .iter()
+                .find(|o| !o.is_empty())
+                .cloned()
+                .unwrap_or_else(|| format!("{}_{index}", node.op_type))
+        } else {
+            node.name.clone()
+        };
+        let inner = Site {
+            name: name.clone(),
+            op_type: node.op_type.clone(),
+        };
+        match node_op(node, inner, opset, files, unsupported, problems) {
+            Some((op, inputs)) => nodes.push(BranchNode {
+                op,
+                provenance: Provenance {
+                    name,
+                    op_type: node.op_type.clone(),
+                },
+                inputs,
+                outputs: node.output.clone(),
+            }),
+            None => complete = false,
+        }
+    }
+    complete.then(|| Branch {
+        nodes,
+        outputs: g.output.iter().map(|o| o.name.clone()).collect(),
     })
 }
 

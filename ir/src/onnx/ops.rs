@@ -424,6 +424,32 @@ pub(crate) fn convert(
         "Trilu" => Op::Trilu {
             upper: a.flag("upper", true)?,
         },
+        "Size" => Op::Size,
+        "GatherElements" => Op::GatherElements {
+            axis: a.int("axis")?.unwrap_or(0),
+        },
+        // `Scatter` (opsets 9–10) is ScatterElements under its old name.
+        "ScatterElements" | "Scatter" => Op::ScatterElements {
+            axis: a.int("axis")?.unwrap_or(0),
+            reduction: reduction(&a)?,
+        },
+        "ScatterND" => Op::ScatterNd {
+            reduction: reduction(&a)?,
+        },
+        "CumSum" => Op::CumSum {
+            exclusive: a.flag("exclusive", false)?,
+            reverse: a.flag("reverse", false)?,
+        },
+        "Einsum" => {
+            let equation = a
+                .string("equation")?
+                .ok_or_else(|| Problem::AttributeMissing {
+                    attr: "equation".into(),
+                })?;
+            Op::Einsum(Arc::new(
+                Einsum::parse(&equation).map_err(|reason| invalid("equation", reason))?,
+            ))
+        }
         "Constant" => Op::Constant {
             tensor: Arc::new(constant(&a, files)?),
             initializer: false,
@@ -431,6 +457,17 @@ pub(crate) fn convert(
         _ => return Ok(Converted::Unsupported),
     };
     Ok(Converted::Op(op))
+}
+
+fn reduction(a: &Attrs<'_>) -> Result<Reduction, Problem> {
+    Ok(match a.string("reduction")?.as_deref().unwrap_or("none") {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        other => return Err(invalid("reduction", format!("unknown reduction '{other}'"))),
+    })
 }
 
 /// The payload of a `Constant` node: exactly one of its value attributes.

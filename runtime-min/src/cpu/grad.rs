@@ -4,6 +4,7 @@
 
 use ralpc_ir::{Binary, Op, PoolKind, ReduceKind, Unary, Variadic};
 
+use super::indexing;
 use super::kernels;
 use super::ops::{self, floats, input, Saved};
 use super::tensor::{self as t, Tensor};
@@ -425,6 +426,15 @@ pub fn backward(
             out
         }
         Op::Recurrent(r) => super::recurrent::backward(r, inputs, dys)?,
+        Op::GatherElements { axis } => indexing::gather_elements_backward(inputs, *axis, dy)?,
+        Op::ScatterElements { axis, reduction } => {
+            indexing::scatter_elements_backward(inputs, *axis, *reduction, dy)?
+        }
+        Op::ScatterNd { reduction } => indexing::scatter_nd_backward(inputs, *reduction, dy)?,
+        Op::CumSum { exclusive, reverse } => {
+            indexing::cumsum_backward(inputs, *exclusive, *reverse, dy)?
+        }
+        Op::Einsum(e) => indexing::einsum_backward(e, inputs, dy)?,
         Op::Trilu { upper } => {
             let k = inputs
                 .get(1)

@@ -6,7 +6,8 @@
 //! * [`graph`]: any set of a graph's nodes run forward and backward; weights read or
 //!   seeded ([`init`]);
 //! * [`train`]: the loss, synthetic data and the single-device reference;
-//! * `reduce`, `resize`: reductions and variadic ops, and resampling (forward);
+//! * `reduce`, `resize`, `indexing`: reductions and variadic ops, resampling (forward),
+//!   the element-indexed ops and Einsum;
 //! * `region`: the boxes of tensors and weights a rank holds, and copies between them;
 //! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
 //!   per process talking over TCP ([`net`]).
@@ -14,6 +15,7 @@ pub mod comm;
 pub mod exec;
 pub mod grad;
 pub mod graph;
+mod indexing;
 pub mod init;
 pub mod kernels;
 pub mod net;

@@ -8,6 +8,7 @@
 
 use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
 
+use super::indexing;
 use super::kernels::{self, Conv2d, Pool2d};
 pub(crate) use super::reduce::{kept_shape, reduce_axes};
 use super::reduce::{reduce, variadic};
@@ -352,6 +353,14 @@ pub fn forward(
                 .unwrap_or(0);
             one(trilu(x, *upper, k)?)
         }
+        Op::Size => one(Tensor::i64(vec![], vec![input(inputs, 0)?.len() as i64])),
+        Op::GatherElements { axis } => one(indexing::gather_elements(inputs, *axis)?),
+        Op::ScatterElements { axis, reduction } => {
+            one(indexing::scatter_elements(inputs, *axis, *reduction)?)
+        }
+        Op::ScatterNd { reduction } => one(indexing::scatter_nd(inputs, *reduction)?),
+        Op::CumSum { exclusive, reverse } => one(indexing::cumsum(inputs, *exclusive, *reverse)?),
+        Op::Einsum(e) => one(indexing::einsum(e, inputs)?),
         other => Err(format!(
             "{} is not supported by the CPU backend",
             other.name()
