@@ -609,3 +609,23 @@ fn branches_chosen_by_shapes_are_inlined_and_trained_on_any_split() {
     );
     check("branches.onnx", 8, 4, &s, "branches-pipeline-soap");
 }
+
+#[test]
+fn values_computed_from_constants_are_computed_by_every_layer_reading_them() {
+    // anchors.onnx: a grid built from a feature map's width (not folded: Sqrt) is read by
+    // both convolution layers; the second computes it where it runs.
+    let s = strategy(
+        &[stage("conv", "conv", 2), stage("conv2", "fc", 2)],
+        "",
+        "gpipe",
+        2,
+    );
+    check("anchors.onnx", 8, 4, &s, "anchors-pipeline");
+    let s = strategy(
+        &[stage("conv", "fc", 4)],
+        &split("conv2", 2, 1, 2),
+        "1f1b",
+        1,
+    );
+    check("anchors.onnx", 8, 4, &s, "anchors-soap");
+}

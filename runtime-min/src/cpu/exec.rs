@@ -16,6 +16,8 @@
 //! all-reduce of it over every holder (each keeping it whole).
 //!
 //! Activation recomputation is in [`recompute`], ZeRO's sharded gradients and steps in [`zero`].
+//! A value computed from constants alone that a layer reads but no layer computes (an
+//! anchor grid too large to fold) is computed by every rank reading it ([`derived`]).
 //!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
@@ -51,6 +53,7 @@ use super::region::{
 use super::tensor::{Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
 
+mod derived;
 mod heads;
 mod loss;
 mod recompute;
@@ -257,6 +260,8 @@ enum Source {
     GraphInput,
     Constant,
     Folded,
+    /// Computed from constants by every rank that reads it ([`derived`]).
+    Derived,
 }
 
 struct LayerExec {
@@ -484,6 +489,8 @@ impl<'a> Prepared<'a> {
                         Source::GraphInput
                     } else if exe.info.ty(c).content.is_some() {
                         Source::Folded
+                    } else if derived::derivable(exe, c) {
+                        Source::Derived
                     } else {
                         return Err(setup(format!(
                             "layer {} reads '{}', which no layer, input or constant provides",
@@ -1556,6 +1563,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                             format!("constant '{}' is missing", self.value_name(c))
                         })?,
                     },
+                    Source::Derived => p.derive(c, samples.len() as u64)?,
                     Source::Folded => {
                         let info = p.info_at(samples.len() as u64)?;
                         folded(&info, c).ok_or_else(|| {
@@ -1584,7 +1592,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             };
             // A head piece's reshape targets and split sizes.
             let t = match (source, layer.local.is_empty()) {
-                (Source::Constant | Source::Folded, false) => {
+                (Source::Constant | Source::Folded | Source::Derived, false) => {
                     let ints = t.to_i64s();
                     match layer
                         .local
