@@ -2,9 +2,10 @@
 //!
 //! Conventions (those of published model tables, e.g. torchvision's):
 //! * **params**: elements of floating-point constant tensors that are model weights —
-//!   initializers, and the float `ConstantOfShape` outputs that old models use to encode
-//!   weights. Each is attributed to the first layer that reads it; the total equals the
-//!   file's float initializer elements exactly.
+//!   initializers of more than one element ([`Op::is_weight`]), and the float
+//!   `ConstantOfShape` outputs that old models use to encode weights. Each is attributed to
+//!   the first layer that reads it; the total equals the file's float initializer elements
+//!   that are not scalars exactly.
 //! * **MACs**: forward multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul only.
 //! * **FLOPs**: every other forward floating-point operation (bias adds, activations,
 //!   normalization, pooling, softmax), by the per-element costs in [`flops_per_element`].
@@ -269,13 +270,10 @@ impl Counter<'_> {
     }
 }
 
-/// Whether a value is a weight: a float initializer, or a float `ConstantOfShape` output.
+/// Whether a value is a weight ([`Op::is_weight`]), or a float `ConstantOfShape` output.
 fn is_parameter(graph: &Graph, v: ValueId) -> bool {
     match &graph.node(graph.value(v).producer).op {
-        Op::Constant {
-            tensor,
-            initializer,
-        } => *initializer && tensor.dtype.is_float(),
+        op @ Op::Constant { .. } => op.is_weight(),
         Op::ConstantOfShape { dtype, .. } => dtype.is_float(),
         _ => false,
     }

@@ -1087,6 +1087,15 @@ impl Op {
         }
     }
 
+    /// Whether this is a trainable weight: a floating-point initializer of more than one
+    /// element. A one-element initializer is a constant of the formula (an exponent, an
+    /// ε, a scale), as in PyTorch, where such numbers are never parameters: training it
+    /// would change the function (and the exponent of a negative base has no gradient).
+    pub fn is_weight(&self) -> bool {
+        matches!(self, Op::Constant { tensor, initializer: true }
+            if tensor.dtype.is_float() && tensor.numel().is_some_and(|n| n > 1))
+    }
+
     /// The operator's class.
     pub fn class(&self) -> OpClass {
         match self {

@@ -166,7 +166,7 @@ impl Facts {
                 facts.folded[v.index()] = ty.content.is_some();
                 facts.derived[v.index()] = derived || ty.content.is_some();
                 facts.shape[v.index()] = ty.shape.as_sizes();
-                facts.parameter[v.index()] = matches!(&node.op, Op::Constant { tensor, initializer: true } if tensor.dtype.is_float());
+                facts.parameter[v.index()] = node.op.is_weight();
             }
         }
         for &v in graph.outputs() {

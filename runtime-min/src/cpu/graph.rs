@@ -49,7 +49,7 @@ pub enum ExecError {
 pub struct Weights {
     /// Every constant, by the value it produces.
     pub tensors: BTreeMap<ValueId, Tensor>,
-    /// The trainable weights (floating-point initializers and generated weights), in graph
+    /// The trainable weights ([`ralpc_ir::Op::is_weight`] and generated weights), in graph
     /// order.
     pub trainable: Vec<ValueId>,
     /// How many initializers had no data and were initialized from the seed.
@@ -96,11 +96,7 @@ impl Weights {
                 );
                 continue;
             }
-            let Op::Constant {
-                tensor,
-                initializer,
-            } = &node.op
-            else {
+            let Op::Constant { tensor, .. } = &node.op else {
                 continue;
             };
             let Some(&value) = node.outputs.first() else {
@@ -140,7 +136,7 @@ impl Weights {
                     }
                 },
             };
-            if *initializer && tensor.dtype.is_float() {
+            if node.op.is_weight() {
                 w.trainable.push(value);
             }
             w.tensors.insert(value, t);
