@@ -629,3 +629,18 @@ fn values_computed_from_constants_are_computed_by_every_layer_reading_them() {
     );
     check("anchors.onnx", 8, 4, &s, "anchors-soap");
 }
+
+#[test]
+fn a_three_dimensional_cnn_trains_the_same_on_any_split_of_its_samples_and_channels() {
+    // video.onnx: Conv3d, MaxPool3d, AveragePool3d over clips of 4 frames.
+    let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);
+    check("video.onnx", 8, 4, &s, "video-dp");
+    let layers = [split("conv0", 2, 1, 2), split("conv1", 1, 1, 4)].join(", ");
+    let s = strategy(
+        &[stage("conv0", "pool0", 4), stage("conv1", "fc", 4)],
+        &layers,
+        "gpipe",
+        2,
+    );
+    check("video.onnx", 8, 8, &s, "video-soap-pipeline");
+}

@@ -669,3 +669,121 @@ fn einsum_contractions() {
         check(equation, Op::Einsum(Arc::new(e)), inputs, 1);
     }
 }
+
+/// A 3-d convolution computed directly from its definition.
+fn direct_conv3d(
+    x: &Tensor,
+    w: &Tensor,
+    b: &[f32],
+    stride: [usize; 3],
+    dilation: [usize; 3],
+    pad: [usize; 3],
+    group: usize,
+) -> (Vec<usize>, Vec<f32>) {
+    let (xs, ws) = (x.floats().unwrap(), w.floats().unwrap());
+    let (n, c, d, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4]);
+    let (m, cg, k) = (w.shape[0], w.shape[1], [w.shape[2], w.shape[3], w.shape[4]]);
+    let input = [d, h, wd];
+    let out: Vec<usize> = (0..3)
+        .map(|a| (input[a] + 2 * pad[a] - (k[a] - 1) * dilation[a] - 1) / stride[a] + 1)
+        .collect();
+    let mut y = vec![0.0f32; n * m * out.iter().product::<usize>()];
+    let mut at = 0;
+    for s in 0..n {
+        for o in 0..m {
+            let g = o / (m / group);
+            for od in 0..out[0] {
+                for oh in 0..out[1] {
+                    for ow in 0..out[2] {
+                        let mut sum = b[o];
+                        for ci in 0..cg {
+                            let ch = g * cg + ci;
+                            for kd in 0..k[0] {
+                                for kh in 0..k[1] {
+                                    for kw in 0..k[2] {
+                                        let p = [
+                                            od * stride[0] + kd * dilation[0],
+                                            oh * stride[1] + kh * dilation[1],
+                                            ow * stride[2] + kw * dilation[2],
+                                        ];
+                                        if (0..3)
+                                            .any(|a| p[a] < pad[a] || p[a] - pad[a] >= input[a])
+                                        {
+                                            continue;
+                                        }
+                                        let (id, ih, iw) =
+                                            (p[0] - pad[0], p[1] - pad[1], p[2] - pad[2]);
+                                        sum += xs[(((s * c + ch) * d + id) * h + ih) * wd + iw]
+                                            * ws[(((o * cg + ci) * k[0] + kd) * k[1] + kh) * k[2]
+                                                + kw];
+                                    }
+                                }
+                            }
+                        }
+                        y[at] = sum;
+                        at += 1;
+                    }
+                }
+            }
+        }
+    }
+    let mut shape = vec![n, m];
+    shape.extend(out);
+    (shape, y)
+}
+
+#[test]
+fn volumes() {
+    let conv = Conv {
+        kernel: None,
+        strides: Some(vec![2, 1, 1]),
+        dilations: Some(vec![1, 1, 2]),
+        padding: Padding::Explicit(vec![1, 1, 0, 1, 1, 0]),
+        group: 2,
+    };
+    let (x, w, b) = (
+        rand(&[2, 4, 5, 4, 6], "x3"),
+        rand(&[4, 2, 3, 2, 2], "w3"),
+        rand(&[4], "b3"),
+    );
+    let inputs = [Some(&x), Some(&w), Some(&b)];
+    let (outs, _) = ops::forward(&Op::Conv(conv.clone()), &inputs, 1, ENV).expect("conv3d");
+    let (shape, want) = direct_conv3d(
+        &x,
+        &w,
+        b.floats().unwrap(),
+        [2, 1, 1],
+        [1, 1, 2],
+        [1, 1, 0],
+        2,
+    );
+    assert_eq!(outs[0].shape, shape);
+    for (a, e) in outs[0].floats().unwrap().iter().zip(&want) {
+        assert!(
+            (a - e).abs() <= 1e-5 * (1.0 + e.abs()),
+            "conv3d: {a} vs {e}"
+        );
+    }
+    check("conv3d", Op::Conv(conv), vec![Some(x), Some(w), Some(b)], 1);
+    for (kind, count_include_pad) in [
+        (PoolKind::Max, false),
+        (PoolKind::Average, false),
+        (PoolKind::Average, true),
+    ] {
+        let pool = Pool {
+            kind,
+            kernel: vec![2, 3, 2],
+            strides: Some(vec![1, 2, 2]),
+            dilations: None,
+            padding: Padding::Explicit(vec![0, 1, 1, 1, 1, 0]),
+            ceil_mode: true,
+            count_include_pad,
+        };
+        check(
+            &format!("pool3d {kind:?} {count_include_pad}"),
+            Op::Pool(pool),
+            vec![Some(rand(&[2, 2, 4, 5, 5], "p3"))],
+            1,
+        );
+    }
+}

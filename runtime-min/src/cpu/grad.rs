@@ -8,6 +8,7 @@ use super::indexing;
 use super::kernels;
 use super::ops::{self, floats, input, Saved};
 use super::tensor::{self as t, Tensor};
+use super::volume;
 
 type R<T> = Result<T, ops::OpError>;
 
@@ -47,6 +48,19 @@ pub fn backward(
     };
     let x = input(inputs, 0)?;
     Ok(match op {
+        Op::Conv(c) if x.shape.len() == 5 => volume::conv_backward(c, inputs, dy)?,
+        Op::Pool(p) if x.shape.len() > 4 => {
+            let dx = match (p.kind, saved) {
+                (PoolKind::Max, Saved::Argmax(argmax)) => {
+                    let mut dx = vec![0.0; x.len()];
+                    kernels::max_pool_backward(argmax, dy, &mut dx);
+                    dx
+                }
+                (PoolKind::Average, _) => volume::average_backward(p, x, dy)?,
+                _ => return Err("max pooling saved no argmax".into()),
+            };
+            passthrough(n, &dx)
+        }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;
             let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;

@@ -7,7 +7,7 @@
 //!   seeded ([`init`]);
 //! * [`train`]: the loss, synthetic data and the single-device reference;
 //! * `reduce`, `resize`, `indexing`: reductions and variadic ops, resampling (forward),
-//!   the element-indexed ops and Einsum;
+//!   the element-indexed ops and Einsum; `volume`: 3-d convolution and pooling;
 //! * `region`: the boxes of tensors and weights a rank holds, and copies between them;
 //! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
 //!   per process talking over TCP ([`net`]).
@@ -26,3 +26,4 @@ mod region;
 mod resize;
 pub mod tensor;
 pub mod train;
+mod volume;

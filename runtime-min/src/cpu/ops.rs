@@ -3,8 +3,8 @@
 //! never from the verifier's shapes — so that a rank computing its slice of a layer (fewer
 //! samples, fewer channels) runs the same code.
 //!
-//! 1-d and 2-d convolution and pooling are supported (1-d as 2-d with unit height);
-//! 3-d ones are refused with an error.
+//! Convolution and pooling run on 1-d and 2-d windows (1-d as 2-d with unit height) and
+//! 3-d ones ([`super::volume`]); transposed convolution on 1-d and 2-d ones.
 
 use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
 
@@ -14,6 +14,7 @@ pub(crate) use super::reduce::{kept_shape, reduce_axes};
 use super::reduce::{reduce, variadic};
 pub(crate) use super::resize::{resample, resize_taps};
 use super::tensor::{self as t, Data, Tensor};
+use super::volume;
 
 /// Why an op could not run (the caller names the node).
 pub type OpError = String;
@@ -102,6 +103,7 @@ pub fn forward(
     let one = |t: Tensor| Ok((vec![t], Saved::None));
     match op {
         Op::Input | Op::Constant { .. } => Err("sources are not computed".into()),
+        Op::Conv(c) if input(inputs, 0)?.shape.len() == 5 => one(volume::conv(c, inputs)?),
         Op::Conv(c) => one(conv(c, inputs)?),
         Op::ConvTranspose(c) => one(conv_transpose(c, inputs)?),
         Op::Gemm(g) => one(gemm(g, inputs)?),
@@ -126,6 +128,10 @@ pub fn forward(
             let mut y = vec![0.0; xs.len()];
             softmax(outer, width, inner, *log, xs, &mut y);
             one(Tensor::f32(x.shape.clone(), y))
+        }
+        Op::Pool(p) if input(inputs, 0)?.shape.len() > 4 => {
+            let (y, saved) = volume::pool(p, input(inputs, 0)?)?;
+            Ok((vec![y], saved))
         }
         Op::Pool(p) => pool(p, input(inputs, 0)?),
         Op::GlobalPool(kind) => one(global_pool(*kind, input(inputs, 0)?)?),
@@ -720,7 +726,7 @@ fn spatial(shape: &[usize]) -> R<(usize, usize, (usize, usize), bool)> {
         [n, c, l] => Ok((n, c, (1, l), true)),
         [n, c, h, w] => Ok((n, c, (h, w), false)),
         _ => Err(format!(
-            "the CPU backend runs 1-d and 2-d windows; this input has shape {shape:?}"
+            "the CPU backend runs this op on 1-d and 2-d windows; this input has shape {shape:?}"
         )),
     }
 }
