@@ -787,3 +787,29 @@ fn volumes() {
         );
     }
 }
+
+#[test]
+fn transposed_volumes() {
+    // Strided, dilated, grouped, padded and output-padded in depth and in plane.
+    let transposed = ConvTranspose {
+        conv: Conv {
+            kernel: None,
+            strides: Some(vec![2, 1, 2]),
+            dilations: Some(vec![1, 2, 1]),
+            padding: Padding::Explicit(vec![1, 0, 1, 0, 1, 0]),
+            group: 2,
+        },
+        output_padding: Some(vec![1, 0, 1]),
+        output_shape: None,
+    };
+    check(
+        "convtranspose3d",
+        Op::ConvTranspose(transposed),
+        vec![
+            Some(rand(&[2, 4, 3, 3, 2], "tx")),
+            Some(rand(&[4, 1, 2, 2, 3], "tw")),
+            Some(rand(&[2], "tb")),
+        ],
+        1,
+    );
+}

@@ -49,6 +49,9 @@ pub fn backward(
     let x = input(inputs, 0)?;
     Ok(match op {
         Op::Conv(c) if x.shape.len() == 5 => volume::conv_backward(c, inputs, dy)?,
+        Op::ConvTranspose(c) if x.shape.len() == 5 => {
+            volume::conv_transpose_backward(c, inputs, dy)?
+        }
         Op::Pool(p) if x.shape.len() > 4 => {
             let dx = match (p.kind, saved) {
                 (PoolKind::Max, Saved::Argmax(argmax)) => {

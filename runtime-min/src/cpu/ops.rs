@@ -4,7 +4,7 @@
 //! samples, fewer channels) runs the same code.
 //!
 //! Convolution and pooling run on 1-d and 2-d windows (1-d as 2-d with unit height) and
-//! 3-d ones ([`super::volume`]); transposed convolution on 1-d and 2-d ones.
+//! 3-d ones ([`super::volume`]).
 
 use ralpc_ir::{Binary, Conv, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, Unary};
 
@@ -105,6 +105,9 @@ pub fn forward(
         Op::Input | Op::Constant { .. } => Err("sources are not computed".into()),
         Op::Conv(c) if input(inputs, 0)?.shape.len() == 5 => one(volume::conv(c, inputs)?),
         Op::Conv(c) => one(conv(c, inputs)?),
+        Op::ConvTranspose(c) if input(inputs, 0)?.shape.len() == 5 => {
+            one(volume::conv_transpose(c, inputs)?)
+        }
         Op::ConvTranspose(c) => one(conv_transpose(c, inputs)?),
         Op::Gemm(g) => one(gemm(g, inputs)?),
         Op::MatMul => one(matmul(input(inputs, 0)?, input(inputs, 1)?)?),

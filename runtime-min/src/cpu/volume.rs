@@ -1,4 +1,4 @@
-//! 3-d convolution and pooling (N×C×D×H×W).
+//! 3-d convolution, transposed convolution and pooling (N×C×D×H×W).
 //!
 //! A 3-d convolution is a sum over the kernel's depth of 2-d convolutions: output depth
 //! `od` adds, for every kernel depth `kd` that lands inside the input, the 2-d convolution
@@ -6,11 +6,11 @@
 //! the 2-d kernels (im2col + GEMM) forward and backward. Pooling walks its windows
 //! directly, over any number of spatial axes.
 
-use ralpc_ir::{Conv, Padding, Pool, PoolKind};
+use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
 use super::grad::InputGrads;
 use super::kernels::Conv2d;
-use super::ops::{conv_geometry, floats, input, optional, Saved, R};
+use super::ops::{conv_geometry, conv_transpose_geometry, floats, input, optional, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// One window axis: its input size, kernel, stride, dilation, leading and trailing zero
@@ -418,4 +418,215 @@ pub(crate) fn average_backward(p: &Pool, x: &Tensor, dy: &[f32]) -> R<Vec<f32>> 
         });
     }
     Ok(dx)
+}
+
+/// A 3-d transposed convolution: its output depth (with the leading padding cropped) and
+/// the 2-d transposed convolution of one depth slice, as the convolution whose input
+/// gradient it is ([`super::ops::conv_transpose_geometry`]).
+struct ConvTranspose3d {
+    input_depth: usize,
+    kernel_depth: usize,
+    stride: usize,
+    dilation: usize,
+    begin: usize,
+    output_depth: usize,
+    plane: Conv2d,
+}
+
+impl ConvTranspose3d {
+    fn new(c: &ConvTranspose, x: &[usize], w: &[usize]) -> R<ConvTranspose3d> {
+        let [n, ch, d, h, wd] =
+            <[usize; 5]>::try_from(x).map_err(|_| format!("a 3-d input, not {x:?}"))?;
+        let [wc, oc, kd, kh, kw] =
+            <[usize; 5]>::try_from(w).map_err(|_| format!("a 3-d kernel, not {w:?}"))?;
+        let first = |v: &Option<Vec<u64>>, default: u64| -> R<usize> {
+            match v.as_deref() {
+                None => Ok(default as usize),
+                Some([a, _, _]) => Ok(*a as usize),
+                Some(other) => Err(format!("{other:?} does not fit 3 spatial axes")),
+            }
+        };
+        let tail = |v: &Option<Vec<u64>>| v.as_ref().map(|v| v[1..].to_vec());
+        let (stride, dilation) = (
+            first(&c.conv.strides, 1)?.max(1),
+            first(&c.conv.dilations, 1)?.max(1),
+        );
+        let extra = first(&c.output_padding, 0)?;
+        let full = stride * (d.max(1) - 1) + extra + (kd.max(1) - 1) * dilation + 1;
+        let target = match (&c.output_shape, &c.conv.padding) {
+            (Some(_), _) => Some(first(&c.output_shape, 1)?),
+            (None, Padding::SameUpper | Padding::SameLower) => Some(d * stride),
+            _ => None,
+        };
+        let (begin, output_depth) = match (target, &c.conv.padding) {
+            (Some(t), p) => {
+                let total = full.saturating_sub(t);
+                let begin = if *p == Padding::SameLower {
+                    total - total / 2
+                } else {
+                    total / 2
+                };
+                (begin, t)
+            }
+            (None, Padding::Explicit(p)) if p.len() == 6 => {
+                let (b, e) = (p[0] as usize, p[3] as usize);
+                (
+                    b,
+                    full.checked_sub(b + e)
+                        .ok_or("the pads exceed the output")?,
+                )
+            }
+            (None, Padding::Explicit(p)) if p.is_empty() => (0, full),
+            (None, Padding::Explicit(p)) => {
+                return Err(format!("pads {p:?} do not fit 3 spatial axes"))
+            }
+            (None, _) => (0, full),
+        };
+        let padding = match &c.conv.padding {
+            Padding::Explicit(p) if p.len() == 6 => Padding::Explicit(vec![p[1], p[2], p[4], p[5]]),
+            other => other.clone(),
+        };
+        let plane = ConvTranspose {
+            conv: Conv {
+                kernel: Some(vec![kh as u64, kw as u64]),
+                strides: tail(&c.conv.strides),
+                dilations: tail(&c.conv.dilations),
+                padding,
+                group: c.conv.group,
+            },
+            output_padding: tail(&c.output_padding),
+            output_shape: tail(&c.output_shape),
+        };
+        let (plane, _) = conv_transpose_geometry(&plane, &[n, ch, h, wd], &[wc, oc, kh, kw])?;
+        Ok(ConvTranspose3d {
+            input_depth: d,
+            kernel_depth: kd,
+            stride,
+            dilation,
+            begin,
+            output_depth,
+            plane,
+        })
+    }
+
+    /// `(id, kd, od)` for every input depth, kernel depth and the output depth it adds to.
+    fn taps(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.input_depth).flat_map(move |id| {
+            (0..self.kernel_depth).filter_map(move |kd| {
+                let od = (id * self.stride + kd * self.dilation).checked_sub(self.begin)?;
+                (od < self.output_depth).then_some((id, kd, od))
+            })
+        })
+    }
+
+    /// Layouts of x, w and y as `(planes, depth, plane size)`.
+    fn shapes(
+        &self,
+    ) -> (
+        (usize, usize, usize),
+        (usize, usize, usize),
+        (usize, usize, usize),
+    ) {
+        let g = &self.plane;
+        let (ih, iw) = g.output();
+        (
+            (g.batch * g.out_channels, self.input_depth, ih * iw),
+            (
+                g.out_channels * (g.in_channels / g.groups),
+                self.kernel_depth,
+                g.kernel.0 * g.kernel.1,
+            ),
+            (
+                g.batch * g.in_channels,
+                self.output_depth,
+                g.input.0 * g.input.1,
+            ),
+        )
+    }
+}
+
+/// 3-d transposed convolution forward.
+pub(crate) fn conv_transpose(c: &ConvTranspose, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let g = ConvTranspose3d::new(c, &x.shape, &w.shape)?;
+    let (xs, ws) = (floats(x, "X")?, floats(w, "W")?);
+    let (x_shape, w_shape, y_shape) = g.shapes();
+    let mut y = vec![0.0; y_shape.0 * y_shape.1 * y_shape.2];
+    let mut plane = vec![0.0; y_shape.0 * y_shape.2];
+    for (id, kd, od) in g.taps() {
+        plane.iter_mut().for_each(|v| *v = 0.0);
+        g.plane.transpose(
+            &depth_slice(xs, x_shape, id),
+            &depth_slice(ws, w_shape, kd),
+            &mut plane,
+        );
+        add_depth_slice(&mut y, y_shape, od, &plane);
+    }
+    let out_channels = g.plane.in_channels;
+    if let Some(b) = optional(inputs, 2) {
+        let b = floats(b, "bias")?;
+        for (i, chunk) in y.chunks_mut(y_shape.1 * y_shape.2).enumerate() {
+            let bias = b[i % out_channels];
+            chunk.iter_mut().for_each(|v| *v += bias);
+        }
+    }
+    Ok(Tensor::f32(
+        vec![
+            g.plane.batch,
+            out_channels,
+            g.output_depth,
+            g.plane.input.0,
+            g.plane.input.1,
+        ],
+        y,
+    ))
+}
+
+/// 3-d transposed convolution backward: per tap, the input gradient is the plane
+/// convolution of the output gradient, the weight gradient that convolution's with the
+/// output gradient as its input.
+pub(crate) fn conv_transpose_backward(
+    c: &ConvTranspose,
+    inputs: &[Option<&Tensor>],
+    dy: &[f32],
+) -> R<InputGrads> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let g = ConvTranspose3d::new(c, &x.shape, &w.shape)?;
+    let (xs, ws) = (floats(x, "X")?, floats(w, "W")?);
+    let (x_shape, w_shape, y_shape) = g.shapes();
+    let mut dx = vec![0.0; xs.len()];
+    let mut dw = vec![0.0; ws.len()];
+    let (mut dx_plane, mut dw_plane) = (
+        vec![0.0; x_shape.0 * x_shape.2],
+        vec![0.0; w_shape.0 * w_shape.2],
+    );
+    for (id, kd, od) in g.taps() {
+        let dy_plane = depth_slice(dy, y_shape, od);
+        let w_plane = depth_slice(ws, w_shape, kd);
+        dx_plane.iter_mut().for_each(|v| *v = 0.0);
+        g.plane.forward(&dy_plane, &w_plane, None, &mut dx_plane);
+        add_depth_slice(&mut dx, x_shape, id, &dx_plane);
+        dw_plane.iter_mut().for_each(|v| *v = 0.0);
+        g.plane.backward(
+            &dy_plane,
+            &w_plane,
+            &depth_slice(xs, x_shape, id),
+            None,
+            &mut dw_plane,
+            None,
+        );
+        add_depth_slice(&mut dw, w_shape, kd, &dw_plane);
+    }
+    let mut grads = vec![None; inputs.len()];
+    grads[0] = Some(dx);
+    grads[1] = Some(dw);
+    if optional(inputs, 2).is_some() {
+        let out_channels = g.plane.in_channels;
+        let mut db = vec![0.0; out_channels];
+        for (i, chunk) in dy.chunks(y_shape.1 * y_shape.2).enumerate() {
+            db[i % out_channels] += chunk.iter().sum::<f32>();
+        }
+        grads[2] = Some(db);
+    }
+    Ok(grads)
 }
