@@ -388,7 +388,10 @@ impl Contraction {
     }
 }
 
-fn operands<'a>(inputs: &[Option<&'a Tensor>]) -> R<(Vec<&'a [f32]>, Vec<&'a [usize]>)> {
+/// Every operand's values and shape.
+type Operands<'a> = (Vec<&'a [f32]>, Vec<&'a [usize]>);
+
+fn operands<'a>(inputs: &[Option<&'a Tensor>]) -> R<Operands<'a>> {
     let mut values = Vec::with_capacity(inputs.len());
     let mut shapes = Vec::with_capacity(inputs.len());
     for i in 0..inputs.len() {

@@ -107,7 +107,7 @@ fn axes(
 }
 
 /// Slice `at` of axis 2 of a `[a, b, depth, rest]` tensor, as `[a, b, rest]`.
-fn depth_slice(x: &[f32], (a, depth, rest): (usize, usize, usize), at: usize) -> Vec<f32> {
+fn depth_slice(x: &[f32], (a, depth, rest): Layout, at: usize) -> Vec<f32> {
     (0..a)
         .flat_map(|p| {
             let start = (p * depth + at) * rest;
@@ -117,12 +117,7 @@ fn depth_slice(x: &[f32], (a, depth, rest): (usize, usize, usize), at: usize) ->
 }
 
 /// Adds `src` (`[a, rest]`) into slice `at` of axis 2 of `dst` (`[a, depth, rest]`).
-fn add_depth_slice(
-    dst: &mut [f32],
-    (a, depth, rest): (usize, usize, usize),
-    at: usize,
-    src: &[f32],
-) {
+fn add_depth_slice(dst: &mut [f32], (a, depth, rest): Layout, at: usize, src: &[f32]) {
     for p in 0..a {
         let start = (p * depth + at) * rest;
         for (d, s) in dst[start..start + rest]
@@ -134,6 +129,41 @@ fn add_depth_slice(
     }
 }
 
+/// A tensor seen as `(planes, depth, plane size)`.
+type Layout = (usize, usize, usize);
+
+/// The layouts of an op's input, kernel and output.
+type Layouts = (Layout, Layout, Layout);
+
+/// The five sizes of a 3-d input or kernel.
+fn volume(shape: &[usize], what: &str) -> R<[usize; 5]> {
+    <[usize; 5]>::try_from(shape).map_err(|_| format!("a 3-d {what} has 5 axes, not {shape:?}"))
+}
+
+/// Adds channel `i % channels`'s bias to the `i`-th run of `per_channel` outputs.
+fn add_bias(y: &mut [f32], per_channel: usize, channels: usize, b: &[f32]) -> R<()> {
+    if b.len() != channels {
+        return Err(format!(
+            "the bias has {} values for {channels} channels",
+            b.len()
+        ));
+    }
+    for (i, chunk) in y.chunks_mut(per_channel.max(1)).enumerate() {
+        let bias = b[i % channels];
+        chunk.iter_mut().for_each(|v| *v += bias);
+    }
+    Ok(())
+}
+
+/// The bias gradient: each channel's sum of `dy` over its runs of `per_channel`.
+fn bias_grad(dy: &[f32], per_channel: usize, channels: usize) -> Vec<f32> {
+    let mut db = vec![0.0; channels];
+    for (i, chunk) in dy.chunks(per_channel.max(1)).enumerate() {
+        db[i % channels.max(1)] += chunk.iter().sum::<f32>();
+    }
+    db
+}
+
 /// A 3-d convolution: its depth axis and the 2-d convolution of one depth slice.
 struct Conv3d {
     depth: Axis,
@@ -142,10 +172,7 @@ struct Conv3d {
 
 impl Conv3d {
     fn new(c: &Conv, x: &[usize], w: &[usize]) -> R<Conv3d> {
-        let [n, ch, d, h, wd] =
-            <[usize; 5]>::try_from(x).map_err(|_| format!("a 3-d input, not {x:?}"))?;
-        let [m, cg, kd, kh, kw] =
-            <[usize; 5]>::try_from(w).map_err(|_| format!("a 3-d kernel, not {w:?}"))?;
+        let ([n, ch, d, h, wd], [m, cg, kd, kh, kw]) = (volume(x, "input")?, volume(w, "kernel")?);
         let depth = axes(
             &c.padding,
             &[d, h, wd],
@@ -176,13 +203,7 @@ impl Conv3d {
         (0..self.depth.kernel).filter_map(move |k| Some((k, self.depth.source(od, k)?)))
     }
 
-    fn shapes(
-        &self,
-    ) -> (
-        (usize, usize, usize),
-        (usize, usize, usize),
-        (usize, usize, usize),
-    ) {
+    fn shapes(&self) -> Layouts {
         let g = &self.plane;
         let (oh, ow) = g.output();
         (
@@ -222,12 +243,12 @@ pub(crate) fn conv(c: &Conv, inputs: &[Option<&Tensor>]) -> R<Tensor> {
         }
     }
     if let Some(b) = optional(inputs, 2) {
-        let b = floats(b, "bias")?;
-        let per_channel = y_shape.1 * y_shape.2;
-        for (i, chunk) in y.chunks_mut(per_channel).enumerate() {
-            let bias = b[i % g.plane.out_channels];
-            chunk.iter_mut().for_each(|v| *v += bias);
-        }
+        add_bias(
+            &mut y,
+            y_shape.1 * y_shape.2,
+            g.plane.out_channels,
+            floats(b, "bias")?,
+        )?;
     }
     let (oh, ow) = g.plane.output();
     Ok(Tensor::f32(
@@ -269,12 +290,7 @@ pub(crate) fn conv_backward(c: &Conv, inputs: &[Option<&Tensor>], dy: &[f32]) ->
     grads[0] = Some(dx);
     grads[1] = Some(dw);
     if optional(inputs, 2).is_some() {
-        let per_channel = y_shape.1 * y_shape.2;
-        let mut db = vec![0.0; g.plane.out_channels];
-        for (i, chunk) in dy.chunks(per_channel).enumerate() {
-            db[i % g.plane.out_channels] += chunk.iter().sum::<f32>();
-        }
-        grads[2] = Some(db);
+        grads[2] = Some(bias_grad(dy, y_shape.1 * y_shape.2, g.plane.out_channels));
     }
     Ok(grads)
 }
@@ -435,10 +451,7 @@ struct ConvTranspose3d {
 
 impl ConvTranspose3d {
     fn new(c: &ConvTranspose, x: &[usize], w: &[usize]) -> R<ConvTranspose3d> {
-        let [n, ch, d, h, wd] =
-            <[usize; 5]>::try_from(x).map_err(|_| format!("a 3-d input, not {x:?}"))?;
-        let [wc, oc, kd, kh, kw] =
-            <[usize; 5]>::try_from(w).map_err(|_| format!("a 3-d kernel, not {w:?}"))?;
+        let ([n, ch, d, h, wd], [wc, oc, kd, kh, kw]) = (volume(x, "input")?, volume(w, "kernel")?);
         let first = |v: &Option<Vec<u64>>, default: u64| -> R<usize> {
             match v.as_deref() {
                 None => Ok(default as usize),
@@ -520,13 +533,7 @@ impl ConvTranspose3d {
     }
 
     /// Layouts of x, w and y as `(planes, depth, plane size)`.
-    fn shapes(
-        &self,
-    ) -> (
-        (usize, usize, usize),
-        (usize, usize, usize),
-        (usize, usize, usize),
-    ) {
+    fn shapes(&self) -> Layouts {
         let g = &self.plane;
         let (ih, iw) = g.output();
         (
@@ -564,11 +571,12 @@ pub(crate) fn conv_transpose(c: &ConvTranspose, inputs: &[Option<&Tensor>]) -> R
     }
     let out_channels = g.plane.in_channels;
     if let Some(b) = optional(inputs, 2) {
-        let b = floats(b, "bias")?;
-        for (i, chunk) in y.chunks_mut(y_shape.1 * y_shape.2).enumerate() {
-            let bias = b[i % out_channels];
-            chunk.iter_mut().for_each(|v| *v += bias);
-        }
+        add_bias(
+            &mut y,
+            y_shape.1 * y_shape.2,
+            out_channels,
+            floats(b, "bias")?,
+        )?;
     }
     Ok(Tensor::f32(
         vec![
@@ -621,12 +629,7 @@ pub(crate) fn conv_transpose_backward(
     grads[0] = Some(dx);
     grads[1] = Some(dw);
     if optional(inputs, 2).is_some() {
-        let out_channels = g.plane.in_channels;
-        let mut db = vec![0.0; out_channels];
-        for (i, chunk) in dy.chunks(y_shape.1 * y_shape.2).enumerate() {
-            db[i % out_channels] += chunk.iter().sum::<f32>();
-        }
-        grads[2] = Some(db);
+        grads[2] = Some(bias_grad(dy, y_shape.1 * y_shape.2, g.plane.in_channels));
     }
     Ok(grads)
 }
