@@ -56,18 +56,23 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, bool>) -> Gra
     g.rebatch = old.rebatch.clone();
     // Constants only the branches not taken read are dropped with them (a weight there
     // is no weight of the model at these shapes).
+    let reads: BTreeMap<NodeId, Vec<String>> = taken
+        .iter()
+        .filter_map(|(&n, &cond)| match &old.node(n).op {
+            Op::If(b) => {
+                let branch = if cond { &b.then_branch } else { &b.else_branch };
+                Some((n, branch.free_names()))
+            }
+            _ => None,
+        })
+        .collect();
     let read_after = |v: ValueId| {
         old.outputs().contains(&v)
-            || old
-                .consumers(v)
-                .iter()
-                .any(|&(c, _)| match (&old.node(c).op, taken.get(&c)) {
-                    (Op::If(b), Some(&cond)) => {
-                        let branch = if cond { &b.then_branch } else { &b.else_branch };
-                        branch.free_names().contains(&old.value(v).name)
-                    }
-                    _ => true,
-                })
+            || old.consumers(v).iter().any(|(c, _)| {
+                reads
+                    .get(c)
+                    .is_none_or(|names| names.contains(&old.value(v).name))
+            })
     };
     let mut map: Vec<Option<ValueId>> = vec![None; old.value_count()];
     let define = |g: &mut Graph, map: &mut [Option<ValueId>], old_value: ValueId, new| {

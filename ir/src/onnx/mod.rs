@@ -226,25 +226,18 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     // definition is reported as a cycle by the verifier rather than an undefined name.
     let mut pending = Vec::with_capacity(proto.node.len());
     for (index, node) in proto.node.iter().enumerate() {
-        let name = if !node.name.is_empty() {
-            node.name.clone()
-        } else if let Some(out) = node.output.iter().find(|o| !o.is_empty()) {
-            out.clone()
-        } else {
-            format!("{}_{index}", node.op_type)
-        };
+        let name = node_name(node, index);
         let site = Site {
             name: name.clone(),
             op_type: node.op_type.clone(),
         };
-        let Some((op, input_names)) = node_op(
-            node,
-            site.clone(),
+        let mut nodes = NodeImport {
             opset,
-            &files,
-            &mut unsupported,
-            &mut problems,
-        ) else {
+            files: &files,
+            unsupported: &mut unsupported,
+            problems: &mut problems,
+        };
+        let Some((op, input_names)) = nodes.op(node, site.clone()) else {
             failed.extend(node.output.iter().cloned());
             continue;
         };
@@ -330,193 +323,186 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     })
 }
 
-/// The operator of one node and the names of its inputs (for an `If`: the condition, then
-/// the values its branches capture). `None` when it cannot be imported: the reason is in
-/// `unsupported` or `problems`.
-fn node_op(
-    node: &onnx_protobuf::NodeProto,
-    site: Site,
-    opset: i64,
-    files: &tensor::ExternalFiles<'_>,
-    unsupported: &mut Vec<Site>,
-    problems: &mut Vec<Diagnostic>,
-) -> Option<(Op, Vec<String>)> {
-    if !(node.domain.is_empty() || node.domain == "ai.onnx") {
-        unsupported.push(Site {
-            op_type: format!("{}.{}", node.domain, node.op_type),
-            ..site
-        });
-        return None;
-    }
-    if node.op_type == "If" {
-        return if_op(node, site, opset, files, unsupported, problems);
-    }
-    match ops::convert(node, opset, files) {
-        Ok(ops::Converted::Op(op)) => Some((op, node.input.clone())),
-        Ok(ops::Converted::Unsupported) => {
-            unsupported.push(site);
-            None
-        }
-        Err(kind) => {
-            problems.push(Diagnostic { site, kind });
-            None
-        }
+/// A node's name in messages: its own, else its first output's, else its type and index.
+fn node_name(node: &onnx_protobuf::NodeProto, index: usize) -> String {
+    if !node.name.is_empty() {
+        node.name.clone()
+    } else if let Some(out) = node.output.iter().find(|o| !o.is_empty()) {
+        out.clone()
+    } else {
+        format!("{}_{index}", node.op_type)
     }
 }
 
-/// An `If` with both branches imported (every unsupported op inside them is reported).
-fn if_op(
-    node: &onnx_protobuf::NodeProto,
-    site: Site,
+/// Importing nodes, of the main graph or of a branch: the opset, where external data is
+/// read, and where unsupported operators and other problems are collected.
+struct NodeImport<'a, 'f> {
     opset: i64,
-    files: &tensor::ExternalFiles<'_>,
-    unsupported: &mut Vec<Site>,
-    problems: &mut Vec<Diagnostic>,
-) -> Option<(Op, Vec<String>)> {
-    let mut branch = |attr: &str| -> Option<Branch> {
-        let Some(g) = node
-            .attribute
-            .iter()
-            .find(|a| a.name == attr)
-            .and_then(|a| a.g.as_ref())
-        else {
-            problems.push(Diagnostic {
-                site: site.clone(),
-                kind: Problem::AttributeMissing { attr: attr.into() },
+    files: &'a tensor::ExternalFiles<'f>,
+    unsupported: &'a mut Vec<Site>,
+    problems: &'a mut Vec<Diagnostic>,
+}
+
+impl NodeImport<'_, '_> {
+    /// The operator of one node and the names of its inputs (for an `If`: the condition, then
+    /// the values its branches capture). `None` when it cannot be imported: the reason is in
+    /// `unsupported` or `problems`.
+    fn op(&mut self, node: &onnx_protobuf::NodeProto, site: Site) -> Option<(Op, Vec<String>)> {
+        if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+            self.unsupported.push(Site {
+                op_type: format!("{}.{}", node.domain, node.op_type),
+                ..site
+            });
+            return None;
+        }
+        if node.op_type == "If" {
+            return self.if_op(node, site);
+        }
+        match ops::convert(node, self.opset, self.files) {
+            Ok(ops::Converted::Op(op)) => Some((op, node.input.clone())),
+            Ok(ops::Converted::Unsupported) => {
+                self.unsupported.push(site);
+                None
+            }
+            Err(kind) => {
+                self.problems.push(Diagnostic { site, kind });
+                None
+            }
+        }
+    }
+
+    /// An `If` with both branches imported (every unsupported op inside them is reported).
+    fn if_op(&mut self, node: &onnx_protobuf::NodeProto, site: Site) -> Option<(Op, Vec<String>)> {
+        let mut branch = |attr: &str| -> Option<Branch> {
+            let Some(g) = node
+                .attribute
+                .iter()
+                .find(|a| a.name == attr)
+                .and_then(|a| a.g.as_ref())
+            else {
+                self.problems.push(Diagnostic {
+                    site: site.clone(),
+                    kind: Problem::AttributeMissing { attr: attr.into() },
+                });
+                return None;
+            };
+            self.branch(g, &site)
+        };
+        let (then_branch, else_branch) = (branch("then_branch"), branch("else_branch"));
+        let (then_branch, else_branch) = (then_branch?, else_branch?);
+        let (Some(cond), 1) = (
+            node.input.first().filter(|c| !c.is_empty()),
+            node.input.len(),
+        ) else {
+            self.problems.push(Diagnostic {
+                site,
+                kind: Problem::AttributeValue {
+                    attr: "input".into(),
+                    reason: "an If takes exactly one input, the condition".into(),
+                },
             });
             return None;
         };
-        import_branch(g, &site, opset, files, unsupported, problems)
-    };
-    let (then_branch, else_branch) = (branch("then_branch"), branch("else_branch"));
-    let (then_branch, else_branch) = (then_branch?, else_branch?);
-    let (Some(cond), 1) = (
-        node.input.first().filter(|c| !c.is_empty()),
-        node.input.len(),
-    ) else {
-        problems.push(Diagnostic {
-            site,
-            kind: Problem::AttributeValue {
-                attr: "input".into(),
-                reason: "an If takes exactly one input, the condition".into(),
-            },
-        });
-        return None;
-    };
-    for b in [&then_branch, &else_branch] {
-        if b.outputs.len() != node.output.len() {
-            problems.push(Diagnostic {
-                site,
+        for b in [&then_branch, &else_branch] {
+            if b.outputs.len() != node.output.len() {
+                self.problems.push(Diagnostic {
+                    site,
+                    kind: Problem::AttributeValue {
+                        attr: "then_branch".into(),
+                        reason: format!(
+                            "a branch returns {} value(s) where the If has {} output(s)",
+                            b.outputs.len(),
+                            node.output.len()
+                        ),
+                    },
+                });
+                return None;
+            }
+        }
+        let mut captures = then_branch.free_names();
+        captures.extend(else_branch.free_names());
+        captures.sort_unstable();
+        captures.dedup();
+        let inputs = std::iter::once(cond.clone())
+            .chain(captures.iter().cloned())
+            .collect();
+        let op = Op::If(Arc::new(IfBranches {
+            then_branch,
+            else_branch,
+            captures,
+        }));
+        Some((op, inputs))
+    }
+
+    /// One branch of an `If`: its initializers become constants, its nodes are imported as in
+    /// the main graph (an `If` inside recursively). A branch takes no inputs.
+    fn branch(&mut self, g: &onnx_protobuf::GraphProto, site: &Site) -> Option<Branch> {
+        if !g.input.is_empty() {
+            self.problems.push(Diagnostic {
+                site: site.clone(),
                 kind: Problem::AttributeValue {
                     attr: "then_branch".into(),
                     reason: format!(
-                        "a branch returns {} value(s) where the If has {} output(s)",
-                        b.outputs.len(),
-                        node.output.len()
+                        "a branch of an If takes no inputs, '{}' has {}",
+                        g.name,
+                        g.input.len()
                     ),
                 },
             });
             return None;
         }
-    }
-    let mut captures = then_branch.free_names();
-    captures.extend(else_branch.free_names());
-    captures.sort_unstable();
-    captures.dedup();
-    let inputs = std::iter::once(cond.clone())
-        .chain(captures.iter().cloned())
-        .collect();
-    let op = Op::If(Arc::new(IfBranches {
-        then_branch,
-        else_branch,
-        captures,
-    }));
-    Some((op, inputs))
-}
-
-/// One branch of an `If`: its initializers become constants, its nodes are imported as in
-/// the main graph (an `If` inside recursively). A branch takes no inputs.
-fn import_branch(
-    g: &onnx_protobuf::GraphProto,
-    site: &Site,
-    opset: i64,
-    files: &tensor::ExternalFiles<'_>,
-    unsupported: &mut Vec<Site>,
-    problems: &mut Vec<Diagnostic>,
-) -> Option<Branch> {
-    if !g.input.is_empty() {
-        problems.push(Diagnostic {
-            site: site.clone(),
-            kind: Problem::AttributeValue {
-                attr: "then_branch".into(),
-                reason: format!(
-                    "a branch of an If takes no inputs, '{}' has {}",
-                    g.name,
-                    g.input.len()
-                ),
-            },
-        });
-        return None;
-    }
-    let mut nodes = Vec::with_capacity(g.initializer.len() + g.node.len());
-    let mut complete = true;
-    for t in &g.initializer {
-        match tensor::decode(&mut t.clone(), files) {
-            Ok(data) => nodes.push(BranchNode {
-                op: Op::Constant {
-                    tensor: Arc::new(data),
-                    initializer: true,
-                },
-                provenance: Provenance {
-                    name: t.name.clone(),
-                    op_type: "initializer".into(),
-                },
-                inputs: Vec::new(),
-                outputs: vec![t.name.clone()],
-            }),
-            Err(kind) => {
-                complete = false;
-                problems.push(Diagnostic {
-                    site: Site {
+        let mut nodes = Vec::with_capacity(g.initializer.len() + g.node.len());
+        let mut complete = true;
+        for t in &g.initializer {
+            match tensor::decode(&mut t.clone(), self.files) {
+                Ok(data) => nodes.push(BranchNode {
+                    op: Op::Constant {
+                        tensor: Arc::new(data),
+                        initializer: true,
+                    },
+                    provenance: Provenance {
                         name: t.name.clone(),
                         op_type: "initializer".into(),
                     },
-                    kind,
-                });
+                    inputs: Vec::new(),
+                    outputs: vec![t.name.clone()],
+                }),
+                Err(kind) => {
+                    complete = false;
+                    self.problems.push(Diagnostic {
+                        site: Site {
+                            name: t.name.clone(),
+                            op_type: "initializer".into(),
+                        },
+                        kind,
+                    });
+                }
             }
         }
-    }
-    for (index, node) in g.node.iter().enumerate() {
-        let name = if node.name.is_empty() {
-            node.output
-                .iter()
-                .find(|o| !o.is_empty())
-                .cloned()
-                .unwrap_or_else(|| format!("{}_{index}", node.op_type))
-        } else {
-            node.name.clone()
-        };
-        let inner = Site {
-            name: name.clone(),
-            op_type: node.op_type.clone(),
-        };
-        match node_op(node, inner, opset, files, unsupported, problems) {
-            Some((op, inputs)) => nodes.push(BranchNode {
-                op,
-                provenance: Provenance {
-                    name,
-                    op_type: node.op_type.clone(),
-                },
-                inputs,
-                outputs: node.output.clone(),
-            }),
-            None => complete = false,
+        for (index, node) in g.node.iter().enumerate() {
+            let name = node_name(node, index);
+            let inner = Site {
+                name: name.clone(),
+                op_type: node.op_type.clone(),
+            };
+            match self.op(node, inner) {
+                Some((op, inputs)) => nodes.push(BranchNode {
+                    op,
+                    provenance: Provenance {
+                        name,
+                        op_type: node.op_type.clone(),
+                    },
+                    inputs,
+                    outputs: node.output.clone(),
+                }),
+                None => complete = false,
+            }
         }
+        complete.then(|| Branch {
+            nodes,
+            outputs: g.output.iter().map(|o| o.name.clone()).collect(),
+        })
     }
-    complete.then(|| Branch {
-        nodes,
-        outputs: g.output.iter().map(|o| o.name.clone()).collect(),
-    })
 }
 
 /// Marks float `Constant` nodes of more than one element as weights (`initializer: true`)

@@ -164,6 +164,17 @@ fn bias_grad(dy: &[f32], per_channel: usize, channels: usize) -> Vec<f32> {
     db
 }
 
+/// The gradients of a convolution's input, weight and (when it has one) bias.
+fn conv_grads(n: usize, dx: Vec<f32>, dw: Vec<f32>, db: Option<Vec<f32>>) -> InputGrads {
+    let mut grads = vec![None; n];
+    grads[0] = Some(dx);
+    grads[1] = Some(dw);
+    if let Some(slot) = grads.get_mut(2) {
+        *slot = db;
+    }
+    grads
+}
+
 /// A 3-d convolution: its depth axis and the 2-d convolution of one depth slice.
 struct Conv3d {
     depth: Axis,
@@ -286,13 +297,10 @@ pub(crate) fn conv_backward(c: &Conv, inputs: &[Option<&Tensor>], dy: &[f32]) ->
             add_depth_slice(&mut dw, w_shape, kd, &dw_plane);
         }
     }
-    let mut grads = vec![None; inputs.len()];
-    grads[0] = Some(dx);
-    grads[1] = Some(dw);
-    if optional(inputs, 2).is_some() {
-        grads[2] = Some(bias_grad(dy, y_shape.1 * y_shape.2, g.plane.out_channels));
-    }
-    Ok(grads)
+    let db = optional(inputs, 2)
+        .is_some()
+        .then(|| bias_grad(dy, y_shape.1 * y_shape.2, g.plane.out_channels));
+    Ok(conv_grads(inputs.len(), dx, dw, db))
 }
 
 /// For every output of a pooling, its taps: input positions (flat within the plane) and
@@ -625,11 +633,8 @@ pub(crate) fn conv_transpose_backward(
         );
         add_depth_slice(&mut dw, w_shape, kd, &dw_plane);
     }
-    let mut grads = vec![None; inputs.len()];
-    grads[0] = Some(dx);
-    grads[1] = Some(dw);
-    if optional(inputs, 2).is_some() {
-        grads[2] = Some(bias_grad(dy, y_shape.1 * y_shape.2, g.plane.in_channels));
-    }
-    Ok(grads)
+    let db = optional(inputs, 2)
+        .is_some()
+        .then(|| bias_grad(dy, y_shape.1 * y_shape.2, g.plane.in_channels));
+    Ok(conv_grads(inputs.len(), dx, dw, db))
 }
