@@ -8,51 +8,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::train::{assert_same, error_chain, plan_and_run, reference};
 use ralpc::runtime::cpu::train::TrainReport;
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture("train").join(name)
-}
-
-fn relative_error(a: &[f32], b: &[f32]) -> f64 {
-    let diff: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
-
-fn assert_same(what: &str, got: &TrainReport, want: &TrainReport) {
-    assert_eq!(got.losses.len(), want.losses.len(), "{what}: steps");
-    for (s, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-5 * b.abs(),
-            "{what}: loss of step {s}: {a} vs {b}"
-        );
-    }
-    let e = relative_error(&got.first_output, &want.first_output);
-    assert!(e <= 1e-5, "{what}: first output off by {e:.2e}");
-    for (name, expected) in &want.first_gradients {
-        let g = got
-            .first_gradients
-            .get(name)
-            .unwrap_or_else(|| panic!("{what}: no gradient of {name}"));
-        let e = relative_error(g, expected);
-        assert!(e <= 1e-5, "{what}: gradient of {name} off by {e:.2e}");
-    }
-    for (name, expected) in &want.weights {
-        let w = got
-            .weights
-            .get(name)
-            .unwrap_or_else(|| panic!("{what}: no weight {name}"));
-        let e = relative_error(w, expected);
-        assert!(
-            e <= 1e-5,
-            "{what}: weight {name} after the steps off by {e:.2e}"
-        );
-    }
 }
 
 /// Plans `model` for `gpus` with `strategy` (a ralpc-strategy/1 file's JSON), then runs it.
@@ -67,38 +27,7 @@ fn run_plan(model: &Path, batch: u64, gpus: u32, strategy: &str, steps: u32) -> 
         strategy_file: Some(strategy_file),
         ..Default::default()
     };
-    let compiled = ralpc::compile(&options).expect("plan");
-    compiled.write(dir.path()).expect("write the plan");
-    let run = ralpc::run(&ralpc::RunOptions {
-        plan: dir.path().to_path_buf(),
-        model: Some(model.to_path_buf()),
-        steps,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("run: {e}: {}", error_chain(&e)));
-    run.report
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = String::new();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out += &format!(" / {s}");
-        source = s.source();
-    }
-    out
-}
-
-fn reference(model: &Path, batch: u64, steps: u32) -> TrainReport {
-    ralpc::train_single_device(
-        model,
-        batch,
-        &ralpc::RunOptions {
-            steps,
-            ..Default::default()
-        },
-    )
-    .expect("single-device training")
+    plan_and_run(&options, steps)
 }
 
 fn stage(first: &str, last: &str, replicas: u32) -> String {

@@ -48,12 +48,13 @@ use super::kernels;
 use super::ops::{Env, Mode};
 pub use super::region::Axes;
 use super::region::{
-    crop, dims, fill, intersect, interval, paste, place, place_into, share, volume, Region, Slice,
+    crop, dims, fill, intersect, interval, place, place_into, reframe, share, volume, Region, Slice,
 };
 use super::tensor::{Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
 
 mod derived;
+mod epilogue;
 mod heads;
 mod loss;
 mod recompute;
@@ -316,6 +317,27 @@ impl LayerExec {
     }
 }
 
+/// How a tensor's batch axis holds the samples: `outer` blocks (the sequence positions
+/// of a `[seq · batch, d]` tensor), each of the batch's samples in order, each sample
+/// `per_sample` entries long (the heads of a `[batch · heads, s, d]` tensor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BatchAxis {
+    axis: usize,
+    outer: usize,
+    per_sample: usize,
+}
+
+impl BatchAxis {
+    /// Samples on the first axis, one entry each.
+    fn first() -> BatchAxis {
+        BatchAxis {
+            axis: 0,
+            outer: 1,
+            per_sample: 1,
+        }
+    }
+}
+
 /// What every rank shares.
 struct Prepared<'a> {
     exe: &'a Executable<'a>,
@@ -325,12 +347,15 @@ struct Prepared<'a> {
     output: (usize, ValueId),
     microbatch: usize,
     channels_first: BTreeSet<ValueId>,
+    /// Feature axes found by following an output-feature split through the ops after its
+    /// product ([`Prepared::split_epilogues`]).
+    feature_axes: BTreeMap<ValueId, usize>,
     /// Tied weights with their own all-reduce: every holder keeps a whole copy, cuts what
     /// each layer holds from it, and adds each layer's gradient at its place.
     tied: BTreeSet<ValueId>,
     infos: Mutex<BTreeMap<u64, std::sync::Arc<GraphInfo>>>,
     /// Per value, its batch axis and entries per sample ([`Prepared::batch_axis`]).
-    batch_axes: Mutex<BTreeMap<ValueId, Option<(usize, usize)>>>,
+    batch_axes: Mutex<BTreeMap<ValueId, Option<BatchAxis>>>,
     env: Env,
     /// Per layer, the recomputed run holding it (first and last layer).
     recompute: Vec<Option<(usize, usize)>>,
@@ -561,6 +586,7 @@ impl<'a> Prepared<'a> {
             layers,
             output,
             channels_first,
+            feature_axes: BTreeMap::new(),
             tied,
             infos: Mutex::default(),
             batch_axes: Mutex::default(),
@@ -574,6 +600,7 @@ impl<'a> Prepared<'a> {
             groups: BTreeMap::new(),
         };
         prepared.split_heads()?;
+        prepared.split_epilogues();
         prepared.check()?;
         Ok(prepared)
     }
@@ -620,20 +647,13 @@ impl<'a> Prepared<'a> {
                 }
                 LayerKind::Dense if a > 1 => {
                     let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
-                    // After the product, only biases: the first slice adds them to its
-                    // partial sum, the others add zeros.
-                    let biases_only = l.nodes.iter().filter(|&&n| after(&l.nodes, main, n)).all(|&n| {
-                        matches!(g.node(n).op, Op::Binary(Binary::Add))
-                            && g.node(n).inputs.iter().flatten().any(|v| {
-                                self.exe.weights.tensors.contains_key(&carrier(self.exe.layers, *v))
-                            })
-                    });
-                    if !biases_only {
+                    if let Some(n) = self.partial_sum_breaker(l, main) {
                         return Err(setup(format!(
-                            "layer {}: a row-parallel split needs the product last, or followed by \
-                             bias adds only (its partial sums are reduced before anything else \
-                             applies), but it fuses {}",
-                            l.name, self.exe.layers.layers.iter().find(|x| x.name == l.name).map_or("more", |x| x.op.as_str())
+                            "layer {}: a row-parallel split reduces partial sums after the \
+                             layer, so only adds may follow its product (of a bias, or of an \
+                             input each rank adds its feature slice of), but {} follows it",
+                            l.name,
+                            g.site(n)
                         )));
                     }
                 }
@@ -658,8 +678,43 @@ impl<'a> Prepared<'a> {
         Ok(())
     }
 
+    /// The first node after a row-parallel layer's product that does not keep the sum of
+    /// its ranks' partial results right. Adds do: of a bias (the first slice adds it, the
+    /// others zeros), or of an input from outside the layer (each rank adds its feature
+    /// slice, [`Rank::epilogue_share`]). Anything else would apply to a partial sum.
+    fn partial_sum_breaker(&self, l: &LayerExec, main: NodeId) -> Option<NodeId> {
+        let g = self.exe.graph;
+        let mut partial: BTreeSet<ValueId> = g.node(main).outputs.iter().copied().collect();
+        let outside: BTreeSet<ValueId> = l.inputs.iter().map(|&(v, _)| v).collect();
+        for &n in l.nodes.iter().filter(|&&n| after(&l.nodes, main, n)) {
+            let node = g.node(n);
+            let inputs: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
+            let adds_partial = matches!(node.op, Op::Binary(Binary::Add))
+                && inputs.len() == 2
+                && inputs.iter().filter(|v| partial.contains(v)).count() == 1
+                && inputs.iter().any(|v| outside.contains(v));
+            if !adds_partial {
+                return Some(n);
+            }
+            partial.extend(node.outputs.iter().copied());
+        }
+        None
+    }
+
     fn axes(&self, v: ValueId, rank: usize) -> Axes {
-        match self.batch_axis(v).map(|(a, _)| a) {
+        if let Some(&f) = self.feature_axes.get(&v) {
+            // Rows follow channels (`[b, c, l]`) or precede features (`[b, t, d]`).
+            let rows = match f {
+                1 if rank >= 3 => Some(2),
+                f if f + 1 == rank && rank >= 3 => Some(f - 1),
+                _ => None,
+            };
+            return Axes {
+                rows,
+                features: Some(f),
+            };
+        }
+        match self.batch_axis(v).map(|b| b.axis) {
             // Sequence-first tensors (`[s, b, h]`, PyTorch's attention without batch_first):
             // features last, no row split.
             Some(a) if a > 0 => Axes {
@@ -670,12 +725,11 @@ impl<'a> Prepared<'a> {
         }
     }
 
-    /// The axis of `v` that indexes the samples, and how many entries of it each sample
-    /// has: the first axis when its size is the batch; else the one axis whose size follows
-    /// the batch (the model verified at twice the batch tells). An axis holding several
-    /// entries per sample (`[s, b·heads, d]`) must be sample-major, which the ops making it
-    /// (reshapes merging the batch with what follows it, transposes) show.
-    fn batch_axis(&self, v: ValueId) -> Option<(usize, usize)> {
+    /// The axis of `v` that indexes the samples and how it holds them
+    /// ([`BatchAxis`]): the first axis when its size is the batch; else the one axis whose
+    /// size follows the batch (the model verified at twice the batch tells), laid out as the
+    /// ops that made it (reshapes merging the batch with its neighbours, transposes) say.
+    fn batch_axis(&self, v: ValueId) -> Option<BatchAxis> {
         if let Some(&known) = self.lock_batch_axes().get(&v) {
             return known;
         }
@@ -684,17 +738,15 @@ impl<'a> Prepared<'a> {
         found
     }
 
-    fn lock_batch_axes(
-        &self,
-    ) -> std::sync::MutexGuard<'_, BTreeMap<ValueId, Option<(usize, usize)>>> {
+    fn lock_batch_axes(&self) -> std::sync::MutexGuard<'_, BTreeMap<ValueId, Option<BatchAxis>>> {
         self.batch_axes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn find_batch_axis(&self, v: ValueId, depth: usize) -> Option<(usize, usize)> {
+    fn find_batch_axis(&self, v: ValueId, depth: usize) -> Option<BatchAxis> {
         let batch = self.exe.plan.batch;
         let sizes = self.exe.info.ty(v).shape.as_sizes()?;
         if sizes.first() == Some(&batch) {
-            return Some((0, 1));
+            return Some(BatchAxis::first());
         }
         let doubled = self.info_at(2 * batch).ok()?.ty(v).shape.as_sizes()?;
         if doubled.len() != sizes.len() {
@@ -709,11 +761,13 @@ impl<'a> Prepared<'a> {
             }
         }
         let a = axis?;
-        let per_sample = (sizes[a] / batch) as usize;
-        if per_sample == 1 {
-            return Some((a, 1));
+        if sizes[a] == batch {
+            return Some(BatchAxis {
+                axis: a,
+                ..BatchAxis::first()
+            });
         }
-        // Several entries per sample: sample-major where the op that made it says so.
+        // Several entries per sample: where they lie, the op that made it says.
         let g = self.exe.graph;
         let node = g.node(g.value(v).producer);
         let input = node.inputs.first().copied().flatten()?;
@@ -722,22 +776,32 @@ impl<'a> Prepared<'a> {
         }
         let from = self.find_batch_axis(input, depth + 1)?;
         let in_sizes = self.exe.info.ty(input).shape.as_sizes()?;
-        let major = match &node.op {
+        let found = match &node.op {
             Op::Transpose { perm } => {
                 let source = match perm {
                     Some(p) => usize::try_from(*p.get(a)?).ok()?,
                     None => sizes.len() - 1 - a,
                 };
-                from == (source, per_sample)
+                (from.axis == source).then_some(BatchAxis { axis: a, ..from })
             }
             Op::Reshape { .. } | Op::Flatten { .. } => {
-                // The merged axis starts where the batch axis did.
+                // The merged axis `a` spans the batch axis: what it merged before the
+                // batch axis repeats the samples, what it merged after goes with each.
                 let before = |s: &[u64], n: usize| s[..n].iter().product::<u64>();
-                before(&in_sizes, from.0) == before(&sizes, a)
+                let (start, end) = (before(&sizes, a), before(&sizes, a + 1));
+                let (b, b_end) = (
+                    before(&in_sizes, from.axis),
+                    before(&in_sizes, from.axis + 1),
+                );
+                (start > 0 && b % start == 0 && b_end > 0 && end % b_end == 0).then(|| BatchAxis {
+                    axis: a,
+                    outer: from.outer * (b / start) as usize,
+                    per_sample: from.per_sample * (end / b_end) as usize,
+                })
             }
-            _ => in_sizes == sizes && from == (a, per_sample),
+            _ => (in_sizes == sizes && from.axis == a).then_some(from),
         };
-        major.then_some((a, per_sample))
+        found.filter(|f| f.outer * batch as usize * f.per_sample == sizes[a] as usize)
     }
 
     /// `v`'s shape on one microbatch.
@@ -752,8 +816,8 @@ impl<'a> Prepared<'a> {
             .iter()
             .map(|&d| d as usize)
             .collect();
-        if let Some((a, per_sample)) = self.batch_axis(v) {
-            shape[a] = self.microbatch * per_sample;
+        if let Some(b) = self.batch_axis(v) {
+            shape[b.axis] = b.outer * self.microbatch * b.per_sample;
         } else if self.exe.plan.microbatches > 1 {
             return Err(format!(
                 "'{}' has no batch axis and cannot be split into microbatches",
@@ -763,43 +827,63 @@ impl<'a> Prepared<'a> {
         Ok(shape)
     }
 
-    /// The region of `v` a view's rank index `k` holds (or needs).
+    /// The axes of `v` (of `rank` axes) held as `[outer, rest]` and cut on `rest`, with
+    /// their `outer`, in axis order: a feature axis held by groups (`[groups, features /
+    /// groups]`), a batch axis under an outer one (`[seq, batch]` merged by a reshape).
+    fn held_axes(&self, v: ValueId, rank: usize) -> Vec<(usize, usize)> {
+        let mut held = Vec::new();
+        if let (Some(&groups), Some(f)) = (self.groups.get(&v), self.axes(v, rank).features) {
+            held.push((f, groups));
+        }
+        if let Some(b) = self.batch_axis(v).filter(|b| b.outer > 1) {
+            held.push((b.axis, b.outer));
+        }
+        held.sort_unstable();
+        held
+    }
+
+    /// The region of `v` a view's rank index `k` holds (or needs), in `v`'s shape with its
+    /// [held axes](Prepared::held_axes) split.
     fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, String> {
-        let mut shape = self.microbatch_shape(v)?;
-        let mut axes = self.axes(v, shape.len());
-        let mut batch_axis = self.batch_axis(v);
-        if let (Some(&groups), Some(f)) = (self.groups.get(&v), axes.features) {
-            // Held by groups: the feature axis as `[groups, features / groups]`, cut on
-            // the second.
-            shape.splice(f..=f, [groups, shape[f] / groups]);
-            let shift = |a: usize| if a > f { a + 1 } else { a };
-            axes.features = Some(f + 1);
-            axes.rows = axes.rows.map(shift);
-            batch_axis = batch_axis.map(|(a, n)| (shift(a), n));
+        let shape = self.microbatch_shape(v)?;
+        let axes = self.axes(v, shape.len());
+        let held = self.held_axes(v, shape.len());
+        let name = &self.exe.graph.value(v).name;
+        if held.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(format!(
+                "'{name}' (shape {shape:?}) holds its samples and its feature groups on one axis"
+            ));
+        }
+        // Where axis `a`'s cut part lies in the split shape.
+        let at = |a: usize| a + held.iter().filter(|&&(h, _)| h <= a).count();
+        let mut split = Vec::with_capacity(shape.len() + held.len());
+        for (a, &d) in shape.iter().enumerate() {
+            match held.iter().find(|&&(h, _)| h == a) {
+                Some(&(_, outer)) => split.extend([outer, d / outer.max(1)]),
+                None => split.push(d),
+            }
         }
         let pieces = view.pieces(k);
-        let mut r: Region = shape.iter().map(|&d| 0..d).collect();
+        let mut r: Region = split.iter().map(|&d| 0..d).collect();
         if shape.is_empty() {
             return Ok(r);
         }
-        if let Some((a, per_sample)) = batch_axis {
+        if let Some(b) = self.batch_axis(v) {
             let samples = interval(pieces[0], self.microbatch);
-            r[a] = samples.start * per_sample..samples.end * per_sample;
+            r[at(b.axis)] = samples.start * b.per_sample..samples.end * b.per_sample;
         } else if pieces[0].1 > 1 {
             return Err(format!(
-                "'{}' (shape {shape:?}) has no batch axis a sample split can cut: its samples \
+                "'{name}' (shape {shape:?}) has no batch axis a sample split can cut: its samples \
                  are not one contiguous run per rank (a reshape merged the batch under another \
-                 axis); place the layers around it on the same ranks",
-                self.exe.graph.value(v).name
+                 axis); place the layers around it on the same ranks"
             ));
         }
         for (axis, piece) in [(axes.rows, pieces[1]), (axes.features, pieces[2])] {
             match axis {
-                Some(a) => r[a] = interval(piece, shape[a]),
+                Some(a) => r[at(a)] = interval(piece, split[at(a)]),
                 None if piece.1 > 1 => {
                     return Err(format!(
-                        "'{}' (shape {shape:?}) has no axis for a split into {} pieces",
-                        self.exe.graph.value(v).name,
+                        "'{name}' (shape {shape:?}) has no axis for a split into {} pieces",
                         piece.1
                     ))
                 }
@@ -807,6 +891,20 @@ impl<'a> Prepared<'a> {
             }
         }
         Ok(r)
+    }
+
+    /// The shape of `v`'s tensor holding `region` of it: its held axes merged again.
+    fn local_dims(&self, v: ValueId, region: &Region) -> Vec<usize> {
+        let mut d = dims(region);
+        let held = self.held_axes(v, self.exe.info.ty(v).shape.rank());
+        for (i, &(a, _)) in held.iter().enumerate().rev() {
+            let at = a + i;
+            if at + 1 < d.len() {
+                let merged = d[at] * d[at + 1];
+                d.splice(at..=at + 1, [merged]);
+            }
+        }
+        d
     }
 
     fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
@@ -1430,9 +1528,12 @@ impl<'p, 'a> Rank<'p, 'a> {
         self.p.region(edge.value, &pl.view_out(), k)
     }
 
-    /// For a layer split by parameters, an input only its epilogue reads (a residual added
-    /// after the product) is needed only where the rank's output is: that region, inside
-    /// what the plan delivers. `None` for inputs used whole.
+    /// The region of an input only a split layer's epilogue reads (a residual added after
+    /// the product) that the rank's output meets, where it differs from what the plan
+    /// delivers: under an output-feature split, the rank's features of it (a crop); under a
+    /// row-parallel split, whose ranks each add their feature slice into a partial sum of
+    /// every feature, the whole output (the slice padded with zeros, so that the sum of
+    /// the partial sums adds the input once). `None` for inputs used as delivered.
     fn epilogue_share(&self, l: usize, k: u32, e: usize) -> Result<Option<Region>, String> {
         let need = self.need(e, self.rank)?;
         self.epilogue_crop(l, k, self.p.edges[e].value, need)
@@ -1450,7 +1551,8 @@ impl<'p, 'a> Rank<'p, 'a> {
         let g = self.p.exe.graph;
         let split_output =
             matches!(layer.kind, LayerKind::Conv | LayerKind::Dense) && (layer.split.parameter > 1);
-        if !split_output {
+        let row_parallel = layer.kind == LayerKind::Dense && layer.split.attribute > 1;
+        if !split_output && !row_parallel {
             return Ok(None);
         }
         let main_reads = layer.main.is_some_and(|m| {
@@ -1463,8 +1565,23 @@ impl<'p, 'a> Rank<'p, 'a> {
         if main_reads {
             return Ok(None);
         }
-        let share = intersect(&need, &self.p.region(v, &layer.view_out(), k)?);
-        Ok(Some(share))
+        let out = self.p.region(v, &layer.view_out(), k)?;
+        Ok(Some(if split_output {
+            intersect(&need, &out)
+        } else {
+            out
+        }))
+    }
+
+    /// Edge `e`'s input as delivered (the rank's need) reframed to `share`
+    /// ([`Rank::epilogue_share`]).
+    fn reframe(&self, x: &Tensor, e: usize, share: &Region) -> Result<Tensor, String> {
+        let need = self.need(e, self.rank)?;
+        let dims = self.p.local_dims(self.p.edges[e].value, share);
+        match x.floats() {
+            Some(values) => Ok(Tensor::f32(dims, reframe(values, &need, share))),
+            None => Ok(crop(x, &need, share).reshaped(dims)),
+        }
     }
 
     /// The input of edge `e` this rank needs, from what it holds and what it received.
@@ -1529,14 +1646,14 @@ impl<'p, 'a> Rank<'p, 'a> {
                     Source::Edge(e) => {
                         let whole = self.edge_input(l, e, mb, again)?;
                         match self.epilogue_share(l, k, e)? {
-                            Some(share) => crop(&whole, &self.need(e, self.rank)?, &share),
+                            Some(share) => self.reframe(&whole, e, &share)?,
                             None => whole,
                         }
                     }
                     Source::GraphInput => {
                         let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
                         let need = p.region(c, &layer.view_in(), k)?;
-                        let need = self.epilogue_crop(l, k, c, need.clone())?.unwrap_or(need);
+                        let share = self.epilogue_crop(l, k, c, need.clone())?;
                         // The rank's piece of this microbatch's rows of the global batch.
                         let offset = mb as usize * p.microbatch;
                         let global: Region = full.shape.iter().map(|&d| 0..d).collect();
@@ -1551,7 +1668,14 @@ impl<'p, 'a> Rank<'p, 'a> {
                                 }
                             })
                             .collect();
-                        crop(full, &global, &shifted)
+                        let t = crop(full, &global, &shifted);
+                        match (share, t.floats()) {
+                            (Some(share), Some(values)) => {
+                                Tensor::f32(p.local_dims(c, &share), reframe(values, &need, &share))
+                            }
+                            (Some(share), None) => crop(&t, &need, &share),
+                            (None, _) => t,
+                        }
                     }
                     Source::Constant => match self.weights.get(&c) {
                         Some((_, t)) if p.tied.contains(&c) => {
@@ -1758,12 +1882,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             // A cropped input's gradient is zero outside the crop; the input-gradient sum
             // over the parameter slices then assembles the whole.
             let gv = match share {
-                Some(share) => {
-                    let mut full = vec![0.0; volume(&need)];
-                    let mut filled = vec![false; full.len()];
-                    paste(&mut full, &need, &gv, &share, &mut filled);
-                    full
-                }
+                Some(share) => reframe(&gv, &share, &need),
                 None => gv,
             };
             self.input_grads.insert((e, mb), (need, gv));

@@ -100,6 +100,16 @@ pub(crate) fn fill(
     }
 }
 
+/// `x` (holding `from`) as the values of `to`: `x`'s where the two meet, zeros elsewhere.
+/// It crops when `to` lies inside `from` and pads when `to` holds it; the same call takes
+/// a gradient over `to` back to `from`.
+pub(crate) fn reframe(x: &[f32], from: &Region, to: &Region) -> Vec<f32> {
+    let mut out = vec![0.0f32; volume(to)];
+    let mut filled = vec![false; out.len()];
+    fill(&mut out, &mut filled, to, x, from);
+    out
+}
+
 /// Writes `src` (holding `piece`) into `dst` (holding `holder`), marking what it filled.
 pub(crate) fn paste(
     dst: &mut [f32],

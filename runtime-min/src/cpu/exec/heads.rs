@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
 use ralpc_passes::layers::LayerKind;
 
-use super::super::region::{dims, Region};
 use super::{carrier, setup, Prepared, RunError, Source};
 
 /// How a constant read by a head-split layer is made local.
@@ -34,11 +33,11 @@ pub(super) enum Adjust {
 /// heads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct LocalShapes {
-    pieces: i64,
-    adjust: BTreeMap<ValueId, Adjust>,
+    pub(super) pieces: i64,
+    pub(super) adjust: BTreeMap<ValueId, Adjust>,
     /// Weights the layer applies along the cut axis (a QKV bias added after the product):
     /// each with its axis, cut like the features it meets.
-    sliced: BTreeMap<ValueId, usize>,
+    pub(super) sliced: BTreeMap<ValueId, usize>,
 }
 
 impl LocalShapes {
@@ -100,8 +99,9 @@ impl Prepared<'_> {
             }
             let lg = self.exe.layers;
             let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&carrier(lg, v));
-            let local = local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
-                .map_err(&refuse)?;
+            let (local, _) =
+                local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
+                    .map_err(&refuse)?;
             self.layers[l].local = local;
             self.groups.extend(groups);
         }
@@ -166,22 +166,11 @@ impl Prepared<'_> {
             },
         )
     }
-
-    /// The shape of `v`'s tensor holding `region` of it (a grouped feature axis merged).
-    pub(super) fn local_dims(&self, v: ValueId, region: &Region) -> Vec<usize> {
-        let mut d = dims(region);
-        if self.groups.contains_key(&v) {
-            if let Some(f) = self.axes(v, d.len().saturating_sub(1)).features {
-                let merged = d[f] * d[f + 1];
-                d.splice(f..=f + 1, [merged]);
-            }
-        }
-        d
-    }
 }
 
 /// Follows the cut of `cut` (values and the axis each is cut on, into `pieces`) through
-/// `nodes` (in execution order) and collects the constants to make local.
+/// `nodes` (in execution order) and collects the constants to make local; with them, the
+/// axis every value the cut reached is cut on.
 ///
 /// # Errors
 /// A node the cut cannot pass, named.
@@ -192,7 +181,7 @@ pub(super) fn local_shapes(
     mut cut: BTreeMap<ValueId, usize>,
     pieces: u32,
     is_weight: &dyn Fn(ValueId) -> bool,
-) -> Result<LocalShapes, String> {
+) -> Result<(LocalShapes, BTreeMap<ValueId, usize>), String> {
     let sizes = |v: ValueId| -> Result<Vec<u64>, String> {
         info.ty(v)
             .shape
@@ -340,6 +329,24 @@ pub(super) fn local_shapes(
                 }
                 j
             }
+            // Per channel: pooling, batch normalization (its statistics are per channel).
+            Op::Pool(_) | Op::GlobalPool(_) | Op::BatchNorm { .. } => match cuts[..] {
+                [(0, a)] if a == 1 => a,
+                _ => return refuse("normalizes or pools across the cut axis"),
+            },
+            Op::Flatten { .. } => {
+                let (Some(x), Some(&o)) = (data(0), node.outputs.first()) else {
+                    return refuse("has no input");
+                };
+                let (from, to) = (sizes(x)?, sizes(o)?);
+                match cuts[..] {
+                    [(0, a)] => match reshaped_axis(&from, a, &to, t) {
+                        Some(j) => j,
+                        None => return refuse("merges the cut axis under an outer one"),
+                    },
+                    _ => return refuse("reads a cut shape"),
+                }
+            }
             Op::Softmax { axis, flatten, .. } => {
                 let a = cuts[0].1;
                 let over = axis_of(*axis, out_rank);
@@ -392,7 +399,7 @@ pub(super) fn local_shapes(
         }
     }
     local.sliced = sliced;
-    Ok(local)
+    Ok((local, cut))
 }
 
 fn axis_of(axis: i64, rank: usize) -> Option<usize> {

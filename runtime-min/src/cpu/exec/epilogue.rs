@@ -1,0 +1,82 @@
+//! A layer whose product is split by output features — a column-parallel dense layer, a
+//! convolution or pooling split by channels — runs the ops fused after its product on its
+//! piece too. Those ops are the model's, written for every feature, so the cut is followed
+//! from the product's output through them as for a head split ([`heads::local_shapes`]):
+//! the shape constants they read (a flattening reshape's target) are made local, and the
+//! axis each of the layer's outputs is cut on is that tensor's feature axis (a patch
+//! embedding's `[b, channels, patches]` is channels-first though nothing convolves it).
+
+use std::collections::BTreeMap;
+
+use ralpc_ir::{NodeId, Op};
+use ralpc_passes::layers::LayerKind;
+
+use super::heads::{self, local_shapes};
+use super::{after, carrier, Prepared};
+
+impl Prepared<'_> {
+    /// Follows every output-feature split through its layer's epilogue. What the cut
+    /// cannot pass (a reduction over the features) keeps the layout the tensors' ranks
+    /// suggest: such a layer runs as before or is refused where it reads a wrong share.
+    pub(super) fn split_epilogues(&mut self) {
+        let g = self.exe.graph;
+        let lg = self.exe.layers;
+        let is_weight = |v| self.exe.weights.trainable.contains(&carrier(lg, v));
+        let mut found = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let pieces = layer.split.parameter;
+            if pieces <= 1 || !layer.local.is_empty() {
+                continue;
+            }
+            // The product, or the pooling a pooling layer's channels are cut at.
+            let main = match layer.kind {
+                LayerKind::Conv | LayerKind::Dense => layer.main,
+                LayerKind::Pool => layer
+                    .nodes
+                    .iter()
+                    .copied()
+                    .find(|&n| matches!(g.node(n).op, Op::Pool(_) | Op::GlobalPool(_))),
+                _ => None,
+            };
+            let Some(main) = main else { continue };
+            let Some(&product) = g.node(main).outputs.first() else {
+                continue;
+            };
+            let Some(rank) = self.exe.info.ty(product).shape.as_sizes().map(|s| s.len()) else {
+                continue;
+            };
+            // Channels, or a product's last axis.
+            let axis = match layer.kind {
+                LayerKind::Dense => rank.saturating_sub(1),
+                _ => 1,
+            };
+            let epilogue: Vec<NodeId> = layer
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&n| after(&layer.nodes, main, n))
+                .collect();
+            let seed = BTreeMap::from([(product, axis)]);
+            let Ok((local, cut)) =
+                local_shapes(g, self.exe.info, &epilogue, seed, pieces, &is_weight)
+            else {
+                continue;
+            };
+            let outputs: Vec<(_, usize)> = layer
+                .outputs
+                .iter()
+                .filter_map(|o| Some((*o, *cut.get(o)?)))
+                .collect();
+            found.push((l, local, outputs));
+        }
+        for (l, local, outputs) in found {
+            // Biases after the product are cut by the output features it holds
+            // (`Prepared::slice_at`), not like a head split's inputs.
+            self.layers[l].local = heads::LocalShapes {
+                sliced: BTreeMap::new(),
+                ..local
+            };
+            self.feature_axes.extend(outputs);
+        }
+    }
+}

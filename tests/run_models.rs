@@ -1,0 +1,81 @@
+//! Real models (the PyTorch exports in `fixtures/onnx/`) train with the plan `ralpc` makes
+//! for them by default, equal to single-device training: one step's loss, output, every
+//! weight gradient and the weights after it, within 1e-5 (relative). Each case is chosen
+//! so that its default plan exercises what such models need of the executor: a patch
+//! embedding split by output channels whose reshape and layout follow the cut, a pooling
+//! split by channels before a flattening reshape, a row-parallel projection whose residual
+//! add is fused after the product, sequence-first attention tensors split by samples.
+//!
+//! (The ONNX zoo's `light_*` models are no such check: their last layer's weights are a
+//! constant fill, so the gradient below it is the rounding noise of a sum that is zero.)
+//!
+//! Small batches keep these models' CPU steps to seconds.
+
+mod common;
+
+use common::train::{assert_same, plan_and_run, reference};
+
+/// `fixtures/onnx/<case>` planned for `gpus` at `batch` with no other option, run one
+/// step, against one device.
+fn default_plan_trains_as_one_device(case: &str, gpus: u32, batch: u64) {
+    let model = common::fixture("onnx").join(case).join("model.onnx");
+    let options = ralpc::Options {
+        model: model.clone(),
+        gpus: Some(gpus),
+        batch: Some(batch),
+        ..Default::default()
+    };
+    let got = plan_and_run(&options, 1);
+    let want = reference(&model, batch, 1);
+    assert_same(&format!("{case} on {gpus} GPUs"), &got, &want);
+}
+
+#[test]
+fn vit_b_16() {
+    default_plan_trains_as_one_device("vit_b_16", 4, 4);
+}
+
+#[test]
+fn vit_b_16_with_its_patch_embedding_split_by_channels() {
+    // What ralpc picks for ViT-B/16 at batch 32 on 8 GPUs: the patch embedding's 768
+    // output channels cut, its `[b, 768, 196]` reshape made local.
+    let model = common::fixture("onnx/vit_b_16/model.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("strategy.json");
+    std::fs::write(
+        &strategy,
+        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 1,
+             "stages": [{ "first_layer": "node_Conv_1063", "last_layer": "node_Gemm_1356",
+                          "replicas": 4 }],
+             "layers": [{ "name": "node_Conv_1063", "gpus": 4,
+                          "split": { "sample": 1, "attribute": 1, "parameter": 4 } }] }"#,
+    )
+    .expect("write the strategy");
+    let options = ralpc::Options {
+        model: model.clone(),
+        gpus: Some(4),
+        batch: Some(4),
+        strategy_file: Some(strategy),
+        ..Default::default()
+    };
+    assert_same(
+        "vit patch split",
+        &plan_and_run(&options, 1),
+        &reference(&model, 4, 1),
+    );
+}
+
+#[test]
+fn vgg16() {
+    default_plan_trains_as_one_device("vgg16", 4, 4);
+}
+
+#[test]
+fn gpt2() {
+    default_plan_trains_as_one_device("gpt2", 4, 4);
+}
+
+#[test]
+fn convnext_tiny() {
+    default_plan_trains_as_one_device("convnext_tiny", 4, 4);
+}
