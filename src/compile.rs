@@ -187,13 +187,18 @@ pub fn inputs_hash(options: &Options) -> Result<String, Error> {
     Ok(hasher.finalize().to_hex().to_string())
 }
 
-/// Whether `dir` holds every artifact of `options`' plan, made from the same inputs.
+/// Whether `dir` holds every artifact of `options`' plan, made from the same inputs:
+/// with Graphviz installed, `plan.svg` too (a directory planned before Graphviz was
+/// installed, or whose drawing timed out, is planned again).
 ///
 /// # Errors
 /// [`Error::Read`] when an input cannot be read.
 pub fn up_to_date(options: &Options, dir: &Path) -> Result<bool, Error> {
     let inputs = inputs_hash(options)?;
     if ARTIFACTS.iter().any(|f| !dir.join(f).is_file()) {
+        return Ok(false);
+    }
+    if !dir.join("plan.svg").is_file() && crate::plan::graphviz_installed() {
         return Ok(false);
     }
     let Ok(text) = read_input_text(&dir.join("plan.json"), InputKind::Text) else {

@@ -48,10 +48,10 @@ pub use compile::{
 pub use error::{Error, FileError};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
-    plan, render_svg, report_html, simulated_facts, write_atomically, write_bytes_atomically,
-    CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport,
-    SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
-    SVG_SECONDS,
+    graphviz_installed, plan, render_svg, report_html, simulated_facts, write_atomically,
+    write_bytes_atomically, CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions,
+    PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH,
+    DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
 pub use process::die_with_parent;
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};

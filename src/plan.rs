@@ -326,6 +326,17 @@ pub const SVG_SECONDS: u64 = 10;
 /// crossing-reduction and ranking passes).
 const CHEAP_LAYOUT_NODES: usize = 200;
 
+/// Whether Graphviz's `dot` can be run: then a plan's artifacts include `plan.svg`.
+pub fn graphviz_installed() -> bool {
+    std::process::Command::new("dot")
+        .arg("-V")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// `dot` rendered to SVG with Graphviz, within [`SVG_SECONDS`].
 ///
 /// # Errors

@@ -31,17 +31,21 @@ pub struct SweepRow {
     pub gpu_type: String,
     /// The cluster planned on.
     pub cluster: String,
-    /// GPUs.
+    /// GPUs asked for.
     pub gpus: u32,
+    /// GPUs the plan uses (a small model may leave some idle); 0 when nothing fits.
+    pub gpus_used: u32,
     /// The winning family (`dp`, `burst`, `soap`, `pipeline`); empty when nothing fits.
     pub strategy: String,
     /// Predicted iteration time, µs (0 when nothing fits).
     pub iteration_time_us: f64,
     /// Samples per second.
     pub samples_per_second: f64,
-    /// Over one GPU of this type computing the whole batch.
+    /// Over one GPU of this type training the whole batch: that GPU's planned iteration
+    /// (optimizer step included), or its compute alone where the model does not fit one
+    /// GPU.
     pub speedup: f64,
-    /// Speedup per GPU.
+    /// Speedup per GPU used.
     pub efficiency: f64,
     /// GPU-sec amplification.
     pub gpu_sec_amplification: f64,
@@ -52,10 +56,11 @@ pub struct SweepRow {
 }
 
 impl SweepRow {
-    /// The figures of a planned point as display cells: strategy, iteration, samples/s,
-    /// speedup, efficiency, amplification, peak memory.
-    pub fn cells(&self) -> [String; 7] {
+    /// The figures of a planned point as display cells: GPUs used, strategy, iteration,
+    /// samples/s, speedup, efficiency, amplification, peak memory.
+    pub fn cells(&self) -> [String; 8] {
         [
+            self.gpus_used.to_string(),
             self.strategy.clone(),
             format!("{:.3} ms", self.iteration_time_us / 1e3),
             format!("{:.1}", self.samples_per_second),
@@ -88,47 +93,70 @@ pub fn sweep(options: &SweepOptions, tick: &(dyn Fn() + Sync)) -> Result<Vec<Swe
         .iter()
         .flat_map(|t| options.gpus.iter().map(move |&g| (t, g)))
         .collect();
+    // Each type's one-GPU iteration, the speedups' baseline.
+    let baselines: Vec<Option<f64>> = options
+        .gpu_types
+        .par_iter()
+        .map(|t| {
+            let one = point_options(options, t, 1)?;
+            Ok(plan(&one).ok().map(|o| o.report.iteration_time_us))
+        })
+        .collect::<Result<_, Error>>()?;
     points
         .par_iter()
         .map(|&(gpu_type, gpus)| {
-            // The type's cluster, with as many nodes as the count needs.
-            let spec = Some(cluster_of_gpu_type(gpu_type));
-            let base = crate::cluster(&ClusterOptions {
-                spec: spec.clone(),
-                ..ClusterOptions::default()
-            })?;
-            let nodes = gpus.div_ceil(base.gpu_count().max(1));
-            // A limit above this type's memory is that memory (plan() refuses one above).
-            let own = (0..base.gpu_count())
-                .map(|r| base.gpu(r).memory_bytes)
-                .min();
-            let memory_limit = match (options.base.memory_limit, own) {
-                (Some(limit), Some(own)) => Some(limit.min(own)),
-                (limit, _) => limit,
-            };
-            let plan_options = PlanOptions {
-                gpus: Some(gpus),
-                memory_limit,
-                cluster: ClusterOptions {
-                    spec,
-                    nodes: (nodes > 1).then_some(nodes),
-                    ..options.base.cluster.clone()
-                },
-                executable: false,
-                ..options.base.clone()
-            };
-            let row = row(gpu_type, gpus, &plan_options);
+            let at = options.gpu_types.iter().position(|t| t == gpu_type);
+            let baseline = at.and_then(|i| baselines[i]);
+            let options = point_options(options, gpu_type, gpus)?;
+            let row = row(gpu_type, gpus, &options, baseline);
             tick();
             row
         })
         .collect()
 }
 
-fn row(gpu_type: &str, gpus: u32, options: &PlanOptions) -> Result<SweepRow, Error> {
+/// The plan options of one point: the type's cluster, with as many nodes as the count
+/// needs.
+fn point_options(options: &SweepOptions, gpu_type: &str, gpus: u32) -> Result<PlanOptions, Error> {
+    let spec = Some(cluster_of_gpu_type(gpu_type));
+    let base = crate::cluster(&ClusterOptions {
+        spec: spec.clone(),
+        ..ClusterOptions::default()
+    })?;
+    let nodes = gpus.div_ceil(base.gpu_count().max(1));
+    // A limit above this type's memory is that memory (plan() refuses one above).
+    let own = (0..base.gpu_count())
+        .map(|r| base.gpu(r).memory_bytes)
+        .min();
+    let memory_limit = match (options.base.memory_limit, own) {
+        (Some(limit), Some(own)) => Some(limit.min(own)),
+        (limit, _) => limit,
+    };
+    Ok(PlanOptions {
+        gpus: Some(gpus),
+        memory_limit,
+        cluster: ClusterOptions {
+            spec,
+            nodes: (nodes > 1).then_some(nodes),
+            ..options.base.cluster.clone()
+        },
+        executable: false,
+        ..options.base.clone()
+    })
+}
+
+/// One point; `baseline`: the type's one-GPU iteration, µs, when the model fits one GPU.
+fn row(
+    gpu_type: &str,
+    gpus: u32,
+    options: &PlanOptions,
+    baseline: Option<f64>,
+) -> Result<SweepRow, Error> {
     let mut row = SweepRow {
         gpu_type: gpu_type.into(),
         cluster: cluster_of_gpu_type(gpu_type),
         gpus,
+        gpus_used: 0,
         strategy: String::new(),
         iteration_time_us: 0.0,
         samples_per_second: 0.0,
@@ -141,13 +169,15 @@ fn row(gpu_type: &str, gpus: u32, options: &PlanOptions) -> Result<SweepRow, Err
     match plan(options) {
         Ok(output) => {
             let r = output.report;
-            let speedup = r.single_gpu_time_us / r.iteration_time_us.max(1e-9);
+            let one_gpu = baseline.unwrap_or(r.single_gpu_time_us);
+            let speedup = one_gpu / r.iteration_time_us.max(1e-9);
             row.cluster = r.cluster;
             row.strategy = r.strategy.into();
             row.iteration_time_us = r.iteration_time_us;
             row.samples_per_second = r.batch as f64 / (r.iteration_time_us * 1e-6).max(1e-12);
             row.speedup = speedup;
-            row.efficiency = speedup / f64::from(gpus);
+            row.gpus_used = r.gpus_used;
+            row.efficiency = speedup / f64::from(r.gpus_used.max(1));
             row.gpu_sec_amplification = r.gpu_sec_amplification;
             row.peak_memory_bytes = r.peak_memory_bytes;
         }
@@ -161,17 +191,18 @@ fn row(gpu_type: &str, gpus: u32, options: &PlanOptions) -> Result<SweepRow, Err
 /// The rows as CSV (a header, then one line per point).
 pub fn to_csv(rows: &[SweepRow]) -> String {
     let mut out = String::from(
-        "gpu_type,cluster,gpus,strategy,iteration_time_us,samples_per_second,speedup,\
-         efficiency,gpu_sec_amplification,peak_memory_bytes,error\n",
+        "gpu_type,cluster,gpus,gpus_used,strategy,iteration_time_us,samples_per_second,\
+         speedup,efficiency,gpu_sec_amplification,peak_memory_bytes,error\n",
     );
     for r in rows {
         let error = r.error.as_deref().unwrap_or("").replace('"', "'");
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.0},\"{error}\"",
+            "{},{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.0},\"{error}\"",
             r.gpu_type,
             r.cluster,
             r.gpus,
+            r.gpus_used,
             r.strategy,
             r.iteration_time_us,
             r.samples_per_second,
@@ -259,7 +290,7 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
     }
     svg.push_str("</svg>\n");
     let mut table = String::from(
-        "<table><tr><th>GPU type</th><th>GPUs</th><th>strategy</th><th>iteration</th>\
+        "<table><tr><th>GPU type</th><th>GPUs</th><th>used</th><th>strategy</th><th>iteration</th>\
          <th>samples/s</th><th>speedup</th><th>efficiency</th><th>amplification</th>\
          <th>peak memory</th></tr>\n",
     );
@@ -267,7 +298,7 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
         let _ = match &r.error {
             Some(e) => writeln!(
                 table,
-                "<tr><td>{}</td><td>{}</td><td colspan=\"7\">no plan: {}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td colspan=\"8\">no plan: {}</td></tr>",
                 html(&r.gpu_type),
                 r.gpus,
                 html(e)

@@ -49,6 +49,18 @@ fn a_plan_is_written_once_and_checked_after() {
         .success();
     let again = stdout(ralpc(dir.path()).args([model, "--gpus", "8"]));
     assert!(again.contains("up to date"), "{again}");
+    // Every artifact counts: with Graphviz installed (CI installs it), a missing drawing
+    // makes the directory stale, and a plain run draws it again.
+    if ralpc::graphviz_installed() {
+        let svg = dir.path().join("model.ralpc/plan.svg");
+        std::fs::remove_file(&svg).unwrap();
+        ralpc(dir.path())
+            .args([model, "--gpus", "8", "--check"])
+            .assert()
+            .code(1);
+        stdout(ralpc(dir.path()).args([model, "--gpus", "8"]));
+        assert!(svg.is_file());
+    }
     // Other options are other inputs.
     ralpc(dir.path())
         .args([model, "--gpus", "4", "--check"])

@@ -79,3 +79,18 @@ fn gpt2() {
 fn convnext_tiny() {
     default_plan_trains_as_one_device("convnext_tiny", 4, 4);
 }
+
+#[test]
+fn resnet50() {
+    default_plan_trains_as_one_device("resnet50", 4, 4);
+}
+
+#[test]
+fn efficientnet_b0() {
+    default_plan_trains_as_one_device("efficientnet_b0", 4, 4);
+}
+
+#[test]
+fn inception_v3() {
+    default_plan_trains_as_one_device("inception_v3", 4, 4);
+}

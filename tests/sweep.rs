@@ -29,9 +29,16 @@ fn every_point_of_the_matrix_is_planned() {
     assert_eq!(rows.len(), 8, "2 types × 4 counts");
     for r in rows {
         assert!(r["error"].is_null(), "{r}");
-        let (speedup, gpus) = (r["speedup"].as_f64().unwrap(), r["gpus"].as_f64().unwrap());
-        assert!(speedup > 0.0 && speedup <= gpus * 1.0001, "{r}");
-        assert!((r["efficiency"].as_f64().unwrap() - speedup / gpus).abs() < 1e-9);
+        let speedup = r["speedup"].as_f64().unwrap();
+        let used = r["gpus_used"].as_f64().unwrap();
+        assert!(used >= 1.0 && used <= r["gpus"].as_f64().unwrap(), "{r}");
+        assert!(speedup > 0.0 && speedup <= used * 1.0001, "{r}");
+        // Efficiency is per GPU the plan uses, not per GPU asked for.
+        assert!((r["efficiency"].as_f64().unwrap() - speedup / used).abs() < 1e-9);
+        // One GPU is the baseline: exactly 1×, not its compute without the optimizer.
+        if r["gpus"] == 1 {
+            assert!((speedup - 1.0).abs() < 1e-9, "{r}");
+        }
     }
     // More GPUs of one type never plan slower (auto keeps data parallelism's share).
     for t in ["a100", "v100"] {
@@ -61,7 +68,7 @@ fn csv_and_the_table_agree_and_infeasible_points_say_why() {
     assert!(lines
         .next()
         .unwrap()
-        .starts_with("gpu_type,cluster,gpus,strategy,"));
+        .starts_with("gpu_type,cluster,gpus,gpus_used,strategy,"));
     let one = lines.next().unwrap();
     assert!(one.starts_with("a100,") && one.contains("memory"), "{one}");
     let four = lines.next().unwrap();

@@ -119,9 +119,10 @@ fn table(rows: &[SweepRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<10} {:>6}  {:<9} {:>12} {:>12} {:>8} {:>10} {:>6} {:>10}",
+        "{:<10} {:>6} {:>6}  {:<9} {:>12} {:>12} {:>8} {:>10} {:>6} {:>10}",
         "GPU type",
         "GPUs",
+        "used",
         "strategy",
         "iteration",
         "samples/s",
@@ -134,10 +135,11 @@ fn table(rows: &[SweepRow]) -> String {
         let _ = match &r.error {
             Some(e) => writeln!(out, "{:<10} {:>6}  no plan: {e}", r.gpu_type, r.gpus),
             None => {
-                let [strategy, iteration, rate, speedup, efficiency, ampl, memory] = r.cells();
+                let [used, strategy, iteration, rate, speedup, efficiency, ampl, memory] =
+                    r.cells();
                 writeln!(
                     out,
-                    "{:<10} {:>6}  {strategy:<9} {iteration:>12} {rate:>12} {speedup:>8} \
+                    "{:<10} {:>6} {used:>6}  {strategy:<9} {iteration:>12} {rate:>12} {speedup:>8} \
                      {efficiency:>10} {ampl:>6} {memory:>10}",
                     r.gpu_type, r.gpus
                 )
