@@ -26,7 +26,8 @@
 //!
 //! Not executable yet (refused with a clear error): spatial (attribute) splits of
 //! convolutions and pooling, which need halo rows the plan does not carry; row-parallel
-//! dense layers with a fused epilogue other than bias adds; a loss over logits split by
+//! dense layers with a fused epilogue other than adds (of a bias, or of a residual each
+//! rank adds its feature slice of); a loss over logits split by
 //! classes; the asynchronous (PipeDream) schedule. A tensor held whole by replicas (a
 //! row-parallel layer's output, a LayerNorm held by a tensor-parallel group) whose
 //! consumer reads a part of it fails in backward naming the gradient the other replicas
