@@ -94,3 +94,49 @@ fn efficientnet_b0() {
 fn inception_v3() {
     default_plan_trains_as_one_device("inception_v3", 4, 4);
 }
+
+/// Fixtures whose default plan at 4 GPUs and batch 4 does not train as one device, and
+/// why. Each is a gap, not an accepted answer.
+const NOT_EQUAL_YET: [(&str, &str); 8] = [
+    (
+        "mobilenet_v2",
+        "splits convolutions by rows, which needs halo exchange",
+    ),
+    (
+        "densenet121",
+        "batch normalization (not folded into a convolution) uses each rank's samples",
+    ),
+    ("light_densenet121", "output differs; not investigated"),
+    (
+        "light_bvlc_alexnet",
+        "single-device training fails; not investigated",
+    ),
+    (
+        "light_inception_v2",
+        "constant-fill last layer: gradients are rounding noise",
+    ),
+    (
+        "light_resnet50",
+        "constant-fill last layer: gradients are rounding noise",
+    ),
+    (
+        "light_shufflenet",
+        "constant-fill last layer: gradients are rounding noise",
+    ),
+    (
+        "light_vgg19",
+        "constant-fill last layer: gradients are rounding noise",
+    ),
+];
+
+/// Every other fixture (about 6 minutes on 2 cores, so outside the default run).
+#[test]
+#[ignore = "slow: every fixture's step on the CPU"]
+fn every_other_fixture_trains_its_default_plan_as_one_device() {
+    for case in common::onnx_cases() {
+        if NOT_EQUAL_YET.iter().any(|(c, _)| *c == case) {
+            continue;
+        }
+        default_plan_trains_as_one_device(&case, 4, 4);
+    }
+}
