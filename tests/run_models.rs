@@ -129,7 +129,7 @@ const NOT_EQUAL_YET: [(&str, &str); 8] = [
     ),
 ];
 
-/// Every other fixture (about 6 minutes on 2 cores, so outside the default run).
+/// Every other fixture (2.5 minutes on 2 cores, so outside the default run).
 #[test]
 #[ignore = "slow: every fixture's step on the CPU"]
 fn every_other_fixture_trains_its_default_plan_as_one_device() {
