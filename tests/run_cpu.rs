@@ -8,26 +8,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::train::{assert_same, error_chain, plan_and_run, reference};
-use ralpc::runtime::cpu::train::TrainReport;
+use common::train::{assert_same, error_chain, reference, run_strategy as run_plan};
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture("train").join(name)
-}
-
-/// Plans `model` for `gpus` with `strategy` (a ralpc-strategy/1 file's JSON), then runs it.
-fn run_plan(model: &Path, batch: u64, gpus: u32, strategy: &str, steps: u32) -> TrainReport {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let strategy_file = dir.path().join("strategy.json");
-    std::fs::write(&strategy_file, strategy).expect("write the strategy");
-    let options = ralpc::Options {
-        model: model.to_path_buf(),
-        gpus: Some(gpus),
-        batch: Some(batch),
-        strategy_file: Some(strategy_file),
-        ..Default::default()
-    };
-    plan_and_run(&options, steps)
 }
 
 fn stage(first: &str, last: &str, replicas: u32) -> String {

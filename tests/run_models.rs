@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::train::{assert_same, plan_and_run, reference};
+use common::train::{assert_same, plan_and_run, reference, run_strategy};
 
 /// `fixtures/onnx/<case>` planned for `gpus` at `batch` with no other option, run one
 /// step, against one device.
@@ -40,29 +40,13 @@ fn vit_b_16_with_its_patch_embedding_split_by_channels() {
     // What ralpc picks for ViT-B/16 at batch 32 on 8 GPUs: the patch embedding's 768
     // output channels cut, its `[b, 768, 196]` reshape made local.
     let model = common::fixture("onnx/vit_b_16/model.onnx");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let strategy = dir.path().join("strategy.json");
-    std::fs::write(
-        &strategy,
-        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 1,
-             "stages": [{ "first_layer": "node_Conv_1063", "last_layer": "node_Gemm_1356",
-                          "replicas": 4 }],
-             "layers": [{ "name": "node_Conv_1063", "gpus": 4,
-                          "split": { "sample": 1, "attribute": 1, "parameter": 4 } }] }"#,
-    )
-    .expect("write the strategy");
-    let options = ralpc::Options {
-        model: model.clone(),
-        gpus: Some(4),
-        batch: Some(4),
-        strategy_file: Some(strategy),
-        ..Default::default()
-    };
-    assert_same(
-        "vit patch split",
-        &plan_and_run(&options, 1),
-        &reference(&model, 4, 1),
-    );
+    let strategy = r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 1,
+        "stages": [{ "first_layer": "node_Conv_1063", "last_layer": "node_Gemm_1356",
+                     "replicas": 4 }],
+        "layers": [{ "name": "node_Conv_1063", "gpus": 4,
+                     "split": { "sample": 1, "attribute": 1, "parameter": 4 } }] }"#;
+    let got = run_strategy(&model, 4, 4, strategy, 1);
+    assert_same("vit patch split", &got, &reference(&model, 4, 1));
 }
 
 #[test]

@@ -67,6 +67,28 @@ pub fn plan_and_run(options: &ralpc::Options, steps: u32) -> TrainReport {
     run.report
 }
 
+/// Plans `model` for `gpus` at `batch` with `strategy` (a ralpc-strategy/1 file's JSON),
+/// then runs `steps` of it.
+pub fn run_strategy(
+    model: &Path,
+    batch: u64,
+    gpus: u32,
+    strategy: &str,
+    steps: u32,
+) -> TrainReport {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy_file = dir.path().join("strategy.json");
+    std::fs::write(&strategy_file, strategy).expect("write the strategy");
+    let options = ralpc::Options {
+        model: model.to_path_buf(),
+        gpus: Some(gpus),
+        batch: Some(batch),
+        strategy_file: Some(strategy_file),
+        ..Default::default()
+    };
+    plan_and_run(&options, steps)
+}
+
 /// ` / cause` for each of `e`'s sources.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = String::new();

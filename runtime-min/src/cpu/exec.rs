@@ -1556,14 +1556,24 @@ impl<'p, 'a> Rank<'p, 'a> {
         if !split_output && !row_parallel {
             return Ok(None);
         }
-        let main_reads = layer.main.is_some_and(|m| {
-            g.node(m)
+        // Only what the epilogue alone reads: not the product's operands, nor what ops
+        // before it read.
+        let Some(main) = layer.main else {
+            return Ok(None);
+        };
+        let reads = |n: &NodeId| {
+            g.node(*n)
                 .inputs
                 .iter()
                 .flatten()
                 .any(|&x| carrier(self.p.exe.layers, x) == v)
-        });
-        if main_reads {
+        };
+        if !layer
+            .nodes
+            .iter()
+            .filter(|n| reads(n))
+            .all(|&n| after(&layer.nodes, main, n))
+        {
             return Ok(None);
         }
         let out = self.p.region(v, &layer.view_out(), k)?;
