@@ -26,7 +26,8 @@ pub struct Compiled {
     /// The executable plan, simulated, and its visualizations; `None` for a transformer
     /// (3d) plan using options that are priced but not lowered yet.
     pub executable: Option<crate::Executable>,
-    /// The chosen strategy (a `ralpc-strategy/1` file); `None` where `executable` is.
+    /// The chosen strategy (a `ralpc-strategy/1` file); `None` for a transformer plan with
+    /// no layer-graph form.
     pub strategy: Option<ralpc_passes::plan::StrategyFile>,
     /// (file name, contents) of every artifact: [`ARTIFACTS`], plus `plan.svg` when
     /// Graphviz is installed; none where `executable` is `None`.
@@ -104,7 +105,7 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
                 report: output.report,
                 inputs,
                 executable: None,
-                strategy: None,
+                strategy: output.strategy,
                 files: Vec::new(),
                 not_lowered: Some(why),
                 svg_skipped: None,

@@ -30,6 +30,7 @@
     )
 )]
 
+pub mod args;
 mod checkpoint;
 mod cluster;
 mod compile;
@@ -41,6 +42,7 @@ mod profile;
 mod run;
 mod sweep;
 
+pub use args::PlanArgs;
 pub use cluster::{cluster, ClusterOptions};
 pub use compile::{
     compile, default_out_dir, inputs_hash, up_to_date, Compiled, Options, ARTIFACTS,

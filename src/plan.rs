@@ -109,6 +109,9 @@ pub struct SplitRow {
 pub struct PlacedLayer {
     /// Its name (what strategy files refer to).
     pub name: String,
+    /// The PyTorch module it came from (`features.0`), when the export says.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub module: String,
     /// What it computes.
     pub op: String,
     /// GPUs it uses.
@@ -125,6 +128,17 @@ pub struct PlacedLayer {
     pub sync_us: f64,
     /// Moving its inputs per microbatch, µs.
     pub transfer_us: f64,
+}
+
+impl PlacedLayer {
+    /// What a user calls it: its PyTorch module when the export says, else its name.
+    pub fn label(&self) -> &str {
+        if self.module.is_empty() {
+            &self.name
+        } else {
+            &self.module
+        }
+    }
 }
 
 /// One family's best plan, for comparison.
@@ -517,7 +531,7 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
     ];
     summary.extend(simulated_facts(&exe.simulation));
     let columns = [
-        "layer", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
+        "layer", "module", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
     ]
     .map(String::from)
     .to_vec();
@@ -527,6 +541,7 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
         .map(|l| {
             vec![
                 l.name.clone(),
+                l.module.clone(),
                 l.op.clone(),
                 l.gpus.to_string(),
                 format!(
@@ -931,17 +946,12 @@ fn executable(
 /// lowered on the model's layer graph (priced there by the layered cost model), or why not.
 fn lower_transformer(
     options: &PlanOptions,
-    model: Model,
-    best: &Estimate,
+    graph: &LayerGraph,
+    strategy: &ralpc_passes::plan::Strategy,
     cluster: &Cluster,
     gpus: u32,
     precision: Precision,
-) -> Result<Result<(StrategyFile, Executable), String>, Error> {
-    let graph = load_layers(model, precision)?;
-    let strategy = match transformer::layered(&graph, best) {
-        Ok(s) => s,
-        Err(e) => return Ok(Err(e.0)),
-    };
+) -> Result<Result<Executable, String>, Error> {
     // Every rank's program is written out: per microbatch and layer, a forward, a backward
     // and a recomputation or collective or two.
     let instructions: u64 = strategy
@@ -980,8 +990,7 @@ fn lower_transformer(
             ..CostOptions::default()
         },
     );
-    let executable = executable(options, &costs, &strategy)?;
-    Ok(Ok((StrategyFile::of(&graph, &strategy), executable)))
+    Ok(Ok(executable(options, &costs, strategy)?))
 }
 
 /// Plans a recognized transformer in Megatron-LM's space.
@@ -1102,6 +1111,7 @@ fn plan_transformer(
         for (name, op, forward_us, backward_us) in names {
             layers.push(PlacedLayer {
                 name,
+                module: String::new(),
                 op: op.to_owned(),
                 gpus: ranks_per_stage,
                 split,
@@ -1164,13 +1174,22 @@ fn plan_transformer(
             configurations_priced: found.evaluated,
         }),
     };
-    let (strategy, executable, not_lowered) = if options.executable {
-        match lower_transformer(options, model, best, cluster, gpus, precision)? {
-            Ok((strategy, executable)) => (Some(strategy), Some(executable), None),
-            Err(why) => (None, None, Some(why)),
+    // The layer-graph form names every layer's placement (what `ralpc.torch` applies),
+    // also when the plan is not lowered.
+    let graph = load_layers(model, precision)?;
+    let (strategy, executable, not_lowered) = match transformer::layered(&graph, best) {
+        Err(why) => (None, None, Some(why.0)),
+        Ok(layered) => {
+            let file = StrategyFile::of(&graph, &layered);
+            if !options.executable {
+                (Some(file), None, None)
+            } else {
+                match lower_transformer(options, &graph, &layered, cluster, gpus, precision)? {
+                    Ok(executable) => (Some(file), Some(executable), None),
+                    Err(why) => (Some(file), None, Some(why)),
+                }
+            }
         }
-    } else {
-        (None, None, None)
     };
     Ok(PlanOutput {
         report,
@@ -1255,6 +1274,7 @@ fn report(
                 let c = &e.layers[l];
                 PlacedLayer {
                     name: layer.name.clone(),
+                    module: layer.module.clone(),
                     op: layer.op.clone(),
                     gpus: split.degree(),
                     split: SplitRow {

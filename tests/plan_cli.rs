@@ -275,7 +275,10 @@ fn bad_inputs_exit_1_and_say_what_is_wrong() {
     fails(
         &["plan", VGG16, "--strategy-file", &unknown],
         1,
-        &["stages[0].first_layer", "no layer is named \"nope\""],
+        &[
+            "stages[0].first_layer",
+            "no layer or module is named \"nope\"",
+        ],
     );
     let truncated = file("truncated.json", r#"{"format":"ralpc-strategy/1","sta"#);
     fails(

@@ -356,7 +356,7 @@ fn recomputed_runs_and_zero_stages_a_layered_plan_cannot_take_are_refused_by_nam
                 &base,
                 &format!(r#""recompute": [{}]"#, run("conv0", "nope")),
             ),
-            r#"recompute[0].last_layer: no layer is named "nope""#,
+            r#"recompute[0].last_layer: no layer or module is named "nope""#,
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();

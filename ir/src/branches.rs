@@ -118,6 +118,7 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, bool>) -> Gra
                     let prov = Provenance {
                         name: site.name.clone(),
                         op_type: "Identity".into(),
+                        module: String::new(),
                     };
                     let id = g.add_node(Op::Identity, prov, &[name]);
                     g.set_inputs(id, vec![scope.get(ret.as_str()).copied()]);

@@ -53,6 +53,9 @@ pub struct Provenance {
     pub name: String,
     /// The ONNX `op_type` (`Conv`), or `input`/`initializer` for sources.
     pub op_type: String,
+    /// The PyTorch module it came from (`features.0`), as the exporter recorded it; empty
+    /// when the file does not say (or the node belongs to the root module).
+    pub module: String,
 }
 
 /// A node named for a message: `node 'conv1' (Conv)`.

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use ralpc_ir::{account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::rewrite::{self, Limits, Report, Rewritten};
 
@@ -27,7 +27,7 @@ use crate::rewrite::{self, Limits, Report, Rewritten};
 pub struct LayerId(pub u32);
 
 /// What kind of work a layer does (selects the roofline efficiency).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
     /// Convolutions: compute-heavy, few parameters.
@@ -157,6 +157,8 @@ pub struct Measured {
 pub struct Layer {
     /// Name of its main op.
     pub name: String,
+    /// The PyTorch module its main op came from (`features.0`), when the export says.
+    pub module: String,
     /// What it computes (`Conv+Relu`).
     pub op: String,
     /// Its work class.
@@ -489,6 +491,7 @@ fn assemble(
         };
         let mut layer = Layer {
             name: graph.provenance(named).name.clone(),
+            module: graph.provenance(named).module.clone(),
             op: unit.op.clone(),
             kind: match attention {
                 true => LayerKind::Attention,

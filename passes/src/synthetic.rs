@@ -74,6 +74,7 @@ impl Builder {
         self.layers.push(Layer {
             name,
             op: kind.name().to_owned(),
+            module: String::new(),
             kind,
             parts: Vec::new(),
             params: params / 4,

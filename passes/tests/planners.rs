@@ -77,6 +77,8 @@ fn deeppool_vgg16_burst_plan() {
             .iter()
             .map(|&name| StrategyFileLayer {
                 name: name.into(),
+                module: None,
+                kind: None,
                 gpus: Some(1),
                 split: None,
             })

@@ -77,40 +77,4 @@ pub fn print_stdout(text: &str) {
     }
 }
 
-/// Parses `--tolerance`: a non-negative number, or `inf` for no budget (NaN would
-/// silently turn the budget off).
-pub fn parse_tolerance(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(x) if x >= 0.0 => Ok(x),
-        _ => Err(format!("expected a number >= 0 or inf, got '{s}'")),
-    }
-}
-
-/// Parses a count that must be at least 1 (`--batch`, `--timeout`, …), saying so as a
-/// person would (clap's range check says "0 is not in 1..18446744073709551615").
-pub fn parse_positive(s: &str) -> Result<u64, String> {
-    match s.trim().parse::<u64>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
-    }
-}
-
-/// Parses `NAME=D0,D1,...` for `--input`.
-pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
-    let (name, dims) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected NAME=D0,D1,..., got '{s}'"))?;
-    if name.is_empty() {
-        return Err("the input name is empty".into());
-    }
-    let dims = dims
-        .split(',')
-        .map(|d| {
-            d.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("'{d}' is not a dimension (a positive integer)"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((name.to_owned(), dims))
-}
+pub use ralpc::args::{parse_input_shape, parse_positive, parse_tolerance};

@@ -15,6 +15,7 @@
 
 mod attrs;
 mod ops;
+mod scope;
 pub(crate) mod tensor;
 mod wire;
 
@@ -181,6 +182,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
                 let prov = Provenance {
                     name: t.name.clone(),
                     op_type: "initializer".into(),
+                    module: String::new(),
                 };
                 let op = Op::Constant {
                     tensor: Arc::new(data),
@@ -209,6 +211,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         let prov = Provenance {
             name: vi.name.clone(),
             op_type: "input".into(),
+            module: String::new(),
         };
         let n = graph.add_node(Op::Input, prov, &[&vi.name]);
         let v = graph.node(n).outputs[0];
@@ -242,6 +245,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
             continue;
         };
         let prov = Provenance {
+            module: scope::module_path(node, &name),
             name,
             op_type: node.op_type.clone(),
         };
@@ -463,6 +467,7 @@ impl NodeImport<'_, '_> {
                     provenance: Provenance {
                         name: t.name.clone(),
                         op_type: "initializer".into(),
+                        module: String::new(),
                     },
                     inputs: Vec::new(),
                     outputs: vec![t.name.clone()],
@@ -489,6 +494,7 @@ impl NodeImport<'_, '_> {
                 Some((op, inputs)) => nodes.push(BranchNode {
                     op,
                     provenance: Provenance {
+                        module: scope::module_path(node, &name),
                         name,
                         op_type: node.op_type.clone(),
                     },

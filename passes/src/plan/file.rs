@@ -117,6 +117,14 @@ pub struct StrategyFileStage {
 pub struct StrategyFileLayer {
     /// The layer.
     pub name: String,
+    /// The PyTorch module it came from, when the export says (written for readers and for
+    /// `ralpc.torch`; a layer may also be named by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// What kind of work it does (written for readers and for `ralpc.torch`; ignored when
+    /// read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<crate::layers::LayerKind>,
     /// GPUs it uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
@@ -179,6 +187,8 @@ impl StrategyFile {
                 .enumerate()
                 .map(|(i, s)| StrategyFileLayer {
                     name: name(i),
+                    module: Some(graph.layers[i].module.clone()).filter(|m| !m.is_empty()),
+                    kind: Some(graph.layers[i].kind),
                     gpus: Some(s.degree()),
                     split: Some(FileSplit {
                         sample: s.sample,
@@ -213,18 +223,30 @@ impl StrategyFile {
     /// `gpus` disagreeing with `split`.
     pub fn resolve(&self, graph: &LayerGraph) -> Result<Strategy, PlanError> {
         let bad = |m: String| PlanError::Strategy(m);
+        // A layer is named by its own name or, failing that, by its PyTorch module's path.
         let mut index: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+        let mut modules: BTreeMap<&str, Option<usize>> = BTreeMap::new();
         for (i, l) in graph.layers.iter().enumerate() {
             index
                 .entry(l.name.as_str())
                 .and_modify(|e| *e = None)
                 .or_insert(Some(i));
+            if !l.module.is_empty() {
+                modules
+                    .entry(l.module.as_str())
+                    .and_modify(|e| *e = None)
+                    .or_insert(Some(i));
+            }
         }
         let find = |field: &str, name: &str| -> Result<usize, PlanError> {
-            match index.get(name) {
+            match index.get(name).or_else(|| modules.get(name)) {
                 Some(Some(i)) => Ok(*i),
-                Some(None) => Err(bad(format!("{field}: layer name \"{name}\" is ambiguous"))),
-                None => Err(bad(format!("{field}: no layer is named \"{name}\""))),
+                Some(None) => Err(bad(format!(
+                    "{field}: \"{name}\" names several layers (name them by layer)"
+                ))),
+                None => Err(bad(format!(
+                    "{field}: no layer or module is named \"{name}\""
+                ))),
             }
         };
         let mut stages: Vec<Stage> = Vec::with_capacity(self.stages.len());

@@ -276,6 +276,7 @@ pub fn deeppool_layers(
         };
         layers.push(Layer {
             name: format!("{}{}", line.layer, k),
+            module: String::new(),
             op: line.layer.clone(),
             kind: known.kind,
             parts: Vec::new(),

@@ -256,6 +256,7 @@ pub fn parse_pipedream(
         layer_of.insert(i, LayerId(layers.len() as u32));
         layers.push(Layer {
             name: n.id.clone(),
+            module: String::new(),
             op: n.description.clone(),
             kind: kind(&n.description),
             parts: Vec::new(),

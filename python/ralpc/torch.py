@@ -1,0 +1,558 @@
+"""Apply a ralpc plan to your own ``nn.Module`` with PyTorch's distributed APIs.
+
+``ralpc.plan(...)`` places every layer of an ONNX export; each layer carries the PyTorch
+module it came from (``blocks.3.fc``). :func:`parallelize` applies that placement to the
+module the export was made from:
+
+=====================================  ==================================================
+ralpc plan                             PyTorch
+=====================================  ==================================================
+samples split ``d`` ways, ZeRO 0       ``DistributedDataParallel`` over the ``dp`` mesh
+ZeRO 1, 2                              FSDP2 ``fully_shard(reshard_after_forward=False)``
+ZeRO 3                                 FSDP2 ``fully_shard(reshard_after_forward=True)``
+dense layer split by output features   ``ColwiseParallel`` on its ``nn.Linear``
+dense layer split by input features    ``RowwiseParallel`` on its ``nn.Linear``
+embedding split over the ``tp`` group  ``RowwiseParallel`` (rows: the vocabulary)
+attention split by heads               its ``nn.Module``'s head count divided by ``t``
+pipeline stages                        ``torch.distributed.pipelining``: split points at
+                                       the stages' first modules; GPipe, 1F1B or
+                                       interleaved 1F1B as the plan schedules them
+recomputed runs of whole modules       ``torch.utils.checkpoint`` around those modules
+=====================================  ==================================================
+
+What PyTorch cannot express is refused with :class:`Unsupported`, which names the reason
+and the nearest plan it can express (as ``ralpc.plan`` options): per-layer GPU counts (a
+burst plan), a convolution split by rows or channels, PipeDream's asynchronous schedule,
+stages of unequal GPU counts. Megatron-LM's sequence parallelism (LayerNorm and dropout
+split by sequence positions) is not applied: those layers are replicated over the tensor-
+parallel group, which moves as many bytes and holds more activations; every such
+difference is listed in :attr:`Parallelized.notes`, never made silently.
+
+The mesh has the dimensions ``("pp", "dp", "tp")`` in that order (tensor parallelism
+fastest-varying, as Megatron-LM numbers ranks); the world size must equal their product.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["Unsupported", "Layout", "Parallelized", "layout", "parallelize"]
+
+_HEAD_ATTRIBUTES = ("n_heads", "n_head", "num_heads", "heads", "num_attention_heads")
+_KV_HEAD_ATTRIBUTES = ("n_kv_heads", "num_key_value_heads")
+
+
+class Unsupported(ValueError):
+    """A plan that PyTorch's APIs cannot express.
+
+    ``reason`` says why; ``nearest`` is a dict of ``ralpc.plan`` options for the nearest
+    plan that they can (for example ``{"strategy": "dp"}``).
+    """
+
+    def __init__(self, reason: str, nearest: dict[str, Any]):
+        self.reason = reason
+        self.nearest = nearest
+        options = ", ".join(f"{k}={v!r}" for k, v in nearest.items())
+        super().__init__(f"{reason}; the nearest plan PyTorch can run: ralpc.plan(..., {options})")
+
+
+@dataclass
+class Layout:
+    """How a plan maps onto PyTorch: the mesh's sizes and each module's style."""
+
+    pp: int
+    dp: int
+    tp: int
+    virtual_stages: int
+    schedule: str
+    microbatches: int
+    zero: int
+    #: Module path of each pipeline stage's first module (stage 0's is ``""``).
+    split_points: list[str]
+    #: Module path → ``"colwise"``, ``"colwise_gather"`` (output replicated),
+    #: ``"rowwise"``, ``"embedding"`` or ``"heads"``.
+    styles: dict[str, str]
+    #: Module paths to recompute (wrapped in ``torch.utils.checkpoint``).
+    recompute: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _placement(plan: dict) -> dict:
+    placement = plan.get("placement")
+    if placement is None:
+        why = plan.get("not_lowered") or "the plan has no per-layer placement"
+        raise Unsupported(
+            f"this plan cannot be applied layer by layer: {why}", {"strategy": "dp"}
+        )
+    return placement
+
+
+def _ancestors(path: str) -> list[str]:
+    """``a.b.c`` → ``["a", "a.b", "a.b.c"]``."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _within(module: str, ancestor: str) -> bool:
+    return module == ancestor or module.startswith(ancestor + ".")
+
+
+def _whole_modules(layers: list[dict], first: int, last: int) -> list[str] | None:
+    """The fewest modules that hold exactly layers ``first..=last`` of ``layers``, or None
+    when some of them share a module with a layer outside the run."""
+    chosen: list[str] = []
+    i = first
+    while i <= last:
+        module = layers[i].get("module", "")
+        best = None
+        for a in _ancestors(module):
+            members = [j for j, l in enumerate(layers) if _within(l.get("module", ""), a)]
+            if members and members[0] == i and members[-1] <= last and members == list(
+                range(i, members[-1] + 1)
+            ):
+                best = (a, members[-1])
+                break
+        if best is None:
+            return None
+        chosen.append(best[0])
+        i = best[1] + 1
+    return chosen
+
+
+def layout(plan: dict) -> Layout:
+    """How ``plan`` (from ``ralpc.plan``) maps onto PyTorch, or :class:`Unsupported`.
+
+    Needs no process group: it reads the plan alone.
+    """
+    placement = _placement(plan)
+    stages = placement["stages"]
+    layers = placement["layers"]
+    names = [l["name"] for l in layers]
+    index = {n: i for i, n in enumerate(names)}
+    if placement.get("schedule") == "async":
+        raise Unsupported(
+            "PipeDream's asynchronous schedule (weight stashing) has no PyTorch schedule",
+            {"schedule": "1f1b"},
+        )
+    replicas = {s["replicas"] for s in stages}
+    if len(replicas) != 1:
+        raise Unsupported(
+            f"stages run on different GPU counts ({[s['replicas'] for s in stages]}); a "
+            "PyTorch device mesh gives every stage the same",
+            {"strategy": "3d"},
+        )
+    (r,) = replicas
+    v = placement.get("virtual_stages", 1)
+    pp = len(stages) // v
+    stage_of = [0] * len(layers)
+    for k, s in enumerate(stages):
+        for i in range(index[s["first_layer"]], index[s["last_layer"]] + 1):
+            stage_of[i] = k
+    # Tensor-parallel degree: what a layer splits besides samples.
+    t = 1
+    for l in layers:
+        split = l["split"]
+        t = max(t, split["attribute"] * split["parameter"])
+    d = r // t
+    if d * t != r:
+        raise Unsupported(
+            f"a stage's {r} GPUs do not divide into tensor-parallel groups of {t}",
+            {"strategy": "dp"},
+        )
+    styles: dict[str, str] = {}
+    notes: list[str] = []
+    sequence_split: list[str] = []
+    for i, l in enumerate(layers):
+        split, kind, module = l["split"], l.get("kind"), l.get("module", "")
+        degree = split["sample"] * split["attribute"] * split["parameter"]
+        label = module or l["name"]
+        if degree != r:
+            raise Unsupported(
+                f"layer {label!r} runs on {degree} of its stage's {r} GPUs (burst "
+                "parallelism): PyTorch runs every module on the whole mesh",
+                {"strategy": "dp"},
+            )
+        if split["sample"] != d:
+            raise Unsupported(
+                f"layer {label!r} splits samples {split['sample']} ways where the plan's "
+                f"tensor-parallel layers split them {d} ways: PyTorch gives every module of "
+                "a tensor-parallel group the same samples",
+                {"strategy": "3d"},
+            )
+        tp = split["attribute"] * split["parameter"]
+        if tp == 1:
+            continue
+        if kind in ("conv", "pool", "norm"):
+            what = "rows" if split["attribute"] > 1 else "channels"
+            raise Unsupported(
+                f"layer {label!r} ({kind}) is split by {what}: PyTorch's tensor "
+                "parallelism has no convolution or pooling styles",
+                {"strategy": "dp"},
+            )
+        if kind == "dense":
+            if not module:
+                raise Unsupported(
+                    f"layer {l['name']!r} names no PyTorch module (export with "
+                    "torch.onnx.export so that nodes record their modules)",
+                    {"strategy": "dp"},
+                )
+            style = "colwise" if split["parameter"] > 1 else "rowwise"
+            if styles.setdefault(module, style) != style:
+                raise Unsupported(
+                    f"module {module!r} holds products split both by rows and columns",
+                    {"strategy": "dp"},
+                )
+        elif kind == "embedding":
+            styles[module] = "embedding"
+        elif kind == "attention":
+            styles[module] = "heads"
+        elif kind == "layer_norm" and split["attribute"] > 1:
+            sequence_split.append(label)
+    # A column-parallel product whose output no row-parallel one consumes (the LM head)
+    # gathers its output.
+    for i, l in enumerate(layers):
+        module = l.get("module", "")
+        if styles.get(module) != "colwise":
+            continue
+        consumed = False
+        for later in layers[i + 1 :]:
+            if later.get("kind") in ("layer_norm", "norm") or stage_of[index[later["name"]]] != stage_of[i]:
+                break
+            if styles.get(later.get("module", "")) == "rowwise":
+                consumed = True
+                break
+        if not consumed:
+            styles[module] = "colwise_gather"
+    if sequence_split:
+        notes.append(
+            f"sequence parallelism not applied: {len(sequence_split)} LayerNorm layers "
+            f"(first {sequence_split[0]!r}) run replicated over each tensor-parallel group "
+            "(the same bytes move, as all-reduces; their activations are held whole)"
+        )
+    if "heads" in styles.values() and t > 1:
+        notes.append(f"attention modules compute {1}/{t} of their heads on each rank")
+    split_points = [""]
+    for s in stages[1:]:
+        first = index[s["first_layer"]]
+        module = layers[first].get("module", "")
+        point = None
+        for a in _ancestors(module):
+            members = [j for j, l in enumerate(layers) if _within(l.get("module", ""), a)]
+            if members and members[0] == first:
+                point = a
+                break
+        if point is None:
+            raise Unsupported(
+                f"stage boundary before layer {module or s['first_layer']!r} falls inside a "
+                "module: PyTorch's pipeline splits at module boundaries",
+                {"pipeline_parallel": 1},
+            )
+        split_points.append(point)
+    recompute: list[str] = []
+    for run in placement.get("recompute", []):
+        first, last = index[run["first_layer"]], index[run["last_layer"]]
+        modules = _whole_modules(layers, first, last)
+        if modules is None:
+            raise Unsupported(
+                f"recomputed run {run['first_layer']}..{run['last_layer']} is not a whole "
+                "module: torch.utils.checkpoint wraps modules",
+                {"recompute": "full"},
+            )
+        recompute.extend(modules)
+    zero = placement.get("zero", 0)
+    if zero in (1, 2) and d > 1:
+        notes.append(
+            f"ZeRO-{zero} as FSDP2 without resharding after forward: gradients and "
+            "optimizer state sharded (ZeRO-2), weights kept whole between passes"
+        )
+    return Layout(
+        pp=pp,
+        dp=d,
+        tp=t,
+        virtual_stages=v,
+        schedule=placement.get("schedule", "1f1b"),
+        microbatches=placement.get("microbatches", 1),
+        zero=zero,
+        split_points=split_points,
+        styles=styles,
+        recompute=recompute,
+        notes=notes,
+    )
+
+
+class _Checkpointed(nn.Module):
+    """Runs ``inner`` under ``torch.utils.checkpoint``: its activations are recomputed in
+    backward."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(
+            self.inner, *args, use_reentrant=False, **kwargs
+        )
+
+
+def _swap_in(traced: nn.Module, original: nn.Module, prefix: str = "") -> None:
+    """Replaces the traced stage's submodules by the user's own modules (same parameters,
+    eager code), so that tensor parallelism and head counts apply to them."""
+    for name, child in list(traced.named_children()):
+        path = prefix + name
+        own = original.get_submodule(path)
+        if isinstance(own, (nn.ModuleList, nn.ModuleDict)):
+            _swap_in(child, original, path + ".")
+        else:
+            setattr(traced, name, own)
+
+
+def _set_heads(module: nn.Module, path: str, t: int) -> None:
+    found = False
+    for attr in _HEAD_ATTRIBUTES + _KV_HEAD_ATTRIBUTES:
+        heads = getattr(module, attr, None)
+        if isinstance(heads, int) and not isinstance(heads, bool):
+            if heads % t:
+                raise Unsupported(
+                    f"module {path!r} has {attr}={heads}, which {t} tensor-parallel ranks "
+                    "do not divide",
+                    {"tensor_parallel": 1},
+                )
+            setattr(module, attr, heads // t)
+            found = found or attr in _HEAD_ATTRIBUTES
+    if not found:
+        raise Unsupported(
+            f"module {path!r} splits its attention heads {t} ways, but has none of the "
+            f"attributes {', '.join(_HEAD_ATTRIBUTES)} to say how many it computes",
+            {"tensor_parallel": 1},
+        )
+
+
+def _tensor_parallel(module: nn.Module, lay: Layout, tp_mesh) -> None:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    present = dict(module.named_modules())
+    plan = {}
+    for path, style in lay.styles.items():
+        if path not in present:
+            continue  # another pipeline stage's
+        target = present[path]
+        if style == "heads":
+            _set_heads(target, path, lay.tp)
+            continue
+        kind = nn.Embedding if style == "embedding" else nn.Linear
+        if not isinstance(target, kind):
+            raise Unsupported(
+                f"module {path!r} is a {type(target).__name__}, where its plan splits it as "
+                f"an {kind.__name__} ({style})",
+                {"tensor_parallel": 1},
+            )
+        plan[path] = {
+            "colwise": lambda: ColwiseParallel(),
+            "colwise_gather": lambda: ColwiseParallel(output_layouts=Replicate()),
+            "rowwise": lambda: RowwiseParallel(),
+            "embedding": lambda: RowwiseParallel(input_layouts=Replicate()),
+        }[style]()
+    if plan:
+        parallelize_module(module, tp_mesh, plan)
+
+
+def _recompute(module: nn.Module, paths: Sequence[str]) -> None:
+    present = dict(module.named_modules())
+    for path in paths:
+        if path not in present or not path:
+            continue
+        parent_path, _, name = path.rpartition(".")
+        parent = module.get_submodule(parent_path) if parent_path else module
+        setattr(parent, name, _Checkpointed(present[path]))
+
+
+def _data_parallel(module: nn.Module, lay: Layout, dp_mesh) -> nn.Module:
+    if lay.dp == 1:
+        return module
+    if lay.zero == 0:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if lay.tp > 1:
+            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+            _pre_dp_module_transform(module)
+        return DistributedDataParallel(module, process_group=dp_mesh.get_group())
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = lay.zero == 3
+    for child in module.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+    return module
+
+
+def _microbatches(batch, n: int) -> list:
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n))
+    columns = [_microbatches(b, n) for b in batch]
+    return [tuple(c[i] for c in columns) for i in range(n)]
+
+
+def _shard(batch, index: int, parts: int):
+    if isinstance(batch, torch.Tensor):
+        size = batch.shape[0] // parts
+        if size * parts != batch.shape[0]:
+            raise ValueError(
+                f"a batch of {batch.shape[0]} does not split into {parts} data-parallel shares"
+            )
+        return batch[index * size : (index + 1) * size]
+    return tuple(_shard(b, index, parts) for b in batch)
+
+
+@dataclass
+class Parallelized:
+    """A module parallelized by a plan, on this rank.
+
+    ``step(inputs, target)`` runs one iteration's forward and backward on this rank's share
+    of the *global* batch (every rank passes the same batch) and returns the global mean
+    loss on every rank; step the optimizer over :meth:`parameters` after it.
+    """
+
+    module: nn.Module
+    layout: Layout
+    mesh: Any
+    loss_fn: Callable
+    notes: list[str]
+    _schedule: Any = None
+    _is_last: bool = True
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def step(self, inputs, target) -> float:
+        lay = self.layout
+        dp_rank = self.mesh["dp"].get_local_rank()
+        inputs = _shard(inputs, dp_rank, lay.dp)
+        target = _shard(target, dp_rank, lay.dp)
+        if self._schedule is not None:
+            losses: list = []
+            first = self.mesh["pp"].get_local_rank() == 0
+            args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+            if first and self._is_last:
+                self._schedule.step(*args, target=target, losses=losses)
+            elif first:
+                self._schedule.step(*args)
+            elif self._is_last:
+                self._schedule.step(target=target, losses=losses)
+            else:
+                self._schedule.step()
+            local = torch.stack([l.detach() for l in losses]).mean() if losses else torch.zeros(())
+            total = local.clone().float()
+            dist.all_reduce(total, group=self.mesh["pp"].get_group())
+        else:
+            m = lay.microbatches
+            total = torch.zeros(())
+            xs = _microbatches(inputs, m)
+            ys = _microbatches(target, m)
+            for x, y in zip(xs, ys):
+                out = self.module(x) if isinstance(x, torch.Tensor) else self.module(*x)
+                loss = self.loss_fn(out, y) / m
+                loss.backward()
+                total += loss.detach().float()
+        if lay.dp > 1:
+            dist.all_reduce(total, group=self.mesh["dp"].get_group())
+            total /= lay.dp
+        return float(total)
+
+
+def parallelize(
+    module: nn.Module,
+    plan: dict,
+    mesh=None,
+    *,
+    loss_fn: Callable,
+    example_inputs=None,
+) -> Parallelized:
+    """Applies ``plan`` (``ralpc.plan``'s result for an export of ``module``) to ``module``.
+
+    ``mesh``: a ``DeviceMesh`` with dimensions ``("pp", "dp", "tp")``; ``None`` builds one
+    over the default process group. ``loss_fn(output, target)`` averages over its samples.
+    ``example_inputs``: one microbatch of inputs, needed to trace a pipelined plan's stages.
+    Every rank must build ``module`` with the same initial weights.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    lay = layout(plan)
+    world = dist.get_world_size()
+    need = lay.pp * lay.dp * lay.tp
+    if mesh is None:
+        if world != need:
+            raise ValueError(
+                f"the plan runs on {need} processes (pp {lay.pp} × dp {lay.dp} × tp "
+                f"{lay.tp}); this group has {world}"
+            )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        mesh = init_device_mesh(device, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
+    elif tuple(mesh.mesh_dim_names or ()) != ("pp", "dp", "tp") or tuple(mesh.shape) != (
+        lay.pp,
+        lay.dp,
+        lay.tp,
+    ):
+        raise ValueError(
+            f"the plan needs a mesh ('pp', 'dp', 'tp') of shape {(lay.pp, lay.dp, lay.tp)}; "
+            f"got {mesh.mesh_dim_names} of shape {tuple(mesh.shape)}"
+        )
+    notes = list(lay.notes)
+    if lay.pp == 1 and lay.virtual_stages == 1:
+        _tensor_parallel(module, lay, mesh["tp"])
+        _recompute(module, lay.recompute)
+        module = _data_parallel(module, lay, mesh["dp"])
+        return Parallelized(module, lay, mesh, loss_fn, notes)
+    return _pipelined(module, lay, mesh, loss_fn, example_inputs, notes)
+
+
+def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Parallelized:
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        SplitPoint,
+        pipeline,
+    )
+
+    if example_inputs is None:
+        raise ValueError(
+            "a pipelined plan traces its stages: pass example_inputs (one microbatch)"
+        )
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    split_spec = {p: SplitPoint.BEGINNING for p in lay.split_points[1:]}
+    pipe = pipeline(copy.deepcopy(module), mb_args=args, split_spec=split_spec)
+    pp_rank = mesh["pp"].get_local_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    stages = []
+    owned = list(range(pp_rank, lay.pp * lay.virtual_stages, lay.pp))
+    for k in owned:
+        stage = pipe.build_stage(k, device, group=mesh["pp"].get_group())
+        _swap_in(stage.submod, module)
+        _tensor_parallel(stage.submod, lay, mesh["tp"])
+        _recompute(stage.submod, lay.recompute)
+        wrapped = _data_parallel(stage.submod, lay, mesh["dp"])
+        stage.submod = wrapped
+        stages.append(stage)
+    n = lay.microbatches
+    if lay.virtual_stages > 1:
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
+    elif lay.schedule == "gpipe":
+        schedule = ScheduleGPipe(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    else:
+        schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    local = nn.ModuleList([s.submod for s in stages])
+    last = (lay.pp * lay.virtual_stages - 1) in owned
+    return Parallelized(local, lay, mesh, loss_fn, notes, schedule, last)

@@ -1,0 +1,250 @@
+//! `ralpc plan`'s options, parsed by clap: the command line's, and the Python package's
+//! keyword arguments (turned into the same tokens), so both share names, defaults and
+//! checks.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use ralpc_passes::cluster::{Link, Precision};
+use ralpc_passes::cost::Optimizer;
+use ralpc_passes::plan::{Family, Schedule};
+use ralpc_passes::transformer::{Knobs, Recompute};
+use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
+
+use crate::{ClusterOptions, PlanOptions};
+
+/// Arguments of `ralpc plan` (the command line's, and `ralpc.plan`'s keyword arguments).
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// An ONNX model, a PipeDream profiler `graph.txt` or a DeepPool `.prof` (measured layers).
+    pub model: PathBuf,
+    /// GPUs to plan for (default: every GPU of the cluster; the default cluster grows to fit).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub gpus: Option<u32>,
+    /// Multiply the cluster's nodes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nodes: Option<u32>,
+    /// A cluster preset (dgx-a100, dgx-h100, p3dn-v100, pcie-a100, selene, eos; NAMExN) or TOML file
+    /// [default: dgx-a100, with as many nodes as --gpus needs].
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Global batch for ONNX models [default: the exported batch when ≥ 2, else 32]. A
+    /// PipeDream graph keeps the batch it was measured at (give it where the file records
+    /// none); a DeepPool profile plans any batch [default: the largest it measured].
+    #[arg(long, value_parser = parse_positive)]
+    pub batch: Option<u64>,
+    /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
+    /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
+    #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = parse_input_shape)]
+    pub inputs: Vec<(String, Vec<u64>)>,
+    /// Pipeline microbatches (default: searched over powers of two dividing the batch).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub microbatches: Option<u32>,
+    /// Which plans to search.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline", "3d"])]
+    pub strategy: String,
+    /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
+    /// weight-stashing schedule.
+    #[arg(long, value_parser = ["1f1b", "gpipe", "async"])]
+    pub schedule: Option<String>,
+    /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
+    /// time in GPU time (`inf`: no budget).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_tolerance)]
+    pub tolerance: f64,
+    /// Measured per-op costs (ralpc JSON or DeepPool .prof).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Make the network flat: every pair of GPUs at this bandwidth (e.g. `1GB/s`).
+    #[arg(long, value_parser = parse_bandwidth)]
+    pub link_bandwidth: Option<f64>,
+    /// Latency of every link of the flat network (e.g. `240us`; default 0).
+    #[arg(long, value_parser = parse_latency, requires = "link_bandwidth")]
+    pub link_latency: Option<f64>,
+    /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
+    /// The optimizer, whose state counts in memory.
+    #[arg(long, default_value = "momentum", value_parser = ["sgd", "momentum", "adam"])]
+    pub optimizer: String,
+    /// Math precision (default: the profile's, else tf32).
+    #[arg(long, value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    pub precision: Option<String>,
+    /// Save the chosen strategy as a strategy file.
+    #[arg(long, value_name = "FILE")]
+    pub write_strategy: Option<PathBuf>,
+    /// Evaluate this strategy file under ralpc's costs instead of searching.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
+    pub strategy_file: Option<PathBuf>,
+    /// Where to write the executable plan (`plan.json`, format ralpc-plan/1), the placed
+    /// graph (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated
+    /// timeline (`timeline.json`, open it in ui.perfetto.dev) and `report.html`
+    /// [default: `<model stem>.ralpc` in the working directory].
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print one JSON object instead of the summary (always plans).
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+    /// Print nothing but errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Exit 0 when DIR holds the plan of exactly these inputs (model, cluster, profile,
+    /// options, ralpc version), 1 when not; plan nothing.
+    #[arg(long, conflicts_with_all = ["json", "force"])]
+    pub check: bool,
+    /// Plan again even when DIR is up to date.
+    #[arg(long)]
+    pub force: bool,
+    /// Transformer plans: GPUs of one node splitting every block (attention by heads, MLP
+    /// by columns then rows) [default: searched].
+    #[arg(long, value_name = "T", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub tensor_parallel: Option<u32>,
+    /// Pipeline stages [default: searched].
+    #[arg(long, value_name = "P", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pipeline_parallel: Option<u32>,
+    /// Model chunks per GPU: interleaved 1F1B above 1 [default: searched].
+    #[arg(long, value_name = "V", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub virtual_stages: Option<u32>,
+    /// Sequences per microbatch [default: searched].
+    #[arg(long, value_name = "B", help_heading = "Transformer (3d) plans", value_parser = parse_positive)]
+    pub micro_batch_size: Option<u64>,
+    /// Activation recomputation: none, selective (attention core) or full (every block)
+    /// [default: searched].
+    #[arg(long, help_heading = "Transformer (3d) plans", value_parser = ["none", "selective", "full"])]
+    pub recompute: Option<String>,
+    /// Split LayerNorm and dropout by sequence positions inside tensor-parallel groups
+    /// (`--sequence-parallel` alone: on) [default: searched].
+    #[arg(long, value_name = "on|off", help_heading = "Transformer (3d) plans", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off"])]
+    pub sequence_parallel: Option<String>,
+    /// Shard optimizer state (1), gradients too (2), parameters too (3) over data-parallel
+    /// replicas [default: searched].
+    #[arg(long, value_name = "K", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+    /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
+    #[arg(long, help_heading = "Transformer (3d) plans")]
+    pub fp32_gradients: bool,
+    /// Lower the plan only if its instructions (every rank's program) stay below N; above
+    /// it the plan is priced, not written (lowering takes about 1 KB of memory per
+    /// instruction) [default: 2000000].
+    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans")]
+    pub max_instructions: Option<u64>,
+}
+
+fn precision(name: &str) -> Precision {
+    match name {
+        "fp32" => Precision::Fp32,
+        "fp16" => Precision::Fp16,
+        "bf16" => Precision::Bf16,
+        _ => Precision::Tf32,
+    }
+}
+
+impl PlanArgs {
+    /// Parses `ralpc plan`'s arguments (`tokens[0]` is the program name), as the command
+    /// line would; the error is clap's message.
+    ///
+    /// # Errors
+    /// An unknown option, a bad value, or conflicting options.
+    pub fn from_tokens<I, T>(tokens: I) -> Result<PlanArgs, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(Parser)]
+        #[command(name = "ralpc plan")]
+        struct Command {
+            #[command(flatten)]
+            args: PlanArgs,
+        }
+        Command::try_parse_from(tokens)
+            .map(|c| c.args)
+            .map_err(|e| first_line(&e))
+    }
+
+    /// The planning options these arguments ask for (the executable plan included).
+    pub fn options(&self) -> PlanOptions {
+        let args = self;
+        PlanOptions {
+            model: args.model.clone(),
+            gpus: args.gpus,
+            cluster: ClusterOptions {
+                spec: args.cluster.clone(),
+                nodes: args.nodes,
+                flat: args.link_bandwidth.map(|bandwidth| Link {
+                    bandwidth,
+                    latency_us: args.link_latency.unwrap_or(0.0),
+                }),
+            },
+            batch: args.batch,
+            inputs: args.inputs.iter().cloned().collect(),
+            microbatches: args.microbatches,
+            family: Family::parse(&args.strategy),
+            schedule: args.schedule.as_deref().and_then(Schedule::parse),
+            // A strategy file is priced as it is, whatever its GPU time.
+            tolerance: (args.tolerance.is_finite() && args.strategy_file.is_none())
+                .then_some(args.tolerance),
+            profile: args.profile.clone(),
+            memory_limit: args.memory_limit,
+            optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
+            precision: args.precision.as_deref().map(precision),
+            strategy_file: args.strategy_file.clone(),
+            executable: true,
+            knobs: Knobs {
+                tensor: args.tensor_parallel,
+                pipeline: args.pipeline_parallel,
+                virtual_stages: args.virtual_stages,
+                micro_batch: args.micro_batch_size,
+                recompute: args.recompute.as_deref().and_then(Recompute::parse),
+                sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
+                zero: args.zero,
+                schedule: None,
+            },
+            fp32_gradients: args.fp32_gradients,
+            max_instructions: args.max_instructions,
+        }
+    }
+}
+
+/// clap's message without its `error: ` prefix and usage lines.
+fn first_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or_default();
+    line.strip_prefix("error: ").unwrap_or(line).to_owned()
+}
+
+/// Parses `--tolerance`: a non-negative number, or `inf` for no budget (NaN would
+/// silently turn the budget off).
+pub fn parse_tolerance(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x >= 0.0 => Ok(x),
+        _ => Err(format!("expected a number >= 0 or inf, got '{s}'")),
+    }
+}
+
+/// Parses a count that must be at least 1 (`--batch`, `--timeout`, …), saying so as a
+/// person would (clap's range check says "0 is not in 1..18446744073709551615").
+pub fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
+/// Parses `NAME=D0,D1,...` for `--input`.
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
+    let (name, dims) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=D0,D1,..., got '{s}'"))?;
+    if name.is_empty() {
+        return Err("the input name is empty".into());
+    }
+    let dims = dims
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("'{d}' is not a dimension (a positive integer)"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_owned(), dims))
+}
