@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 create_exception!(
-    _ralpc,
+    ralpc,
     RalpcError,
     PyException,
     "An error from ralpc: the message, its causes (`causes`, each also chained as \

@@ -1,0 +1,269 @@
+"""ralpc's plans applied to PyTorch modules, checked against one process.
+
+Each case exports a small model with ``torch.onnx.export``, plans it with ``ralpc.plan``
+(the Python package, in-process), applies the plan with ``ralpc.torch.parallelize`` on
+4 CPU processes (gloo), trains 3 steps of SGD, and compares every step's loss with the
+same model trained in one process (relative difference at most 1e-5). Other cases check
+that ``ralpc.plan`` errors and plans PyTorch cannot express are refused with their reason.
+
+    python python/tests/check_torch.py            # every case
+    python python/tests/check_torch.py gpt-pp2-tp2
+
+Exits 1 when a case fails. Needs torch, onnx, onnxscript and the ralpc package
+(``maturin develop`` in python/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import models  # noqa: E402
+import ralpc  # noqa: E402
+import ralpc.torch as rt  # noqa: E402
+
+WORLD = 4
+STEPS = 3
+LR = 0.1
+BATCH = 8
+TOLERANCE = 1e-5
+
+MODELS = {
+    "cnn": (models.Cnn, models.cnn_batch, models.cnn_loss, "images"),
+    "gpt": (models.Gpt, models.gpt_batch, models.gpt_loss, "idx"),
+}
+
+
+def exported(kind: str, folder: str) -> str:
+    path = os.path.join(folder, f"{kind}.onnx")
+    if not os.path.exists(path):
+        make, batch, _, name = MODELS[kind]
+        torch.manual_seed(0)
+        models.export(make(), batch(0)[0], path, name)
+    return path
+
+
+def reference(kind: str) -> list[float]:
+    make, batch, loss_fn, _ = MODELS[kind]
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses
+
+
+def worker(rank: int, port: int, kind: str, plan: dict, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        make, batch, loss_fn, _ = MODELS[kind]
+        torch.manual_seed(0)
+        model = make()
+        lay = rt.layout(plan)
+        microbatch = BATCH // lay.dp // lay.microbatches
+        example = batch(0)[0][:microbatch]
+        p = rt.parallelize(model, plan, loss_fn=loss_fn, example_inputs=example)
+        opt = torch.optim.SGD(p.parameters(), lr=LR)
+        losses = []
+        for step in range(STEPS):
+            x, y = batch(step)
+            losses.append(p.step(x, y))
+            opt.step()
+            opt.zero_grad()
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump({"losses": losses, "notes": p.notes}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trained(kind: str, plan: dict, folder: str) -> list[dict]:
+    out = os.path.join(folder, "result")
+    mp.spawn(worker, args=(free_port(), kind, plan, out), nprocs=WORLD, join=True)
+    results = []
+    for rank in range(WORLD):
+        with open(f"{out}.{rank}") as f:
+            results.append(json.load(f))
+        os.remove(f"{out}.{rank}")
+    return results
+
+
+def same(ours: list[float], theirs: list[float]) -> bool:
+    return len(ours) == len(theirs) and all(
+        abs(a - b) <= TOLERANCE * max(abs(b), 1e-12) for a, b in zip(ours, theirs)
+    )
+
+
+def training_case(kind: str, options: dict, expect: dict, edit=None):
+    """Plans `kind` with `options` (optionally re-priced after `edit` changes its
+    placement), checks the layout, trains, compares."""
+
+    def run(folder: str) -> str:
+        model = exported(kind, folder)
+        plan = ralpc.plan(model, batch=BATCH, **options)
+        if edit is not None:
+            placement = plan["placement"]
+            edit(placement)
+            path = os.path.join(folder, "edited.strategy.json")
+            with open(path, "w") as f:
+                json.dump(placement, f)
+            plan = ralpc.plan(model, batch=BATCH, gpus=options["gpus"], strategy_file=path)
+        lay = rt.layout(plan)
+        got = {k: getattr(lay, k) for k in expect}
+        assert got == expect, f"layout {got}, expected {expect}"
+        results = trained(kind, plan, folder)
+        want = reference(kind)
+        for rank, r in enumerate(results):
+            assert same(r["losses"], want), f"rank {rank}: losses {r['losses']}, one process {want}"
+        notes = "; ".join(results[0]["notes"]) or "no differences"
+        return f"losses {['%.6f' % l for l in want]} on every rank ({notes})"
+
+    return run
+
+
+def with_zero(zero: int):
+    def edit(placement: dict) -> None:
+        placement["zero"] = zero
+
+    return edit
+
+
+def burst(placement: dict) -> None:
+    """Gives the classifier one GPU of four: a per-layer GPU count."""
+    for layer in placement["layers"]:
+        if layer.get("module") == "classifier":
+            layer["gpus"] = 1
+            layer.pop("split", None)
+
+
+def refused_burst(folder: str) -> str:
+    model = exported("cnn", folder)
+    plan = ralpc.plan(model, batch=BATCH, gpus=4, strategy="dp", tolerance=float("inf"))
+    placement = plan["placement"]
+    burst(placement)
+    path = os.path.join(folder, "burst.strategy.json")
+    with open(path, "w") as f:
+        json.dump(placement, f)
+    plan = ralpc.plan(model, batch=BATCH, gpus=4, strategy_file=path)
+    try:
+        rt.layout(plan)
+    except rt.Unsupported as e:
+        assert "burst" in e.reason and "classifier" in e.reason, e.reason
+        assert e.nearest == {"strategy": "dp"}, e.nearest
+        return f"refused: {e}"
+    raise AssertionError("a burst plan was not refused")
+
+
+def errors(folder: str) -> str:
+    try:
+        ralpc.plan(os.path.join(folder, "missing.onnx"), gpus=4)
+    except ralpc.RalpcError as e:
+        assert e.exit_code == 1 and e.causes and "No such file" in e.causes[-1], (e, e.causes)
+        assert isinstance(e.__cause__, ralpc.RalpcError), e.__cause__
+    else:
+        raise AssertionError("a missing model was planned")
+    model = exported("cnn", folder)
+    try:
+        ralpc.plan(model, gpus=4, strategy="nope")
+    except ralpc.RalpcError as e:
+        assert e.exit_code == 2 and "nope" in str(e), e
+    else:
+        raise AssertionError("an unknown strategy was accepted")
+    try:
+        ralpc.plan(model, gpus=4, json=True)
+    except ralpc.RalpcError as e:
+        assert "compile" in str(e), e
+    else:
+        raise AssertionError("a command-line-only option was accepted")
+    out = os.path.join(folder, "compiled")
+    compiled = ralpc.compile(model, out=out, gpus=4, batch=BATCH)
+    assert os.path.isfile(os.path.join(out, "plan.json")), compiled["files"]
+    assert compiled["placement"]["layers"][0]["module"] == "features.0", compiled["placement"]
+    return "missing model (exit 1, caused by the OS error), bad option (exit 2), compile writes " + ", ".join(
+        compiled["files"]
+    )
+
+
+CASES = {
+    "errors": errors,
+    "cnn-ddp": training_case("cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 0}),
+    "cnn-fsdp": training_case(
+        "cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 3}, with_zero(3)
+    ),
+    "gpt-tp2-dp2": training_case(
+        "gpt",
+        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 0, "recompute": "none"},
+        {"dp": 2, "tp": 2, "pp": 1, "zero": 0},
+    ),
+    "gpt-pp2-tp2": training_case(
+        "gpt",
+        {
+            "gpus": 4,
+            "tensor_parallel": 2,
+            "pipeline_parallel": 2,
+            "virtual_stages": 1,
+            "micro_batch_size": 2,
+            "recompute": "none",
+            "zero": 0,
+        },
+        {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "microbatches": 4},
+    ),
+    "gpt-pp2-v2-dp2": training_case(
+        "gpt",
+        {
+            "gpus": 4,
+            "tensor_parallel": 1,
+            "pipeline_parallel": 2,
+            "virtual_stages": 2,
+            "micro_batch_size": 2,
+            "recompute": "full",
+            "zero": 1,
+        },
+        {"dp": 2, "tp": 1, "pp": 2, "virtual_stages": 2, "microbatches": 2, "zero": 1},
+    ),
+    "refuses-burst": refused_burst,
+}
+
+
+def main(names: list[str]) -> int:
+    names = names or list(CASES)
+    failed = 0
+    print(f"torch {torch.__version__}, ralpc {ralpc.__version__}, {WORLD} processes (gloo)")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            started = time.monotonic()
+            try:
+                what = CASES[name](folder)
+                print(f"ok    {name:<14} {time.monotonic() - started:5.1f} s  {what}", flush=True)
+            except Exception:  # noqa: BLE001 - every failure is reported, then counted
+                failed += 1
+                print(f"FAIL  {name:<14} {time.monotonic() - started:5.1f} s", flush=True)
+                traceback.print_exc()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

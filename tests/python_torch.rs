@@ -1,0 +1,93 @@
+//! The Python package and `ralpc.torch` on real PyTorch: `python/tests/check_torch.py`
+//! exports small models, plans them through `ralpc.plan` (in-process), applies the plans
+//! with `ralpc.torch.parallelize` on 4 CPU processes (gloo) and compares 3 training steps
+//! with one process.
+//!
+//! The Python environment is made once under the target directory (a venv with torch,
+//! onnx, onnxscript and maturin from PyPI, about 1.5 GB, ~70 s), unless `RALPC_PYTHON`
+//! names an interpreter that already has them; the extension is built into it with
+//! `maturin develop`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the environment installs: the versions the cases were checked with.
+const PACKAGES: [&str; 5] = [
+    "torch==2.15.*",
+    "onnx==1.22.*",
+    "onnxscript",
+    "numpy",
+    "maturin>=1.7,<2",
+];
+
+fn run(command: &mut Command, what: &str) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{what} failed:\n{text}");
+    text
+}
+
+/// An interpreter with the packages, made on first use.
+fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("RALPC_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let env = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-env");
+    let python = env.join("bin/python");
+    let ready = env.join(".ralpc-ready");
+    if !ready.is_file() {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&env),
+            "python3 -m venv (Debian: apt install python3-venv)",
+        );
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(PACKAGES),
+            "pip install (needs PyPI)",
+        );
+        std::fs::write(&ready, PACKAGES.join("\n")).expect("the venv is writable");
+    }
+    python
+}
+
+#[test]
+fn plans_apply_to_pytorch_modules_and_train_as_one_process() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = python();
+    let bin = python.parent().expect("an interpreter in a folder");
+    let env = bin.parent().expect("a venv");
+    // The extension, built from this checkout into the environment.
+    run(
+        Command::new(bin.join("maturin"))
+            .args(["develop", "--quiet", "--manifest-path"])
+            .arg(root.join("python/Cargo.toml"))
+            .env("VIRTUAL_ENV", env)
+            .env("PATH", prepend_path(bin)),
+        "maturin develop",
+    );
+    let report = run(
+        Command::new(&python)
+            .arg(root.join("python/tests/check_torch.py"))
+            .env("PYTHONWARNINGS", "ignore"),
+        "python/tests/check_torch.py",
+    );
+    // Every case reported, none failed.
+    let ok = report.lines().filter(|l| l.starts_with("ok ")).count();
+    println!("{report}");
+    assert!(ok >= 7, "expected every case to pass:\n{report}");
+}
+
+fn prepend_path(dir: &Path) -> std::ffi::OsString {
+    let mut paths = vec![dir.to_path_buf()];
+    if let Some(path) = std::env::var_os("PATH") {
+        paths.extend(std::env::split_paths(&path));
+    }
+    std::env::join_paths(paths).expect("PATH entries without separators")
+}
