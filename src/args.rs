@@ -72,6 +72,11 @@ pub struct PlanArgs {
     /// Save the chosen strategy as a strategy file.
     #[arg(long, value_name = "FILE")]
     pub write_strategy: Option<PathBuf>,
+    /// Also write the plan for another engine into DIR: `torch` (train_torch.py, a
+    /// standalone script applying it to your model class under torchrun) or `megatron`
+    /// (megatron.args, Megatron-LM's arguments of a transformer plan). Repeatable.
+    #[arg(long, value_name = "ENGINE", value_parser = ["torch", "megatron"])]
+    pub emit: Vec<String>,
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,

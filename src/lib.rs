@@ -34,6 +34,7 @@ pub mod args;
 mod checkpoint;
 mod cluster;
 mod compile;
+pub mod emit;
 mod error;
 mod inspect;
 mod plan;

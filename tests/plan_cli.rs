@@ -648,3 +648,99 @@ fn an_over_budget_error_says_the_tolerance_that_plans() {
         .assert()
         .success();
 }
+
+#[test]
+fn layers_carry_their_pytorch_modules_and_strategy_files_accept_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.strategy.json");
+    let searched = json(&[
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--json",
+        "--write-strategy",
+        path.to_str().unwrap(),
+    ]);
+    // The TorchScript export names nodes by scope: `/features/features.0/Conv`.
+    assert_eq!(searched["layers"][0]["module"], "features.0");
+    let mut file: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(file["layers"][0]["module"], "features.0");
+    assert_eq!(file["layers"][0]["kind"], "conv");
+    // A layer named by its module: the classifier's last product on one GPU.
+    file["layers"] = serde_json::json!([{ "name": "classifier.6", "gpus": 1 }]);
+    std::fs::write(&path, file.to_string()).unwrap();
+    let priced = json(&[
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--json",
+        "--strategy-file",
+        path.to_str().unwrap(),
+    ]);
+    let last = priced["layers"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last["module"].clone(), last["gpus"].clone()),
+        ("classifier.6".into(), 1.into())
+    );
+}
+
+#[test]
+fn emit_writes_a_torch_script_and_megatron_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gpt2");
+    ralpc()
+        .args([
+            "plan",
+            "fixtures/onnx/gpt2/model.onnx",
+            "--gpus",
+            "8",
+            "--batch",
+            "16",
+        ])
+        .args([
+            "--tensor-parallel",
+            "2",
+            "--pipeline-parallel",
+            "2",
+            "-q",
+            "-o",
+        ])
+        .arg(&out)
+        .args(["--emit", "torch", "--emit", "megatron"])
+        .assert()
+        .success();
+    let args = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    for needle in [
+        "--num-layers 12\n",
+        "--hidden-size 768\n",
+        "--tensor-model-parallel-size 2\n",
+        "--pipeline-model-parallel-size 2\n",
+        "--global-batch-size 16\n",
+    ] {
+        assert!(args.contains(needle), "`{needle}` not in:\n{args}");
+    }
+    let script = std::fs::read_to_string(out.join("train_torch.py")).unwrap();
+    assert!(
+        script.contains("PLAN = {") && script.contains("\"blocks.0.qkv\""),
+        "{script}"
+    );
+    assert!(script.contains("def parallelize(") && script.contains("if __name__ == \"__main__\":"));
+    // A plan of layers has no Megatron-LM form.
+    let cnn = dir.path().join("vgg");
+    fails(
+        &[
+            "plan",
+            VGG16,
+            "--gpus",
+            "8",
+            "--emit",
+            "megatron",
+            "-o",
+            cnn.to_str().unwrap(),
+        ],
+        1,
+        &["--emit megatron", "transformer (3d) plans"],
+    );
+}

@@ -1,7 +1,7 @@
 //! The Python package and `ralpc.torch` on real PyTorch: `python/tests/check_torch.py`
 //! exports small models, plans them through `ralpc.plan` (in-process), applies the plans
 //! with `ralpc.torch.parallelize` on 4 CPU processes (gloo) and compares 3 training steps
-//! with one process.
+//! with one process; `ralpc plan --emit torch`'s script does the same under torchrun.
 //!
 //! The Python environment is made once under the target directory (a venv with torch,
 //! onnx, onnxscript and maturin from PyPI, about 1.5 GB, ~70 s), unless `RALPC_PYTHON`
@@ -75,13 +75,14 @@ fn plans_apply_to_pytorch_modules_and_train_as_one_process() {
     let report = run(
         Command::new(&python)
             .arg(root.join("python/tests/check_torch.py"))
-            .env("PYTHONWARNINGS", "ignore"),
+            .env("PYTHONWARNINGS", "ignore")
+            .env("RALPC_BIN", env!("CARGO_BIN_EXE_ralpc")),
         "python/tests/check_torch.py",
     );
     // Every case reported, none failed.
     let ok = report.lines().filter(|l| l.starts_with("ok ")).count();
     println!("{report}");
-    assert!(ok >= 7, "expected every case to pass:\n{report}");
+    assert!(ok >= 8, "expected every case to pass:\n{report}");
 }
 
 fn prepend_path(dir: &Path) -> std::ffi::OsString {

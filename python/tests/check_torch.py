@@ -207,6 +207,40 @@ def errors(folder: str) -> str:
     )
 
 
+def emitted_torchrun(folder: str) -> str:
+    """`ralpc plan --emit torch` (the command line: RALPC_BIN, else `ralpc` on PATH) writes
+    train_torch.py; torchrun runs it on 4 processes; its losses are one process's."""
+    import re
+    import shutil
+    import subprocess
+
+    binary = os.environ.get("RALPC_BIN") or shutil.which("ralpc")
+    assert binary, "set RALPC_BIN to the ralpc binary (cargo build) or put ralpc on PATH"
+    model = exported("gpt", folder)
+    out = os.path.join(folder, "emitted")
+    subprocess.run(
+        [binary, "plan", model, "--gpus", "4", "--batch", str(BATCH), "--tensor-parallel", "2",
+         "--pipeline-parallel", "1", "--zero", "0", "--recompute", "none", "--emit", "torch",
+         "-o", out, "-q"],
+        check=True,
+    )
+    script = os.path.join(out, "train_torch.py")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+         "--master-port", str(free_port()), script, "--model", "models:Gpt",
+         "--batches", "models:gpt_batch", "--loss", "models:gpt_loss", "--steps", str(STEPS),
+         "--lr", str(LR)],
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    losses = [float(m) for m in re.findall(r"^step \d+ loss (\S+)$", run.stdout, re.M)]
+    want = reference("gpt")
+    assert same(losses, want), f"torchrun losses {losses}, one process {want}\n{run.stdout}"
+    return f"torchrun train_torch.py: losses {['%.6f' % l for l in losses]}"
+
+
 CASES = {
     "errors": errors,
     "cnn-ddp": training_case("cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 0}),
@@ -244,6 +278,7 @@ CASES = {
         },
         {"dp": 2, "tp": 1, "pp": 2, "virtual_stages": 2, "microbatches": 2, "zero": 1},
     ),
+    "emitted-torchrun": emitted_torchrun,
     "refuses-burst": refused_burst,
 }
 

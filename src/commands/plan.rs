@@ -56,7 +56,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         return Ok(());
     }
     // The summary and the strategy file are not kept in DIR: asking for them plans again.
-    let skippable = !args.force && !args.json && args.write_strategy.is_none();
+    let skippable =
+        !args.force && !args.json && args.write_strategy.is_none() && args.emit.is_empty();
     // (An unreadable input is not up to date: planning says what is wrong with it.)
     if skippable && ralpc::up_to_date(&options, &dir).unwrap_or(false) {
         if !args.quiet {
@@ -94,6 +95,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         };
         ralpc::write_atomically(path, &strategy.to_json())?;
     }
+    let emitted = emit(args, &compiled, &dir)?;
     if args.quiet {
         return Ok(());
     }
@@ -109,9 +111,15 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             Some(p) => summary_3d(&compiled.report, p),
             None => summary(&compiled.report, simulation),
         };
-        let names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
+        let mut names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
+        names.extend(&emitted);
         if let Some(why) = &compiled.not_lowered {
-            let _ = writeln!(text, "wrote nothing: {why}");
+            if emitted.is_empty() {
+                let _ = writeln!(text, "wrote nothing: {why}");
+            } else {
+                let _ = writeln!(text, "wrote no executable plan: {why}");
+                let _ = writeln!(text, "wrote {}: {}", shown, emitted.join(", "));
+            }
         } else {
             let _ = writeln!(text, "wrote {}: {}", shown, names.join(", "));
         }
@@ -409,4 +417,45 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
     }
     let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
     out
+}
+
+/// Writes the `--emit` files into `dir`; their names.
+fn emit(
+    args: &Args,
+    compiled: &ralpc::Compiled,
+    dir: &std::path::Path,
+) -> Result<Vec<&'static str>, ralpc::Error> {
+    let refuse =
+        |why: String| ralpc::Error::Plan(Box::new(ralpc::passes::plan::PlanError::Request(why)));
+    let mut written = Vec::new();
+    for engine in &args.emit {
+        let Some(&(_, file)) = ralpc::emit::ENGINES.iter().find(|(e, _)| e == engine) else {
+            continue;
+        };
+        let text = match engine.as_str() {
+            "torch" => {
+                let Some(strategy) = &compiled.strategy else {
+                    return Err(refuse(format!(
+                        "--emit torch: this plan has no per-layer placement: {}",
+                        compiled
+                            .not_lowered
+                            .as_deref()
+                            .unwrap_or("it was not lowered")
+                    )));
+                };
+                ralpc::emit::torch_script(&compiled.report, strategy)
+            }
+            _ => ralpc::emit::megatron_arguments(&compiled.report, args.options().precision)
+                .map_err(refuse)?,
+        };
+        std::fs::create_dir_all(dir).map_err(|error| {
+            ralpc::Error::Write(Box::new(ralpc::FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        ralpc::write_atomically(&dir.join(file), &text)?;
+        written.push(file);
+    }
+    Ok(written)
 }

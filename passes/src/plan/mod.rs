@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 pub use buckets::{buckets, Bucket, BUCKET_CAPS};
 pub use costs::{CostOptions, Costs};
 pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
-pub use file::{StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT};
+pub use file::{
+    FileSplit, StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT,
+};
 pub use layout::{
     class_pieces, first_replica, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,

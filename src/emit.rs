@@ -1,0 +1,213 @@
+//! `--emit`: a chosen plan written for another training engine.
+//!
+//! * [`torch_script`]: a standalone Python file that applies the plan to the user's own
+//!   model class with PyTorch's distributed APIs and trains it under `torchrun`. It holds
+//!   the plan and the same mapping `ralpc.torch` runs (its source, included), so it needs
+//!   torch only, and can be read and edited.
+//! * [`megatron_arguments`]: Megatron-LM / Megatron-Core's command-line arguments for a
+//!   transformer (3d) plan.
+
+use std::fmt::Write;
+
+use ralpc_passes::cluster::Precision;
+use ralpc_passes::plan::StrategyFile;
+
+use crate::plan::PlanReport;
+
+/// `ralpc.torch`'s source: the mapping from a plan to PyTorch's APIs.
+const TORCH_MAPPING: &str = include_str!("../python/ralpc/torch.py");
+
+/// The engines `--emit` writes for, and the file each writes into the output directory.
+pub const ENGINES: [(&str, &str); 2] = [("torch", "train_torch.py"), ("megatron", "megatron.args")];
+
+/// A Python file that trains `report`'s model with its plan (`strategy`) on PyTorch.
+pub fn torch_script(report: &PlanReport, strategy: &StrategyFile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\"\"\"Trains a model with the plan ralpc {} made for {} ({} plan, {} GPUs, batch {}).\n",
+        env!("CARGO_PKG_VERSION"),
+        report.model,
+        report.strategy,
+        report.gpus_used,
+        report.batch
+    );
+    out.push_str(
+        "Run it under torchrun with as many processes as the plan's mesh has ranks:\n\n    \
+         torchrun --nproc-per-node N train_torch.py --model mymodels:Gpt \\\n        \
+         --batches mymodels:batch --loss mymodels:loss --steps 100\n\n\
+         --model names the nn.Module class (or a function) the ONNX file was exported from;\n\
+         --batches a function of the step returning (inputs, target) of the *global* batch\n\
+         (every rank calls it; each takes its data-parallel share); --loss a function\n\
+         (output, target) -> mean loss. Every rank builds the model from the same seed.\n\n\
+         PLAN below is ralpc's placement (edit it to change the plan); the functions after it\n\
+         are ralpc.torch's mapping onto PyTorch's APIs: layout(PLAN) says what is applied\n\
+         to which module.\n\"\"\"\n\nfrom __future__ import annotations\n\n",
+    );
+    out.push_str("# Per layer: the module it came from, what it is, its split (sample×attribute×parameter).\n");
+    for layer in &strategy.layers {
+        let split = layer.split.unwrap_or(ralpc_passes::plan::FileSplit {
+            sample: layer.gpus.unwrap_or(1),
+            attribute: 1,
+            parameter: 1,
+        });
+        let _ = writeln!(
+            out,
+            "#   {:<36} {:<12} {}×{}×{}",
+            layer.module.as_deref().unwrap_or(&layer.name),
+            layer.kind.map_or("", |k| k.name()),
+            split.sample,
+            split.attribute,
+            split.parameter
+        );
+    }
+    let mut plan = serde_json::json!({
+        "strategy": report.strategy,
+        "gpus_used": report.gpus_used,
+        "batch": report.batch,
+        "placement": strategy,
+    });
+    if let Some(p) = &report.parallelism {
+        plan["sequence_parallel"] = p.sequence_parallel.into();
+    }
+    let json = serde_json::to_string_pretty(&plan).unwrap_or_default();
+    // JSON literals that Python spells differently.
+    let python = json
+        .replace(": true", ": True")
+        .replace(": false", ": False")
+        .replace(": null", ": None");
+    let _ = writeln!(out, "PLAN = {python}\n");
+    out.push_str("# ---- ralpc.torch: the plan onto PyTorch's APIs ----\n");
+    out.push_str(&TORCH_MAPPING.replace("from __future__ import annotations\n", ""));
+    out.push_str(TORCH_MAIN);
+    out
+}
+
+const TORCH_MAIN: &str = r#"
+
+# ---- training under torchrun ----
+def _load(spec: str):
+    import importlib
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="module:Class building the nn.Module")
+    parser.add_argument("--batches", required=True, help="module:function, step -> (inputs, target)")
+    parser.add_argument("--loss", required=True, help="module:function (output, target) -> loss")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD's learning rate")
+    args = parser.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    batches, loss_fn = _load(args.batches), _load(args.loss)
+    torch.manual_seed(0)
+    model = _load(args.model)()
+    lay = layout(PLAN)
+    inputs, _ = batches(0)
+    example = _microbatches(_shard(inputs, 0, lay.dp), lay.microbatches)[0]
+    parallel = parallelize(model, PLAN, loss_fn=loss_fn, example_inputs=example)
+    for note in parallel.notes:
+        if dist.get_rank() == 0:
+            print(f"note: {note}", flush=True)
+    opt = torch.optim.SGD(parallel.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        x, y = batches(step)
+        loss = parallel.step(x, y)
+        opt.step()
+        opt.zero_grad()
+        if dist.get_rank() == 0:
+            print(f"step {step} loss {loss:.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"#;
+
+/// Megatron-LM's arguments for a transformer (3d) plan, one per line, or why there are
+/// none.
+///
+/// # Errors
+/// The plan is not a transformer plan.
+pub fn megatron_arguments(
+    report: &PlanReport,
+    precision: Option<Precision>,
+) -> Result<String, String> {
+    let Some(p) = &report.parallelism else {
+        return Err(format!(
+            "--emit megatron: this is a {} plan of layers; Megatron-LM's arguments describe \
+             transformer (3d) plans (plan a GPT-like model, or --strategy 3d)",
+            report.strategy
+        ));
+    };
+    let m = &p.transformer;
+    let mut args: Vec<String> = vec![
+        format!("--num-layers {}", m.layers),
+        format!("--hidden-size {}", m.hidden),
+        format!("--num-attention-heads {}", m.heads),
+        format!("--ffn-hidden-size {}", m.ffn),
+        format!("--seq-length {}", m.sequence),
+        format!(
+            "--max-position-embeddings {}",
+            if m.positions > 0 {
+                m.positions
+            } else {
+                m.sequence
+            }
+        ),
+        format!("--tensor-model-parallel-size {}", p.tensor_parallel),
+        format!("--pipeline-model-parallel-size {}", p.pipeline_parallel),
+    ];
+    if p.virtual_stages > 1 {
+        let per = m.layers / u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
+        args.push(format!("--num-layers-per-virtual-pipeline-stage {per}"));
+    }
+    args.push(format!("--micro-batch-size {}", p.micro_batch_size));
+    args.push(format!("--global-batch-size {}", report.batch));
+    match p.recompute {
+        "full" => {
+            args.push("--recompute-granularity full".into());
+            args.push("--recompute-method uniform".into());
+            args.push("--recompute-num-layers 1".into());
+        }
+        "selective" => args.push("--recompute-granularity selective".into()),
+        _ => {}
+    }
+    if p.sequence_parallel {
+        args.push("--sequence-parallel".into());
+    }
+    match p.zero {
+        0 => {}
+        // Megatron's distributed optimizer shards optimizer state and reduce-scatters
+        // gradients: ZeRO-1 with ZeRO-2's gradient traffic.
+        1 | 2 => args.push("--use-distributed-optimizer".into()),
+        _ => args.push("--use-torch-fsdp2".into()),
+    }
+    if !m.tied {
+        args.push("--untie-embeddings-and-output-weights".into());
+    }
+    match precision {
+        Some(Precision::Fp16) => args.push("--fp16".into()),
+        Some(Precision::Bf16) => args.push("--bf16".into()),
+        _ => {}
+    }
+    let mut out = format!(
+        "# Megatron-LM arguments of ralpc's {} plan for {} on {} GPUs \
+         (data parallel {} follows from the world size)\n",
+        report.strategy, report.model, report.gpus_used, p.data_parallel
+    );
+    for a in args {
+        let _ = writeln!(out, "{a}");
+    }
+    Ok(out)
+}
