@@ -13,6 +13,7 @@ use ralpc_passes::cluster::Precision;
 use ralpc_passes::plan::StrategyFile;
 
 use crate::plan::PlanReport;
+use crate::{Compiled, Error, FileError};
 
 /// `ralpc.torch`'s source: the mapping from a plan to PyTorch's APIs.
 const TORCH_MAPPING: &str = include_str!("../python/ralpc/torch.py");
@@ -210,4 +211,50 @@ pub fn megatron_arguments(
         let _ = writeln!(out, "{a}");
     }
     Ok(out)
+}
+
+/// Writes the files of `engines` (names in [`ENGINES`]) for `compiled` into `dir`; their
+/// names.
+///
+/// # Errors
+/// [`Error::Plan`] when the plan has no form for an engine; [`Error::Write`].
+pub fn write(
+    engines: &[String],
+    compiled: &Compiled,
+    precision: Option<Precision>,
+    dir: &std::path::Path,
+) -> Result<Vec<&'static str>, Error> {
+    let refuse = |why: String| Error::Plan(Box::new(ralpc_passes::plan::PlanError::Request(why)));
+    let mut written = Vec::new();
+    for engine in engines {
+        let Some(&(_, file)) = ENGINES.iter().find(|(e, _)| e == engine) else {
+            return Err(refuse(format!(
+                "--emit {engine}: not an engine (torch, megatron)"
+            )));
+        };
+        let text = match engine.as_str() {
+            "torch" => {
+                let Some(strategy) = &compiled.strategy else {
+                    return Err(refuse(format!(
+                        "--emit torch: this plan has no per-layer placement: {}",
+                        compiled
+                            .not_lowered
+                            .as_deref()
+                            .unwrap_or("it was not lowered")
+                    )));
+                };
+                torch_script(&compiled.report, strategy)
+            }
+            _ => megatron_arguments(&compiled.report, precision).map_err(refuse)?,
+        };
+        std::fs::create_dir_all(dir).map_err(|error| {
+            Error::Write(Box::new(FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        crate::plan::write_atomically(&dir.join(file), &text)?;
+        written.push(file);
+    }
+    Ok(written)
 }

@@ -46,7 +46,9 @@ def compile(
 ) -> dict[str, Any]:
     """Plans ``model`` like :func:`plan` and writes every artifact into ``out``
     (default ``<model stem>.ralpc``): ``plan.json``, ``plan.dot``, ``timeline.json``,
-    ``report.html`` and, with Graphviz, ``plan.svg``. Returns what :func:`plan` returns plus
+    ``report.html`` and, with Graphviz, ``plan.svg``; ``emit=["torch", "megatron"]`` also
+    writes ``train_torch.py`` (a script applying the plan to your model class under
+    torchrun) and ``megatron.args`` (Megatron-LM's arguments of a transformer plan). Returns what :func:`plan` returns plus
     ``out`` (the directory) and ``files`` (the names written).
 
     Raises ``RalpcError``.

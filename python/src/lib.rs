@@ -20,6 +20,9 @@ create_exception!(
      `__cause__`) and the exit status the command line would return (`exit_code`)."
 );
 
+/// The options both functions name in their signatures, in order.
+const NAMED: [&str; 4] = ["gpus", "nodes", "cluster", "batch"];
+
 /// `ralpc plan` options that only make sense on the command line.
 const COMMAND_LINE_ONLY: [&str; 6] = ["out", "json", "quiet", "check", "force", "write_strategy"];
 
@@ -97,15 +100,15 @@ fn tokens(key: &str, value: &Bound<'_, PyAny>, out: &mut Vec<OsString>) -> PyRes
     Ok(())
 }
 
-/// The planning options of a call, parsed by `ralpc plan`'s own definition.
-fn options(
+/// The arguments of a call, parsed by `ralpc plan`'s own definition.
+fn arguments(
     py: Python<'_>,
     model: PathBuf,
-    named: [(&str, Option<Bound<'_, PyAny>>); 4],
+    named: [Option<Bound<'_, PyAny>>; 4],
     options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<ralpc::PlanOptions> {
+) -> PyResult<ralpc::PlanArgs> {
     let mut argv: Vec<OsString> = vec!["ralpc".into(), model.into_os_string()];
-    for (key, value) in &named {
+    for (key, value) in NAMED.iter().zip(&named) {
         if let Some(value) = value {
             tokens(key, value, &mut argv)?;
         }
@@ -125,8 +128,7 @@ fn options(
             tokens(&key, &value, &mut argv)?;
         }
     }
-    let args = ralpc::PlanArgs::from_tokens(argv).map_err(|e| option_error(py, e))?;
-    Ok(args.options())
+    ralpc::PlanArgs::from_tokens(argv).map_err(|e| option_error(py, e))
 }
 
 /// The summary as a dict, with the placement and why a plan was not lowered.
@@ -161,15 +163,17 @@ fn plan(
     batch: Option<Bound<'_, PyAny>>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
-    let named = [
-        ("gpus", gpus),
-        ("nodes", nodes),
-        ("cluster", cluster),
-        ("batch", batch),
-    ];
+    let named = [gpus, nodes, cluster, batch];
+    let args = arguments(py, model, named, options)?;
+    if !args.emit.is_empty() {
+        return Err(option_error(
+            py,
+            "emit: ralpc.compile(out=…, emit=[…]) writes the files for other engines".into(),
+        ));
+    }
     let options = ralpc::PlanOptions {
         executable: false,
-        ..self::options(py, model, named, options)?
+        ..args.options()
     };
     let output = py
         .detach(|| ralpc::plan(&options))
@@ -196,19 +200,16 @@ fn compile(
     batch: Option<Bound<'_, PyAny>>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
-    let named = [
-        ("gpus", gpus),
-        ("nodes", nodes),
-        ("cluster", cluster),
-        ("batch", batch),
-    ];
+    let named = [gpus, nodes, cluster, batch];
     let out = out.unwrap_or_else(|| ralpc::default_out_dir(&model));
-    let options = self::options(py, model, named, options)?;
-    let compiled = py
+    let args = arguments(py, model, named, options)?;
+    let options = args.options();
+    let (compiled, emitted) = py
         .detach(|| {
             let compiled = ralpc::compile(&options)?;
             compiled.write(&out)?;
-            Ok::<_, ralpc::Error>(compiled)
+            let emitted = ralpc::emit::write(&args.emit, &compiled, options.precision, &out)?;
+            Ok::<_, ralpc::Error>((compiled, emitted))
         })
         .map_err(|e| ralpc_error(py, &e))?;
     let dict = summary(
@@ -219,7 +220,8 @@ fn compile(
     )?;
     let bound = dict.bind(py);
     bound.set_item("out", out.display().to_string())?;
-    let files: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
+    let mut files: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
+    files.extend(emitted);
     bound.set_item("files", files)?;
     Ok(dict)
 }

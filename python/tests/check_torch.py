@@ -199,8 +199,15 @@ def errors(folder: str) -> str:
     else:
         raise AssertionError("a command-line-only option was accepted")
     out = os.path.join(folder, "compiled")
-    compiled = ralpc.compile(model, out=out, gpus=4, batch=BATCH)
+    compiled = ralpc.compile(model, out=out, gpus=4, batch=BATCH, emit=["torch"])
     assert os.path.isfile(os.path.join(out, "plan.json")), compiled["files"]
+    assert "train_torch.py" in compiled["files"], compiled["files"]
+    try:
+        ralpc.compile(model, out=out, gpus=4, batch=BATCH, emit="megatron")
+    except ralpc.RalpcError as e:
+        assert any("transformer (3d) plans" in c for c in e.causes), (e, e.causes)
+    else:
+        raise AssertionError("Megatron-LM arguments of a CNN plan were written")
     assert compiled["placement"]["layers"][0]["module"] == "features.0", compiled["placement"]
     return "missing model (exit 1, caused by the OS error), bad option (exit 2), compile writes " + ", ".join(
         compiled["files"]

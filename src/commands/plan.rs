@@ -95,7 +95,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         };
         ralpc::write_atomically(path, &strategy.to_json())?;
     }
-    let emitted = emit(args, &compiled, &dir)?;
+    let emitted = ralpc::emit::write(&args.emit, &compiled, args.options().precision, &dir)?;
     if args.quiet {
         return Ok(());
     }
@@ -417,45 +417,4 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> S
     }
     let _ = writeln!(out, "\nplanned in {}", ms(r.planning_time_us as f64));
     out
-}
-
-/// Writes the `--emit` files into `dir`; their names.
-fn emit(
-    args: &Args,
-    compiled: &ralpc::Compiled,
-    dir: &std::path::Path,
-) -> Result<Vec<&'static str>, ralpc::Error> {
-    let refuse =
-        |why: String| ralpc::Error::Plan(Box::new(ralpc::passes::plan::PlanError::Request(why)));
-    let mut written = Vec::new();
-    for engine in &args.emit {
-        let Some(&(_, file)) = ralpc::emit::ENGINES.iter().find(|(e, _)| e == engine) else {
-            continue;
-        };
-        let text = match engine.as_str() {
-            "torch" => {
-                let Some(strategy) = &compiled.strategy else {
-                    return Err(refuse(format!(
-                        "--emit torch: this plan has no per-layer placement: {}",
-                        compiled
-                            .not_lowered
-                            .as_deref()
-                            .unwrap_or("it was not lowered")
-                    )));
-                };
-                ralpc::emit::torch_script(&compiled.report, strategy)
-            }
-            _ => ralpc::emit::megatron_arguments(&compiled.report, args.options().precision)
-                .map_err(refuse)?,
-        };
-        std::fs::create_dir_all(dir).map_err(|error| {
-            ralpc::Error::Write(Box::new(ralpc::FileError {
-                path: dir.display().to_string(),
-                error,
-            }))
-        })?;
-        ralpc::write_atomically(&dir.join(file), &text)?;
-        written.push(file);
-    }
-    Ok(written)
 }
