@@ -23,7 +23,7 @@ recomputed runs of whole modules       ``torch.utils.checkpoint`` around those m
 What PyTorch cannot express is refused with :class:`Unsupported`, which names the reason
 and the nearest plan it can express (as ``ralpc.plan`` options): per-layer GPU counts (a
 burst plan), a convolution split by rows or channels, PipeDream's asynchronous schedule,
-stages of unequal GPU counts. Megatron-LM's sequence parallelism (LayerNorm and dropout
+stages of unequal GPU counts, attention heads split behind a fused q/k/v projection. Megatron-LM's sequence parallelism (LayerNorm and dropout
 split by sequence positions) is not applied: those layers are replicated over the tensor-
 parallel group, which moves as many bytes and holds more activations; every such
 difference is listed in :attr:`Parallelized.notes`, never made silently.
@@ -214,6 +214,25 @@ def layout(plan: dict) -> Layout:
             styles[module] = "heads"
         elif kind == "layer_norm" and split["attribute"] > 1:
             sequence_split.append(label)
+    # Heads are split by giving each rank whole q, k and v columns: a fused projection
+    # ([q; k; v] in one Linear) would be cut into contiguous thirds, not heads.
+    for i, l in enumerate(layers):
+        if styles.get(l.get("module", "")) != "heads":
+            continue
+        projections = []
+        for earlier in reversed(layers[:i]):
+            if earlier.get("kind") in ("layer_norm", "norm", "attention"):
+                break
+            if styles.get(earlier.get("module", "")) == "colwise":
+                projections.append(earlier["module"])
+        if len(projections) != 3:
+            raise Unsupported(
+                f"attention {l.get('module')!r} splits its heads {t} ways, fed by "
+                f"{len(projections)} column-parallel projection(s) {projections[::-1]}: "
+                "ColwiseParallel gives each rank contiguous output columns, which are its "
+                "heads only with separate q, k and v Linear modules (split a fused one)",
+                {"tensor_parallel": 1},
+            )
     # A column-parallel product whose output no row-parallel one consumes (the LM head)
     # gathers its output.
     for i, l in enumerate(layers):

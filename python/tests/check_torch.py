@@ -248,6 +248,19 @@ def emitted_torchrun(folder: str) -> str:
     return f"torchrun train_torch.py: losses {['%.6f' % l for l in losses]}"
 
 
+def refused_fused_qkv(folder: str) -> str:
+    """GPT-2's fused q/k/v projection cannot be column-split by heads."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    model = os.path.join(root, "fixtures/onnx/gpt2/model.onnx")
+    plan = ralpc.plan(model, gpus=4, batch=8, tensor_parallel=2, pipeline_parallel=1)
+    try:
+        rt.layout(plan)
+    except rt.Unsupported as e:
+        assert "blocks.0.qkv" in e.reason and e.nearest == {"tensor_parallel": 1}, e
+        return f"refused: {e.reason[:90]}…"
+    raise AssertionError("a fused q/k/v projection was split by columns")
+
+
 CASES = {
     "errors": errors,
     "cnn-ddp": training_case("cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 0}),
@@ -287,6 +300,7 @@ CASES = {
     ),
     "emitted-torchrun": emitted_torchrun,
     "refuses-burst": refused_burst,
+    "refuses-fused-qkv": refused_fused_qkv,
 }
 
 
