@@ -410,9 +410,16 @@ def _data_parallel(module: nn.Module, lay: Layout, dp_mesh) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     reshard = lay.zero == 3
+    # Each child its own FSDP unit (a container's members: a ModuleList has no forward).
+    units = []
     for child in module.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=dp_mesh, reshard_after_forward=reshard)
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            units.extend(child.children())
+        else:
+            units.append(child)
+    for unit in units:
+        if any(True for _ in unit.parameters()):
+            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard)
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
     return module
 

@@ -272,6 +272,11 @@ CASES = {
         {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 0, "recompute": "none"},
         {"dp": 2, "tp": 2, "pp": 1, "zero": 0},
     ),
+    "gpt-tp2-dp2-fsdp": training_case(
+        "gpt",
+        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 1, "recompute": "none"},
+        {"dp": 2, "tp": 2, "pp": 1, "zero": 1},
+    ),
     "gpt-pp2-tp2": training_case(
         "gpt",
         {
