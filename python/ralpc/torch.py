@@ -14,6 +14,7 @@ dense layer split by output features   ``ColwiseParallel`` on its ``nn.Linear``
 dense layer split by input features    ``RowwiseParallel`` on its ``nn.Linear``
 embedding split over the ``tp`` group  ``RowwiseParallel`` (rows: the vocabulary)
 attention split by heads               its ``nn.Module``'s head count divided by ``t``
+LayerNorm split by sequence positions  ``SequenceParallel`` (not in pipelined plans)
 pipeline stages                        ``torch.distributed.pipelining``: split points at
                                        the stages' first modules; GPipe, 1F1B or
                                        interleaved 1F1B as the plan schedules them
@@ -23,10 +24,13 @@ recomputed runs of whole modules       ``torch.utils.checkpoint`` around those m
 What PyTorch cannot express is refused with :class:`Unsupported`, which names the reason
 and the nearest plan it can express (as ``ralpc.plan`` options): per-layer GPU counts (a
 burst plan), a convolution split by rows or channels, PipeDream's asynchronous schedule,
-stages of unequal GPU counts, attention heads split behind a fused q/k/v projection. Megatron-LM's sequence parallelism (LayerNorm and dropout
-split by sequence positions) is not applied: those layers are replicated over the tensor-
-parallel group, which moves as many bytes and holds more activations; every such
-difference is listed in :attr:`Parallelized.notes`, never made silently.
+stages of unequal GPU counts, attention heads split behind a fused q/k/v projection. Megatron-LM's sequence parallelism (LayerNorms split by sequence positions) is applied
+with ``SequenceParallel``, the row-parallel products reduce-scattering into it and the
+column-parallel ones gathering from it, the residual stream cut from the first block on
+(``PrepareModuleInput``); in a pipelined plan the traced stages expect whole tensors, so
+there the LayerNorms run replicated over the tensor-parallel group (as many bytes move,
+more activations are held). Every such difference is listed in
+:attr:`Parallelized.notes`, never made silently.
 
 The mesh has the dimensions ``("pp", "dp", "tp")`` in that order (tensor parallelism
 fastest-varying, as Megatron-LM numbers ranks); the world size must equal their product.
@@ -80,6 +84,9 @@ class Layout:
     styles: dict[str, str]
     #: Module paths to recompute (wrapped in ``torch.utils.checkpoint``).
     recompute: list[str]
+    #: With sequence parallelism, the module whose input is cut by sequence positions (the
+    #: first block); ``None`` without.
+    sequence_entry: str | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -248,6 +255,25 @@ def layout(plan: dict) -> Layout:
                 break
         if not consumed:
             styles[module] = "colwise_gather"
+    # Megatron's sequence parallelism: LayerNorms split by sequence positions, reached by
+    # reduce-scatters of the row-parallel sums, left by all-gathers before the column-
+    # parallel products. The residual stream is cut by sequence from the module holding the
+    # first such LayerNorm on; stage boundaries would carry the cut (the traced stages
+    # expect whole tensors), so pipelined plans run it replicated.
+    sequence_entry = None
+    first_norm = next(
+        (l.get("module", "") for l in layers if l.get("kind") == "layer_norm" and l["split"]["attribute"] > 1),
+        "",
+    )
+    entry = first_norm.rpartition(".")[0]
+    if not plan.get("sequence_parallel", True):
+        sequence_split = []  # the plan replicates them too (Megatron without it)
+    if sequence_split and pp == 1 and v == 1 and entry:
+        sequence_entry = entry
+        for l in layers:
+            if l.get("kind") == "layer_norm" and l["split"]["attribute"] > 1 and l.get("module"):
+                styles[l["module"]] = "sequence"
+        sequence_split = []
     if sequence_split:
         notes.append(
             f"sequence parallelism not applied: {len(sequence_split)} LayerNorm layers "
@@ -301,6 +327,7 @@ def layout(plan: dict) -> Layout:
         split_points=split_points,
         styles=styles,
         recompute=recompute,
+        sequence_entry=sequence_entry,
         notes=notes,
     )
 
@@ -353,12 +380,20 @@ def _set_heads(module: nn.Module, path: str, t: int) -> None:
 
 
 def _tensor_parallel(module: nn.Module, lay: Layout, tp_mesh) -> None:
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
+
+    # Under sequence parallelism products read sequence-cut inputs and row-parallel ones
+    # reduce-scatter into them.
+    seq = lay.sequence_entry is not None
+    into = {"input_layouts": Shard(1)} if seq else {}
+    out_of = {"output_layouts": Shard(1)} if seq else {}
 
     present = dict(module.named_modules())
     plan = {}
@@ -369,19 +404,28 @@ def _tensor_parallel(module: nn.Module, lay: Layout, tp_mesh) -> None:
         if style == "heads":
             _set_heads(target, path, lay.tp)
             continue
-        kind = nn.Embedding if style == "embedding" else nn.Linear
+        kind = {"embedding": nn.Embedding, "sequence": nn.LayerNorm}.get(style, nn.Linear)
         if not isinstance(target, kind):
             raise Unsupported(
                 f"module {path!r} is a {type(target).__name__}, where its plan splits it as "
                 f"an {kind.__name__} ({style})",
                 {"tensor_parallel": 1},
             )
+        if style == "sequence":
+            plan[path] = SequenceParallel()
+            continue
         plan[path] = {
-            "colwise": lambda: ColwiseParallel(),
-            "colwise_gather": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "rowwise": lambda: RowwiseParallel(),
+            "colwise": lambda: ColwiseParallel(**into),
+            "colwise_gather": lambda: ColwiseParallel(**into, output_layouts=Replicate()),
+            "rowwise": lambda: RowwiseParallel(**out_of),
             "embedding": lambda: RowwiseParallel(input_layouts=Replicate()),
         }[style]()
+    if seq and lay.sequence_entry in present:
+        plan[lay.sequence_entry] = PrepareModuleInput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Shard(1),),
+            use_local_output=True,
+        )
     if plan:
         parallelize_module(module, tp_mesh, plan)
 

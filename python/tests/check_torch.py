@@ -269,13 +269,15 @@ CASES = {
     ),
     "gpt-tp2-dp2": training_case(
         "gpt",
-        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 0, "recompute": "none"},
-        {"dp": 2, "tp": 2, "pp": 1, "zero": 0},
+        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 0, "recompute": "none",
+         "sequence_parallel": True},
+        {"dp": 2, "tp": 2, "pp": 1, "zero": 0, "sequence_entry": "blocks.0"},
     ),
     "gpt-tp2-dp2-fsdp": training_case(
         "gpt",
-        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 1, "recompute": "none"},
-        {"dp": 2, "tp": 2, "pp": 1, "zero": 1},
+        {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "zero": 1, "recompute": "none",
+         "sequence_parallel": False},
+        {"dp": 2, "tp": 2, "pp": 1, "zero": 1, "sequence_entry": None},
     ),
     "gpt-pp2-tp2": training_case(
         "gpt",
