@@ -94,12 +94,10 @@ fn identical_inputs_give_identical_outputs() {
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 }
 
-#[test]
-fn a_written_strategy_evaluates_to_the_same_plan() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("plan.strategy.json");
+/// VGG16 planned for 8 GPUs (`--json`), its strategy written to `path`.
+fn vgg16_writing_its_strategy(path: &std::path::Path) -> Value {
     let path = path.to_str().unwrap();
-    let searched = json(&[
+    json(&[
         "plan",
         VGG16,
         "--gpus",
@@ -107,7 +105,15 @@ fn a_written_strategy_evaluates_to_the_same_plan() {
         "--json",
         "--write-strategy",
         path,
-    ]);
+    ])
+}
+
+#[test]
+fn a_written_strategy_evaluates_to_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.strategy.json");
+    let searched = vgg16_writing_its_strategy(&path);
+    let path = path.to_str().unwrap();
     let file: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     assert_eq!(file["format"], "ralpc-strategy/1");
     let evaluated = json(&[
@@ -653,15 +659,7 @@ fn an_over_budget_error_says_the_tolerance_that_plans() {
 fn layers_carry_their_pytorch_modules_and_strategy_files_accept_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plan.strategy.json");
-    let searched = json(&[
-        "plan",
-        VGG16,
-        "--gpus",
-        "8",
-        "--json",
-        "--write-strategy",
-        path.to_str().unwrap(),
-    ]);
+    let searched = vgg16_writing_its_strategy(&path);
     // The TorchScript export names nodes by scope: `/features/features.0/Conv`.
     assert_eq!(searched["layers"][0]["module"], "features.0");
     let mut file: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();

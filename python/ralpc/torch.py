@@ -110,6 +110,11 @@ def _within(module: str, ancestor: str) -> bool:
     return module == ancestor or module.startswith(ancestor + ".")
 
 
+def _members(layers: list[dict], ancestor: str) -> list[int]:
+    """Indices of the layers inside module ``ancestor``."""
+    return [j for j, l in enumerate(layers) if _within(l.get("module", ""), ancestor)]
+
+
 def _whole_modules(layers: list[dict], first: int, last: int) -> list[str] | None:
     """The fewest modules that hold exactly layers ``first..=last`` of ``layers``, or None
     when some of them share a module with a layer outside the run."""
@@ -119,7 +124,7 @@ def _whole_modules(layers: list[dict], first: int, last: int) -> list[str] | Non
         module = layers[i].get("module", "")
         best = None
         for a in _ancestors(module):
-            members = [j for j, l in enumerate(layers) if _within(l.get("module", ""), a)]
+            members = _members(layers, a)
             if members and members[0] == i and members[-1] <= last and members == list(
                 range(i, members[-1] + 1)
             ):
@@ -288,7 +293,7 @@ def layout(plan: dict) -> Layout:
         module = layers[first].get("module", "")
         point = None
         for a in _ancestors(module):
-            members = [j for j, l in enumerate(layers) if _within(l.get("module", ""), a)]
+            members = _members(layers, a)
             if members and members[0] == first:
                 point = a
                 break
