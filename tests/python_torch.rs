@@ -48,7 +48,7 @@ fn python() -> PathBuf {
         );
         run(
             Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet"])
+                .args(["-m", "pip", "install", "--quiet", "--no-cache-dir"])
                 .args(PACKAGES),
             "pip install (needs PyPI)",
         );
