@@ -90,9 +90,30 @@ pub enum Command {
     Cluster(commands::cluster::Args),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON (`--json`): its errors are JSON too.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect(args) => args.json,
+            Command::Plan(args) => args.json,
+            Command::Sweep(args) => args.json,
+            Command::Run(args) => args.json,
+            Command::Doctor(args) => args.json,
+            Command::Launch(_) | Command::Profile(_) | Command::Cluster(_) => false,
+        }
+    }
+}
+
 /// Prints `error: …` and its `Caused by:` chain on stderr (red `error:` on a terminal
 /// unless `NO_COLOR` is set).
-pub fn report_error(e: &ralpc::Error) {
+pub fn report_error(e: &ralpc::Error, json: bool) {
+    if json {
+        let report = ralpc::formats::ErrorReport::of(e);
+        // Serializing strings and an integer cannot fail.
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        let _ = writeln!(std::io::stderr().lock(), "{text}");
+        return;
+    }
     let stderr = std::io::stderr();
     let colour = stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut out = stderr.lock();

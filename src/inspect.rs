@@ -20,7 +20,7 @@ pub struct InspectOptions {
 }
 
 /// One layer's row.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct LayerRow {
     /// The ONNX node name.
     pub name: String,
@@ -41,8 +41,10 @@ pub struct LayerRow {
 }
 
 /// The result of [`inspect`]; its JSON form is what `ralpc inspect --json` prints.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Inspection {
+    /// Always [`crate::formats::INSPECT`].
+    pub format: &'static str,
     /// The model path, as given.
     pub model: String,
     /// Producer recorded in the file.
@@ -127,6 +129,7 @@ pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
         .map(|v| (graph.value(v).name.clone(), sizes(&info.ty(v).shape.0)))
         .collect();
     Ok(Inspection {
+        format: crate::formats::INSPECT,
         model: options.model.display().to_string(),
         producer: model.producer.clone(),
         opset: model.opset,

@@ -36,6 +36,7 @@ mod cluster;
 mod compile;
 pub mod emit;
 mod error;
+pub mod formats;
 mod inspect;
 mod plan;
 mod process;

@@ -10,6 +10,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse_from(cli::expand_shorthand(std::env::args_os().collect()));
+    let json = cli.command.json();
     let result = match cli.command {
         cli::Command::Inspect(args) => commands::inspect::run(&args),
         cli::Command::Plan(args) => commands::plan::run(&args),
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            cli::report_error(&e);
+            cli::report_error(&e, json);
             ExitCode::from(e.exit_code())
         }
     }

@@ -75,7 +75,7 @@ pub struct PlanOptions {
 }
 
 /// A stage of the chosen plan.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct StageRow {
     /// Its first layer's name.
     pub first_layer: String,
@@ -90,11 +90,13 @@ pub struct StageRow {
     /// Gradient synchronization per iteration, µs.
     pub sync_us: f64,
     /// The most memory one of its GPUs holds, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub memory_bytes: f64,
 }
 
 /// SOAP degrees.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct SplitRow {
     /// Samples.
     pub sample: u32,
@@ -105,7 +107,7 @@ pub struct SplitRow {
 }
 
 /// A layer of the chosen plan.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct PlacedLayer {
     /// Its name (what strategy files refer to).
     pub name: String,
@@ -142,7 +144,7 @@ impl PlacedLayer {
 }
 
 /// One family's best plan, for comparison.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct CandidateRow {
     /// The family.
     pub strategy: &'static str,
@@ -153,6 +155,8 @@ pub struct CandidateRow {
     /// GPUs used.
     pub gpus_used: u32,
     /// Peak memory of one GPU, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub peak_memory_bytes: f64,
     /// Whether it fits in memory.
     pub fits: bool,
@@ -160,8 +164,10 @@ pub struct CandidateRow {
 
 /// The result of [`plan`]; its JSON form is what `ralpc plan --json` prints. Every field
 /// is a function of the inputs except `planning_time_us`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct PlanReport {
+    /// Always [`crate::formats::PLAN_SUMMARY`].
+    pub format: &'static str,
     /// The model path, as given.
     pub model: String,
     /// The cluster's name.
@@ -191,8 +197,12 @@ pub struct PlanReport {
     /// GPUs the plan uses.
     pub gpus_used: u32,
     /// The most memory any GPU holds, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub peak_memory_bytes: f64,
     /// What the smallest GPU may hold (its memory, or `--memory-limit`), bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub memory_capacity_bytes: f64,
     /// Total FLOPs over the GPUs' combined peak, µs.
     pub lower_bound_us: f64,
@@ -213,7 +223,7 @@ pub struct PlanReport {
 }
 
 /// A transformer plan's configuration (Megatron-LM's arguments) and its figures.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ParallelismRow {
     /// Tensor-parallel degree.
     pub tensor_parallel: u32,
@@ -246,7 +256,7 @@ pub struct ParallelismRow {
 }
 
 /// The simulator's figures for the chosen plan.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct SimulatedRow {
     /// One iteration, µs.
     pub iteration_time_us: f64,
@@ -1135,6 +1145,7 @@ fn plan_transformer(
     };
     let chosen = row("3d", best);
     let report = PlanReport {
+        format: crate::formats::PLAN_SUMMARY,
         model: options.model.display().to_string(),
         cluster: cluster.name.clone(),
         gpus,
@@ -1224,6 +1235,7 @@ fn report(
     let s = &chosen.strategy;
     let stage_of = s.stage_of_layers();
     PlanReport {
+        format: crate::formats::PLAN_SUMMARY,
         model: options.model.display().to_string(),
         cluster: cluster.name.clone(),
         gpus,

@@ -25,7 +25,7 @@ pub struct SweepOptions {
 }
 
 /// One point of the sweep.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct SweepRow {
     /// The GPU type as given.
     pub gpu_type: String,
@@ -50,6 +50,8 @@ pub struct SweepRow {
     /// GPU-sec amplification.
     pub gpu_sec_amplification: f64,
     /// The fullest GPU's memory, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub peak_memory_bytes: f64,
     /// Why there is no plan (memory, budget), when there is none.
     pub error: Option<String>,

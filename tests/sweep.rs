@@ -25,7 +25,7 @@ fn every_point_of_the_matrix_is_planned() {
         "--json",
     ];
     let rows: Value = serde_json::from_str(&stdout(&args)).unwrap();
-    let rows = rows.as_array().unwrap();
+    let rows = rows["points"].as_array().unwrap();
     assert_eq!(rows.len(), 8, "2 types × 4 counts");
     for r in rows {
         assert!(r["error"].is_null(), "{r}");
@@ -94,7 +94,7 @@ fn a_memory_limit_above_a_smaller_types_memory_is_that_memory() {
         "--json",
     ];
     let rows: Value = serde_json::from_str(&stdout(&args)).unwrap();
-    let rows = rows.as_array().unwrap();
+    let rows = rows["points"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for r in rows {
         assert!(r["error"].is_null(), "{r}");

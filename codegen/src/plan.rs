@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "ralpc-plan/1";
 
 /// The model a plan was made for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelRef {
     /// Its file name.
@@ -86,7 +86,7 @@ pub struct ModelRef {
 }
 
 /// One instruction.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Instruction {
     /// A layer's forward pass on one microbatch.
@@ -294,7 +294,9 @@ impl Instruction {
 }
 
 /// What a buffer holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BufferKind {
     /// A layer's weight slice.
@@ -336,7 +338,7 @@ fn is_zero(x: &f64) -> bool {
 }
 
 /// Memory one rank's instructions use.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Buffer {
     /// What it holds.
@@ -358,7 +360,7 @@ pub struct Buffer {
 }
 
 /// What the planner predicted.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Predicted {
     /// One iteration, µs.
@@ -372,7 +374,7 @@ pub struct Predicted {
 
 /// Where a rank's GPU sits: messages between ranks of one node cross its internal links,
 /// between nodes their network interfaces, between racks the racks' links.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Site {
     /// Its server.
@@ -385,7 +387,9 @@ pub struct Site {
 }
 
 /// The kind of link a transfer crosses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LinkClass {
     /// Inside one server (NVLink, PCIe).
@@ -408,7 +412,7 @@ impl LinkClass {
 }
 
 /// An executable plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Always [`FORMAT`].

@@ -27,7 +27,19 @@ use crate::rewrite::{self, Limits, Report, Rewritten};
 pub struct LayerId(pub u32);
 
 /// What kind of work a layer does (selects the roofline efficiency).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
     /// Convolutions: compute-heavy, few parameters.

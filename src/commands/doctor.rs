@@ -94,29 +94,36 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         None
     };
     let text = if args.json {
-        let libraries: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(lib, status, detail)| {
-                (
-                    lib.name(),
-                    serde_json::json!({ "status": status, "detail": detail }),
-                )
-            })
-            .collect();
-        let value = serde_json::json!({
-            "libraries": libraries,
-            "driver_cuda_version": driver.map(|(a, b)| format!("{a}.{b}")),
-            "gpus": gpus,
-            "kernels": compiled.as_ref().map(|(c, cubin)| serde_json::json!({
-                "arch": c.arch,
-                "nvrtc": format!("{}.{}", c.nvrtc.0, c.nvrtc.1),
-                "compiled": kernels::NAMES,
-                "ptx_bytes": c.ptx.to_src().len(),
-                "cubin_bytes": cubin.len(),
-                "seconds": c.seconds,
-            })),
-        });
-        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+        use ralpc::formats::{CompiledKernels, DoctorGpu, DoctorReport, LibraryStatus};
+        let report = DoctorReport {
+            format: ralpc::formats::DOCTOR,
+            libraries: rows
+                .iter()
+                .map(|(lib, status, detail)| {
+                    let detail = detail.clone();
+                    (lib.name().to_owned(), LibraryStatus { status, detail })
+                })
+                .collect(),
+            driver_cuda_version: driver.map(|(a, b)| format!("{a}.{b}")),
+            gpus: gpus
+                .iter()
+                .map(|g| DoctorGpu {
+                    ordinal: g.ordinal,
+                    name: g.name.clone(),
+                    compute_capability: g.compute_capability,
+                    memory: g.memory,
+                })
+                .collect(),
+            kernels: compiled.as_ref().map(|(c, cubin)| CompiledKernels {
+                arch: c.arch.clone(),
+                nvrtc: format!("{}.{}", c.nvrtc.0, c.nvrtc.1),
+                compiled: kernels::NAMES.to_vec(),
+                ptx_bytes: c.ptx.to_src().len(),
+                cubin_bytes: cubin.len(),
+                seconds: c.seconds,
+            }),
+        };
+        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
     } else {
         let mut t = String::from("CUDA libraries:\n");
         for (lib, status, detail) in &rows {

@@ -213,19 +213,20 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         );
     }
     let text = if args.json {
-        let value = serde_json::json!({
-            "losses": out.report.losses,
-            "samples_per_s": out.samples_per_s,
-            "seconds": out.seconds,
-            "step_seconds": out.report.step_seconds,
-            "steps": args.steps,
-            "ranks": out.ranks,
-            "processes": options.placement.as_ref().map_or(1, |p| p.world),
-            "batch": out.batch,
-            "backend": args.backend,
-            "seeded_weights": out.seeded_weights,
-        });
-        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+        let summary = ralpc::formats::RunSummary {
+            format: ralpc::formats::RUN,
+            losses: out.report.losses.clone(),
+            samples_per_s: out.samples_per_s,
+            seconds: out.seconds,
+            step_seconds: out.report.step_seconds.clone(),
+            steps: args.steps,
+            ranks: out.ranks,
+            processes: options.placement.as_ref().map_or(1, |p| p.world),
+            batch: out.batch,
+            backend: args.backend.clone(),
+            seeded_weights: out.seeded_weights,
+        };
+        serde_json::to_string_pretty(&summary).unwrap_or_default() + "\n"
     } else {
         let mut text = String::new();
         for (i, loss) in out.report.losses.iter().enumerate() {

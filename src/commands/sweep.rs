@@ -87,8 +87,14 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let rows = ralpc::sweep(&options, &|| bar.inc(1));
     bar.finish_and_clear();
     let rows = rows?;
-    let json = serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n";
-    let csv = ralpc::sweep_csv(&rows);
+    let summary = ralpc::formats::SweepSummary {
+        format: ralpc::formats::SWEEP,
+        model: args.model.display().to_string(),
+        points: rows,
+    };
+    let rows = &summary.points;
+    let json = serde_json::to_string_pretty(&summary).unwrap_or_default() + "\n";
+    let csv = ralpc::sweep_csv(rows);
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|error| {
             ralpc::Error::Write(Box::new(ralpc::FileError {
@@ -101,7 +107,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         let model = args.model.display().to_string();
         ralpc::write_atomically(
             &dir.join("report.html"),
-            &ralpc::sweep_report_html(&model, &rows),
+            &ralpc::sweep_report_html(&model, rows),
         )?;
     }
     let text = if args.json {
@@ -109,7 +115,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     } else if args.csv {
         csv
     } else {
-        table(&rows)
+        table(rows)
     };
     super::print_stdout(&text);
     Ok(())

@@ -16,12 +16,24 @@ mod presets;
 mod spec;
 
 pub use presets::{gpu_type, GPU_TYPES, PRESETS};
-pub use spec::ClusterError;
+pub use spec::{file_schema, ClusterError};
 
 use serde::{Deserialize, Serialize};
 
 /// Numeric format of the math; selects the peak throughput.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// IEEE single precision on CUDA cores.

@@ -76,70 +76,105 @@ pub enum ClusterError {
     },
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+/// The JSON Schema of cluster files (their TOML read as JSON).
+pub fn file_schema() -> schemars::Schema {
+    schemars::schema_for!(FileSpec)
+}
+
+/// A cluster file: groups of identical servers, optionally racks or one flat link.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct FileSpec {
+    /// The cluster's name (default: the file's stem).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     name: Option<String>,
+    /// Groups of identical servers; ranks are numbered group by group.
     #[serde(default, rename = "group")]
     groups: Vec<GroupSpec>,
+    /// Racks: nodes per rack and the link between racks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     racks: Option<RacksSpec>,
+    /// One link for every pair of GPUs, instead of the node and rack hierarchy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     flat: Option<LinkSpec>,
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+/// Identical servers.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct GroupSpec {
+    /// A built-in node to start from (`dgx-a100`); the other fields override it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     preset: Option<String>,
+    /// Servers in the group (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nodes: Option<u32>,
+    /// GPUs per server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gpus_per_node: Option<u32>,
+    /// The GPU: a built-in type's name or a table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gpu: Option<GpuSpec>,
+    /// The link between GPUs of one server, per GPU and direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     intra_node: Option<LinkSpec>,
+    /// The link between servers, per server and direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<LinkSpec>,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// A GPU type: built-in by name (`a100-sxm4-80gb`), or described.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 enum GpuSpec {
+    /// A built-in GPU type.
     Named(String),
+    /// A GPU described by its figures.
     Custom(CustomGpu),
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// A GPU described by its figures; quantities are strings with units.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CustomGpu {
+    /// Its name.
     name: String,
+    /// Memory (`80GiB`).
     memory: String,
+    /// Memory bandwidth (`2039GB/s`).
     hbm_bandwidth: String,
+    /// FP32 peak (`19.5TFLOPS`).
     fp32: String,
+    /// TF32 tensor-core peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tf32: Option<String>,
+    /// FP16 tensor-core peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fp16: Option<String>,
+    /// BF16 tensor-core peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     bf16: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// A link: bandwidth per direction (`300GB/s`, `200Gb/s`) and latency (`3.4us`).
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct LinkSpec {
+    /// Bandwidth per direction.
     bandwidth: String,
+    /// Latency.
     latency: String,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// Racks of nodes.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RacksSpec {
+    /// Nodes in one rack.
     nodes_per_rack: u32,
+    /// Bandwidth per node across racks, per direction.
     bandwidth: String,
+    /// Latency across racks.
     latency: String,
 }
 

@@ -44,7 +44,7 @@ use crate::layers::{LayerGraph, Split};
 pub const FORMAT: &str = "ralpc-strategy/1";
 
 /// A strategy file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StrategyFile {
     /// Always [`FORMAT`].
@@ -82,7 +82,7 @@ fn is_one(v: &u32) -> bool {
 }
 
 /// A run of recomputed layers in a strategy file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StrategyFileRun {
     /// Name of its first layer.
@@ -100,7 +100,7 @@ fn one() -> u32 {
 }
 
 /// A stage in a strategy file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StrategyFileStage {
     /// Name of its first layer.
@@ -112,7 +112,7 @@ pub struct StrategyFileStage {
 }
 
 /// A layer's placement in a strategy file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StrategyFileLayer {
     /// The layer.
@@ -134,7 +134,7 @@ pub struct StrategyFileLayer {
 }
 
 /// SOAP degrees in a file (each defaults to 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSplit {
     /// Sample degree.

@@ -45,7 +45,19 @@ pub use tied::{separately_reduced, tied_reductions, TiedReduction};
 use crate::layers::Split;
 
 /// How microbatches flow through pipeline stages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum Schedule {
     /// One forward, one backward (PipeDream-Flush / Megatron): synchronous, at most `P−k`
     /// microbatches in flight at stage `k`.

@@ -48,7 +48,7 @@ use crate::layers::LayerGraph;
 pub const FORMAT: &str = "ralpc-profile/1";
 
 /// One measurement.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Point {
     /// Per-GPU batch.
@@ -63,7 +63,7 @@ pub struct Point {
 }
 
 /// Measurements of one op signature.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Entry {
     /// What was measured.
@@ -74,7 +74,7 @@ pub struct Entry {
 }
 
 /// The device a profile was measured on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Device {
     /// Name.
@@ -85,7 +85,7 @@ pub struct Device {
 }
 
 /// A profile.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
     /// Always [`FORMAT`].

@@ -7,7 +7,9 @@ use ralpc_ir::{Graph, GraphInfo, NodeId, Op};
 use serde::{Deserialize, Serialize};
 
 /// What determines an op's cost: its type, cost-relevant attributes and per-sample shapes.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Signature {
     /// ONNX op type.

@@ -80,7 +80,7 @@ pub struct Setting<'a> {
 }
 
 /// Where an iteration's time goes on the slowest stage, µs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct TimeBreakdown {
     /// Compute of every microbatch (forward, backward, recomputation).
     pub compute_us: f64,
@@ -97,17 +97,27 @@ pub struct TimeBreakdown {
 }
 
 /// Memory of the fullest GPU by kind, bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct MemoryBreakdown {
     /// Weights in the math precision.
+    #[serde(serialize_with = "crate::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub weights: f64,
     /// Gradients.
+    #[serde(serialize_with = "crate::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub gradients: f64,
     /// Optimizer state: fp32 master weights (mixed precision) and moments.
+    #[serde(serialize_with = "crate::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub optimizer: f64,
     /// Stashed activations of the microbatches in flight.
+    #[serde(serialize_with = "crate::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub activations: f64,
     /// Context and library workspaces.
+    #[serde(serialize_with = "crate::units::whole_bytes")]
+    #[schemars(with = "u64")]
     pub workspace: f64,
 }
 

@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::plan::Schedule;
 
 /// The shape of a GPT-like decoder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Transformer {
     /// Blocks `l`.
     pub layers: u64,
