@@ -217,6 +217,10 @@ pub struct PlanReport {
     /// What simulating the executable plan found, when it was lowered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub simulated: Option<SimulatedRow>,
+    /// What a user should know before trusting the plan (slower than data parallelism,
+    /// options that cost time).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Transformer plans: Megatron-LM's configuration and where time and memory go.
     #[serde(flatten)]
     pub parallelism: Option<ParallelismRow>,
@@ -540,36 +544,81 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
         ),
     ];
     summary.extend(simulated_facts(&exe.simulation));
-    let columns = [
-        "layer", "module", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
-    ]
-    .map(String::from)
-    .to_vec();
-    let rows = report
+    use ralpc_codegen::report::{LayerTime, ReportInput, Table};
+    let families = Table {
+        columns: [
+            "family",
+            "iteration",
+            "GPU-sec amplification",
+            "GPUs used",
+            "peak memory",
+            "fits",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: report
+            .candidates
+            .iter()
+            .map(|c| {
+                vec![
+                    c.strategy.to_owned(),
+                    ms(c.iteration_time_us),
+                    format!("{:.2}", c.gpu_sec_amplification),
+                    c.gpus_used.to_string(),
+                    format!("{:.2} GiB", c.peak_memory_bytes / (1u64 << 30) as f64),
+                    if c.fits { "yes" } else { "no" }.to_owned(),
+                ]
+            })
+            .collect(),
+    };
+    let placement = Table {
+        columns: [
+            "layer", "module", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: report
+            .layers
+            .iter()
+            .map(|l| {
+                vec![
+                    l.name.clone(),
+                    l.module.clone(),
+                    l.op.clone(),
+                    l.gpus.to_string(),
+                    format!(
+                        "{}×{}×{}",
+                        l.split.sample, l.split.attribute, l.split.parameter
+                    ),
+                    l.stage.to_string(),
+                    ms(l.forward_us + l.backward_us),
+                    ms(l.sync_us),
+                    ms(l.transfer_us),
+                ]
+            })
+            .collect(),
+    };
+    // The planner prices passes per microbatch and synchronization per iteration.
+    let m = f64::from(report.microbatches.max(1));
+    let layers = report
         .layers
         .iter()
-        .map(|l| {
-            vec![
-                l.name.clone(),
-                l.module.clone(),
-                l.op.clone(),
-                l.gpus.to_string(),
-                format!(
-                    "{}×{}×{}",
-                    l.split.sample, l.split.attribute, l.split.parameter
-                ),
-                l.stage.to_string(),
-                ms(l.forward_us + l.backward_us),
-                ms(l.sync_us),
-                ms(l.transfer_us),
-            ]
+        .map(|l| LayerTime {
+            label: l.label().to_owned(),
+            forward_us: l.forward_us * m,
+            backward_us: l.backward_us * m,
+            sync_us: l.sync_us,
+            transfer_us: l.transfer_us * m,
         })
         .collect();
-    let input = ralpc_codegen::report::ReportInput {
+    let input = ReportInput {
         title: format!("ralpc plan: {} on {}", report.model, report.cluster),
         summary,
-        columns,
-        rows,
+        warnings: report.warnings.clone(),
+        families,
+        placement,
+        layers,
+        memory_capacity_bytes: report.memory_capacity_bytes.round() as u64,
         graph_svg,
         graph_dot: exe.dot.clone(),
     };
@@ -822,12 +871,104 @@ fn check_memory_limit(limit: Option<u64>, cluster: &Cluster, gpus: u32) -> Resul
 }
 
 /// Plans a model: loads it, builds its layer graph, resolves the cluster and searches (or
-/// evaluates `strategy_file`).
+/// evaluates `strategy_file`). The report warns when the plan is slower than data
+/// parallelism, or when what the options fixed cost time against ralpc's own choice.
 ///
 /// # Errors
 /// Any input at fault (model, profile, cluster, strategy file), a model that does not fit
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
+    let mut out = plan_as_asked(options)?;
+    out.report.warnings = warnings(&out.report, options);
+    Ok(out)
+}
+
+/// The options that fix part of the plan instead of leaving it to the search, as given.
+fn fixed_options(options: &PlanOptions) -> Vec<String> {
+    let mut fixed = Vec::new();
+    if let Some(path) = &options.strategy_file {
+        fixed.push(format!("--strategy-file {}", path.display()));
+    }
+    if let Some(family) = options.family.filter(|f| *f != Family::Auto) {
+        fixed.push(format!("--strategy {}", family.name()));
+    }
+    if let Some(m) = options.microbatches {
+        fixed.push(format!("--microbatches {m}"));
+    }
+    if let Some(s) = options.schedule {
+        fixed.push(format!("--schedule {}", s.name()));
+    }
+    let k = &options.knobs;
+    let knobs = [
+        ("--tensor-parallel", k.tensor.map(|v| v.to_string())),
+        ("--pipeline-parallel", k.pipeline.map(|v| v.to_string())),
+        ("--virtual-stages", k.virtual_stages.map(|v| v.to_string())),
+        ("--micro-batch-size", k.micro_batch.map(|v| v.to_string())),
+        ("--recompute", k.recompute.map(|v| v.name().to_owned())),
+        (
+            "--sequence-parallel",
+            k.sequence_parallel.map(|v| v.to_string()),
+        ),
+        ("--zero", k.zero.map(|v| v.to_string())),
+    ];
+    fixed.extend(
+        knobs
+            .into_iter()
+            .filter_map(|(flag, v)| Some(format!("{flag} {}", v?))),
+    );
+    fixed
+}
+
+/// What a user should know before trusting `report`: a plan slower than data parallelism
+/// (when that fits), and what the fixed options cost against planning without them.
+fn warnings(report: &PlanReport, options: &PlanOptions) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let dp_fits = report
+        .candidates
+        .iter()
+        .find(|c| c.strategy == "dp")
+        .is_none_or(|c| c.fits);
+    if dp_fits && report.speedup_over_dp < 0.995 {
+        warnings.push(format!(
+            "this plan is {:.2}× slower than data parallelism on every GPU ({} against {})",
+            1.0 / report.speedup_over_dp.max(1e-9),
+            ms(report.iteration_time_us),
+            ms(report.dp_iteration_time_us)
+        ));
+    }
+    let fixed = fixed_options(options);
+    if fixed.is_empty() {
+        return warnings;
+    }
+    let free = PlanOptions {
+        family: None,
+        microbatches: None,
+        schedule: None,
+        strategy_file: None,
+        knobs: Knobs::default(),
+        executable: false,
+        ..options.clone()
+    };
+    // Planning without them may fail (nothing else fits the budget): then nothing to say.
+    if let Ok(own) = plan_as_asked(&free) {
+        let (this, best) = (report.iteration_time_us, own.report.iteration_time_us);
+        if best < this * 0.995 {
+            warnings.push(format!(
+                "{} make the iteration {:.1}% longer: without {} ralpc plans {} in {} (this plan: {})",
+                fixed.join(", "),
+                (this / best - 1.0) * 100.0,
+                if fixed.len() == 1 { "it" } else { "them" },
+                own.report.strategy,
+                ms(best),
+                ms(this)
+            ));
+        }
+    }
+    warnings
+}
+
+/// [`plan`] without its warnings.
+fn plan_as_asked(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
     let model = load_model(&options.model, options.batch, &options.inputs)?;
     let (cluster, gpus) = cluster_for(options)?;
@@ -1146,6 +1287,7 @@ fn plan_transformer(
     let chosen = row("3d", best);
     let report = PlanReport {
         format: crate::formats::PLAN_SUMMARY,
+        warnings: Vec::new(),
         model: options.model.display().to_string(),
         cluster: cluster.name.clone(),
         gpus,
@@ -1236,6 +1378,7 @@ fn report(
     let stage_of = s.stage_of_layers();
     PlanReport {
         format: crate::formats::PLAN_SUMMARY,
+        warnings: Vec::new(),
         model: options.model.display().to_string(),
         cluster: cluster.name.clone(),
         gpus,

@@ -226,9 +226,18 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
     let (left, top, width, height) = (70.0, 20.0, 640.0, 320.0);
     let ok: Vec<&SweepRow> = rows.iter().filter(|r| r.error.is_none()).collect();
     let max_gpus = ok.iter().map(|r| r.gpus).max().unwrap_or(1).max(2);
+    // Ideal scaling of each GPU type: linear in GPUs from its point with the fewest.
+    let ideal = |r: &SweepRow| {
+        ok.iter()
+            .filter(|b| b.gpu_type == r.gpu_type)
+            .min_by_key(|b| b.gpus)
+            .map_or(0.0, |b| {
+                b.samples_per_second * f64::from(r.gpus) / f64::from(b.gpus)
+            })
+    };
     let max_rate = ok
         .iter()
-        .map(|r| r.samples_per_second)
+        .map(|r| r.samples_per_second.max(ideal(r)))
         .fold(0.0, f64::max)
         .max(1e-9);
     let x = |g: u32| left + width * f64::from(g).log2() / f64::from(max_gpus).log2();
@@ -243,7 +252,7 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
         svg,
         "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\
          <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"#333\"/>\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GPUs</text>\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GPUs (log scale)</text>\
          <text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">samples/s</text>",
         top + height,
         left + width,
@@ -265,31 +274,66 @@ pub fn report_html(model: &str, rows: &[SweepRow]) -> String {
             top + height + 16.0
         );
     }
-    let _ = writeln!(
-        svg,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{max_rate:.0}</text>",
-        left - 4.0,
-        top + 4.0
-    );
+    for k in 0..=4 {
+        let rate = max_rate * f64::from(k) / 4.0;
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{rate:.0}</text>\
+             <line x1=\"{left}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#eee\"/>",
+            left - 4.0,
+            y(rate) + 4.0,
+            y(rate),
+            left + width,
+            y(rate)
+        );
+    }
     let mut types: Vec<&str> = rows.iter().map(|r| r.gpu_type.as_str()).collect();
     types.dedup();
     for (i, t) in types.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let points: Vec<String> = ok
-            .iter()
-            .filter(|r| r.gpu_type == *t)
-            .map(|r| format!("{:.1},{:.1}", x(r.gpus), y(r.samples_per_second)))
-            .collect();
+        let of_type: Vec<&&SweepRow> = ok.iter().filter(|r| r.gpu_type == *t).collect();
+        let line = |rate: &dyn Fn(&SweepRow) -> f64| {
+            of_type
+                .iter()
+                .map(|r| format!("{:.1},{:.1}", x(r.gpus), y(rate(r))))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         let _ = writeln!(
             svg,
             "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\
+             <polyline fill=\"none\" stroke=\"{colour}\" stroke-dasharray=\"5 4\" points=\"{}\">\
+             <title>{}: ideal scaling</title></polyline>\
              <text x=\"{}\" y=\"{}\" fill=\"{colour}\">{}</text>",
-            points.join(" "),
+            line(&|r| r.samples_per_second),
+            line(&ideal),
+            html(t),
             left + width + 10.0,
             top + 14.0 * (i as f64 + 1.0),
             html(t)
         );
+        for r in &of_type {
+            let _ = writeln!(
+                svg,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"><title>{} × {}: \
+                 {:.0} samples/s, {:.2}× one GPU, {} ({} GPUs used)</title></circle>",
+                x(r.gpus),
+                y(r.samples_per_second),
+                html(t),
+                r.gpus,
+                r.samples_per_second,
+                r.speedup,
+                html(&r.strategy),
+                r.gpus_used
+            );
+        }
     }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{}\" y=\"{}\" fill=\"#555\">dashed: ideal</text>",
+        left + width + 10.0,
+        top + 14.0 * (types.len() as f64 + 1.5)
+    );
     svg.push_str("</svg>\n");
     let mut table = String::from(
         "<table><tr><th>GPU type</th><th>GPUs</th><th>used</th><th>strategy</th><th>iteration</th>\

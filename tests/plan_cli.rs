@@ -406,6 +406,45 @@ fn out_writes_a_valid_executable_plan() {
     }
 }
 
+/// Options that fix part of the plan are compared with planning without them, and a plan
+/// slower than data parallelism says so: on the terminal, in --json and in the report.
+#[test]
+fn forced_options_that_cost_time_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = [
+        "plan",
+        VGG16,
+        "--gpus",
+        "8",
+        "--strategy",
+        "pipeline",
+        "--microbatches",
+        "4",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let text = ralpc().args(args).assert().success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        text.contains("warning: --strategy pipeline, --microbatches 4 make the iteration"),
+        "{text}"
+    );
+    assert!(text.contains("slower than data parallelism"), "{text}");
+    let json = ralpc().args(args).arg("--json").assert().success();
+    let json: Value = serde_json::from_slice(&json.get_output().stdout).unwrap();
+    assert_eq!(json["warnings"].as_array().map(Vec::len), Some(2), "{json}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("Warning: --strategy pipeline"));
+    // Left to itself, ralpc's plan is its own best: nothing to warn about.
+    let auto = ralpc()
+        .args(["plan", VGG16, "--gpus", "8", "--json"])
+        .assert()
+        .success();
+    let auto: Value = serde_json::from_slice(&auto.get_output().stdout).unwrap();
+    assert!(auto.get("warnings").is_none(), "{auto}");
+}
+
 #[test]
 fn out_writes_the_graph_and_the_timeline() {
     let dir = tempfile::tempdir().unwrap();
@@ -433,8 +472,39 @@ fn out_writes_the_graph_and_the_timeline() {
         ralpc::codegen::Plan::parse(&std::fs::read_to_string(out.join("plan.json")).unwrap())
             .unwrap();
     let instructions: usize = plan.programs.iter().map(Vec::len).sum();
-    let slices = events.iter().filter(|e| e["ph"] == "X").count();
-    assert_eq!(slices, instructions);
+    let slices: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(slices.len(), instructions);
+    // Each slice's args say what it is, as the plan does (what Perfetto queries select by).
+    for s in &slices {
+        let args = &s["args"];
+        let rank = args["rank"].as_u64().unwrap() as usize;
+        let index = args["instruction"].as_u64().unwrap() as usize;
+        let instr = &plan.programs[rank][index];
+        assert_eq!(s["cat"], instr.op(), "{s}");
+        match instr {
+            ralpc::codegen::Instruction::Forward {
+                layer, microbatch, ..
+            }
+            | ralpc::codegen::Instruction::Backward {
+                layer, microbatch, ..
+            } => {
+                assert_eq!(args["layer"], plan.layers[*layer as usize].as_str(), "{s}");
+                assert_eq!(args["microbatch"], *microbatch, "{s}");
+            }
+            ralpc::codegen::Instruction::Send { to, bytes, .. } => {
+                assert_eq!(args["peers"], serde_json::json!([to]), "{s}");
+                assert_eq!(args["bytes"], *bytes, "{s}");
+            }
+            ralpc::codegen::Instruction::AllReduce { group, bytes, .. } => {
+                assert_eq!(
+                    args["peers"],
+                    serde_json::json!(plan.groups[*group as usize])
+                );
+                assert_eq!(args["bytes"], *bytes, "{s}");
+            }
+            _ => {}
+        }
+    }
     let starts = events.iter().filter(|e| e["ph"] == "s").count();
     let ends = events.iter().filter(|e| e["ph"] == "f").count();
     assert!(

@@ -53,9 +53,24 @@ fn the_report_renders_in_headless_chromium() {
             "report.html contains {needle}"
         );
     }
-    for needle in ["Summary", "predicted iteration", "Placement", "<svg"] {
+    for needle in [
+        "Summary",
+        "predicted iteration",
+        "Families compared",
+        "Where the time goes, per GPU",
+        "communication not hidden behind compute",
+        "Where the time goes, per layer",
+        "Memory per GPU at its peak",
+        "capacity 80.00 GiB",
+        "resharding collective",
+        "Placement",
+        "<svg",
+    ] {
         assert!(html.contains(needle), "{needle} missing");
     }
+    // Tooltips name the GPU, the pass, the layer and the microbatch.
+    assert!(html.contains("<title>GPU 0: F /features/features.0/Conv mb0:"));
+    assert!(html.contains("<title>features.0: backward: "));
     renders(&report, dir.path());
 }
 
@@ -127,9 +142,18 @@ fn the_sweep_report_draws_the_scaling_curves() {
     let html = std::fs::read_to_string(&report).unwrap();
     assert_eq!(
         html.matches("<polyline").count(),
-        2,
-        "one curve per GPU type"
+        4,
+        "one curve and one ideal line per GPU type"
     );
+    assert_eq!(html.matches("ideal scaling</title>").count(), 2);
+    assert_eq!(
+        html.matches("<circle").count(),
+        10,
+        "a point per planned point"
+    );
+    for axis in ["GPUs (log scale)", "samples/s"] {
+        assert!(html.contains(axis), "{axis} axis label missing");
+    }
     assert!(!html.replace("http://www.w3.org", "").contains("http"));
     renders(&report, dir.path());
 }

@@ -531,6 +531,27 @@ impl Plan {
             .collect()
     }
 
+    /// Per rank, what its live buffers hold by kind at its peak (the first instruction
+    /// where the total is largest).
+    pub fn memory_at_peak(&self) -> Vec<BTreeMap<BufferKind, u64>> {
+        self.memory_by_instruction()
+            .iter()
+            .zip(&self.buffers)
+            .map(|(live, buffers)| {
+                let peak = live.iter().copied().max().unwrap_or(0);
+                let at = live.iter().position(|&b| b == peak).unwrap_or(0) as u32;
+                let mut by_kind = BTreeMap::new();
+                for b in buffers
+                    .iter()
+                    .filter(|b| b.live[0] <= at && at <= b.live[1])
+                {
+                    *by_kind.entry(b.kind).or_insert(0) += b.bytes;
+                }
+                by_kind
+            })
+            .collect()
+    }
+
     /// Each rank's peak memory, bytes: the most its live buffers hold at once in program
     /// order.
     pub fn peak_memory_bytes(&self) -> Vec<u64> {

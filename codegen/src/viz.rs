@@ -234,6 +234,119 @@ struct Trace {
     unit: &'static str,
 }
 
+/// A slice's name: `F layer mb0`, `send 1.5 MiB → 3`, `all-reduce 98 MiB (group 2)`.
+pub fn label(plan: &Plan, instr: &Instruction) -> String {
+    let name = |l: u32| plan.layers.get(l as usize).map_or("?", String::as_str);
+    match instr {
+        Instruction::Forward {
+            layer, microbatch, ..
+        } => format!("F {} mb{microbatch}", name(*layer)),
+        Instruction::Recompute {
+            layer, microbatch, ..
+        } => format!("R {} mb{microbatch}", name(*layer)),
+        Instruction::Backward {
+            layer, microbatch, ..
+        } => format!("B {} mb{microbatch}", name(*layer)),
+        Instruction::Step { bytes, .. } => format!("step {}", size(*bytes as f64)),
+        Instruction::Send { to, bytes, .. } => format!("send {} → {to}", size(*bytes as f64)),
+        Instruction::Recv { from, bytes, .. } => format!("recv {} ← {from}", size(*bytes as f64)),
+        Instruction::AllReduce { group, bytes, .. }
+        | Instruction::AllGather { group, bytes, .. }
+        | Instruction::ReduceScatter { group, bytes, .. }
+        | Instruction::AllToAll { group, bytes, .. } => format!(
+            "{} {} (group {group})",
+            instr.op().replace('_', "-"),
+            size(*bytes as f64)
+        ),
+    }
+}
+
+/// What Perfetto's queries select a slice by (`args.layer`, `args.microbatch`, `args.bytes`,
+/// `args.peers`): the rank and instruction, the layer and microbatch of a pass, the bytes
+/// and peers of a transfer or collective, the predicted duration.
+fn slice_args(
+    plan: &Plan,
+    r: &Ran,
+    instr: &Instruction,
+) -> BTreeMap<&'static str, serde_json::Value> {
+    let mut args = BTreeMap::from([
+        ("rank", r.rank.into()),
+        ("instruction", r.index.into()),
+        ("predicted_us", instr.us().into()),
+    ]);
+    match instr {
+        Instruction::Forward {
+            layer, microbatch, ..
+        }
+        | Instruction::Recompute {
+            layer, microbatch, ..
+        }
+        | Instruction::Backward {
+            layer, microbatch, ..
+        } => {
+            let name = plan
+                .layers
+                .get(*layer as usize)
+                .cloned()
+                .unwrap_or_default();
+            args.insert("layer", name.into());
+            args.insert("layer_index", (*layer).into());
+            args.insert("microbatch", (*microbatch).into());
+        }
+        Instruction::Step {
+            bytes, tied, group, ..
+        } => {
+            args.insert("bytes", (*bytes).into());
+            if let Some(tied) = tied {
+                args.insert("tied", tied.clone().into());
+            }
+            if let Some(group) = group {
+                args.insert("group", (*group).into());
+                args.insert(
+                    "peers",
+                    plan.groups
+                        .get(*group as usize)
+                        .cloned()
+                        .unwrap_or_default()
+                        .into(),
+                );
+            }
+        }
+        Instruction::Send {
+            to: peer,
+            bytes,
+            tag,
+            ..
+        }
+        | Instruction::Recv {
+            from: peer,
+            bytes,
+            tag,
+            ..
+        } => {
+            args.insert("bytes", (*bytes).into());
+            args.insert("peers", vec![*peer].into());
+            args.insert("tag", (*tag).into());
+        }
+        Instruction::AllReduce { group, bytes, .. }
+        | Instruction::AllGather { group, bytes, .. }
+        | Instruction::ReduceScatter { group, bytes, .. }
+        | Instruction::AllToAll { group, bytes, .. } => {
+            args.insert("bytes", (*bytes).into());
+            args.insert("group", (*group).into());
+            args.insert(
+                "peers",
+                plan.groups
+                    .get(*group as usize)
+                    .cloned()
+                    .unwrap_or_default()
+                    .into(),
+            );
+        }
+    }
+    args
+}
+
 /// The timeline of one iteration in Chrome's trace event format: one process per server,
 /// two tracks per GPU (compute, communication: Perfetto does not show overlapping slices
 /// on one track), a flow arrow from each send to its receive, and a counter per GPU of
@@ -261,7 +374,6 @@ pub fn trace(plan: &Plan, ran: &[Ran]) -> String {
             events.push(e);
         }
     }
-    let name = |l: u32| plan.layers.get(l as usize).cloned().unwrap_or_default();
     // Flow ids: one per message, from the send's slice to the receive's.
     let mut flows: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
     for r in ran {
@@ -269,41 +381,15 @@ pub fn trace(plan: &Plan, ran: &[Ran]) -> String {
             continue;
         };
         let node = node_of(r.rank);
-        let (label, track, cat) = match instr {
-            Instruction::Forward {
-                layer, microbatch, ..
-            } => (format!("F {} mb{microbatch}", name(*layer)), 0, "forward"),
-            Instruction::Recompute {
-                layer, microbatch, ..
-            } => (format!("R {} mb{microbatch}", name(*layer)), 0, "recompute"),
-            Instruction::Backward {
-                layer, microbatch, ..
-            } => (format!("B {} mb{microbatch}", name(*layer)), 0, "backward"),
-            Instruction::Step { bytes, .. } => (format!("step {}", size(*bytes as f64)), 0, "step"),
-            Instruction::Send { to, bytes, .. } => {
-                (format!("send {} → {to}", size(*bytes as f64)), 1, "send")
-            }
-            Instruction::Recv { from, bytes, .. } => {
-                (format!("recv {} ← {from}", size(*bytes as f64)), 1, "recv")
-            }
-            Instruction::AllReduce { group, bytes, .. }
-            | Instruction::AllGather { group, bytes, .. }
-            | Instruction::ReduceScatter { group, bytes, .. }
-            | Instruction::AllToAll { group, bytes, .. } => (
-                format!(
-                    "{} {} (group {group})",
-                    instr.op().replace('_', "-"),
-                    size(*bytes as f64)
-                ),
-                1,
-                instr.op(),
-            ),
-        };
+        let label = label(plan, instr);
+        let track = if instr.is_compute() { 0 } else { 1 };
+        let cat = instr.op();
         let tid = r.rank * 2 + track;
         let mut e = Event::new(label, "X", node, tid);
         e.ts = Some(r.start_us);
         e.dur = Some(r.end_us - r.start_us);
         e.cat = Some(cat);
+        e.args = Some(slice_args(plan, r, instr));
         events.push(e);
         let live = memory
             .get(r.rank as usize)

@@ -111,6 +111,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             Some(p) => summary_3d(&compiled.report, p),
             None => summary(&compiled.report, simulation),
         };
+        for warning in &compiled.report.warnings {
+            let _ = writeln!(text, "warning: {}", crate::printable::printable(warning));
+        }
         let mut names: Vec<&str> = compiled.files.iter().map(|(name, _)| *name).collect();
         names.extend(&emitted);
         if let Some(why) = &compiled.not_lowered {
