@@ -274,6 +274,13 @@ fn slice_args(
         ("instruction", r.index.into()),
         ("predicted_us", instr.us().into()),
     ]);
+    let members = |group: u32| -> serde_json::Value {
+        plan.groups
+            .get(group as usize)
+            .cloned()
+            .unwrap_or_default()
+            .into()
+    };
     match instr {
         Instruction::Forward {
             layer, microbatch, ..
@@ -302,14 +309,7 @@ fn slice_args(
             }
             if let Some(group) = group {
                 args.insert("group", (*group).into());
-                args.insert(
-                    "peers",
-                    plan.groups
-                        .get(*group as usize)
-                        .cloned()
-                        .unwrap_or_default()
-                        .into(),
-                );
+                args.insert("peers", members(*group));
             }
         }
         Instruction::Send {
@@ -334,14 +334,7 @@ fn slice_args(
         | Instruction::AllToAll { group, bytes, .. } => {
             args.insert("bytes", (*bytes).into());
             args.insert("group", (*group).into());
-            args.insert(
-                "peers",
-                plan.groups
-                    .get(*group as usize)
-                    .cloned()
-                    .unwrap_or_default()
-                    .into(),
-            );
+            args.insert("peers", members(*group));
         }
     }
     args
