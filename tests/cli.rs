@@ -308,3 +308,26 @@ fn a_zero_batch_is_refused_in_words() {
     assert!(stderr.contains("must be at least 1"), "{stderr}");
     assert!(!stderr.contains("18446744073709551615"), "{stderr}");
 }
+
+/// On a terminal, a command that fails at once draws no progress bar (it drew an empty
+/// "0/0" one before the error); `script` gives the command a terminal.
+#[test]
+fn a_quick_failure_on_a_terminal_draws_no_progress_bar() {
+    let bin = assert_cmd::cargo::cargo_bin("ralpc");
+    for args in [
+        "plan missing.onnx --gpus 2",
+        "sweep missing.onnx --gpus 2,4",
+        "profile missing.onnx --device cpu -o missing.json",
+    ] {
+        let out = std::process::Command::new("script")
+            .args(["-qec", &format!("{} {args}", bin.display()), "/dev/null"])
+            .env_remove("NO_COLOR")
+            .output()
+            .expect("script (util-linux) runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("error"), "{args}: {text}");
+        for bar in ["0/0", "░", "█", "planning"] {
+            assert!(!text.contains(bar), "{args} drew a progress bar: {text}");
+        }
+    }
+}

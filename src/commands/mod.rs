@@ -66,6 +66,41 @@ pub fn linked_cuda_libs() -> BTreeMap<Lib, String> {
 }
 
 /// Writes an artifact to stdout; a closed pipe (`| head`) is not an error.
+/// A progress bar on stderr drawn with `template` (of `len` steps; `None`: a spinner that
+/// ticks by itself). It appears only after a moment, so quick commands and early errors
+/// draw nothing, and only on a terminal (indicatif draws nothing elsewhere);
+/// `finish_and_clear` removes it.
+pub fn progress(template: &str, len: Option<u64>, visible: bool) -> indicatif::ProgressBar {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    let bar = ProgressBar::hidden();
+    if let Some(len) = len {
+        bar.set_length(len);
+    }
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    if visible {
+        let weak = bar.downgrade();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            if let Some(bar) = weak.upgrade().filter(|b| !b.is_finished()) {
+                bar.set_draw_target(ProgressDrawTarget::stderr());
+                if len.is_none() {
+                    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+                }
+            }
+        });
+    }
+    bar
+}
+
+/// A [`progress`] spinner saying `message`.
+pub fn spinner(message: String, visible: bool) -> indicatif::ProgressBar {
+    let bar = progress("{spinner} {msg} {elapsed}", None, visible);
+    bar.set_message(message);
+    bar
+}
+
 pub fn print_stdout(text: &str) {
     let mut out = std::io::stdout().lock();
     // A closed pipe (`ralpc inspect … | head`) is the reader's choice, not a failure; any

@@ -2,7 +2,6 @@
 
 use std::fmt::Write;
 
-use indicatif::{ProgressBar, ProgressDrawTarget};
 use ralpc::PlanReport;
 
 pub const EXAMPLES: &str = "\
@@ -68,14 +67,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         }
         return Ok(());
     }
-    // A spinner on a terminal (indicatif draws nothing elsewhere) while big searches run.
-    let spinner = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
-    };
-    spinner.set_message(format!("planning {}", args.model.display()));
-    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let spinner = super::spinner(format!("planning {}", args.model.display()), !args.quiet);
     let compiled = ralpc::compile(&options);
     spinner.finish_and_clear();
     let compiled = compiled?;

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ralpc::ProfileOptions;
 
 pub const EXAMPLES: &str = "\
@@ -78,11 +77,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         repeats: args.repeats,
         seed: args.seed,
     };
-    // Drawn only when stderr is a terminal.
-    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("profiling {bar:30} {pos}/{len} ops") {
-        bar.set_style(style);
-    }
+    let bar = super::progress("profiling {bar:30} {pos}/{len} ops", Some(0), true);
     let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);

@@ -4,7 +4,6 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ralpc::runtime::cpu::exec::{Fault, FaultKind};
 use ralpc::runtime::cpu::train::Loss;
 use ralpc::runtime::dist::Placement;
@@ -164,28 +163,18 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     }
     // Under a launcher every process runs this; rank 0 speaks for the run.
     let speaks = options.placement.as_ref().is_none_or(|p| p.rank == 0);
-    // Drawn only when stderr is a terminal.
-    let spinner = ProgressBar::with_draw_target(
-        None,
-        if speaks {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
+    let spinner = super::spinner(
+        format!(
+            "training {} step(s) on the {}",
+            args.steps,
+            if options.backend == ralpc::Backend::Cuda {
+                "GPU"
+            } else {
+                "CPU"
+            }
+        ),
+        speaks,
     );
-    if let Ok(style) = ProgressStyle::with_template("{spinner} training {msg} {elapsed}") {
-        spinner.set_style(style);
-    }
-    spinner.set_message(format!(
-        "{} step(s) on the {}",
-        args.steps,
-        if options.backend == ralpc::Backend::Cuda {
-            "GPU"
-        } else {
-            "CPU"
-        }
-    ));
-    spinner.enable_steady_tick(Duration::from_millis(100));
     let result = ralpc::run(&options);
     spinner.finish_and_clear();
     let out = match result {

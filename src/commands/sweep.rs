@@ -3,7 +3,6 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ralpc::passes::cost::Optimizer;
 use ralpc::passes::plan::Family;
 use ralpc::{PlanOptions, SweepOptions, SweepRow};
@@ -77,13 +76,11 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         gpu_types: args.gpu_types.clone(),
     };
     // Drawn only when stderr is a terminal.
-    let bar = ProgressBar::with_draw_target(
+    let bar = super::progress(
+        "planning {bar:30} {pos}/{len} points",
         Some((args.gpus.len() * args.gpu_types.len()) as u64),
-        ProgressDrawTarget::stderr(),
+        true,
     );
-    if let Ok(style) = ProgressStyle::with_template("planning {bar:30} {pos}/{len} points") {
-        bar.set_style(style);
-    }
     let rows = ralpc::sweep(&options, &|| bar.inc(1));
     bar.finish_and_clear();
     let rows = rows?;
