@@ -41,6 +41,14 @@ fn a_cpu_profile_measures_every_op_and_the_planner_reads_it() {
             "{}",
             e.signature
         );
+        // The spread of the timed runs is recorded (noisy ones were timed again).
+        assert!(
+            e.points
+                .iter()
+                .all(|q| q.forward_spread.is_some_and(|s| s >= 0.0)),
+            "{}",
+            e.signature
+        );
     }
     let gemm = p
         .entries

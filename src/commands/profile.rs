@@ -14,8 +14,10 @@ Examples:
 Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
 and backward, at each batch size: one warm-up, then the median of --repeats runs (on a
 GPU each sample is the mean of 4 runs back to back between two CUDA events, as a training
-step queues them; the GPU runs ralpc's CUDA executor: NVRTC kernels, cuBLAS, cuDNN). The
-output is ralpc's profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
+step queues them; the GPU runs ralpc's CUDA executor: NVRTC kernels, cuBLAS, cuDNN). On
+the CPU each point records the runs' spread (interquartile range over the median), and
+runs spreading over 20 % are timed again, up to twice more. The output is ralpc's
+profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
 
 /// Arguments of `ralpc profile`.
 #[derive(Debug, clap::Args)]

@@ -206,6 +206,8 @@ fn averaged(sums: BTreeMap<u64, (f64, f64, f64)>) -> Vec<Point> {
             forward_us: fwd / n,
             backward_us: bwd / n,
             peak_bytes: None,
+            forward_spread: None,
+            backward_spread: None,
         })
         .collect()
 }

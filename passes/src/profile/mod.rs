@@ -60,6 +60,13 @@ pub struct Point {
     /// Peak bytes allocated, when measured.
     #[serde(default)]
     pub peak_bytes: Option<u64>,
+    /// The forward runs' interquartile range over their median (0.1: the middle half
+    /// within 10 %), when ralpc timed them one by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_spread: Option<f64>,
+    /// The same for the backward runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_spread: Option<f64>,
 }
 
 /// Measurements of one op signature.
@@ -392,6 +399,8 @@ mod tests {
                     forward_us: t,
                     backward_us: 2.0 * t,
                     peak_bytes: None,
+                    forward_spread: None,
+                    backward_spread: None,
                 })
                 .collect(),
         }

@@ -636,10 +636,40 @@ fn unary_derivative(u: Unary, x: f32, y: f32) -> f32 {
     }
 }
 
+/// The gradients of `p ∘ q` with respect to `p` and `q`, given the output's `g`.
+fn elementwise(b: Binary, p: f32, q: f32, g: f32) -> (f32, f32) {
+    match b {
+        Binary::Add => (g, g),
+        Binary::Sub => (g, -g),
+        Binary::Mul => (g * q, g * p),
+        Binary::Div => (g / q, -g * p / (q * q)),
+        Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
+        _ => (0.0, 0.0),
+    }
+}
+
 fn binary(b: Binary, x: &Tensor, z: &Tensor, y: &Tensor, dy: &[f32]) -> R<InputGrads> {
     let mut out = grads(2);
     if b.is_boolean() {
         return Ok(out);
+    }
+    // Both operands whole and float (a residual add): elementwise, with no index vectors
+    // or widened copies (the general path below took 30 ns per element at 800 k elements).
+    if let (Some(p), Some(q), true) = (x.floats(), z.floats(), x.shape == z.shape) {
+        if x.shape == y.shape {
+            let (da, dc): (Vec<f32>, Vec<f32>) = match b {
+                Binary::Add => (dy.to_vec(), dy.to_vec()),
+                Binary::Sub => (dy.to_vec(), dy.iter().map(|g| -g).collect()),
+                _ => dy
+                    .iter()
+                    .zip(p.iter().zip(q))
+                    .map(|(&g, (&p, &q))| elementwise(b, p, q, g))
+                    .unzip(),
+            };
+            out[0] = Some(da);
+            out[1] = Some(dc);
+            return Ok(out);
+        }
     }
     let (a, c) = (x.to_f64s(), z.to_f64s());
     let ia: Vec<usize> = t::broadcast(&x.shape, &y.shape).collect();
@@ -647,15 +677,7 @@ fn binary(b: Binary, x: &Tensor, z: &Tensor, y: &Tensor, dy: &[f32]) -> R<InputG
     let mut da = vec![0.0f32; dy.len()];
     let mut dc = vec![0.0f32; dy.len()];
     for k in 0..dy.len() {
-        let (p, q, g) = (a[ia[k]] as f32, c[ic[k]] as f32, dy[k]);
-        let (gp, gq) = match b {
-            Binary::Add => (g, g),
-            Binary::Sub => (g, -g),
-            Binary::Mul => (g * q, g * p),
-            Binary::Div => (g / q, -g * p / (q * q)),
-            Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
-            _ => (0.0, 0.0),
-        };
+        let (gp, gq) = elementwise(b, a[ia[k]] as f32, c[ic[k]] as f32, dy[k]);
         da[k] = gp;
         dc[k] = gq;
     }
