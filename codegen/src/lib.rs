@@ -2,9 +2,45 @@
 //! instruction streams, communicator groups, predicted durations).
 //!
 //! The plan schema with its validating loader ([`plan`]: instructions, communicator
-//! groups, buffers with lifetimes), the lowering ([`lower`]), two visualizations ([`viz`]:
+//! groups, buffers with lifetimes), the lowering ([`mod@lower`]), two visualizations ([`viz`]:
 //! the placed graph as Graphviz DOT, the timeline as a Chrome/Perfetto trace) and the HTML
 //! report ([`report`]).
+//!
+//! [`lower()`] turns a priced strategy into every rank's program: the schedule's order of
+//! forward, backward and recomputation passes; box-exact sends and receives where a tensor
+//! changes placement (recognized as all-gathers, reduce-scatters or all-to-alls when they
+//! are); partial-sum, input-gradient and bucketed gradient all-reduces; ZeRO's sharded
+//! steps; and the buffers each instruction reads and writes with their lifetimes. A plan
+//! is self-checking: [`Plan::parse`] validates matched sends and receives, collectives
+//! entered by their whole group in one order, and the model's blake3 ([`model_hash`]).
+//!
+//! ```
+//! use ralpc_codegen::passes::plan::{self, CostOptions, Costs, Request};
+//! use ralpc_codegen::passes as ralpc_passes;
+//! use ralpc_passes::ir as ralpc_ir;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/onnx/vgg16/model.onnx");
+//! let mut model = ralpc_ir::onnx::import(&path)?;
+//! let batch = ralpc_ir::Bindings { batch: Some(32), ..Default::default() };
+//! ralpc_ir::bind(&mut model.graph, &batch)?;
+//! let info = ralpc_ir::verify(&model.graph)?;
+//! let layers = ralpc_passes::layers::build(&model.graph, &info, 32, Default::default())?;
+//! let cluster = ralpc_passes::cluster::Cluster::preset("dgx-a100")?;
+//! let costs = Costs::new(&layers, &cluster, 8, CostOptions::default());
+//! let planned = plan::plan(&costs, &Request::default())?;
+//! let model = ralpc_codegen::ModelRef {
+//!     name: "vgg16".into(),
+//!     path: None,
+//!     blake3: ralpc_codegen::model_hash(b"the model's bytes"),
+//!     layers: layers.layers.len() as u32,
+//!     inputs: Default::default(),
+//! };
+//! let plan = ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)?;
+//! assert_eq!(plan.programs.len(), 8, "one program per GPU");
+//! // What it writes reads back, validated.
+//! assert_eq!(ralpc_codegen::Plan::parse(&plan.to_json())?, plan);
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 
 #[doc(hidden)]
