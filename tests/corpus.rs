@@ -52,6 +52,27 @@ type Step = Result<(), String>;
 /// Why a command failed, in one line: the unsupported operator types when that is the
 /// cause, else the innermost cause it printed.
 fn reason(stderr: &str) -> String {
+    // Under --json the error is one ralpc-error/1 object after any notes: its message and
+    // causes, a line each, as the terminal prints them.
+    let start = if stderr.starts_with('{') {
+        Some(0)
+    } else {
+        stderr.find("\n{").map(|i| i + 1)
+    };
+    let error = start.and_then(|i| serde_json::from_str::<serde_json::Value>(&stderr[i..]).ok());
+    let text;
+    let stderr = match error {
+        Some(e) => {
+            let causes = e["causes"].as_array().cloned().unwrap_or_default();
+            text = std::iter::once(&e["message"])
+                .chain(&causes)
+                .filter_map(|l| l.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            text.as_str()
+        }
+        None => stderr,
+    };
     if let Some(line) = stderr
         .lines()
         .find(|l| l.contains("unsupported operator(s)"))
