@@ -406,32 +406,33 @@ fn out_writes_a_valid_executable_plan() {
     }
 }
 
+/// VGG16 forced into a 4-microbatch pipeline on 8 GPUs (slower than ralpc's own choice).
+const VGG16_PIPELINE: [&str; 8] = [
+    "plan",
+    VGG16,
+    "--gpus",
+    "8",
+    "--strategy",
+    "pipeline",
+    "--microbatches",
+    "4",
+];
+
 /// Options that fix part of the plan are compared with planning without them, and a plan
 /// slower than data parallelism says so: on the terminal, in --json and in the report.
 #[test]
 fn forced_options_that_cost_time_are_warned_about() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let args = [
-        "plan",
-        VGG16,
-        "--gpus",
-        "8",
-        "--strategy",
-        "pipeline",
-        "--microbatches",
-        "4",
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let text = ralpc().args(args).assert().success();
+    let args = [&VGG16_PIPELINE[..], &["-o", out.to_str().unwrap()]].concat();
+    let text = ralpc().args(&args).assert().success();
     let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
     assert!(
         text.contains("warning: --strategy pipeline, --microbatches 4 make the iteration"),
         "{text}"
     );
     assert!(text.contains("slower than data parallelism"), "{text}");
-    let json = ralpc().args(args).arg("--json").assert().success();
+    let json = ralpc().args(&args).arg("--json").assert().success();
     let json: Value = serde_json::from_slice(&json.get_output().stdout).unwrap();
     assert_eq!(json["warnings"].as_array().map(Vec::len), Some(2), "{json}");
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
@@ -450,18 +451,8 @@ fn out_writes_the_graph_and_the_timeline() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     ralpc()
-        .args([
-            "plan",
-            VGG16,
-            "--gpus",
-            "8",
-            "--strategy",
-            "pipeline",
-            "--microbatches",
-            "4",
-            "-o",
-            out.to_str().unwrap(),
-        ])
+        .args(VGG16_PIPELINE)
+        .args(["-o", out.to_str().unwrap()])
         .assert()
         .success();
     // The trace: named tracks, one slice per instruction, flows from sends to receives.

@@ -230,7 +230,8 @@ impl Profile {
 
     /// The profile as pretty JSON (deterministic).
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("profiles serialize") + "\n"
+        // Strings and numbers always serialize.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
     }
 
     /// The entry for a signature.

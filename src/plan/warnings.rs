@@ -1,0 +1,91 @@
+//! What a user should know before trusting a plan: slower than data parallelism, or
+//! options that fixed part of it at a cost.
+
+use ralpc_passes::plan::Family;
+use ralpc_passes::transformer::Knobs;
+
+use super::{ms, plan_as_asked, PlanOptions, PlanReport};
+
+/// The options that fix part of the plan instead of leaving it to the search, as given.
+fn fixed_options(options: &PlanOptions) -> Vec<String> {
+    let mut fixed = Vec::new();
+    if let Some(path) = &options.strategy_file {
+        fixed.push(format!("--strategy-file {}", path.display()));
+    }
+    if let Some(family) = options.family.filter(|f| *f != Family::Auto) {
+        fixed.push(format!("--strategy {}", family.name()));
+    }
+    if let Some(m) = options.microbatches {
+        fixed.push(format!("--microbatches {m}"));
+    }
+    if let Some(s) = options.schedule {
+        fixed.push(format!("--schedule {}", s.name()));
+    }
+    let k = &options.knobs;
+    let knobs = [
+        ("--tensor-parallel", k.tensor.map(|v| v.to_string())),
+        ("--pipeline-parallel", k.pipeline.map(|v| v.to_string())),
+        ("--virtual-stages", k.virtual_stages.map(|v| v.to_string())),
+        ("--micro-batch-size", k.micro_batch.map(|v| v.to_string())),
+        ("--recompute", k.recompute.map(|v| v.name().to_owned())),
+        (
+            "--sequence-parallel",
+            k.sequence_parallel.map(|v| v.to_string()),
+        ),
+        ("--zero", k.zero.map(|v| v.to_string())),
+    ];
+    fixed.extend(
+        knobs
+            .into_iter()
+            .filter_map(|(flag, v)| Some(format!("{flag} {}", v?))),
+    );
+    fixed
+}
+
+/// What a user should know before trusting `report`: a plan slower than data parallelism
+/// (when that fits), and what the fixed options cost against planning without them.
+pub(super) fn warnings(report: &PlanReport, options: &PlanOptions) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let dp_fits = report
+        .candidates
+        .iter()
+        .find(|c| c.strategy == "dp")
+        .is_none_or(|c| c.fits);
+    if dp_fits && report.speedup_over_dp < 0.995 {
+        warnings.push(format!(
+            "this plan is {:.2}× slower than data parallelism on every GPU ({} against {})",
+            1.0 / report.speedup_over_dp.max(1e-9),
+            ms(report.iteration_time_us),
+            ms(report.dp_iteration_time_us)
+        ));
+    }
+    let fixed = fixed_options(options);
+    if fixed.is_empty() {
+        return warnings;
+    }
+    let free = PlanOptions {
+        family: None,
+        microbatches: None,
+        schedule: None,
+        strategy_file: None,
+        knobs: Knobs::default(),
+        executable: false,
+        ..options.clone()
+    };
+    // Planning without them may fail (nothing else fits the budget): then nothing to say.
+    if let Ok(own) = plan_as_asked(&free) {
+        let (this, best) = (report.iteration_time_us, own.report.iteration_time_us);
+        if best < this * 0.995 {
+            warnings.push(format!(
+                "{} make the iteration {:.1}% longer: without {} ralpc plans {} in {} (this plan: {})",
+                fixed.join(", "),
+                (this / best - 1.0) * 100.0,
+                if fixed.len() == 1 { "it" } else { "them" },
+                own.report.strategy,
+                ms(best),
+                ms(this)
+            ));
+        }
+    }
+    warnings
+}
