@@ -143,37 +143,27 @@ fn eight_ranks_in_four_stages_of_two() {
 }
 
 #[test]
-fn layouts_the_cpu_backend_cannot_run_exactly_are_refused_with_the_reason() {
-    let model = fixture("cnn.onnx");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let strategy_file = dir.path().join("strategy.json");
-    let layers = split("conv1", 1, 2, 1);
-    std::fs::write(
-        &strategy_file,
-        strategy(&[stage("conv0", "fc1", 2)], &layers, "1f1b", 1),
-    )
-    .expect("write");
-    let compiled = ralpc::compile(&ralpc::Options {
-        model: model.clone(),
-        gpus: Some(2),
-        batch: Some(8),
-        strategy_file: Some(strategy_file),
-        ..Default::default()
-    })
-    .expect("plan");
-    compiled.write(dir.path()).expect("write the plan");
-    let error = ralpc::run(&ralpc::RunOptions {
-        plan: dir.path().to_path_buf(),
-        model: Some(model),
-        ..Default::default()
-    })
-    .expect_err("rows of a convolution need halos");
-    assert_eq!(error.exit_code(), 4);
-    let message = error.to_string();
-    assert!(
-        message.contains("conv1") && message.contains("halo"),
-        "{message}"
+fn row_splits_of_convolutions_and_pooling_exchange_halos_and_equal_one_device() {
+    // Rows of the first convolution (cut from the input), of pooling, of a convolution
+    // fed by another layout, rows and channels at once, and rows over every rank.
+    let layers = [
+        split("conv0", 1, 2, 1),
+        split("pool0", 1, 4, 1),
+        split("conv1", 1, 2, 2),
+        split("pool1", 2, 1, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("conv0", "fc1", 4)], &layers, "1f1b", 1);
+    check("cnn.onnx", 8, 4, &s, "rows-cnn");
+    // In a pipeline of two microbatches.
+    let layers = [split("conv0", 1, 2, 1), split("conv1", 1, 2, 1)].join(", ");
+    let s = strategy(
+        &[stage("conv0", "pool0", 2), stage("conv1", "fc1", 2)],
+        &layers,
+        "1f1b",
+        2,
     );
+    check("cnn.onnx", 8, 4, &s, "rows-pipeline");
 }
 
 /// A small GPT with its head tied to the token embedding (and the attention scale and

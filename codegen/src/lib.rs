@@ -48,6 +48,7 @@ pub mod fuzzing;
 pub mod lower;
 pub mod plan;
 pub mod report;
+pub mod tag;
 pub mod viz;
 
 pub use lower::lower;

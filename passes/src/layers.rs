@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use ralpc_ir::{account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
 use serde::{Deserialize, Serialize};
 
+use crate::plan::Window;
 use crate::rewrite::{self, Limits, Report, Rewritten};
 
 /// Index of a layer in [`LayerGraph::layers`].
@@ -195,6 +196,25 @@ pub struct Layer {
     pub inputs: Vec<Edge>,
     /// Whole-layer measurements, when imported.
     pub measured: Option<Measured>,
+    /// What a row split of it reads of its neighbours' rows, when it is a convolution or
+    /// pooling whose rows a split can cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub halo: Option<Halo>,
+}
+
+/// The halo of a layer split by rows: the row axis of its window op, and the tensors it
+/// reads that need the rows around each piece.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Halo {
+    /// Its convolution's or pooling's row axis.
+    pub window: Window,
+    /// The node it is.
+    #[serde(skip)]
+    pub node: NodeId,
+    /// The layer's inputs its window reads, directly or through elementwise ops before it
+    /// (a DenseNet block's BatchNorm and ReLU): each piece needs their rows around its own.
+    #[serde(skip)]
+    pub inputs: Vec<ValueId>,
 }
 
 /// How a layer is split over a device group (SOAP degrees).
@@ -519,6 +539,7 @@ fn assemble(
             stash_bytes: 0,
             inputs: Vec::new(),
             measured: None,
+            halo: None,
         };
         let inside: Vec<ValueId> = members
             .iter()
@@ -603,6 +624,9 @@ fn assemble(
             });
         }
         layer.activation_io_bytes += layer.output_bytes;
+        if matches!(layer.kind, LayerKind::Conv | LayerKind::Pool) {
+            layer.halo = halo(graph, info, &members, &layer.inputs, &facts);
+        }
         layers.push(layer);
     }
     let outputs = graph
@@ -629,6 +653,60 @@ fn assemble(
         tied,
         float_bytes: float_bytes(graph, info),
     }
+}
+
+/// The halo of a layer made of `members` reading `inputs`: its one convolution or pooling
+/// and the inputs that reach it through ops that keep its input's shape. `None` when the
+/// layer has another shape between them, several windows, or no window at all.
+fn halo(
+    graph: &Graph,
+    info: &GraphInfo,
+    members: &[NodeId],
+    inputs: &[Edge],
+    facts: &rewrite::Facts,
+) -> Option<Halo> {
+    let mut windows = members
+        .iter()
+        .copied()
+        .filter(|&m| matches!(graph.node(m).op, Op::Conv(_) | Op::Pool(_)));
+    let node = windows.next()?;
+    if windows.next().is_some() {
+        return None;
+    }
+    let window = Window::of(graph, info, node)?;
+    let x = graph.node(node).inputs.first().copied().flatten()?;
+    let shape = &info.ty(x).shape;
+    let from_outside = |v: ValueId| inputs.iter().any(|e| e.value == Some(v));
+    let constant = |v: ValueId| {
+        facts.parameter[v.index()] || facts.derived[v.index()] || facts.folded[v.index()]
+    };
+    let mut reads = Vec::new();
+    let mut stack = vec![x];
+    while let Some(v) = stack.pop() {
+        if from_outside(v) {
+            if !reads.contains(&v) {
+                reads.push(v);
+            }
+            continue;
+        }
+        let m = members
+            .iter()
+            .copied()
+            .find(|&m| graph.node(m).outputs.contains(&v))?;
+        for u in graph.node(m).inputs.iter().flatten().copied() {
+            if &info.ty(u).shape == shape {
+                stack.push(u);
+            } else if !constant(u) {
+                return None;
+            }
+        }
+    }
+    reads.sort_unstable();
+    Some(Halo {
+        window,
+        node,
+        inputs: reads,
+    })
 }
 
 /// Whether a node of `members` reading `v` needs it for its backward pass: sums and shape

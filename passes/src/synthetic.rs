@@ -94,6 +94,7 @@ impl Builder {
                 edges
             },
             measured: None,
+            halo: None,
         });
         self.layers.len() - 1
     }

@@ -26,10 +26,16 @@
 //! Every instruction records the buffers it reads and writes ([`buffers`]), which give
 //! each rank's memory over time and every data dependency.
 //!
-//! A message's tag is `((edge · M + microbatch) · 2 + direction)`, with edges numbered over
-//! all (consumer, input) pairs, so a send and its receive agree without a global order.
+//! A convolution or pooling split by rows exchanges halo rows between its pieces: each
+//! receives the rows around its own that its windows read from the pieces holding them
+//! before its forward pass, and returns their gradient after its backward pass ([`halo`]).
+//!
+//! A message's tag says what it carries ([`Tags`]): an edge's tensor or its gradient, a
+//! recomputation's copy, halo rows — numbered over all (consumer, input) pairs, so a send
+//! and its receive agree without a global order.
 
 mod buffers;
+mod halo;
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
@@ -44,6 +50,7 @@ use ralpc_passes::plan::{
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
+use crate::tag::{HaloPass, Tag, Tags};
 use buffers::{Key, Tracker};
 
 /// A stage's work item.
@@ -167,6 +174,8 @@ struct Edge {
     producer: usize,
     consumer: usize,
     bytes: f64,
+    /// Its consumer's window reads rows around each piece of it when split by rows.
+    halo: bool,
 }
 
 struct Lowering<'c, 'a> {
@@ -215,16 +224,24 @@ impl Lowering<'_, '_> {
         self.messages[ei].clone()
     }
 
-    fn tag(&self, edge: usize, microbatch: u32, backward: bool) -> u64 {
-        (edge as u64 * u64::from(self.strategy.microbatches) + u64::from(microbatch)) * 2
-            + u64::from(backward)
+    fn tags(&self) -> Tags {
+        Tags {
+            edges: self.edges.len(),
+            microbatches: self.strategy.microbatches,
+        }
     }
 
-    /// The tag of edge `edge`'s forward messages sent again for a recomputation: past
-    /// every other tag.
+    fn tag(&self, edge: usize, microbatch: u32, backward: bool) -> u64 {
+        self.tags().encode(Tag::Edge {
+            edge,
+            microbatch,
+            backward,
+        })
+    }
+
+    /// The tag of edge `edge`'s forward messages sent again for a recomputation.
     fn tag_again(&self, edge: usize, microbatch: u32) -> u64 {
-        let all = self.edges.len() as u64 * u64::from(self.strategy.microbatches) * 2;
-        all + self.tag(edge, microbatch, false)
+        self.tags().encode(Tag::Again { edge, microbatch })
     }
 
     fn bytes(&self, e: &Edge, t: &Transfer) -> u64 {
@@ -238,8 +255,9 @@ impl Lowering<'_, '_> {
         program.len() - 1
     }
 
-    /// A message of `tag` from `from`, which reads `source` there.
-    fn send(&mut self, from: u32, to: u32, bytes: u64, tag: u64, source: Key) {
+    /// A message of `tag` from `from`, which reads `source` there; its index in `from`'s
+    /// program.
+    fn send(&mut self, from: u32, to: u32, bytes: u64, tag: u64, source: Key) -> usize {
         let link = self.costs.cluster.link(from, to);
         let at = self.push(
             from,
@@ -252,10 +270,12 @@ impl Lowering<'_, '_> {
             },
         );
         self.buffers.read(from, source, at);
+        at
     }
 
-    /// A message of `tag` into `to`, written to `target` there.
-    fn recv(&mut self, from: u32, to: u32, bytes: u64, tag: u64, target: Key) {
+    /// A message of `tag` into `to`, written to `target` there; its index in `to`'s
+    /// program.
+    fn recv(&mut self, from: u32, to: u32, bytes: u64, tag: u64, target: Key) -> usize {
         let link = self.costs.cluster.link(from, to);
         let at = self.push(
             to,
@@ -269,6 +289,7 @@ impl Lowering<'_, '_> {
         );
         self.buffers.grow(to, target, bytes as f64);
         self.buffers.write(to, target, at);
+        at
     }
 
     /// An all-reduce of `bytes` over every group of `groups` (each a list of ranks), in
@@ -532,6 +553,7 @@ impl Lowering<'_, '_> {
                     self.recv(t.from, t.to, bytes, tag, payload);
                 }
             }
+            self.halos_forward(l, mb, HaloPass::Forward, &mut inputs);
             let output = Key::pass(BufferKind::Activation, l, mb);
             self.run_forward(l, mb, &inputs, output);
             self.reduce_partial_sums(l, output);
@@ -646,6 +668,7 @@ impl Lowering<'_, '_> {
                     self.buffers.write(r, input_gradient, at);
                 }
             }
+            self.halos_backward(l, mb, input_gradient);
             let layer = &self.costs.graph.layers[l];
             let (split, first) = self.place(l);
             for ei in 0..self.edges.len() {
@@ -730,6 +753,7 @@ impl Lowering<'_, '_> {
                     inputs.push(Key::pass(BufferKind::Activation, producer, mb));
                 }
             }
+            self.halos_forward(l, mb, HaloPass::Again, &mut inputs);
             let output = Key::pass(BufferKind::Recomputed, l, mb);
             self.run_forward(l, mb, &inputs, output);
             self.reduce_partial_sums(l, output);
@@ -1082,6 +1106,10 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                     producer: p.0 as usize,
                     consumer,
                     bytes: e.bytes as f64,
+                    halo: layer
+                        .halo
+                        .as_ref()
+                        .is_some_and(|h| e.value.is_some_and(|v| h.inputs.contains(&v))),
                 }),
                 Producer::Input(_) => None,
             })

@@ -413,6 +413,30 @@ impl<'a> Costs<'a> {
         (fwd, bwd)
     }
 
+    /// µs of the halo exchange before consumer `consumer`'s forward pass (and of its
+    /// gradient's return after the backward pass) when it is split by rows as `to` and
+    /// reads a tensor of `bytes` (one microbatch) through its window: the piece with the
+    /// largest halo receives its rows, from every neighbour at once.
+    pub(crate) fn halo_us(&self, consumer: usize, to: (Split, u32), bytes: f64) -> f64 {
+        let layer = &self.graph.layers[consumer];
+        let (split, first) = to;
+        let (Some(halo), true) = (&layer.halo, split.attribute > 1) else {
+            return 0.0;
+        };
+        let a = split.attribute;
+        let rows = (0..a)
+            .map(|i| halo.window.halo_rows((i, a)))
+            .max()
+            .unwrap_or(0);
+        if rows == 0 {
+            return 0.0;
+        }
+        let row = bytes * layout::input_share(layer.kind, split) * f64::from(a)
+            / halo.window.input.max(1) as f64;
+        self.link(first, first + split.degree() - 1)
+            .transfer_us(rows as f64 * row)
+    }
+
     /// Microseconds to move a tensor of `bytes` held as `held` to where `needed` reads it.
     fn moving_us(&self, held: View, needed: View, bytes: f64) -> f64 {
         let moved = *self

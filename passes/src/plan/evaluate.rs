@@ -159,6 +159,20 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 (split, stage.first_rank),
                 edge.bytes as f64 / f64::from(m),
             );
+            // Halo rows move inside the consumer's ranks, forward and their gradient back.
+            let reads_halo = layer
+                .halo
+                .as_ref()
+                .is_some_and(|h| edge.value.is_some_and(|v| h.inputs.contains(&v)));
+            if reads_halo {
+                let h = costs.halo_us(
+                    l,
+                    (split, stage.first_rank),
+                    edge.bytes as f64 / f64::from(m),
+                );
+                transfer += 2.0 * h;
+                busy_gpu_us += f64::from(g) * 2.0 * h * f64::from(m);
+            }
             if stage_of[p] == k {
                 transfer += f + b;
                 busy_gpu_us += f64::from(g.max(from.0.degree())) * (f + b) * f64::from(m);

@@ -20,6 +20,7 @@ mod buckets;
 mod costs;
 mod evaluate;
 mod file;
+mod halo;
 mod layered;
 mod layout;
 mod pipeline;
@@ -34,6 +35,7 @@ pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
 pub use file::{
     FileSplit, StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT,
 };
+pub use halo::Window;
 pub use layout::{
     class_pieces, first_replica, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,

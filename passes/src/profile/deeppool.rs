@@ -301,6 +301,7 @@ pub fn deeppool_layers(
                 bwd_us: at.bwd_us,
                 points,
             }),
+            halo: None,
         });
     }
     Ok(LayerGraph {

@@ -273,6 +273,7 @@ pub fn parse_pipedream(
                 bwd_us: n.bwd_ms * 1000.0,
                 points: Vec::new(),
             }),
+            halo: None,
         });
     }
     let consumed: BTreeSet<usize> = preds.iter().flatten().copied().collect();

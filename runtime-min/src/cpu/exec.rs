@@ -39,6 +39,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
+use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 use ralpc_passes::layers::{LayerGraph, LayerKind, Producer, Split};
 use ralpc_passes::plan::{first_replica, gathers, scatters_gradient, Schedule, View};
@@ -56,6 +57,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 
 mod derived;
 mod epilogue;
+mod halo;
 mod heads;
 mod layout;
 mod loss;
@@ -257,6 +259,8 @@ struct EdgeInfo {
     value: ValueId,
     /// Its gradient returns as a reduce-scatter (the lowering's `Gather { scatter }`).
     scattered: bool,
+    /// Its consumer is split by rows and reads the rows around each piece ([`halo`]).
+    halo: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,6 +292,8 @@ struct LayerExec {
     /// The weights whose gradients its bucket all-reduces: those it reads first, but for
     /// tied weights the plan all-reduces on their own.
     owned: Vec<ValueId>,
+    /// Split by rows: the halo its window reads ([`halo`]).
+    halo: Option<halo::LayerHalo>,
 }
 
 impl LayerExec {
@@ -417,6 +423,7 @@ impl<'a> Prepared<'a> {
                     consumer: c,
                     value: carrier(lg, value),
                     scattered,
+                    halo: false,
                 });
             }
         }
@@ -538,6 +545,7 @@ impl<'a> Prepared<'a> {
                 weights,
                 owned,
                 local: heads::LocalShapes::default(),
+                halo: None,
             });
         }
         let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
@@ -584,6 +592,7 @@ impl<'a> Prepared<'a> {
         };
         prepared.split_heads()?;
         prepared.split_epilogues();
+        prepared.plan_halos()?;
         prepared.check()?;
         Ok(prepared)
     }
@@ -598,13 +607,6 @@ impl<'a> Prepared<'a> {
                 ..
             } = l.split;
             match l.kind {
-                LayerKind::Conv | LayerKind::Pool if a > 1 => {
-                    return Err(setup(format!(
-                        "layer {}: splitting a convolution or pooling by rows needs halo rows, \
-                         which plans do not carry yet; use a strategy without attribute splits here",
-                        l.name
-                    )))
-                }
                 LayerKind::Conv if p > 1 => {
                     if let Some(Op::Conv(c)) = l.main.map(|n| &g.node(n).op) {
                         if c.group != 1 {
@@ -629,7 +631,9 @@ impl<'a> Prepared<'a> {
                     }
                 }
                 LayerKind::Dense if a > 1 => {
-                    let main = l.main.ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
+                    let main = l
+                        .main
+                        .ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
                     if let Some(n) = self.partial_sum_breaker(l, main) {
                         return Err(setup(format!(
                             "layer {}: a row-parallel split reduces partial sums after the \
@@ -889,6 +893,8 @@ struct Rank<'p, 'a> {
     grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
     input_grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
+    /// Halo rows and their gradients in flight.
+    halos: halo::HaloState,
     /// Per (output layer, microbatch), every class piece's loss statistics.
     loss_statistics: BTreeMap<(usize, u32), Vec<Vec<f32>>>,
     /// Per (edge, microbatch), the input a recomputed run keeps from outside the run.
@@ -991,6 +997,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             grad_pieces: BTreeMap::new(),
             input_grads: BTreeMap::new(),
             pending_sums: BTreeMap::new(),
+            halos: halo::HaloState::default(),
             loss_statistics: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             touches,
@@ -1191,8 +1198,32 @@ impl<'p, 'a> Rank<'p, 'a> {
             Instruction::Backward {
                 layer, microbatch, ..
             } => self.backward(layer as usize, microbatch),
-            Instruction::Send { to, tag, .. } => self.send(to, tag),
-            Instruction::Recv { from, tag, .. } => self.recv(from, tag),
+            Instruction::Send { to, tag, .. } => match self.decode(tag)? {
+                Tag::Edge {
+                    edge,
+                    microbatch,
+                    backward,
+                } => self.send(to, tag, edge, microbatch, backward),
+                Tag::Again { edge, microbatch } => self.send(to, tag, edge, microbatch, false),
+                Tag::Halo {
+                    edge,
+                    microbatch,
+                    pass,
+                } => self.halo_send(to, tag, edge, microbatch, pass),
+            },
+            Instruction::Recv { from, tag, .. } => match self.decode(tag)? {
+                Tag::Edge {
+                    edge,
+                    microbatch,
+                    backward,
+                } => self.recv(from, tag, edge, microbatch, backward),
+                Tag::Again { edge, microbatch } => self.recv(from, tag, edge, microbatch, false),
+                Tag::Halo {
+                    edge,
+                    microbatch,
+                    pass,
+                } => self.halo_recv(from, tag, edge, microbatch, pass),
+            },
             Instruction::AllReduce {
                 group,
                 tied: Some(ref name),
@@ -1267,18 +1298,14 @@ impl<'p, 'a> Rank<'p, 'a> {
         e.to_string()
     }
 
-    /// Decodes a message tag: (edge, microbatch, backward). Tags past every edge's are a
-    /// recomputation's forward messages, sent again.
-    fn decode(&self, tag: u64) -> Result<(usize, u32, bool), String> {
-        let m = u64::from(self.p.exe.plan.microbatches.max(1));
-        let all = self.p.edges.len() as u64 * m * 2;
-        let tag = if tag >= all { tag - all } else { tag };
-        let (pass, backward) = (tag / 2, tag % 2 == 1);
-        let (edge, mb) = ((pass / m) as usize, (pass % m) as u32);
-        if edge >= self.p.edges.len() {
-            return Err(format!("tag {tag} names no edge"));
-        }
-        Ok((edge, mb, backward))
+    /// What a message of `tag` carries.
+    fn decode(&self, tag: u64) -> Result<Tag, String> {
+        let tags = Tags {
+            edges: self.p.edges.len(),
+            microbatches: self.p.exe.plan.microbatches,
+        };
+        tags.decode(tag)
+            .ok_or_else(|| format!("tag {tag} names no edge"))
     }
 
     fn value_name(&self, v: ValueId) -> &str {
@@ -1431,7 +1458,11 @@ impl<'p, 'a> Rank<'p, 'a> {
             let t =
                 match source {
                     Source::Edge(e) => {
-                        let whole = self.edge_input(l, e, mb, again)?;
+                        let whole = self.layer_input(l, e, mb, again)?;
+                        let whole = match p.edges[e].halo {
+                            true => self.add_halo(l, k, e, mb, whole)?,
+                            false => whole,
+                        };
                         match self.epilogue_share(l, k, e)? {
                             Some(share) => self.reframe(&whole, e, &share)?,
                             None => whole,
@@ -1440,6 +1471,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                     Source::GraphInput => {
                         let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
                         let need = p.region(c, &layer.view_in(), k)?;
+                        let need = match p.reads_halo(l, c) {
+                            true => p.with_halo(l, k, c, &need)?,
+                            false => need,
+                        };
                         let share = self.epilogue_crop(l, k, c, need.clone())?;
                         // The rank's piece of this microbatch's rows of the global batch.
                         let offset = mb as usize * p.microbatch;
@@ -1523,7 +1558,7 @@ impl<'p, 'a> Rank<'p, 'a> {
         }
         let records = self
             .compute
-            .forward(g, &layer.nodes, &mut values, p.env)
+            .forward(p.graph_of(l, k), &layer.nodes, &mut values, p.env)
             .map_err(|e| e.to_string())?;
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
@@ -1612,7 +1647,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             }
         }
         self.compute
-            .backward(p.exe.graph, &run.records, &run.values, &mut grads)
+            .backward(p.graph_of(l, k), &run.records, &run.values, &mut grads)
             .map_err(|e| e.to_string())?;
         // A weight read through an alias gets its gradient there.
         for &(v, source) in &layer.inputs {
@@ -1661,11 +1696,22 @@ impl<'p, 'a> Rank<'p, 'a> {
             let Source::Edge(e) = source else { continue };
             let need = self.need(e, self.rank)?;
             let share = self.epilogue_share(l, k, e)?;
-            let read = share.clone().unwrap_or_else(|| need.clone());
+            let halo = match p.edges[e].halo {
+                true => Some(p.with_halo(l, k, p.edges[e].value, &need)?),
+                false => None,
+            };
+            let read = halo
+                .clone()
+                .or_else(|| share.clone())
+                .unwrap_or_else(|| need.clone());
             let gv = grads
                 .take(v)
                 .or_else(|| grads.take(carrier(p.exe.layers, v)))
                 .unwrap_or_else(|| vec![0.0; volume(&read)]);
+            let gv = match halo {
+                Some(ext) => self.split_halo_gradient(e, mb, ext, gv, &need),
+                None => gv,
+            };
             // A cropped input's gradient is zero outside the crop; the input-gradient sum
             // over the parameter slices then assembles the whole.
             let gv = match share {
@@ -1686,8 +1732,7 @@ impl<'p, 'a> Rank<'p, 'a> {
         Ok(())
     }
 
-    fn send(&mut self, to: u32, tag: u64) -> Result<(), String> {
-        let (e, mb, backward) = self.decode(tag)?;
+    fn send(&mut self, to: u32, tag: u64, e: usize, mb: u32, backward: bool) -> Result<(), String> {
         let edge = &self.p.edges[e];
         let data = if backward {
             // From a consumer rank back to the producer rank.
@@ -1716,8 +1761,14 @@ impl<'p, 'a> Rank<'p, 'a> {
             .map_err(Self::comm_error)
     }
 
-    fn recv(&mut self, from: u32, tag: u64) -> Result<(), String> {
-        let (e, mb, backward) = self.decode(tag)?;
+    fn recv(
+        &mut self,
+        from: u32,
+        tag: u64,
+        e: usize,
+        mb: u32,
+        backward: bool,
+    ) -> Result<(), String> {
         let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
         let piece = if backward {
             intersect(&self.need(e, from)?, &self.held(e, self.rank)?)

@@ -1,0 +1,121 @@
+//! Halo exchanges: the rows around each piece of a convolution or pooling split by rows,
+//! sent by the pieces holding them before the forward pass (and a recomputation's), and
+//! their gradients returned after the backward pass, ahead of the input-gradient sums.
+
+use ralpc_passes::plan::input_share;
+
+use super::buffers::Key;
+use super::Lowering;
+use crate::tag::{HaloPass, Tag};
+
+/// One halo message: `rows` rows of a tensor from the rank holding them to the rank whose
+/// windows read them.
+struct HaloMessage {
+    holder: u32,
+    reader: u32,
+    rows: u64,
+}
+
+impl Lowering<'_, '_> {
+    /// Edge `ei`'s halo messages (none unless its consumer is split by rows) and the bytes
+    /// of one row of a rank's share on one microbatch.
+    fn halo_messages(&self, ei: usize) -> (Vec<HaloMessage>, f64) {
+        let e = &self.edges[ei];
+        let layer = &self.costs.graph.layers[e.consumer];
+        let (split, first) = self.place(e.consumer);
+        let (Some(halo), true) = (&layer.halo, e.halo && split.attribute > 1) else {
+            return (Vec::new(), 0.0);
+        };
+        let (a, p) = (split.attribute, split.parameter.max(1));
+        let mut messages = Vec::new();
+        for k in 0..split.degree() {
+            let (si, ai, pi) = (k / (a * p), (k / p) % a, k % p);
+            for (j, rows) in halo.window.halo_from((ai, a)) {
+                messages.push(HaloMessage {
+                    holder: first + (si * a + j) * p + pi,
+                    reader: first + k,
+                    rows: rows.end - rows.start,
+                });
+            }
+        }
+        let share = input_share(layer.kind, split) * f64::from(a);
+        let row = e.bytes * share
+            / halo.window.input.max(1) as f64
+            / f64::from(self.strategy.microbatches);
+        (messages, row)
+    }
+
+    /// Before layer `l`'s forward pass (`pass`: its first, or a recomputation's) on
+    /// microbatch `mb`: every halo of its inputs, received into buffers the pass reads
+    /// (added to `inputs`).
+    pub(super) fn halos_forward(
+        &mut self,
+        l: usize,
+        mb: u32,
+        pass: HaloPass,
+        inputs: &mut Vec<Key>,
+    ) {
+        let into: Vec<usize> = (0..self.edges.len())
+            .filter(|&ei| self.edges[ei].consumer == l)
+            .collect();
+        for ei in into {
+            let (messages, row) = self.halo_messages(ei);
+            if messages.is_empty() {
+                continue;
+            }
+            let tag = self.tags().encode(Tag::Halo {
+                edge: ei,
+                microbatch: mb,
+                pass,
+            });
+            let payload = match pass {
+                HaloPass::Again => Key::received_again(l, mb, tag),
+                _ => Key::received(l, mb, tag),
+            };
+            // The holder sends from what the layer reads there.
+            let sources = inputs.clone();
+            for m in &messages {
+                let bytes = (m.rows as f64 * row).round() as u64;
+                let at = self.send(m.holder, m.reader, bytes, tag, payload);
+                for &key in &sources {
+                    self.buffers.read(m.holder, key, at);
+                }
+            }
+            for m in &messages {
+                let bytes = (m.rows as f64 * row).round() as u64;
+                self.recv(m.holder, m.reader, bytes, tag, payload);
+            }
+            inputs.push(payload);
+        }
+    }
+
+    /// After layer `l`'s backward pass on microbatch `mb`: the gradients of every halo
+    /// its ranks read, returned to the ranks holding those rows, which add them into
+    /// `input_gradient` before it is summed or sent on.
+    pub(super) fn halos_backward(&mut self, l: usize, mb: u32, input_gradient: Key) {
+        let into: Vec<usize> = (0..self.edges.len())
+            .filter(|&ei| self.edges[ei].consumer == l)
+            .collect();
+        for ei in into {
+            let (messages, row) = self.halo_messages(ei);
+            if messages.is_empty() {
+                continue;
+            }
+            let tag = self.tags().encode(Tag::Halo {
+                edge: ei,
+                microbatch: mb,
+                pass: HaloPass::Backward,
+            });
+            for m in &messages {
+                let bytes = (m.rows as f64 * row).round() as u64;
+                self.send(m.reader, m.holder, bytes, tag, input_gradient);
+            }
+            for m in &messages {
+                let bytes = (m.rows as f64 * row).round() as u64;
+                let at = self.recv(m.reader, m.holder, bytes, tag, Key::received(l, mb, tag));
+                self.buffers.read(m.holder, input_gradient, at);
+                self.buffers.write(m.holder, input_gradient, at);
+            }
+        }
+    }
+}
