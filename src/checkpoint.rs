@@ -1,96 +1,130 @@
-//! Checkpoint files (`ralpc-checkpoint/2`): a run's training state between two steps,
+//! Checkpoint files (`ralpc-checkpoint/3`): a run's training state between two steps,
 //! written atomically by `ralpc run --checkpoint-every N` and read by `--resume`.
 //!
-//! One header line of JSON, then the tensors' values as little-endian `f32`, in the
-//! header's order:
+//! A [safetensors](https://github.com/huggingface/safetensors) file, so PyTorch reads it
+//! as it is (`safetensors.torch.load_file`):
+//! * each trained weight under its name in the model (a PyTorch export keeps the module's
+//!   parameter names: `features.0.weight`), in its shape, as `F32`;
+//! * its SGD momentum buffer, once the weight has been updated, as `momentum/<name>`;
+//! * `__metadata__` with one entry, `ralpc`: a JSON object with the format, the plan's
+//!   inputs hash, the steps done, every step's loss, and the BLAKE3 hash of the tensor data.
 //!
 //! ```text
-//! {"format":"ralpc-checkpoint/2","plan":"<the plan's inputs hash>","step":3,
-//!  "losses":[2.41,2.40,2.38],"tensors":[{"name":"fc0.weight","kind":"weight","len":768},…],
-//!  "blake3":"<hash of the values>"}
-//! <raw f32 values>
+//! {"format":"ralpc-checkpoint/3","plan":"<the plan's inputs hash>","step":3,
+//!  "losses":[2.41,2.40,2.38],"blake3":"<hash of the bytes after the header>"}
 //! ```
 //!
 //! The losses are stored with every digit (JSON round-trips `f64`), and the weights and
 //! momentum buffers bit for bit, so a resumed run continues exactly where it stopped.
-//! Reading checks the values' hash (a flipped bit), that they are finite, and — against
-//! the model — every trained weight's name and size ([`check_against`]).
+//! Reading checks the data's hash (a flipped bit), that the values are finite, and —
+//! against the model — every trained weight's name and shape ([`check_against`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use ralpc_ir::input::{read_input, InputKind};
 use ralpc_runtime_min::cpu::exec::Checkpoint;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, FileError};
 
 /// The format tag.
-pub const FORMAT: &str = "ralpc-checkpoint/2";
+pub const FORMAT: &str = "ralpc-checkpoint/3";
 
+/// The `__metadata__` key holding [`State`].
+const KEY: &str = "ralpc";
+
+/// Where a momentum buffer's name starts.
+const MOMENTUM: &str = "momentum/";
+
+/// What a checkpoint says besides its tensors.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Header {
+struct State {
     format: String,
     plan: String,
     step: u32,
     losses: Vec<f64>,
-    tensors: Vec<Entry>,
-    /// blake3 of the values after the header line, hex.
+    /// blake3 of the tensor data (everything after the safetensors header), hex.
     blake3: String,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Entry {
-    name: String,
-    kind: Kind,
-    len: usize,
-}
-
-#[derive(Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum Kind {
-    Weight,
-    Velocity,
-}
-
-/// Writes `checkpoint` of the plan whose inputs hash is `plan` to `path`, atomically.
+/// Writes `checkpoint` of the plan whose inputs hash is `plan` to `path`, atomically, each
+/// weight in its shape in `shapes` (name → dims; a flat vector when absent).
 ///
 /// # Errors
 /// [`Error::Write`] when the file cannot be written.
-pub fn write(path: &Path, plan: &str, checkpoint: &Checkpoint) -> Result<(), Error> {
-    let mut tensors = Vec::new();
-    let mut values: Vec<&[f32]> = Vec::new();
-    for (kind, map) in [
-        (Kind::Weight, &checkpoint.weights),
-        (Kind::Velocity, &checkpoint.velocity),
-    ] {
-        for (name, v) in map {
-            tensors.push(Entry {
-                name: name.clone(),
-                kind,
-                len: v.len(),
-            });
-            values.push(v);
+pub fn write(
+    path: &Path,
+    plan: &str,
+    checkpoint: &Checkpoint,
+    shapes: &BTreeMap<String, Vec<usize>>,
+) -> Result<(), Error> {
+    let bytes = to_bytes(plan, checkpoint, shapes)
+        .map_err(|e| Error::Checkpoint(Box::new(format!("{}: {e}", path.display()))))?;
+    crate::plan::write_bytes_atomically(path, &bytes)
+}
+
+/// The file's bytes: the tensors serialized once to hash their data, then with the hash.
+fn to_bytes(
+    plan: &str,
+    checkpoint: &Checkpoint,
+    shapes: &BTreeMap<String, Vec<usize>>,
+) -> Result<Vec<u8>, String> {
+    let mut raw: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (prefix, map) in [("", &checkpoint.weights), (MOMENTUM, &checkpoint.velocity)] {
+        for (name, values) in map {
+            let shape = shapes
+                .get(name)
+                .filter(|s| s.iter().product::<usize>() == values.len())
+                .cloned()
+                .unwrap_or_else(|| vec![values.len()]);
+            let data = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            raw.push((format!("{prefix}{name}"), shape, data));
         }
     }
-    let data: Vec<u8> = values
-        .iter()
-        .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
-        .collect();
-    let header = Header {
+    let serialize = |state: &State| -> Result<Vec<u8>, String> {
+        let views = raw
+            .iter()
+            .map(|(name, shape, data)| {
+                TensorView::new(Dtype::F32, shape.clone(), data)
+                    .map(|v| (name.as_str(), v))
+                    .map_err(|e| format!("tensor '{name}': {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // One metadata entry: a map of several would be written in hash order.
+        let json = serde_json::to_string(state).map_err(|e| e.to_string())?;
+        let metadata = HashMap::from([(KEY.to_owned(), json)]);
+        safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())
+    };
+    let mut state = State {
         format: FORMAT.to_owned(),
         plan: plan.to_owned(),
         step: checkpoint.step,
         losses: checkpoint.losses.clone(),
-        tensors,
-        blake3: blake3::hash(&data).to_hex().to_string(),
+        blake3: String::new(),
     };
-    let mut bytes = serde_json::to_vec(&header).unwrap_or_default();
-    bytes.push(b'\n');
-    bytes.extend(data);
-    crate::plan::write_bytes_atomically(path, &bytes)
+    // The header's length does not depend on the hash's value: hash the data of a first
+    // serialization (with a placeholder of the same length), then write the real one.
+    state.blake3 = "0".repeat(64);
+    let draft = serialize(&state)?;
+    state.blake3 = blake3::hash(data_of(&draft)?).to_hex().to_string();
+    serialize(&state)
+}
+
+/// The tensor data of a safetensors file: everything after its header.
+fn data_of(bytes: &[u8]) -> Result<&[u8], String> {
+    let n = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .ok_or("shorter than a safetensors header")?;
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .and_then(|start| bytes.get(start..))
+        .ok_or_else(|| "its header runs past the end of the file".to_owned())
 }
 
 /// Reads a checkpoint; `plan` is the inputs hash of the plan it must belong to.
@@ -106,69 +140,75 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
             error,
         }))
     })?;
-    let end = bytes
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| bad("no header line".into()))?;
-    let header: Header =
-        serde_json::from_slice(&bytes[..end]).map_err(|e| bad(format!("header: {e}")))?;
-    if header.format != FORMAT {
+    let (_, metadata) = SafeTensors::read_metadata(&bytes)
+        .map_err(|e| bad(format!("not a safetensors file ({e})")))?;
+    let state = metadata
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(KEY))
+        .ok_or_else(|| {
+            bad(format!(
+                "no '{KEY}' entry in its metadata: not a ralpc checkpoint"
+            ))
+        })?;
+    let state: State =
+        serde_json::from_str(state).map_err(|e| bad(format!("its '{KEY}' metadata: {e}")))?;
+    if state.format != FORMAT {
         return Err(bad(format!(
             "format is \"{}\"; this ralpc reads \"{FORMAT}\"",
-            header.format
+            state.format
         )));
     }
-    if header.plan != plan {
+    if state.plan != plan {
         return Err(bad(
             "it was written by a run of another plan (its inputs hash differs)".into(),
         ));
     }
-    if header.losses.len() != header.step as usize {
+    if state.losses.len() != state.step as usize {
         return Err(bad(format!(
             "{} losses for {} steps",
-            header.losses.len(),
-            header.step
+            state.losses.len(),
+            state.step
         )));
     }
-    let mut data = &bytes[end + 1..];
-    if blake3::hash(data).to_hex().as_str() != header.blake3 {
+    let data = data_of(&bytes).map_err(bad)?;
+    if blake3::hash(data).to_hex().as_str() != state.blake3 {
         return Err(bad(
             "its values do not match their hash: the file was damaged after it was written".into(),
         ));
     }
+    let tensors = SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(format!("not a safetensors file ({e})")))?;
     let mut checkpoint = Checkpoint {
-        step: header.step,
-        losses: header.losses,
+        step: state.step,
+        losses: state.losses,
         weights: BTreeMap::new(),
         velocity: BTreeMap::new(),
     };
-    for t in header.tensors {
-        let size = t
-            .len
-            .checked_mul(4)
-            .filter(|&n| n <= data.len())
-            .ok_or_else(|| bad(format!("tensor '{}' is cut short", t.name)))?;
-        let values: Vec<f32> = data[..size]
+    let mut names = tensors.names();
+    names.sort_unstable();
+    for name in names {
+        let t = tensors
+            .tensor(name)
+            .map_err(|e| bad(format!("tensor '{name}': {e}")))?;
+        if t.dtype() != Dtype::F32 {
+            return Err(bad(format!("tensor '{name}' is {:?}, not F32", t.dtype())));
+        }
+        let values: Vec<f32> = t
+            .data()
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        data = &data[size..];
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             return Err(bad(format!(
-                "tensor '{}' holds {} at element {i}",
-                t.name, values[i]
+                "tensor '{name}' holds {} at element {i}",
+                values[i]
             )));
         }
-        let map = match t.kind {
-            Kind::Weight => &mut checkpoint.weights,
-            Kind::Velocity => &mut checkpoint.velocity,
+        match name.strip_prefix(MOMENTUM) {
+            Some(weight) => checkpoint.velocity.insert(weight.to_owned(), values),
+            None => checkpoint.weights.insert(name.to_owned(), values),
         };
-        if map.insert(t.name.clone(), values).is_some() {
-            return Err(bad(format!("tensor '{}' is listed twice", t.name)));
-        }
-    }
-    if !data.is_empty() {
-        return Err(bad(format!("{} bytes after the last tensor", data.len())));
     }
     Ok(checkpoint)
 }
@@ -213,4 +253,52 @@ pub fn check_against(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (Checkpoint, BTreeMap<String, Vec<usize>>) {
+        let checkpoint = Checkpoint {
+            step: 2,
+            losses: vec![2.302_585_092_994_046, 2.1],
+            weights: BTreeMap::from([
+                (
+                    "fc.weight".to_owned(),
+                    vec![0.5, -1.25, 3.0, 0.0, 1e-30, -7.5],
+                ),
+                ("fc.bias".to_owned(), vec![0.1, 0.2]),
+            ]),
+            velocity: BTreeMap::from([("fc.bias".to_owned(), vec![-0.01, 0.02])]),
+        };
+        let shapes = BTreeMap::from([
+            ("fc.weight".to_owned(), vec![2, 3]),
+            ("fc.bias".to_owned(), vec![2]),
+        ]);
+        (checkpoint, shapes)
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_bit_for_bit_and_writes_the_same_bytes_every_time() {
+        let (checkpoint, shapes) = sample();
+        let bytes = to_bytes("plan-hash", &checkpoint, &shapes).expect("serialize");
+        for _ in 0..5 {
+            assert_eq!(
+                to_bytes("plan-hash", &checkpoint, &shapes).expect("serialize"),
+                bytes
+            );
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("c.safetensors");
+        std::fs::write(&path, &bytes).expect("write");
+        let back = read(&path, "plan-hash").expect("read");
+        assert_eq!(back.step, 2);
+        assert_eq!(back.losses, checkpoint.losses);
+        assert_eq!(back.weights, checkpoint.weights);
+        assert_eq!(back.velocity, checkpoint.velocity);
+        let file = SafeTensors::deserialize(&bytes).expect("safetensors");
+        assert_eq!(file.tensor("fc.weight").expect("a weight").shape(), [2, 3]);
+        assert!(read(&path, "another plan").is_err());
+    }
 }

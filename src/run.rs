@@ -44,7 +44,7 @@ pub struct RunOptions {
     pub data: Option<PathBuf>,
     /// Write the training state to `checkpoint` after every this many steps.
     pub checkpoint_every: Option<u32>,
-    /// The checkpoint file (`ralpc-checkpoint/2`).
+    /// The checkpoint file (`ralpc-checkpoint/3`, safetensors).
     pub checkpoint: Option<PathBuf>,
     /// Continue from this checkpoint file (written by a run of the same plan).
     pub resume: Option<PathBuf>,
@@ -153,14 +153,14 @@ fn check_fault(plan: &Plan, fault: Option<Fault>) -> Result<(), Error> {
 
 /// Name → elements of every weight a run of `p` trains (and checkpoints): the trainable
 /// weights some node reads.
-fn trained_weights(p: &Prepared) -> BTreeMap<String, usize> {
+fn trained_weights(p: &Prepared) -> BTreeMap<String, Vec<usize>> {
     p.weights
         .trainable
         .iter()
         .filter(|&&v| !p.graph.consumers(v).is_empty())
         .filter_map(|&v| {
             let t = p.weights.tensors.get(&v)?;
-            Some((p.graph.value(v).name.clone(), t.len()))
+            Some((p.graph.value(v).name.clone(), t.shape.clone()))
         })
         .collect()
 }
@@ -682,13 +682,18 @@ fn run_with(
         info_at: &info_at,
         compute,
     };
+    let trained = trained_weights(&p);
     let resume = options
         .resume
         .as_deref()
         .map(|path| crate::checkpoint::read(path, &plan.inputs))
         .transpose()?;
     if let Some(c) = &resume {
-        crate::checkpoint::check_against(c, &trained_weights(&p)).map_err(|m| {
+        let sizes = trained
+            .iter()
+            .map(|(name, shape)| (name.clone(), shape.iter().product()))
+            .collect();
+        crate::checkpoint::check_against(c, &sizes).map_err(|m| {
             let path = options.resume.as_deref().unwrap_or(Path::new(""));
             Error::Checkpoint(Box::new(format!("{}: {m}", path.display())))
         })?;
@@ -701,7 +706,7 @@ fn run_with(
     }
     let checkpoint_path = match (&options.checkpoint, options.checkpoint_every) {
         (Some(path), _) => Some(path.clone()),
-        (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.bin")),
+        (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.safetensors")),
         (None, None) => None,
     };
     // A checkpoint that cannot be written stops the run; the run then fails with the
@@ -709,7 +714,7 @@ fn run_with(
     let write_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::default();
     let write_checkpoint = |c: &Checkpoint| -> Result<(), String> {
         match &checkpoint_path {
-            Some(path) => crate::checkpoint::write(path, &plan.inputs, c).map_err(|e| {
+            Some(path) => crate::checkpoint::write(path, &plan.inputs, c, &trained).map_err(|e| {
                 let message = chain(&e);
                 if let Ok(mut first) = write_failure.lock() {
                     first.get_or_insert(e);

@@ -12,12 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What the environment installs: the versions the cases were checked with.
-const PACKAGES: [&str; 5] = [
+const PACKAGES: [&str; 6] = [
     "torch==2.15.*",
     "onnx==1.22.*",
     "onnxscript",
     "numpy",
     "maturin>=1.7,<2",
+    "safetensors",
 ];
 
 fn run(command: &mut Command, what: &str) -> String {
@@ -41,18 +42,21 @@ fn python() -> PathBuf {
     let env = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-env");
     let python = env.join("bin/python");
     let ready = env.join(".ralpc-ready");
-    if !ready.is_file() {
-        run(
-            Command::new("python3").args(["-m", "venv"]).arg(&env),
-            "python3 -m venv (Debian: apt install python3-venv)",
-        );
+    let wanted = PACKAGES.join("\n");
+    if std::fs::read_to_string(&ready).ok().as_deref() != Some(wanted.as_str()) {
+        if !python.is_file() {
+            run(
+                Command::new("python3").args(["-m", "venv"]).arg(&env),
+                "python3 -m venv (Debian: apt install python3-venv)",
+            );
+        }
         run(
             Command::new(&python)
                 .args(["-m", "pip", "install", "--quiet", "--no-cache-dir"])
                 .args(PACKAGES),
             "pip install (needs PyPI)",
         );
-        std::fs::write(&ready, PACKAGES.join("\n")).expect("the venv is writable");
+        std::fs::write(&ready, wanted).expect("the venv is writable");
     }
     python
 }
@@ -83,6 +87,63 @@ fn plans_apply_to_pytorch_modules_and_train_as_one_process() {
     let ok = report.lines().filter(|l| l.starts_with("ok ")).count();
     println!("{report}");
     assert!(ok >= 10, "expected every case to pass:\n{report}");
+}
+
+/// A checkpoint `ralpc run` writes is a safetensors file PyTorch loads as it is: every
+/// trained weight under its ONNX name in its shape, the momentum buffers, the state.
+#[test]
+fn checkpoints_load_in_pytorch() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("fixtures/train/cnn.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = env!("CARGO_BIN_EXE_ralpc");
+    run(
+        Command::new(bin)
+            .arg("plan")
+            .arg(&model)
+            .args(["--gpus", "2", "--batch", "8", "-o"])
+            .arg(dir.path()),
+        "ralpc plan",
+    );
+    let checkpoint = dir.path().join("state.safetensors");
+    run(
+        Command::new(bin)
+            .arg("run")
+            .arg(dir.path())
+            .args(["--steps", "2", "--checkpoint-every", "2", "--checkpoint"])
+            .arg(&checkpoint),
+        "ralpc run",
+    );
+    let script = r#"
+import json, sys
+import onnx, torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+state = load_file(sys.argv[1])
+with safe_open(sys.argv[1], "pt") as f:
+    meta = json.loads(f.metadata()["ralpc"])
+assert meta["format"] == "ralpc-checkpoint/3" and meta["step"] == 2, meta
+assert len(meta["losses"]) == 2, meta
+model = onnx.load(sys.argv[2], load_external_data=False)
+dims = {t.name: tuple(t.dims) for t in model.graph.initializer if len(t.dims) > 0}
+weights = [k for k in state if not k.startswith("momentum/")]
+assert weights, state.keys()
+for name in weights:
+    assert name in dims, name
+    assert tuple(state[name].shape) == dims[name], (name, state[name].shape, dims[name])
+    assert state[name].dtype == torch.float32 and torch.isfinite(state[name]).all(), name
+    momentum = state.get("momentum/" + name)
+    assert momentum is not None and momentum.shape == state[name].shape, name
+print("ok", len(weights), "weights")
+"#;
+    let out = run(
+        Command::new(python())
+            .args(["-c", script])
+            .arg(&checkpoint)
+            .arg(&model),
+        "load the checkpoint in PyTorch",
+    );
+    assert!(out.contains("ok "), "{out}");
 }
 
 fn prepend_path(dir: &Path) -> std::ffi::OsString {

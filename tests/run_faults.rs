@@ -6,10 +6,12 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ralpc::runtime::cpu::exec::{Fault, FaultKind};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 /// Plans the CNN fixture with `strategy` into a temporary directory.
 fn plan(strategy: &str, gpus: u32) -> (tempfile::TempDir, PathBuf) {
@@ -217,62 +219,72 @@ fn damaged_checkpoints_are_refused_before_the_run() {
     })
     .expect("two steps and a checkpoint");
     let bytes = std::fs::read(&checkpoint).expect("written");
-    let end = bytes
+    let (header, metadata) = SafeTensors::read_metadata(&bytes).expect("a safetensors file");
+    let state: serde_json::Value = serde_json::from_str(
+        metadata
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("ralpc"))
+            .expect("ralpc's metadata"),
+    )
+    .expect("JSON");
+    let file = SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    let mut names = file.names();
+    names.sort_unstable();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
         .iter()
-        .position(|&b| b == b'\n')
-        .expect("a header line");
-    let header: serde_json::Value = serde_json::from_slice(&bytes[..end]).expect("JSON");
-    let data = bytes[end + 1..].to_vec();
-    // The file with `header` and `data`, the hash recomputed unless `keep_hash`.
-    let file = |mut header: serde_json::Value, data: &[u8], keep_hash: bool| {
-        if !keep_hash {
-            header["blake3"] = blake3::hash(data).to_hex().to_string().into();
-        }
-        let mut out = serde_json::to_vec(&header).expect("JSON");
-        out.push(b'\n');
-        out.extend_from_slice(data);
-        out
+        .map(|&n| {
+            let t = file.tensor(n).expect("a tensor");
+            (n.to_owned(), t.shape().to_vec(), t.data().to_vec())
+        })
+        .collect();
+    // A checkpoint of `tensors`, its hash recomputed over their data.
+    let doctored = |tensors: &[(String, Vec<usize>, Vec<u8>)]| {
+        let write = |state: &serde_json::Value| {
+            let views = tensors.iter().map(|(n, shape, data)| {
+                let view = TensorView::new(Dtype::F32, shape.clone(), data).expect("a view");
+                (n.as_str(), view)
+            });
+            let metadata = HashMap::from([("ralpc".to_owned(), state.to_string())]);
+            safetensors::serialize(views, Some(metadata)).expect("serialize")
+        };
+        let mut state = state.clone();
+        let draft = write(&state);
+        let (n, _) = SafeTensors::read_metadata(&draft).expect("a safetensors file");
+        state["blake3"] = blake3::hash(&draft[8 + n..]).to_hex().to_string().into();
+        write(&state)
     };
-    let first_len = header["tensors"][0]["len"].as_u64().expect("len") as usize;
-    let mut flipped = data.clone();
-    flipped[5] ^= 0x10;
-    let mut nan = data.clone();
-    nan[..4].copy_from_slice(&f32::NAN.to_le_bytes());
-    let mut renamed = header.clone();
-    renamed["tensors"][0]["name"] = "no.such.weight".into();
-    let mut missing = header.clone();
-    missing["tensors"]
-        .as_array_mut()
-        .expect("tensors")
-        .remove(0);
-    let mut extra = header.clone();
-    extra["tensors"]
-        .as_array_mut()
-        .expect("tensors")
-        .push(serde_json::json!({"name": "stray", "kind": "velocity", "len": 1}));
-    let mut more = data.clone();
-    more.extend(0f32.to_le_bytes());
+    let mut flipped = bytes.clone();
+    flipped[8 + header + 5] ^= 0x10;
+    let mut nan = tensors.clone();
+    nan[0].2[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let mut renamed = tensors.clone();
+    renamed[0].0 = "no.such.weight".into();
+    let missing = tensors[1..].to_vec();
+    let mut extra = tensors.clone();
+    extra.push((
+        "momentum/stray".into(),
+        vec![1],
+        0f32.to_le_bytes().to_vec(),
+    ));
     let cases = [
-        (
-            "flipped bit",
-            file(header.clone(), &flipped, true),
-            "do not match their hash",
-        ),
-        ("NaN", file(header.clone(), &nan, false), "holds NaN"),
+        ("flipped bit", flipped, "do not match their hash"),
+        ("NaN", doctored(&nan), "holds NaN"),
         (
             "renamed",
-            file(renamed, &data, false),
+            doctored(&renamed),
             "it has no weight 'conv0.bias'",
         ),
-        (
-            "missing",
-            file(missing, &data[first_len * 4..], false),
-            "it has no weight",
-        ),
+        ("missing", doctored(&missing), "it has no weight"),
         (
             "extra",
-            file(extra, &more, false),
+            doctored(&extra),
             "momentum 'stray' is not a weight of the model",
+        ),
+        (
+            "not a checkpoint",
+            b"{\"format\": \"ralpc-checkpoint/2\"}\n".to_vec(),
+            "not a safetensors file",
         ),
     ];
     for (what, bytes, says) in cases {

@@ -15,8 +15,8 @@ Examples:
   ralpc run cnn.ralpc --steps 5              # 4 ranks as threads of this process
   ralpc run cnn.ralpc/plan.json --json       # {\"losses\": [...], \"samples_per_s\": ...}
   ralpc run cnn.ralpc --data batch.json      # your inputs and labels
-  ralpc run cnn.ralpc --steps 100 --checkpoint-every 10     # cnn.ralpc/checkpoint.bin
-  ralpc run cnn.ralpc --steps 100 --resume cnn.ralpc/checkpoint.bin
+  ralpc run cnn.ralpc --steps 100 --checkpoint-every 10     # cnn.ralpc/checkpoint.safetensors
+  ralpc run cnn.ralpc --steps 100 --resume cnn.ralpc/checkpoint.safetensors
   ralpc launch cnn.ralpc --steps 5           # the same, one process per rank
   torchrun --nproc-per-node 4 --no-python ralpc run cnn.ralpc   # any launcher
 
@@ -69,7 +69,7 @@ pub struct Args {
     /// Write the weights and optimizer state after every N steps (atomically).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub checkpoint_every: Option<u32>,
-    /// The checkpoint file [default: checkpoint.bin beside the plan].
+    /// The checkpoint file [default: checkpoint.safetensors beside the plan].
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// Continue from a checkpoint of this plan: the same losses as an uninterrupted run.

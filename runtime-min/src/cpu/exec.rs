@@ -24,15 +24,17 @@
 //! checks that they cover what it holds. Anything the plan does not deliver is an error
 //! naming the rank, the instruction and the tensor — never a silent zero.
 //!
-//! Not executable yet (refused with a clear error): spatial (attribute) splits of
-//! convolutions and pooling, which need halo rows the plan does not carry; row-parallel
-//! dense layers with a fused epilogue other than adds (of a bias, or of a residual each
-//! rank adds its feature slice of); a loss over logits split by
-//! classes; the asynchronous (PipeDream) schedule. A tensor held whole by replicas (a
-//! row-parallel layer's output, a LayerNorm held by a tensor-parallel group) whose
-//! consumer reads a part of it fails in backward naming the gradient the other replicas
-//! lack: the plan does not all-gather it yet. Batch normalization uses each rank's local batch,
-//! as PyTorch's DDP does without SyncBatchNorm.
+//! A convolution or pooling split by rows computes each piece from its rows and the halo
+//! around them, exchanged as the plan's halo messages say ([`halo`]).
+//!
+//! Not executable yet (refused with a clear error): row-parallel dense layers with a fused
+//! epilogue other than adds (of a bias, or of a residual each rank adds its feature slice
+//! of); a loss over logits split by classes; the asynchronous (PipeDream) schedule. A
+//! tensor held whole by replicas (a row-parallel layer's output, a LayerNorm held by a
+//! tensor-parallel group) whose consumer reads a part of it fails in backward naming the
+//! gradient the other replicas lack: the plan does not all-gather it yet. Batch
+//! normalization uses each rank's local batch (and rows), as PyTorch's DDP does without
+//! SyncBatchNorm.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
