@@ -1,9 +1,11 @@
 //! Forward and backward kernels on `f32` slices in row-major NCHW layout.
 //!
-//! Matrix products go through `matrixmultiply` (packed, vectorized GEMM; [`gemm`] runs
+//! Matrix products go through the `gemm` crate (packed, vectorized; [`gemm`] runs
 //! blocks of large ones in parallel), never a hand-written loop nest; convolutions are lowered to it with im2col, one sample at a
 //! time in parallel (rayon). Backward kernels accumulate into their gradient outputs
 //! (`+=`), as a layer's gradient sums over microbatches and over consumers.
+
+use std::cell::Cell;
 
 use rayon::prelude::*;
 
@@ -11,7 +13,7 @@ use rayon::prelude::*;
 /// `B` (`k×n`, or `n×k` when `trans_b`) and `C` (`m×n`).
 ///
 /// Large products are cut into blocks of rows of `C` (or of columns, when `C` has few
-/// rows) that rayon runs in parallel; each block is one `matrixmultiply` call. Inside an
+/// rows) that rayon runs in parallel; each block is one `gemm::gemm` call. Inside an
 /// already parallel loop (a convolution's samples) the blocks are stolen as threads free
 /// up, so nothing is oversubscribed.
 #[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
@@ -95,21 +97,27 @@ fn gemm_in(
                     len,
                 )
             };
-            matrixmultiply::sgemm(
+            // gemm's `dst = alpha·dst + beta·lhs·rhs`: BLAS's alpha and beta swap places.
+            gemm::gemm(
                 mm,
-                k,
                 nn,
-                alpha,
-                a_ptr,
-                rsa as isize,
-                csa as isize,
-                b_ptr,
-                rsb as isize,
-                csb as isize,
-                beta,
+                k,
                 c_ptr,
-                n as isize,
                 1,
+                n as isize,
+                beta != 0.0,
+                a_ptr,
+                csa as isize,
+                rsa as isize,
+                b_ptr,
+                csb as isize,
+                rsb as isize,
+                beta,
+                alpha,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
             );
         }
     };
@@ -223,14 +231,20 @@ impl Conv2d {
         self.kernel == (1, 1) && self.stride == (1, 1) && self.padding == [0; 4]
     }
 
-    /// One sample's input as columns (borrowed as is for a pointwise convolution).
-    fn columns<'x>(&self, x: &'x [f32]) -> std::borrow::Cow<'x, [f32]> {
+    /// Runs `f` on one sample's input as columns (the input as it is for a pointwise
+    /// convolution), in this thread's scratch buffer.
+    fn with_columns<R>(&self, x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
         if self.pointwise() {
-            return std::borrow::Cow::Borrowed(x);
+            return f(x);
         }
-        let mut cols = vec![0.0; self.groups * self.group_patch() * self.pixels()];
-        self.im2col(x, &mut cols);
-        std::borrow::Cow::Owned(cols)
+        with_scratch(
+            Scratch::Columns,
+            self.groups * self.group_patch() * self.pixels(),
+            |cols| {
+                self.im2col(x, cols);
+                f(cols)
+            },
+        )
     }
 
     /// One sample's input as columns. With unit stride and dilation each output row of a
@@ -289,22 +303,23 @@ impl Conv2d {
         y.par_chunks_mut(self.out_channels * pixels)
             .zip(x.par_chunks(self.in_size()))
             .for_each(|(ys, xs)| {
-                let cols = self.columns(xs);
-                for g in 0..self.groups {
-                    gemm_in(
-                        split,
-                        og,
-                        patch,
-                        pixels,
-                        1.0,
-                        &w[g * og * patch..],
-                        false,
-                        &cols[g * patch * pixels..],
-                        false,
-                        0.0,
-                        &mut ys[g * og * pixels..],
-                    );
-                }
+                self.with_columns(xs, |cols| {
+                    for g in 0..self.groups {
+                        gemm_in(
+                            split,
+                            og,
+                            patch,
+                            pixels,
+                            1.0,
+                            &w[g * og * patch..],
+                            false,
+                            &cols[g * patch * pixels..],
+                            false,
+                            0.0,
+                            &mut ys[g * og * pixels..],
+                        );
+                    }
+                });
                 if let Some(b) = bias {
                     for (o, plane) in ys.chunks_mut(pixels).enumerate() {
                         plane.iter_mut().for_each(|v| *v += b[o]);
@@ -335,46 +350,49 @@ impl Conv2d {
             .map(|n| {
                 let xs = &x[n * in_size..(n + 1) * in_size];
                 let dys = &dy[n * out_size..(n + 1) * out_size];
-                let cols = self.columns(xs);
                 let mut dw_n = vec![0.0; self.out_channels * patch];
-                for g in 0..self.groups {
-                    gemm_in(
-                        split,
-                        og,
-                        pixels,
-                        patch,
-                        1.0,
-                        &dys[g * og * pixels..],
-                        false,
-                        &cols[g * patch * pixels..],
-                        true,
-                        0.0,
-                        &mut dw_n[g * og * patch..],
-                    );
-                }
-                let dx_n = dx.is_some().then(|| {
-                    let mut dcols = vec![0.0; self.groups * patch * pixels];
+                self.with_columns(xs, |cols| {
                     for g in 0..self.groups {
                         gemm_in(
                             split,
-                            patch,
                             og,
                             pixels,
+                            patch,
                             1.0,
-                            &w[g * og * patch..],
-                            true,
                             &dys[g * og * pixels..],
                             false,
+                            &cols[g * patch * pixels..],
+                            true,
                             0.0,
-                            &mut dcols[g * patch * pixels..],
+                            &mut dw_n[g * og * patch..],
                         );
                     }
-                    if self.pointwise() {
-                        return dcols;
-                    }
-                    let mut dx_n = vec![0.0; in_size];
-                    self.col2im(&dcols, &mut dx_n);
-                    dx_n
+                });
+                let dx_n = dx.is_some().then(|| {
+                    let columns = self.groups * patch * pixels;
+                    with_scratch(Scratch::Gradients, columns, |dcols| {
+                        for g in 0..self.groups {
+                            gemm_in(
+                                split,
+                                patch,
+                                og,
+                                pixels,
+                                1.0,
+                                &w[g * og * patch..],
+                                true,
+                                &dys[g * og * pixels..],
+                                false,
+                                0.0,
+                                &mut dcols[g * patch * pixels..],
+                            );
+                        }
+                        if self.pointwise() {
+                            return dcols.to_vec();
+                        }
+                        let mut dx_n = vec![0.0; in_size];
+                        self.col2im(dcols, &mut dx_n);
+                        dx_n
+                    })
                 });
                 (dw_n, dx_n)
             })
@@ -423,6 +441,35 @@ impl Conv2d {
                 self.col2im(&cols, ys);
             });
     }
+}
+
+/// Which of a thread's scratch buffers.
+#[derive(Clone, Copy)]
+enum Scratch {
+    /// A sample's input as columns.
+    Columns,
+    /// Their gradient.
+    Gradients,
+}
+
+thread_local! {
+    /// Each worker's scratch buffers, kept between calls: a large convolution's column
+    /// matrix is tens of megabytes per sample, and allocating it afresh each time cost
+    /// page faults that took a quarter of VGG16's forward pass.
+    static SCRATCH: [Cell<Vec<f32>>; 2] = const { [Cell::new(Vec::new()), Cell::new(Vec::new())] };
+}
+
+/// Runs `f` on `len` floats of unspecified contents (it must write what it reads), in
+/// this thread's scratch buffer `which`. A nested call on the same thread (a task stolen
+/// while waiting) finds the buffer taken and uses a fresh one.
+fn with_scratch<R>(which: Scratch, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buffer = SCRATCH.with(|s| s[which as usize].take());
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    let result = f(&mut buffer[..len]);
+    SCRATCH.with(|s| s[which as usize].set(buffer));
+    result
 }
 
 /// `a += b`, elementwise.
