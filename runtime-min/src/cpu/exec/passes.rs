@@ -1,0 +1,436 @@
+//! A rank's forward and backward passes: each layer's inputs assembled from what it
+//! holds and what it received, its compute on its share, its input gradients kept for the
+//! messages and sums that return them.
+
+use super::*;
+
+impl Rank<'_, '_> {
+    pub(super) fn value_name(&self, v: ValueId) -> &str {
+        &self.p.exe.graph.value(v).name
+    }
+
+    /// The region of edge `e`'s tensor that consumer rank `rank` needs.
+    pub(super) fn need(&self, e: usize, rank: u32) -> Result<Region, String> {
+        let edge = &self.p.edges[e];
+        let c = &self.p.layers[edge.consumer];
+        let k = c
+            .holds(rank)
+            .ok_or_else(|| format!("rank {rank} does not run {}", c.name))?;
+        self.p.region(edge.value, &c.view_in(), k)
+    }
+
+    /// The region of edge `e`'s tensor that producer rank `rank` holds.
+    pub(super) fn held(&self, e: usize, rank: u32) -> Result<Region, String> {
+        let edge = &self.p.edges[e];
+        let pl = &self.p.layers[edge.producer];
+        let k = pl
+            .holds(rank)
+            .ok_or_else(|| format!("rank {rank} does not run {}", pl.name))?;
+        self.p.region(edge.value, &pl.view_out(), k)
+    }
+
+    /// The region of an input only a split layer's epilogue reads (a residual added after
+    /// the product) that the rank's output meets, where it differs from what the plan
+    /// delivers: under an output-feature split, the rank's features of it (a crop); under a
+    /// row-parallel split, whose ranks each add their feature slice into a partial sum of
+    /// every feature, the whole output (the slice padded with zeros, so that the sum of
+    /// the partial sums adds the input once). `None` for inputs used as delivered.
+    pub(super) fn epilogue_share(
+        &self,
+        l: usize,
+        k: u32,
+        e: usize,
+    ) -> Result<Option<Region>, String> {
+        let need = self.need(e, self.rank)?;
+        self.epilogue_crop(l, k, self.p.edges[e].value, need)
+    }
+
+    /// As [`Rank::epilogue_share`], for any input `v` the rank reads as `need`.
+    pub(super) fn epilogue_crop(
+        &self,
+        l: usize,
+        k: u32,
+        v: ValueId,
+        need: Region,
+    ) -> Result<Option<Region>, String> {
+        let layer = &self.p.layers[l];
+        let g = self.p.exe.graph;
+        let split_output =
+            matches!(layer.kind, LayerKind::Conv | LayerKind::Dense) && (layer.split.parameter > 1);
+        let row_parallel = layer.kind == LayerKind::Dense && layer.split.attribute > 1;
+        if !split_output && !row_parallel {
+            return Ok(None);
+        }
+        // Only what the epilogue alone reads: not the product's operands, nor what ops
+        // before it read.
+        let Some(main) = layer.main else {
+            return Ok(None);
+        };
+        let reads = |n: &NodeId| {
+            g.node(*n)
+                .inputs
+                .iter()
+                .flatten()
+                .any(|&x| carrier(self.p.exe.layers, x) == v)
+        };
+        if !layer
+            .nodes
+            .iter()
+            .filter(|n| reads(n))
+            .all(|&n| after(&layer.nodes, main, n))
+        {
+            return Ok(None);
+        }
+        let out = self.p.region(v, &layer.view_out(), k)?;
+        Ok(Some(if split_output {
+            intersect(&need, &out)
+        } else {
+            out
+        }))
+    }
+
+    /// Edge `e`'s input as delivered (the rank's need) reframed to `share`
+    /// ([`Rank::epilogue_share`]).
+    pub(super) fn reframe(&self, x: &Tensor, e: usize, share: &Region) -> Result<Tensor, String> {
+        let need = self.need(e, self.rank)?;
+        let dims = self.p.local_dims(self.p.edges[e].value, share);
+        match x.floats() {
+            Some(values) => Ok(Tensor::f32(dims, reframe(values, &need, share))),
+            None => Ok(crop(x, &need, share).reshaped(dims)),
+        }
+    }
+
+    /// The input of edge `e` this rank needs, from what it holds and what it received.
+    pub(super) fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, String> {
+        let edge = &self.p.edges[e];
+        let need = self.need(e, self.rank)?;
+        let n = volume(&need);
+        let mut out = vec![0.0f32; n];
+        let mut filled = vec![false; n];
+        if self.p.layers[edge.producer].holds(self.rank).is_some() {
+            let held = self.held(e, self.rank)?;
+            if let Some(run) = self.runs.get(&(edge.producer, mb)) {
+                let x = run
+                    .values
+                    .get(edge.value)
+                    .ok_or("the producer's output is missing")?;
+                let values = x
+                    .floats()
+                    .ok_or("only floating-point tensors flow between layers")?;
+                fill(&mut out, &mut filled, &need, values, &held);
+            }
+        }
+        for (region, part) in self.pieces.remove(&(e, mb)).unwrap_or_default() {
+            fill(
+                &mut out,
+                &mut filled,
+                &need,
+                part.floats().unwrap_or_default(),
+                &region,
+            );
+        }
+        let missing = filled.iter().filter(|f| !**f).count();
+        if missing > 0 {
+            return Err(format!(
+                "{missing} of the {n} elements of '{}' that layer {} needs never arrived",
+                self.value_name(edge.value),
+                self.p.layers[edge.consumer].name
+            ));
+        }
+        Ok(Tensor::f32(self.p.local_dims(edge.value, &need), out))
+    }
+
+    /// Layer `l`'s forward on microbatch `mb`; `again` for its recomputation, which reads
+    /// the run's kept inputs.
+    pub(super) fn forward(&mut self, l: usize, mb: u32, again: bool) -> Result<(), String> {
+        let p = self.p;
+        let layer = &p.layers[l];
+        let run = p.recompute[l];
+        if again && run.is_none() {
+            return Err(format!("layer {} is not recomputed", layer.name));
+        }
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let g = p.exe.graph;
+        let mut values = Values::new(g);
+        let samples = interval(layer.view_in().pieces(k)[0], p.microbatch);
+        for &(v, source) in &layer.inputs {
+            let c = carrier(p.exe.layers, v);
+            let t =
+                match source {
+                    Source::Edge(e) => {
+                        let whole = self.layer_input(l, e, mb, again)?;
+                        let whole = match p.edges[e].halo {
+                            true => self.add_halo(l, k, e, mb, whole)?,
+                            false => whole,
+                        };
+                        match self.epilogue_share(l, k, e)? {
+                            Some(share) => self.reframe(&whole, e, &share)?,
+                            None => whole,
+                        }
+                    }
+                    Source::GraphInput => {
+                        let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
+                        let need = p.region(c, &layer.view_in(), k)?;
+                        let need = match p.reads_halo(l, c) {
+                            true => p.with_halo(l, k, c, &need)?,
+                            false => need,
+                        };
+                        let share = self.epilogue_crop(l, k, c, need.clone())?;
+                        // The rank's piece of this microbatch's rows of the global batch.
+                        let offset = mb as usize * p.microbatch;
+                        let global: Region = full.shape.iter().map(|&d| 0..d).collect();
+                        let shifted: Region = need
+                            .iter()
+                            .enumerate()
+                            .map(|(d, r)| {
+                                if d == 0 {
+                                    r.start + offset..r.end + offset
+                                } else {
+                                    r.clone()
+                                }
+                            })
+                            .collect();
+                        let t = crop(full, &global, &shifted);
+                        match (share, t.floats()) {
+                            (Some(share), Some(values)) => {
+                                Tensor::f32(p.local_dims(c, &share), reframe(values, &need, &share))
+                            }
+                            (Some(share), None) => crop(&t, &need, &share),
+                            (None, _) => t,
+                        }
+                    }
+                    Source::Constant => match self.weights.get(&c) {
+                        Some((_, t)) if p.tied.contains(&c) => {
+                            let first = layer.first_slice(k);
+                            share(t, &p.slice_of(layer, k, c), first)
+                        }
+                        Some((_, t)) => t.clone(),
+                        None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
+                            format!("constant '{}' is missing", self.value_name(c))
+                        })?,
+                    },
+                    Source::Derived => p.derive(c, samples.len() as u64)?,
+                    Source::Folded => {
+                        let info = p.info_at(samples.len() as u64)?;
+                        folded(&info, c).ok_or_else(|| {
+                            format!(
+                                "'{}' has no value at batch {}",
+                                self.value_name(c),
+                                samples.len()
+                            )
+                        })?
+                    }
+                };
+            // A vocabulary piece's ids: its rows, the others its zero row.
+            let t = match p.vocabulary_rows(layer, k, v) {
+                Some(rows) => {
+                    let ids = t
+                        .to_i64s()
+                        .iter()
+                        .map(|&id| match usize::try_from(id) {
+                            Ok(i) if rows.contains(&i) => (i - rows.start) as i64,
+                            _ => rows.len() as i64,
+                        })
+                        .collect();
+                    Tensor::i64(t.shape.clone(), ids)
+                }
+                None => t,
+            };
+            // A head piece's reshape targets and split sizes.
+            let t = match (source, layer.local.is_empty()) {
+                (Source::Constant | Source::Folded | Source::Derived, false) => {
+                    let ints = t.to_i64s();
+                    match layer
+                        .local
+                        .apply(v, &ints)
+                        .or_else(|| layer.local.apply(c, &ints))
+                    {
+                        Some(local) => Tensor::i64(t.shape.clone(), local),
+                        None => t,
+                    }
+                }
+                _ => t,
+            };
+            values.set(v, t.clone());
+            if c != v {
+                values.set(c, t);
+            }
+        }
+        let records = self
+            .compute
+            .forward(p.graph_of(l, k), &layer.nodes, &mut values, p.env)
+            .map_err(|e| e.to_string())?;
+        let mut regions = BTreeMap::new();
+        for &o in &layer.outputs {
+            let region = p.region(o, &layer.view_out(), k)?;
+            let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
+            let want = p.local_dims(o, &region);
+            if got != want {
+                return Err(format!(
+                    "layer {} computed '{}' of shape {got:?} where its share is {want:?}",
+                    layer.name,
+                    self.value_name(o),
+                ));
+            }
+            regions.insert(o, region);
+        }
+        self.runs.insert(
+            (l, mb),
+            LayerRun {
+                values,
+                records,
+                regions,
+                dropped: false,
+            },
+        );
+        if let Some((first, last)) = run.filter(|&(_, last)| last == l && !again) {
+            self.drop_run(first, last, mb);
+        }
+        Ok(())
+    }
+
+    pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), String> {
+        let p = self.p;
+        let layer = &p.layers[l];
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let run = self.runs.remove(&(l, mb)).ok_or_else(|| {
+            format!(
+                "layer {} has no forward pass for microbatch {mb}",
+                layer.name
+            )
+        })?;
+        if run.dropped {
+            return Err(format!(
+                "layer {}'s activations of microbatch {mb} were dropped for recomputation \
+                 and not recomputed",
+                layer.name
+            ));
+        }
+        self.spend_checkpoints(l, mb);
+        let mut grads = Grads::default();
+        for (&o, held) in &run.regions {
+            let n = volume(held);
+            let mut total = vec![0.0f32; n];
+            let mut any = false;
+            for e in
+                (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
+            {
+                let mut acc = vec![0.0f32; n];
+                let mut filled = vec![false; n];
+                if let Some((region, data)) = self.input_grads.get(&(e, mb)) {
+                    fill(&mut acc, &mut filled, held, data, region);
+                }
+                for (region, data) in self.grad_pieces.remove(&(e, mb)).unwrap_or_default() {
+                    fill(&mut acc, &mut filled, held, &data, &region);
+                }
+                let missing = filled.iter().filter(|f| !**f).count();
+                if missing > 0 {
+                    return Err(format!(
+                        "{missing} of the {n} gradient elements of '{}' (read by layer {}) never came back",
+                        self.value_name(o),
+                        p.layers[p.edges[e].consumer].name
+                    ));
+                }
+                kernels::add(&mut total, &acc);
+                any = true;
+            }
+            if (l, o) == p.output {
+                let y = run.values.get(o).ok_or("the output is missing")?;
+                let dy = self.output_loss(l, k, mb, y, held)?;
+                kernels::add(&mut total, &dy);
+                any = true;
+            }
+            if any {
+                grads.add(o, &total);
+            }
+        }
+        self.compute
+            .backward(p.graph_of(l, k), &run.records, &run.values, &mut grads)
+            .map_err(|e| e.to_string())?;
+        // A weight read through an alias gets its gradient there.
+        for &(v, source) in &layer.inputs {
+            let c = carrier(p.exe.layers, v);
+            if source == Source::Constant && c != v {
+                if let Some(g) = grads.take(v) {
+                    grads.add(c, &g);
+                }
+            }
+        }
+        // Replicas of a layer held whole (LayerNorms over a tensor-parallel group) compute
+        // the same weight gradients: the first counts them, the others add zeros.
+        let counted = first_replica(layer.kind, layer.split, k);
+        for &w in &layer.weights {
+            if !self.trains(layer, w) {
+                continue;
+            }
+            let gw = match (grads.take(w), self.weights.get(&w)) {
+                (Some(gw), Some((_, whole))) if p.tied.contains(&w) => {
+                    Some(place(gw, &p.slice_of(layer, k, w), &whole.shape))
+                }
+                (gw, _) => gw,
+            };
+            let gw = gw.map(|g| if counted { g } else { vec![0.0; g.len()] });
+            // What a vocabulary piece's zero row gathered (ids it does not hold) is dropped.
+            let gw = match self.weights.get(&w) {
+                Some((Slice::Vocabulary(_), t)) if !p.tied.contains(&w) => gw.map(|mut g| {
+                    let width: usize = t.shape[1..].iter().product();
+                    let n = g.len();
+                    g[n.saturating_sub(width)..].fill(0.0);
+                    g
+                }),
+                _ => gw,
+            };
+            if let Some(gw) = gw {
+                match self.grads.get_mut(&w) {
+                    Some(acc) => kernels::add(acc, &gw),
+                    None => {
+                        self.grads.insert(w, gw);
+                    }
+                }
+            }
+        }
+        let mut sums = VecDeque::new();
+        for &(v, source) in &layer.inputs {
+            let Source::Edge(e) = source else { continue };
+            let need = self.need(e, self.rank)?;
+            let share = self.epilogue_share(l, k, e)?;
+            let halo = match p.edges[e].halo {
+                true => Some(p.with_halo(l, k, p.edges[e].value, &need)?),
+                false => None,
+            };
+            let read = halo
+                .clone()
+                .or_else(|| share.clone())
+                .unwrap_or_else(|| need.clone());
+            let gv = grads
+                .take(v)
+                .or_else(|| grads.take(carrier(p.exe.layers, v)))
+                .unwrap_or_else(|| vec![0.0; volume(&read)]);
+            let gv = match halo {
+                Some(ext) => self.split_halo_gradient(e, mb, ext, gv, &need),
+                None => gv,
+            };
+            // A cropped input's gradient is zero outside the crop; the input-gradient sum
+            // over the parameter slices then assembles the whole.
+            let gv = match share {
+                Some(share) => reframe(&gv, &share, &need),
+                None => gv,
+            };
+            self.input_grads.insert((e, mb), (need, gv));
+            if matches!(layer.kind, LayerKind::Conv | LayerKind::Dense)
+                && layer.split.parameter > 1
+                && !p.edges[e].scattered
+            {
+                sums.push_back(e);
+            }
+        }
+        if !sums.is_empty() {
+            self.pending_sums.insert((l, mb), sums);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,499 @@
+//! Preparing a plan to run: the layers' shares, tensors and weights as the executor
+//! needs them, and what it refuses.
+
+use super::*;
+
+impl<'a> Prepared<'a> {
+    pub(super) fn new(exe: &'a Executable<'a>) -> Result<Prepared<'a>, RunError> {
+        let plan = exe.plan;
+        let lg = exe.layers;
+        let g = exe.graph;
+        if plan.layers.len() != lg.layers.len()
+            || plan
+                .layers
+                .iter()
+                .zip(&lg.layers)
+                .any(|(a, b)| *a != b.name)
+        {
+            return Err(setup(
+                "the plan's layers are not this model's: plan it again for this model",
+            ));
+        }
+        let strategy = plan
+            .strategy
+            .resolve(lg)
+            .map_err(|e| setup(format!("the plan's strategy: {e}")))?;
+        if strategy.schedule == Schedule::Async {
+            return Err(setup(
+                "the asynchronous (PipeDream) schedule is not executable on the CPU backend: \
+                 its weight versions change the numerics by design; plan with --schedule 1f1b",
+            ));
+        }
+        let m = plan.microbatches.max(1) as u64;
+        if plan.batch % m != 0 {
+            return Err(setup(format!(
+                "the batch {} does not divide into {m} microbatches",
+                plan.batch
+            )));
+        }
+        let stage_of = strategy.stage_of_layers();
+        let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
+        // Edges in the lowering's order: by consumer, then its inputs from layers.
+        let mut edges = Vec::new();
+        for (c, layer) in lg.layers.iter().enumerate() {
+            for e in &layer.inputs {
+                let Producer::Layer(p) = e.from else { continue };
+                let p = p.0 as usize;
+                let value = e.value.ok_or_else(|| {
+                    setup(format!("layer {} has an edge without a tensor", layer.name))
+                })?;
+                let kind = |l: usize| lg.layers[l].kind;
+                let scattered = stage_of[p] == stage_of[c]
+                    && gathers(kind(p), place(p), kind(c), place(c))
+                        .is_some_and(|ranks| scatters_gradient(&ranks, kind(c), place(c)));
+                edges.push(EdgeInfo {
+                    producer: p,
+                    consumer: c,
+                    value: carrier(lg, value),
+                    scattered,
+                    halo: false,
+                });
+            }
+        }
+        let mut produced_by: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for (l, layer) in lg.layers.iter().enumerate() {
+            for part in &layer.parts {
+                produced_by.insert(part.node, l);
+            }
+        }
+        let order = exe.info.positions();
+        let graph_output = *g
+            .outputs()
+            .first()
+            .ok_or_else(|| setup("the model has no output"))?;
+        let graph_output = carrier(lg, graph_output);
+        let mut output = None;
+        let mut weight_owner: BTreeMap<ValueId, usize> = BTreeMap::new();
+        let tied_all_reduced: BTreeSet<&str> = plan
+            .programs
+            .iter()
+            .flatten()
+            .filter_map(|i| match i {
+                Instruction::AllReduce {
+                    tied: Some(name), ..
+                } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let mut layers = Vec::with_capacity(lg.layers.len());
+        for (l, layer) in lg.layers.iter().enumerate() {
+            // Generated weights come from the weights, not from the layer's prologue.
+            let mut nodes: Vec<NodeId> = layer
+                .parts
+                .iter()
+                .map(|p| p.node)
+                .filter(|&n| {
+                    !g.node(n)
+                        .outputs
+                        .iter()
+                        .all(|v| exe.weights.trainable.contains(v))
+                })
+                .collect();
+            nodes.sort_by_key(|n| order.get(n).copied().unwrap_or(usize::MAX));
+            let inside: BTreeSet<ValueId> = nodes
+                .iter()
+                .flat_map(|&n| g.node(n).outputs.iter().copied())
+                .collect();
+            let mut inputs: Vec<(ValueId, Source)> = Vec::new();
+            let mut weights = Vec::new();
+            let mut owned = Vec::new();
+            for &n in &nodes {
+                for v in g.node(n).inputs.iter().flatten().copied() {
+                    if inside.contains(&v) || inputs.iter().any(|(w, _)| *w == v) {
+                        continue;
+                    }
+                    let c = carrier(lg, v);
+                    let producer = g.node(g.value(c).producer);
+                    let source = if let Some(e) =
+                        edges.iter().position(|e| e.consumer == l && e.value == c)
+                    {
+                        Source::Edge(e)
+                    } else if matches!(producer.op, Op::Constant { .. })
+                        || exe.weights.trainable.contains(&c)
+                    {
+                        if exe.weights.trainable.contains(&c) {
+                            // The first layer reading a weight carries its gradient in its
+                            // bucket, unless the plan sums it by its own all-reduce.
+                            if !weight_owner.contains_key(&c) {
+                                weight_owner.insert(c, l);
+                                if !tied_all_reduced.contains(g.value(c).name.as_str()) {
+                                    owned.push(c);
+                                }
+                            }
+                            weights.push(c);
+                        }
+                        Source::Constant
+                    } else if matches!(producer.op, Op::Input) {
+                        Source::GraphInput
+                    } else if exe.info.ty(c).content.is_some() {
+                        Source::Folded
+                    } else if derived::derivable(exe, c) {
+                        Source::Derived
+                    } else {
+                        return Err(setup(format!(
+                            "layer {} reads '{}', which no layer, input or constant provides",
+                            layer.name,
+                            g.value(v).name
+                        )));
+                    };
+                    inputs.push((v, source));
+                }
+            }
+            let mut outputs: Vec<ValueId> = edges
+                .iter()
+                .filter(|e| e.producer == l)
+                .map(|e| e.value)
+                .collect();
+            if inside.contains(&graph_output) {
+                outputs.push(graph_output);
+                output = Some((l, graph_output));
+            }
+            outputs.sort_unstable();
+            outputs.dedup();
+            let main = nodes.iter().copied().find(|&n| {
+                matches!(
+                    g.node(n).op,
+                    Op::Conv(_) | Op::ConvTranspose(_) | Op::Gemm(_) | Op::MatMul
+                )
+            });
+            layers.push(LayerExec {
+                name: layer.name.clone(),
+                kind: layer.kind,
+                split: strategy.layers[l],
+                first: strategy.stages[stage_of[l]].first_rank,
+                nodes,
+                inputs,
+                outputs,
+                main,
+                weights,
+                owned,
+                local: heads::LocalShapes::default(),
+                halo: None,
+            });
+        }
+        let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
+        // Tensors a convolution or pooling touches are channels-first.
+        let mut channels_first = BTreeSet::new();
+        for id in g.node_ids() {
+            let n = g.node(id);
+            if matches!(
+                n.op,
+                Op::Conv(_)
+                    | Op::ConvTranspose(_)
+                    | Op::Pool(_)
+                    | Op::GlobalPool(_)
+                    | Op::BatchNorm { .. }
+            ) {
+                channels_first.extend(n.inputs.iter().flatten().map(|&v| carrier(lg, v)));
+                channels_first.extend(n.outputs.iter().map(|&v| carrier(lg, v)));
+            }
+        }
+        let tied = weight_owner
+            .keys()
+            .copied()
+            .filter(|&w| tied_all_reduced.contains(g.value(w).name.as_str()))
+            .collect();
+        let mut prepared = Prepared {
+            exe,
+            microbatch: (plan.batch / m) as usize,
+            edges,
+            layers,
+            output,
+            channels_first,
+            feature_axes: BTreeMap::new(),
+            tied,
+            infos: Mutex::default(),
+            batch_axes: Mutex::default(),
+            env: Env {
+                mode: Mode::Training,
+                exported_batch: g.rebatch().map(|r| r.exported),
+            },
+            recompute: (0..lg.layers.len())
+                .map(|l| strategy.recompute_run(l))
+                .collect(),
+            groups: BTreeMap::new(),
+        };
+        prepared.split_heads()?;
+        prepared.split_epilogues();
+        prepared.plan_halos()?;
+        prepared.check()?;
+        Ok(prepared)
+    }
+
+    /// Refuses what this executor cannot run exactly.
+    pub(super) fn check(&self) -> Result<(), RunError> {
+        let g = self.exe.graph;
+        for l in &self.layers {
+            let Split {
+                attribute: a,
+                parameter: p,
+                ..
+            } = l.split;
+            match l.kind {
+                LayerKind::Conv if p > 1 => {
+                    if let Some(Op::Conv(c)) = l.main.map(|n| &g.node(n).op) {
+                        if c.group != 1 {
+                            return Err(setup(format!(
+                                "layer {}: a grouped convolution split by channels is not executable yet",
+                                l.name
+                            )));
+                        }
+                    }
+                }
+                LayerKind::Embedding if a > 1 => {
+                    // Its pieces' lookups are summed: it may only look up and add.
+                    let linear = l.nodes.iter().all(|&n| {
+                        matches!(g.node(n).op, Op::Gather { .. } | Op::Binary(Binary::Add))
+                    });
+                    if !linear || self.vocabulary_lookup(l).is_none() {
+                        return Err(setup(format!(
+                            "layer {}: a vocabulary-parallel embedding sums its pieces' \
+                             lookups, so it may only look up tables and add them",
+                            l.name
+                        )));
+                    }
+                }
+                LayerKind::Dense if a > 1 => {
+                    let main = l
+                        .main
+                        .ok_or_else(|| setup(format!("layer {} has no matrix product", l.name)))?;
+                    if let Some(n) = self.partial_sum_breaker(l, main) {
+                        return Err(setup(format!(
+                            "layer {}: a row-parallel split reduces partial sums after the \
+                             layer, so only adds may follow its product (of a bias, or of an \
+                             input each rank adds its feature slice of), but {} follows it",
+                            l.name,
+                            g.site(n)
+                        )));
+                    }
+                }
+                _ => {}
+            }
+            if (a > 1 || p > 1)
+                && l.nodes.iter().any(|&n| {
+                    // Weights computed by prologue ops cannot be sliced where they enter.
+                    g.node(n).inputs.iter().flatten().any(|&v| {
+                        let producer = &g.node(g.value(v).producer).op;
+                        self.exe.weights.trainable.contains(&v)
+                            && !matches!(producer, Op::Constant { .. } | Op::ConstantOfShape { .. })
+                    })
+                })
+            {
+                return Err(setup(format!(
+                    "layer {}: its weights are computed; it cannot be split",
+                    l.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first node after a row-parallel layer's product that does not keep the sum of
+    /// its ranks' partial results right. Adds do: of a bias (the first slice adds it, the
+    /// others zeros), or of an input from outside the layer (each rank adds its feature
+    /// slice, [`Rank::epilogue_share`]). Anything else would apply to a partial sum.
+    pub(super) fn partial_sum_breaker(&self, l: &LayerExec, main: NodeId) -> Option<NodeId> {
+        let g = self.exe.graph;
+        let mut partial: BTreeSet<ValueId> = g.node(main).outputs.iter().copied().collect();
+        let outside: BTreeSet<ValueId> = l.inputs.iter().map(|&(v, _)| v).collect();
+        for &n in l.nodes.iter().filter(|&&n| after(&l.nodes, main, n)) {
+            let node = g.node(n);
+            let inputs: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
+            let adds_partial = matches!(node.op, Op::Binary(Binary::Add))
+                && inputs.len() == 2
+                && inputs.iter().filter(|v| partial.contains(v)).count() == 1
+                && inputs.iter().any(|v| outside.contains(v));
+            if !adds_partial {
+                return Some(n);
+            }
+            partial.extend(node.outputs.iter().copied());
+        }
+        None
+    }
+
+    pub(super) fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
+        let mut cache = self.infos.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(info) = cache.get(&batch) {
+            return Ok(info.clone());
+        }
+        let info = std::sync::Arc::new((self.exe.info_at)(batch)?);
+        cache.insert(batch, info.clone());
+        Ok(info)
+    }
+
+    /// How rank index `k` of layer `l` holds weight `w`: a piece of each group when the
+    /// layer's output features are held by groups.
+    pub(super) fn slice_of(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
+        let slice = self.slice_within(l, k, w);
+        let out = l.view_out().pieces(k)[2];
+        // Its output's groups, or for an attention layer its input's (a bias it adds to
+        // the QKV columns before splitting them).
+        let grouped = l
+            .outputs
+            .iter()
+            .find_map(|o| self.groups.get(o))
+            .or_else(|| {
+                l.inputs
+                    .iter()
+                    .filter(|_| l.kind == LayerKind::Attention)
+                    .find_map(|&(v, _)| self.groups.get(&carrier(self.exe.layers, v)))
+            });
+        match (slice, grouped) {
+            (Slice::Axis(axis, piece), Some(&groups)) if out.1 > 1 && piece == out => {
+                Slice::Groups {
+                    axis,
+                    groups,
+                    piece,
+                }
+            }
+            (slice, _) => slice,
+        }
+    }
+
+    /// How rank index `k` of layer `l` holds weight `w`, its groups aside.
+    pub(super) fn slice_within(&self, l: &LayerExec, k: u32, w: ValueId) -> Slice {
+        let g = self.exe.graph;
+        let Split {
+            attribute: a,
+            parameter: p,
+            ..
+        } = l.split;
+        if a <= 1 && p <= 1 {
+            return Slice::Whole;
+        }
+        let wdims = self
+            .exe
+            .weights
+            .tensors
+            .get(&w)
+            .map(|t| t.shape.clone())
+            .unwrap_or_default();
+        // The node using it, perhaps through an alias (the `Identity` an exporter puts on
+        // a merged weight).
+        let lg = self.exe.layers;
+        let reader = |v: ValueId| {
+            l.nodes.iter().find_map(|&n| {
+                g.node(n)
+                    .inputs
+                    .iter()
+                    .position(|x| x.is_some_and(|x| carrier(lg, x) == v))
+                    .map(|slot| (n, slot))
+            })
+        };
+        let Some((mut node, mut slot)) = reader(w) else {
+            return Slice::Whole;
+        };
+        if let Some(axis) = l.local.sliced(w) {
+            // Applied along the heads: cut like the features it meets.
+            return Slice::Axis(axis, l.view_in().pieces(k)[2]);
+        }
+        if l.kind == LayerKind::Embedding {
+            // Vocabulary-parallel: the largest table by pieces of its rows, the others
+            // (position embeddings) added by the first piece only.
+            return match self.vocabulary_table(l) {
+                Some(table) if table == w => Slice::Vocabulary(l.vocabulary_piece(k)),
+                _ => Slice::FirstSliceOnly,
+            };
+        }
+        let mut wdims = wdims;
+        // A tied head reads the embedding through a transpose: slice what the product
+        // reads, at the embedding's axis that becomes it.
+        let mut perm: Option<Vec<usize>> = None;
+        if let (Op::Transpose { perm: p }, 0) = (&g.node(node).op, slot) {
+            let order: Vec<usize> = match p {
+                Some(p) => p.iter().map(|&x| x.max(0) as usize).collect(),
+                None => (0..wdims.len()).rev().collect(),
+            };
+            let transposed = g.node(node).outputs.first().copied();
+            if let Some(next) = transposed.and_then(reader) {
+                if order.iter().all(|&x| x < wdims.len()) {
+                    wdims = order.iter().map(|&x| wdims[x]).collect();
+                    (node, slot) = next;
+                    perm = Some(order);
+                }
+            }
+        }
+        let slice = self.slice_at(l, k, node, slot, &wdims);
+        match (slice, perm) {
+            (Slice::Axis(axis, piece), Some(order)) => Slice::Axis(order[axis], piece),
+            (slice, _) => slice,
+        }
+    }
+
+    /// How rank index `k` of layer `l` holds the weight (of `wdims`) `node` reads at `slot`.
+    pub(super) fn slice_at(
+        &self,
+        l: &LayerExec,
+        k: u32,
+        node: NodeId,
+        slot: usize,
+        wdims: &[usize],
+    ) -> Slice {
+        let g = self.exe.graph;
+        let Split {
+            attribute: a,
+            parameter: p,
+            ..
+        } = l.split;
+        let out = l.view_out().pieces(k);
+        let inp = l.view_in().pieces(k);
+        let op = &g.node(node).op;
+        let last = wdims.len().saturating_sub(1);
+        match (op, slot, l.kind) {
+            (Op::Conv(_), 1 | 2, LayerKind::Conv) => Slice::Axis(0, out[2]),
+            (Op::Gemm(gm), 1, LayerKind::Dense) => match (gm.trans_b, p > 1) {
+                (true, true) => Slice::Axis(0, out[2]),
+                (false, true) => Slice::Axis(1, out[2]),
+                (true, false) => Slice::Axis(1, inp[2]),
+                (false, false) => Slice::Axis(0, inp[2]),
+            },
+            (Op::Gemm(_), 2, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
+            (Op::Gemm(_), 2, LayerKind::Dense) => Slice::FirstSliceOnly,
+            (Op::MatMul, 1, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
+            (Op::MatMul, 1, LayerKind::Dense) => Slice::Axis(last.saturating_sub(1), inp[2]),
+            (Op::BatchNorm { .. }, 1..=4, _) => Slice::Axis(0, out[2]),
+            // A bias after a row-parallel product: added once, to the first partial sum.
+            (Op::Binary(Binary::Add), _, LayerKind::Dense)
+                if a > 1 && l.main.is_some_and(|m| after(&l.nodes, m, node)) =>
+            {
+                Slice::FirstSliceOnly
+            }
+            _ => {
+                // A constant broadcast against the layer's output: cut it where it spans
+                // the features (or rows) the rank holds.
+                let Some(&o) = l.outputs.first() else {
+                    return Slice::Whole;
+                };
+                let Ok(shape) = self.microbatch_shape(o) else {
+                    return Slice::Whole;
+                };
+                let axes = self.axes(o, shape.len());
+                let lead = shape.len().saturating_sub(wdims.len());
+                for (axis, piece) in [(axes.features, out[2]), (axes.rows, out[1])] {
+                    if let Some(ax) = axis.filter(|&ax| ax >= lead && piece.1 > 1) {
+                        if wdims[ax - lead] == shape[ax] && shape[ax] > 1 {
+                            return Slice::Axis(ax - lead, piece);
+                        }
+                    }
+                }
+                Slice::Whole
+            }
+        }
+    }
+}
+
+/// Whether `node` runs after `main` among a layer's `nodes`.
+pub(super) fn after(nodes: &[NodeId], main: NodeId, node: NodeId) -> bool {
+    let at = |n| nodes.iter().position(|&m| m == n);
+    matches!((at(main), at(node)), (Some(i), Some(j)) if j > i)
+}

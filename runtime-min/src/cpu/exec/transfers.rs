@@ -1,0 +1,321 @@
+//! A rank's messages and collectives: what each carries, cut from and pasted into the
+//! rank's tensors; and the optimizer step that follows the gradient all-reduces.
+
+use super::*;
+
+impl Rank<'_, '_> {
+    pub(super) fn send(
+        &mut self,
+        to: u32,
+        tag: u64,
+        e: usize,
+        mb: u32,
+        backward: bool,
+    ) -> Result<(), String> {
+        let edge = &self.p.edges[e];
+        let data = if backward {
+            // From a consumer rank back to the producer rank.
+            let (need, data) = self.input_grads.get(&(e, mb)).ok_or_else(|| {
+                format!("no gradient of '{}' to send", self.value_name(edge.value))
+            })?;
+            let piece = intersect(need, &self.held(e, to)?);
+            crop(&Tensor::f32(dims(need), data.clone()), need, &piece)
+        } else {
+            let held = self.held(e, self.rank)?;
+            let piece = intersect(&self.need(e, to)?, &held);
+            let run = self.runs.get(&(edge.producer, mb)).ok_or_else(|| {
+                format!(
+                    "'{}' was not computed before its send",
+                    self.value_name(edge.value)
+                )
+            })?;
+            let x = run.values.get(edge.value).ok_or("the output is missing")?;
+            crop(x, &held, &piece)
+        };
+        let floats = data
+            .floats()
+            .ok_or("only floating-point tensors travel between ranks")?;
+        self.comm
+            .send(to, tag, floats.to_vec())
+            .map_err(Self::comm_error)
+    }
+
+    pub(super) fn recv(
+        &mut self,
+        from: u32,
+        tag: u64,
+        e: usize,
+        mb: u32,
+        backward: bool,
+    ) -> Result<(), String> {
+        let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
+        let piece = if backward {
+            intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
+        } else {
+            intersect(&self.need(e, self.rank)?, &self.held(e, from)?)
+        };
+        if data.len() != volume(&piece) {
+            return Err(format!(
+                "the message from rank {from} has {} elements where {} were expected",
+                data.len(),
+                volume(&piece)
+            ));
+        }
+        if backward {
+            self.grad_pieces
+                .entry((e, mb))
+                .or_default()
+                .push((piece, data));
+        } else {
+            self.pieces
+                .entry((e, mb))
+                .or_default()
+                .push((piece.clone(), Tensor::f32(dims(&piece), data)));
+        }
+        Ok(())
+    }
+
+    /// The buffers instruction `index` touches; a recomputation's are its forward's
+    /// again (its collectives reduce and gather the same tensors).
+    pub(super) fn touched(&self, index: u32) -> Vec<Touch> {
+        let mut touches = self.touches.get(&index).cloned().unwrap_or_default();
+        for t in &mut touches {
+            if t.0 == BufferKind::Recomputed {
+                t.0 = BufferKind::Activation;
+            }
+        }
+        touches
+    }
+
+    /// Whether instruction `index` writes a buffer of `kind`.
+    pub(super) fn writes(&self, index: u32, kind: BufferKind) -> bool {
+        self.touches
+            .get(&index)
+            .is_some_and(|t| t.iter().any(|&(k, _, _, w)| k == kind && w))
+    }
+
+    pub(super) fn all_reduce(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+        let touched = self.touched(index);
+        let reads = |kind: BufferKind| {
+            touched
+                .iter()
+                .filter(|(k, _, _, w)| *k == kind && !w)
+                .filter_map(|&(_, l, mb, _)| Some((l? as usize, mb)))
+                .collect::<Vec<_>>()
+        };
+        if !reads(BufferKind::Gradients).is_empty() {
+            // A gradient bucket: this rank's gradients of those layers, in layer order.
+            let keys = self.bucket_weights(index, BufferKind::Gradients);
+            let mut flat = self.flat_gradients(&keys);
+            self.comm
+                .all_reduce(&group, &mut flat)
+                .map_err(Self::comm_error)?;
+            let mut at = 0;
+            for &w in &keys {
+                if let Some(g) = self.grads.get_mut(&w) {
+                    let n = g.len();
+                    g.copy_from_slice(&flat[at..at + n]);
+                    at += n;
+                }
+            }
+            return Ok(());
+        }
+        if let Some(&(l, Some(mb))) = reads(BufferKind::Activation).first() {
+            // A row-parallel layer's partial sums.
+            let run = self
+                .runs
+                .get_mut(&(l, mb))
+                .ok_or("partial sums of a layer that did not run")?;
+            let outputs: Vec<ValueId> = run.regions.keys().copied().collect();
+            for o in outputs {
+                let Some(Tensor {
+                    shape,
+                    data: Data::F32(mut x),
+                }) = run.values.take(o)
+                else {
+                    return Err("partial sums of a missing or integer output".into());
+                };
+                self.comm
+                    .all_reduce(&group, &mut x)
+                    .map_err(Self::comm_error)?;
+                run.values.set(o, Tensor::f32(shape, x));
+            }
+            return Ok(());
+        }
+        if let Some(&(l, Some(mb))) = reads(BufferKind::InputGradient).first() {
+            let e = self
+                .pending_sums
+                .get_mut(&(l, mb))
+                .and_then(VecDeque::pop_front)
+                .ok_or("an input-gradient sum the layer does not need")?;
+            let (_, data) = self
+                .input_grads
+                .get_mut(&(e, mb))
+                .ok_or("no input gradient to sum")?;
+            return self.comm.all_reduce(&group, data).map_err(Self::comm_error);
+        }
+        Err("an all-reduce whose buffers name nothing to reduce".into())
+    }
+
+    /// Sums a tied weight's gradient over every rank holding it: each keeps it whole and
+    /// has added the uses it runs, each at its place.
+    pub(super) fn tied_all_reduce(&mut self, name: &str, group: Vec<u32>) -> Result<(), String> {
+        let g = self.p.exe.graph;
+        let found = self
+            .weights
+            .iter()
+            .find(|(w, _)| g.value(**w).name == name)
+            .map(|(&w, (_, t))| (w, t.len()));
+        let Some((w, n)) = found else {
+            return Err(format!("this rank does not hold the tied weight '{name}'"));
+        };
+        let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
+        self.comm
+            .all_reduce(&group, gradient)
+            .map_err(Self::comm_error)
+    }
+
+    /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
+    /// takes what it needs (the CPU backend moves whole shares; the result is the same).
+    pub(super) fn reshard_forward_or_back(
+        &mut self,
+        index: u32,
+        group: Vec<u32>,
+    ) -> Result<(), String> {
+        let touched = self.touched(index);
+        let find = |kind: BufferKind, writes: bool| {
+            touched
+                .iter()
+                .find(|(k, _, _, w)| *k == kind && *w == writes)
+                .and_then(|&(_, l, mb, _)| Some((l? as usize, mb?)))
+        };
+        let mut members = group.clone();
+        members.sort_unstable();
+        // In place on the model's output, split by classes: the loss statistics.
+        if let Some((l, mb)) = find(BufferKind::Activation, true)
+            .filter(|&(l, _)| l == self.p.output.0)
+            .filter(|&at| find(BufferKind::Activation, false) == Some(at))
+        {
+            return self.exchange_loss_statistics(l, mb, &members);
+        }
+        if let (Some((producer, mb)), Some((consumer, _))) = (
+            find(BufferKind::Activation, false),
+            find(BufferKind::Received, true),
+        ) {
+            let e = self.edge_between(producer, consumer)?;
+            let held = self.held(e, self.rank)?;
+            let mine = {
+                let run = self
+                    .runs
+                    .get(&(producer, mb))
+                    .ok_or("resharding a tensor not computed")?;
+                run.values
+                    .get(self.p.edges[e].value)
+                    .and_then(|t| t.floats())
+                    .ok_or("the output is missing")?
+                    .to_vec()
+            };
+            let all = self.comm.exchange(&group, mine).map_err(Self::comm_error)?;
+            for (&member, data) in members.iter().zip(all) {
+                if member == self.rank {
+                    continue;
+                }
+                let region = self.held(e, member)?;
+                self.pieces
+                    .entry((e, mb))
+                    .or_default()
+                    .push((region.clone(), Tensor::f32(dims(&region), data)));
+            }
+            let _ = held;
+            return Ok(());
+        }
+        if let (Some((consumer, mb)), Some((producer, _))) = (
+            find(BufferKind::InputGradient, false),
+            find(BufferKind::Received, true),
+        ) {
+            let e = self.edge_between(producer, consumer)?;
+            let (need, data) = self
+                .input_grads
+                .get(&(e, mb))
+                .cloned()
+                .ok_or("no input gradient to reshard")?;
+            let all = self.comm.exchange(&group, data).map_err(Self::comm_error)?;
+            let held = self.held(e, self.rank)?;
+            let reduce = matches!(
+                self.p.exe.plan.programs[self.rank as usize][index as usize],
+                Instruction::ReduceScatter { .. }
+            );
+            if reduce {
+                // Partial sums over the group: add every member's, keep this rank's share.
+                let mut sum = vec![0.0f32; volume(&need)];
+                for part in &all {
+                    kernels::add(&mut sum, part);
+                }
+                let piece = intersect(&need, &held);
+                let part = crop(&Tensor::f32(dims(&need), sum), &need, &piece);
+                self.input_grads.remove(&(e, mb));
+                self.grad_pieces
+                    .entry((e, mb))
+                    .or_default()
+                    .push((piece, part.floats().unwrap_or_default().to_vec()));
+            } else {
+                for (&member, part) in members.iter().zip(all) {
+                    if member == self.rank {
+                        continue;
+                    }
+                    let region = self.need(e, member)?;
+                    self.grad_pieces
+                        .entry((e, mb))
+                        .or_default()
+                        .push((region, part));
+                }
+            }
+            return Ok(());
+        }
+        Err("a resharding collective whose buffers name no tensor".into())
+    }
+
+    pub(super) fn edge_between(&self, producer: usize, consumer: usize) -> Result<usize, String> {
+        let found: Vec<usize> = (0..self.p.edges.len())
+            .filter(|&e| {
+                self.p.edges[e].producer == producer && self.p.edges[e].consumer == consumer
+            })
+            .collect();
+        match found.as_slice() {
+            [e] => Ok(*e),
+            [] => Err(format!("no edge from layer {producer} to layer {consumer}")),
+            _ => Err(format!(
+                "several tensors flow from layer {producer} to layer {consumer}"
+            )),
+        }
+    }
+
+    /// Updates the weights `which` selects (the tied ones follow their own all-reduce).
+    pub(super) fn optimizer_step(&mut self, which: impl Fn(ValueId) -> bool) -> Result<(), String> {
+        let ready: Vec<ValueId> = self.grads.keys().copied().filter(|&w| which(w)).collect();
+        if self.step == 0 {
+            for w in &ready {
+                if let (Some((slice, _)), Some(g)) = (self.weights.get(w), self.grads.get(w)) {
+                    self.report.gradients.push((*w, slice.clone(), g.clone()));
+                }
+            }
+        }
+        for w in ready {
+            let Some(g) = self.grads.remove(&w) else {
+                continue;
+            };
+            let Some((
+                _,
+                Tensor {
+                    data: Data::F32(x), ..
+                },
+            )) = self.weights.get_mut(&w)
+            else {
+                continue;
+            };
+            let v = self.velocity.entry(w).or_insert_with(|| vec![0.0; g.len()]);
+            kernels::sgd_momentum(x, &g, v, self.options.lr, self.options.momentum);
+        }
+        Ok(())
+    }
+}
