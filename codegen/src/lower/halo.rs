@@ -17,8 +17,40 @@ struct HaloMessage {
 }
 
 impl Lowering<'_, '_> {
-    /// Edge `ei`'s halo messages (none unless its consumer is split by rows) and the bytes
-    /// of one row of a rank's share on one microbatch.
+    /// Layer `l`'s halo exchanges on microbatch `mb` in `pass`: for each input edge with
+    /// one, its tag and its messages with their bytes (none unless `l` is split by rows).
+    fn halo_exchanges(
+        &self,
+        l: usize,
+        mb: u32,
+        pass: HaloPass,
+    ) -> Vec<(u64, Vec<(HaloMessage, u64)>)> {
+        (0..self.edges.len())
+            .filter(|&ei| self.edges[ei].consumer == l)
+            .filter_map(|ei| {
+                let (messages, row) = self.halo_messages(ei);
+                if messages.is_empty() {
+                    return None;
+                }
+                let tag = self.tags().encode(Tag::Halo {
+                    edge: ei,
+                    microbatch: mb,
+                    pass,
+                });
+                let sized = messages
+                    .into_iter()
+                    .map(|m| {
+                        let bytes = (m.rows as f64 * row).round() as u64;
+                        (m, bytes)
+                    })
+                    .collect();
+                Some((tag, sized))
+            })
+            .collect()
+    }
+
+    /// Edge `ei`'s halo messages and the bytes of one row of a rank's share on one
+    /// microbatch.
     fn halo_messages(&self, ei: usize) -> (Vec<HaloMessage>, f64) {
         let e = &self.edges[ei];
         let layer = &self.costs.graph.layers[e.consumer];
@@ -55,35 +87,21 @@ impl Lowering<'_, '_> {
         pass: HaloPass,
         inputs: &mut Vec<Key>,
     ) {
-        let into: Vec<usize> = (0..self.edges.len())
-            .filter(|&ei| self.edges[ei].consumer == l)
-            .collect();
-        for ei in into {
-            let (messages, row) = self.halo_messages(ei);
-            if messages.is_empty() {
-                continue;
-            }
-            let tag = self.tags().encode(Tag::Halo {
-                edge: ei,
-                microbatch: mb,
-                pass,
-            });
+        for (tag, messages) in self.halo_exchanges(l, mb, pass) {
             let payload = match pass {
                 HaloPass::Again => Key::received_again(l, mb, tag),
                 _ => Key::received(l, mb, tag),
             };
             // The holder sends from what the layer reads there.
             let sources = inputs.clone();
-            for m in &messages {
-                let bytes = (m.rows as f64 * row).round() as u64;
-                let at = self.send(m.holder, m.reader, bytes, tag, payload);
+            for (m, bytes) in &messages {
+                let at = self.send(m.holder, m.reader, *bytes, tag, payload);
                 for &key in &sources {
                     self.buffers.read(m.holder, key, at);
                 }
             }
-            for m in &messages {
-                let bytes = (m.rows as f64 * row).round() as u64;
-                self.recv(m.holder, m.reader, bytes, tag, payload);
+            for (m, bytes) in &messages {
+                self.recv(m.holder, m.reader, *bytes, tag, payload);
             }
             inputs.push(payload);
         }
@@ -93,26 +111,12 @@ impl Lowering<'_, '_> {
     /// its ranks read, returned to the ranks holding those rows, which add them into
     /// `input_gradient` before it is summed or sent on.
     pub(super) fn halos_backward(&mut self, l: usize, mb: u32, input_gradient: Key) {
-        let into: Vec<usize> = (0..self.edges.len())
-            .filter(|&ei| self.edges[ei].consumer == l)
-            .collect();
-        for ei in into {
-            let (messages, row) = self.halo_messages(ei);
-            if messages.is_empty() {
-                continue;
+        for (tag, messages) in self.halo_exchanges(l, mb, HaloPass::Backward) {
+            for (m, bytes) in &messages {
+                self.send(m.reader, m.holder, *bytes, tag, input_gradient);
             }
-            let tag = self.tags().encode(Tag::Halo {
-                edge: ei,
-                microbatch: mb,
-                pass: HaloPass::Backward,
-            });
-            for m in &messages {
-                let bytes = (m.rows as f64 * row).round() as u64;
-                self.send(m.reader, m.holder, bytes, tag, input_gradient);
-            }
-            for m in &messages {
-                let bytes = (m.rows as f64 * row).round() as u64;
-                let at = self.recv(m.reader, m.holder, bytes, tag, Key::received(l, mb, tag));
+            for (m, bytes) in &messages {
+                let at = self.recv(m.reader, m.holder, *bytes, tag, Key::received(l, mb, tag));
                 self.buffers.read(m.holder, input_gradient, at);
                 self.buffers.write(m.holder, input_gradient, at);
             }
