@@ -71,7 +71,7 @@ unsafe extern "C" {
 }
 
 /// The kernels on the host, behind the executor's [`Backend`]: what the CUDA executor
-/// runs, one thread at a time. GEMM is `matrixmultiply`'s.
+/// runs, one thread at a time. GEMM is the CPU backend's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Host;
 
@@ -121,9 +121,6 @@ impl Backend for Host {
 
     fn gemm(&self, g: &Gemm, a: &Vec<f32>, b: &Vec<f32>, c: &mut Vec<f32>) -> R<()> {
         let (m, n_, k) = (g.m, g.n, g.k);
-        // Row-major strides of op(A) (m×k) and op(B) (k×n) as stored.
-        let (rsa, csa) = if g.trans_a { (1, m) } else { (k, 1) };
-        let (rsb, csb) = if g.trans_b { (1, k) } else { (n_, 1) };
         for i in 0..g.batch {
             let [oa, ob, oc] = g.offsets;
             let [sa, sb, sc] = g.strides;
@@ -131,25 +128,20 @@ impl Backend for Host {
             if a0 + m * k > a.len() || b0 + k * n_ > b.len() || c0 + m * n_ > c.len() {
                 return Err(format!("gemm {g:?} overruns its buffers"));
             }
-            // SAFETY: bounds checked above; matrixmultiply reads and writes within them.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    k,
-                    n_,
-                    g.alpha,
-                    a[a0..].as_ptr(),
-                    rsa as isize,
-                    csa as isize,
-                    b[b0..].as_ptr(),
-                    rsb as isize,
-                    csb as isize,
-                    g.beta,
-                    c[c0..].as_mut_ptr(),
-                    n_ as isize,
-                    1,
-                );
-            }
+            // The CPU backend's GEMM: the host paths differ only in how operators map to
+            // kernels, not in how a product rounds.
+            ralpc_runtime_min::cpu::kernels::gemm(
+                m,
+                k,
+                n_,
+                g.alpha,
+                &a[a0..],
+                g.trans_a,
+                &b[b0..],
+                g.trans_b,
+                g.beta,
+                &mut c[c0..],
+            );
         }
         Ok(())
     }
