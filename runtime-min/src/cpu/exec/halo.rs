@@ -180,34 +180,32 @@ fn pad_rows(
         .ok_or("the window's input shape is unknown")?;
     let spatial = &input[2.min(input.len())..];
     let k = spatial.len();
-    let kernel: Vec<u64> = match &n.op {
-        Op::Conv(c) => match &c.kernel {
-            Some(kernel) => kernel.clone(),
-            None => {
-                let w = n
-                    .inputs
-                    .get(1)
-                    .copied()
-                    .flatten()
-                    .ok_or("the convolution has no weight")?;
-                let shape = info
-                    .ty(w)
-                    .shape
-                    .as_sizes()
-                    .ok_or("the weight's shape is unknown")?;
-                shape
-                    .get(2..)
-                    .ok_or("the weight has no kernel axes")?
-                    .to_vec()
-            }
-        },
-        Op::Pool(p) => p.kernel.clone(),
+    let (kernel, strides, dilations, padding) = match &n.op {
+        Op::Conv(c) => {
+            let kernel = match &c.kernel {
+                Some(kernel) => kernel.clone(),
+                None => {
+                    let w = n
+                        .inputs
+                        .get(1)
+                        .copied()
+                        .flatten()
+                        .ok_or("the convolution has no weight")?;
+                    let shape = info
+                        .ty(w)
+                        .shape
+                        .as_sizes()
+                        .ok_or("the weight's shape is unknown")?;
+                    shape
+                        .get(2..)
+                        .ok_or("the weight has no kernel axes")?
+                        .to_vec()
+                }
+            };
+            (kernel, &c.strides, &c.dilations, &c.padding)
+        }
+        Op::Pool(p) => (p.kernel.clone(), &p.strides, &p.dilations, &p.padding),
         _ => return Err("its window is not a convolution or pooling".into()),
-    };
-    let (strides, dilations, padding) = match &n.op {
-        Op::Conv(c) => (&c.strides, &c.dilations, &c.padding),
-        Op::Pool(p) => (&p.strides, &p.dilations, &p.padding),
-        _ => unreachable!("matched above"),
     };
     let at = |v: &Option<Vec<u64>>, i: usize| {
         v.as_ref()
