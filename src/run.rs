@@ -20,6 +20,8 @@ use ralpc_runtime_min::dist::Placement;
 
 use crate::error::{Error, FileError};
 
+mod sizes;
+
 /// What `ralpc run` does.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -205,16 +207,45 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     message
 }
 
+/// The model imported and bound at the global `batch`, nothing allocated for it yet.
+struct Bound {
+    unbound: Graph,
+    graph: Graph,
+    info: GraphInfo,
+}
+
+fn bind_model(
+    model: &Path,
+    batch: u64,
+    shapes: &BTreeMap<String, Vec<u64>>,
+) -> Result<Bound, Error> {
+    let unbound = onnx::import(model)?.graph;
+    let (graph, info) = at_batch(&unbound, batch, shapes)?;
+    check_input_size(&graph, &info, batch)?;
+    Ok(Bound {
+        unbound,
+        graph,
+        info,
+    })
+}
+
 fn prepare(
     model: &Path,
     batch: u64,
     shapes: &BTreeMap<String, Vec<u64>>,
     options: &RunOptions,
 ) -> Result<Prepared, Error> {
+    load(bind_model(model, batch, shapes)?, options)
+}
+
+/// Its weights and data.
+fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
     let (seed, loss) = (options.seed, options.loss);
-    let unbound = onnx::import(model)?.graph;
-    let (graph, info) = at_batch(&unbound, batch, shapes)?;
-    check_input_size(&graph, &info, batch)?;
+    let Bound {
+        unbound,
+        graph,
+        info,
+    } = bound;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,
@@ -242,12 +273,14 @@ fn check_input_size(graph: &Graph, info: &GraphInfo, batch: u64) -> Result<(), E
         (None, _) => Err(Error::PlanFile(Box::new(format!(
             "the plan's batch {batch} makes the model's inputs too large to count"
         )))),
-        (Some(need), Some(have)) if need > have => Err(Error::PlanFile(Box::new(format!(
-            "the plan's batch {batch} makes the model's inputs {:.2} GiB, more than the \
-             {:.2} GiB this machine has available",
+        // A plan can be honest and still not fit this machine: a run failure, not a bad
+        // plan file.
+        (Some(need), Some(have)) if need > have => Err(run_error(format!(
+            "the plan's batch {batch} makes the model's inputs alone need {:.2} GiB; this \
+             machine has {:.2} GiB available",
             need as f64 / f64::from(1u32 << 30),
             have as f64 / f64::from(1u32 << 30)
-        )))),
+        ))),
         _ => Ok(()),
     }
 }
@@ -636,6 +669,13 @@ fn run_with(
     let bytes = read(&model, InputKind::Model)?;
     plan.check_model(&bytes)
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
+    check_fault(&plan, options.fault)?;
+    let shapes = &plan.model.inputs;
+    let bound = bind_model(&model, plan.batch, shapes)?;
+    let layer_graph: LayerGraph =
+        layers::build(&bound.graph, &bound.info, plan.batch, Default::default())
+            .map_err(|e| Error::Layers(Box::new(e)))?;
+    sizes::check(&plan, &plan_file, &layer_graph)?;
     let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {
         use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
         // Every rank of this process on the GPU its launcher gave it (0 without one); more
@@ -661,11 +701,7 @@ fn run_with(
         (None, Backend::Cpu) => None,
     };
     check_memory(&plan)?;
-    check_fault(&plan, options.fault)?;
-    let shapes = &plan.model.inputs;
-    let p = prepare(&model, plan.batch, shapes, options)?;
-    let layer_graph: LayerGraph = layers::build(&p.graph, &p.info, plan.batch, Default::default())
-        .map_err(|e| Error::Layers(Box::new(e)))?;
+    let p = load(bound, options)?;
     let unbound = &p.unbound;
     let info_at = move |batch: u64| -> Result<GraphInfo, String> {
         at_batch(unbound, batch, shapes)

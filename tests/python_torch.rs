@@ -34,8 +34,14 @@ fn run(command: &mut Command, what: &str) -> String {
     text
 }
 
-/// An interpreter with the packages, made on first use.
+/// An interpreter with the packages, made on first use: once, whichever test of this binary
+/// asks first (two making the same venv at once collide on its files).
 fn python() -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(make_python).clone()
+}
+
+fn make_python() -> PathBuf {
     if let Some(python) = std::env::var_os("RALPC_PYTHON") {
         return PathBuf::from(python);
     }

@@ -354,9 +354,10 @@ fn too_many_ranks_for_one_process_are_refused_up_front() {
     assert!(error.to_string().contains("runs at most 1024"), "{error:?}");
 }
 
-/// Sizes written in a plan are not trusted: a doctored batch of 2^40, or two buffers of
-/// 2^63 bytes (whose sum wrapped to nothing), are refused before anything is allocated
-/// (both aborted the process before).
+/// Sizes written in a plan are not trusted: a doctored batch of 2^40, two buffers of 2^63
+/// bytes (whose sum wrapped to nothing), or every buffer understated to 1 byte (which
+/// passed the memory pre-check) are refused before anything is allocated, as a bad plan
+/// file (exit 1), naming the rank and the buffer.
 #[test]
 fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
     let (dir, model) = plan(PIPELINE, 4);
@@ -365,12 +366,41 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
         serde_json::from_slice(&std::fs::read(&path).expect("plan")).expect("JSON");
     let mut batch = original.clone();
     batch["batch"] = (1u64 << 40).into();
-    let mut buffers = original.clone();
-    buffers["buffers"][0][0]["bytes"] = (1u64 << 63).into();
-    buffers["buffers"][0][1]["bytes"] = (1u64 << 63).into();
+    let mut wrapping = original.clone();
+    wrapping["buffers"][0][0]["bytes"] = (1u64 << 63).into();
+    wrapping["buffers"][0][1]["bytes"] = (1u64 << 63).into();
+    let mut understated = original.clone();
+    for rank in understated["buffers"].as_array_mut().expect("buffers") {
+        for buffer in rank.as_array_mut().expect("a rank's buffers") {
+            buffer["bytes"] = 1.into();
+        }
+    }
+    let mut one_less = original.clone();
+    let last = one_less["buffers"][3].as_array().expect("rank 3").len() - 1;
+    let bytes = one_less["buffers"][3][last]["bytes"]
+        .as_u64()
+        .expect("bytes");
+    one_less["buffers"][3][last]["bytes"] = (bytes - 1).into();
+    let mut mixed = original.clone();
+    mixed["precision"] = "fp16".into();
     for (what, plan, says) in [
         ("batch", batch, "makes the model's inputs"),
-        ("buffers", buffers, "GiB together"),
+        (
+            "wrapping",
+            wrapping,
+            "9223372036854775808 bytes in the plan",
+        ),
+        (
+            "understated",
+            understated,
+            "rank 0: its weights buffer of layer",
+        ),
+        ("one byte less", one_less, "rank 3: its"),
+        (
+            "another precision",
+            mixed,
+            "bytes in the plan; the model and the plan's placement give",
+        ),
     ] {
         std::fs::write(&path, serde_json::to_string(&plan).expect("JSON")).expect("write");
         let error = ralpc::run(&ralpc::RunOptions {
@@ -382,5 +412,14 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
             error.to_string().contains(says) || format!("{error:?}").contains(says),
             "{what}: {error:?}"
         );
+        if what != "batch" {
+            assert_eq!(error.exit_code(), 1, "{what}: {error:?}");
+        }
     }
+    std::fs::write(&path, serde_json::to_string(&original).expect("JSON")).expect("write");
+    ralpc::run(&ralpc::RunOptions {
+        steps: 1,
+        ..options(dir.path(), &model)
+    })
+    .expect("the plan as written runs");
 }

@@ -1,4 +1,4 @@
-//! Lowering a placement strategy into ralpc's executable plan (`ralpc-plan/1`: per-rank
+//! Lowering a placement strategy into ralpc's executable plan (`ralpc-plan/2`: per-rank
 //! instruction streams, communicator groups, predicted durations).
 //!
 //! The plan schema with its validating loader ([`plan`]: instructions, communicator

@@ -1,12 +1,13 @@
-//! The executable plan, `ralpc-plan/1` (JSON): for every rank, the ordered instructions of
+//! The executable plan, `ralpc-plan/2` (JSON): for every rank, the ordered instructions of
 //! one training iteration, each with the duration the cost model predicts for it.
 //!
 //! ```json
 //! {
-//!   "format": "ralpc-plan/1",
+//!   "format": "ralpc-plan/2",
 //!   "model": { "name": "vgg16/model.onnx", "blake3": "…64 hex digits…", "layers": 22 },
 //!   "inputs": "…64 hex digits…",
 //!   "cluster": "dgx-a100", "ranks": 8, "batch": 32, "microbatches": 1, "schedule": "1f1b",
+//!   "precision": "tf32", "optimizer": "momentum",
 //!   "sites": [ { "node": 0, "rack": 0, "nic": 0 }, …one per rank… ],
 //!   "strategy": { …a ralpc-strategy/1 file… },
 //!   "layers": ["/features/features.0/Conv", …],
@@ -52,18 +53,22 @@
 //! gradients live from their first write to their last read. Each rank's peak memory
 //! follows from the instruction order ([`Plan::peak_memory_bytes`]), and the simulator
 //! derives every data dependency from them (an instruction waits for the last earlier
-//! writer of each buffer it reads).
+//! writer of each buffer it reads). Buffer sizes follow from the model, the strategy,
+//! `precision` and `optimizer` alone: `ralpc run` lowers the strategy again and refuses a
+//! plan whose sizes differ, so a size in the file is never trusted.
 //!
 //! [`Plan::parse`] validates everything before a plan is used; [`Plan::check_model`] refuses
 //! a plan made for another model.
 
 use std::collections::BTreeMap;
 
+use ralpc_passes::cluster::Precision;
+use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::StrategyFile;
 use serde::{Deserialize, Serialize};
 
 /// The format tag this version writes and reads.
-pub const FORMAT: &str = "ralpc-plan/1";
+pub const FORMAT: &str = "ralpc-plan/2";
 
 /// The model a plan was made for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -433,6 +438,11 @@ pub struct Plan {
     pub microbatches: u32,
     /// The pipeline schedule.
     pub schedule: String,
+    /// The math precision its memory and times were priced at (sets the width of weights,
+    /// gradients and activations in `buffers`).
+    pub precision: Precision,
+    /// The optimizer priced (sets the optimizer state in `buffers`).
+    pub optimizer: Optimizer,
     /// The placement it was lowered from.
     pub strategy: StrategyFile,
     /// Layer names, by index.
@@ -457,7 +467,7 @@ pub enum PlanFileError {
     #[error("not a ralpc plan: {0}")]
     Malformed(String),
     /// A format this ralpc does not read.
-    #[error("plan format is \"{found}\"; this ralpc reads \"{FORMAT}\" (a newer ralpc wrote it?)")]
+    #[error("plan format is \"{found}\"; this ralpc reads \"{FORMAT}\" (another version of ralpc wrote it: plan again with this one)")]
     Format {
         /// The file's tag.
         found: String,

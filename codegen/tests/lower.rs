@@ -171,7 +171,7 @@ fn the_loader_refuses_what_it_cannot_run() {
     let text = good.to_json();
     let err = |text: &str| Plan::parse(text).unwrap_err();
 
-    let newer = text.replace("\"ralpc-plan/1\"", "\"ralpc-plan/2\"");
+    let newer = text.replace("\"ralpc-plan/2\"", "\"ralpc-plan/3\"");
     assert!(matches!(err(&newer), PlanFileError::Format { .. }));
 
     let mut plan = good.clone();
@@ -227,7 +227,7 @@ fn the_loader_refuses_what_it_cannot_run() {
         .contains("after it is freed"));
 
     assert!(matches!(
-        err("{\"format\": \"ralpc-plan/1\", \"ranks\": 1}"),
+        err("{\"format\": \"ralpc-plan/2\", \"ranks\": 1}"),
         PlanFileError::Malformed(_)
     ));
     assert!(good.check_model(b"synthetic").is_ok());

@@ -1,4 +1,4 @@
-//! The minimal plan executor of `ralpc-plan/1`.
+//! The minimal plan executor of `ralpc-plan/2`.
 //!
 //! * [`sim`]: the simulator. Each instruction advances its rank's compute or communication
 //!   clock by the duration the plan carries, waiting for the data it reads (from the

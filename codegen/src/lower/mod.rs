@@ -1242,6 +1242,8 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         batch: graph.batch,
         microbatches: strategy.microbatches,
         schedule: strategy.schedule.name().to_owned(),
+        precision: costs.precision(),
+        optimizer: costs.optimizer(),
         strategy: StrategyFile::of(graph, strategy),
         layers: graph.layers.iter().map(|l| l.name.clone()).collect(),
         sites: (0..ranks)

@@ -1,9 +1,11 @@
 //! Memory per GPU: weights, gradients, optimizer state, stashed activations, workspace.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The optimizer, which sets the state kept per parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     /// Plain SGD: no state.

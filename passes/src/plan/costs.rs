@@ -504,6 +504,11 @@ impl<'a> Costs<'a> {
         self.model_state
     }
 
+    /// The math precision priced.
+    pub fn precision(&self) -> Precision {
+        self.options.precision
+    }
+
     /// The optimizer priced.
     pub fn optimizer(&self) -> Optimizer {
         self.options.optimizer

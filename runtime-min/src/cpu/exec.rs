@@ -1,4 +1,4 @@
-//! The CPU executor of `ralpc-plan/1`: every rank a thread, running its program in order
+//! The CPU executor of `ralpc-plan/2`: every rank a thread, running its program in order
 //! with real tensors — each forward and backward on its share of the layer, each message
 //! and collective carrying the data the plan says it carries.
 //!
