@@ -33,8 +33,9 @@ pub struct PlanArgs {
     /// none); a DeepPool profile plans any batch [default: the largest it measured].
     #[arg(long, value_parser = parse_positive)]
     pub batch: Option<u64>,
-    /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
-    /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
+    /// Full shape of one input, batch included, e.g. `input_ids=8,2048` to plan a GPT at
+    /// sequence 2048, `images=16,3,800,1333`, or a recurrent state `state=2,16,128` (the batch
+    /// on axis 1, where the model's batch symbol is; repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
     /// Pipeline microbatches (default: searched over powers of two dividing the batch).

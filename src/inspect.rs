@@ -13,7 +13,7 @@ use crate::Error;
 pub struct InspectOptions {
     /// The ONNX file.
     pub model: PathBuf,
-    /// The batch size (axis 0 of every input); `None` leaves a symbolic batch unbound.
+    /// The batch size (on every input's batch axis); `None` leaves a symbolic batch unbound.
     pub batch: Option<u64>,
     /// Full shapes for named inputs.
     pub inputs: BTreeMap<String, Vec<u64>>,
@@ -86,12 +86,10 @@ pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
     // Unless told, the model is shown as exported: at its own fixed batch, if it has one.
     let batch = match options.batch {
         Some(b) => Some(b),
-        // Showing needs no sample split: the first --input's axis 0 is the batch, even
-        // where other inputs hold theirs elsewhere (a recurrent state's is axis 1).
-        None => options
-            .inputs
-            .values()
-            .find_map(|dims| dims.first().copied())
+        // Showing needs no sample split: the first --input holding a batch gives it.
+        None => ralpc_ir::bind::given_batch(&model.graph, &options.inputs)
+            .unwrap_or_else(|(first, _)| Some(first))
+            .map(|(_, b)| b)
             .or_else(|| crate::plan::fixed_batch(&model.graph))
             .or(Some(1)),
     };

@@ -74,7 +74,7 @@ pub struct PlanOptions {
     /// program is written out; lowering takes about 1 KB of memory per instruction); above
     /// it the plan is priced, not lowered. `None`: [`DEFAULT_MAX_INSTRUCTIONS`].
     pub max_instructions: Option<u64>,
-    /// Full shapes of named inputs (`--input`), axis 0 the batch: a sequence length, an
+    /// Full shapes of named inputs (`--input`), batch included: a sequence length, an
     /// image size; the rest keep the model's own.
     pub inputs: std::collections::BTreeMap<String, Vec<u64>>,
 }
@@ -435,16 +435,18 @@ fn exported_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
     fixed_batch(graph).filter(|&b| b >= 2)
 }
 
-/// The batch fixed in the model's inputs: every input has rank ≥ 2 and the same known
-/// axis 0.
+/// The batch fixed in the model's inputs: every input of rank ≥ 2 holds the same known
+/// size on its batch axis ([`ralpc_ir::bind::batch_axes`]).
 pub(crate) fn fixed_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
+    let axes = ralpc_ir::bind::batch_axes(graph);
     let mut batch = None;
     for input in graph.inputs() {
-        let shape = graph.value(input).declared.as_ref()?.shape.as_ref()?;
+        let value = graph.value(input);
+        let shape = value.declared.as_ref()?.shape.as_ref()?;
         if shape.rank() < 2 {
             return None;
         }
-        let b = shape.0[0].as_size()?;
+        let b = shape.0.get(*axes.get(&value.name)?)?.as_size()?;
         if batch.is_some_and(|x| x != b) {
             return None;
         }
@@ -467,30 +469,18 @@ fn request_error(message: String) -> Error {
     Error::Plan(Box::new(PlanError::Request(message)))
 }
 
-/// The batch the `--input` shapes give (their axis 0), if any; they must agree. Scalar
-/// inputs (a sample rate, a flag) have no batch.
+/// The batch the `--input` shapes give on their batch axes, if any; they must agree.
+/// Scalar inputs (a sample rate, a flag) have no batch.
 fn input_batch(
+    graph: &ralpc_ir::Graph,
     inputs: &std::collections::BTreeMap<String, Vec<u64>>,
 ) -> Result<Option<(String, u64)>, Error> {
-    let mut found: Option<(String, u64)> = None;
-    for (name, dims) in inputs {
-        let Some(&b) = dims.first() else {
-            continue;
-        };
-        match &found {
-            Some((first, fb)) if *fb != b => {
-                return Err(request_error(format!(
-                    "--input {first} has batch {fb} and --input {name} batch {b}: planning \
-                     splits samples on axis 0 of every input, so their axis 0 must agree (an \
-                     input holding the batch on another axis, such as a recurrent state \
-                     [directions, batch, hidden], cannot be planned yet)"
-                )))
-            }
-            Some(_) => {}
-            None => found = Some((name.clone(), b)),
-        }
-    }
-    Ok(found)
+    ralpc_ir::bind::given_batch(graph, inputs).map_err(|((first, fb), (name, b))| {
+        request_error(format!(
+            "--input {first} has batch {fb} and --input {name} batch {b}: planning splits \
+             samples on every input's batch axis, so their batches must agree"
+        ))
+    })
 }
 
 fn load_model(
@@ -535,10 +525,10 @@ fn load_model(
         }
         (Err(e), None) => return Err(e.into()),
     };
-    let batch = match (batch, input_batch(inputs)?) {
+    let batch = match (batch, input_batch(&imported.graph, inputs)?) {
         (Some(b), Some((name, given))) if b != given => {
             return Err(request_error(format!(
-                "--input {name} has batch {given} (its axis 0) where --batch is {b}"
+                "--input {name} has batch {given} (on its batch axis) where --batch is {b}"
             )))
         }
         (b, given) => b

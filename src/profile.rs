@@ -34,7 +34,7 @@ pub struct ProfileOptions {
     pub model: PathBuf,
     /// Per-device batch sizes to measure at.
     pub batch_sizes: Vec<u64>,
-    /// Full shapes of inputs (`--input`), whose axis 0 each batch size replaces: an image
+    /// Full shapes of inputs (`--input`), whose batch axis each batch size replaces: an image
     /// size or a sequence length to measure at; the others keep the model's own.
     pub inputs: BTreeMap<String, Vec<u64>>,
     /// Timed runs per op and direction (the median is kept), after one warm-up.

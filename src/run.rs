@@ -168,23 +168,14 @@ fn trained_weights(p: &Prepared) -> BTreeMap<String, Vec<usize>> {
 }
 
 /// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
-/// axis 0 set to `batch`) and verified.
+/// batch axes set to `batch`) and verified.
 pub(crate) fn at_batch(
     unbound: &Graph,
     batch: u64,
     shapes: &BTreeMap<String, Vec<u64>>,
 ) -> Result<(Graph, GraphInfo), Error> {
     let mut graph = unbound.clone();
-    let inputs = shapes
-        .iter()
-        .map(|(name, dims)| {
-            let mut dims = dims.clone();
-            if let Some(first) = dims.first_mut() {
-                *first = batch;
-            }
-            (name.clone(), dims)
-        })
-        .collect();
+    let inputs = ralpc_ir::bind::with_batch(unbound, shapes, batch);
     bind(
         &mut graph,
         &Bindings {
@@ -532,7 +523,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
         Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))
     };
     let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
-        let part = device::shard(&p.data, rank, ranks).map_err(run_error)?;
+        let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
         let report = device::train_replica(gpu, &graph, &info, &p.weights, &part, &train, sync)
             .map_err(run_error)?;
         gpu.synchronize().map_err(run_error)?;

@@ -534,6 +534,22 @@ fn values_computed_from_constants_are_computed_by_every_layer_reading_them() {
 }
 
 #[test]
+fn a_state_holding_the_batch_on_axis_1_and_integers_between_layers_train_as_one_device() {
+    // recurrent.onnx: a GRU from an initial state [1, batch, 8]: each rank gets its samples
+    // of the state on axis 1. A flag computed from an integer input (Less → bool) is its own
+    // layer: on a pipeline it crosses stages as a message.
+    let s = strategy(&[stage("to_seq_first", "fc", 4)], "", "1f1b", 1);
+    check("recurrent.onnx", 8, 4, &s, "recurrent-dp");
+    let s = strategy(
+        &[stage("to_seq_first", "low_rate", 2), stage("flag", "fc", 2)],
+        "",
+        "gpipe",
+        2,
+    );
+    check("recurrent.onnx", 8, 4, &s, "recurrent-pipeline");
+}
+
+#[test]
 fn a_three_dimensional_cnn_trains_the_same_on_any_split_of_its_samples_and_channels() {
     // video.onnx: Conv3d, MaxPool3d, AveragePool3d over clips of 4 frames.
     let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);

@@ -84,7 +84,7 @@ pub struct ModelRef {
     pub blake3: String,
     /// Its placement units.
     pub layers: u32,
-    /// The input shapes it was planned at (`--input`; axis 0 is the batch), where they
+    /// The input shapes it was planned at (`--input`, batch included), where they
     /// are not the model's own.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, Vec<u64>>,

@@ -1,10 +1,12 @@
 //! Binding input dimensions: `--batch N` and `--input NAME=D0,D1,...`.
 //!
-//! The batch dimension is axis 0 of every graph input. When it is a symbol, the symbol is
-//! replaced by N wherever it occurs (inputs sharing it stay consistent). When the exporter
-//! baked a size into it (a fixed-batch export), the input is re-batched and the graph
-//! remembers the exported size, so that shape inference can rewrite constant Reshape and
-//! Expand targets that start with it — or name the node that prevents re-batching.
+//! Each graph input holds the samples on its batch axis ([`batch_axes`]): axis 0 for most,
+//! axis 1 for a recurrent state `[directions, batch, hidden]`, none for a scalar or a table
+//! every sample shares. When the batch dimension is a symbol, the symbol is replaced by N
+//! wherever it occurs (inputs sharing it stay consistent). When the exporter baked a size
+//! into it (a fixed-batch export), the input is re-batched and the graph remembers the
+//! exported size, so that shape inference can rewrite constant Reshape and Expand targets
+//! that start with it — or name the node that prevents re-batching.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +16,7 @@ use crate::shape::{Dim, Shape};
 /// Dimension bindings for a graph's inputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Bindings {
-    /// The global batch size (axis 0 of every input).
+    /// The global batch size (on every input's batch axis, see [`batch_axes`]).
     pub batch: Option<u64>,
     /// Full shapes for named inputs (these override `batch` for that input).
     pub inputs: BTreeMap<String, Vec<u64>>,
@@ -76,6 +78,96 @@ fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
     Ok(Dim::known(v as i64))
 }
 
+/// Where each graph input holds the samples: its batch axis, by input name (inputs without
+/// one are absent).
+///
+/// The batch is the dimension the first input with a symbolic axis 0 names there (else, the
+/// first symbol of any input: sequence-first inputs at a fixed length). An input
+/// holding that symbol on another axis holds the batch there (a recurrent state
+/// `[directions, batch, hidden]`); one whose axis 0 is a symbol of its own holds it on axis 0
+/// (an unnamed dynamic dimension gets a symbol per input); one of fixed sizes beside a
+/// symbolic batch has none (a table every sample shares). In an export of fixed sizes the
+/// batch is the first input's axis 0, and each input holds it on its first axis of that
+/// size. Scalars have no batch axis.
+pub fn batch_axes(graph: &Graph) -> BTreeMap<String, usize> {
+    let declared: Vec<(String, &[Dim])> = graph
+        .inputs()
+        .into_iter()
+        .filter_map(|v| {
+            let value = graph.value(v);
+            let shape = value.declared.as_ref()?.shape.as_ref()?;
+            (!shape.0.is_empty()).then(|| (value.name.clone(), &shape.0[..]))
+        })
+        .collect();
+    let symbol = declared
+        .iter()
+        .find_map(|(_, dims)| dims[0].as_symbol())
+        .or_else(|| {
+            // Sequence-first inputs (`[tokens, batch, d]` at a fixed length): the first
+            // symbol any input has.
+            declared
+                .iter()
+                .find_map(|(_, dims)| dims.iter().find_map(Dim::as_symbol))
+        })
+        .map(str::to_owned);
+    let fixed = declared.first().and_then(|(_, dims)| dims[0].as_known());
+    declared
+        .iter()
+        .filter_map(|(name, dims)| {
+            let axis = match (&symbol, fixed) {
+                (Some(batch), _) => dims
+                    .iter()
+                    .position(|d| d.as_symbol() == Some(batch.as_str()))
+                    .or_else(|| dims[0].as_symbol().map(|_| 0)),
+                (None, Some(b)) => dims.iter().position(|d| d.as_known() == Some(b)),
+                (None, None) => None,
+            };
+            Some((name.clone(), axis?))
+        })
+        .collect()
+}
+
+/// `shapes` (full shapes of named inputs) with the batch axis of each set to `batch`.
+pub fn with_batch(
+    graph: &Graph,
+    shapes: &BTreeMap<String, Vec<u64>>,
+    batch: u64,
+) -> BTreeMap<String, Vec<u64>> {
+    let axes = batch_axes(graph);
+    shapes
+        .iter()
+        .map(|(name, dims)| {
+            let mut dims = dims.clone();
+            if let Some(d) = axes.get(name).and_then(|&a| dims.get_mut(a)) {
+                *d = batch;
+            }
+            (name.clone(), dims)
+        })
+        .collect()
+}
+
+/// The batch `shapes` (full shapes of named inputs) give on their batch axes: `Ok(None)`
+/// when none holds one, `Err` with two inputs that disagree (name, size each).
+#[allow(clippy::type_complexity)]
+pub fn given_batch(
+    graph: &Graph,
+    shapes: &BTreeMap<String, Vec<u64>>,
+) -> Result<Option<(String, u64)>, ((String, u64), (String, u64))> {
+    let axes = batch_axes(graph);
+    let mut found: Option<(String, u64)> = None;
+    for (name, dims) in shapes {
+        let Some(&b) = axes.get(name).and_then(|&a| dims.get(a)) else {
+            continue;
+        };
+        match &found {
+            Some(first) if first.1 != b => return Err((first.clone(), (name.clone(), b))),
+            Some(_) => {}
+            None => found = Some((name.clone(), b)),
+        }
+    }
+    Ok(found)
+}
+
 /// Applies `bindings` to the declared shapes of `graph`'s inputs, then inlines the branch
 /// of every `If` whose condition the bound shapes decide.
 ///
@@ -84,6 +176,7 @@ fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
 /// is zero.
 pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
     let inputs = graph.inputs();
+    let batch_axes = batch_axes(graph);
     let name_of = |g: &Graph, v| g.value(v).name.clone();
     let mut subst: BTreeMap<String, Dim> = BTreeMap::new();
     let mut rebatch = None;
@@ -121,7 +214,7 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
                         subst.insert(sym.to_owned(), g.clone());
                     }
                     (None, Some(k)) if Some(k) != g.as_known() => {
-                        if axis != 0 || bindings.batch.is_none() {
+                        if batch_axes.get(name) != Some(&axis) || bindings.batch.is_none() {
                             return Err(BindError::Conflict {
                                 name: name.clone(),
                                 axis,
@@ -152,21 +245,25 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
     if let Some(batch) = bindings.batch {
         let n = size("the batch size", batch)?;
         for &v in &inputs {
-            if bindings.inputs.contains_key(&graph.value(v).name) {
+            let name = &graph.value(v).name;
+            if bindings.inputs.contains_key(name) {
                 continue;
             }
-            let Some(first) = graph
+            let Some(&axis) = batch_axes.get(name.as_str()) else {
+                continue;
+            };
+            let Some(dim) = graph
                 .value(v)
                 .declared
                 .as_ref()
                 .and_then(|t| t.shape.as_ref())
-                .and_then(|s| s.0.first().cloned())
+                .and_then(|s| s.0.get(axis).cloned())
             else {
                 continue;
             };
-            if let Some(sym) = first.as_symbol() {
+            if let Some(sym) = dim.as_symbol() {
                 subst.insert(sym.to_owned(), n.clone());
-            } else if let Some(exported) = first.as_known() {
+            } else if let Some(exported) = dim.as_known() {
                 if exported != batch as i64 {
                     graph.rebatch = Some(Rebatch {
                         exported,
@@ -178,7 +275,7 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
                         .as_mut()
                         .and_then(|t| t.shape.as_mut())
                     {
-                        shape.0[0] = n.clone();
+                        shape.0[axis] = n.clone();
                     }
                 }
             }
@@ -203,4 +300,108 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
     }
     crate::branches::inline_taken(graph);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::graph::{Provenance, TensorType};
+    use crate::op::Op;
+
+    /// A graph of inputs only, each `(name, dims)`, a dim a size or a symbol.
+    fn inputs(declared: &[(&str, &[&str])]) -> Graph {
+        let mut g = Graph::new();
+        for (name, dims) in declared {
+            let provenance = Provenance {
+                name: (*name).to_owned(),
+                op_type: "input".into(),
+                module: String::new(),
+            };
+            let node = g.add_node(Op::Input, provenance, &[name]);
+            let v = g.node(node).outputs[0];
+            let dims = dims
+                .iter()
+                .map(|d| d.parse().map_or_else(|_| Dim::sym(d), Dim::known))
+                .collect();
+            g.value_mut(v).declared = Some(TensorType {
+                dtype: DType::F32,
+                shape: Some(Shape(dims)),
+            });
+        }
+        g
+    }
+
+    fn axes(g: &Graph) -> Vec<(&str, usize)> {
+        let axes = batch_axes(g);
+        let mut v: Vec<(&str, usize)> = g
+            .inputs()
+            .iter()
+            .filter_map(|&i| {
+                let name = g.value(i).name.as_str();
+                Some((name, *axes.get(name)?))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn each_input_holds_the_batch_where_the_batch_symbol_is() {
+        // A voice-activity model: audio, a recurrent state and a sample rate.
+        let g = inputs(&[
+            ("input", &["batch", "sequence"]),
+            ("state", &["2", "batch", "128"]),
+            ("sr", &[]),
+        ]);
+        assert_eq!(axes(&g), [("input", 0), ("state", 1)]);
+        // A fixed-size table beside a symbolic batch is every sample's.
+        let g = inputs(&[("x", &["n", "16"]), ("table", &["4", "16"])]);
+        assert_eq!(axes(&g), [("x", 0)]);
+        // Unnamed dynamic dimensions get a symbol per input: each on its axis 0.
+        let g = inputs(&[("a", &["a_dim0", "3"]), ("b", &["b_dim0", "5"])]);
+        assert_eq!(axes(&g), [("a", 0), ("b", 0)]);
+        // A fixed-size export: the first input's axis 0, wherever each input has that size.
+        let g = inputs(&[("x", &["1", "512"]), ("h", &["2", "1", "64"])]);
+        assert_eq!(axes(&g), [("h", 1), ("x", 0)]);
+        // Sequence-first inputs of a fixed length.
+        let g = inputs(&[("x", &["6", "batch", "4"]), ("h0", &["1", "batch", "8"])]);
+        assert_eq!(axes(&g), [("h0", 1), ("x", 1)]);
+    }
+
+    #[test]
+    fn binding_the_batch_sets_every_input_on_its_batch_axis() {
+        let mut g = inputs(&[("x", &["1", "512"]), ("h", &["2", "1", "64"])]);
+        let bindings = Bindings {
+            batch: Some(8),
+            inputs: BTreeMap::new(),
+        };
+        bind(&mut g, &bindings).expect("binds");
+        let shape = |g: &Graph, i: usize| {
+            let v = g.inputs()[i];
+            g.value(v).declared.as_ref().and_then(|t| t.shape.clone())
+        };
+        assert_eq!(shape(&g, 0).and_then(|s| s.as_sizes()), Some(vec![8, 512]));
+        assert_eq!(
+            shape(&g, 1).and_then(|s| s.as_sizes()),
+            Some(vec![2, 8, 64])
+        );
+
+        let g = inputs(&[
+            ("input", &["batch", "s"]),
+            ("state", &["2", "batch", "128"]),
+        ]);
+        let given = BTreeMap::from([
+            ("input".to_owned(), vec![8, 512]),
+            ("state".to_owned(), vec![2, 8, 128]),
+        ]);
+        assert_eq!(given_batch(&g, &given), Ok(Some(("input".to_owned(), 8))));
+        let rebatched = with_batch(&g, &given, 4);
+        assert_eq!(rebatched["state"], [2, 4, 128]);
+        let wrong = BTreeMap::from([
+            ("input".to_owned(), vec![8, 512]),
+            ("state".to_owned(), vec![2, 4, 128]),
+        ]);
+        assert!(given_batch(&g, &wrong).is_err());
+    }
 }

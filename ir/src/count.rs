@@ -261,6 +261,17 @@ impl Counter<'_> {
                     n => (self.mul(&[combos, n as u64 - 1])?, 0),
                 }
             }
+            Op::Stft { onesided } => {
+                // Every output number (a bin's real or imaginary part in a frame) is a dot
+                // product of the windowed frame with one row of the DFT matrix. The frame
+                // is the window's length, else what the bins imply.
+                let frame = match input(2) {
+                    Some(w) => self.dim(w, 0),
+                    None if *onesided => self.dim(out, 2).saturating_sub(1) * 2,
+                    None => self.dim(out, 2),
+                };
+                (self.mul(&[out_n, frame])?, 0)
+            }
             Op::Variadic(_) => (
                 0,
                 self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,

@@ -42,7 +42,7 @@
     )
 )]
 
-mod bind;
+pub mod bind;
 mod branches;
 mod count;
 mod dtype;

@@ -220,6 +220,13 @@ pub enum Op {
     },
     /// Tensor contraction written in Einstein notation (explicit or implicit output).
     Einsum(Arc<Einsum>),
+    /// Short-time Fourier transform of a real signal `[batch, length]` or
+    /// `[batch, length, 1]`: inputs the signal, the frame step, the window, the frame
+    /// length; output `[batch, frames, bins, 2]` (real and imaginary parts).
+    Stft {
+        /// Only the bins up to half the frame length (a real signal's spectrum is symmetric).
+        onesided: bool,
+    },
     /// A conditional whose condition must fold to a constant: binding the graph's inputs
     /// ([`crate::bind`]) inlines the taken branch. Inputs: the condition, then every value
     /// of the enclosing graph that the branches read ([`IfBranches::captures`], in order).
@@ -1083,6 +1090,7 @@ impl Op {
             Op::ScatterNd { .. } => "ScatterND",
             Op::CumSum { .. } => "CumSum",
             Op::Einsum(_) => "Einsum",
+            Op::Stft { .. } => "STFT",
             Op::If(_) => "If",
         }
     }
@@ -1115,7 +1123,9 @@ impl Op {
             Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
             // A contraction is a product and a reduction; the planner splits it by
             // samples only, as a reduction (no tensor-parallel lowering of its operands).
-            Op::Reduce { .. } | Op::Einsum(_) => OpClass::Reduce,
+            // A spectrogram is a product with the DFT matrix frame by frame: split by
+            // samples only, as a reduction.
+            Op::Reduce { .. } | Op::Einsum(_) | Op::Stft { .. } => OpClass::Reduce,
             Op::Recurrent(_) => OpClass::Recurrent,
             Op::Concat { .. }
             | Op::Split { .. }

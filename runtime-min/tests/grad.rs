@@ -670,6 +670,30 @@ fn einsum_contractions() {
     }
 }
 
+#[test]
+fn short_time_fourier_transforms() {
+    // Overlapping frames (step below the frame), with a window and without (frame_length),
+    // one-sided and two-sided, a [batch, length, 1] signal.
+    let signal = |shape: &[usize]| Some(rand(shape, "signal"));
+    let step = |s: i64| Some(ints(&[], vec![s]));
+    for onesided in [true, false] {
+        let op = Op::Stft { onesided };
+        let name = format!("stft onesided={onesided}");
+        check(
+            &name,
+            op.clone(),
+            vec![signal(&[2, 20]), step(3), Some(rand(&[8], "window")), None],
+            1,
+        );
+        check(
+            &name,
+            op,
+            vec![signal(&[1, 13, 1]), step(4), None, Some(ints(&[], vec![5]))],
+            1,
+        );
+    }
+}
+
 /// A 3-d convolution computed directly from its definition.
 fn direct_conv3d(
     x: &Tensor,

@@ -16,7 +16,7 @@ Examples:
 pub struct Args {
     /// The ONNX model (weights stored as external data need not be present).
     pub model: PathBuf,
-    /// Batch size: binds axis 0 of every input (a fixed-batch export is re-batched)
+    /// Batch size: binds every input's batch axis (a fixed-batch export is re-batched)
     /// [default: the batch of the --input shapes, else the exported batch, else 1].
     #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,

@@ -31,8 +31,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
           value_parser = super::parse_positive)]
     pub batch_sizes: Vec<u64>,
-    /// Full shape of one input, e.g. `images=1,3,640,640` to measure at 640×640 (axis 0 is
-    /// replaced by each batch size; repeatable; the rest keep the model's own).
+    /// Full shape of one input, e.g. `images=1,3,640,640` to measure at 640×640 (its batch
+    /// axis is replaced by each batch size; repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
     /// Timed runs per op and direction; the median is kept.

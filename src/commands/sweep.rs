@@ -32,7 +32,7 @@ pub struct Args {
     /// Global batch for ONNX models [default: the model's, or 32].
     #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,
-    /// Full shape of one input, axis 0 the batch, e.g. `input_ids=8,2048` to plan a GPT at
+    /// Full shape of one input, batch included, e.g. `input_ids=8,2048` to plan a GPT at
     /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,

@@ -10,6 +10,7 @@ use crate::shape::{Dim, Shape};
 mod indexing;
 mod recurrent;
 mod resize;
+mod signal;
 
 type Result<T> = std::result::Result<T, InferError>;
 
@@ -1192,6 +1193,7 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::ScatterNd { .. } => indexing::scatter_nd(ctx),
         Op::CumSum { .. } => indexing::cumsum(ctx),
         Op::Einsum(e) => indexing::einsum(ctx, e),
+        Op::Stft { onesided } => signal::stft(ctx, *onesided),
         // Binding inlines every If whose condition folds ([`crate::bind`]): one still here
         // has a condition only known at run time.
         Op::If(_) => {

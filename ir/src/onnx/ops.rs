@@ -450,6 +450,9 @@ pub(crate) fn convert(
                 Einsum::parse(&equation).map_err(|reason| invalid("equation", reason))?,
             ))
         }
+        "STFT" => Op::Stft {
+            onesided: a.flag("onesided", true)?,
+        },
         "Constant" => Op::Constant {
             tensor: Arc::new(constant(&a, files)?),
             initializer: false,

@@ -205,7 +205,7 @@ fn data_parallel_replicas_train_as_one_device() {
                     );
                     let (buffers, losses) = (&buffers, &losses);
                     s.spawn(move || {
-                        let part = shard(d, r, replicas).expect("shard");
+                        let part = shard(d, r, replicas, i).expect("shard");
                         if device_to_device {
                             let sync = SameDevice::<Host>::new(buffers, losses, r);
                             train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")

@@ -54,7 +54,7 @@ pub use super::region::Axes;
 use super::region::{
     crop, dims, fill, intersect, interval, place, place_into, reframe, share, volume, Region, Slice,
 };
-use super::tensor::{Data, Tensor};
+use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
 
 mod derived;

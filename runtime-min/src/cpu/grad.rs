@@ -452,6 +452,7 @@ pub fn backward(
             indexing::cumsum_backward(inputs, *exclusive, *reverse, dy)?
         }
         Op::Einsum(e) => indexing::einsum_backward(e, inputs, dy)?,
+        Op::Stft { onesided } => super::signal::stft_backward(inputs, *onesided, dy)?,
         Op::Trilu { upper } => {
             let k = inputs
                 .get(1)

@@ -24,6 +24,7 @@ mod recurrent;
 mod reduce;
 mod region;
 mod resize;
+mod signal;
 pub mod tensor;
 pub mod train;
 mod volume;

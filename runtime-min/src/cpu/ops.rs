@@ -370,6 +370,7 @@ pub fn forward(
         Op::ScatterNd { reduction } => one(indexing::scatter_nd(inputs, *reduction)?),
         Op::CumSum { exclusive, reverse } => one(indexing::cumsum(inputs, *exclusive, *reverse)?),
         Op::Einsum(e) => one(indexing::einsum(e, inputs)?),
+        Op::Stft { onesided } => one(super::signal::stft(inputs, *onesided)?),
         other => Err(format!(
             "{} is not supported by the CPU backend",
             other.name()

@@ -83,11 +83,11 @@ pub(crate) fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
 
 /// Copies what `values` (holding `region`) has of `holder` into `out` (holding `holder`),
 /// marking what it filled.
-pub(crate) fn fill(
-    out: &mut [f32],
+pub(crate) fn fill<T: Copy>(
+    out: &mut [T],
     filled: &mut [bool],
     holder: &Region,
-    values: &[f32],
+    values: &[T],
     region: &Region,
 ) {
     let piece = intersect(holder, region);

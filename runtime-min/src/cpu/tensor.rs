@@ -229,6 +229,30 @@ pub fn axis(axis: i64, rank: usize) -> Option<usize> {
     (0..rank as i64).contains(&a).then_some(a as usize)
 }
 
+/// Integers as message words: each one's bits in two `f32` words (low, high), so an integer
+/// tensor crosses the float transports exactly.
+pub fn ints_to_words(v: &[i64]) -> Vec<f32> {
+    v.iter()
+        .flat_map(|&x| {
+            let bits = x as u64;
+            [
+                f32::from_bits(bits as u32),
+                f32::from_bits((bits >> 32) as u32),
+            ]
+        })
+        .collect()
+}
+
+/// The integers [`ints_to_words`] made, or `None` for an odd count of words.
+pub fn words_to_ints(words: &[f32]) -> Option<Vec<i64>> {
+    (words.len() % 2 == 0).then(|| {
+        words
+            .chunks_exact(2)
+            .map(|w| (u64::from(w[0].to_bits()) | u64::from(w[1].to_bits()) << 32) as i64)
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +268,13 @@ mod tests {
         assert_eq!(broadcast_shapes(&[4, 1, 3], &[2, 1]), Some(vec![4, 2, 3]));
         assert_eq!(broadcast_shapes(&[2], &[3]), None);
         assert_eq!(unbroadcast(&[1.0; 6], &[2, 3], &[1, 3]), vec![2.0; 3]);
+    }
+
+    #[test]
+    fn integers_cross_float_words_exactly() {
+        // Bit patterns that are NaNs, infinities and subnormals as floats.
+        let v = [0, 1, -1, i64::MIN, i64::MAX, 0x7fc0_0001_7f80_0001, 1 << 40];
+        assert_eq!(words_to_ints(&ints_to_words(&v)).as_deref(), Some(&v[..]));
+        assert_eq!(words_to_ints(&[0.0; 3]), None);
     }
 }

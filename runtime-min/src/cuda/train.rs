@@ -1241,55 +1241,83 @@ impl<B: Backend> Replicas<B> for HostStaged<'_> {
     }
 }
 
-/// Replica `rank` of `count`'s rows of the global batch: every input's and the labels'
-/// equal share along their first axis.
+/// Replica `rank` of `count`'s rows of the global batch: every input's equal share along
+/// its batch axis — the axis on which its shape in `local` (the graph verified at the
+/// replica's batch) is `count` times smaller; an input whose shape does not change is
+/// every replica's whole — and the labels' share of their rows.
 ///
 /// # Errors
 /// A batch that does not divide among the replicas.
-pub fn shard(data: &Dataset, rank: usize, count: usize) -> Result<Dataset, String> {
+pub fn shard(
+    data: &Dataset,
+    rank: usize,
+    count: usize,
+    local: &GraphInfo,
+) -> Result<Dataset, String> {
     use crate::cpu::tensor::Tensor;
-    fn rows<T: Clone>(v: &[T], rank: usize, count: usize) -> Result<Vec<T>, String> {
-        if v.len() % count != 0 {
+    /// Block `rank` of `count` of the middle axis of `v` seen as `[outer, count·n, inner]`.
+    fn part<T: Clone>(v: &[T], outer: usize, rank: usize, count: usize) -> Result<Vec<T>, String> {
+        if outer == 0 || v.len() % (outer * count) != 0 {
             return Err(format!(
-                "{} rows do not divide among {count} replicas",
+                "{} values do not divide among {count} replicas",
                 v.len()
             ));
         }
-        let n = v.len() / count;
-        Ok(v[rank * n..(rank + 1) * n].to_vec())
+        let block = v.len() / outer;
+        let n = block / count;
+        Ok((0..outer)
+            .flat_map(|o| {
+                v[o * block + rank * n..o * block + (rank + 1) * n]
+                    .iter()
+                    .cloned()
+            })
+            .collect())
     }
-    let part = |d: &Data| -> Result<Data, String> {
+    let split = |d: &Data, outer: usize| -> Result<Data, String> {
         Ok(match d {
-            Data::F32(v) => Data::F32(rows(v, rank, count)?),
-            Data::I64(v) => Data::I64(rows(v, rank, count)?),
+            Data::F32(v) => Data::F32(part(v, outer, rank, count)?),
+            Data::I64(v) => Data::I64(part(v, outer, rank, count)?),
         })
     };
     let inputs = data
         .inputs
         .iter()
         .map(|(&v, t)| {
-            let mut shape = t.shape.clone();
-            match shape.first_mut() {
-                Some(b) if *b % count == 0 => *b /= count,
-                _ => {
-                    return Err(format!(
+            let share = local.ty(v).shape.as_sizes().unwrap_or_default();
+            if share
+                .iter()
+                .map(|&d| d as usize)
+                .eq(t.shape.iter().copied())
+            {
+                return Ok((v, t.clone()));
+            }
+            let axis = t
+                .shape
+                .iter()
+                .zip(&share)
+                .position(|(&g, &l)| g != l as usize && g == l as usize * count)
+                .filter(|_| share.len() == t.shape.len())
+                .ok_or_else(|| {
+                    format!(
                         "an input of shape {:?} does not divide among {count} replicas",
                         t.shape
-                    ))
-                }
-            }
+                    )
+                })?;
+            let mut shape = t.shape.clone();
+            shape[axis] /= count;
+            let outer = t.shape[..axis].iter().product();
             Ok((
                 v,
                 Tensor {
                     shape,
-                    data: part(&t.data)?,
+                    data: split(&t.data, outer)?,
                 },
             ))
         })
         .collect::<Result<_, String>>()?;
     Ok(Dataset {
         inputs,
-        labels: part(&data.labels)?,
+        labels: split(&data.labels, 1)?,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ralpc_ir::{Op, ValueId};
+use ralpc_ir::{GraphInfo, Op, ValueId};
 use ralpc_passes::plan::View;
 
 use super::super::region::{dims, interval, Axes, Region};
@@ -69,6 +69,11 @@ impl Prepared<'_> {
         found
     }
 
+    /// The axis of `v` that holds the samples, if one does.
+    pub(super) fn samples_axis(&self, v: ValueId) -> Option<usize> {
+        self.batch_axis(v).map(|b| b.axis)
+    }
+
     fn lock_batch_axes(&self) -> std::sync::MutexGuard<'_, BTreeMap<ValueId, Option<BatchAxis>>> {
         self.batch_axes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -76,10 +81,20 @@ impl Prepared<'_> {
     fn find_batch_axis(&self, v: ValueId, depth: usize) -> Option<BatchAxis> {
         let batch = self.exe.plan.batch;
         let sizes = self.exe.info.ty(v).shape.as_sizes()?;
-        if sizes.first() == Some(&batch) {
+        let doubled = self
+            .info_at(2 * batch)
+            .ok()
+            .and_then(|info| info.ty(v).shape.as_sizes());
+        // A first axis as long as the batch holds it, unless it does not follow the batch (a
+        // recurrent state `[directions, batch, hidden]` with as many directions as samples).
+        if sizes.first() == Some(&batch)
+            && doubled
+                .as_ref()
+                .is_none_or(|d| d.first() == Some(&(2 * batch)))
+        {
             return Some(BatchAxis::first());
         }
-        let doubled = self.info_at(2 * batch).ok()?.ty(v).shape.as_sizes()?;
+        let doubled = doubled?;
         if doubled.len() != sizes.len() {
             return None;
         }
@@ -135,6 +150,15 @@ impl Prepared<'_> {
         found.filter(|f| f.outer * batch as usize * f.per_sample == sizes[a] as usize)
     }
 
+    /// Whether `v` is the same whatever the batch (a scalar input, a flag computed from it):
+    /// every microbatch has all of it.
+    fn batch_independent(&self, v: ValueId) -> bool {
+        let sizes = |info: &GraphInfo| info.ty(v).shape.as_sizes();
+        self.info_at(2 * self.exe.plan.batch).is_ok_and(|doubled| {
+            sizes(&doubled).is_some() && sizes(&doubled) == sizes(self.exe.info)
+        })
+    }
+
     /// `v`'s shape on one microbatch.
     pub(super) fn microbatch_shape(&self, v: ValueId) -> Result<Vec<usize>, String> {
         let mut shape: Vec<usize> = self
@@ -149,7 +173,7 @@ impl Prepared<'_> {
             .collect();
         if let Some(b) = self.batch_axis(v) {
             shape[b.axis] = b.outer * self.microbatch * b.per_sample;
-        } else if self.exe.plan.microbatches > 1 {
+        } else if self.exe.plan.microbatches > 1 && !self.batch_independent(v) {
             return Err(format!(
                 "'{}' has no batch axis and cannot be split into microbatches",
                 self.exe.graph.value(v).name

@@ -104,40 +104,42 @@ impl Rank<'_, '_> {
     pub(super) fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, String> {
         let edge = &self.p.edges[e];
         let need = self.need(e, self.rank)?;
-        let n = volume(&need);
-        let mut out = vec![0.0f32; n];
-        let mut filled = vec![false; n];
-        if self.p.layers[edge.producer].holds(self.rank).is_some() {
-            let held = self.held(e, self.rank)?;
-            if let Some(run) = self.runs.get(&(edge.producer, mb)) {
-                let x = run
-                    .values
+        let held = match self.p.layers[edge.producer].holds(self.rank) {
+            Some(_) => Some(self.held(e, self.rank)?),
+            None => None,
+        };
+        let received = self.pieces.remove(&(e, mb)).unwrap_or_default();
+        let own = match (held, self.runs.get(&(edge.producer, mb))) {
+            (Some(held), Some(run)) => Some((
+                held,
+                run.values
                     .get(edge.value)
-                    .ok_or("the producer's output is missing")?;
-                let values = x
-                    .floats()
-                    .ok_or("only floating-point tensors flow between layers")?;
-                fill(&mut out, &mut filled, &need, values, &held);
-            }
-        }
-        for (region, part) in self.pieces.remove(&(e, mb)).unwrap_or_default() {
-            fill(
-                &mut out,
-                &mut filled,
-                &need,
-                part.floats().unwrap_or_default(),
-                &region,
-            );
-        }
-        let missing = filled.iter().filter(|f| !**f).count();
+                    .ok_or("the producer's output is missing")?,
+            )),
+            _ => None,
+        };
+        let parts = own
+            .into_iter()
+            .chain(received.iter().map(|(region, part)| (region.clone(), part)));
+        let dims = self.p.local_dims(edge.value, &need);
+        // Integer tensors (indices, masks, shapes turned into data) have no gradient: they
+        // arrive as they were computed.
+        let (tensor, missing) = if self.p.exe.info.ty(edge.value).dtype.is_float() {
+            let (values, missing) = gather(&need, parts, Tensor::floats);
+            (Tensor::f32(dims, values), missing)
+        } else {
+            let (values, missing) = gather(&need, parts, Tensor::ints);
+            (Tensor::i64(dims, values), missing)
+        };
         if missing > 0 {
             return Err(format!(
-                "{missing} of the {n} elements of '{}' that layer {} needs never arrived",
+                "{missing} of the {} elements of '{}' that layer {} needs never arrived",
+                volume(&need),
                 self.value_name(edge.value),
                 self.p.layers[edge.consumer].name
             ));
         }
-        Ok(Tensor::f32(self.p.local_dims(edge.value, &need), out))
+        Ok(tensor)
     }
 
     /// Layer `l`'s forward on microbatch `mb`; `again` for its recomputation, which reads
@@ -178,14 +180,17 @@ impl Rank<'_, '_> {
                             false => need,
                         };
                         let share = self.epilogue_crop(l, k, c, need.clone())?;
-                        // The rank's piece of this microbatch's rows of the global batch.
+                        // The rank's piece of this microbatch's samples of the global
+                        // batch, on the input's batch axis (none: every microbatch reads
+                        // all of it).
                         let offset = mb as usize * p.microbatch;
+                        let samples = p.samples_axis(c);
                         let global: Region = full.shape.iter().map(|&d| 0..d).collect();
                         let shifted: Region = need
                             .iter()
                             .enumerate()
                             .map(|(d, r)| {
-                                if d == 0 {
+                                if Some(d) == samples {
                                     r.start + offset..r.end + offset
                                 } else {
                                     r.clone()
@@ -433,4 +438,27 @@ impl Rank<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// The values of `need` from `parts` (each the region it holds and its tensor), read as
+/// `T` by `values`, and how many were in none of them.
+fn gather<'t, T: Copy + Default + 't>(
+    need: &Region,
+    parts: impl Iterator<Item = (Region, &'t Tensor)>,
+    values: impl Fn(&'t Tensor) -> Option<&'t [T]>,
+) -> (Vec<T>, usize) {
+    let n = volume(need);
+    let mut out = vec![T::default(); n];
+    let mut filled = vec![false; n];
+    for (region, part) in parts {
+        fill(
+            &mut out,
+            &mut filled,
+            need,
+            values(part).unwrap_or_default(),
+            &region,
+        );
+    }
+    let missing = filled.iter().filter(|f| !**f).count();
+    (out, missing)
 }

@@ -32,12 +32,11 @@ impl Rank<'_, '_> {
             let x = run.values.get(edge.value).ok_or("the output is missing")?;
             crop(x, &held, &piece)
         };
-        let floats = data
-            .floats()
-            .ok_or("only floating-point tensors travel between ranks")?;
-        self.comm
-            .send(to, tag, floats.to_vec())
-            .map_err(Self::comm_error)
+        let words = match &data.data {
+            Data::F32(v) => v.clone(),
+            Data::I64(v) => ints_to_words(v),
+        };
+        self.comm.send(to, tag, words).map_err(Self::comm_error)
     }
 
     pub(super) fn recv(
@@ -54,6 +53,24 @@ impl Rank<'_, '_> {
         } else {
             intersect(&self.need(e, self.rank)?, &self.held(e, from)?)
         };
+        let ints = !backward && !self.p.exe.info.ty(self.p.edges[e].value).dtype.is_float();
+        if ints {
+            let values = words_to_ints(&data)
+                .filter(|v| v.len() == volume(&piece))
+                .ok_or_else(|| {
+                    format!(
+                        "the message from rank {from} has {} words where {} integers were \
+                         expected",
+                        data.len(),
+                        volume(&piece)
+                    )
+                })?;
+            self.pieces
+                .entry((e, mb))
+                .or_default()
+                .push((piece.clone(), Tensor::i64(dims(&piece), values)));
+            return Ok(());
+        }
         if data.len() != volume(&piece) {
             return Err(format!(
                 "the message from rank {from} has {} elements where {} were expected",
