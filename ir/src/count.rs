@@ -98,7 +98,19 @@ pub fn flops_per_element(op: &Op) -> u64 {
             | Unary::Sign
             | Unary::Not => 1,
             Unary::Softsign | Unary::Softplus | Unary::Elu { .. } => 3,
-            Unary::Selu { .. } => 4,
+            Unary::Selu { .. } | Unary::Celu { .. } => 4,
+            Unary::ThresholdedRelu { .. } | Unary::Shrink { .. } => 2,
+            // Transcendental functions: a few operations each, as tanh.
+            Unary::Tan
+            | Unary::Asin
+            | Unary::Acos
+            | Unary::Atan
+            | Unary::Sinh
+            | Unary::Cosh
+            | Unary::Asinh
+            | Unary::Acosh
+            | Unary::Atanh => 4,
+            Unary::Mish => 8,
             Unary::LeakyRelu { .. } => 2,
             Unary::Sigmoid | Unary::Tanh => 4,
             Unary::HardSigmoid { .. } => 3,

@@ -645,6 +645,43 @@ pub enum Unary {
     Sin,
     /// cos x.
     Cos,
+    /// tan x.
+    Tan,
+    /// arcsin x.
+    Asin,
+    /// arccos x.
+    Acos,
+    /// arctan x.
+    Atan,
+    /// sinh x.
+    Sinh,
+    /// cosh x.
+    Cosh,
+    /// arsinh x.
+    Asinh,
+    /// arcosh x.
+    Acosh,
+    /// artanh x.
+    Atanh,
+    /// x · tanh(softplus(x)) (YOLOv4's activation).
+    Mish,
+    /// max(0, x) + min(0, alpha·(e^(x/alpha) − 1)).
+    Celu {
+        /// Scale of the negative part.
+        alpha: f32,
+    },
+    /// x for x > alpha, 0 otherwise.
+    ThresholdedRelu {
+        /// The threshold.
+        alpha: f32,
+    },
+    /// x − bias for x > lambd, x + bias for x < −lambd, 0 between.
+    Shrink {
+        /// Shift of what is kept.
+        bias: f32,
+        /// Half-width of the band set to zero.
+        lambd: f32,
+    },
     /// Rounding down (no gradient).
     Floor,
     /// Rounding up (no gradient).
@@ -696,6 +733,8 @@ pub enum Binary {
     Or,
     /// a ⊕ b of booleans.
     Xor,
+    /// a for a ≥ 0, b·a otherwise (the slope `b` broadcast, one per channel).
+    PRelu,
 }
 
 impl Binary {
@@ -703,7 +742,7 @@ impl Binary {
     pub fn is_boolean(self) -> bool {
         !matches!(
             self,
-            Binary::Add | Binary::Sub | Binary::Mul | Binary::Div | Binary::Pow
+            Binary::Add | Binary::Sub | Binary::Mul | Binary::Div | Binary::Pow | Binary::PRelu
         )
     }
 
@@ -1018,6 +1057,19 @@ impl Op {
                 Unary::Elu { .. } => "Elu",
                 Unary::Selu { .. } => "Selu",
                 Unary::Sin => "Sin",
+                Unary::Tan => "Tan",
+                Unary::Asin => "Asin",
+                Unary::Acos => "Acos",
+                Unary::Atan => "Atan",
+                Unary::Sinh => "Sinh",
+                Unary::Cosh => "Cosh",
+                Unary::Asinh => "Asinh",
+                Unary::Acosh => "Acosh",
+                Unary::Atanh => "Atanh",
+                Unary::Mish => "Mish",
+                Unary::Celu { .. } => "Celu",
+                Unary::ThresholdedRelu { .. } => "ThresholdedRelu",
+                Unary::Shrink { .. } => "Shrink",
                 Unary::Cos => "Cos",
                 Unary::Floor => "Floor",
                 Unary::Ceil => "Ceil",
@@ -1032,6 +1084,7 @@ impl Op {
                 Binary::Mul => "Mul",
                 Binary::Div => "Div",
                 Binary::Pow => "Pow",
+                Binary::PRelu => "PRelu",
                 Binary::Equal => "Equal",
                 Binary::Less => "Less",
                 Binary::LessOrEqual => "LessOrEqual",

@@ -237,6 +237,18 @@ fn elementwise() {
         },
         Unary::Sin,
         Unary::Cos,
+        Unary::Tan,
+        Unary::Atan,
+        Unary::Sinh,
+        Unary::Cosh,
+        Unary::Asinh,
+        Unary::Mish,
+        Unary::Celu { alpha: 0.8 },
+        Unary::ThresholdedRelu { alpha: 0.2 },
+        Unary::Shrink {
+            bias: 0.1,
+            lambd: 0.3,
+        },
     ];
     for u in unaries {
         check(
@@ -279,6 +291,28 @@ fn elementwise() {
         vec![Some(positive.clone()), Some(rand(&[5], "e"))],
         1,
     );
+    // A slope per channel, broadcast over the batch and the pixels.
+    check(
+        "prelu",
+        Op::Binary(Binary::PRelu),
+        vec![
+            Some(rand(&[2, 3, 2, 2], "x")),
+            Some(Tensor::f32(vec![3, 1, 1], vec![0.25, -0.5, 0.1])),
+        ],
+        1,
+    );
+    // Inside their domains, away from its edges.
+    let inside = Tensor::f32(vec![5], vec![-0.5, -0.2, 0.1, 0.3, 0.6]);
+    for u in [Unary::Asin, Unary::Acos, Unary::Atanh] {
+        check(
+            &format!("{u:?}"),
+            Op::Unary(u),
+            vec![Some(inside.clone())],
+            1,
+        );
+    }
+    let above_one = Tensor::f32(vec![4], vec![1.5, 2.0, 3.0, 5.0]);
+    check("acosh", Op::Unary(Unary::Acosh), vec![Some(above_one)], 1);
     for v in [Variadic::Sum, Variadic::Mean, Variadic::Max, Variadic::Min] {
         check(
             &format!("{v:?}"),

@@ -174,7 +174,7 @@ fn int_op(op: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
             let (a, c) = (l.as_known()? != 0, r.as_known()? != 0);
             Scalar::Int(Dim::known(i64::from(op.logic(a, c))))
         }
-        Binary::Pow => return None,
+        Binary::Pow | Binary::PRelu => return None,
     })
 }
 
@@ -185,6 +185,7 @@ fn float_op(b: Binary, l: f64, r: f64) -> Scalar {
         Binary::Mul => Scalar::Float(l * r),
         Binary::Div => Scalar::Float(l / r),
         Binary::Pow => Scalar::Float(l.powf(r)),
+        Binary::PRelu => Scalar::Float(if l >= 0.0 { l } else { r * l }),
         Binary::Equal => Scalar::Int(Dim::known((l == r) as i64)),
         Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
             Scalar::Int(Dim::known(i64::from(b.compare(l, r))))

@@ -632,6 +632,41 @@ fn unary_derivative(u: Unary, x: f32, y: f32) -> f32 {
         }
         Unary::Sin => x.cos(),
         Unary::Cos => -x.sin(),
+        Unary::Tan => 1.0 + y * y,
+        Unary::Asin => 1.0 / (1.0 - x * x).sqrt(),
+        Unary::Acos => -1.0 / (1.0 - x * x).sqrt(),
+        Unary::Atan => 1.0 / (1.0 + x * x),
+        Unary::Sinh => x.cosh(),
+        Unary::Cosh => x.sinh(),
+        Unary::Asinh => 1.0 / (x * x + 1.0).sqrt(),
+        Unary::Acosh => 1.0 / (x * x - 1.0).sqrt(),
+        Unary::Atanh => 1.0 / (1.0 - x * x),
+        Unary::Mish => {
+            // d/dx x·tanh(sp(x)) = tanh(sp) + x·(1 − tanh²(sp))·sigmoid(x).
+            let t = ops::unary_value(Unary::Softplus, x).tanh();
+            t + x * (1.0 - t * t) / (1.0 + (-x).exp())
+        }
+        Unary::Celu { alpha } => {
+            if x > 0.0 {
+                1.0
+            } else {
+                (x / alpha).exp()
+            }
+        }
+        Unary::ThresholdedRelu { alpha } => {
+            if x > alpha {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Unary::Shrink { lambd, .. } => {
+            if x.abs() > lambd {
+                1.0
+            } else {
+                0.0
+            }
+        }
         u if u.is_step() => 0.0,
         _ => f32::NAN,
     }
@@ -645,6 +680,13 @@ fn elementwise(b: Binary, p: f32, q: f32, g: f32) -> (f32, f32) {
         Binary::Mul => (g * q, g * p),
         Binary::Div => (g / q, -g * p / (q * q)),
         Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
+        Binary::PRelu => {
+            if p >= 0.0 {
+                (g, 0.0)
+            } else {
+                (g * q, g * p)
+            }
+        }
         _ => (0.0, 0.0),
     }
 }

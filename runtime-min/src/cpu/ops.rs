@@ -437,6 +437,33 @@ pub(crate) fn unary_value(u: Unary, v: f32) -> f32 {
         Unary::Selu { alpha, gamma } => gamma * if v > 0.0 { v } else { alpha * v.exp_m1() },
         Unary::Sin => v.sin(),
         Unary::Cos => v.cos(),
+        Unary::Tan => v.tan(),
+        Unary::Asin => v.asin(),
+        Unary::Acos => v.acos(),
+        Unary::Atan => v.atan(),
+        Unary::Sinh => v.sinh(),
+        Unary::Cosh => v.cosh(),
+        Unary::Asinh => v.asinh(),
+        Unary::Acosh => v.acosh(),
+        Unary::Atanh => v.atanh(),
+        Unary::Mish => v * unary_value(Unary::Softplus, v).tanh(),
+        Unary::Celu { alpha } => v.max(0.0) + (alpha * (v / alpha).exp_m1()).min(0.0),
+        Unary::ThresholdedRelu { alpha } => {
+            if v > alpha {
+                v
+            } else {
+                0.0
+            }
+        }
+        Unary::Shrink { bias, lambd } => {
+            if v < -lambd {
+                v + bias
+            } else if v > lambd {
+                v - bias
+            } else {
+                0.0
+            }
+        }
         Unary::Floor => v.floor(),
         Unary::Ceil => v.ceil(),
         Unary::Round => v.round_ties_even(),
@@ -519,6 +546,8 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
                     Binary::Mul => p.wrapping_mul(q),
                     Binary::Div => p.checked_div(q).ok_or("integer division by zero")?,
                     Binary::Pow => p.wrapping_pow(q.clamp(0, u32::MAX as i64) as u32),
+                    Binary::PRelu if p < 0 => p.wrapping_mul(q),
+                    Binary::PRelu => p,
                     Binary::Equal => i64::from(p == q),
                     Binary::Less
                     | Binary::LessOrEqual
@@ -605,6 +634,13 @@ pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
         Binary::Mul => p * q,
         Binary::Div => p / q,
         Binary::Pow => p.powf(q),
+        Binary::PRelu => {
+            if p >= 0.0 {
+                p
+            } else {
+                q * p
+            }
+        }
         Binary::Equal => f32::from(u8::from(p == q)),
         Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
             f32::from(u8::from(b.compare(p, q)))
