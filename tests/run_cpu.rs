@@ -534,6 +534,20 @@ fn values_computed_from_constants_are_computed_by_every_layer_reading_them() {
 }
 
 #[test]
+fn pixel_shuffles_instance_norms_and_tiles_train_as_one_device() {
+    // upscale.onnx: InstanceNormalization, PRelu, DepthToSpace, Mish, SpaceToDepth, Tile.
+    let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);
+    check("upscale.onnx", 8, 4, &s, "upscale-dp");
+    let s = strategy(
+        &[stage("conv0", "conv1", 2), stage("shuffle", "fc", 2)],
+        &split("conv0", 1, 1, 2),
+        "gpipe",
+        2,
+    );
+    check("upscale.onnx", 8, 4, &s, "upscale-pipeline-channels");
+}
+
+#[test]
 fn a_state_holding_the_batch_on_axis_1_and_integers_between_layers_train_as_one_device() {
     // recurrent.onnx: a GRU from an initial state [1, batch, 8]: each rank gets its samples
     // of the state on axis 1. A flag computed from an integer input (Less → bool) is its own

@@ -121,7 +121,7 @@ pub fn flops_per_element(op: &Op) -> u64 {
         Op::Binary(_) | Op::Where => 1,
         Op::Softmax { .. } => 5,
         // Training-mode forward: mean, variance, normalize, scale and shift.
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } => 7,
+        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 7,
         Op::Dropout { .. } | Op::Trilu { .. } | Op::CumSum { .. } => 1,
         // Bilinear: four taps, a multiply-add each; nearest: a copy.
         Op::Resize(r) => match r.mode {
@@ -234,6 +234,8 @@ impl Counter<'_> {
                 (0, self.mul(&[n, per])?)
             }
             Op::Lrn { size, .. } => (0, self.mul(&[out_n, size + 3])?),
+            // A comparison per input element.
+            Op::ArgExtreme { .. } => (0, input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0)),
             Op::Recurrent(r) => {
                 // Per step, direction and sample: the gates' products with the input and
                 // the previous state; then about 4 operations per gate element.

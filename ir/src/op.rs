@@ -220,6 +220,38 @@ pub enum Op {
     },
     /// Tensor contraction written in Einstein notation (explicit or implicit output).
     Einsum(Arc<Einsum>),
+    /// The input repeated along each axis as often as input 1 says.
+    Tile,
+    /// Moves `blocksize × blocksize` channel blocks into pixels: `[N, C, H, W]` to
+    /// `[N, C / b², H·b, W·b]`.
+    DepthToSpace {
+        /// The block's side.
+        blocksize: usize,
+        /// Column-row-depth order of the channels (`CRD`); else depth-column-row (`DCR`).
+        crd: bool,
+    },
+    /// Moves pixel blocks into channels: `[N, C, H, W]` to `[N, C·b², H / b, W / b]`.
+    SpaceToDepth {
+        /// The block's side.
+        blocksize: usize,
+    },
+    /// Normalization of each sample's channel over its spatial axes, then a scale and a
+    /// bias per channel.
+    InstanceNorm {
+        /// ε.
+        epsilon: f32,
+    },
+    /// The index of the largest (or smallest) element along an axis, as `i64`.
+    ArgExtreme {
+        /// ArgMax; else ArgMin.
+        max: bool,
+        /// The axis (may be negative).
+        axis: i64,
+        /// Keep the reduced axis with size 1.
+        keepdims: bool,
+        /// Among equal extremes, the last index; else the first.
+        select_last: bool,
+    },
     /// Short-time Fourier transform of a real signal `[batch, length]` or
     /// `[batch, length, 1]`: inputs the signal, the frame step, the window, the frame
     /// length; output `[batch, frames, bins, 2]` (real and imaginary parts).
@@ -1144,6 +1176,12 @@ impl Op {
             Op::CumSum { .. } => "CumSum",
             Op::Einsum(_) => "Einsum",
             Op::Stft { .. } => "STFT",
+            Op::Tile => "Tile",
+            Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::SpaceToDepth { .. } => "SpaceToDepth",
+            Op::InstanceNorm { .. } => "InstanceNormalization",
+            Op::ArgExtreme { max: true, .. } => "ArgMax",
+            Op::ArgExtreme { max: false, .. } => "ArgMin",
             Op::If(_) => "If",
         }
     }
@@ -1173,12 +1211,17 @@ impl Op {
             Op::Softmax { .. } => OpClass::Softmax,
             // Resampling works per channel on spatial windows, as pooling does.
             Op::Pool(_) | Op::GlobalPool(_) | Op::Resize(_) => OpClass::Pool,
-            Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. } => OpClass::Norm,
+            Op::BatchNorm { .. }
+            | Op::LayerNorm { .. }
+            | Op::InstanceNorm { .. }
+            | Op::Lrn { .. } => OpClass::Norm,
             // A contraction is a product and a reduction; the planner splits it by
             // samples only, as a reduction (no tensor-parallel lowering of its operands).
             // A spectrogram is a product with the DFT matrix frame by frame: split by
             // samples only, as a reduction.
-            Op::Reduce { .. } | Op::Einsum(_) | Op::Stft { .. } => OpClass::Reduce,
+            Op::Reduce { .. } | Op::Einsum(_) | Op::Stft { .. } | Op::ArgExtreme { .. } => {
+                OpClass::Reduce
+            }
             Op::Recurrent(_) => OpClass::Recurrent,
             Op::Concat { .. }
             | Op::Split { .. }
@@ -1200,6 +1243,9 @@ impl Op {
             | Op::GatherElements { .. }
             | Op::ScatterElements { .. }
             | Op::ScatterNd { .. }
+            | Op::Tile
+            | Op::DepthToSpace { .. }
+            | Op::SpaceToDepth { .. }
             | Op::If(_) => OpClass::Shape,
             // A running sum is elementwise in cost: one add per element.
             Op::CumSum { .. } => OpClass::Elementwise,

@@ -705,6 +705,41 @@ fn einsum_contractions() {
 }
 
 #[test]
+fn rearrangements_and_instance_normalization() {
+    let x = || Some(rand(&[2, 8, 2, 3], "x"));
+    check(
+        "tile",
+        Op::Tile,
+        vec![x(), Some(ints(&[4], vec![1, 2, 1, 3]))],
+        1,
+    );
+    for crd in [false, true] {
+        check(
+            &format!("depth to space crd={crd}"),
+            Op::DepthToSpace { blocksize: 2, crd },
+            vec![x()],
+            1,
+        );
+    }
+    check(
+        "space to depth",
+        Op::SpaceToDepth { blocksize: 2 },
+        vec![Some(rand(&[2, 3, 4, 6], "x"))],
+        1,
+    );
+    check(
+        "instance norm",
+        Op::InstanceNorm { epsilon: 1e-5 },
+        vec![
+            Some(rand(&[2, 3, 4, 5], "x")),
+            Some(rand(&[3], "scale")),
+            Some(rand(&[3], "bias")),
+        ],
+        1,
+    );
+}
+
+#[test]
 fn short_time_fourier_transforms() {
     // Overlapping frames (step below the frame), with a window and without (frame_length),
     // one-sided and two-sided, a [batch, length, 1] signal.

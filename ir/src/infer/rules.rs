@@ -8,6 +8,7 @@ use crate::op::*;
 use crate::shape::{Dim, Shape};
 
 mod indexing;
+mod rearrange;
 mod recurrent;
 mod resize;
 mod signal;
@@ -982,10 +983,17 @@ fn norm_layer(ctx: &Ctx<'_>, op: &Op) -> Result<Vec<ValueType>> {
     let x = ctx.input(0)?;
     need_float(x, 0)?;
     match op {
-        Op::BatchNorm { .. } => {
+        Op::BatchNorm { .. } | Op::InstanceNorm { .. } => {
             need_rank(x, 0, 2, "rank >= 2 (N, C, ...)")?;
             let c = &x.shape.0[1];
-            for slot in 1..5 {
+            // BatchNormalization: scale, bias, mean, variance; InstanceNormalization: scale
+            // and bias.
+            let per_channel = if matches!(op, Op::BatchNorm { .. }) {
+                5
+            } else {
+                3
+            };
+            for slot in 1..per_channel {
                 let t = ctx.input(slot)?;
                 if t.shape.0 != [c.clone()] {
                     return Err(mismatch(format!(
@@ -1111,7 +1119,10 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
             out.extend(std::iter::repeat_n(Dim::known(1), x.shape.rank() - 2));
             Ok(vec![ValueType::new(x.dtype, Shape(out))])
         }
-        op @ (Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::Lrn { .. }) => norm_layer(ctx, op),
+        op @ (Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::Lrn { .. }) => norm_layer(ctx, op),
         Op::Concat { axis } => concat(ctx, *axis),
         Op::Split { axis, sizes } => split(ctx, *axis, sizes),
         Op::Slice { ranges } => slice(ctx, ranges),
@@ -1194,6 +1205,10 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::CumSum { .. } => indexing::cumsum(ctx),
         Op::Einsum(e) => indexing::einsum(ctx, e),
         Op::Stft { onesided } => signal::stft(ctx, *onesided),
+        Op::Tile => rearrange::tile(ctx),
+        Op::DepthToSpace { blocksize, .. } => rearrange::depth_to_space(ctx, *blocksize),
+        Op::SpaceToDepth { blocksize } => rearrange::space_to_depth(ctx, *blocksize),
+        Op::ArgExtreme { axis, keepdims, .. } => rearrange::arg_extreme(ctx, *axis, *keepdims),
         // Binding inlines every If whose condition folds ([`crate::bind`]): one still here
         // has a condition only known at run time.
         Op::If(_) => {

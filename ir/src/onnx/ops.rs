@@ -471,6 +471,31 @@ pub(crate) fn convert(
                 Einsum::parse(&equation).map_err(|reason| invalid("equation", reason))?,
             ))
         }
+        "Tile" => Op::Tile,
+        "DepthToSpace" => {
+            let mode = a.string("mode")?.unwrap_or_else(|| "DCR".into());
+            let crd = match mode.as_str() {
+                "DCR" => false,
+                "CRD" => true,
+                other => return Err(invalid("mode", format!("unknown value '{other}'"))),
+            };
+            Op::DepthToSpace {
+                blocksize: blocksize(&a)?,
+                crd,
+            }
+        }
+        "SpaceToDepth" => Op::SpaceToDepth {
+            blocksize: blocksize(&a)?,
+        },
+        "InstanceNormalization" => Op::InstanceNorm {
+            epsilon: a.float("epsilon")?.unwrap_or(1e-5),
+        },
+        "ArgMax" | "ArgMin" => Op::ArgExtreme {
+            max: node.op_type == "ArgMax",
+            axis: a.int("axis")?.unwrap_or(0),
+            keepdims: a.flag("keepdims", true)?,
+            select_last: a.flag("select_last_index", false)?,
+        },
         "STFT" => Op::Stft {
             onesided: a.flag("onesided", true)?,
         },
@@ -481,6 +506,19 @@ pub(crate) fn convert(
         _ => return Ok(Converted::Unsupported),
     };
     Ok(Converted::Op(op))
+}
+
+/// DepthToSpace's and SpaceToDepth's `blocksize`: required, at least 1.
+fn blocksize(a: &Attrs<'_>) -> Result<usize, Problem> {
+    let b = a
+        .int("blocksize")?
+        .ok_or_else(|| Problem::AttributeMissing {
+            attr: "blocksize".into(),
+        })?;
+    usize::try_from(b)
+        .ok()
+        .filter(|&b| (1..=1 << 16).contains(&b))
+        .ok_or_else(|| invalid("blocksize", format!("must be between 1 and 65536, got {b}")))
 }
 
 fn reduction(a: &Attrs<'_>) -> Result<Reduction, Problem> {

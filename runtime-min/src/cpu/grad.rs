@@ -453,6 +453,18 @@ pub fn backward(
         }
         Op::Einsum(e) => indexing::einsum_backward(e, inputs, dy)?,
         Op::Stft { onesided } => super::signal::stft_backward(inputs, *onesided, dy)?,
+        Op::Tile => super::rearrange::tile_backward(inputs, dy)?,
+        Op::DepthToSpace { blocksize, crd } => {
+            super::rearrange::to_space_backward(inputs, *blocksize, *crd, true, dy)?
+        }
+        Op::SpaceToDepth { blocksize } => {
+            super::rearrange::to_space_backward(inputs, *blocksize, false, false, dy)?
+        }
+        Op::InstanceNorm { epsilon } => {
+            super::rearrange::instance_norm_backward(inputs, *epsilon, dy)?
+        }
+        // Indices: no gradient.
+        Op::ArgExtreme { .. } => grads(n),
         Op::Trilu { upper } => {
             let k = inputs
                 .get(1)

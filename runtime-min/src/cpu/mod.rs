@@ -20,6 +20,7 @@ pub mod init;
 pub mod kernels;
 pub mod net;
 pub mod ops;
+mod rearrange;
 mod recurrent;
 mod reduce;
 mod region;

@@ -371,6 +371,26 @@ pub fn forward(
         Op::CumSum { exclusive, reverse } => one(indexing::cumsum(inputs, *exclusive, *reverse)?),
         Op::Einsum(e) => one(indexing::einsum(e, inputs)?),
         Op::Stft { onesided } => one(super::signal::stft(inputs, *onesided)?),
+        Op::Tile => one(super::rearrange::tile(inputs)?),
+        Op::DepthToSpace { blocksize, crd } => {
+            one(super::rearrange::to_space(inputs, *blocksize, *crd, true)?)
+        }
+        Op::SpaceToDepth { blocksize } => one(super::rearrange::to_space(
+            inputs, *blocksize, false, false,
+        )?),
+        Op::InstanceNorm { epsilon } => one(super::rearrange::instance_norm(inputs, *epsilon)?),
+        &Op::ArgExtreme {
+            max,
+            axis,
+            keepdims,
+            select_last,
+        } => one(super::rearrange::arg_extreme(
+            input(inputs, 0)?,
+            max,
+            axis,
+            keepdims,
+            select_last,
+        )?),
         other => Err(format!(
             "{} is not supported by the CPU backend",
             other.name()

@@ -1,0 +1,299 @@
+//! Ops that move elements without arithmetic — Tile, DepthToSpace, SpaceToDepth — and
+//! ArgMax/ArgMin, forward and backward.
+//!
+//! Each rearrangement is a walk of the input in the output's order: a higher-rank view of
+//! the output with the input's stride along each of its axes ([`t::positions`]). The
+//! forward pass gathers along it; the backward pass adds the output's gradient back along
+//! the same walk (Tile visits an input element once per repeat).
+
+use super::grad::InputGrads;
+use super::ops::{floats, input, R};
+use super::tensor::{self as t, Data, Tensor};
+
+/// A rearrangement: the output's shape, and the view (shape, input strides) that walks
+/// the input in the output's order.
+struct Walk {
+    shape: Vec<usize>,
+    view: Vec<usize>,
+    strides: Vec<isize>,
+}
+
+impl Walk {
+    fn positions(&self) -> t::Positions {
+        t::positions(&self.view, &self.strides, 0)
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.pick(self.shape.clone(), self.positions())
+    }
+
+    fn backward(&self, x: &Tensor, dy: &[f32]) -> Vec<f32> {
+        let mut dx = vec![0.0f32; x.len()];
+        for (p, &g) in self.positions().zip(dy) {
+            dx[p] += g;
+        }
+        dx
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<isize> {
+    t::strides(shape).iter().map(|&s| s as isize).collect()
+}
+
+/// Tile: the output `[r₀·x₀, r₁·x₁, …]` is the view `[r₀, x₀, r₁, x₁, …]` whose repeat
+/// axes step nowhere.
+fn tile_walk(inputs: &[Option<&Tensor>]) -> R<Walk> {
+    let x = input(inputs, 0)?;
+    let repeats = input(inputs, 1)?.to_i64s();
+    if repeats.len() != x.shape.len() || repeats.iter().any(|&r| r < 0) {
+        return Err(format!(
+            "repeats {repeats:?} do not tile an input of shape {:?}",
+            x.shape
+        ));
+    }
+    let st = strides(&x.shape);
+    let mut walk = Walk {
+        shape: Vec::new(),
+        view: Vec::new(),
+        strides: Vec::new(),
+    };
+    for ((&d, &r), &s) in x.shape.iter().zip(&repeats).zip(&st) {
+        walk.shape.push(d * r as usize);
+        walk.view.extend([r as usize, d]);
+        walk.strides.extend([0, s]);
+    }
+    Ok(walk)
+}
+
+/// `[N, C, H, W]` of a 4-d input.
+fn nchw(x: &Tensor) -> R<[usize; 4]> {
+    match *x.shape.as_slice() {
+        [n, c, h, w] => Ok([n, c, h, w]),
+        ref other => Err(format!("the input must be [N, C, H, W], got {other:?}")),
+    }
+}
+
+/// DepthToSpace: output `(n, c', h·b + i, w·b + j)` in the order of the view
+/// `[N, C', H, b, W, b]`, read from channel `(i·b + j)·C' + c'` (DCR) or `c'·b² + i·b + j`
+/// (CRD).
+fn depth_to_space_walk(x: &Tensor, b: usize, crd: bool) -> R<Walk> {
+    let [n, c, h, w] = nchw(x)?;
+    if b == 0 || c % (b * b) != 0 {
+        return Err(format!("{c} channels do not divide into blocks of {b}×{b}"));
+    }
+    let out_c = c / (b * b);
+    let plane = (h * w) as isize;
+    let (channel, row, column) = if crd {
+        ((b * b) as isize * plane, b as isize * plane, plane)
+    } else {
+        (plane, (b * out_c) as isize * plane, out_c as isize * plane)
+    };
+    Ok(Walk {
+        shape: vec![n, out_c, h * b, w * b],
+        view: vec![n, out_c, h, b, w, b],
+        strides: vec![c as isize * plane, channel, w as isize, row, 1, column],
+    })
+}
+
+/// SpaceToDepth: output `((i·b + j)·C + c, h', w')` in the order of the view
+/// `[N, b, b, C, H/b, W/b]`, read from pixel `(h'·b + i, w'·b + j)`.
+fn space_to_depth_walk(x: &Tensor, b: usize) -> R<Walk> {
+    let [n, c, h, w] = nchw(x)?;
+    if b == 0 || h % b != 0 || w % b != 0 {
+        return Err(format!(
+            "{h}×{w} pixels do not divide into blocks of {b}×{b}"
+        ));
+    }
+    let (plane, (bi, wi)) = ((h * w) as isize, (b as isize, w as isize));
+    Ok(Walk {
+        shape: vec![n, c * b * b, h / b, w / b],
+        view: vec![n, b, b, c, h / b, w / b],
+        strides: vec![c as isize * plane, wi, 1, plane, bi * wi, bi],
+    })
+}
+
+/// Tile forward.
+pub(crate) fn tile(inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    Ok(tile_walk(inputs)?.forward(input(inputs, 0)?))
+}
+
+/// Tile backward: each input element's gradient sums its copies'.
+pub(crate) fn tile_backward(inputs: &[Option<&Tensor>], dy: &[f32]) -> R<InputGrads> {
+    let mut g = vec![None; inputs.len()];
+    g[0] = Some(tile_walk(inputs)?.backward(input(inputs, 0)?, dy));
+    Ok(g)
+}
+
+/// DepthToSpace (`space == false`: SpaceToDepth) forward.
+pub(crate) fn to_space(inputs: &[Option<&Tensor>], b: usize, crd: bool, space: bool) -> R<Tensor> {
+    let x = input(inputs, 0)?;
+    let walk = match space {
+        true => depth_to_space_walk(x, b, crd)?,
+        false => space_to_depth_walk(x, b)?,
+    };
+    Ok(walk.forward(x))
+}
+
+/// DepthToSpace (`space == false`: SpaceToDepth) backward: the permutation undone.
+pub(crate) fn to_space_backward(
+    inputs: &[Option<&Tensor>],
+    b: usize,
+    crd: bool,
+    space: bool,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let x = input(inputs, 0)?;
+    let walk = match space {
+        true => depth_to_space_walk(x, b, crd)?,
+        false => space_to_depth_walk(x, b)?,
+    };
+    let mut g = vec![None; inputs.len()];
+    g[0] = Some(walk.backward(x, dy));
+    Ok(g)
+}
+
+/// ArgMax (`max`) or ArgMin along `axis`: the first index of the extreme, or the last
+/// with `select_last`. NaN is never an extreme.
+pub(crate) fn arg_extreme(
+    x: &Tensor,
+    max: bool,
+    axis: i64,
+    keepdims: bool,
+    select_last: bool,
+) -> R<Tensor> {
+    let rank = x.shape.len();
+    let a = t::axis(axis, rank).ok_or_else(|| format!("axis {axis} is out of range"))?;
+    let (outer, n, inner) = (
+        t::numel(&x.shape[..a]),
+        x.shape[a],
+        t::numel(&x.shape[a + 1..]),
+    );
+    if n == 0 {
+        return Err("ArgMax/ArgMin of an empty axis".into());
+    }
+    let values: Vec<f64> = match &x.data {
+        Data::F32(v) => v.iter().map(|&v| f64::from(v)).collect(),
+        Data::I64(v) => v.iter().map(|&v| v as f64).collect(),
+    };
+    let better = |candidate: f64, best: f64| {
+        let (strictly, equal) = match max {
+            true => (candidate > best, candidate == best),
+            false => (candidate < best, candidate == best),
+        };
+        strictly || (select_last && equal) || best.is_nan()
+    };
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| values[(o * n + k) * inner + i];
+            let mut best = 0;
+            for k in 1..n {
+                if !at(k).is_nan() && better(at(k), at(best)) {
+                    best = k;
+                }
+            }
+            out.push(best as i64);
+        }
+    }
+    let mut shape = x.shape.clone();
+    if keepdims {
+        shape[a] = 1;
+    } else {
+        shape.remove(a);
+    }
+    Ok(Tensor::i64(shape, out))
+}
+
+/// Instance normalization forward: each (sample, channel) normalized over its pixels,
+/// then `scale[c]·x̂ + bias[c]`.
+pub(crate) fn instance_norm(inputs: &[Option<&Tensor>], epsilon: f32) -> R<Tensor> {
+    let (x, xhat, _) = normalized(inputs, epsilon)?;
+    let (scale, bias) = affine(inputs, x)?;
+    let (c, width) = (x.shape[1], t::numel(&x.shape[2..]));
+    let y = xhat
+        .chunks(width.max(1))
+        .enumerate()
+        .flat_map(|(row, v)| {
+            let (s, b) = (scale[row % c], bias[row % c]);
+            v.iter().map(move |&v| s * v + b)
+        })
+        .collect();
+    Ok(Tensor::f32(x.shape.clone(), y))
+}
+
+/// Instance normalization backward: the scale's and the bias's per channel, and the
+/// input's through layer normalization's over each row of pixels.
+pub(crate) fn instance_norm_backward(
+    inputs: &[Option<&Tensor>],
+    epsilon: f32,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let (x, xhat, stats) = normalized(inputs, epsilon)?;
+    let (scale, _) = affine(inputs, x)?;
+    let (c, width) = (x.shape[1], t::numel(&x.shape[2..]).max(1));
+    let mut dscale = vec![0.0f32; c];
+    let mut dbias = vec![0.0f32; c];
+    let mut dxhat = vec![0.0f32; dy.len()];
+    for (row, ((g, v), d)) in dy
+        .chunks(width)
+        .zip(xhat.chunks(width))
+        .zip(dxhat.chunks_mut(width))
+        .enumerate()
+    {
+        let k = row % c;
+        for ((&g, &v), d) in g.iter().zip(v).zip(d) {
+            dscale[k] += g * v;
+            dbias[k] += g;
+            *d = g * scale[k];
+        }
+    }
+    let ones = vec![1.0f32; width];
+    let mut dx = vec![0.0f32; dy.len()];
+    let (mut unused_scale, mut unused_bias) = (vec![0.0f32; width], vec![0.0f32; width]);
+    super::kernels::layer_norm_backward(
+        width,
+        floats(x, "the input")?,
+        &ones,
+        (&stats.0, &stats.1),
+        &dxhat,
+        &mut dx,
+        &mut unused_scale,
+        &mut unused_bias,
+    );
+    Ok(vec![Some(dx), Some(dscale), Some(dbias)])
+}
+
+/// The input, its rows of pixels normalized, and each row's mean and inverse deviation.
+fn normalized<'a>(
+    inputs: &[Option<&'a Tensor>],
+    epsilon: f32,
+) -> R<(&'a Tensor, Vec<f32>, (Vec<f32>, Vec<f32>))> {
+    let x = input(inputs, 0)?;
+    if x.shape.len() < 3 {
+        return Err(format!(
+            "instance normalization needs [N, C, pixels…], got {:?}",
+            x.shape
+        ));
+    }
+    let width = t::numel(&x.shape[2..]).max(1);
+    let values = floats(x, "the input")?;
+    let (ones, zeros) = (vec![1.0f32; width], vec![0.0f32; width]);
+    let mut xhat = vec![0.0f32; values.len()];
+    let stats = super::kernels::layer_norm(width, epsilon, values, &ones, &zeros, &mut xhat);
+    Ok((x, xhat, stats))
+}
+
+/// The scale and bias, one per channel.
+fn affine<'a>(inputs: &[Option<&'a Tensor>], x: &Tensor) -> R<(&'a [f32], &'a [f32])> {
+    let c = x.shape[1];
+    let scale = floats(input(inputs, 1)?, "the scale")?;
+    let bias = floats(input(inputs, 2)?, "the bias")?;
+    if scale.len() != c || bias.len() != c {
+        return Err(format!(
+            "the scale ({}) and the bias ({}) must have one value per channel ({c})",
+            scale.len(),
+            bias.len()
+        ));
+    }
+    Ok((scale, bias))
+}
