@@ -534,6 +534,24 @@ fn values_computed_from_constants_are_computed_by_every_layer_reading_them() {
 }
 
 #[test]
+fn a_loop_over_time_steps_is_unrolled_and_trains_as_one_device() {
+    // loop.onnx: TensorFlow's way of writing a recurrent layer, a Loop whose condition
+    // compares a carried counter with the sequence length; unrolled when the batch is bound.
+    let s = strategy(&[stage("to_time_major", "fc", 4)], "", "1f1b", 1);
+    check("loop.onnx", 8, 4, &s, "loop-dp");
+    let s = strategy(
+        &[
+            stage("to_time_major", "while/iteration2/input_product", 2),
+            stage("while/iteration3/step_input", "fc", 2),
+        ],
+        "",
+        "gpipe",
+        2,
+    );
+    check("loop.onnx", 8, 4, &s, "loop-pipeline");
+}
+
+#[test]
 fn pixel_shuffles_instance_norms_and_tiles_train_as_one_device() {
     // upscale.onnx: InstanceNormalization, PRelu, DepthToSpace, Mish, SpaceToDepth, Tile.
     let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);

@@ -1,4 +1,5 @@
-//! Inlining the branch an `If` takes when its condition folds to a constant.
+//! Inlining the branch an `If` takes when its condition folds to a constant, and unrolling
+//! a `Loop` whose trip count does.
 //!
 //! Exporters guard shape-dependent code with `If` (a sequence of length 1 is squeezed, a
 //! stride of one sample skipped): once the inputs are bound, the condition is a known
@@ -7,24 +8,55 @@
 //! the output's name and declared type; branches nested in the taken one are inlined in the
 //! next round, when their own conditions can be inferred. An `If` whose condition stays
 //! unknown is left in place for the verifier to report.
+//!
+//! TensorFlow's exporter writes every recurrent layer as a `Loop` over the time steps whose
+//! condition compares a carried step counter with the sequence length: once the length is
+//! bound, each round decides whether one more iteration runs. It runs: the body's nodes
+//! are placed before a `Loop` that does the rest, reading the iteration's carried values
+//! and condition. It stops: each carried value is the `Loop`'s output, and each scan output
+//! is its iterations' values stacked (`Unsqueeze` and `Concat` on a new first axis).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
+use crate::dtype::DType;
 use crate::graph::{Graph, Provenance};
 use crate::ids::{NodeId, ValueId};
 use crate::infer::infer_all;
-use crate::op::Op;
+use crate::op::{LoopBody, Op};
+use crate::tensor::{Storage, TensorData};
 
 /// Deeper nesting than this is left to the verifier (ONNX sets no limit; exporters nest a
 /// few levels).
 const MAX_ROUNDS: usize = 64;
 
-/// Replaces every `If` whose condition folds by the branch it takes, nested ones included.
+/// Iterations unrolled at most, over every `Loop` of a graph (a sequence of a few
+/// thousand steps); a longer loop is left for the verifier to report.
+const MAX_ITERATIONS: usize = 4096;
+
+/// Nodes a graph may grow to by unrolling: past this, what is left of a loop stays for
+/// the verifier to report (a huge body run many times would take memory without bound).
+const MAX_UNROLLED_NODES: usize = 1 << 20;
+
+/// What a round does to an `If` or a `Loop` it decided.
+#[derive(Clone, Copy, Debug)]
+enum Decision {
+    /// The branch taken.
+    Branch(bool),
+    /// One more iteration, and what is left of the trip count (`None`: no limit).
+    Iterate(Option<i64>),
+    /// No more iterations.
+    Finish,
+}
+
+/// Replaces every `If` whose condition folds by the branch it takes, and every `Loop` whose
+/// trip count folds by its iterations, nested ones included.
 pub(crate) fn inline_taken(graph: &mut Graph) {
-    for _ in 0..MAX_ROUNDS {
+    let mut rounds = 0;
+    while rounds < MAX_ROUNDS + MAX_ITERATIONS {
         if !graph
             .node_ids()
-            .any(|n| matches!(graph.node(n).op, Op::If(_)))
+            .any(|n| matches!(graph.node(n).op, Op::If(_) | Op::Loop(_)))
         {
             return;
         }
@@ -32,34 +64,65 @@ pub(crate) fn inline_taken(graph: &mut Graph) {
             return;
         };
         let (types, _) = infer_all(graph, &order);
-        let taken: BTreeMap<NodeId, bool> = order
+        let known = |v: Option<ValueId>| -> Option<f64> {
+            match types[v?.index()].as_ref()?.content.as_deref()? {
+                [c] => c.as_f64(),
+                _ => None,
+            }
+        };
+        let decided: BTreeMap<NodeId, Decision> = order
             .iter()
-            .filter(|&&n| matches!(graph.node(n).op, Op::If(_)))
             .filter_map(|&n| {
-                let cond = graph.node(n).inputs.first().copied().flatten()?;
-                match types[cond.index()].as_ref()?.content.as_deref()? {
-                    [c] => Some((n, c.as_f64()? != 0.0)),
+                let node = graph.node(n);
+                let input = |slot: usize| node.inputs.get(slot).copied().flatten();
+                match &node.op {
+                    Op::If(_) => Some((n, Decision::Branch(known(input(0))? != 0.0))),
+                    Op::Loop(body) => {
+                        let limit = match input(0) {
+                            Some(_) => Some(known(input(0))? as i64),
+                            None => None,
+                        };
+                        let go = match input(1) {
+                            Some(_) => known(input(1))? != 0.0,
+                            None => true,
+                        };
+                        let stop = !go || limit.is_some_and(|m| m <= 0);
+                        match (stop, body.scans() > 0 && body.done == 0) {
+                            // Nothing to stack: left for the verifier.
+                            (true, true) => None,
+                            (true, false) => Some((n, Decision::Finish)),
+                            (false, _)
+                                if body.done as usize >= MAX_ITERATIONS
+                                    || order.len() > MAX_UNROLLED_NODES =>
+                            {
+                                None
+                            }
+                            (false, _) => Some((n, Decision::Iterate(limit.map(|m| m - 1)))),
+                        }
+                    }
                     _ => None,
                 }
             })
             .collect();
-        if taken.is_empty() {
+        if decided.is_empty() {
             return;
         }
-        *graph = rebuilt(graph, &order, &taken);
+        rounds += 1;
+        *graph = rebuilt(graph, &order, &decided);
     }
 }
 
-/// `old` in `order`, each `If` of `taken` replaced by the branch it takes.
-fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, bool>) -> Graph {
+/// `old` in `order`, each `If` of `taken` replaced by the branch it takes, each `Loop` by
+/// one more iteration or its outputs.
+fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, Decision>) -> Graph {
     let mut g = Graph::new();
     g.rebatch = old.rebatch.clone();
     // Constants only the branches not taken read are dropped with them (a weight there
     // is no weight of the model at these shapes).
     let reads: BTreeMap<NodeId, Vec<String>> = taken
         .iter()
-        .filter_map(|(&n, &cond)| match &old.node(n).op {
-            Op::If(b) => {
+        .filter_map(|(&n, &decision)| match (&old.node(n).op, decision) {
+            (Op::If(b), Decision::Branch(cond)) => {
                 let branch = if cond { &b.then_branch } else { &b.else_branch };
                 Some((n, branch.free_names()))
             }
@@ -87,7 +150,22 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, bool>) -> Gra
             .map(|v| v.and_then(|v| map[v.index()]))
             .collect();
         match (&node.op, taken.get(&n)) {
-            (Op::If(branches), Some(&cond)) => {
+            (Op::Loop(body), Some(&decision)) => {
+                let site = old.provenance(n);
+                let outputs: Vec<(&str, ValueId)> = node
+                    .outputs
+                    .iter()
+                    .map(|&v| (old.value(v).name.as_str(), v))
+                    .collect();
+                let made = match decision {
+                    Decision::Iterate(left) => iterate(&mut g, body, site, &inputs, left, &outputs),
+                    _ => finish(&mut g, body, site, &inputs, &outputs),
+                };
+                for (out, v) in node.outputs.iter().zip(made) {
+                    define(&mut g, &mut map, *out, v);
+                }
+            }
+            (Op::If(branches), Some(&Decision::Branch(cond))) => {
                 let branch = if cond {
                     &branches.then_branch
                 } else {
@@ -152,4 +230,176 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, bool>) -> Gra
             .collect(),
     );
     g
+}
+
+/// A constant node named `name` holding one `i64` (or one boolean).
+fn scalar(g: &mut Graph, name: &str, value: i64, dtype: DType) -> ValueId {
+    let bytes = match dtype {
+        DType::Bool => vec![u8::from(value != 0)],
+        _ => value.to_le_bytes().to_vec(),
+    };
+    let tensor = TensorData {
+        dtype,
+        dims: Vec::new(),
+        storage: Storage::Inline(Arc::new(bytes)),
+    };
+    let prov = Provenance {
+        name: name.to_owned(),
+        op_type: "Constant".into(),
+        module: String::new(),
+    };
+    let id = g.add_node(
+        Op::Constant {
+            tensor: Arc::new(tensor),
+            initializer: false,
+        },
+        prov,
+        &[name],
+    );
+    g.node(id).outputs[0]
+}
+
+/// The loop's node inputs: trip count, condition, carried, captures, scanned so far.
+struct LoopInputs<'a> {
+    carried: &'a [Option<ValueId>],
+    captures: &'a [Option<ValueId>],
+    scanned: &'a [Option<ValueId>],
+}
+
+fn loop_inputs<'a>(body: &LoopBody, inputs: &'a [Option<ValueId>]) -> LoopInputs<'a> {
+    let k = body.carried();
+    let c = body.captures.len();
+    let at = |from: usize, to: usize| &inputs[from.min(inputs.len())..to.min(inputs.len())];
+    LoopInputs {
+        carried: at(2, 2 + k),
+        captures: at(2 + k, 2 + k + c),
+        scanned: at(2 + k + c, inputs.len()),
+    }
+}
+
+/// One iteration of `body` placed in `g`, then a `Loop` for the rest; returns the values
+/// that stand for the loop's `outputs` (the rest's).
+fn iterate(
+    g: &mut Graph,
+    body: &LoopBody,
+    site: &Provenance,
+    inputs: &[Option<ValueId>],
+    left: Option<i64>,
+    outputs: &[(&str, ValueId)],
+) -> Vec<ValueId> {
+    let parts = loop_inputs(body, inputs);
+    let step = body.done;
+    let prefix = format!("{}/iteration{step}", site.name);
+    let mut scope: HashMap<&str, ValueId> = HashMap::new();
+    let counter = scalar(g, &format!("{prefix}/number"), step, DType::I64);
+    if let Some(name) = body.inputs.first() {
+        scope.insert(name, counter);
+    }
+    let cond = match inputs.get(1).copied().flatten() {
+        Some(v) => v,
+        None => scalar(g, &format!("{prefix}/condition"), 1, DType::Bool),
+    };
+    if let Some(name) = body.inputs.get(1) {
+        scope.insert(name, cond);
+    }
+    for (name, v) in body.inputs.iter().skip(2).zip(parts.carried) {
+        if let Some(v) = v {
+            scope.insert(name, *v);
+        }
+    }
+    for (name, v) in body.captures.iter().zip(parts.captures) {
+        if let Some(v) = v {
+            scope.insert(name, *v);
+        }
+    }
+    for b in &body.body.nodes {
+        let names: Vec<String> = b.outputs.iter().map(|o| format!("{prefix}/{o}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut provenance = b.provenance.clone();
+        provenance.name = format!("{prefix}/{}", provenance.name);
+        let id = g.add_node(b.op.clone(), provenance, &names);
+        let ins = b
+            .inputs
+            .iter()
+            .map(|i| scope.get(i.as_str()).copied())
+            .collect();
+        g.set_inputs(id, ins);
+        let outs = g.node(id).outputs.clone();
+        for (name, v) in b.outputs.iter().zip(outs) {
+            scope.insert(name, v);
+        }
+    }
+    let returned: Vec<Option<ValueId>> = body
+        .body
+        .outputs
+        .iter()
+        .map(|o| scope.get(o.as_str()).copied())
+        .collect();
+    let limit = left.map(|m| scalar(g, &format!("{prefix}/left"), m, DType::I64));
+    let (k, scans) = (body.carried(), body.scans());
+    let rest_inputs: Vec<Option<ValueId>> = std::iter::once(limit)
+        .chain(returned.iter().take(1 + k).copied())
+        .chain(parts.captures.iter().copied())
+        .chain(parts.scanned.iter().copied())
+        .chain(returned.iter().skip(1 + k).take(scans).copied())
+        .collect();
+    let rest = LoopBody {
+        done: step + 1,
+        ..body.clone()
+    };
+    let names: Vec<&str> = outputs.iter().map(|(name, _)| *name).collect();
+    let id = g.add_node(Op::Loop(Arc::new(rest)), site.clone(), &names);
+    g.set_inputs(id, rest_inputs);
+    g.node(id).outputs.clone()
+}
+
+/// The loop's outputs once no iteration is left: each carried value as it stands, each
+/// scan output its iterations' values stacked on a new first axis.
+fn finish(
+    g: &mut Graph,
+    body: &LoopBody,
+    site: &Provenance,
+    inputs: &[Option<ValueId>],
+    outputs: &[(&str, ValueId)],
+) -> Vec<ValueId> {
+    let parts = loop_inputs(body, inputs);
+    let (k, scans) = (body.carried(), body.scans());
+    // Each node named for the output it makes: a layer's name must say which it is.
+    let provenance = |op_type: &str, made: &str| Provenance {
+        name: format!("{}/{made}", site.name),
+        op_type: op_type.into(),
+        module: site.module.clone(),
+    };
+    let mut made = Vec::with_capacity(outputs.len());
+    for (j, (name, _)) in outputs.iter().enumerate().take(k) {
+        let id = g.add_node(Op::Identity, provenance("Identity", name), &[name]);
+        g.set_inputs(id, vec![parts.carried.get(j).copied().flatten()]);
+        made.push(g.node(id).outputs[0]);
+    }
+    for (s, (name, _)) in outputs.iter().enumerate().skip(k).take(scans) {
+        let s = s - k;
+        let stacked: Vec<Option<ValueId>> = parts
+            .scanned
+            .iter()
+            .skip(s)
+            .step_by(scans.max(1))
+            .enumerate()
+            .map(|(i, &v)| {
+                let unsqueezed = format!("{name}/{i}");
+                let id = g.add_node(
+                    Op::Unsqueeze {
+                        axes: Some(vec![0]),
+                    },
+                    provenance("Unsqueeze", &unsqueezed),
+                    &[&unsqueezed],
+                );
+                g.set_inputs(id, vec![v]);
+                Some(g.node(id).outputs[0])
+            })
+            .collect();
+        let id = g.add_node(Op::Concat { axis: 0 }, provenance("Concat", name), &[name]);
+        g.set_inputs(id, stacked);
+        made.push(g.node(id).outputs[0]);
+    }
+    made
 }

@@ -121,7 +121,10 @@ pub fn flops_per_element(op: &Op) -> u64 {
         Op::Binary(_) | Op::Where => 1,
         Op::Softmax { .. } => 5,
         // Training-mode forward: mean, variance, normalize, scale and shift.
-        Op::BatchNorm { .. } | Op::LayerNorm { .. } | Op::InstanceNorm { .. } => 7,
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. } => 7,
         Op::Dropout { .. } | Op::Trilu { .. } | Op::CumSum { .. } => 1,
         // Bilinear: four taps, a multiply-add each; nearest: a copy.
         Op::Resize(r) => match r.mode {
@@ -299,7 +302,15 @@ impl Counter<'_> {
 fn is_parameter(graph: &Graph, v: ValueId) -> bool {
     match &graph.node(graph.value(v).producer).op {
         op @ Op::Constant { .. } => op.is_weight(),
-        Op::ConstantOfShape { dtype, .. } => dtype.is_float(),
+        // A fill of a constant shape (the ONNX zoo's "light" models write weights so); one
+        // of a computed shape is a state or a mask (a recurrent layer's zero state).
+        Op::ConstantOfShape { dtype, .. } => {
+            let node = graph.node(graph.value(v).producer);
+            dtype.is_float()
+                && node.inputs.first().copied().flatten().is_some_and(|s| {
+                    matches!(graph.node(graph.value(s).producer).op, Op::Constant { .. })
+                })
+        }
         _ => false,
     }
 }

@@ -241,6 +241,21 @@ pub enum Op {
         /// ε.
         epsilon: f32,
     },
+    /// Normalization of each sample's groups of channels over their pixels, then a scale
+    /// and a bias per channel (opset 21; per group in opset 18).
+    GroupNorm {
+        /// Groups of channels.
+        groups: usize,
+        /// ε.
+        epsilon: f32,
+    },
+    /// Each sample's first `sequence_lens[b]` time steps reversed (input 1 the lengths).
+    ReverseSequence {
+        /// The axis of the samples (0 or 1).
+        batch_axis: usize,
+        /// The axis of the time steps (1 or 0).
+        time_axis: usize,
+    },
     /// The index of the largest (or smallest) element along an axis, as `i64`.
     ArgExtreme {
         /// ArgMax; else ArgMin.
@@ -259,6 +274,13 @@ pub enum Op {
         /// Only the bins up to half the frame length (a real signal's spectrum is symmetric).
         onesided: bool,
     },
+    /// A loop whose trip count must fold to a constant: binding the graph's inputs
+    /// ([`crate::bind`]) unrolls it, one iteration per round of inference. Inputs: the
+    /// maximum trip count (optional), the condition (optional), the loop-carried values,
+    /// every value of the enclosing graph the body reads ([`LoopBody::captures`]), then the
+    /// scan outputs of the iterations already unrolled. Outputs: the carried values' final
+    /// ones, then each scan output stacked over the iterations.
+    Loop(Arc<LoopBody>),
     /// A conditional whose condition must fold to a constant: binding the graph's inputs
     /// ([`crate::bind`]) inlines the taken branch. Inputs: the condition, then every value
     /// of the enclosing graph that the branches read ([`IfBranches::captures`], in order).
@@ -445,6 +467,31 @@ pub struct IfBranches {
     /// Names of the enclosing graph's values the branches read (sorted); the `If` node's
     /// inputs from slot 1 on are these values.
     pub captures: Vec<String>,
+}
+
+/// A `Loop`'s body and how far it is unrolled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopBody {
+    /// The body. Its outputs: the condition, the carried values, the scan outputs.
+    pub body: Branch,
+    /// The body's formal inputs: the iteration number, the condition, the carried values.
+    pub inputs: Vec<String>,
+    /// Names of the enclosing graph's values the body reads (sorted).
+    pub captures: Vec<String>,
+    /// Iterations already unrolled (the next one's number).
+    pub done: i64,
+}
+
+impl LoopBody {
+    /// Loop-carried values.
+    pub fn carried(&self) -> usize {
+        self.inputs.len().saturating_sub(2)
+    }
+
+    /// Scan outputs.
+    pub fn scans(&self) -> usize {
+        self.body.outputs.len().saturating_sub(1 + self.carried())
+    }
 }
 
 /// A subgraph: nodes in file order, reading each other's and captured values by name.
@@ -1180,9 +1227,12 @@ impl Op {
             Op::DepthToSpace { .. } => "DepthToSpace",
             Op::SpaceToDepth { .. } => "SpaceToDepth",
             Op::InstanceNorm { .. } => "InstanceNormalization",
+            Op::GroupNorm { .. } => "GroupNormalization",
+            Op::ReverseSequence { .. } => "ReverseSequence",
             Op::ArgExtreme { max: true, .. } => "ArgMax",
             Op::ArgExtreme { max: false, .. } => "ArgMin",
             Op::If(_) => "If",
+            Op::Loop(_) => "Loop",
         }
     }
 
@@ -1214,6 +1264,7 @@ impl Op {
             Op::BatchNorm { .. }
             | Op::LayerNorm { .. }
             | Op::InstanceNorm { .. }
+            | Op::GroupNorm { .. }
             | Op::Lrn { .. } => OpClass::Norm,
             // A contraction is a product and a reduction; the planner splits it by
             // samples only, as a reduction (no tensor-parallel lowering of its operands).
@@ -1244,9 +1295,11 @@ impl Op {
             | Op::ScatterElements { .. }
             | Op::ScatterNd { .. }
             | Op::Tile
+            | Op::ReverseSequence { .. }
             | Op::DepthToSpace { .. }
             | Op::SpaceToDepth { .. }
-            | Op::If(_) => OpClass::Shape,
+            | Op::If(_)
+            | Op::Loop(_) => OpClass::Shape,
             // A running sum is elementwise in cost: one add per element.
             Op::CumSum { .. } => OpClass::Elementwise,
         }

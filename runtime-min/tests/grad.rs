@@ -727,6 +727,33 @@ fn rearrangements_and_instance_normalization() {
         vec![Some(rand(&[2, 3, 4, 6], "x"))],
         1,
     );
+    for (batch_axis, time_axis, shape) in [(1, 0, [4, 3, 2]), (0, 1, [3, 4, 2])] {
+        check_except(
+            "reverse sequence",
+            Op::ReverseSequence {
+                batch_axis,
+                time_axis,
+            },
+            vec![Some(rand(&shape, "x")), Some(ints(&[3], vec![4, 0, 2]))],
+            1,
+            &[1],
+        );
+    }
+    for (groups, per) in [(2, 4), (2, 2), (4, 4)] {
+        check(
+            &format!("group norm {groups} groups, {per} parameters"),
+            Op::GroupNorm {
+                groups,
+                epsilon: 1e-5,
+            },
+            vec![
+                Some(rand(&[2, 4, 3], "x")),
+                Some(rand(&[per], "scale")),
+                Some(rand(&[per], "bias")),
+            ],
+            1,
+        );
+    }
     check(
         "instance norm",
         Op::InstanceNorm { epsilon: 1e-5 },

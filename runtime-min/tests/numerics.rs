@@ -153,3 +153,57 @@ cases!(
     vit_b_16,
     wide_resnet101_2,
 );
+
+/// A recurrent layer written as a `Loop` (TensorFlow's exporter's way,
+/// `fixtures/train/loop.onnx`): unrolled at binding, its forward pass equals onnxruntime's
+/// on the file's own weights (outputs stored from onnxruntime 1.32, input
+/// `linspace(-1, 1, 30)` as `[2, 5, 3]`).
+#[test]
+fn a_loop_unrolled_at_binding_computes_as_onnxruntime() {
+    let path = fixtures().join("train/loop.onnx");
+    let mut model = ralpc_ir::onnx::import(&path).expect("import");
+    let bindings = ralpc_ir::Bindings {
+        batch: Some(2),
+        inputs: BTreeMap::new(),
+    };
+    ralpc_ir::bind(&mut model.graph, &bindings).expect("bind");
+    let g = &model.graph;
+    assert!(
+        g.node_ids().all(|n| g.node(n).op.name() != "Loop"),
+        "the Loop is unrolled"
+    );
+    let info = ralpc_ir::verify(g).expect("verify");
+    let weights = Weights::load(g, 0).expect("weights");
+    let mut values = Values::new(g);
+    for (&v, t) in &weights.tensors {
+        values.set(v, t.clone());
+    }
+    let x: Vec<f32> = (0..30).map(|i| -1.0 + 2.0 * i as f32 / 29.0).collect();
+    values.set(g.inputs()[0], Tensor::f32(vec![2, 5, 3], x));
+    let env = Env {
+        mode: Mode::Inference,
+        exported_batch: None,
+    };
+    graph::forward(g, info.order(), &mut values, env).expect("forward");
+    let y = values.take(g.outputs()[0]).expect("output");
+    let want = [
+        -0.090_815_05,
+        -1.097_444_7,
+        -0.914_678_9,
+        0.907_019_4,
+        -0.351_280_6,
+        0.314_201_44,
+        1.353_219_7,
+        1.070_868_8,
+        -1.165_015_7,
+        0.563_379_4,
+    ];
+    let got = y.floats().expect("floats");
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(want) {
+        assert!(
+            (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+            "{got:?} vs {want:?}"
+        );
+    }
+}

@@ -983,6 +983,28 @@ fn norm_layer(ctx: &Ctx<'_>, op: &Op) -> Result<Vec<ValueType>> {
     let x = ctx.input(0)?;
     need_float(x, 0)?;
     match op {
+        Op::GroupNorm { groups, .. } => {
+            need_rank(x, 0, 2, "rank >= 2 (N, C, ...)")?;
+            let c = &x.shape.0[1];
+            if c.as_known().is_some_and(|c| c % *groups as i64 != 0) {
+                return Err(mismatch(format!(
+                    "{c} channels do not divide into {groups} groups"
+                )));
+            }
+            // Per channel (opset 21) or per group (opset 18).
+            for slot in 1..3 {
+                let t = ctx.input(slot)?;
+                let per = &t.shape.0;
+                if per.len() != 1 || (per[0] != *c && per[0].as_known() != Some(*groups as i64)) {
+                    return Err(mismatch(format!(
+                        "input {slot} has shape {} where {c} channels or {groups} groups are \
+                         needed",
+                        t.shape
+                    )));
+                }
+            }
+            Ok(vec![ValueType::new(x.dtype, x.shape.clone())])
+        }
         Op::BatchNorm { .. } | Op::InstanceNorm { .. } => {
             need_rank(x, 0, 2, "rank >= 2 (N, C, ...)")?;
             let c = &x.shape.0[1];
@@ -1122,7 +1144,12 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         op @ (Op::BatchNorm { .. }
         | Op::LayerNorm { .. }
         | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Lrn { .. }) => norm_layer(ctx, op),
+        Op::ReverseSequence {
+            batch_axis,
+            time_axis,
+        } => rearrange::reverse_sequence(ctx, *batch_axis, *time_axis),
         Op::Concat { axis } => concat(ctx, *axis),
         Op::Split { axis, sizes } => split(ctx, *axis, sizes),
         Op::Slice { ranges } => slice(ctx, ranges),
@@ -1209,6 +1236,32 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::DepthToSpace { blocksize, .. } => rearrange::depth_to_space(ctx, *blocksize),
         Op::SpaceToDepth { blocksize } => rearrange::space_to_depth(ctx, *blocksize),
         Op::ArgExtreme { axis, keepdims, .. } => rearrange::arg_extreme(ctx, *axis, *keepdims),
+        // Binding unrolls every Loop whose trip count folds ([`crate::bind`]): one still
+        // here runs for a number of iterations only known at run time.
+        Op::Loop(_) => {
+            let decided = |slot: usize| {
+                ctx.opt(slot).is_none_or(
+                    |t| matches!(t.content.as_deref(), Some([c]) if c.as_f64().is_some()),
+                )
+            };
+            match (decided(0), decided(1)) {
+                (true, true) => Err(InferError::Type {
+                    reason: "a Loop is unrolled when the graph's inputs are bound: bind first"
+                        .into(),
+                }),
+                (m, _) => {
+                    let slot = if m { 1 } else { 0 };
+                    let detail = (ctx.constant_detail)(slot);
+                    Err(InferError::NotConstant {
+                        slot,
+                        detail: format!(
+                            "{detail}; a Loop is unrolled, so its trip count and condition \
+                             must follow from sizes (give them with --batch or --input)"
+                        ),
+                    })
+                }
+            }
+        }
         // Binding inlines every If whose condition folds ([`crate::bind`]): one still here
         // has a condition only known at run time.
         Op::If(_) => {

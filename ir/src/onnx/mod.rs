@@ -31,7 +31,7 @@ use crate::dtype::DType;
 use crate::error::{Diagnostic, ImportError, Problem};
 use crate::graph::{Graph, Provenance, Site, TensorType};
 use crate::ids::ValueId;
-use crate::op::{Branch, BranchNode, IfBranches, Op};
+use crate::op::{Branch, BranchNode, IfBranches, LoopBody, Op};
 use crate::shape::{Dim, Shape};
 
 /// An imported model.
@@ -362,6 +362,9 @@ impl NodeImport<'_, '_> {
         if node.op_type == "If" {
             return self.if_op(node, site);
         }
+        if node.op_type == "Loop" {
+            return self.loop_op(node, site);
+        }
         match ops::convert(node, self.opset, self.files) {
             Ok(ops::Converted::Op(op)) => Some((op, node.input.clone())),
             Ok(ops::Converted::Unsupported) => {
@@ -438,6 +441,74 @@ impl NodeImport<'_, '_> {
         Some((op, inputs))
     }
 
+    /// A `Loop` with its body imported (every unsupported op inside it is reported).
+    fn loop_op(
+        &mut self,
+        node: &onnx_protobuf::NodeProto,
+        site: Site,
+    ) -> Option<(Op, Vec<String>)> {
+        let Some(g) = node
+            .attribute
+            .iter()
+            .find(|a| a.name == "body")
+            .and_then(|a| a.g.as_ref())
+        else {
+            self.problems.push(Diagnostic {
+                site,
+                kind: Problem::AttributeMissing {
+                    attr: "body".into(),
+                },
+            });
+            return None;
+        };
+        let body = self.subgraph(g, &site)?;
+        let inputs: Vec<String> = g.input.iter().map(|i| i.name.clone()).collect();
+        let carried = inputs.len().saturating_sub(2);
+        let shape_error = |reason: String| Diagnostic {
+            site: site.clone(),
+            kind: Problem::AttributeValue {
+                attr: "body".into(),
+                reason,
+            },
+        };
+        if inputs.len() < 2 || node.input.len() != inputs.len() {
+            self.problems.push(shape_error(format!(
+                "the body takes {} input(s) where the Loop gives it the iteration number, the \
+                 condition and {} carried value(s)",
+                inputs.len(),
+                node.input.len().saturating_sub(2)
+            )));
+            return None;
+        }
+        if body.outputs.len() < 1 + carried || node.output.len() != body.outputs.len() - 1 {
+            self.problems.push(shape_error(format!(
+                "the body returns {} value(s) where the Loop has {} output(s) and {carried} \
+                 carried value(s)",
+                body.outputs.len(),
+                node.output.len()
+            )));
+            return None;
+        }
+        let captures: Vec<String> = body
+            .free_names()
+            .into_iter()
+            .filter(|n| !inputs.contains(n))
+            .collect();
+        let node_inputs = node
+            .input
+            .iter()
+            .cloned()
+            .chain(captures.iter().cloned())
+            .collect();
+        let op = Op::Loop(Arc::new(LoopBody {
+            body,
+            inputs,
+            captures,
+            done: 0,
+        }));
+        Some((op, node_inputs))
+    }
+
     /// One branch of an `If`: its initializers become constants, its nodes are imported as in
     /// the main graph (an `If` inside recursively). A branch takes no inputs.
     fn branch(&mut self, g: &onnx_protobuf::GraphProto, site: &Site) -> Option<Branch> {
@@ -455,6 +526,11 @@ impl NodeImport<'_, '_> {
             });
             return None;
         }
+        self.subgraph(g, site)
+    }
+
+    /// A subgraph's nodes and outputs (its formal inputs are the caller's to bind).
+    fn subgraph(&mut self, g: &onnx_protobuf::GraphProto, _site: &Site) -> Option<Branch> {
         let mut nodes = Vec::with_capacity(g.initializer.len() + g.node.len());
         let mut complete = true;
         for t in &g.initializer {

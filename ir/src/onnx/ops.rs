@@ -490,6 +490,30 @@ pub(crate) fn convert(
         "InstanceNormalization" => Op::InstanceNorm {
             epsilon: a.float("epsilon")?.unwrap_or(1e-5),
         },
+        "GroupNormalization" => Op::GroupNorm {
+            groups: a
+                .int("num_groups")?
+                .and_then(|g| usize::try_from(g).ok())
+                .filter(|&g| g >= 1)
+                .ok_or_else(|| invalid("num_groups", "must be given, at least 1"))?,
+            epsilon: a.float("epsilon")?.unwrap_or(1e-5),
+        },
+        "ReverseSequence" => {
+            let axis = |name: &str, default: i64| -> Result<usize, Problem> {
+                match a.int(name)?.unwrap_or(default) {
+                    v @ (0 | 1) => Ok(v as usize),
+                    v => Err(invalid(name, format!("must be 0 or 1, got {v}"))),
+                }
+            };
+            let (batch_axis, time_axis) = (axis("batch_axis", 1)?, axis("time_axis", 0)?);
+            if batch_axis == time_axis {
+                return Err(invalid("batch_axis", "must differ from time_axis"));
+            }
+            Op::ReverseSequence {
+                batch_axis,
+                time_axis,
+            }
+        }
         "ArgMax" | "ArgMin" => Op::ArgExtreme {
             max: node.op_type == "ArgMax",
             axis: a.int("axis")?.unwrap_or(0),

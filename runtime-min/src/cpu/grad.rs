@@ -113,6 +113,8 @@ pub fn backward(
         }
         Op::Gemm(g) => gemm(g, inputs, dy)?,
         Op::MatMul => matmul(x, input(inputs, 1)?, dy)?,
+        // Integers and booleans (Not, Sign of a mask) carry no gradient.
+        Op::Unary(_) if x.floats().is_none() => grads(n),
         Op::Unary(u) => {
             let xs = floats(x, "X")?;
             let ys = floats(y, "Y")?;
@@ -454,6 +456,9 @@ pub fn backward(
         Op::Einsum(e) => indexing::einsum_backward(e, inputs, dy)?,
         Op::Stft { onesided } => super::signal::stft_backward(inputs, *onesided, dy)?,
         Op::Tile => super::rearrange::tile_backward(inputs, dy)?,
+        Op::ReverseSequence { batch_axis, .. } => {
+            super::rearrange::reverse_sequence_backward(inputs, *batch_axis, dy)?
+        }
         Op::DepthToSpace { blocksize, crd } => {
             super::rearrange::to_space_backward(inputs, *blocksize, *crd, true, dy)?
         }
@@ -461,7 +466,10 @@ pub fn backward(
             super::rearrange::to_space_backward(inputs, *blocksize, false, false, dy)?
         }
         Op::InstanceNorm { epsilon } => {
-            super::rearrange::instance_norm_backward(inputs, *epsilon, dy)?
+            super::normalize::group_norm_backward(inputs, None, *epsilon, dy)?
+        }
+        Op::GroupNorm { groups, epsilon } => {
+            super::normalize::group_norm_backward(inputs, Some(*groups), *epsilon, dy)?
         }
         // Indices: no gradient.
         Op::ArgExtreme { .. } => grads(n),

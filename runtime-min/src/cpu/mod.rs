@@ -19,6 +19,7 @@ mod indexing;
 pub mod init;
 pub mod kernels;
 pub mod net;
+mod normalize;
 pub mod ops;
 mod rearrange;
 mod recurrent;

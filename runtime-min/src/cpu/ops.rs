@@ -372,13 +372,21 @@ pub fn forward(
         Op::Einsum(e) => one(indexing::einsum(e, inputs)?),
         Op::Stft { onesided } => one(super::signal::stft(inputs, *onesided)?),
         Op::Tile => one(super::rearrange::tile(inputs)?),
+        Op::ReverseSequence { batch_axis, .. } => {
+            one(super::rearrange::reverse_sequence(inputs, *batch_axis)?)
+        }
         Op::DepthToSpace { blocksize, crd } => {
             one(super::rearrange::to_space(inputs, *blocksize, *crd, true)?)
         }
         Op::SpaceToDepth { blocksize } => one(super::rearrange::to_space(
             inputs, *blocksize, false, false,
         )?),
-        Op::InstanceNorm { epsilon } => one(super::rearrange::instance_norm(inputs, *epsilon)?),
+        Op::InstanceNorm { epsilon } => one(super::normalize::group_norm(inputs, None, *epsilon)?),
+        Op::GroupNorm { groups, epsilon } => one(super::normalize::group_norm(
+            inputs,
+            Some(*groups),
+            *epsilon,
+        )?),
         &Op::ArgExtreme {
             max,
             axis,

@@ -7,7 +7,7 @@
 //! the same walk (Tile visits an input element once per repeat).
 
 use super::grad::InputGrads;
-use super::ops::{floats, input, R};
+use super::ops::{input, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// A rearrangement: the output's shape, and the view (shape, input strides) that walks
@@ -204,96 +204,56 @@ pub(crate) fn arg_extreme(
     Ok(Tensor::i64(shape, out))
 }
 
-/// Instance normalization forward: each (sample, channel) normalized over its pixels,
-/// then `scale[c]·x̂ + bias[c]`.
-pub(crate) fn instance_norm(inputs: &[Option<&Tensor>], epsilon: f32) -> R<Tensor> {
-    let (x, xhat, _) = normalized(inputs, epsilon)?;
-    let (scale, bias) = affine(inputs, x)?;
-    let (c, width) = (x.shape[1], t::numel(&x.shape[2..]));
-    let y = xhat
-        .chunks(width.max(1))
-        .enumerate()
-        .flat_map(|(row, v)| {
-            let (s, b) = (scale[row % c], bias[row % c]);
-            v.iter().map(move |&v| s * v + b)
-        })
-        .collect();
-    Ok(Tensor::f32(x.shape.clone(), y))
-}
-
-/// Instance normalization backward: the scale's and the bias's per channel, and the
-/// input's through layer normalization's over each row of pixels.
-pub(crate) fn instance_norm_backward(
-    inputs: &[Option<&Tensor>],
-    epsilon: f32,
-    dy: &[f32],
-) -> R<InputGrads> {
-    let (x, xhat, stats) = normalized(inputs, epsilon)?;
-    let (scale, _) = affine(inputs, x)?;
-    let (c, width) = (x.shape[1], t::numel(&x.shape[2..]).max(1));
-    let mut dscale = vec![0.0f32; c];
-    let mut dbias = vec![0.0f32; c];
-    let mut dxhat = vec![0.0f32; dy.len()];
-    for (row, ((g, v), d)) in dy
-        .chunks(width)
-        .zip(xhat.chunks(width))
-        .zip(dxhat.chunks_mut(width))
-        .enumerate()
-    {
-        let k = row % c;
-        for ((&g, &v), d) in g.iter().zip(v).zip(d) {
-            dscale[k] += g * v;
-            dbias[k] += g;
-            *d = g * scale[k];
+/// ReverseSequence: for every output element, the input element it copies — each
+/// sample's first `sequence_lens[b]` time steps in reverse, the rest in place.
+fn reversed_positions(inputs: &[Option<&Tensor>], batch_axis: usize) -> R<Vec<usize>> {
+    let x = input(inputs, 0)?;
+    let lens = input(inputs, 1)?.to_i64s();
+    let (time_axis, shape) = (1 - batch_axis, &x.shape);
+    if shape.len() < 2 || lens.len() != shape[batch_axis] {
+        return Err(format!(
+            "{} sequence lengths for an input of shape {shape:?} (samples on axis {batch_axis})",
+            lens.len()
+        ));
+    }
+    let (steps, inner) = (shape[time_axis], t::numel(&shape[2..]));
+    let st = t::strides(shape);
+    let mut positions = Vec::with_capacity(x.len());
+    for i in 0..shape[0] {
+        for j in 0..shape[1] {
+            let (step, sample) = if time_axis == 0 { (i, j) } else { (j, i) };
+            let len = usize::try_from(lens[sample])
+                .ok()
+                .filter(|&l| l <= steps)
+                .ok_or_else(|| format!("sequence length {} is not in 0..={steps}", lens[sample]))?;
+            let from = if step < len { len - 1 - step } else { step };
+            let (a, b) = if time_axis == 0 { (from, j) } else { (i, from) };
+            let base = a * st[0] + b * st[1];
+            positions.extend(base..base + inner);
         }
     }
-    let ones = vec![1.0f32; width];
-    let mut dx = vec![0.0f32; dy.len()];
-    let (mut unused_scale, mut unused_bias) = (vec![0.0f32; width], vec![0.0f32; width]);
-    super::kernels::layer_norm_backward(
-        width,
-        floats(x, "the input")?,
-        &ones,
-        (&stats.0, &stats.1),
-        &dxhat,
-        &mut dx,
-        &mut unused_scale,
-        &mut unused_bias,
-    );
-    Ok(vec![Some(dx), Some(dscale), Some(dbias)])
+    Ok(positions)
 }
 
-/// The input, its rows of pixels normalized, and each row's mean and inverse deviation.
-fn normalized<'a>(
-    inputs: &[Option<&'a Tensor>],
-    epsilon: f32,
-) -> R<(&'a Tensor, Vec<f32>, (Vec<f32>, Vec<f32>))> {
+/// ReverseSequence forward.
+pub(crate) fn reverse_sequence(inputs: &[Option<&Tensor>], batch_axis: usize) -> R<Tensor> {
     let x = input(inputs, 0)?;
-    if x.shape.len() < 3 {
-        return Err(format!(
-            "instance normalization needs [N, C, pixels…], got {:?}",
-            x.shape
-        ));
-    }
-    let width = t::numel(&x.shape[2..]).max(1);
-    let values = floats(x, "the input")?;
-    let (ones, zeros) = (vec![1.0f32; width], vec![0.0f32; width]);
-    let mut xhat = vec![0.0f32; values.len()];
-    let stats = super::kernels::layer_norm(width, epsilon, values, &ones, &zeros, &mut xhat);
-    Ok((x, xhat, stats))
+    let positions = reversed_positions(inputs, batch_axis)?;
+    Ok(x.pick(x.shape.clone(), positions.into_iter()))
 }
 
-/// The scale and bias, one per channel.
-fn affine<'a>(inputs: &[Option<&'a Tensor>], x: &Tensor) -> R<(&'a [f32], &'a [f32])> {
-    let c = x.shape[1];
-    let scale = floats(input(inputs, 1)?, "the scale")?;
-    let bias = floats(input(inputs, 2)?, "the bias")?;
-    if scale.len() != c || bias.len() != c {
-        return Err(format!(
-            "the scale ({}) and the bias ({}) must have one value per channel ({c})",
-            scale.len(),
-            bias.len()
-        ));
+/// ReverseSequence backward: the same permutation, undone.
+pub(crate) fn reverse_sequence_backward(
+    inputs: &[Option<&Tensor>],
+    batch_axis: usize,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let x = input(inputs, 0)?;
+    let mut dx = vec![0.0f32; x.len()];
+    for (p, &g) in reversed_positions(inputs, batch_axis)?.into_iter().zip(dy) {
+        dx[p] += g;
     }
-    Ok((scale, bias))
+    let mut grads = vec![None; inputs.len()];
+    grads[0] = Some(dx);
+    Ok(grads)
 }

@@ -1,5 +1,5 @@
 //! Shape rules of the ops that rearrange elements without arithmetic (Tile, DepthToSpace,
-//! SpaceToDepth) and of ArgMax/ArgMin.
+//! SpaceToDepth, ReverseSequence) and of ArgMax/ArgMin.
 
 use super::{axis, mismatch, need_rank, Ctx, Result};
 use crate::dtype::DType;
@@ -92,4 +92,28 @@ pub(super) fn arg_extreme(ctx: &Ctx<'_>, a: i64, keepdims: bool) -> Result<Vec<V
         dims.remove(a);
     }
     Ok(vec![ValueType::new(DType::I64, Shape(dims))])
+}
+
+/// ReverseSequence: the input's shape; one length per sample.
+pub(super) fn reverse_sequence(
+    ctx: &Ctx<'_>,
+    batch_axis: usize,
+    _time_axis: usize,
+) -> Result<Vec<ValueType>> {
+    let x = ctx.input(0)?;
+    need_rank(x, 0, 2, "rank >= 2 (time and batch)")?;
+    let lens = ctx.input(1)?;
+    if !lens.dtype.is_integer() || lens.shape.rank() != 1 {
+        return Err(mismatch(format!(
+            "sequence_lens must be one integer per sample, got {} {}",
+            lens.dtype, lens.shape
+        )));
+    }
+    let (n, b) = (&lens.shape.0[0], &x.shape.0[batch_axis]);
+    if n.as_known().is_some() && b.as_known().is_some() && n != b {
+        return Err(mismatch(format!(
+            "sequence_lens has {n} lengths for {b} samples"
+        )));
+    }
+    Ok(vec![ValueType::new(x.dtype, x.shape.clone())])
 }
