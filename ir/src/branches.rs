@@ -23,7 +23,7 @@ use crate::dtype::DType;
 use crate::graph::{Graph, Provenance};
 use crate::ids::{NodeId, ValueId};
 use crate::infer::infer_all;
-use crate::op::{LoopBody, Op};
+use crate::op::{BranchNode, LoopBody, Op};
 use crate::tensor::{Storage, TensorData};
 
 /// Deeper nesting than this is left to the verifier (ONNX sets no limit; exporters nest a
@@ -177,19 +177,7 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, Decision>) ->
                     .zip(inputs.iter().skip(1))
                     .filter_map(|(name, v)| Some((name.as_str(), (*v)?)))
                     .collect();
-                for b in &branch.nodes {
-                    let names: Vec<&str> = b.outputs.iter().map(String::as_str).collect();
-                    let id = g.add_node(b.op.clone(), b.provenance.clone(), &names);
-                    let ins = b
-                        .inputs
-                        .iter()
-                        .map(|i| scope.get(i.as_str()).copied())
-                        .collect();
-                    g.set_inputs(id, ins);
-                    for (name, &v) in b.outputs.iter().zip(&g.node(id).outputs) {
-                        scope.insert(name, v);
-                    }
-                }
+                place(&mut g, &branch.nodes, &mut scope, None);
                 let site = old.provenance(n);
                 for (&out, ret) in node.outputs.iter().zip(&branch.outputs) {
                     let name = old.value(out).name.as_str();
@@ -312,23 +300,7 @@ fn iterate(
             scope.insert(name, *v);
         }
     }
-    for b in &body.body.nodes {
-        let names: Vec<String> = b.outputs.iter().map(|o| format!("{prefix}/{o}")).collect();
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut provenance = b.provenance.clone();
-        provenance.name = format!("{prefix}/{}", provenance.name);
-        let id = g.add_node(b.op.clone(), provenance, &names);
-        let ins = b
-            .inputs
-            .iter()
-            .map(|i| scope.get(i.as_str()).copied())
-            .collect();
-        g.set_inputs(id, ins);
-        let outs = g.node(id).outputs.clone();
-        for (name, v) in b.outputs.iter().zip(outs) {
-            scope.insert(name, v);
-        }
-    }
+    place(g, &body.body.nodes, &mut scope, Some(&prefix));
     let returned: Vec<Option<ValueId>> = body
         .body
         .outputs
@@ -402,4 +374,36 @@ fn finish(
         made.push(g.node(id).outputs[0]);
     }
     made
+}
+
+/// `nodes` (a branch's or a loop body's) added to `g`, each input found in `scope` by name
+/// and each output added to it; with `prefix`, node and value names are `prefix/name`
+/// (one loop iteration's apart from another's).
+fn place<'n>(
+    g: &mut Graph,
+    nodes: &'n [BranchNode],
+    scope: &mut HashMap<&'n str, ValueId>,
+    prefix: Option<&str>,
+) {
+    let named = |name: &str| match prefix {
+        Some(p) => format!("{p}/{name}"),
+        None => name.to_owned(),
+    };
+    for b in nodes {
+        let names: Vec<String> = b.outputs.iter().map(|o| named(o)).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut provenance = b.provenance.clone();
+        provenance.name = named(&provenance.name);
+        let id = g.add_node(b.op.clone(), provenance, &names);
+        let ins = b
+            .inputs
+            .iter()
+            .map(|i| scope.get(i.as_str()).copied())
+            .collect();
+        g.set_inputs(id, ins);
+        let outs = g.node(id).outputs.clone();
+        for (name, v) in b.outputs.iter().zip(outs) {
+            scope.insert(name, v);
+        }
+    }
 }
