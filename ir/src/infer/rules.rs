@@ -7,6 +7,7 @@ use crate::graph::Rebatch;
 use crate::op::*;
 use crate::shape::{Dim, Shape};
 
+mod control;
 mod indexing;
 mod rearrange;
 mod recurrent;
@@ -1236,54 +1237,9 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::DepthToSpace { blocksize, .. } => rearrange::depth_to_space(ctx, *blocksize),
         Op::SpaceToDepth { blocksize } => rearrange::space_to_depth(ctx, *blocksize),
         Op::ArgExtreme { axis, keepdims, .. } => rearrange::arg_extreme(ctx, *axis, *keepdims),
-        // Binding unrolls every Loop whose trip count folds ([`crate::bind`]): one still
-        // here runs for a number of iterations only known at run time.
-        Op::Loop(_) => {
-            let decided = |slot: usize| {
-                ctx.opt(slot).is_none_or(
-                    |t| matches!(t.content.as_deref(), Some([c]) if c.as_f64().is_some()),
-                )
-            };
-            match (decided(0), decided(1)) {
-                (true, true) => Err(InferError::Type {
-                    reason: "a Loop is unrolled when the graph's inputs are bound: bind first"
-                        .into(),
-                }),
-                (m, _) => {
-                    let slot = if m { 1 } else { 0 };
-                    let detail = (ctx.constant_detail)(slot);
-                    Err(InferError::NotConstant {
-                        slot,
-                        detail: format!(
-                            "{detail}; a Loop is unrolled, so its trip count and condition \
-                             must follow from sizes (give them with --batch or --input)"
-                        ),
-                    })
-                }
-            }
-        }
-        // Binding inlines every If whose condition folds ([`crate::bind`]): one still here
-        // has a condition only known at run time.
-        Op::If(_) => {
-            let cond = ctx.input(0)?;
-            match cond.content.as_deref() {
-                Some([c]) if c.as_f64().is_some() => Err(InferError::Type {
-                    reason: "an If is inlined when the graph's inputs are bound: bind first".into(),
-                }),
-                _ => {
-                    let detail = (ctx.constant_detail)(0);
-                    Err(InferError::NotConstant {
-                        slot: 0,
-                        detail: if detail.is_empty() {
-                            "; only the branch it takes is compiled, and it depends on sizes \
-                             not bound yet (give them with --batch or --input)"
-                                .into()
-                        } else {
-                            format!("{detail}; only the branch it takes is compiled")
-                        },
-                    })
-                }
-            }
-        }
+        // Binding inlines every If whose condition folds and unrolls every Loop whose trip
+        // count does ([`crate::bind`]): one still here depends on run-time values.
+        Op::If(_) => control::unresolved_if(ctx),
+        Op::Loop(_) => control::unresolved_loop(ctx),
     }
 }
