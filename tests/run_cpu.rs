@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::train::{assert_same, error_chain, reference, run_strategy as run_plan};
+use common::train::{assert_same, error_chain, plan_and_run, reference, run_strategy as run_plan};
 
 fn fixture(name: &str) -> PathBuf {
     common::fixture("train").join(name)
@@ -594,4 +594,62 @@ fn a_three_dimensional_cnn_trains_the_same_on_any_split_of_its_samples_and_chann
         2,
     );
     check("video.onnx", 8, 8, &s, "video-soap-pipeline");
+}
+
+#[test]
+fn a_recurrent_layer_split_by_its_gates_trains_as_one_device() {
+    // recurrent.onnx's GRU (reset before its recurrent product: two exchanges a step) on
+    // gate pieces of its 8 hidden units, with and without a sample split beside them.
+    let s = strategy(
+        &[stage("to_seq_first", "fc", 4)],
+        &split("gru", 2, 1, 2),
+        "1f1b",
+        1,
+    );
+    check("recurrent.onnx", 8, 4, &s, "recurrent-gates-2x2");
+    let s = strategy(
+        &[stage("to_seq_first", "fc", 4)],
+        &split("gru", 1, 1, 4),
+        "gpipe",
+        2,
+    );
+    check("recurrent.onnx", 8, 4, &s, "recurrent-gates-4");
+    // lstm.onnx: a bidirectional, batch-major LSTM whose 6 hidden units cut 4 ways give
+    // pieces of 1 and 2 units; then on the first stage of a pipeline.
+    let s = strategy(
+        &[stage("lstm", "fc", 4)],
+        &split("lstm", 1, 1, 4),
+        "1f1b",
+        1,
+    );
+    check("lstm.onnx", 8, 4, &s, "lstm-gates-4");
+    let s = strategy(
+        &[stage("lstm", "lstm", 2), stage("flatten", "fc", 2)],
+        &split("lstm", 1, 1, 2),
+        "gpipe",
+        2,
+    );
+    check("lstm.onnx", 8, 4, &s, "lstm-gates-pipeline");
+}
+
+#[test]
+fn weights_a_dead_step_reads_first_are_all_reduced_with_their_layers() {
+    // nakdimon (TensorFlow LSTMs as Loops) computes a first step outside each loop that
+    // only its shape is used of; its weights were counted there, in no layer, so no bucket
+    // all-reduced their gradients and 2 data-parallel ranks trained apart (~90 % off).
+    let model = common::fixture("corpus/nakdimon/model.onnx");
+    let options = |gpus| ralpc::Options {
+        model: model.clone(),
+        gpus: Some(gpus),
+        batch: Some(8),
+        family: Some(ralpc_passes::plan::Family::Dp),
+        tolerance: Some(1000.0),
+        inputs: [("input_1".to_string(), vec![8, 2])].into_iter().collect(),
+        ..Default::default()
+    };
+    assert_same(
+        "nakdimon-dp",
+        &plan_and_run(&options(2), 1),
+        &plan_and_run(&options(1), 1),
+    );
 }

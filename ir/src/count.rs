@@ -298,8 +298,9 @@ impl Counter<'_> {
     }
 }
 
-/// Whether a value is a weight ([`Op::is_weight`]), or a float `ConstantOfShape` output.
-fn is_parameter(graph: &Graph, v: ValueId) -> bool {
+/// Whether `v` is a parameter: a weight ([`Op::is_weight`]), or a float `ConstantOfShape`
+/// of a constant shape (the ONNX zoo's "light" models write weights so).
+pub fn is_parameter(graph: &Graph, v: ValueId) -> bool {
     match &graph.node(graph.value(v).producer).op {
         op @ Op::Constant { .. } => op.is_weight(),
         // A fill of a constant shape (the ONNX zoo's "light" models write weights so); one

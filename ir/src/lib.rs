@@ -62,7 +62,7 @@ pub mod text;
 mod verify;
 
 pub use bind::{bind, BindError, Bindings};
-pub use count::{account, flops_per_element, AccountError, Accounting, LayerStats};
+pub use count::{account, flops_per_element, is_parameter, AccountError, Accounting, LayerStats};
 pub use dtype::DType;
 pub use error::{Diagnostic, ImportError, Problem};
 pub use graph::{Graph, Node, Provenance, Rebatch, Site, TensorType, Value};

@@ -68,7 +68,8 @@ pub enum LayerKind {
     /// which are its features.
     Attention,
     /// A recurrent layer (RNN, GRU, LSTM): a small product per time step, the steps in
-    /// sequence; split by samples only.
+    /// sequence; split by samples, and when it is one op also by its gates
+    /// ([`Recurrence`]).
     Recurrent,
 }
 
@@ -200,6 +201,25 @@ pub struct Layer {
     /// pooling whose rows a split can cut.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub halo: Option<Halo>,
+    /// Its time loop, when it is one recurrent op (which a split by its gates can cut).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recurrence: Option<Recurrence>,
+}
+
+/// The time loop of a layer that is one recurrent op (RNN, GRU, LSTM). Its steps run in
+/// sequence; a split by its gates gives each rank a piece of the hidden units of every
+/// gate, and the ranks exchange the whole state every step, because every step's
+/// recurrent product reads all of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Recurrence {
+    /// Time steps, over every direction (the directions run one after the other).
+    pub steps: u64,
+    /// Bytes of one step's whole state for the global batch (`batch × hidden` values).
+    pub state_bytes: u64,
+    /// Whole states a split by gates gathers per forward step: `h`, and for a GRU that
+    /// resets before its recurrent product, also `r ⊙ h`. Backward replays the forward
+    /// steps and sums as many gradients per step.
+    pub exchanges: u64,
 }
 
 /// The halo of a layer split by rows: the row axis of its window op, and the tensors it
@@ -341,7 +361,7 @@ pub struct TiedWeight {
     /// Its bytes.
     pub bytes: u64,
     /// The layers reading it, ascending; the first counts it in its `params` and
-    /// `param_bytes`.
+    /// `param_bytes` and carries its gradient.
     pub layers: Vec<LayerId>,
 }
 
@@ -395,6 +415,15 @@ impl LayerGraph {
     /// Total parameter bytes.
     pub fn param_bytes(&self) -> u64 {
         self.layers.iter().map(|l| l.param_bytes).sum()
+    }
+
+    /// Each weight's owner: the first layer that reads it, whose `param_bytes` count it
+    /// and whose gradient bucket carries its gradient.
+    pub fn weight_owners(&self, graph: &Graph) -> BTreeMap<ValueId, LayerId> {
+        weight_readers(graph, &self.aliases, &self.layers)
+            .into_iter()
+            .filter_map(|(v, ids)| Some((v, LayerId(*ids.first()? as u32))))
+            .collect()
     }
 
     /// The layers that read a layer's output.
@@ -540,6 +569,7 @@ fn assemble(
             inputs: Vec::new(),
             measured: None,
             halo: None,
+            recurrence: None,
         };
         let inside: Vec<ValueId> = members
             .iter()
@@ -554,8 +584,6 @@ fn assemble(
             let flops = s.map_or(0, |s| s.flops);
             mac_flops = mac_flops.saturating_add(macs2);
             other_flops = other_flops.saturating_add(flops);
-            layer.params += s.map_or(0, |s| s.params);
-            layer.param_bytes += s.map_or(0, |s| s.weight_bytes);
             let part_bytes = node
                 .inputs
                 .iter()
@@ -627,6 +655,9 @@ fn assemble(
         if matches!(layer.kind, LayerKind::Conv | LayerKind::Pool) {
             layer.halo = halo(graph, info, &members, &layer.inputs, &facts);
         }
+        if let [only] = members[..] {
+            layer.recurrence = recurrence(graph, info, only);
+        }
         layers.push(layer);
     }
     let outputs = graph
@@ -637,13 +668,7 @@ fn assemble(
             producer_unit.get(v).and_then(|&p| layer_of_unit[p])
         })
         .collect();
-    let tied = tie(
-        graph,
-        info,
-        &facts.parameter,
-        &rewritten.aliases,
-        &mut layers,
-    );
+    let tied = own_weights(graph, info, &rewritten.aliases, &mut layers);
     LayerGraph {
         batch,
         layers,
@@ -709,6 +734,33 @@ fn halo(
     })
 }
 
+/// The time loop of `node`, when it is a recurrent op whose shapes are known.
+fn recurrence(graph: &Graph, info: &GraphInfo, node: NodeId) -> Option<Recurrence> {
+    let Op::Recurrent(r) = &graph.node(node).op else {
+        return None;
+    };
+    let x = graph.node(node).inputs.first().copied().flatten()?;
+    let x = info.ty(x);
+    let dims = x.shape.as_sizes()?;
+    let (seq, batch) = match (r.batch_major, &dims[..]) {
+        (false, &[seq, batch, _]) | (true, &[batch, seq, _]) => (seq, batch),
+        _ => return None,
+    };
+    let reset_first = matches!(
+        r.cell,
+        ralpc_ir::Cell::Gru {
+            linear_before_reset: false
+        }
+    );
+    Some(Recurrence {
+        steps: seq.saturating_mul(r.direction.count()),
+        state_bytes: batch
+            .saturating_mul(r.hidden)
+            .saturating_mul(x.dtype.size_bytes()),
+        exchanges: 1 + u64::from(reset_first),
+    })
+}
+
 /// Whether a node of `members` reading `v` needs it for its backward pass: sums and shape
 /// ops (views, index maps, copies) do not — their input gradient is the output's, moved or
 /// copied; every other op is assumed to.
@@ -736,48 +788,27 @@ fn float_bytes(graph: &Graph, info: &GraphInfo) -> u64 {
         .map_or(4, |(bytes, _)| bytes)
 }
 
-/// Finds the weights several layers read and credits each to the first of them (the
-/// accounting credits it to the first node reading it, which may sit in a later layer).
-fn tie(
+/// Credits every weight to the first layer (in layer order) that reads it, through
+/// aliases, and returns the weights several layers read. The runtime keeps a weight's
+/// gradient in its owner's bucket by the same rule ([`LayerGraph::weight_owners`]), so
+/// the plan all-reduces exactly the gradients the layers compute. (The node accounting
+/// credits a weight to the first node reading it, which may sit in no layer: an exporter's
+/// dead first step of a recurrent loop, kept only for its shape.)
+fn own_weights(
     graph: &Graph,
     info: &GraphInfo,
-    parameter: &[bool],
     aliases: &BTreeMap<ValueId, ValueId>,
     layers: &mut [Layer],
 ) -> Vec<TiedWeight> {
-    let position = info.positions();
-    // Per weight: its readers, as (layer, position of the reading node).
-    let mut readers: BTreeMap<ValueId, Vec<(usize, usize)>> = BTreeMap::new();
-    for (l, layer) in layers.iter().enumerate() {
-        for part in &layer.parts {
-            for &v in graph.node(part.node).inputs.iter().flatten() {
-                let v = aliases.get(&v).copied().unwrap_or(v);
-                if parameter.get(v.index()).copied().unwrap_or(false) {
-                    let at = position.get(&part.node).copied().unwrap_or(usize::MAX);
-                    readers.entry(v).or_default().push((l, at));
-                }
-            }
-        }
-    }
+    let readers = weight_readers(graph, aliases, layers);
     let mut tied = Vec::new();
-    for (v, uses) in readers {
-        let mut ids: Vec<usize> = uses.iter().map(|&(l, _)| l).collect();
-        ids.sort_unstable();
-        ids.dedup();
+    for (v, ids) in readers {
+        let Some(&owner) = ids.first() else { continue };
+        let bytes = bytes_of(info, v);
+        layers[owner].params += info.ty(v).shape.known_numel().unwrap_or(0);
+        layers[owner].param_bytes += bytes;
         if ids.len() < 2 {
             continue;
-        }
-        let bytes = bytes_of(info, v);
-        let params = info.ty(v).shape.known_numel().unwrap_or(0);
-        let credited = uses.iter().min_by_key(|&&(_, at)| at).map(|&(l, _)| l);
-        let owner = ids[0];
-        if let Some(c) = credited.filter(|&c| c != owner) {
-            if layers[c].param_bytes >= bytes && layers[c].params >= params {
-                layers[c].param_bytes -= bytes;
-                layers[c].params -= params;
-                layers[owner].param_bytes += bytes;
-                layers[owner].params += params;
-            }
         }
         tied.push(TiedWeight {
             name: graph.value(v).name.clone(),
@@ -787,4 +818,38 @@ fn tie(
         });
     }
     tied
+}
+
+/// Per weight (after aliases), the layers whose ops read it, ascending.
+fn weight_readers(
+    graph: &Graph,
+    aliases: &BTreeMap<ValueId, ValueId>,
+    layers: &[Layer],
+) -> BTreeMap<ValueId, Vec<usize>> {
+    let mut readers: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
+    for (l, layer) in layers.iter().enumerate() {
+        for part in &layer.parts {
+            for &v in graph.node(part.node).inputs.iter().flatten() {
+                let v = carrier(aliases, v);
+                if ralpc_ir::is_parameter(graph, v) {
+                    let ids = readers.entry(v).or_default();
+                    if !ids.contains(&l) {
+                        ids.push(l);
+                    }
+                }
+            }
+        }
+    }
+    readers
+}
+
+/// The value that carries `v` after rewriting (`v` itself when it was not rewritten).
+pub fn carrier(aliases: &BTreeMap<ValueId, ValueId>, mut v: ValueId) -> ValueId {
+    for _ in 0..64 {
+        match aliases.get(&v) {
+            Some(&next) if next != v => v = next,
+            _ => break,
+        }
+    }
+    v
 }

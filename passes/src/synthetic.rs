@@ -95,6 +95,7 @@ impl Builder {
             },
             measured: None,
             halo: None,
+            recurrence: None,
         });
         self.layers.len() - 1
     }

@@ -239,10 +239,37 @@ impl<'a> Costs<'a> {
         let t = self
             .model(first, split.degree())
             .layer(layer, local, self.graph.batch);
+        let (fwd, bwd) = self.state_exchanges_us(l, split, first, microbatches);
         Work {
-            fwd_us: t.fwd_us,
-            bwd_us: t.bwd_us,
+            fwd_us: t.fwd_us + fwd,
+            bwd_us: t.bwd_us + bwd,
         }
+    }
+
+    /// What a recurrent layer split by its gates spends exchanging its state, forward and
+    /// backward: every step, each of its parameter groups all-reduces the whole state of
+    /// its samples (the rank's piece, zeros elsewhere: a gather), once per exchange; a
+    /// backward step replays the forward step and sums as many gradients. Latency-bound
+    /// for the small states of most recurrent layers, and paid in sequence.
+    fn state_exchanges_us(
+        &self,
+        l: usize,
+        split: Split,
+        first: u32,
+        microbatches: u32,
+    ) -> (f64, f64) {
+        let Some(rec) = self.graph.layers[l].recurrence else {
+            return (0.0, 0.0);
+        };
+        let p = split.parameter.max(1);
+        if p <= 1 {
+            return (0.0, 0.0);
+        }
+        let samples = f64::from(split.sample.max(1) * split.attribute.max(1) * microbatches.max(1));
+        let state = self.all_reduce_strided(first, 1, p, rec.state_bytes as f64 / samples);
+        let per_step = state.latency_us + state.bandwidth_us;
+        let forward = rec.steps as f64 * rec.exchanges as f64 * per_step;
+        (forward, 2.0 * forward)
     }
 
     /// A single GPU's compute time for the whole iteration (rank 0's GPU), µs.

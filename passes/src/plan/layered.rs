@@ -20,7 +20,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use super::costs::Costs;
 use super::layout::splits_freely;
-use crate::layers::{LayerKind, Producer, Split};
+use crate::layers::{Layer, LayerKind, Producer, Split};
 
 /// States kept per layer on branchy graphs.
 pub(crate) const BEAM: usize = 64;
@@ -51,16 +51,20 @@ pub(crate) fn gpu_counts(n: u32) -> Vec<u32> {
     counts
 }
 
-/// The splits a layer of `kind` may take on `g` GPUs: samples only, or (with `soap`) an
-/// attribute or a parameter degree (a power of two up to `within`, one node: tensor
-/// parallelism stays on the fast links) times a sample degree.
-fn splits_of(kind: LayerKind, g: u32, soap: bool, within: u32, batch: u64) -> Vec<Split> {
-    let free = soap && matches!(kind, LayerKind::Conv | LayerKind::Dense);
+/// The splits a layer may take on `g` GPUs: samples only, or (with `soap`) an attribute
+/// or a parameter degree (a power of two up to `within`, one node: tensor parallelism
+/// stays on the fast links) times a sample degree. A recurrent layer's parameters are its
+/// gates' hidden units; it has no attribute to split.
+fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, batch: u64) -> Vec<Split> {
+    let free = soap && matches!(layer.kind, LayerKind::Conv | LayerKind::Dense);
+    let gates = soap && layer.recurrence.is_some();
     let mut degrees = vec![(1, 1)];
-    if free {
+    if free || gates {
         let mut d = 2;
         while d <= within {
-            degrees.push((d, 1));
+            if free {
+                degrees.push((d, 1));
+            }
             degrees.push((1, d));
             d *= 2;
         }
@@ -90,11 +94,12 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
         .enumerate()
         .map(|(l, layer)| {
             let chooses = matches!(layer.kind, LayerKind::Conv | LayerKind::Dense)
+                || layer.recurrence.is_some()
                 || costs.first_producer[l].is_none();
             chooses.then(|| {
                 counts
                     .iter()
-                    .flat_map(|&g| splits_of(layer.kind, g, soap, within, costs.graph.batch))
+                    .flat_map(|&g| splits_of(layer, g, soap, within, costs.graph.batch))
                     .collect()
             })
         })
@@ -432,6 +437,7 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::Recurrence;
 
     #[test]
     fn counts_cover_small_clusters_and_thin_out_beyond() {
@@ -442,9 +448,30 @@ mod tests {
         assert!(big.windows(2).all(|w| w[0] < w[1]));
     }
 
+    fn layer(kind: LayerKind, recurrence: Option<Recurrence>) -> Layer {
+        Layer {
+            name: kind.name().into(),
+            module: String::new(),
+            op: kind.name().into(),
+            kind,
+            parts: Vec::new(),
+            params: 0,
+            param_bytes: 0,
+            fwd_flops: 0,
+            bwd_flops: 0,
+            activation_io_bytes: 0,
+            output_bytes: 0,
+            stash_bytes: 0,
+            inputs: Vec::new(),
+            measured: None,
+            halo: None,
+            recurrence,
+        }
+    }
+
     #[test]
     fn soap_splits_multiply_to_the_count() {
-        let s = splits_of(LayerKind::Dense, 8, true, 8, 64);
+        let s = splits_of(&layer(LayerKind::Dense, None), 8, true, 8, 64);
         assert!(s.iter().all(|s| s.degree() == 8));
         assert!(s.contains(&Split {
             sample: 1,
@@ -452,10 +479,34 @@ mod tests {
             parameter: 1
         }));
         assert_eq!(
-            splits_of(LayerKind::Pool, 8, true, 8, 64),
+            splits_of(&layer(LayerKind::Pool, None), 8, true, 8, 64),
             vec![Split::samples(8)]
         );
         // A batch of 2 cannot be split 4 ways by samples.
-        assert!(splits_of(LayerKind::Conv, 4, false, 8, 2).is_empty());
+        assert!(splits_of(&layer(LayerKind::Conv, None), 4, false, 8, 2).is_empty());
+    }
+
+    #[test]
+    fn a_recurrent_layer_splits_by_samples_and_gates_never_by_attributes() {
+        let lstm = layer(
+            LayerKind::Recurrent,
+            Some(Recurrence {
+                steps: 16,
+                state_bytes: 4096,
+                exchanges: 1,
+            }),
+        );
+        let s = splits_of(&lstm, 4, true, 8, 64);
+        assert_eq!(
+            s,
+            [(4, 1), (2, 2), (1, 4)]
+                .map(|(sample, parameter)| Split {
+                    sample,
+                    attribute: 1,
+                    parameter
+                })
+                .to_vec()
+        );
+        assert_eq!(splits_of(&lstm, 4, false, 8, 64), vec![Split::samples(4)]);
     }
 }

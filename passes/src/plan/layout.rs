@@ -39,7 +39,8 @@ pub struct View {
 
 /// Whether a layer kind can be split along attributes and parameters: convolutions and
 /// dense layers choose such splits; pooling and elementwise layers keep their producer's
-/// (they work per channel and per row). Every other kind splits samples only.
+/// (they work per channel and per row). Every other kind splits samples only, but a
+/// recurrent layer that is one op, which also splits its gates ([`crate::layers::Recurrence`]).
 pub fn splits_freely(kind: LayerKind) -> bool {
     matches!(
         kind,
@@ -81,7 +82,11 @@ impl View {
             LayerKind::Conv | LayerKind::Pool | LayerKind::Elementwise => {
                 (Cut::Attribute, Cut::Parameter)
             }
-            LayerKind::Dense | LayerKind::Attention => (Cut::Whole, Cut::Parameter),
+            // A recurrent layer's parameters are its gates' hidden units: each rank
+            // writes its units of the state.
+            LayerKind::Dense | LayerKind::Attention | LayerKind::Recurrent => {
+                (Cut::Whole, Cut::Parameter)
+            }
             LayerKind::LayerNorm => (Cut::Attribute, Cut::Whole),
             _ => (Cut::Whole, Cut::Whole),
         };
@@ -519,10 +524,15 @@ pub fn class_pieces(kind: LayerKind, split: Split, first: u32) -> Option<Vec<u32
 
 /// The group over which a layer's input gradient is a partial sum, with the fraction of the
 /// input each holds: a layer split by parameters reads its input whole on every parameter
-/// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator).
+/// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator);
+/// so does a recurrent layer split by its gates.
 pub fn input_gradient_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
     let (s, a, p) = degrees(split);
-    (matches!(kind, LayerKind::Conv | LayerKind::Dense) && p > 1).then(|| {
+    let sums = matches!(
+        kind,
+        LayerKind::Conv | LayerKind::Dense | LayerKind::Recurrent
+    );
+    (sums && p > 1).then(|| {
         let ranks = (0..p).map(|pi| first + pi).collect();
         (ranks, 1.0 / f64::from(s * a))
     })

@@ -361,12 +361,17 @@ impl Strategy {
                         s.gpus
                     ));
                 }
-                if !splits_freely(layer.kind) && split.parameter > 1 {
+                let gates = layer.recurrence.is_some() && split.attribute == 1;
+                if !splits_freely(layer.kind) && !gates && split.parameter > 1 {
                     return bad(format!(
                         "layer {} ({}) can only split samples (or be held whole by \
-                         `attribute` replicas)",
+                         `attribute` replicas){}",
                         layer.name,
-                        layer.kind.name()
+                        layer.kind.name(),
+                        match layer.recurrence {
+                            Some(_) => ", or samples and gates (`parameter`)",
+                            None => "",
+                        }
                     ));
                 }
                 if u64::from(split.sample) * u64::from(self.microbatches) > graph.batch {

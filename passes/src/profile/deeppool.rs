@@ -302,6 +302,7 @@ pub fn deeppool_layers(
                 points,
             }),
             halo: None,
+            recurrence: None,
         });
     }
     Ok(LayerGraph {

@@ -274,6 +274,7 @@ pub fn parse_pipedream(
                 points: Vec::new(),
             }),
             halo: None,
+            recurrence: None,
         });
     }
     let consumed: BTreeSet<usize> = preds.iter().flatten().copied().collect();

@@ -59,6 +59,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 
 mod derived;
 mod epilogue;
+mod gates;
 mod halo;
 mod heads;
 mod layout;
@@ -365,16 +366,8 @@ fn setup(message: impl Into<String>) -> RunError {
 }
 
 /// Follows `aliases` to the value that carries `v`.
-fn carrier(layers: &LayerGraph, mut v: ValueId) -> ValueId {
-    let mut guard = 0;
-    while let Some(&next) = layers.aliases.get(&v) {
-        if next == v || guard > 64 {
-            break;
-        }
-        v = next;
-        guard += 1;
-    }
-    v
+fn carrier(layers: &LayerGraph, v: ValueId) -> ValueId {
+    ralpc_passes::layers::carrier(&layers.aliases, v)
 }
 
 /// A layer's forward pass on one microbatch, kept for its backward pass.

@@ -176,10 +176,11 @@ fn gathered_rows(graph: &Graph, value: ValueId) -> Option<u64> {
 /// and fill); ralpc counts it as a parameter, so it is trained like one.
 pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64>, f32)> {
     let n = graph.node(node);
-    let Op::ConstantOfShape { dtype, value } = &n.op else {
+    let Op::ConstantOfShape { value, .. } = &n.op else {
         return None;
     };
-    if !dtype.is_float() {
+    let out = *n.outputs.first()?;
+    if !ralpc_ir::is_parameter(graph, out) {
         return None;
     }
     let shape = n.inputs.first().copied().flatten()?;
@@ -192,7 +193,7 @@ pub fn generated_weight(graph: &Graph, node: NodeId) -> Option<(ValueId, Vec<u64
         .iter()
         .map(|&d| (d >= 0.0).then_some(d as u64))
         .collect::<Option<_>>()?;
-    Some((*n.outputs.first()?, dims, *value as f32))
+    Some((out, dims, *value as f32))
 }
 
 /// Values computed so far, by [`ValueId`].

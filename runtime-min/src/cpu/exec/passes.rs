@@ -263,10 +263,13 @@ impl Rank<'_, '_> {
                 values.set(c, t);
             }
         }
-        let records = self
-            .compute
-            .forward(p.graph_of(l, k), &layer.nodes, &mut values, p.env)
-            .map_err(|e| e.to_string())?;
+        let records = match self.gates_forward(l, k, &mut values)? {
+            Some(records) => records,
+            None => self
+                .compute
+                .forward(p.graph_of(l, k), &layer.nodes, &mut values, p.env)
+                .map_err(|e| e.to_string())?,
+        };
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
             let region = p.region(o, &layer.view_out(), k)?;
@@ -353,9 +356,11 @@ impl Rank<'_, '_> {
                 grads.add(o, &total);
             }
         }
-        self.compute
-            .backward(p.graph_of(l, k), &run.records, &run.values, &mut grads)
-            .map_err(|e| e.to_string())?;
+        if !self.gates_backward(l, k, &run.values, &mut grads)? {
+            self.compute
+                .backward(p.graph_of(l, k), &run.records, &run.values, &mut grads)
+                .map_err(|e| e.to_string())?;
+        }
         // A weight read through an alias gets its gradient there.
         for &(v, source) in &layer.inputs {
             let c = carrier(p.exe.layers, v);
@@ -426,8 +431,10 @@ impl Rank<'_, '_> {
                 None => gv,
             };
             self.input_grads.insert((e, mb), (need, gv));
-            if matches!(layer.kind, LayerKind::Conv | LayerKind::Dense)
-                && layer.split.parameter > 1
+            if matches!(
+                layer.kind,
+                LayerKind::Conv | LayerKind::Dense | LayerKind::Recurrent
+            ) && layer.split.parameter > 1
                 && !p.edges[e].scattered
             {
                 sums.push_back(e);

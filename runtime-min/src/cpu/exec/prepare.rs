@@ -73,6 +73,7 @@ impl<'a> Prepared<'a> {
             .ok_or_else(|| setup("the model has no output"))?;
         let graph_output = carrier(lg, graph_output);
         let mut output = None;
+        let owners = lg.weight_owners(g);
         let mut weight_owner: BTreeMap<ValueId, usize> = BTreeMap::new();
         let tied_all_reduced: BTreeSet<&str> = plan
             .programs
@@ -122,9 +123,16 @@ impl<'a> Prepared<'a> {
                         || exe.weights.trainable.contains(&c)
                     {
                         if exe.weights.trainable.contains(&c) {
-                            // The first layer reading a weight carries its gradient in its
-                            // bucket, unless the plan sums it by its own all-reduce.
-                            if !weight_owner.contains_key(&c) {
+                            // The layer the plan counts a weight in carries its gradient in
+                            // its bucket, unless the plan sums it by its own all-reduce.
+                            let owner = owners.get(&c).ok_or_else(|| {
+                                setup(format!(
+                                    "layer {} reads the weight '{}', which no layer owns",
+                                    layer.name,
+                                    g.value(c).name
+                                ))
+                            })?;
+                            if owner.0 as usize == l && !weight_owner.contains_key(&c) {
                                 weight_owner.insert(c, l);
                                 if !tied_all_reduced.contains(g.value(c).name.as_str()) {
                                     owned.push(c);
@@ -262,6 +270,13 @@ impl<'a> Prepared<'a> {
                             l.name
                         )));
                     }
+                }
+                LayerKind::Recurrent if p > 1 && self.gate_split(l).is_none() => {
+                    return Err(setup(format!(
+                        "layer {}: only a layer that is one RNN, GRU or LSTM op can be split \
+                         by its gates",
+                        l.name
+                    )));
                 }
                 LayerKind::Dense if a > 1 => {
                     let main = l
@@ -462,6 +477,13 @@ impl<'a> Prepared<'a> {
             (Op::MatMul, 1, LayerKind::Dense) if p > 1 => Slice::Axis(last, out[2]),
             (Op::MatMul, 1, LayerKind::Dense) => Slice::Axis(last.saturating_sub(1), inp[2]),
             (Op::BatchNorm { .. }, 1..=4, _) => Slice::Axis(0, out[2]),
+            // Split by its gates: the rows of W and R, and of both biases, that compute the
+            // rank's hidden units in every gate.
+            (Op::Recurrent(r), 1..=3, LayerKind::Recurrent) if p > 1 => Slice::Groups {
+                axis: 1,
+                groups: r.cell.gates() as usize * if slot == 3 { 2 } else { 1 },
+                piece: out[2],
+            },
             // A bias after a row-parallel product: added once, to the first partial sum.
             (Op::Binary(Binary::Add), _, LayerKind::Dense)
                 if a > 1 && l.main.is_some_and(|m| after(&l.nodes, m, node)) =>
