@@ -69,6 +69,10 @@ pub struct Inspection {
     pub weight_bytes: u64,
     /// Layers in topological order.
     pub layers: Vec<LayerRow>,
+    /// What the model holds that ralpc accepted with a warning (an output declared with
+    /// a shape the graph does not compute).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 fn sizes(dims: &[Dim]) -> Vec<u64> {
@@ -140,5 +144,6 @@ pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
         activation_bytes: totals.activation_bytes,
         weight_bytes: totals.weight_bytes,
         layers,
+        warnings: crate::plan::model_warnings(&info),
     })
 }

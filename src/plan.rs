@@ -465,6 +465,24 @@ enum Model {
     },
 }
 
+impl Model {
+    /// What verifying the model accepted with a warning ([`ralpc_ir::GraphInfo::warnings`]).
+    fn warnings(&self) -> Vec<String> {
+        match self {
+            Model::Layers(_) => Vec::new(),
+            Model::Graph { info, .. } => model_warnings(info),
+        }
+    }
+}
+
+/// The warnings of a verified model, as a user reads them.
+pub(crate) fn model_warnings(info: &ralpc_ir::GraphInfo) -> Vec<String> {
+    info.warnings()
+        .iter()
+        .map(|w| format!("{w}: the computed shape is used, as onnxruntime does"))
+        .collect()
+}
+
 fn request_error(message: String) -> Error {
     Error::Plan(Box::new(PlanError::Request(message)))
 }
@@ -671,8 +689,12 @@ fn check_memory_limit(limit: Option<u64>, cluster: &Cluster, gpus: u32) -> Resul
 /// Any input at fault (model, profile, cluster, strategy file), a model that does not fit
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
-    let mut out = plan_as_asked(options)?;
-    out.report.warnings = warnings::warnings(&out.report, options);
+    let started = Instant::now();
+    let model = load_model(&options.model, options.batch, &options.inputs)?;
+    let mut warnings = model.warnings();
+    let mut out = plan_model(options, model, started)?;
+    warnings.extend(warnings::warnings(&out.report, options));
+    out.report.warnings = warnings;
     Ok(out)
 }
 
@@ -680,6 +702,11 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
 fn plan_as_asked(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
     let model = load_model(&options.model, options.batch, &options.inputs)?;
+    plan_model(options, model, started)
+}
+
+/// [`plan`] of the loaded `model` without its warnings.
+fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<PlanOutput, Error> {
     let (cluster, gpus) = cluster_for(options)?;
     check_memory_limit(options.memory_limit, &cluster, gpus)?;
     if let Some(shape) = transformer_of(&model, options)? {

@@ -132,3 +132,43 @@ fn a_pytorch_file_is_named_and_the_export_suggested() {
     assert!(stderr.contains("is a zip archive"), "{stderr}");
     assert!(stderr.contains("torch.onnx.export"), "{stderr}");
 }
+
+/// An output declared with a shape the graph does not compute (exporters leave stale ones:
+/// speechmos' plcmos declares a scalar and computes one score per sample) is accepted with a
+/// warning, as onnxruntime accepts it; the computed shape is used.
+#[test]
+fn a_declared_output_shape_the_graph_contradicts_is_a_warning() {
+    use onnx_protobuf::{Message, ModelProto};
+    let bytes = std::fs::read(common::fixture("train/mlp.onnx")).expect("fixture");
+    let mut model = ModelProto::parse_from_bytes(&bytes).expect("decodes");
+    let output = &mut model.graph.mut_or_insert_default().output[0];
+    let shape = output
+        .type_
+        .mut_or_insert_default()
+        .mut_tensor_type()
+        .shape
+        .mut_or_insert_default();
+    shape.dim.truncate(1);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, model.write_to_bytes().expect("encodes")).expect("writes");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ralpc"))
+            .args(args)
+            .arg(&path)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("ralpc runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    for args in [&["inspect"][..], &["plan", "--gpus", "2", "--batch", "4"]] {
+        let (code, text) = run(args);
+        assert_eq!(code, Some(0), "{args:?}: {text}");
+        assert!(
+            text.contains("output 'fc2' is declared [batch] but computes"),
+            "{args:?}: {text}"
+        );
+    }
+}

@@ -81,13 +81,13 @@ fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
 /// Where each graph input holds the samples: its batch axis, by input name (inputs without
 /// one are absent).
 ///
-/// The batch is the dimension the first input with a symbolic axis 0 names there (else, the
-/// first symbol of any input: sequence-first inputs at a fixed length). An input
+/// The batch is the dimension the first input with a symbolic axis 0 names there (else, a
+/// symbol on axis 1 of any input: sequence-first inputs at a fixed length). An input
 /// holding that symbol on another axis holds the batch there (a recurrent state
 /// `[directions, batch, hidden]`); one whose axis 0 is a symbol of its own holds it on axis 0
 /// (an unnamed dynamic dimension gets a symbol per input); one of fixed sizes beside a
-/// symbolic batch has none (a table every sample shares). In an export of fixed sizes the
-/// batch is the first input's axis 0, and each input holds it on its first axis of that
+/// symbolic batch has none (a table every sample shares). In an export at a fixed batch
+/// (its other sizes fixed or not: an image of any width) the batch is the first input's axis 0, and each input holds it on its first axis of that
 /// size. Scalars have no batch axis.
 pub fn batch_axes(graph: &Graph) -> BTreeMap<String, usize> {
     let declared: Vec<(String, &[Dim])> = graph
@@ -103,11 +103,12 @@ pub fn batch_axes(graph: &Graph) -> BTreeMap<String, usize> {
         .iter()
         .find_map(|(_, dims)| dims[0].as_symbol())
         .or_else(|| {
-            // Sequence-first inputs (`[tokens, batch, d]` at a fixed length): the first
-            // symbol any input has.
+            // Sequence-first inputs (`[tokens, batch, d]` at a fixed length): a symbol on
+            // axis 1. A symbol further in is an image's or a sequence's size in an export
+            // at a fixed batch (`[1, 1, 64, width]`).
             declared
                 .iter()
-                .find_map(|(_, dims)| dims.iter().find_map(Dim::as_symbol))
+                .find_map(|(_, dims)| dims.get(1).and_then(Dim::as_symbol))
         })
         .map(str::to_owned);
     let fixed = declared.first().and_then(|(_, dims)| dims[0].as_known());
@@ -367,6 +368,9 @@ mod tests {
         // Sequence-first inputs of a fixed length.
         let g = inputs(&[("x", &["6", "batch", "4"]), ("h0", &["1", "batch", "8"])]);
         assert_eq!(axes(&g), [("h0", 1), ("x", 1)]);
+        // An image of any width at a fixed batch of 1: the width is no batch.
+        let g = inputs(&[("image", &["1", "1", "64", "width"])]);
+        assert_eq!(axes(&g), [("image", 0)]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::infer::{infer_all, InferError, ValueType};
 pub struct GraphInfo {
     order: Vec<NodeId>,
     types: Vec<ValueType>,
+    warnings: Vec<VerifyError>,
 }
 
 impl GraphInfo {
@@ -29,6 +30,13 @@ impl GraphInfo {
             .enumerate()
             .map(|(i, &n)| (n, i))
             .collect()
+    }
+
+    /// What verification accepted but a user should know: graph outputs whose declared
+    /// shapes contradict what the graph computes (exporters write stale ones; onnxruntime
+    /// runs such models, warning at run time, and so does ralpc, with the computed shape).
+    pub fn warnings(&self) -> &[VerifyError] {
+        &self.warnings
     }
 
     /// The type of a value.
@@ -78,7 +86,8 @@ pub enum VerifyErrorKind {
         /// The batch the model was exported at.
         exported: i64,
     },
-    /// A graph output's declared shape contradicts the inferred one.
+    /// A graph output's declared shape contradicts the inferred one (a warning: the
+    /// computed shape is kept).
     #[error("output '{name}' is declared {declared} but computes {inferred}")]
     DeclaredShape {
         /// The output.
@@ -113,7 +122,7 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
         }])
     })?;
     let (types, errors) = infer_all(graph, &order);
-    let mut problems: Vec<VerifyError> = errors
+    let problems: Vec<VerifyError> = errors
         .into_iter()
         .map(|(n, e)| VerifyError {
             site: graph.site(n),
@@ -121,8 +130,9 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
         })
         .collect();
 
-    // Declared output shapes must agree on the dimensions both sides know; after
+    // Declared output shapes should agree on the dimensions both sides know; after
     // re-batching, axis 0 of the declaration still carries the exported batch.
+    let mut warnings = Vec::new();
     let skip = usize::from(graph.rebatch().is_some());
     for &out in graph.outputs() {
         let (Some(t), Some(declared)) = (
@@ -147,7 +157,7 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
                 );
         if clash {
             let producer = graph.value(out).producer;
-            problems.push(VerifyError {
+            warnings.push(VerifyError {
                 site: graph.site(producer),
                 kind: VerifyErrorKind::DeclaredShape {
                     name: graph.value(out).name.clone(),
@@ -170,7 +180,11 @@ pub fn verify(graph: &Graph) -> Result<GraphInfo, VerifyErrors> {
             })
         })
         .collect();
-    Ok(GraphInfo { order, types })
+    Ok(GraphInfo {
+        order,
+        types,
+        warnings,
+    })
 }
 
 /// Adds to an unbound-dimension error which input the symbol comes from.

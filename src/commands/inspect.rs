@@ -35,6 +35,11 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         inputs: args.inputs.iter().cloned().collect(),
     };
     let report = ralpc::inspect(&options)?;
+    if !args.json {
+        for warning in &report.warnings {
+            eprintln!("warning: {}", crate::printable::printable(warning));
+        }
+    }
     let text = if args.json {
         // Serializing plain integers and strings cannot fail.
         serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
