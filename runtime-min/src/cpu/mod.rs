@@ -12,6 +12,7 @@
 //! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
 //!   per process talking over TCP ([`net`]).
 pub mod comm;
+mod elementwise;
 pub mod exec;
 pub mod grad;
 pub mod graph;
@@ -30,3 +31,4 @@ mod signal;
 pub mod tensor;
 pub mod train;
 mod volume;
+mod window;

@@ -52,7 +52,7 @@ impl<B: Backend> Hosted<B> {
                 ..
             }
             | Op::GlobalPool(ralpc_ir::PoolKind::Average) => true,
-            Op::Unary(u) => super::train::unary_op(*u).is_ok(),
+            Op::Unary(u) => super::node_ops::unary_op(*u).is_ok(),
             Op::Binary(b) => matches!(
                 b,
                 ralpc_ir::Binary::Add

@@ -22,5 +22,7 @@ pub mod hosted;
 pub mod kernels;
 pub mod libs;
 pub mod nccl;
+mod node_ops;
+mod replicas;
 pub mod same_device;
 pub mod train;

@@ -1,0 +1,490 @@
+//! Data-parallel training on devices: replicas that each train on their share of the
+//! batch and combine gradients ([`Replicas`]: alone, through host memory, NCCL), the
+//! training loop around a [`Runner`], and per-node profiling.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
+
+use super::backend::{Backend, R};
+use super::node_ops::numel;
+use super::train::{DTensor, Runner};
+use crate::cpu::graph::{ExecError, Weights};
+use crate::cpu::tensor::Data;
+use crate::cpu::train::{Dataset, Loss, TrainOptions, TrainReport};
+
+/// How data-parallel replicas combine what each computed on its share of the batch.
+pub trait Replicas<B: Backend> {
+    /// How many replicas train together.
+    fn count(&self) -> usize;
+    /// Sums `buf` over the replicas, in place (the same result on every one); later work
+    /// on the device is ordered after it.
+    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()>;
+    /// Sums a loss over the replicas.
+    fn sum(&self, value: f64) -> R<f64>;
+    /// Waits for the sums started by [`Replicas::all_reduce`] (which may return before
+    /// they finish), giving up after the replicas' timeout.
+    fn settle(&self) -> R<()> {
+        Ok(())
+    }
+}
+
+/// One replica: nothing to combine.
+pub struct Alone;
+
+impl<B: Backend> Replicas<B> for Alone {
+    fn count(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _: &B, _: &mut B::Buf) -> R<()> {
+        Ok(())
+    }
+    fn sum(&self, value: f64) -> R<f64> {
+        Ok(value)
+    }
+}
+
+/// Replicas combined through host memory by the CPU backend's communicator: ranks as
+/// threads sharing one GPU (the same-device communicator), or processes over TCP. Sums
+/// in rank order, so every replica steps identically.
+pub struct HostStaged<'c> {
+    /// This replica's endpoint.
+    pub comm: &'c crate::cpu::comm::Comm,
+    /// Every replica's rank.
+    pub group: Vec<u32>,
+}
+
+impl<B: Backend> Replicas<B> for HostStaged<'_> {
+    fn count(&self) -> usize {
+        self.group.len()
+    }
+    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
+        let mut host = dev.download(buf)?;
+        self.comm
+            .all_reduce(&self.group, &mut host)
+            .map_err(|e| e.to_string())?;
+        *buf = dev.upload(&host)?;
+        Ok(())
+    }
+    fn sum(&self, value: f64) -> R<f64> {
+        let bits = value.to_bits();
+        let words = vec![
+            f32::from_bits(bits as u32),
+            f32::from_bits((bits >> 32) as u32),
+        ];
+        let all = self
+            .comm
+            .exchange(&self.group, words)
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .iter()
+            .map(|w| match w.as_slice() {
+                [lo, hi] => f64::from_bits(u64::from(lo.to_bits()) | u64::from(hi.to_bits()) << 32),
+                _ => 0.0,
+            })
+            .sum())
+    }
+}
+
+/// Replica `rank` of `count`'s rows of the global batch: every input's equal share along
+/// its batch axis — the axis on which its shape in `local` (the graph verified at the
+/// replica's batch) is `count` times smaller; an input whose shape does not change is
+/// every replica's whole — and the labels' share of their rows.
+///
+/// # Errors
+/// A batch that does not divide among the replicas.
+pub fn shard(
+    data: &Dataset,
+    rank: usize,
+    count: usize,
+    local: &GraphInfo,
+) -> Result<Dataset, String> {
+    use crate::cpu::tensor::Tensor;
+    /// Block `rank` of `count` of the middle axis of `v` seen as `[outer, count·n, inner]`.
+    fn part<T: Clone>(v: &[T], outer: usize, rank: usize, count: usize) -> Result<Vec<T>, String> {
+        if outer == 0 || v.len() % (outer * count) != 0 {
+            return Err(format!(
+                "{} values do not divide among {count} replicas",
+                v.len()
+            ));
+        }
+        let block = v.len() / outer;
+        let n = block / count;
+        Ok((0..outer)
+            .flat_map(|o| {
+                v[o * block + rank * n..o * block + (rank + 1) * n]
+                    .iter()
+                    .cloned()
+            })
+            .collect())
+    }
+    let split = |d: &Data, outer: usize| -> Result<Data, String> {
+        Ok(match d {
+            Data::F32(v) => Data::F32(part(v, outer, rank, count)?),
+            Data::I64(v) => Data::I64(part(v, outer, rank, count)?),
+        })
+    };
+    let inputs = data
+        .inputs
+        .iter()
+        .map(|(&v, t)| {
+            let share = local.ty(v).shape.as_sizes().unwrap_or_default();
+            if share
+                .iter()
+                .map(|&d| d as usize)
+                .eq(t.shape.iter().copied())
+            {
+                return Ok((v, t.clone()));
+            }
+            let axis = t
+                .shape
+                .iter()
+                .zip(&share)
+                .position(|(&g, &l)| g != l as usize && g == l as usize * count)
+                .filter(|_| share.len() == t.shape.len())
+                .ok_or_else(|| {
+                    format!(
+                        "an input of shape {:?} does not divide among {count} replicas",
+                        t.shape
+                    )
+                })?;
+            let mut shape = t.shape.clone();
+            shape[axis] /= count;
+            let outer = t.shape[..axis].iter().product();
+            Ok((
+                v,
+                Tensor {
+                    shape,
+                    data: split(&t.data, outer)?,
+                },
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Dataset {
+        inputs,
+        labels: split(&data.labels, 1)?,
+    })
+}
+
+/// Trains `graph` (bound at the global batch) on `dev` as
+/// [`train_reference`](crate::cpu::train::train_reference) does on the host: same
+/// weights, data, loss and optimizer, so the two reports agree to rounding.
+///
+/// # Errors
+/// An operator the device cannot run yet (naming the node), or a device failure.
+pub fn train<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    options: &TrainOptions,
+) -> Result<TrainReport, ExecError> {
+    train_replica(dev, graph, info, weights, data, options, &Alone)
+}
+
+/// Trains one data-parallel replica: `graph` is bound at this replica's share of the
+/// batch and `data` is its share ([`shard`]); the loss is normalized by the global batch,
+/// gradients are summed over `replicas` before every update, and the reported losses are
+/// the whole batch's. The first output in the report is this replica's rows.
+///
+/// # Errors
+/// As [`train`], and a failed combination with the other replicas.
+pub fn train_replica<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    options: &TrainOptions,
+    replicas: &dyn Replicas<B>,
+) -> Result<TrainReport, ExecError> {
+    let at = |node: Option<NodeId>| {
+        move |message: String| match node {
+            Some(n) => ExecError::Node {
+                site: graph.site(n),
+                message,
+            },
+            None => ExecError::Input {
+                name: "device".into(),
+                message,
+            },
+        }
+    };
+    let device = at(None);
+    let output = *graph.outputs().first().ok_or_else(|| ExecError::Input {
+        name: "output".into(),
+        message: "the model has no output".into(),
+    })?;
+    // Float constants and inputs live on the device; integer ones (shapes) stay here.
+    let mut params: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    for (&v, t) in &weights.tensors {
+        if let Some(f) = t.floats() {
+            params.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+        }
+    }
+    let mut inputs: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    for (&v, t) in &data.inputs {
+        if let Some(f) = t.floats() {
+            inputs.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+        }
+    }
+    let mut velocity: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
+    let mut report = TrainReport::default();
+    let shape_of = |v: ValueId| -> Vec<usize> {
+        info.ty(v)
+            .shape
+            .as_sizes()
+            .unwrap_or_default()
+            .iter()
+            .map(|&d| d as usize)
+            .collect()
+    };
+    let mut last_loss = std::time::Instant::now();
+    for step in 0..options.steps {
+        let mut runner = Runner::new(dev, graph, Some(info), weights);
+        for (&v, buf) in params.iter().chain(&inputs) {
+            runner.values.insert(
+                v,
+                DTensor {
+                    buf: buf.clone(),
+                    shape: shape_of(v),
+                },
+            );
+        }
+        for &id in info.order() {
+            runner.forward(id).map_err(at(Some(id)))?;
+        }
+        let y = runner
+            .values
+            .get(&output)
+            .cloned()
+            .ok_or_else(|| ExecError::Input {
+                name: graph.value(output).name.clone(),
+                message: "the output is not a float tensor on the device".into(),
+            })?;
+        let (l, dy) =
+            loss(dev, options.loss, &y, &data.labels, replicas.count()).map_err(&device)?;
+        report.losses.push(replicas.sum(l).map_err(&device)?);
+        let now = std::time::Instant::now();
+        report
+            .step_seconds
+            .push(now.duration_since(last_loss).as_secs_f64());
+        last_loss = now;
+        if step == 0 {
+            report.first_output = dev.download(&y.buf).map_err(&device)?;
+        }
+        let mut grads: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
+        grads.insert(output, dy);
+        let saved = std::mem::take(&mut runner.saved);
+        for (id, kept) in saved.iter().rev() {
+            let node = graph.node(*id);
+            let Some(dy) = node.outputs.first().and_then(|v| grads.remove(v)) else {
+                continue;
+            };
+            let input_grads = runner.backward(*id, kept, &dy).map_err(at(Some(*id)))?;
+            for (slot, g) in input_grads {
+                let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                    continue;
+                };
+                match grads.get_mut(&v) {
+                    Some(acc) => dev.axpby(acc, &g, 1.0, 1.0).map_err(&device)?,
+                    None => {
+                        grads.insert(v, g);
+                    }
+                }
+            }
+        }
+        drop(saved);
+        drop(runner);
+        for &w in &weights.trainable {
+            let Some(param) = params.get_mut(&w) else {
+                continue;
+            };
+            let n = dev.len(param);
+            let mut g = match grads.remove(&w) {
+                Some(g) => g,
+                None => dev.zeros(n).map_err(&device)?,
+            };
+            replicas.all_reduce(dev, &mut g).map_err(&device)?;
+            if step == 0 {
+                report.first_gradients.insert(
+                    graph.value(w).name.clone(),
+                    dev.download(&g).map_err(&device)?,
+                );
+            }
+            let v = match velocity.entry(w) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(dev.zeros(n).map_err(&device)?)
+                }
+            };
+            let param = Rc::get_mut(param)
+                .ok_or_else(|| device("a weight is still shared after the step (a bug)".into()))?;
+            dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
+                .map_err(&device)?;
+        }
+        replicas.settle().map_err(&device)?;
+    }
+    for &w in &weights.trainable {
+        if let Some(p) = params.get(&w) {
+            report.weights.insert(
+                graph.value(w).name.clone(),
+                dev.download(p).map_err(&device)?,
+            );
+        }
+    }
+    Ok(report)
+}
+
+/// The loss of this replica's output, normalized by the global batch (`replicas` equal
+/// shares), and its gradient.
+fn loss<B: Backend>(
+    dev: &B,
+    kind: Loss,
+    y: &DTensor<B>,
+    labels: &Data,
+    replicas: usize,
+) -> R<(f64, B::Buf)> {
+    let total = numel(&y.shape);
+    let mut dy = dev.zeros(total)?;
+    let per = match (kind, labels) {
+        (Loss::CrossEntropy, Data::I64(classes_of)) => {
+            let classes = y.shape.last().copied().unwrap_or(1).max(1);
+            let rows = total / classes;
+            let labels = dev.upload_indices(classes_of.get(..rows).ok_or("too few labels")?)?;
+            let mut per = dev.zeros(rows)?;
+            dev.cross_entropy(
+                &mut per,
+                &mut dy,
+                &y.buf,
+                &labels,
+                rows,
+                classes,
+                rows * replicas,
+            )?;
+            per
+        }
+        (Loss::Mse, Data::F32(targets)) => {
+            let t = dev.upload(targets.get(..total).ok_or("too few targets")?)?;
+            let mut per = dev.zeros(total)?;
+            dev.mse(&mut per, &mut dy, &y.buf, &t, total * replicas)?;
+            per
+        }
+        _ => return Err("the labels do not fit the loss".into()),
+    };
+    let l = dev.download(&per)?.iter().map(|&v| f64::from(v)).sum();
+    Ok((l, dy))
+}
+
+/// One node's measured times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeTime {
+    /// The node.
+    pub node: NodeId,
+    /// Forward, µs.
+    pub forward_us: f64,
+    /// Backward (all its input gradients from a gradient of ones), µs; 0 for a node
+    /// without one.
+    pub backward_us: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs of one op timed back to back between two marks, their mean one sample: in a
+/// training step the host enqueues ahead of the GPU, so an op costs its time on the
+/// device, not the launch latency one run alone between two events would add.
+const BURST: u32 = 4;
+
+/// Times `nodes` of `graph` (bound at its batch) on `dev`, forward and backward, each on
+/// its own with the operands a forward pass of the whole model gives it: one warm-up, then
+/// the median of `repeats` samples, each the mean of [`BURST`] runs between two
+/// [`Backend::mark`]s (CUDA events on a GPU).
+///
+/// # Errors
+/// An operator the device cannot run yet (naming the node), or a device failure.
+pub fn profile<B: Backend>(
+    dev: &B,
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &Weights,
+    data: &Dataset,
+    nodes: &[NodeId],
+    repeats: u32,
+) -> Result<Vec<NodeTime>, ExecError> {
+    let at = |node: NodeId| {
+        move |message: String| ExecError::Node {
+            site: graph.site(node),
+            message,
+        }
+    };
+    let device = |message: String| ExecError::Input {
+        name: "device".into(),
+        message,
+    };
+    let mut runner = Runner::new(dev, graph, Some(info), weights);
+    for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
+        if let (Some(f), Ok(shape)) = (t.floats(), runner.shape(v)) {
+            let buf = dev.upload(f).map_err(&device)?;
+            runner.values.insert(
+                v,
+                DTensor {
+                    buf: Rc::new(buf),
+                    shape,
+                },
+            );
+        }
+    }
+    for &id in info.order() {
+        runner.forward(id).map_err(at(id))?;
+    }
+    runner.saved.clear();
+    let timed =
+        |runner: &mut Runner<'_, B>, f: &mut dyn FnMut(&mut Runner<'_, B>) -> R<()>| -> R<f64> {
+            f(runner)?;
+            let mut samples = Vec::with_capacity(repeats.max(1) as usize);
+            for _ in 0..repeats.max(1) {
+                let start = dev.mark()?;
+                for _ in 0..BURST {
+                    f(runner)?;
+                }
+                let end = dev.mark()?;
+                samples.push(dev.elapsed_us(&start, &end)? / f64::from(BURST));
+            }
+            Ok(median(samples))
+        };
+    let mut times = Vec::with_capacity(nodes.len());
+    for &id in nodes {
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input | Op::Constant { .. }) || node.outputs.is_empty() {
+            continue;
+        }
+        let forward_us = timed(&mut runner, &mut |r| {
+            r.forward(id)?;
+            r.saved.pop();
+            Ok(())
+        })
+        .map_err(at(id))?;
+        runner.forward(id).map_err(at(id))?;
+        let (_, kept) = runner
+            .saved
+            .pop()
+            .ok_or_else(|| at(id)("nothing was saved".into()))?;
+        let n = numel(&runner.shape(node.outputs[0]).map_err(at(id))?);
+        let mut ones = dev.zeros(n).map_err(&device)?;
+        dev.fill(&mut ones, 1.0).map_err(&device)?;
+        // Nodes without a gradient (shape arithmetic) cost nothing backward.
+        let backward_us =
+            timed(&mut runner, &mut |r| r.backward(id, &kept, &ones).map(drop)).unwrap_or(0.0);
+        times.push(NodeTime {
+            node: id,
+            forward_us,
+            backward_us,
+        });
+    }
+    Ok(times)
+}
