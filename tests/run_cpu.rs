@@ -653,3 +653,16 @@ fn weights_a_dead_step_reads_first_are_all_reduced_with_their_layers() {
         &plan_and_run(&options(1), 1),
     );
 }
+
+#[test]
+fn batch_normalization_under_split_samples_uses_the_whole_batch() {
+    // densenet.onnx: BN → ReLU → Conv, the second BN on a concatenation. Every rank
+    // normalizes by the statistics of the samples of all its layer's ranks, and its input
+    // gradient by their batch terms: as one device normalizes by the whole batch.
+    let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);
+    check("densenet.onnx", 8, 4, &s, "densenet-dp");
+    // 3 ranks for 8 samples (3, 3, 2), and output channels split beside the samples.
+    let layers = [split("conv0", 2, 1, 2), split("conv2", 3, 1, 1)].join(", ");
+    let s = strategy(&[stage("conv0", "fc", 4)], &layers, "1f1b", 1);
+    check("densenet.onnx", 8, 4, &s, "densenet-burst-soap");
+}

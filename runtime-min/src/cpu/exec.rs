@@ -57,6 +57,7 @@ use super::region::{
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
 
+mod batch_stats;
 mod derived;
 mod epilogue;
 mod gates;

@@ -223,32 +223,7 @@ pub fn backward(
             passthrough(n, &dx)
         }
         Op::BatchNorm { epsilon, .. } => {
-            let Saved::Stats(mean, inv_std) = saved else {
-                return Err("batch normalization's backward needs training-mode statistics".into());
-            };
-            let gamma = floats(input(inputs, 1)?, "scale")?;
-            let channels = gamma.len();
-            let bn = kernels::BatchNorm {
-                channels,
-                spatial: t::numel(&x.shape[2..]),
-                epsilon: *epsilon,
-            };
-            let (mut dx, mut dg, mut db) =
-                (vec![0.0; x.len()], vec![0.0; channels], vec![0.0; channels]);
-            bn.backward(
-                floats(x, "X")?,
-                gamma,
-                (mean, inv_std),
-                dy,
-                &mut dx,
-                &mut dg,
-                &mut db,
-            );
-            let mut out = grads(n);
-            out[0] = Some(dx);
-            out[1] = Some(dg);
-            out[2] = Some(db);
-            out
+            batch_norm_synced(*epsilon, inputs, saved, dy, &mut |_| Ok(()))?
         }
         Op::LayerNorm { axis, .. } => {
             let Saved::Stats(mean, inv_std) = saved else {
@@ -837,4 +812,37 @@ fn matmul(a: &Tensor, b: &Tensor, dy: &[f32]) -> R<InputGrads> {
         kernels::add(&mut db[ib[i] * k * n..(ib[i] + 1) * k * n], &tb);
     }
     Ok(vec![Some(da), Some(db)])
+}
+
+/// Batch normalization's backward pass, whose batch terms are those of every rank's
+/// samples: `sums` adds up what each holds ([`kernels::BatchNorm::gradient_sums`]).
+pub(crate) fn batch_norm_synced(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    saved: &Saved,
+    dy: &[f32],
+    sums: ops::BatchSums<'_>,
+) -> R<InputGrads> {
+    let Saved::Stats(mean, inv_std) = saved else {
+        return Err("batch normalization's backward needs training-mode statistics".into());
+    };
+    let x = input(inputs, 0)?;
+    let gamma = floats(input(inputs, 1)?, "scale")?;
+    let channels = gamma.len();
+    let bn = kernels::BatchNorm {
+        channels,
+        spatial: t::numel(&x.shape[2..]),
+        epsilon,
+    };
+    let xs = floats(x, "X")?;
+    let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; channels], vec![0.0; channels]);
+    let mut batch = bn.gradient_sums(xs, (mean, inv_std), dy);
+    bn.parameter_gradients(&batch, &mut dg, &mut db);
+    sums(&mut batch)?;
+    bn.input_gradient(xs, gamma, (mean, inv_std), dy, &mut dx, &batch);
+    let mut out = grads(inputs.len());
+    out[0] = Some(dx);
+    out[1] = Some(dg);
+    out[2] = Some(db);
+    Ok(out)
 }

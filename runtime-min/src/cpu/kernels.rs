@@ -877,17 +877,40 @@ impl BatchNorm {
         beta: &[f32],
         y: &mut [f32],
     ) -> (Vec<f32>, Vec<f32>) {
+        let sums = self.sums(x);
+        self.normalize(x, gamma, beta, y, &sums)
+    }
+
+    /// Per channel `[Σx…, Σx²…]`, then the elements per channel: the statistics' sums,
+    /// which the ranks holding other samples of a batch add up (synchronized batch
+    /// normalization).
+    pub fn sums(&self, x: &[f32]) -> Vec<f64> {
         let c = self.channels;
-        let (mut sum, mut squares) = (vec![0.0f64; c], vec![0.0f64; c]);
+        let mut sums = vec![0.0f64; 2 * c + 1];
         for (i, &v) in x.iter().enumerate() {
-            sum[self.channel(i)] += f64::from(v);
-            squares[self.channel(i)] += f64::from(v) * f64::from(v);
+            let ch = self.channel(i);
+            sums[ch] += f64::from(v);
+            sums[c + ch] += f64::from(v) * f64::from(v);
         }
-        let count = (x.len() / c) as f64;
+        sums[2 * c] = (x.len() / c.max(1)) as f64;
+        sums
+    }
+
+    /// [`BatchNorm::forward`] with the statistics of `sums` ([`BatchNorm::sums`]).
+    pub fn normalize(
+        &self,
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        y: &mut [f32],
+        sums: &[f64],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let c = self.channels;
+        let (sum, squares, count) = (&sums[..c], &sums[c..2 * c], sums[2 * c].max(1.0));
         let mean: Vec<f32> = sum.iter().map(|s| (s / count) as f32).collect();
         let inv_std: Vec<f32> = squares
             .iter()
-            .zip(&sum)
+            .zip(sum)
             .map(|(q, s)| {
                 let m = s / count;
                 (1.0 / (q / count - m * m + f64::from(self.epsilon)).sqrt()) as f32
@@ -907,28 +930,62 @@ impl BatchNorm {
         &self,
         x: &[f32],
         gamma: &[f32],
-        (mean, inv_std): (&[f32], &[f32]),
+        stats: (&[f32], &[f32]),
         dy: &[f32],
         dx: &mut [f32],
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) {
+        let sums = self.gradient_sums(x, stats, dy);
+        self.parameter_gradients(&sums, dgamma, dbeta);
+        self.input_gradient(x, gamma, stats, dy, dx, &sums);
+    }
+
+    /// Per channel `[Σdy…, Σdy·x̂…]`, then the elements per channel: what the input
+    /// gradient needs of the whole batch (summed over the ranks holding its samples).
+    pub fn gradient_sums(
+        &self,
+        x: &[f32],
+        (mean, inv_std): (&[f32], &[f32]),
+        dy: &[f32],
+    ) -> Vec<f64> {
         let c = self.channels;
-        let count = (x.len() / c) as f64;
-        let xhat =
-            |i: usize, v: f32| f64::from((v - mean[self.channel(i)]) * inv_std[self.channel(i)]);
-        let (mut sum_dy, mut sum_dy_xhat) = (vec![0.0f64; c], vec![0.0f64; c]);
+        let mut sums = vec![0.0f64; 2 * c + 1];
         for (i, (&v, &g)) in x.iter().zip(dy).enumerate() {
-            sum_dy[self.channel(i)] += f64::from(g);
-            sum_dy_xhat[self.channel(i)] += f64::from(g) * xhat(i, v);
+            let ch = self.channel(i);
+            sums[ch] += f64::from(g);
+            sums[c + ch] += f64::from(g) * f64::from((v - mean[ch]) * inv_std[ch]);
         }
+        sums[2 * c] = (x.len() / c.max(1)) as f64;
+        sums
+    }
+
+    /// Adds the scale's and shift's gradients from [`BatchNorm::gradient_sums`] (a rank's
+    /// own: the gradient buckets sum them over the ranks).
+    pub fn parameter_gradients(&self, sums: &[f64], dgamma: &mut [f32], dbeta: &mut [f32]) {
+        let c = self.channels;
         for ch in 0..c {
-            dgamma[ch] += sum_dy_xhat[ch] as f32;
-            dbeta[ch] += sum_dy[ch] as f32;
+            dgamma[ch] += sums[c + ch] as f32;
+            dbeta[ch] += sums[ch] as f32;
         }
+    }
+
+    /// Adds the input gradient, with the batch's `sums` ([`BatchNorm::gradient_sums`]).
+    pub fn input_gradient(
+        &self,
+        x: &[f32],
+        gamma: &[f32],
+        (mean, inv_std): (&[f32], &[f32]),
+        dy: &[f32],
+        dx: &mut [f32],
+        sums: &[f64],
+    ) {
+        let c = self.channels;
+        let (sum_dy, sum_dy_xhat, count) = (&sums[..c], &sums[c..2 * c], sums[2 * c].max(1.0));
         for (i, (d, (&v, &g))) in dx.iter_mut().zip(x.iter().zip(dy)).enumerate() {
             let ch = self.channel(i);
-            let term = f64::from(g) - sum_dy[ch] / count - xhat(i, v) * sum_dy_xhat[ch] / count;
+            let xhat = f64::from((v - mean[ch]) * inv_std[ch]);
+            let term = f64::from(g) - sum_dy[ch] / count - xhat * sum_dy_xhat[ch] / count;
             *d += (f64::from(gamma[ch] * inv_std[ch]) * term) as f32;
         }
     }

@@ -518,11 +518,27 @@ pub(crate) fn matmul_shapes(a: &[usize], b: &[usize]) -> R<(Vec<usize>, Vec<usiz
     Ok((ash, bsh))
 }
 
+/// Sums a batch normalization's per-channel statistics over the ranks holding the other
+/// samples of its batch (synchronized batch normalization); alone, nothing to add.
+pub(crate) type BatchSums<'a> = &'a mut dyn FnMut(&mut [f64]) -> R<()>;
+
 fn batch_norm(
     epsilon: f32,
     inputs: &[Option<&Tensor>],
     outputs: usize,
     mode: Mode,
+) -> R<(Vec<Tensor>, Saved)> {
+    batch_norm_synced(epsilon, inputs, outputs, mode, &mut |_| Ok(()))
+}
+
+/// [`batch_norm`] whose training-mode statistics are those of every rank's samples:
+/// `sums` adds up what each holds ([`kernels::BatchNorm::sums`]).
+pub(crate) fn batch_norm_synced(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+    mode: Mode,
+    sums: BatchSums<'_>,
 ) -> R<(Vec<Tensor>, Saved)> {
     let x = input(inputs, 0)?;
     let params: Vec<&[f32]> = (1..5)
@@ -543,7 +559,9 @@ fn batch_norm(
                 spatial,
                 epsilon,
             };
-            let (m, s) = bn.forward(xs, gamma, beta, &mut y);
+            let mut batch = bn.sums(xs);
+            sums(&mut batch)?;
+            let (m, s) = bn.normalize(xs, gamma, beta, &mut y, &batch);
             Saved::Stats(m, s)
         }
         Mode::Inference => {

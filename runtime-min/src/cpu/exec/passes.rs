@@ -265,10 +265,7 @@ impl Rank<'_, '_> {
         }
         let records = match self.gates_forward(l, k, &mut values)? {
             Some(records) => records,
-            None => self
-                .compute
-                .forward(p.graph_of(l, k), &layer.nodes, &mut values, p.env)
-                .map_err(|e| e.to_string())?,
+            None => self.forward_nodes(l, k, &mut values)?,
         };
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
@@ -357,9 +354,7 @@ impl Rank<'_, '_> {
             }
         }
         if !self.gates_backward(l, k, &run.values, &mut grads)? {
-            self.compute
-                .backward(p.graph_of(l, k), &run.records, &run.values, &mut grads)
-                .map_err(|e| e.to_string())?;
+            self.backward_nodes(l, k, &run.records, &run.values, &mut grads)?;
         }
         // A weight read through an alias gets its gradient there.
         for &(v, source) in &layer.inputs {
