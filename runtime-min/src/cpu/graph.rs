@@ -211,6 +211,15 @@ impl Values {
         self.0[v.index()] = Some(t);
     }
 
+    /// The values `node` reads, by slot (`None` for an absent optional input or one not
+    /// computed).
+    pub fn inputs_of(&self, node: &ralpc_ir::Node) -> Vec<Option<&Tensor>> {
+        node.inputs
+            .iter()
+            .map(|v| v.and_then(|v| self.get(v)))
+            .collect()
+    }
+
     /// A value, if computed.
     pub fn get(&self, v: ValueId) -> Option<&Tensor> {
         self.0.get(v.index()).and_then(Option::as_ref)
@@ -328,11 +337,7 @@ pub fn backward(
             continue;
         }
         let error = node_error(graph, record.node);
-        let inputs: Vec<Option<&Tensor>> = node
-            .inputs
-            .iter()
-            .map(|v| v.and_then(|v| values.get(v)))
-            .collect();
+        let inputs = values.inputs_of(node);
         let outputs: Vec<&Tensor> = node
             .outputs
             .iter()

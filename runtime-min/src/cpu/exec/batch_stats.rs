@@ -103,11 +103,7 @@ impl Rank<'_, '_> {
                 break;
             };
             let node = graph.node(bn);
-            let inputs: Vec<Option<&Tensor>> = node
-                .inputs
-                .iter()
-                .map(|v| v.and_then(|v| values.get(v)))
-                .collect();
+            let inputs = values.inputs_of(node);
             let (outputs, saved) = ops::batch_norm_synced(
                 epsilon,
                 &inputs,
@@ -168,11 +164,7 @@ impl Rank<'_, '_> {
                 continue;
             };
             let dy = dy.to_vec();
-            let inputs: Vec<Option<&Tensor>> = node
-                .inputs
-                .iter()
-                .map(|v| v.and_then(|v| values.get(v)))
-                .collect();
+            let inputs = values.inputs_of(node);
             let input_grads =
                 grad::batch_norm_synced(epsilon, &inputs, &bn.saved, &dy, &mut |sums| {
                     self.sum_over(&group, sums)

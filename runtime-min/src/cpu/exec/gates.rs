@@ -80,11 +80,7 @@ impl Rank<'_, '_> {
             return Ok(None);
         };
         let n = self.p.exe.graph.node(node);
-        let inputs: Vec<Option<&Tensor>> = n
-            .inputs
-            .iter()
-            .map(|v| v.and_then(|v| values.get(v)))
-            .collect();
+        let inputs = values.inputs_of(n);
         let outputs =
             recurrent::forward_shared(r, &inputs, n.outputs.len(), &mut self.gate_group(l, k))?;
         for (&v, t) in n.outputs.iter().zip(outputs) {
@@ -106,11 +102,7 @@ impl Rank<'_, '_> {
             return Ok(false);
         };
         let n = self.p.exe.graph.node(node);
-        let inputs: Vec<Option<&Tensor>> = n
-            .inputs
-            .iter()
-            .map(|v| v.and_then(|v| values.get(v)))
-            .collect();
+        let inputs = values.inputs_of(n);
         let dys: Vec<Option<&[f32]>> = n.outputs.iter().map(|&v| grads.get(v)).collect();
         // Every rank of the group runs the exchanges, whatever gradients reached it.
         let input_grads = recurrent::backward_shared(r, &inputs, &dys, &mut self.gate_group(l, k))?;
