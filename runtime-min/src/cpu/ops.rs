@@ -3,9 +3,8 @@
 //! never from the verifier's shapes — so that a rank computing its slice of a layer (fewer
 //! samples, fewer channels) runs the same code.
 //!
-//! Elementwise functions live in [`super::elementwise`]; convolution and pooling run on
-//! 1-d and 2-d windows (1-d as 2-d with unit height, [`super::window`]) and 3-d ones
-//! ([`super::volume`]).
+//! Elementwise functions live in `elementwise.rs`; convolution and pooling run on 1-d and
+//! 2-d windows (1-d as 2-d with unit height, `window.rs`) and 3-d ones (`volume.rs`).
 
 use ralpc_ir::{DType, Gemm, Op, PadMode};
 

@@ -6,7 +6,7 @@
 //! views (Reshape, Flatten, Squeeze, Identity…) share their input's buffer and integer
 //! shape arithmetic never reaches the device. Operators without a device lowering yet are
 //! refused with an error naming the node. The training loop, data-parallel replicas and
-//! per-node profiling around this runner are [`super::replicas`]'s.
+//! per-node profiling around this runner are `replicas.rs`'s.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
