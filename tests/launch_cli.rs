@@ -49,6 +49,63 @@ fn processes_train_exactly_like_threads() {
     assert_eq!(losses(out), losses(&threads.get_output().stdout));
 }
 
+/// Collectives inside a layer's passes cross processes too: an LSTM split by its gates
+/// (its state all-reduced every step) and synchronized batch normalization (statistics
+/// summed over the data-parallel ranks).
+#[test]
+fn collectives_inside_layers_run_across_processes_as_across_threads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("gates.json");
+    std::fs::write(
+        &strategy,
+        r#"{"format": "ralpc-strategy/1", "microbatches": 1, "schedule": "1f1b",
+            "stages": [{"first_layer": "lstm", "last_layer": "fc", "replicas": 4}],
+            "layers": [{"name": "lstm", "split": {"sample": 2, "attribute": 1, "parameter": 2}}]}"#,
+    )
+    .expect("strategy written");
+    let cases = [
+        (
+            "lstm",
+            "train/lstm.onnx",
+            vec!["--strategy-file".to_owned(), strategy.display().to_string()],
+        ),
+        (
+            "densenet",
+            "train/densenet.onnx",
+            ["--strategy", "dp", "--tolerance", "inf"]
+                .map(String::from)
+                .to_vec(),
+        ),
+    ];
+    for (name, model, args) in cases {
+        let plan = dir.path().join(name);
+        ralpc()
+            .arg(common::fixture(model))
+            .args(["--gpus", "4", "--batch", "8"])
+            .args(&args)
+            .args(["--quiet", "-o"])
+            .arg(&plan)
+            .assert()
+            .success();
+        let threads = ralpc()
+            .arg("run")
+            .arg(&plan)
+            .args(["--steps", "2", "--json"])
+            .assert()
+            .success();
+        let processes = ralpc()
+            .arg("launch")
+            .arg(&plan)
+            .args(["--steps", "2", "--json"])
+            .assert()
+            .success();
+        let out = &processes.get_output().stdout;
+        let json: serde_json::Value = serde_json::from_slice(out).expect("only rank 0 prints");
+        assert_eq!(json["processes"], 4, "{name}");
+        assert_eq!(losses(out), losses(&threads.get_output().stdout), "{name}");
+    }
+}
+
 /// Plans the MLP fixture for two data-parallel ranks into `dir`.
 fn two_rank_plan(dir: &Path) -> std::path::PathBuf {
     let plan = dir.join("mlp");
