@@ -38,6 +38,11 @@ pub struct PlanArgs {
     /// on axis 1, where the model's batch symbol is; repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
+    /// The value of one input, which becomes a constant of the model, e.g. `sr=16000` for a
+    /// voice-activity model's sample rate: what depends on it folds, and an `If` on it keeps
+    /// the branch taken (repeatable; elements comma-separated, row-major).
+    #[arg(long = "value", value_name = "NAME=V0,V1,...", value_parser = parse_input_value)]
+    pub values: Vec<(String, Vec<f64>)>,
     /// Pipeline microbatches (default: searched over powers of two dividing the batch).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub microbatches: Option<u32>,
@@ -182,6 +187,7 @@ impl PlanArgs {
             },
             batch: args.batch,
             inputs: args.inputs.iter().cloned().collect(),
+            values: args.values.iter().cloned().collect(),
             microbatches: args.microbatches,
             family: Family::parse(&args.strategy),
             schedule: args.schedule.as_deref().and_then(Schedule::parse),
@@ -253,4 +259,22 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((name.to_owned(), dims))
+}
+
+/// Parses `NAME=V0,V1,...` for `--value`.
+pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), String> {
+    let (name, values) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=V0,V1,..., got '{s}'"))?;
+    if name.is_empty() {
+        return Err("the input name is empty".into());
+    }
+    let values = values
+        .split(',')
+        .map(|v| match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() => Ok(x),
+            _ => Err(format!("'{v}' is not a finite number")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_owned(), values))
 }

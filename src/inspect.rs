@@ -17,6 +17,8 @@ pub struct InspectOptions {
     pub batch: Option<u64>,
     /// Full shapes for named inputs.
     pub inputs: BTreeMap<String, Vec<u64>>,
+    /// Values for named inputs (`--value`), which become constants of the model.
+    pub values: BTreeMap<String, Vec<f64>>,
 }
 
 /// One layer's row.
@@ -87,6 +89,7 @@ fn sizes(dims: &[Dim]) -> Vec<u64> {
 /// naming the node, attribute or input at fault.
 pub fn inspect(options: &InspectOptions) -> Result<Inspection, Error> {
     let mut model = onnx::import(&options.model)?;
+    ralpc_ir::bind_values(&mut model.graph, &options.values)?;
     // Unless told, the model is shown as exported: at its own fixed batch, if it has one.
     let batch = match options.batch {
         Some(b) => Some(b),

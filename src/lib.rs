@@ -12,7 +12,7 @@
 //! let options = ralpc::InspectOptions {
 //!     model: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/onnx/resnet50/model.onnx"),
 //!     batch: Some(1),
-//!     inputs: Default::default(),
+//!     ..Default::default()
 //! };
 //! let report = ralpc::inspect(&options)?;
 //! assert_eq!(report.params, 25_507_944); // the file's float initializers (BatchNorm folded by the exporter)

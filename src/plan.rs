@@ -77,6 +77,9 @@ pub struct PlanOptions {
     /// Full shapes of named inputs (`--input`), batch included: a sequence length, an
     /// image size; the rest keep the model's own.
     pub inputs: std::collections::BTreeMap<String, Vec<u64>>,
+    /// Values of named inputs (`--value`): constants of the model from then on (a sample
+    /// rate its branches depend on).
+    pub values: std::collections::BTreeMap<String, Vec<f64>>,
 }
 
 /// A stage of the chosen plan.
@@ -505,6 +508,7 @@ fn load_model(
     model: &Path,
     batch: Option<u64>,
     inputs: &std::collections::BTreeMap<String, Vec<u64>>,
+    values: &std::collections::BTreeMap<String, Vec<f64>>,
 ) -> Result<Model, Error> {
     let is_onnx = model
         .extension()
@@ -516,10 +520,10 @@ fn load_model(
         if let Ok(text) = read_input_text(model, InputKind::Text) {
             match profile::parse_model(&text, &model.display().to_string(), batch) {
                 Ok(graph) => {
-                    if !inputs.is_empty() {
+                    if !inputs.is_empty() || !values.is_empty() {
                         return Err(request_error(format!(
                             "{} is a planner's profile: its layers were measured at their own \
-                             input shapes, which --input cannot change",
+                             input shapes and values, which --input and --value cannot change",
                             model.display()
                         )));
                     }
@@ -543,6 +547,7 @@ fn load_model(
         }
         (Err(e), None) => return Err(e.into()),
     };
+    ralpc_ir::bind_values(&mut imported.graph, values)?;
     let batch = match (batch, input_batch(&imported.graph, inputs)?) {
         (Some(b), Some((name, given))) if b != given => {
             return Err(request_error(format!(
@@ -690,7 +695,12 @@ fn check_memory_limit(limit: Option<u64>, cluster: &Cluster, gpus: u32) -> Resul
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let model = load_model(&options.model, options.batch, &options.inputs)?;
+    let model = load_model(
+        &options.model,
+        options.batch,
+        &options.inputs,
+        &options.values,
+    )?;
     let mut warnings = model.warnings();
     let mut out = plan_model(options, model, started)?;
     warnings.extend(warnings::warnings(&out.report, options));
@@ -701,7 +711,12 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
 /// [`plan`] without its warnings.
 fn plan_as_asked(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let model = load_model(&options.model, options.batch, &options.inputs)?;
+    let model = load_model(
+        &options.model,
+        options.batch,
+        &options.inputs,
+        &options.values,
+    )?;
     plan_model(options, model, started)
 }
 
@@ -799,6 +814,7 @@ fn executable(
         blake3: ralpc_codegen::model_hash(&bytes),
         layers: graph.layers.len() as u32,
         inputs: options.inputs.clone(),
+        values: options.values.clone(),
     };
     let plan =
         ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;

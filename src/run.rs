@@ -209,8 +209,10 @@ fn bind_model(
     model: &Path,
     batch: u64,
     shapes: &BTreeMap<String, Vec<u64>>,
+    values: &BTreeMap<String, Vec<f64>>,
 ) -> Result<Bound, Error> {
-    let unbound = onnx::import(model)?.graph;
+    let mut unbound = onnx::import(model)?.graph;
+    ralpc_ir::bind_values(&mut unbound, values)?;
     let (graph, info) = at_batch(&unbound, batch, shapes)?;
     check_input_size(&graph, &info, batch)?;
     Ok(Bound {
@@ -223,10 +225,10 @@ fn bind_model(
 fn prepare(
     model: &Path,
     batch: u64,
-    shapes: &BTreeMap<String, Vec<u64>>,
+    (shapes, values): (&BTreeMap<String, Vec<u64>>, &BTreeMap<String, Vec<f64>>),
     options: &RunOptions,
 ) -> Result<Prepared, Error> {
-    load(bind_model(model, batch, shapes)?, options)
+    load(bind_model(model, batch, shapes, values)?, options)
 }
 
 /// Its weights and data.
@@ -516,7 +518,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
     }
     libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
     let shapes = &plan.model.inputs;
-    let p = prepare(model, plan.batch, shapes, options)?;
+    let p = prepare(model, plan.batch, (shapes, &plan.model.values), options)?;
     let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64, shapes)?;
     let train = options.train();
     let open = |ordinal: usize| {
@@ -623,7 +625,7 @@ pub fn train_single_device(
     batch: u64,
     options: &RunOptions,
 ) -> Result<TrainReport, Error> {
-    let p = prepare(model, batch, &BTreeMap::new(), options)?;
+    let p = prepare(model, batch, (&BTreeMap::new(), &BTreeMap::new()), options)?;
     train::train_reference(&p.graph, &p.info, &p.weights, &p.data, &options.train())
         .map_err(run_error)
 }
@@ -662,7 +664,7 @@ fn run_with(
         .map_err(|e| Error::PlanFile(Box::new(format!("{}: {e}", plan_file.display()))))?;
     check_fault(&plan, options.fault)?;
     let shapes = &plan.model.inputs;
-    let bound = bind_model(&model, plan.batch, shapes)?;
+    let bound = bind_model(&model, plan.batch, shapes, &plan.model.values)?;
     let layer_graph: LayerGraph =
         layers::build(&bound.graph, &bound.info, plan.batch, Default::default())
             .map_err(|e| Error::Layers(Box::new(e)))?;

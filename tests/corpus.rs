@@ -17,6 +17,8 @@ struct Entry {
     licence: String,
     /// `--input` shapes.
     inputs: BTreeMap<String, Vec<u64>>,
+    /// `--value` values.
+    values: BTreeMap<String, Vec<f64>>,
 }
 
 fn entries() -> Vec<Entry> {
@@ -38,6 +40,20 @@ fn entries() -> Vec<Entry> {
                         .map(|(k, v)| {
                             let dims = v.as_array().expect("dims");
                             (k.clone(), dims.iter().filter_map(|d| d.as_u64()).collect())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            values: e["values"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| {
+                            let elements = v.as_array().expect("values");
+                            (
+                                k.clone(),
+                                elements.iter().filter_map(|x| x.as_f64()).collect(),
+                            )
                         })
                         .collect()
                 })
@@ -158,6 +174,10 @@ fn the_corpus_imports_plans_and_trains_as_the_support_matrix_says() {
             let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
             shapes.extend(["--input".into(), format!("{name}={}", dims.join(","))]);
         }
+        for (name, elements) in &e.values {
+            let elements: Vec<String> = elements.iter().map(f64::to_string).collect();
+            shapes.extend(["--value".into(), format!("{name}={}", elements.join(","))]);
+        }
         let shapes: Vec<&str> = shapes.iter().map(String::as_str).collect();
         let batch = e
             .inputs
@@ -193,17 +213,18 @@ fn the_corpus_imports_plans_and_trains_as_the_support_matrix_says() {
             counts[k] += usize::from(matches!(step, Some(Ok(()))));
         }
         eprintln!("{:24} {:6.1} s", e.case, started.elapsed().as_secs_f64());
-        let shape_text = if e.inputs.is_empty() {
+        let shape_text = if e.inputs.is_empty() && e.values.is_empty() {
             "as exported".to_string()
         } else {
-            e.inputs
-                .iter()
-                .map(|(n, d)| {
-                    let d: Vec<String> = d.iter().map(u64::to_string).collect();
-                    format!("{n}={}", d.join("×"))
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
+            let shapes = e.inputs.iter().map(|(n, d)| {
+                let d: Vec<String> = d.iter().map(u64::to_string).collect();
+                format!("{n}={}", d.join("×"))
+            });
+            let values = e.values.iter().map(|(n, v)| {
+                let v: Vec<String> = v.iter().map(f64::to_string).collect();
+                format!("value {n}={}", v.join(","))
+            });
+            shapes.chain(values).collect::<Vec<_>>().join(" ")
         };
         rows.push(format!(
             "| {} | {} | {} ({}) | {} | {} | {} | {} |",

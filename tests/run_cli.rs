@@ -156,3 +156,45 @@ fn a_plan_for_another_model_or_a_broken_plan_is_refused() {
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
     assert!(stderr.starts_with("error: cannot use the plan"), "{stderr}");
 }
+
+/// `--value` makes an input a constant: an `If` on it keeps the branch it takes (without a
+/// value the model is refused, the error suggesting `--value`), and the plan records the
+/// value, so that `ralpc run` binds the same model.
+#[test]
+fn a_given_input_value_picks_a_branch_and_the_plan_keeps_it() {
+    let cwd = common::workdir();
+    let model = "fixtures/bad/if_on_input_value.onnx";
+    let refused = ralpc(&cwd)
+        .args(["inspect", model, "--batch", "4"])
+        .assert()
+        .failure();
+    let stderr = String::from_utf8_lossy(&refused.get_output().stderr).into_owned();
+    assert!(stderr.contains("--value use_relu=…"), "{stderr}");
+    for (value, branch) in [("1", "Relu"), ("0", "Sigmoid")] {
+        let shown = ralpc(&cwd)
+            .args(["inspect", model, "--batch", "4", "--value"])
+            .arg(format!("use_relu={value}"))
+            .assert()
+            .success();
+        let table = String::from_utf8_lossy(&shown.get_output().stdout).into_owned();
+        assert!(table.contains(branch), "use_relu={value}: {table}");
+    }
+    ralpc(&cwd)
+        .args([
+            "fixtures/train/recurrent.onnx",
+            "--gpus",
+            "2",
+            "--batch",
+            "4",
+        ])
+        .args(["--value", "sr=16000", "--quiet", "-o", "run-valued.ralpc"])
+        .assert()
+        .success();
+    let plan = std::fs::read_to_string(cwd.join("run-valued.ralpc/plan.json")).expect("plan");
+    let plan: serde_json::Value = serde_json::from_str(&plan).expect("JSON");
+    assert_eq!(plan["model"]["values"]["sr"], serde_json::json!([16000.0]));
+    ralpc(&cwd)
+        .args(["run", "run-valued.ralpc", "--steps", "2"])
+        .assert()
+        .success();
+}

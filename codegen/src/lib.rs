@@ -34,6 +34,7 @@
 //!     blake3: ralpc_codegen::model_hash(b"the model's bytes"),
 //!     layers: layers.layers.len() as u32,
 //!     inputs: Default::default(),
+//!     values: Default::default(),
 //! };
 //! let plan = ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)?;
 //! assert_eq!(plan.programs.len(), 8, "one program per GPU");

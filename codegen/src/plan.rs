@@ -71,7 +71,7 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "ralpc-plan/2";
 
 /// The model a plan was made for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelRef {
     /// Its file name.
@@ -88,6 +88,9 @@ pub struct ModelRef {
     /// are not the model's own.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, Vec<u64>>,
+    /// The inputs it was planned with a value for (`--value`): constants of the model.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, Vec<f64>>,
 }
 
 /// One instruction.

@@ -27,6 +27,7 @@ fn lowered(graph: &LayerGraph, cluster: &Cluster, gpus: u32, strategy: &Strategy
         blake3: model_hash(b"golden"),
         layers: graph.layers.len() as u32,
         inputs: Default::default(),
+        values: Default::default(),
         path: None,
     };
     let plan = lower(&costs, strategy, model).unwrap();

@@ -15,6 +15,7 @@ fn model(graph: &LayerGraph) -> ModelRef {
         blake3: model_hash(b"synthetic"),
         layers: graph.layers.len() as u32,
         inputs: Default::default(),
+        values: Default::default(),
         path: None,
     }
 }

@@ -66,6 +66,92 @@ pub enum BindError {
         /// The value.
         value: u64,
     },
+    /// `--value` cannot be the input's value.
+    #[error("--value {name}: {why}")]
+    Value {
+        /// The input.
+        name: String,
+        /// Why not.
+        why: String,
+    },
+}
+
+/// Makes each named input of `values` a constant of the given elements (`--value sr=16000`:
+/// a voice-activity model's sample rate), so that what depends on it folds before planning
+/// (an `If` on it keeps the branch taken). The input must have a fixed shape that holds
+/// that many elements; integers must be whole numbers, booleans 0 or 1. Run before
+/// [`bind`], which inlines the branches.
+///
+/// # Errors
+/// An unknown input, one whose shape is not fixed or holds another number of elements, or
+/// an element its type cannot hold.
+pub fn bind_values(
+    graph: &mut Graph,
+    values: &BTreeMap<String, Vec<f64>>,
+) -> Result<(), BindError> {
+    use crate::dtype::DType;
+    let inputs = graph.inputs();
+    for (name, elements) in values {
+        let error = |why: String| BindError::Value {
+            name: name.clone(),
+            why,
+        };
+        let Some(&v) = inputs.iter().find(|&&v| graph.value(v).name == *name) else {
+            let available = inputs
+                .iter()
+                .map(|&v| graph.value(v).name.clone())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(BindError::UnknownInput {
+                name: name.clone(),
+                available,
+            });
+        };
+        let declared = graph.value(v).declared.clone();
+        let dtype = declared.as_ref().map_or(DType::F32, |t| t.dtype);
+        let dims: Vec<u64> = declared
+            .as_ref()
+            .and_then(|t| t.shape.as_ref())
+            .and_then(Shape::as_sizes)
+            .ok_or_else(|| error("its shape is not fixed".into()))?;
+        let count: u64 = dims.iter().product();
+        if count != elements.len() as u64 {
+            return Err(error(format!(
+                "its shape {dims:?} holds {count} element(s), {} given",
+                elements.len()
+            )));
+        }
+        let whole = |x: f64, lo: f64, hi: f64| {
+            (x.fract() == 0.0 && x >= lo && x <= hi)
+                .then_some(x)
+                .ok_or_else(|| {
+                    error(format!(
+                        "{x} is not a {dtype} value (a whole number in its range)"
+                    ))
+                })
+        };
+        let mut bytes = Vec::new();
+        for &x in elements {
+            match dtype {
+                DType::F32 => bytes.extend((x as f32).to_le_bytes()),
+                DType::F64 => bytes.extend(x.to_le_bytes()),
+                DType::I64 => bytes.extend((whole(x, -9.0e15, 9.0e15)? as i64).to_le_bytes()),
+                DType::I32 => bytes.extend((whole(x, -2.0e9, 2.0e9)? as i32).to_le_bytes()),
+                DType::Bool => bytes.push(whole(x, 0.0, 1.0)? as u8),
+                other => return Err(error(format!("inputs of type {other} take no --value"))),
+            }
+        }
+        let node = graph.value(v).producer;
+        graph.node_mut(node).op = crate::op::Op::Constant {
+            tensor: std::sync::Arc::new(crate::tensor::TensorData {
+                dtype,
+                dims,
+                storage: crate::tensor::Storage::Inline(std::sync::Arc::new(bytes)),
+            }),
+            initializer: false,
+        };
+    }
+    Ok(())
 }
 
 fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
@@ -371,6 +457,35 @@ mod tests {
         // An image of any width at a fixed batch of 1: the width is no batch.
         let g = inputs(&[("image", &["1", "1", "64", "width"])]);
         assert_eq!(axes(&g), [("image", 0)]);
+    }
+
+    #[test]
+    fn a_value_makes_an_input_a_constant_of_its_type() {
+        let mut g = inputs(&[("x", &["batch", "4"]), ("sr", &[])]);
+        let sr = g.inputs()[1];
+        g.value_mut(sr).declared.as_mut().expect("declared").dtype = DType::I64;
+        let values = |name: &str, v: &[f64]| BTreeMap::from([(name.to_owned(), v.to_vec())]);
+        let why = |g: &mut Graph, name, v: &[f64]| match bind_values(g, &values(name, v)) {
+            Err(BindError::Value { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            why(&mut g.clone(), "sr", &[1.5]),
+            "1.5 is not a i64 value (a whole number in its range)"
+        );
+        assert!(why(&mut g.clone(), "sr", &[1.0, 2.0]).contains("holds 1 element(s), 2 given"));
+        assert_eq!(why(&mut g.clone(), "x", &[1.0]), "its shape is not fixed");
+        assert!(matches!(
+            bind_values(&mut g.clone(), &values("rate", &[1.0])),
+            Err(BindError::UnknownInput { .. })
+        ));
+        bind_values(&mut g, &values("sr", &[16000.0])).expect("binds");
+        assert_eq!(g.inputs().len(), 1, "sr is no input any more");
+        let Op::Constant { tensor, .. } = &g.node(g.value(sr).producer).op else {
+            panic!("sr is not a constant");
+        };
+        assert_eq!(tensor.dtype, DType::I64);
+        assert_eq!(tensor.to_f64s().expect("readable"), [16000.0]);
     }
 
     #[test]

@@ -61,7 +61,7 @@ mod tensor;
 pub mod text;
 mod verify;
 
-pub use bind::{bind, BindError, Bindings};
+pub use bind::{bind, bind_values, BindError, Bindings};
 pub use count::{account, flops_per_element, is_parameter, AccountError, Accounting, LayerStats};
 pub use dtype::DType;
 pub use error::{Diagnostic, ImportError, Problem};

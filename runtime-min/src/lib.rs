@@ -32,7 +32,8 @@
 //! let costs = Costs::new(&layers, &cluster, 8, CostOptions::default());
 //! let planned = plan::plan(&costs, &Request::default())?;
 //! # let model = ralpc_runtime_min::codegen::ModelRef { name: "vgg16".into(), path: None,
-//! #     blake3: String::new(), layers: layers.layers.len() as u32, inputs: Default::default() };
+//! #     blake3: String::new(), layers: layers.layers.len() as u32, inputs: Default::default(),
+//! #     values: Default::default() };
 //! let plan = ralpc_runtime_min::codegen::lower(&costs, &planned.chosen.strategy, model)?;
 //! let simulated = ralpc_runtime_min::simulate(&plan)?;
 //! // The simulator agrees with the planner's prediction.

@@ -23,6 +23,10 @@ pub struct Args {
     /// Full shape of one input, e.g. `images=1,3,800,1333` (repeatable).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
+    /// The value of one input, which becomes a constant of the model (`sr=16000`: what
+    /// depends on it folds; repeatable).
+    #[arg(long = "value", value_name = "NAME=V0,V1,...", value_parser = super::parse_input_value)]
+    pub values: Vec<(String, Vec<f64>)>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -33,6 +37,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         model: args.model.clone(),
         batch: args.batch,
         inputs: args.inputs.iter().cloned().collect(),
+        values: args.values.iter().cloned().collect(),
     };
     let report = ralpc::inspect(&options)?;
     if !args.json {

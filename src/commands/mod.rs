@@ -112,4 +112,4 @@ pub fn print_stdout(text: &str) {
     }
 }
 
-pub use ralpc::args::{parse_input_shape, parse_positive, parse_tolerance};
+pub use ralpc::args::{parse_input_shape, parse_input_value, parse_positive, parse_tolerance};

@@ -273,12 +273,17 @@ fn constant_detail(graph: &Graph, v: Option<crate::ids::ValueId>) -> String {
                 String::new()
             } else {
                 format!(
-                    "; it depends on the value of {}, known only at run time",
+                    "; it depends on the value of {}, known only at run time (unless given: {})",
                     inputs
                         .iter()
                         .map(|i| format!("input '{i}'"))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    inputs
+                        .iter()
+                        .map(|i| format!("--value {i}=…"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 )
             }
         }
