@@ -222,10 +222,16 @@ fn bind_model(
     })
 }
 
+/// The input shapes and values a plan was made at.
+type Given<'a> = (
+    &'a BTreeMap<String, Vec<u64>>,
+    &'a BTreeMap<String, Vec<f64>>,
+);
+
 fn prepare(
     model: &Path,
     batch: u64,
-    (shapes, values): (&BTreeMap<String, Vec<u64>>, &BTreeMap<String, Vec<f64>>),
+    (shapes, values): Given<'_>,
     options: &RunOptions,
 ) -> Result<Prepared, Error> {
     load(bind_model(model, batch, shapes, values)?, options)
