@@ -171,7 +171,8 @@ fn size(what: impl Into<String>, v: u64) -> Result<Dim, BindError> {
 /// symbol on axis 1 of any input: sequence-first inputs at a fixed length). An input
 /// holding that symbol on another axis holds the batch there (a recurrent state
 /// `[directions, batch, hidden]`); one whose axis 0 is a symbol of its own holds it on axis 0
-/// (an unnamed dynamic dimension gets a symbol per input); one of fixed sizes beside a
+/// (an unnamed dynamic dimension gets a symbol per input, and a state `[k, ?, …]` whose only
+/// dynamic dimension is unnamed holds it on axis 1); one of fixed sizes beside a
 /// symbolic batch has none (a table every sample shares). In an export at a fixed batch
 /// (its other sizes fixed or not: an image of any width) the batch is the first input's axis 0, and each input holds it on its first axis of that
 /// size. Scalars have no batch axis.
@@ -205,13 +206,26 @@ pub fn batch_axes(graph: &Graph) -> BTreeMap<String, usize> {
                 (Some(batch), _) => dims
                     .iter()
                     .position(|d| d.as_symbol() == Some(batch.as_str()))
-                    .or_else(|| dims[0].as_symbol().map(|_| 0)),
+                    .or_else(|| dims[0].as_symbol().map(|_| 0))
+                    .or_else(|| unnamed_state_axis(name, dims)),
                 (None, Some(b)) => dims.iter().position(|d| d.as_known() == Some(b)),
                 (None, None) => None,
             };
             Some((name.clone(), axis?))
         })
         .collect()
+}
+
+/// Axis 1 of an input `[k, ?, …]` whose only dynamic dimension is that unnamed one
+/// (`<input>_dim1`): a recurrent state `[directions, batch, hidden]` in an export that
+/// names no dimension, where every input's batch has a symbol of its own.
+fn unnamed_state_axis(name: &str, dims: &[Dim]) -> Option<usize> {
+    let own = format!("{name}_dim1");
+    let state = dims.len() >= 3
+        && dims[0].as_known().is_some()
+        && dims[1].as_symbol() == Some(own.as_str())
+        && dims[2..].iter().all(|d| d.as_known().is_some());
+    state.then_some(1)
 }
 
 /// `shapes` (full shapes of named inputs) with the batch axis of each set to `batch`.
@@ -445,9 +459,16 @@ mod tests {
         // A fixed-size table beside a symbolic batch is every sample's.
         let g = inputs(&[("x", &["n", "16"]), ("table", &["4", "16"])]);
         assert_eq!(axes(&g), [("x", 0)]);
-        // Unnamed dynamic dimensions get a symbol per input: each on its axis 0.
+        // Unnamed dynamic dimensions get a symbol per input: each on its axis 0, and a
+        // state's on axis 1 (silero VAD's first export names no dimension).
         let g = inputs(&[("a", &["a_dim0", "3"]), ("b", &["b_dim0", "5"])]);
         assert_eq!(axes(&g), [("a", 0), ("b", 0)]);
+        let g = inputs(&[
+            ("input", &["input_dim0", "input_dim1"]),
+            ("state", &["2", "state_dim1", "128"]),
+            ("sr", &[]),
+        ]);
+        assert_eq!(axes(&g), [("input", 0), ("state", 1)]);
         // A fixed-size export: the first input's axis 0, wherever each input has that size.
         let g = inputs(&[("x", &["1", "512"]), ("h", &["2", "1", "64"])]);
         assert_eq!(axes(&g), [("h", 1), ("x", 0)]);
