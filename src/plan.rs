@@ -695,12 +695,7 @@ fn check_memory_limit(limit: Option<u64>, cluster: &Cluster, gpus: u32) -> Resul
 /// in memory, or a GPU-time budget no plan meets.
 pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let model = load_model(
-        &options.model,
-        options.batch,
-        &options.inputs,
-        &options.values,
-    )?;
+    let model = model_of(options)?;
     let mut warnings = model.warnings();
     let mut out = plan_model(options, model, started)?;
     warnings.extend(warnings::warnings(&out.report, options));
@@ -711,13 +706,17 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
 /// [`plan`] without its warnings.
 fn plan_as_asked(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let started = Instant::now();
-    let model = load_model(
+    plan_model(options, model_of(options)?, started)
+}
+
+/// The model `options` ask for, bound at their batch, shapes and values.
+fn model_of(options: &PlanOptions) -> Result<Model, Error> {
+    load_model(
         &options.model,
         options.batch,
         &options.inputs,
         &options.values,
-    )?;
-    plan_model(options, model, started)
+    )
 }
 
 /// [`plan`] of the loaded `model` without its warnings.
