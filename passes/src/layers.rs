@@ -16,7 +16,9 @@
 
 use std::collections::BTreeMap;
 
-use ralpc_ir::{account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
+use ralpc_ir::{
+    account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, Recurrent, ValueId,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Window;
@@ -607,12 +609,7 @@ fn assemble(
                         | Op::Unsqueeze { .. }
                 ) && !facts.derived[node.outputs[0].index()],
                 steps: match &node.op {
-                    Op::Recurrent(r) => {
-                        let x = node.inputs.first().copied().flatten();
-                        let axis = usize::from(r.batch_major);
-                        let seq = x.and_then(|x| info.ty(x).shape.0.get(axis)?.as_size());
-                        2 * seq.unwrap_or(1)
-                    }
+                    Op::Recurrent(r) => 2 * time_and_batch(graph, info, m, r).map_or(1, |(t, _)| t),
                     _ => 1,
                 },
             });
@@ -739,13 +736,9 @@ fn recurrence(graph: &Graph, info: &GraphInfo, node: NodeId) -> Option<Recurrenc
     let Op::Recurrent(r) = &graph.node(node).op else {
         return None;
     };
-    let x = graph.node(node).inputs.first().copied().flatten()?;
-    let x = info.ty(x);
-    let dims = x.shape.as_sizes()?;
-    let (seq, batch) = match (r.batch_major, &dims[..]) {
-        (false, &[seq, batch, _]) | (true, &[batch, seq, _]) => (seq, batch),
-        _ => return None,
-    };
+    let (seq, batch) = time_and_batch(graph, info, node, r)?;
+    let element = graph.node(node).inputs.first().copied().flatten();
+    let element = element.map_or(4, |x| info.ty(x).dtype.size_bytes());
     let reset_first = matches!(
         r.cell,
         ralpc_ir::Cell::Gru {
@@ -754,11 +747,24 @@ fn recurrence(graph: &Graph, info: &GraphInfo, node: NodeId) -> Option<Recurrenc
     );
     Some(Recurrence {
         steps: seq.saturating_mul(r.direction.count()),
-        state_bytes: batch
-            .saturating_mul(r.hidden)
-            .saturating_mul(x.dtype.size_bytes()),
+        state_bytes: batch.saturating_mul(r.hidden).saturating_mul(element),
         exchanges: 1 + u64::from(reset_first),
     })
+}
+
+/// Time steps and samples of recurrent op `node`'s input X (`[seq, batch, input]`, or
+/// batch first with `layout = 1`), when its shape is known.
+fn time_and_batch(
+    graph: &Graph,
+    info: &GraphInfo,
+    node: NodeId,
+    r: &Recurrent,
+) -> Option<(u64, u64)> {
+    let x = graph.node(node).inputs.first().copied().flatten()?;
+    match (r.batch_major, &info.ty(x).shape.as_sizes()?[..]) {
+        (false, &[seq, batch, _]) | (true, &[batch, seq, _]) => Some((seq, batch)),
+        _ => None,
+    }
 }
 
 /// Whether a node of `members` reading `v` needs it for its backward pass: sums and shape
