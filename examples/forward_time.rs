@@ -12,6 +12,8 @@ use ralpc::runtime::cpu::ops::{Env, Mode};
 use ralpc::runtime::cpu::train::{Dataset, Loss};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As `ralpc` does, so the times are what `ralpc run` sees.
+    ralpc::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let model = args
         .first()

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    ralpc::keep_freed_memory();
     let cli = cli::Cli::parse_from(cli::expand_shorthand(std::env::args_os().collect()));
     let json = cli.command.json();
     let result = match cli.command {

@@ -184,11 +184,17 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
             Tensor::i64(shape, out)
         }
         (Data::F32(a), Data::F32(c), _) => {
-            let f = |p: f32, q: f32| binary_value(b, p, q);
-            Tensor::f32(
-                shape.clone(),
-                float_binary(a, &x.shape, c, &y.shape, &shape, f),
-            )
+            let (xs, ys) = (&x.shape[..], &y.shape[..]);
+            // The arithmetic of every layer as loops of their own (one closure type each),
+            // which the compiler vectorizes; the rest through `binary_value`.
+            let out = match b {
+                Binary::Add => float_binary(a, xs, c, ys, &shape, |p, q| p + q),
+                Binary::Sub => float_binary(a, xs, c, ys, &shape, |p, q| p - q),
+                Binary::Mul => float_binary(a, xs, c, ys, &shape, |p, q| p * q),
+                Binary::Div => float_binary(a, xs, c, ys, &shape, |p, q| p / q),
+                _ => float_binary(a, xs, c, ys, &shape, |p, q| binary_value(b, p, q)),
+            };
+            Tensor::f32(shape.clone(), out)
         }
         _ => {
             // A float base with an integer exponent (Pow), or mixed types.
@@ -206,8 +212,10 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
     })
 }
 
-/// `f` over two float tensors broadcast to `shape`, with the common layouts — equal
-/// shapes, a scalar, a trailing-axes operand (a bias) — as straight loops.
+/// `f` over two float tensors broadcast to `shape`. The output is computed a row at a
+/// time: a trailing-axes operand (a bias) is one row read again for every row, a scalar is
+/// one value, an operand of the output's shape is read along; any other broadcast is first
+/// copied to the output's shape. Large outputs run as blocks of rows in parallel.
 pub(crate) fn float_binary(
     a: &[f32],
     ashape: &[usize],
@@ -216,40 +224,88 @@ pub(crate) fn float_binary(
     shape: &[usize],
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) -> Vec<f32> {
+    use rayon::prelude::*;
     let n = t::numel(shape);
-    if ashape == shape && cshape == shape {
-        return a.iter().zip(c).map(|(&p, &q)| f(p, q)).collect();
+    if n == 0 {
+        return Vec::new();
     }
-    if ashape == shape && c.len() == 1 {
-        return a.iter().map(|&p| f(p, c[0])).collect();
-    }
-    if cshape == shape && a.len() == 1 {
-        return c.iter().map(|&q| f(a[0], q)).collect();
-    }
-    // One operand repeats along leading axes: the other's innermost block.
+    // An operand that repeats along leading axes: the output's innermost block.
     let tail = |small: &[usize]| {
         let lead = shape.len() - small.len();
         small.iter().all(|&d| d != 1) && shape[lead..] == *small
     };
-    if ashape == shape && tail(cshape) && !c.is_empty() {
-        return a
-            .chunks(c.len())
-            .flat_map(|row| row.iter().zip(c).map(|(&p, &q)| f(p, q)))
-            .collect();
-    }
-    if cshape == shape && tail(ashape) && !a.is_empty() {
-        return c
-            .chunks(a.len())
-            .flat_map(|row| a.iter().zip(row).map(|(&p, &q)| f(p, q)))
-            .collect();
-    }
-    let mut out = Vec::with_capacity(n);
-    out.extend(
-        t::broadcast(ashape, shape)
-            .zip(t::broadcast(cshape, shape))
-            .map(|(i, j)| f(a[i], c[j])),
+    let (a, c) = (
+        Operand::of(a, ashape, shape, tail(ashape)),
+        Operand::of(c, cshape, shape, tail(cshape)),
     );
+    let width = match (&a, &c) {
+        (Operand::Repeat(v), _) | (_, Operand::Repeat(v)) => v.len(),
+        _ => n.min(1 << 12),
+    };
+    let row = |i: usize, out: &mut [f32]| {
+        let at = i * width;
+        match (a.row(at, out.len()), c.row(at, out.len())) {
+            (Ok(p), Ok(q)) => {
+                for ((o, &p), &q) in out.iter_mut().zip(p).zip(q) {
+                    *o = f(p, q);
+                }
+            }
+            (Ok(p), Err(q)) => out.iter_mut().zip(p).for_each(|(o, &p)| *o = f(p, q)),
+            (Err(p), Ok(q)) => out.iter_mut().zip(q).for_each(|(o, &q)| *o = f(p, q)),
+            (Err(p), Err(q)) => out.fill(f(p, q)),
+        }
+    };
+    let mut out = vec![0.0; n];
+    // Below ~64 K elements a parallel block costs more to schedule than to compute.
+    if n < 1 << 16 {
+        out.chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, o)| row(i, o));
+    } else {
+        let rows = (1usize << 14).div_ceil(width);
+        out.par_chunks_mut(rows * width)
+            .enumerate()
+            .for_each(|(b, block)| {
+                for (i, o) in block.chunks_mut(width).enumerate() {
+                    row(b * rows + i, o);
+                }
+            });
+    }
     out
+}
+
+/// How one operand of [`float_binary`] is read.
+enum Operand<'a> {
+    /// Element `i` of the output reads element `i`.
+    Along(std::borrow::Cow<'a, [f32]>),
+    /// Every row of the output reads these.
+    Repeat(&'a [f32]),
+    /// One value for all.
+    Scalar(f32),
+}
+
+impl<'a> Operand<'a> {
+    fn of(v: &'a [f32], vshape: &[usize], shape: &[usize], tail: bool) -> Operand<'a> {
+        if v.len() == 1 {
+            Operand::Scalar(v[0])
+        } else if vshape == shape {
+            Operand::Along(v.into())
+        } else if tail {
+            Operand::Repeat(v)
+        } else {
+            Operand::Along(t::broadcast(vshape, shape).copy(v).into())
+        }
+    }
+
+    /// What the `len` elements of the output from `at` (one row) read: their elements, or
+    /// one value.
+    fn row(&self, at: usize, len: usize) -> Result<&[f32], f32> {
+        match self {
+            Operand::Along(v) => Ok(&v[at..at + len]),
+            Operand::Repeat(v) => Ok(v),
+            Operand::Scalar(s) => Err(*s),
+        }
+    }
 }
 
 pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
@@ -305,8 +361,10 @@ pub(crate) fn softmax(
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
                 for (o, &v) in out.iter_mut().zip(row) {
-                    *o = (v - max).exp();
-                    sum += *o;
+                    *o = kernels::exp(f64::from(v - max)) as f32;
+                }
+                for &o in out.iter() {
+                    sum += o;
                 }
                 if log {
                     let ln = sum.ln();

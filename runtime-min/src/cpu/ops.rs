@@ -184,8 +184,8 @@ pub fn forward(
         }
         Op::Slice { ranges } => {
             let x = input(inputs, 0)?;
-            let (shape, positions) = slice_positions(&slice_ranges(ranges, inputs)?, &x.shape);
-            one(x.pick(shape, positions))
+            let (_, positions) = slice_positions(&slice_ranges(ranges, inputs)?, &x.shape);
+            one(x.select(positions))
         }
         Op::Flatten { axis } => {
             let x = input(inputs, 0)?;
@@ -356,7 +356,7 @@ pub fn forward(
                     t::broadcast_shapes(&x.shape, &t)
                 })
                 .ok_or_else(|| format!("{:?} does not expand to {target:?}", x.shape))?;
-            one(x.pick(shape.clone(), t::broadcast(&x.shape, &shape)))
+            one(x.select(t::broadcast(&x.shape, &shape)))
         }
         Op::Recurrent(r) => Ok((super::recurrent::forward(r, inputs, outputs)?, Saved::None)),
         Op::Trilu { upper } => {
@@ -707,10 +707,7 @@ pub(crate) fn narrow(x: &Tensor, a: usize, start: usize, len: usize) -> Tensor {
     let mut shape = x.shape.clone();
     shape[a] = len;
     let strides: Vec<isize> = st.iter().map(|&s| s as isize).collect();
-    x.pick(
-        shape.clone(),
-        t::positions(&shape, &strides, (start * st[a]) as isize),
-    )
+    x.select(t::positions(&shape, &strides, (start * st[a]) as isize))
 }
 
 /// Per axis: start, end, step (already clamped).
@@ -827,7 +824,7 @@ pub(crate) fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
     let st = t::strides(&x.shape);
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let strides: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
-    x.pick(shape.clone(), t::positions(&shape, &strides, 0))
+    x.select(t::positions(&shape, &strides, 0))
 }
 
 fn gather(x: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
@@ -848,11 +845,21 @@ fn gather(x: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
     let mut shape = x.shape[..a].to_vec();
     shape.extend(&indices.shape);
     shape.extend(&x.shape[a + 1..]);
-    let positions = (0..outer).flat_map(|o| {
-        idx.iter()
-            .flat_map(move |&j| (0..inner).map(move |i| (o * dim + j) * inner + i))
-    });
-    Ok(x.pick(shape, positions.collect::<Vec<_>>().into_iter()))
+    // Whole rows of the axes after `axis` at a time.
+    fn rows<T: Copy>(v: &[T], outer: usize, dim: usize, inner: usize, idx: &[usize]) -> Vec<T> {
+        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        for o in 0..outer {
+            for &j in idx {
+                let at = (o * dim + j) * inner;
+                out.extend_from_slice(&v[at..at + inner]);
+            }
+        }
+        out
+    }
+    Ok(match &x.data {
+        Data::F32(v) => Tensor::f32(shape, rows(v, outer, dim, inner, &idx)),
+        Data::I64(v) => Tensor::i64(shape, rows(v, outer, dim, inner, &idx)),
+    })
 }
 
 fn cast(x: &Tensor, to: DType) -> Tensor {

@@ -24,7 +24,7 @@ impl Walk {
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        x.pick(self.shape.clone(), self.positions())
+        x.select(self.positions()).reshaped(self.shape.clone())
     }
 
     fn backward(&self, x: &Tensor, dy: &[f32]) -> Vec<f32> {

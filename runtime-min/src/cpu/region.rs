@@ -78,7 +78,7 @@ pub(crate) fn positions_in(holder: &Region, piece: &Region) -> t::Positions {
 
 /// The part `piece` of `x`, which holds `holder`.
 pub(crate) fn crop(x: &Tensor, holder: &Region, piece: &Region) -> Tensor {
-    x.pick(dims(piece), positions_in(holder, piece))
+    x.select(positions_in(holder, piece))
 }
 
 /// Copies what `values` (holding `region`) has of `holder` into `out` (holding `holder`),
