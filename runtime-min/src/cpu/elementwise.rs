@@ -134,7 +134,7 @@ pub(crate) fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
         (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
         (Data::F32(v), Unary::Relu) => Ok(Tensor::f32(
             x.shape.clone(),
-            v.iter().map(|&v| v.max(0.0)).collect(),
+            map_parallel(v, |v| v.max(0.0)),
         )),
         (Data::F32(v), Unary::Gelu { tanh }) => {
             let mut y = vec![0.0; v.len()];
@@ -143,9 +143,24 @@ pub(crate) fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
         }
         (Data::F32(v), _) => Ok(Tensor::f32(
             x.shape.clone(),
-            v.iter().map(|&v| unary_value(u, v)).collect(),
+            map_parallel(v, |v| unary_value(u, v)),
         )),
     }
+}
+
+/// `f` of every element; above 64 K elements, blocks of them in parallel, written in
+/// place of the output's first touch (no zeroing pass).
+fn map_parallel(v: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
+    use rayon::prelude::*;
+    if v.len() < 1 << 16 {
+        return v.iter().map(|&x| f(x)).collect();
+    }
+    let mut out = Vec::new();
+    v.par_iter()
+        .with_min_len(1 << 14)
+        .map(|&x| f(x))
+        .collect_into_vec(&mut out);
+    out
 }
 
 /// Applies a broadcasting binary function.
