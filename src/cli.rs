@@ -19,7 +19,8 @@ Exit status:
   3    an output file cannot be written (nothing partial is left behind)
   4    `ralpc run` failed: a rank failed or timed out (every rank stops), or the
        plan uses a layout the backend cannot execute
-  101  internal error: a bug in ralpc; please report it with `ralpc --version`";
+  101  internal error: a bug in ralpc (a rank of `ralpc run` panicked, or the plan
+       and what a rank computes disagree); please report it with `ralpc --version`";
 
 /// ralpc — a layer-placement compiler for deep-learning training.
 ///

@@ -56,10 +56,17 @@ pub enum Error {
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
     #[error("the run failed: {0}")]
     Run(Box<String>),
+    /// A rank of the plan's run failed, or the plan cannot run here: exit 4, or 101 when
+    /// the cause is ralpc's own (a rank panicked, or the plan and the runtime disagree).
+    #[error("{}", if .0.is_bug() { BUG_IN_RUN } else { "the run failed" })]
+    Ranks(#[source] Box<ralpc_runtime_min::cpu::exec::RunError>),
     /// `--check`: the output directory's plan was not made from these inputs.
     #[error("{0} is not up to date with the model, cluster, profile and options")]
     OutOfDate(Box<String>),
 }
+
+const BUG_IN_RUN: &str = "internal error: the run failed inside ralpc (a bug; please report \
+     it with `ralpc --version`, the plan and the causes below)";
 
 /// A file and the I/O error on it.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +99,8 @@ impl Error {
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,
+            Error::Ranks(e) if e.is_bug() => 101,
+            Error::Ranks(_) => 4,
             Error::Internal(_) => 101,
         }
     }
@@ -143,5 +152,58 @@ mod tests {
             "{}",
             std::mem::size_of::<super::Error>()
         );
+    }
+
+    /// A rank that panics or finds the plan and what it holds disagreeing is ralpc's bug
+    /// (exit 101, asking for a report); a node failing on its values, a peer gone and an
+    /// injected fault are failed runs (exit 4). Either way the causes form a chain.
+    #[test]
+    fn a_runs_failure_is_a_bug_only_when_ralpc_is_inconsistent() {
+        use ralpc_runtime_min::cpu::comm::CommError;
+        use ralpc_runtime_min::cpu::exec::{RankError, RunError};
+        let failed = |cause| {
+            super::Error::Ranks(Box::new(RunError::Rank {
+                rank: 1,
+                index: 7,
+                op: "forward",
+                cause,
+            }))
+        };
+        let chain = |e: &super::Error| {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                text += &format!(" / {s}");
+                source = s.source();
+            }
+            text
+        };
+        for bug in [
+            RankError::Inconsistent(
+                "computed 'r20' of shape [2, 512] where its share is [2, 256]".into(),
+            ),
+            RankError::Panicked("index out of bounds".into()),
+        ] {
+            let e = failed(bug);
+            assert_eq!(e.exit_code(), 101);
+            let text = chain(&e);
+            assert!(text.contains("please report"), "{text}");
+            assert!(
+                text.contains("rank 1, instruction 7 (forward) / "),
+                "{text}"
+            );
+        }
+        for failure in [
+            RankError::Comm(CommError::Aborted("rank 0 failed".into())),
+            RankError::InjectedPanic,
+            RankError::Killed,
+            RankError::Unsupported("a loss on class-split logits".into()),
+        ] {
+            let e = failed(failure);
+            assert_eq!(e.exit_code(), 4);
+            assert!(!chain(&e).contains("please report"), "{}", chain(&e));
+        }
+        let setup = super::Error::Ranks(Box::new(RunError::Setup("too many ranks".into())));
+        assert_eq!(setup.exit_code(), 4);
     }
 }

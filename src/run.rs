@@ -781,7 +781,7 @@ fn run_with(
     }
     .map_err(|e| {
         let written = write_failure.lock().ok().and_then(|mut w| w.take());
-        written.unwrap_or_else(|| run_error(e))
+        written.unwrap_or_else(|| Error::Ranks(Box::new(e)))
     })?;
     let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
     let seconds = elapsed.as_secs_f64();

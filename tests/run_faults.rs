@@ -74,7 +74,7 @@ fn a_failing_rank_stops_every_rank_and_is_named() {
             .expect_err("a failed rank fails the run");
             let took = started.elapsed();
             assert_eq!(error.exit_code(), 4, "{error}");
-            let message = error.to_string();
+            let message = format!("{error}{}", common::train::error_chain(&error));
             let named = match kind {
                 FaultKind::Panic => format!("rank {rank}, instruction {instruction}"),
                 _ => format!("rank {rank} at instruction {instruction}"),
@@ -351,7 +351,8 @@ fn too_many_ranks_for_one_process_are_refused_up_front() {
         ..options(dir.path(), &model)
     })
     .expect_err("refused");
-    assert!(error.to_string().contains("runs at most 1024"), "{error:?}");
+    let message = format!("{error}{}", common::train::error_chain(&error));
+    assert!(message.contains("runs at most 1024"), "{error:?}");
 }
 
 /// Sizes written in a plan are not trusted: a doctored batch of 2^40, two buffers of 2^63

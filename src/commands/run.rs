@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ralpc::runtime::cpu::exec::{Fault, FaultKind};
+use ralpc::runtime::cpu::exec::{Fault, FaultKind, RankError, RunError};
 use ralpc::runtime::cpu::train::Loss;
 use ralpc::runtime::dist::Placement;
 use ralpc::RunOptions;
@@ -90,10 +90,21 @@ pub const LAUNCH_REPORTS: &str = "RALPC_LAUNCH_REPORTS";
 /// Under a launcher: leaves this rank's error for `ralpc launch`, or — for an injected
 /// `exit` fault — exits at once with no word, as a killed process would.
 fn report_to_launcher(rank: u32, fault: Option<Fault>, e: &ralpc::Error) {
-    let message = e.to_string();
-    if fault.is_some_and(|f| f.rank == rank && f.kind == FaultKind::Exit)
-        && message.contains(ralpc::runtime::cpu::exec::KILLED)
-    {
+    // The error and its causes on one line: the launcher reads it back to name the cause.
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let _ = write!(message, ": {s}");
+        source = s.source();
+    }
+    let killed = matches!(
+        e,
+        ralpc::Error::Ranks(r) if matches!(
+            **r,
+            RunError::Rank { cause: RankError::Killed, .. }
+        )
+    );
+    if fault.is_some_and(|f| f.rank == rank && f.kind == FaultKind::Exit) && killed {
         std::process::exit(137);
     }
     if let Some(dir) = std::env::var_os(LAUNCH_REPORTS) {

@@ -24,6 +24,11 @@
 //! checks that they cover what it holds. Anything the plan does not deliver is an error
 //! naming the rank, the instruction and the tensor — never a silent zero.
 //!
+//! A rank's failure is typed ([`RankError`]): a node failing on its values, a peer gone or
+//! silent, an injected fault, a layout not executable yet — or, the plan having been
+//! checked before it ran, a disagreement between the plan and what the rank holds, or a
+//! panic: ralpc's own bug ([`RunError::is_bug`], exit 101 in the CLI).
+//!
 //! A convolution or pooling split by rows computes each piece from its rows and the halo
 //! around them, exchanged as the plan's halo messages say ([`halo`]).
 //!
@@ -46,7 +51,7 @@ use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 use ralpc_passes::layers::{LayerGraph, LayerKind, Producer, Split};
 use ralpc_passes::plan::{first_replica, gathers, scatters_gradient, Schedule, View};
 
-use super::comm::{AbortOnPanic, Comm, World};
+use super::comm::{AbortOnPanic, Comm, CommError, World};
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
@@ -84,7 +89,7 @@ pub enum RunError {
     #[error("{0}")]
     Setup(String),
     /// A rank failed.
-    #[error("rank {rank}, instruction {index} ({op}): {message}")]
+    #[error("rank {rank}, instruction {index} ({op})")]
     Rank {
         /// The rank.
         rank: u32,
@@ -93,8 +98,110 @@ pub enum RunError {
         /// The instruction's `op`.
         op: &'static str,
         /// What went wrong.
-        message: String,
+        #[source]
+        cause: RankError,
     },
+}
+
+impl RunError {
+    /// Whether the failure is ralpc's own: the plan was checked before it ran, so a rank
+    /// that panics, or finds the plan and what it holds disagreeing, is a bug.
+    pub fn is_bug(&self) -> bool {
+        matches!(
+            self,
+            RunError::Rank {
+                cause: RankError::Inconsistent(_) | RankError::Panicked(_),
+                ..
+            }
+        )
+    }
+
+    /// The order in which the ranks' failures explain a run: a rank's own failure, then a
+    /// rank that timed out waiting (it names the silent rank), then the ranks the failure
+    /// aborted, then a rank stopped by an injected fault (which reports nothing of itself,
+    /// as a killed process could not).
+    fn precedence(&self) -> u8 {
+        match self {
+            RunError::Rank { cause, .. } => match cause {
+                RankError::Killed => 3,
+                RankError::Comm(CommError::Aborted(_)) => 2,
+                RankError::Comm(CommError::Timeout { .. }) => 1,
+                _ => 0,
+            },
+            RunError::Setup(_) => 0,
+        }
+    }
+}
+
+/// Why one rank stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RankError {
+    /// A node of the model failed on the values it was given.
+    #[error(transparent)]
+    Node(#[from] graph::ExecError),
+    /// Another rank failed or went silent.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// What the plan says and what this rank holds or computes disagree (a bug).
+    #[error("{0}")]
+    Inconsistent(String),
+    /// The plan asks for something this runtime does not execute yet.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The loss cannot be taken of the model's output and the labels.
+    #[error("the loss: {0}")]
+    Loss(String),
+    /// The rank panicked (a bug).
+    #[error("panicked: {0}")]
+    Panicked(String),
+    /// Panicked as an injected fault asked (`--fault R:I:panic`).
+    #[error("panicked: injected fault")]
+    InjectedPanic,
+    /// Stopped by an injected fault (`--fault`).
+    #[error("{KILLED}")]
+    Killed,
+    /// The checkpoint could not be written.
+    #[error("{0}")]
+    Checkpoint(String),
+}
+
+/// A kernel that runs collectives failed with `message`: the collective's own error when
+/// one failed under it, else the node's.
+fn kernel_failure(
+    collective: Option<RankError>,
+    graph: &Graph,
+    node: NodeId,
+    message: String,
+) -> RankError {
+    collective.unwrap_or_else(|| {
+        graph::ExecError::Node {
+            site: graph.site(node),
+            message,
+        }
+        .into()
+    })
+}
+
+/// Keeps a collective's typed error in `slot` for [`kernel_failure`] and hands its message
+/// to the kernel that ran it.
+fn keep(slot: &mut Option<RankError>, e: RankError) -> String {
+    let message = e.to_string();
+    *slot = Some(e);
+    message
+}
+
+/// Bookkeeping that fails only when the plan and the runtime disagree.
+impl From<String> for RankError {
+    fn from(message: String) -> RankError {
+        RankError::Inconsistent(message)
+    }
+}
+
+impl From<&str> for RankError {
+    fn from(message: &str) -> RankError {
+        RankError::Inconsistent(message.to_owned())
+    }
 }
 
 /// A fault injected into one rank, to test that the others stop (`ralpc run --fault`).
@@ -573,11 +680,11 @@ impl<'p, 'a> Rank<'p, 'a> {
             self.report.losses.push(0.0);
             for (i, instruction) in program.iter().enumerate() {
                 let me = self.rank;
-                let fail = move |message: String| RunError::Rank {
+                let fail = move |cause: RankError| RunError::Rank {
                     rank: me,
                     index: i,
                     op: instruction.op(),
-                    message,
+                    cause,
                 };
                 let fault = self.fault.filter(|f| {
                     step == self.first_step && f.rank == self.rank && f.instruction == i
@@ -588,7 +695,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                         FaultKind::Panic => {}
                         FaultKind::Exit => {
                             self.comm.at(i);
-                            return Err(fail(KILLED.into()));
+                            return Err(fail(RankError::Killed));
                         }
                         FaultKind::Hang => {
                             // Busy with nothing, never reaching the others, until they
@@ -597,7 +704,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                             while !self.comm.failed() {
                                 std::thread::sleep(Duration::from_millis(10));
                             }
-                            return Err(fail(KILLED.into()));
+                            return Err(fail(RankError::Killed));
                         }
                     }
                 }
@@ -614,10 +721,14 @@ impl<'p, 'a> Rank<'p, 'a> {
                         .map(|s| (*s).to_owned())
                         .or_else(|| payload.downcast_ref::<String>().cloned())
                         .unwrap_or_default();
-                    Err(format!("panicked: {what}"))
+                    Err(if panics {
+                        RankError::InjectedPanic
+                    } else {
+                        RankError::Panicked(what)
+                    })
                 });
-                outcome.map_err(|message| {
-                    let error = fail(message);
+                outcome.map_err(|cause| {
+                    let error = fail(cause);
                     self.comm.abort(&error.to_string());
                     error
                 })?;
@@ -631,7 +742,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                         rank: self.rank,
                         index: program.len(),
                         op: "checkpoint",
-                        message,
+                        cause: RankError::Checkpoint(message),
                     };
                     self.comm.abort(&error.to_string());
                     error
@@ -700,7 +811,7 @@ impl<'p, 'a> Rank<'p, 'a> {
         Ok(())
     }
 
-    fn execute(&mut self, index: u32, instruction: &Instruction) -> Result<(), String> {
+    fn execute(&mut self, index: u32, instruction: &Instruction) -> Result<(), RankError> {
         match *instruction {
             Instruction::Forward {
                 layer, microbatch, ..
@@ -797,28 +908,28 @@ impl<'p, 'a> Rank<'p, 'a> {
         }
     }
 
-    fn group(&self, g: u32) -> Result<Vec<u32>, String> {
+    fn group(&self, g: u32) -> Result<Vec<u32>, RankError> {
         self.p
             .exe
             .plan
             .groups
             .get(g as usize)
             .cloned()
-            .ok_or_else(|| format!("group {g} does not exist"))
+            .ok_or_else(|| format!("group {g} does not exist").into())
     }
 
-    fn comm_error(e: super::comm::CommError) -> String {
-        e.to_string()
+    fn comm_error(e: CommError) -> RankError {
+        e.into()
     }
 
     /// What a message of `tag` carries.
-    fn decode(&self, tag: u64) -> Result<Tag, String> {
+    fn decode(&self, tag: u64) -> Result<Tag, RankError> {
         let tags = Tags {
             edges: self.p.edges.len(),
             microbatches: self.p.exe.plan.microbatches,
         };
         tags.decode(tag)
-            .ok_or_else(|| format!("tag {tag} names no edge"))
+            .ok_or_else(|| format!("tag {tag} names no edge").into())
     }
 }
 
@@ -908,7 +1019,7 @@ pub fn run(
                         rank: r as u32,
                         index: 0,
                         op: "?",
-                        message: "panicked".into(),
+                        cause: RankError::Panicked(String::new()),
                     })
                 })
             })
@@ -923,16 +1034,7 @@ pub fn run(
             Err(e) => errors.push(e),
         }
     }
-    // The cause first: a rank's own failure, then a rank that timed out waiting (it
-    // names the silent rank), then the ranks the failure aborted. A rank stopped by an
-    // injected fault reports nothing of itself, as a killed process could not.
-    let rank_of = |e: &RunError| match e {
-        RunError::Rank { message, .. } if message == KILLED => 3,
-        RunError::Rank { message, .. } if message.starts_with("aborted") => 2,
-        RunError::Rank { message, .. } if message.contains("waited more than") => 1,
-        _ => 0,
-    };
-    if let Some(e) = errors.into_iter().min_by_key(|e| rank_of(e)) {
+    if let Some(e) = errors.into_iter().min_by_key(RunError::precedence) {
         return Err(e);
     }
     Ok((assemble_report(&prepared, reports, options), elapsed))
@@ -994,7 +1096,7 @@ pub fn run_process(
             rank,
             index: exe.plan.programs.get(rank as usize).map_or(0, Vec::len),
             op: "report",
-            message: e.to_string(),
+            cause: e.into(),
         })?;
     comm.finish();
     let elapsed = started.elapsed();

@@ -43,7 +43,7 @@ impl Rank<'_, '_> {
     /// slot of a zero buffer, so the all-reduce only adds zeros to them, and every rank
     /// adds the slots up in rank order. (Summed as f32 words, the rounding of the sums
     /// cost DenseNet-121's gradients 1e-2 against one device.)
-    fn sum_over(&self, group: &[u32], sums: &mut [f64]) -> Result<(), String> {
+    fn sum_over(&self, group: &[u32], sums: &mut [f64]) -> Result<(), RankError> {
         let n = sums.len();
         let slot = group
             .iter()
@@ -55,9 +55,7 @@ impl Rank<'_, '_> {
             words[slot * 2 * n + 2 * i] = high;
             words[slot * 2 * n + 2 * i + 1] = (v - f64::from(high)) as f32;
         }
-        self.comm
-            .all_reduce(group, &mut words)
-            .map_err(|e| e.to_string())?;
+        self.comm.all_reduce(group, &mut words)?;
         sums.fill(0.0);
         for part in words.chunks(2 * n) {
             for (s, pair) in sums.iter_mut().zip(part.chunks(2)) {
@@ -73,14 +71,14 @@ impl Rank<'_, '_> {
         l: usize,
         k: u32,
         values: &mut Values,
-    ) -> Result<Vec<Record>, String> {
+    ) -> Result<Vec<Record>, RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let graph = p.graph_of(l, k);
         let run = |nodes: &[NodeId], values: &mut Values| {
             self.compute
                 .forward(graph, nodes, values, p.env)
-                .map_err(|e| e.to_string())
+                .map_err(RankError::from)
         };
         let Some(group) = p.batch_stats_group(layer, k) else {
             return run(&layer.nodes, values);
@@ -104,14 +102,18 @@ impl Rank<'_, '_> {
             };
             let node = graph.node(bn);
             let inputs = values.inputs_of(node);
+            let mut failed = None;
             let (outputs, saved) = ops::batch_norm_synced(
                 epsilon,
                 &inputs,
                 node.outputs.len(),
                 Mode::Training,
-                &mut |sums| self.sum_over(&group, sums),
+                &mut |sums| {
+                    self.sum_over(&group, sums)
+                        .map_err(|e| keep(&mut failed, e))
+                },
             )
-            .map_err(|e| format!("{}: {e}", graph.site(bn)))?;
+            .map_err(|e| kernel_failure(failed, graph, bn, e))?;
             for (&v, t) in node.outputs.iter().zip(outputs) {
                 values.set(v, t);
             }
@@ -129,14 +131,14 @@ impl Rank<'_, '_> {
         records: &[Record],
         values: &Values,
         grads: &mut Grads,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let graph = p.graph_of(l, k);
         let run = |records: &[Record], grads: &mut Grads| {
             self.compute
                 .backward(graph, records, values, grads)
-                .map_err(|e| e.to_string())
+                .map_err(RankError::from)
         };
         let Some(group) = p.batch_stats_group(layer, k) else {
             return run(records, grads);
@@ -165,11 +167,13 @@ impl Rank<'_, '_> {
             };
             let dy = dy.to_vec();
             let inputs = values.inputs_of(node);
+            let mut failed = None;
             let input_grads =
                 grad::batch_norm_synced(epsilon, &inputs, &bn.saved, &dy, &mut |sums| {
                     self.sum_over(&group, sums)
+                        .map_err(|e| keep(&mut failed, e))
                 })
-                .map_err(|e| format!("{}: {e}", graph.site(bn.node)))?;
+                .map_err(|e| kernel_failure(failed, graph, bn.node, e))?;
             for (slot, g) in input_grads.into_iter().enumerate() {
                 if let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) {
                     grads.add(*v, &g);

@@ -9,7 +9,7 @@ use ralpc_ir::{GraphInfo, Op, ValueId};
 
 use super::super::ops;
 use super::super::tensor::Tensor;
-use super::{folded, Executable, Prepared};
+use super::{folded, Executable, Prepared, RankError};
 
 /// Deeper chains are not derived (the layer build keeps such values in layers).
 const MAX_DEPTH: usize = 256;
@@ -55,7 +55,7 @@ fn derivable_in(
 
 impl Prepared<'_> {
     /// `v` evaluated at `batch` samples.
-    pub(super) fn derive(&self, v: ValueId, batch: u64) -> Result<Tensor, String> {
+    pub(super) fn derive(&self, v: ValueId, batch: u64) -> Result<Tensor, RankError> {
         let info = self.info_at(batch)?;
         self.derive_in(&info, v, &mut BTreeMap::new())
     }
@@ -65,7 +65,7 @@ impl Prepared<'_> {
         info: &GraphInfo,
         v: ValueId,
         memo: &mut BTreeMap<ValueId, Tensor>,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, RankError> {
         if let Some(t) = memo.get(&v) {
             return Ok(t.clone());
         }

@@ -29,6 +29,8 @@ struct Group<'c> {
     comm: &'c Comm,
     ranks: Vec<u32>,
     piece: (usize, usize),
+    /// The exchange that failed, kept typed: the kernel passes on only its message.
+    failed: Option<CommError>,
 }
 
 impl Exchange for Group<'_> {
@@ -49,9 +51,11 @@ impl Exchange for Group<'_> {
     }
 
     fn sum(&mut self, partial: &mut [f32]) -> Result<(), String> {
-        self.comm
-            .all_reduce(&self.ranks, partial)
-            .map_err(|e| e.to_string())
+        self.comm.all_reduce(&self.ranks, partial).map_err(|e| {
+            let message = e.to_string();
+            self.failed = Some(e);
+            message
+        })
     }
 }
 
@@ -66,6 +70,7 @@ impl Rank<'_, '_> {
             comm: &self.comm,
             ranks: (base..base + p).collect(),
             piece: ((k % p) as usize, p as usize),
+            failed: None,
         }
     }
 
@@ -75,14 +80,22 @@ impl Rank<'_, '_> {
         l: usize,
         k: u32,
         values: &mut Values,
-    ) -> Result<Option<Vec<Record>>, String> {
+    ) -> Result<Option<Vec<Record>>, RankError> {
         let Some((node, r)) = self.p.gate_split(&self.p.layers[l]) else {
             return Ok(None);
         };
         let n = self.p.exe.graph.node(node);
         let inputs = values.inputs_of(n);
+        let mut group = self.gate_group(l, k);
         let outputs =
-            recurrent::forward_shared(r, &inputs, n.outputs.len(), &mut self.gate_group(l, k))?;
+            recurrent::forward_shared(r, &inputs, n.outputs.len(), &mut group).map_err(|e| {
+                kernel_failure(
+                    group.failed.map(RankError::from),
+                    self.p.exe.graph,
+                    node,
+                    e,
+                )
+            })?;
         for (&v, t) in n.outputs.iter().zip(outputs) {
             values.set(v, t);
         }
@@ -97,7 +110,7 @@ impl Rank<'_, '_> {
         k: u32,
         values: &Values,
         grads: &mut Grads,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, RankError> {
         let Some((node, r)) = self.p.gate_split(&self.p.layers[l]) else {
             return Ok(false);
         };
@@ -105,7 +118,16 @@ impl Rank<'_, '_> {
         let inputs = values.inputs_of(n);
         let dys: Vec<Option<&[f32]>> = n.outputs.iter().map(|&v| grads.get(v)).collect();
         // Every rank of the group runs the exchanges, whatever gradients reached it.
-        let input_grads = recurrent::backward_shared(r, &inputs, &dys, &mut self.gate_group(l, k))?;
+        let mut group = self.gate_group(l, k);
+        let input_grads =
+            recurrent::backward_shared(r, &inputs, &dys, &mut group).map_err(|e| {
+                kernel_failure(
+                    group.failed.map(RankError::from),
+                    self.p.exe.graph,
+                    node,
+                    e,
+                )
+            })?;
         for (slot, g) in input_grads.into_iter().enumerate() {
             if let (Some(g), Some(Some(v))) = (g, n.inputs.get(slot)) {
                 grads.add(*v, &g);

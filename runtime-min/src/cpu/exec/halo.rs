@@ -16,7 +16,7 @@ use ralpc_ir::{Graph, NodeId, Op, Padding, ValueId};
 use ralpc_passes::layers::LayerKind;
 use ralpc_passes::plan::Window;
 
-use super::{carrier, setup, Prepared, Rank, RunError};
+use super::{carrier, setup, Prepared, Rank, RankError, RunError};
 use crate::cpu::kernels;
 use crate::cpu::region::{crop, dims, fill, intersect, reframe, volume, Region};
 use crate::cpu::tensor::Tensor;
@@ -118,7 +118,7 @@ impl Prepared<'_> {
         k: u32,
         v: ValueId,
         need: &Region,
-    ) -> Result<Region, String> {
+    ) -> Result<Region, RankError> {
         let layer = &self.layers[l];
         let halo = layer
             .halo
@@ -135,7 +135,7 @@ impl Prepared<'_> {
         region: &Region,
         rows: Range<u64>,
         input: u64,
-    ) -> Result<Region, String> {
+    ) -> Result<Region, RankError> {
         let shape = self.microbatch_shape(v)?;
         let name = &self.exe.graph.value(v).name;
         let axis = self
@@ -255,7 +255,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         own: Tensor,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, RankError> {
         let v = self.p.edges[e].value;
         let need = self.need(e, self.rank)?;
         let ext = self.p.with_halo(l, k, v, &need)?;
@@ -281,14 +281,14 @@ impl Rank<'_, '_> {
                 "{missing} of the {n} elements of '{}' around its rows that layer {} reads never arrived",
                 self.value_name(v),
                 self.p.layers[l].name
-            ));
+            ).into());
         }
         Ok(Tensor::f32(self.p.local_dims(v, &ext), out))
     }
 
     /// The input of edge `e` a layer reads on `mb` (again: for a recomputation), assembled
     /// now for a halo send and kept for the forward pass.
-    fn staged(&mut self, e: usize, mb: u32, again: bool) -> Result<&Tensor, String> {
+    fn staged(&mut self, e: usize, mb: u32, again: bool) -> Result<&Tensor, RankError> {
         if !self.halos.staged.contains_key(&(e, mb)) {
             let l = self.p.edges[e].consumer;
             let t = self.edge_input(l, e, mb, again)?;
@@ -307,7 +307,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         again: bool,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, RankError> {
         match self.halos.staged.remove(&(e, mb)) {
             Some(t) => Ok(t),
             None => self.edge_input(l, e, mb, again),
@@ -315,7 +315,7 @@ impl Rank<'_, '_> {
     }
 
     /// Rank `rank`'s piece of edge `e`'s tensor and the rows its windows read.
-    fn halo_regions(&self, e: usize, rank: u32) -> Result<(Region, Region), String> {
+    fn halo_regions(&self, e: usize, rank: u32) -> Result<(Region, Region), RankError> {
         let edge = &self.p.edges[e];
         let layer = &self.p.layers[edge.consumer];
         let k = layer
@@ -335,7 +335,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         pass: HaloPass,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let (own, ext) = self.halo_regions(e, self.rank)?;
         let (to_own, to_ext) = self.halo_regions(e, to)?;
         let data = match pass {
@@ -370,7 +370,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         pass: HaloPass,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let (own, ext) = self.halo_regions(e, self.rank)?;
         let (from_own, from_ext) = self.halo_regions(e, from)?;
         let piece = match pass {
@@ -383,7 +383,8 @@ impl Rank<'_, '_> {
                 "the halo from rank {from} has {} elements where {} were expected",
                 data.len(),
                 volume(&piece)
-            ));
+            )
+            .into());
         }
         match pass {
             HaloPass::Forward | HaloPass::Again => {

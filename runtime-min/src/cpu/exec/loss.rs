@@ -8,7 +8,7 @@ use super::super::kernels;
 use super::super::region::Region;
 use super::super::tensor::{Data, Tensor};
 use super::super::train::{self, Loss};
-use super::Rank;
+use super::{Rank, RankError};
 
 /// Where a rank's share of the output sits in it.
 struct Share {
@@ -25,13 +25,15 @@ struct Share {
 impl Rank<'_, '_> {
     /// Where `held` (a region of the output on microbatch `mb`) lies in the global
     /// batch's output: whole rows of a sample range, each whole or cut by classes.
-    fn share(&self, mb: u32, held: &Region) -> Result<Share, String> {
+    fn share(&self, mb: u32, held: &Region) -> Result<Share, RankError> {
         let p = self.p;
         let shape = p.microbatch_shape(p.output.1)?;
         let (Some(&classes), Some(samples), Some(class_range)) =
             (shape.last(), held.first(), held.last())
         else {
-            return Err("the model's output has no rows to take a loss of".into());
+            return Err(RankError::Unsupported(
+                "the model's output has no rows to take a loss of".into(),
+            ));
         };
         let full: usize = shape.iter().product();
         let rows_per_sample = full / (p.microbatch.max(1) * classes.max(1));
@@ -45,9 +47,11 @@ impl Rank<'_, '_> {
     }
 
     /// The class labels of `share`'s rows.
-    fn labels(&self, share: &Share) -> Result<Vec<u32>, String> {
+    fn labels(&self, share: &Share) -> Result<Vec<u32>, RankError> {
         let Data::I64(labels) = &self.p.exe.data.labels else {
-            return Err("a loss on class-split logits is cross-entropy against labels".into());
+            return Err(RankError::Unsupported(
+                "a loss on class-split logits is cross-entropy against labels".into(),
+            ));
         };
         labels
             .get(share.first_row..share.first_row + share.rows)
@@ -62,7 +66,7 @@ impl Rank<'_, '_> {
         l: usize,
         mb: u32,
         group: &[u32],
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let layer = &self.p.layers[l];
         let k = layer
             .holds(self.rank)
@@ -99,15 +103,15 @@ impl Rank<'_, '_> {
         mb: u32,
         y: &Tensor,
         held: &Region,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let pieces = layer.view_out().pieces(k);
         if pieces[1].1 > 1 {
-            return Err(format!(
+            return Err(RankError::Unsupported(format!(
                 "layer {} splits the model's output by rows; the loss needs whole rows",
                 layer.name
-            ));
+            )));
         }
         let share = self.share(mb, held)?;
         let values = y.floats().ok_or("the loss needs a floating-point output")?;
@@ -118,14 +122,14 @@ impl Rank<'_, '_> {
                 * p.exe.plan.batch as usize;
             let start = share.first_row * share.classes;
             train::loss(self.options.loss, y, start, &p.exe.data.labels, total)
-                .map_err(|e| e.to_string())?
+                .map_err(|e| RankError::Loss(e.to_string()))?
         } else {
             if self.options.loss != Loss::CrossEntropy {
-                return Err(format!(
+                return Err(RankError::Unsupported(format!(
                     "layer {} splits the model's output by classes, which only the \
                      cross-entropy loss takes",
                     layer.name
-                ));
+                )));
             }
             let all = self.loss_statistics.remove(&(l, mb)).ok_or_else(|| {
                 format!(

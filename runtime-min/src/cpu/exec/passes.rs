@@ -10,23 +10,23 @@ impl Rank<'_, '_> {
     }
 
     /// The region of edge `e`'s tensor that consumer rank `rank` needs.
-    pub(super) fn need(&self, e: usize, rank: u32) -> Result<Region, String> {
+    pub(super) fn need(&self, e: usize, rank: u32) -> Result<Region, RankError> {
         let edge = &self.p.edges[e];
         let c = &self.p.layers[edge.consumer];
         let k = c
             .holds(rank)
             .ok_or_else(|| format!("rank {rank} does not run {}", c.name))?;
-        self.p.region(edge.value, &c.view_in(), k)
+        Ok(self.p.region(edge.value, &c.view_in(), k)?)
     }
 
     /// The region of edge `e`'s tensor that producer rank `rank` holds.
-    pub(super) fn held(&self, e: usize, rank: u32) -> Result<Region, String> {
+    pub(super) fn held(&self, e: usize, rank: u32) -> Result<Region, RankError> {
         let edge = &self.p.edges[e];
         let pl = &self.p.layers[edge.producer];
         let k = pl
             .holds(rank)
             .ok_or_else(|| format!("rank {rank} does not run {}", pl.name))?;
-        self.p.region(edge.value, &pl.view_out(), k)
+        Ok(self.p.region(edge.value, &pl.view_out(), k)?)
     }
 
     /// The region of an input only a split layer's epilogue reads (a residual added after
@@ -40,7 +40,7 @@ impl Rank<'_, '_> {
         l: usize,
         k: u32,
         e: usize,
-    ) -> Result<Option<Region>, String> {
+    ) -> Result<Option<Region>, RankError> {
         let need = self.need(e, self.rank)?;
         self.epilogue_crop(l, k, self.p.edges[e].value, need)
     }
@@ -52,7 +52,7 @@ impl Rank<'_, '_> {
         k: u32,
         v: ValueId,
         need: Region,
-    ) -> Result<Option<Region>, String> {
+    ) -> Result<Option<Region>, RankError> {
         let layer = &self.p.layers[l];
         let g = self.p.exe.graph;
         let split_output =
@@ -91,7 +91,12 @@ impl Rank<'_, '_> {
 
     /// Edge `e`'s input as delivered (the rank's need) reframed to `share`
     /// ([`Rank::epilogue_share`]).
-    pub(super) fn reframe(&self, x: &Tensor, e: usize, share: &Region) -> Result<Tensor, String> {
+    pub(super) fn reframe(
+        &self,
+        x: &Tensor,
+        e: usize,
+        share: &Region,
+    ) -> Result<Tensor, RankError> {
         let need = self.need(e, self.rank)?;
         let dims = self.p.local_dims(self.p.edges[e].value, share);
         match x.floats() {
@@ -101,7 +106,7 @@ impl Rank<'_, '_> {
     }
 
     /// The input of edge `e` this rank needs, from what it holds and what it received.
-    pub(super) fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, String> {
+    pub(super) fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, RankError> {
         let edge = &self.p.edges[e];
         let need = self.need(e, self.rank)?;
         let held = match self.p.layers[edge.producer].holds(self.rank) {
@@ -137,19 +142,20 @@ impl Rank<'_, '_> {
                 volume(&need),
                 self.value_name(edge.value),
                 self.p.layers[edge.consumer].name
-            ));
+            )
+            .into());
         }
         Ok(tensor)
     }
 
     /// Layer `l`'s forward on microbatch `mb`; `again` for its recomputation, which reads
     /// the run's kept inputs.
-    pub(super) fn forward(&mut self, l: usize, mb: u32, again: bool) -> Result<(), String> {
+    pub(super) fn forward(&mut self, l: usize, mb: u32, again: bool) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let run = p.recompute[l];
         if again && run.is_none() {
-            return Err(format!("layer {} is not recomputed", layer.name));
+            return Err(format!("layer {} is not recomputed", layer.name).into());
         }
         let k = layer
             .holds(self.rank)
@@ -277,7 +283,8 @@ impl Rank<'_, '_> {
                     "layer {} computed '{}' of shape {got:?} where its share is {want:?}",
                     layer.name,
                     self.value_name(o),
-                ));
+                )
+                .into());
             }
             regions.insert(o, region);
         }
@@ -296,7 +303,7 @@ impl Rank<'_, '_> {
         Ok(())
     }
 
-    pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), String> {
+    pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let k = layer
@@ -313,7 +320,8 @@ impl Rank<'_, '_> {
                 "layer {}'s activations of microbatch {mb} were dropped for recomputation \
                  and not recomputed",
                 layer.name
-            ));
+            )
+            .into());
         }
         self.spend_checkpoints(l, mb);
         let mut grads = Grads::default();
@@ -338,7 +346,7 @@ impl Rank<'_, '_> {
                         "{missing} of the {n} gradient elements of '{}' (read by layer {}) never came back",
                         self.value_name(o),
                         p.layers[p.edges[e].consumer].name
-                    ));
+                    ).into());
                 }
                 kernels::add(&mut total, &acc);
                 any = true;

@@ -5,7 +5,7 @@
 
 use super::super::graph::Values;
 use super::super::tensor::Tensor;
-use super::Rank;
+use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
     /// Edge `e`'s tensor as layer `l` reads it on microbatch `mb`: assembled from what
@@ -17,15 +17,13 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         again: bool,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, RankError> {
         let p = self.p;
         let from_outside = p.recompute[l].is_some_and(|(first, _)| p.edges[e].producer < first);
         match (from_outside, again) {
-            (true, true) => {
-                self.checkpoints.get(&(e, mb)).cloned().ok_or_else(|| {
-                    format!("layer {} recomputes without its input", p.layers[l].name)
-                })
-            }
+            (true, true) => self.checkpoints.get(&(e, mb)).cloned().ok_or_else(|| {
+                format!("layer {} recomputes without its input", p.layers[l].name).into()
+            }),
             (true, false) => {
                 let t = self.assemble(e, mb)?;
                 self.checkpoints.insert((e, mb), t.clone());

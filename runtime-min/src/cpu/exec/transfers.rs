@@ -11,7 +11,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         backward: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let edge = &self.p.edges[e];
         let data = if backward {
             // From a consumer rank back to the producer rank.
@@ -46,7 +46,7 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         backward: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
         let piece = if backward {
             intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
@@ -76,7 +76,8 @@ impl Rank<'_, '_> {
                 "the message from rank {from} has {} elements where {} were expected",
                 data.len(),
                 volume(&piece)
-            ));
+            )
+            .into());
         }
         if backward {
             self.grad_pieces
@@ -111,7 +112,7 @@ impl Rank<'_, '_> {
             .is_some_and(|t| t.iter().any(|&(k, _, _, w)| k == kind && w))
     }
 
-    pub(super) fn all_reduce(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+    pub(super) fn all_reduce(&mut self, index: u32, group: Vec<u32>) -> Result<(), RankError> {
         let touched = self.touched(index);
         let reads = |kind: BufferKind| {
             touched
@@ -176,7 +177,7 @@ impl Rank<'_, '_> {
 
     /// Sums a tied weight's gradient over every rank holding it: each keeps it whole and
     /// has added the uses it runs, each at its place.
-    pub(super) fn tied_all_reduce(&mut self, name: &str, group: Vec<u32>) -> Result<(), String> {
+    pub(super) fn tied_all_reduce(&mut self, name: &str, group: Vec<u32>) -> Result<(), RankError> {
         let g = self.p.exe.graph;
         let found = self
             .weights
@@ -184,7 +185,7 @@ impl Rank<'_, '_> {
             .find(|(w, _)| g.value(**w).name == name)
             .map(|(&w, (_, t))| (w, t.len()));
         let Some((w, n)) = found else {
-            return Err(format!("this rank does not hold the tied weight '{name}'"));
+            return Err(format!("this rank does not hold the tied weight '{name}'").into());
         };
         let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
         self.comm
@@ -198,7 +199,7 @@ impl Rank<'_, '_> {
         &mut self,
         index: u32,
         group: Vec<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let touched = self.touched(index);
         let find = |kind: BufferKind, writes: bool| {
             touched
@@ -292,7 +293,11 @@ impl Rank<'_, '_> {
         Err("a resharding collective whose buffers name no tensor".into())
     }
 
-    pub(super) fn edge_between(&self, producer: usize, consumer: usize) -> Result<usize, String> {
+    pub(super) fn edge_between(
+        &self,
+        producer: usize,
+        consumer: usize,
+    ) -> Result<usize, RankError> {
         let found: Vec<usize> = (0..self.p.edges.len())
             .filter(|&e| {
                 self.p.edges[e].producer == producer && self.p.edges[e].consumer == consumer
@@ -300,15 +305,18 @@ impl Rank<'_, '_> {
             .collect();
         match found.as_slice() {
             [e] => Ok(*e),
-            [] => Err(format!("no edge from layer {producer} to layer {consumer}")),
-            _ => Err(format!(
-                "several tensors flow from layer {producer} to layer {consumer}"
-            )),
+            [] => Err(format!("no edge from layer {producer} to layer {consumer}").into()),
+            _ => Err(
+                format!("several tensors flow from layer {producer} to layer {consumer}").into(),
+            ),
         }
     }
 
     /// Updates the weights `which` selects (the tied ones follow their own all-reduce).
-    pub(super) fn optimizer_step(&mut self, which: impl Fn(ValueId) -> bool) -> Result<(), String> {
+    pub(super) fn optimizer_step(
+        &mut self,
+        which: impl Fn(ValueId) -> bool,
+    ) -> Result<(), RankError> {
         let ready: Vec<ValueId> = self.grads.keys().copied().filter(|&w| which(w)).collect();
         if self.step == 0 {
             for w in &ready {

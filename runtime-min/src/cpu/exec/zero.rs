@@ -16,7 +16,7 @@ use ralpc_ir::ValueId;
 use super::super::kernels;
 use super::super::region::interval;
 use super::super::tensor::Data;
-use super::Rank;
+use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
     /// The weights of the bucket instruction `index` touches (its buffers of `kind`), in
@@ -71,7 +71,7 @@ impl Rank<'_, '_> {
     }
 
     /// This rank's share of a bucket of `total` elements over `group`.
-    fn shard(&self, group: &[u32], total: usize) -> Result<std::ops::Range<usize>, String> {
+    fn shard(&self, group: &[u32], total: usize) -> Result<std::ops::Range<usize>, RankError> {
         let mut members = group.to_vec();
         members.sort_unstable();
         let i = members
@@ -88,7 +88,7 @@ impl Rank<'_, '_> {
         &mut self,
         index: u32,
         group: Vec<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Gradients);
         let flat = self.flat_gradients(&keys);
         // Every member sends all of it and adds the others' copies of its share (the CPU
@@ -112,7 +112,7 @@ impl Rank<'_, '_> {
     /// Updates this rank's share of the bucket step `index` touches; the gradients of the
     /// bucket are then spent. At the first step, the shares' reduced gradients are
     /// gathered for the report (a check only, not part of the plan).
-    pub(super) fn sharded_step(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+    pub(super) fn sharded_step(&mut self, index: u32, group: Vec<u32>) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
         let total: usize = keys
             .iter()
@@ -147,10 +147,9 @@ impl Rank<'_, '_> {
             };
             let n = t.len();
             let Data::F32(x) = &mut t.data else {
-                return Err(format!(
-                    "weight '{}' is not float",
-                    self.p.exe.graph.value(w).name
-                ));
+                return Err(
+                    format!("weight '{}' is not float", self.p.exe.graph.value(w).name).into(),
+                );
             };
             let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
             if lo < hi && g.len() == n {
@@ -169,7 +168,11 @@ impl Rank<'_, '_> {
     }
 
     /// Gathers the updated shares of the bucket's weights from every member of `group`.
-    pub(super) fn all_gather_weights(&mut self, index: u32, group: Vec<u32>) -> Result<(), String> {
+    pub(super) fn all_gather_weights(
+        &mut self,
+        index: u32,
+        group: Vec<u32>,
+    ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
         let mut flat = Vec::new();
         for w in &keys {
