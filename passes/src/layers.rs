@@ -206,6 +206,11 @@ pub struct Layer {
     /// Its time loop, when it is one recurrent op (which a split by its gates can cut).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recurrence: Option<Recurrence>,
+    /// Whether it holds a grouped (or depthwise) convolution. Its output channels are not
+    /// offered as a split: each rank would read only its groups' input channels, which no
+    /// executor here cuts yet.
+    #[serde(skip)]
+    pub grouped: bool,
 }
 
 /// The time loop of a layer that is one recurrent op (RNN, GRU, LSTM). Its steps run in
@@ -572,6 +577,9 @@ fn assemble(
             measured: None,
             halo: None,
             recurrence: None,
+            grouped: members
+                .iter()
+                .any(|&m| matches!(&graph.node(m).op, Op::Conv(c) if c.group != 1)),
         };
         let inside: Vec<ValueId> = members
             .iter()

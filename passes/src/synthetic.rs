@@ -96,6 +96,7 @@ impl Builder {
             measured: None,
             halo: None,
             recurrence: None,
+            grouped: false,
         });
         self.layers.len() - 1
     }

@@ -65,7 +65,9 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, batch: u64) -> Vec<
             if free {
                 degrees.push((d, 1));
             }
-            degrees.push((1, d));
+            if !layer.grouped {
+                degrees.push((1, d));
+            }
             d *= 2;
         }
     }
@@ -466,6 +468,7 @@ mod tests {
             measured: None,
             halo: None,
             recurrence,
+            grouped: false,
         }
     }
 
@@ -508,5 +511,20 @@ mod tests {
                 .to_vec()
         );
         assert_eq!(splits_of(&lstm, 4, false, 8, 64), vec![Split::samples(4)]);
+    }
+
+    /// AlexNet's two-group convolutions were split by output channels, which no rank can
+    /// run without cutting its input channels too: samples and rows only.
+    #[test]
+    fn a_grouped_convolution_is_not_split_by_channels() {
+        let grouped = Layer {
+            grouped: true,
+            ..layer(LayerKind::Conv, None)
+        };
+        let s = splits_of(&grouped, 4, true, 8, 64);
+        assert!(s.iter().all(|s| s.parameter == 1), "{s:?}");
+        assert!(s.iter().any(|s| s.attribute == 4), "{s:?}");
+        let dense = splits_of(&layer(LayerKind::Conv, None), 4, true, 8, 64);
+        assert!(dense.iter().any(|s| s.parameter == 4), "{dense:?}");
     }
 }

@@ -303,6 +303,7 @@ pub fn deeppool_layers(
             }),
             halo: None,
             recurrence: None,
+            grouped: false,
         });
     }
     Ok(LayerGraph {

@@ -275,6 +275,7 @@ pub fn parse_pipedream(
             }),
             halo: None,
             recurrence: None,
+            grouped: false,
         });
     }
     let consumed: BTreeSet<usize> = preds.iter().flatten().copied().collect();

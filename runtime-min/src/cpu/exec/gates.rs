@@ -89,12 +89,7 @@ impl Rank<'_, '_> {
         let mut group = self.gate_group(l, k);
         let outputs =
             recurrent::forward_shared(r, &inputs, n.outputs.len(), &mut group).map_err(|e| {
-                kernel_failure(
-                    group.failed.map(RankError::from),
-                    self.p.exe.graph,
-                    node,
-                    e,
-                )
+                kernel_failure(group.failed.map(RankError::from), self.p.exe.graph, node, e)
             })?;
         for (&v, t) in n.outputs.iter().zip(outputs) {
             values.set(v, t);
@@ -121,12 +116,7 @@ impl Rank<'_, '_> {
         let mut group = self.gate_group(l, k);
         let input_grads =
             recurrent::backward_shared(r, &inputs, &dys, &mut group).map_err(|e| {
-                kernel_failure(
-                    group.failed.map(RankError::from),
-                    self.p.exe.graph,
-                    node,
-                    e,
-                )
+                kernel_failure(group.failed.map(RankError::from), self.p.exe.graph, node, e)
             })?;
         for (slot, g) in input_grads.into_iter().enumerate() {
             if let (Some(g), Some(Some(v))) = (g, n.inputs.get(slot)) {
