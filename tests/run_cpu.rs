@@ -666,3 +666,19 @@ fn batch_normalization_under_split_samples_uses_the_whole_batch() {
     let s = strategy(&[stage("conv0", "fc", 4)], &layers, "1f1b", 1);
     check("densenet.onnx", 8, 4, &s, "densenet-burst-soap");
 }
+
+#[test]
+fn batch_normalization_split_by_rows_uses_the_whole_batch() {
+    // Each normalization is a layer of its own (with its ReLU), here split by rows; the
+    // convolutions after them read a halo row of their neighbours'. Every rank normalizes
+    // by the statistics of all its layer's rows and samples, as one device does.
+    let rows = |a: u32, s: u32| {
+        ["norm1", "conv1", "norm2", "conv2"]
+            .map(|l| split(l, s, a, 1))
+            .join(", ")
+    };
+    let s = strategy(&[stage("conv0", "fc", 2)], &rows(2, 1), "1f1b", 1);
+    check("densenet.onnx", 8, 2, &s, "densenet-rows");
+    let s = strategy(&[stage("conv0", "fc", 4)], &rows(2, 2), "1f1b", 1);
+    check("densenet.onnx", 8, 4, &s, "densenet-rows-and-samples");
+}

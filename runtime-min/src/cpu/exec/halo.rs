@@ -63,6 +63,22 @@ impl Prepared<'_> {
                     layer.name
                 )));
             };
+            // Nodes before the window compute on the halo rows too; a batch normalization
+            // there would count a neighbour's rows in its statistics as its own. (Layers
+            // are built with each normalization heading its own layer or following the
+            // window, so this guards the layer builder.)
+            let window_at = layer.nodes.iter().position(|&n| n == halo.node);
+            if let Some(bn) = layer.nodes[..window_at.unwrap_or(0)]
+                .iter()
+                .find(|&&n| matches!(self.exe.graph.node(n).op, Op::BatchNorm { .. }))
+            {
+                return Err(setup(format!(
+                    "layer {}: {} normalizes rows before the window reads its neighbours' \
+                     rows; split this layer by samples or channels",
+                    layer.name,
+                    self.exe.graph.site(*bn)
+                )));
+            }
             let a = layer.split.attribute;
             let mut graphs = BTreeMap::new();
             for i in 0..a {
