@@ -76,7 +76,10 @@ pub fn workdir() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("ralpc-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         let link = dir.join("fixtures");
-        if !link.exists() {
+        // A process of an earlier run with the same id may have left a link to another
+        // checkout, which may be gone: point it here.
+        if std::fs::read_link(&link).ok() != Some(fixture("")) {
+            let _ = std::fs::remove_file(&link);
             std::os::unix::fs::symlink(fixture(""), &link).expect("a fixtures link");
         }
         dir

@@ -146,6 +146,7 @@ impl Facts {
             shape: vec![None; values],
             parameter: vec![false; values],
         };
+        let mut weighted = vec![false; values];
         for &n in info.order() {
             let node = graph.node(n);
             let i = n.index();
@@ -161,9 +162,29 @@ impl Facts {
                     .flatten()
                     .all(|v| facts.derived[v.index()]),
             };
+            // A weight seen through a view (a small bias unsqueezed, a generated weight
+            // reshaped) is the weight, not a constant, even when its content folds:
+            // training changes it, so the view stays a node of the layer reading it.
+            let view = matches!(
+                node.op,
+                Op::Unsqueeze { .. }
+                    | Op::Squeeze { .. }
+                    | Op::Reshape { .. }
+                    | Op::Flatten { .. }
+                    | Op::Transpose { .. }
+                    | Op::Identity
+            );
+            let of_weight = view
+                && node
+                    .inputs
+                    .first()
+                    .copied()
+                    .flatten()
+                    .is_some_and(|v| weighted[v.index()]);
             for &v in &node.outputs {
                 let ty = info.ty(v);
-                facts.folded[v.index()] = ty.content.is_some();
+                weighted[v.index()] = of_weight || ralpc_ir::is_parameter(graph, v);
+                facts.folded[v.index()] = ty.content.is_some() && !of_weight;
                 facts.derived[v.index()] = derived || ty.content.is_some();
                 facts.shape[v.index()] = ty.shape.as_sizes();
                 facts.parameter[v.index()] = node.op.is_weight();

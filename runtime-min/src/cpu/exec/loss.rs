@@ -59,6 +59,38 @@ impl Rank<'_, '_> {
             .ok_or_else(|| "the labels do not cover the output's rows".into())
     }
 
+    /// The runs of `held` (whole rows) that are contiguous in the global batch's output,
+    /// each as its first element's index there and its length: one run for a share of
+    /// whole samples, one per sample and channel range for a share cut on a middle axis
+    /// (an `[N, C, 1, 1]` output split by channels).
+    fn runs(&self, mb: u32, held: &Region) -> Result<Vec<(usize, usize)>, RankError> {
+        let p = self.p;
+        let shape = p.microbatch_shape(p.output.1)?;
+        if held.len() != shape.len() || held.is_empty() {
+            return Err(format!("a share {held:?} of an output of shape {shape:?}").into());
+        }
+        let strides = super::super::tensor::strides(&shape);
+        // The last axis the share cuts (besides the samples): runs span it and all after.
+        let cut = (1..shape.len())
+            .rev()
+            .find(|&a| held[a].len() != shape[a])
+            .unwrap_or(0);
+        let len = held[cut].len() * strides[cut];
+        let first_sample = mb as usize * p.microbatch;
+        let outer: Vec<usize> = held[..cut].iter().map(|r| r.len()).collect();
+        let mut runs = Vec::new();
+        for i in 0..outer.iter().product::<usize>() {
+            // Index `i` of the axes before the cut, row-major, in the share.
+            let (mut rest, mut at) = (i, held[cut].start * strides[cut]);
+            for a in (0..cut).rev() {
+                at += (held[a].start + rest % outer[a]) * strides[a];
+                rest /= outer[a];
+            }
+            runs.push((first_sample * strides[0] + at, len));
+        }
+        Ok(runs)
+    }
+
     /// The all-gather, over `group`, of the loss statistics of layer `l`'s class-split
     /// output on microbatch `mb`; kept for its backward.
     pub(super) fn exchange_loss_statistics(
@@ -82,6 +114,11 @@ impl Rank<'_, '_> {
             .ok_or("the output is missing")?;
         let held = self.p.region(self.p.output.1, &layer.view_out(), k)?;
         let share = self.share(mb, &held)?;
+        if share.class_range.len() == share.classes {
+            // Cut on another axis (an [N, C, 1, 1] output by channels): every rank of the
+            // group holds whole rows and takes their loss alone.
+            return Ok(());
+        }
         let mine = kernels::class_piece_statistics(
             share.class_range.len(),
             y,
@@ -116,13 +153,33 @@ impl Rank<'_, '_> {
         let share = self.share(mb, held)?;
         let values = y.floats().ok_or("the loss needs a floating-point output")?;
         let whole_rows = share.class_range.len() == share.classes;
+        let runs = if whole_rows {
+            self.runs(mb, held)?
+        } else {
+            Vec::new()
+        };
         let (loss, dy) = if whole_rows {
             let total = p.microbatch_shape(p.output.1)?.iter().product::<usize>()
                 / p.microbatch.max(1)
                 * p.exe.plan.batch as usize;
-            let start = share.first_row * share.classes;
-            train::loss(self.options.loss, y, start, &p.exe.data.labels, total)
-                .map_err(|e| RankError::Loss(e.to_string()))?
+            // Each run's rows add their loss and get their gradient, in the share's order.
+            let (mut loss, mut dy, mut at) = (0.0, Vec::with_capacity(values.len()), 0);
+            for &(start, len) in &runs {
+                let part = values
+                    .get(at..at + len)
+                    .ok_or("the output share is shorter than its region")?;
+                let rows = Tensor::f32(
+                    vec![len / share.classes.max(1), share.classes],
+                    part.to_vec(),
+                );
+                let (l, g) =
+                    train::loss(self.options.loss, &rows, start, &p.exe.data.labels, total)
+                        .map_err(|e| RankError::Loss(e.to_string()))?;
+                loss += l;
+                dy.extend(g);
+                at += len;
+            }
+            (loss, dy)
         } else {
             if self.options.loss != Loss::CrossEntropy {
                 return Err(RankError::Unsupported(format!(
@@ -155,14 +212,21 @@ impl Rank<'_, '_> {
         // Replicas of the same share compute the same loss: count it once.
         let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);
         if owner {
-            if pieces[2].0 == 0 {
+            // A class split's pieces each know the rows' whole loss (from the exchanged
+            // statistics): the first adds it. Whole rows cut elsewhere are each their own.
+            if whole_rows || pieces[2].0 == 0 {
                 if let Some(last) = self.report.losses.last_mut() {
                     *last += loss;
                 }
             }
             if self.step == 0 && whole_rows {
-                let start = share.first_row * share.classes;
-                self.report.output.push((start, values.to_vec()));
+                let mut at = 0;
+                for &(start, len) in &runs {
+                    self.report
+                        .output
+                        .push((start, values[at..at + len].to_vec()));
+                    at += len;
+                }
             } else if self.step == 0 {
                 let width = share.class_range.len();
                 for (r, row) in values.chunks(width.max(1)).enumerate() {
