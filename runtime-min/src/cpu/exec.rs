@@ -65,6 +65,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 mod batch_stats;
 mod derived;
 mod epilogue;
+mod failure;
 mod gates;
 mod halo;
 mod heads;
@@ -77,154 +78,11 @@ mod transfers;
 mod vocabulary;
 mod zero;
 
+use failure::{keep, kernel_failure};
+pub use failure::{Fault, FaultKind, RankError, RunError, KILLED};
 use prepare::after;
 
 use layout::BatchAxis;
-
-/// Why a plan could not run.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RunError {
-    /// The plan cannot run on this model with this backend.
-    #[error("{0}")]
-    Setup(String),
-    /// A rank failed.
-    #[error("rank {rank}, instruction {index} ({op})")]
-    Rank {
-        /// The rank.
-        rank: u32,
-        /// The instruction's index in its program.
-        index: usize,
-        /// The instruction's `op`.
-        op: &'static str,
-        /// What went wrong.
-        #[source]
-        cause: RankError,
-    },
-}
-
-impl RunError {
-    /// Whether the failure is ralpc's own: the plan was checked before it ran, so a rank
-    /// that panics, or finds the plan and what it holds disagreeing, is a bug.
-    pub fn is_bug(&self) -> bool {
-        matches!(
-            self,
-            RunError::Rank {
-                cause: RankError::Inconsistent(_) | RankError::Panicked(_),
-                ..
-            }
-        )
-    }
-
-    /// The order in which the ranks' failures explain a run: a rank's own failure, then a
-    /// rank that timed out waiting (it names the silent rank), then the ranks the failure
-    /// aborted, then a rank stopped by an injected fault (which reports nothing of itself,
-    /// as a killed process could not).
-    fn precedence(&self) -> u8 {
-        match self {
-            RunError::Rank { cause, .. } => match cause {
-                RankError::Killed => 3,
-                RankError::Comm(CommError::Aborted(_)) => 2,
-                RankError::Comm(CommError::Timeout { .. }) => 1,
-                _ => 0,
-            },
-            RunError::Setup(_) => 0,
-        }
-    }
-}
-
-/// Why one rank stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RankError {
-    /// A node of the model failed on the values it was given.
-    #[error(transparent)]
-    Node(#[from] graph::ExecError),
-    /// Another rank failed or went silent.
-    #[error(transparent)]
-    Comm(#[from] CommError),
-    /// What the plan says and what this rank holds or computes disagree (a bug).
-    #[error("{0}")]
-    Inconsistent(String),
-    /// The plan asks for something this runtime does not execute yet.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The loss cannot be taken of the model's output and the labels.
-    #[error("the loss: {0}")]
-    Loss(String),
-    /// The rank panicked (a bug).
-    #[error("panicked: {0}")]
-    Panicked(String),
-    /// Panicked as an injected fault asked (`--fault R:I:panic`).
-    #[error("panicked: injected fault")]
-    InjectedPanic,
-    /// Stopped by an injected fault (`--fault`).
-    #[error("{KILLED}")]
-    Killed,
-    /// The checkpoint could not be written.
-    #[error("{0}")]
-    Checkpoint(String),
-}
-
-/// A kernel that runs collectives failed with `message`: the collective's own error when
-/// one failed under it, else the node's.
-fn kernel_failure(
-    collective: Option<RankError>,
-    graph: &Graph,
-    node: NodeId,
-    message: String,
-) -> RankError {
-    collective.unwrap_or_else(|| {
-        graph::ExecError::Node {
-            site: graph.site(node),
-            message,
-        }
-        .into()
-    })
-}
-
-/// Keeps a collective's typed error in `slot` for [`kernel_failure`] and hands its message
-/// to the kernel that ran it.
-fn keep(slot: &mut Option<RankError>, e: RankError) -> String {
-    let message = e.to_string();
-    *slot = Some(e);
-    message
-}
-
-/// Bookkeeping that fails only when the plan and the runtime disagree.
-impl From<String> for RankError {
-    fn from(message: String) -> RankError {
-        RankError::Inconsistent(message)
-    }
-}
-
-impl From<&str> for RankError {
-    fn from(message: &str) -> RankError {
-        RankError::Inconsistent(message.to_owned())
-    }
-}
-
-/// A fault injected into one rank, to test that the others stop (`ralpc run --fault`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    /// The failing rank.
-    pub rank: u32,
-    /// The instruction (index into its program, first iteration) where it fails.
-    pub instruction: usize,
-    /// How it fails.
-    pub kind: FaultKind,
-}
-
-/// How an injected fault fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The rank panics.
-    Panic,
-    /// The rank stops responding: it waits for something that never comes.
-    Hang,
-    /// The rank is gone without a word (a killed process).
-    Exit,
-}
 
 /// The training state between two steps: every weight and its momentum, whole, by name,
 /// and the losses so far.
@@ -358,10 +216,6 @@ pub struct Executable<'a> {
     /// Where the ranks compute: the CPU when absent.
     pub compute: Option<&'a ComputeFactory<'a>>,
 }
-
-/// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
-/// failure, reports nothing: the other ranks' errors name it).
-pub const KILLED: &str = "stopped by an injected fault";
 
 /// A piece of a gradient: the region and its values.
 type GradPiece = (Region, Vec<f32>);
