@@ -355,7 +355,7 @@ pub fn read_data(
         .map(|&o| sizes(o))
         .unwrap_or_default();
     let n: usize = output.iter().product();
-    let classes = output.last().copied().unwrap_or(1).max(1);
+    let classes = ralpc_runtime_min::cpu::train::classes(&output);
     let labels = match loss {
         Loss::CrossEntropy => {
             if file.labels.len() != n / classes {

@@ -686,38 +686,43 @@ fn batch_normalization_split_by_rows_uses_the_whole_batch() {
 #[test]
 fn an_output_cut_by_channels_before_unit_axes_trains_as_one_device() {
     // caffe.onnx ends in a 1×1 convolution to [N, 6, 1, 1], as the ONNX zoo's Caffe2
-    // classifiers do: split by channels, a rank's share of the output is a run of channels
-    // in every sample, each placed and given its loss where it lies. Its scale and shift
-    // enter through Unsqueeze and train as one device trains them. (Mean squared error:
-    // cross-entropy over the size-1 last axis would be zero.)
+    // classifiers do: its 6 classes are on axis 1. Split by channels, a rank's share is a
+    // run of channels in every sample: squared error takes each run's loss where it lies,
+    // cross-entropy exchanges the rows' statistics as for a vocabulary-parallel head. Its
+    // scale and shift enter through Unsqueeze and train as one device trains them.
+    use ralpc::runtime::cpu::train::Loss;
     let model = fixture("caffe.onnx");
-    let run = |plan: PathBuf| ralpc::RunOptions {
-        plan,
-        model: Some(model.clone()),
-        steps: 3,
-        loss: ralpc::runtime::cpu::train::Loss::Mse,
-        ..Default::default()
-    };
-    let want = ralpc::train_single_device(&model, 8, &run(PathBuf::new()))
-        .expect("single-device training");
-    for (gpus, split) in [(2, split("fc", 1, 1, 2)), (4, split("fc", 2, 1, 2))] {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("strategy.json");
-        let s = strategy(&[stage("conv0", "fc", gpus)], &split, "1f1b", 1);
-        std::fs::write(&file, s).expect("write the strategy");
-        ralpc::compile(&ralpc::Options {
-            model: model.clone(),
-            gpus: Some(gpus),
-            batch: Some(8),
-            strategy_file: Some(file),
+    for loss in [Loss::Mse, Loss::CrossEntropy] {
+        let run = |plan: PathBuf| ralpc::RunOptions {
+            plan,
+            model: Some(model.clone()),
+            steps: 3,
+            loss,
             ..Default::default()
-        })
-        .expect("plans")
-        .write(dir.path())
-        .expect("writes");
-        let got = ralpc::run(&run(dir.path().to_path_buf()))
-            .unwrap_or_else(|e| panic!("run: {e}{}", error_chain(&e)))
-            .report;
-        assert_same(&format!("caffe, fc split {split}"), &got, &want);
+        };
+        let want = ralpc::train_single_device(&model, 8, &run(PathBuf::new()))
+            .expect("single-device training");
+        // Cross-entropy over 6 classes, not over the size-1 last axis (which is 0).
+        assert!(want.losses[0] > 0.1, "{loss:?}: {:?}", want.losses);
+        for (gpus, split) in [(2, split("fc", 1, 1, 2)), (4, split("fc", 2, 1, 2))] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let file = dir.path().join("strategy.json");
+            let s = strategy(&[stage("conv0", "fc", gpus)], &split, "1f1b", 1);
+            std::fs::write(&file, s).expect("write the strategy");
+            ralpc::compile(&ralpc::Options {
+                model: model.clone(),
+                gpus: Some(gpus),
+                batch: Some(8),
+                strategy_file: Some(file),
+                ..Default::default()
+            })
+            .expect("plans")
+            .write(dir.path())
+            .expect("writes");
+            let got = ralpc::run(&run(dir.path().to_path_buf()))
+                .unwrap_or_else(|e| panic!("run: {e}{}", error_chain(&e)))
+                .report;
+            assert_same(&format!("caffe, {loss:?}, fc split {split}"), &got, &want);
+        }
     }
 }

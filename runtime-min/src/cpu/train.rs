@@ -123,7 +123,7 @@ impl Dataset {
             .map(|&d| d as usize)
             .collect();
         let n: usize = output.iter().product();
-        let classes = output.last().copied().unwrap_or(1).max(1);
+        let classes = classes(&output);
         let labels = match loss {
             Loss::CrossEntropy => {
                 Data::I64(init::integers(seed, "labels", n / classes, classes as u64))
@@ -132,6 +132,24 @@ impl Dataset {
         };
         Dataset { inputs, labels }
     }
+}
+
+/// The axis of the classes a cross-entropy loss reads in an output of `shape`: the last,
+/// after dropping trailing axes of size 1 down to two axes. An `[N, C, 1, 1]` output (a
+/// classifier ending in a 1×1 convolution, as the ONNX zoo's do) has its `C` classes on
+/// axis 1, as PyTorch's cross-entropy reads it; `[N, 1]` keeps one class.
+pub fn class_axis(shape: &[usize]) -> usize {
+    let mut axis = shape.len().saturating_sub(1);
+    while axis >= 2 && shape[axis] == 1 {
+        axis -= 1;
+    }
+    axis
+}
+
+/// The classes of each row of an output of `shape` ([`class_axis`]); its rows are the
+/// elements over them.
+pub fn classes(shape: &[usize]) -> usize {
+    shape.get(class_axis(shape)).copied().unwrap_or(1).max(1)
 }
 
 /// The loss of `output`, which holds output elements `start..start + len` of the global
@@ -152,7 +170,7 @@ pub fn loss(
     let mut grad = vec![0.0; y.len()];
     match (loss, labels) {
         (Loss::CrossEntropy, Data::I64(classes_of)) => {
-            let classes = output.shape.last().copied().unwrap_or(1).max(1);
+            let classes = classes(&output.shape);
             let rows = total / classes;
             let first = start / classes;
             let labels: Vec<u32> = classes_of[first..first + y.len() / classes]
@@ -250,4 +268,21 @@ pub fn train_reference(
         })
         .collect();
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_on_the_last_axis_after_trailing_unit_axes() {
+        assert_eq!(classes(&[8, 1000]), 1000);
+        assert_eq!(classes(&[8, 1000, 1, 1]), 1000);
+        assert_eq!(class_axis(&[8, 1000, 1, 1]), 1);
+        assert_eq!(classes(&[8, 16, 50257]), 50257);
+        // A single output per sample keeps one class; the batch is never the class axis.
+        assert_eq!(classes(&[8, 1]), 1);
+        assert_eq!(classes(&[8, 1, 1]), 1);
+        assert_eq!(class_axis(&[8]), 0);
+    }
 }

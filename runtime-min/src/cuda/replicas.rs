@@ -351,7 +351,7 @@ fn loss<B: Backend>(
     let mut dy = dev.zeros(total)?;
     let per = match (kind, labels) {
         (Loss::CrossEntropy, Data::I64(classes_of)) => {
-            let classes = y.shape.last().copied().unwrap_or(1).max(1);
+            let classes = crate::cpu::train::classes(&y.shape);
             let rows = total / classes;
             let labels = dev.upload_indices(classes_of.get(..rows).ok_or("too few labels")?)?;
             let mut per = dev.zeros(rows)?;

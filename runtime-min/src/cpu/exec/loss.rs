@@ -28,8 +28,9 @@ impl Rank<'_, '_> {
     fn share(&self, mb: u32, held: &Region) -> Result<Share, RankError> {
         let p = self.p;
         let shape = p.microbatch_shape(p.output.1)?;
+        let axis = train::class_axis(&shape);
         let (Some(&classes), Some(samples), Some(class_range)) =
-            (shape.last(), held.first(), held.last())
+            (shape.get(axis), held.first(), held.get(axis))
         else {
             return Err(RankError::Unsupported(
                 "the model's output has no rows to take a loss of".into(),
@@ -114,9 +115,9 @@ impl Rank<'_, '_> {
             .ok_or("the output is missing")?;
         let held = self.p.region(self.p.output.1, &layer.view_out(), k)?;
         let share = self.share(mb, &held)?;
-        if share.class_range.len() == share.classes {
-            // Cut on another axis (an [N, C, 1, 1] output by channels): every rank of the
-            // group holds whole rows and takes their loss alone.
+        if share.class_range.len() == share.classes || self.options.loss != Loss::CrossEntropy {
+            // Whole rows (cut on another axis), or a loss of each element alone: every rank
+            // of the group takes its share's loss alone.
             return Ok(());
         }
         let mine = kernels::class_piece_statistics(
@@ -153,12 +154,16 @@ impl Rank<'_, '_> {
         let share = self.share(mb, held)?;
         let values = y.floats().ok_or("the loss needs a floating-point output")?;
         let whole_rows = share.class_range.len() == share.classes;
-        let runs = if whole_rows {
+        // Whole rows, or a loss of each element alone (squared error): the share's runs
+        // take their loss where they lie. Rows cut by classes need the cross-entropy's
+        // exchanged statistics.
+        let by_runs = whole_rows || self.options.loss != Loss::CrossEntropy;
+        let runs = if by_runs {
             self.runs(mb, held)?
         } else {
             Vec::new()
         };
-        let (loss, dy) = if whole_rows {
+        let (loss, dy) = if by_runs {
             let total = p.microbatch_shape(p.output.1)?.iter().product::<usize>()
                 / p.microbatch.max(1)
                 * p.exe.plan.batch as usize;
@@ -168,10 +173,11 @@ impl Rank<'_, '_> {
                 let part = values
                     .get(at..at + len)
                     .ok_or("the output share is shorter than its region")?;
-                let rows = Tensor::f32(
-                    vec![len / share.classes.max(1), share.classes],
-                    part.to_vec(),
-                );
+                let shape = match self.options.loss {
+                    Loss::CrossEntropy => vec![len / share.classes.max(1), share.classes],
+                    Loss::Mse => vec![len],
+                };
+                let rows = Tensor::f32(shape, part.to_vec());
                 let (l, g) =
                     train::loss(self.options.loss, &rows, start, &p.exe.data.labels, total)
                         .map_err(|e| RankError::Loss(e.to_string()))?;
@@ -181,13 +187,6 @@ impl Rank<'_, '_> {
             }
             (loss, dy)
         } else {
-            if self.options.loss != Loss::CrossEntropy {
-                return Err(RankError::Unsupported(format!(
-                    "layer {} splits the model's output by classes, which only the \
-                     cross-entropy loss takes",
-                    layer.name
-                )));
-            }
             let all = self.loss_statistics.remove(&(l, mb)).ok_or_else(|| {
                 format!(
                     "layer {} splits the model's output by classes, but the plan exchanges \
@@ -214,12 +213,12 @@ impl Rank<'_, '_> {
         if owner {
             // A class split's pieces each know the rows' whole loss (from the exchanged
             // statistics): the first adds it. Whole rows cut elsewhere are each their own.
-            if whole_rows || pieces[2].0 == 0 {
+            if by_runs || pieces[2].0 == 0 {
                 if let Some(last) = self.report.losses.last_mut() {
                     *last += loss;
                 }
             }
-            if self.step == 0 && whole_rows {
+            if self.step == 0 && by_runs {
                 let mut at = 0;
                 for &(start, len) in &runs {
                     self.report
