@@ -772,10 +772,6 @@ impl<'p, 'a> Rank<'p, 'a> {
             .ok_or_else(|| format!("group {g} does not exist").into())
     }
 
-    fn comm_error(e: CommError) -> RankError {
-        e.into()
-    }
-
     /// What a message of `tag` carries.
     fn decode(&self, tag: u64) -> Result<Tag, RankError> {
         let tags = Tags {

@@ -375,7 +375,7 @@ impl Rank<'_, '_> {
             .ok_or("only floating-point tensors have halos")?;
         self.comm
             .send(to, tag, floats.to_vec())
-            .map_err(Self::comm_error)
+            .map_err(RankError::from)
     }
 
     /// Receives from rank `from` what [`Rank::halo_send`] sent.
@@ -393,7 +393,7 @@ impl Rank<'_, '_> {
             HaloPass::Forward | HaloPass::Again => intersect(&ext, &from_own),
             HaloPass::Backward => intersect(&from_ext, &own),
         };
-        let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
+        let data = self.comm.recv(from, tag).map_err(RankError::from)?;
         if data.len() != volume(&piece) {
             return Err(format!(
                 "the halo from rank {from} has {} elements where {} were expected",

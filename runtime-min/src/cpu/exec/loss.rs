@@ -126,7 +126,7 @@ impl Rank<'_, '_> {
             &self.labels(&share)?,
             share.class_range.start,
         );
-        let all = self.comm.exchange(group, mine).map_err(Self::comm_error)?;
+        let all = self.comm.exchange(group, mine).map_err(RankError::from)?;
         self.loss_statistics.insert((l, mb), all);
         Ok(())
     }
@@ -221,9 +221,9 @@ impl Rank<'_, '_> {
             if self.step == 0 && by_runs {
                 let mut at = 0;
                 for &(start, len) in &runs {
-                    self.report
-                        .output
-                        .push((start, values[at..at + len].to_vec()));
+                    if let Some(part) = values.get(at..at + len) {
+                        self.report.output.push((start, part.to_vec()));
+                    }
                     at += len;
                 }
             } else if self.step == 0 {

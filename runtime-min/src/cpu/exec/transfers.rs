@@ -36,7 +36,7 @@ impl Rank<'_, '_> {
             Data::F32(v) => v.clone(),
             Data::I64(v) => ints_to_words(v),
         };
-        self.comm.send(to, tag, words).map_err(Self::comm_error)
+        self.comm.send(to, tag, words).map_err(RankError::from)
     }
 
     pub(super) fn recv(
@@ -47,7 +47,7 @@ impl Rank<'_, '_> {
         mb: u32,
         backward: bool,
     ) -> Result<(), RankError> {
-        let data = self.comm.recv(from, tag).map_err(Self::comm_error)?;
+        let data = self.comm.recv(from, tag).map_err(RankError::from)?;
         let piece = if backward {
             intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
         } else {
@@ -127,7 +127,7 @@ impl Rank<'_, '_> {
             let mut flat = self.flat_gradients(&keys);
             self.comm
                 .all_reduce(&group, &mut flat)
-                .map_err(Self::comm_error)?;
+                .map_err(RankError::from)?;
             let mut at = 0;
             for &w in &keys {
                 if let Some(g) = self.grads.get_mut(&w) {
@@ -155,7 +155,7 @@ impl Rank<'_, '_> {
                 };
                 self.comm
                     .all_reduce(&group, &mut x)
-                    .map_err(Self::comm_error)?;
+                    .map_err(RankError::from)?;
                 run.values.set(o, Tensor::f32(shape, x));
             }
             return Ok(());
@@ -170,7 +170,7 @@ impl Rank<'_, '_> {
                 .input_grads
                 .get_mut(&(e, mb))
                 .ok_or("no input gradient to sum")?;
-            return self.comm.all_reduce(&group, data).map_err(Self::comm_error);
+            return self.comm.all_reduce(&group, data).map_err(RankError::from);
         }
         Err("an all-reduce whose buffers name nothing to reduce".into())
     }
@@ -190,7 +190,7 @@ impl Rank<'_, '_> {
         let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
         self.comm
             .all_reduce(&group, gradient)
-            .map_err(Self::comm_error)
+            .map_err(RankError::from)
     }
 
     /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
@@ -233,7 +233,7 @@ impl Rank<'_, '_> {
                     .ok_or("the output is missing")?
                     .to_vec()
             };
-            let all = self.comm.exchange(&group, mine).map_err(Self::comm_error)?;
+            let all = self.comm.exchange(&group, mine).map_err(RankError::from)?;
             for (&member, data) in members.iter().zip(all) {
                 if member == self.rank {
                     continue;
@@ -257,7 +257,7 @@ impl Rank<'_, '_> {
                 .get(&(e, mb))
                 .cloned()
                 .ok_or("no input gradient to reshard")?;
-            let all = self.comm.exchange(&group, data).map_err(Self::comm_error)?;
+            let all = self.comm.exchange(&group, data).map_err(RankError::from)?;
             let held = self.held(e, self.rank)?;
             let reduce = matches!(
                 self.p.exe.plan.programs[self.rank as usize][index as usize],

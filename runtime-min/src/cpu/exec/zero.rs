@@ -96,7 +96,7 @@ impl Rank<'_, '_> {
         let all = self
             .comm
             .exchange(&group, flat.clone())
-            .map_err(Self::comm_error)?;
+            .map_err(RankError::from)?;
         let mine = self.shard(&group, flat.len())?;
         let mut kept = vec![0.0f32; flat.len()];
         for part in &all {
@@ -124,7 +124,7 @@ impl Rank<'_, '_> {
             let shares = self
                 .comm
                 .exchange(&group, flat[mine.clone()].to_vec())
-                .map_err(Self::comm_error)?
+                .map_err(RankError::from)?
                 .concat();
             let mut at = 0;
             for &w in &keys {
@@ -184,7 +184,7 @@ impl Rank<'_, '_> {
         let all = self
             .comm
             .exchange(&group, flat[mine].to_vec())
-            .map_err(Self::comm_error)?
+            .map_err(RankError::from)?
             .concat();
         if all.len() != flat.len() {
             return Err("the members' weight shares do not make up the bucket".into());
