@@ -86,7 +86,7 @@ pub struct PlanArgs {
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]
     pub strategy_file: Option<PathBuf>,
-    /// Where to write the executable plan (`plan.json`, format ralpc-plan/2), the placed
+    /// Where to write the executable plan (`plan.json`, format ralpc-plan/3), the placed
     /// graph (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated
     /// timeline (`timeline.json`, open it in ui.perfetto.dev) and `report.html`
     /// [default: `<model stem>.ralpc` in the working directory].

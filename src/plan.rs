@@ -574,15 +574,23 @@ fn load_model(
     })
 }
 
-/// The model's layer graph, its activations as wide as `precision` keeps them.
-fn load_layers(model: Model, precision: Precision) -> Result<LayerGraph, Error> {
-    let graph = match model {
-        Model::Layers(g) => g,
-        Model::Graph { graph, info, batch } => {
-            layers::build(&graph, &info, batch, Default::default())?
-        }
+/// The model's layer graph, its activations as wide as `precision` keeps them, and the
+/// model's ops when it has them (an ONNX model's, which a plan's layout names).
+fn load_layers(
+    model: Model,
+    precision: Precision,
+) -> Result<(LayerGraph, Option<Box<ralpc_ir::Graph>>), Error> {
+    let (layers, ops) = match model {
+        Model::Layers(g) => (g, None),
+        Model::Graph { graph, info, batch } => (
+            layers::build(&graph, &info, batch, Default::default())?,
+            Some(graph),
+        ),
     };
-    Ok(graph.with_activation_bytes(precision.activation_bytes()))
+    Ok((
+        layers.with_activation_bytes(precision.activation_bytes()),
+        ops,
+    ))
 }
 
 /// Whether the transformer planner takes the model: a recognized GPT-like decoder under
@@ -731,7 +739,7 @@ fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<P
         .precision
         .or(profile.as_ref().map(|p| p.precision))
         .unwrap_or(Precision::Tf32);
-    let graph = load_layers(model, precision)?;
+    let (graph, ops) = load_layers(model, precision)?;
     let costs = Costs::new(
         &graph,
         &cluster,
@@ -768,7 +776,12 @@ fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<P
     let planned = plan::plan(&costs, &request).map_err(|e| Error::Plan(Box::new(e)))?;
     let strategy = StrategyFile::of(&graph, &planned.chosen.strategy);
     let executable = if options.executable {
-        Some(executable(options, &costs, &planned.chosen.strategy)?)
+        Some(executable(
+            options,
+            &costs,
+            &planned.chosen.strategy,
+            ops.as_deref(),
+        )?)
     } else {
         None
     };
@@ -795,6 +808,7 @@ fn executable(
     options: &PlanOptions,
     costs: &Costs<'_>,
     strategy: &ralpc_passes::plan::Strategy,
+    ops: Option<&ralpc_ir::Graph>,
 ) -> Result<Executable, Error> {
     let graph = costs.graph;
     let bytes = read_input(&options.model, InputKind::Model).map_err(|error| {
@@ -815,8 +829,9 @@ fn executable(
         inputs: options.inputs.clone(),
         values: options.values.clone(),
     };
-    let plan =
+    let mut plan =
         ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;
+    plan.layout = ops.and_then(|ops| ralpc_codegen::Layout::describe(ops, graph, strategy));
     let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
         // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
         Error::Internal(Box::new(format!("the lowered plan does not run: {e}")))
@@ -849,6 +864,7 @@ fn executable(
 fn lower_transformer(
     options: &PlanOptions,
     graph: &LayerGraph,
+    ops: Option<&ralpc_ir::Graph>,
     strategy: &ralpc_passes::plan::Strategy,
     cluster: &Cluster,
     gpus: u32,
@@ -880,7 +896,7 @@ fn lower_transformer(
         transformer::GEMM_EFFICIENCY,
     );
     let costs = Costs::new(
-        &graph,
+        graph,
         cluster,
         gpus,
         CostOptions {
@@ -892,7 +908,7 @@ fn lower_transformer(
             ..CostOptions::default()
         },
     );
-    Ok(Ok(executable(options, &costs, strategy)?))
+    Ok(Ok(executable(options, &costs, strategy, ops)?))
 }
 
 /// Plans a recognized transformer in Megatron-LM's space.
@@ -1080,7 +1096,7 @@ fn plan_transformer(
     };
     // The layer-graph form names every layer's placement (what `ralpc.torch` applies),
     // also when the plan is not lowered.
-    let graph = load_layers(model, precision)?;
+    let (graph, ops) = load_layers(model, precision)?;
     let (strategy, executable, not_lowered) = match transformer::layered(&graph, best) {
         Err(why) => (None, None, Some(why.0)),
         Ok(layered) => {
@@ -1088,7 +1104,15 @@ fn plan_transformer(
             if !options.executable {
                 (Some(file), None, None)
             } else {
-                match lower_transformer(options, &graph, &layered, cluster, gpus, precision)? {
+                match lower_transformer(
+                    options,
+                    &graph,
+                    ops.as_deref(),
+                    &layered,
+                    cluster,
+                    gpus,
+                    precision,
+                )? {
                     Ok(executable) => (Some(file), Some(executable), None),
                     Err(why) => (Some(file), None, Some(why)),
                 }

@@ -674,7 +674,7 @@ fn run_with(
     let layer_graph: LayerGraph =
         layers::build(&bound.graph, &bound.info, plan.batch, Default::default())
             .map_err(|e| Error::Layers(Box::new(e)))?;
-    sizes::check(&plan, &plan_file, &layer_graph)?;
+    sizes::check(&plan, &plan_file, &bound.graph, &layer_graph)?;
     let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {
         use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
         // Every rank of this process on the GPU its launcher gave it (0 without one); more
@@ -711,7 +711,6 @@ fn run_with(
         plan: &plan,
         graph: &p.graph,
         info: &p.info,
-        layers: &layer_graph,
         weights: &p.weights,
         data: &p.data,
         info_at: &info_at,

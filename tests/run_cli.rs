@@ -151,7 +151,7 @@ fn a_plan_for_another_model_or_a_broken_plan_is_refused() {
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let broken = dir.path().join("plan.json");
-    std::fs::write(&broken, "{\"format\": \"ralpc-plan/2\"").expect("write");
+    std::fs::write(&broken, "{\"format\": \"ralpc-plan/3\"").expect("write");
     let out = ralpc(&cwd).arg("run").arg(&broken).assert().code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
     assert!(stderr.starts_with("error: cannot use the plan"), "{stderr}");

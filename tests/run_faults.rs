@@ -358,7 +358,8 @@ fn too_many_ranks_for_one_process_are_refused_up_front() {
 /// Sizes written in a plan are not trusted: a doctored batch of 2^40, two buffers of 2^63
 /// bytes (whose sum wrapped to nothing), or every buffer understated to 1 byte (which
 /// passed the memory pre-check) are refused before anything is allocated, as a bad plan
-/// file (exit 1), naming the rank and the buffer.
+/// file (exit 1), naming the rank and the buffer; so is a layout that is not the one the
+/// plan's placement gives (a layer's split, an edge's tensor) or none at all.
 #[test]
 fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
     let (dir, model) = plan(PIPELINE, 4);
@@ -384,7 +385,17 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
     one_less["buffers"][3][last]["bytes"] = (bytes - 1).into();
     let mut mixed = original.clone();
     mixed["precision"] = "fp16".into();
+    // The layout the executor runs from is checked the same way.
+    let mut resplit = original.clone();
+    resplit["layout"]["layers"][0]["split"]["sample"] = 1.into();
+    let mut rewired = original.clone();
+    rewired["layout"]["edges"][0]["value"] = "input".into();
+    let mut unlaid = original.clone();
+    unlaid.as_object_mut().expect("a plan").remove("layout");
     for (what, plan, says) in [
+        ("a layer's split", resplit, "its layout of layer"),
+        ("an edge's tensor", rewired, "its layout's edge 0"),
+        ("no layout", unlaid, "no layout of its layers"),
         ("batch", batch, "makes the model's inputs"),
         (
             "wrapping",

@@ -1,4 +1,4 @@
-//! Lowering a placement strategy into ralpc's executable plan (`ralpc-plan/2`: per-rank
+//! Lowering a placement strategy into ralpc's executable plan (`ralpc-plan/3`: per-rank
 //! instruction streams, communicator groups, predicted durations).
 //!
 //! The plan schema with its validating loader ([`plan`]: instructions, communicator
@@ -46,12 +46,14 @@
 
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod layout;
 pub mod lower;
 pub mod plan;
 pub mod report;
 pub mod tag;
 pub mod viz;
 
+pub use layout::Layout;
 pub use lower::lower;
 pub use plan::{
     model_hash, Buffer, BufferKind, Instruction, LinkClass, ModelRef, Plan, PlanFileError,

@@ -1,9 +1,9 @@
-//! The executable plan, `ralpc-plan/2` (JSON): for every rank, the ordered instructions of
+//! The executable plan, `ralpc-plan/3` (JSON): for every rank, the ordered instructions of
 //! one training iteration, each with the duration the cost model predicts for it.
 //!
 //! ```json
 //! {
-//!   "format": "ralpc-plan/2",
+//!   "format": "ralpc-plan/3",
 //!   "model": { "name": "vgg16/model.onnx", "blake3": "…64 hex digits…", "layers": 22 },
 //!   "inputs": "…64 hex digits…",
 //!   "cluster": "dgx-a100", "ranks": 8, "batch": 32, "microbatches": 1, "schedule": "1f1b",
@@ -67,8 +67,10 @@ use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::StrategyFile;
 use serde::{Deserialize, Serialize};
 
+use crate::layout::Layout;
+
 /// The format tag this version writes and reads.
-pub const FORMAT: &str = "ralpc-plan/2";
+pub const FORMAT: &str = "ralpc-plan/3";
 
 /// The model a plan was made for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -460,6 +462,11 @@ pub struct Plan {
     pub buffers: Vec<Vec<Buffer>>,
     /// The planner's prediction.
     pub predicted: Predicted,
+    /// How the layers are placed and connected, by the model's names: what an executor
+    /// reads to run the plan ([`Layout`]). Absent from a plan lowered without its model's
+    /// ops (an imported profile's), which is simulated but not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<Layout>,
 }
 
 /// Why a plan cannot be used.
@@ -649,6 +656,9 @@ impl Plan {
                 self.model.layers,
                 self.layers.len()
             ));
+        }
+        if let Some(layout) = &self.layout {
+            layout.check(self.layers.len(), self.ranks).or_else(bad)?;
         }
         for (g, group) in self.groups.iter().enumerate() {
             if group.len() < 2 || group.windows(2).any(|w| w[0] >= w[1]) {

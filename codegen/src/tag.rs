@@ -1,4 +1,4 @@
-//! What a message carries, as its `tag` in `ralpc-plan/2` numbers it.
+//! What a message carries, as its `tag` in `ralpc-plan/3` numbers it.
 //!
 //! The lowering numbers every message by the edge of the layer graph whose tensor it
 //! moves; an executor decodes the number back with the same [`Tags`], so the two agree by

@@ -172,7 +172,7 @@ fn the_loader_refuses_what_it_cannot_run() {
     let text = good.to_json();
     let err = |text: &str| Plan::parse(text).unwrap_err();
 
-    let newer = text.replace("\"ralpc-plan/2\"", "\"ralpc-plan/3\"");
+    let newer = text.replace("\"ralpc-plan/3\"", "\"ralpc-plan/4\"");
     assert!(matches!(err(&newer), PlanFileError::Format { .. }));
 
     let mut plan = good.clone();
@@ -228,7 +228,7 @@ fn the_loader_refuses_what_it_cannot_run() {
         .contains("after it is freed"));
 
     assert!(matches!(
-        err("{\"format\": \"ralpc-plan/2\", \"ranks\": 1}"),
+        err("{\"format\": \"ralpc-plan/3\", \"ranks\": 1}"),
         PlanFileError::Malformed(_)
     ));
     assert!(good.check_model(b"synthetic").is_ok());

@@ -245,7 +245,8 @@ pub struct Halo {
 }
 
 /// How a layer is split over a device group (SOAP degrees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Split {
     /// Sample (batch) degree.
     pub sample: u32,

@@ -1,4 +1,4 @@
-//! The minimal plan executor of `ralpc-plan/2`.
+//! The minimal plan executor of `ralpc-plan/3`.
 //!
 //! * [`sim`]: the simulator. Each instruction advances its rank's compute or communication
 //!   clock by the duration the plan carries, waiting for the data it reads (from the
@@ -14,8 +14,9 @@
 //!   device (`runtime-min/cuda-host`).
 //! * [`dist`]: the launcher environment and the authenticated TCP rendezvous.
 //!
-//! It reads codegen's plan and the model's layer graph (which tensors a layer reads and
-//! how a split cuts them), never the search.
+//! It reads codegen's plan and the ONNX model, nothing of the planner: the plan's
+//! [`layout`](ralpc_codegen::layout) names each layer's ops, split and ranks and the
+//! tensors between layers, and the plan's views say how a split cuts them.
 //!
 //! ```
 //! use ralpc_runtime_min::codegen::passes::plan::{self, CostOptions, Costs, Request};

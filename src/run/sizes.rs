@@ -1,7 +1,8 @@
-//! The plan's buffer sizes, recomputed: `ralpc run` never trusts a size written in a plan
-//! file. Its placement is lowered again on the model, at the precision and optimizer the
-//! plan records; each rank's buffers must come out the sizes the file says, or the plan is
-//! refused before anything is allocated.
+//! The plan's buffer sizes and layout, recomputed: `ralpc run` never trusts a size or a
+//! layer's placement written in a plan file. Its placement is lowered again on the model,
+//! at the precision and optimizer the plan records; each rank's buffers must come out the
+//! sizes the file says, and its layout (which ops each layer runs where) the one the file
+//! gives the executor, or the plan is refused before anything is allocated.
 //!
 //! Buffer sizes depend on the model, the placement, the precision and the optimizer, not on
 //! the cluster's speeds (only instruction order and durations do), so the plan's cluster
@@ -10,6 +11,8 @@
 use std::path::Path;
 
 use ralpc_codegen::plan::{Buffer, BufferKind, Plan};
+use ralpc_codegen::Layout;
+use ralpc_ir::Graph;
 use ralpc_passes::cluster::Cluster;
 use ralpc_passes::layers::LayerGraph;
 use ralpc_passes::plan::{CostOptions, Costs};
@@ -20,12 +23,18 @@ use crate::error::Error;
 /// A buffer as compared: what it holds, and its size.
 type Sized = (BufferKind, Option<u32>, Option<u32>, u64);
 
-/// Refuses `plan` (read from `file`) when a rank's buffers are not those its placement
-/// gives on `layers` (the model's layer graph at the plan's batch).
+/// Refuses `plan` (read from `file`) when a rank's buffers or its layout are not those its
+/// placement gives on `layers` (the layer graph of `model` at the plan's batch).
 ///
 /// # Errors
-/// [`Error::PlanFile`] naming the rank and the first buffer that differs.
-pub(super) fn check(plan: &Plan, file: &Path, layers: &LayerGraph) -> Result<(), Error> {
+/// [`Error::PlanFile`] naming the rank and the first buffer that differs, or the first
+/// layer or edge of the layout.
+pub(super) fn check(
+    plan: &Plan,
+    file: &Path,
+    model: &Graph,
+    layers: &LayerGraph,
+) -> Result<(), Error> {
     let refuse = |m: String| Error::PlanFile(Box::new(format!("{}: {m}", file.display())));
     let graph = layers
         .clone()
@@ -80,6 +89,45 @@ pub(super) fn check(plan: &Plan, file: &Path, layers: &LayerGraph) -> Result<(),
             plan.buffers.len(),
             again.buffers.len()
         )));
+    }
+    check_layout(plan, Layout::describe(model, &graph, &strategy)).map_err(refuse)
+}
+
+/// Refuses a layout that is not `expected`, naming the first layer or edge that differs.
+fn check_layout(plan: &Plan, expected: Option<Layout>) -> Result<(), String> {
+    let Some(expected) = expected else {
+        // A model without ops to lay out; the executor refuses it, saying why.
+        return Ok(());
+    };
+    let Some(written) = &plan.layout else {
+        return Err(
+            "it has no layout of its layers on the model's ops: plan the model again \
+                    with this ralpc"
+                .to_owned(),
+        );
+    };
+    let name = |l: usize| plan.layers.get(l).map_or("?", String::as_str);
+    if let Some(l) = (0..written.layers.len().max(expected.layers.len()))
+        .find(|&l| written.layers.get(l) != expected.layers.get(l))
+    {
+        return Err(format!(
+            "its layout of layer '{}' is not the one its placement gives on this model",
+            name(l)
+        ));
+    }
+    if let Some(i) = (0..written.edges.len().max(expected.edges.len()))
+        .find(|&i| written.edges.get(i) != expected.edges.get(i))
+    {
+        return Err(format!(
+            "its layout's edge {i} is not the one its placement gives on this model"
+        ));
+    }
+    if *written != expected {
+        return Err(
+            "its layout's aliases or recomputed runs are not those its placement gives on \
+             this model"
+                .to_owned(),
+        );
     }
     Ok(())
 }

@@ -1270,5 +1270,6 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             peak_memory_bytes: evaluation.peak_memory_bytes,
             single_gpu_time_us: costs.single_gpu_time_us(),
         },
+        layout: None,
     })
 }

@@ -13,7 +13,10 @@ use std::ops::Range;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Padding};
 
 /// The first spatial axis (rows) of a convolution or pooling: sizes and window geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
 pub struct Window {
     /// Input rows.
     pub input: u64,

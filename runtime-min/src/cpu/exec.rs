@@ -1,4 +1,4 @@
-//! The CPU executor of `ralpc-plan/2`: every rank a thread, running its program in order
+//! The CPU executor of `ralpc-plan/3`: every rank a thread, running its program in order
 //! with real tensors — each forward and backward on its share of the layer, each message
 //! and collective carrying the data the plan says it carries.
 //!
@@ -45,11 +45,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use ralpc_codegen::layout::{first_replica, LayerKind, Split, View};
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
-use ralpc_passes::layers::{LayerGraph, LayerKind, Producer, Split};
-use ralpc_passes::plan::{first_replica, gathers, scatters_gradient, Schedule, View};
 
 use super::comm::{AbortOnPanic, Comm, CommError, World};
 use super::graph::{self, Grads, Record, Values, Weights};
@@ -74,6 +73,7 @@ mod loss;
 mod passes;
 mod prepare;
 mod recompute;
+mod resolve;
 mod transfers;
 mod vocabulary;
 mod zero;
@@ -204,8 +204,6 @@ pub struct Executable<'a> {
     pub graph: &'a Graph,
     /// Its verification at that batch.
     pub info: &'a GraphInfo,
-    /// Its layers, as the planner built them.
-    pub layers: &'a LayerGraph,
     /// Its weights for the whole model (read or seeded).
     pub weights: &'a Weights,
     /// The global batch's inputs and labels.
@@ -321,15 +319,32 @@ struct Prepared<'a> {
     /// Fused tensors distributed by groups along their feature axis (a QKV projection's
     /// output read by attention split by heads: each rank holds its piece of each group).
     groups: BTreeMap<ValueId, usize>,
+    /// Values carried by another after the planner's rewrite (the plan's layout).
+    aliases: BTreeMap<ValueId, ValueId>,
 }
 
 fn setup(message: impl Into<String>) -> RunError {
     RunError::Setup(message.into())
 }
 
-/// Follows `aliases` to the value that carries `v`.
-fn carrier(layers: &LayerGraph, v: ValueId) -> ValueId {
-    ralpc_passes::layers::carrier(&layers.aliases, v)
+/// Follows `aliases` to the value that carries `v` (a rewritten value's, ending at a
+/// value carried by no other).
+fn carrier(aliases: &BTreeMap<ValueId, ValueId>, mut v: ValueId) -> ValueId {
+    // Bounded: a cycle in a hand-edited layout must not hang the run.
+    for _ in 0..64 {
+        match aliases.get(&v) {
+            Some(&next) if next != v => v = next,
+            _ => break,
+        }
+    }
+    v
+}
+
+impl Prepared<'_> {
+    /// The value that carries `v`.
+    fn carrier(&self, v: ValueId) -> ValueId {
+        carrier(&self.aliases, v)
+    }
 }
 
 /// A layer's forward pass on one microbatch, kept for its backward pass.

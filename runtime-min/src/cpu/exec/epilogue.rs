@@ -8,11 +8,11 @@
 
 use std::collections::BTreeMap;
 
+use ralpc_codegen::layout::LayerKind;
 use ralpc_ir::{NodeId, Op};
-use ralpc_passes::layers::LayerKind;
 
 use super::heads::{self, local_shapes};
-use super::{after, carrier, Prepared};
+use super::{after, Prepared};
 
 impl Prepared<'_> {
     /// Follows every output-feature split through its layer's epilogue. What the cut
@@ -20,8 +20,7 @@ impl Prepared<'_> {
     /// suggest: such a layer runs as before or is refused where it reads a wrong share.
     pub(super) fn split_epilogues(&mut self) {
         let g = self.exe.graph;
-        let lg = self.exe.layers;
-        let is_weight = |v| self.exe.weights.trainable.contains(&carrier(lg, v));
+        let is_weight = |v| self.exe.weights.trainable.contains(&self.carrier(v));
         let mut found = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             let pieces = layer.split.parameter;

@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
+use ralpc_codegen::layout::{LayerKind, Split, Window};
 use ralpc_codegen::tag::HaloPass;
 use ralpc_ir::{Graph, NodeId, Op, Padding, ValueId};
-use ralpc_passes::layers::LayerKind;
-use ralpc_passes::plan::Window;
 
-use super::{carrier, setup, Prepared, Rank, RankError, RunError};
+use super::resolve::Resolved;
+use super::{setup, Prepared, Rank, RankError, RunError};
 use crate::cpu::kernels;
 use crate::cpu::region::{crop, dims, fill, intersect, reframe, volume, Region};
 use crate::cpu::tensor::Tensor;
@@ -46,8 +46,7 @@ impl Prepared<'_> {
     /// Finds every row-split convolution's and pooling's halo, refusing those whose
     /// rows cannot be split (a global pool, a transposed convolution, shapes changing
     /// before the window).
-    pub(super) fn plan_halos(&mut self) -> Result<(), RunError> {
-        let lg = self.exe.layers;
+    pub(super) fn plan_halos(&mut self, resolved: &Resolved) -> Result<(), RunError> {
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             if !matches!(layer.kind, LayerKind::Conv | LayerKind::Pool)
@@ -55,7 +54,8 @@ impl Prepared<'_> {
             {
                 continue;
             }
-            let Some(halo) = lg.layers.get(l).and_then(|x| x.halo.as_ref()) else {
+            let Some((window, node, inputs)) = resolved.layers.get(l).and_then(|x| x.halo.as_ref())
+            else {
                 return Err(setup(format!(
                     "layer {}: its rows cannot be split (it has no convolution or pooling \
                      window over them, or changes their shape before it); use a strategy \
@@ -67,7 +67,7 @@ impl Prepared<'_> {
             // there would count a neighbour's rows in its statistics as its own. (Layers
             // are built with each normalization heading its own layer or following the
             // window, so this guards the layer builder.)
-            let window_at = layer.nodes.iter().position(|&n| n == halo.node);
+            let window_at = layer.nodes.iter().position(|n| n == node);
             if let Some(bn) = layer.nodes[..window_at.unwrap_or(0)]
                 .iter()
                 .find(|&&n| matches!(self.exe.graph.node(n).op, Op::BatchNorm { .. }))
@@ -82,21 +82,21 @@ impl Prepared<'_> {
             let a = layer.split.attribute;
             let mut graphs = BTreeMap::new();
             for i in 0..a {
-                let (_, padding) = halo.window.read_rows((i, a));
+                let (_, padding) = window.read_rows((i, a));
                 if graphs.contains_key(&padding) {
                     continue;
                 }
                 let mut graph = self.exe.graph.clone();
-                pad_rows(&mut graph, self.exe.info, halo.node, padding)
+                pad_rows(&mut graph, self.exe.info, *node, padding)
                     .map_err(|m| setup(format!("layer {}: {m}", layer.name)))?;
                 graphs.insert(padding, graph);
             }
-            let inputs: Vec<ValueId> = halo.inputs.iter().map(|&v| carrier(lg, v)).collect();
+            let inputs: Vec<ValueId> = inputs.iter().map(|&v| self.carrier(v)).collect();
             for e in self.edges.iter_mut().filter(|e| e.consumer == l) {
                 e.halo = inputs.contains(&e.value);
             }
             self.layers[l].halo = Some(LayerHalo {
-                window: halo.window,
+                window: *window,
                 inputs,
                 graphs,
             });
@@ -119,11 +119,10 @@ impl Prepared<'_> {
 
     /// Whether layer `l` reads `v` with a halo.
     pub(super) fn reads_halo(&self, l: usize, v: ValueId) -> bool {
-        let lg = self.exe.layers;
         self.layers[l]
             .halo
             .as_ref()
-            .is_some_and(|h| h.inputs.contains(&carrier(lg, v)))
+            .is_some_and(|h| h.inputs.contains(&self.carrier(v)))
     }
 
     /// `need` (rank index `k`'s piece of `v`, read by layer `l`) with the rows its
@@ -170,7 +169,7 @@ impl Prepared<'_> {
 }
 
 /// The row piece `(i, n)` of rank index `k` under `split`.
-fn rows_piece(split: ralpc_passes::layers::Split, k: u32) -> (u32, u32) {
+fn rows_piece(split: Split, k: u32) -> (u32, u32) {
     let (a, p) = (split.attribute.max(1), split.parameter.max(1));
     ((k / p) % a, a)
 }

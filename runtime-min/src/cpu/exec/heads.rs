@@ -15,10 +15,10 @@
 
 use std::collections::BTreeMap;
 
+use ralpc_codegen::layout::LayerKind;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
-use ralpc_passes::layers::LayerKind;
 
-use super::{carrier, setup, Prepared, RunError, Source};
+use super::{setup, Prepared, RunError, Source};
 
 /// How a constant read by a head-split layer is made local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl Prepared<'_> {
             let mut groups = Vec::new();
             for &(v, source) in &layer.inputs {
                 let Source::Edge(_) = source else { continue };
-                let c = carrier(self.exe.layers, v);
+                let c = self.carrier(v);
                 let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
                 let f = self.axes(c, rank).features.ok_or_else(|| {
                     refuse(format!(
@@ -97,8 +97,7 @@ impl Prepared<'_> {
                     groups.push((c, n.map_err(&refuse)?));
                 }
             }
-            let lg = self.exe.layers;
-            let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&carrier(lg, v));
+            let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&self.carrier(v));
             let (local, _) =
                 local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
                     .map_err(&refuse)?;

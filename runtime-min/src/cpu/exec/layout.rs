@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use ralpc_codegen::layout::View;
 use ralpc_ir::{GraphInfo, Op, ValueId};
-use ralpc_passes::plan::View;
 
 use super::super::region::{dims, interval, Axes, Region};
 use super::Prepared;

@@ -71,7 +71,7 @@ impl Rank<'_, '_> {
                 .inputs
                 .iter()
                 .flatten()
-                .any(|&x| carrier(self.p.exe.layers, x) == v)
+                .any(|&x| self.p.carrier(x) == v)
         };
         if !layer
             .nodes
@@ -164,7 +164,7 @@ impl Rank<'_, '_> {
         let mut values = Values::new(g);
         let samples = interval(layer.view_in().pieces(k)[0], p.microbatch);
         for &(v, source) in &layer.inputs {
-            let c = carrier(p.exe.layers, v);
+            let c = p.carrier(v);
             let t =
                 match source {
                     Source::Edge(e) => {
@@ -366,7 +366,7 @@ impl Rank<'_, '_> {
         }
         // A weight read through an alias gets its gradient there.
         for &(v, source) in &layer.inputs {
-            let c = carrier(p.exe.layers, v);
+            let c = p.carrier(v);
             if source == Source::Constant && c != v {
                 if let Some(g) = grads.take(v) {
                     grads.add(c, &g);
@@ -421,7 +421,7 @@ impl Rank<'_, '_> {
                 .unwrap_or_else(|| need.clone());
             let gv = grads
                 .take(v)
-                .or_else(|| grads.take(carrier(p.exe.layers, v)))
+                .or_else(|| grads.take(p.carrier(v)))
                 .unwrap_or_else(|| vec![0.0; volume(&read)]);
             let gv = match halo {
                 Some(ext) => self.split_halo_gradient(e, mb, ext, gv, &need),

@@ -1,29 +1,21 @@
 //! Preparing a plan to run: the layers' shares, tensors and weights as the executor
 //! needs them, and what it refuses.
 
+use super::resolve::Resolved;
 use super::*;
 
 impl<'a> Prepared<'a> {
     pub(super) fn new(exe: &'a Executable<'a>) -> Result<Prepared<'a>, RunError> {
         let plan = exe.plan;
-        let lg = exe.layers;
         let g = exe.graph;
-        if plan.layers.len() != lg.layers.len()
-            || plan
-                .layers
-                .iter()
-                .zip(&lg.layers)
-                .any(|(a, b)| *a != b.name)
-        {
-            return Err(setup(
-                "the plan's layers are not this model's: plan it again for this model",
-            ));
-        }
-        let strategy = plan
-            .strategy
-            .resolve(lg)
-            .map_err(|e| setup(format!("the plan's strategy: {e}")))?;
-        if strategy.schedule == Schedule::Async {
+        let layout = plan.layout.as_ref().ok_or_else(|| {
+            setup(
+                "the plan does not lay out its layers on the model's ops (it was lowered \
+                 from a profile, without the model): plan the ONNX model to run it",
+            )
+        })?;
+        let resolved = Resolved::new(layout, g)?;
+        if plan.schedule == "async" {
             return Err(setup(
                 "the asynchronous (PipeDream) schedule is not executable on the CPU backend: \
                  its weight versions change the numerics by design; plan with --schedule 1f1b",
@@ -36,44 +28,34 @@ impl<'a> Prepared<'a> {
                 plan.batch
             )));
         }
-        let stage_of = strategy.stage_of_layers();
-        let place = |l: usize| (strategy.layers[l], strategy.stages[stage_of[l]].first_rank);
+        let aliases = resolved.aliases.clone();
+        let carried = |v| carrier(&aliases, v);
         // Edges in the lowering's order: by consumer, then its inputs from layers.
-        let mut edges = Vec::new();
-        for (c, layer) in lg.layers.iter().enumerate() {
-            for e in &layer.inputs {
-                let Producer::Layer(p) = e.from else { continue };
-                let p = p.0 as usize;
-                let value = e.value.ok_or_else(|| {
-                    setup(format!("layer {} has an edge without a tensor", layer.name))
-                })?;
-                let kind = |l: usize| lg.layers[l].kind;
-                let scattered = stage_of[p] == stage_of[c]
-                    && gathers(kind(p), place(p), kind(c), place(c))
-                        .is_some_and(|ranks| scatters_gradient(&ranks, kind(c), place(c)));
-                edges.push(EdgeInfo {
-                    producer: p,
-                    consumer: c,
-                    value: carrier(lg, value),
-                    scattered,
-                    halo: false,
-                });
-            }
-        }
-        let mut produced_by: BTreeMap<NodeId, usize> = BTreeMap::new();
-        for (l, layer) in lg.layers.iter().enumerate() {
-            for part in &layer.parts {
-                produced_by.insert(part.node, l);
-            }
-        }
+        let edges: Vec<EdgeInfo> = layout
+            .edges
+            .iter()
+            .zip(&resolved.edges)
+            .map(|(e, &value)| EdgeInfo {
+                producer: e.producer as usize,
+                consumer: e.consumer as usize,
+                value: carried(value),
+                scattered: e.scattered,
+                halo: false,
+            })
+            .collect();
         let order = exe.info.positions();
         let graph_output = *g
             .outputs()
             .first()
             .ok_or_else(|| setup("the model has no output"))?;
-        let graph_output = carrier(lg, graph_output);
+        let graph_output = carried(graph_output);
         let mut output = None;
-        let owners = lg.weight_owners(g);
+        let owners: BTreeMap<ValueId, usize> = resolved
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(l, r)| r.weights.iter().map(move |&w| (carried(w), l)))
+            .collect();
         let mut weight_owner: BTreeMap<ValueId, usize> = BTreeMap::new();
         let tied_all_reduced: BTreeSet<&str> = plan
             .programs
@@ -86,13 +68,14 @@ impl<'a> Prepared<'a> {
                 _ => None,
             })
             .collect();
-        let mut layers = Vec::with_capacity(lg.layers.len());
-        for (l, layer) in lg.layers.iter().enumerate() {
+        let mut layers = Vec::with_capacity(layout.layers.len());
+        for (l, (placed, found)) in layout.layers.iter().zip(&resolved.layers).enumerate() {
+            let name = plan.layers.get(l).map_or("", String::as_str);
             // Generated weights come from the weights, not from the layer's prologue.
-            let mut nodes: Vec<NodeId> = layer
-                .parts
+            let mut nodes: Vec<NodeId> = found
+                .nodes
                 .iter()
-                .map(|p| p.node)
+                .copied()
                 .filter(|&n| {
                     !g.node(n)
                         .outputs
@@ -113,7 +96,7 @@ impl<'a> Prepared<'a> {
                     if inside.contains(&v) || inputs.iter().any(|(w, _)| *w == v) {
                         continue;
                     }
-                    let c = carrier(lg, v);
+                    let c = carried(v);
                     let producer = g.node(g.value(c).producer);
                     let source = if let Some(e) =
                         edges.iter().position(|e| e.consumer == l && e.value == c)
@@ -127,12 +110,11 @@ impl<'a> Prepared<'a> {
                             // its bucket, unless the plan sums it by its own all-reduce.
                             let owner = owners.get(&c).ok_or_else(|| {
                                 setup(format!(
-                                    "layer {} reads the weight '{}', which no layer owns",
-                                    layer.name,
+                                    "layer {name} reads the weight '{}', which no layer owns",
                                     g.value(c).name
                                 ))
                             })?;
-                            if owner.0 as usize == l && !weight_owner.contains_key(&c) {
+                            if *owner == l && !weight_owner.contains_key(&c) {
                                 weight_owner.insert(c, l);
                                 if !tied_all_reduced.contains(g.value(c).name.as_str()) {
                                     owned.push(c);
@@ -149,8 +131,7 @@ impl<'a> Prepared<'a> {
                         Source::Derived
                     } else {
                         return Err(setup(format!(
-                            "layer {} reads '{}', which no layer, input or constant provides",
-                            layer.name,
+                            "layer {name} reads '{}', which no layer, input or constant provides",
                             g.value(v).name
                         )));
                     };
@@ -175,10 +156,10 @@ impl<'a> Prepared<'a> {
                 )
             });
             layers.push(LayerExec {
-                name: layer.name.clone(),
-                kind: layer.kind,
-                split: strategy.layers[l],
-                first: strategy.stages[stage_of[l]].first_rank,
+                name: name.to_owned(),
+                kind: placed.kind,
+                split: placed.split,
+                first: placed.first_rank,
                 nodes,
                 inputs,
                 outputs,
@@ -202,8 +183,8 @@ impl<'a> Prepared<'a> {
                     | Op::GlobalPool(_)
                     | Op::BatchNorm { .. }
             ) {
-                channels_first.extend(n.inputs.iter().flatten().map(|&v| carrier(lg, v)));
-                channels_first.extend(n.outputs.iter().map(|&v| carrier(lg, v)));
+                channels_first.extend(n.inputs.iter().flatten().map(|&v| carried(v)));
+                channels_first.extend(n.outputs.iter().map(|&v| carried(v)));
             }
         }
         let tied = weight_owner
@@ -226,14 +207,15 @@ impl<'a> Prepared<'a> {
                 mode: Mode::Training,
                 exported_batch: g.rebatch().map(|r| r.exported),
             },
-            recompute: (0..lg.layers.len())
-                .map(|l| strategy.recompute_run(l))
+            recompute: (0..layout.layers.len())
+                .map(|l| layout.recompute_run(l))
                 .collect(),
             groups: BTreeMap::new(),
+            aliases,
         };
         prepared.split_heads()?;
         prepared.split_epilogues();
-        prepared.plan_halos()?;
+        prepared.plan_halos(&resolved)?;
         prepared.check()?;
         Ok(prepared)
     }
@@ -361,7 +343,7 @@ impl<'a> Prepared<'a> {
                 l.inputs
                     .iter()
                     .filter(|_| l.kind == LayerKind::Attention)
-                    .find_map(|&(v, _)| self.groups.get(&carrier(self.exe.layers, v)))
+                    .find_map(|&(v, _)| self.groups.get(&self.carrier(v)))
             });
         match (slice, grouped) {
             (Slice::Axis(axis, piece), Some(&groups)) if out.1 > 1 && piece == out => {
@@ -395,13 +377,12 @@ impl<'a> Prepared<'a> {
             .unwrap_or_default();
         // The node using it, perhaps through an alias (the `Identity` an exporter puts on
         // a merged weight).
-        let lg = self.exe.layers;
         let reader = |v: ValueId| {
             l.nodes.iter().find_map(|&n| {
                 g.node(n)
                     .inputs
                     .iter()
-                    .position(|x| x.is_some_and(|x| carrier(lg, x) == v))
+                    .position(|x| x.is_some_and(|x| self.carrier(x) == v))
                     .map(|slot| (n, slot))
             })
         };

@@ -4,11 +4,11 @@
 //! lookups are then summed like a row-parallel layer's partial outputs, and what the zero
 //! row gathers in the backward is dropped.
 
+use ralpc_codegen::layout::LayerKind;
 use ralpc_ir::{Op, ValueId};
-use ralpc_passes::layers::LayerKind;
 
 use super::super::region::interval;
-use super::{carrier, LayerExec, Prepared};
+use super::{LayerExec, Prepared};
 
 impl Prepared<'_> {
     /// The rows of its table rank index `k` of vocabulary-parallel embedding `l` holds, when
@@ -23,8 +23,7 @@ impl Prepared<'_> {
             return None;
         }
         let (table, ids) = self.vocabulary_lookup(l)?;
-        let lg = self.exe.layers;
-        if ids != v && carrier(lg, ids) != carrier(lg, v) {
+        if ids != v && self.carrier(ids) != self.carrier(v) {
             return None;
         }
         let rows = self.rows(table)?;
@@ -45,13 +44,12 @@ impl Prepared<'_> {
     /// A vocabulary-parallel embedding's table and the ids its lookup reads.
     pub(super) fn vocabulary_lookup(&self, l: &LayerExec) -> Option<(ValueId, ValueId)> {
         let g = self.exe.graph;
-        let lg = self.exe.layers;
         l.nodes
             .iter()
             .filter(|&&n| matches!(g.node(n).op, Op::Gather { .. }))
             .filter_map(|&n| {
                 let inputs = &g.node(n).inputs;
-                let table = carrier(lg, inputs.first().copied().flatten()?);
+                let table = self.carrier(inputs.first().copied().flatten()?);
                 let ids = inputs.get(1).copied().flatten()?;
                 let rows = self.rows(table)?;
                 self.exe

@@ -1,6 +1,6 @@
 //! A crate that ships the executable plan `build.rs` made for it.
 
-/// The plan (`ralpc-plan/2` JSON) made at build time.
+/// The plan (`ralpc-plan/3` JSON) made at build time.
 pub const PLAN: &str = include_str!(concat!(env!("OUT_DIR"), "/vgg16.ralpc/plan.json"));
 
 /// The number of ranks the embedded plan runs on.
@@ -16,6 +16,6 @@ mod tests {
     #[test]
     fn the_plan_made_at_build_time_is_embedded() {
         assert_eq!(super::ranks(), Some(8));
-        assert!(super::PLAN.contains("\"format\": \"ralpc-plan/2\""));
+        assert!(super::PLAN.contains("\"format\": \"ralpc-plan/3\""));
     }
 }
