@@ -286,7 +286,7 @@ pub struct SimulatedRow {
 
 impl SimulatedRow {
     /// The row of a simulation.
-    pub fn of(sim: &ralpc_runtime_min::Simulation) -> SimulatedRow {
+    pub fn of(sim: &ralpc_codegen::Simulation) -> SimulatedRow {
         SimulatedRow {
             iteration_time_us: sim.iteration_time_us,
             gpu_time_us: sim.gpu_time_us,
@@ -317,7 +317,7 @@ pub struct Executable {
     /// The plan (`plan.json`).
     pub plan: ralpc_codegen::Plan,
     /// The simulated iteration.
-    pub simulation: ralpc_runtime_min::Simulation,
+    pub simulation: ralpc_codegen::Simulation,
     /// The placed layer graph, Graphviz DOT (`plan.dot`).
     pub dot: String,
     /// What `plan.svg` is drawn from: `dot`, or for a large model its runs of alike layers
@@ -832,7 +832,7 @@ fn executable(
     let mut plan =
         ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;
     plan.layout = ops.and_then(|ops| ralpc_codegen::Layout::describe(ops, graph, strategy));
-    let simulation = ralpc_runtime_min::simulate(&plan).map_err(|e| {
+    let simulation = ralpc_codegen::simulate(&plan).map_err(|e| {
         // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
         Error::Internal(Box::new(format!("the lowered plan does not run: {e}")))
     })?;

@@ -49,7 +49,7 @@ fn profile_cluster_strategy_and_plan_corpora_replay_without_panic() {
     let mut valid = 0;
     for bytes in corpus("plan") {
         if let Some(plan) = ralpc::codegen::fuzzing::plan(&bytes) {
-            let _ = ralpc::runtime::simulate(&plan);
+            let _ = ralpc::codegen::simulate(&plan);
             valid += 1;
         }
     }

@@ -50,6 +50,7 @@ pub mod layout;
 pub mod lower;
 pub mod plan;
 pub mod report;
+pub mod sim;
 pub mod tag;
 pub mod viz;
 
@@ -60,3 +61,6 @@ pub use plan::{
     Predicted, Site, FORMAT,
 };
 pub use ralpc_passes as passes;
+pub use sim::{
+    simulate, IdleWindow, RankTimeline, SimError, Simulation, Span, Stream, MIN_IDLE_WINDOW_US,
+};

@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Some(plan) = ralpc_codegen::fuzzing::plan(data) {
         // A plan that validates must simulate without panicking.
-        let _ = ralpc_runtime_min::simulate(&plan);
+        let _ = ralpc_codegen::simulate(&plan);
     }
 });

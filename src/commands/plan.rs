@@ -306,7 +306,7 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     out
 }
 
-fn summary(r: &PlanReport, simulation: Option<&ralpc::runtime::Simulation>) -> String {
+fn summary(r: &PlanReport, simulation: Option<&ralpc::codegen::Simulation>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -5,9 +5,9 @@ use super::{ms, Executable, PlanReport};
 /// What the simulator adds to the prediction, as (label, value) lines for the terminal
 /// summary and the report: GPU time, idle windows, traffic per link class, peak memory
 /// from the instruction order.
-pub fn simulated_facts(sim: &ralpc_runtime_min::Simulation) -> Vec<(String, String)> {
+pub fn simulated_facts(sim: &ralpc_codegen::Simulation) -> Vec<(String, String)> {
     let idle: f64 = sim.ranks.iter().map(|r| r.idle_us).sum::<f64>().max(0.0);
-    let windows: Vec<&ralpc_runtime_min::IdleWindow> =
+    let windows: Vec<&ralpc_codegen::IdleWindow> =
         sim.ranks.iter().flat_map(|r| &r.idle_windows).collect();
     // (An empty f64 sum is −0.)
     let in_windows: f64 = windows.iter().map(|w| w.end_us - w.start_us).sum::<f64>() + 0.0;
@@ -42,7 +42,7 @@ pub fn simulated_facts(sim: &ralpc_runtime_min::Simulation) -> Vec<(String, Stri
                 ms(idle),
                 ms(in_windows),
                 windows.len(),
-                ralpc_runtime_min::MIN_IDLE_WINDOW_US
+                ralpc_codegen::MIN_IDLE_WINDOW_US
             ),
         ),
         ("bytes moved per iteration".into(), traffic),

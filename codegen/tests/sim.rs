@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
+use ralpc_codegen::sim::{simulate, SimError};
 use ralpc_codegen::{lower, model_hash, Instruction, ModelRef, Plan};
 use ralpc_passes::cluster::Cluster;
 use ralpc_passes::layers::LayerGraph;
 use ralpc_passes::plan::{self, CostOptions, Costs, Family, Request, Schedule};
-use ralpc_runtime_min::{simulate, SimError};
 
 fn vgg16() -> LayerGraph {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/onnx/vgg16/model.onnx");

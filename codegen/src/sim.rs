@@ -31,10 +31,35 @@
 //! could use (DeepPool's multiplexing), GPU-time amplification, bytes moved per link class
 //! (a message's bytes; a collective's ring traffic, see `collective_bytes`) and
 //! each rank's peak memory.
+//!
+//! ```
+//! use ralpc_codegen::passes::plan::{self, CostOptions, Costs, Request};
+//! use ralpc_codegen::passes as ralpc_passes;
+//! use ralpc_passes::ir as ralpc_ir;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/onnx/vgg16/model.onnx");
+//! let mut model = ralpc_ir::onnx::import(&path)?;
+//! let batch = ralpc_ir::Bindings { batch: Some(32), ..Default::default() };
+//! ralpc_ir::bind(&mut model.graph, &batch)?;
+//! let info = ralpc_ir::verify(&model.graph)?;
+//! let layers = ralpc_passes::layers::build(&model.graph, &info, 32, Default::default())?;
+//! let cluster = ralpc_passes::cluster::Cluster::preset("dgx-a100")?;
+//! let costs = Costs::new(&layers, &cluster, 8, CostOptions::default());
+//! let planned = plan::plan(&costs, &Request::default())?;
+//! # let model = ralpc_codegen::ModelRef { name: "vgg16".into(), path: None,
+//! #     blake3: String::new(), layers: layers.layers.len() as u32, inputs: Default::default(),
+//! #     values: Default::default() };
+//! let plan = ralpc_codegen::lower(&costs, &planned.chosen.strategy, model)?;
+//! let simulated = ralpc_codegen::simulate(&plan)?;
+//! // The simulator agrees with the planner's prediction.
+//! let predicted = planned.chosen.evaluation.iteration_time_us;
+//! assert!((simulated.iteration_time_us / predicted - 1.0).abs() < 0.05);
+//! # Ok(()) }
+//! ```
 
 use std::collections::BTreeMap;
 
-use ralpc_codegen::{Instruction, LinkClass, Plan};
+use crate::{Instruction, LinkClass, Plan};
 use serde::Serialize;
 
 /// Which stream an instruction ran on.
