@@ -336,9 +336,9 @@ pub fn read_data(
             )));
         }
         let data = if info.ty(v).dtype.is_float() {
-            Data::F32(values.iter().map(|&x| x as f32).collect())
+            Data::F32(values.iter().map(|&x| x as f32).collect::<Vec<_>>().into())
         } else {
-            Data::I64(values.iter().map(|&x| x as i64).collect())
+            Data::I64(values.iter().map(|&x| x as i64).collect::<Vec<_>>().into())
         };
         inputs.insert(v, Tensor { shape, data });
     }
@@ -372,7 +372,13 @@ pub fn read_data(
             {
                 return Err(bad(format!("labels: {l} is not a class in 0..{classes}")));
             }
-            Data::I64(file.labels.iter().map(|&l| l as i64).collect())
+            Data::I64(
+                file.labels
+                    .iter()
+                    .map(|&l| l as i64)
+                    .collect::<Vec<_>>()
+                    .into(),
+            )
         }
         Loss::Mse => {
             if file.labels.len() != n {
@@ -381,7 +387,13 @@ pub fn read_data(
                     file.labels.len()
                 )));
             }
-            Data::F32(file.labels.iter().map(|&l| l as f32).collect())
+            Data::F32(
+                file.labels
+                    .iter()
+                    .map(|&l| l as f32)
+                    .collect::<Vec<_>>()
+                    .into(),
+            )
         }
     };
     Ok(Dataset { inputs, labels })

@@ -24,7 +24,7 @@ fn rand(shape: &[usize], seed: &str) -> Tensor {
 /// Values in 0.5..1.5.
 fn positive_tensor(shape: &[usize]) -> Tensor {
     let mut t = rand(shape, "positive");
-    if let Data::F32(v) = &mut t.data {
+    if let Some(v) = t.floats_mut() {
         v.iter_mut().for_each(|x| *x = 1.0 + *x / 2.0);
     }
     t
@@ -97,10 +97,7 @@ fn check_except(
         for e in (0..values.len()).step_by(values.len() / 9 + 1) {
             let at = |delta: f32| {
                 let mut moved = inputs.clone();
-                if let Some(Tensor {
-                    data: Data::F32(v), ..
-                }) = &mut moved[i]
-                {
+                if let Some(v) = moved[i].as_mut().and_then(Tensor::floats_mut) {
                     v[e] += delta;
                 }
                 loss(&op, &moved, &probes)
@@ -438,7 +435,7 @@ fn normalization_softmax_and_pooling() {
     }
     // Prod with one zero in a group: the gradient of the zero is the product of the others.
     let mut with_zero = rand(&[2, 3], "x");
-    if let Data::F32(v) = &mut with_zero.data {
+    if let Some(v) = with_zero.floats_mut() {
         v[1] = 0.0;
     }
     check(
@@ -932,4 +929,82 @@ fn transposed_volumes() {
         ],
         1,
     );
+}
+
+/// A whole graph's backward against finite differences of its forward, where ReLUs run in
+/// place of the Conv and Gemm outputs they read (`graph::forward`): the CNN fixture's
+/// gradients of its first convolution's weights and its input, through both ReLU kinds.
+#[test]
+fn relus_applied_in_place_keep_the_graphs_gradients() {
+    use ralpc_runtime_min::cpu::graph::{self, Grads, Values, Weights};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/train/cnn.onnx");
+    let mut model = ralpc_ir::onnx::import(&path).expect("import");
+    let bindings = ralpc_ir::Bindings {
+        batch: Some(2),
+        ..Default::default()
+    };
+    ralpc_ir::bind(&mut model.graph, &bindings).expect("bind");
+    let info = ralpc_ir::verify(&model.graph).expect("verify");
+    let g = &model.graph;
+    let weights = Weights::load(g, 7).expect("weights");
+    let image = g.inputs()[0];
+    let shape: Vec<usize> = info
+        .ty(image)
+        .shape
+        .as_sizes()
+        .expect("bound")
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
+    let x = rand(&shape, "image");
+    let output = g.outputs()[0];
+    let env = Env {
+        mode: Mode::Training,
+        exported_batch: None,
+    };
+    let run = |tensors: &[(ralpc_ir::ValueId, Tensor)]| {
+        let mut values = Values::new(g);
+        for (&v, t) in &weights.tensors {
+            values.set(v, t.clone());
+        }
+        values.set(image, x.clone());
+        for (v, t) in tensors {
+            values.set(*v, t.clone());
+        }
+        let records = graph::forward(g, info.order(), &mut values, env).expect("forward");
+        (values, records)
+    };
+    let (values, records) = run(&[]);
+    let y = values.get(output).expect("output");
+    let probe = rand(&y.shape, "probe").floats().expect("floats").to_vec();
+    let loss = |values: &Values| -> f64 {
+        let y = values.get(output).and_then(Tensor::floats).expect("output");
+        y.iter()
+            .zip(&probe)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum()
+    };
+    let mut grads = Grads::default();
+    grads.add(output, &probe);
+    graph::backward(g, &records, &values, &mut grads).expect("backward");
+    let conv = weights.trainable[0];
+    for (v, base) in [(conv, &weights.tensors[&conv]), (image, &x)] {
+        let analytic = grads.get(v).expect("a gradient").to_vec();
+        for e in (0..base.len()).step_by(base.len() / 7 + 1) {
+            let at = |delta: f32| {
+                let mut moved = base.clone();
+                moved.floats_mut().expect("floats")[e] += delta;
+                loss(&run(&[(v, moved)]).0)
+            };
+            let h = 1e-3;
+            let numeric = (at(h) - at(-h)) / (2.0 * f64::from(h));
+            let err = (numeric - f64::from(analytic[e])).abs();
+            assert!(
+                err <= 2e-2 * numeric.abs().max(1.0),
+                "{} element {e}: numeric {numeric}, backward {}",
+                g.value(v).name,
+                analytic[e]
+            );
+        }
+    }
 }

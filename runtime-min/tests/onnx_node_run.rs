@@ -35,7 +35,7 @@ fn compare(name: &str, got: &Tensor, want: &Tensor) -> Result<(), String> {
     }
     match (&got.data, &want.data) {
         (Data::F32(g), Data::F32(w)) => {
-            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            for (i, (a, b)) in g.iter().zip(w.iter()).enumerate() {
                 let ok =
                     (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-5 + 1e-4 * b.abs();
                 if !ok {

@@ -9,7 +9,6 @@ mod common;
 use std::time::Instant;
 
 use ralpc_runtime_min::cpu::graph::Weights;
-use ralpc_runtime_min::cpu::tensor::Data;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::backend::Backend as _;
 use ralpc_runtime_min::cuda::gpu::Gpu;
@@ -112,7 +111,7 @@ fn largest_errors(got: &TrainReport, want: &TrainReport) -> Vec<(f64, String)> {
 fn nudge(data: &Dataset) -> Dataset {
     let mut nudged = data.clone();
     for t in nudged.inputs.values_mut() {
-        if let Data::F32(v) = &mut t.data {
+        if let Some(v) = t.floats_mut() {
             for (i, x) in v.iter_mut().enumerate() {
                 *x *= 1.0 + 1e-7 * ((i * 7919 % 13) as f32 - 6.0) / 6.0;
             }

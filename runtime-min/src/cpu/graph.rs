@@ -259,9 +259,19 @@ pub fn forward(
     env: Env,
 ) -> Result<Vec<Record>, ExecError> {
     let mut records = Vec::with_capacity(nodes.len());
+    let listed: std::collections::BTreeSet<NodeId> = nodes.iter().copied().collect();
+    // ReLUs already applied in place of their input ([`relu_reading`]).
+    let mut applied: Vec<NodeId> = Vec::new();
     for &id in nodes {
         let node = graph.node(id);
         if matches!(node.op, Op::Input | Op::Constant { .. }) {
+            continue;
+        }
+        if applied.contains(&id) {
+            records.push(Record {
+                node: id,
+                saved: Saved::None,
+            });
             continue;
         }
         // A generated weight comes from the weights, like an initializer.
@@ -285,12 +295,53 @@ pub fn forward(
             .collect::<Result<_, _>>()?;
         let (outputs, saved) =
             ops::forward(&node.op, &inputs, node.outputs.len(), env).map_err(&error)?;
-        for (&v, t) in node.outputs.iter().zip(outputs) {
+        for (&v, mut t) in node.outputs.iter().zip(outputs) {
+            if let Some(relu) = relu_reading(graph, id, v, &listed) {
+                if let Some(x) = t.floats_mut() {
+                    super::kernels::relu_in_place(x);
+                    let y = graph.node(relu).outputs[0];
+                    values.set(y, t.clone());
+                    applied.push(relu);
+                }
+            }
             values.set(v, t);
         }
         records.push(Record { node: id, saved });
     }
     Ok(records)
+}
+
+/// The ReLU among `listed` that is the only reader of `v`, which `producer` writes and is
+/// no output of the graph: it is applied to `v`'s elements in place, and `v` and the
+/// ReLU's output share them (ResNet's Conv → ReLU and Add → ReLU: an allocation and a pass
+/// over memory saved). Forward and backward are unchanged: nothing else reads `v`, the
+/// ReLU's gradient (`x > 0`) is the same read from `max(x, 0)`, and `producer` is linear
+/// in its inputs, so its own gradient never reads `v`.
+fn relu_reading(
+    graph: &Graph,
+    producer: NodeId,
+    v: ValueId,
+    listed: &std::collections::BTreeSet<NodeId>,
+) -> Option<NodeId> {
+    use ralpc_ir::Binary;
+    let linear = matches!(
+        graph.node(producer).op,
+        Op::Conv(_)
+            | Op::ConvTranspose(_)
+            | Op::Gemm(_)
+            | Op::MatMul
+            | Op::Binary(Binary::Add | Binary::Sub)
+    );
+    let [(reader, 0)] = graph.consumers(v)[..] else {
+        return None;
+    };
+    let node = graph.node(reader);
+    (linear
+        && matches!(node.op, Op::Unary(ralpc_ir::Unary::Relu))
+        && node.outputs.len() == 1
+        && listed.contains(&reader)
+        && !graph.outputs().contains(&v))
+    .then_some(reader)
 }
 
 /// Gradients by [`ValueId`], accumulated over consumers.

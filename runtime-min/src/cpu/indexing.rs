@@ -5,6 +5,8 @@
 //! the flat position in the data it reads or writes), checked once; the forward and the
 //! backward pass then only move values along them.
 
+use std::sync::Arc;
+
 use ralpc_ir::{Einsum, Reduction};
 
 use super::grad::InputGrads;
@@ -133,12 +135,14 @@ fn scatter(
     let targets = starts.iter().flat_map(|&s| s..s + len);
     match (&mut out.data, &updates.data) {
         (Data::F32(o), Data::F32(u)) => {
-            for (p, &v) in targets.zip(u) {
+            let o = Arc::make_mut(o);
+            for (p, &v) in targets.zip(u.iter()) {
                 o[p] = combine_f32(r, o[p], v);
             }
         }
         (Data::I64(o), Data::I64(u)) => {
-            for (p, &v) in targets.zip(u) {
+            let o = Arc::make_mut(o);
+            for (p, &v) in targets.zip(u.iter()) {
                 o[p] = combine_i64(r, o[p], v);
             }
         }

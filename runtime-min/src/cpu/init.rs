@@ -53,9 +53,9 @@ pub fn integers(seed: u64, name: &str, n: usize, range: u64) -> Vec<i64> {
 pub fn input(seed: u64, name: &str, n: usize, float: bool, range: u64) -> super::tensor::Data {
     let key = format!("input:{name}");
     if float {
-        super::tensor::Data::F32(uniform(seed, &key, n, 1.0))
+        super::tensor::Data::F32(uniform(seed, &key, n, 1.0).into())
     } else {
-        super::tensor::Data::I64(integers(seed, &key, n, range))
+        super::tensor::Data::I64(integers(seed, &key, n, range).into())
     }
 }
 

@@ -2,13 +2,17 @@
 //! (the precision plans are trained in) and `i64` for integers and booleans (shape
 //! arithmetic, indices, masks).
 
-/// A tensor's elements.
+use std::sync::Arc;
+
+/// A tensor's elements, shared: a view (Reshape, Flatten, Squeeze, Unsqueeze, Identity)
+/// and a copy of a value are the same elements under another shape, never a copy of them.
+/// Writing into shared elements copies them first ([`Arc::make_mut`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
     /// Floating point (f16, bf16 and f64 are computed in f32).
-    F32(Vec<f32>),
+    F32(Arc<Vec<f32>>),
     /// Integers and booleans (0 or 1).
-    I64(Vec<i64>),
+    I64(Arc<Vec<i64>>),
 }
 
 /// A row-major tensor.
@@ -26,7 +30,7 @@ impl Tensor {
         debug_assert_eq!(numel(&shape), data.len());
         Tensor {
             shape,
-            data: Data::F32(data),
+            data: Data::F32(Arc::new(data)),
         }
     }
 
@@ -35,7 +39,7 @@ impl Tensor {
         debug_assert_eq!(numel(&shape), data.len());
         Tensor {
             shape,
-            data: Data::I64(data),
+            data: Data::I64(Arc::new(data)),
         }
     }
 
@@ -71,6 +75,22 @@ impl Tensor {
         }
     }
 
+    /// The float elements to write, if it is a float tensor (copied first when shared).
+    pub fn floats_mut(&mut self) -> Option<&mut Vec<f32>> {
+        match &mut self.data {
+            Data::F32(v) => Some(Arc::make_mut(v)),
+            Data::I64(_) => None,
+        }
+    }
+
+    /// The float elements, owned (copied when shared), if it is a float tensor.
+    pub fn into_floats(self) -> Option<Vec<f32>> {
+        match self.data {
+            Data::F32(v) => Some(Arc::unwrap_or_clone(v)),
+            Data::I64(_) => None,
+        }
+    }
+
     /// The elements as `f64` whatever the type.
     pub fn to_f64s(&self) -> Vec<f64> {
         match &self.data {
@@ -83,7 +103,7 @@ impl Tensor {
     pub fn to_i64s(&self) -> Vec<i64> {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as i64).collect(),
-            Data::I64(v) => v.clone(),
+            Data::I64(v) => v.to_vec(),
         }
     }
 

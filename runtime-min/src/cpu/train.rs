@@ -126,9 +126,9 @@ impl Dataset {
         let classes = classes(&output);
         let labels = match loss {
             Loss::CrossEntropy => {
-                Data::I64(init::integers(seed, "labels", n / classes, classes as u64))
+                Data::I64(init::integers(seed, "labels", n / classes, classes as u64).into())
             }
-            Loss::Mse => Data::F32(init::uniform(seed, "targets", n, 1.0)),
+            Loss::Mse => Data::F32(init::uniform(seed, "targets", n, 1.0).into()),
         };
         Dataset { inputs, labels }
     }
@@ -251,10 +251,7 @@ pub fn train_reference(
                     .insert(graph.value(w).name.clone(), g.clone());
             }
             let v = velocity.entry(w).or_insert_with(|| vec![0.0; g.len()]);
-            if let Some(Tensor {
-                data: Data::F32(x), ..
-            }) = tensors.get_mut(&w)
-            {
+            if let Some(x) = tensors.get_mut(&w).and_then(Tensor::floats_mut) {
                 kernels::sgd_momentum(x, &g, v, options.lr, options.momentum);
             }
         }

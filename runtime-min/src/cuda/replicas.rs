@@ -121,8 +121,8 @@ pub fn shard(
     }
     let split = |d: &Data, outer: usize| -> Result<Data, String> {
         Ok(match d {
-            Data::F32(v) => Data::F32(part(v, outer, rank, count)?),
-            Data::I64(v) => Data::I64(part(v, outer, rank, count)?),
+            Data::F32(v) => Data::F32(part(v, outer, rank, count)?.into()),
+            Data::I64(v) => Data::I64(part(v, outer, rank, count)?.into()),
         })
     };
     let inputs = data

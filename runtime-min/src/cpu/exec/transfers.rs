@@ -33,7 +33,7 @@ impl Rank<'_, '_> {
             crop(x, &held, &piece)
         };
         let words = match &data.data {
-            Data::F32(v) => v.clone(),
+            Data::F32(v) => v.to_vec(),
             Data::I64(v) => ints_to_words(v),
         };
         self.comm.send(to, tag, words).map_err(RankError::from)
@@ -146,10 +146,10 @@ impl Rank<'_, '_> {
                 .ok_or("partial sums of a layer that did not run")?;
             let outputs: Vec<ValueId> = run.regions.keys().copied().collect();
             for o in outputs {
-                let Some(Tensor {
-                    shape,
-                    data: Data::F32(mut x),
-                }) = run.values.take(o)
+                let Some((shape, mut x)) = run
+                    .values
+                    .take(o)
+                    .and_then(|t| Some((t.shape.clone(), t.into_floats()?)))
                 else {
                     return Err("partial sums of a missing or integer output".into());
                 };
@@ -329,13 +329,7 @@ impl Rank<'_, '_> {
             let Some(g) = self.grads.remove(&w) else {
                 continue;
             };
-            let Some((
-                _,
-                Tensor {
-                    data: Data::F32(x), ..
-                },
-            )) = self.weights.get_mut(&w)
-            else {
+            let Some(x) = self.weights.get_mut(&w).and_then(|(_, t)| t.floats_mut()) else {
                 continue;
             };
             let v = self.velocity.entry(w).or_insert_with(|| vec![0.0; g.len()]);

@@ -15,7 +15,6 @@ use ralpc_ir::ValueId;
 
 use super::super::kernels;
 use super::super::region::interval;
-use super::super::tensor::Data;
 use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
@@ -146,7 +145,7 @@ impl Rank<'_, '_> {
                 continue;
             };
             let n = t.len();
-            let Data::F32(x) = &mut t.data else {
+            let Some(x) = t.floats_mut() else {
                 return Err(
                     format!("weight '{}' is not float", self.p.exe.graph.value(w).name).into(),
                 );
@@ -193,7 +192,7 @@ impl Rank<'_, '_> {
         for w in &keys {
             if let Some((_, t)) = self.weights.get_mut(w) {
                 let n = t.len();
-                if let Data::F32(x) = &mut t.data {
+                if let Some(x) = t.floats_mut() {
                     x.copy_from_slice(&all[at..at + n]);
                 }
                 at += n;

@@ -19,6 +19,16 @@ pub fn add(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
 }
 
+/// `x = max(x, 0)` in place; above 64 K elements, blocks of it in parallel.
+pub fn relu_in_place(x: &mut [f32]) {
+    if x.len() < 1 << 16 {
+        x.iter_mut().for_each(|v| *v = v.max(0.0));
+    } else {
+        x.par_chunks_mut(1 << 14)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = v.max(0.0)));
+    }
+}
+
 /// A fully connected layer `y = x·Wᵀ + b` (ONNX Gemm with `transB = 1`): `x` is
 /// `batch×inputs`, `w` `outputs×inputs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
