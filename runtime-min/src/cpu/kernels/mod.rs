@@ -10,7 +10,7 @@ mod conv;
 mod matmul;
 
 pub use conv::Conv2d;
-pub use matmul::gemm;
+pub use matmul::{gemm, gemm_one_block};
 
 use rayon::prelude::*;
 
