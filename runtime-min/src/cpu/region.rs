@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use super::tensor::{self as t, Tensor};
 
-/// How the abstract axes of a [`View`] map onto a tensor's axes.
+/// How the abstract axes of a [`View`](ralpc_codegen::layout::View) map onto a tensor's axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Axes {
     /// The spatial or sequence axis, if the tensor has one.

@@ -1,5 +1,6 @@
-//! 2-d convolutions as im2col and GEMM: forward a band of output rows at a time, backward
-//! a sample at a time, in each worker's scratch buffers.
+//! 2-d convolutions as im2col and GEMM: forward a band of output rows at a time (3×3 ones
+//! with unit stride by Winograd's algorithm, `winograd.rs`), backward a sample at a
+//! time, in each worker's scratch buffers.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -185,6 +186,9 @@ impl Conv2d {
                 && w.len() >= self.out_channels * patch,
             "convolution operand sizes"
         );
+        if self.takes_winograd() {
+            return self.winograd_forward(x, w, bias, y);
+        }
         let band = self.band_rows();
         let bands = oh.div_ceil(band);
         // Fewer bands than threads: each product is split too.
@@ -384,10 +388,10 @@ impl Conv2d {
 
 /// Which of a thread's scratch buffers.
 #[derive(Clone, Copy)]
-enum Scratch {
-    /// A sample's input as columns.
+pub(super) enum Scratch {
+    /// A sample's input as columns (or transformed into Winograd tiles).
     Columns,
-    /// Their gradient.
+    /// Their gradient (or the products of Winograd tiles).
     Gradients,
 }
 
@@ -401,7 +405,7 @@ thread_local! {
 /// Runs `f` on `len` floats of unspecified contents (it must write what it reads), in
 /// this thread's scratch buffer `which`. A nested call on the same thread (a task stolen
 /// while waiting) finds the buffer taken and uses a fresh one.
-fn with_scratch<R>(which: Scratch, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(super) fn with_scratch<R>(which: Scratch, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     let mut buffer = SCRATCH.with(|s| s[which as usize].take());
     if buffer.len() < len {
         buffer.resize(len, 0.0);

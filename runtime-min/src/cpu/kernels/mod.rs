@@ -2,12 +2,14 @@
 //!
 //! Matrix products go through the `gemm` crate (packed, vectorized; [`gemm`] runs
 //! blocks of large ones in parallel), never a hand-written loop nest; convolutions are
-//! lowered to it with im2col, a band of output rows at a time ([`Conv2d`]). Backward
+//! lowered to it with im2col, a band of output rows at a time ([`Conv2d`]), or for 3×3
+//! kernels with unit stride by Winograd's F(2×2, 3×3) (`winograd.rs`). Backward
 //! kernels accumulate into their gradient outputs (`+=`), as a layer's gradient sums over
 //! microbatches and over consumers.
 
 mod conv;
 mod matmul;
+mod winograd;
 
 pub use conv::Conv2d;
 pub use matmul::{gemm, gemm_one_block};
