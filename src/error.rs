@@ -50,7 +50,7 @@ pub enum Error {
     /// A checkpoint is malformed or belongs to another plan.
     #[error("cannot use the checkpoint: {0}")]
     Checkpoint(Box<String>),
-    /// The launcher's environment is malformed, or a backend's libraries are missing.
+    /// A backend's libraries are missing, or the process cannot be set up to run.
     #[error("{0}")]
     Setup(Box<String>),
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
@@ -60,6 +60,19 @@ pub enum Error {
     /// the cause is ralpc's own (a rank panicked, or the plan and the runtime disagree).
     #[error("{}", if .0.is_bug() { BUG_IN_RUN } else { "the run failed" })]
     Ranks(#[source] Box<ralpc_runtime_min::cpu::exec::RunError>),
+    /// This process cannot join the launcher's run: its environment is malformed (exit 1),
+    /// or the other ranks cannot be met or trusted (exit 4).
+    #[error("{}", match .rank {
+        Some(rank) => format!("rank {rank} cannot join the run's other ranks"),
+        None => "cannot join the launcher's run".to_owned(),
+    })]
+    Join {
+        /// This process's rank, once the environment gave it.
+        rank: Option<u32>,
+        /// Why.
+        #[source]
+        source: Box<ralpc_runtime_min::dist::DistError>,
+    },
     /// `--check`: the output directory's plan was not made from these inputs.
     #[error("{0} is not up to date with the model, cluster, profile and options")]
     OutOfDate(Box<String>),
@@ -99,6 +112,8 @@ impl Error {
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,
+            Error::Join { source, .. } if source.is_environment() => 1,
+            Error::Join { .. } => 4,
             Error::Ranks(e) if e.is_bug() => 101,
             Error::Ranks(_) => 4,
             Error::Internal(_) => 101,
@@ -169,15 +184,7 @@ mod tests {
                 cause,
             }))
         };
-        let chain = |e: &super::Error| {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(s) = source {
-                text += &format!(" / {s}");
-                source = s.source();
-            }
-            text
-        };
+
         for bug in [
             RankError::Inconsistent(
                 "computed 'r20' of shape [2, 512] where its share is [2, 256]".into(),
@@ -205,5 +212,56 @@ mod tests {
         }
         let setup = super::Error::Ranks(Box::new(RunError::Setup("too many ranks".into())));
         assert_eq!(setup.exit_code(), 4);
+    }
+
+    /// Joining a launcher's run: a malformed environment is the input's fault (exit 1); a
+    /// peer that cannot be reached or does not prove the run's secret fails the run (4);
+    /// the causes stay in the chain.
+    /// An error and its causes, ` / ` between them.
+    fn chain(e: &super::Error) -> String {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            text += &format!(" / {s}");
+            source = s.source();
+        }
+        text
+    }
+
+    #[test]
+    fn joining_fails_on_the_environment_or_on_the_other_ranks() {
+        use ralpc_runtime_min::dist::{DistError, Placement};
+        let get = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let environment = Placement::from_vars(get(&[("RANK", "x"), ("WORLD_SIZE", "2")]))
+            .expect_err("a malformed rank");
+        let e = super::Error::Join {
+            rank: None,
+            source: Box::new(environment),
+        };
+        assert_eq!(e.exit_code(), 1);
+        assert!(chain(&e).contains("RANK='x'"), "{}", chain(&e));
+        let refused = DistError::Context {
+            context: "rank 1 cannot join rank 0 at 10.0.0.1:29500".into(),
+            source: Box::new(DistError::Refused(
+                "it does not know the run's secret".into(),
+            )),
+        };
+        let e = super::Error::Join {
+            rank: Some(1),
+            source: Box::new(refused),
+        };
+        assert_eq!(e.exit_code(), 4);
+        let text = chain(&e);
+        assert!(
+            text.contains("rank 1 cannot join the run's other ranks / rank 1 cannot join rank 0")
+                && text.contains("secret"),
+            "{text}"
+        );
     }
 }

@@ -559,6 +559,10 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
                 .max(1);
             let gpu = open(place.local_rank as usize % gpus)?;
             let join_error = |e: String| Error::Run(Box::new(format!("rank {}: {e}", place.rank)));
+            let cannot_join = |e| Error::Join {
+                rank: Some(place.rank),
+                source: Box::new(e),
+            };
             // NCCL needs a GPU per process; ranks sharing one combine through host memory.
             let local_world = std::env::var("LOCAL_WORLD_SIZE")
                 .ok()
@@ -569,7 +573,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
                     .map_err(join_error)?;
                 replica(&gpu, place.rank as usize, &nccl)?
             } else {
-                let world = World::connect(place, options.timeout).map_err(join_error)?;
+                let world = World::connect(place, options.timeout).map_err(cannot_join)?;
                 let comm = world.comm(place.rank);
                 let sync = device::HostStaged {
                     comm: &comm,
@@ -785,8 +789,10 @@ fn run_with(
             if control.checkpoint_every.is_none() {
                 control.on_checkpoint = None;
             }
-            let world = World::connect(placement, options.timeout)
-                .map_err(|e| Error::Run(Box::new(format!("rank {}: {e}", placement.rank))))?;
+            let world = World::connect(placement, options.timeout).map_err(|e| Error::Join {
+                rank: Some(placement.rank),
+                source: Box::new(e),
+            })?;
             exec::run_process(&exe, &options.train(), &control, &world, placement.rank)
         }
     }

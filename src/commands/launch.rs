@@ -84,7 +84,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     })?;
     let signals = Signals::register()?;
     // The ranks prove this secret to each other; nobody else learns it.
-    let token = ralpc::runtime::dist::auth::new_token().map_err(launch_error)?;
+    let token = ralpc::runtime::dist::auth::new_token().map_err(|e| launch_error(e.chain()))?;
     let mut children: Vec<Option<Child>> = Vec::with_capacity(world as usize);
     for rank in 0..world {
         let mut cmd = Command::new(&exe);

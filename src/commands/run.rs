@@ -159,8 +159,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         } else {
             ralpc::Backend::Cpu
         },
-        placement: Placement::from_env().map_err(|e| {
-            ralpc::Error::Setup(Box::new(format!("cannot join the launcher's run: {e}")))
+        placement: Placement::from_env().map_err(|e| ralpc::Error::Join {
+            rank: None,
+            source: Box::new(e),
         })?,
     };
     if options.backend == ralpc::Backend::Cuda {

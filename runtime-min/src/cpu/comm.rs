@@ -140,7 +140,10 @@ impl World {
     ///
     /// # Errors
     /// The rendezvous or a connection failed within `timeout`.
-    pub fn connect(placement: &Placement, timeout: Duration) -> Result<World, String> {
+    pub fn connect(
+        placement: &Placement,
+        timeout: Duration,
+    ) -> Result<World, crate::dist::DistError> {
         let shared = Arc::new(Shared::default());
         let net = Net::connect(placement, timeout, shared.clone())?;
         Ok(World {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::comm::Shared;
 use crate::dist::auth::{self, Secret};
+use crate::dist::DistError;
 use crate::dist::{rendezvous, Placement};
 
 /// What travels between ranks.
@@ -156,25 +157,27 @@ fn answer(
     secret: &Secret,
     me: u32,
     world: u32,
-) -> Result<(u32, TcpStream), String> {
+) -> Result<(u32, TcpStream), DistError> {
     stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE)))
         .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE)))
-        .map_err(|e| e.to_string())?;
+        .map_err(DistError::io("cannot configure the connection"))?;
     auth::accept(&mut stream, secret)?;
     let mut hello = [0u8; 12];
     stream
         .read_exact(&mut hello)
-        .map_err(|e| format!("it said nothing: {e}"))?;
+        .map_err(DistError::io("it said nothing"))?;
     let r = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]);
     if &hello[..8] != HELLO || r <= me || r >= world {
-        return Err("it is not one of this run's ranks".into());
+        return Err(DistError::Refused(
+            "it is not one of this run's ranks".into(),
+        ));
     }
     stream
         .set_read_timeout(None)
         .and_then(|()| stream.set_write_timeout(None))
-        .map_err(|e| e.to_string())?;
+        .map_err(DistError::io("cannot configure the connection"))?;
     Ok((r, stream))
 }
 
@@ -185,8 +188,8 @@ pub struct Net {
     peers: Vec<Option<Mutex<BufWriter<TcpStream>>>>,
 }
 
-fn fail(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn fail(what: &str) -> impl FnOnce(std::io::Error) -> DistError + '_ {
+    DistError::io(what)
 }
 
 impl Net {
@@ -200,7 +203,7 @@ impl Net {
         placement: &Placement,
         timeout: Duration,
         shared: Arc<Shared>,
-    ) -> Result<Net, String> {
+    ) -> Result<Net, DistError> {
         let deadline = Instant::now() + timeout;
         let me = placement.rank;
         let ip = rendezvous::listen_ip(placement, rendezvous::master_addr(placement)?);
@@ -217,14 +220,14 @@ impl Net {
         let secret = placement
             .secret
             .clone()
-            .ok_or_else(|| format!("{} is not set", auth::TOKEN_VAR))?;
+            .ok_or_else(|| DistError::Environment(format!("{} is not set", auth::TOKEN_VAR)))?;
         let addrs: Vec<SocketAddr> = blobs
             .iter()
             .enumerate()
             .map(|(r, b)| {
-                String::from_utf8_lossy(b)
-                    .parse()
-                    .map_err(|_| format!("rank {r} sent no address to reach it at"))
+                String::from_utf8_lossy(b).parse().map_err(|_| {
+                    DistError::Protocol(format!("rank {r} sent no address to reach it at"))
+                })
             })
             .collect::<Result<_, _>>()?;
         let world = placement.world as usize;
@@ -238,7 +241,9 @@ impl Net {
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     Err(e) => {
-                        return Err(format!("rank {me} cannot reach rank {r} at {addr}: {e}"))
+                        return Err(DistError::io(format!(
+                            "rank {me} cannot reach rank {r} at {addr}"
+                        ))(e))
                     }
                 }
             };
@@ -246,7 +251,7 @@ impl Net {
                 .set_read_timeout(Some(remaining(deadline)))
                 .map_err(fail("cannot configure a connection"))?;
             auth::call(&mut stream, &secret)
-                .map_err(|e| format!("rank {me} cannot join rank {r} at {addr}: {e}"))?;
+                .map_err(|e| e.within(format!("rank {me} cannot join rank {r} at {addr}")))?;
             let mut hello = HELLO.to_vec();
             hello.extend(me.to_le_bytes());
             stream
@@ -262,7 +267,7 @@ impl Net {
         listener
             .set_nonblocking(true)
             .map_err(fail("cannot poll for the other ranks"))?;
-        let (called, calls) = std::sync::mpsc::channel::<Result<(u32, TcpStream), String>>();
+        let (called, calls) = std::sync::mpsc::channel::<Result<(u32, TcpStream), DistError>>();
         let mut expected = world - 1 - me as usize;
         while expected > 0 {
             match listener.accept() {
@@ -270,10 +275,10 @@ impl Net {
                     let (called, secret) = (called.clone(), secret.clone());
                     let world = placement.world;
                     std::thread::spawn(move || {
-                        let _ = called.send(
-                            answer(stream, &secret, me, world)
-                                .map_err(|e| format!("refused a connection from {from}: {e}")),
-                        );
+                        let _ = called
+                            .send(answer(stream, &secret, me, world).map_err(|e| {
+                                e.within(format!("refused a connection from {from}"))
+                            }));
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -283,11 +288,11 @@ impl Net {
                 match call {
                     Ok((r, stream)) => {
                         if streams[r as usize].replace(stream).is_some() {
-                            return Err(format!("rank {r} connected twice"));
+                            return Err(DistError::Protocol(format!("rank {r} connected twice")));
                         }
                         expected -= 1;
                     }
-                    Err(why) => eprintln!("rank {me}: {why}"),
+                    Err(why) => eprintln!("rank {me}: {}", why.chain()),
                 }
             }
             if expected > 0 {
@@ -295,9 +300,10 @@ impl Net {
                     let missing: Vec<usize> = (me as usize + 1..world)
                         .filter(|&r| streams[r].is_none())
                         .collect();
-                    return Err(format!(
-                        "ranks {missing:?} did not connect to rank {me} in time"
-                    ));
+                    return Err(DistError::Timeout {
+                        waiting: format!("rank {me}"),
+                        missing,
+                    });
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }

@@ -43,7 +43,8 @@ impl Nccl {
             id.as_ref()
                 .map(|id| id.internal().iter().map(|&c| c as u8).collect())
                 .unwrap_or_default()
-        })?;
+        })
+        .map_err(|e| e.chain())?;
         let bytes: [u8; 128] = blobs
             .first()
             .and_then(|b| b.as_slice().try_into().ok())

@@ -10,6 +10,8 @@
 
 use std::io::{Read, Write};
 
+use super::DistError;
+
 /// The environment variable holding a run's secret.
 pub const TOKEN_VAR: &str = "RALPC_RUN_TOKEN";
 
@@ -36,13 +38,13 @@ impl Secret {
     ///
     /// # Errors
     /// A token shorter than 16 characters (too easy to guess).
-    pub fn new(token: &str) -> Result<Secret, String> {
+    pub fn new(token: &str) -> Result<Secret, DistError> {
         let token = token.trim();
         if token.chars().count() < MIN_TOKEN {
-            return Err(format!(
+            return Err(DistError::Environment(format!(
                 "{TOKEN_VAR} has {} characters; a run's secret needs at least {MIN_TOKEN}",
                 token.chars().count()
-            ));
+            )));
         }
         Ok(Secret {
             key: blake3::derive_key("ralpc 2026-11 run token", token.as_bytes()),
@@ -60,14 +62,14 @@ impl Secret {
 ///
 /// # Errors
 /// The system has no randomness to give.
-pub fn new_token() -> Result<String, String> {
+pub fn new_token() -> Result<String, DistError> {
     let bytes = random()?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn random() -> Result<[u8; 32], String> {
+fn random() -> Result<[u8; 32], DistError> {
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for the run's nonces: {e}"))?;
+    getrandom::fill(&mut bytes).map_err(DistError::Randomness)?;
     Ok(bytes)
 }
 
@@ -83,23 +85,25 @@ fn read32(r: &mut impl Read) -> std::io::Result<[u8; 32]> {
 /// # Errors
 /// The caller does not answer, answers wrongly (it does not know the secret), or the
 /// connection fails.
-pub fn accept<S: Read + Write>(stream: &mut S, secret: &Secret) -> Result<(), String> {
+pub fn accept<S: Read + Write>(stream: &mut S, secret: &Secret) -> Result<(), DistError> {
     let challenge = random()?;
     let mut greeting = GREETING.to_vec();
     greeting.extend(challenge);
     stream
         .write_all(&greeting)
-        .map_err(|e| format!("cannot greet it: {e}"))?;
-    let theirs = read32(stream).map_err(|e| format!("it did not answer: {e}"))?;
-    let proof = read32(stream).map_err(|e| format!("it did not answer: {e}"))?;
+        .map_err(DistError::io("cannot greet it"))?;
+    let theirs = read32(stream).map_err(DistError::io("it did not answer"))?;
+    let proof = read32(stream).map_err(DistError::io("it did not answer"))?;
     // blake3::Hash compares in constant time.
     if secret.proof(b"caller", &challenge, &theirs) != blake3::Hash::from(proof) {
-        return Err(format!("it does not know the run's secret ({TOKEN_VAR})"));
+        return Err(DistError::Refused(format!(
+            "it does not know the run's secret ({TOKEN_VAR})"
+        )));
     }
     let ours = secret.proof(b"acceptor", &theirs, &challenge);
     stream
         .write_all(ours.as_bytes())
-        .map_err(|e| format!("cannot answer it: {e}"))
+        .map_err(DistError::io("cannot answer it"))
 }
 
 /// The calling end: answers the acceptor's challenge and checks its answer to ours.
@@ -107,24 +111,26 @@ pub fn accept<S: Read + Write>(stream: &mut S, secret: &Secret) -> Result<(), St
 /// # Errors
 /// The other end is not a rank of this run (another protocol, or it does not know the
 /// secret), or the connection fails.
-pub fn call<S: Read + Write>(stream: &mut S, secret: &Secret) -> Result<(), String> {
+pub fn call<S: Read + Write>(stream: &mut S, secret: &Secret) -> Result<(), DistError> {
     let mut greeting = [0u8; 8];
     stream
         .read_exact(&mut greeting)
-        .map_err(|e| format!("no greeting: {e}"))?;
+        .map_err(DistError::io("no greeting"))?;
     if &greeting != GREETING {
-        return Err("it is not a ralpc rank".into());
+        return Err(DistError::Refused("it is not a ralpc rank".into()));
     }
-    let challenge = read32(stream).map_err(|e| format!("no challenge: {e}"))?;
+    let challenge = read32(stream).map_err(DistError::io("no challenge"))?;
     let ours = random()?;
     let mut answer = ours.to_vec();
     answer.extend(secret.proof(b"caller", &challenge, &ours).as_bytes());
     stream
         .write_all(&answer)
-        .map_err(|e| format!("cannot answer: {e}"))?;
-    let proof = read32(stream).map_err(|e| format!("it refused this rank: {e}"))?;
+        .map_err(DistError::io("cannot answer"))?;
+    let proof = read32(stream).map_err(DistError::io("it refused this rank"))?;
     if secret.proof(b"acceptor", &ours, &challenge) != blake3::Hash::from(proof) {
-        return Err(format!("it does not know the run's secret ({TOKEN_VAR})"));
+        return Err(DistError::Refused(format!(
+            "it does not know the run's secret ({TOKEN_VAR})"
+        )));
     }
     Ok(())
 }
@@ -135,6 +141,7 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     fn pair(caller: Secret, acceptor: Secret) -> (Result<(), String>, Result<(), String>) {
+        let chain = |r: Result<(), DistError>| r.map_err(|e| e.chain());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::scope(|s| {
@@ -151,7 +158,7 @@ mod tests {
                 .unwrap();
             let c = call(&mut stream, &caller);
             drop(stream);
-            (c, a.join().unwrap())
+            (chain(c), chain(a.join().unwrap()))
         })
     }
 

@@ -3,6 +3,8 @@
 //! Open MPI (`OMPI_COMM_WORLD_RANK`, `…_SIZE`, `…_LOCAL_RANK`) and Slurm (`SLURM_PROCID`,
 //! `SLURM_NTASKS`, `SLURM_LOCALID`, the first host of `SLURM_JOB_NODELIST`).
 
+use super::DistError;
+
 /// Which launcher started the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launcher {
@@ -33,6 +35,24 @@ pub struct Placement {
     pub secret: Option<super::auth::Secret>,
 }
 
+/// Why [`Placement::read`] failed: a variable (named in the message), or the secret.
+enum Unreadable {
+    Variable(String),
+    Secret(DistError),
+}
+
+impl From<String> for Unreadable {
+    fn from(message: String) -> Unreadable {
+        Unreadable::Variable(message)
+    }
+}
+
+impl From<&str> for Unreadable {
+    fn from(message: &str) -> Unreadable {
+        Unreadable::Variable(message.to_owned())
+    }
+}
+
 /// The rendezvous port when the launcher names none (torchrun's default).
 pub const DEFAULT_PORT: u16 = 29500;
 
@@ -41,7 +61,7 @@ impl Placement {
     ///
     /// # Errors
     /// A launcher's variables that are malformed or inconsistent, naming the variable.
-    pub fn from_env() -> Result<Option<Placement>, String> {
+    pub fn from_env() -> Result<Option<Placement>, DistError> {
         Placement::from_vars(|name| std::env::var(name).ok())
     }
 
@@ -49,7 +69,14 @@ impl Placement {
     ///
     /// # Errors
     /// As [`Placement::from_env`].
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Placement>, String> {
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Placement>, DistError> {
+        Placement::read(get).map_err(|e| match e {
+            Unreadable::Variable(m) => DistError::Environment(m),
+            Unreadable::Secret(e) => e,
+        })
+    }
+
+    fn read(get: impl Fn(&str) -> Option<String>) -> Result<Option<Placement>, Unreadable> {
         let number = |name: &str| -> Result<Option<u32>, String> {
             get(name)
                 .map(|v| {
@@ -82,9 +109,7 @@ impl Placement {
         let world_value =
             number(world)?.ok_or_else(|| format!("{rank} is set but {world} is not"))?;
         if rank_value >= world_value {
-            return Err(format!(
-                "{rank}={rank_value} is not below {world}={world_value}"
-            ));
+            return Err(format!("{rank}={rank_value} is not below {world}={world_value}").into());
         }
         let local_rank = number(local)?.unwrap_or(0);
         let master_addr = match get("MASTER_ADDR") {
@@ -101,7 +126,8 @@ impl Placement {
                 _ => {
                     return Err(format!(
                         "{rank} is set but MASTER_ADDR is not: set it to the host of rank 0"
-                    ))
+                    )
+                    .into())
                 }
             },
         };
@@ -114,7 +140,8 @@ impl Placement {
         };
         let secret = get(super::auth::TOKEN_VAR)
             .map(|t| super::auth::Secret::new(&t))
-            .transpose()?;
+            .transpose()
+            .map_err(Unreadable::Secret)?;
         Ok(Some(Placement {
             rank: rank_value,
             world: world_value,
@@ -158,6 +185,10 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         Placement::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+            .map_err(|e| {
+                assert!(e.is_environment(), "{e:?}");
+                e.chain()
+            })
     }
 
     #[test]

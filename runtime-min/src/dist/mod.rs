@@ -5,6 +5,8 @@
 //! transport's addresses).
 pub mod auth;
 pub mod env;
+mod error;
 pub mod rendezvous;
 
 pub use env::{Launcher, Placement};
+pub use error::DistError;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::auth::{self, Secret, TOKEN_VAR};
 use super::env::Placement;
+use super::DistError;
 
 const MAGIC: &[u8; 8] = b"RALPCRV1";
 /// Blobs are small (addresses, 128-byte ids): a larger length is a stranger talking.
@@ -31,7 +32,7 @@ pub fn all_gather(
     placement: &Placement,
     timeout: Duration,
     blob: impl FnOnce(IpAddr) -> Vec<u8>,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, DistError> {
     let deadline = Instant::now() + timeout;
     let master = master_addr(placement)?;
     if placement.world == 1 {
@@ -66,42 +67,47 @@ pub fn listen_ip(p: &Placement, master: SocketAddr) -> IpAddr {
 ///
 /// # Errors
 /// The name does not resolve.
-pub fn master_addr(p: &Placement) -> Result<SocketAddr, String> {
+pub fn master_addr(p: &Placement) -> Result<SocketAddr, DistError> {
     (p.master_addr.as_str(), p.master_port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve MASTER_ADDR '{}': {e}", p.master_addr))?
+        .map_err(DistError::io(format!(
+            "cannot resolve MASTER_ADDR '{}'",
+            p.master_addr
+        )))?
         .next()
-        .ok_or_else(|| format!("MASTER_ADDR '{}' has no address", p.master_addr))
+        .ok_or_else(|| {
+            DistError::Environment(format!("MASTER_ADDR '{}' has no address", p.master_addr))
+        })
 }
 
-fn io(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
-    move |e| format!("rendezvous: {what}: {e}")
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> DistError + '_ {
+    DistError::io(format!("rendezvous: {what}"))
 }
 
 /// The run's secret, which a multi-process run must have.
-fn secret_of(p: &Placement) -> Result<&Secret, String> {
+fn secret_of(p: &Placement) -> Result<&Secret, DistError> {
     p.secret.as_ref().ok_or_else(|| {
-        format!(
+        DistError::Environment(format!(
             "{TOKEN_VAR} is not set: the ranks of a run prove to each other that they know \
              this secret, so that nobody else who reaches their ports can join. `ralpc \
              launch` sets it; under torchrun, srun or mpirun export the same value to every \
              rank, e.g. {TOKEN_VAR}=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')"
-        )
+        ))
     })
 }
 
 /// What a connection to rank 0 turned out to be.
-type Joined = Result<(u32, Vec<u8>, TcpStream), (SocketAddr, String)>;
+type Joined = Result<(u32, Vec<u8>, TcpStream), (SocketAddr, DistError)>;
 
 /// The handshake of one connection: the secret's challenge, then the hello. On its own
 /// thread, bounded by [`HANDSHAKE`], so that a silent stranger holds up nobody.
 fn handshake(mut stream: TcpStream, from: SocketAddr, secret: &Secret, world: u32) -> Joined {
-    let fail = |e: String| (from, e);
+    let fail = |e: DistError| (from, e);
     stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE)))
         .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE)))
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| fail(DistError::io("cannot configure the connection")(e)))?;
     auth::accept(&mut stream, secret).map_err(fail)?;
     let (rank, data) = read_hello(&mut stream, world).map_err(fail)?;
     Ok((rank, data, stream))
@@ -115,15 +121,14 @@ fn serve(
     master: SocketAddr,
     deadline: Instant,
     own: Vec<u8>,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, DistError> {
     let secret = secret_of(p)?;
-    let listener = TcpListener::bind((listen_ip(p, master), master.port())).map_err(|e| {
-        format!(
-            "rendezvous: rank 0 cannot listen on {master}: {e} (another run using MASTER_PORT \
-             {}?)",
+    let listener = TcpListener::bind((listen_ip(p, master), master.port())).map_err(
+        DistError::io(format!(
+            "rendezvous: rank 0 cannot listen on {master} (another run using MASTER_PORT {}?)",
             master.port()
-        )
-    })?;
+        )),
+    )?;
     listener
         .set_nonblocking(true)
         .map_err(io("cannot poll the listener"))?;
@@ -148,7 +153,9 @@ fn serve(
                 Ok((rank, data, stream)) => {
                     let slot = &mut blobs[rank as usize];
                     if slot.is_some() {
-                        return Err(format!("rendezvous: rank {rank} joined twice"));
+                        return Err(DistError::Protocol(format!(
+                            "rendezvous: rank {rank} joined twice"
+                        )));
                     }
                     *slot = Some(data);
                     peers.push(stream);
@@ -162,9 +169,10 @@ fn serve(
         if peers.len() < world - 1 {
             if Instant::now() >= deadline {
                 let missing: Vec<usize> = (0..world).filter(|&r| blobs[r].is_none()).collect();
-                return Err(format!(
-                    "rendezvous: ranks {missing:?} did not join before the timeout"
-                ));
+                return Err(DistError::Timeout {
+                    waiting: "rendezvous".into(),
+                    missing,
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -194,37 +202,45 @@ fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
     Ok(u32::from_le_bytes(b))
 }
 
-fn read_blob(r: &mut impl Read) -> Result<Vec<u8>, String> {
-    let len = read_u32(r).map_err(|e| e.to_string())?;
+fn read_blob(r: &mut impl Read) -> Result<Vec<u8>, DistError> {
+    let len = read_u32(r).map_err(DistError::io("no blob's length"))?;
     if len > MAX_BLOB {
-        return Err(format!("a blob of {len} bytes is not this protocol"));
+        return Err(DistError::Protocol(format!(
+            "a blob of {len} bytes is not this protocol"
+        )));
     }
     let mut data = vec![0; len as usize];
-    r.read_exact(&mut data).map_err(|e| e.to_string())?;
+    r.read_exact(&mut data)
+        .map_err(DistError::io("a blob cut short"))?;
     Ok(data)
 }
 
-fn read_magic(r: &mut impl Read) -> Result<(), String> {
+fn read_magic(r: &mut impl Read) -> Result<(), DistError> {
     let mut magic = [0; 8];
-    r.read_exact(&mut magic).map_err(|e| e.to_string())?;
+    r.read_exact(&mut magic)
+        .map_err(DistError::io("no greeting"))?;
     if &magic != MAGIC {
-        return Err("not a ralpc rendezvous (wrong magic)".into());
+        return Err(DistError::Protocol(
+            "not a ralpc rendezvous (wrong magic)".into(),
+        ));
     }
     Ok(())
 }
 
 /// `magic, world, rank, blob`.
-fn read_hello(r: &mut impl Read, world: u32) -> Result<(u32, Vec<u8>), String> {
+fn read_hello(r: &mut impl Read, world: u32) -> Result<(u32, Vec<u8>), DistError> {
     read_magic(r)?;
-    let their_world = read_u32(r).map_err(|e| e.to_string())?;
-    let rank = read_u32(r).map_err(|e| e.to_string())?;
+    let their_world = read_u32(r).map_err(DistError::io("no world size"))?;
+    let rank = read_u32(r).map_err(DistError::io("no rank"))?;
     if their_world != world {
-        return Err(format!(
+        return Err(DistError::Protocol(format!(
             "rank {rank} says the world has {their_world} ranks, rank 0 says {world}"
-        ));
+        )));
     }
     if rank == 0 || rank >= world {
-        return Err(format!("rank {rank} is not a rank of 1..{world}"));
+        return Err(DistError::Protocol(format!(
+            "rank {rank} is not a rank of 1..{world}"
+        )));
     }
     Ok((rank, read_blob(r)?))
 }
@@ -234,7 +250,7 @@ fn join(
     master: SocketAddr,
     deadline: Instant,
     blob: impl FnOnce(IpAddr) -> Vec<u8>,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, DistError> {
     // Rank 0 may not be listening yet.
     let mut stream = loop {
         match TcpStream::connect_timeout(&master, remaining(deadline)) {
@@ -244,10 +260,10 @@ fn join(
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
-                return Err(format!(
-                    "rendezvous: rank {} cannot reach rank 0 at {master}: {e}",
+                return Err(DistError::io(format!(
+                    "rendezvous: rank {} cannot reach rank 0 at {master}",
                     p.rank
-                ))
+                ))(e))
             }
         }
     };
@@ -255,10 +271,10 @@ fn join(
         .set_read_timeout(Some(remaining(deadline)))
         .map_err(io("cannot configure the connection"))?;
     auth::call(&mut stream, secret_of(p)?).map_err(|e| {
-        format!(
-            "rendezvous: rank {} cannot join rank 0 at {master}: {e}",
+        e.within(format!(
+            "rendezvous: rank {} cannot join rank 0 at {master}",
             p.rank
-        )
+        ))
     })?;
     let own_ip = stream.local_addr().map_err(io("no local address"))?.ip();
     let own = blob(own_ip);
@@ -275,17 +291,20 @@ fn join(
         .map_err(io("cannot configure the connection"))?;
     let answer = (|| {
         read_magic(&mut stream)?;
-        let n = read_u32(&mut stream).map_err(|e| e.to_string())?;
+        let n = read_u32(&mut stream).map_err(DistError::io("no world size"))?;
         if n != p.world {
-            return Err(format!("rank 0 answered for {n} ranks, not {}", p.world));
+            return Err(DistError::Protocol(format!(
+                "rank 0 answered for {n} ranks, not {}",
+                p.world
+            )));
         }
         (0..n).map(|_| read_blob(&mut stream)).collect()
     })();
     answer.map_err(|e| {
-        format!(
-            "rendezvous: rank {} got no answer from rank 0 (other ranks missing?): {e}",
+        e.within(format!(
+            "rendezvous: rank {} got no answer from rank 0 (other ranks missing?)",
             p.rank
-        )
+        ))
     })
 }
 
@@ -370,7 +389,11 @@ mod tests {
             assert!(joiner.join().unwrap().is_err());
             e
         });
-        assert!(e.contains("ranks [2] did not join"), "{e}");
+        assert!(
+            matches!(&e, DistError::Timeout { missing, .. } if missing == &[2]),
+            "{e:?}"
+        );
+        assert!(e.chain().contains("ranks [2] did not join"), "{e}");
     }
 
     /// Strangers are turned away and the run goes on: an impostor rank that does not
@@ -413,6 +436,7 @@ mod tests {
         let mut p = placement(1, 2, free_port());
         p.secret = None;
         let e = all_gather(&p, Duration::from_secs(1), |_| vec![]).unwrap_err();
-        assert!(e.contains("RALPC_RUN_TOKEN is not set"), "{e}");
+        assert!(e.is_environment(), "{e:?}");
+        assert!(e.chain().contains("RALPC_RUN_TOKEN is not set"), "{e}");
     }
 }
