@@ -189,13 +189,7 @@ pub(crate) fn at_batch(
 
 /// An error and its causes on one line.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message += &format!(": {s}");
-        source = s.source();
-    }
-    message
+    ralpc_runtime_min::error_chain(e)
 }
 
 /// The model imported and bound at the global `batch`, nothing allocated for it yet.

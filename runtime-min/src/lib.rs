@@ -20,3 +20,15 @@ pub mod cpu;
 pub mod cuda;
 pub mod dist;
 pub use ralpc_codegen as codegen;
+
+/// An error and its causes on one line, `: ` between them, for where an error leaves
+/// the typed world (a log line, an error that is still a string).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message += &format!(": {s}");
+        source = s.source();
+    }
+    message
+}

@@ -73,12 +73,6 @@ impl DistError {
 
     /// The message and its causes on one line, for errors that stay strings.
     pub fn chain(&self) -> String {
-        let mut message = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            message += &format!(": {s}");
-            source = s.source();
-        }
-        message
+        crate::error_chain(self)
     }
 }
