@@ -24,14 +24,15 @@
 use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, ValueId};
-use ralpc_passes::layers::{carrier, LayerGraph, Producer};
+use ralpc_passes::layers::{LayerGraph, Producer};
 use ralpc_passes::plan::{gathers, scatters_gradient, Strategy};
 use serde::{Deserialize, Serialize};
 
 /// The vocabulary the layout is written in, shared by the lowering and the executors: a
 /// layer's work class and split, which share of a tensor each rank holds, a row window's
-/// geometry, and which ranks count a replicated result once.
-pub use ralpc_passes::layers::{LayerKind, Split};
+/// geometry, which ranks count a replicated result once, and which value carries another
+/// after the rewrite (following `aliases`, bounded so a cycle in a hand-edited plan ends).
+pub use ralpc_passes::layers::{carrier, LayerKind, Split};
 pub use ralpc_passes::plan::{first_replica, View, Window};
 
 /// How the plan's layers are placed and connected.

@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ralpc_codegen::layout::{first_replica, LayerKind, Split, View};
+use ralpc_codegen::layout::{carrier, first_replica, LayerKind, Split, View};
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
@@ -325,19 +325,6 @@ struct Prepared<'a> {
 
 fn setup(message: impl Into<String>) -> RunError {
     RunError::Setup(message.into())
-}
-
-/// Follows `aliases` to the value that carries `v` (a rewritten value's, ending at a
-/// value carried by no other).
-fn carrier(aliases: &BTreeMap<ValueId, ValueId>, mut v: ValueId) -> ValueId {
-    // Bounded: a cycle in a hand-edited layout must not hang the run.
-    for _ in 0..64 {
-        match aliases.get(&v) {
-            Some(&next) if next != v => v = next,
-            _ => break,
-        }
-    }
-    v
 }
 
 impl Prepared<'_> {

@@ -475,22 +475,13 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     }
     let ia: Vec<usize> = t::broadcast(&ash[..ash.len() - 2], &batch).collect();
     let ib: Vec<usize> = t::broadcast(&bsh[..bsh.len() - 2], &batch).collect();
-    // Attention's products (a batch of heads): one per thread when there are enough,
-    // rather than each cut into blocks; each product's arithmetic is the same either way.
-    let (a_at, b_at) = (
-        |i: usize| &xa[ia[i] * m * k..],
-        |i: usize| &xb[ib[i] * k * n..],
-    );
-    if count >= rayon::current_num_threads() {
-        use rayon::prelude::*;
-        y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
-            kernels::gemm_one_block(m, k, n, 1.0, a_at(i), false, b_at(i), false, 0.0, out);
-        });
-    } else {
-        for (i, out) in y.chunks_mut(m * n).enumerate() {
-            kernels::gemm(m, k, n, 1.0, a_at(i), false, b_at(i), false, 0.0, out);
-        }
-    }
+    // Attention's products (a batch of heads) run in parallel; a large one is also cut
+    // into blocks, which idle threads steal. Each product's arithmetic is the same either way.
+    use rayon::prelude::*;
+    y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
+        let (a, b) = (&xa[ia[i] * m * k..], &xb[ib[i] * k * n..]);
+        kernels::gemm(m, k, n, 1.0, a, false, b, false, 0.0, out);
+    });
     let mut shape = batch;
     if a.shape.len() > 1 {
         shape.push(m);

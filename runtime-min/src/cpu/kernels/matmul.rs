@@ -28,24 +28,6 @@ pub fn gemm(
 
 /// [`gemm`], cut into parallel blocks only when `split` (callers that already run one
 /// product per thread pass `false`), with `C`'s rows `ldc` apart.
-/// [`gemm`] on the calling thread: one product of a batch that runs its products in
-/// parallel.
-#[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
-pub fn gemm_one_block(
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    a: &[f32],
-    trans_a: bool,
-    b: &[f32],
-    trans_b: bool,
-    beta: f32,
-    c: &mut [f32],
-) {
-    gemm_in(false, m, k, n, alpha, a, trans_a, b, trans_b, beta, c, n);
-}
-
 #[allow(clippy::too_many_arguments, reason = "the BLAS signature")]
 pub(super) fn gemm_in(
     split: bool,

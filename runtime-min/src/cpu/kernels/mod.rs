@@ -12,7 +12,7 @@ mod matmul;
 mod winograd;
 
 pub use conv::Conv2d;
-pub use matmul::{gemm, gemm_one_block};
+pub use matmul::gemm;
 
 use rayon::prelude::*;
 
