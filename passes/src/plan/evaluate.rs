@@ -24,14 +24,16 @@
 //! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
 //! slice, the weight versions an asynchronous stage stashes, and the activations of its
 //! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`),
-//! plus the largest input gradient a backward writes while its activation is still held,
-//! plus the workspace.
+//! plus what one microbatch's backward holds on top — the gradients it writes, receives
+//! and keeps for a producer, less the stash of the layers its backward already ran
+//! ([`transient`](super::transient)) — plus the workspace.
 
 use serde::Serialize;
 
 use super::buckets::{buckets, Bucket, BUCKET_CAPS};
 use super::costs::{Costs, Sync};
 use super::tied::{separately_reduced, tied_reductions};
+use super::transient::{backward_peak, LayerBytes};
 use super::{PlanError, Schedule, Strategy};
 use crate::layers::Producer;
 
@@ -123,7 +125,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut busy_gpu_us = 0.0;
     let mut syncs = Vec::with_capacity(graph.layers.len());
     let mut memory = vec![0.0f64; costs.gpus as usize];
-    let mut transient = vec![0.0f64; costs.gpus as usize];
+    let mut backward_bytes = vec![LayerBytes::default(); graph.layers.len()];
     let reductions = tied_reductions(graph, strategy);
     let separate = separately_reduced(graph, &reductions);
     // Per rank, the weight bytes its optimizer step updates (its share under ZeRO-1).
@@ -220,9 +222,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         } else {
             0.0
         };
+        let mut freed = costs.stash_per_microbatch(l, split, m);
         if let Some((first, _)) = run {
             // A recomputed layer keeps only the run's inputs per microbatch in flight.
-            let stash = costs.stash_per_microbatch(l, split, m);
+            let stash = freed;
             bytes -= stash * f64::from(in_flight);
             let kept: f64 = layer
                 .inputs
@@ -233,6 +236,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 })
                 .sum();
             bytes += kept * f64::from(in_flight);
+            freed = kept;
             for r in stage.first_rank..stage.first_rank + g {
                 *recomputing.entry((first, r)).or_default() += stash;
             }
@@ -247,8 +251,12 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
             stepped[r as usize] += own_bytes as f64 * share / shards;
-            transient[r as usize] = transient[r as usize].max(input_gradient + whole);
         }
+        backward_bytes[l] = LayerBytes {
+            input_gradient,
+            whole,
+            freed,
+        };
         layers.push(LayerCost {
             forward_us: work.fwd_us,
             backward_us: work.bwd_us,
@@ -352,6 +360,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         stage_cost[k].buckets = chosen.len() as u32;
         stage_cost[k].bucket_bytes = chosen_cap(&chosen);
     }
+    let transient = backward_peak(costs, strategy, &stage_of, &backward_bytes);
     let mut fits = true;
     let mut peak: f64 = 0.0;
     for (k, stage) in strategy.stages.iter().enumerate() {

@@ -26,6 +26,7 @@ mod layout;
 mod pipeline;
 mod search;
 mod tied;
+mod transient;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,104 @@
+//! What a stage's backward holds on top of its stashed activations: the gradients of one
+//! microbatch while it runs backward, walked layer by layer in the order the lowering
+//! runs them (a stage's layers in reverse).
+//!
+//! At layer `l`'s backward a rank holds:
+//! * the input gradient `l` writes (and, under ZeRO, the weights and gradients it holds
+//!   whole while it runs);
+//! * the output gradients `l` receives from consumers in later stages;
+//! * the input gradients of the stage's later layers that a producer not yet run backward
+//!   still reads (a branch's gradient waits for its producer);
+//!
+//! less the stash of the stage's later layers on that microbatch: their backward has run,
+//! so their activations are gone.
+
+use super::costs::Costs;
+use super::layout::output_share;
+use super::Strategy;
+use crate::layers::Producer;
+
+/// One layer's part in its stage's backward, per microbatch.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LayerBytes {
+    /// The input gradient its backward writes (its share).
+    pub input_gradient: f64,
+    /// What its backward holds whole on top (ZeRO's gathered weights and gradients).
+    pub whole: f64,
+    /// What its stash frees once its backward ran.
+    pub freed: f64,
+}
+
+/// Per rank, the most its backward holds on top of its stashes and state.
+pub(super) fn backward_peak(
+    costs: &Costs<'_>,
+    strategy: &Strategy,
+    stage_of: &[usize],
+    layers: &[LayerBytes],
+) -> Vec<f64> {
+    let graph = costs.graph;
+    let m = f64::from(strategy.microbatches.max(1));
+    let ranks = |l: usize| {
+        let first = strategy.stages[stage_of[l]].first_rank;
+        first..first + strategy.layers[l].degree()
+    };
+    // The earliest producer in its own stage that reads layer `c`'s input gradient: the
+    // last backward of the stage that needs it.
+    let released_at = |c: usize| -> Option<usize> {
+        graph.layers[c]
+            .inputs
+            .iter()
+            .filter_map(|e| match e.from {
+                Producer::Layer(p) if stage_of[p.0 as usize] == stage_of[c] => Some(p.0 as usize),
+                _ => None,
+            })
+            .min()
+    };
+    // Per producer, the gradient bytes of its output that arrive from later stages.
+    let mut received = vec![0.0f64; graph.layers.len()];
+    for (c, layer) in graph.layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let p = p.0 as usize;
+                if stage_of[p] < stage_of[c] {
+                    let share = output_share(graph.layers[p].kind, strategy.layers[p]);
+                    received[p] += e.bytes as f64 / m * share;
+                }
+            }
+        }
+    }
+    let mut peak = vec![0.0f64; costs.gpus as usize];
+    for stage in &strategy.stages {
+        let mut freed = vec![0.0f64; costs.gpus as usize];
+        let mut pending = vec![0.0f64; costs.gpus as usize];
+        // Input gradients waiting for a producer: (the producer, bytes).
+        let mut waiting: Vec<(usize, usize, f64)> = Vec::new();
+        for l in (stage.first_layer..=stage.last_layer).rev() {
+            let bytes = layers[l];
+            for r in ranks(l) {
+                let r = r as usize;
+                let held = pending[r] + bytes.input_gradient + bytes.whole + received[l];
+                peak[r] = peak[r].max(held - freed[r]);
+            }
+            // After `l`'s backward: the gradients it read are gone, its own waits for its
+            // producers, its stash is freed.
+            waiting.retain(|&(at, c, b)| {
+                if at == l {
+                    for r in ranks(c) {
+                        pending[r as usize] -= b;
+                    }
+                }
+                at != l
+            });
+            if let Some(at) = released_at(l) {
+                for r in ranks(l) {
+                    pending[r as usize] += bytes.input_gradient;
+                }
+                waiting.push((at, l, bytes.input_gradient));
+            }
+            for r in ranks(l) {
+                freed[r as usize] += bytes.freed;
+            }
+        }
+    }
+    peak.iter().map(|&p| p.max(0.0)).collect()
+}
