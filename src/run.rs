@@ -509,6 +509,18 @@ fn is_data_parallel(plan: &Plan) -> bool {
         })
 }
 
+/// Whether CUDA's own data-parallel loop runs `plan`: one rank or plain data parallelism,
+/// every tensor resident on the device. Checkpoints, resuming and injected faults belong
+/// to the interpreter, so those runs take it, each node's operands staged through host
+/// memory, as every other plan does.
+fn device_loop_runs(plan: &Plan, options: &RunOptions) -> bool {
+    (plan.ranks <= 1 || is_data_parallel(plan))
+        && options.checkpoint_every.is_none()
+        && options.checkpoint.is_none()
+        && options.resume.is_none()
+        && options.fault.is_none()
+}
+
 /// `run` on GPUs, everything on the device. A one-rank plan trains on GPU 0; a
 /// data-parallel plan trains a replica
 /// per rank: threads sharing GPU 0, summing their gradients device to device; or one
@@ -516,11 +528,6 @@ fn is_data_parallel(plan: &Plan) -> bool {
 /// summing with NCCL when every process has its own GPU, else through host memory.
 fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
     use ralpc_runtime_min::cuda::{backend::Backend as _, gpu::Gpu, libs, train as device};
-    if options.checkpoint_every.is_some() || options.resume.is_some() || options.fault.is_some() {
-        return Err(run_error(
-            "checkpoints and injected faults are not on the CUDA backend yet".to_string(),
-        ));
-    }
     let ranks = plan.ranks as usize;
     if plan.batch % plan.ranks.max(1) as u64 != 0 {
         return Err(run_error(format!(
@@ -699,7 +706,7 @@ fn run_with(
     };
     let compute = match (compute, options.backend) {
         (Some(c), _) => Some(c),
-        (None, Backend::Cuda) if plan.ranks <= 1 || is_data_parallel(&plan) => {
+        (None, Backend::Cuda) if device_loop_runs(&plan, options) => {
             return run_cuda(&plan, &model, options);
         }
         (None, Backend::Cuda) => {

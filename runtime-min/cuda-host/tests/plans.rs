@@ -2,7 +2,8 @@
 //! executor on the host kernels ([`Hosted`]), against the same plan computed by the CPU
 //! backend: burst parallelism, SOAP splits of convolutions and dense layers, and 1F1B and
 //! GPipe pipelines, each on 4 ranks. On a GPU the same path runs with `ralpc run --backend
-//! cuda` (ranks sharing one GPU, or one per GPU under a launcher).
+//! cuda` (ranks sharing one GPU, or one per GPU under a launcher), and so does a
+//! data-parallel plan that writes or resumes a checkpoint or has a fault injected.
 
 mod common;
 
@@ -16,6 +17,16 @@ use ralpc_runtime_min::cuda::hosted::Hosted;
 /// The plan of `strategy` for `model`, run on the CPU backend and through the hosted
 /// device.
 fn both(model: &Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
+    let (_dir, options) = planned(model, gpus, strategy);
+    let cpu = ralpc::run(&options).expect("cpu run").report;
+    let hosted = ralpc::run_with_compute(&options, &host_kernels)
+        .expect("hosted run")
+        .report;
+    (hosted, cpu)
+}
+
+/// Plans `model` with `strategy` into a temporary directory; three steps of it.
+fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, ralpc::RunOptions) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("strategy.json");
     std::fs::write(&file, strategy).expect("write");
@@ -34,12 +45,12 @@ fn both(model: &Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
         steps: 3,
         ..Default::default()
     };
-    let cpu = ralpc::run(&options).expect("cpu run").report;
-    let device = |_: u32| -> Result<Box<dyn Compute>, String> { Ok(Box::new(Hosted::new(Host))) };
-    let hosted = ralpc::run_with_compute(&options, &device)
-        .expect("hosted run")
-        .report;
-    (hosted, cpu)
+    (dir, options)
+}
+
+/// Every rank's layers on the host-compiled CUDA kernels.
+fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, String> {
+    Ok(Box::new(Hosted::new(Host)))
 }
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
@@ -119,5 +130,57 @@ fn pipelines_run_on_the_device_as_on_the_cpu() {
         "train/cnn.onnx",
         4,
         &strategy(TWO_STAGES, &[], "gpipe", 2),
+    );
+}
+
+#[test]
+fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
+    use ralpc_runtime_min::cpu::exec::{Fault, FaultKind};
+    let one_stage = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }"#;
+    let (dir, options) = planned(
+        &common::fixture("train/cnn.onnx"),
+        2,
+        &strategy(one_stage, &[], "1f1b", 1),
+    );
+    let options = ralpc::RunOptions {
+        timeout: std::time::Duration::from_secs(2),
+        ..options
+    };
+    let run = |o: &ralpc::RunOptions| ralpc::run_with_compute(o, &host_kernels);
+    let whole = run(&ralpc::RunOptions {
+        steps: 4,
+        ..options.clone()
+    })
+    .expect("four steps");
+    let checkpoint = dir.path().join("state.safetensors");
+    run(&ralpc::RunOptions {
+        steps: 2,
+        checkpoint_every: Some(2),
+        checkpoint: Some(checkpoint.clone()),
+        ..options.clone()
+    })
+    .expect("two steps and a checkpoint");
+    let resumed = run(&ralpc::RunOptions {
+        steps: 4,
+        resume: Some(checkpoint),
+        ..options.clone()
+    })
+    .expect("two more");
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&resumed.report.losses), bits(&whole.report.losses));
+    let error = run(&ralpc::RunOptions {
+        fault: Some(Fault {
+            rank: 1,
+            instruction: 1,
+            kind: FaultKind::Exit,
+        }),
+        ..options
+    })
+    .expect_err("an injected fault fails the run");
+    assert_eq!(error.exit_code(), 4, "{error}");
+    let message = ralpc_runtime_min::error_chain(&error);
+    assert!(
+        message.contains("rank 1 at instruction 1"),
+        "the failed rank is named: {message}"
     );
 }
