@@ -162,7 +162,8 @@ fn every_node_is_timed() {
 }
 
 /// Data-parallel replicas (threads, gradients summed through host memory or, as ranks sharing
-/// one GPU do, device to device at a hub) train exactly as one device on the whole batch.
+/// one GPU do, device to device at a hub) train exactly as one device on the whole batch,
+/// batch normalization by the whole batch's statistics included.
 #[test]
 fn data_parallel_replicas_train_as_one_device() {
     use ralpc_runtime_min::cpu::comm::World;
@@ -172,6 +173,7 @@ fn data_parallel_replicas_train_as_one_device() {
         ("train/mlp.onnx", 4usize),
         ("train/cnn.onnx", 2),
         ("train/transformer.onnx", 2),
+        ("train/densenet.onnx", 2),
     ] {
         let global = 8u64;
         let (graph, info) = common::load(model, global);

@@ -38,8 +38,8 @@
 //! tensor held whole by replicas (a row-parallel layer's output, a LayerNorm held by a
 //! tensor-parallel group) whose consumer reads a part of it fails in backward naming the
 //! gradient the other replicas lack: the plan does not all-gather it yet. Batch
-//! normalization uses each rank's local batch (and rows), as PyTorch's DDP does without
-//! SyncBatchNorm.
+//! normalization is synchronized ([`batch_stats`]): the whole batch's statistics, as on
+//! one device.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;

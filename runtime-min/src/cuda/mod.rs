@@ -14,6 +14,7 @@
 //!   replicas sharing one summing device to device;
 //! * [`device`]: the GPUs the driver sees.
 pub mod backend;
+mod batch_stats;
 pub mod conv;
 pub mod cudnn;
 pub mod device;

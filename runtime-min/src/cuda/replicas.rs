@@ -244,6 +244,9 @@ pub fn train_replica<B: Backend>(
     let mut last_loss = std::time::Instant::now();
     for step in 0..options.steps {
         let mut runner = Runner::new(dev, graph, Some(info), weights);
+        if replicas.count() > 1 {
+            runner.batch_stats = Some(replicas);
+        }
         for (&v, buf) in params.iter().chain(&inputs) {
             runner.values.insert(
                 v,

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, ValueId, Variadic};
 
 use super::backend::{Backend, Gemm, R};
+use super::batch_stats;
 use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
 use super::node_ops::{
     axis_of, binary_op, channel_layout, numel, other_name, permutation, static_env, strides_of,
@@ -65,6 +66,9 @@ pub(super) struct Runner<'a, B: Backend> {
     pub(super) host: &'a Weights,
     pub(super) values: BTreeMap<ValueId, DTensor<B>>,
     pub(super) saved: Vec<(NodeId, Saved<B>)>,
+    /// Data-parallel replicas whose batch statistics a batch normalization shares
+    /// ([`super::batch_stats`]); `None` normalizes by this device's batch.
+    pub(super) batch_stats: Option<&'a dyn Replicas<B>>,
 }
 
 impl<'a, B: Backend> Runner<'a, B> {
@@ -84,6 +88,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             host,
             values: BTreeMap::new(),
             saved: Vec::new(),
+            batch_stats: None,
         }
     }
 
@@ -480,6 +485,9 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.channel_stats(
                     &mut mean, &mut rstd, &x.buf, batch, channels, spatial, *epsilon,
                 )?;
+                if let Some(replicas) = self.batch_stats {
+                    batch_stats::forward(dev, replicas, &mut mean, &mut rstd, *epsilon)?;
+                }
                 let mut y = fresh(&out_shape)?;
                 dev.channel_affine(
                     &mut y, &x.buf, &mean, &rstd, &gamma.buf, &beta.buf, channels, spatial,
@@ -881,6 +889,19 @@ impl<'a, B: Backend> Runner<'a, B> {
                     channels,
                     spatial,
                 )?;
+                if let Some(replicas) = self.batch_stats {
+                    let bn = batch_stats::Backward {
+                        x: &*x.buf,
+                        mean,
+                        rstd,
+                        gamma: &*gamma.buf,
+                        sums: (&dg, &db),
+                        batch,
+                        channels,
+                        spatial,
+                    };
+                    batch_stats::backward(dev, replicas, &mut dx, &bn)?;
+                }
                 grads.push((0, dx));
                 grads.push((1, dg));
                 grads.push((2, db));
