@@ -412,3 +412,70 @@ fn layer_norm_gradients_match_finite_differences() {
     check_gradient(&gamma, &dgamma, |g| loss(&x, g, &beta), 1e-2, 1e-3);
     check_gradient(&beta, &dbeta, |b| loss(&x, &gamma, b), 1e-2, 1e-3);
 }
+
+proptest! {
+    /// Max pooling against the definition: each output the largest input its window
+    /// covers (the first of equals, in row-major order), with padding, dilation and
+    /// windows that overhang the input (ceil mode).
+    #[test]
+    fn max_pooling_takes_each_windows_first_largest(
+        h in 1usize..9,
+        w in 1usize..9,
+        k in (1usize..4, 1usize..4),
+        s in (1usize..3, 1usize..3),
+        d in prop::sample::select(vec![(1usize, 1usize), (2, 1)]),
+        pad in (0usize..2, 0usize..2),
+        ceil in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let extent = |n: usize, k: usize, s: usize, d: usize, p: usize| {
+            let span = n + 2 * p;
+            let reach = d * (k - 1) + 1;
+            (span >= reach).then(|| {
+                let steps = span - reach;
+                if ceil { steps.div_ceil(s) + 1 } else { steps / s + 1 }
+            })
+        };
+        let (Some(oh), Some(ow)) = (extent(h, k.0, s.0, d.0, pad.0), extent(w, k.1, s.1, d.1, pad.1)) else {
+            return Ok(());
+        };
+        let pool = Pool2d {
+            planes: 2,
+            input: (h, w),
+            kernel: k,
+            stride: s,
+            dilation: d,
+            padding: [pad.0, pad.1, pad.0, pad.1],
+            output: (oh, ow),
+        };
+        // Few distinct values, so that windows hold equals.
+        let x: Vec<f32> = values(2 * h * w, seed).iter().map(|v| (v * 3.0).round()).collect();
+        let mut y = vec![0.0; 2 * oh * ow];
+        let argmax = pool.max(&x, &mut y);
+        for p in 0..2 {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
+                    for ky in 0..k.0 {
+                        for kx in 0..k.1 {
+                            let iy = (oy * s.0 + ky * d.0) as isize - pad.0 as isize;
+                            let ix = (ox * s.1 + kx * d.1) as isize - pad.1 as isize;
+                            if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                continue;
+                            }
+                            let i = (p * h + iy as usize) * w + ix as usize;
+                            if x[i] > best {
+                                (best, at) = (x[i], i);
+                            }
+                        }
+                    }
+                    let o = (p * oh + oy) * ow + ox;
+                    prop_assert_eq!(y[o], best, "output {} of {:?}", o, pool);
+                    if best > f32::NEG_INFINITY {
+                        prop_assert_eq!(argmax[o] as usize, at, "argmax {} of {:?}", o, pool);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -347,6 +347,10 @@ impl Pool2d {
             .for_each(|(p, (y, argmax))| {
                 let x = &x[p * area_in..(p + 1) * area_in];
                 y.fill(f32::NEG_INFINITY);
+                if plane.dilation == (1, 1) {
+                    plane.max_dense(x, y, argmax, p * area_in);
+                    return;
+                }
                 plane.for_each_window(|o, tap| {
                     if let Tap::Input(i) = tap {
                         if x[i] > y[o] {
@@ -357,6 +361,77 @@ impl Pool2d {
                 });
             });
         argmax
+    }
+
+    /// [`Pool2d::max`] of one plane whose windows are dense (no dilation): each window
+    /// clipped to the input once, then scanned row by row (the tap-by-tap walk took 15 ms
+    /// of VGG16's first pooling at batch 2).
+    fn max_dense(&self, x: &[f32], y: &mut [f32], argmax: &mut [u32], first: usize) {
+        let (h, w) = self.input;
+        let (oh, ow) = self.output;
+        // The input range of output `o`'s window along one axis, clipped to `0..size`.
+        let span = |o: usize, k: usize, s: usize, pad: usize, size: usize| {
+            let start = (o * s) as isize - pad as isize;
+            let end = (start + k as isize).clamp(0, size as isize) as usize;
+            (start.clamp(0, size as isize) as usize, end)
+        };
+        for oy in 0..oh {
+            let (y0, y1) = span(oy, self.kernel.0, self.stride.0, self.padding[0], h);
+            let (y, argmax) = (
+                &mut y[oy * ow..(oy + 1) * ow],
+                &mut argmax[oy * ow..(oy + 1) * ow],
+            );
+            if self.kernel == (2, 2)
+                && self.stride == (2, 2)
+                && self.padding[1] == 0
+                && y1 == y0 + 2
+                && 2 * ow <= w
+            {
+                // VGG's pooling, unclipped: four taps, compared in the general order.
+                let (r0, r1) = (
+                    &x[y0 * w..y0 * w + 2 * ow],
+                    &x[(y0 + 1) * w..(y0 + 1) * w + 2 * ow],
+                );
+                for (ox, (y, argmax)) in y.iter_mut().zip(argmax.iter_mut()).enumerate() {
+                    let (left, up) = (2 * ox, y0 * w + 2 * ox);
+                    let taps = [
+                        (r0[left], up),
+                        (r0[left + 1], up + 1),
+                        (r1[left], up + w),
+                        (r1[left + 1], up + w + 1),
+                    ];
+                    let (mut best, mut at) = (f32::NEG_INFINITY, None);
+                    for (v, i) in taps {
+                        if v > best {
+                            best = v;
+                            at = Some(i);
+                        }
+                    }
+                    *y = best;
+                    if let Some(i) = at {
+                        *argmax = (first + i) as u32;
+                    }
+                }
+                continue;
+            }
+            for ox in 0..ow {
+                let (x0, x1) = span(ox, self.kernel.1, self.stride.1, self.padding[1], w);
+                let o = ox;
+                let (mut best, mut at) = (f32::NEG_INFINITY, None);
+                for row in y0..y1 {
+                    for (i, &v) in x[row * w + x0..row * w + x1].iter().enumerate() {
+                        if v > best {
+                            best = v;
+                            at = Some(row * w + x0 + i);
+                        }
+                    }
+                }
+                y[o] = best;
+                if let Some(i) = at {
+                    argmax[o] = (first + i) as u32;
+                }
+            }
+        }
     }
 
     /// Each output's divisor: its window's input elements, plus the padding it covers
