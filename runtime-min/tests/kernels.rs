@@ -479,3 +479,42 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The matrix product against an f64 sum, every transposition, `beta` accumulating:
+    /// few rows against a long transposed operand (a dense layer at a small batch, which
+    /// runs as dot products) and the general case.
+    #[test]
+    fn gemm_is_the_matrix_product(
+        m in prop::sample::select(vec![1usize, 2, 7, 9, 33]),
+        k in prop::sample::select(vec![3usize, 255, 256, 300]),
+        n in prop::sample::select(vec![1usize, 17, 40]),
+        trans_a in any::<bool>(),
+        trans_b in any::<bool>(),
+        beta in prop::sample::select(vec![0.0f32, 0.5]),
+        seed in any::<u64>(),
+    ) {
+        let (a, b) = (values(m * k, seed), values(k * n, seed ^ 1));
+        let mut c = values(m * n, seed ^ 2);
+        let before = c.clone();
+        kernels::gemm(m, k, n, 1.5, &a, trans_a, &b, trans_b, beta, &mut c);
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f64 = (0..k)
+                    .map(|p| {
+                        let x = if trans_a { a[p * m + i] } else { a[i * k + p] };
+                        let y = if trans_b { b[j * k + p] } else { b[p * n + j] };
+                        f64::from(x) * f64::from(y)
+                    })
+                    .sum();
+                let want = 1.5 * sum + f64::from(beta) * f64::from(before[i * n + j]);
+                prop_assert!(
+                    close(f64::from(c[i * n + j]), want, 1e-5),
+                    "C[{i}][{j}] = {} against {want}", c[i * n + j]
+                );
+            }
+        }
+    }
+}
