@@ -1,5 +1,5 @@
 //! 2-d convolutions as im2col and GEMM: forward a band of output rows at a time (3×3 ones
-//! with unit stride by Winograd's algorithm, `winograd.rs`), backward a sample at a
+//! with unit stride by Winograd's algorithm, `winograd/`), backward a sample at a
 //! time, in each worker's scratch buffers.
 
 use std::cell::Cell;
