@@ -40,7 +40,8 @@ pub enum Saved {
 /// Whether normalization uses batch statistics (training) or running ones (inference).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Inference: batch normalization reads its running statistics.
+    /// Inference: batch normalization reads its running statistics, and convolutions may
+    /// take faster algorithms that round more.
     Inference,
     /// Training: batch normalization normalizes by the batch's statistics.
     Training,
@@ -108,7 +109,7 @@ pub fn forward(
     match op {
         Op::Input | Op::Constant { .. } => Err("sources are not computed".into()),
         Op::Conv(c) if input(inputs, 0)?.shape.len() == 5 => one(volume::conv(c, inputs)?),
-        Op::Conv(c) => one(conv(c, inputs)?),
+        Op::Conv(c) => one(conv(c, inputs, mode)?),
         Op::ConvTranspose(c) if input(inputs, 0)?.shape.len() == 5 => {
             one(volume::conv_transpose(c, inputs)?)
         }

@@ -4,7 +4,7 @@
 use ralpc_ir::{Conv, Padding, Pool, PoolKind};
 
 use super::kernels::{Conv2d, Pool2d};
-use super::ops::{floats, input, optional, Saved, R};
+use super::ops::{floats, input, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// Zero padding `[top, left, bottom, right]` and output size of a window op.
@@ -126,13 +126,19 @@ pub(crate) fn conv_geometry(c: &Conv, x: &[usize], w: &[usize]) -> R<(Conv2d, bo
     ))
 }
 
-pub(crate) fn conv(c: &Conv, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+/// A 1-d or 2-d convolution; in inference mode by the fastest algorithm, which may round
+/// more ([`Conv2d::infer`]).
+pub(crate) fn conv(c: &Conv, inputs: &[Option<&Tensor>], mode: Mode) -> R<Tensor> {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
     let (g, one_d) = conv_geometry(c, &x.shape, &w.shape)?;
     let (oh, ow) = g.output();
     let mut y = vec![0.0; g.batch * g.out_channels * oh * ow];
     let bias = optional(inputs, 2).map(|b| floats(b, "bias")).transpose()?;
-    g.forward(floats(x, "X")?, floats(w, "W")?, bias, &mut y);
+    let (x, w) = (floats(x, "X")?, floats(w, "W")?);
+    match mode {
+        Mode::Inference => g.infer(x, w, bias, &mut y),
+        Mode::Training => g.forward(x, w, bias, &mut y),
+    }
     Ok(Tensor::f32(
         out_shape(g.batch, g.out_channels, (oh, ow), one_d),
         y,

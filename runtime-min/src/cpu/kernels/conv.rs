@@ -176,6 +176,16 @@ impl Conv2d {
     /// The bands of every sample run in parallel, each one product of the same shape
     /// whatever the batch, so a sample's output does not depend on how many share it.
     pub fn forward(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+        self.forward_with(x, w, bias, y, false);
+    }
+
+    /// [`Conv2d::forward`] for inference: faster algorithms that round more are allowed
+    /// (Winograd's F(4×4, 3×3)).
+    pub fn infer(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+        self.forward_with(x, w, bias, y, true);
+    }
+
+    fn forward_with(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32], fast: bool) {
         let (patch, pixels) = (self.group_patch(), self.pixels());
         let (oh, ow) = self.output();
         let og = self.out_channels / self.groups;
@@ -187,7 +197,7 @@ impl Conv2d {
             "convolution operand sizes"
         );
         if self.takes_winograd() {
-            return self.winograd_forward(x, w, bias, y);
+            return self.winograd_forward(x, w, bias, y, fast);
         }
         let band = self.band_rows();
         let bands = oh.div_ceil(band);

@@ -4,10 +4,14 @@
 //! (m+2)² products `U_ξ (O×C) · V_ξ (C×tiles)`, one per point ξ of the transformed tile,
 //! on the same GEMM as the rest.
 //!
-//! * [`F2`]: F(2×2, 3×3), 16 points; on maps under 24 on a side, where F(4×4)'s tiles
-//!   would overhang the map and its weight transform weighs more than its products.
-//! * [`F4`]: F(4×4, 3×3), 36 points for 16 outputs; on VGG16's larger maps it took 30–35%
-//!   less time than F(2×2), weight transform included (per-convolution timings at batch 2).
+//! * [`F2`]: F(2×2, 3×3), 16 points: training, and maps under 24 on a side, where
+//!   F(4×4)'s tiles would overhang the map and its weight transform weighs more than its
+//!   products.
+//! * [`F4`]: F(4×4, 3×3), 36 points for 16 outputs: inference only. On VGG16's larger maps
+//!   it took 30–35% less time than F(2×2), weight transform included (per-convolution
+//!   timings at batch 2), but it rounds about 20× more (4.5e-5 of the output's RMS against
+//!   2.2e-6, 256 channels): through VGG16's 13 convolutions its gradients drifted 1.3e-3
+//!   from im2col's, too far for the reference that device kernels are checked against.
 //!
 //! The transforms (Bᵀ d B for a tile d, G g Gᵀ for a kernel g, Aᵀ m A back) are sums with
 //! small coefficients: outputs differ from the direct convolution by rounding only. Only
@@ -68,16 +72,18 @@ impl Conv2d {
             && ow >= 2
     }
 
-    /// `y = conv(x, w) + bias` by F(4×4, 3×3) on maps of at least 24×24, else F(2×2, 3×3).
+    /// `y = conv(x, w) + bias` by F(2×2, 3×3), or when `fast` by F(4×4, 3×3) on maps of
+    /// at least 24×24.
     pub(super) fn winograd_forward(
         &self,
         x: &[f32],
         w: &[f32],
         bias: Option<&[f32]>,
         y: &mut [f32],
+        fast: bool,
     ) {
         let (oh, ow) = self.output();
-        if oh >= 24 && ow >= 24 {
+        if fast && oh >= 24 && ow >= 24 {
             self.winograd::<F4>(x, w, bias, y);
         } else {
             self.winograd::<F2>(x, w, bias, y);
