@@ -13,9 +13,10 @@ use ralpc_runtime_min::cpu::comm::World;
 use ralpc_runtime_min::cpu::exec::{
     self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
 };
-use ralpc_runtime_min::cpu::graph::Weights;
+use ralpc_runtime_min::cpu::graph::{ExecError, Weights};
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
+use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::dist::Placement;
 
 use crate::error::{Error, FileError};
@@ -521,6 +522,23 @@ fn device_loop_runs(plan: &Plan, options: &RunOptions) -> bool {
         && options.fault.is_none()
 }
 
+/// A device's failure as `ralpc run` reports it ([`classified`]).
+fn device_failure(e: DeviceError) -> Error {
+    classified(&e, chain(&e))
+}
+
+/// `message` about the device failure `e`: the machine's (a library, the driver, the GPU)
+/// is a setup error (exit 1), ralpc's own a bug (101), the rest a failed run (4).
+fn classified(e: &DeviceError, message: String) -> Error {
+    if e.is_setup() {
+        Error::Setup(Box::new(message))
+    } else if e.is_bug() {
+        Error::Internal(Box::new(message))
+    } else {
+        run_error(message)
+    }
+}
+
 /// `run` on GPUs, everything on the device. A one-rank plan trains on GPU 0; a
 /// data-parallel plan trains a replica
 /// per rank: threads sharing GPU 0, summing their gradients device to device; or one
@@ -541,13 +559,17 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
     let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64, shapes)?;
     let train = options.train();
     let open = |ordinal: usize| {
-        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))
+        Gpu::new(ordinal)
+            .map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {}", chain(&e)))))
     };
     let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
         let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
         let report = device::train_replica(gpu, &graph, &info, &p.weights, &part, &train, sync)
-            .map_err(run_error)?;
-        gpu.synchronize().map_err(run_error)?;
+            .map_err(|e| match &e {
+                ExecError::Device { source, .. } => classified(source, chain(&e)),
+                _ => run_error(chain(&e)),
+            })?;
+        gpu.synchronize().map_err(device_failure)?;
         Ok::<_, Error>(report)
     };
     let started = std::time::Instant::now();
@@ -559,7 +581,8 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
                 .map_err(|e| Error::Setup(Box::new(e)))?
                 .max(1);
             let gpu = open(place.local_rank as usize % gpus)?;
-            let join_error = |e: String| Error::Run(Box::new(format!("rank {}: {e}", place.rank)));
+            let join_error =
+                |e: DeviceError| classified(&e, format!("rank {}: {}", place.rank, chain(&e)));
             let cannot_join = |e| Error::Join {
                 rank: Some(place.rank),
                 source: Box::new(e),
@@ -811,4 +834,41 @@ fn run_with(
         samples_per_s: (plan.batch * u64::from(done)) as f64 / seconds.max(1e-9),
         seeded_weights: p.weights.seeded,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device's failure is the machine's (exit 1), ralpc's own (101) or the run's (4),
+    /// and CUDA's own error stays in the message.
+    #[test]
+    fn device_failures_are_classified_by_whose_they_are() {
+        let exit = |e: DeviceError| device_failure(e).exit_code();
+        assert_eq!(exit(DeviceError::Setup("no libcudnn".into())), 1);
+        assert_eq!(
+            exit(DeviceError::Inconsistent("gemm A: 4 needed".into())),
+            101
+        );
+        assert_eq!(
+            exit(DeviceError::Node(
+                "Gather is not on the CUDA backend yet".into()
+            )),
+            4
+        );
+        assert_eq!(exit(DeviceError::Replicas("rank 1 waited".into())), 4);
+        let io = std::io::Error::other("CUDA_ERROR_ILLEGAL_ADDRESS");
+        let call = DeviceError::Call {
+            call: "kernel binary".into(),
+            source: Box::new(io),
+        };
+        let error = device_failure(call);
+        assert_eq!(error.exit_code(), 4);
+        assert!(
+            error
+                .to_string()
+                .contains("kernel binary: CUDA_ERROR_ILLEGAL_ADDRESS"),
+            "{error}"
+        );
+    }
 }

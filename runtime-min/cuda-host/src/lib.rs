@@ -6,6 +6,7 @@
 
 pub mod dry;
 
+use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::kernels::{Strides, Window};
 
 type F = *mut f32;
@@ -126,7 +127,9 @@ impl Backend for Host {
             let [sa, sb, sc] = g.strides;
             let (a0, b0, c0) = (oa + i * sa, ob + i * sb, oc + i * sc);
             if a0 + m * k > a.len() || b0 + k * n_ > b.len() || c0 + m * n_ > c.len() {
-                return Err(format!("gemm {g:?} overruns its buffers"));
+                return Err(DeviceError::Inconsistent(format!(
+                    "gemm {g:?} overruns its buffers"
+                )));
             }
             // The CPU backend's GEMM: the host paths differ only in how operators map to
             // kernels, not in how a product rounds.
@@ -527,7 +530,9 @@ impl Backend for Host {
             (g.planes * g.kh * g.kw * g.oh * g.ow) as usize,
         );
         if offset + images * image > x.len() || images * columns > cols.len() {
-            return Err(format!("im2col of {images} images overruns its buffers"));
+            return Err(DeviceError::Inconsistent(format!(
+                "im2col of {images} images overruns its buffers"
+            )));
         }
         // SAFETY: bounds checked above.
         unsafe { im2col(cols.as_mut_ptr(), x[offset..].as_ptr(), *g, n(images)) };
@@ -546,7 +551,9 @@ impl Backend for Host {
             (g.planes * g.kh * g.kw * g.oh * g.ow) as usize,
         );
         if offset + images * image > dx.len() || images * columns > cols.len() {
-            return Err(format!("col2im of {images} images overruns its buffers"));
+            return Err(DeviceError::Inconsistent(format!(
+                "col2im of {images} images overruns its buffers"
+            )));
         }
         // SAFETY: bounds checked above.
         unsafe { col2im(dx[offset..].as_mut_ptr(), cols.as_ptr(), *g, n(images)) };

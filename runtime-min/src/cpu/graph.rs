@@ -23,6 +23,16 @@ pub enum ExecError {
         /// What went wrong.
         message: String,
     },
+    /// A device failed running a node (or, with no node, around them: uploads, the
+    /// loss, the update).
+    #[error("{}", match .site { Some(site) => format!("{site}: on the device"), None => "on the device".to_owned() })]
+    Device {
+        /// The node.
+        site: Option<Site>,
+        /// Why.
+        #[source]
+        source: crate::cuda::error::DeviceError,
+    },
     /// A weight's bytes could not be read.
     #[error("cannot read the weight '{name}'")]
     Weight {

@@ -24,7 +24,11 @@ pub(crate) fn resize_taps(
     let targets: Vec<(usize, f64)> = if let Some(sizes) = r.slots.1.and_then(given) {
         let sizes = sizes.to_i64s();
         if sizes.len() != axes.len() {
-            return Err(format!("sizes has {} values for {} axes", sizes.len(), axes.len()).into());
+            return Err(format!(
+                "sizes has {} values for {} axes",
+                sizes.len(),
+                axes.len()
+            ));
         }
         axes.iter()
             .zip(sizes)
@@ -41,9 +45,11 @@ pub(crate) fn resize_taps(
                 .to_f64s(),
         };
         if scales.len() != axes.len() {
-            return Err(
-                format!("scales has {} values for {} axes", scales.len(), axes.len()).into(),
-            );
+            return Err(format!(
+                "scales has {} values for {} axes",
+                scales.len(),
+                axes.len()
+            ));
         }
         axes.iter()
             .zip(scales)

@@ -10,8 +10,7 @@
 use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
 use crate::cpu::kernels::Conv2d;
 
-/// A device's result: errors are messages naming the call.
-pub type R<T> = Result<T, String>;
+pub use super::error::R;
 
 /// A row-major (batched) matrix product `C = alpha·op(A)·op(B) + beta·C`, with `op(A)`
 /// `m×k`, `op(B)` `k×n` and `C` `m×n`, each matrix contiguous; matrix `i` of a batch

@@ -20,6 +20,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::backend::R;
+use super::error::DeviceError;
 use crate::cpu::kernels::Conv2d;
 
 /// cuDNN's handle on one stream.
@@ -132,12 +133,12 @@ struct Descriptors {
     y: TensorDescriptor<f32>,
 }
 
-fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
-    move |e| format!("cuDNN {what}: {e:?}")
+fn fail<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> DeviceError {
+    DeviceError::debug(format!("cuDNN {what}"))
 }
 
 fn int(v: usize) -> R<i32> {
-    i32::try_from(v).map_err(|_| format!("convolution size {v} exceeds cuDNN's"))
+    i32::try_from(v).map_err(|_| DeviceError::Node(format!("convolution size {v} exceeds cuDNN's")))
 }
 
 impl Convolutions {
@@ -205,9 +206,9 @@ impl Convolutions {
     }
 
     fn chosen(&self) -> R<std::sync::MutexGuard<'_, Chosen>> {
-        self.chosen
-            .lock()
-            .map_err(|_| "cuDNN: a thread failed while choosing an algorithm".to_owned())
+        self.chosen.lock().map_err(|_| {
+            DeviceError::Inconsistent("cuDNN: a thread failed while choosing an algorithm".into())
+        })
     }
 
     /// Grows the workspace to at least `bytes`; `false` when that does not fit in the
@@ -228,9 +229,9 @@ impl Convolutions {
     }
 
     fn workspace(&self) -> R<std::sync::MutexGuard<'_, Option<CudaSlice<u8>>>> {
-        self.workspace
-            .lock()
-            .map_err(|_| "cuDNN: a thread failed during a convolution".to_owned())
+        self.workspace.lock().map_err(|_| {
+            DeviceError::Inconsistent("cuDNN: a thread failed during a convolution".into())
+        })
     }
 
     /// Runs `launch` with a workspace of at least `bytes`.
@@ -245,11 +246,12 @@ impl Convolutions {
         if !self.reserve(bytes)? {
             return Err(format!(
                 "cuDNN: a workspace of {bytes} bytes does not fit in the GPU's memory"
-            ));
+            )
+            .into());
         }
         match self.workspace()?.as_mut() {
             Some(space) => launch(space),
-            None => Err("cuDNN: no workspace".to_owned()),
+            None => Err(DeviceError::Inconsistent("cuDNN: no workspace".into())),
         }
     }
 

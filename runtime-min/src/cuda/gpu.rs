@@ -14,6 +14,7 @@ use cudarc::driver::{
 
 use super::backend::{Backend, Gemm, R};
 use super::cudnn::Convolutions;
+use super::error::DeviceError;
 use super::kernels::{self, BinaryOp, Strides, UnaryOp, Window};
 use crate::cpu::kernels::Conv2d;
 
@@ -32,8 +33,8 @@ pub struct Gpu {
     functions: BTreeMap<&'static str, CudaFunction>,
 }
 
-fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
-    move |e| format!("{what}: {e:?}")
+fn fail<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> DeviceError {
+    DeviceError::debug(what)
 }
 
 impl Gpu {
@@ -55,16 +56,18 @@ impl Gpu {
         let image = match kernels::compile_cubin(major, minor) {
             Ok(cubin) => cudarc::nvrtc::Ptx::from_binary(cubin),
             Err(cubin_error) => {
-                let driver = super::device::driver_version()?;
-                let nvrtc = kernels::nvrtc_version()?;
+                let driver = super::device::driver_version().map_err(DeviceError::Setup)?;
+                let nvrtc = kernels::nvrtc_version().map_err(DeviceError::Setup)?;
                 if nvrtc > driver {
-                    return Err(format!(
+                    return Err(DeviceError::Setup(format!(
                         "{cubin_error}; and NVRTC {}.{} is newer than the driver's CUDA {}.{}, \
                          which would reject its PTX: install nvidia-cuda-nvrtc=={}.{}.*",
                         nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
-                    ));
+                    )));
                 }
-                kernels::compile(major, minor)?.ptx
+                kernels::compile(major, minor)
+                    .map_err(DeviceError::Setup)?
+                    .ptx
             }
         };
         let module = ctx
@@ -76,7 +79,7 @@ impl Gpu {
                 module
                     .load_function(name)
                     .map(|f| (name, f))
-                    .map_err(|e| format!("kernel {name}: {e:?}"))
+                    .map_err(DeviceError::call(format!("cannot load kernel {name}")))
             })
             .collect::<R<_>>()?;
         // The training job's stream at the highest priority the device has (CUDA clamps
@@ -115,7 +118,7 @@ impl Gpu {
     fn function(&self, name: &'static str) -> R<&CudaFunction> {
         self.functions
             .get(name)
-            .ok_or_else(|| format!("kernel {name} is not loaded"))
+            .ok_or_else(|| DeviceError::Inconsistent(format!("kernel {name} is not loaded")))
     }
 
     /// A grid-stride launch over `n` elements.
@@ -146,7 +149,7 @@ macro_rules! launch {
         $( b.arg($arg); )+
         // SAFETY: the arguments match the kernel's parameters in kernels.cu, in order and
         // type; sizes are the executor's, checked against the buffers by `fits`.
-        unsafe { b.launch($cfg) }.map_err(|e| format!("kernel {}: {e:?}", $name))?;
+        unsafe { b.launch($cfg) }.map_err(DeviceError::call(concat!("kernel ", $name)))?;
         Ok(())
     }};
 }
@@ -179,7 +182,7 @@ fn keep_freed_memory(ctx: &CudaContext) -> R<()> {
     };
     match status {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
-        e => Err(format!("cannot configure the GPU's memory pool: {e:?}")),
+        e => Err(DeviceError::debug("cannot configure the GPU's memory pool")(e)),
     }
 }
 
@@ -202,9 +205,9 @@ fn conv_fits(g: &Conv2d, x: &CudaSlice<f32>, w: &CudaSlice<f32>, y: &CudaSlice<f
 
 fn fits(what: &str, len: usize, needed: usize) -> R<()> {
     if needed > len {
-        Err(format!(
+        Err(DeviceError::Inconsistent(format!(
             "{what}: {needed} elements needed, the buffer has {len}"
-        ))
+        )))
     } else {
         Ok(())
     }
@@ -287,8 +290,10 @@ impl Backend for Gpu {
         fits("gemm A", a.len(), oa + last * sa + g.m * g.k)?;
         fits("gemm B", b.len(), ob + last * sb + g.k * g.n)?;
         fits("gemm C", c.len(), oc + last * sc + g.m * g.n)?;
-        let int =
-            |v: usize| i32::try_from(v).map_err(|_| format!("gemm size {v} exceeds cuBLAS's"));
+        let int = |v: usize| {
+            i32::try_from(v)
+                .map_err(|_| DeviceError::Node(format!("gemm size {v} exceeds cuBLAS's")))
+        };
         let op = |t: bool| {
             if t {
                 cublasOperation_t::CUBLAS_OP_T

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
 use super::backend::{Backend, R};
+use super::error::DeviceError;
 use super::train::{DTensor, Runner, Saved};
 use crate::cpu::exec::Compute;
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
@@ -151,9 +152,9 @@ impl<B: Backend> Compute for Hosted<B> {
                 records.extend(graph::forward(graph, &[id], values, env)?);
                 continue;
             }
-            let error = |message: String| ExecError::Node {
-                site: graph.site(id),
-                message,
+            let error = |source: DeviceError| ExecError::Device {
+                site: Some(graph.site(id)),
+                source,
             };
             let host = constants(graph, id, values);
             let mut runner = self
@@ -212,9 +213,9 @@ impl<B: Backend> Compute for Hosted<B> {
             let Some(dy) = grads.get(out).map(<[f32]>::to_vec) else {
                 continue;
             };
-            let error = |message: String| ExecError::Node {
-                site: graph.site(id),
-                message,
+            let error = |source: DeviceError| ExecError::Device {
+                site: Some(graph.site(id)),
+                source,
             };
             let host = constants(graph, id, values);
             let runner = self
@@ -230,8 +231,16 @@ impl<B: Backend> Compute for Hosted<B> {
                     // The normalized input, recomputed (the host keeps only statistics).
                     let x = runner
                         .values
-                        .get(&node.inputs[0].ok_or_else(|| error("no input".into()))?)
-                        .ok_or_else(|| error("the input is not on the device".into()))?;
+                        .get(&node.inputs[0].ok_or_else(|| {
+                            error(DeviceError::Inconsistent(
+                                "a layer norm without its input".into(),
+                            ))
+                        })?)
+                        .ok_or_else(|| {
+                            error(DeviceError::Inconsistent(
+                                "the input is not on the device".into(),
+                            ))
+                        })?;
                     let rank = x.shape.len() as i64;
                     let a = if *axis < 0 { axis + rank } else { *axis } as usize;
                     let rows: usize = x.shape[..a].iter().product();

@@ -12,12 +12,15 @@
 //!   GPUs through the same interpreter;
 //! * [`nccl`]: replicas on distinct GPUs summing gradients with NCCL, and [`same_device`]:
 //!   replicas sharing one summing device to device;
-//! * [`device`]: the GPUs the driver sees.
+//! * [`device`]: the GPUs the driver sees;
+//! * [`error`]: a device's failures, by whose they are (CUDA's, the machine's, the
+//!   model's, the other replicas', or ralpc's own).
 pub mod backend;
 mod batch_stats;
 pub mod conv;
 pub mod cudnn;
 pub mod device;
+pub mod error;
 pub mod gpu;
 pub mod hosted;
 pub mod kernels;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
 use super::backend::R;
+use super::error::DeviceError;
 use super::gpu::Gpu;
 use super::train::Replicas;
 use crate::dist::{rendezvous, Placement};
@@ -23,8 +24,8 @@ pub struct Nccl {
     timeout: Duration,
 }
 
-fn fail<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
-    move |e| format!("NCCL: {what}: {e:?}")
+fn fail<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> DeviceError {
+    DeviceError::debug(format!("NCCL: {what}"))
 }
 
 impl Nccl {
@@ -44,11 +45,13 @@ impl Nccl {
                 .map(|id| id.internal().iter().map(|&c| c as u8).collect())
                 .unwrap_or_default()
         })
-        .map_err(|e| e.chain())?;
+        .map_err(|e| DeviceError::Replicas(e.chain()))?;
         let bytes: [u8; 128] = blobs
             .first()
             .and_then(|b| b.as_slice().try_into().ok())
-            .ok_or("NCCL: rank 0 sent no 128-byte unique id")?;
+            .ok_or_else(|| {
+                DeviceError::Replicas("NCCL: rank 0 sent no 128-byte unique id".into())
+            })?;
         let id = Id::uninit(bytes.map(|b| b as std::ffi::c_char));
         let comm = Comm::from_rank(
             gpu.comm_stream().clone(),
@@ -80,14 +83,18 @@ impl Nccl {
             match status {
                 cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                other => return Err(format!("rank {}: {what} failed: {other:?}", self.rank)),
+                other => {
+                    return Err(DeviceError::debug(format!("rank {}: {what}", self.rank))(
+                        other,
+                    ))
+                }
             }
             if std::time::Instant::now() >= deadline {
-                return Err(format!(
+                return Err(DeviceError::Replicas(format!(
                     "rank {} waited more than {} s for {what}: another rank stopped responding",
                     self.rank,
                     self.timeout.as_secs()
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_micros(200));
         }

@@ -44,12 +44,13 @@ impl MatMulPlan {
         if a.len() < 2 || b.len() < 2 {
             return Err(format!(
                 "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
-            ));
+            )
+            .into());
         }
         let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
         let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
         if k != k2 {
-            return Err(format!("MatMul of {a:?} × {b:?}: inner sizes differ"));
+            return Err(format!("MatMul of {a:?} × {b:?}: inner sizes differ").into());
         }
         let batch_a = numel(&a[..a.len() - 2]);
         if b.len() == 2 {
@@ -72,7 +73,8 @@ impl MatMulPlan {
         }
         Err(format!(
             "MatMul of {a:?} × {b:?}: broadcast batch axes are not on the CUDA backend yet"
-        ))
+        )
+        .into())
     }
 
     fn batched(&self, mut g: Gemm) -> Gemm {
@@ -111,7 +113,7 @@ pub(super) fn axis_of(axis: i64, rank: usize) -> R<usize> {
     if (0..rank as i64).contains(&a) {
         Ok(a as usize)
     } else {
-        Err(format!("axis {axis} is out of range for rank {rank}"))
+        Err(format!("axis {axis} is out of range for rank {rank}").into())
     }
 }
 
@@ -134,7 +136,7 @@ pub(super) fn transposed_strides(perm: Option<&[i64]>, shape: &[usize]) -> R<Vec
 pub(super) fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
     match shape {
         [n, c, rest @ ..] => Ok((*n, *c, numel(rest))),
-        _ => Err(format!("batch norm needs N×C×…, got {shape:?}")),
+        _ => Err(format!("batch norm needs N×C×…, got {shape:?}").into()),
     }
 }
 
@@ -155,7 +157,7 @@ pub(crate) fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
         Unary::Log => (UnaryOp::Log, 0.0, 0.0),
         Unary::Abs => (UnaryOp::Abs, 0.0, 0.0),
         Unary::Elu { alpha } => (UnaryOp::Elu, alpha, 0.0),
-        other => return Err(format!("{other:?} is not on the CUDA backend yet")),
+        other => return Err(format!("{other:?} is not on the CUDA backend yet").into()),
     })
 }
 
@@ -166,7 +168,7 @@ pub(super) fn binary_op(b: Binary) -> R<BinaryOp> {
         Binary::Mul => BinaryOp::Mul,
         Binary::Div => BinaryOp::Div,
         Binary::Pow => BinaryOp::Pow,
-        other => return Err(format!("{other:?} is not on the CUDA backend yet")),
+        other => return Err(format!("{other:?} is not on the CUDA backend yet").into()),
     })
 }
 

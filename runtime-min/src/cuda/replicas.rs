@@ -8,6 +8,7 @@ use std::rc::Rc;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
 use super::backend::{Backend, R};
+use super::error::DeviceError;
 use super::node_ops::numel;
 use super::train::{DTensor, Runner};
 use crate::cpu::graph::{ExecError, Weights};
@@ -63,7 +64,7 @@ impl<B: Backend> Replicas<B> for HostStaged<'_> {
         let mut host = dev.download(buf)?;
         self.comm
             .all_reduce(&self.group, &mut host)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| DeviceError::Replicas(e.to_string()))?;
         *buf = dev.upload(&host)?;
         Ok(())
     }
@@ -76,7 +77,7 @@ impl<B: Backend> Replicas<B> for HostStaged<'_> {
         let all = self
             .comm
             .exchange(&self.group, words)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| DeviceError::Replicas(e.to_string()))?;
         Ok(all
             .iter()
             .map(|w| match w.as_slice() {
@@ -201,15 +202,9 @@ pub fn train_replica<B: Backend>(
     replicas: &dyn Replicas<B>,
 ) -> Result<TrainReport, ExecError> {
     let at = |node: Option<NodeId>| {
-        move |message: String| match node {
-            Some(n) => ExecError::Node {
-                site: graph.site(n),
-                message,
-            },
-            None => ExecError::Input {
-                name: "device".into(),
-                message,
-            },
+        move |source: DeviceError| ExecError::Device {
+            site: node.map(|n| graph.site(n)),
+            source,
         }
     };
     let device = at(None);
@@ -323,8 +318,11 @@ pub fn train_replica<B: Backend>(
                     e.insert(dev.zeros(n).map_err(&device)?)
                 }
             };
-            let param = Rc::get_mut(param)
-                .ok_or_else(|| device("a weight is still shared after the step (a bug)".into()))?;
+            let param = Rc::get_mut(param).ok_or_else(|| {
+                device(DeviceError::Inconsistent(
+                    "a weight is still shared after the step".into(),
+                ))
+            })?;
             dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
                 .map_err(&device)?;
         }
@@ -419,16 +417,13 @@ pub fn profile<B: Backend>(
     nodes: &[NodeId],
     repeats: u32,
 ) -> Result<Vec<NodeTime>, ExecError> {
-    let at = |node: NodeId| {
-        move |message: String| ExecError::Node {
-            site: graph.site(node),
-            message,
+    let at = |id: NodeId| {
+        move |source: DeviceError| ExecError::Device {
+            site: Some(graph.site(id)),
+            source,
         }
     };
-    let device = |message: String| ExecError::Input {
-        name: "device".into(),
-        message,
-    };
+    let device = |source: DeviceError| ExecError::Device { site: None, source };
     let mut runner = Runner::new(dev, graph, Some(info), weights);
     for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
         if let (Some(f), Ok(shape)) = (t.floats(), runner.shape(v)) {
@@ -476,7 +471,7 @@ pub fn profile<B: Backend>(
         let (_, kept) = runner
             .saved
             .pop()
-            .ok_or_else(|| at(id)("nothing was saved".into()))?;
+            .ok_or_else(|| at(id)(DeviceError::Inconsistent("nothing was saved".into())))?;
         let n = numel(&runner.shape(node.outputs[0]).map_err(at(id))?);
         let mut ones = dev.zeros(n).map_err(&device)?;
         dev.fill(&mut ones, 1.0).map_err(&device)?;

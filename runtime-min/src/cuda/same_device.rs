@@ -7,6 +7,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, R};
+use super::error::DeviceError;
 use super::train::Replicas;
 
 /// One round of deposits at a time, for `count` ranks.
@@ -64,7 +65,7 @@ impl<T> Hub<T> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if let Some(why) = &round.failed {
-                return Err(format!("aborted: {why}"));
+                return Err(DeviceError::Replicas(format!("aborted: {why}")));
             }
             if ready(&round) {
                 return Ok(round);
@@ -77,7 +78,7 @@ impl<T> Hub<T> {
                 );
                 round.failed = Some(why.clone());
                 self.changed.notify_all();
-                return Err(why);
+                return Err(DeviceError::Replicas(why));
             }
             round = self
                 .changed
@@ -161,7 +162,7 @@ impl<B: Backend> Replicas<B> for SameDevice<'_, B> {
                 dev.synchronize()?;
                 Ok(sum)
             });
-        let sum = sum.inspect_err(|e| self.losses.fail(e))?;
+        let sum = sum.inspect_err(|e| self.losses.fail(&e.to_string()))?;
         self.seq.set((seq + 1, loss_seq));
         *buf = sum;
         Ok(())
@@ -174,7 +175,7 @@ impl<B: Backend> Replicas<B> for SameDevice<'_, B> {
             .round(self.rank, loss_seq, value, "the loss sum", |all| {
                 Ok(all.iter().flatten().sum())
             })
-            .inspect_err(|e| self.buffers.fail(e))?;
+            .inspect_err(|e| self.buffers.fail(&e.to_string()))?;
         self.seq.set((seq, loss_seq + 1));
         Ok(total)
     }
@@ -220,6 +221,7 @@ mod tests {
                     s.spawn(move || {
                         hub.round(r, 0, 1, "the gradient sum", |_| Ok(()))
                             .unwrap_err()
+                            .to_string()
                     })
                 })
                 .collect();

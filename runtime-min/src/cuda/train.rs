@@ -15,6 +15,7 @@ use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, Value
 
 use super::backend::{Backend, Gemm, R};
 use super::batch_stats;
+use super::error::DeviceError;
 use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
 use super::node_ops::{
     axis_of, binary_op, channel_layout, numel, other_name, permutation, static_env, strides_of,
@@ -99,7 +100,9 @@ impl<'a, B: Backend> Runner<'a, B> {
         self.info
             .and_then(|info| info.ty(v).shape.as_sizes())
             .map(|s| s.iter().map(|&d| d as usize).collect())
-            .ok_or_else(|| format!("'{}' has no known shape", self.graph.value(v).name))
+            .ok_or_else(|| {
+                DeviceError::Node(format!("'{}' has no known shape", self.graph.value(v).name))
+            })
     }
 
     /// Integers of a host constant input (a Reshape target, Squeeze axes).
@@ -189,7 +192,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 if a.len() < 2 || b.len() < 2 {
                     return Err(format!(
                         "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
-                    ));
+                    )
+                    .into());
                 }
                 let mut s = if b.len() > a.len() {
                     b[..b.len() - 2].to_vec()
@@ -204,8 +208,9 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let mut s = x()?;
                 for slot in 1..node.inputs.len() {
                     let other = self.input(id, slot)?.shape;
-                    s = crate::cpu::tensor::broadcast_shapes(&s, &other)
-                        .ok_or_else(|| format!("{s:?} and {other:?} do not broadcast"))?;
+                    s = crate::cpu::tensor::broadcast_shapes(&s, &other).ok_or_else(|| {
+                        DeviceError::Node(format!("{s:?} and {other:?} do not broadcast"))
+                    })?;
                 }
                 s
             }
@@ -256,10 +261,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                     .collect()
             }
             other => {
-                return Err(format!(
-                    "{} is not on the CUDA backend yet",
-                    other_name(other)
-                ))
+                return Err(format!("{} is not on the CUDA backend yet", other_name(other)).into())
             }
         })
     }
@@ -272,12 +274,12 @@ impl<'a, B: Backend> Runner<'a, B> {
             .get(slot)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("input {slot} is absent"))?;
+            .ok_or_else(|| DeviceError::Node(format!("input {slot} is absent")))?;
         self.values.get(&v).cloned().ok_or_else(|| {
-            format!(
+            DeviceError::Node(format!(
                 "'{}' is not a float tensor on the device",
                 self.graph.value(v).name
-            )
+            ))
         })
     }
 
@@ -564,10 +566,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 (y, Saved::None)
             }
             other => {
-                return Err(format!(
-                    "{} is not on the CUDA backend yet",
-                    other_name(other)
-                ))
+                return Err(format!("{} is not on the CUDA backend yet", other_name(other)).into())
             }
         };
         if let Some(&v) = node.outputs.first() {
@@ -813,9 +812,9 @@ impl<'a, B: Backend> Runner<'a, B> {
                         (ga, gb)
                     }
                     other => {
-                        return Err(format!(
-                            "{other:?}'s gradient is not on the CUDA backend yet"
-                        ))
+                        return Err(
+                            format!("{other:?}'s gradient is not on the CUDA backend yet").into(),
+                        )
                     }
                 };
                 grads.push((0, self.reduce_to(&ga, &out_shape, &a.shape)?));
@@ -1007,7 +1006,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 return Err(format!(
                     "{}'s gradient is not on the CUDA backend yet",
                     other_name(other)
-                ))
+                )
+                .into())
             }
         }
         Ok(grads)

@@ -34,15 +34,17 @@ pub enum RunError {
 
 impl RunError {
     /// Whether the failure is ralpc's own: the plan was checked before it ran, so a rank
-    /// that panics, or finds the plan and what it holds disagreeing, is a bug.
+    /// that panics, or finds the plan and what it holds disagreeing (or a device its
+    /// operands), is a bug.
     pub fn is_bug(&self) -> bool {
-        matches!(
-            self,
-            RunError::Rank {
-                cause: RankError::Inconsistent(_) | RankError::Panicked(_),
-                ..
-            }
-        )
+        match self {
+            RunError::Rank { cause, .. } => match cause {
+                RankError::Inconsistent(_) | RankError::Panicked(_) => true,
+                RankError::Node(graph::ExecError::Device { source, .. }) => source.is_bug(),
+                _ => false,
+            },
+            RunError::Setup(_) => false,
+        }
     }
 
     /// The order in which the ranks' failures explain a run: a rank's own failure, then a
