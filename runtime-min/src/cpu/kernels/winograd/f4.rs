@@ -69,41 +69,16 @@ impl Tiling for F4 {
                         col(0, 1),
                         col(1, 1),
                     );
-                    let row = &mut db[i * 6 * tw..(i + 1) * 6 * tw];
-                    let (c0, rest) = row.split_at_mut(tw);
-                    let (c1, rest) = rest.split_at_mut(tw);
-                    let (c2, rest) = rest.split_at_mut(tw);
-                    let (c3, rest) = rest.split_at_mut(tw);
-                    let (c4, c5) = rest.split_at_mut(tw);
-                    for t in 0..tw {
-                        let (a, b) = (d4[t] - 4.0 * d2[t], d3[t] - 4.0 * d1[t]);
-                        let (s, e) = (d4[t] - d2[t], 2.0 * (d3[t] - d1[t]));
-                        c0[t] = 4.0 * d0[t] - 5.0 * d2[t] + d4[t];
-                        c1[t] = a + b;
-                        c2[t] = a - b;
-                        c3[t] = s + e;
-                        c4[t] = s - e;
-                        c5[t] = 4.0 * d1[t] - 5.0 * d3[t] + d5[t];
-                    }
+                    let mut row: Vec<&mut [f32]> = db[i * 6 * tw..(i + 1) * 6 * tw]
+                        .chunks_exact_mut(tw)
+                        .collect();
+                    bt([d0, d1, d2, d3, d4, d5], &mut row);
                 }
                 let at = ch * tiles + r * tw;
                 for j in 0..6 {
                     let d = |i: usize| &db[(i * 6 + j) * tw..(i * 6 + j + 1) * tw];
                     let (d0, d1, d2, d3, d4, d5) = (d(0), d(1), d(2), d(3), d(4), d(5));
-                    let mut rows = six_rows(v, step, at, j, tw);
-                    let [v0, v1, v2, v3, v4, v5] = &mut rows[..] else {
-                        unreachable!("36 points")
-                    };
-                    for t in 0..tw {
-                        let (a, b) = (d4[t] - 4.0 * d2[t], d3[t] - 4.0 * d1[t]);
-                        let (s, e) = (d4[t] - d2[t], 2.0 * (d3[t] - d1[t]));
-                        v0[t] = 4.0 * d0[t] - 5.0 * d2[t] + d4[t];
-                        v1[t] = a + b;
-                        v2[t] = a - b;
-                        v3[t] = s + e;
-                        v4[t] = s - e;
-                        v5[t] = 4.0 * d1[t] - 5.0 * d3[t] + d5[t];
-                    }
+                    bt([d0, d1, d2, d3, d4, d5], &mut six_rows(v, step, at, j, tw));
                 }
             }
         }
@@ -194,4 +169,24 @@ fn six_rows(v: &mut [f32], step: usize, at: usize, j: usize, tw: usize) -> Vec<&
         .step_by(6)
         .map(|row| &mut row[at..at + tw])
         .collect()
+}
+
+/// Bᵀ's six rows on six rows `d` of tiles (the same column, or row, of each tile), into
+/// `out`: `4d₀ − 5d₂ + d₄`, `±(d₃ − 4d₁) + (d₄ − 4d₂)`, `±2(d₃ − d₁) + (d₄ − d₂)`,
+/// `4d₁ − 5d₃ + d₅`.
+fn bt(d: [&[f32]; 6], out: &mut [&mut [f32]]) {
+    let [d0, d1, d2, d3, d4, d5] = d;
+    let [c0, c1, c2, c3, c4, c5] = out else {
+        unreachable!("Bᵀ has 6 rows")
+    };
+    for t in 0..d0.len() {
+        let (a, b) = (d4[t] - 4.0 * d2[t], d3[t] - 4.0 * d1[t]);
+        let (s, e) = (d4[t] - d2[t], 2.0 * (d3[t] - d1[t]));
+        c0[t] = 4.0 * d0[t] - 5.0 * d2[t] + d4[t];
+        c1[t] = a + b;
+        c2[t] = a - b;
+        c3[t] = s + e;
+        c4[t] = s - e;
+        c5[t] = 4.0 * d1[t] - 5.0 * d3[t] + d5[t];
+    }
 }
