@@ -650,17 +650,65 @@ pub fn gelu(tanh: bool, x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(1 << 14)
         .zip(x.par_chunks(1 << 14))
         .for_each(|(ys, xs)| {
-            // One loop per form, each inlined whole, so the exact one vectorizes.
+            // One loop per form, each inlined whole and in f32, so both vectorize four
+            // lanes wide (in f64 with a call-free exp, ViT-B/16's GELUs took a tenth of its
+            // forward pass).
             if tanh {
+                let c = (2.0 / std::f32::consts::PI).sqrt();
                 for (o, &v) in ys.iter_mut().zip(xs) {
-                    *o = v * gaussian_cdf(true, f64::from(v)) as f32;
+                    // tanh(z) = 1 − 2/(e²ᶻ + 1), so Φ = 1 − 1/(e²ᶻ + 1).
+                    let z = c * (v + 0.044715 * v * v * v);
+                    *o = v * (1.0 - 1.0 / (exp_f32(2.0 * z) + 1.0));
                 }
             } else {
                 for (o, &v) in ys.iter_mut().zip(xs) {
-                    *o = v * gaussian_cdf(false, f64::from(v)) as f32;
+                    *o = v * 0.5 * (1.0 + erf_f32(v * std::f32::consts::FRAC_1_SQRT_2));
                 }
             }
         });
+}
+
+/// [`erf`] in f32 (the same approximation, absolute error about 2e-7).
+#[inline]
+fn erf_f32(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
+    let e = 1.0 - poly * exp_f32(-x * x);
+    if x < 0.0 {
+        -e
+    } else {
+        e
+    }
+}
+
+/// `eˣ` in f32 without calls, as [`exp`] does in f64: relative error about 2e-7 from −87
+/// to 88, 0 below, infinity above; NaN stays NaN.
+#[inline]
+fn exp_f32(x: f32) -> f32 {
+    // 1.5·2²³: adding it rounds to an integer and leaves it in the low bits.
+    const SHIFT: f32 = 12_582_912.0;
+    let clamped = x.clamp(-87.0, 88.0);
+    let shifted = clamped * std::f32::consts::LOG2_E + SHIFT;
+    let k = shifted - SHIFT;
+    // ln 2 in two parts (Cody and Waite): the first has trailing zeros, so k·it is exact.
+    let r = (clamped - k * 0.693_145_75) - k * 1.428_606_8e-6;
+    // eʳ for |r| ≤ ln 2 / 2: Taylor to r⁷ (the next term is below 2e-8).
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+    let k = shifted.to_bits() as i32 - SHIFT.to_bits() as i32;
+    let y = p * f32::from_bits(((k + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else if x > 88.0 {
+        f32::INFINITY
+    } else {
+        y
+    }
 }
 
 /// Accumulates GELU's input gradient: `d/dx [x·Φ(x)] = Φ(x) + x·Φ'(x)`.
@@ -819,6 +867,36 @@ pub fn layer_norm_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The f32 forms GELU's forward takes, against f64: `exp_f32` within a few f32 ulps
+    /// over its range, and both GELUs within 1e-6 of the f64 formulas.
+    #[test]
+    fn the_f32_gelu_and_exp_agree_with_f64() {
+        for i in -8_700..=8_800 {
+            let x = i as f32 / 100.0;
+            let (got, want) = (f64::from(exp_f32(x)), f64::from(x).exp());
+            assert!(
+                (got - want).abs() <= 3e-7 * want,
+                "exp({x}): {got} vs {want}"
+            );
+        }
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert_eq!(exp_f32(100.0), f32::INFINITY);
+        assert!(exp_f32(f32::NAN).is_nan());
+        let x: Vec<f32> = (-2_000..=2_000).map(|i| i as f32 / 200.0).collect();
+        for tanh in [false, true] {
+            let mut y = vec![0.0; x.len()];
+            gelu(tanh, &x, &mut y);
+            for (&v, &got) in x.iter().zip(&y) {
+                let want = f64::from(v) * gaussian_cdf(tanh, f64::from(v));
+                let err = (f64::from(got) - want).abs();
+                assert!(
+                    err <= 1e-6 * (1.0 + want.abs()),
+                    "gelu({v}, tanh {tanh}): {got} vs {want}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn exp_is_the_standard_librarys_to_the_last_bits() {
