@@ -21,6 +21,17 @@ pub enum CommError {
     /// Another rank failed first.
     #[error("aborted: {0}")]
     Aborted(String),
+    /// The connection to another process's rank broke while sending to it (that rank is
+    /// gone), or there is none.
+    #[error("rank {rank}'s connection to rank {peer} {why}")]
+    Disconnected {
+        /// The sending rank.
+        rank: u32,
+        /// The rank it sent to.
+        peer: u32,
+        /// What the operating system said.
+        why: String,
+    },
     /// The peers did not arrive in time.
     #[error("rank {rank} waited more than {seconds} s for {what}")]
     Timeout {
@@ -314,9 +325,7 @@ impl Comm {
         }
         if let Some(net) = self.world.net.as_ref().filter(|_| !self.world.is_local(to)) {
             drop(state);
-            return net
-                .send(to, &Frame::Message { tag, data })
-                .map_err(CommError::Aborted);
+            return net.send(to, &Frame::Message { tag, data });
         }
         state
             .mailboxes
@@ -367,7 +376,7 @@ impl Comm {
                 data: data.clone(),
             };
             for &m in members.iter().filter(|&&m| m != self.rank) {
-                net.send(m, &frame).map_err(CommError::Aborted)?;
+                net.send(m, &frame)?;
             }
         }
         {

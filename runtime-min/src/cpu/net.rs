@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::comm::Shared;
+use super::comm::{CommError, Shared};
 use crate::dist::auth::{self, Secret};
 use crate::dist::DistError;
 use crate::dist::{rendezvous, Placement};
@@ -342,14 +342,19 @@ impl Net {
     }
 
     /// Sends `frame` to rank `to`.
-    pub(super) fn send(&self, to: u32, frame: &Frame) -> Result<(), String> {
+    pub(super) fn send(&self, to: u32, frame: &Frame) -> Result<(), CommError> {
+        let broken = |why: String| CommError::Disconnected {
+            rank: self.rank,
+            peer: to,
+            why,
+        };
         let Some(Some(peer)) = self.peers.get(to as usize) else {
-            return Err(format!("rank {to} is not a peer of rank {}", self.rank));
+            return Err(broken("does not exist: it is not a peer".into()));
         };
         let mut peer = peer.lock().unwrap_or_else(|p| p.into_inner());
         peer.write_all(&frame.encode())
             .and_then(|()| peer.flush())
-            .map_err(|e| format!("rank {}'s connection to rank {to} broke: {e}", self.rank))
+            .map_err(|e| broken(format!("broke: {e}")))
     }
 
     /// Sends `frame` to every other rank, ignoring broken connections (used to spread a
@@ -423,5 +428,29 @@ mod tests {
             0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255,
         ];
         assert!(Frame::decode(&mut huge).is_err());
+    }
+
+    /// Sending to a rank whose connection is closed, or to no rank at all, is a typed
+    /// error naming both ranks.
+    #[test]
+    fn a_broken_connection_names_both_ranks() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let stream = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        drop(listener.accept().expect("accept"));
+        stream.shutdown(std::net::Shutdown::Both).expect("shutdown");
+        let net = Net {
+            rank: 0,
+            peers: vec![None, Some(Mutex::new(BufWriter::new(stream)))],
+        };
+        let frame = Frame::Message {
+            tag: 1,
+            data: vec![1.0],
+        };
+        for to in [1, 5] {
+            match net.send(to, &frame) {
+                Err(CommError::Disconnected { rank: 0, peer, .. }) => assert_eq!(peer, to),
+                other => panic!("sending to rank {to}: {other:?}"),
+            }
+        }
     }
 }

@@ -55,7 +55,7 @@ impl RunError {
         match self {
             RunError::Rank { cause, .. } => match cause {
                 RankError::Killed => 3,
-                RankError::Comm(CommError::Aborted(_)) => 2,
+                RankError::Comm(CommError::Aborted(_) | CommError::Disconnected { .. }) => 2,
                 RankError::Comm(CommError::Timeout { .. }) => 1,
                 _ => 0,
             },
