@@ -4,7 +4,7 @@
 //! with one process; `ralpc plan --emit torch`'s script does the same under torchrun.
 //!
 //! The Python environment is made once under the target directory (a venv with torch,
-//! onnx, onnxscript and maturin from PyPI, about 1.5 GB, ~70 s), unless `RALPC_PYTHON`
+//! onnx, onnxscript and maturin from PyPI, about 4.5 GB, a few minutes), unless `RALPC_PYTHON`
 //! names an interpreter that already has them; the extension is built into it with
 //! `maturin develop`.
 
@@ -56,15 +56,55 @@ fn make_python() -> PathBuf {
                 "python3 -m venv (Debian: apt install python3-venv)",
             );
         }
-        run(
-            Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet", "--no-cache-dir"])
-                .args(PACKAGES),
-            "pip install (needs PyPI)",
-        );
+        for package in resolve(&python, &env) {
+            run(
+                Command::new(&python)
+                    .args(["-m", "pip", "install", "--quiet"])
+                    .args(["--no-cache-dir", "--no-deps"])
+                    .arg(&package),
+                &format!("pip install {package} (needs PyPI)"),
+            );
+        }
         std::fs::write(&ready, wanted).expect("the venv is writable");
     }
     python
+}
+
+/// What PyTorch's wheel pulls in is most of the environment (CUDA's libraries, which
+/// `import torch` loads even on a CPU): its wheels and the installed files at once took more
+/// disk than a CI machine had. So pip resolves first (metadata only) and each package is then
+/// installed alone, which holds one wheel at a time on disk. Triton, torch.compile's kernel
+/// compiler (1 GB), is left out: nothing here compiles.
+fn resolve(python: &Path, env: &Path) -> Vec<String> {
+    let report = env.join("resolved.json");
+    run(
+        Command::new(python)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(["--dry-run", "--ignore-installed"])
+            .arg("--report")
+            .arg(&report)
+            .args(PACKAGES),
+        "pip install --dry-run (needs PyPI)",
+    );
+    let text = std::fs::read_to_string(&report).expect("pip wrote its report");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("pip's report is JSON");
+    let packages: Vec<String> = report["install"]
+        .as_array()
+        .expect("pip's report lists what it installs")
+        .iter()
+        .map(|item| {
+            let metadata = &item["metadata"];
+            let field = |key: &str| metadata[key].as_str().expect("a name and a version");
+            (field("name").to_owned(), field("version").to_owned())
+        })
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("triton"))
+        .map(|(name, version)| format!("{name}=={version}"))
+        .collect();
+    assert!(
+        packages.iter().any(|p| p.starts_with("torch==")),
+        "pip's resolution has no torch: {text}"
+    );
+    packages
 }
 
 #[test]
