@@ -174,8 +174,8 @@ mod tests {
     /// injected fault are failed runs (exit 4). Either way the causes form a chain.
     #[test]
     fn a_runs_failure_is_a_bug_only_when_ralpc_is_inconsistent() {
-        use ralpc_runtime_min::cpu::comm::CommError;
         use ralpc_runtime_min::cpu::exec::{RankError, RunError};
+        use ralpc_runtime_min::dist::comm::CommError;
         let failed = |cause| {
             super::Error::Ranks(Box::new(RunError::Rank {
                 rank: 1,

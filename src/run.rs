@@ -9,7 +9,6 @@ use ralpc_codegen::plan::Plan;
 use ralpc_ir::input::{read_input, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
-use ralpc_runtime_min::cpu::comm::World;
 use ralpc_runtime_min::cpu::exec::{
     self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
 };
@@ -17,6 +16,7 @@ use ralpc_runtime_min::cpu::graph::{ExecError, Weights};
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::error::DeviceError;
+use ralpc_runtime_min::dist::comm::World;
 use ralpc_runtime_min::dist::Placement;
 
 use crate::error::{Error, FileError};
@@ -593,7 +593,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or(place.local_rank as usize + 1);
             if libs::Lib::Nccl.loadable() && local_world <= gpus {
-                let nccl = ralpc_runtime_min::cuda::nccl::Nccl::join(&gpu, place, options.timeout)
+                let nccl = ralpc_runtime_min::dist::nccl::Nccl::join(&gpu, place, options.timeout)
                     .map_err(join_error)?;
                 replica(&gpu, place.rank as usize, &nccl)?
             } else {
@@ -611,7 +611,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
         (None, _) => {
             // Ranks as threads on GPU 0, each with its own streams, summing their gradients
             // on the device (the same-device communicator).
-            use ralpc_runtime_min::cuda::same_device::{Hub, SameDevice};
+            use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
             let buffers = Hub::new(ranks, options.timeout);
             let losses = Hub::new(ranks, options.timeout);
             let reports: Vec<Result<TrainReport, Error>> = std::thread::scope(|s| {

@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use ralpc_runtime_min::cpu::comm::{AbortOnPanic, CommError, World};
+use ralpc_runtime_min::dist::comm::{AbortOnPanic, CommError, World};
 
 /// Runs `body(rank)` on `ranks` threads; their results in rank order.
 fn on_ranks<T: Send>(
     ranks: u32,
     timeout: Duration,
-    body: impl Fn(&ralpc_runtime_min::cpu::comm::Comm) -> T + Sync,
+    body: impl Fn(&ralpc_runtime_min::dist::comm::Comm) -> T + Sync,
 ) -> Vec<std::thread::Result<T>> {
     let world = World::new(ranks, timeout);
     std::thread::scope(|s| {

@@ -168,9 +168,9 @@ fn every_node_is_timed() {
 /// batch normalization by the whole batch's statistics included.
 #[test]
 fn data_parallel_replicas_train_as_one_device() {
-    use ralpc_runtime_min::cpu::comm::World;
-    use ralpc_runtime_min::cuda::same_device::{Hub, SameDevice};
     use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
+    use ralpc_runtime_min::dist::comm::World;
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     for (model, replicas) in [
         ("train/mlp.onnx", 4usize),
         ("train/cnn.onnx", 2),

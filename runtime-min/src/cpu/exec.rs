@@ -15,9 +15,9 @@
 //! layer's bucket when every use holds the same piece, else after the plan's own
 //! all-reduce of it over every holder (each keeping it whole).
 //!
-//! Activation recomputation is in [`recompute`], ZeRO's sharded gradients and steps in [`zero`].
+//! Activation recomputation is in `recompute`, ZeRO's sharded gradients and steps in `zero`.
 //! A value computed from constants alone that a layer reads but no layer computes (an
-//! anchor grid too large to fold) is computed by every rank reading it ([`derived`]).
+//! anchor grid too large to fold) is computed by every rank reading it (`derived`).
 //!
 //! Gradients of a tensor read by several ranks with the same share are identical copies
 //! after the plan's input-gradient sums, so a producer pastes the pieces it gets back and
@@ -30,7 +30,7 @@
 //! panic: ralpc's own bug ([`RunError::is_bug`], exit 101 in the CLI).
 //!
 //! A convolution or pooling split by rows computes each piece from its rows and the halo
-//! around them, exchanged as the plan's halo messages say ([`halo`]).
+//! around them, exchanged as the plan's halo messages say (`halo`).
 //!
 //! Not executable yet (refused with a clear error): row-parallel dense layers with a fused
 //! epilogue other than adds (of a bias, or of a residual each rank adds its feature slice
@@ -38,7 +38,7 @@
 //! tensor held whole by replicas (a row-parallel layer's output, a LayerNorm held by a
 //! tensor-parallel group) whose consumer reads a part of it fails in backward naming the
 //! gradient the other replicas lack: the plan does not all-gather it yet. Batch
-//! normalization is synchronized ([`batch_stats`]): the whole batch's statistics, as on
+//! normalization is synchronized (`batch_stats`): the whole batch's statistics, as on
 //! one device.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -50,7 +50,6 @@ use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 
-use super::comm::{AbortOnPanic, Comm, CommError, World};
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
@@ -60,6 +59,7 @@ use super::region::{
 };
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
+use crate::dist::comm::{AbortOnPanic, Comm, CommError, World};
 
 mod batch_stats;
 mod derived;
@@ -227,7 +227,7 @@ struct EdgeInfo {
     value: ValueId,
     /// Its gradient returns as a reduce-scatter (the lowering's `Gather { scatter }`).
     scattered: bool,
-    /// Its consumer is split by rows and reads the rows around each piece ([`halo`]).
+    /// Its consumer is split by rows and reads the rows around each piece (`halo`).
     halo: bool,
 }
 
@@ -237,7 +237,7 @@ enum Source {
     GraphInput,
     Constant,
     Folded,
-    /// Computed from constants by every rank that reads it ([`derived`]).
+    /// Computed from constants by every rank that reads it (`derived`).
     Derived,
 }
 
@@ -260,7 +260,7 @@ struct LayerExec {
     /// The weights whose gradients its bucket all-reduces: those it reads first, but for
     /// tied weights the plan all-reduces on their own.
     owned: Vec<ValueId>,
-    /// Split by rows: the halo its window reads ([`halo`]).
+    /// Split by rows: the halo its window reads (`halo`).
     halo: Option<halo::LayerHalo>,
 }
 

@@ -9,9 +9,8 @@
 //! * `reduce`, `resize`, `indexing`: reductions and variadic ops, resampling (forward),
 //!   the element-indexed ops and Einsum; `volume`: 3-d convolution and pooling;
 //! * `region`: the boxes of tensors and weights a rank holds, and copies between them;
-//! * [`exec`]: the plan executor, ranks as threads talking through [`comm`], or one rank
-//!   per process talking over TCP ([`net`]).
-pub mod comm;
+//! * [`exec`]: the plan executor, ranks as threads or one rank per process, talking
+//!   through [`crate::dist::comm`].
 mod elementwise;
 pub mod exec;
 pub mod grad;
@@ -19,7 +18,6 @@ pub mod graph;
 mod indexing;
 pub mod init;
 pub mod kernels;
-pub mod net;
 mod normalize;
 pub mod ops;
 mod rearrange;

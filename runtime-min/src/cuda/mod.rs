@@ -10,8 +10,8 @@
 //! * [`gpu`]: that trait on an NVIDIA GPU (cudarc: NVRTC kernels, cuBLAS);
 //! * [`hosted`]: a device computing the CPU plan executor's layers, so every plan runs on
 //!   GPUs through the same interpreter;
-//! * [`nccl`]: replicas on distinct GPUs summing gradients with NCCL, and [`same_device`]:
-//!   replicas sharing one summing device to device;
+//! * replicas' sums: [`crate::dist::nccl`] across GPUs, [`crate::dist::same_device`] on
+//!   one;
 //! * [`device`]: the GPUs the driver sees;
 //! * [`error`]: a device's failures, by whose they are (CUDA's, the machine's, the
 //!   model's, the other replicas', or ralpc's own).
@@ -25,8 +25,6 @@ pub mod gpu;
 pub mod hosted;
 pub mod kernels;
 pub mod libs;
-pub mod nccl;
 mod node_ops;
 mod replicas;
-pub mod same_device;
 pub mod train;

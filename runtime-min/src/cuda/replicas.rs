@@ -51,7 +51,7 @@ impl<B: Backend> Replicas<B> for Alone {
 /// in rank order, so every replica steps identically.
 pub struct HostStaged<'c> {
     /// This replica's endpoint.
-    pub comm: &'c crate::cpu::comm::Comm,
+    pub comm: &'c crate::dist::comm::Comm,
     /// Every replica's rank.
     pub group: Vec<u32>,
 }
@@ -403,7 +403,7 @@ const BURST: u32 = 4;
 
 /// Times `nodes` of `graph` (bound at its batch) on `dev`, forward and backward, each on
 /// its own with the operands a forward pass of the whole model gives it: one warm-up, then
-/// the median of `repeats` samples, each the mean of [`BURST`] runs between two
+/// the median of `repeats` samples, each the mean of `BURST` runs between two
 /// [`Backend::mark`]s (CUDA events on a GPU).
 ///
 /// # Errors

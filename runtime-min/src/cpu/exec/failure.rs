@@ -3,8 +3,8 @@
 
 use ralpc_ir::{Graph, NodeId};
 
-use super::super::comm::CommError;
 use super::super::graph;
+use crate::dist::comm::CommError;
 
 /// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
 /// failure, reports nothing: the other ranks' errors name it).

@@ -171,7 +171,7 @@ impl Conv2d {
     /// `y = conv(x, w) + bias`: `x` is N×C×H×W, `y` N×O×OH×OW.
     ///
     /// Each sample's columns are made and multiplied a band of output rows at a time
-    /// ([`Conv2d::band_rows`]), so they are still in cache when the GEMM packs them: VGG16's
+    /// (`Conv2d::band_rows`), so they are still in cache when the GEMM packs them: VGG16's
     /// first layers have 115 MB of columns per sample, written then read back from memory.
     /// The bands of every sample run in parallel, each one product of the same shape
     /// whatever the batch, so a sample's output does not depend on how many share it.

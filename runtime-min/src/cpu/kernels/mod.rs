@@ -1,6 +1,6 @@
 //! Forward and backward kernels on `f32` slices in row-major NCHW layout.
 //!
-//! Matrix products go through the `gemm` crate (packed, vectorized; [`gemm`] runs
+//! Matrix products go through the `gemm` crate (packed, vectorized; [`gemm()`] runs
 //! blocks of large ones in parallel), never a hand-written loop nest; convolutions are
 //! lowered to it with im2col, a band of output rows at a time ([`Conv2d`]), or for 3×3
 //! kernels with unit stride by Winograd's F(2×2, 3×3) (`winograd.rs`). Backward

@@ -1,16 +1,16 @@
 //! Data-parallel replicas summing their gradients with NCCL, one process per GPU: rank 0
 //! makes the NCCL unique id and the TCP rendezvous ([`crate::dist::rendezvous`]) hands it
 //! to every rank. Ranks sharing one GPU cannot use NCCL (it refuses duplicate devices);
-//! they combine through host memory ([`super::train::HostStaged`]).
+//! they combine through host memory ([`crate::cuda::train::HostStaged`]).
 
 use std::time::Duration;
 
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
-use super::backend::R;
-use super::error::DeviceError;
-use super::gpu::Gpu;
-use super::train::Replicas;
+use crate::cuda::backend::R;
+use crate::cuda::error::DeviceError;
+use crate::cuda::gpu::Gpu;
+use crate::cuda::train::Replicas;
 use crate::dist::{rendezvous, Placement};
 
 /// This process's member of the NCCL world. Collectives run on the GPU's communication
@@ -30,7 +30,7 @@ fn fail<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> DeviceError
 
 impl Nccl {
     /// Joins the launcher's processes on `gpu`'s stream. The caller checks that NCCL
-    /// loads ([`super::libs`]).
+    /// loads ([`crate::cuda::libs`]).
     ///
     /// # Errors
     /// The rendezvous or NCCL's initialization failed.
@@ -106,7 +106,7 @@ impl Replicas<Gpu> for Nccl {
         self.comm.world_size()
     }
 
-    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as super::backend::Backend>::Buf) -> R<()> {
+    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf) -> R<()> {
         let comm = self.comm.stream();
         comm.join(&self.compute)
             .map_err(fail("cannot order the streams"))?;

@@ -11,35 +11,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::comm::{CommError, Shared};
+use super::mailbox::{Frame, Shared};
+use super::CommError;
 use crate::dist::auth::{self, Secret};
 use crate::dist::DistError;
 use crate::dist::{rendezvous, Placement};
-
-/// What travels between ranks.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Frame {
-    /// A point-to-point message.
-    Message {
-        /// Its tag.
-        tag: u64,
-        /// Its values.
-        data: Vec<f32>,
-    },
-    /// A contribution to collective `seq` of the group `members` (sorted).
-    Collective {
-        /// The group.
-        members: Vec<u32>,
-        /// Which of the group's collectives.
-        seq: u64,
-        /// The contribution.
-        data: Vec<f32>,
-    },
-    /// The sender finished its program: its connection closing is no failure.
-    Done,
-    /// The sender's world failed, for this reason.
-    Abort(String),
-}
 
 const HELLO: &[u8; 8] = b"RALPCNT1";
 /// Bounds what a length field may claim before anything is allocated for it.

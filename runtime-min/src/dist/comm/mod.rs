@@ -1,6 +1,6 @@
 //! Communication between ranks: point-to-point messages and the collectives a plan uses,
 //! with NCCL's semantics. The ranks of one process (one thread each) share memory; ranks
-//! in other processes are reached over TCP ([`super::net`]), whose frames land in the same
+//! in other processes are reached over TCP (`tcp`), whose frames land in the same
 //! mailboxes and collective slots, so both worlds wait, fail and time out alike.
 //!
 //! Reductions add contributions in rank order, whatever order ranks arrive in, so a run
@@ -9,11 +9,15 @@
 //! rank returns an error naming the cause instead of hanging.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::net::{Frame, Net};
 use crate::dist::Placement;
+use mailbox::{lock, Frame, Shared, State};
+use tcp::Net;
+
+mod mailbox;
+mod tcp;
 
 /// Why a communication did not complete.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -42,85 +46,6 @@ pub enum CommError {
         /// What it waited for.
         what: String,
     },
-}
-
-/// One collective in progress: each member's contribution, and how many have taken the
-/// result.
-#[derive(Default)]
-struct Slot {
-    contributions: BTreeMap<u32, Vec<f32>>,
-    taken: usize,
-}
-
-#[derive(Default)]
-pub(super) struct State {
-    /// Messages by (from, to, tag).
-    mailboxes: BTreeMap<(u32, u32, u64), std::collections::VecDeque<Vec<f32>>>,
-    /// Collectives by (sorted group, sequence number within the group).
-    slots: BTreeMap<(Vec<u32>, u64), Slot>,
-    /// Set by the first failure.
-    failed: Option<String>,
-    /// Per rank: the instruction it is at, whether it is waiting on the others, whether it
-    /// finished. A rank neither waiting nor finished when another times out is the one
-    /// that stopped responding.
-    activity: BTreeMap<u32, Activity>,
-    /// Ranks in other processes that said they finished: their connection closing is
-    /// then no failure.
-    peers_done: std::collections::BTreeSet<u32>,
-}
-
-/// What a rank is doing, as far as the others can tell.
-#[derive(Clone, Copy, Debug, Default)]
-struct Activity {
-    instruction: usize,
-    waiting: bool,
-    done: bool,
-}
-
-#[derive(Default)]
-pub(super) struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-impl Shared {
-    /// Applies what rank `from` (in another process) sent.
-    pub(super) fn deliver(&self, from: u32, me: u32, frame: Frame) {
-        let mut state = lock(self);
-        match frame {
-            Frame::Message { tag, data } => state
-                .mailboxes
-                .entry((from, me, tag))
-                .or_default()
-                .push_back(data),
-            Frame::Collective { members, seq, data } => {
-                state
-                    .slots
-                    .entry((members, seq))
-                    .or_default()
-                    .contributions
-                    .insert(from, data);
-            }
-            Frame::Done => {
-                state.peers_done.insert(from);
-            }
-            Frame::Abort(why) => {
-                state.failed.get_or_insert(why);
-            }
-        }
-        self.changed.notify_all();
-    }
-
-    /// Rank `from`'s connection closed or broke.
-    pub(super) fn lost(&self, from: u32, why: &str) {
-        let mut state = lock(self);
-        if !state.peers_done.contains(&from) {
-            state.failed.get_or_insert_with(|| {
-                format!("rank {from}'s process exited or lost its connection ({why})")
-            });
-        }
-        self.changed.notify_all();
-    }
 }
 
 /// The ranks of a run, as seen from one process: all of them as threads, or one of them
@@ -205,15 +130,6 @@ impl Drop for AbortOnPanic<'_> {
             self.0.abort(&format!("rank {} panicked", self.0.rank));
         }
     }
-}
-
-fn lock(shared: &Shared) -> MutexGuard<'_, State> {
-    // A panic while holding the lock leaves consistent maps (every update is one insert or
-    // remove): keep going, the failure is reported through `failed`.
-    shared
-        .state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Comm {
