@@ -51,8 +51,8 @@ pub enum Error {
     #[error("cannot use the checkpoint: {0}")]
     Checkpoint(Box<String>),
     /// A backend's libraries are missing, or the process cannot be set up to run.
-    #[error("{0}")]
-    Setup(Box<String>),
+    #[error(transparent)]
+    Setup(Box<SetupFailure>),
     /// Running a plan failed (a rank failed, or the plan cannot run on this backend).
     #[error("the run failed: {0}")]
     Run(Box<String>),
@@ -154,6 +154,29 @@ impl From<ralpc_passes::layers::LayerError> for Error {
 impl From<AccountError> for Error {
     fn from(e: AccountError) -> Error {
         Error::Account(Box::new(e))
+    }
+}
+
+/// Why the process cannot be set up to run (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupFailure {
+    /// What ralpc found wrong (a flag that does not fit the plan, no executable to restart).
+    #[error("{0}")]
+    Message(String),
+    /// The machine cannot run the CUDA device: a library, the driver, NVRTC.
+    #[error(transparent)]
+    Cuda(#[from] ralpc_runtime_min::cuda::error::SetupError),
+}
+
+impl From<String> for Box<SetupFailure> {
+    fn from(message: String) -> Box<SetupFailure> {
+        Box::new(SetupFailure::Message(message))
+    }
+}
+
+impl From<ralpc_runtime_min::cuda::error::SetupError> for Error {
+    fn from(e: ralpc_runtime_min::cuda::error::SetupError) -> Error {
+        Error::Setup(Box::new(e.into()))
     }
 }
 

@@ -49,7 +49,7 @@ pub use cluster::{cluster, ClusterOptions};
 pub use compile::{
     compile, default_out_dir, inputs_hash, up_to_date, Compiled, Options, ARTIFACTS,
 };
-pub use error::{Error, FileError};
+pub use error::{Error, FileError, SetupFailure};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
 pub use plan::{
     graphviz_installed, plan, render_svg, report_html, simulated_facts, write_atomically,

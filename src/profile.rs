@@ -212,9 +212,8 @@ pub fn profile_cuda(
     progress: &dyn Fn(u64, u64),
 ) -> Result<Profile, Error> {
     use ralpc_runtime_min::cuda::{device, gpu::Gpu, libs, train as device_train};
-    libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
-    let gpu =
-        Gpu::new(ordinal).map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {e}"))))?;
+    libs::check(&libs::Lib::ONE_GPU)?;
+    let gpu = Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {e}").into()))?;
     let name = device::devices()
         .ok()
         .and_then(|d| d.into_iter().find(|d| d.ordinal == ordinal))

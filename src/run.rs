@@ -138,10 +138,9 @@ fn check_fault(plan: &Plan, fault: Option<Fault>) -> Result<(), Error> {
         return Ok(());
     };
     let bad = |m: String| {
-        Err(Error::Setup(Box::new(format!(
-            "--fault {}:{}: {m}",
-            f.rank, f.instruction
-        ))))
+        Err(Error::Setup(
+            format!("--fault {}:{}: {m}", f.rank, f.instruction).into(),
+        ))
     };
     match plan.programs.get(f.rank as usize) {
         None => bad(format!("the plan has {} rank(s)", plan.programs.len())),
@@ -531,7 +530,7 @@ fn device_failure(e: DeviceError) -> Error {
 /// is a setup error (exit 1), ralpc's own a bug (101), the rest a failed run (4).
 fn classified(e: &DeviceError, message: String) -> Error {
     if e.is_setup() {
-        Error::Setup(Box::new(message))
+        Error::Setup(message.into())
     } else if e.is_bug() {
         Error::Internal(Box::new(message))
     } else {
@@ -553,14 +552,13 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
             plan.batch
         )));
     }
-    libs::check(&libs::Lib::ONE_GPU).map_err(|e| Error::Setup(Box::new(e)))?;
+    libs::check(&libs::Lib::ONE_GPU)?;
     let shapes = &plan.model.inputs;
     let p = prepare(model, plan.batch, (shapes, &plan.model.values), options)?;
     let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64, shapes)?;
     let train = options.train();
     let open = |ordinal: usize| {
-        Gpu::new(ordinal)
-            .map_err(|e| Error::Setup(Box::new(format!("cuda:{ordinal}: {}", chain(&e)))))
+        Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {}", chain(&e)).into()))
     };
     let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
         let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
@@ -577,9 +575,7 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
         (None, 1) => replica(&open(0)?, 0, &device::Alone)?,
         (Some(place), _) => {
             // More local ranks than GPUs share them (a one-GPU machine runs every rank).
-            let gpus = ralpc_runtime_min::cuda::device::count()
-                .map_err(|e| Error::Setup(Box::new(e)))?
-                .max(1);
+            let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
             let gpu = open(place.local_rank as usize % gpus)?;
             let join_error =
                 |e: DeviceError| classified(&e, format!("rank {}: {}", place.rank, chain(&e)));
@@ -719,7 +715,9 @@ fn run_with(
         use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
         // Every rank of this process on the GPU its launcher gave it (0 without one); more
         // local ranks than GPUs share them.
-        let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
+        let gpus = ralpc_runtime_min::cuda::device::count()
+            .map_err(|e| chain(&e))?
+            .max(1);
         let ordinal = options
             .placement
             .as_ref()
@@ -733,8 +731,7 @@ fn run_with(
             return run_cuda(&plan, &model, options);
         }
         (None, Backend::Cuda) => {
-            ralpc_runtime_min::cuda::libs::check(&ralpc_runtime_min::cuda::libs::Lib::ONE_GPU)
-                .map_err(|e| Error::Setup(Box::new(e)))?;
+            ralpc_runtime_min::cuda::libs::check(&ralpc_runtime_min::cuda::libs::Lib::ONE_GPU)?;
             Some(&gpus as &ComputeFactory<'_>)
         }
         (None, Backend::Cpu) => None,
@@ -845,7 +842,11 @@ mod tests {
     #[test]
     fn device_failures_are_classified_by_whose_they_are() {
         let exit = |e: DeviceError| device_failure(e).exit_code();
-        assert_eq!(exit(DeviceError::Setup("no libcudnn".into())), 1);
+        let missing = ralpc_runtime_min::cuda::libs::Missing {
+            lib: ralpc_runtime_min::cuda::libs::Lib::Cudnn,
+            searched: Vec::new(),
+        };
+        assert_eq!(exit(DeviceError::Setup(missing.into())), 1);
         assert_eq!(
             exit(DeviceError::Inconsistent("gemm A: 4 needed".into())),
             101

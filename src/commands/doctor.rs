@@ -66,7 +66,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let (driver, gpus) = if loads(Lib::Driver) {
         (
             device::driver_version().ok(),
-            device::devices().map_err(|e| ralpc::Error::Setup(Box::new(e))),
+            device::devices().map_err(ralpc::Error::from),
         )
     } else {
         (None, Ok(Vec::new()))
@@ -74,21 +74,23 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let gpus = gpus?;
     let compiled = if args.compile_kernels {
         if !loads(Lib::Nvrtc) {
-            return Err(ralpc::Error::Setup(Box::new(format!(
-                "cannot compile the kernels: {}",
-                rows.iter()
-                    .find(|(l, _, _)| *l == Lib::Nvrtc)
-                    .and_then(|(_, _, why)| why.clone())
-                    .unwrap_or_default()
-            ))));
+            return Err(ralpc::Error::Setup(
+                format!(
+                    "cannot compile the kernels: {}",
+                    rows.iter()
+                        .find(|(l, _, _)| *l == Lib::Nvrtc)
+                        .and_then(|(_, _, why)| why.clone())
+                        .unwrap_or_default()
+                )
+                .into(),
+            ));
         }
         let (major, minor) = args
             .arch
             .or_else(|| gpus.first().map(|g| g.compute_capability))
             .unwrap_or((9, 0));
-        let setup = |e: String| ralpc::Error::Setup(Box::new(e));
-        let ptx = kernels::compile(major, minor).map_err(setup)?;
-        let cubin = kernels::compile_cubin(major, minor).map_err(setup)?;
+        let ptx = kernels::compile(major, minor)?;
+        let cubin = kernels::compile_cubin(major, minor)?;
         Some((ptx, cubin))
     } else {
         None
@@ -171,10 +173,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         .iter()
         .find(|(lib, status, _)| Lib::TRAINING.contains(lib) && *status == "missing")
     {
-        Some((_, _, why)) => Err(ralpc::Error::Setup(Box::new(format!(
-            "CUDA training is not possible here: {}",
-            why.as_deref().unwrap_or("")
-        )))),
+        Some((_, _, why)) => Err(ralpc::Error::Setup(
+            format!(
+                "CUDA training is not possible here: {}",
+                why.as_deref().unwrap_or("")
+            )
+            .into(),
+        )),
         None => Ok(()),
     }
 }

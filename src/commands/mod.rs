@@ -20,8 +20,8 @@ const CUDA_RESTARTED: &str = "RALPC_CUDA_RESTARTED";
 /// Makes `libs` loadable: when some are found only outside the loader's path, starts this
 /// process again (once) with a path that has them. Returns only when they load.
 pub fn restart_with(wanted: &[Lib]) -> Result<(), ralpc::Error> {
-    let setup = |e: String| ralpc::Error::Setup(Box::new(e));
-    let (library_path, found) = match libs::resolve(wanted).map_err(setup)? {
+    let setup = |message: String| ralpc::Error::Setup(message.into());
+    let (library_path, found) = match libs::resolve(wanted)? {
         Resolution::Ready => return Ok(()),
         Resolution::Restart {
             library_path,
@@ -29,9 +29,13 @@ pub fn restart_with(wanted: &[Lib]) -> Result<(), ralpc::Error> {
         } => (library_path, found),
     };
     if std::env::var_os(CUDA_RESTARTED).is_some() {
-        return Err(setup(libs::check(wanted).err().unwrap_or_else(|| {
-            "the CUDA libraries do not load even from the directories they were found in".into()
-        })));
+        return Err(match libs::check(wanted) {
+            Err(e) => e.into(),
+            Ok(()) => setup(
+                "the CUDA libraries do not load even from the directories they were found in"
+                    .into(),
+            ),
+        });
     }
     let exe = std::env::current_exe()
         .map_err(|e| setup(format!("cannot find the ralpc executable to restart: {e}")))?;

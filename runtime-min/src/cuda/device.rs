@@ -2,6 +2,8 @@
 
 use cudarc::driver::CudaContext;
 
+use super::error::SetupError;
+
 /// One GPU.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceInfo {
@@ -20,14 +22,17 @@ pub struct DeviceInfo {
 ///
 /// # Errors
 /// The driver's error.
-pub fn driver_version() -> Result<(i32, i32), String> {
+pub fn driver_version() -> Result<(i32, i32), SetupError> {
     let mut v = 0;
     // SAFETY: one out-parameter the driver writes.
     let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
     if status == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
         Ok((v / 1000, (v % 1000) / 10))
     } else {
-        Err(format!("cuDriverGetVersion failed: {status:?}"))
+        Err(SetupError::Driver {
+            call: "cuDriverGetVersion",
+            source: format!("{status:?}").into(),
+        })
     }
 }
 
@@ -35,29 +40,36 @@ pub fn driver_version() -> Result<(i32, i32), String> {
 ///
 /// # Errors
 /// The driver's error.
-pub fn count() -> Result<usize, String> {
+pub fn count() -> Result<usize, SetupError> {
     CudaContext::device_count()
         .map(|n| n.max(0) as usize)
-        .map_err(|e| format!("the CUDA driver failed: {e}"))
+        .map_err(fail("counting the GPUs"))
 }
 
 /// Every GPU. The caller checks that the driver loads first ([`super::libs`]).
 ///
 /// # Errors
 /// The driver's error (no device, a broken installation).
-pub fn devices() -> Result<Vec<DeviceInfo>, String> {
-    let fail = |e: cudarc::driver::DriverError| format!("the CUDA driver failed: {e}");
-    let n = CudaContext::device_count().map_err(fail)?;
-    (0..n.max(0) as usize)
+pub fn devices() -> Result<Vec<DeviceInfo>, SetupError> {
+    (0..count()?)
         .map(|ordinal| {
-            let ctx = CudaContext::new(ordinal).map_err(fail)?;
-            let (major, minor) = ctx.compute_capability().map_err(fail)?;
+            let ctx = CudaContext::new(ordinal).map_err(fail("opening a GPU"))?;
+            let (major, minor) = ctx
+                .compute_capability()
+                .map_err(fail("reading a GPU's architecture"))?;
             Ok(DeviceInfo {
                 ordinal,
-                name: ctx.name().map_err(fail)?,
+                name: ctx.name().map_err(fail("reading a GPU's name"))?,
                 compute_capability: (major.max(0) as u32, minor.max(0) as u32),
-                memory: ctx.total_mem().map_err(fail)? as u64,
+                memory: ctx.total_mem().map_err(fail("reading a GPU's memory"))? as u64,
             })
         })
         .collect()
+}
+
+fn fail(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> SetupError {
+    move |e| SetupError::Driver {
+        call,
+        source: Box::new(e),
+    }
 }

@@ -16,8 +16,8 @@ pub enum DeviceError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// This machine cannot run the device: a library, the driver or the GPU.
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// A node, or what it was given, that the device cannot run as asked.
     #[error("{0}")]
     Node(String),
@@ -61,6 +61,80 @@ impl DeviceError {
     }
 }
 
+/// Why this machine cannot run the CUDA device: a library, the driver, NVRTC.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// A library found nowhere.
+    #[error(transparent)]
+    Missing(#[from] super::libs::Missing),
+    /// The links that make found libraries loadable could not be made.
+    #[error("cannot make the CUDA library links")]
+    Links(#[source] std::io::Error),
+    /// A found library's directory cannot go on the loader's path.
+    #[error("cannot put a CUDA library's directory on the loader's path")]
+    LoaderPath(#[source] std::env::JoinPathsError),
+    /// Libraries found outside the loader's path, in a process that cannot restart.
+    #[error(
+        "{found} outside the loader's path: start the process with \
+         LD_LIBRARY_PATH={library_path} (the `ralpc` command does this itself)"
+    )]
+    OutsidePath {
+        /// Each library and where it is.
+        found: String,
+        /// The loader path that has them.
+        library_path: String,
+    },
+    /// The driver failed.
+    #[error("the CUDA driver failed ({call})")]
+    Driver {
+        /// What was asked of it.
+        call: &'static str,
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// NVRTC failed outside compiling the source.
+    #[error("NVRTC failed ({call}): {status}")]
+    Nvrtc {
+        /// What was asked of it.
+        call: &'static str,
+        /// Its status.
+        status: String,
+    },
+    /// NVRTC rejected the kernels' source or the architecture.
+    #[error("the CUDA kernels do not compile for {arch}:\n{log}")]
+    Compile {
+        /// The target (`sm_90`, `compute_90`).
+        arch: String,
+        /// NVRTC's log, naming the line.
+        log: String,
+    },
+    /// NVRTC's output lacks kernels the source declares.
+    #[error("the kernels compiled for {arch} lack {missing:?}")]
+    Incomplete {
+        /// The target.
+        arch: String,
+        /// The kernels not in the output.
+        missing: Vec<&'static str>,
+    },
+    /// NVRTC made no machine code for the device, and its PTX is too new for the driver.
+    #[error(
+        "NVRTC {}.{} is newer than the driver's CUDA {}.{}, which would reject its PTX: \
+         install nvidia-cuda-nvrtc=={}.{}.*",
+        nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
+    )]
+    NvrtcNewer {
+        /// NVRTC's version.
+        nvrtc: (i32, i32),
+        /// The CUDA version the driver supports.
+        driver: (i32, i32),
+        /// Why it made no machine code.
+        #[source]
+        cubin: Box<SetupError>,
+    },
+}
+
 /// A node the device cannot run as asked (the messages the lowering writes).
 impl From<String> for DeviceError {
     fn from(message: String) -> DeviceError {
@@ -76,3 +150,34 @@ impl From<&str> for DeviceError {
 
 /// A device's result.
 pub type R<T> = Result<T, DeviceError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine's failure stays the machine's through the device's error, and its cause
+    /// (NVRTC's log here) is in the chain.
+    #[test]
+    fn a_setup_failure_keeps_its_cause() {
+        let cubin = SetupError::Compile {
+            arch: "sm_120".into(),
+            log: "nvrtc: error: invalid value for --gpu-architecture".into(),
+        };
+        let e = DeviceError::from(SetupError::NvrtcNewer {
+            nvrtc: (13, 2),
+            driver: (12, 8),
+            cubin: Box::new(cubin),
+        });
+        assert!(e.is_setup() && !e.is_bug());
+        let chain = crate::error_chain(&e);
+        assert!(
+            chain.starts_with("NVRTC 13.2 is newer than the driver's CUDA 12.8"),
+            "{chain}"
+        );
+        assert!(
+            chain.contains("install nvidia-cuda-nvrtc==12.8.*")
+                && chain.contains("do not compile for sm_120:\nnvrtc: error: invalid value"),
+            "{chain}"
+        );
+    }
+}

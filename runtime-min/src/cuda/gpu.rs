@@ -14,7 +14,7 @@ use cudarc::driver::{
 
 use super::backend::{Backend, Gemm, R};
 use super::cudnn::Convolutions;
-use super::error::DeviceError;
+use super::error::{DeviceError, SetupError};
 use super::kernels::{self, BinaryOp, Strides, UnaryOp, Window};
 use crate::cpu::kernels::Conv2d;
 
@@ -56,18 +56,17 @@ impl Gpu {
         let image = match kernels::compile_cubin(major, minor) {
             Ok(cubin) => cudarc::nvrtc::Ptx::from_binary(cubin),
             Err(cubin_error) => {
-                let driver = super::device::driver_version().map_err(DeviceError::Setup)?;
-                let nvrtc = kernels::nvrtc_version().map_err(DeviceError::Setup)?;
+                let driver = super::device::driver_version()?;
+                let nvrtc = kernels::nvrtc_version()?;
                 if nvrtc > driver {
-                    return Err(DeviceError::Setup(format!(
-                        "{cubin_error}; and NVRTC {}.{} is newer than the driver's CUDA {}.{}, \
-                         which would reject its PTX: install nvidia-cuda-nvrtc=={}.{}.*",
-                        nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
-                    )));
+                    return Err(SetupError::NvrtcNewer {
+                        nvrtc,
+                        driver,
+                        cubin: Box::new(cubin_error),
+                    }
+                    .into());
                 }
-                kernels::compile(major, minor)
-                    .map_err(DeviceError::Setup)?
-                    .ptx
+                kernels::compile(major, minor)?.ptx
             }
         };
         let module = ctx

@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use super::error::{DeviceError, SetupError, R};
+
 /// The CUDA C source of every kernel.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
@@ -56,11 +58,11 @@ impl Strides {
     ///
     /// # Errors
     /// More than [`MAX_DIMS`] dimensions, or shapes that do not broadcast to `out`.
-    pub fn broadcast(out: &[usize], a: &[usize], b: &[usize]) -> Result<Strides, String> {
+    pub fn broadcast(out: &[usize], a: &[usize], b: &[usize]) -> R<Strides> {
         if out.len() > MAX_DIMS || a.len() > out.len() || b.len() > out.len() {
-            return Err(format!(
+            return Err(DeviceError::Node(format!(
                 "cannot broadcast {a:?} and {b:?} to {out:?} (at most {MAX_DIMS} dimensions)"
-            ));
+            )));
         }
         let mut s = Strides {
             shape: [1; MAX_DIMS],
@@ -76,7 +78,10 @@ impl Strides {
             for (k, &n) in operand.iter().enumerate().rev() {
                 let d = MAX_DIMS - operand.len() + k;
                 if n != 1 && n as i64 != s.shape[d] {
-                    return Err(format!("cannot broadcast {a:?} and {b:?} to {out:?}"));
+                    // The IR checked the model's shapes: these are the executor's.
+                    return Err(DeviceError::Inconsistent(format!(
+                        "cannot broadcast {a:?} and {b:?} to {out:?}"
+                    )));
                 }
                 strides[d] = if n == 1 { 0 } else { stride };
                 stride *= n as i64;
@@ -90,9 +95,11 @@ impl Strides {
     ///
     /// # Errors
     /// More than [`MAX_DIMS`] dimensions, or lengths that differ.
-    pub fn view(shape: &[usize], strides: &[usize]) -> Result<Strides, String> {
+    pub fn view(shape: &[usize], strides: &[usize]) -> R<Strides> {
         if shape.len() > MAX_DIMS || shape.len() != strides.len() {
-            return Err(format!("a view of {shape:?} with strides {strides:?}"));
+            return Err(DeviceError::Node(format!(
+                "a view of {shape:?} with strides {strides:?} (at most {MAX_DIMS} dimensions)"
+            )));
         }
         let mut s = Strides {
             shape: [1; MAX_DIMS],
@@ -272,14 +279,17 @@ pub struct Compiled {
 ///
 /// # Errors
 /// NVRTC's error.
-pub fn nvrtc_version() -> Result<(i32, i32), String> {
+pub fn nvrtc_version() -> Result<(i32, i32), SetupError> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two out-parameters NVRTC writes.
     let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     if status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
         Ok((major, minor))
     } else {
-        Err(format!("nvrtcVersion failed: {status:?}"))
+        Err(SetupError::Nvrtc {
+            call: "nvrtcVersion",
+            status: format!("{status:?}"),
+        })
     }
 }
 
@@ -288,7 +298,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
 ///
 /// # Errors
 /// NVRTC's log naming the line, or a kernel missing from the output.
-pub fn compile(major: u32, minor: u32) -> Result<Compiled, String> {
+pub fn compile(major: u32, minor: u32) -> Result<Compiled, SetupError> {
     let nvrtc = nvrtc_version()?;
     let arch = format!("compute_{major}{minor}");
     let started = Instant::now();
@@ -303,11 +313,14 @@ pub fn compile(major: u32, minor: u32) -> Result<Compiled, String> {
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => format!(
-            "the CUDA kernels do not compile for {arch}:\n{}",
-            log.to_string_lossy().trim_end()
-        ),
-        other => format!("NVRTC failed for {arch}: {other:?}"),
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => SetupError::Compile {
+            arch: arch.clone(),
+            log: log.to_string_lossy().trim_end().to_owned(),
+        },
+        other => SetupError::Nvrtc {
+            call: "compiling to PTX",
+            status: format!("{other:?}"),
+        },
     })?;
     let text = ptx.to_src();
     let missing: Vec<&str> = NAMES
@@ -316,7 +329,7 @@ pub fn compile(major: u32, minor: u32) -> Result<Compiled, String> {
         .filter(|n| !text.contains(&format!(".entry {n}(")))
         .collect();
     if !missing.is_empty() {
-        return Err(format!("the compiled kernels lack {missing:?}"));
+        return Err(SetupError::Incomplete { arch, missing });
     }
     Ok(Compiled {
         ptx,
@@ -332,12 +345,14 @@ pub fn compile(major: u32, minor: u32) -> Result<Compiled, String> {
 ///
 /// # Errors
 /// NVRTC's log naming the line, or NVRTC not knowing the architecture.
-pub fn compile_cubin(major: u32, minor: u32) -> Result<Vec<u8>, String> {
+pub fn compile_cubin(major: u32, minor: u32) -> Result<Vec<u8>, SetupError> {
     use cudarc::nvrtc::{result, sys};
     let arch = format!("sm_{major}{minor}");
-    let src = std::ffi::CString::new(SOURCE).map_err(|e| e.to_string())?;
+    // The source is a constant without NUL bytes (a unit test reads it).
+    let src = std::ffi::CString::new(SOURCE).map_err(nvrtc_failed("reading the source"))?;
     let name = c"ralpc_kernels.cu";
-    let prog = result::create_program(&src, Some(name)).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let prog =
+        result::create_program(&src, Some(name)).map_err(nvrtc_failed("creating the program"))?;
     let options = [
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_owned(),
@@ -358,23 +373,23 @@ pub fn compile_cubin(major: u32, minor: u32) -> Result<Vec<u8>, String> {
                     .take_while(|&&c| c != 0)
                     .map(|&c| c as u8)
                     .collect();
-                Err(format!(
-                    "the CUDA kernels do not compile for {arch}:\n{}",
-                    String::from_utf8_lossy(&text).trim_end()
-                ))
+                Err(SetupError::Compile {
+                    arch,
+                    log: String::from_utf8_lossy(&text).trim_end().to_owned(),
+                })
             }
             Ok(()) => {
                 let mut size = 0usize;
                 let status = sys::nvrtcGetCUBINSize(prog, &mut size);
                 if status != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-                    Err(format!("NVRTC made no cubin for {arch}: {status:?}"))
+                    Err(nvrtc_failed("making the cubin")(status))
                 } else {
                     let mut cubin = vec![0u8; size];
                     let status = sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast());
                     if status == sys::nvrtcResult::NVRTC_SUCCESS {
                         Ok(cubin)
                     } else {
-                        Err(format!("NVRTC could not hand over the cubin: {status:?}"))
+                        Err(nvrtc_failed("handing over the cubin")(status))
                     }
                 }
             }
@@ -383,6 +398,14 @@ pub fn compile_cubin(major: u32, minor: u32) -> Result<Vec<u8>, String> {
         out
     };
     out
+}
+
+/// NVRTC's failure of `call`, by its status.
+fn nvrtc_failed<S: std::fmt::Debug>(call: &'static str) -> impl FnOnce(S) -> SetupError {
+    move |status| SetupError::Nvrtc {
+        call,
+        status: format!("{status:?}"),
+    }
 }
 
 #[cfg(test)]

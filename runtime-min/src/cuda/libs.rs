@@ -17,6 +17,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use super::error::SetupError;
+
 /// A CUDA library ralpc loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Lib {
@@ -323,8 +325,8 @@ pub fn locate(libs: &[Lib]) -> Result<Vec<(Lib, Location)>, Missing> {
 ///
 /// # Errors
 /// A library found nowhere, or the link directory could not be made.
-pub fn resolve(libs: &[Lib]) -> Result<Resolution, String> {
-    let located = locate(libs).map_err(|m| m.to_string())?;
+pub fn resolve(libs: &[Lib]) -> Result<Resolution, SetupError> {
+    let located = locate(libs)?;
     let found: Vec<(Lib, PathBuf)> = located
         .into_iter()
         .filter_map(|(lib, loc)| match loc {
@@ -347,7 +349,7 @@ pub fn resolve(libs: &[Lib]) -> Result<Resolution, String> {
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         path.extend(std::env::split_paths(&old));
     }
-    let library_path = std::env::join_paths(path).map_err(|e| e.to_string())?;
+    let library_path = std::env::join_paths(path).map_err(SetupError::LoaderPath)?;
     Ok(Resolution::Restart {
         library_path,
         found,
@@ -357,7 +359,7 @@ pub fn resolve(libs: &[Lib]) -> Result<Resolution, String> {
 /// A directory of links `lib{stem}.so -> file` for the found libraries, named by what
 /// it links to so that concurrent ranks share it; made under a temporary name and renamed
 /// into place, so a reader never sees it half-made.
-fn link_dir(found: &[(Lib, PathBuf)]) -> Result<PathBuf, String> {
+fn link_dir(found: &[(Lib, PathBuf)]) -> Result<PathBuf, SetupError> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     found.hash(&mut h);
@@ -370,7 +372,7 @@ fn link_dir(found: &[(Lib, PathBuf)]) -> Result<PathBuf, String> {
     if complete(&dir) {
         return Ok(dir);
     }
-    let fail = |e: std::io::Error| format!("cannot make the CUDA library links: {e}");
+    let fail = SetupError::Links;
     let staging = tempfile::Builder::new()
         .prefix("ralpc-cuda-libs-")
         .tempdir()
@@ -399,7 +401,7 @@ fn link_dir(found: &[(Lib, PathBuf)]) -> Result<PathBuf, String> {
 /// # Errors
 /// The first that does not, with where it was looked for (and, when it was found outside
 /// the loader's path, that path).
-pub fn check(libs: &[Lib]) -> Result<(), String> {
+pub fn check(libs: &[Lib]) -> Result<(), SetupError> {
     match resolve(libs)? {
         Resolution::Ready => Ok(()),
         Resolution::Restart {
@@ -410,12 +412,10 @@ pub fn check(libs: &[Lib]) -> Result<(), String> {
                 .iter()
                 .map(|(lib, file)| format!("{} at {}", lib.name(), file.display()))
                 .collect();
-            Err(format!(
-                "{} outside the loader's path: start the process with LD_LIBRARY_PATH={} \
-                 (the `ralpc` command does this itself)",
-                names.join(", "),
-                library_path.to_string_lossy()
-            ))
+            Err(SetupError::OutsidePath {
+                found: names.join(", "),
+                library_path: library_path.to_string_lossy().into_owned(),
+            })
         }
     }
 }
