@@ -169,6 +169,18 @@ fn trained_weights(p: &Prepared) -> BTreeMap<String, Vec<usize>> {
 
 /// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
 /// batch axes set to `batch`) and verified.
+/// The model verified at any batch, as [`Executable::info_at`] asks.
+fn verifier<'a>(
+    unbound: &'a Graph,
+    shapes: &'a BTreeMap<String, Vec<u64>>,
+) -> impl Fn(u64) -> Result<GraphInfo, String> + Sync + 'a {
+    move |batch| {
+        at_batch(unbound, batch, shapes)
+            .map(|(_, info)| info)
+            .map_err(|e| chain(&e))
+    }
+}
+
 pub(crate) fn at_batch(
     unbound: &Graph,
     batch: u64,
@@ -560,13 +572,29 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
     let open = |ordinal: usize| {
         Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {}", chain(&e)).into()))
     };
+    let info_at = verifier(&p.unbound, shapes);
+    let exe = Executable {
+        plan,
+        graph: &p.graph,
+        info: &p.info,
+        weights: &p.weights,
+        data: &p.data,
+        info_at: &info_at,
+        compute: None,
+    };
     let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
         let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
-        let report = device::train_replica(gpu, &graph, &info, &p.weights, &part, &train, sync)
-            .map_err(|e| match &e {
-                ExecError::Device { source, .. } => classified(source, chain(&e)),
-                _ => run_error(chain(&e)),
-            })?;
+        // The plan's gradient buckets, summed as the replica's backward completes them.
+        let buckets = exe
+            .gradient_buckets(rank as u32)
+            .map_err(|e| Error::Ranks(Box::new(e)))?;
+        let report = device::train_replica(
+            gpu, &graph, &info, &p.weights, &part, &train, sync, &buckets,
+        )
+        .map_err(|e| match &e {
+            ExecError::Device { source, .. } => classified(source, chain(&e)),
+            _ => run_error(chain(&e)),
+        })?;
         gpu.synchronize().map_err(device_failure)?;
         Ok::<_, Error>(report)
     };
@@ -738,12 +766,7 @@ fn run_with(
     };
     check_memory(&plan)?;
     let p = load(bound, options)?;
-    let unbound = &p.unbound;
-    let info_at = move |batch: u64| -> Result<GraphInfo, String> {
-        at_batch(unbound, batch, shapes)
-            .map(|(_, info)| info)
-            .map_err(|e| chain(&e))
-    };
+    let info_at = verifier(&p.unbound, shapes);
     let exe = Executable {
         plan: &plan,
         graph: &p.graph,

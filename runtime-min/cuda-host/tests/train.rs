@@ -212,10 +212,10 @@ fn data_parallel_replicas_train_as_one_device() {
                         let part = shard(d, r, replicas, i).expect("shard");
                         if device_to_device {
                             let sync = SameDevice::<Host>::new(buffers, losses, r);
-                            train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                            train_replica(&Host, g, i, w, &part, o, &sync, &[]).expect("replica")
                         } else {
                             let sync = HostStaged { comm: &comm, group };
-                            train_replica(&Host, g, i, w, &part, o, &sync).expect("replica")
+                            train_replica(&Host, g, i, w, &part, o, &sync, &[]).expect("replica")
                         }
                     })
                 })
@@ -237,6 +237,144 @@ fn data_parallel_replicas_train_as_one_device() {
                 let e = common::relative_error(&got.weights[name], w);
                 assert!(e <= 1e-5, "{model}: weight {name}: {e}");
             }
+        }
+    }
+}
+
+/// Replicas that note the length of every buffer they are asked to sum, in order.
+struct Noting<'a, R> {
+    inner: &'a R,
+    lengths: std::sync::Mutex<Vec<usize>>,
+}
+
+impl<R: ralpc_runtime_min::cuda::train::Replicas<Host>>
+    ralpc_runtime_min::cuda::train::Replicas<Host> for Noting<'_, R>
+{
+    fn count(&self) -> usize {
+        self.inner.count()
+    }
+    fn all_reduce(
+        &self,
+        dev: &Host,
+        buf: &mut <Host as ralpc_runtime_min::cuda::backend::Backend>::Buf,
+    ) -> ralpc_runtime_min::cuda::backend::R<()> {
+        use ralpc_runtime_min::cuda::backend::Backend as _;
+        self.lengths.lock().expect("lengths").push(dev.len(buf));
+        self.inner.all_reduce(dev, buf)
+    }
+    fn sum(&self, value: f64) -> ralpc_runtime_min::cuda::backend::R<f64> {
+        self.inner.sum(value)
+    }
+}
+
+/// The device's data-parallel loop sums a plan's gradient buckets in the plan's order,
+/// every trained weight once per step, and still trains as one device on the whole batch.
+#[test]
+fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
+    use ralpc_runtime_min::cpu::exec::Executable;
+    use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
+    use ralpc_runtime_min::dist::comm::World;
+    let (model, replicas, global) = ("train/cnn.onnx", 2usize, 8u64);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("strategy.json");
+    std::fs::write(
+        &strategy,
+        r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 1,
+             "stages": [{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }],
+             "layers": [] }"#,
+    )
+    .expect("write");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: common::fixture(model),
+        gpus: Some(replicas as u32),
+        batch: Some(global),
+        strategy_file: Some(strategy),
+        ..Default::default()
+    })
+    .expect("plan");
+    let plan = &compiled
+        .executable
+        .as_ref()
+        .expect("an executable plan")
+        .plan;
+    let (graph, info) = common::load(model, global);
+    let weights = Weights::load(&graph, 4).expect("weights");
+    let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
+    let info_at = |batch: u64| -> Result<_, String> { Ok(common::load(model, batch).1) };
+    let exe = Executable {
+        plan,
+        graph: &graph,
+        info: &info,
+        weights: &weights,
+        data: &data,
+        info_at: &info_at,
+        compute: None,
+    };
+    let buckets = exe.gradient_buckets(0).expect("buckets");
+    assert_eq!(buckets, exe.gradient_buckets(1).expect("buckets"));
+    let mut every: Vec<_> = buckets.iter().flatten().copied().collect();
+    every.sort_unstable();
+    let mut trained = weights.trainable.clone();
+    trained.sort_unstable();
+    assert_eq!(every, trained, "every trained weight in one bucket");
+    let options = TrainOptions {
+        steps: 2,
+        seed: 4,
+        lr: 0.05,
+        momentum: 0.9,
+        loss: Loss::CrossEntropy,
+    };
+    let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
+    let (local_graph, local_info) = common::load(model, global / replicas as u64);
+    let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
+    let runs: Vec<(TrainReport, Vec<usize>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..replicas)
+            .map(|r| {
+                let comm = world.comm(r as u32);
+                let (g, i, w, d, o, b) = (
+                    &local_graph,
+                    &local_info,
+                    &weights,
+                    &data,
+                    &options,
+                    &buckets,
+                );
+                s.spawn(move || {
+                    let part = shard(d, r, replicas, i).expect("shard");
+                    let staged = HostStaged {
+                        comm: &comm,
+                        group: (0..replicas as u32).collect(),
+                    };
+                    let noting = Noting {
+                        inner: &staged,
+                        lengths: Default::default(),
+                    };
+                    let report =
+                        train_replica(&Host, g, i, w, &part, o, &noting, b).expect("replica");
+                    (report, noting.lengths.into_inner().expect("lengths"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("replica thread"))
+            .collect()
+    });
+    let size = |v| weights.tensors[&v].len();
+    let per_step: Vec<usize> = buckets.iter().flatten().map(|&w| size(w)).collect();
+    println!(
+        "{} bucket(s): {:?}",
+        buckets.len(),
+        buckets.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    for (report, lengths) in &runs {
+        assert_eq!(*lengths, per_step.repeat(options.steps as usize));
+        for (g, w) in report.losses.iter().zip(&want.losses) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} against {w}");
+        }
+        for (name, w) in &want.weights {
+            let e = common::relative_error(&report.weights[name], w);
+            assert!(e <= 1e-5, "weight {name}: {e}");
         }
     }
 }

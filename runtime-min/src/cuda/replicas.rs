@@ -22,10 +22,16 @@ pub trait Replicas<B: Backend> {
     /// Sums `buf` over the replicas, in place (the same result on every one); later work
     /// on the device is ordered after it.
     fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()>;
+    /// Starts summing `buf` over the replicas, in place, leaving the device free to go on
+    /// (a gradient bucket during backward): only [`Replicas::settle`] orders later work
+    /// after it. `buf` must not be touched until then.
+    fn start_all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
+        self.all_reduce(dev, buf)
+    }
     /// Sums a loss over the replicas.
     fn sum(&self, value: f64) -> R<f64>;
-    /// Waits for the sums started by [`Replicas::all_reduce`] (which may return before
-    /// they finish), giving up after the replicas' timeout.
+    /// Orders the device's later work after every sum started so far, and waits for them,
+    /// giving up after the replicas' timeout.
     fn settle(&self) -> R<()> {
         Ok(())
     }
@@ -182,13 +188,74 @@ pub fn train<B: Backend>(
     data: &Dataset,
     options: &TrainOptions,
 ) -> Result<TrainReport, ExecError> {
-    train_replica(dev, graph, info, weights, data, options, &Alone)
+    train_replica(dev, graph, info, weights, data, options, &Alone, &[])
+}
+
+/// When a replica's gradient buckets launch during backward: a bucket is complete once
+/// every node reading its weights ran backward (or had no gradient to run), and launches
+/// when it is complete and every bucket before it launched, the order the plan gives them
+/// (and the simulator timed), so the sums overlap the rest of the backward.
+struct Launcher {
+    buckets: Vec<Vec<ValueId>>,
+    next: usize,
+    /// Per bucketed weight, the nodes still to run backward that read it.
+    readers_left: BTreeMap<ValueId, usize>,
+}
+
+impl Launcher {
+    /// `buckets` over the nodes `backward` will visit.
+    fn new(buckets: Vec<Vec<ValueId>>, graph: &Graph, backward: &[NodeId]) -> Launcher {
+        let mut readers_left: BTreeMap<ValueId, usize> =
+            buckets.iter().flatten().map(|&w| (w, 0)).collect();
+        for &id in backward {
+            for w in distinct_inputs(graph, id) {
+                if let Some(n) = readers_left.get_mut(&w) {
+                    *n += 1;
+                }
+            }
+        }
+        Launcher {
+            buckets,
+            next: 0,
+            readers_left,
+        }
+    }
+
+    /// Node `id` ran backward: the weights of the buckets that may launch now, in order.
+    fn ran(&mut self, graph: &Graph, id: NodeId) -> Vec<ValueId> {
+        for w in distinct_inputs(graph, id) {
+            if let Some(n) = self.readers_left.get_mut(&w) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let mut ready = Vec::new();
+        while let Some(bucket) = self.buckets.get(self.next) {
+            if bucket.iter().any(|w| self.readers_left[w] > 0) {
+                break;
+            }
+            ready.extend_from_slice(bucket);
+            self.next += 1;
+        }
+        ready
+    }
+}
+
+fn distinct_inputs(graph: &Graph, id: NodeId) -> Vec<ValueId> {
+    let mut inputs: Vec<ValueId> = graph.node(id).inputs.iter().flatten().copied().collect();
+    inputs.sort_unstable();
+    inputs.dedup();
+    inputs
 }
 
 /// Trains one data-parallel replica: `graph` is bound at this replica's share of the
 /// batch and `data` is its share ([`shard`]); the loss is normalized by the global batch,
 /// gradients are summed over `replicas` before every update, and the reported losses are
 /// the whole batch's. The first output in the report is this replica's rows.
+///
+/// The sums launch during backward, bucket by bucket in the order of `buckets` (the plan's:
+/// [`Executable::gradient_buckets`](crate::cpu::exec::Executable::gradient_buckets)), each
+/// as soon as its weights' gradients are complete ([`Launcher`]); weights in no bucket are
+/// summed after backward, in the weights' order.
 ///
 /// # Errors
 /// As [`train`], and a failed combination with the other replicas.
@@ -200,6 +267,7 @@ pub fn train_replica<B: Backend>(
     data: &Dataset,
     options: &TrainOptions,
     replicas: &dyn Replicas<B>,
+    buckets: &[Vec<ValueId>],
 ) -> Result<TrainReport, ExecError> {
     let at = |node: Option<NodeId>| {
         move |source: DeviceError| ExecError::Device {
@@ -236,6 +304,20 @@ pub fn train_replica<B: Backend>(
             .map(|&d| d as usize)
             .collect()
     };
+    // The plan's buckets, of the weights this replica trains, each weight in its first.
+    let mut bucketed: Vec<Vec<ValueId>> = Vec::with_capacity(buckets.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for bucket in buckets {
+        let bucket: Vec<ValueId> = bucket
+            .iter()
+            .copied()
+            .filter(|&w| params.contains_key(&w) && weights.trainable.contains(&w))
+            .filter(|&w| seen.insert(w))
+            .collect();
+        if !bucket.is_empty() {
+            bucketed.push(bucket);
+        }
+    }
     let mut last_loss = std::time::Instant::now();
     for step in 0..options.steps {
         let mut runner = Runner::new(dev, graph, Some(info), weights);
@@ -276,36 +358,68 @@ pub fn train_replica<B: Backend>(
         let mut grads: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
         grads.insert(output, dy);
         let saved = std::mem::take(&mut runner.saved);
+        let order: Vec<NodeId> = saved.iter().rev().map(|(id, _)| *id).collect();
+        let mut launcher = Launcher::new(bucketed.clone(), graph, &order);
+        let mut summed: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
+        // The gradient of `w`, complete, summed over the replicas (zeros where no node
+        // gave it one).
+        let sum = |w: ValueId,
+                   grads: &mut BTreeMap<ValueId, B::Buf>,
+                   summed: &mut BTreeMap<ValueId, B::Buf>|
+         -> R<()> {
+            let Some(param) = params.get(&w) else {
+                return Ok(());
+            };
+            let mut g = match grads.remove(&w) {
+                Some(g) => g,
+                None => dev.zeros(dev.len(param))?,
+            };
+            replicas.start_all_reduce(dev, &mut g)?;
+            summed.insert(w, g);
+            Ok(())
+        };
         for (id, kept) in saved.iter().rev() {
             let node = graph.node(*id);
-            let Some(dy) = node.outputs.first().and_then(|v| grads.remove(v)) else {
-                continue;
-            };
-            let input_grads = runner.backward(*id, kept, &dy).map_err(at(Some(*id)))?;
-            for (slot, g) in input_grads {
-                let Some(Some(v)) = node.inputs.get(slot).copied() else {
-                    continue;
-                };
-                match grads.get_mut(&v) {
-                    Some(acc) => dev.axpby(acc, &g, 1.0, 1.0).map_err(&device)?,
-                    None => {
-                        grads.insert(v, g);
+            if let Some(dy) = node.outputs.first().and_then(|v| grads.remove(v)) {
+                let input_grads = runner.backward(*id, kept, &dy).map_err(at(Some(*id)))?;
+                for (slot, g) in input_grads {
+                    let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                        continue;
+                    };
+                    match grads.get_mut(&v) {
+                        Some(acc) => dev.axpby(acc, &g, 1.0, 1.0).map_err(&device)?,
+                        None => {
+                            grads.insert(v, g);
+                        }
                     }
                 }
+            }
+            for w in launcher.ran(graph, *id) {
+                sum(w, &mut grads, &mut summed).map_err(&device)?;
             }
         }
         drop(saved);
         drop(runner);
         for &w in &weights.trainable {
+            if !summed.contains_key(&w) {
+                sum(w, &mut grads, &mut summed).map_err(&device)?;
+            } else if grads.contains_key(&w) {
+                return Err(device(DeviceError::Inconsistent(format!(
+                    "the gradient of '{}' grew after its bucket was summed",
+                    graph.value(w).name
+                ))));
+            }
+        }
+        // The update reads every sum.
+        replicas.settle().map_err(&device)?;
+        for &w in &weights.trainable {
             let Some(param) = params.get_mut(&w) else {
                 continue;
             };
             let n = dev.len(param);
-            let mut g = match grads.remove(&w) {
-                Some(g) => g,
-                None => dev.zeros(n).map_err(&device)?,
+            let Some(g) = summed.remove(&w) else {
+                continue;
             };
-            replicas.all_reduce(dev, &mut g).map_err(&device)?;
             if step == 0 {
                 report.first_gradients.insert(
                     graph.value(w).name.clone(),
@@ -326,7 +440,6 @@ pub fn train_replica<B: Backend>(
             dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
                 .map_err(&device)?;
         }
-        replicas.settle().map_err(&device)?;
     }
     for &w in &weights.trainable {
         if let Some(p) = params.get(&w) {
@@ -485,4 +598,63 @@ pub fn profile<B: Backend>(
         });
     }
     Ok(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bucket launches as soon as backward ran every node reading its weights, and never
+    /// ahead of the buckets before it.
+    #[test]
+    fn buckets_launch_as_backward_completes_them_in_order() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/train/mlp.onnx");
+        let mut graph = ralpc_ir::onnx::import(&path).expect("import").graph;
+        let bindings = ralpc_ir::Bindings {
+            batch: Some(2),
+            inputs: Default::default(),
+        };
+        ralpc_ir::bind(&mut graph, &bindings).expect("bind");
+        let info = ralpc_ir::verify(&graph).expect("verify");
+        let trained = Weights::load(&graph, 0).expect("weights").trainable;
+        let backward: Vec<NodeId> = info.order().iter().rev().copied().collect();
+        let reads = |n: NodeId| -> Vec<ValueId> {
+            distinct_inputs(&graph, n)
+                .into_iter()
+                .filter(|w| trained.contains(w))
+                .collect()
+        };
+        let with_weights: Vec<usize> = (0..backward.len())
+            .filter(|&i| !reads(backward[i]).is_empty())
+            .collect();
+        assert!(with_weights.len() >= 2, "an MLP of several layers");
+        let (late, early) = (with_weights[0], with_weights[with_weights.len() - 1]);
+        let (last_layer, first_layer) = (reads(backward[late]), reads(backward[early]));
+        // When each weight launches, by the backward step that launched it.
+        let launches = |buckets: Vec<Vec<ValueId>>| {
+            let mut launcher = Launcher::new(buckets, &graph, &backward);
+            let mut at = BTreeMap::new();
+            for (i, &id) in backward.iter().enumerate() {
+                for w in launcher.ran(&graph, id) {
+                    assert!(at.insert(w, i).is_none(), "launched twice");
+                }
+            }
+            at
+        };
+        let in_order = launches(vec![last_layer.clone(), first_layer.clone()]);
+        for w in &last_layer {
+            assert_eq!(
+                in_order[w], late,
+                "the last layer's bucket, as soon as it is done"
+            );
+        }
+        for w in &first_layer {
+            assert_eq!(in_order[w], early);
+        }
+        let reversed = launches(vec![first_layer.clone(), last_layer.clone()]);
+        for w in first_layer.iter().chain(&last_layer) {
+            assert_eq!(reversed[w], early, "behind the bucket ahead of it");
+        }
+    }
 }

@@ -106,20 +106,39 @@ impl Replicas<Gpu> for Nccl {
         self.comm.world_size()
     }
 
-    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf) -> R<()> {
-        let comm = self.comm.stream();
-        comm.join(&self.compute)
+    fn all_reduce(
+        &self,
+        dev: &Gpu,
+        buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf,
+    ) -> R<()> {
+        self.start_all_reduce(dev, buf)?;
+        self.compute
+            .join(&self.comm.stream())
+            .map_err(fail("cannot order the streams"))
+    }
+
+    /// On the communication stream, after the compute stream's work so far (which made
+    /// `buf`); the compute stream goes on with the backward meanwhile.
+    fn start_all_reduce(
+        &self,
+        _: &Gpu,
+        buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf,
+    ) -> R<()> {
+        self.comm
+            .stream()
+            .join(&self.compute)
             .map_err(fail("cannot order the streams"))?;
         self.comm
             .all_reduce_in_place(buf, &ReduceOp::Sum)
             .map_err(fail("all-reduce failed"))?;
-        self.compute
-            .join(&comm)
-            .map_err(fail("cannot order the streams"))
+        Ok(())
     }
 
     fn settle(&self) -> R<()> {
-        self.wait("the gradient all-reduces (NCCL)")
+        self.wait("the gradient all-reduces (NCCL)")?;
+        self.compute
+            .join(&self.comm.stream())
+            .map_err(fail("cannot order the streams"))
     }
 
     fn sum(&self, value: f64) -> R<f64> {

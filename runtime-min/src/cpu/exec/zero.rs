@@ -15,14 +15,19 @@ use ralpc_ir::ValueId;
 
 use super::super::kernels;
 use super::super::region::interval;
-use super::{Rank, RankError};
+use super::{LayerExec, Prepared, Rank, RankError, Touch};
 
-impl Rank<'_, '_> {
-    /// The weights of the bucket instruction `index` touches (its buffers of `kind`), in
-    /// layer order: what its collective lays end to end.
-    pub(super) fn bucket_weights(&self, index: u32, kind: BufferKind) -> Vec<ValueId> {
-        let mut layers: Vec<usize> = self
-            .touched(index)
+impl Prepared<'_> {
+    /// The weights of the bucket whose buffers of `kind` an instruction touches
+    /// (`touched`), in layer order: what its collective lays end to end. `trains` says
+    /// whether the rank trains a weight in a layer (holds its piece).
+    pub(super) fn bucket_weights(
+        &self,
+        touched: &[Touch],
+        kind: BufferKind,
+        trains: impl Fn(&LayerExec, ValueId) -> bool,
+    ) -> Vec<ValueId> {
+        let mut layers: Vec<usize> = touched
             .iter()
             .filter(|t| t.0 == kind)
             .filter_map(|t| Some(t.1? as usize))
@@ -31,14 +36,22 @@ impl Rank<'_, '_> {
         layers.dedup();
         let mut keys = Vec::new();
         for l in layers {
-            let layer = &self.p.layers[l];
+            let layer = &self.layers[l];
             for &w in &layer.owned {
-                if self.trains(layer, w) && !keys.contains(&w) {
+                if trains(layer, w) && !keys.contains(&w) {
                     keys.push(w);
                 }
             }
         }
         keys
+    }
+}
+
+impl Rank<'_, '_> {
+    /// The weights of the bucket instruction `index` touches (its buffers of `kind`).
+    pub(super) fn bucket_weights(&self, index: u32, kind: BufferKind) -> Vec<ValueId> {
+        self.p
+            .bucket_weights(&self.touched(index), kind, |l, w| self.trains(l, w))
     }
 
     /// This rank's gradients of `keys`, end to end (zeros for a weight it has none of yet).
