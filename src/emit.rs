@@ -128,6 +128,9 @@ def main() -> None:
         opt.zero_grad()
         if dist.get_rank() == 0:
             print(f"step {step} loss {loss:.6f}", flush=True)
+    # Every rank done communicating before any tears its process group down: gloo aborts a
+    # process whose peer closes a connection under a pending operation.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -90,6 +90,9 @@ def worker(rank: int, port: int, kind: str, plan: dict, out: str) -> None:
             opt.zero_grad()
         with open(f"{out}.{rank}", "w") as f:
             json.dump({"losses": losses, "notes": p.notes}, f)
+        # Every rank done communicating before any tears the group down (gloo aborts a
+        # process whose peer closes a connection under a pending operation).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

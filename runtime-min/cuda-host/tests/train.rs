@@ -163,6 +163,39 @@ fn every_node_is_timed() {
     }
 }
 
+/// A model at the global batch, its seeded weights and data, and `steps` of training it on
+/// one device (the CPU backend): what replicas must reproduce.
+struct Reference {
+    graph: ralpc_ir::Graph,
+    info: ralpc_ir::GraphInfo,
+    weights: Weights,
+    data: Dataset,
+    options: TrainOptions,
+    want: TrainReport,
+}
+
+fn reference(model: &str, global: u64, steps: u32) -> Reference {
+    let (graph, info) = common::load(model, global);
+    let weights = Weights::load(&graph, 4).expect("weights");
+    let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
+    let options = TrainOptions {
+        steps,
+        seed: 4,
+        lr: 0.05,
+        momentum: 0.9,
+        loss: Loss::CrossEntropy,
+    };
+    let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
+    Reference {
+        graph,
+        info,
+        weights,
+        data,
+        options,
+        want,
+    }
+}
+
 /// Data-parallel replicas (threads, gradients summed through host memory or, as ranks sharing
 /// one GPU do, device to device at a hub) train exactly as one device on the whole batch,
 /// batch normalization by the whole batch's statistics included.
@@ -178,17 +211,13 @@ fn data_parallel_replicas_train_as_one_device() {
         ("train/densenet.onnx", 2),
     ] {
         let global = 8u64;
-        let (graph, info) = common::load(model, global);
-        let weights = Weights::load(&graph, 4).expect("weights");
-        let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
-        let options = TrainOptions {
-            steps: 3,
-            seed: 4,
-            lr: 0.05,
-            momentum: 0.9,
-            loss: Loss::CrossEntropy,
-        };
-        let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
+        let Reference {
+            weights,
+            data,
+            options,
+            want,
+            ..
+        } = reference(model, global, 3);
         let (local_graph, local_info) = common::load(model, global / replicas as u64);
         let timeout = std::time::Duration::from_secs(30);
         let world = World::new(replicas as u32, timeout);
@@ -297,9 +326,14 @@ fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
         .as_ref()
         .expect("an executable plan")
         .plan;
-    let (graph, info) = common::load(model, global);
-    let weights = Weights::load(&graph, 4).expect("weights");
-    let data = Dataset::synthetic(&graph, &info, 4, Loss::CrossEntropy);
+    let Reference {
+        graph,
+        info,
+        weights,
+        data,
+        options,
+        want,
+    } = reference(model, global, 2);
     let info_at = |batch: u64| -> Result<_, String> { Ok(common::load(model, batch).1) };
     let exe = Executable {
         plan,
@@ -317,14 +351,6 @@ fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
     let mut trained = weights.trainable.clone();
     trained.sort_unstable();
     assert_eq!(every, trained, "every trained weight in one bucket");
-    let options = TrainOptions {
-        steps: 2,
-        seed: 4,
-        lr: 0.05,
-        momentum: 0.9,
-        loss: Loss::CrossEntropy,
-    };
-    let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
     let (local_graph, local_info) = common::load(model, global / replicas as u64);
     let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
     let runs: Vec<(TrainReport, Vec<usize>)> = std::thread::scope(|s| {

@@ -16,6 +16,8 @@ mod error;
 pub mod nccl;
 pub mod rendezvous;
 pub mod same_device;
+#[cfg(test)]
+mod testing;
 
 pub use env::{Launcher, Placement};
 pub use error::DistError;

@@ -311,26 +311,7 @@ fn join(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::env::Launcher;
-
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap()
-    }
-
-    fn placement(rank: u32, world: u32, port: u16) -> Placement {
-        Placement {
-            rank,
-            world,
-            local_rank: rank,
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-            launcher: Launcher::Torchrun,
-            secret: Some(crate::dist::auth::Secret::new("a test run's secret").unwrap()),
-        }
-    }
+    use crate::dist::testing::{free_port, placement};
 
     proptest::proptest! {
         /// A hello of any bytes is a rank and a blob or an error, never a panic.

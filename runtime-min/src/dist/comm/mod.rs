@@ -389,14 +389,7 @@ impl Comm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::{Launcher, Placement};
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap()
-    }
+    use crate::dist::testing::{free_port, placement};
 
     /// `world` ranks, each with its own [`World::connect`] as a separate process would.
     fn connected(world: u32, timeout: Duration) -> Vec<World> {
@@ -404,20 +397,7 @@ mod tests {
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..world)
                 .map(|rank| {
-                    s.spawn(move || {
-                        let p = Placement {
-                            rank,
-                            world,
-                            local_rank: rank,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                            launcher: Launcher::Torchrun,
-                            secret: Some(
-                                crate::dist::auth::Secret::new("a test run's secret").unwrap(),
-                            ),
-                        };
-                        World::connect(&p, timeout).unwrap()
-                    })
+                    s.spawn(move || World::connect(&placement(rank, world, port), timeout).unwrap())
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
