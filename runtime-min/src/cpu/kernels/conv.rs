@@ -123,12 +123,9 @@ impl Conv2d {
     /// One sample's input as columns, for output rows `rows`. With unit stride and dilation each output row of a
     /// column row is one contiguous run of the input, copied whole.
     fn im2col(&self, x: &[f32], rows: Range<usize>, cols: &mut [f32]) {
-        if self.stride != (1, 1) || self.dilation != (1, 1) {
-            self.for_each_column(rows, |col, src| cols[col] = src.map_or(0.0, |i| x[i]));
-            return;
-        }
         let (_, ow) = self.output();
         let (h, w) = self.input;
+        let ((sy, sx), (dy, dx)) = (self.stride, self.dilation);
         let (top, left) = (self.padding[0], self.padding[1]);
         let first = rows.start;
         let mut rows = cols.chunks_mut(rows.len() * ow);
@@ -136,16 +133,33 @@ impl Conv2d {
             for ky in 0..self.kernel.0 {
                 for kx in 0..self.kernel.1 {
                     let Some(row) = rows.next() else { return };
-                    // Output columns whose input column x = ox + kx − left is inside.
-                    let lo = left.saturating_sub(kx).min(ow);
-                    let hi = (w + left).saturating_sub(kx).min(ow).max(lo);
+                    // Output columns whose input column ox·sx + kx·dx − left is inside.
+                    let offset = kx * dx;
+                    let lo = left.saturating_sub(offset).div_ceil(sx).min(ow);
+                    let hi = (w + left)
+                        .saturating_sub(offset)
+                        .div_ceil(sx)
+                        .min(ow)
+                        .max(lo);
                     for (i, out) in row.chunks_mut(ow).enumerate() {
-                        match (first + i + ky).checked_sub(top).filter(|&y| y < h) {
+                        let y = ((first + i) * sy + ky * dy).checked_sub(top);
+                        match y.filter(|&y| y < h) {
                             Some(y) => {
                                 out[..lo].fill(0.0);
                                 out[hi..].fill(0.0);
-                                let start = (c * h + y) * w + lo + kx - left;
-                                out[lo..hi].copy_from_slice(&x[start..start + hi - lo]);
+                                if lo == hi {
+                                    continue;
+                                }
+                                // The input column of output column `lo`.
+                                let start = (c * h + y) * w + lo * sx + offset - left;
+                                if sx == 1 {
+                                    out[lo..hi].copy_from_slice(&x[start..start + hi - lo]);
+                                } else {
+                                    let inputs = x[start..].iter().step_by(sx);
+                                    for (o, &v) in out[lo..hi].iter_mut().zip(inputs) {
+                                        *o = v;
+                                    }
+                                }
                             }
                             None => out.fill(0.0),
                         }

@@ -250,7 +250,7 @@ mod tests {
 
     /// Both tilings on odd and even sizes (tiles overhanging the map or not), symmetric and
     /// one-sided padding, a single tile row and many: within f32 rounding of the direct
-    /// convolution.
+    /// convolution, and each sample's output bit for bit what it is alone.
     #[test]
     fn winograd_matches_the_direct_convolution() {
         for (input, padding) in [
@@ -258,13 +258,14 @@ mod tests {
             ((8, 8), [0, 0, 0, 0]),
             ((5, 12), [2, 0, 1, 2]),
             ((2, 2), [1, 1, 1, 1]),
+            ((3, 3), [1, 1, 1, 1]),
             ((33, 17), [1, 1, 1, 1]),
             ((11, 14), [0, 2, 1, 0]),
             ((26, 30), [1, 1, 1, 1]),
             ((6, 7), [0, 0, 0, 0]),
         ] {
             let c = Conv2d {
-                batch: 2,
+                batch: 5,
                 in_channels: 16,
                 out_channels: 24,
                 input,
@@ -291,6 +292,17 @@ mod tests {
                     assert!(
                         (f64::from(got) - want).abs() <= 1e-5 * (1.0 + want.abs()),
                         "{name} {input:?} {padding:?} at {i}: {got} vs {want}"
+                    );
+                }
+                let one = Conv2d { batch: 1, ..c };
+                let (xs, ys) = (x.len() / c.batch, y.len() / c.batch);
+                for n in 0..c.batch {
+                    let mut alone = vec![f32::NAN; ys];
+                    run(&one, &x[n * xs..(n + 1) * xs], &w, Some(&bias), &mut alone);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(&alone) == bits(&y[n * ys..(n + 1) * ys]),
+                        "{name} {input:?}: sample {n} differs from itself alone"
                     );
                 }
             }
