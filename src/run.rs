@@ -10,7 +10,7 @@ use ralpc_ir::input::{read_input, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::exec::{
-    self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
+    self, Checkpoint, CheckpointSink, Compute, ComputeFactory, Control, Executable, Fault,
 };
 use ralpc_runtime_min::cpu::graph::{ExecError, Weights};
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
@@ -167,8 +167,81 @@ fn trained_weights(p: &Prepared) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-/// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
-/// batch axes set to `batch`) and verified.
+/// The state `--resume` names, checked against the weights the run trains (`trained`) and
+/// `--steps`.
+fn resume_state(
+    options: &RunOptions,
+    plan: &Plan,
+    trained: &BTreeMap<String, Vec<usize>>,
+) -> Result<Option<Checkpoint>, Error> {
+    let Some(path) = options.resume.as_deref() else {
+        return Ok(None);
+    };
+    let c = crate::checkpoint::read(path, &plan.inputs)?;
+    let sizes = trained
+        .iter()
+        .map(|(name, shape)| (name.clone(), shape.iter().product()))
+        .collect();
+    crate::checkpoint::check_against(&c, &sizes)
+        .map_err(|m| Error::Checkpoint(Box::new(format!("{}: {m}", path.display()))))?;
+    if c.step >= options.steps {
+        return Err(Error::Checkpoint(Box::new(format!(
+            "the checkpoint is after step {}; ask for more --steps than that",
+            c.step
+        ))));
+    }
+    Ok(Some(c))
+}
+
+/// Writes a run's checkpoints where `--checkpoint` (or beside the plan, for
+/// `--checkpoint-every` alone) says. A checkpoint that cannot be written stops the run,
+/// which then fails with the write's own error (exit 3, an output), not as a failed run (4).
+struct CheckpointWriter<'a> {
+    path: Option<PathBuf>,
+    inputs: &'a str,
+    trained: &'a BTreeMap<String, Vec<usize>>,
+    failure: std::sync::Mutex<Option<Error>>,
+}
+
+impl<'a> CheckpointWriter<'a> {
+    fn new(
+        options: &RunOptions,
+        plan_file: &Path,
+        inputs: &'a str,
+        trained: &'a BTreeMap<String, Vec<usize>>,
+    ) -> CheckpointWriter<'a> {
+        let path = match (&options.checkpoint, options.checkpoint_every) {
+            (Some(path), _) => Some(path.clone()),
+            (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.safetensors")),
+            (None, None) => None,
+        };
+        CheckpointWriter {
+            path,
+            inputs,
+            trained,
+            failure: std::sync::Mutex::default(),
+        }
+    }
+
+    fn write(&self, c: &Checkpoint) -> Result<(), String> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        crate::checkpoint::write(path, self.inputs, c, self.trained).map_err(|e| {
+            let message = chain(&e);
+            if let Ok(mut first) = self.failure.lock() {
+                first.get_or_insert(e);
+            }
+            message
+        })
+    }
+
+    /// The first write that failed.
+    fn failure(&self) -> Option<Error> {
+        self.failure.lock().ok().and_then(|mut w| w.take())
+    }
+}
+
 /// The model verified at any batch, as [`Executable::info_at`] asks.
 fn verifier<'a>(
     unbound: &'a Graph,
@@ -181,6 +254,8 @@ fn verifier<'a>(
     }
 }
 
+/// `unbound` bound at the global `batch` (with the input `shapes` a plan was made at, their
+/// batch axes set to `batch`) and verified.
 pub(crate) fn at_batch(
     unbound: &Graph,
     batch: u64,
@@ -522,15 +597,11 @@ fn is_data_parallel(plan: &Plan) -> bool {
 }
 
 /// Whether CUDA's own data-parallel loop runs `plan`: one rank or plain data parallelism,
-/// every tensor resident on the device. Checkpoints, resuming and injected faults belong
-/// to the interpreter, so those runs take it, each node's operands staged through host
-/// memory, as every other plan does.
+/// every tensor resident on the device, checkpoints and resuming included. Injected faults
+/// name the interpreter's instructions, so those runs take it, each node's operands staged
+/// through host memory, as every other plan does.
 fn device_loop_runs(plan: &Plan, options: &RunOptions) -> bool {
-    (plan.ranks <= 1 || is_data_parallel(plan))
-        && options.checkpoint_every.is_none()
-        && options.checkpoint.is_none()
-        && options.resume.is_none()
-        && options.fault.is_none()
+    (plan.ranks <= 1 || is_data_parallel(plan)) && options.fault.is_none()
 }
 
 /// A device's failure as `ralpc run` reports it ([`classified`]).
@@ -555,7 +626,12 @@ fn classified(e: &DeviceError, message: String) -> Error {
 /// per rank: threads sharing GPU 0, summing their gradients device to device; or one
 /// process per rank under a launcher, on GPU `LOCAL_RANK` modulo the GPUs there are,
 /// summing with NCCL when every process has its own GPU, else through host memory.
-fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput, Error> {
+fn run_cuda(
+    plan: &Plan,
+    plan_file: &Path,
+    model: &Path,
+    options: &RunOptions,
+) -> Result<RunOutput, Error> {
     use ralpc_runtime_min::cuda::{backend::Backend as _, gpu::Gpu, libs, train as device};
     let ranks = plan.ranks as usize;
     if plan.batch % plan.ranks.max(1) as u64 != 0 {
@@ -582,17 +658,31 @@ fn run_cuda(plan: &Plan, model: &Path, options: &RunOptions) -> Result<RunOutput
         info_at: &info_at,
         compute: None,
     };
+    let trained = trained_weights(&p);
+    let resume = resume_state(options, plan, &trained)?;
+    let writer = CheckpointWriter::new(options, plan_file, &plan.inputs, &trained);
+    let write_checkpoint = |c: &Checkpoint| writer.write(c);
     let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
         let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
         // The plan's gradient buckets, summed as the replica's backward completes them.
         let buckets = exe
             .gradient_buckets(rank as u32)
             .map_err(|e| Error::Ranks(Box::new(e)))?;
+        // Every replica holds the same state: rank 0 writes it.
+        let control = device::ReplicaControl {
+            buckets: &buckets,
+            resume: resume.as_ref(),
+            checkpoint_every: options.checkpoint_every.filter(|_| writer.path.is_some()),
+            on_checkpoint: (rank == 0).then_some(&write_checkpoint as &CheckpointSink<'_>),
+        };
         let report = device::train_replica(
-            gpu, &graph, &info, &p.weights, &part, &train, sync, &buckets,
+            gpu, &graph, &info, &p.weights, &part, &train, sync, &control,
         )
         .map_err(|e| match &e {
             ExecError::Device { source, .. } => classified(source, chain(&e)),
+            ExecError::Checkpoint { .. } => {
+                writer.failure().unwrap_or_else(|| run_error(chain(&e)))
+            }
             _ => run_error(chain(&e)),
         })?;
         gpu.synchronize().map_err(device_failure)?;
@@ -756,7 +846,7 @@ fn run_with(
     let compute = match (compute, options.backend) {
         (Some(c), _) => Some(c),
         (None, Backend::Cuda) if device_loop_runs(&plan, options) => {
-            return run_cuda(&plan, &model, options);
+            return run_cuda(&plan, &plan_file, &model, options);
         }
         (None, Backend::Cuda) => {
             ralpc_runtime_min::cuda::libs::check(&ralpc_runtime_min::cuda::libs::Lib::ONE_GPU)?;
@@ -777,53 +867,13 @@ fn run_with(
         compute,
     };
     let trained = trained_weights(&p);
-    let resume = options
-        .resume
-        .as_deref()
-        .map(|path| crate::checkpoint::read(path, &plan.inputs))
-        .transpose()?;
-    if let Some(c) = &resume {
-        let sizes = trained
-            .iter()
-            .map(|(name, shape)| (name.clone(), shape.iter().product()))
-            .collect();
-        crate::checkpoint::check_against(c, &sizes).map_err(|m| {
-            let path = options.resume.as_deref().unwrap_or(Path::new(""));
-            Error::Checkpoint(Box::new(format!("{}: {m}", path.display())))
-        })?;
-        if c.step >= options.steps {
-            return Err(Error::Checkpoint(Box::new(format!(
-                "the checkpoint is after step {}; ask for more --steps than that",
-                c.step
-            ))));
-        }
-    }
-    let checkpoint_path = match (&options.checkpoint, options.checkpoint_every) {
-        (Some(path), _) => Some(path.clone()),
-        (None, Some(_)) => Some(plan_file.with_file_name("checkpoint.safetensors")),
-        (None, None) => None,
-    };
-    // A checkpoint that cannot be written stops the run; the run then fails with the
-    // write's own error (exit 3, an output), not as a failed run (4).
-    let write_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::default();
-    let write_checkpoint = |c: &Checkpoint| -> Result<(), String> {
-        match &checkpoint_path {
-            Some(path) => crate::checkpoint::write(path, &plan.inputs, c, &trained).map_err(|e| {
-                let message = chain(&e);
-                if let Ok(mut first) = write_failure.lock() {
-                    first.get_or_insert(e);
-                }
-                message
-            }),
-            None => Ok(()),
-        }
-    };
+    let resume = resume_state(options, &plan, &trained)?;
+    let writer = CheckpointWriter::new(options, &plan_file, &plan.inputs, &trained);
+    let write_checkpoint = |c: &Checkpoint| writer.write(c);
     let mut control = Control {
         timeout: options.timeout,
         fault: options.fault,
-        checkpoint_every: options
-            .checkpoint_every
-            .filter(|_| checkpoint_path.is_some()),
+        checkpoint_every: options.checkpoint_every.filter(|_| writer.path.is_some()),
         on_checkpoint: Some(&write_checkpoint),
         resume: resume.as_ref(),
     };
@@ -841,8 +891,9 @@ fn run_with(
         }
     }
     .map_err(|e| {
-        let written = write_failure.lock().ok().and_then(|mut w| w.take());
-        written.unwrap_or_else(|| Error::Ranks(Box::new(e)))
+        writer
+            .failure()
+            .unwrap_or_else(|| Error::Ranks(Box::new(e)))
     })?;
     let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
     let seconds = elapsed.as_secs_f64();

@@ -3,7 +3,7 @@
 //! backend: burst parallelism, SOAP splits of convolutions and dense layers, and 1F1B and
 //! GPipe pipelines, each on 4 ranks. On a GPU the same path runs with `ralpc run --backend
 //! cuda` (ranks sharing one GPU, or one per GPU under a launcher), and so does a
-//! data-parallel plan that writes or resumes a checkpoint or has a fault injected.
+//! data-parallel plan with a fault injected.
 
 mod common;
 

@@ -9,7 +9,7 @@ mod common;
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions, TrainReport};
-use ralpc_runtime_min::cuda::train::train;
+use ralpc_runtime_min::cuda::train::{train, ReplicaControl};
 
 fn compare(got: &TrainReport, want: &TrainReport, tol: f64) {
     assert_eq!(got.losses.len(), want.losses.len());
@@ -241,10 +241,12 @@ fn data_parallel_replicas_train_as_one_device() {
                         let part = shard(d, r, replicas, i).expect("shard");
                         if device_to_device {
                             let sync = SameDevice::<Host>::new(buffers, losses, r);
-                            train_replica(&Host, g, i, w, &part, o, &sync, &[]).expect("replica")
+                            train_replica(&Host, g, i, w, &part, o, &sync, &Default::default())
+                                .expect("replica")
                         } else {
                             let sync = HostStaged { comm: &comm, group };
-                            train_replica(&Host, g, i, w, &part, o, &sync, &[]).expect("replica")
+                            train_replica(&Host, g, i, w, &part, o, &sync, &Default::default())
+                                .expect("replica")
                         }
                     })
                 })
@@ -301,8 +303,6 @@ impl<R: ralpc_runtime_min::cuda::train::Replicas<Host>>
 #[test]
 fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
     use ralpc_runtime_min::cpu::exec::Executable;
-    use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
-    use ralpc_runtime_min::dist::comm::World;
     let (model, replicas, global) = ("train/cnn.onnx", 2usize, 8u64);
     let dir = tempfile::tempdir().expect("temp dir");
     let strategy = dir.path().join("strategy.json");
@@ -351,40 +351,12 @@ fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
     let mut trained = weights.trainable.clone();
     trained.sort_unstable();
     assert_eq!(every, trained, "every trained weight in one bucket");
-    let (local_graph, local_info) = common::load(model, global / replicas as u64);
-    let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
-    let runs: Vec<(TrainReport, Vec<usize>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..replicas)
-            .map(|r| {
-                let comm = world.comm(r as u32);
-                let (g, i, w, d, o, b) = (
-                    &local_graph,
-                    &local_info,
-                    &weights,
-                    &data,
-                    &options,
-                    &buckets,
-                );
-                s.spawn(move || {
-                    let part = shard(d, r, replicas, i).expect("shard");
-                    let staged = HostStaged {
-                        comm: &comm,
-                        group: (0..replicas as u32).collect(),
-                    };
-                    let noting = Noting {
-                        inner: &staged,
-                        lengths: Default::default(),
-                    };
-                    let report =
-                        train_replica(&Host, g, i, w, &part, o, &noting, b).expect("replica");
-                    (report, noting.lengths.into_inner().expect("lengths"))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("replica thread"))
-            .collect()
+    let control = ReplicaControl {
+        buckets: &buckets,
+        ..Default::default()
+    };
+    let runs = train_replicas(model, replicas, global, &weights, &data, &options, |_| {
+        control
     });
     let size = |v| weights.tensors[&v].len();
     let per_step: Vec<usize> = buckets.iter().flatten().map(|&w| size(w)).collect();
@@ -401,6 +373,115 @@ fn data_parallel_replicas_sum_the_plans_buckets_in_its_order() {
         for (name, w) in &want.weights {
             let e = common::relative_error(&report.weights[name], w);
             assert!(e <= 1e-5, "weight {name}: {e}");
+        }
+    }
+}
+
+/// `replicas` threads each training a replica of `model` on its share of `global` samples
+/// on the host kernels, summing through host memory under `control(rank)`: each replica's
+/// report and the lengths of the buffers it summed.
+fn train_replicas<'a>(
+    model: &str,
+    replicas: usize,
+    global: u64,
+    weights: &Weights,
+    data: &Dataset,
+    options: &TrainOptions,
+    control: impl Fn(usize) -> ReplicaControl<'a> + Sync,
+) -> Vec<(TrainReport, Vec<usize>)> {
+    use ralpc_runtime_min::cuda::train::{shard, train_replica, HostStaged};
+    use ralpc_runtime_min::dist::comm::World;
+    let (graph, info) = common::load(model, global / replicas as u64);
+    let world = World::new(replicas as u32, std::time::Duration::from_secs(30));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..replicas)
+            .map(|r| {
+                let comm = world.comm(r as u32);
+                let (graph, info, control) = (&graph, &info, &control);
+                s.spawn(move || {
+                    let part = shard(data, r, replicas, info).expect("shard");
+                    let staged = HostStaged {
+                        comm: &comm,
+                        group: (0..replicas as u32).collect(),
+                    };
+                    let noting = Noting {
+                        inner: &staged,
+                        lengths: Default::default(),
+                    };
+                    let report = train_replica(
+                        &Host,
+                        graph,
+                        info,
+                        weights,
+                        &part,
+                        options,
+                        &noting,
+                        &control(r),
+                    )
+                    .expect("replica");
+                    (report, noting.lengths.into_inner().expect("lengths"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("replica thread"))
+            .collect()
+    })
+}
+
+/// The device's data-parallel loop checkpoints (one replica writes; every one holds the
+/// same state) and resumes: a run resumed from step 2 of 4 ends bit for bit as the run
+/// that wrote it.
+#[test]
+fn data_parallel_replicas_checkpoint_and_resume_bit_for_bit() {
+    use ralpc_runtime_min::cpu::exec::Checkpoint;
+    let (model, replicas, global) = ("train/cnn.onnx", 2usize, 8u64);
+    let Reference {
+        weights,
+        data,
+        options,
+        ..
+    } = reference(model, global, 4);
+    let written = std::sync::Mutex::new(Vec::<Checkpoint>::new());
+    let sink = |c: &Checkpoint| -> Result<(), String> {
+        written.lock().expect("checkpoints").push(c.clone());
+        Ok(())
+    };
+    let whole = train_replicas(model, replicas, global, &weights, &data, &options, |r| {
+        ReplicaControl {
+            checkpoint_every: Some(2),
+            on_checkpoint: (r == 0).then_some(&sink as _),
+            ..Default::default()
+        }
+    });
+    let written = written.into_inner().expect("checkpoints");
+    assert_eq!(written.iter().map(|c| c.step).collect::<Vec<_>>(), [2, 4]);
+    let at_2 = &written[0];
+    let trained = (weights.trainable.iter())
+        .filter(|w| weights.tensors[w].floats().is_some())
+        .count();
+    assert_eq!(at_2.weights.len(), trained, "every trained weight");
+    assert_eq!(at_2.velocity.len(), trained, "and its momentum");
+    assert_eq!(at_2.losses, whole[0].0.losses[..2]);
+    let resumed = train_replicas(model, replicas, global, &weights, &data, &options, |_| {
+        ReplicaControl {
+            resume: Some(at_2),
+            ..Default::default()
+        }
+    });
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for ((whole, _), (resumed, _)) in whole.iter().zip(&resumed) {
+        assert_eq!(
+            resumed
+                .losses
+                .iter()
+                .map(|l| l.to_bits())
+                .collect::<Vec<_>>(),
+            whole.losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>()
+        );
+        for (name, w) in &whole.weights {
+            assert!(bits(&resumed.weights[name]) == bits(w), "weight {name}");
         }
     }
 }

@@ -11,6 +11,7 @@ use super::backend::{Backend, R};
 use super::error::DeviceError;
 use super::node_ops::numel;
 use super::train::{DTensor, Runner};
+use crate::cpu::exec::{Checkpoint, CheckpointSink};
 use crate::cpu::graph::{ExecError, Weights};
 use crate::cpu::tensor::Data;
 use crate::cpu::train::{Dataset, Loss, TrainOptions, TrainReport};
@@ -188,7 +189,34 @@ pub fn train<B: Backend>(
     data: &Dataset,
     options: &TrainOptions,
 ) -> Result<TrainReport, ExecError> {
-    train_replica(dev, graph, info, weights, data, options, &Alone, &[])
+    train_replica(
+        dev,
+        graph,
+        info,
+        weights,
+        data,
+        options,
+        &Alone,
+        &ReplicaControl::default(),
+    )
+}
+
+/// What a replica's training follows beyond its options: the plan's gradient buckets, a
+/// state to resume, and where its checkpoints go.
+#[derive(Clone, Copy, Default)]
+pub struct ReplicaControl<'a> {
+    /// The plan's gradient buckets in launch order
+    /// ([`Executable::gradient_buckets`](crate::cpu::exec::Executable::gradient_buckets));
+    /// none: every gradient is summed after backward.
+    pub buckets: &'a [Vec<ValueId>],
+    /// Start from this state (weights, momentum, the steps done and their losses) instead
+    /// of the model's weights.
+    pub resume: Option<&'a Checkpoint>,
+    /// Hand the state to `on_checkpoint` after every this many steps.
+    pub checkpoint_every: Option<u32>,
+    /// Receives each checkpoint (writes it): every replica holds the same state, so one
+    /// replica is given a sink.
+    pub on_checkpoint: Option<&'a CheckpointSink<'a>>,
 }
 
 /// When a replica's gradient buckets launch during backward: a bucket is complete once
@@ -252,10 +280,10 @@ fn distinct_inputs(graph: &Graph, id: NodeId) -> Vec<ValueId> {
 /// gradients are summed over `replicas` before every update, and the reported losses are
 /// the whole batch's. The first output in the report is this replica's rows.
 ///
-/// The sums launch during backward, bucket by bucket in the order of `buckets` (the plan's:
-/// [`Executable::gradient_buckets`](crate::cpu::exec::Executable::gradient_buckets)), each
-/// as soon as its weights' gradients are complete ([`Launcher`]); weights in no bucket are
-/// summed after backward, in the weights' order.
+/// The sums launch during backward, bucket by bucket in the order of `control.buckets`,
+/// each as soon as its weights' gradients are complete ([`Launcher`]); weights in no bucket
+/// are summed after backward, in the weights' order. A resumed run continues from the
+/// checkpoint's step, bit for bit as the run that wrote it would have.
 ///
 /// # Errors
 /// As [`train`], and a failed combination with the other replicas.
@@ -267,7 +295,7 @@ pub fn train_replica<B: Backend>(
     data: &Dataset,
     options: &TrainOptions,
     replicas: &dyn Replicas<B>,
-    buckets: &[Vec<ValueId>],
+    control: &ReplicaControl<'_>,
 ) -> Result<TrainReport, ExecError> {
     let at = |node: Option<NodeId>| {
         move |source: DeviceError| ExecError::Device {
@@ -281,9 +309,14 @@ pub fn train_replica<B: Backend>(
         message: "the model has no output".into(),
     })?;
     // Float constants and inputs live on the device; integer ones (shapes) stay here.
+    let resumed = |v: ValueId, of: fn(&Checkpoint) -> &BTreeMap<String, Vec<f32>>| {
+        let c = control.resume?;
+        of(c).get(&graph.value(v).name)
+    };
     let mut params: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
     for (&v, t) in &weights.tensors {
         if let Some(f) = t.floats() {
+            let f = resumed(v, |c| &c.weights).map_or(f, Vec::as_slice);
             params.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
         }
     }
@@ -294,7 +327,15 @@ pub fn train_replica<B: Backend>(
         }
     }
     let mut velocity: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
-    let mut report = TrainReport::default();
+    for &w in &weights.trainable {
+        if let Some(v) = resumed(w, |c| &c.velocity) {
+            velocity.insert(w, dev.upload(v).map_err(&device)?);
+        }
+    }
+    let mut report = TrainReport {
+        losses: control.resume.map(|c| c.losses.clone()).unwrap_or_default(),
+        ..TrainReport::default()
+    };
     let shape_of = |v: ValueId| -> Vec<usize> {
         info.ty(v)
             .shape
@@ -305,9 +346,9 @@ pub fn train_replica<B: Backend>(
             .collect()
     };
     // The plan's buckets, of the weights this replica trains, each weight in its first.
-    let mut bucketed: Vec<Vec<ValueId>> = Vec::with_capacity(buckets.len());
+    let mut bucketed: Vec<Vec<ValueId>> = Vec::with_capacity(control.buckets.len());
     let mut seen = std::collections::BTreeSet::new();
-    for bucket in buckets {
+    for bucket in control.buckets {
         let bucket: Vec<ValueId> = bucket
             .iter()
             .copied()
@@ -319,7 +360,8 @@ pub fn train_replica<B: Backend>(
         }
     }
     let mut last_loss = std::time::Instant::now();
-    for step in 0..options.steps {
+    let first = control.resume.map_or(0, |c| c.step);
+    for step in first..options.steps {
         let mut runner = Runner::new(dev, graph, Some(info), weights);
         if replicas.count() > 1 {
             runner.batch_stats = Some(replicas);
@@ -439,6 +481,31 @@ pub fn train_replica<B: Backend>(
             })?;
             dev.sgd_momentum(param, v, &g, options.lr, options.momentum)
                 .map_err(&device)?;
+        }
+        let done = step + 1;
+        if let (Some(every), Some(sink)) = (control.checkpoint_every, control.on_checkpoint) {
+            if every > 0 && done % every == 0 {
+                let mut checkpoint = Checkpoint {
+                    step: done,
+                    losses: report.losses.clone(),
+                    ..Checkpoint::default()
+                };
+                for &w in &weights.trainable {
+                    let name = &graph.value(w).name;
+                    if let Some(p) = params.get(&w) {
+                        let p = dev.download(p).map_err(&device)?;
+                        checkpoint.weights.insert(name.clone(), p);
+                    }
+                    if let Some(v) = velocity.get(&w) {
+                        let v = dev.download(v).map_err(&device)?;
+                        checkpoint.velocity.insert(name.clone(), v);
+                    }
+                }
+                sink(&checkpoint).map_err(|message| ExecError::Checkpoint {
+                    step: done,
+                    message,
+                })?;
+            }
         }
     }
     for &w in &weights.trainable {

@@ -22,7 +22,7 @@ use super::node_ops::{
     transposed_strides, unary_op, MatMulPlan,
 };
 pub use super::replicas::{
-    profile, shard, train, train_replica, Alone, HostStaged, NodeTime, Replicas,
+    profile, shard, train, train_replica, Alone, HostStaged, NodeTime, ReplicaControl, Replicas,
 };
 use crate::cpu::graph::Weights;
 use crate::cpu::kernels::Pool2d;
