@@ -369,18 +369,17 @@ pub(crate) fn softmax(
 ) {
     use rayon::prelude::*;
     if inner == 1 && width > 0 {
-        // Contiguous rows, in parallel; each exponential computed once.
+        // Contiguous rows, in parallel; each exponential computed once, in f32, and the
+        // row's maximum and sum over running lanes: ViT-B/16's attention softmax took 41 ms
+        // of its 480 with an f64 exponential and one running sum.
         y.par_chunks_mut(width)
             .zip(x.par_chunks(width))
             .for_each(|(out, row)| {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
+                let max = kernels::lane_max(row);
                 for (o, &v) in out.iter_mut().zip(row) {
-                    *o = kernels::exp(f64::from(v - max)) as f32;
+                    *o = kernels::exp_f32(v - max);
                 }
-                for &o in out.iter() {
-                    sum += o;
-                }
+                let sum = kernels::lane_sum(out);
                 if log {
                     let ln = sum.ln();
                     out.iter_mut()

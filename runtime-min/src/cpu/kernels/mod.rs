@@ -683,10 +683,43 @@ fn erf_f32(x: f32) -> f32 {
     }
 }
 
+/// The largest of `xs` (NaNs ignored, as `f32::max` does; −∞ when empty), over 16 running
+/// maxima so the loop vectorizes.
+pub(crate) fn lane_max(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut maxima = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for l in 0..LANES {
+            maxima[l] = maxima[l].max(c[l]);
+        }
+    }
+    maxima.iter().copied().fold(tail, f32::max)
+}
+
+/// `Σ xs` over 16 running sums, so the loop vectorizes; the order is fixed.
+pub(crate) fn lane_sum(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut sums = [0.0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for l in 0..LANES {
+            sums[l] += c[l];
+        }
+    }
+    sums.iter().sum::<f32>() + tail
+}
+
 /// `eˣ` in f32 without calls, as [`exp`] does in f64: relative error about 2e-7 from −87
 /// to 88, 0 below, infinity above; NaN stays NaN.
 #[inline]
-fn exp_f32(x: f32) -> f32 {
+pub(crate) fn exp_f32(x: f32) -> f32 {
     // 1.5·2²³: adding it rounds to an integer and leaves it in the low bits.
     const SHIFT: f32 = 12_582_912.0;
     let clamped = x.clamp(-87.0, 88.0);
@@ -867,6 +900,29 @@ pub fn layer_norm_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The running-lane maximum is the maximum (NaNs ignored, −∞ for nothing), and the
+    /// running-lane sum is the sum to f32 rounding, at every length around the lanes.
+    #[test]
+    fn lane_maxima_and_sums_are_the_rows() {
+        for n in [0usize, 1, 15, 16, 17, 33, 197] {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                .collect();
+            let want = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(lane_max(&xs), want, "{n}");
+            let exact: f64 = xs.iter().map(|&x| f64::from(x)).sum();
+            let scale: f64 = xs.iter().map(|&x| f64::from(x.abs())).sum();
+            assert!(
+                (f64::from(lane_sum(&xs)) - exact).abs() <= 1e-6 * scale.max(1.0),
+                "{n}"
+            );
+        }
+        let mut with_nan = vec![1.0f32; 20];
+        with_nan[3] = f32::NAN;
+        with_nan[18] = 4.0;
+        assert_eq!(lane_max(&with_nan), 4.0);
+    }
 
     /// The f32 forms GELU's forward takes, against f64: `exp_f32` within a few f32 ulps
     /// over its range, and both GELUs within 1e-6 of the f64 formulas.
