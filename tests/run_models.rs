@@ -94,7 +94,14 @@ fn inception_v3() {
 
 /// Fixtures whose default plan at 4 GPUs and batch 4 does not train as one device, and
 /// why. Each is a gap, not an accepted answer.
-const NOT_EQUAL_YET: [(&str, &str); 6] = [
+const NOT_EQUAL_YET: [(&str, &str); 7] = [
+    (
+        "light_densenet121",
+        "constant-fill last layer (fc6_w_0 = 0.02): every gradient below it is rounding noise \
+         (off by up to 2e2 relative), while the first output and fc6's own gradients match; \
+         it passed at 098d097 and fails at f75bff2 (not bisected: the host kernels' rounding \
+         changed between them)",
+    ),
     (
         "light_inception_v1",
         "constant-fill last layer: gradients are rounding noise (every gradient is off by \
