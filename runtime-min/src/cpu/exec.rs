@@ -62,6 +62,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 use crate::dist::comm::{AbortOnPanic, Comm, CommError, World};
 
 mod batch_stats;
+mod buckets;
 mod derived;
 mod epilogue;
 mod failure;
@@ -386,74 +387,6 @@ struct Rank<'p, 'a> {
     compute: Box<dyn Compute>,
 }
 
-/// Per instruction of rank `rank`'s program, the buffers it reads and writes.
-fn touches(plan: &Plan, rank: u32) -> BTreeMap<u32, Vec<Touch>> {
-    let mut touches: BTreeMap<u32, Vec<_>> = BTreeMap::new();
-    for b in plan.buffers.get(rank as usize).into_iter().flatten() {
-        for (instructions, writes) in [(&b.reads, false), (&b.writes, true)] {
-            for &i in instructions {
-                touches
-                    .entry(i)
-                    .or_default()
-                    .push((b.kind, b.layer, b.microbatch, writes));
-            }
-        }
-    }
-    touches
-}
-
-impl Executable<'_> {
-    /// Rank `rank`'s gradient buckets in the order its program launches them: per
-    /// collective of gradients, the weights it sums (a weight several layers read that the
-    /// plan sums by its own all-reduce: that weight alone). What a device's data-parallel
-    /// loop sums as its backward completes them; a rank holding its layers whole, as data
-    /// parallelism has them, trains every weight they own.
-    ///
-    /// # Errors
-    /// The plan does not fit the model, or names a tied weight the model does not train.
-    pub fn gradient_buckets(&self, rank: u32) -> Result<Vec<Vec<ValueId>>, RunError> {
-        let p = Prepared::new(self)?;
-        let touches = touches(self.plan, rank);
-        let gradients = |i: u32, written: bool| {
-            let touched = touches.get(&i).map_or(&[][..], Vec::as_slice);
-            let moves = touched
-                .iter()
-                .any(|&(k, _, _, w)| k == BufferKind::Gradients && w == written);
-            moves.then(|| p.bucket_weights(touched, BufferKind::Gradients, |_, _| true))
-        };
-        let program = self
-            .plan
-            .programs
-            .get(rank as usize)
-            .map_or(&[][..], Vec::as_slice);
-        let mut buckets = Vec::new();
-        for (i, instruction) in (0u32..).zip(program) {
-            let bucket = match instruction {
-                Instruction::AllReduce {
-                    tied: Some(name), ..
-                } => {
-                    let w = self
-                        .weights
-                        .trainable
-                        .iter()
-                        .copied()
-                        .find(|&w| self.graph.value(w).name == *name);
-                    Some(vec![w.ok_or_else(|| {
-                        setup(format!(
-                            "the plan sums the tied weight '{name}', which the model does not train"
-                        ))
-                    })?])
-                }
-                Instruction::AllReduce { .. } => gradients(i, false),
-                Instruction::ReduceScatter { .. } => gradients(i, true),
-                _ => None,
-            };
-            buckets.extend(bucket.filter(|b| !b.is_empty()));
-        }
-        Ok(buckets)
-    }
-}
-
 impl<'p, 'a> Rank<'p, 'a> {
     fn new(
         p: &'p Prepared<'a>,
@@ -513,7 +446,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 weights.insert(w, (slice.clone(), share(full, &slice, first)));
             }
         }
-        let touches = touches(p.exe.plan, rank);
+        let touches = buckets::touches(p.exe.plan, rank);
         Ok(Rank {
             p,
             rank,

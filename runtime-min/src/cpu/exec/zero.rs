@@ -15,37 +15,7 @@ use ralpc_ir::ValueId;
 
 use super::super::kernels;
 use super::super::region::interval;
-use super::{LayerExec, Prepared, Rank, RankError, Touch};
-
-impl Prepared<'_> {
-    /// The weights of the bucket whose buffers of `kind` an instruction touches
-    /// (`touched`), in layer order: what its collective lays end to end. `trains` says
-    /// whether the rank trains a weight in a layer (holds its piece).
-    pub(super) fn bucket_weights(
-        &self,
-        touched: &[Touch],
-        kind: BufferKind,
-        trains: impl Fn(&LayerExec, ValueId) -> bool,
-    ) -> Vec<ValueId> {
-        let mut layers: Vec<usize> = touched
-            .iter()
-            .filter(|t| t.0 == kind)
-            .filter_map(|t| Some(t.1? as usize))
-            .collect();
-        layers.sort_unstable();
-        layers.dedup();
-        let mut keys = Vec::new();
-        for l in layers {
-            let layer = &self.layers[l];
-            for &w in &layer.owned {
-                if trains(layer, w) && !keys.contains(&w) {
-                    keys.push(w);
-                }
-            }
-        }
-        keys
-    }
-}
+use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
     /// The weights of the bucket instruction `index` touches (its buffers of `kind`).
