@@ -50,6 +50,7 @@ use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 
+use super::floats::ReadBackFailed;
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
@@ -559,6 +560,9 @@ impl<'p, 'a> Rank<'p, 'a> {
                     self.execute(i as u32, instruction)
                 }))
                 .unwrap_or_else(|payload| {
+                    if let Some(failed) = payload.downcast_ref::<ReadBackFailed>() {
+                        return Err(RankError::ReadBack(failed.0.clone()));
+                    }
                     let what = payload
                         .downcast_ref::<&str>()
                         .map(|s| (*s).to_owned())

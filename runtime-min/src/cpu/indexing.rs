@@ -135,7 +135,7 @@ fn scatter(
     let targets = starts.iter().flat_map(|&s| s..s + len);
     match (&mut out.data, &updates.data) {
         (Data::F32(o), Data::F32(u)) => {
-            let o = Arc::make_mut(o);
+            let o = o.make_mut();
             for (p, &v) in targets.zip(u.iter()) {
                 o[p] = combine_f32(r, o[p], v);
             }

@@ -13,6 +13,7 @@
 //!   through [`crate::dist::comm`].
 mod elementwise;
 pub mod exec;
+pub mod floats;
 pub mod grad;
 pub mod graph;
 mod indexing;

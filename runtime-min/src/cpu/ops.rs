@@ -35,6 +35,25 @@ pub enum Saved {
     Argmax(Vec<u32>),
     /// Normalization: per-group mean and inverse standard deviation.
     Stats(Vec<f32>, Vec<f32>),
+    /// Kept on the device that ran the forward pass, for its own backward pass.
+    Resident(ResidentSaved),
+}
+
+/// What a device's forward pass kept for its backward pass, opaque to the host.
+#[derive(Clone)]
+pub struct ResidentSaved(pub std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for ResidentSaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResidentSaved")
+    }
+}
+
+impl PartialEq for ResidentSaved {
+    /// The same state (not merely equal contents, which the host cannot see).
+    fn eq(&self, other: &ResidentSaved) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Whether normalization uses batch statistics (training) or running ones (inference).

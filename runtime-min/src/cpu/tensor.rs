@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 
+pub use super::floats::Floats;
+
 /// A tensor's elements, shared: a view (Reshape, Flatten, Squeeze, Unsqueeze, Identity)
 /// and a copy of a value are the same elements under another shape, never a copy of them.
-/// Writing into shared elements copies them first ([`Arc::make_mut`]).
+/// Writing into shared elements copies them first ([`Arc::make_mut`], [`Floats::make_mut`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
-    /// Floating point (f16, bf16 and f64 are computed in f32).
-    F32(Arc<Vec<f32>>),
+    /// Floating point (f16, bf16 and f64 are computed in f32), on the host or resident on
+    /// a device.
+    F32(Floats),
     /// Integers and booleans (0 or 1).
     I64(Arc<Vec<i64>>),
 }
@@ -30,7 +33,7 @@ impl Tensor {
         debug_assert_eq!(numel(&shape), data.len());
         Tensor {
             shape,
-            data: Data::F32(Arc::new(data)),
+            data: Data::F32(data.into()),
         }
     }
 
@@ -78,7 +81,7 @@ impl Tensor {
     /// The float elements to write, if it is a float tensor (copied first when shared).
     pub fn floats_mut(&mut self) -> Option<&mut Vec<f32>> {
         match &mut self.data {
-            Data::F32(v) => Some(Arc::make_mut(v)),
+            Data::F32(v) => Some(v.make_mut()),
             Data::I64(_) => None,
         }
     }
@@ -86,7 +89,7 @@ impl Tensor {
     /// The float elements, owned (copied when shared), if it is a float tensor.
     pub fn into_floats(self) -> Option<Vec<f32>> {
         match self.data {
-            Data::F32(v) => Some(Arc::unwrap_or_clone(v)),
+            Data::F32(v) => Some(v.into_vec()),
             Data::I64(_) => None,
         }
     }

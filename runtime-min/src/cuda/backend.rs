@@ -63,10 +63,12 @@ impl Gemm {
     reason = "each method mirrors one kernel's arguments"
 )]
 pub trait Backend {
-    /// A buffer of `f32`.
-    type Buf;
-    /// A buffer of `i64` (labels, argmax indices).
-    type Idx;
+    /// A buffer of `f32`: a tensor keeping one resident
+    /// ([`Floats`](crate::cpu::floats::Floats)) reads it back from whatever thread reads it.
+    type Buf: Send + Sync + 'static;
+    /// A buffer of `i64` (labels, argmax indices), kept with a forward pass's state
+    /// ([`ResidentSaved`](crate::cpu::ops::ResidentSaved)).
+    type Idx: Send + Sync + 'static;
 
     /// A point in the device's queue of work (a CUDA event; the clock on the host).
     type Mark;
@@ -75,6 +77,13 @@ pub trait Backend {
     fn mark(&self) -> R<Self::Mark>;
     /// Microseconds of device work between two marks (waits for the second).
     fn elapsed_us(&self, start: &Self::Mark, end: &Self::Mark) -> R<f64>;
+
+    /// `buf`'s elements, read back without the device at hand: what a tensor's resident
+    /// copy does when host code first reads it.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn read_back(buf: &Self::Buf) -> R<Vec<f32>>;
 
     /// `n` zeros.
     fn zeros(&self, n: usize) -> R<Self::Buf>;

@@ -259,6 +259,12 @@ impl Backend for Gpu {
             .alloc_zeros(n.max(1))
             .map_err(fail("out of GPU memory"))
     }
+    fn read_back(buf: &CudaSlice<f32>) -> R<Vec<f32>> {
+        // The buffer's own stream: the one its last writer ran on.
+        buf.stream()
+            .clone_dtoh(buf)
+            .map_err(fail("cannot copy from the GPU"))
+    }
     fn download(&self, buf: &CudaSlice<f32>) -> R<Vec<f32>> {
         self.stream
             .clone_dtoh(buf)

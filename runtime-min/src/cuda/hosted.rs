@@ -1,13 +1,16 @@
-//! A device computing a plan's layers for the CPU backend's plan executor
-//! ([`crate::cpu::exec`]): every rank runs the same interpreter — shares, messages,
-//! collectives, schedules — and hands each node's arithmetic to the device, staging its
-//! operands and results through host memory. Any plan the CPU backend runs (burst, SOAP,
-//! pipelines) thereby runs on GPUs, ranks sharing one GPU included; the price is a copy to
-//! and from the device per node, so this is the path that checks plans, not the fast one
-//! (data-parallel plans keep everything on the device, [`super::train::train_replica`]).
-//! Shape and integer arithmetic, and operators the device lacks, stay on the CPU.
+//! A device computing a plan's layers for the plan executor ([`crate::cpu::exec`]): every
+//! rank runs the same interpreter — shares, messages, collectives, schedules — and hands
+//! each node's arithmetic to the device. Results stay resident on the device
+//! ([`Floats::resident`]): the next device node reads them where they are, and host code
+//! (a message, a region, an operator the device lacks) reads them back once, on first
+//! use. An operand the host made is uploaded once and kept with it, so a weight crosses
+//! to the device once per update. Gradients still cross per node (dy up, dx down).
+//! Shape and integer arithmetic, and operators the device lacks, stay on the host.
 
-use std::rc::Rc;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
@@ -15,19 +18,103 @@ use super::backend::{Backend, R};
 use super::error::DeviceError;
 use super::train::{DTensor, Runner, Saved};
 use crate::cpu::exec::Compute;
+use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
-use crate::cpu::ops::{self, Env, Mode};
-use crate::cpu::tensor::{Data, Tensor};
+use crate::cpu::ops::{self, Env, Mode, ResidentSaved};
+use crate::cpu::tensor::{numel, Data, Tensor};
 
 /// A device behind the plan executor.
 pub struct Hosted<B: Backend> {
     dev: B,
+    /// Tells this device's resident copies from any other's.
+    id: u64,
+    transfers: Arc<Transfers>,
 }
 
-impl<B: Backend> Hosted<B> {
+/// Bytes that crossed between the host and a [`Hosted`] device.
+#[derive(Debug, Default)]
+pub struct Transfers {
+    uploaded: AtomicU64,
+    read_back: AtomicU64,
+}
+
+impl Transfers {
+    /// Bytes uploaded so far.
+    pub fn uploaded(&self) -> u64 {
+        self.uploaded.load(Ordering::Relaxed)
+    }
+    /// Bytes read back so far.
+    pub fn read_back(&self) -> u64 {
+        self.read_back.load(Ordering::Relaxed)
+    }
+    fn count(counter: &AtomicU64, elements: usize) {
+        counter.fetch_add(4 * elements as u64, Ordering::Relaxed);
+    }
+}
+
+/// A buffer of device `B` kept as a tensor's resident copy.
+struct Kept<B: Backend> {
+    owner: u64,
+    buf: Arc<B::Buf>,
+    len: usize,
+    transfers: Arc<Transfers>,
+    device: PhantomData<fn() -> B>,
+}
+
+impl<B: Backend + 'static> DeviceCopy for Kept<B> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read_back(&self) -> Result<Vec<f32>, ReadBackError> {
+        Transfers::count(&self.transfers.read_back, self.len);
+        B::read_back(&self.buf).map_err(|e| Box::new(e) as ReadBackError)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl<B: Backend + 'static> Hosted<B> {
     /// Computes on `dev`.
     pub fn new(dev: B) -> Hosted<B> {
-        Hosted { dev }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Hosted {
+            dev,
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            transfers: Arc::default(),
+        }
+    }
+
+    /// What crossed between the host and the device so far (and goes on counting).
+    pub fn transfers(&self) -> Arc<Transfers> {
+        self.transfers.clone()
+    }
+
+    /// `buf` (of `len` elements) as a tensor's resident copy.
+    fn keep(&self, buf: Arc<B::Buf>, len: usize) -> Arc<dyn DeviceCopy> {
+        Arc::new(Kept::<B> {
+            owner: self.id,
+            buf,
+            len,
+            transfers: self.transfers.clone(),
+            device: PhantomData,
+        })
+    }
+
+    /// `f` on this device: its resident copy when this device made one, else uploaded
+    /// (and the upload kept with `f` for the next reader).
+    fn on_this_device(&self, f: &Floats) -> R<Arc<B::Buf>> {
+        let mine = f
+            .device_copy()
+            .and_then(|c| c.as_any().downcast_ref::<Kept<B>>())
+            .filter(|k| k.owner == self.id);
+        if let Some(kept) = mine {
+            return Ok(kept.buf.clone());
+        }
+        Transfers::count(&self.transfers.uploaded, f.len());
+        let buf = Arc::new(self.dev.upload(f)?);
+        f.keep_on_device(self.keep(buf.clone(), f.len()));
+        Ok(buf)
     }
 
     /// Whether node `id` runs on the device with these operands: a float op the device
@@ -109,11 +196,11 @@ impl<B: Backend> Hosted<B> {
                 data: Data::F32(f),
             }) = values.get(v)
             {
-                let buf = self.dev.upload(f)?;
+                let buf = self.on_this_device(f)?;
                 runner.values.insert(
                     v,
                     DTensor {
-                        buf: Rc::new(buf),
+                        buf,
                         shape: shape.clone(),
                     },
                 );
@@ -134,7 +221,7 @@ fn constants(graph: &Graph, id: NodeId, values: &Values) -> Weights {
     w
 }
 
-impl<B: Backend> Compute for Hosted<B> {
+impl<B: Backend + 'static> Compute for Hosted<B> {
     fn forward(
         &self,
         graph: &Graph,
@@ -163,26 +250,19 @@ impl<B: Backend> Compute for Hosted<B> {
             runner.forward(id).map_err(error)?;
             for &o in &node.outputs {
                 if let Some(t) = runner.values.get(&o) {
-                    let data = self.dev.download(&t.buf).map_err(error)?;
-                    values.set(o, Tensor::f32(t.shape.clone(), data));
+                    let kept = self.keep(t.buf.clone(), numel(&t.shape));
+                    values.set(
+                        o,
+                        Tensor {
+                            shape: t.shape.clone(),
+                            data: Data::F32(Floats::resident(kept)),
+                        },
+                    );
                 }
             }
             let saved = match runner.saved.pop().map(|(_, s)| s) {
-                Some(Saved::Argmax(idx)) => ops::Saved::Argmax(
-                    self.dev
-                        .download_indices(&idx)
-                        .map_err(error)?
-                        .iter()
-                        .map(|&i| i as u32)
-                        .collect(),
-                ),
-                Some(Saved::Stats(mean, rstd) | Saved::Normalized(_, mean, rstd)) => {
-                    ops::Saved::Stats(
-                        self.dev.download(&mean).map_err(error)?,
-                        self.dev.download(&rstd).map_err(error)?,
-                    )
-                }
                 Some(Saved::None) | None => ops::Saved::None,
+                Some(kept) => ops::Saved::Resident(ResidentSaved(Arc::new(kept))),
             };
             records.push(Record { node: id, saved });
         }
@@ -222,49 +302,27 @@ impl<B: Backend> Compute for Hosted<B> {
                 .runner(graph, id, values, env, &host, true)
                 .map_err(error)?;
             let dev = &self.dev;
-            let saved = match (&node.op, &record.saved) {
-                (_, ops::Saved::Argmax(a)) => Saved::Argmax(
-                    dev.upload_indices(&a.iter().map(|&i| i64::from(i)).collect::<Vec<_>>())
-                        .map_err(error)?,
-                ),
-                (Op::LayerNorm { axis, epsilon }, _) => {
-                    // The normalized input, recomputed (the host keeps only statistics).
-                    let x = runner
-                        .values
-                        .get(&node.inputs[0].ok_or_else(|| {
-                            error(DeviceError::Inconsistent(
-                                "a layer norm without its input".into(),
-                            ))
-                        })?)
-                        .ok_or_else(|| {
-                            error(DeviceError::Inconsistent(
-                                "the input is not on the device".into(),
-                            ))
-                        })?;
-                    let rank = x.shape.len() as i64;
-                    let a = if *axis < 0 { axis + rank } else { *axis } as usize;
-                    let rows: usize = x.shape[..a].iter().product();
-                    let n: usize = x.shape[a..].iter().product();
-                    let (mut xhat, mut mean, mut rstd) = (
-                        dev.zeros(rows * n).map_err(error)?,
-                        dev.zeros(rows).map_err(error)?,
-                        dev.zeros(rows).map_err(error)?,
-                    );
-                    dev.layer_norm(
-                        &mut xhat, &mut mean, &mut rstd, &x.buf, None, rows, n, *epsilon,
-                    )
-                    .map_err(error)?;
-                    Saved::Normalized(xhat, mean, rstd)
+            let none = Saved::None;
+            let saved = match &record.saved {
+                ops::Saved::None => &none,
+                ops::Saved::Resident(ResidentSaved(kept)) => {
+                    kept.downcast_ref::<Saved<B>>().ok_or_else(|| {
+                        error(DeviceError::Inconsistent(
+                            "the forward pass's state was kept by another kind of device".into(),
+                        ))
+                    })?
                 }
-                (_, ops::Saved::Stats(mean, rstd)) => Saved::Stats(
-                    dev.upload(mean).map_err(error)?,
-                    dev.upload(rstd).map_err(error)?,
-                ),
-                (_, ops::Saved::None) => Saved::None,
+                ops::Saved::Argmax(_) | ops::Saved::Stats(..) => {
+                    return Err(error(DeviceError::Inconsistent(
+                        "the forward pass ran on the host, the backward pass on the device".into(),
+                    )))
+                }
             };
+            Transfers::count(&self.transfers.uploaded, dy.len());
             let dy = dev.upload(&dy).map_err(error)?;
-            for (slot, g) in runner.backward(id, &saved, &dy).map_err(error)? {
+            for (slot, g) in runner.backward(id, saved, &dy).map_err(error)? {
                 if let Some(Some(v)) = node.inputs.get(slot) {
+                    Transfers::count(&self.transfers.read_back, dev.len(&g));
                     grads.add(*v, &dev.download(&g).map_err(error)?);
                 }
             }

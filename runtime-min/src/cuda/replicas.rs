@@ -3,7 +3,7 @@
 //! training loop around a [`Runner`], and per-node profiling.
 
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
@@ -313,17 +313,17 @@ pub fn train_replica<B: Backend>(
         let c = control.resume?;
         of(c).get(&graph.value(v).name)
     };
-    let mut params: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    let mut params: BTreeMap<ValueId, Arc<B::Buf>> = BTreeMap::new();
     for (&v, t) in &weights.tensors {
         if let Some(f) = t.floats() {
             let f = resumed(v, |c| &c.weights).map_or(f, Vec::as_slice);
-            params.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+            params.insert(v, Arc::new(dev.upload(f).map_err(&device)?));
         }
     }
-    let mut inputs: BTreeMap<ValueId, Rc<B::Buf>> = BTreeMap::new();
+    let mut inputs: BTreeMap<ValueId, Arc<B::Buf>> = BTreeMap::new();
     for (&v, t) in &data.inputs {
         if let Some(f) = t.floats() {
-            inputs.insert(v, Rc::new(dev.upload(f).map_err(&device)?));
+            inputs.insert(v, Arc::new(dev.upload(f).map_err(&device)?));
         }
     }
     let mut velocity: BTreeMap<ValueId, B::Buf> = BTreeMap::new();
@@ -474,7 +474,7 @@ pub fn train_replica<B: Backend>(
                     e.insert(dev.zeros(n).map_err(&device)?)
                 }
             };
-            let param = Rc::get_mut(param).ok_or_else(|| {
+            let param = Arc::get_mut(param).ok_or_else(|| {
                 device(DeviceError::Inconsistent(
                     "a weight is still shared after the step".into(),
                 ))
@@ -611,7 +611,7 @@ pub fn profile<B: Backend>(
             runner.values.insert(
                 v,
                 DTensor {
-                    buf: Rc::new(buf),
+                    buf: Arc::new(buf),
                     shape,
                 },
             );

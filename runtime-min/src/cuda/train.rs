@@ -9,7 +9,7 @@
 //! per-node profiling around this runner are `replicas.rs`'s.
 
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, ValueId, Variadic};
 
@@ -30,7 +30,7 @@ use crate::cpu::ops;
 
 /// A float tensor on the device; views share the buffer.
 pub(super) struct DTensor<B: Backend> {
-    pub(super) buf: Rc<B::Buf>,
+    pub(super) buf: Arc<B::Buf>,
     pub(super) shape: Vec<usize>,
 }
 
@@ -426,11 +426,11 @@ impl<'a, B: Backend> Runner<'a, B> {
                         BinaryOp::Add,
                     )?;
                     acc = DTensor {
-                        buf: Rc::new(y),
+                        buf: Arc::new(y),
                         shape: out_shape.clone(),
                     };
                 }
-                match Rc::try_unwrap(acc.buf) {
+                match Arc::try_unwrap(acc.buf) {
                     Ok(y) => (y, Saved::None),
                     // One input: the sum is a view of it.
                     Err(buf) => return self.alias(id, buf, out_shape),
@@ -573,7 +573,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             self.values.insert(
                 v,
                 DTensor {
-                    buf: Rc::new(y),
+                    buf: Arc::new(y),
                     shape: out_shape,
                 },
             );
@@ -583,7 +583,7 @@ impl<'a, B: Backend> Runner<'a, B> {
     }
 
     /// Node `id`'s output is a view of `buf` (Reshape, Identity, a one-input Sum…).
-    fn alias(&mut self, id: NodeId, buf: Rc<B::Buf>, shape: Vec<usize>) -> R<()> {
+    fn alias(&mut self, id: NodeId, buf: Arc<B::Buf>, shape: Vec<usize>) -> R<()> {
         let out = *self
             .graph
             .node(id)

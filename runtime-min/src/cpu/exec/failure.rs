@@ -95,6 +95,10 @@ pub enum RankError {
     /// The checkpoint could not be written.
     #[error("{0}")]
     Checkpoint(String),
+    /// The device holding a tensor failed to read it back for the host
+    /// ([`ReadBackFailed`](crate::cpu::floats::ReadBackFailed)).
+    #[error("{0}")]
+    ReadBack(String),
 }
 
 /// A kernel that runs collectives failed with `message`: the collective's own error when

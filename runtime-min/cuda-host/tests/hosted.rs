@@ -1,0 +1,85 @@
+//! The hosted device ([`Hosted`]) behind the plan executor keeps what it computes
+//! resident: a model's chain of device nodes uploads each operand once and reads nothing
+//! back until the host reads a result, and computes what the CPU backend computes.
+
+mod common;
+
+use ralpc_cuda_host::Host;
+use ralpc_ir::{Graph, GraphInfo};
+use ralpc_runtime_min::cpu::exec::Compute;
+use ralpc_runtime_min::cpu::graph::{self, Grads, Values, Weights};
+use ralpc_runtime_min::cpu::ops::{Env, Mode};
+use ralpc_runtime_min::cpu::train::{Dataset, Loss};
+use ralpc_runtime_min::cuda::hosted::Hosted;
+
+/// The model's weights and the batch's inputs, and the float bytes among them.
+fn operands(graph: &Graph, info: &GraphInfo) -> (Values, u64) {
+    let weights = Weights::load(graph, 3).expect("weights");
+    let data = Dataset::synthetic(graph, info, 3, Loss::CrossEntropy);
+    let mut values = Values::new(graph);
+    let mut bytes = 0;
+    for (&v, t) in weights.tensors.iter().chain(&data.inputs) {
+        bytes += t.floats().map_or(0, |f| 4 * f.len() as u64);
+        values.set(v, t.clone());
+    }
+    (values, bytes)
+}
+
+#[test]
+fn a_chain_of_device_nodes_stays_on_the_device() {
+    let (graph, info) = common::load("train/cnn.onnx", 4);
+    let env = Env {
+        mode: Mode::Training,
+        exported_batch: graph.rebatch().map(|r| r.exported),
+    };
+    let output = graph.outputs()[0];
+    let (mut want, _) = operands(&graph, &info);
+    let host_records = graph::forward(&graph, info.order(), &mut want, env).expect("cpu");
+
+    let hosted = Hosted::new(Host);
+    let transfers = hosted.transfers();
+    let (mut got, operand_bytes) = operands(&graph, &info);
+    let records = hosted
+        .forward(&graph, info.order(), &mut got, env)
+        .expect("hosted forward");
+    assert_eq!(
+        transfers.uploaded(),
+        operand_bytes,
+        "every float operand crosses once, nothing else"
+    );
+    assert_eq!(transfers.read_back(), 0, "no result read back yet");
+
+    let y = got.get(output).and_then(|t| t.floats()).expect("output");
+    let y_want = want.get(output).and_then(|t| t.floats()).expect("output");
+    assert_eq!(
+        transfers.read_back(),
+        4 * y.len() as u64,
+        "reading the output reads it back, and only it"
+    );
+    assert!(common::relative_error(y, y_want) <= 1e-5);
+    let _ = y.to_vec();
+    assert_eq!(transfers.read_back(), 4 * y.len() as u64, "read back once");
+
+    // The backward pass, from the device's own saved state, gives the CPU's gradients.
+    let dy: Vec<f32> = (0..y.len()).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    let (mut g_got, mut g_want) = (Grads::default(), Grads::default());
+    g_got.add(output, &dy);
+    g_want.add(output, &dy);
+    hosted
+        .backward(&graph, &records, &got, &mut g_got)
+        .expect("hosted backward");
+    graph::backward(&graph, &host_records, &want, &mut g_want).expect("cpu backward");
+    let mut compared = 0;
+    for &v in graph.inputs().iter().chain(
+        info.order()
+            .iter()
+            .flat_map(|&n| graph.node(n).inputs.iter().flatten()),
+    ) {
+        if let (Some(a), Some(b)) = (g_got.get(v), g_want.get(v)) {
+            let e = common::relative_error(a, b);
+            assert!(e <= 1e-4, "{}: relative error {e}", graph.value(v).name);
+            compared += 1;
+        }
+    }
+    assert!(compared > 4, "{compared} gradients compared");
+}

@@ -1,0 +1,266 @@
+//! A float tensor's elements wherever they are: on the host, resident on a device, or
+//! both. A device computing a layer keeps its results resident ([`Floats::resident`]) and
+//! reads its operands' device copies; host code reads the elements as a slice, which
+//! reads a resident value back once, on first use. So the plan interpreter's messages,
+//! regions and shape arithmetic stay host code while a chain of device nodes never leaves
+//! the device.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
+
+/// Why a device's copy could not be read back.
+pub type ReadBackError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A copy of a float tensor's elements held by a device.
+pub trait DeviceCopy: Any + Send + Sync {
+    /// Element count.
+    fn len(&self) -> usize;
+    /// Whether it has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The elements, read back to the host (after the work that writes them).
+    ///
+    /// # Errors
+    /// The device failed.
+    fn read_back(&self) -> Result<Vec<f32>, ReadBackError>;
+    /// Itself, for the device that made it to find its buffer.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The panic payload of a host read of a resident value the device could not read back:
+/// a slice has no room for an error, and the interpreter's ranks catch it as the device's
+/// failure, not ralpc's.
+#[derive(Debug)]
+pub struct ReadBackFailed(pub String);
+
+struct Copies {
+    host: OnceLock<Vec<f32>>,
+    device: OnceLock<Arc<dyn DeviceCopy>>,
+}
+
+impl Copies {
+    fn host(&self) -> &[f32] {
+        self.host.get_or_init(|| match self.device.get() {
+            Some(copy) => copy.read_back().unwrap_or_else(|e| {
+                std::panic::panic_any(ReadBackFailed(format!(
+                    "cannot read a tensor of {} elements back from the device: {e}",
+                    copy.len()
+                )))
+            }),
+            None => Vec::new(),
+        })
+    }
+}
+
+impl Clone for Copies {
+    /// A host copy to write (the device's would go stale).
+    fn clone(&self) -> Copies {
+        Copies {
+            host: OnceLock::from(self.host().to_vec()),
+            device: OnceLock::new(),
+        }
+    }
+}
+
+/// Float elements, shared: clones are the same elements (and the same copies of them),
+/// and writing copies them first ([`Floats::make_mut`]).
+#[derive(Clone)]
+pub struct Floats(Arc<Copies>);
+
+impl Floats {
+    /// Elements held by a device alone.
+    pub fn resident(copy: Arc<dyn DeviceCopy>) -> Floats {
+        Floats(Arc::new(Copies {
+            host: OnceLock::new(),
+            device: OnceLock::from(copy),
+        }))
+    }
+
+    /// Element count, without reading a resident value back.
+    pub fn len(&self) -> usize {
+        match (self.0.host.get(), self.0.device.get()) {
+            (Some(host), _) => host.len(),
+            (None, Some(copy)) => copy.len(),
+            (None, None) => 0,
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device's copy, if one was made.
+    pub fn device_copy(&self) -> Option<&Arc<dyn DeviceCopy>> {
+        self.0.device.get()
+    }
+
+    /// Records `copy` as the device's copy of these elements (an upload of them), unless
+    /// one is already recorded: the next device to read them then reads it.
+    pub fn keep_on_device(&self, copy: Arc<dyn DeviceCopy>) {
+        let _ = self.0.device.set(copy);
+    }
+
+    /// Whether the host holds the elements (reading them costs no transfer).
+    pub fn on_host(&self) -> bool {
+        self.0.host.get().is_some()
+    }
+
+    /// The elements to write on the host, copied first when shared; a device's copy is
+    /// dropped (it would go stale).
+    pub fn make_mut(&mut self) -> &mut Vec<f32> {
+        let copies = Arc::make_mut(&mut self.0);
+        if copies.host.get().is_none() {
+            let host = copies.host().to_vec();
+            copies.host = OnceLock::from(host);
+        }
+        copies.device.take();
+        match copies.host.get_mut() {
+            Some(host) => host,
+            None => unreachable!("the host copy was made above"),
+        }
+    }
+
+    /// The elements, owned (copied when shared).
+    pub fn into_vec(self) -> Vec<f32> {
+        match Arc::try_unwrap(self.0) {
+            Ok(copies) => match copies.host.into_inner() {
+                Some(host) => host,
+                None => Copies {
+                    host: OnceLock::new(),
+                    device: copies.device,
+                }
+                .host()
+                .to_vec(),
+            },
+            Err(shared) => shared.host().to_vec(),
+        }
+    }
+}
+
+impl Deref for Floats {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        self.0.host()
+    }
+}
+
+impl From<Vec<f32>> for Floats {
+    fn from(host: Vec<f32>) -> Floats {
+        Floats(Arc::new(Copies {
+            host: OnceLock::from(host),
+            device: OnceLock::new(),
+        }))
+    }
+}
+
+impl PartialEq for Floats {
+    fn eq(&self, other: &Floats) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for Floats {
+    /// The host's elements; a value only resident is not read back to be printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.host.get() {
+            Some(host) => host.fmt(f),
+            None => write!(f, "<{} elements on a device>", self.len()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Counted {
+        data: Vec<f32>,
+        reads: Arc<AtomicUsize>,
+    }
+
+    impl DeviceCopy for Counted {
+        fn len(&self) -> usize {
+            self.data.len()
+        }
+        fn read_back(&self) -> Result<Vec<f32>, ReadBackError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            Ok(self.data.clone())
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    fn resident(data: Vec<f32>) -> (Floats, Arc<AtomicUsize>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let copy = Counted {
+            data,
+            reads: reads.clone(),
+        };
+        (Floats::resident(Arc::new(copy)), reads)
+    }
+
+    #[test]
+    fn a_resident_value_is_read_back_once_on_first_host_read() {
+        let (x, reads) = resident(vec![1.0, 2.0, 3.0]);
+        assert_eq!(x.len(), 3);
+        assert!(!x.on_host());
+        assert_eq!(reads.load(Ordering::SeqCst), 0, "the length needs no read");
+        let shared = x.clone();
+        assert_eq!(&x[..], &[1.0, 2.0, 3.0]);
+        assert_eq!(&shared[..], &[1.0, 2.0, 3.0]);
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "clones share the read");
+        assert!(x.device_copy().is_some());
+    }
+
+    #[test]
+    fn writing_drops_the_device_copy_and_leaves_clones_alone() {
+        let (x, _) = resident(vec![1.0, 2.0]);
+        let mut y = x.clone();
+        y.make_mut()[0] = 5.0;
+        assert_eq!(&y[..], &[5.0, 2.0]);
+        assert!(y.device_copy().is_none(), "the device's copy went stale");
+        assert_eq!(&x[..], &[1.0, 2.0]);
+        assert!(x.device_copy().is_some());
+        assert_eq!(x.into_vec(), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn an_upload_is_kept_once() {
+        let x = Floats::from(vec![1.0]);
+        let (a, _) = resident(vec![1.0]);
+        let (b, _) = resident(vec![1.0]);
+        x.keep_on_device(a.device_copy().cloned().unwrap());
+        let first = Arc::as_ptr(x.device_copy().unwrap());
+        x.keep_on_device(b.device_copy().cloned().unwrap());
+        assert!(std::ptr::addr_eq(
+            Arc::as_ptr(x.device_copy().unwrap()),
+            first
+        ));
+    }
+
+    #[test]
+    fn a_failed_read_back_panics_with_its_own_payload() {
+        struct Broken;
+        impl DeviceCopy for Broken {
+            fn len(&self) -> usize {
+                1
+            }
+            fn read_back(&self) -> Result<Vec<f32>, ReadBackError> {
+                Err("the device is gone".into())
+            }
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+        }
+        let x = Floats::resident(Arc::new(Broken));
+        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| x[0])).unwrap_err();
+        let failure = payload.downcast_ref::<ReadBackFailed>().unwrap();
+        assert!(failure.0.contains("the device is gone"), "{}", failure.0);
+    }
+}
