@@ -115,6 +115,7 @@ impl Error {
             Error::Join { source, .. } if source.is_environment() => 1,
             Error::Join { .. } => 4,
             Error::Ranks(e) if e.is_bug() => 101,
+            Error::Ranks(e) if e.is_environment() => 1,
             Error::Ranks(_) => 4,
             Error::Internal(_) => 101,
         }
@@ -235,6 +236,34 @@ mod tests {
         }
         let setup = super::Error::Ranks(Box::new(RunError::Setup("too many ranks".into())));
         assert_eq!(setup.exit_code(), 4);
+        for failure in [
+            RankError::ReadBack("cannot read a tensor back".into()),
+            RankError::Checkpoint("disk full".into()),
+        ] {
+            assert_eq!(failed(failure).exit_code(), 4);
+        }
+    }
+
+    /// A rank's device that cannot start: the machine's fault when a library, the driver
+    /// or the GPU is missing (exit 1, as for a one-device run), ralpc's when it is
+    /// inconsistent (101); the rank and the cause stay in the chain.
+    #[test]
+    fn a_ranks_device_failing_to_start_is_classified_by_its_cause() {
+        use ralpc_runtime_min::cpu::exec::RunError;
+        use ralpc_runtime_min::cuda::error::{DeviceError, SetupError};
+        let device = |source| super::Error::Ranks(Box::new(RunError::Device { rank: 2, source }));
+        let missing = device(DeviceError::Setup(SetupError::Missing(
+            ralpc_runtime_min::cuda::libs::Missing {
+                lib: ralpc_runtime_min::cuda::libs::Lib::Driver,
+                searched: Vec::new(),
+            },
+        )));
+        assert_eq!(missing.exit_code(), 1);
+        let text = chain(&missing);
+        assert!(text.contains("rank 2's device / "), "{text}");
+        assert!(text.contains("libcuda.so.1"), "{text}");
+        let bug = device(DeviceError::Inconsistent("a kernel is missing".into()));
+        assert_eq!(bug.exit_code(), 101);
     }
 
     /// Joining a launcher's run: a malformed environment is the input's fault (exit 1); a

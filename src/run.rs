@@ -800,9 +800,9 @@ pub fn run(options: &RunOptions) -> Result<RunOutput, Error> {
     run_with(options, None)
 }
 
-/// [`run`] with every rank's layers computed by `compute` (rank → its device), staged
-/// through host memory: how plans other than data parallelism run on GPUs, and how the
-/// CUDA executor is checked on the host kernels. `options.backend` is ignored.
+/// [`run`] with every rank's layers computed by `compute` (rank → its device): how plans
+/// other than data parallelism run on GPUs, and how the CUDA executor is checked on the
+/// host kernels. `options.backend` is ignored.
 ///
 /// # Errors
 /// As [`run`].
@@ -829,19 +829,16 @@ fn run_with(
         layers::build(&bound.graph, &bound.info, plan.batch, Default::default())
             .map_err(|e| Error::Layers(Box::new(e)))?;
     sizes::check(&plan, &plan_file, &bound.graph, &layer_graph)?;
-    let gpus = |rank: u32| -> Result<Box<dyn Compute>, String> {
+    let gpus = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
         // Every rank of this process on the GPU its launcher gave it (0 without one); more
         // local ranks than GPUs share them.
-        let gpus = ralpc_runtime_min::cuda::device::count()
-            .map_err(|e| chain(&e))?
-            .max(1);
+        let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
         let ordinal = options
             .placement
             .as_ref()
             .map_or(0, |p| p.local_rank as usize % gpus);
-        let gpu = Gpu::new(ordinal).map_err(|e| format!("rank {rank}, cuda:{ordinal}: {e}"))?;
-        Ok(Box::new(Hosted::new(gpu)))
+        Ok(Box::new(Hosted::new(Gpu::new(ordinal)?)))
     };
     let compute = match (compute, options.backend) {
         (Some(c), _) => Some(c),

@@ -1,6 +1,7 @@
 //! The hosted device ([`Hosted`]) behind the plan executor keeps what it computes
 //! resident: a model's chain of device nodes uploads each operand once and reads nothing
-//! back until the host reads a result, and computes what the CPU backend computes.
+//! back until the host reads a result or a gradient, and computes what the CPU backend
+//! computes.
 
 mod common;
 
@@ -68,6 +69,16 @@ fn a_chain_of_device_nodes_stays_on_the_device() {
     hosted
         .backward(&graph, &records, &got, &mut g_got)
         .expect("hosted backward");
+    assert_eq!(
+        transfers.uploaded(),
+        operand_bytes + 4 * dy.len() as u64,
+        "the backward pass uploads only the host's output gradient"
+    );
+    assert_eq!(
+        transfers.read_back(),
+        4 * y.len() as u64,
+        "the gradients stay on the device until read"
+    );
     graph::backward(&graph, &host_records, &want, &mut g_want).expect("cpu backward");
     let mut compared = 0;
     for &v in graph.inputs().iter().chain(

@@ -12,6 +12,7 @@ use std::path::Path;
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
+use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::hosted::Hosted;
 
 /// The plan of `strategy` for `model`, run on the CPU backend and through the hosted
@@ -49,7 +50,7 @@ fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, ralpc
 }
 
 /// Every rank's layers on the host-compiled CUDA kernels.
-fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, String> {
+fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
     Ok(Box::new(Hosted::new(Host)))
 }
 

@@ -60,6 +60,7 @@ use super::region::{
 };
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
+use crate::cuda::error::DeviceError;
 use crate::dist::comm::{AbortOnPanic, Comm, CommError, World};
 
 mod batch_stats;
@@ -196,7 +197,7 @@ impl Compute for OnCpu {
 }
 
 /// Makes rank `r`'s [`Compute`] (in the rank's own thread: a GPU context per rank).
-pub type ComputeFactory<'a> = dyn Fn(u32) -> Result<Box<dyn Compute>, String> + Sync + 'a;
+pub type ComputeFactory<'a> = dyn Fn(u32) -> Result<Box<dyn Compute>, DeviceError> + Sync + 'a;
 
 /// Everything a run reads.
 pub struct Executable<'a> {
@@ -395,13 +396,18 @@ impl<'p, 'a> Rank<'p, 'a> {
         comm: Comm,
         options: TrainOptions,
         resume: Option<&Checkpoint>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, RunError> {
         let mut weights = BTreeMap::new();
         let mut velocity = BTreeMap::new();
         for l in &p.layers {
             let Some(k) = l.holds(rank) else { continue };
             for &w in &l.weights {
-                let model = p.exe.weights.tensors.get(&w).ok_or("a weight is missing")?;
+                let model = p
+                    .exe
+                    .weights
+                    .tensors
+                    .get(&w)
+                    .ok_or_else(|| setup("a weight is missing"))?;
                 let name = &p.exe.graph.value(w).name;
                 let restored;
                 let full = match resume {
@@ -411,10 +417,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                             .get(name)
                             .filter(|d| d.len() == model.len())
                             .ok_or_else(|| {
-                                format!(
+                                setup(format!(
                                     "the checkpoint has no weight '{name}' of {} elements",
                                     model.len()
-                                )
+                                ))
                             })?;
                         restored = Tensor::f32(model.shape.clone(), data.clone());
                         &restored
@@ -428,12 +434,12 @@ impl<'p, 'a> Rank<'p, 'a> {
                 };
                 if let Some((held, _)) = weights.get(&w) {
                     if *held != slice {
-                        return Err(format!(
+                        return Err(setup(format!(
                             "the weight '{name}' is read by several layers that hold different \
                              pieces of it on rank {rank} (layer {} holds {slice:?}, an earlier \
                              one {held:?}); give them the same split",
                             l.name
-                        ));
+                        )));
                     }
                     continue;
                 }
@@ -484,7 +490,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             collector: None,
             first_step: resume.map_or(0, |c| c.step),
             compute: match p.exe.compute {
-                Some(make) => make(rank)?,
+                Some(make) => make(rank).map_err(|source| RunError::Device { rank, source })?,
                 None => Box::new(OnCpu),
             },
         })
@@ -843,8 +849,7 @@ pub fn run(
                 let options = *options;
                 scope.spawn(move || {
                     let _guard = AbortOnPanic(&abort);
-                    let mut rank = Rank::new(prepared, r, comm, options, control.resume)
-                        .map_err(RunError::Setup)?;
+                    let mut rank = Rank::new(prepared, r, comm, options, control.resume)?;
                     rank.fault = control.fault;
                     rank.checkpoint_every = control.checkpoint_every;
                     rank.collector = collector;
@@ -914,8 +919,7 @@ pub fn run_process(
     let guard = world.comm(rank);
     let _guard = AbortOnPanic(&guard);
     let started = Instant::now();
-    let mut r =
-        Rank::new(&prepared, rank, world.comm(rank), *options, None).map_err(RunError::Setup)?;
+    let mut r = Rank::new(&prepared, rank, world.comm(rank), *options, None)?;
     r.fault = control.fault;
     r.run()?;
     // The rank's own endpoint: its collective numbering continues.

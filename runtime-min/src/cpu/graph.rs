@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, NodeId, Op, Site, Storage, TensorData, TensorReadError, ValueId};
 
+use super::floats::Floats;
 use super::grad;
 use super::init;
 use super::ops::{self, Env, Saved};
@@ -362,30 +363,70 @@ fn relu_reading(
     .then_some(reader)
 }
 
-/// Gradients by [`ValueId`], accumulated over consumers.
+/// Gradients by [`ValueId`], accumulated over consumers: on the host, or resident on the
+/// device that computed them ([`Floats`]) until the host reads them.
 #[derive(Clone, Debug, Default)]
-pub struct Grads(BTreeMap<ValueId, Vec<f32>>);
+pub struct Grads(BTreeMap<ValueId, Floats>);
 
 impl Grads {
     /// Adds `g` to the gradient of `v`.
     pub fn add(&mut self, v: ValueId, g: &[f32]) {
         match self.0.get_mut(&v) {
-            Some(acc) => super::kernels::add(acc, g),
+            Some(acc) => super::kernels::add(acc.make_mut(), g),
             None => {
-                self.0.insert(v, g.to_vec());
+                self.0.insert(v, g.to_vec().into());
             }
         }
     }
 
     /// The gradient of `v`, if any reached it.
     pub fn get(&self, v: ValueId) -> Option<&[f32]> {
-        self.0.get(&v).map(Vec::as_slice)
+        self.0.get(&v).map(|g| &g[..])
     }
 
     /// Removes and returns the gradient of `v`.
     pub fn take(&mut self, v: ValueId) -> Option<Vec<f32>> {
+        self.0.remove(&v).map(Floats::into_vec)
+    }
+
+    /// The gradient of `v` where it is, if any reached it.
+    pub fn floats(&self, v: ValueId) -> Option<&Floats> {
+        self.0.get(&v)
+    }
+
+    /// Removes and returns the gradient of `v` where it is.
+    pub fn take_floats(&mut self, v: ValueId) -> Option<Floats> {
         self.0.remove(&v)
     }
+
+    /// Adds `g` to the gradient of `v`, taking it where it is when it is the first.
+    pub fn accumulate(&mut self, v: ValueId, g: Floats) {
+        match self.0.get_mut(&v) {
+            Some(acc) => super::kernels::add(acc.make_mut(), &g),
+            None => {
+                self.0.insert(v, g);
+            }
+        }
+    }
+
+    /// Sets the gradient of `v` (a sum a device made of it and its earlier value).
+    pub fn set(&mut self, v: ValueId, g: Floats) {
+        self.0.insert(v, g);
+    }
+}
+
+/// Whether `op`'s first output is its first input's elements under another shape, so its
+/// gradient passes through unchanged ([`grad::backward`] copies it).
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Flatten { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Identity
+            | Op::Dropout { .. }
+    )
 }
 
 /// Runs the backward pass of `records` (a forward pass's, replayed in reverse) from the
@@ -401,6 +442,16 @@ pub fn backward(
 ) -> Result<(), ExecError> {
     for record in records.iter().rev() {
         let node = graph.node(record.node);
+        // A view's input gradient is its output's elements under another shape: handed
+        // on where they are (shared on the host, or resident on a device), never copied.
+        if let (true, Some(&y), Some(Some(x))) =
+            (is_view(&node.op), node.outputs.first(), node.inputs.first())
+        {
+            if let Some(dy) = grads.floats(y).cloned() {
+                grads.accumulate(*x, dy);
+                continue;
+            }
+        }
         let dys: Vec<Option<&[f32]>> = node.outputs.iter().map(|&v| grads.get(v)).collect();
         if dys.iter().all(Option::is_none) {
             continue;

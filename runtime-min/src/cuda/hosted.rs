@@ -4,7 +4,8 @@
 //! ([`Floats::resident`]): the next device node reads them where they are, and host code
 //! (a message, a region, an operator the device lacks) reads them back once, on first
 //! use. An operand the host made is uploaded once and kept with it, so a weight crosses
-//! to the device once per update. Gradients still cross per node (dy up, dx down).
+//! to the device once per update. Gradients stay resident the same way, summed on the
+//! device where several readers give one.
 //! Shape and integer arithmetic, and operators the device lacks, stay on the host.
 
 use std::any::Any;
@@ -290,7 +291,7 @@ impl<B: Backend + 'static> Compute for Hosted<B> {
             let Some(&out) = node.outputs.first() else {
                 continue;
             };
-            let Some(dy) = grads.get(out).map(<[f32]>::to_vec) else {
+            let Some(dy) = grads.floats(out).cloned() else {
                 continue;
             };
             let error = |source: DeviceError| ExecError::Device {
@@ -318,13 +319,26 @@ impl<B: Backend + 'static> Compute for Hosted<B> {
                     )))
                 }
             };
-            Transfers::count(&self.transfers.uploaded, dy.len());
-            let dy = dev.upload(&dy).map_err(error)?;
-            for (slot, g) in runner.backward(id, saved, &dy).map_err(error)? {
-                if let Some(Some(v)) = node.inputs.get(slot) {
-                    Transfers::count(&self.transfers.read_back, dev.len(&g));
-                    grads.add(*v, &dev.download(&g).map_err(error)?);
+            let dy = self.on_this_device(&dy).map_err(error)?;
+            for (slot, mut sum) in runner.backward(id, saved, &dy).map_err(error)? {
+                let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                    continue;
+                };
+                // Earlier readers' gradient of the same input, added where both are.
+                if let Some(earlier) = grads.take_floats(v) {
+                    if earlier.len() != dev.len(&sum) {
+                        return Err(error(DeviceError::Inconsistent(format!(
+                            "gradients of {} and {} elements for '{}'",
+                            earlier.len(),
+                            dev.len(&sum),
+                            graph.value(v).name
+                        ))));
+                    }
+                    let earlier = self.on_this_device(&earlier).map_err(error)?;
+                    dev.axpby(&mut sum, &earlier, 1.0, 1.0).map_err(error)?;
                 }
+                let n = dev.len(&sum);
+                grads.set(v, Floats::resident(self.keep(Arc::new(sum), n)));
             }
         }
         Ok(())

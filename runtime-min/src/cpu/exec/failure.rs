@@ -4,6 +4,7 @@
 use ralpc_ir::{Graph, NodeId};
 
 use super::super::graph;
+use crate::cuda::error::DeviceError;
 use crate::dist::comm::CommError;
 
 /// What an injected `Exit` or `Hang` fault reports for its own rank (which, in a real
@@ -17,6 +18,16 @@ pub enum RunError {
     /// The plan cannot run on this model with this backend.
     #[error("{0}")]
     Setup(String),
+    /// A rank's device could not start (the factory of
+    /// [`Executable::compute`](super::Executable::compute) failed).
+    #[error("rank {rank}'s device")]
+    Device {
+        /// The rank.
+        rank: u32,
+        /// Why.
+        #[source]
+        source: DeviceError,
+    },
     /// A rank failed.
     #[error("rank {rank}, instruction {index} ({op})")]
     Rank {
@@ -43,8 +54,14 @@ impl RunError {
                 RankError::Node(graph::ExecError::Device { source, .. }) => source.is_bug(),
                 _ => false,
             },
+            RunError::Device { source, .. } => source.is_bug(),
             RunError::Setup(_) => false,
         }
+    }
+
+    /// Whether the machine is at fault: a device's library, driver or GPU missing.
+    pub fn is_environment(&self) -> bool {
+        matches!(self, RunError::Device { source, .. } if source.is_setup())
     }
 
     /// The order in which the ranks' failures explain a run: a rank's own failure, then a
@@ -59,7 +76,7 @@ impl RunError {
                 RankError::Comm(CommError::Timeout { .. }) => 1,
                 _ => 0,
             },
-            RunError::Setup(_) => 0,
+            RunError::Setup(_) | RunError::Device { .. } => 0,
         }
     }
 }
