@@ -185,3 +185,70 @@ fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
         "the failed rank is named: {message}"
     );
 }
+
+/// A one-rank plan keeps its weights, momentum and gradients on the device: after the
+/// first step's uploads (weights, their zero momentum, the batch) only the loss's
+/// gradient of the output crosses, each step, and what crosses back is the output the
+/// loss reads and what the report reads: the first step's gradients and the last weights.
+#[test]
+fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
+    use std::sync::{Arc, Mutex};
+
+    use ralpc_runtime_min::cuda::hosted::Transfers;
+    let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
+    let model = common::fixture("train/cnn.onnx");
+    let (_dir, options) = planned(&model, 1, &strategy(one, &[], "1f1b", 1));
+    let counters: Mutex<Vec<Arc<Transfers>>> = Mutex::default();
+    let counted = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let hosted = Hosted::new(Host);
+        counters.lock().expect("counters").push(hosted.transfers());
+        Ok(Box::new(hosted))
+    };
+    let steps = 5;
+    let options = ralpc::RunOptions { steps, ..options };
+    let got = ralpc::run_with_compute(&options, &counted).expect("hosted run");
+    let want = ralpc::run(&options).expect("cpu run");
+    for (g, w) in got.report.losses.iter().zip(&want.report.losses) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "loss {g} against {w}"
+        );
+    }
+    for (name, w) in &want.report.weights {
+        let e = common::relative_error(&got.report.weights[name], w);
+        assert!(e <= 1e-5, "weight {name}: relative error {e}");
+    }
+
+    let (graph, info) = common::load("train/cnn.onnx", 8);
+    let bytes = |v| {
+        4 * info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .expect("sizes")
+            .iter()
+            .product::<u64>()
+    };
+    let weights: u64 = want
+        .report
+        .weights
+        .values()
+        .map(|w| 4 * w.len() as u64)
+        .sum();
+    let input: u64 = graph.inputs().into_iter().map(bytes).sum();
+    let output = bytes(graph.outputs()[0]);
+    let counters = counters.into_inner().expect("counters");
+    assert_eq!(counters.len(), 1, "one rank, one device");
+    let transfers = &counters[0];
+    assert_eq!(
+        transfers.uploaded(),
+        2 * weights + input + u64::from(steps) * output,
+        "weights and momentum once, the batch once, the output's gradient each step"
+    );
+    assert_eq!(
+        transfers.read_back(),
+        u64::from(steps) * output + 2 * weights,
+        "the output each step, the first step's gradients and the last weights (both in \
+         the report)"
+    );
+}

@@ -50,7 +50,7 @@ use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 
-use super::floats::ReadBackFailed;
+use super::floats::{Floats, ReadBackFailed};
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
@@ -170,6 +170,25 @@ pub trait Compute {
         values: &Values,
         grads: &mut Grads,
     ) -> Result<(), graph::ExecError>;
+    /// One step of SGD with momentum: `velocity ← momentum·velocity + grad`, `weight ←
+    /// weight − lr·velocity`, where the three are (on the host here; a device keeps its
+    /// results resident).
+    ///
+    /// The three have one length (the interpreter checks).
+    ///
+    /// # Errors
+    /// The device failed.
+    fn sgd_momentum(
+        &self,
+        weight: &mut Floats,
+        velocity: &mut Floats,
+        grad: &Floats,
+        lr: f32,
+        momentum: f32,
+    ) -> Result<(), graph::ExecError> {
+        kernels::sgd_momentum(weight.make_mut(), grad, velocity.make_mut(), lr, momentum);
+        Ok(())
+    }
 }
 
 /// The CPU backend's own kernels.
@@ -365,12 +384,16 @@ struct Rank<'p, 'a> {
     comm: Comm,
     options: TrainOptions,
     weights: BTreeMap<ValueId, (Slice, Tensor)>,
-    grads: BTreeMap<ValueId, Vec<f32>>,
-    velocity: BTreeMap<ValueId, Vec<f32>>,
+    /// Per weight, its gradient so far this step, where it was computed.
+    grads: BTreeMap<ValueId, Floats>,
+    /// Per weight, its momentum, where the last step left it.
+    velocity: BTreeMap<ValueId, Floats>,
     runs: BTreeMap<(usize, u32), LayerRun>,
     pieces: BTreeMap<(usize, u32), Vec<(Region, Tensor)>>,
     grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
-    input_grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
+    /// Per (edge, microbatch), the gradient of the input this rank's consumer read, over
+    /// the region it read, where it was computed.
+    input_grads: BTreeMap<(usize, u32), (Region, Floats)>,
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
     /// Halo rows and their gradients in flight.
     halos: halo::HaloState,
@@ -447,7 +470,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 if let Some(v) = resume.and_then(|c| c.velocity.get(name)) {
                     let v = Tensor::f32(model.shape.clone(), v.clone());
                     if let Some(data) = share(&v, &slice, first).floats() {
-                        velocity.insert(w, data.to_vec());
+                        velocity.insert(w, Floats::from(data.to_vec()));
                     }
                 }
                 weights.insert(w, (slice.clone(), share(full, &slice, first)));
@@ -631,7 +654,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             }
             weights.push((w, slice.clone(), t.floats().unwrap_or_default().to_vec()));
             if let Some(v) = self.velocity.get(&w) {
-                velocity.push((w, slice.clone(), v.clone()));
+                velocity.push((w, slice.clone(), v.to_vec()));
             }
         }
         let state = RankState {

@@ -148,6 +148,13 @@ impl Deref for Floats {
     }
 }
 
+impl Default for Floats {
+    /// No elements.
+    fn default() -> Floats {
+        Floats::from(Vec::new())
+    }
+}
+
 impl From<Vec<f32>> for Floats {
     fn from(host: Vec<f32>) -> Floats {
         Floats(Arc::new(Copies {

@@ -5,7 +5,9 @@
 //! (a message, a region, an operator the device lacks) reads them back once, on first
 //! use. An operand the host made is uploaded once and kept with it, so a weight crosses
 //! to the device once per update. Gradients stay resident the same way, summed on the
-//! device where several readers give one.
+//! device where several readers give one, and the optimizer steps weights and momentum
+//! where they are. Between layers on one rank a tensor is handed on whole, so a rank whose
+//! gradients no collective reads trains without its weights or activations crossing.
 //! Shape and integer arithmetic, and operators the device lacks, stay on the host.
 
 use std::any::Any;
@@ -116,6 +118,23 @@ impl<B: Backend + 'static> Hosted<B> {
         let buf = Arc::new(self.dev.upload(f)?);
         f.keep_on_device(self.keep(buf.clone(), f.len()));
         Ok(buf)
+    }
+
+    /// `f`'s elements in a buffer of this device to write: its own resident buffer when
+    /// nothing else holds it, else a copy.
+    fn to_write(&self, f: Floats) -> R<B::Buf> {
+        let n = f.len();
+        let buf = self.on_this_device(&f)?;
+        // The last other holder of the buffer, when `f` held it alone.
+        drop(f);
+        match Arc::try_unwrap(buf) {
+            Ok(buf) => Ok(buf),
+            Err(shared) => {
+                let mut copy = self.dev.zeros(n)?;
+                self.dev.axpby(&mut copy, &shared, 1.0, 0.0)?;
+                Ok(copy)
+            }
+        }
     }
 
     /// Whether node `id` runs on the device with these operands: a float op the device
@@ -268,6 +287,27 @@ impl<B: Backend + 'static> Compute for Hosted<B> {
             records.push(Record { node: id, saved });
         }
         Ok(records)
+    }
+
+    fn sgd_momentum(
+        &self,
+        weight: &mut Floats,
+        velocity: &mut Floats,
+        grad: &Floats,
+        lr: f32,
+        momentum: f32,
+    ) -> Result<(), ExecError> {
+        let error = |source: DeviceError| ExecError::Device { site: None, source };
+        let n = grad.len();
+        let g = self.on_this_device(grad).map_err(error)?;
+        let mut w = self.to_write(std::mem::take(weight)).map_err(error)?;
+        let mut v = self.to_write(std::mem::take(velocity)).map_err(error)?;
+        self.dev
+            .sgd_momentum(&mut w, &mut v, &g, lr, momentum)
+            .map_err(error)?;
+        *weight = Floats::resident(self.keep(Arc::new(w), n));
+        *velocity = Floats::resident(self.keep(Arc::new(v), n));
+        Ok(())
     }
 
     fn backward(

@@ -411,7 +411,7 @@ impl Rank<'_, '_> {
                     .input_grads
                     .get_mut(&(e, mb))
                     .ok_or("a halo gradient for an input without one")?;
-                kernels::add(g, &reframe(&data, &piece, region));
+                kernels::add(g.make_mut(), &reframe(&data, &piece, region));
             }
         }
         Ok(())

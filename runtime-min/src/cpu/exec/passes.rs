@@ -114,6 +114,20 @@ impl Rank<'_, '_> {
             None => None,
         };
         let received = self.pieces.remove(&(e, mb)).unwrap_or_default();
+        // This rank computed exactly what it needs: the producer's tensor itself, shared
+        // (and left where it is, host or device).
+        if let (Some(held), true, Some(run)) = (
+            &held,
+            received.is_empty(),
+            self.runs.get(&(edge.producer, mb)),
+        ) {
+            let dims = self.p.local_dims(edge.value, &need);
+            if let Some(t) = run.values.get(edge.value) {
+                if *held == need && t.shape == dims {
+                    return Ok(t.clone());
+                }
+            }
+        }
         let own = match (held, self.runs.get(&(edge.producer, mb))) {
             (Some(held), Some(run)) => Some((
                 held,
@@ -303,6 +317,26 @@ impl Rank<'_, '_> {
         Ok(())
     }
 
+    /// The gradient of layer `l`'s output `o` (held over `held`) when one consumer on this
+    /// rank gave all of it and nothing else adds to it: that gradient itself, shared (and
+    /// left where it is, host or device).
+    fn sole_gradient(&self, l: usize, o: ValueId, held: &Region, mb: u32) -> Option<Floats> {
+        let p = self.p;
+        if (l, o) == p.output {
+            return None;
+        }
+        let mut readers =
+            (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o);
+        let (e, None) = (readers.next()?, readers.next()) else {
+            return None;
+        };
+        if self.grad_pieces.contains_key(&(e, mb)) {
+            return None;
+        }
+        let (region, data) = self.input_grads.get(&(e, mb))?;
+        (region == held && data.len() == volume(held)).then(|| data.clone())
+    }
+
     pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
@@ -326,6 +360,10 @@ impl Rank<'_, '_> {
         self.spend_checkpoints(l, mb);
         let mut grads = Grads::default();
         for (&o, held) in &run.regions {
+            if let Some(dy) = self.sole_gradient(l, o, held, mb) {
+                grads.accumulate(o, dy);
+                continue;
+            }
             let n = volume(held);
             let mut total = vec![0.0f32; n];
             let mut any = false;
@@ -380,26 +418,34 @@ impl Rank<'_, '_> {
             if !self.trains(layer, w) {
                 continue;
             }
-            let gw = match (grads.take(w), self.weights.get(&w)) {
+            // Where the layer computed it (resident on a device, unless reshaped here).
+            let gw = match (grads.take_floats(w), self.weights.get(&w)) {
                 (Some(gw), Some((_, whole))) if p.tied.contains(&w) => {
-                    Some(place(gw, &p.slice_of(layer, k, w), &whole.shape))
+                    Some(place(gw.into_vec(), &p.slice_of(layer, k, w), &whole.shape).into())
                 }
                 (gw, _) => gw,
             };
-            let gw = gw.map(|g| if counted { g } else { vec![0.0; g.len()] });
+            let gw = gw.map(|g| {
+                if counted {
+                    g
+                } else {
+                    Floats::from(vec![0.0; g.len()])
+                }
+            });
             // What a vocabulary piece's zero row gathered (ids it does not hold) is dropped.
             let gw = match self.weights.get(&w) {
                 Some((Slice::Vocabulary(_), t)) if !p.tied.contains(&w) => gw.map(|mut g| {
                     let width: usize = t.shape[1..].iter().product();
-                    let n = g.len();
-                    g[n.saturating_sub(width)..].fill(0.0);
+                    let rows = g.make_mut();
+                    let n = rows.len();
+                    rows[n.saturating_sub(width)..].fill(0.0);
                     g
                 }),
                 _ => gw,
             };
             if let Some(gw) = gw {
                 match self.grads.get_mut(&w) {
-                    Some(acc) => kernels::add(acc, &gw),
+                    Some(acc) => kernels::add(acc.make_mut(), &gw),
                     None => {
                         self.grads.insert(w, gw);
                     }
@@ -419,18 +465,21 @@ impl Rank<'_, '_> {
                 .clone()
                 .or_else(|| share.clone())
                 .unwrap_or_else(|| need.clone());
+            // Where the layer computed it (resident on a device, unless reshaped here).
             let gv = grads
-                .take(v)
-                .or_else(|| grads.take(p.carrier(v)))
-                .unwrap_or_else(|| vec![0.0; volume(&read)]);
+                .take_floats(v)
+                .or_else(|| grads.take_floats(p.carrier(v)))
+                .unwrap_or_else(|| vec![0.0; volume(&read)].into());
             let gv = match halo {
-                Some(ext) => self.split_halo_gradient(e, mb, ext, gv, &need),
+                Some(ext) => self
+                    .split_halo_gradient(e, mb, ext, gv.into_vec(), &need)
+                    .into(),
                 None => gv,
             };
             // A cropped input's gradient is zero outside the crop; the input-gradient sum
             // over the parameter slices then assembles the whole.
             let gv = match share {
-                Some(share) => reframe(&gv, &share, &need),
+                Some(share) => reframe(&gv, &share, &need).into(),
                 None => gv,
             };
             self.input_grads.insert((e, mb), (need, gv));

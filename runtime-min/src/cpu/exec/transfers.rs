@@ -19,7 +19,11 @@ impl Rank<'_, '_> {
                 format!("no gradient of '{}' to send", self.value_name(edge.value))
             })?;
             let piece = intersect(need, &self.held(e, to)?);
-            crop(&Tensor::f32(dims(need), data.clone()), need, &piece)
+            let whole = Tensor {
+                shape: dims(need),
+                data: Data::F32(data.clone()),
+            };
+            crop(&whole, need, &piece)
         } else {
             let held = self.held(e, self.rank)?;
             let piece = intersect(&self.need(e, to)?, &held);
@@ -132,7 +136,7 @@ impl Rank<'_, '_> {
             for &w in &keys {
                 if let Some(g) = self.grads.get_mut(&w) {
                     let n = g.len();
-                    g.copy_from_slice(&flat[at..at + n]);
+                    g.make_mut().copy_from_slice(&flat[at..at + n]);
                     at += n;
                 }
             }
@@ -170,7 +174,10 @@ impl Rank<'_, '_> {
                 .input_grads
                 .get_mut(&(e, mb))
                 .ok_or("no input gradient to sum")?;
-            return self.comm.all_reduce(&group, data).map_err(RankError::from);
+            return self
+                .comm
+                .all_reduce(&group, data.make_mut())
+                .map_err(RankError::from);
         }
         Err("an all-reduce whose buffers name nothing to reduce".into())
     }
@@ -187,7 +194,11 @@ impl Rank<'_, '_> {
         let Some((w, n)) = found else {
             return Err(format!("this rank does not hold the tied weight '{name}'").into());
         };
-        let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
+        let gradient = self
+            .grads
+            .entry(w)
+            .or_insert_with(|| vec![0.0; n].into())
+            .make_mut();
         self.comm
             .all_reduce(&group, gradient)
             .map_err(RankError::from)
@@ -257,7 +268,10 @@ impl Rank<'_, '_> {
                 .get(&(e, mb))
                 .cloned()
                 .ok_or("no input gradient to reshard")?;
-            let all = self.comm.exchange(&group, data).map_err(RankError::from)?;
+            let all = self
+                .comm
+                .exchange(&group, data.into_vec())
+                .map_err(RankError::from)?;
             let held = self.held(e, self.rank)?;
             let reduce = matches!(
                 self.p.exe.plan.programs[self.rank as usize][index as usize],
@@ -321,7 +335,7 @@ impl Rank<'_, '_> {
         if self.step == 0 {
             for w in &ready {
                 if let (Some((slice, _)), Some(g)) = (self.weights.get(w), self.grads.get(w)) {
-                    self.report.gradients.push((*w, slice.clone(), g.clone()));
+                    self.report.gradients.push((*w, slice.clone(), g.to_vec()));
                 }
             }
         }
@@ -329,11 +343,31 @@ impl Rank<'_, '_> {
             let Some(g) = self.grads.remove(&w) else {
                 continue;
             };
-            let Some(x) = self.weights.get_mut(&w).and_then(|(_, t)| t.floats_mut()) else {
+            let Some((
+                _,
+                Tensor {
+                    data: Data::F32(x), ..
+                },
+            )) = self.weights.get_mut(&w)
+            else {
                 continue;
             };
-            let v = self.velocity.entry(w).or_insert_with(|| vec![0.0; g.len()]);
-            kernels::sgd_momentum(x, &g, v, self.options.lr, self.options.momentum);
+            let v = self
+                .velocity
+                .entry(w)
+                .or_insert_with(|| vec![0.0; g.len()].into());
+            if x.len() != g.len() || v.len() != g.len() {
+                return Err(RankError::Inconsistent(format!(
+                    "the step of '{}': a weight of {} elements, its gradient of {}, its \
+                     momentum of {}",
+                    self.p.exe.graph.value(w).name,
+                    x.len(),
+                    g.len(),
+                    v.len()
+                )));
+            }
+            self.compute
+                .sgd_momentum(x, v, &g, self.options.lr, self.options.momentum)?;
         }
         Ok(())
     }

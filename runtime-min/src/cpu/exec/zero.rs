@@ -13,6 +13,7 @@
 use ralpc_codegen::plan::BufferKind;
 use ralpc_ir::ValueId;
 
+use super::super::floats::Floats;
 use super::super::kernels;
 use super::super::region::interval;
 use super::{Rank, RankError};
@@ -29,7 +30,7 @@ impl Rank<'_, '_> {
         let mut flat = Vec::new();
         for &w in keys {
             let n = self.weights.get(&w).map_or(0, |(_, t)| t.len());
-            let g = self.grads.entry(w).or_insert_with(|| vec![0.0; n]);
+            let g = self.grads.entry(w).or_insert_with(|| vec![0.0; n].into());
             flat.extend_from_slice(g);
         }
         flat
@@ -46,7 +47,8 @@ impl Rank<'_, '_> {
             let lo = range.start.clamp(at, at + n);
             let hi = range.end.clamp(at, at + n);
             if lo < hi {
-                g[lo - at..hi - at].copy_from_slice(&flat[lo - range.start..hi - range.start]);
+                g.make_mut()[lo - at..hi - at]
+                    .copy_from_slice(&flat[lo - range.start..hi - range.start]);
             }
             at += n;
         }
@@ -123,7 +125,11 @@ impl Rank<'_, '_> {
         let (lr, momentum) = (self.options.lr, self.options.momentum);
         let mut at = 0;
         for &w in &keys {
-            let g = self.grads.remove(&w).unwrap_or_default();
+            let g = self
+                .grads
+                .remove(&w)
+                .map(Floats::into_vec)
+                .unwrap_or_default();
             let Some((_, t)) = self.weights.get_mut(&w) else {
                 continue;
             };
@@ -135,7 +141,11 @@ impl Rank<'_, '_> {
             };
             let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
             if lo < hi && g.len() == n {
-                let v = self.velocity.entry(w).or_insert_with(|| vec![0.0; n]);
+                let v = self
+                    .velocity
+                    .entry(w)
+                    .or_insert_with(|| vec![0.0; n].into())
+                    .make_mut();
                 kernels::sgd_momentum(
                     &mut x[lo - at..hi - at],
                     &g[lo - at..hi - at],
