@@ -3,16 +3,18 @@
 //! training step at full size in milliseconds, so the lowering's work and memory are
 //! checked without a GPU (against the model's FLOPs, and against a GPU's memory).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
 use ralpc_runtime_min::cuda::kernels::{BinaryOp, Strides, UnaryOp, Window};
 
-/// Live bytes and their peak.
+/// What a device and its clones counted: launches, GEMMs, live bytes and their peak.
 #[derive(Debug, Default)]
-struct Memory {
+struct Tally {
+    launches: AtomicU64,
+    gemms: AtomicU64,
+    gemm_flops: AtomicU64,
     live: AtomicUsize,
     peak: AtomicUsize,
 }
@@ -22,22 +24,20 @@ struct Memory {
 pub struct DryBuf {
     len: usize,
     bytes: usize,
-    memory: Arc<Memory>,
+    tally: Arc<Tally>,
 }
 
 impl Drop for DryBuf {
     fn drop(&mut self) {
-        self.memory.live.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.tally.live.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
-/// The counting device.
-#[derive(Debug, Default)]
+/// The counting device. Its clones count into the same tally, so a caller keeps one to
+/// read what a device handed to a run (a rank's) did.
+#[derive(Clone, Debug, Default)]
 pub struct Dry {
-    memory: Arc<Memory>,
-    launches: Cell<u64>,
-    gemms: Cell<u64>,
-    gemm_flops: Cell<f64>,
+    tally: Arc<Tally>,
 }
 
 /// What a run cost.
@@ -56,27 +56,28 @@ pub struct Counts {
 impl Dry {
     /// What was counted so far.
     pub fn counts(&self) -> Counts {
+        let t = &self.tally;
         Counts {
-            launches: self.launches.get(),
-            gemms: self.gemms.get(),
-            gemm_flops: self.gemm_flops.get(),
-            peak_bytes: self.memory.peak.load(Ordering::Relaxed),
+            launches: t.launches.load(Ordering::Relaxed),
+            gemms: t.gemms.load(Ordering::Relaxed),
+            gemm_flops: t.gemm_flops.load(Ordering::Relaxed) as f64,
+            peak_bytes: t.peak.load(Ordering::Relaxed),
         }
     }
 
     fn buffer(&self, len: usize, element: usize) -> DryBuf {
         let bytes = len * element;
-        let live = self.memory.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.memory.peak.fetch_max(live, Ordering::Relaxed);
+        let live = self.tally.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.tally.peak.fetch_max(live, Ordering::Relaxed);
         DryBuf {
             len,
             bytes,
-            memory: self.memory.clone(),
+            tally: self.tally.clone(),
         }
     }
 
     fn launch(&self) -> R<()> {
-        self.launches.set(self.launches.get() + 1);
+        self.tally.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -121,9 +122,11 @@ impl Backend for Dry {
         buf.len
     }
     fn gemm(&self, g: &Gemm, _: &DryBuf, _: &DryBuf, _: &mut DryBuf) -> R<()> {
-        self.gemms.set(self.gemms.get() + 1);
-        self.gemm_flops
-            .set(self.gemm_flops.get() + 2.0 * (g.m * g.n * g.k) as f64 * g.batch as f64);
+        self.tally.gemms.fetch_add(1, Ordering::Relaxed);
+        let flops = 2 * g.m * g.n * g.k * g.batch;
+        self.tally
+            .gemm_flops
+            .fetch_add(flops as u64, Ordering::Relaxed);
         Ok(())
     }
     fn binary(&self, _: &mut DryBuf, _: &DryBuf, _: &DryBuf, _: &Strides, _: BinaryOp) -> R<()> {

@@ -1,14 +1,20 @@
 //! The CUDA executor's training step at full size on a counting device: its GEMMs do the
 //! model's work — three times the forward multiply-accumulates (forward, input gradient,
-//! weight gradient) — and its peak memory at batch 64 fits an 80 GB GPU. Figures are
+//! weight gradient) — and its peak memory at batch 64 fits an 80 GB GPU; and every plan
+//! family's step through the plan interpreter, a counting device per rank. Figures are
 //! printed (`-- --nocapture`).
 
 mod common;
 
-use ralpc_cuda_host::dry::Dry;
+use std::sync::Mutex;
+
+use ralpc_cuda_host::dry::{Counts, Dry};
 use ralpc_ir::account;
+use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
+use ralpc_runtime_min::cuda::error::DeviceError;
+use ralpc_runtime_min::cuda::hosted::Hosted;
 use ralpc_runtime_min::cuda::train::train;
 
 fn step(model: &str, batch: u64) {
@@ -51,4 +57,145 @@ fn resnet50_at_batch_64() {
 #[test]
 fn vgg16_at_batch_64() {
     step("onnx/vgg16/model.onnx", 64);
+}
+
+/// A step of `strategy` (a `ralpc-strategy/1` file) for `model` on `gpus` ranks, run by
+/// the plan interpreter with every rank on its own counting device: what each device
+/// counted, by rank.
+fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> Vec<Counts> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("strategy.json");
+    std::fs::write(&file, strategy).expect("write the strategy");
+    let path = common::fixture(model);
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: path.clone(),
+        gpus: Some(gpus),
+        batch: Some(batch),
+        strategy_file: Some(file),
+        executable: true,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{model}: {e}"));
+    compiled.write(dir.path()).expect("write the plan");
+    let devices: Mutex<Vec<(u32, Dry)>> = Mutex::default();
+    let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let dry = Dry::default();
+        devices.lock().expect("devices").push((rank, dry.clone()));
+        Ok(Box::new(Hosted::new(dry)))
+    };
+    let options = ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(path),
+        steps: 1,
+        ..Default::default()
+    };
+    ralpc::run_with_compute(&options, &counting)
+        .unwrap_or_else(|e| panic!("{model}: {}", ralpc_runtime_min::error_chain(&e)));
+    let mut devices = devices.into_inner().expect("devices");
+    devices.sort_by_key(|&(rank, _)| rank);
+    devices.iter().map(|(_, dry)| dry.counts()).collect()
+}
+
+/// A `ralpc-strategy/1` file: `stages` as (first layer, last layer, GPUs), `layers` as
+/// (layer, samples, attributes, parameters).
+fn strategy(stages: &[(&str, &str, u32)], layers: &[(&str, u32, u32, u32)], mbs: u32) -> String {
+    let stages: Vec<String> = stages
+        .iter()
+        .map(|(first, last, gpus)| {
+            format!(r#"{{ "first_layer": "{first}", "last_layer": "{last}", "replicas": {gpus} }}"#)
+        })
+        .collect();
+    let layers: Vec<String> = layers
+        .iter()
+        .map(|(name, s, a, p)| {
+            format!(
+                r#"{{ "name": "{name}", "split": {{ "sample": {s}, "attribute": {a}, "parameter": {p} }} }}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": {mbs},
+             "stages": [{}], "layers": [{}] }}"#,
+        stages.join(", "),
+        layers.join(", ")
+    )
+}
+
+/// Every plan family for ResNet-50 on 4 GPUs runs a full-size step through the one plan
+/// interpreter on counting devices: the ranks' GEMMs together do the model's work once —
+/// three times its forward multiply-accumulates, split among the ranks as the plan splits
+/// the layers, none lost and none done twice.
+#[test]
+fn every_plan_family_does_the_models_work_once_on_counting_devices() {
+    let (model, batch) = ("onnx/resnet50/model.onnx", 32);
+    let (graph, info) = common::load(model, batch);
+    let macs = account(&graph, &info).expect("account").macs as f64;
+    let (first, last) = ("/conv1/Conv", "/fc/Gemm");
+    let one_stage = [(first, last, 4)];
+    let families = [
+        ("data parallel", strategy(&one_stage, &[], 1)),
+        (
+            "burst",
+            strategy(
+                &one_stage,
+                &[
+                    ("/layer4/layer4.2/conv3/Conv", 2, 1, 1),
+                    ("/avgpool/GlobalAveragePool", 2, 1, 1),
+                    (last, 1, 1, 1),
+                ],
+                1,
+            ),
+        ),
+        (
+            "soap",
+            strategy(
+                &one_stage,
+                &[
+                    ("/layer4/layer4.2/conv2/Conv", 2, 1, 2),
+                    ("/layer4/layer4.2/conv3/Conv", 2, 2, 1),
+                    (last, 1, 1, 4),
+                ],
+                1,
+            ),
+        ),
+        (
+            "pipeline",
+            strategy(
+                &[
+                    (first, "/layer3/layer3.5/conv3/Conv", 2),
+                    ("/layer4/layer4.0/conv1/Conv", last, 2),
+                ],
+                &[],
+                2,
+            ),
+        ),
+    ];
+    for (family, strategy) in &families {
+        let counts = plan_step(model, 4, batch, strategy);
+        assert_eq!(counts.len(), 4, "{family}: a device per rank");
+        let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();
+        let ratio = flops / (6.0 * macs);
+        let per_rank: Vec<String> = counts
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:.1} GFLOP/{:.2} GiB",
+                    c.gemm_flops / 1e9,
+                    c.peak_bytes as f64 / (1u64 << 30) as f64
+                )
+            })
+            .collect();
+        eprintln!(
+            "{model} batch {batch}, {family} on 4 ranks: {:.1} GFLOP in GEMMs ({ratio:.3}× \
+             3·2·MACs), {} GEMMs, {} launches; per rank GEMM work/peak memory {}",
+            flops / 1e9,
+            counts.iter().map(|c| c.gemms).sum::<u64>(),
+            counts.iter().map(|c| c.launches).sum::<u64>(),
+            per_rank.join(", ")
+        );
+        assert!(
+            (0.98..=1.02).contains(&ratio),
+            "{family}: the ranks' GEMM work is {ratio}× the model's"
+        );
+    }
 }
