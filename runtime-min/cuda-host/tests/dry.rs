@@ -66,17 +66,28 @@ fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> Vec<Counts> 
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("strategy.json");
     std::fs::write(&file, strategy).expect("write the strategy");
-    let path = common::fixture(model);
+    planned_step(
+        ralpc::Options {
+            model: common::fixture(model),
+            gpus: Some(gpus),
+            batch: Some(batch),
+            strategy_file: Some(file),
+            ..Default::default()
+        },
+        dir.path(),
+    )
+}
+
+/// A step of the plan `options` make, written to `dir`, as [`plan_step`].
+fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> Vec<Counts> {
+    let path = options.model.clone();
+    let model = path.display().to_string();
     let compiled = ralpc::compile(&ralpc::Options {
-        model: path.clone(),
-        gpus: Some(gpus),
-        batch: Some(batch),
-        strategy_file: Some(file),
         executable: true,
-        ..Default::default()
+        ..options
     })
     .unwrap_or_else(|e| panic!("{model}: {e}"));
-    compiled.write(dir.path()).expect("write the plan");
+    compiled.write(dir).expect("write the plan");
     let devices: Mutex<Vec<(u32, Dry)>> = Mutex::default();
     let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let dry = Dry::default();
@@ -84,7 +95,7 @@ fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> Vec<Counts> 
         Ok(Box::new(Hosted::new(dry)))
     };
     let options = ralpc::RunOptions {
-        plan: dir.path().to_path_buf(),
+        plan: dir.to_path_buf(),
         model: Some(path),
         steps: 1,
         ..Default::default()
@@ -198,4 +209,52 @@ fn every_plan_family_does_the_models_work_once_on_counting_devices() {
             "{family}: the ranks' GEMM work is {ratio}× the model's"
         );
     }
+}
+
+/// GPT-2 in Megatron-LM's layout — tensor parallel by 2 (attention by heads, the MLP by
+/// columns then rows, the embedding and head by vocabulary) × 2 pipeline stages × 2 data
+/// parallel replicas, 2 microbatches — runs a full-size step through the plan interpreter
+/// on 8 counting devices, the ranks' GEMMs doing the model's work once.
+#[test]
+fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_devices() {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let (model, batch) = ("onnx/gpt2/model.onnx", 8);
+    let (graph, info) = common::load(model, batch);
+    let macs = account(&graph, &info).expect("account").macs as f64;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let counts = planned_step(
+        ralpc::Options {
+            model: common::fixture(model),
+            gpus: Some(8),
+            batch: Some(batch),
+            family: ralpc::passes::plan::Family::parse("3d"),
+            knobs: Knobs {
+                tensor: Some(2),
+                pipeline: Some(2),
+                micro_batch: Some(2),
+                recompute: Some(Recompute::None),
+                ..Knobs::default()
+            },
+            ..Default::default()
+        },
+        dir.path(),
+    );
+    assert_eq!(counts.len(), 8, "a device per rank");
+    let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();
+    let ratio = flops / (6.0 * macs);
+    let per_rank: Vec<String> = counts
+        .iter()
+        .map(|c| format!("{:.1}", c.gemm_flops / 1e9))
+        .collect();
+    eprintln!(
+        "{model} batch {batch}, t2 p2 d2: {:.1} GFLOP in GEMMs ({ratio:.3}× 3·2·MACs); per \
+         rank GFLOP {}; peak GiB {:.2}",
+        flops / 1e9,
+        per_rank.join(" "),
+        counts.iter().map(|c| c.peak_bytes).max().unwrap_or(0) as f64 / (1u64 << 30) as f64
+    );
+    assert!(
+        (0.98..=1.02).contains(&ratio),
+        "the ranks' GEMM work is {ratio}× the model's"
+    );
 }
