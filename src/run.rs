@@ -830,7 +830,7 @@ fn run_with(
             .map_err(|e| Error::Layers(Box::new(e)))?;
     sizes::check(&plan, &plan_file, &bound.graph, &layer_graph)?;
     let gpus = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        use ralpc_runtime_min::cuda::{gpu::Gpu, hosted::Hosted};
+        use ralpc_runtime_min::cuda::{gpu::Gpu, on_device::OnDevice};
         // Every rank of this process on the GPU its launcher gave it (0 without one); more
         // local ranks than GPUs share them.
         let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
@@ -838,7 +838,7 @@ fn run_with(
             .placement
             .as_ref()
             .map_or(0, |p| p.local_rank as usize % gpus);
-        Ok(Box::new(Hosted::new(Gpu::new(ordinal)?)))
+        Ok(Box::new(OnDevice::new(Gpu::new(ordinal)?)))
     };
     let compute = match (compute, options.backend) {
         (Some(c), _) => Some(c),

@@ -14,7 +14,7 @@ use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
 use ralpc_runtime_min::cuda::error::DeviceError;
-use ralpc_runtime_min::cuda::hosted::Hosted;
+use ralpc_runtime_min::cuda::on_device::OnDevice;
 use ralpc_runtime_min::cuda::train::train;
 
 fn step(model: &str, batch: u64) {
@@ -92,7 +92,7 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> Vec<Counts> {
     let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let dry = Dry::default();
         devices.lock().expect("devices").push((rank, dry.clone()));
-        Ok(Box::new(Hosted::new(dry)))
+        Ok(Box::new(OnDevice::new(dry)))
     };
     let options = ralpc::RunOptions {
         plan: dir.to_path_buf(),

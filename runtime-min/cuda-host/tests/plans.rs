@@ -1,5 +1,5 @@
-//! Every kind of plan through the CPU plan executor with its layers computed by the CUDA
-//! executor on the host kernels ([`Hosted`]), against the same plan computed by the CPU
+//! Every kind of plan through the plan interpreter with its layers computed by the CUDA
+//! executor on the host kernels ([`OnDevice`]), against the same plan computed by the CPU
 //! backend: burst parallelism, SOAP splits of convolutions and dense layers, and 1F1B and
 //! GPipe pipelines, each on 4 ranks. On a GPU the same path runs with `ralpc run --backend
 //! cuda` (ranks sharing one GPU, or one per GPU under a launcher), and so does a
@@ -13,17 +13,17 @@ use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
 use ralpc_runtime_min::cuda::error::DeviceError;
-use ralpc_runtime_min::cuda::hosted::Hosted;
+use ralpc_runtime_min::cuda::on_device::OnDevice;
 
-/// The plan of `strategy` for `model`, run on the CPU backend and through the hosted
-/// device.
+/// The plan of `strategy` for `model`, run on the CPU backend and on the device
+/// ([`OnDevice`]).
 fn both(model: &Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
     let (_dir, options) = planned(model, gpus, strategy);
     let cpu = ralpc::run(&options).expect("cpu run").report;
-    let hosted = ralpc::run_with_compute(&options, &host_kernels)
-        .expect("hosted run")
+    let on_device = ralpc::run_with_compute(&options, &host_kernels)
+        .expect("run on the device")
         .report;
-    (hosted, cpu)
+    (on_device, cpu)
 }
 
 /// Plans `model` with `strategy` into a temporary directory; three steps of it.
@@ -51,7 +51,7 @@ fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, ralpc
 
 /// Every rank's layers on the host-compiled CUDA kernels.
 fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
-    Ok(Box::new(Hosted::new(Host)))
+    Ok(Box::new(OnDevice::new(Host)))
 }
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
@@ -194,19 +194,19 @@ fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
 fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     use std::sync::{Arc, Mutex};
 
-    use ralpc_runtime_min::cuda::hosted::Transfers;
+    use ralpc_runtime_min::cuda::on_device::Transfers;
     let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
     let model = common::fixture("train/cnn.onnx");
     let (_dir, options) = planned(&model, 1, &strategy(one, &[], "1f1b", 1));
     let counters: Mutex<Vec<Arc<Transfers>>> = Mutex::default();
     let counted = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let hosted = Hosted::new(Host);
-        counters.lock().expect("counters").push(hosted.transfers());
-        Ok(Box::new(hosted))
+        let device = OnDevice::new(Host);
+        counters.lock().expect("counters").push(device.transfers());
+        Ok(Box::new(device))
     };
     let steps = 5;
     let options = ralpc::RunOptions { steps, ..options };
-    let got = ralpc::run_with_compute(&options, &counted).expect("hosted run");
+    let got = ralpc::run_with_compute(&options, &counted).expect("run on the device");
     let want = ralpc::run(&options).expect("cpu run");
     for (g, w) in got.report.losses.iter().zip(&want.report.losses) {
         assert!(

@@ -8,8 +8,8 @@
 //! * [`backend`]: what the executor asks of a device (buffers, kernels, GEMM), and
 //!   [`train`]: training on one device, written once against it;
 //! * [`gpu`]: that trait on an NVIDIA GPU (cudarc: NVRTC kernels, cuBLAS);
-//! * [`hosted`]: a device computing the CPU plan executor's layers, so every plan runs on
-//!   GPUs through the same interpreter;
+//! * [`on_device`]: a device computing the plan interpreter's layers, its tensors resident
+//!   there, so every plan runs on GPUs through the same interpreter;
 //! * replicas' sums: [`crate::dist::nccl`] across GPUs, [`crate::dist::same_device`] on
 //!   one;
 //! * [`device`]: the GPUs the driver sees;
@@ -22,9 +22,9 @@ pub mod cudnn;
 pub mod device;
 pub mod error;
 pub mod gpu;
-pub mod hosted;
 pub mod kernels;
 pub mod libs;
 mod node_ops;
+pub mod on_device;
 mod replicas;
 pub mod train;

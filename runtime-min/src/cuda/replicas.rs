@@ -281,7 +281,7 @@ fn distinct_inputs(graph: &Graph, id: NodeId) -> Vec<ValueId> {
 /// the whole batch's. The first output in the report is this replica's rows.
 ///
 /// The sums launch during backward, bucket by bucket in the order of `control.buckets`,
-/// each as soon as its weights' gradients are complete ([`Launcher`]); weights in no bucket
+/// each as soon as its weights' gradients are complete; weights in no bucket
 /// are summed after backward, in the weights' order. A resumed run continues from the
 /// checkpoint's step, bit for bit as the run that wrote it would have.
 ///

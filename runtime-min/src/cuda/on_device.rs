@@ -26,15 +26,15 @@ use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
 use crate::cpu::ops::{self, Env, Mode, ResidentSaved};
 use crate::cpu::tensor::{numel, Data, Tensor};
 
-/// A device behind the plan executor.
-pub struct Hosted<B: Backend> {
+/// A device behind the plan interpreter: [`Compute`] on a [`Backend`], its tensors resident.
+pub struct OnDevice<B: Backend> {
     dev: B,
     /// Tells this device's resident copies from any other's.
     id: u64,
     transfers: Arc<Transfers>,
 }
 
-/// Bytes that crossed between the host and a [`Hosted`] device.
+/// Bytes that crossed between the host and an [`OnDevice`] device.
 #[derive(Debug, Default)]
 pub struct Transfers {
     uploaded: AtomicU64,
@@ -77,11 +77,11 @@ impl<B: Backend + 'static> DeviceCopy for Kept<B> {
     }
 }
 
-impl<B: Backend + 'static> Hosted<B> {
+impl<B: Backend + 'static> OnDevice<B> {
     /// Computes on `dev`.
-    pub fn new(dev: B) -> Hosted<B> {
+    pub fn new(dev: B) -> OnDevice<B> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        Hosted {
+        OnDevice {
             dev,
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             transfers: Arc::default(),
@@ -241,7 +241,7 @@ fn constants(graph: &Graph, id: NodeId, values: &Values) -> Weights {
     w
 }
 
-impl<B: Backend + 'static> Compute for Hosted<B> {
+impl<B: Backend + 'static> Compute for OnDevice<B> {
     fn forward(
         &self,
         graph: &Graph,

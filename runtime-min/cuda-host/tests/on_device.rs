@@ -1,4 +1,4 @@
-//! The hosted device ([`Hosted`]) behind the plan executor keeps what it computes
+//! A device behind the plan interpreter ([`OnDevice`]) keeps what it computes
 //! resident: a model's chain of device nodes uploads each operand once and reads nothing
 //! back until the host reads a result or a gradient, and computes what the CPU backend
 //! computes.
@@ -11,7 +11,7 @@ use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::graph::{self, Grads, Values, Weights};
 use ralpc_runtime_min::cpu::ops::{Env, Mode};
 use ralpc_runtime_min::cpu::train::{Dataset, Loss};
-use ralpc_runtime_min::cuda::hosted::Hosted;
+use ralpc_runtime_min::cuda::on_device::OnDevice;
 
 /// The model's weights and the batch's inputs, and the float bytes among them.
 fn operands(graph: &Graph, info: &GraphInfo) -> (Values, u64) {
@@ -37,12 +37,12 @@ fn a_chain_of_device_nodes_stays_on_the_device() {
     let (mut want, _) = operands(&graph, &info);
     let host_records = graph::forward(&graph, info.order(), &mut want, env).expect("cpu");
 
-    let hosted = Hosted::new(Host);
-    let transfers = hosted.transfers();
+    let device = OnDevice::new(Host);
+    let transfers = device.transfers();
     let (mut got, operand_bytes) = operands(&graph, &info);
-    let records = hosted
+    let records = device
         .forward(&graph, info.order(), &mut got, env)
-        .expect("hosted forward");
+        .expect("forward on the device");
     assert_eq!(
         transfers.uploaded(),
         operand_bytes,
@@ -66,9 +66,9 @@ fn a_chain_of_device_nodes_stays_on_the_device() {
     let (mut g_got, mut g_want) = (Grads::default(), Grads::default());
     g_got.add(output, &dy);
     g_want.add(output, &dy);
-    hosted
+    device
         .backward(&graph, &records, &got, &mut g_got)
-        .expect("hosted backward");
+        .expect("backward on the device");
     assert_eq!(
         transfers.uploaded(),
         operand_bytes + 4 * dy.len() as u64,
