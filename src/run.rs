@@ -726,15 +726,15 @@ fn run_cuda(
             // Ranks as threads on GPU 0, each with its own streams, summing their gradients
             // on the device (the same-device communicator).
             use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
-            let buffers = Hub::new(ranks, options.timeout);
-            let losses = Hub::new(ranks, options.timeout);
+            let buffers = std::sync::Arc::new(Hub::new(ranks, options.timeout));
+            let losses = std::sync::Arc::new(Hub::new(ranks, options.timeout));
             let reports: Vec<Result<TrainReport, Error>> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..ranks)
                     .map(|r| {
                         let (replica, open) = (&replica, &open);
                         let (buffers, losses) = (&buffers, &losses);
                         s.spawn(move || {
-                            let sync = SameDevice::<Gpu>::new(buffers, losses, r);
+                            let sync = SameDevice::<Gpu>::new(buffers.clone(), losses.clone(), r);
                             let result = open(0).and_then(|gpu| replica(&gpu, r, &sync));
                             if let Err(e) = &result {
                                 buffers.fail(&format!("rank {r}: {e}"));

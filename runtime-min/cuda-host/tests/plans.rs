@@ -252,3 +252,82 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
          the report)"
     );
 }
+
+/// A data-parallel plan whose ranks' devices sum gradient buckets themselves (here the
+/// same-device hub, as ranks sharing one GPU do; NCCL across GPUs) trains as the CPU
+/// backend does, its gradients never read back: each rank's device reads back only its
+/// share of the output (for the loss) and what the report reads.
+#[test]
+fn data_parallel_gradients_are_summed_device_to_device() {
+    use std::sync::{Arc, Mutex};
+
+    use ralpc_runtime_min::cuda::on_device::Transfers;
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    let ranks = 2;
+    let dp = format!(r#"{{ "first_layer": "conv0", "last_layer": "fc1", "replicas": {ranks} }}"#);
+    let model = common::fixture("train/cnn.onnx");
+    let (_dir, options) = planned(&model, ranks, &strategy(&dp, &[], "1f1b", 1));
+    let timeout = std::time::Duration::from_secs(30);
+    let buffers = Arc::new(Hub::new(ranks as usize, timeout));
+    let losses = Arc::new(Hub::new(ranks as usize, timeout));
+    let counters: Mutex<Vec<(u32, Arc<Transfers>)>> = Mutex::default();
+    let group: Vec<u32> = (0..ranks).collect();
+    let summing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let hub = SameDevice::<Host>::new(buffers.clone(), losses.clone(), rank as usize);
+        let device = OnDevice::with_replicas(Host, &group, Box::new(hub));
+        counters
+            .lock()
+            .expect("counters")
+            .push((rank, device.transfers()));
+        Ok(Box::new(device))
+    };
+    let steps = 4;
+    let options = ralpc::RunOptions { steps, ..options };
+    let got = ralpc::run_with_compute(&options, &summing).expect("run on the devices");
+    let want = ralpc::run(&options).expect("cpu run");
+    for (g, w) in got.report.losses.iter().zip(&want.report.losses) {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "loss {g} against {w}"
+        );
+    }
+    for (name, w) in &want.report.weights {
+        let e = common::relative_error(&got.report.weights[name], w);
+        assert!(e <= 1e-5, "weight {name}: relative error {e}");
+    }
+    let (graph, info) = common::load("train/cnn.onnx", 8);
+    let bytes = |v| {
+        4 * info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .expect("sizes")
+            .iter()
+            .product::<u64>()
+    };
+    let weights: u64 = want
+        .report
+        .weights
+        .values()
+        .map(|w| 4 * w.len() as u64)
+        .sum();
+    let input: u64 = graph.inputs().into_iter().map(bytes).sum::<u64>() / u64::from(ranks);
+    let output = bytes(graph.outputs()[0]) / u64::from(ranks);
+    let steps = u64::from(steps);
+    let counters = counters.into_inner().expect("counters");
+    assert_eq!(counters.len(), ranks as usize);
+    for (rank, t) in counters {
+        assert_eq!(
+            t.uploaded(),
+            2 * weights + steps * (input + output),
+            "rank {rank}: weights and momentum once; its samples and its output's gradient \
+             each step"
+        );
+        assert_eq!(
+            t.read_back(),
+            steps * output + 2 * weights,
+            "rank {rank}: its output each step, the first gradients and the last weights \
+             (the report's), no gradient for the sums"
+        );
+    }
+}

@@ -222,7 +222,10 @@ fn data_parallel_replicas_train_as_one_device() {
         let timeout = std::time::Duration::from_secs(30);
         let world = World::new(replicas as u32, timeout);
         let group: Vec<u32> = (0..replicas as u32).collect();
-        let (buffers, losses) = (Hub::new(replicas, timeout), Hub::new(replicas, timeout));
+        let (buffers, losses) = (
+            std::sync::Arc::new(Hub::new(replicas, timeout)),
+            std::sync::Arc::new(Hub::new(replicas, timeout)),
+        );
         let reports: Vec<TrainReport> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2 * replicas)
                 .map(|k| {
@@ -240,7 +243,7 @@ fn data_parallel_replicas_train_as_one_device() {
                     s.spawn(move || {
                         let part = shard(d, r, replicas, i).expect("shard");
                         if device_to_device {
-                            let sync = SameDevice::<Host>::new(buffers, losses, r);
+                            let sync = SameDevice::<Host>::new(buffers.clone(), losses.clone(), r);
                             train_replica(&Host, g, i, w, &part, o, &sync, &Default::default())
                                 .expect("replica")
                         } else {

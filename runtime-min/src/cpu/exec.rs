@@ -189,6 +189,17 @@ pub trait Compute {
         kernels::sgd_momentum(weight.make_mut(), grad, velocity.make_mut(), lr, momentum);
         Ok(())
     }
+    /// Sums a gradient bucket (its tensors in order) over `group` in place, with the
+    /// device's own collective when it has one over exactly that group (the tensors stay
+    /// on the device); `Ok(false)`: it has none, and the interpreter sums through its
+    /// communicator.
+    ///
+    /// # Errors
+    /// The device or the collective failed.
+    fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, graph::ExecError> {
+        let _ = (group, bucket);
+        Ok(false)
+    }
 }
 
 /// The CPU backend's own kernels.

@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Why a device's copy could not be read back.
 pub type ReadBackError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,29 +38,38 @@ pub struct ReadBackFailed(pub String);
 
 struct Copies {
     host: OnceLock<Vec<f32>>,
-    device: OnceLock<Arc<dyn DeviceCopy>>,
+    /// A copy per device that holds one (ranks on several devices read one model's
+    /// weights).
+    devices: Mutex<Vec<Arc<dyn DeviceCopy>>>,
 }
 
 impl Copies {
+    fn devices(&self) -> MutexGuard<'_, Vec<Arc<dyn DeviceCopy>>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn host(&self) -> &[f32] {
-        self.host.get_or_init(|| match self.device.get() {
-            Some(copy) => copy.read_back().unwrap_or_else(|e| {
-                std::panic::panic_any(ReadBackFailed(format!(
-                    "cannot read a tensor of {} elements back from the device: {e}",
-                    copy.len()
-                )))
-            }),
-            None => Vec::new(),
+        self.host.get_or_init(|| {
+            let first = self.devices().first().cloned();
+            match first {
+                Some(copy) => copy.read_back().unwrap_or_else(|e| {
+                    std::panic::panic_any(ReadBackFailed(format!(
+                        "cannot read a tensor of {} elements back from the device: {e}",
+                        copy.len()
+                    )))
+                }),
+                None => Vec::new(),
+            }
         })
     }
 }
 
 impl Clone for Copies {
-    /// A host copy to write (the device's would go stale).
+    /// A host copy to write (the devices' would go stale).
     fn clone(&self) -> Copies {
         Copies {
             host: OnceLock::from(self.host().to_vec()),
-            device: OnceLock::new(),
+            devices: Mutex::default(),
         }
     }
 }
@@ -75,16 +84,15 @@ impl Floats {
     pub fn resident(copy: Arc<dyn DeviceCopy>) -> Floats {
         Floats(Arc::new(Copies {
             host: OnceLock::new(),
-            device: OnceLock::from(copy),
+            devices: Mutex::new(vec![copy]),
         }))
     }
 
     /// Element count, without reading a resident value back.
     pub fn len(&self) -> usize {
-        match (self.0.host.get(), self.0.device.get()) {
-            (Some(host), _) => host.len(),
-            (None, Some(copy)) => copy.len(),
-            (None, None) => 0,
+        match self.0.host.get() {
+            Some(host) => host.len(),
+            None => self.0.devices().first().map_or(0, |copy| copy.len()),
         }
     }
 
@@ -93,15 +101,18 @@ impl Floats {
         self.len() == 0
     }
 
-    /// The device's copy, if one was made.
-    pub fn device_copy(&self) -> Option<&Arc<dyn DeviceCopy>> {
-        self.0.device.get()
+    /// The first device copy that `mine` recognizes (its own device's).
+    pub fn device_copy(
+        &self,
+        mine: impl Fn(&dyn DeviceCopy) -> bool,
+    ) -> Option<Arc<dyn DeviceCopy>> {
+        self.0.devices().iter().find(|c| mine(c.as_ref())).cloned()
     }
 
-    /// Records `copy` as the device's copy of these elements (an upload of them), unless
-    /// one is already recorded: the next device to read them then reads it.
+    /// Records `copy` as a device's copy of these elements (an upload of them): the next
+    /// reader on that device reads it.
     pub fn keep_on_device(&self, copy: Arc<dyn DeviceCopy>) {
-        let _ = self.0.device.set(copy);
+        self.0.devices().push(copy);
     }
 
     /// Whether the host holds the elements (reading them costs no transfer).
@@ -109,15 +120,15 @@ impl Floats {
         self.0.host.get().is_some()
     }
 
-    /// The elements to write on the host, copied first when shared; a device's copy is
-    /// dropped (it would go stale).
+    /// The elements to write on the host, copied first when shared; the devices' copies
+    /// are dropped (they would go stale).
     pub fn make_mut(&mut self) -> &mut Vec<f32> {
         let copies = Arc::make_mut(&mut self.0);
         if copies.host.get().is_none() {
             let host = copies.host().to_vec();
             copies.host = OnceLock::from(host);
         }
-        copies.device.take();
+        copies.devices().clear();
         match copies.host.get_mut() {
             Some(host) => host,
             None => unreachable!("the host copy was made above"),
@@ -127,15 +138,10 @@ impl Floats {
     /// The elements, owned (copied when shared).
     pub fn into_vec(self) -> Vec<f32> {
         match Arc::try_unwrap(self.0) {
-            Ok(copies) => match copies.host.into_inner() {
-                Some(host) => host,
-                None => Copies {
-                    host: OnceLock::new(),
-                    device: copies.device,
-                }
-                .host()
-                .to_vec(),
-            },
+            Ok(copies) => {
+                copies.host();
+                copies.host.into_inner().unwrap_or_default()
+            }
             Err(shared) => shared.host().to_vec(),
         }
     }
@@ -159,7 +165,7 @@ impl From<Vec<f32>> for Floats {
     fn from(host: Vec<f32>) -> Floats {
         Floats(Arc::new(Copies {
             host: OnceLock::from(host),
-            device: OnceLock::new(),
+            devices: Mutex::default(),
         }))
     }
 }
@@ -222,7 +228,7 @@ mod tests {
         assert_eq!(&x[..], &[1.0, 2.0, 3.0]);
         assert_eq!(&shared[..], &[1.0, 2.0, 3.0]);
         assert_eq!(reads.load(Ordering::SeqCst), 1, "clones share the read");
-        assert!(x.device_copy().is_some());
+        assert!(x.device_copy(|_| true).is_some());
     }
 
     #[test]
@@ -231,24 +237,32 @@ mod tests {
         let mut y = x.clone();
         y.make_mut()[0] = 5.0;
         assert_eq!(&y[..], &[5.0, 2.0]);
-        assert!(y.device_copy().is_none(), "the device's copy went stale");
+        assert!(
+            y.device_copy(|_| true).is_none(),
+            "the device's copy went stale"
+        );
         assert_eq!(&x[..], &[1.0, 2.0]);
-        assert!(x.device_copy().is_some());
+        assert!(x.device_copy(|_| true).is_some());
         assert_eq!(x.into_vec(), vec![1.0, 2.0]);
     }
 
     #[test]
-    fn an_upload_is_kept_once() {
+    fn each_device_keeps_its_own_copy() {
         let x = Floats::from(vec![1.0]);
         let (a, _) = resident(vec![1.0]);
         let (b, _) = resident(vec![1.0]);
-        x.keep_on_device(a.device_copy().cloned().unwrap());
-        let first = Arc::as_ptr(x.device_copy().unwrap());
-        x.keep_on_device(b.device_copy().cloned().unwrap());
-        assert!(std::ptr::addr_eq(
-            Arc::as_ptr(x.device_copy().unwrap()),
-            first
-        ));
+        let (a, b) = (
+            a.device_copy(|_| true).unwrap(),
+            b.device_copy(|_| true).unwrap(),
+        );
+        x.keep_on_device(a.clone());
+        x.keep_on_device(b.clone());
+        let found = |want: &Arc<dyn DeviceCopy>| {
+            let want = Arc::as_ptr(want);
+            x.device_copy(|c| std::ptr::addr_eq(c, want)).is_some()
+        };
+        assert!(found(&a) && found(&b), "both devices find their own");
+        assert!(x.on_host(), "the host's copy stays");
     }
 
     #[test]

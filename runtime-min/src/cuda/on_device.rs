@@ -19,7 +19,7 @@ use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
 use super::backend::{Backend, R};
 use super::error::DeviceError;
-use super::train::{DTensor, Runner, Saved};
+use super::train::{DTensor, Replicas, Runner, Saved};
 use crate::cpu::exec::Compute;
 use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
@@ -32,6 +32,8 @@ pub struct OnDevice<B: Backend> {
     /// Tells this device's resident copies from any other's.
     id: u64,
     transfers: Arc<Transfers>,
+    /// The device's own collective and the ranks it sums over (sorted).
+    replicas: Option<(Vec<u32>, Box<dyn Replicas<B>>)>,
 }
 
 /// Bytes that crossed between the host and an [`OnDevice`] device.
@@ -85,6 +87,19 @@ impl<B: Backend + 'static> OnDevice<B> {
             dev,
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             transfers: Arc::default(),
+            replicas: None,
+        }
+    }
+
+    /// Computes on `dev` and sums gradient buckets over `group` with `replicas`, device to
+    /// device (NCCL across GPUs, the same-device hub for ranks sharing one): a plan's
+    /// data-parallel gradients never leave the devices.
+    pub fn with_replicas(dev: B, group: &[u32], replicas: Box<dyn Replicas<B>>) -> OnDevice<B> {
+        let mut members = group.to_vec();
+        members.sort_unstable();
+        OnDevice {
+            replicas: Some((members, replicas)),
+            ..OnDevice::new(dev)
         }
     }
 
@@ -107,12 +122,17 @@ impl<B: Backend + 'static> OnDevice<B> {
     /// `f` on this device: its resident copy when this device made one, else uploaded
     /// (and the upload kept with `f` for the next reader).
     fn on_this_device(&self, f: &Floats) -> R<Arc<B::Buf>> {
-        let mine = f
-            .device_copy()
-            .and_then(|c| c.as_any().downcast_ref::<Kept<B>>())
-            .filter(|k| k.owner == self.id);
-        if let Some(kept) = mine {
-            return Ok(kept.buf.clone());
+        let kept = |c: &dyn DeviceCopy| {
+            c.as_any()
+                .downcast_ref::<Kept<B>>()
+                .filter(|k| k.owner == self.id)
+                .map(|k| k.buf.clone())
+        };
+        if let Some(buf) = f
+            .device_copy(|c| kept(c).is_some())
+            .and_then(|c| kept(c.as_ref()))
+        {
+            return Ok(buf);
         }
         Transfers::count(&self.transfers.uploaded, f.len());
         let buf = Arc::new(self.dev.upload(f)?);
@@ -308,6 +328,25 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         *weight = Floats::resident(self.keep(Arc::new(w), n));
         *velocity = Floats::resident(self.keep(Arc::new(v), n));
         Ok(())
+    }
+
+    fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, ExecError> {
+        let Some((members, replicas)) = &self.replicas else {
+            return Ok(false);
+        };
+        let mut group = group.to_vec();
+        group.sort_unstable();
+        if group != *members {
+            return Ok(false);
+        }
+        let error = |source: DeviceError| ExecError::Device { site: None, source };
+        for g in bucket.iter_mut() {
+            let n = g.len();
+            let mut buf = self.to_write(std::mem::take(g)).map_err(error)?;
+            replicas.all_reduce(&self.dev, &mut buf).map_err(error)?;
+            *g = Floats::resident(self.keep(Arc::new(buf), n));
+        }
+        Ok(true)
     }
 
     fn backward(

@@ -3,7 +3,7 @@
 //! at a hub and adds everyone's copies in rank order — so several ranks are testable on
 //! one GPU without NCCL (which refuses duplicate devices) and without host copies.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::cuda::backend::{Backend, R};
@@ -119,17 +119,17 @@ impl<T> Hub<T> {
 }
 
 /// Rank `rank`'s side of the same-device communicator.
-pub struct SameDevice<'h, B: Backend> {
-    buffers: &'h Hub<B::Buf>,
-    losses: &'h Hub<f64>,
+pub struct SameDevice<B: Backend> {
+    buffers: Arc<Hub<B::Buf>>,
+    losses: Arc<Hub<f64>>,
     rank: usize,
     /// Rounds this rank entered, per hub.
     seq: std::cell::Cell<(u64, u64)>,
 }
 
-impl<'h, B: Backend> SameDevice<'h, B> {
+impl<B: Backend> SameDevice<B> {
     /// Rank `rank` at the hubs (shared by every rank's thread).
-    pub fn new(buffers: &'h Hub<B::Buf>, losses: &'h Hub<f64>, rank: usize) -> Self {
+    pub fn new(buffers: Arc<Hub<B::Buf>>, losses: Arc<Hub<f64>>, rank: usize) -> Self {
         SameDevice {
             buffers,
             losses,
@@ -139,7 +139,7 @@ impl<'h, B: Backend> SameDevice<'h, B> {
     }
 }
 
-impl<B: Backend> Replicas<B> for SameDevice<'_, B> {
+impl<B: Backend> Replicas<B> for SameDevice<B> {
     fn count(&self) -> usize {
         self.buffers.count
     }

@@ -128,6 +128,9 @@ impl Rank<'_, '_> {
         if !reads(BufferKind::Gradients).is_empty() {
             // A gradient bucket: this rank's gradients of those layers, in layer order.
             let keys = self.bucket_weights(index, BufferKind::Gradients);
+            if self.device_all_reduce(&keys, &group)? {
+                return Ok(());
+            }
             let mut flat = self.flat_gradients(&keys);
             self.comm
                 .all_reduce(&group, &mut flat)
@@ -180,6 +183,23 @@ impl Rank<'_, '_> {
                 .map_err(RankError::from);
         }
         Err("an all-reduce whose buffers name nothing to reduce".into())
+    }
+
+    /// Sums the gradients of `keys` over `group` with the device's own collective, if it
+    /// has one over that group (zeros for a weight this rank has no gradient of yet).
+    fn device_all_reduce(&mut self, keys: &[ValueId], group: &[u32]) -> Result<bool, RankError> {
+        let mut bucket: Vec<Floats> = keys
+            .iter()
+            .map(|w| {
+                let n = self.weights.get(w).map_or(0, |(_, t)| t.len());
+                self.grads.remove(w).unwrap_or_else(|| vec![0.0; n].into())
+            })
+            .collect();
+        let summed = self.compute.all_reduce(group, &mut bucket);
+        for (&w, g) in keys.iter().zip(bucket) {
+            self.grads.insert(w, g);
+        }
+        Ok(summed?)
     }
 
     /// Sums a tied weight's gradient over every rank holding it: each keeps it whole and
