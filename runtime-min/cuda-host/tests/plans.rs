@@ -56,6 +56,11 @@ fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
     let (got, want) = both(&common::fixture(model), gpus, strategy);
+    assert_trains_as(what, &got, &want);
+}
+
+/// `got` trained as `want`: the same losses and final weights, to rounding.
+fn assert_trains_as(what: &str, got: &TrainReport, want: &TrainReport) {
     for (g, w) in got.losses.iter().zip(&want.losses) {
         assert!(
             (g - w).abs() <= 1e-5 * w.abs().max(1.0),
@@ -66,6 +71,24 @@ fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
         let e = common::relative_error(&got.weights[name], w);
         assert!(e <= 1e-5, "{what}: weight {name}: relative error {e}");
     }
+}
+
+/// The bytes of `model`'s trained weights (as `report` holds them), of its inputs and of
+/// its first output at `batch`.
+fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
+    let (graph, info) = common::load(model, batch);
+    let bytes = |v| {
+        4 * info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .expect("sizes")
+            .iter()
+            .product::<u64>()
+    };
+    let weights = report.weights.values().map(|w| 4 * w.len() as u64).sum();
+    let inputs = graph.inputs().into_iter().map(bytes).sum();
+    (weights, inputs, bytes(graph.outputs()[0]))
 }
 
 fn split(layer: &str, s: u32, a: u32, p: u32) -> String {
@@ -208,35 +231,8 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     let options = ralpc::RunOptions { steps, ..options };
     let got = ralpc::run_with_compute(&options, &counted).expect("run on the device");
     let want = ralpc::run(&options).expect("cpu run");
-    for (g, w) in got.report.losses.iter().zip(&want.report.losses) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "loss {g} against {w}"
-        );
-    }
-    for (name, w) in &want.report.weights {
-        let e = common::relative_error(&got.report.weights[name], w);
-        assert!(e <= 1e-5, "weight {name}: relative error {e}");
-    }
-
-    let (graph, info) = common::load("train/cnn.onnx", 8);
-    let bytes = |v| {
-        4 * info
-            .ty(v)
-            .shape
-            .as_sizes()
-            .expect("sizes")
-            .iter()
-            .product::<u64>()
-    };
-    let weights: u64 = want
-        .report
-        .weights
-        .values()
-        .map(|w| 4 * w.len() as u64)
-        .sum();
-    let input: u64 = graph.inputs().into_iter().map(bytes).sum();
-    let output = bytes(graph.outputs()[0]);
+    assert_trains_as("one rank", &got.report, &want.report);
+    let (weights, input, output) = sizes("train/cnn.onnx", 8, &want.report);
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), 1, "one rank, one device");
     let transfers = &counters[0];
@@ -285,34 +281,9 @@ fn data_parallel_gradients_are_summed_device_to_device() {
     let options = ralpc::RunOptions { steps, ..options };
     let got = ralpc::run_with_compute(&options, &summing).expect("run on the devices");
     let want = ralpc::run(&options).expect("cpu run");
-    for (g, w) in got.report.losses.iter().zip(&want.report.losses) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "loss {g} against {w}"
-        );
-    }
-    for (name, w) in &want.report.weights {
-        let e = common::relative_error(&got.report.weights[name], w);
-        assert!(e <= 1e-5, "weight {name}: relative error {e}");
-    }
-    let (graph, info) = common::load("train/cnn.onnx", 8);
-    let bytes = |v| {
-        4 * info
-            .ty(v)
-            .shape
-            .as_sizes()
-            .expect("sizes")
-            .iter()
-            .product::<u64>()
-    };
-    let weights: u64 = want
-        .report
-        .weights
-        .values()
-        .map(|w| 4 * w.len() as u64)
-        .sum();
-    let input: u64 = graph.inputs().into_iter().map(bytes).sum::<u64>() / u64::from(ranks);
-    let output = bytes(graph.outputs()[0]) / u64::from(ranks);
+    assert_trains_as("data parallel", &got.report, &want.report);
+    let (weights, input, output) = sizes("train/cnn.onnx", 8, &want.report);
+    let (input, output) = (input / u64::from(ranks), output / u64::from(ranks));
     let steps = u64::from(steps);
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), ranks as usize);
