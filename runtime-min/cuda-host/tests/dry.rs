@@ -62,7 +62,7 @@ fn vgg16_at_batch_64() {
 /// A step of `strategy` (a `ralpc-strategy/1` file) for `model` on `gpus` ranks, run by
 /// the plan interpreter with every rank on its own counting device: what each device
 /// counted, by rank.
-fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> Vec<Counts> {
+fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> (Vec<Counts>, f64) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("strategy.json");
     std::fs::write(&file, strategy).expect("write the strategy");
@@ -78,8 +78,9 @@ fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> Vec<Counts> 
     )
 }
 
-/// A step of the plan `options` make, written to `dir`, as [`plan_step`].
-fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> Vec<Counts> {
+/// A step of the plan `options` make, written to `dir`, as [`plan_step`]; and the most
+/// memory the plan predicts a GPU holds, bytes.
+fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>, f64) {
     let path = options.model.clone();
     let model = path.display().to_string();
     let compiled = ralpc::compile(&ralpc::Options {
@@ -88,6 +89,7 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> Vec<Counts> {
     })
     .unwrap_or_else(|e| panic!("{model}: {e}"));
     compiled.write(dir).expect("write the plan");
+    let predicted = compiled.report.peak_memory_bytes;
     let devices: Mutex<Vec<(u32, Dry)>> = Mutex::default();
     let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let dry = Dry::default();
@@ -104,7 +106,8 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> Vec<Counts> {
         .unwrap_or_else(|e| panic!("{model}: {}", ralpc_runtime_min::error_chain(&e)));
     let mut devices = devices.into_inner().expect("devices");
     devices.sort_by_key(|&(rank, _)| rank);
-    devices.iter().map(|(_, dry)| dry.counts()).collect()
+    let counts = devices.iter().map(|(_, dry)| dry.counts()).collect();
+    (counts, predicted)
 }
 
 /// A `ralpc-strategy/1` file: `stages` as (first layer, last layer, GPUs), `layers` as
@@ -182,7 +185,7 @@ fn every_plan_family_does_the_models_work_once_on_counting_devices() {
         ),
     ];
     for (family, strategy) in &families {
-        let counts = plan_step(model, 4, batch, strategy);
+        let (counts, predicted) = plan_step(model, 4, batch, strategy);
         assert_eq!(counts.len(), 4, "{family}: a device per rank");
         let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();
         let ratio = flops / (6.0 * macs);
@@ -198,11 +201,13 @@ fn every_plan_family_does_the_models_work_once_on_counting_devices() {
             .collect();
         eprintln!(
             "{model} batch {batch}, {family} on 4 ranks: {:.1} GFLOP in GEMMs ({ratio:.3}× \
-             3·2·MACs), {} GEMMs, {} launches; per rank GEMM work/peak memory {}",
+             3·2·MACs), {} GEMMs, {} launches; per rank GEMM work/peak memory {} (the \
+             plan predicts a peak of {:.2} GiB)",
             flops / 1e9,
             counts.iter().map(|c| c.gemms).sum::<u64>(),
             counts.iter().map(|c| c.launches).sum::<u64>(),
-            per_rank.join(", ")
+            per_rank.join(", "),
+            predicted / (1u64 << 30) as f64
         );
         assert!(
             (0.98..=1.02).contains(&ratio),
@@ -222,7 +227,7 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
     let (graph, info) = common::load(model, batch);
     let macs = account(&graph, &info).expect("account").macs as f64;
     let dir = tempfile::tempdir().expect("temp dir");
-    let counts = planned_step(
+    let (counts, predicted) = planned_step(
         ralpc::Options {
             model: common::fixture(model),
             gpus: Some(8),
@@ -248,10 +253,11 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
         .collect();
     eprintln!(
         "{model} batch {batch}, t2 p2 d2: {:.1} GFLOP in GEMMs ({ratio:.3}× 3·2·MACs); per \
-         rank GFLOP {}; peak GiB {:.2}",
+         rank GFLOP {}; peak GiB {:.2} (the plan predicts {:.2})",
         flops / 1e9,
         per_rank.join(" "),
-        counts.iter().map(|c| c.peak_bytes).max().unwrap_or(0) as f64 / (1u64 << 30) as f64
+        counts.iter().map(|c| c.peak_bytes).max().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        predicted / (1u64 << 30) as f64
     );
     assert!(
         (0.98..=1.02).contains(&ratio),

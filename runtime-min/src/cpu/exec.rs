@@ -484,7 +484,12 @@ impl<'p, 'a> Rank<'p, 'a> {
                         velocity.insert(w, Floats::from(data.to_vec()));
                     }
                 }
-                weights.insert(w, (slice.clone(), share(full, &slice, first)));
+                // The rank's own: a device's uploads of it go when the rank steps it.
+                let mut held = share(full, &slice, first);
+                if let Data::F32(f) = &held.data {
+                    held.data = Data::F32(f.detached());
+                }
+                weights.insert(w, (slice.clone(), held));
             }
         }
         let touches = buckets::touches(p.exe.plan, rank);

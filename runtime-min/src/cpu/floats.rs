@@ -37,7 +37,8 @@ pub trait DeviceCopy: Any + Send + Sync {
 pub struct ReadBackFailed(pub String);
 
 struct Copies {
-    host: OnceLock<Vec<f32>>,
+    /// The host's elements, shared with the values [`Floats::detached`] from these.
+    host: OnceLock<Arc<Vec<f32>>>,
     /// A copy per device that holds one (ranks on several devices read one model's
     /// weights).
     devices: Mutex<Vec<Arc<dyn DeviceCopy>>>,
@@ -48,10 +49,10 @@ impl Copies {
         self.devices.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn host(&self) -> &[f32] {
+    fn host(&self) -> &Arc<Vec<f32>> {
         self.host.get_or_init(|| {
             let first = self.devices().first().cloned();
-            match first {
+            Arc::new(match first {
                 Some(copy) => copy.read_back().unwrap_or_else(|e| {
                     std::panic::panic_any(ReadBackFailed(format!(
                         "cannot read a tensor of {} elements back from the device: {e}",
@@ -59,16 +60,17 @@ impl Copies {
                     )))
                 }),
                 None => Vec::new(),
-            }
+            })
         })
     }
 }
 
 impl Clone for Copies {
-    /// A host copy to write (the devices' would go stale).
+    /// The host's elements, to write (copied then), without the devices' copies (they
+    /// would go stale).
     fn clone(&self) -> Copies {
         Copies {
-            host: OnceLock::from(self.host().to_vec()),
+            host: OnceLock::from(self.host().clone()),
             devices: Mutex::default(),
         }
     }
@@ -124,13 +126,10 @@ impl Floats {
     /// are dropped (they would go stale).
     pub fn make_mut(&mut self) -> &mut Vec<f32> {
         let copies = Arc::make_mut(&mut self.0);
-        if copies.host.get().is_none() {
-            let host = copies.host().to_vec();
-            copies.host = OnceLock::from(host);
-        }
+        copies.host();
         copies.devices().clear();
         match copies.host.get_mut() {
-            Some(host) => host,
+            Some(host) => Arc::make_mut(host),
             None => unreachable!("the host copy was made above"),
         }
     }
@@ -140,17 +139,31 @@ impl Floats {
         match Arc::try_unwrap(self.0) {
             Ok(copies) => {
                 copies.host();
-                copies.host.into_inner().unwrap_or_default()
+                copies
+                    .host
+                    .into_inner()
+                    .map(Arc::unwrap_or_clone)
+                    .unwrap_or_default()
             }
             Err(shared) => shared.host().to_vec(),
         }
+    }
+
+    /// The same elements with a list of device copies of their own: a rank's weight
+    /// that starts as the model's, whose uploads (and their memory) go when the rank
+    /// steps it, not when the run ends. The host's elements are shared, not copied.
+    pub fn detached(&self) -> Floats {
+        Floats(Arc::new(Copies {
+            host: OnceLock::from(self.0.host().clone()),
+            devices: Mutex::default(),
+        }))
     }
 }
 
 impl Deref for Floats {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        self.0.host()
+        self.0.host().as_slice()
     }
 }
 
@@ -164,7 +177,7 @@ impl Default for Floats {
 impl From<Vec<f32>> for Floats {
     fn from(host: Vec<f32>) -> Floats {
         Floats(Arc::new(Copies {
-            host: OnceLock::from(host),
+            host: OnceLock::from(Arc::new(host)),
             devices: Mutex::default(),
         }))
     }
@@ -263,6 +276,25 @@ mod tests {
         };
         assert!(found(&a) && found(&b), "both devices find their own");
         assert!(x.on_host(), "the host's copy stays");
+    }
+
+    #[test]
+    fn a_detached_value_shares_the_elements_but_not_the_device_copies() {
+        let model = Floats::from(vec![1.0, 2.0]);
+        let (upload, _) = resident(vec![1.0, 2.0]);
+        let mine = model.detached();
+        mine.keep_on_device(upload.device_copy(|_| true).unwrap());
+        assert!(
+            model.device_copy(|_| true).is_none(),
+            "the model keeps none"
+        );
+        assert!(std::ptr::eq(model.as_ptr(), mine.as_ptr()), "one host copy");
+        let mut stepped = mine.clone();
+        stepped.make_mut()[0] = 3.0;
+        assert_eq!(
+            (&model[..], &stepped[..]),
+            (&[1.0, 2.0][..], &[3.0, 2.0][..])
+        );
     }
 
     #[test]
