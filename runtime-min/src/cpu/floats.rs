@@ -103,12 +103,9 @@ impl Floats {
         self.len() == 0
     }
 
-    /// The first device copy that `mine` recognizes (its own device's).
-    pub fn device_copy(
-        &self,
-        mine: impl Fn(&dyn DeviceCopy) -> bool,
-    ) -> Option<Arc<dyn DeviceCopy>> {
-        self.0.devices().iter().find(|c| mine(c.as_ref())).cloned()
+    /// What `mine` finds in the first device copy it recognizes (its own device's).
+    pub fn device_copy<T>(&self, mine: impl Fn(&Arc<dyn DeviceCopy>) -> Option<T>) -> Option<T> {
+        self.0.devices().iter().find_map(mine)
     }
 
     /// Records `copy` as a device's copy of these elements (an upload of them): the next
@@ -241,7 +238,7 @@ mod tests {
         assert_eq!(&x[..], &[1.0, 2.0, 3.0]);
         assert_eq!(&shared[..], &[1.0, 2.0, 3.0]);
         assert_eq!(reads.load(Ordering::SeqCst), 1, "clones share the read");
-        assert!(x.device_copy(|_| true).is_some());
+        assert!(x.device_copy(|c| Some(c.clone())).is_some());
     }
 
     #[test]
@@ -251,11 +248,11 @@ mod tests {
         y.make_mut()[0] = 5.0;
         assert_eq!(&y[..], &[5.0, 2.0]);
         assert!(
-            y.device_copy(|_| true).is_none(),
+            y.device_copy(|c| Some(c.clone())).is_none(),
             "the device's copy went stale"
         );
         assert_eq!(&x[..], &[1.0, 2.0]);
-        assert!(x.device_copy(|_| true).is_some());
+        assert!(x.device_copy(|c| Some(c.clone())).is_some());
         assert_eq!(x.into_vec(), vec![1.0, 2.0]);
     }
 
@@ -265,14 +262,15 @@ mod tests {
         let (a, _) = resident(vec![1.0]);
         let (b, _) = resident(vec![1.0]);
         let (a, b) = (
-            a.device_copy(|_| true).unwrap(),
-            b.device_copy(|_| true).unwrap(),
+            a.device_copy(|c| Some(c.clone())).unwrap(),
+            b.device_copy(|c| Some(c.clone())).unwrap(),
         );
         x.keep_on_device(a.clone());
         x.keep_on_device(b.clone());
         let found = |want: &Arc<dyn DeviceCopy>| {
             let want = Arc::as_ptr(want);
-            x.device_copy(|c| std::ptr::addr_eq(c, want)).is_some()
+            x.device_copy(|c| std::ptr::addr_eq(Arc::as_ptr(c), want).then_some(()))
+                .is_some()
         };
         assert!(found(&a) && found(&b), "both devices find their own");
         assert!(x.on_host(), "the host's copy stays");
@@ -283,9 +281,9 @@ mod tests {
         let model = Floats::from(vec![1.0, 2.0]);
         let (upload, _) = resident(vec![1.0, 2.0]);
         let mine = model.detached();
-        mine.keep_on_device(upload.device_copy(|_| true).unwrap());
+        mine.keep_on_device(upload.device_copy(|c| Some(c.clone())).unwrap());
         assert!(
-            model.device_copy(|_| true).is_none(),
+            model.device_copy(|c| Some(c.clone())).is_none(),
             "the model keeps none"
         );
         assert!(std::ptr::eq(model.as_ptr(), mine.as_ptr()), "one host copy");

@@ -128,10 +128,7 @@ impl<B: Backend + 'static> OnDevice<B> {
                 .filter(|k| k.owner == self.id)
                 .map(|k| k.buf.clone())
         };
-        if let Some(buf) = f
-            .device_copy(|c| kept(c).is_some())
-            .and_then(|c| kept(c.as_ref()))
-        {
+        if let Some(buf) = f.device_copy(|c| kept(c.as_ref())) {
             return Ok(buf);
         }
         Transfers::count(&self.transfers.uploaded, f.len());
