@@ -264,3 +264,53 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
         "the ranks' GEMM work is {ratio}× the model's"
     );
 }
+
+/// A one-rank plan of ResNet-50, whose blocks' outputs each feed the next block and its
+/// residual sum, keeps every gradient on its device: the gradients the two readers give
+/// are summed there, so a step uploads only the weights, their momentum, the batch and
+/// the output's gradient, and reads back only the output and what the report reads.
+#[test]
+fn a_residual_networks_gradients_stay_on_its_device() {
+    use ralpc_runtime_min::cuda::on_device::Transfers;
+    use std::sync::Arc;
+    let (model, batch) = ("onnx/resnet50/model.onnx", 8);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: common::fixture(model),
+        gpus: Some(1),
+        batch: Some(batch),
+        ..Default::default()
+    })
+    .expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let transfers: Mutex<Option<Arc<Transfers>>> = Mutex::default();
+    let counting = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let device = OnDevice::new(Dry::default());
+        *transfers.lock().expect("transfers") = Some(device.transfers());
+        Ok(Box::new(device))
+    };
+    let options = ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(common::fixture(model)),
+        steps: 1,
+        ..Default::default()
+    };
+    let report = ralpc::run_with_compute(&options, &counting)
+        .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)))
+        .report;
+    let (weights, input, output) = common::sizes(model, batch, &report);
+    let t = transfers
+        .into_inner()
+        .expect("transfers")
+        .expect("one device");
+    assert_eq!(
+        t.uploaded(),
+        2 * weights + input + output,
+        "weights and momentum, the batch, the output's gradient"
+    );
+    assert_eq!(
+        t.read_back(),
+        output + 2 * weights,
+        "the output, the first gradients and the last weights (the report's)"
+    );
+}

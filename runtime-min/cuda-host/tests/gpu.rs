@@ -12,30 +12,7 @@ use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::train::{train_reference, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::backend::Backend as _;
 use ralpc_runtime_min::cuda::gpu::Gpu;
-use ralpc_runtime_min::cuda::libs::{self, Lib, Resolution};
 use ralpc_runtime_min::cuda::train::train;
-
-/// GPU 0, or `None` when this test re-ran itself in a child whose loader path has the
-/// CUDA libraries (pip wheels sit outside it) and the child passed.
-fn gpu(test: &str) -> Option<Gpu> {
-    match libs::resolve(&Lib::ONE_GPU).unwrap_or_else(|e| panic!("{e}")) {
-        Resolution::Ready => Some(Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))),
-        Resolution::Restart { library_path, .. } => {
-            assert!(
-                std::env::var_os("RALPC_TEST_RESTARTED").is_none(),
-                "the CUDA libraries do not load from {library_path:?}"
-            );
-            let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-                .args([test, "--exact", "--ignored", "--nocapture"])
-                .env("LD_LIBRARY_PATH", library_path)
-                .env("RALPC_TEST_RESTARTED", "1")
-                .status()
-                .expect("re-run the test");
-            assert!(status.success(), "{test} failed on the GPU");
-            None
-        }
-    }
-}
 
 fn check(gpu: &Gpu, model: &str, batch: u64, steps: u32) {
     let (graph, info) = common::load(model, batch);
@@ -123,7 +100,7 @@ fn nudge(data: &Dataset) -> Dataset {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fixtures_train_on_the_gpu_as_on_the_cpu() {
-    let Some(gpu) = gpu("fixtures_train_on_the_gpu_as_on_the_cpu") else {
+    let Some(gpu) = common::gpu("fixtures_train_on_the_gpu_as_on_the_cpu") else {
         return;
     };
     check(&gpu, "train/mlp.onnx", 8, 3);

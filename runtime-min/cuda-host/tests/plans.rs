@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
@@ -17,36 +15,13 @@ use ralpc_runtime_min::cuda::on_device::OnDevice;
 
 /// The plan of `strategy` for `model`, run on the CPU backend and on the device
 /// ([`OnDevice`]).
-fn both(model: &Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
-    let (_dir, options) = planned(model, gpus, strategy);
+fn both(model: &std::path::Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
+    let (_dir, options) = common::planned(model, gpus, strategy);
     let cpu = ralpc::run(&options).expect("cpu run").report;
     let on_device = ralpc::run_with_compute(&options, &host_kernels)
         .expect("run on the device")
         .report;
     (on_device, cpu)
-}
-
-/// Plans `model` with `strategy` into a temporary directory; three steps of it.
-fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, ralpc::RunOptions) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("strategy.json");
-    std::fs::write(&file, strategy).expect("write");
-    let compiled = ralpc::compile(&ralpc::Options {
-        model: model.to_path_buf(),
-        gpus: Some(gpus),
-        batch: Some(8),
-        strategy_file: Some(file),
-        ..Default::default()
-    })
-    .expect("plan");
-    compiled.write(dir.path()).expect("write the plan");
-    let options = ralpc::RunOptions {
-        plan: dir.path().to_path_buf(),
-        model: Some(model.to_path_buf()),
-        steps: 3,
-        ..Default::default()
-    };
-    (dir, options)
 }
 
 /// Every rank's layers on the host-compiled CUDA kernels.
@@ -56,53 +31,7 @@ fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
     let (got, want) = both(&common::fixture(model), gpus, strategy);
-    assert_trains_as(what, &got, &want);
-}
-
-/// `got` trained as `want`: the same losses and final weights, to rounding.
-fn assert_trains_as(what: &str, got: &TrainReport, want: &TrainReport) {
-    for (g, w) in got.losses.iter().zip(&want.losses) {
-        assert!(
-            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-            "{what}: loss {g} against {w}"
-        );
-    }
-    for (name, w) in &want.weights {
-        let e = common::relative_error(&got.weights[name], w);
-        assert!(e <= 1e-5, "{what}: weight {name}: relative error {e}");
-    }
-}
-
-/// The bytes of `model`'s trained weights (as `report` holds them), of its inputs and of
-/// its first output at `batch`.
-fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
-    let (graph, info) = common::load(model, batch);
-    let bytes = |v| {
-        4 * info
-            .ty(v)
-            .shape
-            .as_sizes()
-            .expect("sizes")
-            .iter()
-            .product::<u64>()
-    };
-    let weights = report.weights.values().map(|w| 4 * w.len() as u64).sum();
-    let inputs = graph.inputs().into_iter().map(bytes).sum();
-    (weights, inputs, bytes(graph.outputs()[0]))
-}
-
-fn split(layer: &str, s: u32, a: u32, p: u32) -> String {
-    format!(
-        r#"{{ "name": "{layer}", "split": {{ "sample": {s}, "attribute": {a}, "parameter": {p} }} }}"#
-    )
-}
-
-fn strategy(stages: &str, layers: &[String], schedule: &str, microbatches: u32) -> String {
-    format!(
-        r#"{{ "format": "ralpc-strategy/1", "schedule": "{schedule}", "microbatches": {microbatches},
-             "stages": [{stages}], "layers": [{}] }}"#,
-        layers.join(", ")
-    )
+    common::assert_trains_as(what, &got, &want, 1e-5);
 }
 
 const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
@@ -112,32 +41,32 @@ const TWO_STAGES: &str = r#"{ "first_layer": "conv0", "last_layer": "pool0", "re
 #[test]
 fn burst_plans_run_on_the_device_as_on_the_cpu() {
     let layers = [
-        split("conv1", 2, 1, 1),
-        split("pool1", 2, 1, 1),
-        split("fc0", 1, 1, 1),
-        split("fc1", 1, 1, 1),
+        common::split("conv1", 2, 1, 1),
+        common::split("pool1", 2, 1, 1),
+        common::split("fc0", 1, 1, 1),
+        common::split("fc1", 1, 1, 1),
     ];
     check(
         "burst",
         "train/cnn.onnx",
         4,
-        &strategy(ONE_STAGE, &layers, "1f1b", 1),
+        &common::strategy(ONE_STAGE, &layers, "1f1b", 1),
     );
 }
 
 #[test]
 fn soap_plans_run_on_the_device_as_on_the_cpu() {
     let layers = [
-        split("conv1", 2, 1, 2),
-        split("pool1", 2, 1, 2),
-        split("fc0", 1, 1, 4),
-        split("fc1", 1, 4, 1),
+        common::split("conv1", 2, 1, 2),
+        common::split("pool1", 2, 1, 2),
+        common::split("fc0", 1, 1, 4),
+        common::split("fc1", 1, 4, 1),
     ];
     check(
         "soap",
         "train/cnn.onnx",
         4,
-        &strategy(ONE_STAGE, &layers, "1f1b", 1),
+        &common::strategy(ONE_STAGE, &layers, "1f1b", 1),
     );
 }
 
@@ -147,13 +76,13 @@ fn pipelines_run_on_the_device_as_on_the_cpu() {
         "1f1b",
         "train/cnn.onnx",
         4,
-        &strategy(TWO_STAGES, &[], "1f1b", 2),
+        &common::strategy(TWO_STAGES, &[], "1f1b", 2),
     );
     check(
         "gpipe",
         "train/cnn.onnx",
         4,
-        &strategy(TWO_STAGES, &[], "gpipe", 2),
+        &common::strategy(TWO_STAGES, &[], "gpipe", 2),
     );
 }
 
@@ -161,10 +90,10 @@ fn pipelines_run_on_the_device_as_on_the_cpu() {
 fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
     use ralpc_runtime_min::cpu::exec::{Fault, FaultKind};
     let one_stage = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }"#;
-    let (dir, options) = planned(
+    let (dir, options) = common::planned(
         &common::fixture("train/cnn.onnx"),
         2,
-        &strategy(one_stage, &[], "1f1b", 1),
+        &common::strategy(one_stage, &[], "1f1b", 1),
     );
     let options = ralpc::RunOptions {
         timeout: std::time::Duration::from_secs(2),
@@ -220,7 +149,7 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     use ralpc_runtime_min::cuda::on_device::Transfers;
     let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
     let model = common::fixture("train/cnn.onnx");
-    let (_dir, options) = planned(&model, 1, &strategy(one, &[], "1f1b", 1));
+    let (_dir, options) = common::planned(&model, 1, &common::strategy(one, &[], "1f1b", 1));
     let counters: Mutex<Vec<Arc<Transfers>>> = Mutex::default();
     let counted = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let device = OnDevice::new(Host);
@@ -231,8 +160,8 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     let options = ralpc::RunOptions { steps, ..options };
     let got = ralpc::run_with_compute(&options, &counted).expect("run on the device");
     let want = ralpc::run(&options).expect("cpu run");
-    assert_trains_as("one rank", &got.report, &want.report);
-    let (weights, input, output) = sizes("train/cnn.onnx", 8, &want.report);
+    common::assert_trains_as("one rank", &got.report, &want.report, 1e-5);
+    let (weights, input, output) = common::sizes("train/cnn.onnx", 8, &want.report);
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), 1, "one rank, one device");
     let transfers = &counters[0];
@@ -262,7 +191,7 @@ fn data_parallel_gradients_are_summed_device_to_device() {
     let ranks = 2;
     let dp = format!(r#"{{ "first_layer": "conv0", "last_layer": "fc1", "replicas": {ranks} }}"#);
     let model = common::fixture("train/cnn.onnx");
-    let (_dir, options) = planned(&model, ranks, &strategy(&dp, &[], "1f1b", 1));
+    let (_dir, options) = common::planned(&model, ranks, &common::strategy(&dp, &[], "1f1b", 1));
     let timeout = std::time::Duration::from_secs(30);
     let buffers = Arc::new(Hub::new(ranks as usize, timeout));
     let losses = Arc::new(Hub::new(ranks as usize, timeout));
@@ -281,8 +210,8 @@ fn data_parallel_gradients_are_summed_device_to_device() {
     let options = ralpc::RunOptions { steps, ..options };
     let got = ralpc::run_with_compute(&options, &summing).expect("run on the devices");
     let want = ralpc::run(&options).expect("cpu run");
-    assert_trains_as("data parallel", &got.report, &want.report);
-    let (weights, input, output) = sizes("train/cnn.onnx", 8, &want.report);
+    common::assert_trains_as("data parallel", &got.report, &want.report, 1e-5);
+    let (weights, input, output) = common::sizes("train/cnn.onnx", 8, &want.report);
     let (input, output) = (input / u64::from(ranks), output / u64::from(ranks));
     let steps = u64::from(steps);
     let counters = counters.into_inner().expect("counters");

@@ -56,7 +56,8 @@ use super::kernels;
 use super::ops::{Env, Mode};
 pub use super::region::Axes;
 use super::region::{
-    crop, dims, fill, intersect, interval, place, place_into, reframe, share, volume, Region, Slice,
+    crop, dims, fill, intersect, interval, is_whole, place, place_into, reframe, share, volume,
+    Region, Slice,
 };
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
@@ -188,6 +189,15 @@ pub trait Compute {
     ) -> Result<(), graph::ExecError> {
         kernels::sgd_momentum(weight.make_mut(), grad, velocity.make_mut(), lr, momentum);
         Ok(())
+    }
+    /// `a + b`, elementwise (one length): on the device where they are resident.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn add(&self, a: Floats, b: &Floats) -> Result<Floats, graph::ExecError> {
+        let mut a = a;
+        kernels::add(a.make_mut(), b);
+        Ok(a)
     }
     /// Sums a gradient bucket (its tensors in order) over `group` in place, with the
     /// device's own collective when it has one over exactly that group (the tensors stay
@@ -387,6 +397,9 @@ struct RankReport {
     /// Weights and first-step gradients: (name, slice, full dims, values).
     weights: Vec<(ValueId, Slice, Vec<f32>)>,
     gradients: Vec<(ValueId, Slice, Vec<f32>)>,
+    /// Per step run here, wall-clock seconds from the end of the one before (or from the
+    /// start) to its end.
+    step_seconds: Vec<f64>,
 }
 
 struct Rank<'p, 'a> {
@@ -564,6 +577,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             .get(self.rank as usize)
             .cloned()
             .unwrap_or_default();
+        let mut step_started = Instant::now();
         for step in self.first_step..self.options.steps {
             self.step = step;
             self.report.losses.push(0.0);
@@ -640,6 +654,11 @@ impl<'p, 'a> Rank<'p, 'a> {
                     error
                 })?;
             }
+            let now = Instant::now();
+            self.report
+                .step_seconds
+                .push(now.duration_since(step_started).as_secs_f64());
+            step_started = now;
         }
         self.comm.finish();
         for (&w, (slice, t)) in &self.weights {
@@ -1001,6 +1020,7 @@ pub fn run_process(
     Ok((
         TrainReport {
             losses,
+            step_seconds: r.report.step_seconds.clone(),
             ..TrainReport::default()
         },
         elapsed,
@@ -1054,9 +1074,24 @@ fn assemble_report(
             dst.copy_from_slice(data);
         }
     }
+    // A step ends when its slowest rank ends it.
+    let steps = reports
+        .iter()
+        .map(|r| r.step_seconds.len())
+        .max()
+        .unwrap_or(0);
+    let step_seconds = (0..steps)
+        .map(|s| {
+            reports
+                .iter()
+                .filter_map(|r| r.step_seconds.get(s).copied())
+                .fold(0.0, f64::max)
+        })
+        .collect();
     let mut out = TrainReport {
         losses,
         first_output: output,
+        step_seconds,
         ..TrainReport::default()
     };
     out.weights = assemble(p, reports.iter().flat_map(|r| &r.weights).collect());

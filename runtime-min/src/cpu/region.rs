@@ -204,10 +204,15 @@ pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
     }
 }
 
+/// Whether `slice` of a weight of `shape` is all of it, in its own layout.
+pub(crate) fn is_whole(slice: &Slice, shape: &[usize]) -> bool {
+    slice.boxed(shape).is_none() && !matches!(slice, Slice::Vocabulary(_))
+}
+
 /// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
 /// weight (of `shape`).
 pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
-    if slice.boxed(shape).is_none() && !matches!(slice, Slice::Vocabulary(_)) {
+    if is_whole(slice, shape) {
         return gradient;
     }
     let mut out = vec![0.0f32; t::numel(shape)];

@@ -76,10 +76,11 @@ pub struct TrainReport {
     pub first_gradients: BTreeMap<String, Vec<f32>>,
     /// Every trainable weight after the last step, by name.
     pub weights: BTreeMap<String, Vec<f32>>,
-    /// Wall-clock seconds of each step where the executor times them (the CUDA
-    /// backend's one-device loop): from the previous step's loss on the host to this
-    /// one's, so a step after the first is the previous backward and update and this
-    /// forward — the steady-state step time, with set-up and uploads left out.
+    /// Wall-clock seconds of each step where the executor times them (the plan
+    /// interpreter, on its slowest rank, from the end of the step before; the CUDA
+    /// backend's one-device loop, from one loss to the next). A device runs ahead of the
+    /// host, but each step waits for its loss, so a step after the first is the
+    /// steady-state step time, with set-up and the first uploads left out.
     pub step_seconds: Vec<f64>,
 }
 

@@ -327,6 +327,15 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         Ok(())
     }
 
+    fn add(&self, a: Floats, b: &Floats) -> Result<Floats, ExecError> {
+        let error = |source: DeviceError| ExecError::Device { site: None, source };
+        let n = a.len();
+        let b = self.on_this_device(b).map_err(error)?;
+        let mut sum = self.to_write(a).map_err(error)?;
+        self.dev.axpby(&mut sum, &b, 1.0, 1.0).map_err(error)?;
+        Ok(Floats::resident(self.keep(Arc::new(sum), n)))
+    }
+
     fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, ExecError> {
         let Some((members, replicas)) = &self.replicas else {
             return Ok(false);

@@ -1,9 +1,12 @@
 //! Helpers shared by the tests of the CUDA executor.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
+use ralpc_runtime_min::cpu::train::TrainReport;
+use ralpc_runtime_min::cuda::gpu::Gpu;
+use ralpc_runtime_min::cuda::libs;
 
 /// A path under the repository's `fixtures/`.
 pub fn fixture(rel: &str) -> PathBuf {
@@ -37,4 +40,99 @@ pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
         .sum();
     let norm: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
     (diff / norm.max(1e-30)).sqrt()
+}
+
+/// GPU 0, or `None` when this test re-ran itself in a child whose loader path has the
+/// CUDA libraries (pip wheels sit outside it) and the child passed.
+pub fn gpu(test: &str) -> Option<Gpu> {
+    match libs::resolve(&libs::Lib::ONE_GPU).unwrap_or_else(|e| panic!("{e}")) {
+        libs::Resolution::Ready => Some(Gpu::new(0).unwrap_or_else(|e| panic!("{e}"))),
+        libs::Resolution::Restart { library_path, .. } => {
+            assert!(
+                std::env::var_os("RALPC_TEST_RESTARTED").is_none(),
+                "the CUDA libraries do not load from {library_path:?}"
+            );
+            let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args([test, "--exact", "--ignored", "--nocapture"])
+                .env("LD_LIBRARY_PATH", library_path)
+                .env("RALPC_TEST_RESTARTED", "1")
+                .status()
+                .expect("re-run the test");
+            assert!(status.success(), "{test} failed on the GPU");
+            None
+        }
+    }
+}
+
+/// Plans `model` with `strategy` into a temporary directory; three steps of it.
+pub fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, ralpc::RunOptions) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("strategy.json");
+    std::fs::write(&file, strategy).expect("write");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: model.to_path_buf(),
+        gpus: Some(gpus),
+        batch: Some(8),
+        strategy_file: Some(file),
+        ..Default::default()
+    })
+    .expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let options = ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(model.to_path_buf()),
+        steps: 3,
+        ..Default::default()
+    };
+    (dir, options)
+}
+
+/// `got` trained as `want`: the same losses and final weights, within `tolerance`
+/// (relative).
+pub fn assert_trains_as(what: &str, got: &TrainReport, want: &TrainReport, tolerance: f64) {
+    for (g, w) in got.losses.iter().zip(&want.losses) {
+        assert!(
+            (g - w).abs() <= tolerance * w.abs().max(1.0),
+            "{what}: loss {g} against {w}"
+        );
+    }
+    for (name, w) in &want.weights {
+        let e = relative_error(&got.weights[name], w);
+        assert!(e <= tolerance, "{what}: weight {name}: relative error {e}");
+    }
+}
+
+/// A strategy file's entry for `layer`: its samples split `s` ways, its attribute `a`
+/// ways and its parameters `p` ways.
+pub fn split(layer: &str, s: u32, a: u32, p: u32) -> String {
+    format!(
+        r#"{{ "name": "{layer}", "split": {{ "sample": {s}, "attribute": {a}, "parameter": {p} }} }}"#
+    )
+}
+
+/// A `ralpc-strategy/1` file: `stages` (JSON objects), `layers` ([`split`]s).
+pub fn strategy(stages: &str, layers: &[String], schedule: &str, microbatches: u32) -> String {
+    format!(
+        r#"{{ "format": "ralpc-strategy/1", "schedule": "{schedule}", "microbatches": {microbatches},
+             "stages": [{stages}], "layers": [{}] }}"#,
+        layers.join(", ")
+    )
+}
+
+/// The bytes of `model`'s trained weights (as `report` holds them), of its inputs and of
+/// its first output at `batch`.
+pub fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
+    let (graph, info) = load(model, batch);
+    let bytes = |v| {
+        4 * info
+            .ty(v)
+            .shape
+            .as_sizes()
+            .expect("sizes")
+            .iter()
+            .product::<u64>()
+    };
+    let weights = report.weights.values().map(|w| 4 * w.len() as u64).sum();
+    let inputs = graph.inputs().into_iter().map(bytes).sum();
+    (weights, inputs, bytes(graph.outputs()[0]))
 }

@@ -317,24 +317,43 @@ impl Rank<'_, '_> {
         Ok(())
     }
 
-    /// The gradient of layer `l`'s output `o` (held over `held`) when one consumer on this
-    /// rank gave all of it and nothing else adds to it: that gradient itself, shared (and
-    /// left where it is, host or device).
-    fn sole_gradient(&self, l: usize, o: ValueId, held: &Region, mb: u32) -> Option<Floats> {
+    /// The gradient of layer `l`'s output `o` (held over `held`) when every consumer on
+    /// this rank gave all of it and nothing else adds to it: their gradients summed by the
+    /// rank's device where they are (one consumer's shared as it is), in the order the host
+    /// would add them. `None`: some piece came from another rank or covers part of `held`,
+    /// and the host assembles them.
+    fn whole_gradient(
+        &self,
+        l: usize,
+        o: ValueId,
+        held: &Region,
+        mb: u32,
+    ) -> Result<Option<Floats>, RankError> {
         let p = self.p;
         if (l, o) == p.output {
-            return None;
+            return Ok(None);
         }
-        let mut readers =
-            (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o);
-        let (e, None) = (readers.next()?, readers.next()) else {
-            return None;
+        let mut parts = Vec::new();
+        for e in (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o) {
+            if self.grad_pieces.contains_key(&(e, mb)) {
+                return Ok(None);
+            }
+            match self.input_grads.get(&(e, mb)) {
+                Some((region, data)) if region == held && data.len() == volume(held) => {
+                    parts.push(data)
+                }
+                _ => return Ok(None),
+            }
+        }
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Ok(None);
         };
-        if self.grad_pieces.contains_key(&(e, mb)) {
-            return None;
+        let mut sum = first.clone();
+        for part in parts {
+            sum = self.compute.add(sum, part).map_err(RankError::from)?;
         }
-        let (region, data) = self.input_grads.get(&(e, mb))?;
-        (region == held && data.len() == volume(held)).then(|| data.clone())
+        Ok(Some(sum))
     }
 
     pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
@@ -360,7 +379,7 @@ impl Rank<'_, '_> {
         self.spend_checkpoints(l, mb);
         let mut grads = Grads::default();
         for (&o, held) in &run.regions {
-            if let Some(dy) = self.sole_gradient(l, o, held, mb) {
+            if let Some(dy) = self.whole_gradient(l, o, held, mb)? {
                 grads.accumulate(o, dy);
                 continue;
             }
@@ -406,8 +425,12 @@ impl Rank<'_, '_> {
         for &(v, source) in &layer.inputs {
             let c = p.carrier(v);
             if source == Source::Constant && c != v {
-                if let Some(g) = grads.take(v) {
-                    grads.add(c, &g);
+                if let Some(g) = grads.take_floats(v) {
+                    let sum = match grads.take_floats(c) {
+                        Some(acc) => self.compute.add(acc, &g).map_err(RankError::from)?,
+                        None => g,
+                    };
+                    grads.set(c, sum);
                 }
             }
         }
@@ -421,7 +444,11 @@ impl Rank<'_, '_> {
             // Where the layer computed it (resident on a device, unless reshaped here).
             let gw = match (grads.take_floats(w), self.weights.get(&w)) {
                 (Some(gw), Some((_, whole))) if p.tied.contains(&w) => {
-                    Some(place(gw.into_vec(), &p.slice_of(layer, k, w), &whole.shape).into())
+                    let slice = p.slice_of(layer, k, w);
+                    Some(match is_whole(&slice, &whole.shape) {
+                        true => gw,
+                        false => place(gw.into_vec(), &slice, &whole.shape).into(),
+                    })
                 }
                 (gw, _) => gw,
             };
@@ -444,12 +471,12 @@ impl Rank<'_, '_> {
                 _ => gw,
             };
             if let Some(gw) = gw {
-                match self.grads.get_mut(&w) {
-                    Some(acc) => kernels::add(acc.make_mut(), &gw),
-                    None => {
-                        self.grads.insert(w, gw);
-                    }
-                }
+                // A weight several layers share sums their gradients (on the device).
+                let sum = match self.grads.remove(&w) {
+                    Some(acc) => self.compute.add(acc, &gw).map_err(RankError::from)?,
+                    None => gw,
+                };
+                self.grads.insert(w, sum);
             }
         }
         let mut sums = VecDeque::new();

@@ -1,0 +1,225 @@
+//! On an NVIDIA GPU (`cargo test -p ralpc-cuda-host --test gpu_plans -- --ignored
+//! --nocapture`): plans through the plan interpreter with every rank's layers on the GPU
+//! ([`OnDevice`] over [`Gpu`]), against the CPU backend: burst, SOAP and pipeline plans,
+//! a data-parallel plan whose ranks sum their gradients on the GPU, and one-rank and
+//! data-parallel ResNet-50 and VGG16 steps, timed. `tests/plans.rs` runs the same path on
+//! the host-compiled kernels on every machine.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ralpc_runtime_min::cpu::exec::Compute;
+use ralpc_runtime_min::cuda::backend::Backend;
+use ralpc_runtime_min::cuda::error::DeviceError;
+use ralpc_runtime_min::cuda::gpu::Gpu;
+use ralpc_runtime_min::cuda::on_device::{OnDevice, Transfers};
+use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+
+/// Within this, the GPU trains as the CPU (fp32, TF32 off).
+const TOLERANCE: f64 = 1e-3;
+
+/// Every rank's layers on GPU 0 (its own streams), summing gradient buckets over `group`
+/// on the GPU when the plan is data parallel; each device's transfer counters kept.
+struct Devices {
+    group: Vec<u32>,
+    buffers: Arc<Hub<<Gpu as Backend>::Buf>>,
+    losses: Arc<Hub<f64>>,
+    transfers: Mutex<Vec<(u32, Arc<Transfers>)>>,
+}
+
+impl Devices {
+    fn new(data_parallel_ranks: u32) -> Self {
+        let n = data_parallel_ranks.max(1) as usize;
+        let timeout = std::time::Duration::from_secs(60);
+        Self {
+            group: (0..data_parallel_ranks).collect(),
+            buffers: Arc::new(Hub::new(n, timeout)),
+            losses: Arc::new(Hub::new(n, timeout)),
+            transfers: Mutex::default(),
+        }
+    }
+
+    fn open(&self, rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
+        let gpu = Gpu::new(0)?;
+        let device = if self.group.len() > 1 {
+            let hub =
+                SameDevice::<Gpu>::new(self.buffers.clone(), self.losses.clone(), rank as usize);
+            OnDevice::with_replicas(gpu, &self.group, Box::new(hub))
+        } else {
+            OnDevice::new(gpu)
+        };
+        self.transfers
+            .lock()
+            .expect("counters")
+            .push((rank, device.transfers()));
+        Ok(Box::new(device))
+    }
+
+    fn report(&self, what: &str) {
+        for (rank, t) in self.transfers.lock().expect("counters").iter() {
+            eprintln!(
+                "{what}: rank {rank} uploaded {:.2} MB, read back {:.2} MB",
+                t.uploaded() as f64 / 1e6,
+                t.read_back() as f64 / 1e6
+            );
+        }
+    }
+}
+
+fn check(what: &str, model: &str, gpus: u32, strategy: &str, data_parallel_ranks: u32) {
+    let (_dir, options) = common::planned(&common::fixture(model), gpus, strategy);
+    let want = ralpc::run(&options).expect("cpu run").report;
+    let devices = Devices::new(data_parallel_ranks);
+    let got = ralpc::run_with_compute(&options, &|r| devices.open(r))
+        .unwrap_or_else(|e| panic!("{what}: {}", ralpc_runtime_min::error_chain(&e)))
+        .report;
+    eprintln!("{what}: losses {:?} (CPU {:?})", got.losses, want.losses);
+    devices.report(what);
+    common::assert_trains_as(what, &got, &want, TOLERANCE);
+}
+
+const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
+    let test = "plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu";
+    if common::gpu(test).is_none() {
+        return;
+    }
+    let cnn = "train/cnn.onnx";
+    let burst = [
+        common::split("conv1", 2, 1, 1),
+        common::split("pool1", 2, 1, 1),
+        common::split("fc0", 1, 1, 1),
+        common::split("fc1", 1, 1, 1),
+    ];
+    check(
+        "burst",
+        cnn,
+        4,
+        &common::strategy(ONE_STAGE, &burst, "1f1b", 1),
+        1,
+    );
+    let soap = [
+        common::split("conv1", 2, 1, 2),
+        common::split("pool1", 2, 1, 2),
+        common::split("fc0", 1, 1, 4),
+        common::split("fc1", 1, 4, 1),
+    ];
+    check(
+        "soap",
+        cnn,
+        4,
+        &common::strategy(ONE_STAGE, &soap, "1f1b", 1),
+        1,
+    );
+    let two_stages = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+        { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
+    check(
+        "1f1b",
+        cnn,
+        4,
+        &common::strategy(two_stages, &[], "1f1b", 2),
+        1,
+    );
+    check(
+        "gpipe",
+        cnn,
+        4,
+        &common::strategy(two_stages, &[], "gpipe", 2),
+        1,
+    );
+    let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
+    check(
+        "one rank",
+        cnn,
+        1,
+        &common::strategy(one, &[], "1f1b", 1),
+        1,
+    );
+    let two = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }"#;
+    check(
+        "data parallel",
+        cnn,
+        2,
+        &common::strategy(two, &[], "1f1b", 1),
+        2,
+    );
+}
+
+/// Seconds per step of `options`' plan through the interpreter on the GPU: the
+/// difference of a 2-step and a 6-step run over 4 (start-up, uploads and the first
+/// step's algorithm choices cancel).
+fn interpreter_step_seconds(options: &ralpc::RunOptions, ranks: u32) -> f64 {
+    let run = |steps| {
+        let devices = Devices::new(ranks);
+        let started = Instant::now();
+        ralpc::run_with_compute(
+            &ralpc::RunOptions {
+                steps,
+                ..options.clone()
+            },
+            &|r| devices.open(r),
+        )
+        .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)));
+        started.elapsed().as_secs_f64()
+    };
+    (run(6) - run(2)) / 4.0
+}
+
+/// The same through the separate device loop (`ralpc run --backend cuda`'s path for one
+/// rank and data parallelism).
+fn device_loop_step_seconds(options: &ralpc::RunOptions) -> f64 {
+    let run = |steps| {
+        let started = Instant::now();
+        ralpc::run(&ralpc::RunOptions {
+            steps,
+            backend: ralpc::Backend::Cuda,
+            ..options.clone()
+        })
+        .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)));
+        started.elapsed().as_secs_f64()
+    };
+    (run(6) - run(2)) / 4.0
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn full_size_steps_through_the_interpreter_against_the_device_loop() {
+    let test = "full_size_steps_through_the_interpreter_against_the_device_loop";
+    if common::gpu(test).is_none() {
+        return;
+    }
+    for (model, batch, ranks) in [
+        ("onnx/resnet50/model.onnx", 32, 1),
+        ("onnx/resnet50/model.onnx", 64, 2),
+        ("onnx/vgg16/model.onnx", 32, 1),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let compiled = ralpc::compile(&ralpc::Options {
+            model: common::fixture(model),
+            gpus: Some(ranks),
+            batch: Some(batch),
+            ..Default::default()
+        })
+        .expect("plan");
+        compiled.write(dir.path()).expect("write the plan");
+        let options = ralpc::RunOptions {
+            plan: dir.path().to_path_buf(),
+            model: Some(common::fixture(model)),
+            ..Default::default()
+        };
+        let interpreter = interpreter_step_seconds(&options, ranks);
+        let device_loop = device_loop_step_seconds(&options);
+        eprintln!(
+            "{model} batch {batch} on {ranks} rank(s) sharing the GPU: interpreter {:.1} ms \
+             per step, device loop {:.1} ms ({:.2}×)",
+            1e3 * interpreter,
+            1e3 * device_loop,
+            interpreter / device_loop
+        );
+    }
+}
