@@ -184,14 +184,32 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
 /// share of the output (for the loss) and what the report reads.
 #[test]
 fn data_parallel_gradients_are_summed_device_to_device() {
+    data_parallel_on_devices("train/cnn.onnx", "conv0", "fc1");
+}
+
+/// Batch normalizations of a data-parallel plan normalize by the whole batch's statistics
+/// on the devices, as the CPU backend does: only per-channel sums reach the host, never
+/// an activation or a gradient.
+#[test]
+fn data_parallel_batch_norm_syncs_its_statistics_on_the_devices() {
+    data_parallel_on_devices("train/densenet.onnx", "conv0", "fc");
+}
+
+/// [`data_parallel_gradients_are_summed_device_to_device`] for `model`, whose layers run
+/// from `first` to `last`.
+fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     use std::sync::{Arc, Mutex};
 
     use ralpc_runtime_min::cuda::on_device::Transfers;
     use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     let ranks = 2;
-    let dp = format!(r#"{{ "first_layer": "conv0", "last_layer": "fc1", "replicas": {ranks} }}"#);
-    let model = common::fixture("train/cnn.onnx");
-    let (_dir, options) = common::planned(&model, ranks, &common::strategy(&dp, &[], "1f1b", 1));
+    let dp =
+        format!(r#"{{ "first_layer": "{first}", "last_layer": "{last}", "replicas": {ranks} }}"#);
+    let (_dir, options) = common::planned(
+        &common::fixture(model),
+        ranks,
+        &common::strategy(&dp, &[], "1f1b", 1),
+    );
     let timeout = std::time::Duration::from_secs(30);
     let buffers = Arc::new(Hub::new(ranks as usize, timeout));
     let losses = Arc::new(Hub::new(ranks as usize, timeout));
@@ -210,8 +228,8 @@ fn data_parallel_gradients_are_summed_device_to_device() {
     let options = ralpc::RunOptions { steps, ..options };
     let got = ralpc::run_with_compute(&options, &summing).expect("run on the devices");
     let want = ralpc::run(&options).expect("cpu run");
-    common::assert_trains_as("data parallel", &got.report, &want.report, 1e-5);
-    let (weights, input, output) = common::sizes("train/cnn.onnx", 8, &want.report);
+    common::assert_trains_as(model, &got.report, &want.report, 1e-5);
+    let (weights, input, output) = common::sizes(model, 8, &want.report);
     let (input, output) = (input / u64::from(ranks), output / u64::from(ranks));
     let steps = u64::from(steps);
     let counters = counters.into_inner().expect("counters");

@@ -190,6 +190,42 @@ pub trait Compute {
         kernels::sgd_momentum(weight.make_mut(), grad, velocity.make_mut(), lr, momentum);
         Ok(())
     }
+    /// Runs batch normalization `id` forward in training mode, normalizing by the
+    /// statistics `sum` adds up over the ranks holding its channels, as
+    /// [`graph::batch_norm_synced`].
+    ///
+    /// # Errors
+    /// As [`graph::batch_norm_synced`], or the device failed.
+    fn batch_norm_synced(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+        values: &mut Values,
+        sum: graph::GroupSum<'_>,
+    ) -> Result<Record, graph::ExecError> {
+        graph::batch_norm_synced(graph, id, values, sum)
+    }
+    /// Its backward pass, as [`graph::batch_norm_synced_backward`].
+    ///
+    /// # Errors
+    /// As [`graph::batch_norm_synced_backward`], or the device failed.
+    fn batch_norm_synced_backward(
+        &self,
+        graph: &Graph,
+        record: &Record,
+        values: &Values,
+        grads: &mut Grads,
+        sum: graph::GroupSum<'_>,
+    ) -> Result<(), graph::ExecError> {
+        graph::batch_norm_synced_backward(graph, record, values, grads, sum)
+    }
+    /// `n` zeros, made where this device computes (no upload).
+    ///
+    /// # Errors
+    /// The device failed.
+    fn zeros(&self, n: usize) -> Result<Floats, graph::ExecError> {
+        Ok(vec![0.0; n].into())
+    }
     /// `a + b`, elementwise (one length): on the device where they are resident.
     ///
     /// # Errors
@@ -354,6 +390,9 @@ struct Prepared<'a> {
     /// each layer holds from it, and adds each layer's gradient at its place.
     tied: BTreeSet<ValueId>,
     infos: Mutex<BTreeMap<u64, std::sync::Arc<GraphInfo>>>,
+    /// Folded values by (value, batch), made once: a device keeps its upload of one with
+    /// it, so the next step finds it there.
+    folded: Mutex<BTreeMap<(ValueId, u64), Tensor>>,
     /// Per value, its batch axis and entries per sample ([`Prepared::batch_axis`]).
     batch_axes: Mutex<BTreeMap<ValueId, Option<BatchAxis>>>,
     env: Env,

@@ -477,3 +477,74 @@ pub fn backward(
     }
     Ok(())
 }
+
+/// Adds a vector up over the ranks sharing a batch normalization's channels, in place (the
+/// same sum on every one of them); the error is the communicator's, as text.
+pub type GroupSum<'a> = &'a dyn Fn(&mut [f64]) -> Result<(), String>;
+
+/// Runs batch normalization `id` forward in training mode on the host, normalizing by the
+/// statistics `sum` adds up over the ranks holding its channels: its outputs set in
+/// `values`, its record returned.
+///
+/// # Errors
+/// Its operands are inconsistent, or `sum` failed.
+pub fn batch_norm_synced(
+    graph: &Graph,
+    id: NodeId,
+    values: &mut Values,
+    sum: GroupSum<'_>,
+) -> Result<Record, ExecError> {
+    let node = graph.node(id);
+    let error = node_error(graph, id);
+    let Op::BatchNorm { epsilon, .. } = node.op else {
+        return Err(error("not a batch normalization".into()));
+    };
+    let inputs = values.inputs_of(node);
+    let (outputs, saved) = ops::batch_norm_synced(
+        epsilon,
+        &inputs,
+        node.outputs.len(),
+        ops::Mode::Training,
+        &mut |s| sum(s),
+    )
+    .map_err(&error)?;
+    for (&v, t) in node.outputs.iter().zip(outputs) {
+        values.set(v, t);
+    }
+    Ok(Record { node: id, saved })
+}
+
+/// Runs `record`'s batch normalization backward on the host, its batch terms summed by
+/// `sum` as [`batch_norm_synced`]'s statistics were, adding its inputs' gradients to
+/// `grads`. Without its output's gradient it does nothing (and sums nothing: every rank of
+/// the group has the same layer, so none sums).
+///
+/// # Errors
+/// As [`batch_norm_synced`].
+pub fn batch_norm_synced_backward(
+    graph: &Graph,
+    record: &Record,
+    values: &Values,
+    grads: &mut Grads,
+    sum: GroupSum<'_>,
+) -> Result<(), ExecError> {
+    let node = graph.node(record.node);
+    let error = node_error(graph, record.node);
+    let Op::BatchNorm { epsilon, .. } = node.op else {
+        return Err(error("not a batch normalization".into()));
+    };
+    let Some(dy) = node.outputs.first().and_then(|&y| grads.get(y)) else {
+        return Ok(());
+    };
+    let dy = dy.to_vec();
+    let inputs = values.inputs_of(node);
+    let input_grads =
+        grad::batch_norm_synced(epsilon, &inputs, &record.saved, &dy, &mut |s| sum(s))
+            .map_err(&error)?;
+    for (slot, g) in input_grads.into_iter().enumerate() {
+        if let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) {
+            grads.add(*v, &g);
+        }
+    }
+    Ok(())
+}

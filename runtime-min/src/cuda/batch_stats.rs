@@ -1,47 +1,60 @@
-//! Synchronized batch normalization for data-parallel replicas on devices, as the plan
-//! interpreter does it (`cpu/exec/batch_stats.rs`): every replica normalizes by the whole
-//! batch's per-channel statistics, as one device normalizing the whole batch would, so a
-//! data-parallel run trains exactly as single-device training.
+//! Synchronized batch normalization on devices: every rank holding some samples of a
+//! layer normalizes by the statistics of all of them, as one device normalizing the whole
+//! batch would, so a data-parallel run trains exactly as single-device training. The plan
+//! interpreter's device ([`super::on_device`]) and the data-parallel device loop
+//! (`replicas.rs`) both run it; how the per-channel vectors are added up over the ranks is
+//! theirs ([`GroupSum`]).
 //!
-//! Replicas hold equal shares of the batch. Forward, the mean is the replicas' mean of
-//! their means, and the variance their mean of `varᵢ + (meanᵢ − mean)²` (Chan's parallel
-//! update, no cancellation). Backward, a replica's kernel computes its input gradient
-//! with its own sums `Σdy` and `Σdy·x̂`; the whole batch's sums change it by
-//! `A + (x − mean)·B` per channel, which `channel_affine` adds. The scale's and shift's
-//! gradients stay each replica's own sums, which the gradient all-reduce adds up.
+//! Forward, each rank's kernel computes its own per-channel mean and variance; the whole
+//! batch's mean is the count-weighted mean of the means, and its variance the weighted
+//! mean of `varᵢ + (meanᵢ − mean)²` (Chan's parallel update, no cancellation). Backward, a
+//! rank's kernel computes its input gradient with its own sums `Σdy` and `Σdy·x̂`; the
+//! whole batch's sums change it by `A + (x − mean)·B` per channel, which `channel_affine`
+//! adds. The scale's and shift's gradients stay each rank's own sums, which the gradient
+//! all-reduce adds up.
 //!
-//! The per-channel vectors are combined in f64 on the host: a few kilobytes per batch
+//! Only per-channel vectors cross to the host, in f64: a few kilobytes per batch
 //! normalization, against the activations the kernels read.
 
 use super::backend::{Backend, R};
 use super::replicas::Replicas;
 
-/// The whole batch's statistics from this replica's: `mean` and `rstd` (1/√(var + ε))
-/// are replaced in place.
+/// Adds a vector up over the ranks sharing a batch normalization's channels, in place
+/// (the same sum on every one of them).
+pub(crate) type GroupSum<'a> = &'a dyn Fn(&mut [f64]) -> R<()>;
+
+/// The whole batch's statistics from this rank's, over `count` elements per channel:
+/// `mean` and `rstd` (1/√(var + ε)) are replaced in place.
 pub(super) fn forward<B: Backend>(
     dev: &B,
-    replicas: &dyn Replicas<B>,
+    sum: GroupSum<'_>,
     mean: &mut B::Buf,
     rstd: &mut B::Buf,
     eps: f32,
+    count: usize,
 ) -> R<()> {
-    let count = replicas.count() as f64;
+    let n = count as f64;
     let local_mean = wide(&dev.download(mean)?);
     let local_var: Vec<f64> = wide(&dev.download(rstd)?)
         .iter()
         .map(|&r| (1.0 / (r * r) - f64::from(eps)).max(0.0))
         .collect();
-    let global_mean = summed(dev, replicas, local_mean.iter().map(|m| m / count))?;
-    let spread = local_var
+    let channels = local_mean.len();
+    let mut weighted: Vec<f64> = local_mean.iter().map(|m| n * m).chain([n]).collect();
+    sum(&mut weighted)?;
+    let whole = weighted[channels].max(1.0);
+    let global_mean: Vec<f64> = weighted[..channels].iter().map(|s| s / whole).collect();
+    let mut spread: Vec<f64> = local_var
         .iter()
         .zip(&local_mean)
         .zip(&global_mean)
-        .map(|((v, m), g)| (v + (m - g) * (m - g)) / count);
-    let global_var = summed(dev, replicas, spread)?;
+        .map(|((v, m), g)| n * (v + (m - g) * (m - g)))
+        .collect();
+    sum(&mut spread)?;
     *mean = dev.upload(&narrow(&global_mean))?;
-    let global_rstd: Vec<f64> = global_var
+    let global_rstd: Vec<f64> = spread
         .iter()
-        .map(|v| 1.0 / (v + f64::from(eps)).sqrt())
+        .map(|s| 1.0 / (s / whole + f64::from(eps)).sqrt())
         .collect();
     *rstd = dev.upload(&narrow(&global_rstd))?;
     Ok(())
@@ -57,10 +70,10 @@ pub(super) struct Backward<'b, B: Backend> {
     pub rstd: &'b B::Buf,
     /// Its scale.
     pub gamma: &'b B::Buf,
-    /// This replica's `Σdy·x̂` and `Σdy` per channel (the kernel's scale and shift
+    /// This rank's `Σdy·x̂` and `Σdy` per channel (the kernel's scale and shift
     /// gradients).
     pub sums: (&'b B::Buf, &'b B::Buf),
-    /// Samples and spatial size of this replica's share.
+    /// Samples of this rank's share.
     pub batch: usize,
     /// Channels.
     pub channels: usize,
@@ -68,21 +81,22 @@ pub(super) struct Backward<'b, B: Backend> {
     pub spatial: usize,
 }
 
-/// Corrects `dx`, computed by the kernel with this replica's sums, to the whole batch's.
+/// Corrects `dx`, computed by the kernel with this rank's sums, to the whole batch's.
 pub(super) fn backward<B: Backend>(
     dev: &B,
-    replicas: &dyn Replicas<B>,
+    sum: GroupSum<'_>,
     dx: &mut B::Buf,
     bn: &Backward<'_, B>,
 ) -> R<()> {
     let n = (bn.batch * bn.spatial) as f64;
-    let whole = n * replicas.count() as f64;
     let (sgh, sg) = (
         wide(&dev.download(bn.sums.0)?),
         wide(&dev.download(bn.sums.1)?),
     );
-    let all = summed(dev, replicas, sg.iter().chain(&sgh).copied())?;
-    let (all_sg, all_sgh) = all.split_at(bn.channels);
+    let mut all: Vec<f64> = sg.iter().chain(&sgh).copied().chain([n]).collect();
+    sum(&mut all)?;
+    let whole = all[2 * bn.channels].max(1.0);
+    let (all_sg, all_sgh) = all[..2 * bn.channels].split_at(bn.channels);
     let gamma = wide(&dev.download(bn.gamma)?);
     let rstd = wide(&dev.download(bn.rstd)?);
     let (mut shift, mut slope) = (Vec::new(), Vec::new());
@@ -107,17 +121,19 @@ pub(super) fn backward<B: Backend>(
     dev.axpby(dx, &correction, 1.0, 1.0)
 }
 
-/// The replicas' sum of `values` (f32 on the wire, as every all-reduce), once it is done.
-fn summed<B: Backend>(
+/// Sums `values` over `replicas` in place (f32 on the wire, as every all-reduce): the
+/// data-parallel device loop's [`GroupSum`].
+pub(super) fn sum_replicas<B: Backend>(
     dev: &B,
     replicas: &dyn Replicas<B>,
-    values: impl Iterator<Item = f64>,
-) -> R<Vec<f64>> {
-    let values: Vec<f32> = values.map(|v| v as f32).collect();
-    let mut buf = dev.upload(&values)?;
+    values: &mut [f64],
+) -> R<()> {
+    let narrowed = narrow(values);
+    let mut buf = dev.upload(&narrowed)?;
     replicas.all_reduce(dev, &mut buf)?;
     replicas.settle()?;
-    Ok(wide(&dev.download(&buf)?))
+    values.copy_from_slice(&wide(&dev.download(&buf)?));
+    Ok(())
 }
 
 fn wide(v: &[f32]) -> Vec<f64> {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
 use super::backend::{Backend, R};
+use super::batch_stats::GroupSum;
 use super::error::DeviceError;
 use super::train::{DTensor, Replicas, Runner, Saved};
 use crate::cpu::exec::Compute;
@@ -209,6 +210,116 @@ impl<B: Backend + 'static> OnDevice<B> {
         floats && supported && all_floats
     }
 
+    /// Node `id` forward on the device, its outputs left resident; a batch normalization
+    /// adds its statistics up with `batch_stats` when given.
+    fn forward_on_device(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+        values: &mut Values,
+        env: Env,
+        batch_stats: Option<GroupSum<'_>>,
+    ) -> Result<Record, ExecError> {
+        let node = graph.node(id);
+        let error = |source: DeviceError| ExecError::Device {
+            site: Some(graph.site(id)),
+            source,
+        };
+        let host = constants(graph, id, values);
+        let mut runner = self
+            .runner(graph, id, values, env, &host, false)
+            .map_err(error)?;
+        runner.batch_stats = batch_stats;
+        runner.forward(id).map_err(error)?;
+        for &o in &node.outputs {
+            if let Some(t) = runner.values.get(&o) {
+                let kept = self.keep(t.buf.clone(), numel(&t.shape));
+                values.set(
+                    o,
+                    Tensor {
+                        shape: t.shape.clone(),
+                        data: Data::F32(Floats::resident(kept)),
+                    },
+                );
+            }
+        }
+        let saved = match runner.saved.pop().map(|(_, s)| s) {
+            Some(Saved::None) | None => ops::Saved::None,
+            Some(kept) => ops::Saved::Resident(ResidentSaved(Arc::new(kept))),
+        };
+        Ok(Record { node: id, saved })
+    }
+
+    /// `record`'s node backward on the device, its input gradients left resident (added
+    /// to any earlier reader's there); a batch normalization sums its batch terms with
+    /// `batch_stats` when given.
+    fn backward_on_device(
+        &self,
+        graph: &Graph,
+        record: &Record,
+        values: &Values,
+        grads: &mut Grads,
+        batch_stats: Option<GroupSum<'_>>,
+    ) -> Result<(), ExecError> {
+        let env = training(graph);
+        let id = record.node;
+        let node = graph.node(id);
+        let Some(&out) = node.outputs.first() else {
+            return Ok(());
+        };
+        let Some(dy) = grads.floats(out).cloned() else {
+            return Ok(());
+        };
+        let error = |source: DeviceError| ExecError::Device {
+            site: Some(graph.site(id)),
+            source,
+        };
+        let host = constants(graph, id, values);
+        let mut runner = self
+            .runner(graph, id, values, env, &host, true)
+            .map_err(error)?;
+        runner.batch_stats = batch_stats;
+        let dev = &self.dev;
+        let none = Saved::None;
+        let saved = match &record.saved {
+            ops::Saved::None => &none,
+            ops::Saved::Resident(ResidentSaved(kept)) => {
+                kept.downcast_ref::<Saved<B>>().ok_or_else(|| {
+                    error(DeviceError::Inconsistent(
+                        "the forward pass's state was kept by another kind of device".into(),
+                    ))
+                })?
+            }
+            ops::Saved::Argmax(_) | ops::Saved::Stats(..) => {
+                return Err(error(DeviceError::Inconsistent(
+                    "the forward pass ran on the host, the backward pass on the device".into(),
+                )))
+            }
+        };
+        let dy = self.on_this_device(&dy).map_err(error)?;
+        for (slot, mut sum) in runner.backward(id, saved, &dy).map_err(error)? {
+            let Some(Some(v)) = node.inputs.get(slot).copied() else {
+                continue;
+            };
+            // Earlier readers' gradient of the same input, added where both are.
+            if let Some(earlier) = grads.take_floats(v) {
+                if earlier.len() != dev.len(&sum) {
+                    return Err(error(DeviceError::Inconsistent(format!(
+                        "gradients of {} and {} elements for '{}'",
+                        earlier.len(),
+                        dev.len(&sum),
+                        graph.value(v).name
+                    ))));
+                }
+                let earlier = self.on_this_device(&earlier).map_err(error)?;
+                dev.axpby(&mut sum, &earlier, 1.0, 1.0).map_err(error)?;
+            }
+            let n = dev.len(&sum);
+            grads.set(v, Floats::resident(self.keep(Arc::new(sum), n)));
+        }
+        Ok(())
+    }
+
     /// A runner for node `id` with its operands (and, for backward, its outputs) uploaded.
     fn runner<'r>(
         &'r self,
@@ -247,6 +358,14 @@ impl<B: Backend + 'static> OnDevice<B> {
     }
 }
 
+/// How `graph` runs in a training step.
+fn training(graph: &Graph) -> Env {
+    Env {
+        mode: Mode::Training,
+        exported_batch: graph.rebatch().map(|r| r.exported),
+    }
+}
+
 /// The node's small host operands (constants its attributes come from).
 fn constants(graph: &Graph, id: NodeId, values: &Values) -> Weights {
     let mut w = Weights::default();
@@ -276,32 +395,7 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
                 records.extend(graph::forward(graph, &[id], values, env)?);
                 continue;
             }
-            let error = |source: DeviceError| ExecError::Device {
-                site: Some(graph.site(id)),
-                source,
-            };
-            let host = constants(graph, id, values);
-            let mut runner = self
-                .runner(graph, id, values, env, &host, false)
-                .map_err(error)?;
-            runner.forward(id).map_err(error)?;
-            for &o in &node.outputs {
-                if let Some(t) = runner.values.get(&o) {
-                    let kept = self.keep(t.buf.clone(), numel(&t.shape));
-                    values.set(
-                        o,
-                        Tensor {
-                            shape: t.shape.clone(),
-                            data: Data::F32(Floats::resident(kept)),
-                        },
-                    );
-                }
-            }
-            let saved = match runner.saved.pop().map(|(_, s)| s) {
-                Some(Saved::None) | None => ops::Saved::None,
-                Some(kept) => ops::Saved::Resident(ResidentSaved(Arc::new(kept))),
-            };
-            records.push(Record { node: id, saved });
+            records.push(self.forward_on_device(graph, id, values, env, None)?);
         }
         Ok(records)
     }
@@ -325,6 +419,44 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         *weight = Floats::resident(self.keep(Arc::new(w), n));
         *velocity = Floats::resident(self.keep(Arc::new(v), n));
         Ok(())
+    }
+
+    fn batch_norm_synced(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+        values: &mut Values,
+        sum: graph::GroupSum<'_>,
+    ) -> Result<Record, ExecError> {
+        let env = training(graph);
+        if !self.on_device(graph, id, values, env) {
+            return graph::batch_norm_synced(graph, id, values, sum);
+        }
+        let sum = |v: &mut [f64]| sum(v).map_err(DeviceError::Replicas);
+        self.forward_on_device(graph, id, values, env, Some(&sum))
+    }
+
+    fn batch_norm_synced_backward(
+        &self,
+        graph: &Graph,
+        record: &Record,
+        values: &Values,
+        grads: &mut Grads,
+        sum: graph::GroupSum<'_>,
+    ) -> Result<(), ExecError> {
+        if !self.on_device(graph, record.node, values, training(graph)) {
+            return graph::batch_norm_synced_backward(graph, record, values, grads, sum);
+        }
+        let sum = |v: &mut [f64]| sum(v).map_err(DeviceError::Replicas);
+        self.backward_on_device(graph, record, values, grads, Some(&sum))
+    }
+
+    fn zeros(&self, n: usize) -> Result<Floats, ExecError> {
+        let buf = self
+            .dev
+            .zeros(n)
+            .map_err(|source| ExecError::Device { site: None, source })?;
+        Ok(Floats::resident(self.keep(Arc::new(buf), n)))
     }
 
     fn add(&self, a: Floats, b: &Floats) -> Result<Floats, ExecError> {
@@ -362,69 +494,13 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         values: &Values,
         grads: &mut Grads,
     ) -> Result<(), ExecError> {
-        let env = Env {
-            mode: Mode::Training,
-            exported_batch: graph.rebatch().map(|r| r.exported),
-        };
+        let env = training(graph);
         for record in records.iter().rev() {
-            let id = record.node;
-            let node = graph.node(id);
-            if !self.on_device(graph, id, values, env) {
+            if !self.on_device(graph, record.node, values, env) {
                 graph::backward(graph, std::slice::from_ref(record), values, grads)?;
                 continue;
             }
-            let Some(&out) = node.outputs.first() else {
-                continue;
-            };
-            let Some(dy) = grads.floats(out).cloned() else {
-                continue;
-            };
-            let error = |source: DeviceError| ExecError::Device {
-                site: Some(graph.site(id)),
-                source,
-            };
-            let host = constants(graph, id, values);
-            let runner = self
-                .runner(graph, id, values, env, &host, true)
-                .map_err(error)?;
-            let dev = &self.dev;
-            let none = Saved::None;
-            let saved = match &record.saved {
-                ops::Saved::None => &none,
-                ops::Saved::Resident(ResidentSaved(kept)) => {
-                    kept.downcast_ref::<Saved<B>>().ok_or_else(|| {
-                        error(DeviceError::Inconsistent(
-                            "the forward pass's state was kept by another kind of device".into(),
-                        ))
-                    })?
-                }
-                ops::Saved::Argmax(_) | ops::Saved::Stats(..) => {
-                    return Err(error(DeviceError::Inconsistent(
-                        "the forward pass ran on the host, the backward pass on the device".into(),
-                    )))
-                }
-            };
-            let dy = self.on_this_device(&dy).map_err(error)?;
-            for (slot, mut sum) in runner.backward(id, saved, &dy).map_err(error)? {
-                let Some(Some(v)) = node.inputs.get(slot).copied() else {
-                    continue;
-                };
-                // Earlier readers' gradient of the same input, added where both are.
-                if let Some(earlier) = grads.take_floats(v) {
-                    if earlier.len() != dev.len(&sum) {
-                        return Err(error(DeviceError::Inconsistent(format!(
-                            "gradients of {} and {} elements for '{}'",
-                            earlier.len(),
-                            dev.len(&sum),
-                            graph.value(v).name
-                        ))));
-                    }
-                    let earlier = self.on_this_device(&earlier).map_err(error)?;
-                    dev.axpby(&mut sum, &earlier, 1.0, 1.0).map_err(error)?;
-                }
-                let n = dev.len(&sum);
-                grads.set(v, Floats::resident(self.keep(Arc::new(sum), n)));
-            }
+            self.backward_on_device(graph, record, values, grads, None)?;
         }
         Ok(())
     }

@@ -359,12 +359,13 @@ pub fn train_replica<B: Backend>(
             bucketed.push(bucket);
         }
     }
+    let sum_replicas = |v: &mut [f64]| super::batch_stats::sum_replicas(dev, replicas, v);
     let mut last_loss = std::time::Instant::now();
     let first = control.resume.map_or(0, |c| c.step);
     for step in first..options.steps {
         let mut runner = Runner::new(dev, graph, Some(info), weights);
         if replicas.count() > 1 {
-            runner.batch_stats = Some(replicas);
+            runner.batch_stats = Some(&sum_replicas);
         }
         for (&v, buf) in params.iter().chain(&inputs) {
             runner.values.insert(

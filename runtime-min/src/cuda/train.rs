@@ -67,9 +67,9 @@ pub(super) struct Runner<'a, B: Backend> {
     pub(super) host: &'a Weights,
     pub(super) values: BTreeMap<ValueId, DTensor<B>>,
     pub(super) saved: Vec<(NodeId, Saved<B>)>,
-    /// Data-parallel replicas whose batch statistics a batch normalization shares
-    /// ([`super::batch_stats`]); `None` normalizes by this device's batch.
-    pub(super) batch_stats: Option<&'a dyn Replicas<B>>,
+    /// How a batch normalization adds its statistics up over the ranks sharing its
+    /// channels ([`super::batch_stats`]); `None` normalizes by this device's batch.
+    pub(super) batch_stats: Option<batch_stats::GroupSum<'a>>,
 }
 
 impl<'a, B: Backend> Runner<'a, B> {
@@ -487,8 +487,9 @@ impl<'a, B: Backend> Runner<'a, B> {
                 dev.channel_stats(
                     &mut mean, &mut rstd, &x.buf, batch, channels, spatial, *epsilon,
                 )?;
-                if let Some(replicas) = self.batch_stats {
-                    batch_stats::forward(dev, replicas, &mut mean, &mut rstd, *epsilon)?;
+                if let Some(sum) = self.batch_stats {
+                    let count = batch * spatial;
+                    batch_stats::forward(dev, sum, &mut mean, &mut rstd, *epsilon, count)?;
                 }
                 let mut y = fresh(&out_shape)?;
                 dev.channel_affine(
@@ -888,7 +889,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                     channels,
                     spatial,
                 )?;
-                if let Some(replicas) = self.batch_stats {
+                if let Some(sum) = self.batch_stats {
                     let bn = batch_stats::Backward {
                         x: &*x.buf,
                         mean,
@@ -899,7 +900,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                         channels,
                         spatial,
                     };
-                    batch_stats::backward(dev, replicas, &mut dx, &bn)?;
+                    batch_stats::backward(dev, sum, &mut dx, &bn)?;
                 }
                 grads.push((0, dx));
                 grads.push((1, dg));

@@ -3,10 +3,13 @@
 //! whole batch's. Each batch normalization sums its per-channel sums over the ranks that
 //! hold the same channels, forward (mean and variance) and backward (the batch terms of
 //! the input gradient); the scale's and shift's gradients stay each rank's own, which the
-//! gradient buckets add up. The other nodes run through [`Compute`] as usual.
+//! gradient buckets add up. The rank's [`Compute`] runs them (a device keeps the
+//! activations where they are and sends only the per-channel sums), and the other nodes
+//! as usual.
 
-use super::super::grad;
-use super::super::ops::{self, Mode};
+use std::cell::RefCell;
+
+use super::super::ops::Mode;
 use super::*;
 
 impl Prepared<'_> {
@@ -97,27 +100,16 @@ impl Rank<'_, '_> {
             let Some((&bn, after)) = from.split_first() else {
                 break;
             };
-            let Op::BatchNorm { epsilon, .. } = graph.node(bn).op else {
-                break;
+            let failed = RefCell::new(None);
+            let sum = |sums: &mut [f64]| {
+                self.sum_over(&group, sums)
+                    .map_err(|e| keep(&mut failed.borrow_mut(), e))
             };
-            let node = graph.node(bn);
-            let inputs = values.inputs_of(node);
-            let mut failed = None;
-            let (outputs, saved) = ops::batch_norm_synced(
-                epsilon,
-                &inputs,
-                node.outputs.len(),
-                Mode::Training,
-                &mut |sums| {
-                    self.sum_over(&group, sums)
-                        .map_err(|e| keep(&mut failed, e))
-                },
-            )
-            .map_err(|e| kernel_failure(failed, graph, bn, e))?;
-            for (&v, t) in node.outputs.iter().zip(outputs) {
-                values.set(v, t);
-            }
-            records.push(Record { node: bn, saved });
+            let record = self
+                .compute
+                .batch_norm_synced(graph, bn, values, &sum)
+                .map_err(|e| failed.take().unwrap_or_else(|| e.into()))?;
+            records.push(record);
             rest = after;
         }
         Ok(records)
@@ -157,28 +149,14 @@ impl Rank<'_, '_> {
                 break;
             };
             rest = before;
-            let node = graph.node(bn.node);
-            let Op::BatchNorm { epsilon, .. } = node.op else {
-                break;
+            let failed = RefCell::new(None);
+            let sum = |sums: &mut [f64]| {
+                self.sum_over(&group, sums)
+                    .map_err(|e| keep(&mut failed.borrow_mut(), e))
             };
-            // The same on every rank of the group: the layer's structure decides it.
-            let Some(dy) = node.outputs.first().and_then(|&y| grads.get(y)) else {
-                continue;
-            };
-            let dy = dy.to_vec();
-            let inputs = values.inputs_of(node);
-            let mut failed = None;
-            let input_grads =
-                grad::batch_norm_synced(epsilon, &inputs, &bn.saved, &dy, &mut |sums| {
-                    self.sum_over(&group, sums)
-                        .map_err(|e| keep(&mut failed, e))
-                })
-                .map_err(|e| kernel_failure(failed, graph, bn.node, e))?;
-            for (slot, g) in input_grads.into_iter().enumerate() {
-                if let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) {
-                    grads.add(*v, &g);
-                }
-            }
+            self.compute
+                .batch_norm_synced_backward(graph, bn, values, grads, &sum)
+                .map_err(|e| failed.take().unwrap_or_else(|| e.into()))?;
         }
         Ok(())
     }

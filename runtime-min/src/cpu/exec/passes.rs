@@ -237,16 +237,7 @@ impl Rank<'_, '_> {
                         })?,
                     },
                     Source::Derived => p.derive(c, samples.len() as u64)?,
-                    Source::Folded => {
-                        let info = p.info_at(samples.len() as u64)?;
-                        folded(&info, c).ok_or_else(|| {
-                            format!(
-                                "'{}' has no value at batch {}",
-                                self.value_name(c),
-                                samples.len()
-                            )
-                        })?
-                    }
+                    Source::Folded => p.folded_at(c, samples.len() as u64)?,
                 };
             // A vocabulary piece's ids: its rows, the others its zero row.
             let t = match p.vocabulary_rows(layer, k, v) {

@@ -202,6 +202,7 @@ impl<'a> Prepared<'a> {
             feature_axes: BTreeMap::new(),
             tied,
             infos: Mutex::default(),
+            folded: Mutex::default(),
             batch_axes: Mutex::default(),
             env: Env {
                 mode: Mode::Training,
@@ -326,6 +327,24 @@ impl<'a> Prepared<'a> {
         let info = std::sync::Arc::new((self.exe.info_at)(batch)?);
         cache.insert(batch, info.clone());
         Ok(info)
+    }
+
+    /// The value `v` folds to at `batch` samples, as [`folded`] makes it, shared by
+    /// every step and rank.
+    pub(super) fn folded_at(&self, v: ValueId, batch: u64) -> Result<Tensor, String> {
+        let mut cache = self.folded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = cache.get(&(v, batch)) {
+            return Ok(t.clone());
+        }
+        let info = self.info_at(batch)?;
+        let t = folded(&info, v).ok_or_else(|| {
+            format!(
+                "'{}' has no value at batch {batch}",
+                self.exe.graph.value(v).name
+            )
+        })?;
+        cache.insert((v, batch), t.clone());
+        Ok(t)
     }
 
     /// How rank index `k` of layer `l` holds weight `w`: a piece of each group when the

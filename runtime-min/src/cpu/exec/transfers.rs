@@ -188,13 +188,15 @@ impl Rank<'_, '_> {
     /// Sums the gradients of `keys` over `group` with the device's own collective, if it
     /// has one over that group (zeros for a weight this rank has no gradient of yet).
     fn device_all_reduce(&mut self, keys: &[ValueId], group: &[u32]) -> Result<bool, RankError> {
-        let mut bucket: Vec<Floats> = keys
-            .iter()
-            .map(|w| {
-                let n = self.weights.get(w).map_or(0, |(_, t)| t.len());
-                self.grads.remove(w).unwrap_or_else(|| vec![0.0; n].into())
-            })
-            .collect();
+        let mut bucket = Vec::with_capacity(keys.len());
+        for w in keys {
+            let n = self.weights.get(w).map_or(0, |(_, t)| t.len());
+            bucket.push(match self.grads.remove(w) {
+                Some(g) => g,
+                // Made on the device: a batch norm's running statistics never get one.
+                None => self.compute.zeros(n).map_err(RankError::from)?,
+            });
+        }
         let summed = self.compute.all_reduce(group, &mut bucket);
         for (&w, g) in keys.iter().zip(bucket) {
             self.grads.insert(w, g);
