@@ -266,6 +266,43 @@ mod tests {
         assert_eq!(bug.exit_code(), 101);
     }
 
+    /// A device failing at a node mid-run: a library first needed there is the machine's
+    /// (exit 1), an inconsistency ralpc's own (101), the rest a failed run (4), CUDA's own
+    /// error kept in the chain.
+    #[test]
+    fn a_device_failing_at_a_node_is_classified_by_its_cause() {
+        use ralpc_runtime_min::cpu::exec::{RankError, RunError};
+        use ralpc_runtime_min::cpu::graph::ExecError;
+        use ralpc_runtime_min::cuda::error::{DeviceError, SetupError};
+        let at_node = |source| {
+            super::Error::Ranks(Box::new(RunError::Rank {
+                rank: 1,
+                index: 3,
+                op: "forward",
+                cause: RankError::Node(ExecError::Device { site: None, source }),
+            }))
+        };
+        let missing = SetupError::Missing(ralpc_runtime_min::cuda::libs::Missing {
+            lib: ralpc_runtime_min::cuda::libs::Lib::Cudnn,
+            searched: Vec::new(),
+        });
+        assert_eq!(at_node(DeviceError::Setup(missing)).exit_code(), 1);
+        let inconsistent = DeviceError::Inconsistent("gemm A: 4 needed".into());
+        assert_eq!(at_node(inconsistent).exit_code(), 101);
+        let lacking = DeviceError::Node("Gather is not on the CUDA backend yet".into());
+        assert_eq!(at_node(lacking).exit_code(), 4);
+        let call = at_node(DeviceError::Call {
+            call: "kernel binary".into(),
+            source: Box::new(std::io::Error::other("CUDA_ERROR_ILLEGAL_ADDRESS")),
+        });
+        assert_eq!(call.exit_code(), 4);
+        let text = chain(&call);
+        assert!(
+            text.contains("kernel binary / CUDA_ERROR_ILLEGAL_ADDRESS"),
+            "{text}"
+        );
+    }
+
     /// Joining a launcher's run: a malformed environment is the input's fault (exit 1); a
     /// peer that cannot be reached or does not prove the run's secret fails the run (4);
     /// the causes stay in the chain.

@@ -10,9 +10,9 @@ use ralpc_ir::input::{read_input, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::exec::{
-    self, Checkpoint, CheckpointSink, Compute, ComputeFactory, Control, Executable, Fault,
+    self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
 };
-use ralpc_runtime_min::cpu::graph::{ExecError, Weights};
+use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 use ralpc_runtime_min::cpu::train::{self, Dataset, Loss, TrainOptions, TrainReport};
 use ralpc_runtime_min::cuda::error::DeviceError;
@@ -596,183 +596,65 @@ fn is_data_parallel(plan: &Plan) -> bool {
         })
 }
 
-/// Whether CUDA's own data-parallel loop runs `plan`: one rank or plain data parallelism,
-/// every tensor resident on the device, checkpoints and resuming included. Injected faults
-/// name the interpreter's instructions, so those runs take it, each node's operands staged
-/// through host memory, as every other plan does.
-fn device_loop_runs(plan: &Plan, options: &RunOptions) -> bool {
-    (plan.ranks <= 1 || is_data_parallel(plan)) && options.fault.is_none()
-}
-
-/// A device's failure as `ralpc run` reports it ([`classified`]).
-fn device_failure(e: DeviceError) -> Error {
-    classified(&e, chain(&e))
-}
-
-/// `message` about the device failure `e`: the machine's (a library, the driver, the GPU)
-/// is a setup error (exit 1), ralpc's own a bug (101), the rest a failed run (4).
-fn classified(e: &DeviceError, message: String) -> Error {
-    if e.is_setup() {
-        Error::Setup(message.into())
-    } else if e.is_bug() {
-        Error::Internal(Box::new(message))
-    } else {
-        run_error(message)
-    }
-}
-
-/// `run` on GPUs, everything on the device. A one-rank plan trains on GPU 0; a
-/// data-parallel plan trains a replica
-/// per rank: threads sharing GPU 0, summing their gradients device to device; or one
-/// process per rank under a launcher, on GPU `LOCAL_RANK` modulo the GPUs there are,
-/// summing with NCCL when every process has its own GPU, else through host memory.
-fn run_cuda(
+/// Every rank's device for `--backend cuda`: the GPU its launcher gave its process (GPU 0
+/// without one; more local ranks than GPUs share them). A data-parallel plan's ranks sum
+/// their gradient buckets device to device: ranks as threads through the same-device hub,
+/// one process per GPU through NCCL. Ranks of other plans, and processes sharing a GPU,
+/// sum through the interpreter's communicator.
+fn gpu_factory(
     plan: &Plan,
-    plan_file: &Path,
-    model: &Path,
     options: &RunOptions,
-) -> Result<RunOutput, Error> {
-    use ralpc_runtime_min::cuda::{backend::Backend as _, gpu::Gpu, libs, train as device};
-    let ranks = plan.ranks as usize;
-    if plan.batch % plan.ranks.max(1) as u64 != 0 {
-        return Err(run_error(format!(
-            "a global batch of {} does not divide among {ranks} ranks",
-            plan.batch
-        )));
-    }
-    libs::check(&libs::Lib::ONE_GPU)?;
-    let shapes = &plan.model.inputs;
-    let p = prepare(model, plan.batch, (shapes, &plan.model.values), options)?;
-    let (graph, info) = at_batch(&p.unbound, plan.batch / plan.ranks.max(1) as u64, shapes)?;
-    let train = options.train();
-    let open = |ordinal: usize| {
-        Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {}", chain(&e)).into()))
-    };
-    let info_at = verifier(&p.unbound, shapes);
-    let exe = Executable {
-        plan,
-        graph: &p.graph,
-        info: &p.info,
-        weights: &p.weights,
-        data: &p.data,
-        info_at: &info_at,
-        compute: None,
-    };
-    let trained = trained_weights(&p);
-    let resume = resume_state(options, plan, &trained)?;
-    let writer = CheckpointWriter::new(options, plan_file, &plan.inputs, &trained);
-    let write_checkpoint = |c: &Checkpoint| writer.write(c);
-    let replica = |gpu: &Gpu, rank: usize, sync: &dyn device::Replicas<Gpu>| {
-        let part = device::shard(&p.data, rank, ranks, &info).map_err(run_error)?;
-        // The plan's gradient buckets, summed as the replica's backward completes them.
-        let buckets = exe
-            .gradient_buckets(rank as u32)
-            .map_err(|e| Error::Ranks(Box::new(e)))?;
-        // Every replica holds the same state: rank 0 writes it.
-        let control = device::ReplicaControl {
-            buckets: &buckets,
-            resume: resume.as_ref(),
-            checkpoint_every: options.checkpoint_every.filter(|_| writer.path.is_some()),
-            on_checkpoint: (rank == 0).then_some(&write_checkpoint as &CheckpointSink<'_>),
-        };
-        let report = device::train_replica(
-            gpu, &graph, &info, &p.weights, &part, &train, sync, &control,
+) -> impl Fn(u32) -> Result<Box<dyn Compute>, DeviceError> + Sync {
+    use ralpc_runtime_min::cuda::{gpu::Gpu, libs::Lib, on_device::OnDevice};
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    use std::sync::Arc;
+    let ranks = plan.ranks.max(1);
+    let summing = ranks > 1 && is_data_parallel(plan);
+    let group: Vec<u32> = (0..ranks).collect();
+    let hubs = (summing && options.placement.is_none()).then(|| {
+        (
+            Arc::new(Hub::new(ranks as usize, options.timeout)),
+            Arc::new(Hub::new(ranks as usize, options.timeout)),
         )
-        .map_err(|e| match &e {
-            ExecError::Device { source, .. } => classified(source, chain(&e)),
-            ExecError::Checkpoint { .. } => {
-                writer.failure().unwrap_or_else(|| run_error(chain(&e)))
-            }
-            _ => run_error(chain(&e)),
-        })?;
-        gpu.synchronize().map_err(device_failure)?;
-        Ok::<_, Error>(report)
-    };
-    let started = std::time::Instant::now();
-    let report = match (&options.placement, ranks) {
-        (None, 1) => replica(&open(0)?, 0, &device::Alone)?,
-        (Some(place), _) => {
-            // More local ranks than GPUs share them (a one-GPU machine runs every rank).
-            let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
-            let gpu = open(place.local_rank as usize % gpus)?;
-            let join_error =
-                |e: DeviceError| classified(&e, format!("rank {}: {}", place.rank, chain(&e)));
-            let cannot_join = |e| Error::Join {
-                rank: Some(place.rank),
-                source: Box::new(e),
-            };
-            // NCCL needs a GPU per process; ranks sharing one combine through host memory.
-            let local_world = std::env::var("LOCAL_WORLD_SIZE")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(place.local_rank as usize + 1);
-            if libs::Lib::Nccl.loadable() && local_world <= gpus {
-                let nccl = ralpc_runtime_min::dist::nccl::Nccl::join(&gpu, place, options.timeout)
-                    .map_err(join_error)?;
-                replica(&gpu, place.rank as usize, &nccl)?
-            } else {
-                let world = World::connect(place, options.timeout).map_err(cannot_join)?;
-                let comm = world.comm(place.rank);
-                let sync = device::HostStaged {
-                    comm: &comm,
-                    group: (0..plan.ranks).collect(),
-                };
-                let report = replica(&gpu, place.rank as usize, &sync)?;
-                comm.finish();
-                report
-            }
+    });
+    let placement = options.placement.clone();
+    let timeout = options.timeout;
+    move |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
+        let local = placement.as_ref().map_or(0, |p| p.local_rank as usize);
+        let gpu = Gpu::new(local % gpus)?;
+        if let Some((buffers, losses)) = &hubs {
+            let hub = SameDevice::<Gpu>::new(buffers.clone(), losses.clone(), rank as usize);
+            return Ok(Box::new(OnDevice::with_replicas(
+                gpu,
+                &group,
+                Box::new(hub),
+            )));
         }
-        (None, _) => {
-            // Ranks as threads on GPU 0, each with its own streams, summing their gradients
-            // on the device (the same-device communicator).
-            use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
-            let buffers = std::sync::Arc::new(Hub::new(ranks, options.timeout));
-            let losses = std::sync::Arc::new(Hub::new(ranks, options.timeout));
-            let reports: Vec<Result<TrainReport, Error>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..ranks)
-                    .map(|r| {
-                        let (replica, open) = (&replica, &open);
-                        let (buffers, losses) = (&buffers, &losses);
-                        s.spawn(move || {
-                            let sync = SameDevice::<Gpu>::new(buffers.clone(), losses.clone(), r);
-                            let result = open(0).and_then(|gpu| replica(&gpu, r, &sync));
-                            if let Err(e) = &result {
-                                buffers.fail(&format!("rank {r}: {e}"));
-                                losses.fail(&format!("rank {r}: {e}"));
-                            }
-                            result
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(run_error("a rank panicked".to_string())))
-                    })
-                    .collect()
-            });
-            let mut first = None;
-            for r in reports {
-                match r {
-                    Ok(report) => {
-                        first.get_or_insert(report);
-                    }
-                    Err(e) => return Err(e),
-                }
+        match &placement {
+            // NCCL needs a GPU per process.
+            Some(place)
+                if summing && Lib::Nccl.loadable() && local_world(place.local_rank) <= gpus =>
+            {
+                let nccl = ralpc_runtime_min::dist::nccl::Nccl::join(&gpu, place, timeout)?;
+                Ok(Box::new(OnDevice::with_replicas(
+                    gpu,
+                    &group,
+                    Box::new(nccl),
+                )))
             }
-            first.ok_or_else(|| run_error("no rank ran".to_string()))?
+            _ => Ok(Box::new(OnDevice::new(gpu))),
         }
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(RunOutput {
-        report,
-        ranks: plan.ranks,
-        batch: plan.batch,
-        seconds,
-        samples_per_s: (plan.batch * u64::from(options.steps)) as f64 / seconds.max(1e-9),
-        seeded_weights: p.weights.seeded,
-    })
+    }
+}
+
+/// Processes on this machine: the launcher's `LOCAL_WORLD_SIZE`, else at least this one's
+/// local rank and those before it.
+fn local_world(local_rank: u32) -> usize {
+    std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(local_rank as usize + 1)
 }
 
 /// Trains the model on one device, as `batch` samples per step: the reference every plan
@@ -829,22 +711,9 @@ fn run_with(
         layers::build(&bound.graph, &bound.info, plan.batch, Default::default())
             .map_err(|e| Error::Layers(Box::new(e)))?;
     sizes::check(&plan, &plan_file, &bound.graph, &layer_graph)?;
-    let gpus = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        use ralpc_runtime_min::cuda::{gpu::Gpu, on_device::OnDevice};
-        // Every rank of this process on the GPU its launcher gave it (0 without one); more
-        // local ranks than GPUs share them.
-        let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
-        let ordinal = options
-            .placement
-            .as_ref()
-            .map_or(0, |p| p.local_rank as usize % gpus);
-        Ok(Box::new(OnDevice::new(Gpu::new(ordinal)?)))
-    };
+    let gpus = gpu_factory(&plan, options);
     let compute = match (compute, options.backend) {
         (Some(c), _) => Some(c),
-        (None, Backend::Cuda) if device_loop_runs(&plan, options) => {
-            return run_cuda(&plan, &plan_file, &model, options);
-        }
         (None, Backend::Cuda) => {
             ralpc_runtime_min::cuda::libs::check(&ralpc_runtime_min::cuda::libs::Lib::ONE_GPU)?;
             Some(&gpus as &ComputeFactory<'_>)
@@ -902,45 +771,4 @@ fn run_with(
         samples_per_s: (plan.batch * u64::from(done)) as f64 / seconds.max(1e-9),
         seeded_weights: p.weights.seeded,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A device's failure is the machine's (exit 1), ralpc's own (101) or the run's (4),
-    /// and CUDA's own error stays in the message.
-    #[test]
-    fn device_failures_are_classified_by_whose_they_are() {
-        let exit = |e: DeviceError| device_failure(e).exit_code();
-        let missing = ralpc_runtime_min::cuda::libs::Missing {
-            lib: ralpc_runtime_min::cuda::libs::Lib::Cudnn,
-            searched: Vec::new(),
-        };
-        assert_eq!(exit(DeviceError::Setup(missing.into())), 1);
-        assert_eq!(
-            exit(DeviceError::Inconsistent("gemm A: 4 needed".into())),
-            101
-        );
-        assert_eq!(
-            exit(DeviceError::Node(
-                "Gather is not on the CUDA backend yet".into()
-            )),
-            4
-        );
-        assert_eq!(exit(DeviceError::Replicas("rank 1 waited".into())), 4);
-        let io = std::io::Error::other("CUDA_ERROR_ILLEGAL_ADDRESS");
-        let call = DeviceError::Call {
-            call: "kernel binary".into(),
-            source: Box::new(io),
-        };
-        let error = device_failure(call);
-        assert_eq!(error.exit_code(), 4);
-        assert!(
-            error
-                .to_string()
-                .contains("kernel binary: CUDA_ERROR_ILLEGAL_ADDRESS"),
-            "{error}"
-        );
-    }
 }

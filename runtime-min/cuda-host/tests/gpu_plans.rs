@@ -8,7 +8,6 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cuda::backend::Backend;
@@ -150,59 +149,65 @@ fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
     );
 }
 
-/// Seconds per step of `options`' plan through the interpreter on the GPU: the
-/// difference of a 2-step and a 6-step run over 4 (start-up, uploads and the first
-/// step's algorithm choices cancel).
-fn interpreter_step_seconds(options: &ralpc::RunOptions, ranks: u32) -> f64 {
-    let run = |steps| {
-        let devices = Devices::new(ranks);
-        let started = Instant::now();
-        ralpc::run_with_compute(
-            &ralpc::RunOptions {
-                steps,
-                ..options.clone()
-            },
-            &|r| devices.open(r),
-        )
-        .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)));
-        started.elapsed().as_secs_f64()
-    };
-    (run(6) - run(2)) / 4.0
+/// The median of `steps` after the first (start-up, uploads and the first step's
+/// algorithm choices left out).
+fn steady(mut steps: Vec<f64>) -> f64 {
+    steps.remove(0);
+    steps.sort_by(f64::total_cmp);
+    steps[steps.len() / 2]
 }
 
-/// The same through the separate device loop (`ralpc run --backend cuda`'s path for one
-/// rank and data parallelism).
-fn device_loop_step_seconds(options: &ralpc::RunOptions) -> f64 {
-    let run = |steps| {
-        let started = Instant::now();
-        ralpc::run(&ralpc::RunOptions {
-            steps,
-            backend: ralpc::Backend::Cuda,
-            ..options.clone()
-        })
-        .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)));
-        started.elapsed().as_secs_f64()
+/// Seconds per step of `options`' plan through the interpreter on the GPU, as `ralpc run
+/// --backend cuda` runs it.
+fn interpreter_step_seconds(options: &ralpc::RunOptions) -> f64 {
+    let run = ralpc::run(&ralpc::RunOptions {
+        steps: 8,
+        backend: ralpc::Backend::Cuda,
+        ..options.clone()
+    })
+    .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)));
+    steady(run.report.step_seconds)
+}
+
+/// The same model and batch in the one-device loop (`cuda::train`, which the profiler
+/// times nodes in).
+fn device_loop_step_seconds(gpu: &Gpu, model: &str, batch: u64) -> f64 {
+    use ralpc_runtime_min::cpu::graph::Weights;
+    use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
+    let (graph, info) = common::load(model, batch);
+    let weights = Weights::load(&graph, 0).expect("weights");
+    let data = Dataset::synthetic(&graph, &info, 0, Loss::CrossEntropy);
+    let options = TrainOptions {
+        steps: 8,
+        ..TrainOptions::default()
     };
-    (run(6) - run(2)) / 4.0
+    let report =
+        ralpc_runtime_min::cuda::train::train(gpu, &graph, &info, &weights, &data, &options)
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+    steady(report.step_seconds)
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn full_size_steps_through_the_interpreter_against_the_device_loop() {
     let test = "full_size_steps_through_the_interpreter_against_the_device_loop";
-    if common::gpu(test).is_none() {
+    let Some(gpu) = common::gpu(test) else {
         return;
-    }
+    };
     for (model, batch, ranks) in [
         ("onnx/resnet50/model.onnx", 32, 1),
         ("onnx/resnet50/model.onnx", 64, 2),
         ("onnx/vgg16/model.onnx", 32, 1),
+        ("onnx/mobilenet_v2/model.onnx", 64, 1),
+        ("onnx/mobilenet_v2/model.onnx", 64, 2),
     ] {
         let dir = tempfile::tempdir().expect("temp dir");
         let compiled = ralpc::compile(&ralpc::Options {
             model: common::fixture(model),
             gpus: Some(ranks),
             batch: Some(batch),
+            family: ralpc::passes::plan::Family::parse("dp"),
+            tolerance: None,
             ..Default::default()
         })
         .expect("plan");
@@ -212,11 +217,13 @@ fn full_size_steps_through_the_interpreter_against_the_device_loop() {
             model: Some(common::fixture(model)),
             ..Default::default()
         };
-        let interpreter = interpreter_step_seconds(&options, ranks);
-        let device_loop = device_loop_step_seconds(&options);
+        let interpreter = interpreter_step_seconds(&options);
+        let per_rank = batch / u64::from(ranks);
+        let device_loop = device_loop_step_seconds(&gpu, model, per_rank);
         eprintln!(
-            "{model} batch {batch} on {ranks} rank(s) sharing the GPU: interpreter {:.1} ms \
-             per step, device loop {:.1} ms ({:.2}×)",
+            "{model} batch {batch}, data parallel on {ranks} rank(s) sharing the GPU: \
+             interpreter {:.1} ms per step; the device loop, one rank at batch {per_rank}: \
+             {:.1} ms ({:.2}×)",
             1e3 * interpreter,
             1e3 * device_loop,
             interpreter / device_loop

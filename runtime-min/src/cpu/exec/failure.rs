@@ -59,9 +59,17 @@ impl RunError {
         }
     }
 
-    /// Whether the machine is at fault: a device's library, driver or GPU missing.
+    /// Whether the machine is at fault: a device's library, driver or GPU missing, found
+    /// as the rank started or as a node first needed it (cuDNN for a convolution).
     pub fn is_environment(&self) -> bool {
-        matches!(self, RunError::Device { source, .. } if source.is_setup())
+        match self {
+            RunError::Device { source, .. } => source.is_setup(),
+            RunError::Rank {
+                cause: RankError::Node(graph::ExecError::Device { source, .. }),
+                ..
+            } => source.is_setup(),
+            _ => false,
+        }
     }
 
     /// The order in which the ranks' failures explain a run: a rank's own failure, then a
