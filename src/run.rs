@@ -611,24 +611,20 @@ fn gpu_factory(
     let ranks = plan.ranks.max(1);
     let summing = ranks > 1 && is_data_parallel(plan);
     let group: Vec<u32> = (0..ranks).collect();
-    let hubs = (summing && options.placement.is_none()).then(|| {
-        (
-            Arc::new(Hub::new(ranks as usize, options.timeout)),
-            Arc::new(Hub::new(ranks as usize, options.timeout)),
-        )
-    });
+    let hub = (summing && options.placement.is_none())
+        .then(|| Arc::new(Hub::new(ranks as usize, options.timeout)));
     let placement = options.placement.clone();
     let timeout = options.timeout;
     move |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let gpus = ralpc_runtime_min::cuda::device::count()?.max(1);
         let local = placement.as_ref().map_or(0, |p| p.local_rank as usize);
         let gpu = Gpu::new(local % gpus)?;
-        if let Some((buffers, losses)) = &hubs {
-            let hub = SameDevice::<Gpu>::new(buffers.clone(), losses.clone(), rank as usize);
+        if let Some(hub) = &hub {
+            let side = SameDevice::<Gpu>::new(hub.clone(), rank as usize);
             return Ok(Box::new(OnDevice::with_replicas(
                 gpu,
                 &group,
-                Box::new(hub),
+                Box::new(side),
             )));
         }
         match &placement {

@@ -24,7 +24,6 @@ const TOLERANCE: f64 = 1e-3;
 struct Devices {
     group: Vec<u32>,
     buffers: Arc<Hub<<Gpu as Backend>::Buf>>,
-    losses: Arc<Hub<f64>>,
     transfers: Mutex<Vec<(u32, Arc<Transfers>)>>,
 }
 
@@ -35,7 +34,6 @@ impl Devices {
         Self {
             group: (0..data_parallel_ranks).collect(),
             buffers: Arc::new(Hub::new(n, timeout)),
-            losses: Arc::new(Hub::new(n, timeout)),
             transfers: Mutex::default(),
         }
     }
@@ -43,8 +41,7 @@ impl Devices {
     fn open(&self, rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
         let gpu = Gpu::new(0)?;
         let device = if self.group.len() > 1 {
-            let hub =
-                SameDevice::<Gpu>::new(self.buffers.clone(), self.losses.clone(), rank as usize);
+            let hub = SameDevice::<Gpu>::new(self.buffers.clone(), rank as usize);
             OnDevice::with_replicas(gpu, &self.group, Box::new(hub))
         } else {
             OnDevice::new(gpu)

@@ -212,11 +212,10 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     );
     let timeout = std::time::Duration::from_secs(30);
     let buffers = Arc::new(Hub::new(ranks as usize, timeout));
-    let losses = Arc::new(Hub::new(ranks as usize, timeout));
     let counters: Mutex<Vec<(u32, Arc<Transfers>)>> = Mutex::default();
     let group: Vec<u32> = (0..ranks).collect();
     let summing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let hub = SameDevice::<Host>::new(buffers.clone(), losses.clone(), rank as usize);
+        let hub = SameDevice::<Host>::new(buffers.clone(), rank as usize);
         let device = OnDevice::with_replicas(Host, &group, Box::new(hub));
         counters
             .lock()

@@ -51,14 +51,6 @@ pub enum ExecError {
         /// What is wrong.
         message: String,
     },
-    /// The training state could not be checkpointed (written).
-    #[error("cannot checkpoint after step {step}: {message}")]
-    Checkpoint {
-        /// Steps done.
-        step: u32,
-        /// Why.
-        message: String,
-    },
 }
 
 /// The constants of a model: its weights (initializers, and the float tensors a

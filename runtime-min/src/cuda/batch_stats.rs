@@ -1,9 +1,8 @@
 //! Synchronized batch normalization on devices: every rank holding some samples of a
 //! layer normalizes by the statistics of all of them, as one device normalizing the whole
 //! batch would, so a data-parallel run trains exactly as single-device training. The plan
-//! interpreter's device ([`super::on_device`]) and the data-parallel device loop
-//! (`replicas.rs`) both run it; how the per-channel vectors are added up over the ranks is
-//! theirs ([`GroupSum`]).
+//! interpreter's device ([`super::on_device`]) runs it; how the per-channel vectors are
+//! added up over the ranks is the interpreter's ([`GroupSum`]).
 //!
 //! Forward, each rank's kernel computes its own per-channel mean and variance; the whole
 //! batch's mean is the count-weighted mean of the means, and its variance the weighted
@@ -17,7 +16,6 @@
 //! normalization, against the activations the kernels read.
 
 use super::backend::{Backend, R};
-use super::replicas::Replicas;
 
 /// Adds a vector up over the ranks sharing a batch normalization's channels, in place
 /// (the same sum on every one of them).
@@ -119,21 +117,6 @@ pub(super) fn backward<B: Backend>(
         bn.spatial,
     )?;
     dev.axpby(dx, &correction, 1.0, 1.0)
-}
-
-/// Sums `values` over `replicas` in place (f32 on the wire, as every all-reduce): the
-/// data-parallel device loop's [`GroupSum`].
-pub(super) fn sum_replicas<B: Backend>(
-    dev: &B,
-    replicas: &dyn Replicas<B>,
-    values: &mut [f64],
-) -> R<()> {
-    let narrowed = narrow(values);
-    let mut buf = dev.upload(&narrowed)?;
-    replicas.all_reduce(dev, &mut buf)?;
-    replicas.settle()?;
-    values.copy_from_slice(&wide(&dev.download(&buf)?));
-    Ok(())
 }
 
 fn wide(v: &[f32]) -> Vec<f64> {

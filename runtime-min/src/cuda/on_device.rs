@@ -12,7 +12,7 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
@@ -35,6 +35,8 @@ pub struct OnDevice<B: Backend> {
     transfers: Arc<Transfers>,
     /// The device's own collective and the ranks it sums over (sorted).
     replicas: Option<(Vec<u32>, Box<dyn Replicas<B>>)>,
+    /// Sums started since the last update waited for them.
+    unsettled: AtomicBool,
 }
 
 /// Bytes that crossed between the host and an [`OnDevice`] device.
@@ -89,6 +91,7 @@ impl<B: Backend + 'static> OnDevice<B> {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             transfers: Arc::default(),
             replicas: None,
+            unsettled: AtomicBool::new(false),
         }
     }
 
@@ -409,6 +412,13 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         momentum: f32,
     ) -> Result<(), ExecError> {
         let error = |source: DeviceError| ExecError::Device { site: None, source };
+        // The update reads the sums: wait for them here, where a rank that stopped
+        // answering turns into an error after the timeout.
+        if let Some((_, replicas)) = &self.replicas {
+            if self.unsettled.swap(false, Ordering::Relaxed) {
+                replicas.settle().map_err(error)?;
+            }
+        }
         let n = grad.len();
         let g = self.on_this_device(grad).map_err(error)?;
         let mut w = self.to_write(std::mem::take(weight)).map_err(error)?;
@@ -482,6 +492,7 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
             let n = g.len();
             let mut buf = self.to_write(std::mem::take(g)).map_err(error)?;
             replicas.all_reduce(&self.dev, &mut buf).map_err(error)?;
+            self.unsettled.store(true, Ordering::Relaxed);
             *g = Floats::resident(self.keep(Arc::new(buf), n));
         }
         Ok(true)

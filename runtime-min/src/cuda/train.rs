@@ -21,9 +21,7 @@ use super::node_ops::{
     axis_of, binary_op, channel_layout, numel, other_name, permutation, static_env, strides_of,
     transposed_strides, unary_op, MatMulPlan,
 };
-pub use super::replicas::{
-    profile, shard, train, train_replica, Alone, HostStaged, NodeTime, ReplicaControl, Replicas,
-};
+pub use super::replicas::{profile, train, NodeTime, Replicas};
 use crate::cpu::graph::Weights;
 use crate::cpu::kernels::Pool2d;
 use crate::cpu::ops;

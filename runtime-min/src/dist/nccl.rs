@@ -1,7 +1,8 @@
 //! Data-parallel replicas summing their gradients with NCCL, one process per GPU: rank 0
 //! makes the NCCL unique id and the TCP rendezvous ([`crate::dist::rendezvous`]) hands it
-//! to every rank. Ranks sharing one GPU cannot use NCCL (it refuses duplicate devices);
-//! they combine through host memory ([`crate::cuda::train::HostStaged`]).
+//! to every rank. Ranks sharing one GPU cannot use NCCL (it refuses duplicate devices):
+//! ranks as threads use the same-device hub ([`crate::dist::same_device`]), processes the
+//! plan interpreter's communicator.
 
 use std::time::Duration;
 
@@ -102,28 +103,9 @@ impl Nccl {
 }
 
 impl Replicas<Gpu> for Nccl {
-    fn count(&self) -> usize {
-        self.comm.world_size()
-    }
-
-    fn all_reduce(
-        &self,
-        dev: &Gpu,
-        buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf,
-    ) -> R<()> {
-        self.start_all_reduce(dev, buf)?;
-        self.compute
-            .join(&self.comm.stream())
-            .map_err(fail("cannot order the streams"))
-    }
-
     /// On the communication stream, after the compute stream's work so far (which made
-    /// `buf`); the compute stream goes on with the backward meanwhile.
-    fn start_all_reduce(
-        &self,
-        _: &Gpu,
-        buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf,
-    ) -> R<()> {
+    /// `buf`); the compute stream's later work waits for it, the host does not.
+    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf) -> R<()> {
         self.comm
             .stream()
             .join(&self.compute)
@@ -131,7 +113,9 @@ impl Replicas<Gpu> for Nccl {
         self.comm
             .all_reduce_in_place(buf, &ReduceOp::Sum)
             .map_err(fail("all-reduce failed"))?;
-        Ok(())
+        self.compute
+            .join(&self.comm.stream())
+            .map_err(fail("cannot order the streams"))
     }
 
     fn settle(&self) -> R<()> {
@@ -139,23 +123,5 @@ impl Replicas<Gpu> for Nccl {
         self.compute
             .join(&self.comm.stream())
             .map_err(fail("cannot order the streams"))
-    }
-
-    fn sum(&self, value: f64) -> R<f64> {
-        let stream = self.comm.stream();
-        stream
-            .join(&self.compute)
-            .map_err(fail("cannot order the streams"))?;
-        let mut buf = stream
-            .clone_htod(&[value])
-            .map_err(fail("cannot copy the loss"))?;
-        self.comm
-            .all_reduce_in_place(&mut buf, &ReduceOp::Sum)
-            .map_err(fail("all-reduce failed"))?;
-        self.wait("the loss all-reduce (NCCL)")?;
-        let total = stream
-            .clone_dtoh(&buf)
-            .map_err(fail("cannot copy the loss"))?;
-        Ok(total.first().copied().unwrap_or(0.0))
     }
 }

@@ -121,31 +121,25 @@ impl<T> Hub<T> {
 /// Rank `rank`'s side of the same-device communicator.
 pub struct SameDevice<B: Backend> {
     buffers: Arc<Hub<B::Buf>>,
-    losses: Arc<Hub<f64>>,
     rank: usize,
-    /// Rounds this rank entered, per hub.
-    seq: std::cell::Cell<(u64, u64)>,
+    /// Rounds this rank entered.
+    seq: std::cell::Cell<u64>,
 }
 
 impl<B: Backend> SameDevice<B> {
-    /// Rank `rank` at the hubs (shared by every rank's thread).
-    pub fn new(buffers: Arc<Hub<B::Buf>>, losses: Arc<Hub<f64>>, rank: usize) -> Self {
+    /// Rank `rank` at the hub (shared by every rank's thread).
+    pub fn new(buffers: Arc<Hub<B::Buf>>, rank: usize) -> Self {
         SameDevice {
             buffers,
-            losses,
             rank,
-            seq: std::cell::Cell::new((0, 0)),
+            seq: std::cell::Cell::new(0),
         }
     }
 }
 
 impl<B: Backend> Replicas<B> for SameDevice<B> {
-    fn count(&self) -> usize {
-        self.buffers.count
-    }
-
     fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
-        let (seq, loss_seq) = self.seq.get();
+        let seq = self.seq.get();
         let n = dev.len(buf);
         let mut copy = dev.zeros(n)?;
         dev.axpby(&mut copy, buf, 1.0, 0.0)?;
@@ -161,23 +155,10 @@ impl<B: Backend> Replicas<B> for SameDevice<B> {
                 // Done reading the deposits before they are released.
                 dev.synchronize()?;
                 Ok(sum)
-            });
-        let sum = sum.inspect_err(|e| self.losses.fail(&e.to_string()))?;
-        self.seq.set((seq + 1, loss_seq));
+            })?;
+        self.seq.set(seq + 1);
         *buf = sum;
         Ok(())
-    }
-
-    fn sum(&self, value: f64) -> R<f64> {
-        let (seq, loss_seq) = self.seq.get();
-        let total = self
-            .losses
-            .round(self.rank, loss_seq, value, "the loss sum", |all| {
-                Ok(all.iter().flatten().sum())
-            })
-            .inspect_err(|e| self.buffers.fail(&e.to_string()))?;
-        self.seq.set((seq, loss_seq + 1));
-        Ok(total)
     }
 }
 
