@@ -76,8 +76,6 @@ fn check(what: &str, model: &str, gpus: u32, strategy: &str, data_parallel_ranks
     common::assert_trains_as(what, &got, &want, TOLERANCE);
 }
 
-const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
-
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
@@ -86,48 +84,9 @@ fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
         return;
     }
     let cnn = "train/cnn.onnx";
-    let burst = [
-        common::split("conv1", 2, 1, 1),
-        common::split("pool1", 2, 1, 1),
-        common::split("fc0", 1, 1, 1),
-        common::split("fc1", 1, 1, 1),
-    ];
-    check(
-        "burst",
-        cnn,
-        4,
-        &common::strategy(ONE_STAGE, &burst, "1f1b", 1),
-        1,
-    );
-    let soap = [
-        common::split("conv1", 2, 1, 2),
-        common::split("pool1", 2, 1, 2),
-        common::split("fc0", 1, 1, 4),
-        common::split("fc1", 1, 4, 1),
-    ];
-    check(
-        "soap",
-        cnn,
-        4,
-        &common::strategy(ONE_STAGE, &soap, "1f1b", 1),
-        1,
-    );
-    let two_stages = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
-        { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
-    check(
-        "1f1b",
-        cnn,
-        4,
-        &common::strategy(two_stages, &[], "1f1b", 2),
-        1,
-    );
-    check(
-        "gpipe",
-        cnn,
-        4,
-        &common::strategy(two_stages, &[], "gpipe", 2),
-        1,
-    );
+    for (family, strategy) in common::cnn_plans() {
+        check(family, cnn, 4, &strategy, 1);
+    }
     let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
     check(
         "one rank",

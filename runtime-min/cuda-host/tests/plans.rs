@@ -34,56 +34,20 @@ fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
     common::assert_trains_as(what, &got, &want, 1e-5);
 }
 
-const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
-const TWO_STAGES: &str = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
-    { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
-
 #[test]
 fn burst_plans_run_on_the_device_as_on_the_cpu() {
-    let layers = [
-        common::split("conv1", 2, 1, 1),
-        common::split("pool1", 2, 1, 1),
-        common::split("fc0", 1, 1, 1),
-        common::split("fc1", 1, 1, 1),
-    ];
-    check(
-        "burst",
-        "train/cnn.onnx",
-        4,
-        &common::strategy(ONE_STAGE, &layers, "1f1b", 1),
-    );
+    check("burst", "train/cnn.onnx", 4, &common::cnn_plan("burst"));
 }
 
 #[test]
 fn soap_plans_run_on_the_device_as_on_the_cpu() {
-    let layers = [
-        common::split("conv1", 2, 1, 2),
-        common::split("pool1", 2, 1, 2),
-        common::split("fc0", 1, 1, 4),
-        common::split("fc1", 1, 4, 1),
-    ];
-    check(
-        "soap",
-        "train/cnn.onnx",
-        4,
-        &common::strategy(ONE_STAGE, &layers, "1f1b", 1),
-    );
+    check("soap", "train/cnn.onnx", 4, &common::cnn_plan("soap"));
 }
 
 #[test]
 fn pipelines_run_on_the_device_as_on_the_cpu() {
-    check(
-        "1f1b",
-        "train/cnn.onnx",
-        4,
-        &common::strategy(TWO_STAGES, &[], "1f1b", 2),
-    );
-    check(
-        "gpipe",
-        "train/cnn.onnx",
-        4,
-        &common::strategy(TWO_STAGES, &[], "gpipe", 2),
-    );
+    check("1f1b", "train/cnn.onnx", 4, &common::cnn_plan("1f1b"));
+    check("gpipe", "train/cnn.onnx", 4, &common::cnn_plan("gpipe"));
 }
 
 #[test]

@@ -136,3 +136,39 @@ pub fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
     let inputs = graph.inputs().into_iter().map(bytes).sum();
     (weights, inputs, bytes(graph.outputs()[0]))
 }
+
+/// The CNN fixture's plans on 4 ranks, one of each family, by name: burst (the second
+/// convolution and pooling on 2 ranks, the dense layers on 1), SOAP (parameter and
+/// feature splits), and 1F1B and GPipe pipelines of two stages of two replicas.
+pub fn cnn_plans() -> [(&'static str, String); 4] {
+    const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
+    const TWO_STAGES: &str = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+        { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
+    let burst = [
+        split("conv1", 2, 1, 1),
+        split("pool1", 2, 1, 1),
+        split("fc0", 1, 1, 1),
+        split("fc1", 1, 1, 1),
+    ];
+    let soap = [
+        split("conv1", 2, 1, 2),
+        split("pool1", 2, 1, 2),
+        split("fc0", 1, 1, 4),
+        split("fc1", 1, 4, 1),
+    ];
+    [
+        ("burst", strategy(ONE_STAGE, &burst, "1f1b", 1)),
+        ("soap", strategy(ONE_STAGE, &soap, "1f1b", 1)),
+        ("1f1b", strategy(TWO_STAGES, &[], "1f1b", 2)),
+        ("gpipe", strategy(TWO_STAGES, &[], "gpipe", 2)),
+    ]
+}
+
+/// [`cnn_plans`]'s plan `name`.
+pub fn cnn_plan(name: &str) -> String {
+    cnn_plans()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("no CNN plan '{name}'"))
+}
