@@ -212,3 +212,63 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
         );
     }
 }
+
+/// Ranks as processes would be, each meeting the others over TCP (here threads, each
+/// with its own world and device, as `ralpc launch` starts them): data-parallel and
+/// pipeline plans give the losses of the same plan in one process on the CPU.
+#[test]
+fn plans_over_tcp_run_on_the_devices_as_in_one_process() {
+    use ralpc_runtime_min::dist::{auth::Secret, Launcher, Placement};
+    let dp = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }"#;
+    for (what, ranks, strategy) in [
+        ("data parallel", 2, common::strategy(dp, &[], "1f1b", 1)),
+        ("1f1b", 4, common::cnn_plan("1f1b")),
+    ] {
+        let (_dir, options) = common::planned(&common::fixture("train/cnn.onnx"), ranks, &strategy);
+        let want = ralpc::run(&options).expect("cpu run").report.losses;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let losses: Vec<Vec<f64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..ranks)
+                .map(|rank| {
+                    let options = ralpc::RunOptions {
+                        placement: Some(Placement {
+                            rank,
+                            world: ranks,
+                            local_rank: rank,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                            launcher: Launcher::Torchrun,
+                            secret: Some(Secret::new("a test run's secret").expect("secret")),
+                        }),
+                        timeout: std::time::Duration::from_secs(30),
+                        ..options.clone()
+                    };
+                    s.spawn(move || {
+                        ralpc::run_with_compute(&options, &host_kernels)
+                            .unwrap_or_else(|e| {
+                                panic!("rank {rank}: {}", ralpc_runtime_min::error_chain(&e))
+                            })
+                            .report
+                            .losses
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a rank"))
+                .collect()
+        });
+        for got in &losses {
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{what}: loss {g} against {w}"
+                );
+            }
+            assert_eq!(got.len(), want.len(), "{what}");
+        }
+    }
+}
