@@ -10,8 +10,10 @@ mod common;
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
+use ralpc_runtime_min::cuda::backend::Backend;
 use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::on_device::OnDevice;
+use ralpc_runtime_min::cuda::train::Replicas;
 
 /// The plan of `strategy` for `model`, run on the CPU backend and on the device
 /// ([`OnDevice`]).
@@ -164,6 +166,8 @@ fn data_parallel_batch_norm_syncs_its_statistics_on_the_devices() {
 fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     use std::sync::{Arc, Mutex};
 
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use ralpc_runtime_min::cuda::on_device::Transfers;
     use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     let ranks = 2;
@@ -178,8 +182,12 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     let buffers = Arc::new(Hub::new(ranks as usize, timeout));
     let counters: Mutex<Vec<(u32, Arc<Transfers>)>> = Mutex::default();
     let group: Vec<u32> = (0..ranks).collect();
+    let sums = Arc::new(AtomicU64::new(0));
     let summing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let hub = SameDevice::<Host>::new(buffers.clone(), rank as usize);
+        let hub = Counted {
+            inner: SameDevice::<Host>::new(buffers.clone(), rank as usize),
+            calls: sums.clone(),
+        };
         let device = OnDevice::with_replicas(Host, &group, Box::new(hub));
         counters
             .lock()
@@ -195,6 +203,19 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     let (weights, input, output) = common::sizes(model, 8, &want.report);
     let (input, output) = (input / u64::from(ranks), output / u64::from(ranks));
     let steps = u64::from(steps);
+    // One sum per gradient bucket: every all-reduce of a data-parallel rank's program.
+    let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
+    let buckets: u64 = plan
+        .programs
+        .iter()
+        .flatten()
+        .filter(|i| matches!(i, ralpc::codegen::plan::Instruction::AllReduce { .. }))
+        .count() as u64;
+    assert_eq!(
+        sums.load(Ordering::Relaxed),
+        steps * buckets,
+        "one device collective per bucket and step"
+    );
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), ranks as usize);
     for (rank, t) in counters {
@@ -210,6 +231,20 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
             "rank {rank}: its output each step, the first gradients and the last weights \
              (the report's), no gradient for the sums"
         );
+    }
+}
+
+/// A device collective that counts its calls (over every rank).
+struct Counted<R> {
+    inner: R,
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
+    fn all_reduce(&self, dev: &Host, buf: &mut <Host as Backend>::Buf) -> Result<(), DeviceError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.all_reduce(dev, buf)
     }
 }
 

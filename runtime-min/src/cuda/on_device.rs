@@ -20,6 +20,7 @@ use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 use super::backend::{Backend, R};
 use super::batch_stats::GroupSum;
 use super::error::DeviceError;
+use super::kernels::Strides;
 use super::train::{DTensor, Replicas, Runner, Saved};
 use crate::cpu::exec::Compute;
 use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
@@ -488,12 +489,37 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
             return Ok(false);
         }
         let error = |source: DeviceError| ExecError::Device { site: None, source };
-        for g in bucket.iter_mut() {
+        self.unsettled.store(true, Ordering::Relaxed);
+        if let [g] = bucket {
             let n = g.len();
             let mut buf = self.to_write(std::mem::take(g)).map_err(error)?;
             replicas.all_reduce(&self.dev, &mut buf).map_err(error)?;
-            self.unsettled.store(true, Ordering::Relaxed);
             *g = Floats::resident(self.keep(Arc::new(buf), n));
+            return Ok(true);
+        }
+        // One sum for the whole bucket, its tensors end to end: a collective call (and,
+        // for ranks sharing a GPU, a wait for the device) per bucket, not per tensor.
+        let dev = &self.dev;
+        let total = bucket.iter().map(Floats::len).sum();
+        let mut flat = dev.zeros(total).map_err(error)?;
+        let mut at = 0;
+        for g in bucket.iter() {
+            let n = g.len();
+            let buf = self.on_this_device(g).map_err(error)?;
+            let view = Strides::view(&[n], &[1]).map_err(error)?;
+            dev.scatter(&mut flat, &buf, &view, at, false)
+                .map_err(error)?;
+            at += n;
+        }
+        replicas.all_reduce(dev, &mut flat).map_err(error)?;
+        let mut at = 0;
+        for g in bucket.iter_mut() {
+            let n = g.len();
+            let mut sum = dev.zeros(n).map_err(error)?;
+            let view = Strides::view(&[n], &[1]).map_err(error)?;
+            dev.gather(&mut sum, &flat, &view, at).map_err(error)?;
+            *g = Floats::resident(self.keep(Arc::new(sum), n));
+            at += n;
         }
         Ok(true)
     }
