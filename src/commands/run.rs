@@ -39,7 +39,9 @@ The batch and input shapes are the plan's: set them when planning, e.g.
 pub struct Args {
     /// The plan: a directory `ralpc plan` wrote, or its plan.json.
     pub plan: PathBuf,
-    /// Where to run it.
+    /// Where every rank's layers compute: `cpu`, or `cuda` (GPU 0, or under a launcher
+    /// the GPU of the process's LOCAL_RANK; tensors stay on the GPU, and a data-parallel
+    /// plan sums its gradients there).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
     /// The model [default: the path the plan was made from].
