@@ -13,7 +13,7 @@ use ralpc_runtime_min::cpu::train::TrainReport;
 use ralpc_runtime_min::cuda::backend::Backend;
 use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::on_device::OnDevice;
-use ralpc_runtime_min::cuda::train::Replicas;
+use ralpc_runtime_min::dist::Replicas;
 
 /// The plan of `strategy` for `model`, run on the CPU backend and on the device
 /// ([`OnDevice`]).

@@ -26,5 +26,5 @@ pub mod kernels;
 pub mod libs;
 mod node_ops;
 pub mod on_device;
-mod replicas;
+mod one_device;
 pub mod train;

@@ -21,12 +21,13 @@ use super::backend::{Backend, R};
 use super::batch_stats::GroupSum;
 use super::error::DeviceError;
 use super::kernels::Strides;
-use super::train::{DTensor, Replicas, Runner, Saved};
+use super::train::{DTensor, Runner, Saved};
 use crate::cpu::exec::Compute;
 use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
 use crate::cpu::ops::{self, Env, Mode, ResidentSaved};
 use crate::cpu::tensor::{numel, Data, Tensor};
+use crate::dist::Replicas;
 
 /// A device behind the plan interpreter: [`Compute`] on a [`Backend`], its tensors resident.
 pub struct OnDevice<B: Backend> {

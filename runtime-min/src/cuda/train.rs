@@ -6,7 +6,7 @@
 //! views (Reshape, Flatten, Squeeze, Identity…) share their input's buffer and integer
 //! shape arithmetic never reaches the device. Operators without a device lowering yet are
 //! refused with an error naming the node. The training loop, data-parallel replicas and
-//! per-node profiling around this runner are `replicas.rs`'s.
+//! per-node profiling around this runner are `one_device.rs`'s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use super::node_ops::{
     axis_of, binary_op, channel_layout, numel, other_name, permutation, static_env, strides_of,
     transposed_strides, unary_op, MatMulPlan,
 };
-pub use super::replicas::{profile, train, NodeTime, Replicas};
+pub use super::one_device::{profile, train, NodeTime};
 use crate::cpu::graph::Weights;
 use crate::cpu::kernels::Pool2d;
 use crate::cpu::ops;

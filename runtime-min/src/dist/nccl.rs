@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use cudarc::nccl::{Comm, Id, ReduceOp};
 
+use super::Replicas;
 use crate::cuda::backend::R;
 use crate::cuda::error::DeviceError;
 use crate::cuda::gpu::Gpu;
-use crate::cuda::train::Replicas;
 use crate::dist::{rendezvous, Placement};
 
 /// This process's member of the NCCL world. Collectives run on the GPU's communication

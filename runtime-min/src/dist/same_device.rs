@@ -6,9 +6,9 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::Replicas;
 use crate::cuda::backend::{Backend, R};
 use crate::cuda::error::DeviceError;
-use crate::cuda::train::Replicas;
 
 /// One round of deposits at a time, for `count` ranks.
 struct Round<T> {

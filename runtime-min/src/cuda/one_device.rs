@@ -1,7 +1,5 @@
-//! How devices of one data-parallel group combine what each computed ([`Replicas`]: the
-//! same-device hub, NCCL), which the plan interpreter's device sums gradient buckets with;
-//! the one-device training loop around a [`Runner`], the reference the GPU tests time the
-//! interpreter against; and per-node profiling.
+//! Training on one device: the loop around a [`Runner`] that the GPU tests time the plan
+//! interpreter against, and per-node profiling (`ralpc profile --device cuda:N`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,18 +13,6 @@ use super::train::{DTensor, Runner};
 use crate::cpu::graph::{ExecError, Weights};
 use crate::cpu::tensor::Data;
 use crate::cpu::train::{Dataset, Loss, TrainOptions, TrainReport};
-
-/// How data-parallel replicas combine what each computed on its share of the batch.
-pub trait Replicas<B: Backend> {
-    /// Sums `buf` over the replicas, in place (the same result on every one); later work
-    /// on the device is ordered after it.
-    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()>;
-    /// Waits for every sum so far to complete, giving up after the replicas' timeout (a
-    /// rank that stopped answering), and orders the device's later work after them.
-    fn settle(&self) -> R<()> {
-        Ok(())
-    }
-}
 
 /// Trains `graph` (bound at the global batch) on `dev` as
 /// [`train_reference`](crate::cpu::train::train_reference) does on the host: same
