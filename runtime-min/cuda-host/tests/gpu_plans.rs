@@ -1,9 +1,10 @@
 //! On an NVIDIA GPU (`cargo test -p ralpc-cuda-host --test gpu_plans -- --ignored
 //! --nocapture`): plans through the plan interpreter with every rank's layers on the GPU
 //! ([`OnDevice`] over [`Gpu`]), against the CPU backend: burst, SOAP and pipeline plans,
-//! a data-parallel plan whose ranks sum their gradients on the GPU, and one-rank and
-//! data-parallel ResNet-50 and VGG16 steps, timed. `tests/plans.rs` runs the same path on
-//! the host-compiled kernels on every machine.
+//! a data-parallel plan whose ranks sum their gradients on the GPU; and full-size steps of
+//! ResNet-50, VGG16 and MobileNetV2, one rank and data parallel, timed against the
+//! one-device loop (printed, a measurement). `tests/plans.rs` runs the same path on the
+//! host-compiled kernels on every machine.
 
 mod common;
 
