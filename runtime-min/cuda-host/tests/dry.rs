@@ -332,3 +332,51 @@ fn a_residual_networks_gradients_stay_on_its_device() {
         "the output, the first gradients and the last weights (the report's)"
     );
 }
+
+/// A one-rank ResNet-50 plan's second step holds no more than its first plus the
+/// momentum the first update made: the gradients of its layers' inputs go as their
+/// producers' backward reads them, not when the next step writes new ones.
+#[test]
+fn a_second_step_holds_only_the_momentum_more() {
+    let (model, batch) = ("onnx/resnet50/model.onnx", 16);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: common::fixture(model),
+        gpus: Some(1),
+        batch: Some(batch),
+        ..Default::default()
+    })
+    .expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let peak = |steps: u32| {
+        let device: Mutex<Option<Dry>> = Mutex::default();
+        let counting = |_rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+            let dry = Dry::default();
+            *device.lock().expect("device") = Some(dry.clone());
+            Ok(Box::new(OnDevice::new(dry)))
+        };
+        let options = ralpc::RunOptions {
+            plan: dir.path().to_path_buf(),
+            model: Some(common::fixture(model)),
+            steps,
+            ..Default::default()
+        };
+        let report = ralpc::run_with_compute(&options, &counting)
+            .unwrap_or_else(|e| panic!("{}", ralpc_runtime_min::error_chain(&e)))
+            .report;
+        let dry = device.into_inner().expect("device").expect("one device");
+        (dry.counts().peak_bytes as u64, report)
+    };
+    let (one, report) = peak(1);
+    let (two, _) = peak(2);
+    let (weights, _, _) = common::sizes(model, batch, &report);
+    eprintln!(
+        "{model} batch {batch}: peak {:.3} GiB after one step, {:.3} GiB after two",
+        one as f64 / (1u64 << 30) as f64,
+        two as f64 / (1u64 << 30) as f64
+    );
+    assert!(
+        two <= one + weights,
+        "a second step peaks at {two} bytes, the first at {one}; momentum is {weights}"
+    );
+}

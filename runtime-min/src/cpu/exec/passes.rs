@@ -311,10 +311,10 @@ impl Rank<'_, '_> {
     /// The gradient of layer `l`'s output `o` (held over `held`) when every consumer on
     /// this rank gave all of it and nothing else adds to it: their gradients summed by the
     /// rank's device where they are (one consumer's shared as it is), in the order the host
-    /// would add them. `None`: some piece came from another rank or covers part of `held`,
-    /// and the host assembles them.
+    /// would add them, and taken from where they were kept. `None`: some piece came from
+    /// another rank or covers part of `held`, and the host assembles them.
     fn whole_gradient(
-        &self,
+        &mut self,
         l: usize,
         o: ValueId,
         held: &Region,
@@ -324,27 +324,31 @@ impl Rank<'_, '_> {
         if (l, o) == p.output {
             return Ok(None);
         }
-        let mut parts = Vec::new();
-        for e in (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o) {
-            if self.grad_pieces.contains_key(&(e, mb)) {
-                return Ok(None);
-            }
-            match self.input_grads.get(&(e, mb)) {
-                Some((region, data)) if region == held && data.len() == volume(held) => {
-                    parts.push(data)
-                }
-                _ => return Ok(None),
-            }
-        }
-        let mut parts = parts.into_iter();
-        let Some(first) = parts.next() else {
-            return Ok(None);
+        let readers: Vec<usize> = (0..p.edges.len())
+            .filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
+            .collect();
+        let whole = |e: &usize| {
+            !self.grad_pieces.contains_key(&(*e, mb))
+                && self
+                    .input_grads
+                    .get(&(*e, mb))
+                    .is_some_and(|(region, data)| region == held && data.len() == volume(held))
         };
-        let mut sum = first.clone();
-        for part in parts {
-            sum = self.compute.add(sum, part).map_err(RankError::from)?;
+        if readers.is_empty() || !readers.iter().all(whole) {
+            return Ok(None);
         }
-        Ok(Some(sum))
+        // Taken: nothing reads a consumer's input gradient after its producer's backward.
+        let mut sum: Option<Floats> = None;
+        for e in readers {
+            let Some((_, part)) = self.input_grads.remove(&(e, mb)) else {
+                continue;
+            };
+            sum = Some(match sum {
+                None => part,
+                Some(acc) => self.compute.add(acc, &part).map_err(RankError::from)?,
+            });
+        }
+        Ok(sum)
     }
 
     pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
@@ -382,8 +386,8 @@ impl Rank<'_, '_> {
             {
                 let mut acc = vec![0.0f32; n];
                 let mut filled = vec![false; n];
-                if let Some((region, data)) = self.input_grads.get(&(e, mb)) {
-                    fill(&mut acc, &mut filled, held, data, region);
+                if let Some((region, data)) = self.input_grads.remove(&(e, mb)) {
+                    fill(&mut acc, &mut filled, held, &data, &region);
                 }
                 for (region, data) in self.grad_pieces.remove(&(e, mb)).unwrap_or_default() {
                     fill(&mut acc, &mut filled, held, &data, &region);
