@@ -363,6 +363,11 @@ impl<B: Backend + 'static> OnDevice<B> {
     }
 }
 
+/// A device failure outside any node's arithmetic (uploads, sums, the update).
+fn off_node(source: DeviceError) -> ExecError {
+    ExecError::Device { site: None, source }
+}
+
 /// How `graph` runs in a training step.
 fn training(graph: &Graph) -> Env {
     Env {
@@ -413,21 +418,20 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         lr: f32,
         momentum: f32,
     ) -> Result<(), ExecError> {
-        let error = |source: DeviceError| ExecError::Device { site: None, source };
         // The update reads the sums: wait for them here, where a rank that stopped
         // answering turns into an error after the timeout.
         if let Some((_, replicas)) = &self.replicas {
             if self.unsettled.swap(false, Ordering::Relaxed) {
-                replicas.settle().map_err(error)?;
+                replicas.settle().map_err(off_node)?;
             }
         }
         let n = grad.len();
-        let g = self.on_this_device(grad).map_err(error)?;
-        let mut w = self.to_write(std::mem::take(weight)).map_err(error)?;
-        let mut v = self.to_write(std::mem::take(velocity)).map_err(error)?;
+        let g = self.on_this_device(grad).map_err(off_node)?;
+        let mut w = self.to_write(std::mem::take(weight)).map_err(off_node)?;
+        let mut v = self.to_write(std::mem::take(velocity)).map_err(off_node)?;
         self.dev
             .sgd_momentum(&mut w, &mut v, &g, lr, momentum)
-            .map_err(error)?;
+            .map_err(off_node)?;
         *weight = Floats::resident(self.keep(Arc::new(w), n));
         *velocity = Floats::resident(self.keep(Arc::new(v), n));
         Ok(())
@@ -464,19 +468,15 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
     }
 
     fn zeros(&self, n: usize) -> Result<Floats, ExecError> {
-        let buf = self
-            .dev
-            .zeros(n)
-            .map_err(|source| ExecError::Device { site: None, source })?;
+        let buf = self.dev.zeros(n).map_err(off_node)?;
         Ok(Floats::resident(self.keep(Arc::new(buf), n)))
     }
 
     fn add(&self, a: Floats, b: &Floats) -> Result<Floats, ExecError> {
-        let error = |source: DeviceError| ExecError::Device { site: None, source };
         let n = a.len();
-        let b = self.on_this_device(b).map_err(error)?;
-        let mut sum = self.to_write(a).map_err(error)?;
-        self.dev.axpby(&mut sum, &b, 1.0, 1.0).map_err(error)?;
+        let b = self.on_this_device(b).map_err(off_node)?;
+        let mut sum = self.to_write(a).map_err(off_node)?;
+        self.dev.axpby(&mut sum, &b, 1.0, 1.0).map_err(off_node)?;
         Ok(Floats::resident(self.keep(Arc::new(sum), n)))
     }
 
@@ -489,12 +489,11 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         if group != *members {
             return Ok(false);
         }
-        let error = |source: DeviceError| ExecError::Device { site: None, source };
         self.unsettled.store(true, Ordering::Relaxed);
         if let [g] = bucket {
             let n = g.len();
-            let mut buf = self.to_write(std::mem::take(g)).map_err(error)?;
-            replicas.all_reduce(&self.dev, &mut buf).map_err(error)?;
+            let mut buf = self.to_write(std::mem::take(g)).map_err(off_node)?;
+            replicas.all_reduce(&self.dev, &mut buf).map_err(off_node)?;
             *g = Floats::resident(self.keep(Arc::new(buf), n));
             return Ok(true);
         }
@@ -502,23 +501,23 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         // for ranks sharing a GPU, a wait for the device) per bucket, not per tensor.
         let dev = &self.dev;
         let total = bucket.iter().map(Floats::len).sum();
-        let mut flat = dev.zeros(total).map_err(error)?;
+        let mut flat = dev.zeros(total).map_err(off_node)?;
         let mut at = 0;
         for g in bucket.iter() {
             let n = g.len();
-            let buf = self.on_this_device(g).map_err(error)?;
-            let view = Strides::view(&[n], &[1]).map_err(error)?;
+            let buf = self.on_this_device(g).map_err(off_node)?;
+            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
             dev.scatter(&mut flat, &buf, &view, at, false)
-                .map_err(error)?;
+                .map_err(off_node)?;
             at += n;
         }
-        replicas.all_reduce(dev, &mut flat).map_err(error)?;
+        replicas.all_reduce(dev, &mut flat).map_err(off_node)?;
         let mut at = 0;
         for g in bucket.iter_mut() {
             let n = g.len();
-            let mut sum = dev.zeros(n).map_err(error)?;
-            let view = Strides::view(&[n], &[1]).map_err(error)?;
-            dev.gather(&mut sum, &flat, &view, at).map_err(error)?;
+            let mut sum = dev.zeros(n).map_err(off_node)?;
+            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
+            dev.gather(&mut sum, &flat, &view, at).map_err(off_node)?;
             *g = Floats::resident(self.keep(Arc::new(sum), n));
             at += n;
         }
