@@ -732,7 +732,7 @@ fn run_with(
     let resume = resume_state(options, &plan, &trained)?;
     let writer = CheckpointWriter::new(options, &plan_file, &plan.inputs, &trained);
     let write_checkpoint = |c: &Checkpoint| writer.write(c);
-    let mut control = Control {
+    let control = Control {
         timeout: options.timeout,
         fault: options.fault,
         checkpoint_every: options.checkpoint_every.filter(|_| writer.path.is_some()),
@@ -742,9 +742,6 @@ fn run_with(
     let (report, elapsed) = match &options.placement {
         None => exec::run(&exe, &options.train(), &control),
         Some(placement) => {
-            if control.checkpoint_every.is_none() {
-                control.on_checkpoint = None;
-            }
             let world = World::connect(placement, options.timeout).map_err(|e| Error::Join {
                 rank: Some(placement.rank),
                 source: Box::new(e),

@@ -106,6 +106,70 @@ fn collectives_inside_layers_run_across_processes_as_across_threads() {
     }
 }
 
+/// A launcher's processes checkpoint as the threads of one process do: rank 0 gathers
+/// every rank's pieces of the weights and momentum (here split by output channels, by
+/// columns and by rows) and writes the same file, and processes resumed from it give the
+/// losses of an uninterrupted run, bit for bit.
+#[test]
+fn processes_checkpoint_and_resume_as_threads_do() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let strategy = dir.path().join("soap.json");
+    std::fs::write(
+        &strategy,
+        r#"{"format": "ralpc-strategy/1", "microbatches": 1, "schedule": "1f1b",
+            "stages": [{"first_layer": "conv0", "last_layer": "fc1", "replicas": 4}],
+            "layers": [
+              {"name": "conv1", "split": {"sample": 2, "attribute": 1, "parameter": 2}},
+              {"name": "pool1", "split": {"sample": 2, "attribute": 1, "parameter": 2}},
+              {"name": "fc0", "split": {"sample": 1, "attribute": 1, "parameter": 4}},
+              {"name": "fc1", "split": {"sample": 1, "attribute": 4, "parameter": 1}}]}"#,
+    )
+    .expect("strategy written");
+    let plan = dir.path().join("plan");
+    ralpc()
+        .arg(common::fixture("train/cnn.onnx"))
+        .args(["--gpus", "4", "--batch", "8", "--quiet", "--strategy-file"])
+        .arg(&strategy)
+        .arg("-o")
+        .arg(&plan)
+        .assert()
+        .success();
+    let by_threads = dir.path().join("threads.safetensors");
+    let by_processes = dir.path().join("processes.safetensors");
+    for (command, file) in [("run", &by_threads), ("launch", &by_processes)] {
+        ralpc()
+            .arg(command)
+            .arg(&plan)
+            .args(["--steps", "2", "--checkpoint-every", "2", "--checkpoint"])
+            .arg(file)
+            .assert()
+            .success();
+    }
+    let written = std::fs::read(&by_processes).expect("rank 0 wrote the checkpoint");
+    assert!(
+        written == std::fs::read(&by_threads).expect("written"),
+        "the processes' checkpoint differs from the threads'"
+    );
+    let whole = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .args(["--steps", "4", "--json"])
+        .assert()
+        .success();
+    let resumed = ralpc()
+        .arg("launch")
+        .arg(&plan)
+        .args(["--steps", "4", "--json", "--resume"])
+        .arg(&by_processes)
+        .assert()
+        .success();
+    let bits = |out: &[u8]| losses(out).iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&resumed.get_output().stdout),
+        bits(&whole.get_output().stdout)
+    );
+}
+
 /// Plans the MLP fixture for two data-parallel ranks into `dir`.
 fn two_rank_plan(dir: &Path) -> std::path::PathBuf {
     let plan = dir.join("mlp");

@@ -250,7 +250,8 @@ impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
 
 /// Ranks as processes would be, each meeting the others over TCP (here threads, each
 /// with its own world and device, as `ralpc launch` starts them): data-parallel and
-/// pipeline plans give the losses of the same plan in one process on the CPU.
+/// pipeline plans give the losses of the same plan in one process on the CPU, and the
+/// checkpoint rank 0 gathers from the devices resumes there to the same losses.
 #[test]
 fn plans_over_tcp_run_on_the_devices_as_in_one_process() {
     use ralpc_runtime_min::dist::{auth::Secret, Launcher, Placement};
@@ -259,8 +260,11 @@ fn plans_over_tcp_run_on_the_devices_as_in_one_process() {
         ("data parallel", 2, common::strategy(dp, &[], "1f1b", 1)),
         ("1f1b", 4, common::cnn_plan("1f1b")),
     ] {
-        let (_dir, options) = common::planned(&common::fixture("train/cnn.onnx"), ranks, &strategy);
+        let (dir, options) = common::planned(&common::fixture("train/cnn.onnx"), ranks, &strategy);
         let want = ralpc::run(&options).expect("cpu run").report.losses;
+        // Rank 0 gathers the ranks' device-resident weights into a checkpoint after two
+        // steps; the CPU resumes from it below.
+        let checkpoint = dir.path().join("tcp.safetensors");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -279,6 +283,8 @@ fn plans_over_tcp_run_on_the_devices_as_in_one_process() {
                             secret: Some(Secret::new("a test run's secret").expect("secret")),
                         }),
                         timeout: std::time::Duration::from_secs(30),
+                        checkpoint_every: Some(2),
+                        checkpoint: Some(checkpoint.clone()),
                         ..options.clone()
                     };
                     s.spawn(move || {
@@ -304,6 +310,17 @@ fn plans_over_tcp_run_on_the_devices_as_in_one_process() {
                 );
             }
             assert_eq!(got.len(), want.len(), "{what}");
+        }
+        let resumed = ralpc::run(&ralpc::RunOptions {
+            resume: Some(checkpoint),
+            ..options
+        })
+        .expect("the CPU resumes from the ranks' checkpoint");
+        for (g, w) in resumed.report.losses.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{what}, resumed: loss {g} against {w}"
+            );
         }
     }
 }

@@ -56,8 +56,7 @@ use super::kernels;
 use super::ops::{Env, Mode};
 pub use super::region::Axes;
 use super::region::{
-    crop, dims, fill, intersect, interval, is_whole, place, place_into, reframe, share, volume,
-    Region, Slice,
+    crop, dims, fill, intersect, interval, is_whole, place, reframe, share, volume, Region, Slice,
 };
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
@@ -66,6 +65,7 @@ use crate::dist::comm::{AbortOnPanic, Comm, CommError, World};
 
 mod batch_stats;
 mod buckets;
+mod checkpoint;
 mod derived;
 mod epilogue;
 mod failure;
@@ -82,28 +82,13 @@ mod transfers;
 mod vocabulary;
 mod zero;
 
+use checkpoint::{assemble, Collector};
+pub use checkpoint::{Checkpoint, CheckpointSink};
 use failure::{keep, kernel_failure};
 pub use failure::{Fault, FaultKind, RankError, RunError, KILLED};
 use prepare::after;
 
 use layout::BatchAxis;
-
-/// The training state between two steps: every weight and its momentum, whole, by name,
-/// and the losses so far.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Checkpoint {
-    /// Steps done.
-    pub step: u32,
-    /// Loss of each step done.
-    pub losses: Vec<f64>,
-    /// Weights.
-    pub weights: BTreeMap<String, Vec<f32>>,
-    /// SGD momentum buffers (absent for weights not yet updated).
-    pub velocity: BTreeMap<String, Vec<f32>>,
-}
-
-/// Where checkpoints go: writes one, or says why it could not.
-pub type CheckpointSink<'a> = dyn Fn(&Checkpoint) -> Result<(), String> + Sync + 'a;
 
 /// How a run is driven beyond the training options.
 pub struct Control<'c> {
@@ -130,20 +115,6 @@ impl Control<'_> {
             resume: None,
         }
     }
-}
-
-/// One rank's state at a checkpoint.
-struct RankState {
-    losses: Vec<f64>,
-    weights: Vec<(ValueId, Slice, Vec<f32>)>,
-    velocity: Vec<(ValueId, Slice, Vec<f32>)>,
-}
-
-/// Collects every rank's state at a checkpoint; the last to report hands it on.
-struct Collector<'c> {
-    ranks: usize,
-    pending: Mutex<BTreeMap<u32, Vec<RankState>>>,
-    on_checkpoint: &'c CheckpointSink<'c>,
 }
 
 /// Where a rank's layers compute. The plan's interpretation — shares, messages,
@@ -682,12 +653,12 @@ impl<'p, 'a> Rank<'p, 'a> {
                 .checkpoint_every
                 .is_some_and(|n| n > 0 && (step + 1) % n == 0)
             {
-                self.checkpoint(step + 1).map_err(|message| {
+                self.checkpoint(step + 1).map_err(|cause| {
                     let error = RunError::Rank {
                         rank: self.rank,
                         index: program.len(),
                         op: "checkpoint",
-                        cause: RankError::Checkpoint(message),
+                        cause,
                     };
                     self.comm.abort(&error.to_string());
                     error
@@ -709,54 +680,6 @@ impl<'p, 'a> Rank<'p, 'a> {
                     t.floats().unwrap_or_default().to_vec(),
                 ));
             }
-        }
-        Ok(())
-    }
-
-    /// Hands this rank's state after `step` steps to the collector; the last rank to do so
-    /// assembles the checkpoint and writes it.
-    fn checkpoint(&self, step: u32) -> Result<(), String> {
-        let Some(collector) = self.collector else {
-            return Ok(());
-        };
-        let mut weights = Vec::new();
-        let mut velocity = Vec::new();
-        for (&w, (slice, t)) in &self.weights {
-            let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
-            if !l.is_some_and(|l| self.trains(l, w)) {
-                continue;
-            }
-            weights.push((w, slice.clone(), t.floats().unwrap_or_default().to_vec()));
-            if let Some(v) = self.velocity.get(&w) {
-                velocity.push((w, slice.clone(), v.to_vec()));
-            }
-        }
-        let state = RankState {
-            losses: self.report.losses.clone(),
-            weights,
-            velocity,
-        };
-        let complete = {
-            let mut pending = collector.pending.lock().unwrap_or_else(|p| p.into_inner());
-            let states = pending.entry(step).or_default();
-            states.push(state);
-            (states.len() == collector.ranks).then(|| pending.remove(&step).unwrap_or_default())
-        };
-        if let Some(states) = complete {
-            let checkpoint = Checkpoint {
-                step,
-                losses: (0..step as usize)
-                    .map(|s| {
-                        states
-                            .iter()
-                            .map(|r| r.losses.get(s).copied().unwrap_or(0.0))
-                            .sum()
-                    })
-                    .collect(),
-                weights: assemble(self.p, states.iter().flat_map(|r| &r.weights).collect()),
-                velocity: assemble(self.p, states.iter().flat_map(|r| &r.velocity).collect()),
-            };
-            (collector.on_checkpoint)(&checkpoint)?;
         }
         Ok(())
     }
@@ -930,11 +853,9 @@ pub fn run(
     }
     let prepared = Prepared::new(exe)?;
     let world = World::new(ranks, control.timeout);
-    let collector = control.on_checkpoint.map(|on_checkpoint| Collector {
-        ranks: ranks as usize,
-        pending: Mutex::default(),
-        on_checkpoint,
-    });
+    let collector = control
+        .on_checkpoint
+        .map(|on_checkpoint| Collector::threads(ranks, on_checkpoint));
     let started = Instant::now();
     let results: Vec<Result<RankReport, RunError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..ranks)
@@ -990,9 +911,11 @@ pub fn run(
 ///
 /// The report's losses are summed over every rank (one last collective of the whole
 /// world); its output, weights and gradients stay on their ranks and are left empty.
+/// Checkpoints are gathered by rank 0, whose sink alone writes them; every process resumes
+/// from the same checkpoint.
 ///
 /// # Errors
-/// As [`run`]; checkpoints need every rank in one process and are refused.
+/// As [`run`].
 pub fn run_process(
     exe: &Executable<'_>,
     options: &TrainOptions,
@@ -1000,11 +923,6 @@ pub fn run_process(
     world: &World,
     rank: u32,
 ) -> Result<(TrainReport, Duration), RunError> {
-    if control.on_checkpoint.is_some() || control.resume.is_some() {
-        return Err(setup(
-            "checkpoints need every rank in one process: run the plan without a launcher",
-        ));
-    }
     if world.ranks() != exe.plan.ranks {
         return Err(setup(format!(
             "the launcher started {} processes, but the plan has {} ranks",
@@ -1013,29 +931,27 @@ pub fn run_process(
         )));
     }
     let prepared = Prepared::new(exe)?;
+    let collector = control
+        .on_checkpoint
+        .map(|on_checkpoint| Collector::Processes {
+            ranks: world.ranks(),
+            on_checkpoint,
+        });
     let guard = world.comm(rank);
     let _guard = AbortOnPanic(&guard);
     let started = Instant::now();
-    let mut r = Rank::new(&prepared, rank, world.comm(rank), *options, None)?;
+    let mut r = Rank::new(&prepared, rank, world.comm(rank), *options, control.resume)?;
     r.fault = control.fault;
+    r.checkpoint_every = control.checkpoint_every;
+    r.collector = collector.as_ref();
     r.run()?;
     // The rank's own endpoint: its collective numbering continues.
     let (comm, report) = (&r.comm, &r.report);
-    // Losses travel as the bits of each f64, two f32 words apiece.
-    let words: Vec<f32> = report
-        .losses
-        .iter()
-        .flat_map(|l| {
-            let bits = l.to_bits();
-            [
-                f32::from_bits(bits as u32),
-                f32::from_bits((bits >> 32) as u32),
-            ]
-        })
-        .collect();
+    // Losses travel as the bits of each f64.
+    let bits: Vec<i64> = report.losses.iter().map(|l| l.to_bits() as i64).collect();
     let everyone: Vec<u32> = (0..world.ranks()).collect();
     let all = comm
-        .exchange(&everyone, words)
+        .exchange(&everyone, ints_to_words(&bits))
         .map_err(|e| RunError::Rank {
             rank,
             index: exe.plan.programs.get(rank as usize).map_or(0, Vec::len),
@@ -1044,15 +960,14 @@ pub fn run_process(
         })?;
     comm.finish();
     let elapsed = started.elapsed();
+    let all: Vec<Vec<i64>> = all
+        .iter()
+        .map(|w| words_to_ints(w).unwrap_or_default())
+        .collect();
     let losses = (0..options.steps as usize)
         .map(|s| {
             all.iter()
-                .map(|w| match (w.get(2 * s), w.get(2 * s + 1)) {
-                    (Some(lo), Some(hi)) => {
-                        f64::from_bits(u64::from(lo.to_bits()) | u64::from(hi.to_bits()) << 32)
-                    }
-                    _ => 0.0,
-                })
+                .map(|bits| bits.get(s).map_or(0.0, |&b| f64::from_bits(b as u64)))
                 .sum()
         })
         .collect();
@@ -1064,25 +979,6 @@ pub fn run_process(
         },
         elapsed,
     ))
-}
-
-/// Whole tensors, by name, from ranks' slices of them.
-fn assemble(
-    p: &Prepared<'_>,
-    list: Vec<&(ValueId, Slice, Vec<f32>)>,
-) -> BTreeMap<String, Vec<f32>> {
-    let g = p.exe.graph;
-    let mut full: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    for (w, slice, data) in list {
-        let Some(whole) = p.exe.weights.tensors.get(w) else {
-            continue;
-        };
-        let entry = full
-            .entry(g.value(*w).name.clone())
-            .or_insert_with(|| vec![0.0; whole.len()]);
-        place_into(entry, data, slice, &whole.shape);
-    }
-    full
 }
 
 fn assemble_report(
