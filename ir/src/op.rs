@@ -814,6 +814,12 @@ pub enum Binary {
     Xor,
     /// a for a ≥ 0, b·a otherwise (the slope `b` broadcast, one per channel).
     PRelu,
+    /// a − b·⌊a/b⌋ of integers: the remainder with the divisor's sign (ONNX `Mod`, as
+    /// Python's `%`).
+    Mod,
+    /// a − b·trunc(a/b): the remainder with the dividend's sign (ONNX `Mod` with
+    /// `fmod=1`, C's `fmod`, PyTorch's `fmod`).
+    Fmod,
 }
 
 impl Binary {
@@ -821,8 +827,34 @@ impl Binary {
     pub fn is_boolean(self) -> bool {
         !matches!(
             self,
-            Binary::Add | Binary::Sub | Binary::Mul | Binary::Div | Binary::Pow | Binary::PRelu
+            Binary::Add
+                | Binary::Sub
+                | Binary::Mul
+                | Binary::Div
+                | Binary::Pow
+                | Binary::PRelu
+                | Binary::Mod
+                | Binary::Fmod
         )
+    }
+
+    /// The integer remainder `a mod c` as `self` (Mod or Fmod) takes it; `None` for a zero
+    /// divisor or an overflow.
+    pub fn remainder(self, a: i64, c: i64) -> Option<i64> {
+        let r = a.checked_rem(c)?;
+        Some(match self {
+            // The divisor's sign: -7 mod 3 is 2, where Fmod gives -1.
+            Binary::Mod if r != 0 && (r < 0) != (c < 0) => r + c,
+            _ => r,
+        })
+    }
+
+    /// The float remainder as `self` (Mod or Fmod) takes it.
+    pub fn float_remainder(self, a: f32, c: f32) -> f32 {
+        match self {
+            Binary::Mod => a - c * (a / c).floor(),
+            _ => a % c,
+        }
     }
 
     /// The comparison `l ⋄ r` (`self` one of Equal, Less…GreaterOrEqual).
@@ -1164,6 +1196,7 @@ impl Op {
                 Binary::Div => "Div",
                 Binary::Pow => "Pow",
                 Binary::PRelu => "PRelu",
+                Binary::Mod | Binary::Fmod => "Mod",
                 Binary::Equal => "Equal",
                 Binary::Less => "Less",
                 Binary::LessOrEqual => "LessOrEqual",

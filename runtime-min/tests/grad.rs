@@ -273,7 +273,14 @@ fn elementwise() {
         vec![Some(rand(&[20], "x"))],
         1,
     );
-    for b in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+    for b in [
+        Binary::Add,
+        Binary::Sub,
+        Binary::Mul,
+        Binary::Div,
+        Binary::Mod,
+        Binary::Fmod,
+    ] {
         let divisor = Tensor::f32(vec![3, 1], vec![1.5, -2.0, 0.7]);
         check(
             &format!("{b:?}"),

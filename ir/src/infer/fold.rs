@@ -174,6 +174,10 @@ fn int_op(op: Binary, l: &Dim, r: &Dim) -> Option<Scalar> {
             let (a, c) = (l.as_known()? != 0, r.as_known()? != 0);
             Scalar::Int(Dim::known(i64::from(op.logic(a, c))))
         }
+        Binary::Mod | Binary::Fmod => {
+            let (a, c) = (l.as_known()?, r.as_known()?);
+            Scalar::Int(Dim::known(op.remainder(a, c)?))
+        }
         Binary::Pow | Binary::PRelu => return None,
     })
 }
@@ -186,6 +190,9 @@ fn float_op(b: Binary, l: f64, r: f64) -> Scalar {
         Binary::Div => Scalar::Float(l / r),
         Binary::Pow => Scalar::Float(l.powf(r)),
         Binary::PRelu => Scalar::Float(if l >= 0.0 { l } else { r * l }),
+        Binary::Mod | Binary::Fmod => {
+            Scalar::Float(f64::from(b.float_remainder(l as f32, r as f32)))
+        }
         Binary::Equal => Scalar::Int(Dim::known((l == r) as i64)),
         Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => {
             Scalar::Int(Dim::known(i64::from(b.compare(l, r))))

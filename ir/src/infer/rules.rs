@@ -1080,6 +1080,14 @@ fn elementwise(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
                 ),
             });
         }
+        if *b == Binary::Mod && l.dtype.is_float() {
+            return Err(InferError::Type {
+                reason: format!(
+                    "Mod of {} operands needs the attribute fmod=1 (fmod=0 is for integers)",
+                    l.dtype
+                ),
+            });
+        }
     }
     let mut v = ValueType::new(dtype, out.clone());
     v.content = fold::elementwise(ctx.op, ctx.inputs, &out);

@@ -292,6 +292,10 @@ pub(crate) fn convert(
         "Mul" => Op::Binary(Binary::Mul),
         "Div" => Op::Binary(Binary::Div),
         "Pow" => Op::Binary(Binary::Pow),
+        "Mod" => Op::Binary(match a.int("fmod")?.unwrap_or(0) {
+            0 => Binary::Mod,
+            _ => Binary::Fmod,
+        }),
         "Equal" => Op::Binary(Binary::Equal),
         "Less" => Op::Binary(Binary::Less),
         "LessOrEqual" => Op::Binary(Binary::LessOrEqual),

@@ -186,6 +186,9 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
                     Binary::Mul => p.wrapping_mul(q),
                     Binary::Div => p.checked_div(q).ok_or("integer division by zero")?,
                     Binary::Pow => p.wrapping_pow(q.clamp(0, u32::MAX as i64) as u32),
+                    Binary::Mod | Binary::Fmod => {
+                        b.remainder(p, q).ok_or("integer division by zero in Mod")?
+                    }
                     Binary::PRelu if p < 0 => p.wrapping_mul(q),
                     Binary::PRelu => p,
                     Binary::Equal => i64::from(p == q),
@@ -330,6 +333,7 @@ pub(crate) fn binary_value(b: Binary, p: f32, q: f32) -> f32 {
         Binary::Mul => p * q,
         Binary::Div => p / q,
         Binary::Pow => p.powf(q),
+        Binary::Mod | Binary::Fmod => b.float_remainder(p, q),
         Binary::PRelu => {
             if p >= 0.0 {
                 p

@@ -675,6 +675,9 @@ fn elementwise(b: Binary, p: f32, q: f32, g: f32) -> (f32, f32) {
         Binary::Mul => (g * q, g * p),
         Binary::Div => (g / q, -g * p / (q * q)),
         Binary::Pow => (g * q * p.powf(q - 1.0), g * p.ln() * p.powf(q)),
+        // p − q·k with k = ⌊p/q⌋ (Mod) or trunc(p/q) (Fmod), constant between its steps.
+        Binary::Mod => (g, -g * (p / q).floor()),
+        Binary::Fmod => (g, -g * (p / q).trunc()),
         Binary::PRelu => {
             if p >= 0.0 {
                 (g, 0.0)
