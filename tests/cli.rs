@@ -55,7 +55,7 @@ fn inspect_json_has_the_documented_fields() {
         .success();
     let v: serde_json::Value =
         serde_json::from_slice(&out.get_output().stdout).expect("one JSON object");
-    assert_eq!(v["params"], 25_507_944);
+    assert_eq!(v["params"], 25_530_472);
     assert_eq!(v["macs"].as_u64().unwrap(), 32 * 4_089_184_256);
     assert_eq!(v["batch"], 32);
     let layers = v["layers"].as_array().unwrap();

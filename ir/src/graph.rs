@@ -194,6 +194,11 @@ impl Graph {
         &self.provenance[id.index()]
     }
 
+    /// Where a node came from, mutably (a pass that replaces a node says what it is now).
+    pub fn provenance_mut(&mut self, id: NodeId) -> &mut Provenance {
+        &mut self.provenance[id.index()]
+    }
+
     /// The node as a diagnostic site.
     pub fn site(&self, id: NodeId) -> Site {
         let p = self.provenance(id);

@@ -15,6 +15,7 @@
 
 mod attrs;
 mod ops;
+mod params;
 mod scope;
 pub(crate) mod tensor;
 mod wire;
@@ -279,10 +280,8 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         graph.set_inputs(id, inputs);
     }
 
-    // Some exporters (Paddle2ONNX before 1.0) store every weight as a Constant node and
-    // none as an initializer: there, float Constants of more than one element are the
-    // weights. Models with float initializers keep their Constants as constants.
-    mark_constant_weights(&mut graph);
+    // Which constants are trained weights: see `params`.
+    params::find_weights(&mut graph, producer.starts_with("pytorch"));
 
     // 4. Outputs and declared types of intermediate values.
     let mut outputs = Vec::new();
@@ -584,35 +583,6 @@ impl NodeImport<'_, '_> {
             nodes,
             outputs: g.output.iter().map(|o| o.name.clone()).collect(),
         })
-    }
-}
-
-/// Marks float `Constant` nodes of more than one element as weights (`initializer: true`)
-/// in a graph that has no float initializer.
-fn mark_constant_weights(graph: &mut Graph) {
-    let float_constants = |graph: &Graph, initializer: bool| -> Vec<crate::NodeId> {
-        graph
-            .node_ids()
-            .filter(|&n| match &graph.node(n).op {
-                Op::Constant {
-                    tensor,
-                    initializer: i,
-                } => *i == initializer && tensor.dtype.is_float(),
-                _ => false,
-            })
-            .collect()
-    };
-    if !float_constants(graph, true).is_empty() {
-        return;
-    }
-    for n in float_constants(graph, false) {
-        if let Op::Constant {
-            tensor,
-            initializer,
-        } = &mut graph.node_mut(n).op
-        {
-            *initializer = tensor.numel().is_some_and(|e| e > 1);
-        }
     }
 }
 

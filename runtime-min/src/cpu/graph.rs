@@ -126,7 +126,9 @@ impl Weights {
                     let n = tensor.numel().unwrap_or(0) as usize;
                     Tensor::f32(
                         tensor.dims.iter().map(|&d| d as usize).collect(),
-                        init::weight(seed, &name, n, rule),
+                        // Seeded by the initializer it came from: a parameter the exporter
+                        // merged with another starts equal to it, as in the model.
+                        init::weight(seed, &graph.provenance(id).name, n, rule),
                     )
                 }
                 None => match gathered_rows(graph, value) {

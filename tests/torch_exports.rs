@@ -1,0 +1,95 @@
+//! Models exported by PyTorch's two ONNX exporters train as PyTorch trains them
+//! (`fixtures/torch/`, made by its `gen.py` with torch 2.15): the same parameters, and the
+//! same loss over three SGD steps on the same batch, on one rank and on two. Each case is
+//! a way an exporter writes parameters: merged by value and named by Identities
+//! (`nn.TransformerEncoder`'s deep-copied layers), a group norm's constant ones and
+//! zeros, an attention mask folded into an initializer of -inf.
+
+mod common;
+
+use std::path::Path;
+
+fn expected() -> serde_json::Value {
+    let text = std::fs::read_to_string(common::fixture("torch/expected.json")).expect("expected");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// PyTorch's losses of `case`, and the batch they were taken at.
+fn pytorch(case: &str) -> (Vec<f64>, u64, u64) {
+    let all = expected();
+    let e = &all[case];
+    let losses = e["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|l| l.as_f64().expect("a loss"))
+        .collect();
+    let batch = e["batch"].as_u64().expect("batch");
+    let parameters = e["parameters"].as_u64().expect("parameters");
+    (losses, batch, parameters)
+}
+
+/// Three steps of `case` planned data parallel on `gpus` ranks, on its batch.
+fn train(case: &str, gpus: u32, batch: u64, dir: &Path) -> Vec<f64> {
+    let model = common::fixture(&format!("torch/{case}.onnx"));
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: model.clone(),
+        gpus: Some(gpus),
+        batch: Some(batch),
+        family: Some(ralpc::passes::plan::Family::Dp),
+        executable: true,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{case}: {}", ralpc::runtime::error_chain(&e)));
+    compiled.write(dir).expect("write the plan");
+    let run = ralpc::run(&ralpc::RunOptions {
+        plan: dir.to_path_buf(),
+        steps: 3,
+        data: Some(common::fixture(&format!("torch/{case}.data.json"))),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{case}: {}", ralpc::runtime::error_chain(&e)));
+    assert_eq!(run.ranks, gpus, "{case}");
+    run.report.losses
+}
+
+fn check(case: &str) {
+    let (want, batch, parameters) = pytorch(case);
+    let inspection = ralpc::inspect(&ralpc::InspectOptions {
+        model: common::fixture(&format!("torch/{case}.onnx")),
+        batch: Some(batch),
+        ..Default::default()
+    })
+    .expect("inspect");
+    assert_eq!(
+        inspection.params, parameters,
+        "{case}: PyTorch's parameters"
+    );
+    for gpus in [1, 2] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let got = train(case, gpus, batch, dir.path());
+        assert_eq!(got.len(), want.len());
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 2e-6 * w.abs(),
+                "{case} on {gpus} ranks, step {step}: loss {g}, PyTorch {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_transformer_encoders_merged_layers_train_apart() {
+    check("encoder_ts");
+}
+
+#[test]
+fn a_group_norms_constants_do_not_train() {
+    check("groupnorm_dynamo");
+}
+
+#[test]
+fn a_folded_attention_mask_does_not_train() {
+    check("mask_dynamo");
+    check("mask_ts");
+}
