@@ -831,6 +831,9 @@ fn executable(
     };
     let mut plan =
         ralpc_codegen::lower(costs, strategy, model).map_err(|e| Error::Plan(Box::new(e)))?;
+    if ops.is_some() {
+        check_local_batches(options, strategy, plan.batch)?;
+    }
     plan.layout = ops.and_then(|ops| ralpc_codegen::Layout::describe(ops, graph, strategy));
     let simulation = ralpc_codegen::simulate(&plan).map_err(|e| {
         // A plan ralpc lowered that cannot run is a bug in ralpc, not in the input.
@@ -857,6 +860,59 @@ fn executable(
         simulation,
         plan,
     })
+}
+
+/// The batch sizes the ranks compute layers at under `strategy` for a global `batch`: each
+/// microbatch cut into its layers' sample pieces (piece `i` of `n` of `N` samples being
+/// `⌊(i+1)·N/n⌋ − ⌊i·N/n⌋`).
+fn local_batches(
+    batch: u64,
+    strategy: &ralpc_passes::plan::Strategy,
+) -> std::collections::BTreeSet<u64> {
+    let piece = |n: u64, of: u64, i: u64| (i + 1) * n / of - i * n / of;
+    let m = u64::from(strategy.microbatches.max(1));
+    let splits: std::collections::BTreeSet<u64> = strategy
+        .layers
+        .iter()
+        .map(|l| u64::from(l.sample.max(1)))
+        .collect();
+    let mut out = std::collections::BTreeSet::new();
+    for j in 0..m {
+        let microbatch = piece(batch, m, j);
+        for &s in &splits {
+            out.extend((0..s).map(|i| piece(microbatch, s, i)).filter(|&b| b > 0));
+        }
+    }
+    out
+}
+
+/// Refuses a plan whose ranks would compute the model at a batch it cannot be re-batched
+/// to (an exporter baked the batch into a node), naming the node: found now, not when a
+/// rank runs it.
+fn check_local_batches(
+    options: &PlanOptions,
+    strategy: &ralpc_passes::plan::Strategy,
+    batch: u64,
+) -> Result<(), Error> {
+    let others: Vec<u64> = local_batches(batch, strategy)
+        .into_iter()
+        .filter(|&b| b != batch)
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    let mut unbound = onnx::import(&options.model)?.graph;
+    ralpc_ir::bind_values(&mut unbound, &options.values)?;
+    for b in others {
+        if let Err(e) = crate::run::at_batch(&unbound, b, &options.inputs) {
+            return Err(request_error(format!(
+                "a rank of this plan computes {b} of the batch's {batch} samples at a time, \
+                 which the model cannot (plan it on one GPU): {}",
+                crate::run::chain(&e)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The executable form of a transformer plan, where it has one: its layered strategy,

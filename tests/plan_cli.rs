@@ -803,3 +803,24 @@ fn emit_writes_a_torch_script_and_megatron_arguments() {
         &["--emit megatron", "transformer (3d) plans"],
     );
 }
+
+/// A plan whose ranks would run a model at a batch it cannot be re-batched to (the
+/// exporter baked the batch into an initializer's shape) is refused when it is planned,
+/// naming the node, not when a rank runs it; nothing is written.
+#[test]
+fn a_batch_split_the_model_cannot_take_is_refused_at_plan_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan");
+    let refused = ralpc()
+        .args(["fixtures/bad/rebatch_baked_constant.onnx", "--gpus", "2"])
+        .args(["--strategy", "dp", "--tolerance", "inf", "-o"])
+        .arg(&out)
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&refused.get_output().stderr).into_owned();
+    assert!(
+        err.contains("computes 1 of the batch's 2 samples") && err.contains("'cat_cls'"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

@@ -726,3 +726,25 @@ fn an_output_cut_by_channels_before_unit_axes_trains_as_one_device() {
         }
     }
 }
+
+/// A model exported at a fixed batch and planned at that batch: every rank runs its share
+/// of the samples (or of a microbatch) through the Reshape whose constant target leads with
+/// the exported batch, re-batched as the verifier re-batches it.
+#[test]
+fn a_fixed_batch_export_splits_its_batch_as_one_device() {
+    let model = fixture("fixedbatch.onnx");
+    let want = reference(&model, 4, 3);
+    let dp = strategy(&[stage("conv", "fc", 2)], "", "1f1b", 1);
+    assert_same("fixed batch, dp2", &run_plan(&model, 4, 2, &dp, 3), &want);
+    let pipeline = strategy(
+        &[stage("conv", "conv", 1), stage("fc", "fc", 1)],
+        "",
+        "1f1b",
+        2,
+    );
+    assert_same(
+        "fixed batch, 2 stages of 2 microbatches",
+        &run_plan(&model, 4, 2, &pipeline, 3),
+        &want,
+    );
+}

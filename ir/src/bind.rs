@@ -365,11 +365,13 @@ pub fn bind(graph: &mut Graph, bindings: &Bindings) -> Result<(), BindError> {
             if let Some(sym) = dim.as_symbol() {
                 subst.insert(sym.to_owned(), n.clone());
             } else if let Some(exported) = dim.as_known() {
+                // Recorded at the exported batch too: a plan's ranks run shares of it,
+                // which re-batch the same constant targets.
+                graph.rebatch = Some(Rebatch {
+                    exported,
+                    batch: n.clone(),
+                });
                 if exported != batch as i64 {
-                    graph.rebatch = Some(Rebatch {
-                        exported,
-                        batch: n.clone(),
-                    });
                     if let Some(shape) = graph
                         .value_mut(v)
                         .declared

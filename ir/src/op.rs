@@ -199,6 +199,12 @@ pub enum Op {
         /// Axis (may be negative).
         axis: i64,
     },
+    /// `out[i…] = data[b…, indices[b…, i…, :]]`: the slices of the data that the index tuples
+    /// along the indices' last axis address, after `batch_dims` leading axes both share.
+    GatherNd {
+        /// Leading axes of the data and the indices that index each other one to one.
+        batch_dims: usize,
+    },
     /// `data` with `updates` written at positions given per element along `axis`.
     ScatterElements {
         /// Axis (may be negative).
@@ -1251,6 +1257,7 @@ impl Op {
             Op::Trilu { .. } => "Trilu",
             Op::Size => "Size",
             Op::GatherElements { .. } => "GatherElements",
+            Op::GatherNd { .. } => "GatherND",
             Op::ScatterElements { .. } => "ScatterElements",
             Op::ScatterNd { .. } => "ScatterND",
             Op::CumSum { .. } => "CumSum",
@@ -1325,6 +1332,7 @@ impl Op {
             | Op::Expand
             | Op::Size
             | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
             | Op::ScatterElements { .. }
             | Op::ScatterNd { .. }
             | Op::Tile

@@ -656,6 +656,23 @@ fn indexed_ops() {
         1,
         &[1],
     );
+    // Rows 2 and 0, then row 2 again (its gradient adds); and, per batch row, one element.
+    let rows = ints(&[3, 1], vec![2, 0, -1]);
+    check_except(
+        "gather_nd",
+        Op::GatherNd { batch_dims: 0 },
+        vec![Some(x.clone()), Some(rows)],
+        1,
+        &[1],
+    );
+    let per_row = ints(&[3, 2, 1], vec![0, 3, 1, 1, 2, 0]);
+    check_except(
+        "gather_nd_batch",
+        Op::GatherNd { batch_dims: 1 },
+        vec![Some(x.clone()), Some(per_row)],
+        1,
+        &[1],
+    );
     for reduction in [Reduction::None, Reduction::Add] {
         let idx = ints(&[2, 2], vec![3, 0, 1, 2]);
         check_except(

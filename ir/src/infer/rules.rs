@@ -1236,6 +1236,7 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::Recurrent(r) => recurrent::recurrent(ctx, r),
         Op::Size => indexing::size(ctx),
         Op::GatherElements { axis } => indexing::gather_elements(ctx, *axis),
+        Op::GatherNd { batch_dims } => indexing::gather_nd(ctx, *batch_dims),
         Op::ScatterElements { axis, .. } => indexing::scatter_elements(ctx, *axis),
         Op::ScatterNd { .. } => indexing::scatter_nd(ctx),
         Op::CumSum { .. } => indexing::cumsum(ctx),

@@ -453,6 +453,12 @@ pub(crate) fn convert(
         "GatherElements" => Op::GatherElements {
             axis: a.int("axis")?.unwrap_or(0),
         },
+        "GatherND" => Op::GatherNd {
+            batch_dims: match a.int("batch_dims")?.unwrap_or(0) {
+                b if b >= 0 => b as usize,
+                b => return Err(invalid("batch_dims", format!("must be at least 0, is {b}"))),
+            },
+        },
         // `Scatter` (opsets 9–10) is ScatterElements under its old name.
         "ScatterElements" | "Scatter" => Op::ScatterElements {
             axis: a.int("axis")?.unwrap_or(0),

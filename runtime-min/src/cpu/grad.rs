@@ -421,6 +421,7 @@ pub fn backward(
         }
         Op::Recurrent(r) => super::recurrent::backward(r, inputs, dys)?,
         Op::GatherElements { axis } => indexing::gather_elements_backward(inputs, *axis, dy)?,
+        Op::GatherNd { batch_dims } => indexing::gather_nd_backward(inputs, *batch_dims, dy)?,
         Op::ScatterElements { axis, reduction } => {
             indexing::scatter_elements_backward(inputs, *axis, *reduction, dy)?
         }

@@ -1,4 +1,4 @@
-//! Element-indexed ops forward and backward: GatherElements, ScatterElements, ScatterND,
+//! Element-indexed ops forward and backward: GatherElements, GatherND, ScatterElements, ScatterND,
 //! CumSum, Size; and Einsum, a contraction over labelled axes.
 //!
 //! Each op is first reduced to *positions* (for every element of the indices or updates,
@@ -95,6 +95,37 @@ fn slice_positions(data: &[usize], indices: &Tensor) -> R<(Vec<usize>, usize)> {
     Ok((starts, len))
 }
 
+/// For GatherND: the first data position of every slice the index tuples address after
+/// `b` batch axes, and the slice's length.
+fn gather_nd_positions(data: &[usize], indices: &Tensor, b: usize) -> R<(Vec<usize>, usize)> {
+    let q = indices.shape.len();
+    let k = *indices.shape.last().ok_or("indices must have rank >= 1")?;
+    if b >= q || b + k > data.len() || data[..b] != indices.shape[..b] {
+        return Err(format!(
+            "indices {:?} do not address data {data:?} after {b} batch axes",
+            indices.shape
+        ));
+    }
+    let strides = t::strides(data);
+    let len = t::numel(&data[b + k..]);
+    // Per batch position, the index tuples it holds; the data's block is its stride.
+    let per_batch = t::numel(&indices.shape[b..q - 1]);
+    let block = t::numel(&data[b..]);
+    let idx = indices.to_i64s();
+    let starts = (0..t::numel(&indices.shape[..q - 1]))
+        .map(|tuple| {
+            let base = tuple / per_batch.max(1) * block;
+            idx[tuple * k..(tuple + 1) * k]
+                .iter()
+                .enumerate()
+                .try_fold(base, |p, (d, &i)| {
+                    Ok(p + index(i, data[b + d], "index")? * strides[b + d])
+                })
+        })
+        .collect::<R<Vec<usize>>>()?;
+    Ok((starts, len))
+}
+
 fn combine_f32(r: Reduction, old: f32, new: f32) -> f32 {
     match r {
         Reduction::None => new,
@@ -158,6 +189,16 @@ pub(crate) fn gather_elements(inputs: &[Option<&Tensor>], axis: i64) -> R<Tensor
     Ok(x.pick(idx.shape.clone(), at.into_iter()))
 }
 
+/// GatherND forward.
+pub(crate) fn gather_nd(inputs: &[Option<&Tensor>], b: usize) -> R<Tensor> {
+    let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (starts, len) = gather_nd_positions(&x.shape, idx, b)?;
+    let k = idx.shape.last().copied().unwrap_or(0);
+    let mut shape = idx.shape[..idx.shape.len() - 1].to_vec();
+    shape.extend_from_slice(&x.shape[b + k..]);
+    Ok(x.pick(shape, starts.into_iter().flat_map(|s| s..s + len)))
+}
+
 /// ScatterElements forward.
 pub(crate) fn scatter_elements(inputs: &[Option<&Tensor>], axis: i64, r: Reduction) -> R<Tensor> {
     let (x, idx, up) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
@@ -208,6 +249,23 @@ pub(crate) fn gather_elements_backward(
     let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
     let mut dx = vec![0.0; x.len()];
     for (p, &g) in element_positions(&x.shape, idx, axis)?.into_iter().zip(dy) {
+        dx[p] += g;
+    }
+    let mut g = vec![None; inputs.len()];
+    g[0] = Some(dx);
+    Ok(g)
+}
+
+/// GatherND backward: each output's gradient added where it was read.
+pub(crate) fn gather_nd_backward(
+    inputs: &[Option<&Tensor>],
+    b: usize,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (starts, len) = gather_nd_positions(&x.shape, idx, b)?;
+    let mut dx = vec![0.0; x.len()];
+    for (p, &g) in starts.into_iter().flat_map(|s| s..s + len).zip(dy) {
         dx[p] += g;
     }
     let mut g = vec![None; inputs.len()];

@@ -388,6 +388,7 @@ pub fn forward(
         }
         Op::Size => one(Tensor::i64(vec![], vec![input(inputs, 0)?.len() as i64])),
         Op::GatherElements { axis } => one(indexing::gather_elements(inputs, *axis)?),
+        Op::GatherNd { batch_dims } => one(indexing::gather_nd(inputs, *batch_dims)?),
         Op::ScatterElements { axis, reduction } => {
             one(indexing::scatter_elements(inputs, *axis, *reduction)?)
         }

@@ -1,4 +1,5 @@
-//! Shape rules of the ops that index elements: GatherElements, ScatterElements, ScatterND,
+//! Shape rules of the ops that index elements: GatherElements, GatherND, ScatterElements,
+//! ScatterND,
 //! CumSum, Size, and Einsum's contraction.
 
 use super::{axis, known, mismatch, Ctx, Result};
@@ -40,6 +41,37 @@ pub(super) fn gather_elements(ctx: &Ctx<'_>, a: i64) -> Result<Vec<ValueType>> {
     }
     axis(a, x.shape.rank(), "axis")?;
     Ok(vec![ValueType::new(x.dtype, idx.shape.clone())])
+}
+
+/// GatherND: indices `[b…, …, k]` address slices of the data's axes after `b + k`; the
+/// output is `indices.shape[..-1] ++ data.shape[b + k..]`.
+pub(super) fn gather_nd(ctx: &Ctx<'_>, b: usize) -> Result<Vec<ValueType>> {
+    let (x, idx) = (ctx.input(0)?, ctx.input(1)?);
+    need_indices(idx, "indices")?;
+    let Some(last) = idx.shape.0.last() else {
+        return Err(mismatch("indices must have rank >= 1".into()));
+    };
+    let k = usize::try_from(known(last)?).unwrap_or(usize::MAX);
+    if b >= idx.shape.rank() || b.saturating_add(k) > x.shape.rank() {
+        return Err(mismatch(format!(
+            "indices {} address {k} axes after {b} batch axes of data {} (rank {})",
+            idx.shape,
+            x.shape,
+            x.shape.rank()
+        )));
+    }
+    if !agree(
+        &Shape(x.shape.0[..b].to_vec()),
+        &Shape(idx.shape.0[..b].to_vec()),
+    ) {
+        return Err(mismatch(format!(
+            "the {b} batch axes of data {} and indices {} differ",
+            x.shape, idx.shape
+        )));
+    }
+    let mut out = idx.shape.0[..idx.shape.rank() - 1].to_vec();
+    out.extend(x.shape.0[b + k..].iter().cloned());
+    Ok(vec![ValueType::new(x.dtype, Shape(out))])
 }
 
 /// ScatterElements: `updates` has the indices' shape, of the data's rank; the output is
