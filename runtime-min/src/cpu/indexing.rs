@@ -240,23 +240,35 @@ fn scatter_backward(
     Ok(g)
 }
 
-/// GatherElements backward: each output's gradient added where it was read.
+/// A gather's gradients: the data's is each output's gradient added at the position it
+/// was read from; the indices have none.
+fn gather_backward(
+    inputs: &[Option<&Tensor>],
+    data_len: usize,
+    read: impl Iterator<Item = usize>,
+    dy: &[f32],
+) -> InputGrads {
+    let mut dx = vec![0.0; data_len];
+    for (p, &g) in read.zip(dy) {
+        dx[p] += g;
+    }
+    let mut g = vec![None; inputs.len()];
+    g[0] = Some(dx);
+    g
+}
+
+/// GatherElements backward.
 pub(crate) fn gather_elements_backward(
     inputs: &[Option<&Tensor>],
     axis: i64,
     dy: &[f32],
 ) -> R<InputGrads> {
     let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
-    let mut dx = vec![0.0; x.len()];
-    for (p, &g) in element_positions(&x.shape, idx, axis)?.into_iter().zip(dy) {
-        dx[p] += g;
-    }
-    let mut g = vec![None; inputs.len()];
-    g[0] = Some(dx);
-    Ok(g)
+    let at = element_positions(&x.shape, idx, axis)?;
+    Ok(gather_backward(inputs, x.len(), at.into_iter(), dy))
 }
 
-/// GatherND backward: each output's gradient added where it was read.
+/// GatherND backward.
 pub(crate) fn gather_nd_backward(
     inputs: &[Option<&Tensor>],
     b: usize,
@@ -264,13 +276,8 @@ pub(crate) fn gather_nd_backward(
 ) -> R<InputGrads> {
     let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
     let (starts, len) = gather_nd_positions(&x.shape, idx, b)?;
-    let mut dx = vec![0.0; x.len()];
-    for (p, &g) in starts.into_iter().flat_map(|s| s..s + len).zip(dy) {
-        dx[p] += g;
-    }
-    let mut g = vec![None; inputs.len()];
-    g[0] = Some(dx);
-    Ok(g)
+    let read = starts.into_iter().flat_map(|s| s..s + len);
+    Ok(gather_backward(inputs, x.len(), read, dy))
 }
 
 /// ScatterElements backward.
