@@ -3,23 +3,16 @@
 //! with `ralpc.torch.parallelize` on 4 CPU processes (gloo) and compares 3 training steps
 //! with one process; `ralpc plan --emit torch`'s script does the same under torchrun.
 //!
-//! The Python environment is made once under the target directory (a venv with torch,
-//! onnx, onnxscript and maturin from PyPI, about 4.5 GB, a few minutes), unless `RALPC_PYTHON`
-//! names an interpreter that already has them; the extension is built into it with
-//! `maturin develop`.
+//! The Python environment is made once under the target directory (a venv with the packages
+//! pinned in `python/tests/torch-env.txt`: torch, onnx, onnxscript and maturin from PyPI,
+//! about 4.2 GB, a minute or two), unless `RALPC_PYTHON` names an interpreter that already
+//! has them; the extension is built into it with `maturin develop`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What the environment installs: the versions the cases were checked with.
-const PACKAGES: [&str; 6] = [
-    "torch==2.15.*",
-    "onnx==1.22.*",
-    "onnxscript",
-    "numpy",
-    "maturin>=1.7,<2",
-    "safetensors",
-];
+/// What the environment installs: every package pinned, one per line (`#` starts a comment).
+const PACKAGES: &str = include_str!("../python/tests/torch-env.txt");
 
 fn run(command: &mut Command, what: &str) -> String {
     let output = command
@@ -41,6 +34,11 @@ fn python() -> PathBuf {
     MADE.get_or_init(make_python).clone()
 }
 
+/// PyTorch's wheel pulls in CUDA's libraries (`import torch` loads them even on a CPU), so
+/// the environment is most of 4.2 GB. Each pinned package is installed alone, without
+/// resolving (pip's resolution downloads every wheel first) and without a cache, so that
+/// one wheel at a time sits on disk beside what is installed; pip's temporary files go
+/// beside the environment, on the disk that holds it.
 fn make_python() -> PathBuf {
     if let Some(python) = std::env::var_os("RALPC_PYTHON") {
         return PathBuf::from(python);
@@ -48,63 +46,49 @@ fn make_python() -> PathBuf {
     let env = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-env");
     let python = env.join("bin/python");
     let ready = env.join(".ralpc-ready");
-    let wanted = PACKAGES.join("\n");
-    if std::fs::read_to_string(&ready).ok().as_deref() != Some(wanted.as_str()) {
-        if !python.is_file() {
-            run(
-                Command::new("python3").args(["-m", "venv"]).arg(&env),
-                "python3 -m venv (Debian: apt install python3-venv)",
-            );
-        }
-        for package in resolve(&python, &env) {
-            run(
-                Command::new(&python)
-                    .args(["-m", "pip", "install", "--quiet"])
-                    .args(["--no-cache-dir", "--no-deps"])
-                    .arg(&package),
-                &format!("pip install {package} (needs PyPI)"),
-            );
-        }
-        std::fs::write(&ready, wanted).expect("the venv is writable");
+    if std::fs::read_to_string(&ready).ok().as_deref() == Some(PACKAGES) {
+        return python;
     }
+    if !python.is_file() {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&env),
+            "python3 -m venv (Debian: apt install python3-venv)",
+        );
+    }
+    let scratch = env.join("tmp");
+    std::fs::create_dir_all(&scratch).expect("the venv is writable");
+    let pins = PACKAGES
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or("").trim())
+        .filter(|pin| !pin.is_empty());
+    for pin in pins {
+        let output = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(["--no-cache-dir", "--no-deps", "--disable-pip-version-check"])
+            .arg(pin)
+            .env("TMPDIR", &scratch)
+            .output()
+            .unwrap_or_else(|e| panic!("pip install {pin}: cannot start: {e}"));
+        assert!(
+            output.status.success(),
+            "pip install {pin} (needs PyPI) failed; free disk where the environment is:\n{}\n{}",
+            free_disk(&env),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    std::fs::write(&ready, PACKAGES).expect("the venv is writable");
     python
 }
 
-/// What PyTorch's wheel pulls in is most of the environment (CUDA's libraries, which
-/// `import torch` loads even on a CPU): its wheels and the installed files at once took more
-/// disk than a CI machine had. So pip resolves first (metadata only) and each package is then
-/// installed alone, which holds one wheel at a time on disk. Triton, torch.compile's kernel
-/// compiler (1 GB), is left out: nothing here compiles.
-fn resolve(python: &Path, env: &Path) -> Vec<String> {
-    let report = env.join("resolved.json");
-    run(
-        Command::new(python)
-            .args(["-m", "pip", "install", "--quiet"])
-            .args(["--dry-run", "--ignore-installed"])
-            .arg("--report")
-            .arg(&report)
-            .args(PACKAGES),
-        "pip install --dry-run (needs PyPI)",
-    );
-    let text = std::fs::read_to_string(&report).expect("pip wrote its report");
-    let report: serde_json::Value = serde_json::from_str(&text).expect("pip's report is JSON");
-    let packages: Vec<String> = report["install"]
-        .as_array()
-        .expect("pip's report lists what it installs")
-        .iter()
-        .map(|item| {
-            let metadata = &item["metadata"];
-            let field = |key: &str| metadata[key].as_str().expect("a name and a version");
-            (field("name").to_owned(), field("version").to_owned())
-        })
-        .filter(|(name, _)| !name.eq_ignore_ascii_case("triton"))
-        .map(|(name, version)| format!("{name}=={version}"))
-        .collect();
-    assert!(
-        packages.iter().any(|p| p.starts_with("torch==")),
-        "pip's resolution has no torch: {text}"
-    );
-    packages
+/// `df -h` of the folder, for a failure message (an install that fills the disk says so
+/// only deep in pip's traceback).
+fn free_disk(path: &Path) -> String {
+    Command::new("df")
+        .arg("-h")
+        .arg(path)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("(df: {e})"))
 }
 
 #[test]
