@@ -465,6 +465,8 @@ enum Model {
         graph: Box<ralpc_ir::Graph>,
         info: Box<ralpc_ir::GraphInfo>,
         batch: u64,
+        /// Why no rank may compute a share of the batch, when that is so.
+        fixed_batch: Option<String>,
     },
 }
 
@@ -473,7 +475,17 @@ impl Model {
     fn warnings(&self) -> Vec<String> {
         match self {
             Model::Layers(_) => Vec::new(),
-            Model::Graph { info, .. } => model_warnings(info),
+            Model::Graph {
+                info, fixed_batch, ..
+            } => {
+                let mut warnings = model_warnings(info);
+                warnings.extend(
+                    fixed_batch
+                        .as_ref()
+                        .map(|why| format!("no plan splits the batch's samples: {why}")),
+                );
+                warnings
+            }
         }
     }
 }
@@ -559,6 +571,9 @@ fn load_model(
             .or_else(|| exported_batch(&imported.graph))
             .unwrap_or(DEFAULT_BATCH),
     };
+    // A fixed-batch export is re-batched for each rank's share: whether it can be is
+    // probed on a copy before binding.
+    let unbound = fixed_batch(&imported.graph).map(|_| imported.graph.clone());
     bind(
         &mut imported.graph,
         &Bindings {
@@ -567,10 +582,36 @@ fn load_model(
         },
     )?;
     let info = verify(&imported.graph)?;
+    let fixed_batch = unbound.and_then(|unbound| batch_fixed_by(&unbound, batch, inputs));
     Ok(Model::Graph {
         graph: Box::new(imported.graph),
         info: Box::new(info),
         batch,
+        fixed_batch,
+    })
+}
+
+/// Why the ranks of a plan of `unbound`, a fixed-batch export planned at `batch`, cannot
+/// compute shares of the batch, if they cannot: an exporter baked the batch into a node
+/// that re-batching does not reach. One share is tried, the smallest that differs from the
+/// exported batch (a model that re-batches does so to any size).
+fn batch_fixed_by(
+    unbound: &ralpc_ir::Graph,
+    batch: u64,
+    inputs: &std::collections::BTreeMap<String, Vec<u64>>,
+) -> Option<String> {
+    let exported = fixed_batch(unbound)?;
+    let share = if exported == 1 { 2 } else { 1 };
+    if batch < 2 || share > batch {
+        return None;
+    }
+    crate::run::at_batch(unbound, share, inputs).err().map(|e| {
+        let samples = if share == 1 { "sample" } else { "samples" };
+        format!(
+            "the export fixes its batch at {exported} and cannot compute {share} \
+                 {samples} at a time ({})",
+            crate::run::chain(&e)
+        )
     })
 }
 
@@ -582,10 +623,16 @@ fn load_layers(
 ) -> Result<(LayerGraph, Option<Box<ralpc_ir::Graph>>), Error> {
     let (layers, ops) = match model {
         Model::Layers(g) => (g, None),
-        Model::Graph { graph, info, batch } => (
-            layers::build(&graph, &info, batch, Default::default())?,
-            Some(graph),
-        ),
+        Model::Graph {
+            graph,
+            info,
+            batch,
+            fixed_batch,
+        } => {
+            let mut layers = layers::build(&graph, &info, batch, Default::default())?;
+            layers.fixed_batch = fixed_batch;
+            (layers, Some(graph))
+        }
     };
     Ok((
         layers.with_activation_bytes(precision.activation_bytes()),

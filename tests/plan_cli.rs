@@ -804,16 +804,57 @@ fn emit_writes_a_torch_script_and_megatron_arguments() {
     );
 }
 
-/// A plan whose ranks would run a model at a batch it cannot be re-batched to (the
-/// exporter baked the batch into an initializer's shape) is refused when it is planned,
-/// naming the node, not when a rank runs it; nothing is written.
+/// A model that cannot be re-batched (the exporter baked the batch into an initializer's
+/// shape) is planned with every layer's samples whole, and the report says why.
+#[test]
+fn a_fixed_batch_export_is_planned_without_splitting_its_samples() {
+    // Asked for data parallelism or not, the search keeps the batch whole: the export's
+    // Concat reads a constant of the exported batch.
+    for family in ["auto", "dp"] {
+        let v = json(&[
+            "plan",
+            "fixtures/bad/rebatch_baked_constant.onnx",
+            "--gpus",
+            "2",
+            "--strategy",
+            family,
+            "--json",
+        ]);
+        let warnings = v["warnings"].to_string();
+        assert!(
+            warnings.contains("no plan splits the batch's samples")
+                && warnings.contains("'cat_cls'"),
+            "{warnings}"
+        );
+        for layer in v["layers"].as_array().unwrap() {
+            assert_eq!(layer["split"]["sample"], 1, "{family}: {layer}");
+        }
+    }
+}
+
+/// A strategy file may still split its samples: the plan is refused when it is made, naming
+/// the node, not when a rank runs it; nothing is written.
 #[test]
 fn a_batch_split_the_model_cannot_take_is_refused_at_plan_time() {
     let dir = tempfile::tempdir().unwrap();
+    let strategy = dir.path().join("split.strategy.json");
+    let layer = r#"{"name": "cat_cls", "kind": "data_movement", "gpus": 2,
+        "split": {"sample": 2, "attribute": 1, "parameter": 1}}"#;
+    std::fs::write(
+        &strategy,
+        format!(
+            r#"{{"format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 1,
+            "stages": [{{"first_layer": "cat_cls", "last_layer": "cat_cls", "replicas": 2}}],
+            "layers": [{layer}]}}"#
+        ),
+    )
+    .unwrap();
     let out = dir.path().join("plan");
     let refused = ralpc()
         .args(["fixtures/bad/rebatch_baked_constant.onnx", "--gpus", "2"])
-        .args(["--strategy", "dp", "--tolerance", "inf", "-o"])
+        .arg("--strategy-file")
+        .arg(&strategy)
+        .arg("-o")
         .arg(&out)
         .assert()
         .code(1);

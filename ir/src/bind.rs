@@ -249,7 +249,10 @@ pub fn with_batch(
 
 /// The batch `shapes` (full shapes of named inputs) give on their batch axes: `Ok(None)`
 /// when none holds one, `Err` with two inputs that disagree (name, size each).
-#[allow(clippy::type_complexity)]
+#[allow(
+    clippy::type_complexity,
+    reason = "a pair of (name, size) pairs reads plainer than a named type"
+)]
 pub fn given_batch(
     graph: &Graph,
     shapes: &BTreeMap<String, Vec<u64>>,

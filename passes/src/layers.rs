@@ -354,6 +354,11 @@ pub struct LayerGraph {
     pub tied: Vec<TiedWeight>,
     /// Bytes of one element of its floating-point activations (4 for an fp32 export).
     pub float_bytes: u64,
+    /// Why no rank may compute fewer samples than the whole batch, when that is so: an
+    /// exporter baked the batch into a node the model cannot be re-batched at. The search
+    /// then splits no layer's samples ([`LayerGraph::sample_pieces`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed_batch: Option<String>,
 }
 
 /// A weight several layers read: a tied embedding, or initializers an exporter merged
@@ -386,6 +391,16 @@ pub enum LayerError {
 }
 
 impl LayerGraph {
+    /// The most pieces a layer's samples may be cut into: one per sample, or 1 when the
+    /// batch is fixed ([`LayerGraph::fixed_batch`]).
+    pub fn sample_pieces(&self) -> u64 {
+        if self.fixed_batch.is_some() {
+            1
+        } else {
+            self.batch
+        }
+    }
+
     /// The same layers trained in mixed precision, activations `element_bytes` wide (2 for
     /// fp16 and bf16): the activation figures of a wider export shrink to that width.
     /// Weights keep theirs: in mixed precision the 16-bit weights and gradients plus the
@@ -683,6 +698,7 @@ fn assemble(
         aliases: rewritten.aliases,
         tied,
         float_bytes: float_bytes(graph, info),
+        fixed_batch: None,
     }
 }
 

@@ -157,5 +157,6 @@ pub fn graph(layers: usize, batch: u64, branchy: bool, seed: u64) -> LayerGraph 
         aliases: BTreeMap::new(),
         tied: Vec::new(),
         float_bytes: 4,
+        fixed_batch: None,
     }
 }

@@ -23,6 +23,8 @@ struct Case {
     gpus: u32,
     flat: Option<Link>,
     memory_limit: Option<u64>,
+    /// The export fixes its batch ([`LayerGraph::fixed_batch`]).
+    fixed_batch: bool,
 }
 
 fn cases() -> impl Strategy<Value = Case> {
@@ -35,9 +37,10 @@ fn cases() -> impl Strategy<Value = Case> {
         1u32..=16,
         prop::option::of((0.0f64..50.0, 1e9f64..3e11)),
         prop::option::weighted(0.3, 4u64 << 30..40u64 << 30),
+        prop::bool::weighted(0.2),
     )
         .prop_map(
-            |(layers, batch, branchy, seed, nodes, gpus, flat, memory_limit)| Case {
+            |(layers, batch, branchy, seed, nodes, gpus, flat, memory_limit, fixed_batch)| Case {
                 layers,
                 batch,
                 branchy,
@@ -49,6 +52,7 @@ fn cases() -> impl Strategy<Value = Case> {
                     bandwidth,
                 }),
                 memory_limit,
+                fixed_batch,
             },
         )
 }
@@ -85,7 +89,9 @@ proptest! {
 
     #[test]
     fn plans_are_valid_placements(case in cases()) {
-        let (graph, cluster) = setup(&case);
+        let (mut graph, cluster) = setup(&case);
+        // A fixed batch: no layer's samples are split, in any family.
+        graph.fixed_batch = case.fixed_batch.then(|| "baked into a node".to_owned());
         let costs = Costs::new(&graph, &cluster, case.gpus, options(&case));
         let bound = lower_bound_us(&graph, &cluster, case.gpus, Precision::Tf32);
         for family in FAMILIES.into_iter().chain([Family::Auto]) {
@@ -114,7 +120,7 @@ proptest! {
                 // s·a·p is the layer's group, inside its stage and the cluster.
                 prop_assert!(split.degree() >= 1 && split.degree() <= stage.gpus);
                 prop_assert!(stage.first_rank + stage.gpus <= case.gpus);
-                prop_assert!(u64::from(split.sample * s.microbatches) <= graph.batch);
+                prop_assert!(u64::from(split.sample * s.microbatches) <= graph.sample_pieces());
             }
             prop_assert!(e.fits, "{family:?} chose a plan that does not fit");
             if let Some(limit) = case.memory_limit {

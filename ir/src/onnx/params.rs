@@ -129,7 +129,7 @@ fn untie_merged(graph: &mut Graph) {
 /// Whether every element of a float tensor of at most [`MASK_BYTES`] is the same (its data
 /// being there to read).
 fn is_constant_valued(tensor: &TensorData) -> bool {
-    if !tensor.dtype.is_float() || !tensor.size_bytes().is_some_and(|n| n <= MASK_BYTES) {
+    if !tensor.dtype.is_float() || tensor.size_bytes().is_none_or(|n| n > MASK_BYTES) {
         return false;
     }
     tensor.to_f64s().is_ok_and(|v| {

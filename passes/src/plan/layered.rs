@@ -55,7 +55,7 @@ pub(crate) fn gpu_counts(n: u32) -> Vec<u32> {
 /// or a parameter degree (a power of two up to `within`, one node: tensor parallelism
 /// stays on the fast links) times a sample degree. A recurrent layer's parameters are its
 /// gates' hidden units; it has no attribute to split.
-fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, batch: u64) -> Vec<Split> {
+fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, pieces: u64) -> Vec<Split> {
     let free = soap && matches!(layer.kind, LayerKind::Conv | LayerKind::Dense);
     let gates = soap && layer.recurrence.is_some();
     let mut degrees = vec![(1, 1)];
@@ -79,7 +79,7 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, batch: u64) -> Vec<
             attribute: a,
             parameter: p,
         })
-        .filter(|s| u64::from(s.sample) <= batch)
+        .filter(|s| u64::from(s.sample) <= pieces)
         .collect()
 }
 
@@ -101,7 +101,7 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
             chooses.then(|| {
                 counts
                     .iter()
-                    .flat_map(|&g| splits_of(layer, g, soap, within, costs.graph.batch))
+                    .flat_map(|&g| splits_of(layer, g, soap, within, costs.graph.sample_pieces()))
                     .collect()
             })
         })
@@ -109,12 +109,13 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
 }
 
 /// The split a following layer takes after its producer's: the same, or for a layer that
-/// splits samples only, the producer's GPUs (at most one per sample of `batch`).
-pub(crate) fn follow(kind: LayerKind, producer: Split, batch: u64) -> Split {
+/// splits samples only, the producer's GPUs (at most `pieces`, the batch's
+/// [`LayerGraph::sample_pieces`](crate::layers::LayerGraph::sample_pieces)).
+pub(crate) fn follow(kind: LayerKind, producer: Split, pieces: u64) -> Split {
     if splits_freely(kind) {
         producer
     } else {
-        let cap = u32::try_from(batch).unwrap_or(u32::MAX);
+        let cap = u32::try_from(pieces).unwrap_or(u32::MAX);
         Split::samples(producer.degree().min(cap))
     }
 }
@@ -237,7 +238,7 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                     .splits
                     .iter()
                     .map(|&ps| {
-                        let s = follow(layer.kind, ps, graph.batch);
+                        let s = follow(layer.kind, ps, graph.sample_pieces());
                         let at = splits.iter().position(|&x| x == s).unwrap_or_else(|| {
                             splits.push(s);
                             splits.len() - 1

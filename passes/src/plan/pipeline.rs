@@ -133,7 +133,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
     let k = segs.len();
     let widths: Vec<u32> = gpu_counts(n)
         .into_iter()
-        .filter(|&w| u64::from(w) * u64::from(m_mb) <= graph.batch)
+        .filter(|&w| u64::from(w) * u64::from(m_mb) <= graph.sample_pieces())
         .collect();
     if widths.is_empty() {
         return None;

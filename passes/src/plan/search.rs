@@ -78,7 +78,8 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         }
     }
     let n = costs.gpus;
-    let dp_strategy = Strategy::data_parallel(graph.layers.len(), n.min(batch_cap(graph.batch)));
+    let dp_strategy =
+        Strategy::data_parallel(graph.layers.len(), n.min(batch_cap(graph.sample_pieces())));
     let data_parallel = evaluate(costs, &dp_strategy)?;
     let budget = request.tolerance.map(|t| 1.0 + t);
     let mut candidates: Vec<Candidate> = Vec::new();
@@ -130,7 +131,9 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
             // Up to 64: beyond, per-microbatch kernels are too small to matter.
             None => (0..7)
                 .map(|e| 1u32 << e)
-                .filter(|&m| u64::from(m) <= graph.batch && graph.batch % u64::from(m) == 0)
+                .filter(|&m| {
+                    u64::from(m) <= graph.sample_pieces() && graph.batch % u64::from(m) == 0
+                })
                 .collect(),
         };
         let mut best: Option<Candidate> = None;

@@ -314,6 +314,7 @@ pub fn deeppool_layers(
         aliases: BTreeMap::new(),
         tied: Vec::new(),
         float_bytes: 4,
+        fixed_batch: None,
     })
 }
 

@@ -293,6 +293,7 @@ pub fn parse_pipedream(
             aliases: BTreeMap::new(),
             tied: Vec::new(),
             float_bytes: 4,
+            fixed_batch: None,
         },
         inputs: inputs.iter().map(|&i| nodes[i].id.clone()).collect(),
         nodes: nodes.len(),
