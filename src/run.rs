@@ -223,16 +223,17 @@ impl<'a> CheckpointWriter<'a> {
         }
     }
 
-    fn write(&self, c: &Checkpoint) -> Result<(), String> {
+    fn write(&self, c: &Checkpoint) -> Result<(), ralpc_runtime_min::cpu::exec::SinkError> {
         let Some(path) = &self.path else {
             return Ok(());
         };
         crate::checkpoint::write(path, self.inputs, c, self.trained).map_err(|e| {
+            // The rank's error carries this one's words; the run reports the first itself.
             let message = chain(&e);
             if let Ok(mut first) = self.failure.lock() {
                 first.get_or_insert(e);
             }
-            message
+            message.into()
         })
     }
 

@@ -101,6 +101,24 @@ fn a_failing_rank_stops_every_rank_and_is_named() {
     }
 }
 
+/// A checkpoint that cannot be written stops the run: the error is the write's, naming the
+/// file (exit 3), not a rank's failure, and nothing is left at the path.
+#[test]
+fn a_checkpoint_that_cannot_be_written_stops_the_run() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let checkpoint = dir.path().join("missing-folder").join("state.safetensors");
+    let error = ralpc::run(&ralpc::RunOptions {
+        steps: 2,
+        checkpoint_every: Some(1),
+        checkpoint: Some(checkpoint.clone()),
+        ..options(dir.path(), &model)
+    })
+    .expect_err("the checkpoint's folder does not exist");
+    assert_eq!(error.exit_code(), 3, "{error}");
+    assert!(error.to_string().contains("state.safetensors"), "{error}");
+    assert!(!checkpoint.exists());
+}
+
 #[test]
 fn a_resumed_run_continues_bit_identically() {
     let (dir, model) = plan(PIPELINE, 4);

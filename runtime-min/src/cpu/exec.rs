@@ -83,7 +83,7 @@ mod vocabulary;
 mod zero;
 
 use checkpoint::{assemble, Collector};
-pub use checkpoint::{Checkpoint, CheckpointSink};
+pub use checkpoint::{Checkpoint, CheckpointSink, SinkError};
 use failure::{keep, kernel_failure};
 pub use failure::{Fault, FaultKind, RankError, RunError, KILLED};
 use prepare::after;

@@ -31,7 +31,10 @@ pub struct Checkpoint {
 }
 
 /// Where checkpoints go: writes one, or says why it could not.
-pub type CheckpointSink<'a> = dyn Fn(&Checkpoint) -> Result<(), String> + Sync + 'a;
+pub type CheckpointSink<'a> = dyn Fn(&Checkpoint) -> Result<(), SinkError> + Sync + 'a;
+
+/// Why a [`CheckpointSink`] could not keep a checkpoint (a file that cannot be written, say).
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A piece of a weight (or of its momentum) as one rank holds it.
 type Piece = (ValueId, Slice, Vec<f32>);

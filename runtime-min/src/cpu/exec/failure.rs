@@ -117,9 +117,9 @@ pub enum RankError {
     /// Stopped by an injected fault (`--fault`).
     #[error("{KILLED}")]
     Killed,
-    /// The checkpoint could not be written.
-    #[error("{0}")]
-    Checkpoint(String),
+    /// The checkpoint could not be kept ([`CheckpointSink`](super::CheckpointSink)).
+    #[error("the checkpoint could not be written")]
+    Checkpoint(#[source] super::checkpoint::SinkError),
     /// The device holding a tensor failed to read it back for the host
     /// ([`ReadBackFailed`](crate::cpu::floats::ReadBackFailed)).
     #[error("{0}")]
