@@ -59,7 +59,7 @@ pub use plan::{
     PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH,
     DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
-pub use process::{die_with_parent, keep_freed_memory};
+pub use process::{die_with_parent, hand_over, keep_freed_memory};
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;

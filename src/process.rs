@@ -23,6 +23,32 @@ pub fn die_with_parent(command: &mut std::process::Command, signal: i32) {
     let _ = (command, signal);
 }
 
+/// Leaves `socket` open in the process `command` starts, its descriptor in `var`: the
+/// child takes over a socket this process bound (`ralpc launch`'s rendezvous listener).
+/// Elsewhere than on Unix nothing is handed over and the child binds the port itself.
+pub fn hand_over(command: &mut std::process::Command, socket: &std::net::TcpListener, var: &str) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::process::CommandExt as _;
+        let fd = socket.as_raw_fd();
+        command.env(var, fd.to_string());
+        // SAFETY: fcntl is async-signal-safe, as a pre_exec hook must be; it clears the
+        // close-on-exec flag std sets on every descriptor, for this child only.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (command, socket, var);
+}
+
 /// Keeps the memory freed by one tensor for the next, for the life of the process.
 ///
 /// The host device allocates each activation and gradient afresh. glibc's malloc maps every

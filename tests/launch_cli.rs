@@ -192,11 +192,23 @@ fn two_rank_plan(dir: &Path) -> std::path::PathBuf {
     plan
 }
 
+/// A port free on the loopback interface now, below the kernel's range of ephemeral ports
+/// (32768 and up on Linux), so that no connection's local port takes it before a rank binds
+/// it; each call in a process starts at a new port, so parallel tests get different ones.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const PORTS: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919);
+    (0..PORTS)
+        .map(|_| FIRST + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % PORTS)
+        .find_map(|port| {
+            let port = u16::try_from(port).ok()?;
+            std::net::TcpListener::bind(("127.0.0.1", port)).ok()?;
+            Some(port)
+        })
         .expect("a free port")
-        .port()
 }
 
 /// The losses of two steps of `plan` with every rank a thread of one process.
@@ -212,7 +224,15 @@ fn threaded_losses(plan: &Path) -> Vec<f64> {
 
 /// `ralpc run` as rank `r` of 2 under a torchrun-like environment with `token`.
 fn rank_process(plan: &Path, r: u32, port: u16, token: &str) -> std::process::Child {
-    std::process::Command::new(assert_cmd::cargo::cargo_bin("ralpc"))
+    rank_command(plan, r, port, token)
+        .spawn()
+        .expect("start a rank")
+}
+
+/// `ralpc run` of two steps of `plan` as rank `r` of 2, meeting at `port`.
+fn rank_command(plan: &Path, r: u32, port: u16, token: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("ralpc"));
+    command
         .arg("run")
         .arg(plan)
         .args(["--steps", "2", "--json", "--timeout", "20"])
@@ -223,9 +243,45 @@ fn rank_process(plan: &Path, r: u32, port: u16, token: &str) -> std::process::Ch
         .env("MASTER_PORT", port.to_string())
         .env("RALPC_RUN_TOKEN", token)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start a rank")
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// Rank 0 takes over the rendezvous socket it is handed (as `ralpc launch` hands it, so
+/// that nothing can take the port between the launcher's pick and rank 0's bind). Here
+/// the test keeps its own copy of the socket open all run: rank 0 could not bind the
+/// port again, so the run finishing shows that it listened on the socket handed over.
+#[test]
+fn rank_zero_listens_on_the_socket_it_is_handed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = two_rank_plan(dir.path());
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a socket");
+    let port = socket.local_addr().expect("its address").port();
+    let secret = "this test run's own secret, too";
+    let mut zero = rank_command(&plan, 0, port, secret);
+    ralpc::hand_over(
+        &mut zero,
+        &socket,
+        ralpc::runtime::dist::rendezvous::LISTENER_FD_VAR,
+    );
+    let zero = zero.spawn().expect("start rank 0");
+    let one = rank_process(&plan, 1, port, secret);
+    let (zero, one) = (
+        zero.wait_with_output().expect("rank 0"),
+        one.wait_with_output().expect("rank 1"),
+    );
+    assert!(
+        zero.status.success(),
+        "{}",
+        String::from_utf8_lossy(&zero.stderr)
+    );
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert_eq!(losses(&zero.stdout), threaded_losses(&plan));
+    drop(socket);
 }
 
 /// A live two-process run with strangers at its master port — an impostor rank 1 with the
@@ -238,11 +294,18 @@ fn strangers_at_the_master_port_are_refused_and_the_run_finishes() {
     let plan = two_rank_plan(dir.path());
     let port = free_port();
     let secret = "the real run's secret, 32 chars";
-    let zero = rank_process(&plan, 0, port, secret);
+    let mut zero = rank_process(&plan, 0, port, secret);
     let master = ("127.0.0.1", port);
-    let connect = || loop {
+    let mut connect = || loop {
         if let Ok(s) = std::net::TcpStream::connect(master) {
             return s;
+        }
+        if let Ok(Some(status)) = zero.try_wait() {
+            let mut log = String::new();
+            if let Some(mut e) = zero.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut log);
+            }
+            panic!("rank 0 ended ({status}) before it listened: {log}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };

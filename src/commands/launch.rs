@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use ralpc::runtime::dist::rendezvous::LISTENER_FD_VAR;
+
 pub const EXAMPLES: &str = "\
 Examples:
   ralpc fixtures/train/cnn.onnx --gpus 4 --batch 8 -o cnn.ralpc
@@ -72,9 +74,12 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let world = args.nproc.unwrap_or(plan.ranks);
     let exe = std::env::current_exe()
         .map_err(|e| launch_error(format!("cannot find the ralpc executable: {e}")))?;
-    // A free port for the rendezvous (released for rank 0 to take).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    // The rendezvous socket, bound here and handed to rank 0, so that no one can take its
+    // port in between.
+    let rendezvous = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| launch_error(format!("no free port for the rendezvous: {e}")))?;
+    let port = rendezvous
+        .local_addr()
         .map_err(|e| launch_error(format!("no free port for the rendezvous: {e}")))?
         .port();
     let reports = tempfile::tempdir().map_err(|e| {
@@ -91,8 +96,11 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         // A rank gets SIGTERM (15) when the launcher dies, however it dies.
         ralpc::die_with_parent(&mut cmd, 15);
         cmd.arg("run").arg(&args.plan).args(&args.run);
-        for var in ["OMPI_COMM_WORLD_RANK", "SLURM_PROCID"] {
+        for var in ["OMPI_COMM_WORLD_RANK", "SLURM_PROCID", LISTENER_FD_VAR] {
             cmd.env_remove(var);
+        }
+        if rank == 0 {
+            ralpc::hand_over(&mut cmd, &rendezvous, LISTENER_FD_VAR);
         }
         cmd.env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
@@ -110,6 +118,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             }
         }
     }
+    // Rank 0 holds the rendezvous socket now: with this copy closed, a rank connecting
+    // after rank 0 died is refused instead of waiting in a queue no one reads.
+    drop(rendezvous);
     // After the first failure (or a signal) the others get the grace period to stop by
     // themselves.
     let mut first_failure: Option<Instant> = None;

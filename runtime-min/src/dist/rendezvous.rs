@@ -113,6 +113,36 @@ fn handshake(mut stream: TcpStream, from: SocketAddr, secret: &Secret, world: u3
     Ok((rank, data, stream))
 }
 
+/// The variable by which `ralpc launch` hands rank 0 the socket it bound for the
+/// rendezvous, a file descriptor left open across `exec`. A port picked, released and bound
+/// again by rank 0 could be taken in between (any connection's local port comes from the
+/// same range); a socket handed over cannot.
+pub const LISTENER_FD_VAR: &str = "RALPC_RENDEZVOUS_FD";
+
+/// The listening socket [`LISTENER_FD_VAR`] hands over, if it listens on `port`: taken at
+/// most once per process.
+fn inherited_listener(port: u16) -> Option<TcpListener> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::FromRawFd as _;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static TAKEN: AtomicBool = AtomicBool::new(false);
+        let fd: i32 = std::env::var(LISTENER_FD_VAR).ok()?.trim().parse().ok()?;
+        if fd <= 2 || TAKEN.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        // SAFETY: only the launcher sets the variable, to a socket it left open for this
+        // process alone and closed on its side; the swap above takes it once.
+        let listener = unsafe { TcpListener::from_raw_fd(fd) };
+        (listener.local_addr().ok()?.port() == port).then_some(listener)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = port;
+        None
+    }
+}
+
 /// The longest a connection may take to prove itself and say hello.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
@@ -123,12 +153,15 @@ fn serve(
     own: Vec<u8>,
 ) -> Result<Vec<Vec<u8>>, DistError> {
     let secret = secret_of(p)?;
-    let listener = TcpListener::bind((listen_ip(p, master), master.port())).map_err(
-        DistError::io(format!(
-            "rendezvous: rank 0 cannot listen on {master} (another run using MASTER_PORT {}?)",
-            master.port()
-        )),
-    )?;
+    let listener = match inherited_listener(master.port()) {
+        Some(listener) => listener,
+        None => TcpListener::bind((listen_ip(p, master), master.port())).map_err(DistError::io(
+            format!(
+                "rendezvous: rank 0 cannot listen on {master} (another run using MASTER_PORT {}?)",
+                master.port()
+            ),
+        ))?,
+    };
     listener
         .set_nonblocking(true)
         .map_err(io("cannot poll the listener"))?;
