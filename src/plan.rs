@@ -1037,7 +1037,12 @@ fn plan_transformer(
                 .into(),
         ));
     }
-    let Model::Graph { batch, .. } = model else {
+    let Model::Graph {
+        batch,
+        ref fixed_batch,
+        ..
+    } = model
+    else {
         return Err(Error::Internal(Box::new(
             "a transformer was recognized outside an ONNX graph".into(),
         )));
@@ -1046,6 +1051,7 @@ fn plan_transformer(
     let setting = Setting {
         model: &shape,
         batch,
+        sample_pieces: if fixed_batch.is_some() { 1 } else { batch },
         cluster,
         gpus,
         precision,

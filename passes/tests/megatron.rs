@@ -121,6 +121,7 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
     Setting {
         model,
         batch: row.batch,
+        sample_pieces: row.batch,
         cluster,
         gpus: row.gpus,
         precision: Precision::Fp16,
@@ -414,6 +415,7 @@ fn search_invariants_over_shapes_and_clusters() {
                 let setting = Setting {
                     model: &model,
                     batch,
+                    sample_pieces: batch,
                     cluster: &cluster,
                     gpus,
                     precision: Precision::Bf16,
@@ -600,4 +602,53 @@ fn korthikanti_table_5_generalisation() {
     );
     assert!(mean <= 0.07, "mean |error| {:.1}%", mean * 100.0);
     assert!(worst <= 0.12, "worst |error| {:.1}%", worst * 100.0);
+}
+
+/// An export whose batch is fixed cannot cut its sequences: every configuration the search
+/// prices keeps the batch whole (one data-parallel replica, one microbatch), data
+/// parallelism included, while the same model re-batching freely is split.
+#[test]
+fn a_fixed_batch_keeps_its_sequences_whole() {
+    let model = Transformer {
+        layers: 12,
+        hidden: 768,
+        heads: 12,
+        sequence: 1024,
+        vocabulary: 32000,
+        ffn: 4 * 768,
+        tied: true,
+        positions: 1024,
+        params: 0,
+    };
+    let cluster = selene(8);
+    let at = |sample_pieces: u64| Setting {
+        model: &model,
+        batch: 16,
+        sample_pieces,
+        cluster: &cluster,
+        gpus: 8,
+        precision: Precision::Bf16,
+        optimizer: Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: (1u64 << 30) as f64,
+        memory_limit: None,
+    };
+    let free = search(&at(16), &Knobs::default()).expect("a plan");
+    let par = free.best.parallelism;
+    assert!(
+        u64::from(par.data) * (16 / u64::from(par.data) / par.micro_batch) > 1,
+        "re-batching freely, the batch is split: {par:?}"
+    );
+    let fixed = search(&at(1), &Knobs::default()).expect("a plan");
+    for par in [fixed.best.parallelism, fixed.data_parallel.parallelism] {
+        assert_eq!((par.data, par.micro_batch), (1, 16), "{par:?}");
+    }
+    let knobs = Knobs {
+        micro_batch: Some(4),
+        ..Knobs::default()
+    };
+    assert!(
+        search(&at(1), &knobs).is_err(),
+        "microbatches of 4 sequences cut a fixed batch"
+    );
 }

@@ -63,6 +63,10 @@ pub struct Setting<'a> {
     pub model: &'a Transformer,
     /// Global batch, sequences.
     pub batch: u64,
+    /// The most pieces the batch's sequences may be cut into (data-parallel replicas ×
+    /// microbatches): the batch, or 1 for an export whose batch is fixed
+    /// ([`LayerGraph::sample_pieces`](crate::layers::LayerGraph::sample_pieces)).
+    pub sample_pieces: u64,
     /// The machines.
     pub cluster: &'a Cluster,
     /// GPUs to use: ranks `0..gpus`.

@@ -60,8 +60,13 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     let gpn = setting.cluster.group_of(0).gpus_per_node.max(1);
     check_knobs(setting, knobs, gpn)?;
     let schedule = knobs.schedule.unwrap_or(Schedule::OneFOneB);
+    let pieces = setting.sample_pieces.max(1);
     let data_parallel = {
-        let d = gcd(u64::from(gpus), batch).max(1);
+        let d = divisors(gcd(u64::from(gpus), batch).max(1))
+            .into_iter()
+            .filter(|&d| d <= pieces)
+            .max()
+            .unwrap_or(1);
         estimate(
             setting,
             &Parallelism {
@@ -104,6 +109,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     continue;
                 }
                 let m = replica_batch / b;
+                if u64::from(d) * m > pieces {
+                    continue;
+                }
                 let depths: Vec<u32> = (1..=u32::try_from(model.layers / u64::from(p))
                     .unwrap_or(1))
                     .filter(|&v| {
