@@ -192,25 +192,6 @@ fn two_rank_plan(dir: &Path) -> std::path::PathBuf {
     plan
 }
 
-/// A port free on the loopback interface now, below the kernel's range of ephemeral ports
-/// (32768 and up on Linux), so that no connection's local port takes it before a rank binds
-/// it; each call in a process starts at a new port, so parallel tests get different ones.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const PORTS: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id().wrapping_mul(7_919);
-    (0..PORTS)
-        .map(|_| FIRST + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % PORTS)
-        .find_map(|port| {
-            let port = u16::try_from(port).ok()?;
-            std::net::TcpListener::bind(("127.0.0.1", port)).ok()?;
-            Some(port)
-        })
-        .expect("a free port")
-}
-
 /// The losses of two steps of `plan` with every rank a thread of one process.
 fn threaded_losses(plan: &Path) -> Vec<f64> {
     let threads = ralpc()
@@ -247,6 +228,24 @@ fn rank_command(plan: &Path, r: u32, port: u16, token: &str) -> std::process::Co
     command
 }
 
+/// What ranks 0 and 1 printed, once both have finished, each successfully (else its
+/// error is the failure).
+fn both_finish(
+    zero: std::process::Child,
+    one: std::process::Child,
+) -> (std::process::Output, std::process::Output) {
+    let zero = zero.wait_with_output().expect("rank 0");
+    let one = one.wait_with_output().expect("rank 1");
+    for (rank, out) in [(0, &zero), (1, &one)] {
+        assert!(
+            out.status.success(),
+            "rank {rank}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (zero, one)
+}
+
 /// Rank 0 takes over the rendezvous socket it is handed (as `ralpc launch` hands it, so
 /// that nothing can take the port between the launcher's pick and rank 0's bind). Here
 /// the test keeps its own copy of the socket open all run: rank 0 could not bind the
@@ -266,20 +265,7 @@ fn rank_zero_listens_on_the_socket_it_is_handed() {
     );
     let zero = zero.spawn().expect("start rank 0");
     let one = rank_process(&plan, 1, port, secret);
-    let (zero, one) = (
-        zero.wait_with_output().expect("rank 0"),
-        one.wait_with_output().expect("rank 1"),
-    );
-    assert!(
-        zero.status.success(),
-        "{}",
-        String::from_utf8_lossy(&zero.stderr)
-    );
-    assert!(
-        one.status.success(),
-        "{}",
-        String::from_utf8_lossy(&one.stderr)
-    );
+    let (zero, _) = both_finish(zero, one);
     assert_eq!(losses(&zero.stdout), threaded_losses(&plan));
     drop(socket);
 }
@@ -292,7 +278,7 @@ fn rank_zero_listens_on_the_socket_it_is_handed() {
 fn strangers_at_the_master_port_are_refused_and_the_run_finishes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let plan = two_rank_plan(dir.path());
-    let port = free_port();
+    let port = ralpc::runtime::dist::testing::free_port();
     let secret = "the real run's secret, 32 chars";
     let mut zero = rank_process(&plan, 0, port, secret);
     let master = ("127.0.0.1", port);
@@ -341,21 +327,10 @@ fn strangers_at_the_master_port_are_refused_and_the_run_finishes() {
 fn run_joins_a_launchers_world() {
     let dir = tempfile::tempdir().expect("temp dir");
     let plan = two_rank_plan(dir.path());
-    let port = free_port();
+    let port = ralpc::runtime::dist::testing::free_port();
     let rank = |r: u32| rank_process(&plan, r, port, "this test run's own secret");
     let (one, zero) = (rank(1), rank(0));
-    let zero = zero.wait_with_output().expect("rank 0");
-    let one = one.wait_with_output().expect("rank 1");
-    assert!(
-        zero.status.success(),
-        "{}",
-        String::from_utf8_lossy(&zero.stderr)
-    );
-    assert!(
-        one.status.success(),
-        "{}",
-        String::from_utf8_lossy(&one.stderr)
-    );
+    let (zero, one) = both_finish(zero, one);
     assert!(one.stdout.is_empty(), "rank 1 stays quiet");
     assert_eq!(losses(&zero.stdout), threaded_losses(&plan));
 }

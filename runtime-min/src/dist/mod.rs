@@ -17,8 +17,8 @@ pub mod nccl;
 pub mod rendezvous;
 pub mod replicas;
 pub mod same_device;
-#[cfg(test)]
-mod testing;
+#[doc(hidden)]
+pub mod testing;
 
 pub use env::{Launcher, Placement};
 pub use error::DistError;

@@ -1,11 +1,11 @@
-//! What the tests of ranks meeting over TCP share.
+//! What the tests of ranks meeting over TCP share (this crate's and ralpc's).
 
 use super::{Launcher, Placement};
 
 /// A port free on the loopback interface now, below the kernel's range of ephemeral ports
 /// (32768 and up on Linux), so that no connection's local port takes it before a rank binds
 /// it; each call in a process starts at a new port, so parallel tests get different ones.
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const FIRST: u32 = 20_000;
     const PORTS: u32 = 12_000;
@@ -23,7 +23,7 @@ pub(crate) fn free_port() -> u16 {
 
 /// Rank `rank` of `world`, meeting at `port` on the loopback interface, all on one machine
 /// (`torchrun`'s variables) with a secret.
-pub(crate) fn placement(rank: u32, world: u32, port: u16) -> Placement {
+pub fn placement(rank: u32, world: u32, port: u16) -> Placement {
     Placement {
         rank,
         world,
