@@ -17,6 +17,7 @@ pub mod nccl;
 pub mod rendezvous;
 pub mod replicas;
 pub mod same_device;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 
