@@ -605,14 +605,42 @@ fn batch_fixed_by(
     if batch < 2 || share > batch {
         return None;
     }
-    crate::run::at_batch(unbound, share, inputs).err().map(|e| {
-        let samples = if share == 1 { "sample" } else { "samples" };
-        format!(
-            "the export fixes its batch at {exported} and cannot compute {share} \
+    let samples = if share == 1 { "sample" } else { "samples" };
+    let (graph, info) = match crate::run::at_batch(unbound, share, inputs) {
+        Ok(bound) => bound,
+        Err(e) => {
+            return Some(format!(
+                "the export fixes its batch at {exported} and cannot compute {share} \
                  {samples} at a time ({})",
-            crate::run::chain(&e)
-        )
-    })
+                crate::run::chain(&e)
+            ))
+        }
+    };
+    // The shapes may still agree where a constant baked at the exported batch broadcasts
+    // over the samples (a mask of [exported, 1, s, s]; one of batch 1 broadcasts rightly):
+    // an output whose first axis is the batch at the exported batch then keeps the
+    // exported batch there.
+    if exported < 2 {
+        return None;
+    }
+    let (whole, whole_info) = crate::run::at_batch(unbound, exported, inputs).ok()?;
+    let first = |info: &ralpc_ir::GraphInfo, v| -> Option<u64> {
+        info.ty(v).shape.as_sizes()?.first().copied()
+    };
+    whole
+        .outputs()
+        .iter()
+        .zip(graph.outputs())
+        .find_map(|(&at_exported, &at_share)| {
+            let computed = first(&info, at_share)?;
+            (first(&whole_info, at_exported)? == exported && computed != share).then(|| {
+                format!(
+                    "the export fixes its batch at {exported}: at {share} {samples} its output \
+                 '{}' still holds {computed} on its batch axis",
+                    graph.value(at_share).name
+                )
+            })
+        })
 }
 
 /// The model's layer graph, its activations as wide as `precision` keeps them, and the

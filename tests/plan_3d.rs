@@ -619,3 +619,41 @@ fn position_ids_without_data_are_seeded_as_the_arange_they_index_with() {
     let inner = tempfile::tempdir_in(&stripped).unwrap();
     assert_eq!(single_device_losses(&inner, path.to_str().unwrap()), want);
 }
+
+/// A GPT exported at a fixed batch of 4 whose causal mask was baked with that batch (a
+/// constant re-batching cannot reach) cannot compute a share of it: the 3d plan keeps the
+/// 4 sequences whole on one data-parallel replica in one microbatch, and says why.
+#[test]
+fn a_fixed_batch_gpt_keeps_its_sequences_whole() {
+    use onnx_protobuf::tensor_shape_proto::dimension::Value as Dim;
+    use onnx_protobuf::type_proto::Value as TypeValue;
+    use onnx_protobuf::ModelProto;
+    use protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(2, 64, 4, 16, 200));
+    let mut proto = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    let graph = proto.graph.mut_or_insert_default();
+    let Some(TypeValue::TensorType(ids)) = &mut graph.input[0].type_.mut_or_insert_default().value
+    else {
+        panic!("input_ids is a tensor");
+    };
+    ids.shape.mut_or_insert_default().dim[0].value = Some(Dim::DimValue(4));
+    let mask = graph
+        .node
+        .iter_mut()
+        .find(|n| n.name == "causal_mask")
+        .and_then(|n| n.attribute[0].t.as_mut())
+        .expect("the generator's causal mask");
+    mask.dims = vec![4, 1, 16, 16];
+    mask.raw_data = mask.raw_data.repeat(4);
+    std::fs::write(&model, proto.write_to_bytes().unwrap()).unwrap();
+    let v = json(&["plan", &model, "--gpus", "8", "--batch", "4", "--json"]);
+    assert_eq!(v["strategy"], "3d");
+    assert_eq!(v["data_parallel"], 1, "{v}");
+    assert_eq!(v["micro_batch_size"], 4, "{v}");
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("no plan splits the batch's samples"),
+        "{warnings}"
+    );
+}
