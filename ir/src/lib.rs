@@ -42,6 +42,7 @@
     )
 )]
 
+mod backward;
 pub mod bind;
 mod branches;
 mod count;
@@ -61,6 +62,7 @@ mod tensor;
 pub mod text;
 mod verify;
 
+pub use backward::{BackwardReads, ForwardSaves};
 pub use bind::{bind, bind_values, BindError, Bindings};
 pub use count::{account, flops_per_element, is_parameter, AccountError, Accounting, LayerStats};
 pub use dtype::DType;

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use ralpc_ir::{
-    account, AccountError, Binary, Graph, GraphInfo, NodeId, Op, OpClass, Recurrent, ValueId,
+    account, AccountError, ForwardSaves, Graph, GraphInfo, NodeId, Op, OpClass, Recurrent, ValueId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -193,8 +193,14 @@ pub struct Layer {
     pub activation_io_bytes: u64,
     /// Bytes of its outputs.
     pub output_bytes: u64,
-    /// Bytes kept from forward to backward.
+    /// Bytes kept from forward to backward besides its outputs: what its ops' backward
+    /// passes read of the values made inside it and of the graph's inputs
+    /// ([`Op::backward_reads`]).
     pub stash_bytes: u64,
+    /// Bytes of its outputs it keeps until its backward pass (the runtime's layers hold
+    /// them; its consumers share them). 0 for imported profiles, whose stash is counted
+    /// by their own convention.
+    pub kept_output_bytes: u64,
     /// Tensors it reads from other layers and graph inputs.
     pub inputs: Vec<Edge>,
     /// Whole-layer measurements, when imported.
@@ -328,7 +334,7 @@ impl Layer {
                 + self.output_bytes as f64 * work
                 + self.param_bytes as f64 / p,
             param_bytes: self.param_bytes as f64 / p,
-            stash_bytes: self.stash_bytes as f64 * read,
+            stash_bytes: self.stash_bytes as f64 * read + self.kept_output_bytes as f64 * work,
             batch_fraction: 1.0 / s,
             work_fraction: work,
         }
@@ -415,6 +421,7 @@ impl LayerGraph {
         for layer in &mut self.layers {
             narrow(&mut layer.output_bytes);
             narrow(&mut layer.stash_bytes);
+            narrow(&mut layer.kept_output_bytes);
             narrow(&mut layer.activation_io_bytes);
             for edge in &mut layer.inputs {
                 narrow(&mut edge.bytes);
@@ -589,6 +596,7 @@ fn assemble(
             activation_io_bytes: 0,
             output_bytes: unit.outputs.iter().map(|&v| bytes_of(info, v)).sum(),
             stash_bytes: 0,
+            kept_output_bytes: 0,
             inputs: Vec::new(),
             measured: None,
             halo: None,
@@ -637,16 +645,27 @@ fn assemble(
                     _ => 1,
                 },
             });
-            // Values made inside the unit and read inside it by an op whose backward
-            // needs them are stashed (fused chains keep their intermediate results).
+            // Values made inside the unit are kept when an op's backward pass reads them
+            // (fused chains keep those of their intermediate results); its outputs are
+            // kept to its backward pass whatever reads them.
             for &v in &node.outputs {
-                if !unit.outputs.contains(&v)
-                    && facts.uses[v.index()] > 0
-                    && !facts.derived[v.index()]
-                    && read_for_backward(graph, &members, v)
-                {
+                if facts.uses[v.index()] == 0 || facts.derived[v.index()] {
+                    continue;
+                }
+                if unit.outputs.contains(&v) {
+                    layer.kept_output_bytes += bytes_of(info, v);
+                } else if read_for_backward(graph, &members, v) {
                     layer.stash_bytes += bytes_of(info, v);
                 }
+            }
+            if let Some(&y) = node.outputs.first() {
+                layer.stash_bytes += match node.op.forward_saves() {
+                    ForwardSaves::Nothing => 0,
+                    ForwardSaves::IndexPerOutput => {
+                        8 * bytes_of(info, y) / info.ty(y).dtype.size_bytes().max(1)
+                    }
+                    ForwardSaves::CopyOfOutput => bytes_of(info, y),
+                };
             }
         }
         layer.fwd_flops = mac_flops.saturating_add(other_flops);
@@ -658,14 +677,16 @@ fn assemble(
             }
             seen.push(v);
             let bytes = bytes_of(info, v);
-            if read_for_backward(graph, &members, v) {
-                layer.stash_bytes += bytes;
-            }
             layer.activation_io_bytes += bytes;
             let from = match producer_unit.get(&v).and_then(|&p| layer_of_unit[p]) {
                 Some(l) => Producer::Layer(l),
                 None => Producer::Input(graph.value(v).name.clone()),
             };
+            // Another layer's output is kept by that layer; a graph input is cut into
+            // the layer's share, kept when its backward pass reads it.
+            if matches!(from, Producer::Input(_)) && read_for_backward(graph, &members, v) {
+                layer.stash_bytes += bytes;
+            }
             layer.inputs.push(Edge {
                 from,
                 value: Some(v),
@@ -792,15 +813,18 @@ fn time_and_batch(
     }
 }
 
-/// Whether a node of `members` reading `v` needs it for its backward pass: sums and shape
-/// ops (views, index maps, copies) do not — their input gradient is the output's, moved or
-/// copied; every other op is assumed to.
+/// Whether the backward pass of a node of `members` reads `v`'s elements, as an input or
+/// as its output ([`Op::backward_reads`]: the runtime releases the others after the
+/// forward pass).
 fn read_for_backward(graph: &Graph, members: &[NodeId], v: ValueId) -> bool {
     members.iter().any(|&m| {
         let node = graph.node(m);
-        node.inputs.contains(&Some(v))
-            && node.op.class() != OpClass::Shape
-            && !matches!(node.op, Op::Binary(Binary::Add | Binary::Sub))
+        let reads = node.op.backward_reads();
+        node.inputs
+            .iter()
+            .enumerate()
+            .any(|(slot, &x)| x == Some(v) && reads.input(slot))
+            || (reads.outputs && node.outputs.contains(&v))
     })
 }
 

@@ -84,6 +84,7 @@ impl Builder {
             activation_io_bytes: input_bytes + output_bytes,
             output_bytes,
             stash_bytes: input_bytes,
+            kept_output_bytes: 0,
             inputs: if edges.is_empty() {
                 vec![Edge {
                     from: Producer::Input("input".into()),

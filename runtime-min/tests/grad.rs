@@ -1,6 +1,8 @@
 //! Every backward pass of the CPU backend against central differences of its forward pass:
 //! for `L = Σ r·op(x…)`, the analytic gradient of each floating-point input matches
-//! `(L(x + ε) − L(x − ε)) / 2ε` at sampled elements.
+//! `(L(x + ε) − L(x − ε)) / 2ε` at sampled elements. Each backward pass runs with the
+//! operands its op declares unread ([`Op::backward_reads`]) released, as a training run
+//! releases them: reading one fails the check.
 
 use ralpc_ir::{
     Binary, Conv, ConvTranspose, DType, Gemm, Op, PadMode, Padding, Pool, PoolKind, ReduceKind,
@@ -70,9 +72,34 @@ fn check_except(
         .enumerate()
         .map(|(k, o)| init::uniform(2, &format!("{name}{k}"), o.len(), 1.0))
         .collect();
-    let out_refs: Vec<&Tensor> = outs.iter().collect();
+    let reads = op.backward_reads();
+    let kept: Vec<Option<Tensor>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            x.as_ref().map(|x| {
+                if reads.input(i) {
+                    x.clone()
+                } else {
+                    x.released()
+                }
+            })
+        })
+        .collect();
+    let kept_refs: Vec<Option<&Tensor>> = kept.iter().map(Option::as_ref).collect();
+    let kept_outs: Vec<Tensor> = outs
+        .iter()
+        .map(|o| {
+            if reads.outputs {
+                o.clone()
+            } else {
+                o.released()
+            }
+        })
+        .collect();
+    let out_refs: Vec<&Tensor> = kept_outs.iter().collect();
     let dys: Vec<Option<&[f32]>> = probes.iter().map(|p| Some(p.as_slice())).collect();
-    let grads = grad::backward(&op, &refs, &out_refs, &saved, &dys).expect(name);
+    let grads = grad::backward(&op, &kept_refs, &out_refs, &saved, &dys).expect(name);
     let eps = 1e-2f32;
     for (i, x) in inputs.iter().enumerate() {
         let Some(Tensor {

@@ -507,9 +507,7 @@ impl Lowering<'_, '_> {
     fn activation_bytes(&self, l: usize) -> f64 {
         let layer = &self.costs.graph.layers[l];
         let split = self.strategy.layers[l];
-        layer.stash_bytes as f64
-            / f64::from(split.sample.max(1) * split.attribute.max(1))
-            / f64::from(self.strategy.microbatches)
+        layer.local(split).stash_bytes / f64::from(self.strategy.microbatches)
     }
 
     /// The bytes of layer `l`'s input gradient one of its ranks computes per microbatch.

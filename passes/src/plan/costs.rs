@@ -359,9 +359,7 @@ impl<'a> Costs<'a> {
     /// One microbatch's stashed activations of layer `l` on one of its ranks under
     /// `split`, bytes.
     pub(crate) fn stash_per_microbatch(&self, l: usize, split: Split, microbatches: u32) -> f64 {
-        self.graph.layers[l].stash_bytes as f64
-            / f64::from(split.sample.max(1) * split.attribute.max(1))
-            / f64::from(microbatches.max(1))
+        self.graph.layers[l].local(split).stash_bytes / f64::from(microbatches.max(1))
     }
 
     /// All-reduce of `bytes` over any set of ranks, µs.

@@ -465,6 +465,7 @@ mod tests {
             activation_io_bytes: 0,
             output_bytes: 0,
             stash_bytes: 0,
+            kept_output_bytes: 0,
             inputs: Vec::new(),
             measured: None,
             halo: None,

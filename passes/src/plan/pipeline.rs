@@ -347,7 +347,7 @@ fn tables(costs: &Costs<'_>, widths: &[u32], microbatches: u32) -> Tables {
         compute,
         backward,
         params: prefix(&|l| layers[l].param_bytes as f64),
-        stash: prefix(&|l| layers[l].stash_bytes as f64),
+        stash: prefix(&|l| (layers[l].stash_bytes + layers[l].kept_output_bytes) as f64),
         cut_bytes: crossing_bytes(costs),
     }
 }

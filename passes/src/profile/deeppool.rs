@@ -289,6 +289,7 @@ pub fn deeppool_layers(
             activation_io_bytes: input_bytes + output_bytes,
             output_bytes,
             stash_bytes: input_bytes,
+            kept_output_bytes: 0,
             // The layer's own input size: branches listed in sequence (Inception's) read
             // the block's input, not the line before.
             inputs: vec![Edge {

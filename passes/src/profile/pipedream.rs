@@ -267,6 +267,7 @@ pub fn parse_pipedream(
             activation_io_bytes: input_bytes + n.activation_bytes,
             output_bytes: n.activation_bytes,
             stash_bytes: input_bytes,
+            kept_output_bytes: 0,
             inputs,
             measured: Some(Measured {
                 fwd_us: n.fwd_ms * 1000.0,

@@ -9,14 +9,40 @@ use std::sync::Arc;
 use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
 use ralpc_runtime_min::cuda::kernels::{BinaryOp, Strides, UnaryOp, Window};
 
-/// What a device and its clones counted: launches, GEMMs, live bytes and their peak.
+/// What a device and its clones counted: launches, GEMMs, live bytes and their peaks.
 #[derive(Debug, Default)]
 struct Tally {
     launches: AtomicU64,
     gemms: AtomicU64,
     gemm_flops: AtomicU64,
-    live: AtomicUsize,
+    /// Every live buffer's bytes.
+    live: Live,
+    /// Those of tensors (scratch excluded).
+    tensors: Live,
+    /// Those of scratch space.
+    scratch: Live,
+}
+
+/// Live bytes of a kind of buffer and their peak.
+#[derive(Debug, Default)]
+struct Live {
+    now: AtomicUsize,
     peak: AtomicUsize,
+}
+
+impl Live {
+    fn grow(&self, bytes: usize) {
+        let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn shrink(&self, bytes: usize) {
+        self.now.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
 }
 
 /// A buffer: only its length, charged to the device while it lives.
@@ -24,12 +50,17 @@ struct Tally {
 pub struct DryBuf {
     len: usize,
     bytes: usize,
+    scratch: bool,
     tally: Arc<Tally>,
 }
 
 impl Drop for DryBuf {
     fn drop(&mut self) {
-        self.tally.live.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.tally.live.shrink(self.bytes);
+        match self.scratch {
+            true => self.tally.scratch.shrink(self.bytes),
+            false => self.tally.tensors.shrink(self.bytes),
+        }
     }
 }
 
@@ -51,6 +82,10 @@ pub struct Counts {
     pub gemm_flops: f64,
     /// The most bytes live at once.
     pub peak_bytes: usize,
+    /// The most bytes of tensors live at once (scratch space excluded).
+    pub tensor_peak_bytes: usize,
+    /// The most bytes of scratch space live at once ([`Backend::scratch`]).
+    pub scratch_peak_bytes: usize,
 }
 
 impl Dry {
@@ -61,17 +96,23 @@ impl Dry {
             launches: t.launches.load(Ordering::Relaxed),
             gemms: t.gemms.load(Ordering::Relaxed),
             gemm_flops: t.gemm_flops.load(Ordering::Relaxed) as f64,
-            peak_bytes: t.peak.load(Ordering::Relaxed),
+            peak_bytes: t.live.peak(),
+            tensor_peak_bytes: t.tensors.peak(),
+            scratch_peak_bytes: t.scratch.peak(),
         }
     }
 
-    fn buffer(&self, len: usize, element: usize) -> DryBuf {
+    fn buffer(&self, len: usize, element: usize, scratch: bool) -> DryBuf {
         let bytes = len * element;
-        let live = self.tally.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.tally.peak.fetch_max(live, Ordering::Relaxed);
+        self.tally.live.grow(bytes);
+        match scratch {
+            true => self.tally.scratch.grow(bytes),
+            false => self.tally.tensors.grow(bytes),
+        }
         DryBuf {
             len,
             bytes,
+            scratch,
             tally: self.tally.clone(),
         }
     }
@@ -95,16 +136,19 @@ impl Backend for Dry {
         Ok(1.0)
     }
     fn zeros(&self, n: usize) -> R<DryBuf> {
-        Ok(self.buffer(n, 4))
+        Ok(self.buffer(n, 4, false))
+    }
+    fn scratch(&self, n: usize) -> R<DryBuf> {
+        Ok(self.buffer(n, 4, true))
     }
     fn upload(&self, data: &[f32]) -> R<DryBuf> {
-        Ok(self.buffer(data.len(), 4))
+        Ok(self.buffer(data.len(), 4, false))
     }
     fn upload_indices(&self, data: &[i64]) -> R<DryBuf> {
-        Ok(self.buffer(data.len(), 8))
+        Ok(self.buffer(data.len(), 8, false))
     }
     fn index_zeros(&self, n: usize) -> R<DryBuf> {
-        Ok(self.buffer(n, 8))
+        Ok(self.buffer(n, 8, false))
     }
     fn read_back(buf: &DryBuf) -> R<Vec<f32>> {
         Ok(vec![0.0; buf.len])

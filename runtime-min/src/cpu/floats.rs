@@ -76,6 +76,25 @@ impl Clone for Copies {
     }
 }
 
+/// What [`Floats::released`] holds: an element count.
+struct Released(usize);
+
+impl DeviceCopy for Released {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn read_back(&self) -> Result<Vec<f32>, ReadBackError> {
+        Err(
+            "ralpc released these elements after the forward pass, whose backward pass \
+             was declared not to read them (a bug in ralpc: please report it)"
+                .into(),
+        )
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// Float elements, shared: clones are the same elements (and the same copies of them),
 /// and writing copies them first ([`Floats::make_mut`]).
 #[derive(Clone)]
@@ -88,6 +107,22 @@ impl Floats {
             host: OnceLock::new(),
             devices: Mutex::new(vec![copy]),
         }))
+    }
+
+    /// A stand-in for elements released after the forward pass because the backward pass
+    /// never reads them ([`ralpc_ir::Op::backward_reads`]): it keeps their count (the
+    /// tensor keeps its shape) and holds no memory anywhere. Reading it is a bug in
+    /// ralpc, reported as a device read-back failure naming the release.
+    pub fn released(len: usize) -> Floats {
+        Floats::resident(Arc::new(Released(len)))
+    }
+
+    /// Whether these are [`Floats::released`] elements.
+    pub fn is_released(&self) -> bool {
+        !self.on_host()
+            && self
+                .device_copy(|c| c.as_any().downcast_ref::<Released>().map(|_| ()))
+                .is_some()
     }
 
     /// Element count, without reading a resident value back.

@@ -242,6 +242,40 @@ impl Values {
     pub fn take(&mut self, v: ValueId) -> Option<Tensor> {
         self.0.get_mut(v.index()).and_then(Option::take)
     }
+
+    /// After a forward pass that left `records`: releases the elements of every float
+    /// value whose backward pass never reads them ([`ralpc_ir::Op::backward_reads`]),
+    /// keeping its shape, except those in `keep` (read after the forward pass: a layer's
+    /// outputs). What a training step holds until the backward pass is then what the
+    /// planner's activation stash counts.
+    pub fn release_unread(&mut self, graph: &Graph, records: &[Record], keep: &[ValueId]) {
+        let mut read = vec![false; self.0.len()];
+        let mut mark = |v: ValueId| {
+            if let Some(r) = read.get_mut(v.index()) {
+                *r = true;
+            }
+        };
+        for record in records {
+            let node = graph.node(record.node);
+            let reads = node.op.backward_reads();
+            for (slot, v) in node.inputs.iter().enumerate() {
+                if let (Some(v), true) = (v, reads.input(slot)) {
+                    mark(*v);
+                }
+            }
+            if reads.outputs {
+                node.outputs.iter().copied().for_each(&mut mark);
+            }
+        }
+        keep.iter().copied().for_each(&mut mark);
+        for (slot, read) in self.0.iter_mut().zip(read) {
+            if let (Some(t), false) = (slot.as_mut(), read) {
+                if t.is_float() {
+                    *t = t.released();
+                }
+            }
+        }
+    }
 }
 
 /// What one node's forward pass left for its backward pass.

@@ -62,6 +62,23 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// Whether it is a float tensor (its elements are not read).
+    pub fn is_float(&self) -> bool {
+        matches!(self.data, Data::F32(_))
+    }
+
+    /// This float tensor's shape without its elements ([`Floats::released`]); an
+    /// integer tensor (shapes, indices, masks: small, and read as data) is kept.
+    pub fn released(&self) -> Tensor {
+        match &self.data {
+            Data::F32(f) => Tensor {
+                shape: self.shape.clone(),
+                data: Data::F32(Floats::released(f.len())),
+            },
+            Data::I64(_) => self.clone(),
+        }
+    }
+
     /// The float elements, if it is a float tensor.
     pub fn floats(&self) -> Option<&[f32]> {
         match &self.data {

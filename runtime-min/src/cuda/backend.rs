@@ -87,6 +87,11 @@ pub trait Backend {
 
     /// `n` zeros.
     fn zeros(&self, n: usize) -> R<Self::Buf>;
+    /// `n` zeros of scratch space a sequence of kernels uses and frees (a convolution's
+    /// im2col columns): workspace, which a plan reserves apart from its tensors.
+    fn scratch(&self, n: usize) -> R<Self::Buf> {
+        self.zeros(n)
+    }
     /// A copy of `data` on the device.
     fn upload(&self, data: &[f32]) -> R<Self::Buf>;
     /// A copy of `data` on the device.

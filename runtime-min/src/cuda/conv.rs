@@ -18,7 +18,7 @@ pub fn forward<B: Backend + ?Sized>(
     y: &mut B::Buf,
 ) -> R<()> {
     let conv = ConvPlan::new(g);
-    let mut cols = dev.zeros(conv.chunk * conv.rows * conv.spatial)?;
+    let mut cols = dev.scratch(conv.chunk * conv.rows * conv.spatial)?;
     for (start, count) in conv.chunks() {
         dev.im2col(&mut cols, x, start * conv.image, &conv.window, count)?;
         for grp in 0..g.groups {
@@ -53,8 +53,9 @@ pub fn backward<B: Backend + ?Sized>(
 ) -> R<()> {
     let conv = ConvPlan::new(g);
     let size = conv.chunk * conv.rows * conv.spatial;
-    let (mut cols, mut dcols, mut cols_t) = (dev.zeros(size)?, dev.zeros(size)?, dev.zeros(size)?);
-    let mut dy_t = dev.zeros(conv.chunk * conv.cout * conv.spatial)?;
+    let (mut cols, mut dcols, mut cols_t) =
+        (dev.scratch(size)?, dev.scratch(size)?, dev.scratch(size)?);
+    let mut dy_t = dev.scratch(conv.chunk * conv.cout * conv.spatial)?;
     // Both are sums over the chunks (col2im adds, the weight GEMMs accumulate).
     dev.fill(dx, 0.0)?;
     dev.fill(dw, 0.0)?;

@@ -254,11 +254,18 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    /// Whether `unary_backward` takes the forward's output (else its input).
+    /// Whether `unary_backward` takes the forward's output (else its input). A ReLU's
+    /// output is positive where its input is, and its input is released after the forward
+    /// pass ([`ralpc_ir::Op::backward_reads`]).
     pub fn backward_reads_output(self) -> bool {
         matches!(
             self,
-            UnaryOp::Sigmoid | UnaryOp::Tanh | UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Reciprocal
+            UnaryOp::Relu
+                | UnaryOp::Sigmoid
+                | UnaryOp::Tanh
+                | UnaryOp::Exp
+                | UnaryOp::Sqrt
+                | UnaryOp::Reciprocal
         )
     }
 }

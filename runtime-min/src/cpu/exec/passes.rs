@@ -276,7 +276,11 @@ impl Rank<'_, '_> {
         }
         let records = match self.gates_forward(l, k, &mut values)? {
             Some(records) => records,
-            None => self.forward_nodes(l, k, &mut values)?,
+            None => {
+                let records = self.forward_nodes(l, k, &mut values)?;
+                values.release_unread(p.graph_of(l, k), &records, &layer.outputs);
+                records
+            }
         };
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
