@@ -74,6 +74,20 @@ pub enum ForwardSaves {
 }
 
 impl Op {
+    /// Whether its first output is its first input's elements under another shape (a
+    /// view), so its gradient passes back unchanged.
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Flatten { .. }
+                | Op::Reshape { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Identity
+                | Op::Dropout { .. }
+        )
+    }
+
     /// What this op's forward pass keeps for its backward pass besides its operands, on
     /// the backend that keeps the most.
     pub fn forward_saves(&self) -> ForwardSaves {
@@ -114,13 +128,8 @@ impl Op {
             Op::GlobalPool(PoolKind::Average) => BackwardReads::SHAPES,
             // Data movement: the gradient moves back as the elements moved, steered by
             // the index and attribute operands.
-            Op::Flatten { .. }
-            | Op::Reshape { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Identity
-            | Op::Dropout { .. }
-            | Op::Cast { .. }
+            op if op.is_view() => BackwardReads::SHAPES,
+            Op::Cast { .. }
             | Op::Concat { .. }
             | Op::Split { .. }
             | Op::Transpose { .. }

@@ -443,20 +443,6 @@ impl Grads {
     }
 }
 
-/// Whether `op`'s first output is its first input's elements under another shape, so its
-/// gradient passes through unchanged ([`grad::backward`] copies it).
-fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Flatten { .. }
-            | Op::Reshape { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Identity
-            | Op::Dropout { .. }
-    )
-}
-
 /// Runs the backward pass of `records` (a forward pass's, replayed in reverse) from the
 /// output gradients in `grads`, adding every input's gradient to `grads`.
 ///
@@ -473,7 +459,7 @@ pub fn backward(
         // A view's input gradient is its output's elements under another shape: handed
         // on where they are (shared on the host, or resident on a device), never copied.
         if let (true, Some(&y), Some(Some(x))) =
-            (is_view(&node.op), node.outputs.first(), node.inputs.first())
+            (node.op.is_view(), node.outputs.first(), node.inputs.first())
         {
             if let Some(dy) = grads.floats(y).cloned() {
                 grads.accumulate(*x, dy);
