@@ -598,10 +598,12 @@ fn is_data_parallel(plan: &Plan) -> bool {
 }
 
 /// Every rank's device for `--backend cuda`: the GPU its launcher gave its process (GPU 0
-/// without one; more local ranks than GPUs share them). A data-parallel plan's ranks sum
-/// their gradient buckets device to device: ranks as threads through the same-device hub,
-/// one process per GPU through NCCL. Ranks of other plans, and processes sharing a GPU,
-/// sum through the interpreter's communicator.
+/// without one; more local ranks than GPUs share them). Ranks as threads meet at the
+/// same-device hub: a data-parallel plan's ranks sum their gradient buckets there, and
+/// every plan's ranks pass their activation and gradient messages there, device to
+/// device. One process per GPU sums a data-parallel plan's buckets through NCCL. The rest
+/// (other collectives; messages between processes) goes through the interpreter's
+/// communicator.
 fn gpu_factory(
     plan: &Plan,
     options: &RunOptions,
@@ -612,7 +614,7 @@ fn gpu_factory(
     let ranks = plan.ranks.max(1);
     let summing = ranks > 1 && is_data_parallel(plan);
     let group: Vec<u32> = (0..ranks).collect();
-    let hub = (summing && options.placement.is_none())
+    let hub = (ranks > 1 && options.placement.is_none())
         .then(|| Arc::new(Hub::new(ranks as usize, options.timeout)));
     let placement = options.placement.clone();
     let timeout = options.timeout;

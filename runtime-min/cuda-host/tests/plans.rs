@@ -234,7 +234,7 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     }
 }
 
-/// A device collective that counts its calls (over every rank).
+/// A device collective that counts its calls (over every rank): sums, or messages.
 struct Counted<R> {
     inner: R,
     calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -246,6 +246,92 @@ impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.all_reduce(dev, buf)
     }
+    fn send(
+        &self,
+        dev: &Host,
+        to: u32,
+        tag: u64,
+        buf: &<Host as Backend>::Buf,
+    ) -> Result<bool, DeviceError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.send(dev, to, tag, buf)
+    }
+    fn recv(
+        &self,
+        dev: &Host,
+        from: u32,
+        tag: u64,
+        n: usize,
+    ) -> Result<Option<<Host as Backend>::Buf>, DeviceError> {
+        self.inner.recv(dev, from, tag, n)
+    }
+}
+
+/// A two-stage pipeline whose ranks' devices pass its messages themselves (the
+/// same-device hub, as ranks sharing one GPU do) trains as the CPU backend does, and its
+/// activations and gradients never cross to the host: the devices move what a one-rank
+/// plan's device moves, plus each step's microbatches of the batch, cut on the host.
+#[test]
+fn pipeline_messages_pass_device_to_device() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use ralpc_runtime_min::cuda::on_device::Transfers;
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    let model = "train/cnn.onnx";
+    let stages = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 1 },
+        { "first_layer": "conv1", "last_layer": "fc1", "replicas": 1 }"#;
+    let (_dir, options) = common::planned(
+        &common::fixture(model),
+        2,
+        &common::strategy(stages, &[], "1f1b", 2),
+    );
+    let steps = 3;
+    let options = ralpc::RunOptions { steps, ..options };
+    let hub = Arc::new(Hub::new(2, std::time::Duration::from_secs(30)));
+    let sends = Arc::new(AtomicU64::new(0));
+    let counters: Mutex<Vec<Arc<Transfers>>> = Mutex::default();
+    let passing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let side = Counted {
+            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
+            calls: sends.clone(),
+        };
+        let device = OnDevice::with_replicas(Host, &[0, 1], Box::new(side));
+        counters.lock().expect("counters").push(device.transfers());
+        Ok(Box::new(device))
+    };
+    let got = ralpc::run_with_compute(&options, &passing).expect("run on the devices");
+    let want = ralpc::run(&options).expect("cpu run");
+    common::assert_trains_as("pipeline", &got.report, &want.report, 1e-5);
+    let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
+    let messages = plan
+        .programs
+        .iter()
+        .flatten()
+        .filter(|i| matches!(i, ralpc::codegen::plan::Instruction::Send { .. }))
+        .count() as u64;
+    assert!(messages > 0, "the stages exchange messages");
+    assert_eq!(
+        sends.load(Ordering::Relaxed),
+        u64::from(steps) * messages,
+        "every message passes device to device"
+    );
+    let (weights, input, output) = common::sizes(model, 8, &want.report);
+    let counters = counters.into_inner().expect("counters");
+    let uploaded: u64 = counters.iter().map(|t| t.uploaded()).sum();
+    let read_back: u64 = counters.iter().map(|t| t.read_back()).sum();
+    let steps = u64::from(steps);
+    assert_eq!(
+        uploaded,
+        2 * weights + steps * (input + output),
+        "weights and momentum once; each step its microbatches and the output's gradient"
+    );
+    assert_eq!(
+        read_back,
+        steps * output + 2 * weights,
+        "the output each step, the first gradients and the last weights (the report's)"
+    );
 }
 
 /// Ranks as processes would be, each meeting the others over TCP (here threads, each

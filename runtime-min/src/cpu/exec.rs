@@ -217,6 +217,25 @@ pub trait Compute {
         let _ = (group, bucket);
         Ok(false)
     }
+    /// Sends `data` to rank `to` under `tag` with the device's own point-to-point path
+    /// (the tensor stays on devices); `Ok(false)`: it has none, and the interpreter sends
+    /// through its communicator. Every rank of a run answers alike for the same peer.
+    ///
+    /// # Errors
+    /// The device or the transfer failed.
+    fn send(&self, to: u32, tag: u64, data: &Floats) -> Result<bool, graph::ExecError> {
+        let _ = (to, tag, data);
+        Ok(false)
+    }
+    /// Receives the `n` elements rank `from` sent under `tag` through
+    /// [`Compute::send`]'s path; `None` when there is none.
+    ///
+    /// # Errors
+    /// The device or the transfer failed, or the message has another size.
+    fn recv(&self, from: u32, tag: u64, n: usize) -> Result<Option<Floats>, graph::ExecError> {
+        let _ = (from, tag, n);
+        Ok(None)
+    }
 }
 
 /// The CPU backend's own kernels.
@@ -266,7 +285,7 @@ pub struct Executable<'a> {
 }
 
 /// A piece of a gradient: the region and its values.
-type GradPiece = (Region, Vec<f32>);
+type GradPiece = (Region, Floats);
 
 /// A buffer an instruction touches: its kind, layer, microbatch, and whether it writes it.
 type Touch = (BufferKind, Option<u32>, Option<u32>, bool);

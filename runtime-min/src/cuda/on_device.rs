@@ -485,6 +485,30 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         Ok(Floats::resident(self.keep(Arc::new(sum), n)))
     }
 
+    fn send(&self, to: u32, tag: u64, data: &Floats) -> Result<bool, ExecError> {
+        let Some((members, replicas)) = &self.replicas else {
+            return Ok(false);
+        };
+        if !members.contains(&to) {
+            return Ok(false);
+        }
+        let buf = self.on_this_device(data).map_err(off_node)?;
+        replicas.send(&self.dev, to, tag, &buf).map_err(off_node)
+    }
+
+    fn recv(&self, from: u32, tag: u64, n: usize) -> Result<Option<Floats>, ExecError> {
+        let Some((members, replicas)) = &self.replicas else {
+            return Ok(None);
+        };
+        if !members.contains(&from) {
+            return Ok(None);
+        }
+        Ok(replicas
+            .recv(&self.dev, from, tag, n)
+            .map_err(off_node)?
+            .map(|buf| Floats::resident(self.keep(Arc::new(buf), n))))
+    }
+
     fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, ExecError> {
         let Some((members, replicas)) = &self.replicas else {
             return Ok(false);

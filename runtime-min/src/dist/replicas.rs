@@ -1,4 +1,5 @@
-//! What the devices of one data-parallel group sum their gradients with, device to device:
+//! What the devices of one group of ranks sum their gradients and pass their messages
+//! with, device to device:
 //! the same-device hub ([`super::same_device`]) for ranks sharing a GPU, NCCL
 //! ([`super::nccl`]) across GPUs. The plan interpreter's device
 //! ([`crate::cuda::on_device::OnDevice::with_replicas`]) sums its gradient buckets with it.
@@ -14,5 +15,18 @@ pub trait Replicas<B: Backend> {
     /// rank that stopped answering), and orders the device's later work after them.
     fn settle(&self) -> R<()> {
         Ok(())
+    }
+    /// Sends `buf` to rank `to` under `tag`, device to device. `Ok(false)`: these replicas
+    /// have no point-to-point path, and the interpreter sends through its communicator
+    /// (every rank decides alike: the answer depends on the kind of replicas alone).
+    fn send(&self, dev: &B, to: u32, tag: u64, buf: &B::Buf) -> R<bool> {
+        let _ = (dev, to, tag, buf);
+        Ok(false)
+    }
+    /// Receives the `n` elements rank `from` sent under `tag`, device to device; `None`
+    /// when there is no point-to-point path ([`Replicas::send`]).
+    fn recv(&self, dev: &B, from: u32, tag: u64, n: usize) -> R<Option<B::Buf>> {
+        let _ = (dev, from, tag, n);
+        Ok(None)
     }
 }

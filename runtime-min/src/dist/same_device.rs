@@ -1,8 +1,11 @@
 //! The same-device communicator: data-parallel replicas that are threads sharing one
 //! device sum their gradients there, device to device — each deposits a copy of its buffer
 //! at a hub and adds everyone's copies in rank order — so several ranks are testable on
-//! one GPU without NCCL (which refuses duplicate devices) and without host copies.
+//! one GPU without NCCL (which refuses duplicate devices) and without host copies. Their
+//! messages (a pipeline's activations and gradients) pass the same way, as a copy left in
+//! the receiver's mailbox.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,9 @@ pub struct Hub<T> {
     timeout: Duration,
     round: Mutex<Round<T>>,
     changed: Condvar,
+    /// Messages not yet received, by (sender, receiver, tag), oldest first.
+    mail: Mutex<BTreeMap<(u32, u32, u64), VecDeque<T>>>,
+    delivered: Condvar,
 }
 
 impl<T> Hub<T> {
@@ -41,6 +47,45 @@ impl<T> Hub<T> {
                 failed: None,
             }),
             changed: Condvar::new(),
+            mail: Mutex::default(),
+            delivered: Condvar::new(),
+        }
+    }
+
+    /// Leaves `item` for rank `to` from `from` under `tag`.
+    pub fn post(&self, from: u32, to: u32, tag: u64, item: T) {
+        let mut mail = self.mail.lock().unwrap_or_else(|p| p.into_inner());
+        mail.entry((from, to, tag)).or_default().push_back(item);
+        self.delivered.notify_all();
+    }
+
+    /// The oldest item rank `from` left for `to` under `tag`, waiting for it until the hub
+    /// fails or the timeout passes.
+    pub fn collect(&self, from: u32, to: u32, tag: u64) -> R<T> {
+        let deadline = Instant::now() + self.timeout;
+        let mut mail = self.mail.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(item) = mail.get_mut(&(from, to, tag)).and_then(VecDeque::pop_front) {
+                return Ok(item);
+            }
+            if let Some(why) = &self.lock().failed {
+                return Err(DeviceError::Replicas(format!("aborted: {why}")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let why = format!(
+                    "rank {to} waited more than {} s for a message from rank {from}",
+                    self.timeout.as_secs()
+                );
+                self.fail(&why);
+                return Err(DeviceError::Replicas(why));
+            }
+            // Woken by a delivery, or at the latest every 50 ms to notice a failure.
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            mail = self
+                .delivered
+                .wait_timeout(mail, wait)
+                .map_or_else(|p| p.into_inner().0, |(g, _)| g);
         }
     }
 
@@ -160,6 +205,26 @@ impl<B: Backend> Replicas<B> for SameDevice<B> {
         *buf = sum;
         Ok(())
     }
+
+    fn send(&self, dev: &B, to: u32, tag: u64, buf: &B::Buf) -> R<bool> {
+        let mut copy = dev.zeros(dev.len(buf))?;
+        dev.axpby(&mut copy, buf, 1.0, 0.0)?;
+        // The receiver reads the copy from its own stream: it must be complete.
+        dev.synchronize()?;
+        self.buffers.post(self.rank as u32, to, tag, copy);
+        Ok(true)
+    }
+
+    fn recv(&self, dev: &B, from: u32, tag: u64, n: usize) -> R<Option<B::Buf>> {
+        let buf = self.buffers.collect(from, self.rank as u32, tag)?;
+        if dev.len(&buf) != n {
+            return Err(DeviceError::Inconsistent(format!(
+                "rank {from} sent {} elements under tag {tag} where {n} were expected",
+                dev.len(&buf)
+            )));
+        }
+        Ok(Some(buf))
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +255,33 @@ mod tests {
         for got in &sums {
             assert_eq!(got, &[1020, 11121, 21222, 31323]);
         }
+    }
+
+    #[test]
+    fn messages_arrive_by_sender_and_tag_oldest_first() {
+        let hub: Hub<u32> = Hub::new(2, Duration::from_secs(10));
+        let got: Vec<u32> = std::thread::scope(|s| {
+            let receiver = s.spawn(|| {
+                // Tag 2 is asked for first although tag 1 is sent first.
+                [(0, 2), (0, 1), (0, 1)]
+                    .iter()
+                    .map(|&(from, tag)| hub.collect(from, 1, tag).unwrap())
+                    .collect()
+            });
+            hub.post(0, 1, 1, 10);
+            hub.post(0, 1, 1, 11);
+            hub.post(0, 1, 2, 20);
+            receiver.join().unwrap()
+        });
+        assert_eq!(got, [20, 10, 11]);
+    }
+
+    #[test]
+    fn a_message_never_sent_times_out() {
+        let hub: Hub<u32> = Hub::new(2, Duration::from_millis(200));
+        let error = hub.collect(0, 1, 7).unwrap_err().to_string();
+        assert!(error.contains("rank 1 waited"), "{error}");
+        assert!(error.contains("from rank 0"), "{error}");
     }
 
     #[test]

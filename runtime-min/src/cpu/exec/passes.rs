@@ -137,6 +137,12 @@ impl Rank<'_, '_> {
             )),
             _ => None,
         };
+        // Received whole (device to device, left where it is).
+        if let [(region, t)] = &received[..] {
+            if *region == need && t.len() == volume(&need) {
+                return Ok(t.clone().reshaped(self.p.local_dims(edge.value, &need)));
+            }
+        }
         let parts = own
             .into_iter()
             .chain(received.iter().map(|(region, part)| (region.clone(), part)));
@@ -331,12 +337,16 @@ impl Rank<'_, '_> {
         let readers: Vec<usize> = (0..p.edges.len())
             .filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
             .collect();
-        let whole = |e: &usize| {
-            !self.grad_pieces.contains_key(&(*e, mb))
-                && self
-                    .input_grads
-                    .get(&(*e, mb))
-                    .is_some_and(|(region, data)| region == held && data.len() == volume(held))
+        let covers =
+            |(region, data): &(Region, Floats)| region == held && data.len() == volume(held);
+        // Given whole by a consumer on this rank, or received whole from another's.
+        let whole = |e: &usize| match (
+            self.input_grads.get(&(*e, mb)),
+            self.grad_pieces.get(&(*e, mb)).map(Vec::as_slice),
+        ) {
+            (Some(given), None) => covers(given),
+            (None, Some([received])) => covers(received),
+            _ => false,
         };
         if readers.is_empty() || !readers.iter().all(whole) {
             return Ok(None);
@@ -344,7 +354,9 @@ impl Rank<'_, '_> {
         // Taken: nothing reads a consumer's input gradient after its producer's backward.
         let mut sum: Option<Floats> = None;
         for e in readers {
-            let Some((_, part)) = self.input_grads.remove(&(e, mb)) else {
+            let given = self.input_grads.remove(&(e, mb));
+            let received = || self.grad_pieces.remove(&(e, mb))?.pop();
+            let Some((_, part)) = given.or_else(received) else {
                 continue;
             };
             sum = Some(match sum {

@@ -37,6 +37,10 @@ impl Rank<'_, '_> {
             crop(x, &held, &piece)
         };
         let words = match &data.data {
+            // Device to device where the rank's device has a path to `to`.
+            Data::F32(v) if self.compute.send(to, tag, v).map_err(RankError::from)? => {
+                return Ok(())
+            }
             Data::F32(v) => v.to_vec(),
             Data::I64(v) => ints_to_words(v),
         };
@@ -51,13 +55,25 @@ impl Rank<'_, '_> {
         mb: u32,
         backward: bool,
     ) -> Result<(), RankError> {
-        let data = self.comm.recv(from, tag).map_err(RankError::from)?;
         let piece = if backward {
             intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
         } else {
             intersect(&self.need(e, self.rank)?, &self.held(e, from)?)
         };
         let ints = !backward && !self.p.exe.info.ty(self.p.edges[e].value).dtype.is_float();
+        // Sent device to device (as [`Rank::send`] decides alike on both sides).
+        let on_device = match ints {
+            true => None,
+            false => self
+                .compute
+                .recv(from, tag, volume(&piece))
+                .map_err(RankError::from)?,
+        };
+        if let Some(data) = on_device {
+            self.keep_piece(e, mb, backward, piece, data);
+            return Ok(());
+        }
+        let data = self.comm.recv(from, tag).map_err(RankError::from)?;
         if ints {
             let values = words_to_ints(&data)
                 .filter(|v| v.len() == volume(&piece))
@@ -83,18 +99,28 @@ impl Rank<'_, '_> {
             )
             .into());
         }
+        self.keep_piece(e, mb, backward, piece, data.into());
+        Ok(())
+    }
+
+    /// Keeps a received piece of edge `e`'s tensor (or, `backward`, of its gradient) on
+    /// microbatch `mb` for the layer that reads it.
+    fn keep_piece(&mut self, e: usize, mb: u32, backward: bool, piece: Region, data: Floats) {
         if backward {
             self.grad_pieces
                 .entry((e, mb))
                 .or_default()
                 .push((piece, data));
         } else {
+            let tensor = Tensor {
+                shape: dims(&piece),
+                data: Data::F32(data),
+            };
             self.pieces
                 .entry((e, mb))
                 .or_default()
-                .push((piece.clone(), Tensor::f32(dims(&piece), data)));
+                .push((piece, tensor));
         }
-        Ok(())
     }
 
     /// The buffers instruction `index` touches; a recomputation's are its forward's
@@ -311,7 +337,7 @@ impl Rank<'_, '_> {
                 self.grad_pieces
                     .entry((e, mb))
                     .or_default()
-                    .push((piece, part.floats().unwrap_or_default().to_vec()));
+                    .push((piece, part.floats().unwrap_or_default().to_vec().into()));
             } else {
                 for (&member, part) in members.iter().zip(all) {
                     if member == self.rank {
@@ -321,7 +347,7 @@ impl Rank<'_, '_> {
                     self.grad_pieces
                         .entry((e, mb))
                         .or_default()
-                        .push((region, part));
+                        .push((region, part.into()));
                 }
             }
             return Ok(());
