@@ -16,14 +16,29 @@ use ralpc_runtime_min::cuda::on_device::OnDevice;
 use ralpc_runtime_min::dist::Replicas;
 
 /// The plan of `strategy` for `model`, run on the CPU backend and on the device
-/// ([`OnDevice`]).
-fn both(model: &std::path::Path, gpus: u32, strategy: &str) -> (TrainReport, TrainReport) {
+/// ([`OnDevice`]): its messages through the interpreter's communicator, and device to
+/// device through the same-device hub.
+fn both(model: &std::path::Path, gpus: u32, strategy: &str) -> ([TrainReport; 2], TrainReport) {
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     let (_dir, options) = common::planned(model, gpus, strategy);
     let cpu = ralpc::run(&options).expect("cpu run").report;
     let on_device = ralpc::run_with_compute(&options, &host_kernels)
         .expect("run on the device")
         .report;
-    (on_device, cpu)
+    let hub = std::sync::Arc::new(Hub::new(gpus as usize, std::time::Duration::from_secs(30)));
+    let ranks: Vec<u32> = (0..gpus).collect();
+    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let side = SameDevice::<Host>::new(hub.clone(), rank as usize);
+        Ok(Box::new(OnDevice::with_replicas(
+            Host,
+            &ranks,
+            Box::new(side),
+        )))
+    };
+    let through_hub = ralpc::run_with_compute(&options, &meeting)
+        .expect("run on the devices, meeting at the hub")
+        .report;
+    ([on_device, through_hub], cpu)
 }
 
 /// Every rank's layers on the host-compiled CUDA kernels.
@@ -32,8 +47,9 @@ fn host_kernels(_rank: u32) -> Result<Box<dyn Compute>, DeviceError> {
 }
 
 fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
-    let (got, want) = both(&common::fixture(model), gpus, strategy);
+    let ([got, through_hub], want) = both(&common::fixture(model), gpus, strategy);
     common::assert_trains_as(what, &got, &want, 1e-5);
+    common::assert_trains_as(what, &through_hub, &want, 1e-5);
 }
 
 #[test]
