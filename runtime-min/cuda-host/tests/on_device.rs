@@ -94,3 +94,39 @@ fn a_chain_of_device_nodes_stays_on_the_device() {
     }
     assert!(compared > 4, "{compared} gradients compared");
 }
+
+/// A box cut from a tensor resident on the device (a message's piece) is cut there: it
+/// holds what the host's cut would, and nothing is read back to cut it.
+#[test]
+fn a_box_is_cut_where_the_tensor_is() {
+    let device = OnDevice::new(Host);
+    // A [3, 4, 5] tensor holding the box [2..5, 0..4, 10..15] of a larger one.
+    let holder = [2..5, 0..4, 10..15];
+    let values: Vec<f32> = (0..60).map(|i| i as f32).collect();
+    let x = device
+        .add(values.clone().into(), &vec![0.0; 60].into())
+        .expect("a resident tensor");
+    let read = device.transfers().read_back();
+    let piece = [3..5, 1..3, 11..14];
+    let cut = device
+        .crop(&x, &holder, &piece)
+        .expect("cut")
+        .expect("cut on the device");
+    assert_eq!(device.transfers().read_back(), read, "nothing read back");
+    let mut want = Vec::new();
+    for a in piece[0].clone() {
+        for b in piece[1].clone() {
+            for c in piece[2].clone() {
+                want.push(values[((a - 2) * 4 + b) * 5 + (c - 10)]);
+            }
+        }
+    }
+    assert_eq!(&cut[..], &want[..]);
+    assert_eq!(
+        device
+            .crop(&values.into(), &holder, &piece)
+            .expect("cut on the host"),
+        None,
+        "a tensor on the host is cut there"
+    );
+}

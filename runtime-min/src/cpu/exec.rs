@@ -217,6 +217,21 @@ pub trait Compute {
         let _ = (group, bucket);
         Ok(false)
     }
+    /// The box `piece` of `x`, a row-major tensor holding the box `holder` (one range
+    /// per axis), cut where `x`'s elements are: on the device, when they are resident there
+    /// alone. `None`: it is cut on the host.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn crop(
+        &self,
+        x: &Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+    ) -> Result<Option<Floats>, graph::ExecError> {
+        let _ = (x, holder, piece);
+        Ok(None)
+    }
     /// Sends `data` to rank `to` under `tag` with the device's own point-to-point path
     /// (the tensor stays on devices); `Ok(false)`: it has none, and the interpreter sends
     /// through its communicator. Every rank of a run answers alike for the same peer.

@@ -485,6 +485,45 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         Ok(Floats::resident(self.keep(Arc::new(sum), n)))
     }
 
+    fn crop(
+        &self,
+        x: &Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+    ) -> Result<Option<Floats>, ExecError> {
+        let mine = |c: &Arc<dyn DeviceCopy>| {
+            c.as_any()
+                .downcast_ref::<Kept<B>>()
+                .filter(|k| k.owner == self.id)
+                .map(|k| k.buf.clone())
+        };
+        let Some(buf) = x.device_copy(mine).filter(|_| !x.on_host()) else {
+            return Ok(None);
+        };
+        // Row-major strides of the holder's box; the piece starts `offset` elements in.
+        let dims: Vec<usize> = holder.iter().map(|r| r.len()).collect();
+        let mut strides = vec![1usize; dims.len()];
+        for d in (0..dims.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * dims[d + 1];
+        }
+        let offset = piece
+            .iter()
+            .zip(holder)
+            .zip(&strides)
+            .map(|((p, h), s)| p.start.saturating_sub(h.start) * s)
+            .sum();
+        let shape: Vec<usize> = piece.iter().map(|r| r.len()).collect();
+        let Ok(view) = Strides::view(&shape, &strides) else {
+            return Ok(None);
+        };
+        let n = numel(&shape);
+        let mut out = self.dev.zeros(n).map_err(off_node)?;
+        self.dev
+            .gather(&mut out, &buf, &view, offset)
+            .map_err(off_node)?;
+        Ok(Some(Floats::resident(self.keep(Arc::new(out), n))))
+    }
+
     fn send(&self, to: u32, tag: u64, data: &Floats) -> Result<bool, ExecError> {
         let Some((members, replicas)) = &self.replicas else {
             return Ok(false);

@@ -23,7 +23,7 @@ impl Rank<'_, '_> {
                 shape: dims(need),
                 data: Data::F32(data.clone()),
             };
-            crop(&whole, need, &piece)
+            self.cut(&whole, need, &piece)?
         } else {
             let held = self.held(e, self.rank)?;
             let piece = intersect(&self.need(e, to)?, &held);
@@ -34,7 +34,7 @@ impl Rank<'_, '_> {
                 )
             })?;
             let x = run.values.get(edge.value).ok_or("the output is missing")?;
-            crop(x, &held, &piece)
+            self.cut(x, &held, &piece)?
         };
         let words = match &data.data {
             // Device to device where the rank's device has a path to `to`.
@@ -45,6 +45,24 @@ impl Rank<'_, '_> {
             Data::I64(v) => ints_to_words(v),
         };
         self.comm.send(to, tag, words).map_err(RankError::from)
+    }
+
+    /// The box `piece` of `x` (holding `holder`), cut on the device where a float
+    /// tensor's elements are resident (the rest of it stays there), else on the host.
+    fn cut(&self, x: &Tensor, holder: &Region, piece: &Region) -> Result<Tensor, RankError> {
+        if let (Data::F32(f), false) = (&x.data, holder == piece) {
+            if let Some(f) = self
+                .compute
+                .crop(f, holder, piece)
+                .map_err(RankError::from)?
+            {
+                return Ok(Tensor {
+                    shape: dims(piece),
+                    data: Data::F32(f),
+                });
+            }
+        }
+        Ok(crop(x, holder, piece))
     }
 
     pub(super) fn recv(
