@@ -232,6 +232,20 @@ pub trait Compute {
         let _ = (x, holder, piece);
         Ok(None)
     }
+    /// The box `need` assembled from `parts` (each the box it holds and its elements,
+    /// row-major), where their elements are: on the device, when they are all resident
+    /// there alone and cover `need` once. `None`: it is assembled on the host.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn paste(
+        &self,
+        need: &[std::ops::Range<usize>],
+        parts: &[(&[std::ops::Range<usize>], &Floats)],
+    ) -> Result<Option<Floats>, graph::ExecError> {
+        let _ = (need, parts);
+        Ok(None)
+    }
     /// Sends `data` to rank `to` under `tag` with the device's own point-to-point path
     /// (the tensor stays on devices); `Ok(false)`: it has none, and the interpreter sends
     /// through its communicator. Every rank of a run answers alike for the same peer.

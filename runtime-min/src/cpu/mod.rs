@@ -24,7 +24,7 @@ pub mod ops;
 mod rearrange;
 mod recurrent;
 mod reduce;
-mod region;
+pub(crate) mod region;
 mod resize;
 mod signal;
 pub mod tensor;

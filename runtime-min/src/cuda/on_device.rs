@@ -10,6 +10,7 @@
 //! gradients no collective reads trains without its weights or activations crossing.
 //! Shape and integer arithmetic, and operators the device lacks, stay on the host.
 
+use crate::cpu::region::{intersect, volume};
 use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -141,6 +142,18 @@ impl<B: Backend + 'static> OnDevice<B> {
         let buf = Arc::new(self.dev.upload(f)?);
         f.keep_on_device(self.keep(buf.clone(), f.len()));
         Ok(buf)
+    }
+
+    /// `f`'s buffer on this device when its elements are there and not on the host (so
+    /// that cutting or assembling them there saves reading them back).
+    fn resident_here(&self, f: &Floats) -> Option<Arc<B::Buf>> {
+        let mine = |c: &Arc<dyn DeviceCopy>| {
+            c.as_any()
+                .downcast_ref::<Kept<B>>()
+                .filter(|k| k.owner == self.id)
+                .map(|k| k.buf.clone())
+        };
+        f.device_copy(mine).filter(|_| !f.on_host())
     }
 
     /// `f`'s elements in a buffer of this device to write: its own resident buffer when
@@ -368,6 +381,27 @@ impl<B: Backend + 'static> OnDevice<B> {
     }
 }
 
+/// The view of the box `piece` inside a row-major tensor holding the box `holder`: its
+/// shape read with the holder's strides, from the element where it starts.
+fn box_view(
+    holder: &[std::ops::Range<usize>],
+    piece: &[std::ops::Range<usize>],
+) -> R<(Strides, usize)> {
+    let dims: Vec<usize> = holder.iter().map(|r| r.len()).collect();
+    let mut strides = vec![1usize; dims.len()];
+    for d in (0..dims.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let offset = piece
+        .iter()
+        .zip(holder)
+        .zip(&strides)
+        .map(|((p, h), s)| p.start.saturating_sub(h.start) * s)
+        .sum();
+    let shape: Vec<usize> = piece.iter().map(|r| r.len()).collect();
+    Ok((Strides::view(&shape, &strides)?, offset))
+}
+
 /// A device failure outside any node's arithmetic (uploads, sums, the update).
 fn off_node(source: DeviceError) -> ExecError {
     ExecError::Device { site: None, source }
@@ -491,36 +525,57 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         holder: &[std::ops::Range<usize>],
         piece: &[std::ops::Range<usize>],
     ) -> Result<Option<Floats>, ExecError> {
-        let mine = |c: &Arc<dyn DeviceCopy>| {
-            c.as_any()
-                .downcast_ref::<Kept<B>>()
-                .filter(|k| k.owner == self.id)
-                .map(|k| k.buf.clone())
-        };
-        let Some(buf) = x.device_copy(mine).filter(|_| !x.on_host()) else {
+        let Some(buf) = self.resident_here(x) else {
             return Ok(None);
         };
-        // Row-major strides of the holder's box; the piece starts `offset` elements in.
-        let dims: Vec<usize> = holder.iter().map(|r| r.len()).collect();
-        let mut strides = vec![1usize; dims.len()];
-        for d in (0..dims.len().saturating_sub(1)).rev() {
-            strides[d] = strides[d + 1] * dims[d + 1];
-        }
-        let offset = piece
-            .iter()
-            .zip(holder)
-            .zip(&strides)
-            .map(|((p, h), s)| p.start.saturating_sub(h.start) * s)
-            .sum();
-        let shape: Vec<usize> = piece.iter().map(|r| r.len()).collect();
-        let Ok(view) = Strides::view(&shape, &strides) else {
+        let Ok(view) = box_view(holder, piece) else {
             return Ok(None);
         };
-        let n = numel(&shape);
+        let n = volume(&piece.to_vec());
         let mut out = self.dev.zeros(n).map_err(off_node)?;
         self.dev
-            .gather(&mut out, &buf, &view, offset)
+            .gather(&mut out, &buf, &view.0, view.1)
             .map_err(off_node)?;
+        Ok(Some(Floats::resident(self.keep(Arc::new(out), n))))
+    }
+
+    fn paste(
+        &self,
+        need: &[std::ops::Range<usize>],
+        parts: &[(&[std::ops::Range<usize>], &Floats)],
+    ) -> Result<Option<Floats>, ExecError> {
+        let need = need.to_vec();
+        let mut boxes = Vec::with_capacity(parts.len());
+        for (held, f) in parts {
+            let Some(buf) = self.resident_here(f) else {
+                return Ok(None);
+            };
+            let held = held.to_vec();
+            let inside = intersect(&held, &need);
+            boxes.push((held, inside, buf));
+        }
+        // Covered once, else the host assembles it (and names what is missing).
+        let covered: usize = boxes.iter().map(|(_, inside, _)| volume(inside)).sum();
+        if covered != volume(&need) {
+            return Ok(None);
+        }
+        let dev = &self.dev;
+        let n = volume(&need);
+        let mut out = dev.zeros(n).map_err(off_node)?;
+        for (held, inside, buf) in boxes {
+            let m = volume(&inside);
+            if m == 0 {
+                continue;
+            }
+            let (Ok(from), Ok(to)) = (box_view(&held, &inside), box_view(&need, &inside)) else {
+                return Ok(None);
+            };
+            let mut piece = dev.zeros(m).map_err(off_node)?;
+            dev.gather(&mut piece, &buf, &from.0, from.1)
+                .map_err(off_node)?;
+            dev.scatter(&mut out, &piece, &to.0, to.1, false)
+                .map_err(off_node)?;
+        }
         Ok(Some(Floats::resident(self.keep(Arc::new(out), n))))
     }
 

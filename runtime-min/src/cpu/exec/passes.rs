@@ -143,10 +143,32 @@ impl Rank<'_, '_> {
                 return Ok(t.clone().reshaped(self.p.local_dims(edge.value, &need)));
             }
         }
-        let parts = own
+        let parts: Vec<(Region, &Tensor)> = own
             .into_iter()
-            .chain(received.iter().map(|(region, part)| (region.clone(), part)));
+            .chain(received.iter().map(|(region, part)| (region.clone(), part)))
+            .collect();
         let dims = self.p.local_dims(edge.value, &need);
+        // Assembled where the pieces are (on a device, when it can).
+        let floats: Option<Vec<(&[std::ops::Range<usize>], &Floats)>> = parts
+            .iter()
+            .map(|(region, t)| match &t.data {
+                Data::F32(f) => Some((region.as_slice(), f)),
+                Data::I64(_) => None,
+            })
+            .collect();
+        if let Some(floats) = floats.filter(|f| !f.is_empty()) {
+            if let Some(f) = self
+                .compute
+                .paste(&need, &floats)
+                .map_err(RankError::from)?
+            {
+                return Ok(Tensor {
+                    shape: dims,
+                    data: Data::F32(f),
+                });
+            }
+        }
+        let parts = parts.into_iter();
         // Integer tensors (indices, masks, shapes turned into data) have no gradient: they
         // arrive as they were computed.
         let (tensor, missing) = if self.p.exe.info.ty(edge.value).dtype.is_float() {
