@@ -6,6 +6,8 @@
 //! pass does not read (a residual sum's operands, a max pool's input once its argmax is
 //! saved, a ReLU's input once its output exists) need not outlive the forward pass.
 
+use crate::graph::Node;
+use crate::ids::ValueId;
 use crate::op::{Binary, Op, PoolKind, Unary, Variadic};
 
 /// The operands whose elements an op's backward pass reads.
@@ -145,6 +147,21 @@ impl Op {
             | Op::ArgExtreme { .. } => BackwardReads::SHAPES,
             _ => BackwardReads::ALL,
         }
+    }
+}
+
+impl Node {
+    /// The values whose elements this node's backward pass reads ([`Op::backward_reads`]):
+    /// inputs and outputs, a value once per slot that reads it.
+    pub fn read_by_backward(&self) -> impl Iterator<Item = ValueId> + '_ {
+        let reads = self.op.backward_reads();
+        let inputs = self
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(move |(slot, v)| v.filter(|_| reads.input(slot)));
+        let outputs = self.outputs.iter().copied().filter(move |_| reads.outputs);
+        inputs.chain(outputs)
     }
 }
 

@@ -817,15 +817,9 @@ fn time_and_batch(
 /// as its output ([`Op::backward_reads`]: the runtime releases the others after the
 /// forward pass).
 fn read_for_backward(graph: &Graph, members: &[NodeId], v: ValueId) -> bool {
-    members.iter().any(|&m| {
-        let node = graph.node(m);
-        let reads = node.op.backward_reads();
-        node.inputs
-            .iter()
-            .enumerate()
-            .any(|(slot, &x)| x == Some(v) && reads.input(slot))
-            || (reads.outputs && node.outputs.contains(&v))
-    })
+    members
+        .iter()
+        .any(|&m| graph.node(m).read_by_backward().any(|x| x == v))
 }
 
 /// The element size of most of the graph's floating-point values (4 when it has none).

@@ -256,16 +256,10 @@ impl Values {
             }
         };
         for record in records {
-            let node = graph.node(record.node);
-            let reads = node.op.backward_reads();
-            for (slot, v) in node.inputs.iter().enumerate() {
-                if let (Some(v), true) = (v, reads.input(slot)) {
-                    mark(*v);
-                }
-            }
-            if reads.outputs {
-                node.outputs.iter().copied().for_each(&mut mark);
-            }
+            graph
+                .node(record.node)
+                .read_by_backward()
+                .for_each(&mut mark);
         }
         keep.iter().copied().for_each(&mut mark);
         for (slot, read) in self.0.iter_mut().zip(read) {

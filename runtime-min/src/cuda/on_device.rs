@@ -129,13 +129,7 @@ impl<B: Backend + 'static> OnDevice<B> {
     /// `f` on this device: its resident copy when this device made one, else uploaded
     /// (and the upload kept with `f` for the next reader).
     fn on_this_device(&self, f: &Floats) -> R<Arc<B::Buf>> {
-        let kept = |c: &dyn DeviceCopy| {
-            c.as_any()
-                .downcast_ref::<Kept<B>>()
-                .filter(|k| k.owner == self.id)
-                .map(|k| k.buf.clone())
-        };
-        if let Some(buf) = f.device_copy(|c| kept(c.as_ref())) {
+        if let Some(buf) = self.own_copy(f) {
             return Ok(buf);
         }
         Transfers::count(&self.transfers.uploaded, f.len());
@@ -147,13 +141,17 @@ impl<B: Backend + 'static> OnDevice<B> {
     /// `f`'s buffer on this device when its elements are there and not on the host (so
     /// that cutting or assembling them there saves reading them back).
     fn resident_here(&self, f: &Floats) -> Option<Arc<B::Buf>> {
-        let mine = |c: &Arc<dyn DeviceCopy>| {
+        self.own_copy(f).filter(|_| !f.on_host())
+    }
+
+    /// `f`'s copy on this device, if it has one.
+    fn own_copy(&self, f: &Floats) -> Option<Arc<B::Buf>> {
+        f.device_copy(|c| {
             c.as_any()
                 .downcast_ref::<Kept<B>>()
                 .filter(|k| k.owner == self.id)
                 .map(|k| k.buf.clone())
-        };
-        f.device_copy(mine).filter(|_| !f.on_host())
+        })
     }
 
     /// `f`'s elements in a buffer of this device to write: its own resident buffer when
