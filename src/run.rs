@@ -599,11 +599,12 @@ fn is_data_parallel(plan: &Plan) -> bool {
 
 /// Every rank's device for `--backend cuda`: the GPU its launcher gave its process (GPU 0
 /// without one; more local ranks than GPUs share them). Ranks as threads meet at the
-/// same-device hub: a data-parallel plan's ranks sum their gradient buckets there, and
-/// every plan's ranks pass their activation and gradient messages there, device to
-/// device. One process per GPU sums a data-parallel plan's buckets through NCCL. The rest
-/// (other collectives; messages between processes) goes through the interpreter's
-/// communicator.
+/// same-device hub, device to device: every plan's sums over any group of ranks
+/// (gradient buckets, tensor-parallel partial sums, tied weights), its resharding
+/// gathers and its activation and gradient messages. One process per GPU sums a
+/// data-parallel plan's buckets through NCCL. The rest (ZeRO's shards, the loss
+/// statistics of a head split by classes; between processes, everything else) goes
+/// through the interpreter's communicator.
 fn gpu_factory(
     plan: &Plan,
     options: &RunOptions,

@@ -1,7 +1,8 @@
 //! On an NVIDIA GPU (`cargo test -p ralpc-cuda-host --test gpu_plans -- --ignored
 //! --nocapture`): plans through the plan interpreter with every rank's layers on the GPU
-//! ([`OnDevice`] over [`Gpu`]), against the CPU backend: burst, SOAP and pipeline plans,
-//! a data-parallel plan whose ranks sum their gradients on the GPU; and full-size steps of
+//! ([`OnDevice`] over [`Gpu`]), meeting at the same-device hub, against the CPU backend:
+//! burst, SOAP and pipeline plans, a data-parallel plan, and a GPT in tensor × pipeline ×
+//! data parallelism whose ranks sum over their groups on the GPU; and full-size steps of
 //! ResNet-50, VGG16 and MobileNetV2, one rank and data parallel, timed against the
 //! one-device loop (printed, a measurement). `tests/plans.rs` runs the same path on the
 //! host-compiled kernels on every machine.
@@ -20,8 +21,9 @@ use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
 /// Within this, the GPU trains as the CPU (fp32, TF32 off).
 const TOLERANCE: f64 = 1e-3;
 
-/// Every rank's layers on GPU 0 (its own streams), summing gradient buckets over `group`
-/// on the GPU when the plan is data parallel; each device's transfer counters kept.
+/// Every rank's layers on GPU 0 (its own streams), meeting at the same-device hub when
+/// there are several, as `ralpc run --backend cuda` ranks do; each device's transfer
+/// counters kept.
 struct Devices {
     group: Vec<u32>,
     buffers: Arc<Hub<<Gpu as Backend>::Buf>>,
@@ -29,12 +31,11 @@ struct Devices {
 }
 
 impl Devices {
-    fn new(data_parallel_ranks: u32) -> Self {
-        let n = data_parallel_ranks.max(1) as usize;
+    fn new(ranks: u32) -> Self {
         let timeout = std::time::Duration::from_secs(60);
         Self {
-            group: (0..data_parallel_ranks).collect(),
-            buffers: Arc::new(Hub::new(n, timeout)),
+            group: (0..ranks).collect(),
+            buffers: Arc::new(Hub::new(ranks.max(1) as usize, timeout)),
             transfers: Mutex::default(),
         }
     }
@@ -65,11 +66,16 @@ impl Devices {
     }
 }
 
-fn check(what: &str, model: &str, gpus: u32, strategy: &str, data_parallel_ranks: u32) {
+fn check(what: &str, model: &str, gpus: u32, strategy: &str) {
     let (_dir, options) = common::planned(&common::fixture(model), gpus, strategy);
-    let want = ralpc::run(&options).expect("cpu run").report;
-    let devices = Devices::new(data_parallel_ranks);
-    let got = ralpc::run_with_compute(&options, &|r| devices.open(r))
+    check_run(what, &options, gpus);
+}
+
+/// The run of `options` on `ranks` GPU devices against the CPU backend's.
+fn check_run(what: &str, options: &ralpc::RunOptions, ranks: u32) {
+    let want = ralpc::run(options).expect("cpu run").report;
+    let devices = Devices::new(ranks);
+    let got = ralpc::run_with_compute(options, &|r| devices.open(r))
         .unwrap_or_else(|e| panic!("{what}: {}", ralpc_runtime_min::error_chain(&e)))
         .report;
     eprintln!("{what}: losses {:?} (CPU {:?})", got.losses, want.losses);
@@ -86,24 +92,19 @@ fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
     }
     let cnn = "train/cnn.onnx";
     for (family, strategy) in common::cnn_plans() {
-        check(family, cnn, 4, &strategy, 1);
+        check(family, cnn, 4, &strategy);
     }
     let one = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 1 }"#;
-    check(
-        "one rank",
-        cnn,
-        1,
-        &common::strategy(one, &[], "1f1b", 1),
-        1,
-    );
+    check("one rank", cnn, 1, &common::strategy(one, &[], "1f1b", 1));
     let two = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 }"#;
     check(
         "data parallel",
         cnn,
         2,
         &common::strategy(two, &[], "1f1b", 1),
-        2,
     );
+    let (_dir, options) = common::megatron_gpt();
+    check_run("GPT t2 p2 d2", &options, 8);
 }
 
 /// The median of `steps` after the first (start-up, uploads and the first step's

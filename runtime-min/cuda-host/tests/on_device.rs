@@ -130,3 +130,50 @@ fn a_box_is_cut_where_the_tensor_is() {
         "a tensor on the host is cut there"
     );
 }
+
+/// Ranks sharing a device meet at the same-device hub over any group of them: pairs
+/// summing at once, then pairs that cross the first ones, then every rank gathering
+/// parts of different lengths, then the sum over all of them — each member getting the
+/// same result, its parts in rank order.
+#[test]
+fn the_hub_sums_and_gathers_over_any_group_of_its_ranks() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ralpc_runtime_min::cuda::backend::Backend;
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    use ralpc_runtime_min::dist::Replicas;
+    let hub = Arc::new(Hub::new(4, Duration::from_secs(10)));
+    let sum = |side: &SameDevice<Host>, group: &[u32], value: f32| {
+        let mut buf = Host.upload(&[value; 3]).expect("upload");
+        assert!(side.reaches(group));
+        side.all_reduce(&Host, group, &mut buf).expect("sum");
+        Host::read_back(&buf).expect("read back")
+    };
+    std::thread::scope(|s| {
+        for rank in 0..4u32 {
+            let hub = hub.clone();
+            s.spawn(move || {
+                let side = SameDevice::<Host>::new(hub, rank as usize);
+                let pair = if rank < 2 { [0, 1] } else { [2, 3] };
+                let want = if rank < 2 { 1.0 + 2.0 } else { 3.0 + 4.0 };
+                assert_eq!(sum(&side, &pair, (rank + 1) as f32), [want; 3]);
+                let across = [rank % 2, rank % 2 + 2];
+                let want = (across[0] * 10 + across[1] * 10) as f32;
+                assert_eq!(sum(&side, &across, (rank * 10) as f32), [want; 3]);
+                let own = Host
+                    .upload(&vec![rank as f32; rank as usize + 1])
+                    .expect("upload");
+                let parts = side
+                    .all_gather(&Host, &[0, 1, 2, 3], &own)
+                    .expect("gather")
+                    .expect("the hub gathers");
+                for (member, part) in parts.iter().enumerate() {
+                    let got = Host::read_back(part).expect("read back");
+                    assert_eq!(got, vec![member as f32; member + 1], "rank {rank}");
+                }
+                assert_eq!(sum(&side, &[0, 1, 2, 3], 1.0), [4.0; 3]);
+            });
+        }
+    });
+}

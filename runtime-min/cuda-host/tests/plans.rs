@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::sync::atomic::AtomicU64;
+
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::train::TrainReport;
@@ -182,8 +184,6 @@ fn data_parallel_batch_norm_syncs_its_statistics_on_the_devices() {
 fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     use std::sync::{Arc, Mutex};
 
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     use ralpc_runtime_min::cuda::on_device::Transfers;
     use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     let ranks = 2;
@@ -198,11 +198,11 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     let buffers = Arc::new(Hub::new(ranks as usize, timeout));
     let counters: Mutex<Vec<(u32, Arc<Transfers>)>> = Mutex::default();
     let group: Vec<u32> = (0..ranks).collect();
-    let sums = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(Calls::default());
     let summing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let hub = Counted {
             inner: SameDevice::<Host>::new(buffers.clone(), rank as usize),
-            calls: sums.clone(),
+            calls: calls.clone(),
         };
         let device = OnDevice::with_replicas(Host, &group, Box::new(hub));
         counters
@@ -228,7 +228,7 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
         .filter(|i| matches!(i, ralpc::codegen::plan::Instruction::AllReduce { .. }))
         .count() as u64;
     assert_eq!(
-        sums.load(Ordering::Relaxed),
+        Calls::get(&calls.sums),
         steps * buckets,
         "one device collective per bucket and step"
     );
@@ -250,17 +250,50 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     }
 }
 
-/// A device collective that counts its calls (over every rank): sums, or messages.
+/// What a [`Counted`] device collective was asked to do, over every rank.
+#[derive(Default)]
+struct Calls {
+    sums: AtomicU64,
+    gathers: AtomicU64,
+    sends: AtomicU64,
+}
+
+impl Calls {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn get(counter: &AtomicU64) -> u64 {
+        counter.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A device collective that counts its calls.
 struct Counted<R> {
     inner: R,
-    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    calls: std::sync::Arc<Calls>,
 }
 
 impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
-    fn all_reduce(&self, dev: &Host, buf: &mut <Host as Backend>::Buf) -> Result<(), DeviceError> {
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.all_reduce(dev, buf)
+    fn reaches(&self, group: &[u32]) -> bool {
+        self.inner.reaches(group)
+    }
+    fn all_reduce(
+        &self,
+        dev: &Host,
+        group: &[u32],
+        buf: &mut <Host as Backend>::Buf,
+    ) -> Result<(), DeviceError> {
+        Calls::add(&self.calls.sums);
+        self.inner.all_reduce(dev, group, buf)
+    }
+    fn all_gather(
+        &self,
+        dev: &Host,
+        group: &[u32],
+        buf: &<Host as Backend>::Buf,
+    ) -> Result<Option<Vec<<Host as Backend>::Buf>>, DeviceError> {
+        Calls::add(&self.calls.gathers);
+        self.inner.all_gather(dev, group, buf)
     }
     fn send(
         &self,
@@ -269,8 +302,7 @@ impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
         tag: u64,
         buf: &<Host as Backend>::Buf,
     ) -> Result<bool, DeviceError> {
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Calls::add(&self.calls.sends);
         self.inner.send(dev, to, tag, buf)
     }
     fn recv(
@@ -290,7 +322,6 @@ impl<R: Replicas<Host>> Replicas<Host> for Counted<R> {
 /// plan's device moves, plus each step's microbatches of the batch, cut on the host.
 #[test]
 fn pipeline_messages_pass_device_to_device() {
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
     use ralpc_runtime_min::cuda::on_device::Transfers;
@@ -306,12 +337,12 @@ fn pipeline_messages_pass_device_to_device() {
     let steps = 3;
     let options = ralpc::RunOptions { steps, ..options };
     let hub = Arc::new(Hub::new(2, std::time::Duration::from_secs(30)));
-    let sends = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(Calls::default());
     let counters: Mutex<Vec<Arc<Transfers>>> = Mutex::default();
     let passing = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let side = Counted {
             inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
-            calls: sends.clone(),
+            calls: calls.clone(),
         };
         let device = OnDevice::with_replicas(Host, &[0, 1], Box::new(side));
         counters.lock().expect("counters").push(device.transfers());
@@ -329,7 +360,7 @@ fn pipeline_messages_pass_device_to_device() {
         .count() as u64;
     assert!(messages > 0, "the stages exchange messages");
     assert_eq!(
-        sends.load(Ordering::Relaxed),
+        Calls::get(&calls.sends),
         u64::from(steps) * messages,
         "every message passes device to device"
     );
@@ -347,6 +378,80 @@ fn pipeline_messages_pass_device_to_device() {
         read_back,
         steps * output + 2 * weights,
         "the output each step, the first gradients and the last weights (the report's)"
+    );
+}
+
+/// A GPT planned as Megatron-LM plans one — tensor 2 × pipeline 2 × data 2, its head tied
+/// to the embedding — on devices meeting at the same-device hub trains as the CPU backend
+/// does, and every sum of the plan (the tensor-parallel groups' partial sums and input
+/// gradients, the data-parallel groups' gradient buckets, the tied weight's gradient over
+/// the first and last stages) is a device collective over its group: none goes through the
+/// host.
+#[test]
+fn megatron_plans_sum_over_their_groups_device_to_device() {
+    use std::sync::Arc;
+
+    use ralpc::codegen::plan::{BufferKind, Instruction};
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    let (_dir, options) = common::megatron_gpt();
+    let hub = Arc::new(Hub::new(8, std::time::Duration::from_secs(30)));
+    let calls = Arc::new(Calls::default());
+    let ranks: Vec<u32> = (0..8).collect();
+    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let side = Counted {
+            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
+            calls: calls.clone(),
+        };
+        Ok(Box::new(OnDevice::with_replicas(
+            Host,
+            &ranks,
+            Box::new(side),
+        )))
+    };
+    let got = ralpc::run_with_compute(&options, &meeting).expect("run on the devices");
+    let want = ralpc::run(&options).expect("cpu run");
+    common::assert_trains_as("t2 p2 d2", &got.report, &want.report, 1e-5);
+    let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
+    let count = |f: fn(&Instruction) -> bool| {
+        plan.programs.iter().flatten().filter(|&i| f(i)).count() as u64
+    };
+    let tied = count(|i| matches!(i, Instruction::AllReduce { tied: Some(_), .. }));
+    assert!(tied > 0, "the tied weight has its own sum");
+    let collectives = count(|i| {
+        matches!(
+            i,
+            Instruction::AllReduce { .. }
+                | Instruction::ReduceScatter { .. }
+                | Instruction::AllGather { .. }
+                | Instruction::AllToAll { .. }
+        )
+    });
+    // The loss statistics of the head split by vocabulary are gathered in place on the
+    // output, on the host, where the loss is computed.
+    let statistics = (plan.programs.iter().zip(&plan.buffers))
+        .flat_map(|(program, buffers)| {
+            program.iter().enumerate().filter(move |&(at, i)| {
+                let at = at as u32;
+                matches!(i, Instruction::AllGather { .. })
+                    && buffers.iter().any(|b| {
+                        b.kind == BufferKind::Activation
+                            && b.reads.contains(&at)
+                            && b.writes.contains(&at)
+                    })
+            })
+        })
+        .count() as u64;
+    let steps = u64::from(options.steps);
+    assert_eq!(
+        Calls::get(&calls.sums) + Calls::get(&calls.gathers),
+        steps * (collectives - statistics),
+        "every collective but the loss statistics' on the devices"
+    );
+    let sends = count(|i| matches!(i, Instruction::Send { .. }));
+    assert_eq!(
+        Calls::get(&calls.sends),
+        steps * sends,
+        "every message on the devices"
     );
 }
 

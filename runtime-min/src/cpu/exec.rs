@@ -206,16 +206,31 @@ pub trait Compute {
         kernels::add(a.make_mut(), b);
         Ok(a)
     }
-    /// Sums a gradient bucket (its tensors in order) over `group` in place, with the
-    /// device's own collective when it has one over exactly that group (the tensors stay
-    /// on the device); `Ok(false)`: it has none, and the interpreter sums through its
-    /// communicator.
+    /// Sums `bucket` (its tensors in order: gradients, partial sums) over `group` in
+    /// place, with the device's own collective when it has one over that group (the
+    /// tensors stay on the device); `Ok(false)`: it has none, nothing changed, and the
+    /// interpreter sums through its communicator. Every member answers alike.
     ///
     /// # Errors
     /// The device or the collective failed.
     fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, graph::ExecError> {
         let _ = (group, bucket);
         Ok(false)
+    }
+    /// Every member's `data` (their lengths may differ), in the order of `group`
+    /// (sorted), gathered with the device's own collective when it has one over that group
+    /// (the elements stay on devices); `None`: it has none, nothing was sent, and the
+    /// interpreter gathers through its communicator. Every member answers alike.
+    ///
+    /// # Errors
+    /// The device or the collective failed.
+    fn all_gather(
+        &self,
+        group: &[u32],
+        data: &Floats,
+    ) -> Result<Option<Vec<Floats>>, graph::ExecError> {
+        let _ = (group, data);
+        Ok(None)
     }
     /// The box `piece` of `x`, a row-major tensor holding the box `holder` (one range
     /// per axis), cut where `x`'s elements are: on the device, when they are resident there

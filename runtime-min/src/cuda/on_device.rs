@@ -98,9 +98,9 @@ impl<B: Backend + 'static> OnDevice<B> {
         }
     }
 
-    /// Computes on `dev` and sums gradient buckets over `group` with `replicas`, device to
-    /// device (NCCL across GPUs, the same-device hub for ranks sharing one): a plan's
-    /// data-parallel gradients never leave the devices.
+    /// Computes on `dev`, meeting the devices of the ranks of `group` through `replicas`
+    /// (NCCL across GPUs, the same-device hub for ranks sharing one): the sums over groups
+    /// the replicas cover and the messages between members never leave the devices.
     pub fn with_replicas(dev: B, group: &[u32], replicas: Box<dyn Replicas<B>>) -> OnDevice<B> {
         let mut members = group.to_vec();
         members.sort_unstable();
@@ -601,20 +601,46 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
             .map(|buf| Floats::resident(self.keep(Arc::new(buf), n))))
     }
 
+    fn all_gather(&self, group: &[u32], data: &Floats) -> Result<Option<Vec<Floats>>, ExecError> {
+        let Some((members, replicas)) = &self.replicas else {
+            return Ok(None);
+        };
+        if !group.iter().all(|r| members.contains(r)) || !replicas.reaches(group) {
+            return Ok(None);
+        }
+        let buf = self.on_this_device(data).map_err(off_node)?;
+        let Some(all) = replicas
+            .all_gather(&self.dev, group, &buf)
+            .map_err(off_node)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(
+            all.into_iter()
+                .map(|part| {
+                    let n = self.dev.len(&part);
+                    Floats::resident(self.keep(Arc::new(part), n))
+                })
+                .collect(),
+        ))
+    }
+
     fn all_reduce(&self, group: &[u32], bucket: &mut [Floats]) -> Result<bool, ExecError> {
         let Some((members, replicas)) = &self.replicas else {
             return Ok(false);
         };
         let mut group = group.to_vec();
         group.sort_unstable();
-        if group != *members {
+        if !group.iter().all(|r| members.contains(r)) || !replicas.reaches(&group) {
             return Ok(false);
         }
         self.unsettled.store(true, Ordering::Relaxed);
         if let [g] = bucket {
             let n = g.len();
             let mut buf = self.to_write(std::mem::take(g)).map_err(off_node)?;
-            replicas.all_reduce(&self.dev, &mut buf).map_err(off_node)?;
+            replicas
+                .all_reduce(&self.dev, &group, &mut buf)
+                .map_err(off_node)?;
             *g = Floats::resident(self.keep(Arc::new(buf), n));
             return Ok(true);
         }
@@ -632,7 +658,9 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
                 .map_err(off_node)?;
             at += n;
         }
-        replicas.all_reduce(dev, &mut flat).map_err(off_node)?;
+        replicas
+            .all_reduce(dev, &group, &mut flat)
+            .map_err(off_node)?;
         let mut at = 0;
         for g in bucket.iter_mut() {
             let n = g.len();

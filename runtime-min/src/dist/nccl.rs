@@ -21,6 +21,8 @@ pub struct Nccl {
     comm: Comm,
     compute: std::sync::Arc<cudarc::driver::CudaStream>,
     rank: u32,
+    /// Ranks in the world.
+    world: u32,
     /// How long a collective may take before this rank gives up on the others.
     timeout: Duration,
 }
@@ -65,6 +67,7 @@ impl Nccl {
             comm,
             compute: gpu.stream().clone(),
             rank: placement.rank,
+            world: placement.world,
             timeout,
         })
     }
@@ -103,9 +106,27 @@ impl Nccl {
 }
 
 impl Replicas<Gpu> for Nccl {
+    /// The whole world only: a smaller group would need a communicator of its own
+    /// (`ncclCommSplit`), which ralpc does not make yet. No gather either: NCCL's wants
+    /// equal parts, and the pieces of a resharding may differ.
+    fn reaches(&self, group: &[u32]) -> bool {
+        group.iter().copied().eq(0..self.world)
+    }
+
     /// On the communication stream, after the compute stream's work so far (which made
     /// `buf`); the compute stream's later work waits for it, the host does not.
-    fn all_reduce(&self, _: &Gpu, buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf) -> R<()> {
+    fn all_reduce(
+        &self,
+        _: &Gpu,
+        group: &[u32],
+        buf: &mut <Gpu as crate::cuda::backend::Backend>::Buf,
+    ) -> R<()> {
+        if !self.reaches(group) {
+            return Err(DeviceError::Inconsistent(format!(
+                "NCCL was asked to sum over ranks {group:?} of a world of {}",
+                self.world
+            )));
+        }
         self.comm
             .stream()
             .join(&self.compute)

@@ -182,14 +182,56 @@ impl<B: Backend> SameDevice<B> {
     }
 }
 
-impl<B: Backend> Replicas<B> for SameDevice<B> {
-    fn all_reduce(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
-        let seq = self.seq.get();
-        let n = dev.len(buf);
-        let mut copy = dev.zeros(n)?;
+/// The mailbox tag of a collective over `group` (the top bit set, which no plan's message
+/// tag has): a hash of its members, so that collectives over different groups sharing two
+/// ranks never take each other's parts.
+fn group_tag(group: &[u32]) -> u64 {
+    // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
+    let hash = group.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
+        (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash | 1 << 63
+}
+
+impl<B: Backend> SameDevice<B> {
+    /// A copy of `buf` another rank can read from its own stream.
+    fn complete_copy(dev: &B, buf: &B::Buf) -> R<B::Buf> {
+        let mut copy = dev.zeros(dev.len(buf))?;
         dev.axpby(&mut copy, buf, 1.0, 0.0)?;
         // The others read the copy from their own streams: it must be complete.
         dev.synchronize()?;
+        Ok(copy)
+    }
+
+    /// Every member's `buf` in group order, through the mailbox: each member leaves a
+    /// copy for every other, then collects theirs.
+    fn gather_group(&self, dev: &B, group: &[u32], buf: &B::Buf) -> R<Vec<B::Buf>> {
+        let me = self.rank as u32;
+        if !group.contains(&me) || !self.reaches(group) {
+            return Err(DeviceError::Inconsistent(format!(
+                "rank {me} was asked to meet ranks {group:?} at a hub of {}",
+                self.buffers.count
+            )));
+        }
+        let tag = group_tag(group);
+        for &other in group.iter().filter(|&&r| r != me) {
+            self.buffers
+                .post(me, other, tag, Self::complete_copy(dev, buf)?);
+        }
+        group
+            .iter()
+            .map(|&member| match member == me {
+                true => Self::complete_copy(dev, buf),
+                false => self.buffers.collect(member, me, tag),
+            })
+            .collect()
+    }
+
+    /// Every rank's round at the hub: each deposits a copy and adds all of them.
+    fn sum_of_all(&self, dev: &B, buf: &mut B::Buf) -> R<()> {
+        let seq = self.seq.get();
+        let n = dev.len(buf);
+        let copy = Self::complete_copy(dev, buf)?;
         let sum = self
             .buffers
             .round(self.rank, seq, copy, "the gradient sum", |all| {
@@ -206,11 +248,55 @@ impl<B: Backend> Replicas<B> for SameDevice<B> {
         Ok(())
     }
 
-    fn send(&self, dev: &B, to: u32, tag: u64, buf: &B::Buf) -> R<bool> {
-        let mut copy = dev.zeros(dev.len(buf))?;
-        dev.axpby(&mut copy, buf, 1.0, 0.0)?;
-        // The receiver reads the copy from its own stream: it must be complete.
+    /// A group smaller than the hub's ranks: every member gathers the group's parts and
+    /// adds them in rank order, so every member gets the same sum.
+    fn sum_of_group(&self, dev: &B, group: &[u32], buf: &mut B::Buf) -> R<()> {
+        let parts = self.gather_group(dev, group, buf)?;
+        let n = dev.len(buf);
+        let mut sum = dev.zeros(n)?;
+        for (member, part) in group.iter().zip(&parts) {
+            if dev.len(part) != n {
+                return Err(DeviceError::Inconsistent(format!(
+                    "rank {member} summed {} elements over {group:?} where rank {} sums {n}",
+                    dev.len(part),
+                    self.rank
+                )));
+            }
+            dev.axpby(&mut sum, part, 1.0, 1.0)?;
+        }
+        // Done reading the others' copies before they go.
         dev.synchronize()?;
+        drop(parts);
+        *buf = sum;
+        Ok(())
+    }
+}
+
+impl<B: Backend> Replicas<B> for SameDevice<B> {
+    /// Any group of the hub's ranks.
+    fn reaches(&self, group: &[u32]) -> bool {
+        !group.is_empty() && group.iter().all(|&r| (r as usize) < self.buffers.count)
+    }
+
+    fn all_reduce(&self, dev: &B, group: &[u32], buf: &mut B::Buf) -> R<()> {
+        if group.len() == self.buffers.count {
+            self.sum_of_all(dev, buf)
+        } else {
+            self.sum_of_group(dev, group, buf)
+        }
+    }
+
+    fn all_gather(&self, dev: &B, group: &[u32], buf: &B::Buf) -> R<Option<Vec<B::Buf>>> {
+        self.gather_group(dev, group, buf).map(Some)
+    }
+
+    fn send(&self, dev: &B, to: u32, tag: u64, buf: &B::Buf) -> R<bool> {
+        if tag >> 63 != 0 {
+            return Err(DeviceError::Inconsistent(format!(
+                "message tag {tag} has the top bit the hub's sums use"
+            )));
+        }
+        let copy = Self::complete_copy(dev, buf)?;
         self.buffers.post(self.rank as u32, to, tag, copy);
         Ok(true)
     }

@@ -87,6 +87,46 @@ pub fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, r
     (dir, options)
 }
 
+/// A small GPT (2 layers, hidden 64, 4 heads, sequence 16, vocabulary 128, its head tied
+/// to the embedding) planned as Megatron-LM plans one — tensor 2 × pipeline 2 × data 2,
+/// microbatches of 2 samples, sequence parallel where the planner chooses it, no ZeRO —
+/// for 8 ranks at batch 8, into a temporary directory; two steps of it.
+pub fn megatron_gpt() -> (tempfile::TempDir, ralpc::RunOptions) {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = ralpc_ir::models::GptSpec {
+        tied: true,
+        ..ralpc_ir::models::GptSpec::megatron(2, 64, 4, 16, 128)
+    };
+    let model = dir.path().join("gpt.onnx");
+    std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
+    let compiled = ralpc::compile(&ralpc::Options {
+        model: model.clone(),
+        gpus: Some(8),
+        batch: Some(8),
+        family: ralpc::passes::plan::Family::parse("3d"),
+        knobs: Knobs {
+            tensor: Some(2),
+            pipeline: Some(2),
+            micro_batch: Some(2),
+            recompute: Some(Recompute::None),
+            zero: Some(0),
+            ..Knobs::default()
+        },
+        executable: true,
+        ..Default::default()
+    })
+    .expect("plan");
+    compiled.write(dir.path()).expect("write the plan");
+    let options = ralpc::RunOptions {
+        plan: dir.path().to_path_buf(),
+        model: Some(model),
+        steps: 2,
+        ..Default::default()
+    };
+    (dir, options)
+}
+
 /// `got` trained as `want`: the same losses and final weights, within `tolerance`
 /// (relative).
 pub fn assert_trains_as(what: &str, got: &TrainReport, want: &TrainReport, tolerance: f64) {

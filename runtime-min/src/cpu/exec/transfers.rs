@@ -197,17 +197,21 @@ impl Rank<'_, '_> {
                 .ok_or("partial sums of a layer that did not run")?;
             let outputs: Vec<ValueId> = run.regions.keys().copied().collect();
             for o in outputs {
-                let Some((shape, mut x)) = run
-                    .values
-                    .take(o)
-                    .and_then(|t| Some((t.shape.clone(), t.into_floats()?)))
+                let Some(Tensor {
+                    shape,
+                    data: Data::F32(mut x),
+                }) = run.values.take(o)
                 else {
                     return Err("partial sums of a missing or integer output".into());
                 };
-                self.comm
-                    .all_reduce(&group, &mut x)
-                    .map_err(RankError::from)?;
-                run.values.set(o, Tensor::f32(shape, x));
+                sum_over(&*self.compute, &self.comm, &group, &mut x)?;
+                run.values.set(
+                    o,
+                    Tensor {
+                        shape,
+                        data: Data::F32(x),
+                    },
+                );
             }
             return Ok(());
         }
@@ -221,10 +225,7 @@ impl Rank<'_, '_> {
                 .input_grads
                 .get_mut(&(e, mb))
                 .ok_or("no input gradient to sum")?;
-            return self
-                .comm
-                .all_reduce(&group, data.make_mut())
-                .map_err(RankError::from);
+            return sum_over(&*self.compute, &self.comm, &group, data);
         }
         Err("an all-reduce whose buffers name nothing to reduce".into())
     }
@@ -260,14 +261,8 @@ impl Rank<'_, '_> {
         let Some((w, n)) = found else {
             return Err(format!("this rank does not hold the tied weight '{name}'").into());
         };
-        let gradient = self
-            .grads
-            .entry(w)
-            .or_insert_with(|| vec![0.0; n].into())
-            .make_mut();
-        self.comm
-            .all_reduce(&group, gradient)
-            .map_err(RankError::from)
+        let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n].into());
+        sum_over(&*self.compute, &self.comm, &group, gradient)
     }
 
     /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
@@ -298,30 +293,32 @@ impl Rank<'_, '_> {
             find(BufferKind::Received, true),
         ) {
             let e = self.edge_between(producer, consumer)?;
-            let held = self.held(e, self.rank)?;
-            let mine = {
-                let run = self
-                    .runs
-                    .get(&(producer, mb))
-                    .ok_or("resharding a tensor not computed")?;
-                run.values
-                    .get(self.p.edges[e].value)
-                    .and_then(|t| t.floats())
-                    .ok_or("the output is missing")?
-                    .to_vec()
-            };
-            let all = self.comm.exchange(&group, mine).map_err(RankError::from)?;
+            let mine = self
+                .runs
+                .get(&(producer, mb))
+                .ok_or("resharding a tensor not computed")?
+                .values
+                .get(self.p.edges[e].value)
+                .and_then(|t| match &t.data {
+                    Data::F32(f) => Some(f.clone()),
+                    Data::I64(_) => None,
+                })
+                .ok_or("the output is missing")?;
+            let all = self.gather_over(&members, mine)?;
             for (&member, data) in members.iter().zip(all) {
                 if member == self.rank {
                     continue;
                 }
                 let region = self.held(e, member)?;
+                let tensor = Tensor {
+                    shape: dims(&region),
+                    data: Data::F32(data),
+                };
                 self.pieces
                     .entry((e, mb))
                     .or_default()
-                    .push((region.clone(), Tensor::f32(dims(&region), data)));
+                    .push((region, tensor));
             }
-            let _ = held;
             return Ok(());
         }
         if let (Some((consumer, mb)), Some((producer, _))) = (
@@ -334,10 +331,7 @@ impl Rank<'_, '_> {
                 .get(&(e, mb))
                 .cloned()
                 .ok_or("no input gradient to reshard")?;
-            let all = self
-                .comm
-                .exchange(&group, data.into_vec())
-                .map_err(RankError::from)?;
+            let all = self.gather_over(&members, data)?;
             let held = self.held(e, self.rank)?;
             let reduce = matches!(
                 self.p.exe.plan.programs[self.rank as usize][index as usize],
@@ -345,17 +339,24 @@ impl Rank<'_, '_> {
             );
             if reduce {
                 // Partial sums over the group: add every member's, keep this rank's share.
-                let mut sum = vec![0.0f32; volume(&need)];
-                for part in &all {
-                    kernels::add(&mut sum, part);
-                }
+                let mut parts = all.into_iter();
+                let first = parts.next().ok_or("a reduce-scatter over no ranks")?;
+                let sum = parts.try_fold(first, |sum, part| {
+                    self.compute.add(sum, &part).map_err(RankError::from)
+                })?;
                 let piece = intersect(&need, &held);
-                let part = crop(&Tensor::f32(dims(&need), sum), &need, &piece);
+                let whole = Tensor {
+                    shape: dims(&need),
+                    data: Data::F32(sum),
+                };
+                let Data::F32(part) = self.cut(&whole, &need, &piece)?.data else {
+                    return Err("a gradient cut into integers".into());
+                };
                 self.input_grads.remove(&(e, mb));
                 self.grad_pieces
                     .entry((e, mb))
                     .or_default()
-                    .push((piece, part.floats().unwrap_or_default().to_vec().into()));
+                    .push((piece, part));
             } else {
                 for (&member, part) in members.iter().zip(all) {
                     if member == self.rank {
@@ -365,12 +366,29 @@ impl Rank<'_, '_> {
                     self.grad_pieces
                         .entry((e, mb))
                         .or_default()
-                        .push((region, part.into()));
+                        .push((region, part));
                 }
             }
             return Ok(());
         }
         Err("a resharding collective whose buffers name no tensor".into())
+    }
+
+    /// Every member's `data`, in the order of `members` (sorted): gathered device to
+    /// device where the device has a collective over them, else through the communicator.
+    fn gather_over(&self, members: &[u32], data: Floats) -> Result<Vec<Floats>, RankError> {
+        if let Some(all) = self
+            .compute
+            .all_gather(members, &data)
+            .map_err(RankError::from)?
+        {
+            return Ok(all);
+        }
+        let all = self
+            .comm
+            .exchange(members, data.into_vec())
+            .map_err(RankError::from)?;
+        Ok(all.into_iter().map(Floats::from).collect())
     }
 
     pub(super) fn edge_between(
@@ -437,4 +455,23 @@ impl Rank<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// Sums `data` over `group` in place: on the device, where it has a collective over the
+/// group (the elements stay there), else through the communicator.
+fn sum_over(
+    compute: &dyn Compute,
+    comm: &Comm,
+    group: &[u32],
+    data: &mut Floats,
+) -> Result<(), RankError> {
+    let mut one = [std::mem::take(data)];
+    let on_device = compute.all_reduce(group, &mut one);
+    let [summed] = one;
+    *data = summed;
+    if on_device.map_err(RankError::from)? {
+        return Ok(());
+    }
+    comm.all_reduce(group, data.make_mut())
+        .map_err(RankError::from)
 }
