@@ -8,6 +8,7 @@
 mod common;
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use ralpc_cuda_host::Host;
 use ralpc_runtime_min::cpu::exec::Compute;
@@ -62,6 +63,50 @@ fn burst_plans_run_on_the_device_as_on_the_cpu() {
 #[test]
 fn soap_plans_run_on_the_device_as_on_the_cpu() {
     check("soap", "train/cnn.onnx", 4, &common::cnn_plan("soap"));
+}
+
+/// Convolutions and pooling split by rows exchange their halos, and the halos' gradients,
+/// device to device through the hub: every message of the plan is a device call.
+#[test]
+fn row_splits_exchange_halos_on_the_device_as_on_the_cpu() {
+    use ralpc::codegen::plan::Instruction;
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    check("rows", "train/cnn.onnx", 4, &common::cnn_plan("rows"));
+    let (_dir, options) = common::planned(
+        &common::fixture("train/cnn.onnx"),
+        4,
+        &common::cnn_plan("rows"),
+    );
+    let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(30)));
+    let calls = Arc::new(Calls::default());
+    let ranks: Vec<u32> = (0..4).collect();
+    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let side = Counted {
+            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
+            calls: calls.clone(),
+        };
+        Ok(Box::new(OnDevice::with_replicas(
+            Host,
+            &ranks,
+            Box::new(side),
+        )))
+    };
+    let got = ralpc::run_with_compute(&options, &meeting).expect("run on the devices");
+    let want = ralpc::run(&options).expect("cpu run");
+    common::assert_trains_as("rows", &got.report, &want.report, 1e-5);
+    let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
+    let sends = plan
+        .programs
+        .iter()
+        .flatten()
+        .filter(|i| matches!(i, Instruction::Send { .. }))
+        .count() as u64;
+    assert!(sends > 0, "the pieces exchange halos");
+    assert_eq!(
+        Calls::get(&calls.sends),
+        u64::from(options.steps) * sends,
+        "every halo and every other message on the devices"
+    );
 }
 
 #[test]

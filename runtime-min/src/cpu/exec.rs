@@ -247,6 +247,22 @@ pub trait Compute {
         let _ = (x, holder, piece);
         Ok(None)
     }
+    /// `x` (a row-major tensor holding the box `holder`) with `part`, the elements of its
+    /// box `piece`, added there: on the device, when both are resident there. `Err(x)`:
+    /// they are not, and the host adds them.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn accumulate(
+        &self,
+        x: Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+        part: &Floats,
+    ) -> Result<Result<Floats, Floats>, graph::ExecError> {
+        let _ = (holder, piece, part);
+        Ok(Err(x))
+    }
     /// The box `need` assembled from `parts` (each the box it holds and its elements,
     /// row-major), where their elements are: on the device, when they are all resident
     /// there alone and cover `need` once. `None`: it is assembled on the host.

@@ -537,6 +537,27 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         Ok(Some(Floats::resident(self.keep(Arc::new(out), n))))
     }
 
+    fn accumulate(
+        &self,
+        x: Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+        part: &Floats,
+    ) -> Result<Result<Floats, Floats>, ExecError> {
+        let (Some(_), Some(part)) = (self.resident_here(&x), self.resident_here(part)) else {
+            return Ok(Err(x));
+        };
+        let Ok(view) = box_view(holder, piece) else {
+            return Ok(Err(x));
+        };
+        let n = x.len();
+        let mut out = self.to_write(x).map_err(off_node)?;
+        self.dev
+            .scatter(&mut out, &part, &view.0, view.1, true)
+            .map_err(off_node)?;
+        Ok(Ok(Floats::resident(self.keep(Arc::new(out), n))))
+    }
+
     fn paste(
         &self,
         need: &[std::ops::Range<usize>],

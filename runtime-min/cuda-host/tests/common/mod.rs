@@ -179,8 +179,10 @@ pub fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
 
 /// The CNN fixture's plans on 4 ranks, one of each family, by name: burst (the second
 /// convolution and pooling on 2 ranks, the dense layers on 1), SOAP (parameter and
-/// feature splits), and 1F1B and GPipe pipelines of two stages of two replicas.
-pub fn cnn_plans() -> [(&'static str, String); 4] {
+/// feature splits), rows (convolutions and pooling split by rows, exchanging halos: of the
+/// first convolution, of pooling over every rank, rows and channels at once), and 1F1B and
+/// GPipe pipelines of two stages of two replicas.
+pub fn cnn_plans() -> [(&'static str, String); 5] {
     const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
     const TWO_STAGES: &str = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
         { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
@@ -196,9 +198,16 @@ pub fn cnn_plans() -> [(&'static str, String); 4] {
         split("fc0", 1, 1, 4),
         split("fc1", 1, 4, 1),
     ];
+    let rows = [
+        split("conv0", 1, 2, 1),
+        split("pool0", 1, 4, 1),
+        split("conv1", 1, 2, 2),
+        split("pool1", 2, 1, 1),
+    ];
     [
         ("burst", strategy(ONE_STAGE, &burst, "1f1b", 1)),
         ("soap", strategy(ONE_STAGE, &soap, "1f1b", 1)),
+        ("rows", strategy(ONE_STAGE, &rows, "1f1b", 1)),
         ("1f1b", strategy(TWO_STAGES, &[], "1f1b", 2)),
         ("gpipe", strategy(TWO_STAGES, &[], "gpipe", 2)),
     ]

@@ -17,9 +17,10 @@ use ralpc_ir::{Graph, NodeId, Op, Padding, ValueId};
 
 use super::resolve::Resolved;
 use super::{setup, Prepared, Rank, RankError, RunError};
+use crate::cpu::floats::Floats;
 use crate::cpu::kernels;
-use crate::cpu::region::{crop, dims, fill, intersect, reframe, volume, Region};
-use crate::cpu::tensor::Tensor;
+use crate::cpu::region::{dims, fill, intersect, reframe, volume, Region};
+use crate::cpu::tensor::{Data, Tensor};
 
 /// A row-split window layer's halo.
 pub(super) struct LayerHalo {
@@ -39,7 +40,7 @@ pub(super) struct HaloState {
     /// Per (edge, microbatch), the rows received from the neighbouring pieces.
     rows: BTreeMap<(usize, u32), Vec<(Region, Tensor)>>,
     /// Per (edge, microbatch), the gradient of everything the windows read, halo included.
-    grads: BTreeMap<(usize, u32), (Region, Vec<f32>)>,
+    grads: BTreeMap<(usize, u32), (Region, Floats)>,
 }
 
 impl Prepared<'_> {
@@ -274,6 +275,24 @@ impl Rank<'_, '_> {
         let v = self.p.edges[e].value;
         let need = self.need(e, self.rank)?;
         let ext = self.p.with_halo(l, k, v, &need)?;
+        let rows = self.halos.rows.remove(&(e, mb)).unwrap_or_default();
+        // Where the piece and the rows are resident (received device to device).
+        if let Data::F32(f) = &own.data {
+            let mut parts = vec![(need.as_slice(), f)];
+            for (region, t) in &rows {
+                if let Data::F32(r) = &t.data {
+                    parts.push((region.as_slice(), r));
+                }
+            }
+            if parts.len() == rows.len() + 1 {
+                if let Some(out) = self.compute.paste(&ext, &parts).map_err(RankError::from)? {
+                    return Ok(Tensor {
+                        shape: self.p.local_dims(v, &ext),
+                        data: Data::F32(out),
+                    });
+                }
+            }
+        }
         let n = volume(&ext);
         let mut out = vec![0.0f32; n];
         let mut filled = vec![false; n];
@@ -281,7 +300,7 @@ impl Rank<'_, '_> {
             .floats()
             .ok_or("only floating-point tensors have halos")?;
         fill(&mut out, &mut filled, &ext, floats, &need);
-        for (region, t) in self.halos.rows.remove(&(e, mb)).unwrap_or_default() {
+        for (region, t) in rows {
             fill(
                 &mut out,
                 &mut filled,
@@ -353,11 +372,12 @@ impl Rank<'_, '_> {
     ) -> Result<(), RankError> {
         let (own, ext) = self.halo_regions(e, self.rank)?;
         let (to_own, to_ext) = self.halo_regions(e, to)?;
+        // Cut where the tensor is (on the device, when resident there).
         let data = match pass {
             HaloPass::Forward | HaloPass::Again => {
                 let piece = intersect(&to_ext, &own);
-                let x = self.staged(e, mb, pass == HaloPass::Again)?;
-                crop(x, &own, &piece)
+                let x = self.staged(e, mb, pass == HaloPass::Again)?.clone();
+                self.cut(&x, &own, &piece)?
             }
             HaloPass::Backward => {
                 let piece = intersect(&ext, &to_own);
@@ -366,14 +386,25 @@ impl Rank<'_, '_> {
                     .grads
                     .get(&(e, mb))
                     .ok_or("no halo gradient to send")?;
-                crop(&Tensor::f32(dims(region), g.clone()), region, &piece)
+                let whole = Tensor {
+                    shape: dims(region),
+                    data: Data::F32(g.clone()),
+                };
+                self.cut(&whole, &region.clone(), &piece)?
             }
         };
-        let floats = data
-            .floats()
-            .ok_or("only floating-point tensors have halos")?;
+        let Data::F32(floats) = data.data else {
+            return Err("only floating-point tensors have halos".into());
+        };
+        if self
+            .compute
+            .send(to, tag, &floats)
+            .map_err(RankError::from)?
+        {
+            return Ok(());
+        }
         self.comm
-            .send(to, tag, floats.to_vec())
+            .send(to, tag, floats.into_vec())
             .map_err(RankError::from)
     }
 
@@ -392,7 +423,15 @@ impl Rank<'_, '_> {
             HaloPass::Forward | HaloPass::Again => intersect(&ext, &from_own),
             HaloPass::Backward => intersect(&from_ext, &own),
         };
-        let data = self.comm.recv(from, tag).map_err(RankError::from)?;
+        // Sent device to device (as [`Rank::halo_send`] decides alike on both sides).
+        let data = match self
+            .compute
+            .recv(from, tag, volume(&piece))
+            .map_err(RankError::from)?
+        {
+            Some(data) => data,
+            None => Floats::from(self.comm.recv(from, tag).map_err(RankError::from)?),
+        };
         if data.len() != volume(&piece) {
             return Err(format!(
                 "the halo from rank {from} has {} elements where {} were expected",
@@ -403,15 +442,29 @@ impl Rank<'_, '_> {
         }
         match pass {
             HaloPass::Forward | HaloPass::Again => {
-                let t = Tensor::f32(dims(&piece), data);
+                let t = Tensor {
+                    shape: dims(&piece),
+                    data: Data::F32(data),
+                };
                 self.halos.rows.entry((e, mb)).or_default().push((piece, t));
             }
             HaloPass::Backward => {
                 let (region, g) = self
                     .input_grads
-                    .get_mut(&(e, mb))
+                    .remove(&(e, mb))
                     .ok_or("a halo gradient for an input without one")?;
-                kernels::add(g.make_mut(), &reframe(&data, &piece, region));
+                let g = match self
+                    .compute
+                    .accumulate(g, &region, &piece, &data)
+                    .map_err(RankError::from)?
+                {
+                    Ok(sum) => sum,
+                    Err(mut g) => {
+                        kernels::add(g.make_mut(), &reframe(&data, &piece, &region));
+                        g
+                    }
+                };
+                self.input_grads.insert((e, mb), (region, g));
             }
         }
         Ok(())
@@ -425,11 +478,14 @@ impl Rank<'_, '_> {
         e: usize,
         mb: u32,
         ext: Region,
-        g: Vec<f32>,
+        g: Floats,
         need: &Region,
-    ) -> Vec<f32> {
-        let own = reframe(&g, &ext, need);
+    ) -> Result<Floats, RankError> {
+        let own = match self.compute.crop(&g, &ext, need).map_err(RankError::from)? {
+            Some(own) => own,
+            None => reframe(&g, &ext, need).into(),
+        };
         self.halos.grads.insert((e, mb), (ext, g));
-        own
+        Ok(own)
     }
 }

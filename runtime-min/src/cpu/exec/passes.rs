@@ -531,9 +531,7 @@ impl Rank<'_, '_> {
                 .or_else(|| grads.take_floats(p.carrier(v)))
                 .unwrap_or_else(|| vec![0.0; volume(&read)].into());
             let gv = match halo {
-                Some(ext) => self
-                    .split_halo_gradient(e, mb, ext, gv.into_vec(), &need)
-                    .into(),
+                Some(ext) => self.split_halo_gradient(e, mb, ext, gv, &need)?,
                 None => gv,
             };
             // A cropped input's gradient is zero outside the crop; the input-gradient sum

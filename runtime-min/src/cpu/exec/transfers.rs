@@ -49,7 +49,12 @@ impl Rank<'_, '_> {
 
     /// The box `piece` of `x` (holding `holder`), cut on the device where a float
     /// tensor's elements are resident (the rest of it stays there), else on the host.
-    fn cut(&self, x: &Tensor, holder: &Region, piece: &Region) -> Result<Tensor, RankError> {
+    pub(super) fn cut(
+        &self,
+        x: &Tensor,
+        holder: &Region,
+        piece: &Region,
+    ) -> Result<Tensor, RankError> {
         if let (Data::F32(f), false) = (&x.data, holder == piece) {
             if let Some(f) = self
                 .compute
