@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// Run only this process's rank, meeting the other processes through the launcher's
     /// rendezvous ([`Placement::from_env`]); `None` runs every rank as a thread.
     pub placement: Option<Placement>,
+    /// Whether the report carries the first output, the first-step gradients and the
+    /// last weights (host copies of the whole model) besides the losses.
+    pub report_tensors: bool,
 }
 
 impl Default for RunOptions {
@@ -79,6 +82,7 @@ impl Default for RunOptions {
             fault: None,
             backend: Backend::Cpu,
             placement: None,
+            report_tensors: train.report_tensors,
         }
     }
 }
@@ -89,7 +93,7 @@ pub enum Backend {
     /// Every rank a thread (or a process under a launcher), real numbers on the host.
     #[default]
     Cpu,
-    /// NVIDIA GPUs: the NVRTC kernels and cuBLAS (one-rank plans so far).
+    /// NVIDIA GPUs: the NVRTC kernels and cuBLAS, every rank's tensors resident on one.
     Cuda,
 }
 
@@ -101,6 +105,7 @@ impl RunOptions {
             lr: self.lr,
             momentum: self.momentum,
             loss: self.loss,
+            report_tensors: self.report_tensors,
         }
     }
 }
@@ -554,8 +559,9 @@ pub(crate) fn memory_available() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Refuses a plan whose ranks together need more memory than this machine has: the sum
-/// of every rank's peak in instruction order, without the GPU kernels' workspace.
+/// Refuses a plan whose ranks, computing on this machine's CPU, together need more memory
+/// than it has: the sum of every rank's peak in instruction order, without the GPU
+/// kernels' workspace.
 fn check_memory(plan: &Plan) -> Result<(), Error> {
     let workspace: u64 = plan
         .buffers
@@ -720,7 +726,11 @@ fn run_with(
         }
         (None, Backend::Cpu) => None,
     };
-    check_memory(&plan)?;
+    // On the CPU backend the ranks' tensors are in this machine's memory; on devices,
+    // in theirs.
+    if compute.is_none() {
+        check_memory(&plan)?;
+    }
     let p = load(bound, options)?;
     let info_at = verifier(&p.unbound, shapes);
     let exe = Executable {

@@ -165,6 +165,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             rank: None,
             source: Box::new(e),
         })?,
+        // The summary shows the losses: no host copies of the model.
+        report_tensors: false,
     };
     if options.backend == ralpc::Backend::Cuda {
         use ralpc::runtime::cuda::libs::{self, Lib};

@@ -107,6 +107,7 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>,
         plan: dir.to_path_buf(),
         model: Some(path),
         steps: STEPS,
+        report_tensors: false,
         ..Default::default()
     };
     ralpc::run_with_compute(&options, &counting)

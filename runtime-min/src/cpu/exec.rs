@@ -750,6 +750,9 @@ impl<'p, 'a> Rank<'p, 'a> {
             step_started = now;
         }
         self.comm.finish();
+        if !self.options.report_tensors {
+            return Ok(());
+        }
         for (&w, (slice, t)) in &self.weights {
             let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
             if l.is_some_and(|l| self.trains(l, w)) {
@@ -1073,13 +1076,16 @@ fn assemble_report(
                 .sum()
         })
         .collect();
-    let total: usize = p
-        .exe
-        .info
-        .ty(p.output.1)
-        .shape
-        .as_sizes()
-        .map_or(0, |s| s.iter().product::<u64>() as usize);
+    let total: usize = match options.report_tensors {
+        true => p
+            .exe
+            .info
+            .ty(p.output.1)
+            .shape
+            .as_sizes()
+            .map_or(0, |s| s.iter().product::<u64>() as usize),
+        false => 0,
+    };
     let mut output = vec![0.0f32; total];
     let mut pieces: Vec<&(usize, Vec<f32>)> = reports.iter().flat_map(|r| &r.output).collect();
     pieces.sort_by_key(|(start, _)| *start);

@@ -51,6 +51,11 @@ pub struct TrainOptions {
     pub momentum: f32,
     /// The objective.
     pub loss: Loss,
+    /// Whether the plan interpreter's report carries the first output, the first-step
+    /// gradients and the last weights: host copies of the whole model, which tests compare
+    /// with one device's; a run that reports only its losses leaves them out (and a
+    /// device never reads them back).
+    pub report_tensors: bool,
 }
 
 impl Default for TrainOptions {
@@ -61,6 +66,7 @@ impl Default for TrainOptions {
             lr: 0.01,
             momentum: 0.9,
             loss: Loss::CrossEntropy,
+            report_tensors: true,
         }
     }
 }

@@ -218,7 +218,8 @@ impl Rank<'_, '_> {
                     *last += loss;
                 }
             }
-            if self.step == 0 && by_runs {
+            let reported = self.step == 0 && self.options.report_tensors;
+            if reported && by_runs {
                 let mut at = 0;
                 for &(start, len) in &runs {
                     if let Some(part) = values.get(at..at + len) {
@@ -226,7 +227,7 @@ impl Rank<'_, '_> {
                     }
                     at += len;
                 }
-            } else if self.step == 0 {
+            } else if reported {
                 let width = share.class_range.len();
                 for (r, row) in values.chunks(width.max(1)).enumerate() {
                     let start = (share.first_row + r) * share.classes + share.class_range.start;

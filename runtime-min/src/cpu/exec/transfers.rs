@@ -421,7 +421,7 @@ impl Rank<'_, '_> {
         which: impl Fn(ValueId) -> bool,
     ) -> Result<(), RankError> {
         let ready: Vec<ValueId> = self.grads.keys().copied().filter(|&w| which(w)).collect();
-        if self.step == 0 {
+        if self.step == 0 && self.options.report_tensors {
             for w in &ready {
                 if let (Some((slice, _)), Some(g)) = (self.weights.get(w), self.grads.get(w)) {
                     self.report.gradients.push((*w, slice.clone(), g.to_vec()));

@@ -103,7 +103,7 @@ impl Rank<'_, '_> {
             .map(|w| self.weights.get(w).map_or(0, |(_, t)| t.len()))
             .sum();
         let mine = self.shard(&group, total)?;
-        if self.step == 0 {
+        if self.step == 0 && self.options.report_tensors {
             let flat = self.flat_gradients(&keys);
             let shares = self
                 .comm
