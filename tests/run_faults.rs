@@ -119,12 +119,23 @@ fn a_checkpoint_that_cannot_be_written_stops_the_run() {
     assert!(!checkpoint.exists());
 }
 
+/// [`PIPELINE`] with ZeRO-1: each replica keeps the momentum of its share of a bucket.
+const PIPELINE_ZERO: &str = r#"{ "format": "ralpc-strategy/1", "schedule": "1f1b", "microbatches": 2,
+  "stages": [ { "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
+              { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 } ], "zero": 1 }"#;
+
 #[test]
-fn a_resumed_run_continues_bit_identically() {
-    let (dir, model) = plan(PIPELINE, 4);
+fn a_sharded_optimizers_run_resumes_bit_identically() {
+    let (dir, model) = plan(PIPELINE_ZERO, 4);
+    resumes_bit_identically(&dir, &model);
+}
+
+/// Six steps of the plan in `dir` equal three steps, a checkpoint, and three more from
+/// it, bit for bit; the checkpoint's path.
+fn resumes_bit_identically(dir: &tempfile::TempDir, model: &Path) -> PathBuf {
     let whole = ralpc::run(&ralpc::RunOptions {
         steps: 6,
-        ..options(dir.path(), &model)
+        ..options(dir.path(), model)
     })
     .expect("six steps");
     let checkpoint = dir.path().join("state.bin");
@@ -132,13 +143,13 @@ fn a_resumed_run_continues_bit_identically() {
         steps: 3,
         checkpoint_every: Some(3),
         checkpoint: Some(checkpoint.clone()),
-        ..options(dir.path(), &model)
+        ..options(dir.path(), model)
     })
     .expect("three steps and a checkpoint");
     let resumed = ralpc::run(&ralpc::RunOptions {
         steps: 6,
         resume: Some(checkpoint.clone()),
-        ..options(dir.path(), &model)
+        ..options(dir.path(), model)
     })
     .expect("three more");
     let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -150,6 +161,13 @@ fn a_resumed_run_continues_bit_identically() {
             "{name} differs after resuming"
         );
     }
+    checkpoint
+}
+
+#[test]
+fn a_resumed_run_continues_bit_identically() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let checkpoint = resumes_bit_identically(&dir, &model);
     // A checkpoint of another plan is refused.
     let (other, model2) = plan(
         r#"{ "format": "ralpc-strategy/1", "stages": [ { "first_layer": "conv0", "last_layer": "fc1", "replicas": 2 } ] }"#,

@@ -501,6 +501,9 @@ struct Rank<'p, 'a> {
     grads: BTreeMap<ValueId, Floats>,
     /// Per weight, its momentum, where the last step left it.
     velocity: BTreeMap<ValueId, Floats>,
+    /// Per weight a sharded optimizer updates here, the elements of its momentum this
+    /// rank owns (the rest are its replicas').
+    owned_momentum: BTreeMap<ValueId, std::ops::Range<usize>>,
     runs: BTreeMap<(usize, u32), LayerRun>,
     pieces: BTreeMap<(usize, u32), Vec<(Region, Tensor)>>,
     grad_pieces: BTreeMap<(usize, u32), Vec<GradPiece>>,
@@ -603,6 +606,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             weights,
             grads: BTreeMap::new(),
             velocity,
+            owned_momentum: BTreeMap::new(),
             runs: BTreeMap::new(),
             pieces: BTreeMap::new(),
             grad_pieces: BTreeMap::new(),

@@ -45,6 +45,9 @@ pub(super) struct RankState {
     losses: Vec<f64>,
     weights: Vec<Piece>,
     velocity: Vec<Piece>,
+    /// Momentum a sharded optimizer's replicas share: this rank's elements, zeros
+    /// elsewhere; the replicas' pieces of a slice add up to its momentum.
+    velocity_shares: Vec<Piece>,
 }
 
 /// Collects every rank's state at a checkpoint and hands the assembled checkpoint on.
@@ -126,20 +129,34 @@ impl Rank<'_, '_> {
         };
         let mut weights = Vec::new();
         let mut velocity = Vec::new();
+        let mut velocity_shares = Vec::new();
         for (&w, (slice, t)) in &self.weights {
             let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
             if !l.is_some_and(|l| self.trains(l, w)) {
                 continue;
             }
             weights.push((w, slice.clone(), t.floats().unwrap_or_default().to_vec()));
-            if let Some(v) = self.velocity.get(&w) {
-                velocity.push((w, slice.clone(), v.to_vec()));
+            let Some(v) = self.velocity.get(&w) else {
+                continue;
+            };
+            match self.owned_momentum.get(&w) {
+                Some(mine) => {
+                    let mut share = vec![0.0f32; v.len()];
+                    if let (Some(to), Some(from)) =
+                        (share.get_mut(mine.clone()), v.get(mine.clone()))
+                    {
+                        to.copy_from_slice(from);
+                    }
+                    velocity_shares.push((w, slice.clone(), share));
+                }
+                None => velocity.push((w, slice.clone(), v.to_vec())),
             }
         }
         let state = RankState {
             losses: self.report.losses.clone(),
             weights,
             velocity,
+            velocity_shares,
         };
         let Some(states) = collector.gather(&self.comm, step, state)? else {
             return Ok(());
@@ -155,7 +172,7 @@ impl Rank<'_, '_> {
                 })
                 .collect(),
             weights: assemble(self.p, states.iter().flat_map(|r| &r.weights).collect()),
-            velocity: assemble(self.p, states.iter().flat_map(|r| &r.velocity).collect()),
+            velocity: assemble_momentum(self.p, &states),
         };
         (collector.sink())(&checkpoint).map_err(RankError::Checkpoint)
     }
@@ -176,6 +193,22 @@ pub(super) fn assemble(p: &Prepared<'_>, list: Vec<&Piece>) -> BTreeMap<String, 
         place_into(entry, data, slice, &whole.shape);
     }
     full
+}
+
+/// Every weight's momentum, whole, by name: the pieces of replicas that each hold all of
+/// it, and the sums of sharded replicas' shares.
+fn assemble_momentum(p: &Prepared<'_>, states: &[RankState]) -> BTreeMap<String, Vec<f32>> {
+    let mut sums: BTreeMap<(ValueId, [i64; 5]), Piece> = BTreeMap::new();
+    for (w, slice, data) in states.iter().flat_map(|r| &r.velocity_shares) {
+        let sum = sums
+            .entry((*w, slice_ints(slice)))
+            .or_insert_with(|| (*w, slice.clone(), vec![0.0; data.len()]));
+        if sum.2.len() == data.len() {
+            crate::cpu::kernels::add(&mut sum.2, data);
+        }
+    }
+    let whole = states.iter().flat_map(|r| &r.velocity);
+    assemble(p, whole.chain(sums.values()).collect())
 }
 
 /// The integers that say which piece a slice is: a kind and four numbers.
@@ -214,7 +247,8 @@ fn slice_from(ints: &[i64]) -> Option<Slice> {
     })
 }
 
-/// Integers per piece in the header: value, momentum or not, slice (5), length.
+/// Integers per piece in the header: value, kind (weight, momentum, a momentum share),
+/// slice (5), length.
 const PIECE_INTS: usize = 8;
 
 impl RankState {
@@ -224,10 +258,11 @@ impl RankState {
     fn to_words(&self) -> Vec<f32> {
         let pieces = self.weights.iter().map(|p| (0, p));
         let pieces = pieces.chain(self.velocity.iter().map(|p| (1, p)));
+        let pieces = pieces.chain(self.velocity_shares.iter().map(|p| (2, p)));
         let mut header = vec![self.losses.len() as i64];
         header.extend(self.losses.iter().map(|l| l.to_bits() as i64));
-        for (momentum, (w, slice, data)) in pieces.clone() {
-            header.extend([w.index() as i64, momentum]);
+        for (kind, (w, slice, data)) in pieces.clone() {
+            header.extend([w.index() as i64, kind]);
             header.extend(slice_ints(slice));
             header.push(data.len() as i64);
         }
@@ -252,6 +287,7 @@ impl RankState {
             losses: bits.iter().map(|&b| f64::from_bits(b as u64)).collect(),
             weights: Vec::new(),
             velocity: Vec::new(),
+            velocity_shares: Vec::new(),
         };
         if pieces.len() % PIECE_INTS != 0 {
             return None;
@@ -265,6 +301,7 @@ impl RankState {
             let into = match piece[1] {
                 0 => &mut state.weights,
                 1 => &mut state.velocity,
+                2 => &mut state.velocity_shares,
                 _ => return None,
             };
             into.push((value, slice, values.to_vec()));
@@ -305,6 +342,7 @@ mod tests {
                     vec![f32::NAN; 3],
                 ),
             ],
+            velocity_shares: vec![(ValueId::from_index(5), Slice::Whole, vec![0.0, 4.0, 0.0])],
         }
     }
 

@@ -140,6 +140,7 @@ impl Rank<'_, '_> {
                 );
             };
             let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
+            self.owned_momentum.insert(w, lo - at..hi - at);
             if lo < hi && g.len() == n {
                 let v = self
                     .velocity
