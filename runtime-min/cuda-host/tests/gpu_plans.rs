@@ -103,8 +103,10 @@ fn plans_run_on_the_gpu_through_the_interpreter_as_on_the_cpu() {
         2,
         &common::strategy(two, &[], "1f1b", 1),
     );
-    let (_dir, options) = common::megatron_gpt();
-    check_run("GPT t2 p2 d2", &options, 8);
+    for zero in [0, 1] {
+        let (_dir, options) = common::megatron_gpt(zero);
+        check_run(&format!("GPT t2 p2 d2 ZeRO-{zero}"), &options, 8);
+    }
 }
 
 /// The median of `steps` after the first (start-up, uploads and the first step's

@@ -434,11 +434,23 @@ fn pipeline_messages_pass_device_to_device() {
 /// host.
 #[test]
 fn megatron_plans_sum_over_their_groups_device_to_device() {
-    use std::sync::Arc;
+    megatron_on_devices(0);
+}
 
+/// [`megatron_plans_sum_over_their_groups_device_to_device`] with ZeRO-1 (Megatron-LM's
+/// distributed optimizer): the data-parallel groups reduce-scatter each gradient bucket on
+/// the devices, each replica updates its share there, and the shares are gathered there.
+#[test]
+fn a_sharded_optimizer_reduces_updates_and_gathers_on_the_devices() {
+    megatron_on_devices(1);
+}
+
+/// The Megatron GPT plan at ZeRO stage `zero` through the hub, against the CPU backend,
+/// every collective and message of the plan a device call.
+fn megatron_on_devices(zero: u8) {
     use ralpc::codegen::plan::{BufferKind, Instruction};
     use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
-    let (_dir, options) = common::megatron_gpt();
+    let (_dir, options) = common::megatron_gpt(zero);
     let hub = Arc::new(Hub::new(8, std::time::Duration::from_secs(30)));
     let calls = Arc::new(Calls::default());
     let ranks: Vec<u32> = (0..8).collect();
@@ -455,7 +467,12 @@ fn megatron_plans_sum_over_their_groups_device_to_device() {
     };
     let got = ralpc::run_with_compute(&options, &meeting).expect("run on the devices");
     let want = ralpc::run(&options).expect("cpu run");
-    common::assert_trains_as("t2 p2 d2", &got.report, &want.report, 1e-5);
+    common::assert_trains_as(
+        &format!("t2 p2 d2 ZeRO-{zero}"),
+        &got.report,
+        &want.report,
+        1e-5,
+    );
     let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
     let count = |f: fn(&Instruction) -> bool| {
         plan.programs.iter().flatten().filter(|&i| f(i)).count() as u64

@@ -89,9 +89,9 @@ pub fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, r
 
 /// A small GPT (2 layers, hidden 64, 4 heads, sequence 16, vocabulary 128, its head tied
 /// to the embedding) planned as Megatron-LM plans one — tensor 2 × pipeline 2 × data 2,
-/// microbatches of 2 samples, sequence parallel where the planner chooses it, no ZeRO —
-/// for 8 ranks at batch 8, into a temporary directory; two steps of it.
-pub fn megatron_gpt() -> (tempfile::TempDir, ralpc::RunOptions) {
+/// microbatches of 2 samples, sequence parallel where the planner chooses it, ZeRO stage
+/// `zero` — for 8 ranks at batch 8, into a temporary directory; two steps of it.
+pub fn megatron_gpt(zero: u8) -> (tempfile::TempDir, ralpc::RunOptions) {
     use ralpc::passes::transformer::{Knobs, Recompute};
     let dir = tempfile::tempdir().expect("temp dir");
     let spec = ralpc_ir::models::GptSpec {
@@ -110,7 +110,7 @@ pub fn megatron_gpt() -> (tempfile::TempDir, ralpc::RunOptions) {
             pipeline: Some(2),
             micro_batch: Some(2),
             recompute: Some(Recompute::None),
-            zero: Some(0),
+            zero: Some(zero),
             ..Knobs::default()
         },
         executable: true,

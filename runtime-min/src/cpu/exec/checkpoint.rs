@@ -139,17 +139,17 @@ impl Rank<'_, '_> {
             let Some(v) = self.velocity.get(&w) else {
                 continue;
             };
+            // A sharded weight's momentum is this rank's share of it (or, resumed and not
+            // yet stepped, all of it).
             match self.owned_momentum.get(&w) {
-                Some(mine) => {
-                    let mut share = vec![0.0f32; v.len()];
-                    if let (Some(to), Some(from)) =
-                        (share.get_mut(mine.clone()), v.get(mine.clone()))
-                    {
-                        to.copy_from_slice(from);
+                Some(mine) if v.len() == mine.len() => {
+                    let mut share = vec![0.0f32; t.len()];
+                    if let Some(to) = share.get_mut(mine.clone()) {
+                        to.copy_from_slice(v);
                     }
                     velocity_shares.push((w, slice.clone(), share));
                 }
-                None => velocity.push((w, slice.clone(), v.to_vec())),
+                _ => velocity.push((w, slice.clone(), v.to_vec())),
             }
         }
         let state = RankState {

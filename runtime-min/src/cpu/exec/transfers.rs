@@ -381,7 +381,11 @@ impl Rank<'_, '_> {
 
     /// Every member's `data`, in the order of `members` (sorted): gathered device to
     /// device where the device has a collective over them, else through the communicator.
-    fn gather_over(&self, members: &[u32], data: Floats) -> Result<Vec<Floats>, RankError> {
+    pub(super) fn gather_over(
+        &self,
+        members: &[u32],
+        data: Floats,
+    ) -> Result<Vec<Floats>, RankError> {
         if let Some(all) = self
             .compute
             .all_gather(members, &data)

@@ -13,9 +13,12 @@
 use ralpc_codegen::plan::BufferKind;
 use ralpc_ir::ValueId;
 
+use std::ops::Range;
+
 use super::super::floats::Floats;
 use super::super::kernels;
 use super::super::region::interval;
+use super::super::tensor::{Data, Tensor};
 use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
@@ -65,23 +68,120 @@ impl Rank<'_, '_> {
         Ok(interval((i as u32, members.len() as u32), total))
     }
 
+    /// Elements `range` of `f` (of `n`), cut where `f` is: on the device when resident.
+    fn cut_range(&self, f: &Floats, n: usize, range: Range<usize>) -> Result<Floats, RankError> {
+        if let Some(cut) = self
+            .compute
+            .crop(f, &[0..n], std::slice::from_ref(&range))
+            .map_err(RankError::from)?
+        {
+            return Ok(cut);
+        }
+        f.get(range)
+            .map(|part| Floats::from(part.to_vec()))
+            .ok_or_else(|| "a share outside its tensor".into())
+    }
+
+    /// `n` elements from `parts` (each a range and its elements), which cover them once:
+    /// joined on the device where they are resident, else on the host.
+    fn join_ranges(&self, n: usize, parts: &[(Range<usize>, Floats)]) -> Result<Floats, RankError> {
+        let boxes: Vec<[Range<usize>; 1]> = parts.iter().map(|(r, _)| [r.clone()]).collect();
+        let parts_ref: Vec<(&[Range<usize>], &Floats)> = boxes
+            .iter()
+            .zip(parts)
+            .map(|(b, (_, f))| (b.as_slice(), f))
+            .collect();
+        if let Some(joined) = self
+            .compute
+            .paste(&[0..n], &parts_ref)
+            .map_err(RankError::from)?
+        {
+            return Ok(joined);
+        }
+        let mut out = vec![0.0f32; n];
+        for (range, f) in parts {
+            out.get_mut(range.clone())
+                .filter(|to| to.len() == f.len())
+                .ok_or("a part outside the tensor it joins")?
+                .copy_from_slice(f);
+        }
+        Ok(out.into())
+    }
+
+    /// `f` (of `n` elements) with every element outside `keep` zero.
+    fn zero_outside(&self, f: &Floats, n: usize, keep: Range<usize>) -> Result<Floats, RankError> {
+        let mut parts = Vec::with_capacity(3);
+        for zeros in [0..keep.start, keep.end..n] {
+            if !zeros.is_empty() {
+                let z = self.compute.zeros(zeros.len()).map_err(RankError::from)?;
+                parts.push((zeros, z));
+            }
+        }
+        if !keep.is_empty() {
+            parts.push((keep.clone(), self.cut_range(f, n, keep)?));
+        }
+        parts.sort_by_key(|(r, _)| r.start);
+        self.join_ranges(n, &parts)
+    }
+
     /// Sums a gradient bucket over `group`, keeping this rank's share of the sum and
     /// zeroing the rest: what the following microbatches add to it is theirs alone, so a
-    /// reduce-scatter after each (ZeRO-2) sums every microbatch exactly once.
+    /// reduce-scatter after each (ZeRO-2) sums every microbatch exactly once. On a device
+    /// with a collective over the group, the bucket is summed there and stays there.
     pub(super) fn reduce_scatter_gradients(
         &mut self,
         index: u32,
         group: Vec<u32>,
     ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Gradients);
-        let flat = self.flat_gradients(&keys);
+        let lens: Vec<usize> = keys
+            .iter()
+            .map(|w| self.weights.get(w).map_or(0, |(_, t)| t.len()))
+            .collect();
+        let total = lens.iter().sum();
+        let mine = self.shard(&group, total)?;
+        let mut bucket = Vec::with_capacity(keys.len());
+        for (w, &n) in keys.iter().zip(&lens) {
+            bucket.push(match self.grads.remove(w) {
+                Some(g) => g,
+                None => self.compute.zeros(n).map_err(RankError::from)?,
+            });
+        }
+        let mut members = group.clone();
+        members.sort_unstable();
+        let summed = self.compute.all_reduce(&members, &mut bucket);
+        let on_device = summed.map_err(RankError::from);
+        if !matches!(on_device, Ok(true)) {
+            for (&w, g) in keys.iter().zip(bucket) {
+                self.grads.insert(w, g);
+            }
+            on_device?;
+            return self.reduce_scatter_on_host(&keys, &group, mine);
+        }
+        let mut at = 0;
+        for ((&w, g), n) in keys.iter().zip(bucket).zip(lens) {
+            let keep = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
+            let kept = self.zero_outside(&g, n, keep)?;
+            self.grads.insert(w, kept);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// [`Rank::reduce_scatter_gradients`] through the communicator.
+    fn reduce_scatter_on_host(
+        &mut self,
+        keys: &[ValueId],
+        group: &[u32],
+        mine: Range<usize>,
+    ) -> Result<(), RankError> {
+        let flat = self.flat_gradients(keys);
         // Every member sends all of it and adds the others' copies of its share (the CPU
         // backend's reduce-scatter); shares follow the executor's piece rule.
         let all = self
             .comm
-            .exchange(&group, flat.clone())
+            .exchange(group, flat.clone())
             .map_err(RankError::from)?;
-        let mine = self.shard(&group, flat.len())?;
         let mut kept = vec![0.0f32; flat.len()];
         for part in &all {
             let part = part
@@ -89,13 +189,15 @@ impl Rank<'_, '_> {
                 .ok_or("a member's gradient bucket has another size")?;
             kernels::add(&mut kept[mine.clone()], part);
         }
-        self.store_gradients(&keys, 0..flat.len(), &kept);
+        self.store_gradients(keys, 0..flat.len(), &kept);
         Ok(())
     }
 
-    /// Updates this rank's share of the bucket step `index` touches; the gradients of the
-    /// bucket are then spent. At the first step, the shares' reduced gradients are
-    /// gathered for the report (a check only, not part of the plan).
+    /// Updates this rank's share of the bucket step `index` touches, where the weights
+    /// are (a device's share of the weight, gradient and momentum cut there); the
+    /// gradients of the bucket are then spent. A sharded weight's momentum holds this
+    /// rank's share alone. At the first step, the shares' reduced gradients are gathered
+    /// for the report (a check only, not part of the plan).
     pub(super) fn sharded_step(&mut self, index: u32, group: Vec<u32>) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
         let total: usize = keys
@@ -104,93 +206,157 @@ impl Rank<'_, '_> {
             .sum();
         let mine = self.shard(&group, total)?;
         if self.step == 0 && self.options.report_tensors {
-            let flat = self.flat_gradients(&keys);
-            let shares = self
-                .comm
-                .exchange(&group, flat[mine.clone()].to_vec())
-                .map_err(RankError::from)?
-                .concat();
-            let mut at = 0;
-            for &w in &keys {
-                if let Some((slice, t)) = self.weights.get(&w) {
-                    let n = t.len();
-                    let g = shares
-                        .get(at..at + n)
-                        .ok_or("a gradient share is missing")?;
-                    self.report.gradients.push((w, slice.clone(), g.to_vec()));
-                    at += n;
-                }
-            }
+            self.report_gradient_shares(&keys, &group, mine.clone())?;
         }
         let (lr, momentum) = (self.options.lr, self.options.momentum);
         let mut at = 0;
         for &w in &keys {
-            let g = self
-                .grads
-                .remove(&w)
-                .map(Floats::into_vec)
-                .unwrap_or_default();
-            let Some((_, t)) = self.weights.get_mut(&w) else {
+            let g = self.grads.remove(&w);
+            let Some((
+                _,
+                Tensor {
+                    data: Data::F32(x), ..
+                },
+            )) = self.weights.get(&w)
+            else {
                 continue;
             };
-            let n = t.len();
-            let Some(x) = t.floats_mut() else {
-                return Err(
-                    format!("weight '{}' is not float", self.p.exe.graph.value(w).name).into(),
-                );
-            };
-            let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
-            self.owned_momentum.insert(w, lo - at..hi - at);
-            if lo < hi && g.len() == n {
-                let v = self
-                    .velocity
-                    .entry(w)
-                    .or_insert_with(|| vec![0.0; n].into())
-                    .make_mut();
-                kernels::sgd_momentum(
-                    &mut x[lo - at..hi - at],
-                    &g[lo - at..hi - at],
-                    &mut v[lo - at..hi - at],
-                    lr,
-                    momentum,
-                );
-            }
+            let (x, n) = (x.clone(), x.len());
+            let own = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
             at += n;
+            self.owned_momentum.insert(w, own.clone());
+            // A momentum resumed whole keeps this rank's share; a rank owning none of the
+            // weight keeps none.
+            let v = match self.velocity.remove(&w) {
+                _ if own.is_empty() => continue,
+                Some(v) if v.len() == n => Some(self.cut_range(&v, n, own.clone())?),
+                Some(v) if v.len() == own.len() => Some(v),
+                Some(_) => {
+                    return Err(RankError::Inconsistent(format!(
+                        "the momentum of '{}' fits neither it nor this rank's share",
+                        self.p.exe.graph.value(w).name
+                    )))
+                }
+                None => None,
+            };
+            let Some(g) = g.filter(|g| g.len() == n) else {
+                if let Some(v) = v {
+                    self.velocity.insert(w, v);
+                }
+                continue;
+            };
+            let mut v = match v {
+                Some(v) => v,
+                None => self.compute.zeros(own.len()).map_err(RankError::from)?,
+            };
+            let mut x_own = self.cut_range(&x, n, own.clone())?;
+            let g_own = self.cut_range(&g, n, own.clone())?;
+            self.compute
+                .sgd_momentum(&mut x_own, &mut v, &g_own, lr, momentum)?;
+            self.velocity.insert(w, v);
+            let mut parts = vec![(own.clone(), x_own)];
+            for rest in [0..own.start, own.end..n] {
+                if !rest.is_empty() {
+                    parts.push((rest.clone(), self.cut_range(&x, n, rest)?));
+                }
+            }
+            parts.sort_by_key(|(r, _)| r.start);
+            let updated = self.join_ranges(n, &parts)?;
+            if let Some((_, t)) = self.weights.get_mut(&w) {
+                t.data = Data::F32(updated);
+            }
         }
         Ok(())
     }
 
-    /// Gathers the updated shares of the bucket's weights from every member of `group`.
+    /// The first step's reduced gradients of `keys`, each member's share gathered from
+    /// it, for the report.
+    fn report_gradient_shares(
+        &mut self,
+        keys: &[ValueId],
+        group: &[u32],
+        mine: Range<usize>,
+    ) -> Result<(), RankError> {
+        let flat = self.flat_gradients(keys);
+        let shares = self
+            .comm
+            .exchange(group, flat[mine].to_vec())
+            .map_err(RankError::from)?
+            .concat();
+        let mut at = 0;
+        for &w in keys {
+            if let Some((slice, t)) = self.weights.get(&w) {
+                let n = t.len();
+                let g = shares
+                    .get(at..at + n)
+                    .ok_or("a gradient share is missing")?;
+                self.report.gradients.push((w, slice.clone(), g.to_vec()));
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gathers the updated shares of the bucket's weights from every member of `group`:
+    /// device to device where the device has a gather over the group.
     pub(super) fn all_gather_weights(
         &mut self,
         index: u32,
         group: Vec<u32>,
     ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
-        let mut flat = Vec::new();
-        for w in &keys {
-            if let Some(x) = self.weights.get(w).and_then(|(_, t)| t.floats()) {
-                flat.extend_from_slice(x);
+        let held: Vec<(ValueId, Floats)> = keys
+            .iter()
+            .filter_map(|&w| match self.weights.get(&w) {
+                Some((
+                    _,
+                    Tensor {
+                        data: Data::F32(x), ..
+                    },
+                )) => Some((w, x.clone())),
+                _ => None,
+            })
+            .collect();
+        let total: usize = held.iter().map(|(_, x)| x.len()).sum();
+        let mut members = group.clone();
+        members.sort_unstable();
+        let shares: Vec<Range<usize>> = (0..members.len() as u32)
+            .map(|i| interval((i, members.len() as u32), total))
+            .collect();
+        let mine = self.shard(&group, total)?;
+        // This rank's share, cut from the tensors it spans.
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for (_, x) in &held {
+            let n = x.len();
+            let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
+            if lo < hi {
+                let part = self.cut_range(x, n, lo - at..hi - at)?;
+                parts.push((lo - mine.start..hi - mine.start, part));
             }
+            at += n;
         }
-        let mine = self.shard(&group, flat.len())?;
-        let all = self
-            .comm
-            .exchange(&group, flat[mine].to_vec())
-            .map_err(RankError::from)?
-            .concat();
-        if all.len() != flat.len() {
+        let share = self.join_ranges(mine.len(), &parts)?;
+        let all = self.gather_over(&members, share)?;
+        if all.iter().zip(&shares).any(|(f, r)| f.len() != r.len()) {
             return Err("the members' weight shares do not make up the bucket".into());
         }
         let mut at = 0;
-        for w in &keys {
-            if let Some((_, t)) = self.weights.get_mut(w) {
-                let n = t.len();
-                if let Some(x) = t.floats_mut() {
-                    x.copy_from_slice(&all[at..at + n]);
+        for (w, x) in held {
+            let n = x.len();
+            let mut parts = Vec::new();
+            for (f, r) in all.iter().zip(&shares) {
+                let (lo, hi) = (r.start.clamp(at, at + n), r.end.clamp(at, at + n));
+                if lo < hi {
+                    let part = self.cut_range(f, r.len(), lo - r.start..hi - r.start)?;
+                    parts.push((lo - at..hi - at, part));
                 }
-                at += n;
             }
+            let gathered = self.join_ranges(n, &parts)?;
+            if let Some((_, t)) = self.weights.get_mut(&w) {
+                t.data = Data::F32(gathered);
+            }
+            at += n;
         }
         Ok(())
     }
