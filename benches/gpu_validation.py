@@ -6,6 +6,11 @@ written as JSON:
   backend (relative loss difference; goal 1e-3, TF32 off);
 * multi-rank: a 4-rank data-parallel plan on the one GPU (ranks as threads, and as
   processes under `ralpc launch`) against one rank;
+* families: every plan family through the plan interpreter with its ranks as threads on
+  the one GPU, meeting at the same-device hub — burst, SOAP, rows (halo exchanges), 1F1B
+  and GPipe on the CNN fixture's 4 ranks, and GPT-2 in tensor 2 × pipeline 2 × data 2 with
+  ZeRO-1 on 8 — against the same plan on the CPU backend (relative loss difference; goal
+  1e-3);
 * speed: a training step of ResNet-50 and VGG16 at batch 64 against PyTorch training the
   same torchvision model (fp32, TF32 off, SGD with momentum; ratio of median step times;
   goal <= 1.25);
@@ -44,6 +49,56 @@ def plan(binary, model, gpus, batch, out, *extra):
 def losses(binary, command, plan_dir, *extra):
     out = ralpc(binary, command, plan_dir, "--json", *extra)
     return json.loads(out)
+
+
+def cnn_strategies():
+    """The CNN fixture's plans on 4 ranks, one per family (as the host-kernel tests'
+    `cnn_plans`), as `ralpc-strategy/1` files by name."""
+    def split(layer, s, a, p):
+        return {"name": layer, "split": {"sample": s, "attribute": a, "parameter": p}}
+    one = [{"first_layer": "conv0", "last_layer": "fc1", "replicas": 4}]
+    two = [{"first_layer": "conv0", "last_layer": "pool0", "replicas": 2},
+           {"first_layer": "conv1", "last_layer": "fc1", "replicas": 2}]
+    def strategy(stages, layers, schedule="1f1b", microbatches=1):
+        return {"format": "ralpc-strategy/1", "schedule": schedule,
+                "microbatches": microbatches, "stages": stages, "layers": layers}
+    return {
+        "burst": strategy(one, [split("conv1", 2, 1, 1), split("pool1", 2, 1, 1),
+                                split("fc0", 1, 1, 1), split("fc1", 1, 1, 1)]),
+        "soap": strategy(one, [split("conv1", 2, 1, 2), split("pool1", 2, 1, 2),
+                               split("fc0", 1, 1, 4), split("fc1", 1, 4, 1)]),
+        "rows": strategy(one, [split("conv0", 1, 2, 1), split("pool0", 1, 4, 1),
+                               split("conv1", 1, 2, 2), split("pool1", 2, 1, 1)]),
+        "1f1b": strategy(two, [], "1f1b", 2),
+        "gpipe": strategy(two, [], "gpipe", 2),
+    }
+
+
+def families(binary, tmp, steps=3):
+    """Every family's losses on CUDA (ranks as threads on the one GPU) and on the CPU."""
+    cnn = os.path.join(ROOT, "fixtures/train/cnn.onnx")
+    plans = []
+    for name, strategy in cnn_strategies().items():
+        path = os.path.join(tmp, f"{name}.strategy.json")
+        with open(path, "w") as f:
+            json.dump(strategy, f)
+        plan_dir = os.path.join(tmp, f"family-{name}")
+        plan(binary, cnn, 4, 8, plan_dir, "--strategy-file", path)
+        plans.append((name, plan_dir))
+    gpt = os.path.join(ROOT, "fixtures/onnx/gpt2/model.onnx")
+    plan_dir = os.path.join(tmp, "family-gpt2-3d")
+    plan(binary, gpt, 8, 8, plan_dir, "--strategy", "3d", "--tensor-parallel", "2",
+         "--pipeline-parallel", "2", "--micro-batch-size", "2", "--zero", "1")
+    plans.append(("gpt2 t2 p2 d2 zero-1", plan_dir))
+    out = {}
+    for name, plan_dir in plans:
+        gpu = losses(binary, "run", plan_dir, "--backend", "cuda", "--steps", str(steps))
+        cpu = losses(binary, "run", plan_dir, "--backend", "cpu", "--steps", str(steps))
+        worst = max(abs(g - c) / abs(c) for g, c in zip(gpu["losses"], cpu["losses"]))
+        print(f"{name}: CUDA {gpu['losses']}, CPU {cpu['losses']}, worst relative {worst:.2e}",
+              flush=True)
+        out[name] = {"cuda": gpu["losses"], "cpu": cpu["losses"], "relative": worst}
+    return out
 
 
 def step_seconds(binary, plan_dir, steps=12):
@@ -103,6 +158,7 @@ def main():
         threads = losses(binary, "run", four, "--backend", "cuda", "--steps", "3")["losses"]
         procs = losses(binary, "launch", four, "--backend", "cuda", "--steps", "3")["losses"]
         results["multi_rank"] = {"one_rank": ref, "threads": threads, "processes": procs}
+        results["families"] = families(binary, tmp)
         if not args.skip_speed:
             for name in ["resnet50", "vgg16"]:
                 model = os.path.join(ROOT, f"fixtures/onnx/{name}/model.onnx")
