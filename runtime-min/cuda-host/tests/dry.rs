@@ -333,8 +333,9 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
 
 /// A one-rank plan of ResNet-50, whose blocks' outputs each feed the next block and its
 /// residual sum, keeps every gradient on its device: the gradients the two readers give
-/// are summed there, so a step uploads only the weights, their momentum, the batch and
-/// the output's gradient, and reads back only the output and what the report reads.
+/// are summed there, and the loss is taken there, so a step uploads only the weights, their
+/// momentum, the batch and its labels, and reads back only each row's loss and what the
+/// report reads.
 #[test]
 fn a_residual_networks_gradients_stay_on_its_device() {
     use ralpc_runtime_min::cuda::on_device::Transfers;
@@ -369,15 +370,18 @@ fn a_residual_networks_gradients_stay_on_its_device() {
         .into_inner()
         .expect("transfers")
         .expect("one device");
+    // One row of logits per sample: its label goes up (8 bytes), its loss comes back (4).
+    let rows = batch;
     assert_eq!(
         t.uploaded(),
-        2 * weights + input + output,
-        "weights and momentum, the batch, the output's gradient"
+        2 * weights + input + 8 * rows,
+        "weights and momentum, the batch, its labels"
     );
     assert_eq!(
         t.read_back(),
-        output + 2 * weights,
-        "the output, the first gradients and the last weights (the report's)"
+        4 * rows + output + 2 * weights,
+        "the rows' losses; the output, the first gradients and the last weights (the \
+         report's)"
     );
 }
 

@@ -24,6 +24,7 @@ fn check(gpu: &Gpu, model: &str, batch: u64, steps: u32) {
         lr: 0.05,
         momentum: 0.9,
         loss: Loss::CrossEntropy,
+        ..TrainOptions::default()
     };
     let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
     let started = Instant::now();

@@ -167,10 +167,10 @@ fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
     );
 }
 
-/// A one-rank plan keeps its weights, momentum and gradients on the device: after the
-/// first step's uploads (weights, their zero momentum, the batch) only the loss's
-/// gradient of the output crosses, each step, and what crosses back is the output the
-/// loss reads and what the report reads: the first step's gradients and the last weights.
+/// A one-rank plan keeps its weights, momentum and gradients on the device, and takes the
+/// loss there: after the first step's uploads (weights, their zero momentum, the batch)
+/// only the labels go up each step and only each row's loss comes back, besides what the
+/// report reads: the first output, the first step's gradients and the last weights.
 #[test]
 fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     use std::sync::{Arc, Mutex};
@@ -194,23 +194,25 @@ fn a_one_rank_plan_trains_on_the_device_without_its_weights_crossing() {
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), 1, "one rank, one device");
     let transfers = &counters[0];
+    // A row of logits per sample: its label goes up (8 bytes), its loss comes back (4).
+    let (steps, rows) = (u64::from(steps), 8);
     assert_eq!(
         transfers.uploaded(),
-        2 * weights + input + u64::from(steps) * output,
-        "weights and momentum once, the batch once, the output's gradient each step"
+        2 * weights + input + steps * 8 * rows,
+        "weights and momentum once, the batch once, the labels each step"
     );
     assert_eq!(
         transfers.read_back(),
-        u64::from(steps) * output + 2 * weights,
-        "the output each step, the first step's gradients and the last weights (both in \
-         the report)"
+        steps * 4 * rows + output + 2 * weights,
+        "the rows' losses each step; the first output, the first step's gradients and the \
+         last weights (the report's)"
     );
 }
 
 /// A data-parallel plan whose ranks' devices sum gradient buckets themselves (here the
 /// same-device hub, as ranks sharing one GPU do; NCCL across GPUs) trains as the CPU
 /// backend does, its gradients never read back: each rank's device reads back only its
-/// share of the output (for the loss) and what the report reads.
+/// rows' losses and what the report reads.
 #[test]
 fn data_parallel_gradients_are_summed_device_to_device() {
     data_parallel_on_devices("train/cnn.onnx", "conv0", "fc1");
@@ -279,18 +281,19 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     );
     let counters = counters.into_inner().expect("counters");
     assert_eq!(counters.len(), ranks as usize);
+    // A row of logits per sample: its label goes up (8 bytes), its loss comes back (4).
+    let rows = 8 / u64::from(ranks);
     for (rank, t) in counters {
         assert_eq!(
             t.uploaded(),
-            2 * weights + steps * (input + output),
-            "rank {rank}: weights and momentum once; its samples and its output's gradient \
-             each step"
+            2 * weights + steps * (input + 8 * rows),
+            "rank {rank}: weights and momentum once; its samples and their labels each step"
         );
         assert_eq!(
             t.read_back(),
-            steps * output + 2 * weights,
-            "rank {rank}: its output each step, the first gradients and the last weights \
-             (the report's), no gradient for the sums"
+            steps * 4 * rows + output + 2 * weights,
+            "rank {rank}: its rows' losses each step; its first output, the first gradients \
+             and the last weights (the report's), no gradient for the sums"
         );
     }
 }
@@ -414,15 +417,18 @@ fn pipeline_messages_pass_device_to_device() {
     let uploaded: u64 = counters.iter().map(|t| t.uploaded()).sum();
     let read_back: u64 = counters.iter().map(|t| t.read_back()).sum();
     let steps = u64::from(steps);
+    // A row of logits per sample: its label goes up (8 bytes), its loss comes back (4).
+    let rows = 8;
     assert_eq!(
         uploaded,
-        2 * weights + steps * (input + output),
-        "weights and momentum once; each step its microbatches and the output's gradient"
+        2 * weights + steps * (input + 8 * rows),
+        "weights and momentum once; each step its microbatches and their labels"
     );
     assert_eq!(
         read_back,
-        steps * output + 2 * weights,
-        "the output each step, the first gradients and the last weights (the report's)"
+        steps * 4 * rows + output + 2 * weights,
+        "the rows' losses each step; the first output, the first gradients and the last \
+         weights (the report's)"
     );
 }
 

@@ -49,6 +49,7 @@ fn check_steps(model: &str, batch: u64, loss: Loss, steps: u32, tol: f64) {
         lr: 0.05,
         momentum: 0.9,
         loss,
+        ..TrainOptions::default()
     };
     let want = train_reference(&graph, &info, &weights, &data, &options).expect("cpu");
     let got = train(&Host, &graph, &info, &weights, &data, &options)

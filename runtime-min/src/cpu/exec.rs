@@ -117,6 +117,20 @@ impl Control<'_> {
     }
 }
 
+/// What a loss compares the output with.
+#[derive(Clone, Copy, Debug)]
+pub enum Truth<'a> {
+    /// Each row's class, the output's rows of `classes` logits (cross-entropy).
+    Classes {
+        /// Per row.
+        labels: &'a [i64],
+        /// Logits per row.
+        classes: usize,
+    },
+    /// Each element's target (squared error).
+    Targets(&'a [f32]),
+}
+
 /// Where a rank's layers compute. The plan's interpretation — shares, messages,
 /// collectives, schedule — is the same whatever computes.
 pub trait Compute {
@@ -245,6 +259,23 @@ pub trait Compute {
         piece: &[std::ops::Range<usize>],
     ) -> Result<Option<Floats>, graph::ExecError> {
         let _ = (x, holder, piece);
+        Ok(None)
+    }
+    /// The loss of `output` against `truth`, normalized over `total` (rows for a
+    /// cross-entropy, elements for a squared error) of the global batch, and the output's
+    /// gradient: on the device, when `output` is resident there (the gradient stays
+    /// there; the labels or targets go up, the per-row losses come back). `None`: the host
+    /// computes it.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn loss(
+        &self,
+        output: &Floats,
+        truth: Truth<'_>,
+        total: usize,
+    ) -> Result<Option<(f64, Floats)>, graph::ExecError> {
+        let _ = (output, truth, total);
         Ok(None)
     }
     /// `x` (a row-major tensor holding the box `holder`) with `part`, the elements of its

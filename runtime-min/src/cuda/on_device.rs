@@ -23,7 +23,7 @@ use super::batch_stats::GroupSum;
 use super::error::DeviceError;
 use super::kernels::Strides;
 use super::train::{DTensor, Runner, Saved};
-use crate::cpu::exec::Compute;
+use crate::cpu::exec::{Compute, Truth};
 use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
 use crate::cpu::ops::{self, Env, Mode, ResidentSaved};
@@ -59,7 +59,10 @@ impl Transfers {
         self.read_back.load(Ordering::Relaxed)
     }
     fn count(counter: &AtomicU64, elements: usize) {
-        counter.fetch_add(4 * elements as u64, Ordering::Relaxed);
+        Transfers::count_bytes(counter, 4 * elements);
+    }
+    fn count_bytes(counter: &AtomicU64, bytes: usize) {
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -535,6 +538,52 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
             .gather(&mut out, &buf, &view.0, view.1)
             .map_err(off_node)?;
         Ok(Some(Floats::resident(self.keep(Arc::new(out), n))))
+    }
+
+    fn loss(
+        &self,
+        output: &Floats,
+        truth: Truth<'_>,
+        total: usize,
+    ) -> Result<Option<(f64, Floats)>, ExecError> {
+        let Some(y) = self.resident_here(output) else {
+            return Ok(None);
+        };
+        let (dev, n) = (&self.dev, output.len());
+        let mut dy = dev.zeros(n).map_err(off_node)?;
+        let per = match truth {
+            Truth::Classes { labels, classes } => {
+                let rows = n / classes.max(1);
+                if labels.len() != rows {
+                    return Ok(None);
+                }
+                Transfers::count_bytes(&self.transfers.uploaded, 8 * rows);
+                let labels = dev.upload_indices(labels).map_err(off_node)?;
+                let mut per = dev.zeros(rows).map_err(off_node)?;
+                dev.cross_entropy(&mut per, &mut dy, &y, &labels, rows, classes, total)
+                    .map_err(off_node)?;
+                per
+            }
+            Truth::Targets(targets) => {
+                if targets.len() != n {
+                    return Ok(None);
+                }
+                Transfers::count(&self.transfers.uploaded, n);
+                let targets = dev.upload(targets).map_err(off_node)?;
+                let mut per = dev.zeros(n).map_err(off_node)?;
+                dev.mse(&mut per, &mut dy, &y, &targets, total)
+                    .map_err(off_node)?;
+                per
+            }
+        };
+        Transfers::count(&self.transfers.read_back, dev.len(&per));
+        let loss = dev
+            .download(&per)
+            .map_err(off_node)?
+            .iter()
+            .map(|&v| f64::from(v))
+            .sum();
+        Ok(Some((loss, Floats::resident(self.keep(Arc::new(dy), n)))))
     }
 
     fn accumulate(

@@ -4,11 +4,12 @@
 //! max, the sum of exponentials and the label's logit — in the all-gather the plan runs
 //! before the head's backward, so that no rank needs another's logits.
 
+use super::super::floats::Floats;
 use super::super::kernels;
 use super::super::region::Region;
 use super::super::tensor::{Data, Tensor};
 use super::super::train::{self, Loss};
-use super::{Rank, RankError};
+use super::{Rank, RankError, Truth};
 
 /// Where a rank's share of the output sits in it.
 struct Share {
@@ -141,7 +142,7 @@ impl Rank<'_, '_> {
         mb: u32,
         y: &Tensor,
         held: &Region,
-    ) -> Result<Vec<f32>, RankError> {
+    ) -> Result<Floats, RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         let pieces = layer.view_out().pieces(k);
@@ -152,7 +153,9 @@ impl Rank<'_, '_> {
             )));
         }
         let share = self.share(mb, held)?;
-        let values = y.floats().ok_or("the loss needs a floating-point output")?;
+        let Data::F32(y) = &y.data else {
+            return Err("the loss needs a floating-point output".into());
+        };
         let whole_rows = share.class_range.len() == share.classes;
         // Whole rows, or a loss of each element alone (squared error): the share's runs
         // take their loss where they lie. Rows cut by classes need the cross-entropy's
@@ -163,29 +166,14 @@ impl Rank<'_, '_> {
         } else {
             Vec::new()
         };
-        let (loss, dy) = if by_runs {
+        let (loss, dy): (f64, Floats) = if by_runs {
             let total = p.microbatch_shape(p.output.1)?.iter().product::<usize>()
                 / p.microbatch.max(1)
                 * p.exe.plan.batch as usize;
-            // Each run's rows add their loss and get their gradient, in the share's order.
-            let (mut loss, mut dy, mut at) = (0.0, Vec::with_capacity(values.len()), 0);
-            for &(start, len) in &runs {
-                let part = values
-                    .get(at..at + len)
-                    .ok_or("the output share is shorter than its region")?;
-                let shape = match self.options.loss {
-                    Loss::CrossEntropy => vec![len / share.classes.max(1), share.classes],
-                    Loss::Mse => vec![len],
-                };
-                let rows = Tensor::f32(shape, part.to_vec());
-                let (l, g) =
-                    train::loss(self.options.loss, &rows, start, &p.exe.data.labels, total)
-                        .map_err(|e| RankError::Loss(e.to_string()))?;
-                loss += l;
-                dy.extend(g);
-                at += len;
+            match self.device_loss(y, &runs, share.classes, total)? {
+                Some(on_device) => on_device,
+                None => self.host_loss(y, &runs, share.classes, total)?,
             }
-            (loss, dy)
         } else {
             let all = self.loss_statistics.remove(&(l, mb)).ok_or_else(|| {
                 format!(
@@ -196,17 +184,17 @@ impl Rank<'_, '_> {
             })?;
             let total_rows = share.rows * p.exe.plan.batch as usize
                 / (held.first().map_or(1, |r| r.len()).max(1));
-            let mut dy = vec![0.0; values.len()];
+            let mut dy = vec![0.0; y.len()];
             let loss = kernels::class_piece_cross_entropy(
                 share.class_range.len(),
-                values,
+                y,
                 &self.labels(&share)?,
                 share.class_range.start,
                 &all,
                 total_rows as f32,
                 &mut dy,
             );
-            (loss, dy)
+            (loss, dy.into())
         };
         // Replicas of the same share compute the same loss: count it once.
         let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);
@@ -219,6 +207,7 @@ impl Rank<'_, '_> {
                 }
             }
             let reported = self.step == 0 && self.options.report_tensors;
+            let values: &[f32] = if reported { y } else { &[] };
             if reported && by_runs {
                 let mut at = 0;
                 for &(start, len) in &runs {
@@ -236,5 +225,78 @@ impl Rank<'_, '_> {
             }
         }
         Ok(dy)
+    }
+
+    /// The loss of `y` (the share's `runs`, rows of `classes` or elements) and its
+    /// gradient on the device where `y` is resident there in one run; `None` otherwise.
+    fn device_loss(
+        &self,
+        y: &Floats,
+        runs: &[(usize, usize)],
+        classes: usize,
+        total: usize,
+    ) -> Result<Option<(f64, Floats)>, RankError> {
+        let &[(start, len)] = runs else {
+            return Ok(None);
+        };
+        if len != y.len() {
+            return Ok(None);
+        }
+        let labels = &self.p.exe.data.labels;
+        let truth = match (self.options.loss, labels) {
+            (Loss::CrossEntropy, Data::I64(of)) => {
+                let first = start / classes.max(1);
+                let Some(labels) = of.get(first..first + len / classes.max(1)) else {
+                    return Ok(None);
+                };
+                Truth::Classes { labels, classes }
+            }
+            (Loss::Mse, Data::F32(targets)) => {
+                let Some(targets) = targets.get(start..start + len) else {
+                    return Ok(None);
+                };
+                Truth::Targets(targets)
+            }
+            _ => return Ok(None),
+        };
+        let total = match truth {
+            Truth::Classes { classes, .. } => total / classes.max(1),
+            Truth::Targets(_) => total,
+        };
+        self.compute.loss(y, truth, total).map_err(RankError::from)
+    }
+
+    /// [`Rank::device_loss`] on the host: each run's rows add their loss and get their
+    /// gradient, in the share's order.
+    fn host_loss(
+        &self,
+        y: &Floats,
+        runs: &[(usize, usize)],
+        classes: usize,
+        total: usize,
+    ) -> Result<(f64, Floats), RankError> {
+        let (mut loss, mut dy, mut at) = (0.0, Vec::with_capacity(y.len()), 0);
+        for &(start, len) in runs {
+            let part = y
+                .get(at..at + len)
+                .ok_or("the output share is shorter than its region")?;
+            let shape = match self.options.loss {
+                Loss::CrossEntropy => vec![len / classes.max(1), classes],
+                Loss::Mse => vec![len],
+            };
+            let rows = Tensor::f32(shape, part.to_vec());
+            let (l, g) = train::loss(
+                self.options.loss,
+                &rows,
+                start,
+                &self.p.exe.data.labels,
+                total,
+            )
+            .map_err(|e| RankError::Loss(e.to_string()))?;
+            loss += l;
+            dy.extend(g);
+            at += len;
+        }
+        Ok((loss, dy.into()))
     }
 }

@@ -416,12 +416,20 @@ impl Rank<'_, '_> {
                 grads.accumulate(o, dy);
                 continue;
             }
+            let readers: Vec<usize> = (0..p.edges.len())
+                .filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
+                .collect();
+            if (l, o) == p.output && readers.is_empty() {
+                // The loss's gradient alone, where the loss was computed.
+                let y = run.values.get(o).ok_or("the output is missing")?;
+                let dy = self.output_loss(l, k, mb, y, held)?;
+                grads.accumulate(o, dy);
+                continue;
+            }
             let n = volume(held);
             let mut total = vec![0.0f32; n];
             let mut any = false;
-            for e in
-                (0..p.edges.len()).filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
-            {
+            for e in readers {
                 let mut acc = vec![0.0f32; n];
                 let mut filled = vec![false; n];
                 if let Some((region, data)) = self.input_grads.remove(&(e, mb)) {
