@@ -311,7 +311,8 @@ impl Instruction {
 pub enum BufferKind {
     /// A layer's weight slice.
     Weights,
-    /// Its gradient, accumulated over microbatches.
+    /// Its gradient, accumulated over microbatches: live from the first backward pass
+    /// that writes it to the step that spends it.
     Gradients,
     /// Its optimizer state (momentum, …).
     OptimizerState,
@@ -335,7 +336,6 @@ impl BufferKind {
         matches!(
             self,
             BufferKind::Weights
-                | BufferKind::Gradients
                 | BufferKind::OptimizerState
                 | BufferKind::WeightVersions
                 | BufferKind::Workspace

@@ -252,10 +252,12 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             memory[r as usize] += bytes;
             stepped[r as usize] += own_bytes as f64 * share / shards;
         }
+        let gradient_shards = if strategy.zero >= 2 { shards } else { 1.0 };
         backward_bytes[l] = LayerBytes {
             input_gradient,
             whole,
             freed,
+            gradients: weight_bytes * state.gradients / gradient_shards,
         };
         layers.push(LayerCost {
             forward_us: work.fwd_us,

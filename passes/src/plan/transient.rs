@@ -10,7 +10,11 @@
 //!   still reads (a branch's gradient waits for its producer);
 //!
 //! less the stash of the stage's later layers on that microbatch: their backward has run,
-//! so their activations are gone.
+//! so their activations are gone; and, when a step runs one microbatch, less the weight
+//! gradients of the stage's earlier layers: their backward has not run, so their
+//! gradients do not exist yet (the rank's state counts them; the runtime makes them in
+//! backward and spends them in the step). With several microbatches every backward after
+//! the first finds them all, so nothing is taken off.
 
 use super::costs::Costs;
 use super::layout::output_share;
@@ -26,9 +30,12 @@ pub(super) struct LayerBytes {
     pub whole: f64,
     /// What its stash frees once its backward ran.
     pub freed: f64,
+    /// Its weights' gradients (its share), which its backward makes.
+    pub gradients: f64,
 }
 
-/// Per rank, the most its backward holds on top of its stashes and state.
+/// Per rank, the most its backward holds on top of its stashes and state (less than
+/// nothing when the gradients not yet made outweigh what it holds).
 pub(super) fn backward_peak(
     costs: &Costs<'_>,
     strategy: &Strategy,
@@ -66,18 +73,33 @@ pub(super) fn backward_peak(
             }
         }
     }
-    let mut peak = vec![0.0f64; costs.gpus as usize];
+    let mut peak = vec![f64::NEG_INFINITY; costs.gpus as usize];
+    let one_microbatch = strategy.microbatches <= 1;
     for stage in &strategy.stages {
         let mut freed = vec![0.0f64; costs.gpus as usize];
         let mut pending = vec![0.0f64; costs.gpus as usize];
+        // The weight gradients of the stage's layers not yet run backward.
+        let mut unborn = vec![0.0f64; costs.gpus as usize];
+        if one_microbatch {
+            for l in stage.first_layer..=stage.last_layer {
+                for r in ranks(l) {
+                    unborn[r as usize] += layers[l].gradients;
+                }
+            }
+        }
         // Input gradients waiting for a producer: (the producer, bytes).
         let mut waiting: Vec<(usize, usize, f64)> = Vec::new();
         for l in (stage.first_layer..=stage.last_layer).rev() {
             let bytes = layers[l];
+            if one_microbatch {
+                for r in ranks(l) {
+                    unborn[r as usize] -= bytes.gradients;
+                }
+            }
             for r in ranks(l) {
                 let r = r as usize;
                 let held = pending[r] + bytes.input_gradient + bytes.whole + received[l];
-                peak[r] = peak[r].max(held - freed[r]);
+                peak[r] = peak[r].max(held - freed[r] - unborn[r]);
             }
             // After `l`'s backward: the gradients it read are gone, its own waits for its
             // producers, its stash is freed.
@@ -100,5 +122,7 @@ pub(super) fn backward_peak(
             }
         }
     }
-    peak.iter().map(|&p| p.max(0.0)).collect()
+    peak.iter()
+        .map(|&p| if p.is_finite() { p } else { 0.0 })
+        .collect()
 }
