@@ -70,30 +70,13 @@ fn soap_plans_run_on_the_device_as_on_the_cpu() {
 #[test]
 fn row_splits_exchange_halos_on_the_device_as_on_the_cpu() {
     use ralpc::codegen::plan::Instruction;
-    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     check("rows", "train/cnn.onnx", 4, &common::cnn_plan("rows"));
     let (_dir, options) = common::planned(
         &common::fixture("train/cnn.onnx"),
         4,
         &common::cnn_plan("rows"),
     );
-    let hub = Arc::new(Hub::new(4, std::time::Duration::from_secs(30)));
-    let calls = Arc::new(Calls::default());
-    let ranks: Vec<u32> = (0..4).collect();
-    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let side = Counted {
-            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
-            calls: calls.clone(),
-        };
-        Ok(Box::new(OnDevice::with_replicas(
-            Host,
-            &ranks,
-            Box::new(side),
-        )))
-    };
-    let got = ralpc::run_with_compute(&options, &meeting).expect("run on the devices");
-    let want = ralpc::run(&options).expect("cpu run");
-    common::assert_trains_as("rows", &got.report, &want.report, 1e-5);
+    let calls = trains_through_counted_hub("rows", &options, 4);
     let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
     let sends = plan
         .programs
@@ -298,6 +281,31 @@ fn data_parallel_on_devices(model: &str, first: &str, last: &str) {
     }
 }
 
+/// Runs the plan of `options` with its `ranks` ranks on host kernels meeting at the
+/// same-device hub, every device collective and message counted; checks that it trains as
+/// the CPU backend does (`what` names it) and returns the counts.
+fn trains_through_counted_hub(what: &str, options: &ralpc::RunOptions, ranks: u32) -> Arc<Calls> {
+    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
+    let hub = Arc::new(Hub::new(ranks as usize, std::time::Duration::from_secs(30)));
+    let calls = Arc::new(Calls::default());
+    let group: Vec<u32> = (0..ranks).collect();
+    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
+        let side = Counted {
+            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
+            calls: calls.clone(),
+        };
+        Ok(Box::new(OnDevice::with_replicas(
+            Host,
+            &group,
+            Box::new(side),
+        )))
+    };
+    let got = ralpc::run_with_compute(options, &meeting).expect("run on the devices");
+    let want = ralpc::run(options).expect("cpu run");
+    common::assert_trains_as(what, &got.report, &want.report, 1e-5);
+    calls
+}
+
 /// What a [`Counted`] device collective was asked to do, over every rank.
 #[derive(Default)]
 struct Calls {
@@ -455,30 +463,8 @@ fn a_sharded_optimizer_reduces_updates_and_gathers_on_the_devices() {
 /// every collective and message of the plan a device call.
 fn megatron_on_devices(zero: u8) {
     use ralpc::codegen::plan::{BufferKind, Instruction};
-    use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     let (_dir, options) = common::megatron_gpt(zero);
-    let hub = Arc::new(Hub::new(8, std::time::Duration::from_secs(30)));
-    let calls = Arc::new(Calls::default());
-    let ranks: Vec<u32> = (0..8).collect();
-    let meeting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let side = Counted {
-            inner: SameDevice::<Host>::new(hub.clone(), rank as usize),
-            calls: calls.clone(),
-        };
-        Ok(Box::new(OnDevice::with_replicas(
-            Host,
-            &ranks,
-            Box::new(side),
-        )))
-    };
-    let got = ralpc::run_with_compute(&options, &meeting).expect("run on the devices");
-    let want = ralpc::run(&options).expect("cpu run");
-    common::assert_trains_as(
-        &format!("t2 p2 d2 ZeRO-{zero}"),
-        &got.report,
-        &want.report,
-        1e-5,
-    );
+    let calls = trains_through_counted_hub(&format!("t2 p2 d2 ZeRO-{zero}"), &options, 8);
     let (_, plan) = ralpc::read_plan(&options.plan).expect("the plan");
     let count = |f: fn(&Instruction) -> bool| {
         plan.programs.iter().flatten().filter(|&i| f(i)).count() as u64
