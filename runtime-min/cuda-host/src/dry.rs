@@ -239,6 +239,30 @@ impl Backend for Dry {
     ) -> R<()> {
         self.launch()
     }
+    fn class_stats(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> R<()> {
+        self.launch()
+    }
+    fn class_piece_grad(
+        &self,
+        _: &mut DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: &DryBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: f32,
+    ) -> R<()> {
+        self.launch()
+    }
     fn mse(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: &DryBuf, _: usize) -> R<()> {
         self.launch()
     }

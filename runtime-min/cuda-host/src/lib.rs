@@ -32,6 +32,17 @@ unsafe extern "C" {
         n: i64,
         total_rows: i64,
     );
+    pub fn class_stats(stats: F, logits: C, labels: *const i64, rows: i64, n: i64, first: i64);
+    pub fn class_piece_grad(
+        dlogits: F,
+        logits: C,
+        lse: C,
+        labels: *const i64,
+        rows: i64,
+        n: i64,
+        first: i64,
+        scale: f32,
+    );
     pub fn mse(loss: F, dx: F, x: C, target: C, n: i64, total: i64);
     pub fn layer_norm(y: F, mean: F, rstd: F, x: C, gamma: C, beta: C, rows: i64, n: i64, eps: f32);
     pub fn layer_norm_backward(dx: F, dy: C, x: C, gamma: C, mean: C, rstd: C, rows: i64, n: i64);
@@ -322,6 +333,64 @@ impl Backend for Host {
                 n(rows),
                 n(len),
                 n(total_rows),
+            )
+        };
+        Ok(())
+    }
+    fn class_stats(
+        &self,
+        stats: &mut Vec<f32>,
+        logits: &Vec<f32>,
+        labels: &Vec<i64>,
+        rows: usize,
+        len: usize,
+        first: usize,
+    ) -> R<()> {
+        if logits.len() < rows * len || stats.len() < 3 * rows || labels.len() < rows {
+            return Err(DeviceError::Inconsistent(
+                "class statistics: short buffers".into(),
+            ));
+        }
+        // SAFETY: rows·len logits, rows labels, 3·rows statistics (checked above).
+        unsafe {
+            class_stats(
+                stats.as_mut_ptr(),
+                logits.as_ptr(),
+                labels.as_ptr(),
+                n(rows),
+                n(len),
+                n(first),
+            )
+        };
+        Ok(())
+    }
+    fn class_piece_grad(
+        &self,
+        dlogits: &mut Vec<f32>,
+        logits: &Vec<f32>,
+        lse: &Vec<f32>,
+        labels: &Vec<i64>,
+        rows: usize,
+        len: usize,
+        first: usize,
+        scale: f32,
+    ) -> R<()> {
+        if logits.len().min(dlogits.len()) < rows * len || lse.len().min(labels.len()) < rows {
+            return Err(DeviceError::Inconsistent(
+                "class piece gradient: short buffers".into(),
+            ));
+        }
+        // SAFETY: rows·len logits and gradients, rows log-sum-exps and labels (checked).
+        unsafe {
+            class_piece_grad(
+                dlogits.as_mut_ptr(),
+                logits.as_ptr(),
+                lse.as_ptr(),
+                labels.as_ptr(),
+                n(rows),
+                n(len),
+                n(first),
+                scale,
             )
         };
         Ok(())

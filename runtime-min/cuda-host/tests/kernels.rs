@@ -307,6 +307,75 @@ fn softmax_and_the_losses_match_the_cpu() {
         "{got_loss} against {want_loss}"
     );
     close(&dlogits, &want_d, 1e-5);
+    // The same rows cut into two class pieces (a vocabulary-parallel head): each piece's
+    // statistics, then its gradient from the rows' log-sum-exp over both.
+    let half = n / 2;
+    let pieces: Vec<(usize, Vec<f32>)> = [(0, half), (half, n - half)]
+        .iter()
+        .map(|&(first, width)| {
+            let cut: Vec<f32> = (0..rows)
+                .flat_map(|r| x[r * n + first..r * n + first + width].to_vec())
+                .collect();
+            (first, cut)
+        })
+        .collect();
+    let mut all = Vec::new();
+    for (first, cut) in &pieces {
+        let width = cut.len() / rows;
+        let mut stats = vec![0.0; 3 * rows];
+        // SAFETY: rows·width logits, rows labels, 3·rows statistics.
+        unsafe {
+            k::class_stats(
+                stats.as_mut_ptr(),
+                cut.as_ptr(),
+                labels.as_ptr(),
+                rows as i64,
+                width as i64,
+                *first as i64,
+            )
+        };
+        let want = cpu::class_piece_statistics(width, cut, &cpu_labels, *first);
+        close(&stats, &want, 1e-5);
+        all.push(stats);
+    }
+    for (first, cut) in &pieces {
+        let width = cut.len() / rows;
+        let mut want = vec![0.0; cut.len()];
+        let loss =
+            cpu::class_piece_cross_entropy(width, cut, &cpu_labels, *first, &all, 12.0, &mut want);
+        assert!(
+            (loss - want_loss).abs() < 1e-5,
+            "{loss} against {want_loss}"
+        );
+        let lse: Vec<f32> = (0..rows)
+            .map(|r| {
+                let max = all
+                    .iter()
+                    .map(|s| s[3 * r])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = all
+                    .iter()
+                    .map(|s| f64::from(s[3 * r + 1]) * f64::from(s[3 * r] - max).exp())
+                    .sum();
+                (f64::from(max) + sum.ln()) as f32
+            })
+            .collect();
+        let mut got = vec![0.0; cut.len()];
+        // SAFETY: rows·width logits and gradients, rows log-sum-exps and labels.
+        unsafe {
+            k::class_piece_grad(
+                got.as_mut_ptr(),
+                cut.as_ptr(),
+                lse.as_ptr(),
+                labels.as_ptr(),
+                rows as i64,
+                width as i64,
+                *first as i64,
+                12.0,
+            )
+        };
+        close(&got, &want, 1e-5);
+    }
     // Mean squared error.
     let t = values(rows * n, 15);
     let mut l = vec![0.0; rows * n];

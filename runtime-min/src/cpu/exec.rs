@@ -278,6 +278,40 @@ pub trait Compute {
         let _ = (output, truth, total);
         Ok(None)
     }
+    /// Per row of one class piece of logits (`classes` of them per row, the piece's first
+    /// being class `first`), its max, `Σ exp(x − max)` and the label's logit, as
+    /// [`kernels::class_piece_statistics`]: computed on the device when the logits are
+    /// resident there (only these come back). `None`: on the host.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn class_statistics(
+        &self,
+        logits: &Floats,
+        labels: &[i64],
+        classes: usize,
+        first: usize,
+    ) -> Result<Option<Vec<f32>>, graph::ExecError> {
+        let _ = (logits, labels, classes, first);
+        Ok(None)
+    }
+    /// One class piece's logits gradient, `(exp(x − lse) − onehot) / scale`, from each
+    /// row's log-sum-exp over all its classes: on the device when the logits are resident
+    /// there (the gradient stays there). `None`: on the host.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn class_piece_gradient(
+        &self,
+        logits: &Floats,
+        lse: &[f32],
+        labels: &[i64],
+        first: usize,
+        scale: f32,
+    ) -> Result<Option<Floats>, graph::ExecError> {
+        let _ = (logits, lse, labels, first, scale);
+        Ok(None)
+    }
     /// `x` (a row-major tensor holding the box `holder`) with `part`, the elements of its
     /// box `piece`, added there: on the device, when both are resident there. `Err(x)`:
     /// they are not, and the host adds them.

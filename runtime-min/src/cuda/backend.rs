@@ -193,6 +193,33 @@ pub trait Backend {
         n: usize,
         total_rows: usize,
     ) -> R<()>;
+    /// Per row of one class piece of logits [rows, n] (classes `first..first + n`), its
+    /// max, sum of `exp(x − max)` and label logit (0 when the label is another piece's):
+    /// `stats[3r..3r + 3]`.
+    #[allow(clippy::too_many_arguments)]
+    fn class_stats(
+        &self,
+        stats: &mut Self::Buf,
+        logits: &Self::Buf,
+        labels: &Self::Idx,
+        rows: usize,
+        n: usize,
+        first: usize,
+    ) -> R<()>;
+    /// One class piece's logits gradient from each row's log-sum-exp over every piece:
+    /// `(exp(x − lse) − onehot) / scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn class_piece_grad(
+        &self,
+        dlogits: &mut Self::Buf,
+        logits: &Self::Buf,
+        lse: &Self::Buf,
+        labels: &Self::Idx,
+        rows: usize,
+        n: usize,
+        first: usize,
+        scale: f32,
+    ) -> R<()>;
     /// Squared error per element (over `total`) and its gradient.
     fn mse(
         &self,

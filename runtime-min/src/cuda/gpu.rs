@@ -565,6 +565,63 @@ impl Backend for Gpu {
             &t
         )
     }
+    fn class_stats(
+        &self,
+        stats: &mut CudaSlice<f32>,
+        logits: &CudaSlice<f32>,
+        labels: &CudaSlice<i64>,
+        rows: usize,
+        n: usize,
+        first: usize,
+    ) -> R<()> {
+        fits("class statistics", logits.len(), rows * n)?;
+        fits("class statistics", stats.len(), 3 * rows)?;
+        fits("class statistics", labels.len(), rows)?;
+        let (r, k, f) = (rows as i64, n as i64, first as i64);
+        launch!(
+            self,
+            "class_stats",
+            Self::rows(rows),
+            stats,
+            logits,
+            labels,
+            &r,
+            &k,
+            &f
+        )
+    }
+    fn class_piece_grad(
+        &self,
+        dlogits: &mut CudaSlice<f32>,
+        logits: &CudaSlice<f32>,
+        lse: &CudaSlice<f32>,
+        labels: &CudaSlice<i64>,
+        rows: usize,
+        n: usize,
+        first: usize,
+        scale: f32,
+    ) -> R<()> {
+        fits(
+            "class piece gradient",
+            logits.len().min(dlogits.len()),
+            rows * n,
+        )?;
+        fits("class piece gradient", lse.len().min(labels.len()), rows)?;
+        let (r, k, f) = (rows as i64, n as i64, first as i64);
+        launch!(
+            self,
+            "class_piece_grad",
+            Self::elements(rows * n),
+            dlogits,
+            logits,
+            lse,
+            labels,
+            &r,
+            &k,
+            &f,
+            &scale
+        )
+    }
     fn mse(
         &self,
         loss: &mut CudaSlice<f32>,

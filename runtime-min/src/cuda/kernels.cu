@@ -299,6 +299,43 @@ extern "C" __global__ void cross_entropy(float* loss, float* dlogits, const floa
   }
 }
 
+// One class piece of logits [rows, n] (a vocabulary-parallel head's classes first..first+n):
+// per row its max, the sum of exp(x - max) and the label's logit (0 when the label is another
+// piece's), stats[3r..3r+3]: what every piece of the row exchanges for its loss.
+extern "C" __global__ void class_stats(float* stats, const float* logits,
+                                       const long long* labels, long long rows, long long n,
+                                       long long first) {
+  extern __shared__ float scratch[];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = logits + r * n;
+    float m = NEG_INF;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+      long long j = labels[r] - first;
+      stats[3 * r] = m;
+      stats[3 * r + 1] = s;
+      stats[3 * r + 2] = (j >= 0 && j < n) ? xr[j] : 0.0f;
+    }
+  }
+}
+
+// The logits gradient of one class piece from each row's log-sum-exp over every piece:
+// dlogits = (exp(x - lse) - onehot) / scale.
+extern "C" __global__ void class_piece_grad(float* dlogits, const float* logits,
+                                            const float* lse, const long long* labels,
+                                            long long rows, long long n, long long first,
+                                            float scale) {
+  GRID_STRIDE(i, rows * n) {
+    long long r = i / n, k = i % n;
+    float hot = (first + k == labels[r]) ? 1.0f : 0.0f;
+    dlogits[i] = (expf(logits[i] - lse[r]) - hot) / scale;
+  }
+}
+
 // Mean squared error over all elements of the global output (`total` of them):
 // loss[i] = (x - t)^2 / total, dx = 2 (x - t) / total.
 extern "C" __global__ void mse(float* loss, float* dx, const float* x, const float* target,

@@ -10,7 +10,7 @@ use super::error::{DeviceError, SetupError, R};
 pub const SOURCE: &str = include_str!("kernels.cu");
 
 /// Every kernel's name, as launches look it up.
-pub const NAMES: [&str; 24] = [
+pub const NAMES: [&str; 26] = [
     "binary",
     "gather_strided",
     "scatter_strided",
@@ -22,6 +22,8 @@ pub const NAMES: [&str; 24] = [
     "softmax_rows",
     "softmax_rows_backward",
     "cross_entropy",
+    "class_stats",
+    "class_piece_grad",
     "mse",
     "layer_norm",
     "layer_norm_backward",

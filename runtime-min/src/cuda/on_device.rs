@@ -586,6 +586,56 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         Ok(Some((loss, Floats::resident(self.keep(Arc::new(dy), n)))))
     }
 
+    fn class_statistics(
+        &self,
+        logits: &Floats,
+        labels: &[i64],
+        classes: usize,
+        first: usize,
+    ) -> Result<Option<Vec<f32>>, ExecError> {
+        let Some(y) = self.resident_here(logits) else {
+            return Ok(None);
+        };
+        let rows = labels.len();
+        if rows * classes != logits.len() {
+            return Ok(None);
+        }
+        let dev = &self.dev;
+        Transfers::count_bytes(&self.transfers.uploaded, 8 * rows);
+        let labels = dev.upload_indices(labels).map_err(off_node)?;
+        let mut stats = dev.zeros(3 * rows).map_err(off_node)?;
+        dev.class_stats(&mut stats, &y, &labels, rows, classes, first)
+            .map_err(off_node)?;
+        Transfers::count(&self.transfers.read_back, 3 * rows);
+        dev.download(&stats).map(Some).map_err(off_node)
+    }
+
+    fn class_piece_gradient(
+        &self,
+        logits: &Floats,
+        lse: &[f32],
+        labels: &[i64],
+        first: usize,
+        scale: f32,
+    ) -> Result<Option<Floats>, ExecError> {
+        let Some(y) = self.resident_here(logits) else {
+            return Ok(None);
+        };
+        let (rows, n) = (labels.len(), logits.len());
+        if rows == 0 || n % rows != 0 || lse.len() != rows {
+            return Ok(None);
+        }
+        let dev = &self.dev;
+        Transfers::count_bytes(&self.transfers.uploaded, 8 * rows);
+        Transfers::count(&self.transfers.uploaded, rows);
+        let labels = dev.upload_indices(labels).map_err(off_node)?;
+        let lse = dev.upload(lse).map_err(off_node)?;
+        let mut dy = dev.zeros(n).map_err(off_node)?;
+        dev.class_piece_grad(&mut dy, &y, &lse, &labels, rows, n / rows, first, scale)
+            .map_err(off_node)?;
+        Ok(Some(Floats::resident(self.keep(Arc::new(dy), n))))
+    }
+
     fn accumulate(
         &self,
         x: Floats,

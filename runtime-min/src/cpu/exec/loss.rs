@@ -48,6 +48,18 @@ impl Rank<'_, '_> {
         })
     }
 
+    /// The class labels of `share`'s rows, as the data holds them.
+    fn label_rows(&self, share: &Share) -> Result<&[i64], RankError> {
+        let Data::I64(labels) = &self.p.exe.data.labels else {
+            return Err(RankError::Unsupported(
+                "a loss on class-split logits is cross-entropy against labels".into(),
+            ));
+        };
+        labels
+            .get(share.first_row..share.first_row + share.rows)
+            .ok_or_else(|| "the labels do not cover the output's rows".into())
+    }
+
     /// The class labels of `share`'s rows.
     fn labels(&self, share: &Share) -> Result<Vec<u32>, RankError> {
         let Data::I64(labels) = &self.p.exe.data.labels else {
@@ -109,11 +121,12 @@ impl Rank<'_, '_> {
             .runs
             .get(&(l, mb))
             .ok_or("loss statistics of an output not computed")?;
-        let y = run
-            .values
-            .get(self.p.output.1)
-            .and_then(Tensor::floats)
-            .ok_or("the output is missing")?;
+        let Some(Tensor {
+            data: Data::F32(y), ..
+        }) = run.values.get(self.p.output.1)
+        else {
+            return Err("the output is missing".into());
+        };
         let held = self.p.region(self.p.output.1, &layer.view_out(), k)?;
         let share = self.share(mb, &held)?;
         if share.class_range.len() == share.classes || self.options.loss != Loss::CrossEntropy {
@@ -121,12 +134,16 @@ impl Rank<'_, '_> {
             // of the group takes its share's loss alone.
             return Ok(());
         }
-        let mine = kernels::class_piece_statistics(
-            share.class_range.len(),
-            y,
-            &self.labels(&share)?,
-            share.class_range.start,
-        );
+        let (width, first) = (share.class_range.len(), share.class_range.start);
+        // Where the logits are (3 numbers a row come back from a device).
+        let mine = match self
+            .compute
+            .class_statistics(y, self.label_rows(&share)?, width, first)
+            .map_err(RankError::from)?
+        {
+            Some(mine) => mine,
+            None => kernels::class_piece_statistics(width, y, &self.labels(&share)?, first),
+        };
         let all = self.comm.exchange(group, mine).map_err(RankError::from)?;
         self.loss_statistics.insert((l, mb), all);
         Ok(())
@@ -184,17 +201,34 @@ impl Rank<'_, '_> {
             })?;
             let total_rows = share.rows * p.exe.plan.batch as usize
                 / (held.first().map_or(1, |r| r.len()).max(1));
-            let mut dy = vec![0.0; y.len()];
-            let loss = kernels::class_piece_cross_entropy(
+            let (width, first, scale) = (
                 share.class_range.len(),
-                y,
-                &self.labels(&share)?,
                 share.class_range.start,
-                &all,
                 total_rows as f32,
-                &mut dy,
             );
-            (loss, dy.into())
+            // The rows' loss from the statistics; the logits' gradient where they are.
+            let (loss, lse) = kernels::class_piece_loss(share.rows, &all, scale);
+            let lse: Vec<f32> = lse.iter().map(|&v| v as f32).collect();
+            match self
+                .compute
+                .class_piece_gradient(y, &lse, self.label_rows(&share)?, first, scale)
+                .map_err(RankError::from)?
+            {
+                Some(dy) => (loss, dy),
+                None => {
+                    let mut dy = vec![0.0; y.len()];
+                    let loss = kernels::class_piece_cross_entropy(
+                        width,
+                        y,
+                        &self.labels(&share)?,
+                        first,
+                        &all,
+                        scale,
+                        &mut dy,
+                    );
+                    (loss, dy.into())
+                }
+            }
         };
         // Replicas of the same share compute the same loss: count it once.
         let owner = (0..k).all(|q| layer.view_out().pieces(q) != pieces);

@@ -184,25 +184,13 @@ pub fn class_piece_cross_entropy(
     scale: f32,
     dlogits: &mut [f32],
 ) -> f64 {
-    let mut loss = 0.0f64;
-    for (r, ((row, &label), drow)) in logits
+    let (loss, lse) = class_piece_loss(labels.len(), all, scale);
+    for (((row, &label), drow), &lse) in logits
         .chunks(classes)
         .zip(labels)
         .zip(dlogits.chunks_mut(classes))
-        .enumerate()
+        .zip(&lse)
     {
-        let stat = |piece: &Vec<f32>, i: usize| piece.get(3 * r + i).copied().unwrap_or(0.0);
-        let max = all
-            .iter()
-            .map(|s| stat(s, 0))
-            .fold(f32::NEG_INFINITY, f32::max);
-        let sum: f64 = all
-            .iter()
-            .map(|s| f64::from(stat(s, 1)) * f64::from(stat(s, 0) - max).exp())
-            .sum();
-        let lse = f64::from(max) + sum.ln();
-        let target: f64 = all.iter().map(|s| f64::from(stat(s, 2))).sum();
-        loss += lse - target;
         for (j, (d, &v)) in drow.iter_mut().zip(row).enumerate() {
             let p = (f64::from(v) - lse).exp() as f32;
             *d = (p - if first + j == label as usize {
@@ -212,7 +200,32 @@ pub fn class_piece_cross_entropy(
             }) / scale;
         }
     }
-    loss / f64::from(scale)
+    loss
+}
+
+/// The loss of `rows` rows whose classes are cut into pieces, from every piece's
+/// [`class_piece_statistics`] (`all`), over `scale` rows; and each row's log-sum-exp
+/// over all its classes, which gives each piece its logits' gradient.
+pub fn class_piece_loss(rows: usize, all: &[Vec<f32>], scale: f32) -> (f64, Vec<f64>) {
+    let mut loss = 0.0f64;
+    let lse = (0..rows)
+        .map(|r| {
+            let stat = |piece: &Vec<f32>, i: usize| piece.get(3 * r + i).copied().unwrap_or(0.0);
+            let max = all
+                .iter()
+                .map(|s| stat(s, 0))
+                .fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = all
+                .iter()
+                .map(|s| f64::from(stat(s, 1)) * f64::from(stat(s, 0) - max).exp())
+                .sum();
+            let lse = f64::from(max) + sum.ln();
+            let target: f64 = all.iter().map(|s| f64::from(stat(s, 2))).sum();
+            loss += lse - target;
+            lse
+        })
+        .collect();
+    (loss / f64::from(scale), lse)
 }
 
 /// SGD with momentum (PyTorch's form): `v = μ·v + g`, `w -= lr·v`.
