@@ -282,7 +282,6 @@ fn assert_peak_as_predicted(what: &str, counts: &[Counts], predicted: f64) {
 /// on 8 counting devices, the ranks' GEMMs doing the model's work once.
 #[test]
 fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_devices() {
-    use ralpc::passes::transformer::{Knobs, Recompute};
     let (model, batch) = ("onnx/gpt2/model.onnx", 8);
     let (graph, info) = common::load(model, batch);
     let macs = account(&graph, &info).expect("account").macs as f64;
@@ -293,13 +292,7 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
             gpus: Some(8),
             batch: Some(batch),
             family: ralpc::passes::plan::Family::parse("3d"),
-            knobs: Knobs {
-                tensor: Some(2),
-                pipeline: Some(2),
-                micro_batch: Some(2),
-                recompute: Some(Recompute::None),
-                ..Knobs::default()
-            },
+            knobs: common::megatron_knobs(None),
             ..Default::default()
         },
         dir.path(),

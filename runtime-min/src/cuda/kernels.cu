@@ -239,6 +239,18 @@ extern "C" __global__ void reduce_axis(float* out, const float* x, long long out
 
 // ---- softmax and the loss ---------------------------------------------------------------
 
+// A row's max `m` and sum of exp(x - m) over its `n` entries, to every thread of the block.
+__device__ void row_max_sum_exp(const float* xr, long long n, float* scratch, float* m,
+                                float* s) {
+  float mx = NEG_INF;
+  for (long long k = threadIdx.x; k < n; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+  mx = block_max(mx, scratch);
+  float sum = 0.0f;
+  for (long long k = threadIdx.x; k < n; k += blockDim.x) sum += expf(xr[k] - mx);
+  *m = mx;
+  *s = block_sum(sum, scratch);
+}
+
 // Row-wise softmax of x [rows, n]; one block per row; shared memory blockDim.x floats.
 extern "C" __global__ void softmax_rows(float* y, const float* x, long long rows, long long n,
                                        int log_space) {
@@ -246,12 +258,8 @@ extern "C" __global__ void softmax_rows(float* y, const float* x, long long rows
   for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
-    float m = NEG_INF;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
-    s = block_sum(s, scratch);
+    float m, s;
+    row_max_sum_exp(xr, n, scratch, &m, &s);
     float ls = logf(s);
     for (long long k = threadIdx.x; k < n; k += blockDim.x)
       yr[k] = log_space ? xr[k] - m - ls : expf(xr[k] - m) / s;
@@ -282,12 +290,8 @@ extern "C" __global__ void cross_entropy(float* loss, float* dlogits, const floa
   extern __shared__ float scratch[];
   for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = logits + r * n;
-    float m = NEG_INF;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
-    s = block_sum(s, scratch);
+    float m, s;
+    row_max_sum_exp(xr, n, scratch, &m, &s);
     long long label = labels[r];
     float scale = 1.0f / (float)total_rows;
     for (long long k = threadIdx.x; k < n; k += blockDim.x)
@@ -308,12 +312,8 @@ extern "C" __global__ void class_stats(float* stats, const float* logits,
   extern __shared__ float scratch[];
   for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = logits + r * n;
-    float m = NEG_INF;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, xr[k]);
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (long long k = threadIdx.x; k < n; k += blockDim.x) s += expf(xr[k] - m);
-    s = block_sum(s, scratch);
+    float m, s;
+    row_max_sum_exp(xr, n, scratch, &m, &s);
     if (threadIdx.x == 0) {
       long long j = labels[r] - first;
       stats[3 * r] = m;

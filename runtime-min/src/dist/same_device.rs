@@ -203,9 +203,9 @@ impl<B: Backend> SameDevice<B> {
         Ok(copy)
     }
 
-    /// Every member's `buf` in group order, through the mailbox: each member leaves a
-    /// copy for every other, then collects theirs.
-    fn gather_group(&self, dev: &B, group: &[u32], buf: &B::Buf) -> R<Vec<B::Buf>> {
+    /// The other members' `buf` in group order (`None` at this rank's place), through the
+    /// mailbox: each member leaves a copy for every other, then collects theirs.
+    fn gather_group(&self, dev: &B, group: &[u32], buf: &B::Buf) -> R<Vec<Option<B::Buf>>> {
         let me = self.rank as u32;
         if !group.contains(&me) || !self.reaches(group) {
             return Err(DeviceError::Inconsistent(format!(
@@ -221,8 +221,8 @@ impl<B: Backend> SameDevice<B> {
         group
             .iter()
             .map(|&member| match member == me {
-                true => Self::complete_copy(dev, buf),
-                false => self.buffers.collect(member, me, tag),
+                true => Ok(None),
+                false => self.buffers.collect(member, me, tag).map(Some),
             })
             .collect()
     }
@@ -255,6 +255,8 @@ impl<B: Backend> SameDevice<B> {
         let n = dev.len(buf);
         let mut sum = dev.zeros(n)?;
         for (member, part) in group.iter().zip(&parts) {
+            // This rank's own part is `buf` itself.
+            let part = part.as_ref().unwrap_or(&*buf);
             if dev.len(part) != n {
                 return Err(DeviceError::Inconsistent(format!(
                     "rank {member} summed {} elements over {group:?} where rank {} sums {n}",
@@ -287,7 +289,15 @@ impl<B: Backend> Replicas<B> for SameDevice<B> {
     }
 
     fn all_gather(&self, dev: &B, group: &[u32], buf: &B::Buf) -> R<Option<Vec<B::Buf>>> {
-        self.gather_group(dev, group, buf).map(Some)
+        let parts = self.gather_group(dev, group, buf)?;
+        parts
+            .into_iter()
+            .map(|part| match part {
+                Some(part) => Ok(part),
+                None => Self::complete_copy(dev, buf),
+            })
+            .collect::<R<Vec<_>>>()
+            .map(Some)
     }
 
     fn send(&self, dev: &B, to: u32, tag: u64, buf: &B::Buf) -> R<bool> {

@@ -87,12 +87,25 @@ pub fn planned(model: &Path, gpus: u32, strategy: &str) -> (tempfile::TempDir, r
     (dir, options)
 }
 
+/// Megatron-LM's layout the GPT tests plan: tensor 2 × pipeline 2, microbatches of 2
+/// samples, no recomputation, ZeRO stage `zero` (the planner's choice when `None`).
+pub fn megatron_knobs(zero: Option<u8>) -> ralpc::passes::transformer::Knobs {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    Knobs {
+        tensor: Some(2),
+        pipeline: Some(2),
+        micro_batch: Some(2),
+        recompute: Some(Recompute::None),
+        zero,
+        ..Knobs::default()
+    }
+}
+
 /// A small GPT (2 layers, hidden 64, 4 heads, sequence 16, vocabulary 128, its head tied
 /// to the embedding) planned as Megatron-LM plans one — tensor 2 × pipeline 2 × data 2,
 /// microbatches of 2 samples, sequence parallel where the planner chooses it, ZeRO stage
 /// `zero` — for 8 ranks at batch 8, into a temporary directory; two steps of it.
 pub fn megatron_gpt(zero: u8) -> (tempfile::TempDir, ralpc::RunOptions) {
-    use ralpc::passes::transformer::{Knobs, Recompute};
     let dir = tempfile::tempdir().expect("temp dir");
     let spec = ralpc_ir::models::GptSpec {
         tied: true,
@@ -105,14 +118,7 @@ pub fn megatron_gpt(zero: u8) -> (tempfile::TempDir, ralpc::RunOptions) {
         gpus: Some(8),
         batch: Some(8),
         family: ralpc::passes::plan::Family::parse("3d"),
-        knobs: Knobs {
-            tensor: Some(2),
-            pipeline: Some(2),
-            micro_batch: Some(2),
-            recompute: Some(Recompute::None),
-            zero: Some(zero),
-            ..Knobs::default()
-        },
+        knobs: megatron_knobs(Some(zero)),
         executable: true,
         ..Default::default()
     })
