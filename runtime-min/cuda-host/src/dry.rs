@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
+use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::kernels::{BinaryOp, Strides, UnaryOp, Window};
+use ralpc_runtime_min::dist::same_device::{group_tag, Hub};
+use ralpc_runtime_min::dist::Replicas;
 
 /// What a device and its clones counted: launches, GEMMs, live bytes and their peaks.
 #[derive(Debug, Default)]
@@ -352,5 +355,84 @@ impl Backend for Dry {
     }
     fn sgd_momentum(&self, _: &mut DryBuf, _: &mut DryBuf, _: &DryBuf, _: f32, _: f32) -> R<()> {
         self.launch()
+    }
+}
+
+/// Collectives between counting devices, with NCCL's memory: a sum in place, a gather into
+/// new buffers on every member, a message received into a new buffer on the receiver —
+/// and nothing moved, since a counting device holds no elements. The members still meet,
+/// to compare lengths, so ranks that disagree on a collective's or a message's size fail
+/// as they would on GPUs.
+pub struct DryReplicas {
+    lengths: Arc<Hub<usize>>,
+    rank: u32,
+}
+
+impl DryReplicas {
+    /// Rank `rank`'s side of `lengths`, the hub every rank of the run meets at.
+    pub fn new(lengths: Arc<Hub<usize>>, rank: u32) -> DryReplicas {
+        DryReplicas { lengths, rank }
+    }
+
+    /// Every member's length, in group order, after leaving `len` for the others.
+    fn lengths(&self, group: &[u32], len: usize) -> R<Vec<usize>> {
+        if !group.contains(&self.rank) {
+            return Err(DeviceError::Inconsistent(format!(
+                "rank {} was asked into a collective of ranks {group:?}",
+                self.rank
+            )));
+        }
+        let tag = group_tag(group);
+        for &other in group.iter().filter(|&&r| r != self.rank) {
+            self.lengths.post(self.rank, other, tag, len);
+        }
+        group
+            .iter()
+            .map(|&member| match member == self.rank {
+                true => Ok(len),
+                false => self.lengths.collect(member, self.rank, tag),
+            })
+            .collect()
+    }
+}
+
+impl Replicas<Dry> for DryReplicas {
+    fn reaches(&self, group: &[u32]) -> bool {
+        !group.is_empty()
+    }
+
+    fn all_reduce(&self, dev: &Dry, group: &[u32], buf: &mut DryBuf) -> R<()> {
+        let n = dev.len(buf);
+        match self.lengths(group, n)?.iter().find(|&&m| m != n) {
+            Some(m) => Err(DeviceError::Inconsistent(format!(
+                "rank {} sums {n} elements over {group:?} where another sums {m}",
+                self.rank
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn all_gather(&self, dev: &Dry, group: &[u32], buf: &DryBuf) -> R<Option<Vec<DryBuf>>> {
+        let lengths = self.lengths(group, dev.len(buf))?;
+        lengths
+            .into_iter()
+            .map(|n| dev.zeros(n))
+            .collect::<R<Vec<_>>>()
+            .map(Some)
+    }
+
+    fn send(&self, dev: &Dry, to: u32, tag: u64, buf: &DryBuf) -> R<bool> {
+        self.lengths.post(self.rank, to, tag, dev.len(buf));
+        Ok(true)
+    }
+
+    fn recv(&self, dev: &Dry, from: u32, tag: u64, n: usize) -> R<Option<DryBuf>> {
+        let sent = self.lengths.collect(from, self.rank, tag)?;
+        if sent != n {
+            return Err(DeviceError::Inconsistent(format!(
+                "rank {from} sent {sent} elements under tag {tag} where {n} were expected"
+            )));
+        }
+        dev.zeros(n).map(Some)
     }
 }

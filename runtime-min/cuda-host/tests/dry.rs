@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use ralpc_cuda_host::dry::{Counts, Dry};
+use ralpc_cuda_host::dry::{Counts, Dry, DryReplicas};
 use ralpc_ir::account;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::graph::Weights;
@@ -16,6 +16,7 @@ use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
 use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::on_device::OnDevice;
 use ralpc_runtime_min::cuda::train::train;
+use ralpc_runtime_min::dist::same_device::Hub;
 
 fn step(model: &str, batch: u64) {
     let (graph, info) = common::load(model, batch);
@@ -97,11 +98,21 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>,
     // the libraries' workspaces, which a counting device does not hold.
     let predicted =
         compiled.report.peak_memory_bytes - ralpc::passes::cost::memory::DEFAULT_WORKSPACE_BYTES;
+    // Every collective and message device to device, as NCCL's would be: nothing of a
+    // step's tensors crosses the host.
+    let ranks = compiled.report.gpus as usize;
+    let lengths = Arc::new(Hub::new(ranks, std::time::Duration::from_secs(60)));
+    let everyone: Vec<u32> = (0..ranks as u32).collect();
     let devices: Mutex<Vec<(u32, Dry)>> = Mutex::default();
     let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
         let dry = Dry::default();
         devices.lock().expect("devices").push((rank, dry.clone()));
-        Ok(Box::new(OnDevice::new(dry)))
+        let replicas = DryReplicas::new(lengths.clone(), rank);
+        Ok(Box::new(OnDevice::with_replicas(
+            dry,
+            &everyone,
+            Box::new(replicas),
+        )))
     };
     let options = ralpc::RunOptions {
         plan: dir.to_path_buf(),
@@ -282,13 +293,36 @@ fn assert_peak_as_predicted(what: &str, counts: &[Counts], predicted: f64) {
 /// on 8 counting devices, the ranks' GEMMs doing the model's work once.
 #[test]
 fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_devices() {
-    let (model, batch) = ("onnx/gpt2/model.onnx", 8);
-    let (graph, info) = common::load(model, batch);
+    megatron_step(&common::fixture("onnx/gpt2/model.onnx"), 8);
+}
+
+/// Megatron-LM's 1.7 B GPT (24 layers, hidden 2304, 24 heads, sequence 2048, vocabulary
+/// 51,200, the head tied to the embedding), structure only, its weights seeded, at t2 p2
+/// d2 as above: a full-size step on 8 counting devices. The host makes each rank's pieces
+/// of the weights alone and hands them to its device, so it never holds the model.
+#[test]
+#[ignore = "its peak is 1.21× the prediction: the memory model is being reconciled"]
+fn a_1_7b_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_devices() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = ralpc_ir::models::GptSpec::megatron(24, 2304, 24, 2048, 51200);
+    let params = spec.params() as f64;
+    assert!((1.6e9..1.75e9).contains(&params), "{params} parameters");
+    let model = dir.path().join("gpt-1.7b.onnx");
+    std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
+    megatron_step(&model, 8);
+}
+
+/// [`STEPS`] steps of `model` at `batch` in Megatron-LM's layout (t2 p2 d2, microbatches
+/// of 2) on 8 counting devices: the ranks' GEMMs do the model's work once, and the fullest
+/// rank's tensors peak where the plan predicts.
+fn megatron_step(model: &std::path::Path, batch: u64) {
+    let (graph, info) = common::load_path(model, batch);
     let macs = account(&graph, &info).expect("account").macs as f64;
+    drop((graph, info));
     let dir = tempfile::tempdir().expect("temp dir");
     let (counts, predicted) = planned_step(
         ralpc::Options {
-            model: common::fixture(model),
+            model: model.to_path_buf(),
             gpus: Some(8),
             batch: Some(batch),
             family: ralpc::passes::plan::Family::parse("3d"),
@@ -302,19 +336,22 @@ fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_dev
     let ratio = flops / (6.0 * macs * f64::from(STEPS));
     let per_rank: Vec<String> = counts
         .iter()
-        .map(|c| format!("{:.1}", c.gemm_flops / 1e9))
+        .map(|c| {
+            format!(
+                "{:.0} GFLOP/{:.2} GiB",
+                c.gemm_flops / 1e9,
+                c.tensor_peak_bytes as f64 / (1u64 << 30) as f64
+            )
+        })
         .collect();
     eprintln!(
-        "{model} batch {batch}, t2 p2 d2: {:.1} GFLOP in GEMMs ({ratio:.3}× 3·2·MACs); per \
-         rank GFLOP {}; peak GiB {:.2} (the plan predicts {:.2})",
-        flops / 1e9,
-        per_rank.join(" "),
-        counts
-            .iter()
-            .map(|c| c.tensor_peak_bytes)
-            .max()
-            .unwrap_or(0) as f64
-            / (1u64 << 30) as f64,
+        "{} batch {batch}, t2 p2 d2: {:.1} TFLOP in GEMMs ({ratio:.3}× 3·2·MACs), {} GEMMs, \
+         {} launches; per rank GEMM work/peak of tensors {} (the plan predicts {:.2} GiB)",
+        model.display(),
+        flops / 1e12,
+        counts.iter().map(|c| c.gemms).sum::<u64>(),
+        counts.iter().map(|c| c.launches).sum::<u64>(),
+        per_rank.join(", "),
         predicted / (1u64 << 30) as f64
     );
     assert!(

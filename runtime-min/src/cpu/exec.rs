@@ -55,9 +55,7 @@ use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
 pub use super::region::Axes;
-use super::region::{
-    crop, dims, fill, intersect, interval, is_whole, place, reframe, share, volume, Region, Slice,
-};
+use super::region::{crop, dims, fill, intersect, interval, reframe, share, volume, Region, Slice};
 use super::tensor::{ints_to_words, words_to_ints, Data, Tensor};
 use super::train::{Dataset, TrainOptions, TrainReport};
 use crate::cuda::error::DeviceError;
@@ -78,6 +76,7 @@ mod passes;
 mod prepare;
 mod recompute;
 mod resolve;
+mod tied;
 mod transfers;
 mod vocabulary;
 mod zero;
@@ -204,6 +203,15 @@ pub trait Compute {
     ) -> Result<(), graph::ExecError> {
         graph::batch_norm_synced_backward(graph, record, values, grads, sum)
     }
+    /// `f`, a tensor a rank keeps through the run (its piece of a weight), placed where
+    /// this device computes and only there: a device uploads it now and the host's copy
+    /// goes, so that the host never holds every rank's piece of a large model at once.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn hold(&self, f: Floats) -> Result<Floats, DeviceError> {
+        Ok(f)
+    }
     /// `n` zeros, made where this device computes (no upload).
     ///
     /// # Errors
@@ -313,12 +321,28 @@ pub trait Compute {
         Ok(None)
     }
     /// `x` (a row-major tensor holding the box `holder`) with `part`, the elements of its
-    /// box `piece`, added there: on the device, when both are resident there. `Err(x)`:
-    /// they are not, and the host adds them.
+    /// box `piece`, added there: on the device, when `x` is resident there (`part` is
+    /// uploaded if it is not). `Err(x)`: it is not, and the host adds them.
     ///
     /// # Errors
     /// The device failed.
     fn accumulate(
+        &self,
+        x: Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+        part: &Floats,
+    ) -> Result<Result<Floats, Floats>, graph::ExecError> {
+        let _ = (holder, piece, part);
+        Ok(Err(x))
+    }
+    /// `x` (a row-major tensor holding the box `holder`) with its box `piece` replaced by
+    /// `part`: in place on the device, when `x` is resident there (`part` is uploaded if it
+    /// is not). `Err(x)`: it is not, and the host writes it.
+    ///
+    /// # Errors
+    /// The device failed.
+    fn overwrite(
         &self,
         x: Floats,
         holder: &[std::ops::Range<usize>],
@@ -601,6 +625,10 @@ impl<'p, 'a> Rank<'p, 'a> {
         options: TrainOptions,
         resume: Option<&Checkpoint>,
     ) -> Result<Self, RunError> {
+        let compute = match p.exe.compute {
+            Some(make) => make(rank).map_err(|source| RunError::Device { rank, source })?,
+            None => Box::new(OnCpu),
+        };
         let mut weights = BTreeMap::new();
         let mut velocity = BTreeMap::new();
         for l in &p.layers {
@@ -657,7 +685,10 @@ impl<'p, 'a> Rank<'p, 'a> {
                 // The rank's own: a device's uploads of it go when the rank steps it.
                 let mut held = share(full, &slice, first);
                 if let Data::F32(f) = &held.data {
-                    held.data = Data::F32(f.detached());
+                    let own = compute
+                        .hold(f.detached())
+                        .map_err(|source| RunError::Device { rank, source })?;
+                    held.data = Data::F32(own);
                 }
                 weights.insert(w, (slice.clone(), held));
             }
@@ -699,10 +730,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             checkpoint_every: None,
             collector: None,
             first_step: resume.map_or(0, |c| c.step),
-            compute: match p.exe.compute {
-                Some(make) => make(rank).map_err(|source| RunError::Device { rank, source })?,
-                None => Box::new(OnCpu),
-            },
+            compute,
         })
     }
 

@@ -124,11 +124,11 @@ impl Weights {
                     w.seeded += 1;
                     let rule = init::rule(graph, value, &tensor.dims);
                     let n = tensor.numel().unwrap_or(0) as usize;
-                    Tensor::f32(
+                    Tensor::seeded(
                         tensor.dims.iter().map(|&d| d as usize).collect(),
                         // Seeded by the initializer it came from: a parameter the exporter
                         // merged with another starts equal to it, as in the model.
-                        init::weight(seed, &graph.provenance(id).name, n, rule),
+                        init::Seeded::new(seed, &graph.provenance(id).name, n, rule),
                     )
                 }
                 None => match gathered_rows(graph, value) {

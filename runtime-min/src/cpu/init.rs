@@ -9,6 +9,8 @@
 
 use ralpc_ir::{Graph, Op, ValueId};
 
+use super::floats::{DeviceCopy, Floats, ReadBackError};
+
 const PHI: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// FNV-1a, 64 bits.
@@ -24,19 +26,27 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Element `i` of the raw 64-bit stream whose base is `base` (`seed ⊕ fnv1a(name)`).
+fn element(base: u64, i: u64) -> u64 {
+    splitmix(base.wrapping_add((i + 1).wrapping_mul(PHI)))
+}
+
 /// The raw 64-bit stream of `name`, `n` elements.
 fn stream(seed: u64, name: &str, n: usize) -> impl Iterator<Item = u64> {
     let base = seed ^ fnv1a(name);
-    (0..n as u64).map(move |i| splitmix(base.wrapping_add((i + 1).wrapping_mul(PHI))))
+    (0..n as u64).map(move |i| element(base, i))
+}
+
+/// The top 24 bits of `z` as a value uniform in `[-bound, bound)`.
+fn to_uniform(z: u64, bound: f32) -> f32 {
+    let u = (z >> 40) as f32 / (1u64 << 24) as f32;
+    (2.0 * u - 1.0) * bound
 }
 
 /// `n` values uniform in `[-bound, bound)`.
 pub fn uniform(seed: u64, name: &str, n: usize, bound: f32) -> Vec<f32> {
     stream(seed, name, n)
-        .map(|z| {
-            let u = (z >> 40) as f32 / (1u64 << 24) as f32;
-            (2.0 * u - 1.0) * bound
-        })
+        .map(|z| to_uniform(z, bound))
         .collect()
 }
 
@@ -141,6 +151,58 @@ pub fn weight(seed: u64, name: &str, n: usize, rule: Rule) -> Vec<f32> {
         Rule::Ones => vec![1.0; n],
         Rule::Zeros => vec![0.0; n],
         Rule::Uniform(bound) => uniform(seed, name, n, bound),
+    }
+}
+
+/// A weight the model carries no data for, as its seed and rule: its elements are made
+/// when first read, and a rank's piece of it is made alone ([`Seeded::elements`]), so
+/// that a run on devices never holds a large model's whole weights on the host.
+#[derive(Clone, Debug)]
+pub struct Seeded {
+    base: u64,
+    len: usize,
+    rule: Rule,
+}
+
+impl Seeded {
+    /// The weight seeded from `seed` under `name`, `len` elements, by `rule`.
+    pub fn new(seed: u64, name: &str, len: usize, rule: Rule) -> Seeded {
+        Seeded {
+            base: seed ^ fnv1a(name),
+            len,
+            rule,
+        }
+    }
+
+    /// Its elements at the (row-major) `indices`, in order: what [`weight`] makes there.
+    pub fn elements(&self, indices: impl Iterator<Item = usize>) -> Vec<f32> {
+        match self.rule {
+            Rule::Ones => indices.map(|_| 1.0).collect(),
+            Rule::Zeros => indices.map(|_| 0.0).collect(),
+            Rule::Uniform(bound) => indices
+                .map(|i| to_uniform(element(self.base, i as u64), bound))
+                .collect(),
+        }
+    }
+
+    /// `floats`' seed, when they are a [`Seeded`] weight not yet made.
+    pub fn of(floats: &Floats) -> Option<Seeded> {
+        if floats.on_host() {
+            return None;
+        }
+        floats.device_copy(|c| c.as_any().downcast_ref::<Seeded>().cloned())
+    }
+}
+
+impl DeviceCopy for Seeded {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read_back(&self) -> Result<Vec<f32>, ReadBackError> {
+        Ok(self.elements(0..self.len))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -149,11 +149,36 @@ pub(crate) enum Slice {
     Vocabulary((u32, u32)),
 }
 
+/// Where a rank's piece of a weight lies in it: the box `region` of the weight seen as
+/// of shape `holder` (its own, or with an axis split into groups), the piece's own shape,
+/// and whether one zero row follows it (a vocabulary piece).
+pub(crate) struct Piece {
+    pub(crate) holder: Vec<usize>,
+    pub(crate) region: Region,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) zero_row: bool,
+}
+
+impl Piece {
+    /// The whole of [`Piece::holder`], as a box.
+    pub(crate) fn whole(&self) -> Region {
+        self.holder.iter().map(|&d| 0..d).collect()
+    }
+
+    /// The piece as a rank holds it: its shape, with the zero row when it has one.
+    pub(crate) fn held_shape(&self) -> Vec<usize> {
+        let mut shape = self.shape.clone();
+        if self.zero_row {
+            shape[0] += 1;
+        }
+        shape
+    }
+}
+
 impl Slice {
-    /// The box this slice holds of a weight of `shape`, in `shape` with the sliced axis
-    /// split into its groups (a contiguous piece is one group): that shape and the box.
-    /// `None` when the slice is the whole weight.
-    fn boxed(&self, shape: &[usize]) -> Option<(Vec<usize>, Region)> {
+    /// Where this slice lies in a weight of `shape`; `None` when it is the whole weight
+    /// (or a zero stand-in of its shape).
+    pub(crate) fn piece(&self, shape: &[usize]) -> Option<Piece> {
         let (axis, groups, piece) = match *self {
             Slice::Axis(axis, piece) => (axis, 1, piece),
             Slice::Groups {
@@ -161,80 +186,65 @@ impl Slice {
                 groups,
                 piece,
             } => (axis, groups.max(1), piece),
-            Slice::Whole | Slice::FirstSliceOnly | Slice::Vocabulary(_) => return None,
+            Slice::Vocabulary(piece) => {
+                let mut region: Region = shape.iter().map(|&d| 0..d).collect();
+                region[0] = interval(piece, *shape.first()?);
+                return Some(Piece {
+                    holder: shape.to_vec(),
+                    shape: dims(&region),
+                    region,
+                    zero_row: true,
+                });
+            }
+            Slice::Whole | Slice::FirstSliceOnly => return None,
         };
         let n = *shape.get(axis)?;
-        let mut split = shape.to_vec();
-        split.splice(axis..=axis, [groups, n / groups]);
-        let mut region: Region = split.iter().map(|&d| 0..d).collect();
-        region[axis + 1] = interval(piece, split[axis + 1]);
-        Some((split, region))
+        let mut holder = shape.to_vec();
+        holder.splice(axis..=axis, [groups, n / groups]);
+        let mut region: Region = holder.iter().map(|&d| 0..d).collect();
+        region[axis + 1] = interval(piece, holder[axis + 1]);
+        let mut own = shape.to_vec();
+        own[axis] = region[axis].len() * region[axis + 1].len();
+        Some(Piece {
+            holder,
+            region,
+            shape: own,
+            zero_row: false,
+        })
     }
 }
 
 /// A rank's share of a whole weight (or of its momentum).
 pub(crate) fn share(full: &Tensor, slice: &Slice, first_slice: bool) -> Tensor {
-    match slice {
-        Slice::Whole => full.clone(),
-        Slice::FirstSliceOnly if first_slice => full.clone(),
-        Slice::FirstSliceOnly => Tensor::zeros(full.shape.clone()),
-        Slice::Axis(axis, piece) => {
-            let range = interval(*piece, full.shape[*axis]);
-            super::ops::narrow(full, *axis, range.start, range.len())
-        }
-        Slice::Vocabulary(piece) => {
-            let range = interval(*piece, full.shape[0]);
-            let rows = super::ops::narrow(full, 0, range.start, range.len());
-            let width: usize = full.shape[1..].iter().product();
-            let mut data = rows.floats().map(<[f32]>::to_vec).unwrap_or_default();
-            data.extend(std::iter::repeat_n(0.0, width));
-            let mut shape = full.shape.clone();
-            shape[0] = range.len() + 1;
-            Tensor::f32(shape, data)
-        }
-        Slice::Groups { axis, .. } => match slice.boxed(&full.shape) {
-            Some((split, region)) => {
-                let whole: Region = split.iter().map(|&d| 0..d).collect();
-                let mut shape = full.shape.clone();
-                shape[*axis] = region[*axis].len() * region[axis + 1].len();
-                crop(full, &whole, &region).reshaped(shape)
-            }
-            None => full.clone(),
-        },
+    if let (Slice::FirstSliceOnly, false) = (slice, first_slice) {
+        return Tensor::zeros(full.shape.clone());
     }
-}
-
-/// Whether `slice` of a weight of `shape` is all of it, in its own layout.
-pub(crate) fn is_whole(slice: &Slice, shape: &[usize]) -> bool {
-    slice.boxed(shape).is_none() && !matches!(slice, Slice::Vocabulary(_))
-}
-
-/// A gradient of a rank's share of a weight, at its place in a zero gradient of the whole
-/// weight (of `shape`).
-pub(crate) fn place(gradient: Vec<f32>, slice: &Slice, shape: &[usize]) -> Vec<f32> {
-    if is_whole(slice, shape) {
-        return gradient;
+    let Some(piece) = slice.piece(&full.shape) else {
+        return full.clone();
+    };
+    let cut = match full.seed() {
+        // A seeded weight not yet made makes these elements alone.
+        Some(seeded) => seeded.elements(positions_in(&piece.whole(), &piece.region)),
+        None => crop(full, &piece.whole(), &piece.region)
+            .floats()
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default(),
+    };
+    let mut data = cut;
+    if piece.zero_row {
+        let width: usize = full.shape[1..].iter().product();
+        data.extend(std::iter::repeat_n(0.0, width));
     }
-    let mut out = vec![0.0f32; t::numel(shape)];
-    place_into(&mut out, &gradient, slice, shape);
-    out
+    Tensor::f32(piece.held_shape(), data)
 }
 
 /// Writes a rank's share `data` of a weight of `shape` at its place in `whole`.
 pub(crate) fn place_into(whole: &mut [f32], data: &[f32], slice: &Slice, shape: &[usize]) {
-    if let (Slice::Vocabulary(piece), Some(&rows)) = (slice, shape.first()) {
-        // Its rows, without the zero row.
-        let width: usize = shape[1..].iter().product();
-        let range = interval(*piece, rows);
-        let n = range.len() * width;
-        whole[range.start * width..range.start * width + n].copy_from_slice(&data[..n]);
-        return;
-    }
-    match slice.boxed(shape) {
-        Some((split, region)) => {
-            let holder: Region = split.iter().map(|&d| 0..d).collect();
+    match slice.piece(shape) {
+        Some(piece) => {
+            // Its box, without a vocabulary piece's zero row.
             let mut filled = vec![false; whole.len()];
-            paste(whole, &holder, data, &region, &mut filled);
+            paste(whole, &piece.whole(), data, &piece.region, &mut filled);
         }
         None => whole.copy_from_slice(data),
     }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 pub use super::floats::Floats;
+use super::init::Seeded;
 
 /// A tensor's elements, shared: a view (Reshape, Flatten, Squeeze, Unsqueeze, Identity)
 /// and a copy of a value are the same elements under another shape, never a copy of them.
@@ -43,6 +44,24 @@ impl Tensor {
         Tensor {
             shape,
             data: Data::I64(Arc::new(data)),
+        }
+    }
+
+    /// A weight of `shape` the model carries no data for, its elements made when first
+    /// read ([`Seeded`]).
+    pub fn seeded(shape: Vec<usize>, seeded: Seeded) -> Tensor {
+        debug_assert_eq!(numel(&shape), super::floats::DeviceCopy::len(&seeded));
+        Tensor {
+            shape,
+            data: Data::F32(Floats::resident(Arc::new(seeded))),
+        }
+    }
+
+    /// Its seed, when it is a [`Tensor::seeded`] weight whose elements are not yet made.
+    pub fn seed(&self) -> Option<Seeded> {
+        match &self.data {
+            Data::F32(f) => Seeded::of(f),
+            Data::I64(_) => None,
         }
     }
 

@@ -147,6 +147,32 @@ impl<B: Backend + 'static> OnDevice<B> {
         self.own_copy(f).filter(|_| !f.on_host())
     }
 
+    /// `x` (holding `holder`) with `part` written into its box `piece` (added to it when
+    /// `add`), in place when nothing else holds `x`'s buffer: [`Compute::accumulate`] and
+    /// [`Compute::overwrite`].
+    fn scatter_into(
+        &self,
+        x: Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+        part: &Floats,
+        add: bool,
+    ) -> Result<Result<Floats, Floats>, ExecError> {
+        if self.resident_here(&x).is_none() {
+            return Ok(Err(x));
+        }
+        let Ok(view) = box_view(holder, piece) else {
+            return Ok(Err(x));
+        };
+        let part = self.on_this_device(part).map_err(off_node)?;
+        let n = x.len();
+        let mut out = self.to_write(x).map_err(off_node)?;
+        self.dev
+            .scatter(&mut out, &part, &view.0, view.1, add)
+            .map_err(off_node)?;
+        Ok(Ok(Floats::resident(self.keep(Arc::new(out), n))))
+    }
+
     /// `f`'s copy on this device, if it has one.
     fn own_copy(&self, f: &Floats) -> Option<Arc<B::Buf>> {
         f.device_copy(|c| {
@@ -507,6 +533,12 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         self.backward_on_device(graph, record, values, grads, Some(&sum))
     }
 
+    fn hold(&self, f: Floats) -> Result<Floats, DeviceError> {
+        let n = f.len();
+        let buf = self.on_this_device(&f)?;
+        Ok(Floats::resident(self.keep(buf, n)))
+    }
+
     fn zeros(&self, n: usize) -> Result<Floats, ExecError> {
         let buf = self.dev.zeros(n).map_err(off_node)?;
         Ok(Floats::resident(self.keep(Arc::new(buf), n)))
@@ -643,18 +675,17 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         piece: &[std::ops::Range<usize>],
         part: &Floats,
     ) -> Result<Result<Floats, Floats>, ExecError> {
-        let (Some(_), Some(part)) = (self.resident_here(&x), self.resident_here(part)) else {
-            return Ok(Err(x));
-        };
-        let Ok(view) = box_view(holder, piece) else {
-            return Ok(Err(x));
-        };
-        let n = x.len();
-        let mut out = self.to_write(x).map_err(off_node)?;
-        self.dev
-            .scatter(&mut out, &part, &view.0, view.1, true)
-            .map_err(off_node)?;
-        Ok(Ok(Floats::resident(self.keep(Arc::new(out), n))))
+        self.scatter_into(x, holder, piece, part, true)
+    }
+
+    fn overwrite(
+        &self,
+        x: Floats,
+        holder: &[std::ops::Range<usize>],
+        piece: &[std::ops::Range<usize>],
+        part: &Floats,
+    ) -> Result<Result<Floats, Floats>, ExecError> {
+        self.scatter_into(x, holder, piece, part, false)
     }
 
     fn paste(

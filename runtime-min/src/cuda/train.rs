@@ -286,6 +286,17 @@ impl<'a, B: Backend> Runner<'a, B> {
     }
 
     /// A float scalar from a constant input (Clip's bounds).
+    /// Whether input `slot` of `node` needs a gradient: all but the constants that are
+    /// not weights (an attention mask, a scale), whose gradient over a large output would
+    /// only be computed to be dropped.
+    fn wants_gradient(&self, node: NodeId, slot: usize) -> bool {
+        let Some(v) = self.graph.node(node).inputs.get(slot).copied().flatten() else {
+            return false;
+        };
+        let producer = &self.graph.node(self.graph.value(v).producer).op;
+        !matches!(producer, Op::Constant { .. }) || producer.is_weight()
+    }
+
     fn scalar(&self, node: NodeId, slot: usize) -> Option<f32> {
         let v = self.graph.node(node).inputs.get(slot).copied().flatten()?;
         self.host
@@ -777,50 +788,54 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Binary(bop) => {
                 let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
-                let same = Strides::broadcast(&out_shape, &out_shape, &out_shape)?;
                 let full = |x: &DTensor<B>| Strides::broadcast(&out_shape, &out_shape, &x.shape);
-                // Each operand's gradient over the output's shape, then summed down.
-                let (ga, gb): (B::Buf, B::Buf) = match bop {
-                    Binary::Add => (self.copy(dy)?, self.copy(dy)?),
-                    Binary::Sub => {
-                        let mut neg = zeros(dev.len(dy))?;
-                        dev.unary(&mut neg, dy, UnaryOp::Neg, 0.0, 0.0)?;
-                        (self.copy(dy)?, neg)
+                // An operand's gradient over the output's shape (`None`: `dy` itself).
+                let over_output = |slot: usize| -> R<Option<B::Buf>> {
+                    let mut g = zeros(dev.len(dy))?;
+                    match (bop, slot) {
+                        (Binary::Add, _) | (Binary::Sub, 0) => return Ok(None),
+                        (Binary::Sub, _) => dev.unary(&mut g, dy, UnaryOp::Neg, 0.0, 0.0)?,
+                        (Binary::Mul, 0) => {
+                            dev.binary(&mut g, dy, &b.buf, &full(&b)?, BinaryOp::Mul)?
+                        }
+                        (Binary::Mul, _) => {
+                            dev.binary(&mut g, dy, &a.buf, &full(&a)?, BinaryOp::Mul)?
+                        }
+                        (Binary::Div, 0) => {
+                            dev.binary(&mut g, dy, &b.buf, &full(&b)?, BinaryOp::Div)?
+                        }
+                        (Binary::Div, _) => {
+                            // d/db (a/b) = -y/b · dy
+                            let y = self
+                                .values
+                                .get(&node.outputs[0])
+                                .cloned()
+                                .ok_or("the output was not kept")?;
+                            let same = Strides::broadcast(&out_shape, &out_shape, &out_shape)?;
+                            let (mut ga, mut t) = (zeros(dev.len(dy))?, zeros(dev.len(dy))?);
+                            dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
+                            dev.binary(&mut t, &ga, &y.buf, &same, BinaryOp::Mul)?;
+                            dev.unary(&mut g, &t, UnaryOp::Neg, 0.0, 0.0)?;
+                        }
+                        (other, _) => {
+                            return Err(format!(
+                                "{other:?}'s gradient is not on the CUDA backend yet"
+                            )
+                            .into())
+                        }
                     }
-                    Binary::Mul => {
-                        let (mut ga, mut gb) = (zeros(dev.len(dy))?, zeros(dev.len(dy))?);
-                        dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Mul)?;
-                        dev.binary(&mut gb, dy, &a.buf, &full(&a)?, BinaryOp::Mul)?;
-                        (ga, gb)
-                    }
-                    Binary::Div => {
-                        let y = self
-                            .values
-                            .get(&node.outputs[0])
-                            .cloned()
-                            .ok_or("the output was not kept")?;
-                        let (mut ga, mut t, mut gb) = (
-                            zeros(dev.len(dy))?,
-                            zeros(dev.len(dy))?,
-                            zeros(dev.len(dy))?,
-                        );
-                        dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
-                        // d/db (a/b) = -y/b
-                        dev.binary(&mut t, &ga, &y.buf, &same, BinaryOp::Mul)?;
-                        dev.unary(&mut gb, &t, UnaryOp::Neg, 0.0, 0.0)?;
-                        (ga, gb)
-                    }
-                    other => {
-                        return Err(
-                            format!("{other:?}'s gradient is not on the CUDA backend yet").into(),
-                        )
-                    }
+                    Ok(Some(g))
                 };
-                grads.push((0, self.reduce_to(&ga, &out_shape, &a.shape)?));
-                grads.push((1, self.reduce_to(&gb, &out_shape, &b.shape)?));
+                for (slot, x) in [(0, &a), (1, &b)] {
+                    if self.wants_gradient(id, slot) {
+                        let g = over_output(slot)?;
+                        let g = g.as_ref().unwrap_or(dy);
+                        grads.push((slot, self.reduce_to(g, &out_shape, &x.shape)?));
+                    }
+                }
             }
             Op::Variadic(Variadic::Sum) => {
-                for slot in 0..node.inputs.len() {
+                for slot in (0..node.inputs.len()).filter(|&s| self.wants_gradient(id, s)) {
                     let x = self.input(id, slot)?;
                     grads.push((slot, self.reduce_to(dy, &out_shape, &x.shape)?));
                 }

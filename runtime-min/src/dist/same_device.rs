@@ -185,7 +185,7 @@ impl<B: Backend> SameDevice<B> {
 /// The mailbox tag of a collective over `group` (the top bit set, which no plan's message
 /// tag has): a hash of its members, so that collectives over different groups sharing two
 /// ranks never take each other's parts.
-fn group_tag(group: &[u32]) -> u64 {
+pub fn group_tag(group: &[u32]) -> u64 {
     // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
     let hash = group.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
         (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)

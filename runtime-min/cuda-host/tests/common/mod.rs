@@ -17,7 +17,12 @@ pub fn fixture(rel: &str) -> PathBuf {
 
 /// The fixture `model` imported, bound at `batch` and verified.
 pub fn load(model: &str, batch: u64) -> (Graph, GraphInfo) {
-    let mut graph = onnx::import(&fixture(model)).expect("import").graph;
+    load_path(&fixture(model), batch)
+}
+
+/// The model at `path` imported, bound at `batch` and verified.
+pub fn load_path(path: &std::path::Path, batch: u64) -> (Graph, GraphInfo) {
+    let mut graph = onnx::import(path).expect("import").graph;
     bind(
         &mut graph,
         &Bindings {

@@ -255,10 +255,7 @@ impl Rank<'_, '_> {
                         }
                     }
                     Source::Constant => match self.weights.get(&c) {
-                        Some((_, t)) if p.tied.contains(&c) => {
-                            let first = layer.first_slice(k);
-                            share(t, &p.slice_of(layer, k, c), first)
-                        }
+                        Some((_, t)) if p.tied.contains(&c) => self.tied_piece(layer, k, c, t)?,
                         Some((_, t)) => t.clone(),
                         None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
                             format!("constant '{}' is missing", self.value_name(c))
@@ -483,16 +480,13 @@ impl Rank<'_, '_> {
                 continue;
             }
             // Where the layer computed it (resident on a device, unless reshaped here).
-            let gw = match (grads.take_floats(w), self.weights.get(&w)) {
-                (Some(gw), Some((_, whole))) if p.tied.contains(&w) => {
-                    let slice = p.slice_of(layer, k, w);
-                    Some(match is_whole(&slice, &whole.shape) {
-                        true => gw,
-                        false => place(gw.into_vec(), &slice, &whole.shape).into(),
-                    })
+            let gw = grads.take_floats(w);
+            if p.tied.contains(&w) {
+                if let Some(gw) = gw {
+                    self.add_tied_gradient(layer, k, w, gw, counted)?;
                 }
-                (gw, _) => gw,
-            };
+                continue;
+            }
             let gw = gw.map(|g| {
                 if counted {
                     g
@@ -502,7 +496,7 @@ impl Rank<'_, '_> {
             });
             // What a vocabulary piece's zero row gathered (ids it does not hold) is dropped.
             let gw = match self.weights.get(&w) {
-                Some((Slice::Vocabulary(_), t)) if !p.tied.contains(&w) => gw.map(|mut g| {
+                Some((Slice::Vocabulary(_), t)) => gw.map(|mut g| {
                     let width: usize = t.shape[1..].iter().product();
                     let rows = g.make_mut();
                     let n = rows.len();

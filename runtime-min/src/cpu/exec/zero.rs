@@ -108,20 +108,46 @@ impl Rank<'_, '_> {
         Ok(out.into())
     }
 
-    /// `f` (of `n` elements) with every element outside `keep` zero.
-    fn zero_outside(&self, f: &Floats, n: usize, keep: Range<usize>) -> Result<Floats, RankError> {
-        let mut parts = Vec::with_capacity(3);
-        for zeros in [0..keep.start, keep.end..n] {
-            if !zeros.is_empty() {
-                let z = self.compute.zeros(zeros.len()).map_err(RankError::from)?;
-                parts.push((zeros, z));
+    /// `f` (of `n` elements) with every element outside `keep` zero: its share cut, `f`
+    /// let go, then the share written into zeros, so no more than `f` and its share are
+    /// held at once.
+    fn zero_outside(&self, f: Floats, n: usize, keep: Range<usize>) -> Result<Floats, RankError> {
+        let share = match keep.is_empty() {
+            true => None,
+            false => Some(self.cut_range(&f, n, keep.clone())?),
+        };
+        drop(f);
+        let zeros = self.compute.zeros(n).map_err(RankError::from)?;
+        match share {
+            Some(share) => self.write_range(zeros, n, keep, &share),
+            None => Ok(zeros),
+        }
+    }
+
+    /// `x` (of `n` elements) with elements `range` replaced by `part`: in place where `x`
+    /// is, when nothing else holds it.
+    fn write_range(
+        &self,
+        x: Floats,
+        n: usize,
+        range: Range<usize>,
+        part: &Floats,
+    ) -> Result<Floats, RankError> {
+        let holder = [0..n];
+        match self
+            .compute
+            .overwrite(x, &holder, std::slice::from_ref(&range), part)?
+        {
+            Ok(x) => Ok(x),
+            Err(mut x) => {
+                x.make_mut()
+                    .get_mut(range)
+                    .filter(|to| to.len() == part.len())
+                    .ok_or("a share outside the tensor it is written into")?
+                    .copy_from_slice(part);
+                Ok(x)
             }
         }
-        if !keep.is_empty() {
-            parts.push((keep.clone(), self.cut_range(f, n, keep)?));
-        }
-        parts.sort_by_key(|(r, _)| r.start);
-        self.join_ranges(n, &parts)
     }
 
     /// Sums a gradient bucket over `group`, keeping this rank's share of the sum and
@@ -161,7 +187,7 @@ impl Rank<'_, '_> {
         let mut at = 0;
         for ((&w, g), n) in keys.iter().zip(bucket).zip(lens) {
             let keep = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
-            let kept = self.zero_outside(&g, n, keep)?;
+            let kept = self.zero_outside(g, n, keep)?;
             self.grads.insert(w, kept);
             at += n;
         }
@@ -249,22 +275,42 @@ impl Rank<'_, '_> {
                 Some(v) => v,
                 None => self.compute.zeros(own.len()).map_err(RankError::from)?,
             };
-            let mut x_own = self.cut_range(&x, n, own.clone())?;
+            // The gradient goes once its share is cut, before the weight's share is: the
+            // step holds no more than the whole gradient did.
             let g_own = self.cut_range(&g, n, own.clone())?;
+            drop(g);
+            let mut x_own = self.cut_range(&x, n, own.clone())?;
+            drop(x);
             self.compute
                 .sgd_momentum(&mut x_own, &mut v, &g_own, lr, momentum)?;
             self.velocity.insert(w, v);
-            let mut parts = vec![(own.clone(), x_own)];
-            for rest in [0..own.start, own.end..n] {
-                if !rest.is_empty() {
-                    parts.push((rest.clone(), self.cut_range(&x, n, rest)?));
-                }
-            }
-            parts.sort_by_key(|(r, _)| r.start);
-            let updated = self.join_ranges(n, &parts)?;
-            if let Some((_, t)) = self.weights.get_mut(&w) {
-                t.data = Data::F32(updated);
-            }
+            self.write_share(w, n, own, &x_own)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `part` over elements `range` of weight `w` (of `n`), in place where it is.
+    fn write_share(
+        &mut self,
+        w: ValueId,
+        n: usize,
+        range: Range<usize>,
+        part: &Floats,
+    ) -> Result<(), RankError> {
+        let Some((
+            _,
+            Tensor {
+                data: Data::F32(x), ..
+            },
+        )) = self.weights.get_mut(&w)
+        else {
+            return Err("a sharded weight is not held".into());
+        };
+        // Taken out, so the device writes the buffer it holds alone.
+        let x = std::mem::take(x);
+        let written = self.write_range(x, n, range, part)?;
+        if let Some((_, t)) = self.weights.get_mut(&w) {
+            t.data = Data::F32(written);
         }
         Ok(())
     }
@@ -305,7 +351,7 @@ impl Rank<'_, '_> {
         group: Vec<u32>,
     ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
-        let held: Vec<(ValueId, Floats)> = keys
+        let held: Vec<(ValueId, usize)> = keys
             .iter()
             .filter_map(|&w| match self.weights.get(&w) {
                 Some((
@@ -313,11 +359,11 @@ impl Rank<'_, '_> {
                     Tensor {
                         data: Data::F32(x), ..
                     },
-                )) => Some((w, x.clone())),
+                )) => Some((w, x.len())),
                 _ => None,
             })
             .collect();
-        let total: usize = held.iter().map(|(_, x)| x.len()).sum();
+        let total: usize = held.iter().map(|(_, n)| n).sum();
         let mut members = group.clone();
         members.sort_unstable();
         let shares: Vec<Range<usize>> = (0..members.len() as u32)
@@ -327,10 +373,12 @@ impl Rank<'_, '_> {
         // This rank's share, cut from the tensors it spans.
         let mut parts = Vec::new();
         let mut at = 0;
-        for (_, x) in &held {
-            let n = x.len();
+        for &(w, n) in &held {
             let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
-            if lo < hi {
+            if let (true, Some((_, x))) = (lo < hi, self.weights.get(&w)) {
+                let Data::F32(x) = &x.data else {
+                    return Err("a sharded weight is not a float tensor".into());
+                };
                 let part = self.cut_range(x, n, lo - at..hi - at)?;
                 parts.push((lo - mine.start..hi - mine.start, part));
             }
@@ -341,20 +389,15 @@ impl Rank<'_, '_> {
         if all.iter().zip(&shares).any(|(f, r)| f.len() != r.len()) {
             return Err("the members' weight shares do not make up the bucket".into());
         }
+        // The others' shares written over each weight in place: its own is there already.
         let mut at = 0;
-        for (w, x) in held {
-            let n = x.len();
-            let mut parts = Vec::new();
-            for (f, r) in all.iter().zip(&shares) {
+        for (w, n) in held {
+            for (f, r) in all.iter().zip(&shares).filter(|(_, r)| **r != mine) {
                 let (lo, hi) = (r.start.clamp(at, at + n), r.end.clamp(at, at + n));
                 if lo < hi {
                     let part = self.cut_range(f, r.len(), lo - r.start..hi - r.start)?;
-                    parts.push((lo - at..hi - at, part));
+                    self.write_share(w, n, lo - at..hi - at, &part)?;
                 }
-            }
-            let gathered = self.join_ranges(n, &parts)?;
-            if let Some((_, t)) = self.weights.get_mut(&w) {
-                t.data = Data::F32(gathered);
             }
             at += n;
         }

@@ -35,7 +35,8 @@ pub enum Frame {
 /// result.
 #[derive(Default)]
 pub(super) struct Slot {
-    pub(super) contributions: BTreeMap<u32, Vec<f32>>,
+    /// Shared by the members that take them, so a collective holds each once.
+    pub(super) contributions: BTreeMap<u32, std::sync::Arc<Vec<f32>>>,
     pub(super) taken: usize,
 }
 
@@ -86,7 +87,7 @@ impl Shared {
                     .entry((members, seq))
                     .or_default()
                     .contributions
-                    .insert(from, data);
+                    .insert(from, data.into());
             }
             Frame::Done => {
                 state.peers_done.insert(from);

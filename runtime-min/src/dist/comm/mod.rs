@@ -269,10 +269,21 @@ impl Comm {
     }
 
     /// Enters the next collective of `group` with `data`; returns every member's
-    /// contribution in rank order once all have entered.
-    /// Every member's `data`, in rank order: the general collective the others are built on
-    /// (members may contribute different sizes).
+    /// contribution in rank order once all have entered: the general collective the others
+    /// are built on (members may contribute different sizes).
     pub fn exchange(&self, group: &[u32], data: Vec<f32>) -> Result<Vec<Vec<f32>>, CommError> {
+        let all = self.exchange_shared(group, data)?;
+        // The last member to take a contribution owns it: no copy.
+        Ok(all.into_iter().map(Arc::unwrap_or_clone).collect())
+    }
+
+    /// [`Comm::exchange`], the contributions shared with the other members that take them
+    /// (in one process, a collective over `n` ranks holds `n` contributions, not `n²`).
+    fn exchange_shared(
+        &self,
+        group: &[u32],
+        data: Vec<f32>,
+    ) -> Result<Vec<Arc<Vec<f32>>>, CommError> {
         let mut members = group.to_vec();
         members.sort_unstable();
         let seq = {
@@ -302,7 +313,7 @@ impl Comm {
                 .entry(key.clone())
                 .or_default()
                 .contributions
-                .insert(self.rank, data);
+                .insert(self.rank, data.into());
             self.world.shared.changed.notify_all();
         }
         let n = members.len();
@@ -329,7 +340,7 @@ impl Comm {
                 if slot.contributions.len() < n {
                     return None;
                 }
-                let all: Vec<Vec<f32>> = slot.contributions.values().cloned().collect();
+                let all: Vec<Arc<Vec<f32>>> = slot.contributions.values().cloned().collect();
                 slot.taken += 1;
                 if slot.taken == takers {
                     state.slots.remove(&key);
@@ -341,17 +352,18 @@ impl Comm {
 
     /// Sums `data` over `group` in place (contributions added in rank order).
     pub fn all_reduce(&self, group: &[u32], data: &mut [f32]) -> Result<(), CommError> {
-        let all = self.exchange(group, data.to_vec())?;
+        let all = self.exchange_shared(group, data.to_vec())?;
         data.iter_mut().for_each(|v| *v = 0.0);
         for part in &all {
-            data.iter_mut().zip(part).for_each(|(v, p)| *v += p);
+            data.iter_mut().zip(part.iter()).for_each(|(v, p)| *v += p);
         }
         Ok(())
     }
 
     /// Concatenates every member's `data` in rank order.
     pub fn all_gather(&self, group: &[u32], data: &[f32]) -> Result<Vec<f32>, CommError> {
-        Ok(self.exchange(group, data.to_vec())?.concat())
+        let all = self.exchange_shared(group, data.to_vec())?;
+        Ok(all.iter().flat_map(|part| part.iter().copied()).collect())
     }
 
     /// Sums `data` over `group` and returns this rank's equal share of the sum (members
@@ -361,7 +373,7 @@ impl Comm {
         members.sort_unstable();
         let index = members.iter().position(|&r| r == self.rank).unwrap_or(0);
         let share = data.len() / members.len().max(1);
-        let all = self.exchange(group, data.to_vec())?;
+        let all = self.exchange_shared(group, data.to_vec())?;
         let mut out = vec![0.0; share];
         for part in &all {
             out.iter_mut()
@@ -378,7 +390,7 @@ impl Comm {
         members.sort_unstable();
         let index = members.iter().position(|&r| r == self.rank).unwrap_or(0);
         let share = data.len() / members.len().max(1);
-        let all = self.exchange(group, data.to_vec())?;
+        let all = self.exchange_shared(group, data.to_vec())?;
         Ok(all
             .iter()
             .flat_map(|part| part[index * share..(index + 1) * share].iter().copied())
