@@ -545,6 +545,8 @@ fn assemble(
     let mut layer_of_unit: Vec<Option<LayerId>> = vec![None; rewritten.units.len()];
     let mut layers: Vec<Layer> = Vec::new();
     let mut claimed = vec![false; rewritten.units.len()];
+    // Layer outputs their producer keeps to its backward pass (its own backward reads them).
+    let mut kept_by_producer = vec![false; graph.value_count()];
     for (i, unit) in rewritten.units.iter().enumerate() {
         if unit.weight_only {
             continue;
@@ -646,14 +648,18 @@ fn assemble(
                 },
             });
             // Values made inside the unit are kept when an op's backward pass reads them
-            // (fused chains keep those of their intermediate results); its outputs are
-            // kept to its backward pass whatever reads them.
+            // (fused chains keep those of their intermediate results), its outputs too,
+            // to its backward pass; the others go once the readers in other layers have
+            // them (which keep them when their backward reads them).
             for &v in &node.outputs {
                 if facts.uses[v.index()] == 0 || facts.derived[v.index()] {
                     continue;
                 }
                 if unit.outputs.contains(&v) {
-                    layer.kept_output_bytes += bytes_of(info, v);
+                    if read_for_backward(graph, &members, v) {
+                        layer.kept_output_bytes += bytes_of(info, v);
+                        kept_by_producer[v.index()] = true;
+                    }
                 } else if read_for_backward(graph, &members, v) {
                     layer.stash_bytes += bytes_of(info, v);
                 }
@@ -682,9 +688,10 @@ fn assemble(
                 Some(l) => Producer::Layer(l),
                 None => Producer::Input(graph.value(v).name.clone()),
             };
-            // Another layer's output is kept by that layer; a graph input is cut into
-            // the layer's share, kept when its backward pass reads it.
-            if matches!(from, Producer::Input(_)) && read_for_backward(graph, &members, v) {
+            // An input its backward reads is kept to it: a graph input cut into the
+            // layer's share, another layer's output that layer does not keep itself (the
+            // same elements on its rank, a received copy on another).
+            if !kept_by_producer[v.index()] && read_for_backward(graph, &members, v) {
                 layer.stash_bytes += bytes;
             }
             layer.inputs.push(Edge {

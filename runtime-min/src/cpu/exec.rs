@@ -75,6 +75,7 @@ mod loss;
 mod passes;
 mod prepare;
 mod recompute;
+mod release;
 mod resolve;
 mod tied;
 mod transfers;
@@ -608,6 +609,8 @@ struct Rank<'p, 'a> {
     checkpoints: BTreeMap<(usize, u32), Tensor>,
     /// Per instruction, the buffers it reads and writes: (kind, layer, microbatch, writes).
     touches: BTreeMap<u32, Vec<Touch>>,
+    /// After which instruction a layer's outputs are read by its backward alone.
+    last_forward_uses: BTreeMap<u32, Vec<(usize, u32)>>,
     step: u32,
     report: RankReport,
     fault: Option<Fault>,
@@ -712,6 +715,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             loss_statistics: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             touches,
+            last_forward_uses: release::last_forward_uses(p.exe.plan, rank),
             step: 0,
             report: RankReport {
                 // Rank 0 carries the losses so far; the others' shares of them are zero.
@@ -824,6 +828,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                     self.comm.abort(&error.to_string());
                     error
                 })?;
+                self.release_after(i as u32);
             }
             if self
                 .checkpoint_every
