@@ -386,6 +386,39 @@ impl Rank<'_, '_> {
         Ok(sum)
     }
 
+    /// The gradient of `o` over `held` that `reader` returned as `parts` (each the box it
+    /// covers and its elements): assembled on the device where the parts are resident
+    /// there and cover it once, else on the host.
+    fn assemble_gradient(
+        &self,
+        o: ValueId,
+        reader: &str,
+        held: &Region,
+        parts: &[(Region, Floats)],
+    ) -> Result<Floats, RankError> {
+        let boxes: Vec<(&[std::ops::Range<usize>], &Floats)> =
+            parts.iter().map(|(r, f)| (r.as_slice(), f)).collect();
+        if let Some(assembled) = self.compute.paste(held, &boxes).map_err(RankError::from)? {
+            return Ok(assembled);
+        }
+        let n = volume(held);
+        let mut acc = vec![0.0f32; n];
+        let mut filled = vec![false; n];
+        for (region, data) in parts {
+            fill(&mut acc, &mut filled, held, data, region);
+        }
+        let missing = filled.iter().filter(|f| !**f).count();
+        if missing > 0 {
+            return Err(format!(
+                "{missing} of the {n} gradient elements of '{}' (read by layer {reader}) never \
+                 came back",
+                self.value_name(o),
+            )
+            .into());
+        }
+        Ok(acc.into())
+    }
+
     pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
@@ -423,37 +456,28 @@ impl Rank<'_, '_> {
                 grads.accumulate(o, dy);
                 continue;
             }
-            let n = volume(held);
-            let mut total = vec![0.0f32; n];
-            let mut any = false;
+            let mut total: Option<Floats> = None;
             for e in readers {
-                let mut acc = vec![0.0f32; n];
-                let mut filled = vec![false; n];
-                if let Some((region, data)) = self.input_grads.remove(&(e, mb)) {
-                    fill(&mut acc, &mut filled, held, &data, &region);
-                }
-                for (region, data) in self.grad_pieces.remove(&(e, mb)).unwrap_or_default() {
-                    fill(&mut acc, &mut filled, held, &data, &region);
-                }
-                let missing = filled.iter().filter(|f| !**f).count();
-                if missing > 0 {
-                    return Err(format!(
-                        "{missing} of the {n} gradient elements of '{}' (read by layer {}) never came back",
-                        self.value_name(o),
-                        p.layers[p.edges[e].consumer].name
-                    ).into());
-                }
-                kernels::add(&mut total, &acc);
-                any = true;
+                let mut parts: Vec<(Region, Floats)> = Vec::new();
+                parts.extend(self.input_grads.remove(&(e, mb)));
+                parts.extend(self.grad_pieces.remove(&(e, mb)).unwrap_or_default());
+                let reader = &p.layers[p.edges[e].consumer].name;
+                let acc = self.assemble_gradient(o, reader, held, &parts)?;
+                total = Some(match total {
+                    Some(sum) => self.compute.add(sum, &acc).map_err(RankError::from)?,
+                    None => acc,
+                });
             }
             if (l, o) == p.output {
                 let y = run.values.get(o).ok_or("the output is missing")?;
                 let dy = self.output_loss(l, k, mb, y, held)?;
-                kernels::add(&mut total, &dy);
-                any = true;
+                total = Some(match total {
+                    Some(sum) => self.compute.add(sum, &dy).map_err(RankError::from)?,
+                    None => dy,
+                });
             }
-            if any {
-                grads.add(o, &total);
+            if let Some(total) = total {
+                grads.accumulate(o, total);
             }
         }
         if !self.gates_backward(l, k, &run.values, &mut grads)? {
