@@ -92,7 +92,10 @@ impl Rank<'_, '_> {
                 let rows: Region = piece.shape.iter().map(|&d| 0..d).collect();
                 match self.compute.crop(&gw, &held, &rows)? {
                     Some(rows) => rows,
-                    None => Floats::from(gw[..numel(&piece.shape)].to_vec()),
+                    None => gw
+                        .get(..numel(&piece.shape))
+                        .map(|rows| Floats::from(rows.to_vec()))
+                        .ok_or("a vocabulary piece's gradient is shorter than its rows")?,
                 }
             }
         };
