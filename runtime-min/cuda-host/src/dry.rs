@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ralpc_runtime_min::cuda::backend::{Backend, Gemm, R};
-use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::kernels::{BinaryOp, Strides, UnaryOp, Window};
-use ralpc_runtime_min::dist::same_device::{group_tag, Hub};
 use ralpc_runtime_min::dist::Replicas;
+
+use crate::streams::Streams;
 
 /// What a device and its clones counted: launches, GEMMs, live bytes and their peaks.
 #[derive(Debug, Default)]
@@ -24,6 +24,20 @@ struct Tally {
     tensors: Live,
     /// Those of scratch space.
     scratch: Live,
+    /// The communication stream a read of the device's buffers waits for
+    /// ([`Dry::on_stream`]).
+    stream: std::sync::OnceLock<(Arc<Streams>, u32)>,
+}
+
+impl Tally {
+    /// As a GPU's host reading one of its buffers: after the collectives and messages the
+    /// rank launched so far, which the buffer's producer may have waited on.
+    fn read(&self) -> R<()> {
+        match self.stream.get() {
+            Some((streams, rank)) => streams.wait(*rank, false),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Live bytes of a kind of buffer and their peak.
@@ -105,6 +119,14 @@ impl Dry {
         }
     }
 
+    /// This device as rank `rank`'s, whose reads wait for the rank's communication stream
+    /// in `streams` (as [`DryReplicas`] on the same `streams` fills it).
+    pub fn on_stream(self, streams: Arc<Streams>, rank: u32) -> Dry {
+        // A second call would name another stream for the same device: keep the first.
+        let _ = self.tally.stream.set((streams, rank));
+        self
+    }
+
     fn buffer(&self, len: usize, element: usize, scratch: bool) -> DryBuf {
         let bytes = len * element;
         self.tally.live.grow(bytes);
@@ -154,16 +176,19 @@ impl Backend for Dry {
         Ok(self.buffer(n, 8, false))
     }
     fn read_back(buf: &DryBuf) -> R<Vec<f32>> {
+        buf.tally.read()?;
         Ok(vec![0.0; buf.len])
     }
     fn download(&self, buf: &DryBuf) -> R<Vec<f32>> {
+        self.tally.read()?;
         Ok(vec![0.0; buf.len])
     }
     fn download_indices(&self, idx: &DryBuf) -> R<Vec<i64>> {
+        self.tally.read()?;
         Ok(vec![0; idx.len])
     }
     fn synchronize(&self) -> R<()> {
-        Ok(())
+        self.tally.read()
     }
     fn len(&self, buf: &DryBuf) -> usize {
         buf.len
@@ -358,41 +383,21 @@ impl Backend for Dry {
     }
 }
 
-/// Collectives between counting devices, with NCCL's memory: a sum in place, a gather into
-/// new buffers on every member, a message received into a new buffer on the receiver —
-/// and nothing moved, since a counting device holds no elements. The members still meet,
-/// to compare lengths, so ranks that disagree on a collective's or a message's size fail
-/// as they would on GPUs.
+/// Collectives and messages between counting devices, with NCCL's memory and ordering: a
+/// sum in place, a gather into new buffers on every member, a message received into a new
+/// buffer on the receiver — nothing moved, since a counting device holds no elements — and
+/// every operation on the rank's communication stream as NCCL's would be
+/// ([`crate::streams`]): ranks that disagree on a collective's size, order their messages
+/// differently or wait on each other in a cycle fail as they would on GPUs.
 pub struct DryReplicas {
-    lengths: Arc<Hub<usize>>,
+    streams: Arc<Streams>,
     rank: u32,
 }
 
 impl DryReplicas {
-    /// Rank `rank`'s side of `lengths`, the hub every rank of the run meets at.
-    pub fn new(lengths: Arc<Hub<usize>>, rank: u32) -> DryReplicas {
-        DryReplicas { lengths, rank }
-    }
-
-    /// Every member's length, in group order, after leaving `len` for the others.
-    fn lengths(&self, group: &[u32], len: usize) -> R<Vec<usize>> {
-        if !group.contains(&self.rank) {
-            return Err(DeviceError::Inconsistent(format!(
-                "rank {} was asked into a collective of ranks {group:?}",
-                self.rank
-            )));
-        }
-        let tag = group_tag(group);
-        for &other in group.iter().filter(|&&r| r != self.rank) {
-            self.lengths.post(self.rank, other, tag, len);
-        }
-        group
-            .iter()
-            .map(|&member| match member == self.rank {
-                true => Ok(len),
-                false => self.lengths.collect(member, self.rank, tag),
-            })
-            .collect()
+    /// Rank `rank`'s side of `streams`, every rank's communication stream.
+    pub fn new(streams: Arc<Streams>, rank: u32) -> DryReplicas {
+        DryReplicas { streams, rank }
     }
 }
 
@@ -402,18 +407,13 @@ impl Replicas<Dry> for DryReplicas {
     }
 
     fn all_reduce(&self, dev: &Dry, group: &[u32], buf: &mut DryBuf) -> R<()> {
-        let n = dev.len(buf);
-        match self.lengths(group, n)?.iter().find(|&&m| m != n) {
-            Some(m) => Err(DeviceError::Inconsistent(format!(
-                "rank {} sums {n} elements over {group:?} where another sums {m}",
-                self.rank
-            ))),
-            None => Ok(()),
-        }
+        self.streams.sum(self.rank, group, dev.len(buf))
     }
 
+    /// The host waits for the members' lengths, as [`ralpc_runtime_min::dist::nccl`]'s
+    /// gather of parts of any length does.
     fn all_gather(&self, dev: &Dry, group: &[u32], buf: &DryBuf) -> R<Option<Vec<DryBuf>>> {
-        let lengths = self.lengths(group, dev.len(buf))?;
+        let lengths = self.streams.gather(self.rank, group, dev.len(buf))?;
         lengths
             .into_iter()
             .map(|n| dev.zeros(n))
@@ -421,18 +421,17 @@ impl Replicas<Dry> for DryReplicas {
             .map(Some)
     }
 
+    fn settle(&self) -> R<()> {
+        self.streams.wait(self.rank, true)
+    }
+
     fn send(&self, dev: &Dry, to: u32, tag: u64, buf: &DryBuf) -> R<bool> {
-        self.lengths.post(self.rank, to, tag, dev.len(buf));
+        self.streams.send(self.rank, to, tag, dev.len(buf))?;
         Ok(true)
     }
 
     fn recv(&self, dev: &Dry, from: u32, tag: u64, n: usize) -> R<Option<DryBuf>> {
-        let sent = self.lengths.collect(from, self.rank, tag)?;
-        if sent != n {
-            return Err(DeviceError::Inconsistent(format!(
-                "rank {from} sent {sent} elements under tag {tag} where {n} were expected"
-            )));
-        }
+        self.streams.recv(self.rank, from, tag, n)?;
         dev.zeros(n).map(Some)
     }
 }

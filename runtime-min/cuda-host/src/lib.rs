@@ -5,6 +5,7 @@
 #![allow(missing_docs, reason = "the declarations mirror kernels.cu one to one")]
 
 pub mod dry;
+pub mod streams;
 
 use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::kernels::{Strides, Window};

@@ -9,6 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use ralpc_cuda_host::dry::{Counts, Dry, DryReplicas};
+use ralpc_cuda_host::streams::Streams;
 use ralpc_ir::account;
 use ralpc_runtime_min::cpu::exec::Compute;
 use ralpc_runtime_min::cpu::graph::Weights;
@@ -16,7 +17,6 @@ use ralpc_runtime_min::cpu::train::{Dataset, Loss, TrainOptions};
 use ralpc_runtime_min::cuda::error::DeviceError;
 use ralpc_runtime_min::cuda::on_device::OnDevice;
 use ralpc_runtime_min::cuda::train::train;
-use ralpc_runtime_min::dist::same_device::Hub;
 
 fn step(model: &str, batch: u64) {
     let (graph, info) = common::load(model, batch);
@@ -98,16 +98,17 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>,
     // the libraries' workspaces, which a counting device does not hold.
     let predicted =
         compiled.report.peak_memory_bytes - ralpc::passes::cost::memory::DEFAULT_WORKSPACE_BYTES;
-    // Every collective and message device to device, as NCCL's would be: nothing of a
-    // step's tensors crosses the host.
+    // Every collective and message device to device, ordered as NCCL orders them: nothing
+    // of a step's tensors crosses the host, and a plan whose ranks would wait on each
+    // other on GPUs fails here.
     let ranks = compiled.report.gpus as usize;
-    let lengths = Arc::new(Hub::new(ranks, std::time::Duration::from_secs(60)));
+    let streams = Arc::new(Streams::new(ranks, std::time::Duration::from_secs(60)));
     let everyone: Vec<u32> = (0..ranks as u32).collect();
     let devices: Mutex<Vec<(u32, Dry)>> = Mutex::default();
     let counting = |rank: u32| -> Result<Box<dyn Compute>, DeviceError> {
-        let dry = Dry::default();
+        let dry = Dry::default().on_stream(streams.clone(), rank);
         devices.lock().expect("devices").push((rank, dry.clone()));
-        let replicas = DryReplicas::new(lengths.clone(), rank);
+        let replicas = DryReplicas::new(streams.clone(), rank);
         Ok(Box::new(OnDevice::with_replicas(
             dry,
             &everyone,

@@ -61,6 +61,7 @@ use super::train::{Dataset, TrainOptions, TrainReport};
 use crate::cuda::error::DeviceError;
 use crate::dist::comm::{AbortOnPanic, Comm, CommError, World};
 
+mod arrivals;
 mod batch_stats;
 mod buckets;
 mod checkpoint;
@@ -603,6 +604,8 @@ struct Rank<'p, 'a> {
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
     /// Halo rows and their gradients in flight.
     halos: halo::HaloState,
+    /// Messages received device to device in their senders' order.
+    arrivals: arrivals::Arrivals,
     /// Per (output layer, microbatch), every class piece's loss statistics.
     loss_statistics: BTreeMap<(usize, u32), Vec<Vec<f32>>>,
     /// Per (edge, microbatch), the input a recomputed run keeps from outside the run.
@@ -712,6 +715,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             input_grads: BTreeMap::new(),
             pending_sums: BTreeMap::new(),
             halos: halo::HaloState::default(),
+            arrivals: arrivals::Arrivals::new(p, rank),
             loss_statistics: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             touches,
@@ -771,6 +775,12 @@ impl<'p, 'a> Rank<'p, 'a> {
         for step in self.first_step..self.options.steps {
             self.step = step;
             self.report.losses.push(0.0);
+            self.restart_arrivals().map_err(|cause| RunError::Rank {
+                rank: self.rank,
+                index: 0,
+                op: "recv",
+                cause,
+            })?;
             for (i, instruction) in program.iter().enumerate() {
                 let me = self.rank;
                 let fail = move |cause: RankError| RunError::Rank {
@@ -851,6 +861,12 @@ impl<'p, 'a> Rank<'p, 'a> {
                 .push(now.duration_since(step_started).as_secs_f64());
             step_started = now;
         }
+        self.restart_arrivals().map_err(|cause| RunError::Rank {
+            rank: self.rank,
+            index: program.len(),
+            op: "recv",
+            cause,
+        })?;
         self.comm.finish();
         if !self.options.report_tensors {
             return Ok(());

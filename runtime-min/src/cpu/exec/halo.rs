@@ -409,6 +409,22 @@ impl Rank<'_, '_> {
     }
 
     /// Receives from rank `from` what [`Rank::halo_send`] sent.
+    /// The rows of edge `e`'s input (forward) or of their gradient (backward) that rank
+    /// `from`'s halo message of `pass` carries to this rank.
+    pub(super) fn halo_piece(
+        &self,
+        from: u32,
+        e: usize,
+        pass: HaloPass,
+    ) -> Result<Region, RankError> {
+        let (own, ext) = self.halo_regions(e, self.rank)?;
+        let (from_own, from_ext) = self.halo_regions(e, from)?;
+        Ok(match pass {
+            HaloPass::Forward | HaloPass::Again => intersect(&ext, &from_own),
+            HaloPass::Backward => intersect(&from_ext, &own),
+        })
+    }
+
     pub(super) fn halo_recv(
         &mut self,
         from: u32,
@@ -417,18 +433,9 @@ impl Rank<'_, '_> {
         mb: u32,
         pass: HaloPass,
     ) -> Result<(), RankError> {
-        let (own, ext) = self.halo_regions(e, self.rank)?;
-        let (from_own, from_ext) = self.halo_regions(e, from)?;
-        let piece = match pass {
-            HaloPass::Forward | HaloPass::Again => intersect(&ext, &from_own),
-            HaloPass::Backward => intersect(&from_ext, &own),
-        };
+        let piece = self.halo_piece(from, e, pass)?;
         // Sent device to device (as [`Rank::halo_send`] decides alike on both sides).
-        let data = match self
-            .compute
-            .recv(from, tag, volume(&piece))
-            .map_err(RankError::from)?
-        {
+        let data = match self.device_recv(from, tag, volume(&piece))? {
             Some(data) => data,
             None => Floats::from(self.comm.recv(from, tag).map_err(RankError::from)?),
         };

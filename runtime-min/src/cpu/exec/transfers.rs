@@ -78,19 +78,12 @@ impl Rank<'_, '_> {
         mb: u32,
         backward: bool,
     ) -> Result<(), RankError> {
-        let piece = if backward {
-            intersect(&self.need(e, from)?, &self.held(e, self.rank)?)
-        } else {
-            intersect(&self.need(e, self.rank)?, &self.held(e, from)?)
-        };
+        let piece = self.incoming_piece(from, tag)?;
         let ints = !backward && !self.p.exe.info.ty(self.p.edges[e].value).dtype.is_float();
         // Sent device to device (as [`Rank::send`] decides alike on both sides).
         let on_device = match ints {
             true => None,
-            false => self
-                .compute
-                .recv(from, tag, volume(&piece))
-                .map_err(RankError::from)?,
+            false => self.device_recv(from, tag, volume(&piece))?,
         };
         if let Some(data) = on_device {
             self.keep_piece(e, mb, backward, piece, data);
