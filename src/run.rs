@@ -588,29 +588,15 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
     }
 }
 
-/// Whether every layer of `plan` is replicated on every rank with the batch split among
-/// them (plain data parallelism, one microbatch).
-fn is_data_parallel(plan: &Plan) -> bool {
-    let n = plan.ranks;
-    let s = &plan.strategy;
-    s.microbatches <= 1
-        && s.stages.len() <= 1
-        && s.stages.iter().all(|st| st.replicas == n)
-        && s.layers.iter().all(|l| {
-            l.gpus.is_none_or(|g| g == n)
-                && l.split
-                    .is_none_or(|d| d.sample == n && d.attribute == 1 && d.parameter == 1)
-        })
-}
-
 /// Every rank's device for `--backend cuda`: the GPU its launcher gave its process (GPU 0
 /// without one; more local ranks than GPUs share them). Ranks as threads meet at the
 /// same-device hub, device to device: every plan's sums over any group of ranks
 /// (gradient buckets, tensor-parallel partial sums, tied weights), its resharding
-/// gathers and its activation and gradient messages. One process per GPU sums a
-/// data-parallel plan's buckets through NCCL. The rest (ZeRO's shards, the loss
-/// statistics of a head split by classes; between processes, everything else) goes
-/// through the interpreter's communicator.
+/// gathers and its activation and gradient messages. One process per GPU does the same
+/// through NCCL, with a communicator for each of the plan's groups and each direction of
+/// its messages. The rest (ZeRO's shards, the loss statistics of a head split by classes,
+/// integer messages; between processes sharing a GPU, everything) goes through the
+/// interpreter's communicator.
 fn gpu_factory(
     plan: &Plan,
     options: &RunOptions,
@@ -619,7 +605,7 @@ fn gpu_factory(
     use ralpc_runtime_min::dist::same_device::{Hub, SameDevice};
     use std::sync::Arc;
     let ranks = plan.ranks.max(1);
-    let summing = ranks > 1 && is_data_parallel(plan);
+    let topology = nccl_topology(plan);
     let group: Vec<u32> = (0..ranks).collect();
     let hub = (ranks > 1 && options.placement.is_none())
         .then(|| Arc::new(Hub::new(ranks as usize, options.timeout)));
@@ -640,9 +626,10 @@ fn gpu_factory(
         match &placement {
             // NCCL needs a GPU per process.
             Some(place)
-                if summing && Lib::Nccl.loadable() && local_world(place.local_rank) <= gpus =>
+                if ranks > 1 && Lib::Nccl.loadable() && local_world(place.local_rank) <= gpus =>
             {
-                let nccl = ralpc_runtime_min::dist::nccl::Nccl::join(&gpu, place, timeout)?;
+                let nccl =
+                    ralpc_runtime_min::dist::nccl::Nccl::join(&gpu, place, timeout, &topology)?;
                 Ok(Box::new(OnDevice::with_replicas(
                     gpu,
                     &group,
@@ -651,6 +638,27 @@ fn gpu_factory(
             }
             _ => Ok(Box::new(OnDevice::new(gpu))),
         }
+    }
+}
+
+/// The groups of `plan`'s collectives and the (sender, receiver) of its messages, for
+/// NCCL's communicators.
+fn nccl_topology(plan: &Plan) -> ralpc_runtime_min::dist::nccl::Topology {
+    use ralpc_codegen::plan::Instruction;
+    let messages = plan
+        .programs
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, program)| {
+            program.iter().filter_map(move |i| match *i {
+                Instruction::Send { to, .. } => Some((rank as u32, to)),
+                _ => None,
+            })
+        })
+        .collect();
+    ralpc_runtime_min::dist::nccl::Topology {
+        groups: plan.groups.clone(),
+        messages,
     }
 }
 

@@ -258,6 +258,20 @@ fn a_pipeline_runs_on_one_gpu_as_on_the_cpu() {
     );
 }
 
+/// `ralpc plan MODEL FLAGS --gpus 4 --batch 8` written to `out`.
+fn plan_gpt(model: &std::path::Path, flags: &str, out: &std::path::Path) -> std::path::PathBuf {
+    Command::cargo_bin("ralpc")
+        .expect("binary built")
+        .arg("plan")
+        .arg(model)
+        .args(flags.split_whitespace())
+        .args(["--gpus", "4", "--batch", "8", "--quiet", "-o"])
+        .arg(out)
+        .assert()
+        .success();
+    out.to_path_buf()
+}
+
 /// Megatron-style plans of a generated GPT — tensor × pipeline × data parallel, ZeRO 1–3,
 /// selective and full recomputation, sequence parallelism, the interleaved schedule — on
 /// one GPU through `--backend cuda`: the CPU backend's losses.
@@ -285,18 +299,42 @@ fn megatron_plans_run_on_one_gpu_as_on_the_cpu() {
             "--tensor-parallel 2 --pipeline-parallel 2 --virtual-stages 2",
         ),
     ] {
-        let plan = dir.path().join(name);
-        Command::cargo_bin("ralpc")
-            .expect("binary built")
-            .arg("plan")
-            .arg(&model)
-            .args(flags.split_whitespace())
-            .args(["--gpus", "4", "--batch", "8", "--quiet", "-o"])
-            .arg(&plan)
-            .assert()
-            .success();
+        let plan = plan_gpt(&model, flags, &dir.path().join(name));
         same_losses(
             &losses("run", &plan, &["--backend", "cuda"]),
+            &losses("run", &plan, &["--backend", "cpu"]),
+        );
+    }
+}
+
+/// Megatron-style plans of a generated GPT on four GPUs, one process each under `ralpc
+/// launch`: their collectives over the plan's groups and their activation and gradient
+/// messages go through NCCL (a communicator per group and per direction of a pair), and
+/// the losses are the CPU backend's. Needs four GPUs: NCCL refuses ranks sharing one.
+#[test]
+#[ignore = "needs four NVIDIA GPUs"]
+fn megatron_plans_run_across_gpus_through_nccl() {
+    use ralpc::ir::models::{gpt, GptSpec};
+    let gpus = ralpc::runtime::cuda::device::count().expect("a CUDA driver");
+    assert!(
+        gpus >= 4,
+        "this test needs four GPUs; this machine has {gpus}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = dir.path().join("gpt.onnx");
+    let spec = GptSpec::megatron(4, 64, 4, 16, 200);
+    std::fs::write(&model, gpt(&spec).expect("generates")).expect("writes");
+    for (name, flags) in [
+        ("t2p2", "--tensor-parallel 2 --pipeline-parallel 2"),
+        ("t2d2-zero1", "--tensor-parallel 2 --zero 1"),
+        (
+            "t1p4",
+            "--tensor-parallel 1 --pipeline-parallel 4 --virtual-stages 1",
+        ),
+    ] {
+        let plan = plan_gpt(&model, flags, &dir.path().join(name));
+        same_losses(
+            &losses("launch", &plan, &["--backend", "cuda"]),
             &losses("run", &plan, &["--backend", "cpu"]),
         );
     }
