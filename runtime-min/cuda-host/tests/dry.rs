@@ -291,10 +291,14 @@ fn assert_peak_as_predicted(what: &str, counts: &[Counts], predicted: f64) {
 /// GPT-2 in Megatron-LM's layout — tensor parallel by 2 (attention by heads, the MLP by
 /// columns then rows, the embedding and head by vocabulary) × 2 pipeline stages × 2 data
 /// parallel replicas, 2 microbatches — runs a full-size step through the plan interpreter
-/// on 8 counting devices, the ranks' GEMMs doing the model's work once.
+/// on 8 counting devices, the ranks' GEMMs doing the model's work once, at the planner's
+/// ZeRO stage, without ZeRO and with ZeRO-2's gradients reduce-scattered after every
+/// microbatch into shares.
 #[test]
 fn a_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_counting_devices() {
-    megatron_step(&common::fixture("onnx/gpt2/model.onnx"), 8);
+    for zero in [None, Some(0), Some(2)] {
+        megatron_step(&common::fixture("onnx/gpt2/model.onnx"), 8, zero);
+    }
 }
 
 /// Megatron-LM's 1.7 B GPT (24 layers, hidden 2304, 24 heads, sequence 2048, vocabulary
@@ -309,13 +313,13 @@ fn a_1_7b_gpt_in_tensor_pipeline_and_data_parallel_does_its_work_once_on_countin
     assert!((1.6e9..1.75e9).contains(&params), "{params} parameters");
     let model = dir.path().join("gpt-1.7b.onnx");
     std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid GPT")).expect("write");
-    megatron_step(&model, 8);
+    megatron_step(&model, 8, None);
 }
 
 /// [`STEPS`] steps of `model` at `batch` in Megatron-LM's layout (t2 p2 d2, microbatches
 /// of 2) on 8 counting devices: the ranks' GEMMs do the model's work once, and the fullest
 /// rank's tensors peak where the plan predicts.
-fn megatron_step(model: &std::path::Path, batch: u64) {
+fn megatron_step(model: &std::path::Path, batch: u64, zero: Option<u8>) {
     let (graph, info) = common::load_path(model, batch);
     let macs = account(&graph, &info).expect("account").macs as f64;
     drop((graph, info));
@@ -326,12 +330,13 @@ fn megatron_step(model: &std::path::Path, batch: u64) {
             gpus: Some(8),
             batch: Some(batch),
             family: ralpc::passes::plan::Family::parse("3d"),
-            knobs: common::megatron_knobs(None),
+            knobs: common::megatron_knobs(zero),
             ..Default::default()
         },
         dir.path(),
     );
     assert_eq!(counts.len(), 8, "a device per rank");
+    let zero = zero.map_or("the planner's ZeRO".into(), |z| format!("ZeRO-{z}"));
     let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();
     let ratio = flops / (6.0 * macs * f64::from(STEPS));
     let per_rank: Vec<String> = counts
@@ -345,7 +350,7 @@ fn megatron_step(model: &std::path::Path, batch: u64) {
         })
         .collect();
     eprintln!(
-        "{} batch {batch}, t2 p2 d2: {:.1} TFLOP in GEMMs ({ratio:.3}× 3·2·MACs), {} GEMMs, \
+        "{} batch {batch}, t2 p2 d2, {zero}: {:.1} TFLOP in GEMMs ({ratio:.3}× 3·2·MACs), {} GEMMs, \
          {} launches; per rank GEMM work/peak of tensors {} (the plan predicts {:.2} GiB)",
         model.display(),
         flops / 1e12,
@@ -358,7 +363,7 @@ fn megatron_step(model: &std::path::Path, batch: u64) {
         (0.98..=1.02).contains(&ratio),
         "the ranks' GEMM work is {ratio}× the model's"
     );
-    assert_peak_as_predicted("t2 p2 d2", &counts, predicted);
+    assert_peak_as_predicted(&format!("t2 p2 d2, {zero}"), &counts, predicted);
 }
 
 /// A one-rank plan of ResNet-50, whose blocks' outputs each feed the next block and its

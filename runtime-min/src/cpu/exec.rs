@@ -590,6 +590,9 @@ struct Rank<'p, 'a> {
     weights: BTreeMap<ValueId, (Slice, Tensor)>,
     /// Per weight, its gradient so far this step, where it was computed.
     grads: BTreeMap<ValueId, Floats>,
+    /// Per weight whose gradient is reduce-scattered (ZeRO), the elements of the summed
+    /// gradient this rank owns and their sum so far this step, where it was computed.
+    gradient_shares: BTreeMap<ValueId, (std::ops::Range<usize>, Floats)>,
     /// Per weight, its momentum, where the last step left it.
     velocity: BTreeMap<ValueId, Floats>,
     /// Per weight a sharded optimizer updates here, the elements of its momentum this
@@ -707,6 +710,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             options,
             weights,
             grads: BTreeMap::new(),
+            gradient_shares: BTreeMap::new(),
             velocity,
             owned_momentum: BTreeMap::new(),
             runs: BTreeMap::new(),

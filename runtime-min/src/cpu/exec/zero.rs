@@ -39,24 +39,6 @@ impl Rank<'_, '_> {
         flat
     }
 
-    /// Writes `flat[range]` back into the gradients of `keys` laid end to end.
-    fn store_gradients(&mut self, keys: &[ValueId], range: std::ops::Range<usize>, flat: &[f32]) {
-        let mut at = 0;
-        for &w in keys {
-            let Some(g) = self.grads.get_mut(&w) else {
-                continue;
-            };
-            let n = g.len();
-            let lo = range.start.clamp(at, at + n);
-            let hi = range.end.clamp(at, at + n);
-            if lo < hi {
-                g.make_mut()[lo - at..hi - at]
-                    .copy_from_slice(&flat[lo - range.start..hi - range.start]);
-            }
-            at += n;
-        }
-    }
-
     /// This rank's share of a bucket of `total` elements over `group`.
     fn shard(&self, group: &[u32], total: usize) -> Result<std::ops::Range<usize>, RankError> {
         let mut members = group.to_vec();
@@ -108,22 +90,6 @@ impl Rank<'_, '_> {
         Ok(out.into())
     }
 
-    /// `f` (of `n` elements) with every element outside `keep` zero: its share cut, `f`
-    /// let go, then the share written into zeros, so no more than `f` and its share are
-    /// held at once.
-    fn zero_outside(&self, f: Floats, n: usize, keep: Range<usize>) -> Result<Floats, RankError> {
-        let share = match keep.is_empty() {
-            true => None,
-            false => Some(self.cut_range(&f, n, keep.clone())?),
-        };
-        drop(f);
-        let zeros = self.compute.zeros(n).map_err(RankError::from)?;
-        match share {
-            Some(share) => self.write_range(zeros, n, keep, &share),
-            None => Ok(zeros),
-        }
-    }
-
     /// `x` (of `n` elements) with elements `range` replaced by `part`: in place where `x`
     /// is, when nothing else holds it.
     fn write_range(
@@ -150,10 +116,12 @@ impl Rank<'_, '_> {
         }
     }
 
-    /// Sums a gradient bucket over `group`, keeping this rank's share of the sum and
-    /// zeroing the rest: what the following microbatches add to it is theirs alone, so a
-    /// reduce-scatter after each (ZeRO-2) sums every microbatch exactly once. On a device
-    /// with a collective over the group, the bucket is summed there and stays there.
+    /// Sums a gradient bucket over `group` and keeps this rank's share of the sum alone
+    /// (added to what earlier microbatches' reduce-scatters left in it, under ZeRO-2): the
+    /// whole gradients go, and the following microbatches' start from nothing, so every
+    /// microbatch is summed exactly once and only the shares outlive a bucket's
+    /// reduce-scatter, as the plan's memory counts them. On a device with a collective over
+    /// the group, the bucket is summed there and stays there.
     pub(super) fn reduce_scatter_gradients(
         &mut self,
         index: u32,
@@ -187,10 +155,38 @@ impl Rank<'_, '_> {
         let mut at = 0;
         for ((&w, g), n) in keys.iter().zip(bucket).zip(lens) {
             let keep = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
-            let kept = self.zero_outside(g, n, keep)?;
-            self.grads.insert(w, kept);
+            let part = self.cut_range(&g, n, keep.clone())?;
+            drop(g);
+            self.add_gradient_share(w, keep, part)?;
             at += n;
         }
+        Ok(())
+    }
+
+    /// Adds `part`, the elements `range` of weight `w`'s summed gradient, to this rank's
+    /// share of it so far, where they are.
+    fn add_gradient_share(
+        &mut self,
+        w: ValueId,
+        range: Range<usize>,
+        part: Floats,
+    ) -> Result<(), RankError> {
+        if range.is_empty() {
+            // None of this weight is this rank's to update.
+            return Ok(());
+        }
+        let sum = match self.gradient_shares.remove(&w) {
+            Some((held, _)) if held != range => {
+                return Err(RankError::Inconsistent(format!(
+                    "the gradient of '{}' is reduce-scattered into shares {held:?} and \
+                     {range:?} on one rank",
+                    self.p.exe.graph.value(w).name
+                )))
+            }
+            Some((_, so_far)) => self.compute.add(so_far, &part).map_err(RankError::from)?,
+            None => part,
+        };
+        self.gradient_shares.insert(w, (range, sum));
         Ok(())
     }
 
@@ -208,14 +204,25 @@ impl Rank<'_, '_> {
             .comm
             .exchange(group, flat.clone())
             .map_err(RankError::from)?;
-        let mut kept = vec![0.0f32; flat.len()];
+        let mut kept = vec![0.0f32; mine.len()];
         for part in &all {
             let part = part
                 .get(mine.clone())
                 .ok_or("a member's gradient bucket has another size")?;
-            kernels::add(&mut kept[mine.clone()], part);
+            kernels::add(&mut kept, part);
         }
-        self.store_gradients(keys, 0..flat.len(), &kept);
+        let mut at = 0;
+        for &w in keys {
+            let n = self.grads.remove(&w).map_or(0, |g| g.len());
+            let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
+            // Where this weight's share lies in the bucket's share.
+            let part = kept
+                .get(lo.saturating_sub(mine.start)..hi.saturating_sub(mine.start))
+                .filter(|_| lo < hi)
+                .unwrap_or_default();
+            self.add_gradient_share(w, lo - at..hi - at, part.to_vec().into())?;
+            at += n;
+        }
         Ok(())
     }
 
@@ -265,20 +272,29 @@ impl Rank<'_, '_> {
                 }
                 None => None,
             };
-            let Some(g) = g.filter(|g| g.len() == n) else {
-                if let Some(v) = v {
-                    self.velocity.insert(w, v);
+            // The reduce-scattered share, else (a gradient summed whole) its share, cut
+            // before the weight's: the step holds no more than the gradient did.
+            let g_own = match (self.gradient_shares.remove(&w), g) {
+                (Some((range, share)), _) if range == own => share,
+                (Some((range, _)), _) => {
+                    return Err(RankError::Inconsistent(format!(
+                        "the gradient share {range:?} of '{}' is not the share {own:?} its \
+                         step updates",
+                        self.p.exe.graph.value(w).name
+                    )))
                 }
-                continue;
+                (None, Some(g)) if g.len() == n => self.cut_range(&g, n, own.clone())?,
+                (None, _) => {
+                    if let Some(v) = v {
+                        self.velocity.insert(w, v);
+                    }
+                    continue;
+                }
             };
             let mut v = match v {
                 Some(v) => v,
                 None => self.compute.zeros(own.len()).map_err(RankError::from)?,
             };
-            // The gradient goes once its share is cut, before the weight's share is: the
-            // step holds no more than the whole gradient did.
-            let g_own = self.cut_range(&g, n, own.clone())?;
-            drop(g);
             let mut x_own = self.cut_range(&x, n, own.clone())?;
             drop(x);
             self.compute
@@ -323,10 +339,15 @@ impl Rank<'_, '_> {
         group: &[u32],
         mine: Range<usize>,
     ) -> Result<(), RankError> {
-        let flat = self.flat_gradients(keys);
+        let _ = mine;
+        let share: Vec<f32> = keys
+            .iter()
+            .filter_map(|w| self.gradient_shares.get(w))
+            .flat_map(|(_, f)| f.iter().copied())
+            .collect();
         let shares = self
             .comm
-            .exchange(group, flat[mine].to_vec())
+            .exchange(group, share)
             .map_err(RankError::from)?
             .concat();
         let mut at = 0;
