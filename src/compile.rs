@@ -144,18 +144,25 @@ pub fn compile(options: &Options) -> Result<Compiled, Error> {
     })
 }
 
-/// blake3 of everything a plan depends on: ralpc's version, the options, and the bytes of
-/// the model, the profile, the strategy file and a cluster file.
+/// blake3 of everything a plan depends on: ralpc's version and the fingerprint of the
+/// sources it was built from (a rebuilt ralpc may plan differently), the options, and the
+/// bytes of the model, the profile, the strategy file and a cluster file.
 ///
 /// # Errors
 /// [`Error::Read`] when one of those files cannot be read.
 pub fn inputs_hash(options: &Options) -> Result<String, Error> {
+    hash_inputs(options, env!("RALPC_SOURCE_HASH"))
+}
+
+/// [`inputs_hash`] for a ralpc built from sources of fingerprint `build`.
+fn hash_inputs(options: &Options, build: &str) -> Result<String, Error> {
     let mut hasher = blake3::Hasher::new();
     let options = PlanOptions {
         executable: true,
         ..options.clone()
     };
     hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
+    hasher.update(build.as_bytes());
     hasher.update(format!("{options:?}").as_bytes());
     let cluster_file = options
         .cluster
@@ -217,4 +224,30 @@ pub fn default_out_dir(model: &Path) -> PathBuf {
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
     PathBuf::from(format!("{stem}.ralpc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan made by a ralpc built from other sources is out of date, even at the same
+    /// version: the planner may have changed.
+    #[test]
+    fn the_recorded_inputs_name_the_build() {
+        let options = Options {
+            model: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/onnx/vgg16/model.onnx"),
+            gpus: Some(8),
+            ..Options::default()
+        };
+        let this = inputs_hash(&options).expect("hashes");
+        assert_eq!(
+            this,
+            hash_inputs(&options, env!("RALPC_SOURCE_HASH")).expect("hashes")
+        );
+        assert_ne!(
+            this,
+            hash_inputs(&options, "another build").expect("hashes")
+        );
+        assert_eq!(env!("RALPC_SOURCE_HASH").len(), 64);
+    }
 }
