@@ -669,7 +669,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                     None => model,
                 };
                 let slice = if p.tied.contains(&w) {
-                    Slice::Whole
+                    p.tied_holding(rank, w)
                 } else {
                     p.slice_of(l, k, w)
                 };
@@ -747,7 +747,7 @@ impl<'p, 'a> Rank<'p, 'a> {
     }
 
     /// How layer `l` holds weight `w` on this rank: as the rank keeps it, or, for a tied
-    /// weight kept whole, the piece the layer's split gives it.
+    /// weight, the piece the layer's split gives it.
     fn piece(&self, l: &LayerExec, w: ValueId) -> Option<Slice> {
         let (slice, _) = self.weights.get(&w)?;
         if !self.p.tied.contains(&w) {

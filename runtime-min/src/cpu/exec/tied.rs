@@ -1,23 +1,94 @@
-//! Tied weights (an embedding table the LM head reuses): every rank holding one keeps it
-//! whole, each layer reads the piece its split gives it, and the piece's gradient is added
-//! at its place in the whole weight's. Both are done where the weight is: on a device,
-//! cut and added there, so the table never crosses to the host.
+//! Tied weights (an embedding table the LM head reuses). A rank whose layers all read the
+//! same rows of one keeps those rows alone, as Megatron keeps a vocabulary piece shared by
+//! the first stage's embedding and the last stage's head; other ranks keep it whole, each
+//! layer reading the piece its split gives it, and the piece's gradient is added at its
+//! place. The holders' gradients are summed at their place in the whole table. All of it
+//! is done where the weight is: on a device, cut and added there, so the table never
+//! crosses to the host.
 
 use super::super::region::{positions_in, Piece};
 use super::super::tensor::numel;
 use super::*;
 
+impl Prepared<'_> {
+    /// How rank `rank` keeps tied weight `w`: the rows every one of its layers reading `w`
+    /// reads when they read the same ones, else whole.
+    pub(super) fn tied_holding(&self, rank: u32, w: ValueId) -> Slice {
+        let mut held: Option<Slice> = None;
+        for l in self.layers.iter().filter(|l| l.weights.contains(&w)) {
+            let Some(k) = l.holds(rank) else {
+                continue;
+            };
+            let rows = match self.slice_of(l, k, w) {
+                // The same rows; the zero row is made where the lookup reads it.
+                Slice::Vocabulary(piece) => Slice::Axis(0, piece),
+                Slice::Axis(0, piece) => Slice::Axis(0, piece),
+                _ => return Slice::Whole,
+            };
+            match &held {
+                Some(h) if *h != rows => return Slice::Whole,
+                _ => held = Some(rows),
+            }
+        }
+        held.unwrap_or(Slice::Whole)
+    }
+}
+
 impl Rank<'_, '_> {
-    /// Layer `l`'s piece (on rank index `k`) of tied weight `w`, which this rank holds
-    /// whole as `whole`.
+    /// Where this rank's rows of tied weight `w` lie in the whole table; `None` when it
+    /// holds the whole.
+    fn tied_rows(&self, w: ValueId) -> Result<Option<Piece>, RankError> {
+        let (slice, _) = self
+            .weights
+            .get(&w)
+            .ok_or_else(|| format!("the tied weight '{}' is not held", self.value_name(w)))?;
+        Ok(slice.piece(&self.tied_shape(w)?))
+    }
+
+    /// The whole shape of tied weight `w`.
+    fn tied_shape(&self, w: ValueId) -> Result<Vec<usize>, RankError> {
+        self.p
+            .exe
+            .weights
+            .tensors
+            .get(&w)
+            .map(|t| t.shape.clone())
+            .ok_or_else(|| format!("the tied weight '{}' is missing", self.value_name(w)).into())
+    }
+
+    /// Layer `l`'s piece (on rank index `k`) of tied weight `w`, of which this rank holds
+    /// `held`: all of its rows when the rank keeps rows (with a vocabulary piece's zero
+    /// row after them), else cut from the whole.
     pub(super) fn tied_piece(
         &self,
         l: &LayerExec,
         k: u32,
         w: ValueId,
-        whole: &Tensor,
+        held: &Tensor,
     ) -> Result<Tensor, RankError> {
         let slice = self.p.slice_of(l, k, w);
+        if self.tied_rows(w)?.is_some() {
+            let piece = slice.piece(&self.tied_shape(w)?);
+            let Some(piece) = piece.filter(|p| p.zero_row) else {
+                return Ok(held.clone());
+            };
+            let Data::F32(f) = &held.data else {
+                return Err("a tied weight that is not floats".into());
+            };
+            let padded = match self.with_zero_row(&piece, f.clone())? {
+                Some(padded) => padded,
+                None => {
+                    let mut rows = f.to_vec();
+                    rows.resize(numel(&piece.held_shape()), 0.0);
+                    rows.into()
+                }
+            };
+            return Ok(Tensor {
+                shape: piece.held_shape(),
+                data: Data::F32(padded),
+            });
+        }
+        let whole = held;
         let on_host = || share(whole, &slice, l.first_slice(k));
         let (Some(piece), Data::F32(f)) = (slice.piece(&whole.shape), &whole.data) else {
             return Ok(on_host());
@@ -62,13 +133,11 @@ impl Rank<'_, '_> {
         gw: Floats,
         counted: bool,
     ) -> Result<(), RankError> {
-        let shape = match self.weights.get(&w) {
-            Some((_, whole)) => whole.shape.clone(),
-            None => {
-                return Err(format!("the tied weight '{}' is not held", self.value_name(w)).into())
-            }
-        };
-        let n = numel(&shape);
+        let shape = self.tied_shape(w)?;
+        let held_rows = self.tied_rows(w)?;
+        let n = held_rows
+            .as_ref()
+            .map_or(numel(&shape), |p| numel(&p.shape));
         let total = match self.grads.remove(&w) {
             Some(total) => total,
             None => self.compute.zeros(n)?,
@@ -99,6 +168,12 @@ impl Rank<'_, '_> {
                 }
             }
         };
+        if held_rows.is_some() {
+            // The layer's piece is all of the rows this rank keeps.
+            let sum = self.compute.add(total, &part)?;
+            self.grads.insert(w, sum);
+            return Ok(());
+        }
         let sum = match self
             .compute
             .accumulate(total, &piece.whole(), &piece.region, &part)?
@@ -114,5 +189,46 @@ impl Rank<'_, '_> {
         };
         self.grads.insert(w, sum);
         Ok(())
+    }
+}
+
+impl Rank<'_, '_> {
+    /// Tied weight `w`'s gradient `g` (of the rows this rank keeps, or whole) at its place
+    /// in a gradient of the whole table, zero elsewhere, and where the rows lie (`None`:
+    /// it was whole).
+    pub(super) fn tied_gradient_in_whole(
+        &self,
+        w: ValueId,
+        g: Floats,
+    ) -> Result<(Floats, Option<Piece>), RankError> {
+        let Some(piece) = self.tied_rows(w)? else {
+            return Ok((g, None));
+        };
+        let zeros = self.compute.zeros(numel(&piece.holder))?;
+        let whole = match self
+            .compute
+            .accumulate(zeros, &piece.whole(), &piece.region, &g)?
+        {
+            Ok(whole) => whole,
+            Err(mut whole) => {
+                let t = whole.make_mut();
+                for (i, v) in positions_in(&piece.whole(), &piece.region).zip(g.iter()) {
+                    t[i] = *v;
+                }
+                whole
+            }
+        };
+        Ok((whole, Some(piece)))
+    }
+
+    /// The rows `piece` of a whole table's gradient `whole`, cut where it is.
+    pub(super) fn tied_rows_of(&self, whole: &Floats, piece: &Piece) -> Result<Floats, RankError> {
+        if let Some(rows) = self.compute.crop(whole, &piece.whole(), &piece.region)? {
+            return Ok(rows);
+        }
+        Ok(positions_in(&piece.whole(), &piece.region)
+            .map(|i| whole.get(i).copied().unwrap_or(0.0))
+            .collect::<Vec<f32>>()
+            .into())
     }
 }

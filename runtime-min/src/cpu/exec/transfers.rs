@@ -259,8 +259,19 @@ impl Rank<'_, '_> {
         let Some((w, n)) = found else {
             return Err(format!("this rank does not hold the tied weight '{name}'").into());
         };
-        let gradient = self.grads.entry(w).or_insert_with(|| vec![0.0; n].into());
-        sum_over(&*self.compute, &self.comm, &group, gradient)
+        let gradient = match self.grads.remove(&w) {
+            Some(g) => g,
+            None => self.compute.zeros(n)?,
+        };
+        // Its holders keep different rows: each sums its rows at their place in the whole.
+        let (mut whole, piece) = self.tied_gradient_in_whole(w, gradient)?;
+        sum_over(&*self.compute, &self.comm, &group, &mut whole)?;
+        let own = match piece {
+            Some(piece) => self.tied_rows_of(&whole, &piece)?,
+            None => whole,
+        };
+        self.grads.insert(w, own);
+        Ok(())
     }
 
     /// All-gather, reduce-scatter and all-to-all: every member contributes its share and
