@@ -8,7 +8,8 @@
 //! (`ralpc-cuda-host`'s `streams`) checks every plan family against:
 //! * **Collectives** run on the GPU's communication stream, over the world's communicator
 //!   or one split from it for each smaller group the plan names (`ncclCommSplit`, made
-//!   once as the rank starts, every rank splitting in the plan's order).
+//!   once as the rank starts: every rank splits in the same order, disjoint groups and
+//!   pairs in one split).
 //! * **Messages** run on a communicator and a stream of their own per direction of each
 //!   pair of ranks that exchange any, as PyTorch keeps one per pair: NCCL pairs a pair's
 //!   sends and receives in the order they are issued, with no tags, and one stream for
@@ -160,11 +161,6 @@ impl Nccl {
             .collect();
         groups.sort();
         groups.dedup();
-        for group in groups {
-            if let Some(comm) = nccl.split(&group)? {
-                nccl.groups.insert(group, comm);
-            }
-        }
         let mut pairs: Vec<(u32, u32)> = topology
             .messages
             .iter()
@@ -173,9 +169,25 @@ impl Nccl {
             .collect();
         pairs.sort_unstable();
         pairs.dedup();
-        for (sender, receiver) in pairs {
-            let members = [sender.min(receiver), sender.max(receiver)];
-            let Some(comm) = nccl.split(&members)? else {
+        // Every communicator's members: the groups', then each direction's pair.
+        let sets: Vec<Vec<u32>> = groups
+            .iter()
+            .cloned()
+            .chain(pairs.iter().map(|&(a, b)| vec![a.min(b), a.max(b)]))
+            .collect();
+        for round in disjoint_rounds(&sets) {
+            let mine = round.iter().copied().find(|&i| sets[i].contains(&rank));
+            let Some(comm) = nccl.split(mine)? else {
+                continue;
+            };
+            let Some(i) = mine else {
+                continue;
+            };
+            if let Some(group) = groups.get(i) {
+                nccl.groups.insert(group.clone(), comm);
+                continue;
+            }
+            let Some(&(sender, receiver)) = pairs.get(i - groups.len()) else {
                 continue;
             };
             let stream = gpu
@@ -197,16 +209,22 @@ impl Nccl {
         Ok(nccl)
     }
 
-    /// The communicator of `members` (sorted) split off the world: every rank calls it in
-    /// the same order, those outside `members` getting `None`.
-    fn split(&self, members: &[u32]) -> R<Option<Communicator>> {
-        let member = members.contains(&self.rank);
+    /// One split of the world (every rank calls it, in the same order): this rank joins
+    /// the communicator of set `mine` (a round's sets are disjoint, so each is one colour)
+    /// or, `None`, none.
+    fn split(&self, mine: Option<usize>) -> R<Option<Communicator>> {
+        let color = match mine {
+            Some(i) => i32::try_from(i).map_err(|_| {
+                DeviceError::Inconsistent("more communicators than NCCL has colours".into())
+            })?,
+            None => NO_COLOR,
+        };
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: the world's communicator is live; a null config inherits the world's.
         unsafe {
             sys::ncclCommSplit(
                 self.world.0,
-                if member { 0 } else { NO_COLOR },
+                color,
                 self.rank as i32,
                 &mut comm,
                 std::ptr::null_mut(),
@@ -214,7 +232,7 @@ impl Nccl {
         }
         .result()
         .map_err(fail("cannot split a communicator off the world"))?;
-        Ok((member && !comm.is_null()).then_some(Communicator(comm)))
+        Ok((mine.is_some() && !comm.is_null()).then_some(Communicator(comm)))
     }
 
     /// The communicator of the collectives over `group`.
@@ -297,6 +315,26 @@ impl Nccl {
         let n = unsafe { result::comm_count(comm.0) }.map_err(fail("cannot count ranks"))?;
         usize::try_from(n).map_err(|_| DeviceError::Inconsistent("NCCL counts no ranks".into()))
     }
+}
+
+/// `sets` (of ranks) in rounds of pairwise-disjoint ones, each set in the first round it
+/// fits, in order: one split of the world makes a round's communicators at once (the
+/// tensor-parallel groups of every stage together, a pipeline's forward pairs together).
+fn disjoint_rounds(sets: &[Vec<u32>]) -> Vec<Vec<usize>> {
+    let mut rounds: Vec<(Vec<usize>, std::collections::BTreeSet<u32>)> = Vec::new();
+    for (i, set) in sets.iter().enumerate() {
+        match rounds
+            .iter_mut()
+            .find(|(_, used)| set.iter().all(|r| !used.contains(r)))
+        {
+            Some((members, used)) => {
+                members.push(i);
+                used.extend(set);
+            }
+            None => rounds.push((vec![i], set.iter().copied().collect())),
+        }
+    }
+    rounds.into_iter().map(|(members, _)| members).collect()
 }
 
 impl Replicas<Gpu> for Nccl {
@@ -457,5 +495,26 @@ impl Replicas<Gpu> for Nccl {
             .map_err(fail("receive failed"))?;
         }
         Ok(Some(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disjoint_sets_share_a_split() {
+        // t2 p2 on 4 ranks: tensor groups {0,1} {2,3}, then both directions of the pairs
+        // 0-2 and 1-3.
+        let sets = [
+            vec![0, 1],
+            vec![2, 3],
+            vec![0, 2],
+            vec![1, 3],
+            vec![0, 2],
+            vec![1, 3],
+        ];
+        assert_eq!(disjoint_rounds(&sets), [vec![0, 1], vec![2, 3], vec![4, 5]]);
+        assert_eq!(disjoint_rounds(&[]), Vec::<Vec<usize>>::new());
     }
 }
