@@ -71,13 +71,19 @@ impl Rank<'_, '_> {
         if let Some(data) = self.arrivals.early.remove(&(from, tag)) {
             return Ok(Some(data));
         }
-        let order = self.arrivals.order.get(&from).cloned().unwrap_or_default();
         let posted = self.arrivals.posted.get(&from).copied().unwrap_or(0);
-        let Some(at) = order.iter().skip(posted).position(|&t| t == tag) else {
+        let remaining = self
+            .arrivals
+            .order
+            .get(&from)
+            .and_then(|order| order.get(posted..))
+            .unwrap_or_default();
+        let Some(at) = remaining.iter().position(|&t| t == tag) else {
             // Not one of the sender's float messages in this step's remaining order.
             return self.compute.recv(from, tag, n).map_err(RankError::from);
         };
-        for &before in &order[posted..posted + at] {
+        let earlier = remaining[..at].to_vec();
+        for before in earlier {
             let len = volume(&self.incoming_piece(from, before)?);
             match self
                 .compute
