@@ -11,6 +11,9 @@ written as JSON:
   and GPipe on the CNN fixture's 4 ranks, and GPT-2 in tensor 2 × pipeline 2 × data 2 with
   ZeRO-1 on 8 — against the same plan on the CPU backend (relative loss difference; goal
   1e-3);
+* NCCL (on a machine with 8 GPUs; reported as not run on fewer): GPT-2 in tensor 2 ×
+  pipeline 2 × data 2 with ZeRO-1 as 8 processes under `ralpc launch`, one GPU each, every
+  collective and message through NCCL, against the CPU backend;
 * speed: a training step of ResNet-50 and VGG16 at batch 64 against PyTorch training the
   same torchvision model (fp32, TF32 off, SGD with momentum; ratio of median step times;
   goal <= 1.25);
@@ -101,6 +104,32 @@ def families(binary, tmp, steps=3):
     return out
 
 
+def gpu_count():
+    """The GPUs nvidia-smi lists (0 without it)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    except OSError:
+        return 0
+    return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+
+
+def nccl(binary, tmp, steps=3):
+    """GPT-2 t2 p2 d2 across 8 GPUs through NCCL against the CPU backend."""
+    gpus = gpu_count()
+    if gpus < 8:
+        return {"not_run": f"needs 8 GPUs (one per rank; NCCL refuses ranks sharing one), has {gpus}"}
+    gpt = os.path.join(ROOT, "fixtures/onnx/gpt2/model.onnx")
+    plan_dir = os.path.join(tmp, "nccl-gpt2-3d")
+    plan(binary, gpt, 8, 8, plan_dir, "--strategy", "3d", "--tensor-parallel", "2",
+         "--pipeline-parallel", "2", "--micro-batch-size", "2", "--zero", "1")
+    gpu = losses(binary, "launch", plan_dir, "--backend", "cuda", "--steps", str(steps))
+    cpu = losses(binary, "run", plan_dir, "--backend", "cpu", "--steps", str(steps))
+    worst = max(abs(g - c) / abs(c) for g, c in zip(gpu["losses"], cpu["losses"]))
+    print(f"NCCL gpt2 t2 p2 d2: CUDA {gpu['losses']}, CPU {cpu['losses']}, "
+          f"worst relative {worst:.2e}", flush=True)
+    return {"cuda": gpu["losses"], "cpu": cpu["losses"], "relative": worst}
+
+
 def step_seconds(binary, plan_dir, steps=12):
     """Seconds per training step on CUDA: the median of the steps after the first, each
     timed by ralpc from one loss to the next (start-up, kernel compilation, uploads and
@@ -159,6 +188,7 @@ def main():
         procs = losses(binary, "launch", four, "--backend", "cuda", "--steps", "3")["losses"]
         results["multi_rank"] = {"one_rank": ref, "threads": threads, "processes": procs}
         results["families"] = families(binary, tmp)
+        results["nccl"] = nccl(binary, tmp)
         if not args.skip_speed:
             for name in ["resnet50", "vgg16"]:
                 model = os.path.join(ROOT, f"fixtures/onnx/{name}/model.onnx")
