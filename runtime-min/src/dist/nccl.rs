@@ -39,6 +39,9 @@ use crate::dist::{rendezvous, Placement};
 /// `NCCL_SPLIT_NOCOLOR` (nccl.h): a rank that takes no part in the communicator split off.
 const NO_COLOR: i32 = -1;
 
+/// `NCCL_VERSION_CODE` of NCCL 2.18, the first with `ncclCommSplit`.
+const SPLIT_SINCE: i32 = 21800;
+
 /// A communicator this process owns; aborted (which never waits on the other ranks) when
 /// dropped.
 struct Communicator(sys::ncclComm_t);
@@ -175,7 +178,14 @@ impl Nccl {
             .cloned()
             .chain(pairs.iter().map(|&(a, b)| vec![a.min(b), a.max(b)]))
             .collect();
-        for round in disjoint_rounds(&sets) {
+        // ncclCommSplit came with NCCL 2.18: an older NCCL sums over the world alone, and
+        // the rest goes through the interpreter's communicator.
+        let version = result::get_nccl_version().map_err(fail("cannot read its version"))?;
+        let rounds = match version >= SPLIT_SINCE {
+            true => disjoint_rounds(&sets),
+            false => Vec::new(),
+        };
+        for round in rounds {
             let mine = round.iter().copied().find(|&i| sets[i].contains(&rank));
             let Some(comm) = nccl.split(mine)? else {
                 continue;
