@@ -14,7 +14,8 @@
 //! gradients of the stage's earlier layers: their backward has not run, so their
 //! gradients do not exist yet (the rank's state counts them; the runtime makes them in
 //! backward and spends them in the step). With several microbatches every backward after
-//! the first finds them all, so nothing is taken off.
+//! the first finds them all, so nothing is taken off, and the gradients `l` makes are held
+//! beside their sums so far until added to them.
 
 use super::costs::Costs;
 use super::layout::output_share;
@@ -96,9 +97,15 @@ pub(super) fn backward_peak(
                     unborn[r as usize] -= bytes.gradients;
                 }
             }
+            // After the first microbatch, the gradients its backward makes are added to the
+            // sums so far once made: both are held a while (ZeRO-2 and 3 count theirs whole).
+            let fresh = match one_microbatch || strategy.zero >= 2 {
+                true => 0.0,
+                false => bytes.gradients,
+            };
             for r in ranks(l) {
                 let r = r as usize;
-                let held = pending[r] + bytes.input_gradient + bytes.whole + received[l];
+                let held = pending[r] + bytes.input_gradient + bytes.whole + fresh + received[l];
                 peak[r] = peak[r].max(held - freed[r] - unborn[r]);
             }
             // After `l`'s backward: the gradients it read are gone, its own waits for its

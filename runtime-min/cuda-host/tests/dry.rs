@@ -92,7 +92,7 @@ fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>,
         executable: true,
         ..options
     })
-    .unwrap_or_else(|e| panic!("{model}: {e}"));
+    .unwrap_or_else(|e| panic!("{model}: {}", ralpc_runtime_min::error_chain(&e)));
     compiled.write(dir).expect("write the plan");
     // The plan's tensors: its predicted peak less what it reserves for the CUDA context and
     // the libraries' workspaces, which a counting device does not hold.
@@ -162,8 +162,6 @@ fn strategy(stages: &[(&str, &str, u32)], layers: &[(&str, u32, u32, u32)], mbs:
 #[test]
 fn every_plan_family_does_the_models_work_once_on_counting_devices() {
     let (model, batch) = ("onnx/resnet50/model.onnx", 32);
-    let (graph, info) = common::load(model, batch);
-    let macs = account(&graph, &info).expect("account").macs as f64;
     let (first, last) = ("/conv1/Conv", "/fc/Gemm");
     let one_stage = [(first, last, 4)];
     let families = [
@@ -225,7 +223,82 @@ fn every_plan_family_does_the_models_work_once_on_counting_devices() {
             ),
         ),
     ];
-    for (family, strategy) in &families {
+    families_do_the_work_once(model, batch, &families);
+}
+
+/// VGG16's plan families on 4 GPUs, as ResNet-50's above: data parallel, DeepPool's burst
+/// (the classifier on fewer GPUs), SOAP (its first dense layer split by its outputs), and
+/// 2- and 4-stage pipelines.
+#[test]
+fn vggs_plan_families_do_its_work_once_on_counting_devices() {
+    let (model, batch) = ("onnx/vgg16/model.onnx", 32);
+    let (first, last) = ("/features/features.0/Conv", "/classifier/classifier.6/Gemm");
+    let one_stage = [(first, last, 4)];
+    let families = [
+        ("data parallel", strategy(&one_stage, &[], 1)),
+        (
+            "burst",
+            strategy(
+                &one_stage,
+                &[
+                    ("/classifier/classifier.0/Gemm", 2, 1, 1),
+                    ("/classifier/classifier.3/Gemm", 1, 1, 1),
+                    (last, 1, 1, 1),
+                ],
+                1,
+            ),
+        ),
+        (
+            "soap",
+            strategy(
+                &one_stage,
+                &[
+                    ("/classifier/classifier.0/Gemm", 1, 1, 4),
+                    ("/classifier/classifier.3/Gemm", 2, 1, 2),
+                ],
+                1,
+            ),
+        ),
+        (
+            "pipeline",
+            strategy(
+                &[
+                    (first, "/features/features.16/MaxPool", 2),
+                    ("/features/features.17/Conv", last, 2),
+                ],
+                &[],
+                2,
+            ),
+        ),
+        (
+            "4-stage pipeline",
+            strategy(
+                &[
+                    (first, "/features/features.4/MaxPool", 1),
+                    (
+                        "/features/features.5/Conv",
+                        "/features/features.16/MaxPool",
+                        1,
+                    ),
+                    ("/features/features.17/Conv", "/avgpool/AveragePool", 1),
+                    ("/classifier/classifier.0/Gemm", last, 1),
+                ],
+                &[],
+                4,
+            ),
+        ),
+    ];
+    families_do_the_work_once(model, batch, &families);
+}
+
+/// Each of `families` (a name and its strategy file) of `model` at `batch` on 4 counting
+/// devices: the ranks' GEMMs do the model's work once, and the fullest rank's tensors peak
+/// where the plan predicts.
+fn families_do_the_work_once(model: &str, batch: u64, families: &[(&str, String)]) {
+    let (graph, info) = common::load(model, batch);
+    let macs = account(&graph, &info).expect("account").macs as f64;
+    drop((graph, info));
+    for (family, strategy) in families {
         let (counts, predicted) = plan_step(model, 4, batch, strategy);
         assert_eq!(counts.len(), 4, "{family}: a device per rank");
         let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();

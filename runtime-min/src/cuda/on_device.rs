@@ -453,6 +453,61 @@ fn constants(graph: &Graph, id: NodeId, values: &Values) -> Weights {
     w
 }
 
+/// Tensors of a gradient bucket at least this long are summed in place, each on its own.
+const IN_PLACE_ELEMENTS: usize = 1 << 20;
+
+impl<B: Backend + 'static> OnDevice<B> {
+    /// Sums `g` over `group` in place on the device.
+    fn sum_in_place(
+        &self,
+        replicas: &dyn Replicas<B>,
+        group: &[u32],
+        g: &mut Floats,
+    ) -> Result<(), ExecError> {
+        let n = g.len();
+        let mut buf = self.to_write(std::mem::take(g)).map_err(off_node)?;
+        replicas
+            .all_reduce(&self.dev, group, &mut buf)
+            .map_err(off_node)?;
+        *g = Floats::resident(self.keep(Arc::new(buf), n));
+        Ok(())
+    }
+
+    /// Sums `tensors` over `group` with one collective, laid end to end.
+    fn sum_end_to_end(
+        &self,
+        replicas: &dyn Replicas<B>,
+        group: &[u32],
+        tensors: &mut [&mut Floats],
+    ) -> Result<(), ExecError> {
+        let dev = &self.dev;
+        let total = tensors.iter().map(|g| g.len()).sum();
+        let mut flat = dev.zeros(total).map_err(off_node)?;
+        let mut at = 0;
+        for g in tensors.iter() {
+            let n = g.len();
+            let buf = self.on_this_device(g).map_err(off_node)?;
+            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
+            dev.scatter(&mut flat, &buf, &view, at, false)
+                .map_err(off_node)?;
+            at += n;
+        }
+        replicas
+            .all_reduce(dev, group, &mut flat)
+            .map_err(off_node)?;
+        let mut at = 0;
+        for g in tensors.iter_mut() {
+            let n = g.len();
+            let mut sum = dev.zeros(n).map_err(off_node)?;
+            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
+            dev.gather(&mut sum, &flat, &view, at).map_err(off_node)?;
+            **g = Floats::resident(self.keep(Arc::new(sum), n));
+            at += n;
+        }
+        Ok(())
+    }
+}
+
 impl<B: Backend + 'static> Compute for OnDevice<B> {
     fn forward(
         &self,
@@ -786,40 +841,27 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
             return Ok(false);
         }
         self.unsettled.store(true, Ordering::Relaxed);
-        if let [g] = bucket {
-            let n = g.len();
-            let mut buf = self.to_write(std::mem::take(g)).map_err(off_node)?;
-            replicas
-                .all_reduce(&self.dev, &group, &mut buf)
-                .map_err(off_node)?;
-            *g = Floats::resident(self.keep(Arc::new(buf), n));
-            return Ok(true);
+        // A large tensor is summed in place on its own (no second copy of it, which the
+        // plan's memory does not hold); the small ones together, end to end: a collective
+        // call (and, for ranks sharing a GPU, a wait for the device) per bucket of them,
+        // not per tensor. Every member splits its bucket alike.
+        let (large, small): (Vec<usize>, Vec<usize>) =
+            (0..bucket.len()).partition(|&i| bucket[i].len() >= IN_PLACE_ELEMENTS);
+        for i in large {
+            self.sum_in_place(replicas.as_ref(), &group, &mut bucket[i])?;
         }
-        // One sum for the whole bucket, its tensors end to end: a collective call (and,
-        // for ranks sharing a GPU, a wait for the device) per bucket, not per tensor.
-        let dev = &self.dev;
-        let total = bucket.iter().map(Floats::len).sum();
-        let mut flat = dev.zeros(total).map_err(off_node)?;
-        let mut at = 0;
-        for g in bucket.iter() {
-            let n = g.len();
-            let buf = self.on_this_device(g).map_err(off_node)?;
-            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
-            dev.scatter(&mut flat, &buf, &view, at, false)
-                .map_err(off_node)?;
-            at += n;
-        }
-        replicas
-            .all_reduce(dev, &group, &mut flat)
-            .map_err(off_node)?;
-        let mut at = 0;
-        for g in bucket.iter_mut() {
-            let n = g.len();
-            let mut sum = dev.zeros(n).map_err(off_node)?;
-            let view = Strides::view(&[n], &[1]).map_err(off_node)?;
-            dev.gather(&mut sum, &flat, &view, at).map_err(off_node)?;
-            *g = Floats::resident(self.keep(Arc::new(sum), n));
-            at += n;
+        match small[..] {
+            [] => {}
+            [i] => self.sum_in_place(replicas.as_ref(), &group, &mut bucket[i])?,
+            _ => {
+                let mut tensors: Vec<&mut Floats> = bucket
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| small.contains(i))
+                    .map(|(_, g)| g)
+                    .collect();
+                self.sum_end_to_end(replicas.as_ref(), &group, &mut tensors)?;
+            }
         }
         Ok(true)
     }
