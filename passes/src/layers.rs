@@ -131,6 +131,11 @@ pub struct Edge {
     pub value: Option<ValueId>,
     /// Its size for the whole batch.
     pub bytes: u64,
+    /// An earlier reader that keeps this tensor for its backward pass, which this reader's
+    /// backward reads too: on the same ranks the tensor is kept once, so this reader's stash
+    /// leaves it out; placed elsewhere, this reader keeps its own copy.
+    #[serde(skip)]
+    pub stash_kept_by: Option<LayerId>,
 }
 
 /// One IR op inside a layer, with what a profile lookup needs.
@@ -547,6 +552,8 @@ fn assemble(
     let mut claimed = vec![false; rewritten.units.len()];
     // Layer outputs their producer keeps to its backward pass (its own backward reads them).
     let mut kept_by_producer = vec![false; graph.value_count()];
+    // Per value another layer's backward reads, the first reader that keeps it.
+    let mut kept_by_reader: Vec<Option<LayerId>> = vec![None; graph.value_count()];
     for (i, unit) in rewritten.units.iter().enumerate() {
         if unit.weight_only {
             continue;
@@ -691,13 +698,21 @@ fn assemble(
             // An input its backward reads is kept to it: a graph input cut into the
             // layer's share, another layer's output that layer does not keep itself (the
             // same elements on its rank, a received copy on another).
+            let mut stash_kept_by = None;
             if !kept_by_producer[v.index()] && read_for_backward(graph, &members, v) {
-                layer.stash_bytes += bytes;
+                match kept_by_reader[v.index()] {
+                    Some(reader) => stash_kept_by = Some(reader),
+                    None => {
+                        layer.stash_bytes += bytes;
+                        kept_by_reader[v.index()] = Some(id);
+                    }
+                }
             }
             layer.inputs.push(Edge {
                 from,
                 value: Some(v),
                 bytes,
+                stash_kept_by,
             });
         }
         layer.activation_io_bytes += layer.output_bytes;

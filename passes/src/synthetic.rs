@@ -61,6 +61,7 @@ impl Builder {
                 from: Producer::Layer(LayerId(p as u32)),
                 value: None,
                 bytes: self.layers[p].output_bytes,
+                stash_kept_by: None,
             })
             .collect();
         // The first layer reads an image of about 600 kB per sample.
@@ -90,6 +91,7 @@ impl Builder {
                     from: Producer::Input("input".into()),
                     value: None,
                     bytes: input_bytes,
+                    stash_kept_by: None,
                 }]
             } else {
                 edges

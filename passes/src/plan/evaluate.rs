@@ -241,6 +241,25 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 *recomputing.entry((first, r)).or_default() += stash;
             }
         }
+        if run.is_none() {
+            // An input an earlier reader keeps for both backward passes is kept once on the
+            // same ranks alike split; placed otherwise, this reader keeps its own copy.
+            let own_copies: f64 = layer
+                .inputs
+                .iter()
+                .filter(|e| {
+                    e.stash_kept_by.is_some_and(|keeper| {
+                        let keeper = keeper.0 as usize;
+                        stage_of[keeper] != k || strategy.layers[keeper] != split
+                    })
+                })
+                .map(|e| {
+                    e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split)
+                })
+                .sum();
+            bytes += own_copies * f64::from(in_flight);
+            freed += own_copies;
+        }
         // Its backward writes its input gradient while its activation is still held.
         let input_gradient: f64 = layer
             .inputs

@@ -296,6 +296,7 @@ pub fn deeppool_layers(
                 from,
                 value: None,
                 bytes: input_bytes,
+                stash_kept_by: None,
             }],
             measured: Some(Measured {
                 fwd_us: at.fwd_us,

@@ -250,6 +250,7 @@ pub fn parse_pipedream(
                 ),
                 value: None,
                 bytes: nodes[p].activation_bytes,
+                stash_kept_by: None,
             })
             .collect();
         let input_bytes: u64 = inputs.iter().map(|e| e.bytes).sum();

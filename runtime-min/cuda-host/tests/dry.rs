@@ -540,3 +540,46 @@ fn a_second_step_holds_only_the_momentum_more() {
         "a second step peaks at {two} bytes, the first at {one}; momentum is {weights}"
     );
 }
+
+/// The planner's own plan of each CNN and vision-transformer fixture, on 1 GPU and on 4,
+/// runs a full-size step on counting devices: the ranks' GEMMs do the model's work once,
+/// and the fullest rank's tensors peak where the plan predicts (within 10 %). Branching
+/// networks (Inception's blocks read by four convolutions, DenseNet's concatenations) and
+/// large single tensors (Wide ResNet's) are where the memory model and the runtime have
+/// parted before.
+#[test]
+fn default_plans_of_the_fixtures_peak_where_predicted() {
+    for (model, batch) in [
+        ("onnx/vit_b_16/model.onnx", 16u64),
+        ("onnx/mobilenet_v2/model.onnx", 32),
+        ("onnx/densenet121/model.onnx", 16),
+        ("onnx/efficientnet_b0/model.onnx", 32),
+        ("onnx/convnext_tiny/model.onnx", 16),
+        ("onnx/inception_v3/model.onnx", 16),
+        ("onnx/wide_resnet101_2/model.onnx", 16),
+    ] {
+        let (graph, info) = common::load(model, batch);
+        let macs = account(&graph, &info).expect("account").macs as f64;
+        drop((graph, info));
+        for gpus in [1u32, 4] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (counts, predicted) = planned_step(
+                ralpc::Options {
+                    model: common::fixture(model),
+                    gpus: Some(gpus),
+                    batch: Some(batch),
+                    ..Default::default()
+                },
+                dir.path(),
+            );
+            let flops: f64 = counts.iter().map(|c| c.gemm_flops).sum();
+            let ratio = flops / (6.0 * macs * f64::from(STEPS));
+            let what = format!("{model} at batch {batch} on {gpus} GPUs");
+            assert!(
+                (0.98..=1.02).contains(&ratio),
+                "{what}: the ranks' GEMM work is {ratio}× the model's"
+            );
+            assert_peak_as_predicted(&what, &counts, predicted);
+        }
+    }
+}
