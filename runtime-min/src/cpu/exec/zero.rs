@@ -155,10 +155,13 @@ impl Rank<'_, '_> {
         let mut at = 0;
         for ((&w, g), n) in keys.iter().zip(bucket).zip(lens) {
             let keep = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
+            at += n;
+            if keep.is_empty() {
+                continue;
+            }
             let part = self.cut_range(&g, n, keep.clone())?;
             drop(g);
             self.add_gradient_share(w, keep, part)?;
-            at += n;
         }
         Ok(())
     }
@@ -239,7 +242,7 @@ impl Rank<'_, '_> {
             .sum();
         let mine = self.shard(&group, total)?;
         if self.step == 0 && self.options.report_tensors {
-            self.report_gradient_shares(&keys, &group, mine.clone())?;
+            self.report_gradient_shares(&keys, &group)?;
         }
         let (lr, momentum) = (self.options.lr, self.options.momentum);
         let mut at = 0;
@@ -333,13 +336,7 @@ impl Rank<'_, '_> {
 
     /// The first step's reduced gradients of `keys`, each member's share gathered from
     /// it, for the report.
-    fn report_gradient_shares(
-        &mut self,
-        keys: &[ValueId],
-        group: &[u32],
-        mine: Range<usize>,
-    ) -> Result<(), RankError> {
-        let _ = mine;
+    fn report_gradient_shares(&mut self, keys: &[ValueId], group: &[u32]) -> Result<(), RankError> {
         let share: Vec<f32> = keys
             .iter()
             .filter_map(|w| self.gradient_shares.get(w))
