@@ -844,14 +844,16 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         // A large tensor is summed in place on its own (no second copy of it, which the
         // plan's memory does not hold); the small ones together, end to end: a collective
         // call (and, for ranks sharing a GPU, a wait for the device) per bucket of them,
-        // not per tensor. Every member splits its bucket alike.
+        // not per tensor; an empty bucket still meets the others once. Every member splits
+        // its bucket alike.
         let (large, small): (Vec<usize>, Vec<usize>) =
             (0..bucket.len()).partition(|&i| bucket[i].len() >= IN_PLACE_ELEMENTS);
+        let nothing_large = large.is_empty();
         for i in large {
             self.sum_in_place(replicas.as_ref(), &group, &mut bucket[i])?;
         }
         match small[..] {
-            [] => {}
+            [] if !nothing_large => {}
             [i] => self.sum_in_place(replicas.as_ref(), &group, &mut bucket[i])?,
             _ => {
                 let mut tensors: Vec<&mut Floats> = bucket
