@@ -317,6 +317,8 @@ impl Lowering<'_, '_> {
             let us = self.backward_us[l];
             let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
             let input_gradient_bytes = self.input_gradient_bytes(l);
+            let fresh_gradient = Key::pass(BufferKind::Gradients, l, mb);
+            let fresh_gradient_bytes = self.fresh_gradient_bytes(l, mb);
             for r in self.ranks(l) {
                 let at = self.push(
                     r,
@@ -334,6 +336,10 @@ impl Lowering<'_, '_> {
                 }
                 self.buffers
                     .write(r, Key::layer(BufferKind::Gradients, l), at);
+                if fresh_gradient_bytes > 0.0 {
+                    self.buffers.grow(r, fresh_gradient, fresh_gradient_bytes);
+                    self.buffers.write(r, fresh_gradient, at);
+                }
                 if input_gradient_bytes > 0.0 {
                     self.buffers.grow(r, input_gradient, input_gradient_bytes);
                     self.buffers.write(r, input_gradient, at);

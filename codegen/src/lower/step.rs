@@ -80,6 +80,19 @@ impl Lowering<'_, '_> {
         }
     }
 
+    /// What layer `l`'s backward on microbatch `mb` holds of weight gradients beside the
+    /// sums so far, on each of its ranks: after the first microbatch, the gradients it
+    /// makes before they are added (under ZeRO-2 and 3 the whole gradients are the sums'
+    /// own until their reduce-scatter).
+    pub(super) fn fresh_gradient_bytes(&self, l: usize, mb: u32) -> f64 {
+        let layer = &self.costs.graph.layers[l];
+        if mb == 0 || self.strategy.zero >= 2 || layer.param_bytes == 0 {
+            return 0.0;
+        }
+        let (_, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
+        layer.param_bytes as f64 * share * self.costs.model_state().gradients
+    }
+
     /// The buffers an update of layer `l`'s weights on rank `r` touches.
     pub(super) fn step_buffers(&mut self, r: u32, l: usize, at: usize) {
         for kind in [
