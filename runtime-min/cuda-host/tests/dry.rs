@@ -161,69 +161,30 @@ fn strategy(stages: &[(&str, &str, u32)], layers: &[(&str, u32, u32, u32)], mbs:
 /// the layers, none lost and none done twice.
 #[test]
 fn every_plan_family_does_the_models_work_once_on_counting_devices() {
-    let (model, batch) = ("onnx/resnet50/model.onnx", 32);
-    let (first, last) = ("/conv1/Conv", "/fc/Gemm");
-    let one_stage = [(first, last, 4)];
-    let families = [
-        ("data parallel", strategy(&one_stage, &[], 1)),
-        (
-            "burst",
-            strategy(
-                &one_stage,
-                &[
-                    ("/layer4/layer4.2/conv3/Conv", 2, 1, 1),
-                    ("/avgpool/GlobalAveragePool", 2, 1, 1),
-                    (last, 1, 1, 1),
-                ],
-                1,
-            ),
-        ),
-        (
-            "soap",
-            strategy(
-                &one_stage,
-                &[
-                    ("/layer4/layer4.2/conv2/Conv", 2, 1, 2),
-                    ("/layer4/layer4.2/conv3/Conv", 2, 2, 1),
-                    (last, 1, 1, 4),
-                ],
-                1,
-            ),
-        ),
-        (
-            "pipeline",
-            strategy(
-                &[
-                    (first, "/layer3/layer3.5/conv3/Conv", 2),
-                    ("/layer4/layer4.0/conv1/Conv", last, 2),
-                ],
-                &[],
-                2,
-            ),
-        ),
-        (
-            "4-stage pipeline",
-            strategy(
-                &[
-                    (first, "/layer1/layer1.2/conv3/Conv", 1),
-                    (
-                        "/layer2/layer2.0/conv1/Conv",
-                        "/layer2/layer2.3/conv3/Conv",
-                        1,
-                    ),
-                    (
-                        "/layer3/layer3.0/conv1/Conv",
-                        "/layer3/layer3.5/conv3/Conv",
-                        1,
-                    ),
-                    ("/layer4/layer4.0/conv1/Conv", last, 1),
-                ],
-                &[],
-                4,
-            ),
-        ),
-    ];
-    families_do_the_work_once(model, batch, &families);
+    let families = Families {
+        first: "/conv1/Conv",
+        last: "/fc/Gemm",
+        burst: &[
+            ("/layer4/layer4.2/conv3/Conv", 2, 1, 1),
+            ("/avgpool/GlobalAveragePool", 2, 1, 1),
+            ("/fc/Gemm", 1, 1, 1),
+        ],
+        soap: &[
+            ("/layer4/layer4.2/conv2/Conv", 2, 1, 2),
+            ("/layer4/layer4.2/conv3/Conv", 2, 2, 1),
+            ("/fc/Gemm", 1, 1, 4),
+        ],
+        two_stages: ["/layer3/layer3.5/conv3/Conv", "/layer4/layer4.0/conv1/Conv"],
+        four_stages: [
+            "/layer1/layer1.2/conv3/Conv",
+            "/layer2/layer2.0/conv1/Conv",
+            "/layer2/layer2.3/conv3/Conv",
+            "/layer3/layer3.0/conv1/Conv",
+            "/layer3/layer3.5/conv3/Conv",
+            "/layer4/layer4.0/conv1/Conv",
+        ],
+    };
+    families_do_the_work_once("onnx/resnet50/model.onnx", 32, &families.strategies());
 }
 
 /// VGG16's plan families on 4 GPUs, as ResNet-50's above: data parallel, DeepPool's burst
@@ -231,64 +192,74 @@ fn every_plan_family_does_the_models_work_once_on_counting_devices() {
 /// 2- and 4-stage pipelines.
 #[test]
 fn vggs_plan_families_do_its_work_once_on_counting_devices() {
-    let (model, batch) = ("onnx/vgg16/model.onnx", 32);
-    let (first, last) = ("/features/features.0/Conv", "/classifier/classifier.6/Gemm");
-    let one_stage = [(first, last, 4)];
-    let families = [
-        ("data parallel", strategy(&one_stage, &[], 1)),
-        (
-            "burst",
-            strategy(
-                &one_stage,
-                &[
-                    ("/classifier/classifier.0/Gemm", 2, 1, 1),
-                    ("/classifier/classifier.3/Gemm", 1, 1, 1),
-                    (last, 1, 1, 1),
-                ],
-                1,
+    let families = Families {
+        first: "/features/features.0/Conv",
+        last: "/classifier/classifier.6/Gemm",
+        burst: &[
+            ("/classifier/classifier.0/Gemm", 2, 1, 1),
+            ("/classifier/classifier.3/Gemm", 1, 1, 1),
+            ("/classifier/classifier.6/Gemm", 1, 1, 1),
+        ],
+        soap: &[
+            ("/classifier/classifier.0/Gemm", 1, 1, 4),
+            ("/classifier/classifier.3/Gemm", 2, 1, 2),
+        ],
+        two_stages: [
+            "/features/features.16/MaxPool",
+            "/features/features.17/Conv",
+        ],
+        four_stages: [
+            "/features/features.4/MaxPool",
+            "/features/features.5/Conv",
+            "/features/features.16/MaxPool",
+            "/features/features.17/Conv",
+            "/avgpool/AveragePool",
+            "/classifier/classifier.0/Gemm",
+        ],
+    };
+    families_do_the_work_once("onnx/vgg16/model.onnx", 32, &families.strategies());
+}
+
+/// A model's five plan families on 4 GPUs, by its layer names.
+struct Families<'a> {
+    /// The first and last layers.
+    first: &'a str,
+    last: &'a str,
+    /// Burst: layers on fewer GPUs, as (layer, samples, attributes, parameters).
+    burst: &'a [(&'a str, u32, u32, u32)],
+    /// SOAP: layers split otherwise, as `burst`.
+    soap: &'a [(&'a str, u32, u32, u32)],
+    /// The last layer of the first of 2 stages (of 2 GPUs) and the first of the second.
+    two_stages: [&'a str; 2],
+    /// The last and first layers at each of the 3 cuts between 4 stages (of 1 GPU).
+    four_stages: [&'a str; 6],
+}
+
+impl Families<'_> {
+    /// Each family's name and strategy file: data parallel, burst, SOAP (one microbatch),
+    /// and 1F1B pipelines of 2 and 4 stages (as many microbatches).
+    fn strategies(&self) -> Vec<(&'static str, String)> {
+        let one_stage = [(self.first, self.last, 4)];
+        let [end, start] = self.two_stages;
+        let [a, b, c, d, e, f] = self.four_stages;
+        vec![
+            ("data parallel", strategy(&one_stage, &[], 1)),
+            ("burst", strategy(&one_stage, self.burst, 1)),
+            ("soap", strategy(&one_stage, self.soap, 1)),
+            (
+                "pipeline",
+                strategy(&[(self.first, end, 2), (start, self.last, 2)], &[], 2),
             ),
-        ),
-        (
-            "soap",
-            strategy(
-                &one_stage,
-                &[
-                    ("/classifier/classifier.0/Gemm", 1, 1, 4),
-                    ("/classifier/classifier.3/Gemm", 2, 1, 2),
-                ],
-                1,
+            (
+                "4-stage pipeline",
+                strategy(
+                    &[(self.first, a, 1), (b, c, 1), (d, e, 1), (f, self.last, 1)],
+                    &[],
+                    4,
+                ),
             ),
-        ),
-        (
-            "pipeline",
-            strategy(
-                &[
-                    (first, "/features/features.16/MaxPool", 2),
-                    ("/features/features.17/Conv", last, 2),
-                ],
-                &[],
-                2,
-            ),
-        ),
-        (
-            "4-stage pipeline",
-            strategy(
-                &[
-                    (first, "/features/features.4/MaxPool", 1),
-                    (
-                        "/features/features.5/Conv",
-                        "/features/features.16/MaxPool",
-                        1,
-                    ),
-                    ("/features/features.17/Conv", "/avgpool/AveragePool", 1),
-                    ("/classifier/classifier.0/Gemm", last, 1),
-                ],
-                &[],
-                4,
-            ),
-        ),
-    ];
-    families_do_the_work_once(model, batch, &families);
+        ]
+    }
 }
 
 /// Each of `families` (a name and its strategy file) of `model` at `batch` on 4 counting

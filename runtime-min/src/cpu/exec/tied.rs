@@ -174,25 +174,31 @@ impl Rank<'_, '_> {
             self.grads.insert(w, sum);
             return Ok(());
         }
-        let sum = match self
-            .compute
-            .accumulate(total, &piece.whole(), &piece.region, &part)?
-        {
-            Ok(sum) => sum,
-            Err(mut total) => {
-                let t = total.make_mut();
-                for (i, v) in positions_in(&piece.whole(), &piece.region).zip(part.iter()) {
-                    t[i] += v;
-                }
-                total
-            }
-        };
+        let sum = self.add_at(total, &piece, &part)?;
         self.grads.insert(w, sum);
         Ok(())
     }
-}
 
-impl Rank<'_, '_> {
+    /// `total` (the whole of `piece`'s holder) with `part` added over `piece`'s box, where
+    /// `total` is: on the device when resident there, else on the host.
+    fn add_at(&self, total: Floats, piece: &Piece, part: &Floats) -> Result<Floats, RankError> {
+        Ok(
+            match self
+                .compute
+                .accumulate(total, &piece.whole(), &piece.region, part)?
+            {
+                Ok(sum) => sum,
+                Err(mut total) => {
+                    let t = total.make_mut();
+                    for (i, v) in positions_in(&piece.whole(), &piece.region).zip(part.iter()) {
+                        t[i] += v;
+                    }
+                    total
+                }
+            },
+        )
+    }
+
     /// Tied weight `w`'s gradient `g` (of the rows this rank keeps, or whole) at its place
     /// in a gradient of the whole table, zero elsewhere, and where the rows lie (`None`:
     /// it was whole).
@@ -205,19 +211,7 @@ impl Rank<'_, '_> {
             return Ok((g, None));
         };
         let zeros = self.compute.zeros(numel(&piece.holder))?;
-        let whole = match self
-            .compute
-            .accumulate(zeros, &piece.whole(), &piece.region, &g)?
-        {
-            Ok(whole) => whole,
-            Err(mut whole) => {
-                let t = whole.make_mut();
-                for (i, v) in positions_in(&piece.whole(), &piece.region).zip(g.iter()) {
-                    t[i] = *v;
-                }
-                whole
-            }
-        };
+        let whole = self.add_at(zeros, &piece, &g)?;
         Ok((whole, Some(piece)))
     }
 
