@@ -200,14 +200,7 @@ mod tests {
     fn a_runs_failure_is_a_bug_only_when_ralpc_is_inconsistent() {
         use ralpc_runtime_min::cpu::exec::{RankError, RunError};
         use ralpc_runtime_min::dist::comm::CommError;
-        let failed = |cause| {
-            super::Error::Ranks(Box::new(RunError::Rank {
-                rank: 1,
-                index: 7,
-                op: "forward",
-                cause,
-            }))
-        };
+        let failed = |cause| super::Error::Ranks(Box::new(RunError::rank(1, 7, "forward", cause)));
 
         for bug in [
             RankError::Inconsistent(
@@ -275,12 +268,8 @@ mod tests {
         use ralpc_runtime_min::cpu::graph::ExecError;
         use ralpc_runtime_min::cuda::error::{DeviceError, SetupError};
         let at_node = |source| {
-            super::Error::Ranks(Box::new(RunError::Rank {
-                rank: 1,
-                index: 3,
-                op: "forward",
-                cause: RankError::Node(ExecError::Device { site: None, source }),
-            }))
+            let cause = RankError::Node(ExecError::Device { site: None, source });
+            super::Error::Ranks(Box::new(RunError::rank(1, 3, "forward", cause)))
         };
         let missing = SetupError::Missing(ralpc_runtime_min::cuda::libs::Missing {
             lib: ralpc_runtime_min::cuda::libs::Lib::Cudnn,

@@ -150,6 +150,14 @@ fn decimal(x: f64) -> (f64, &'static str) {
     ((scaled * round).round() / round, prefix)
 }
 
+/// Serializes a byte count kept as `f64` (sums of fractional per-sample shares) as the
+/// whole number of bytes it stands for, so machine output never shows `1.5e9` bytes. Pair
+/// it with `#[schemars(with = "u64")]`.
+pub fn whole_bytes<S: serde::Serializer>(bytes: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+    // `as` saturates: negative or NaN → 0, beyond u64 → u64::MAX.
+    serializer.serialize_u64(bytes.round() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,12 +205,4 @@ mod tests {
         assert_eq!(Throughput(19.5e12).to_string(), "19.5 TFLOP/s");
         assert_eq!(Throughput(989.4e12).to_string(), "989.4 TFLOP/s");
     }
-}
-
-/// Serializes a byte count kept as `f64` (sums of fractional per-sample shares) as the
-/// whole number of bytes it stands for, so machine output never shows `1.5e9` bytes. Pair
-/// it with `#[schemars(with = "u64")]`.
-pub fn whole_bytes<S: serde::Serializer>(bytes: &f64, serializer: S) -> Result<S::Ok, S::Error> {
-    // `as` saturates: negative or NaN → 0, beyond u64 → u64::MAX.
-    serializer.serialize_u64(bytes.round() as u64)
 }

@@ -103,7 +103,7 @@ fn report_to_launcher(rank: u32, fault: Option<Fault>, e: &ralpc::Error) {
         e,
         ralpc::Error::Ranks(r) if matches!(
             **r,
-            RunError::Rank { cause: RankError::Killed, .. }
+            RunError::Rank { ref cause, .. } if matches!(**cause, RankError::Killed)
         )
     );
     if fault.is_some_and(|f| f.rank == rank && f.kind == FaultKind::Exit) && killed {

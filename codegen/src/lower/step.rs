@@ -120,13 +120,14 @@ impl Lowering<'_, '_> {
         if self.strategy.zero < 3 {
             return;
         }
-        for i in 0..self.buckets[k].len() {
-            let held = &self.buckets[k][i].layers;
-            if gathered[i] || held.start() > layers.end() || layers.start() > held.end() {
+        for (i, done) in gathered.iter_mut().enumerate() {
+            let bucket = &self.buckets[k][i];
+            if *done || bucket.layers.start() > layers.end() || layers.start() > bucket.layers.end()
+            {
                 continue;
             }
-            gathered[i] = true;
-            let bucket = self.buckets[k][i].clone();
+            *done = true;
+            let bucket = bucket.clone();
             self.gather_bucket(&bucket);
         }
     }
@@ -186,8 +187,9 @@ impl Lowering<'_, '_> {
         for r in stage.first_rank..stage.first_rank + stage.gpus {
             let mut bytes = 0.0;
             let mut touched = Vec::new();
-            for l in stage.first_layer..=stage.last_layer {
-                if sharded[l] || !self.ranks(l).contains(&r) || graph.layers[l].param_bytes == 0 {
+            let stage_layers = stage.first_layer..=stage.last_layer;
+            for (l, &sharded) in stage_layers.clone().zip(&sharded[stage_layers]) {
+                if sharded || !self.ranks(l).contains(&r) || graph.layers[l].param_bytes == 0 {
                     continue;
                 }
                 let (_, share) = weight_replicas(graph.layers[l].kind, self.strategy.layers[l], 0);

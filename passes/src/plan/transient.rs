@@ -82,9 +82,10 @@ pub(super) fn backward_peak(
         // The weight gradients of the stage's layers not yet run backward.
         let mut unborn = vec![0.0f64; costs.gpus as usize];
         if one_microbatch {
-            for l in stage.first_layer..=stage.last_layer {
+            let stage_layers = stage.first_layer..=stage.last_layer;
+            for (l, layer) in stage_layers.clone().zip(&layers[stage_layers]) {
                 for r in ranks(l) {
-                    unborn[r as usize] += layers[l].gradients;
+                    unborn[r as usize] += layer.gradients;
                 }
             }
         }

@@ -50,7 +50,7 @@ use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
 
-use super::floats::{Floats, ReadBackFailed};
+use super::floats::{self, Floats, ReadBackFailed};
 use super::graph::{self, Grads, Record, Values, Weights};
 use super::kernels;
 use super::ops::{Env, Mode};
@@ -363,7 +363,7 @@ pub trait Compute {
     fn paste(
         &self,
         need: &[std::ops::Range<usize>],
-        parts: &[(&[std::ops::Range<usize>], &Floats)],
+        parts: &[floats::Piece<'_>],
     ) -> Result<Option<Floats>, graph::ExecError> {
         let _ = (need, parts);
         Ok(None)
@@ -779,20 +779,11 @@ impl<'p, 'a> Rank<'p, 'a> {
         for step in self.first_step..self.options.steps {
             self.step = step;
             self.report.losses.push(0.0);
-            self.restart_arrivals().map_err(|cause| RunError::Rank {
-                rank: self.rank,
-                index: 0,
-                op: "recv",
-                cause,
-            })?;
+            self.restart_arrivals()
+                .map_err(|cause| RunError::rank(self.rank, 0, "recv", cause))?;
             for (i, instruction) in program.iter().enumerate() {
                 let me = self.rank;
-                let fail = move |cause: RankError| RunError::Rank {
-                    rank: me,
-                    index: i,
-                    op: instruction.op(),
-                    cause,
-                };
+                let fail = move |cause: RankError| RunError::rank(me, i, instruction.op(), cause);
                 let fault = self.fault.filter(|f| {
                     step == self.first_step && f.rank == self.rank && f.instruction == i
                 });
@@ -849,12 +840,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                 .is_some_and(|n| n > 0 && (step + 1) % n == 0)
             {
                 self.checkpoint(step + 1).map_err(|cause| {
-                    let error = RunError::Rank {
-                        rank: self.rank,
-                        index: program.len(),
-                        op: "checkpoint",
-                        cause,
-                    };
+                    let error = RunError::rank(self.rank, program.len(), "checkpoint", cause);
                     self.comm.abort(&error.to_string());
                     error
                 })?;
@@ -865,12 +851,8 @@ impl<'p, 'a> Rank<'p, 'a> {
                 .push(now.duration_since(step_started).as_secs_f64());
             step_started = now;
         }
-        self.restart_arrivals().map_err(|cause| RunError::Rank {
-            rank: self.rank,
-            index: program.len(),
-            op: "recv",
-            cause,
-        })?;
+        self.restart_arrivals()
+            .map_err(|cause| RunError::rank(self.rank, program.len(), "recv", cause))?;
         self.comm.finish();
         if !self.options.report_tensors {
             return Ok(());
@@ -1085,12 +1067,12 @@ pub fn run(
             .enumerate()
             .map(|(r, h)| {
                 h.join().unwrap_or_else(|_| {
-                    Err(RunError::Rank {
-                        rank: r as u32,
-                        index: 0,
-                        op: "?",
-                        cause: RankError::Panicked(String::new()),
-                    })
+                    Err(RunError::rank(
+                        r as u32,
+                        0,
+                        "?",
+                        RankError::Panicked(String::new()),
+                    ))
                 })
             })
             .collect()
@@ -1156,11 +1138,9 @@ pub fn run_process(
     let everyone: Vec<u32> = (0..world.ranks()).collect();
     let all = comm
         .exchange(&everyone, ints_to_words(&bits))
-        .map_err(|e| RunError::Rank {
-            rank,
-            index: exe.plan.programs.get(rank as usize).map_or(0, Vec::len),
-            op: "report",
-            cause: e.into(),
+        .map_err(|e| {
+            let index = exe.plan.programs.get(rank as usize).map_or(0, Vec::len);
+            RunError::rank(rank, index, "report", e.into())
         })?;
     comm.finish();
     let elapsed = started.elapsed();

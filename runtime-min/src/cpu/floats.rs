@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// Why a device's copy could not be read back.
 pub type ReadBackError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A piece of a tensor: the box it holds (a range per axis) and its elements, row-major.
+pub type Piece<'a> = (&'a [std::ops::Range<usize>], &'a Floats);
+
 /// A copy of a float tensor's elements held by a device.
 pub trait DeviceCopy: Any + Send + Sync {
     /// Element count.

@@ -71,7 +71,7 @@ impl<'a> Groups<'a> {
     }
 
     /// Every row normalized, and each row's mean and inverse deviation.
-    fn normalized(&self, epsilon: f32) -> R<(Vec<f32>, (Vec<f32>, Vec<f32>))> {
+    fn normalized(&self, epsilon: f32) -> R<(Vec<f32>, kernels::RowStats)> {
         let values = floats(self.x, "the input")?;
         let (ones, zeros) = (vec![1.0f32; self.width], vec![0.0f32; self.width]);
         let mut xhat = vec![0.0f32; values.len()];

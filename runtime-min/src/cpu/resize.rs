@@ -19,7 +19,7 @@ pub(crate) fn resize_taps(
         Some(a) => a.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?,
         None => (0..rank).collect(),
     };
-    let given = |slot: usize| optional(inputs, slot).filter(|t| t.len() > 0);
+    let given = |slot: usize| optional(inputs, slot).filter(|t| !t.is_empty());
     // (output size, scale) per resized axis.
     let targets: Vec<(usize, f64)> = if let Some(sizes) = r.slots.1.and_then(given) {
         let sizes = sizes.to_i64s();

@@ -196,7 +196,6 @@ pub trait Backend {
     /// Per row of one class piece of logits [rows, n] (classes `first..first + n`), its
     /// max, sum of `exp(x − max)` and label logit (0 when the label is another piece's):
     /// `stats[3r..3r + 3]`.
-    #[allow(clippy::too_many_arguments)]
     fn class_stats(
         &self,
         stats: &mut Self::Buf,
@@ -208,7 +207,10 @@ pub trait Backend {
     ) -> R<()>;
     /// One class piece's logits gradient from each row's log-sum-exp over every piece:
     /// `(exp(x − lse) − onehot) / scale`.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a kernel's operands and its shape, as the CUDA kernel takes them"
+    )]
     fn class_piece_grad(
         &self,
         dlogits: &mut Self::Buf,

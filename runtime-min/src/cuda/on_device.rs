@@ -24,7 +24,7 @@ use super::error::DeviceError;
 use super::kernels::Strides;
 use super::train::{DTensor, Runner, Saved};
 use crate::cpu::exec::{Compute, Truth};
-use crate::cpu::floats::{DeviceCopy, Floats, ReadBackError};
+use crate::cpu::floats::{DeviceCopy, Floats, Piece, ReadBackError};
 use crate::cpu::graph::{self, ExecError, Grads, Record, Values, Weights};
 use crate::cpu::ops::{self, Env, Mode, ResidentSaved};
 use crate::cpu::tensor::{numel, Data, Tensor};
@@ -746,7 +746,7 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
     fn paste(
         &self,
         need: &[std::ops::Range<usize>],
-        parts: &[(&[std::ops::Range<usize>], &Floats)],
+        parts: &[Piece<'_>],
     ) -> Result<Option<Floats>, ExecError> {
         let need = need.to_vec();
         let mut boxes = Vec::with_capacity(parts.len());

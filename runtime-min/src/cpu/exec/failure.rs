@@ -37,19 +37,29 @@ pub enum RunError {
         index: usize,
         /// The instruction's `op`.
         op: &'static str,
-        /// What went wrong.
+        /// What went wrong (boxed: a rank's error is large and rare, its `Result`s many).
         #[source]
-        cause: RankError,
+        cause: Box<RankError>,
     },
 }
 
 impl RunError {
+    /// Rank `rank` failed at instruction `index` (`op`) because of `cause`.
+    pub fn rank(rank: u32, index: usize, op: &'static str, cause: RankError) -> RunError {
+        RunError::Rank {
+            rank,
+            index,
+            op,
+            cause: Box::new(cause),
+        }
+    }
+
     /// Whether the failure is ralpc's own: the plan was checked before it ran, so a rank
     /// that panics, or finds the plan and what it holds disagreeing (or a device its
     /// operands), is a bug.
     pub fn is_bug(&self) -> bool {
         match self {
-            RunError::Rank { cause, .. } => match cause {
+            RunError::Rank { cause, .. } => match &**cause {
                 RankError::Inconsistent(_) | RankError::Panicked(_) => true,
                 RankError::Node(graph::ExecError::Device { source, .. }) => source.is_bug(),
                 _ => false,
@@ -64,11 +74,11 @@ impl RunError {
     pub fn is_environment(&self) -> bool {
         match self {
             RunError::Device { source, .. } => source.is_setup(),
-            RunError::Rank {
-                cause: RankError::Node(graph::ExecError::Device { source, .. }),
-                ..
-            } => source.is_setup(),
-            _ => false,
+            RunError::Rank { cause, .. } => match &**cause {
+                RankError::Node(graph::ExecError::Device { source, .. }) => source.is_setup(),
+                _ => false,
+            },
+            RunError::Setup(_) => false,
         }
     }
 
@@ -78,7 +88,7 @@ impl RunError {
     /// as a killed process could not).
     pub(super) fn precedence(&self) -> u8 {
         match self {
-            RunError::Rank { cause, .. } => match cause {
+            RunError::Rank { cause, .. } => match &**cause {
                 RankError::Killed => 3,
                 RankError::Comm(CommError::Aborted(_) | CommError::Disconnected { .. }) => 2,
                 RankError::Comm(CommError::Timeout { .. }) => 1,

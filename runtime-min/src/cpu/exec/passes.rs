@@ -149,7 +149,7 @@ impl Rank<'_, '_> {
             .collect();
         let dims = self.p.local_dims(edge.value, &need);
         // Assembled where the pieces are (on a device, when it can).
-        let floats: Option<Vec<(&[std::ops::Range<usize>], &Floats)>> = parts
+        let floats: Option<Vec<floats::Piece<'_>>> = parts
             .iter()
             .map(|(region, t)| match &t.data {
                 Data::F32(f) => Some((region.as_slice(), f)),
@@ -396,8 +396,7 @@ impl Rank<'_, '_> {
         held: &Region,
         parts: &[(Region, Floats)],
     ) -> Result<Floats, RankError> {
-        let boxes: Vec<(&[std::ops::Range<usize>], &Floats)> =
-            parts.iter().map(|(r, f)| (r.as_slice(), f)).collect();
+        let boxes: Vec<floats::Piece<'_>> = parts.iter().map(|(r, f)| (r.as_slice(), f)).collect();
         if let Some(assembled) = self.compute.paste(held, &boxes).map_err(RankError::from)? {
             return Ok(assembled);
         }

@@ -15,7 +15,7 @@ use ralpc_ir::ValueId;
 
 use std::ops::Range;
 
-use super::super::floats::Floats;
+use super::super::floats::{Floats, Piece};
 use super::super::kernels;
 use super::super::region::interval;
 use super::super::tensor::{Data, Tensor};
@@ -54,7 +54,7 @@ impl Rank<'_, '_> {
     fn cut_range(&self, f: &Floats, n: usize, range: Range<usize>) -> Result<Floats, RankError> {
         if let Some(cut) = self
             .compute
-            .crop(f, &[0..n], std::slice::from_ref(&range))
+            .crop(f, &whole(n), std::slice::from_ref(&range))
             .map_err(RankError::from)?
         {
             return Ok(cut);
@@ -68,14 +68,14 @@ impl Rank<'_, '_> {
     /// joined on the device where they are resident, else on the host.
     fn join_ranges(&self, n: usize, parts: &[(Range<usize>, Floats)]) -> Result<Floats, RankError> {
         let boxes: Vec<[Range<usize>; 1]> = parts.iter().map(|(r, _)| [r.clone()]).collect();
-        let parts_ref: Vec<(&[Range<usize>], &Floats)> = boxes
+        let parts_ref: Vec<Piece<'_>> = boxes
             .iter()
             .zip(parts)
             .map(|(b, (_, f))| (b.as_slice(), f))
             .collect();
         if let Some(joined) = self
             .compute
-            .paste(&[0..n], &parts_ref)
+            .paste(&whole(n), &parts_ref)
             .map_err(RankError::from)?
         {
             return Ok(joined);
@@ -99,7 +99,7 @@ impl Rank<'_, '_> {
         range: Range<usize>,
         part: &Floats,
     ) -> Result<Floats, RankError> {
-        let holder = [0..n];
+        let holder = whole(n);
         match self
             .compute
             .overwrite(x, &holder, std::slice::from_ref(&range), part)?
@@ -421,4 +421,9 @@ impl Rank<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// A flat tensor of `n` elements as a one-axis box.
+fn whole(n: usize) -> [Range<usize>; 1] {
+    std::array::from_fn(|_| 0..n)
 }

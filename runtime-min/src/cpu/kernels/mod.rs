@@ -842,6 +842,9 @@ pub(crate) fn exp(x: f64) -> f64 {
     }
 }
 
+/// Each row's mean and inverse standard deviation, as a normalization's backward reads them.
+pub type RowStats = (Vec<f32>, Vec<f32>);
+
 /// Layer normalization over the last axis (rows of `width`): `y = γ·x̂ + β`. Returns each
 /// row's mean and inverse standard deviation for the backward pass.
 pub fn layer_norm(
@@ -851,7 +854,7 @@ pub fn layer_norm(
     gamma: &[f32],
     beta: &[f32],
     y: &mut [f32],
-) -> (Vec<f32>, Vec<f32>) {
+) -> RowStats {
     x.par_chunks(width)
         .zip(y.par_chunks_mut(width))
         .map(|(row, out)| {
