@@ -334,8 +334,11 @@ fn zero_shards_model_states() {
     let model = row.model();
     let cluster = selene(row.gpus);
     let setting = setting(&model, row, &cluster);
+    // Microbatches of one sample, 16 per step: the gradients exist at the peak (with one
+    // microbatch, the activations would peak before the backward makes any).
     let base = Parallelism {
         recompute: Recompute::Full,
+        micro_batch: 1,
         ..row.parallelism()
     };
     let per_param = |zero: u8| {
@@ -344,14 +347,17 @@ fn zero_shards_model_states() {
         (m.weights + m.gradients + m.optimizer) / model.spec().params() as f64
     };
     // 16 bytes per parameter with Adam in mixed precision; ZeRO-1 shards the 12 bytes of
-    // master weights and moments over d = 32, ZeRO-2 the gradients too, ZeRO-3 everything.
+    // master weights and moments over d = 32, ZeRO-2 the gradients too, ZeRO-3 everything
+    // but the tied embedding, which its holders sum apart from the buckets and keep whole.
     let d = 32.0;
-    for (zero, expected) in [
+    let tied = (VOCABULARY * row.hidden) as f64 / model.spec().params() as f64;
+    for (zero, sharded) in [
         (0, 16.0),
         (1, 4.0 + 12.0 / d),
         (2, 2.0 + 14.0 / d),
         (3, 16.0 / d),
     ] {
+        let expected = (1.0 - tied) * sharded + tied * 16.0;
         let got = per_param(zero);
         assert!((got / expected - 1.0).abs() < 0.01, "zero {zero}: {got}");
     }
@@ -654,5 +660,32 @@ fn a_fixed_batch_keeps_its_sequences_whole() {
     assert!(
         search(&at(1), &knobs).is_err(),
         "microbatches of 4 sequences cut a fixed batch"
+    );
+}
+
+/// ralpc's executor makes a weight's gradient at its first backward: a step of one
+/// microbatch peaks before it has any (its activations, the logits first, outweigh them),
+/// while a step of many microbatches holds all of them at its peak.
+#[test]
+fn gradients_count_at_the_peak_once_a_backward_has_made_them() {
+    let row = &TABLE[0];
+    let model = row.model();
+    let cluster = selene(row.gpus);
+    let setting = setting(&model, row, &cluster);
+    let one = Parallelism {
+        recompute: Recompute::Full,
+        ..row.parallelism()
+    };
+    assert_eq!(one.microbatches(row.batch), 1);
+    assert_eq!(estimate(&setting, &one).memory.gradients, 0.0);
+    let many = Parallelism {
+        micro_batch: 1,
+        ..one
+    };
+    let params = model.spec().params() as f64;
+    let gradients = estimate(&setting, &many).memory.gradients;
+    assert!(
+        (gradients / (2.0 * params) - 1.0).abs() < 0.01,
+        "{gradients} bytes of gradients for {params} parameters"
     );
 }

@@ -27,7 +27,9 @@
 //! `w + g + master + moments` bytes per parameter (16 for fp16 with Adam, 18 with fp32
 //! gradients), sharded by ZeRO; activations tensor by tensor as Korthikanti derives them
 //! (`sbh(34 + 5as/h)` without parallelism or recomputation), times the microbatches in
-//! flight on that stage under the schedule; a workspace.
+//! flight on that stage under the schedule; a workspace. Gradients exist from a weight's
+//! first backward, as ralpc's executor makes them: a stage whose forwards all precede its
+//! first backward peaks before them or after its first microbatch's backward.
 
 use serde::Serialize;
 
@@ -100,14 +102,14 @@ pub struct TimeBreakdown {
     pub optimizer_us: f64,
 }
 
-/// Memory of the fullest GPU by kind, bytes.
+/// Memory of the fullest GPU at its peak by kind, bytes: what it holds at that moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct MemoryBreakdown {
     /// Weights in the math precision.
     #[serde(serialize_with = "crate::units::whole_bytes")]
     #[schemars(with = "u64")]
     pub weights: f64,
-    /// Gradients.
+    /// Gradients (none when the peak comes before the first backward makes any).
     #[serde(serialize_with = "crate::units::whole_bytes")]
     #[schemars(with = "u64")]
     pub gradients: f64,
@@ -463,10 +465,19 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .iter()
         .enumerate()
         .map(|(k, &n)| {
+            // ZeRO shards the buckets' weights; a tied embedding is summed over its holders
+            // apart from them, and every holder keeps it whole, with its gradient and
+            // momentum.
+            let holds_embedding = k == 0 || k + 1 == stage_layers.len();
+            let tied = match model.tied && holds_embedding {
+                true => (model.vocabulary * model.hidden) as f64 / t,
+                false => 0.0,
+            };
             let params = stage_params[k];
             let zero_div = |stage: u8| if par.zero >= stage { d } else { 1.0 };
-            let in_flight_blocks =
-                in_flight_chunks(par, k as u64, m) as f64 * n as f64 / f64::from(v);
+            let sharded = |stage: u8| (params - tied) / zero_div(stage) + tied;
+            let in_flight = in_flight_chunks(par, k as u64, m);
+            let in_flight_blocks = in_flight as f64 * n as f64 / f64::from(v);
             let mut activations = in_flight_blocks * per_block + working;
             if k + 1 == stage_layers.len() {
                 // One microbatch's logits (16-bit) and fp32 softmax with its gradient.
@@ -478,20 +489,42 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 let microbatches = (in_flight_chunks(par, 0, m) as f64 / f64::from(v)).ceil();
                 activations += microbatches * tokens * h * (e + 1.0) / sp;
             }
-            // What sharding leaves whole for a while: ZeRO-2 one block's gradients before
-            // their reduce-scatter, ZeRO-3 two blocks' gathered weights (the one running
-            // and the one prefetched).
+            // What sharding leaves whole for a while: ZeRO-2 the running unit's gradients
+            // before their reduce-scatter, ZeRO-3 its gathered weights too and the next
+            // block's (prefetched). The unit is a block, or the last stage's untied head,
+            // whose backward comes first, at the activations' peak.
             let block = model.spec().block_params() as f64 / t;
+            let head = match k + 1 == stage_layers.len() && !model.tied {
+                true => model.spec().head_params() as f64 / t,
+                false => 0.0,
+            };
+            let unit = block.max(head);
             let transient = match par.zero {
                 _ if par.data <= 1 => 0.0,
-                2 => block * grad_e,
-                3 => 2.0 * block * e + block * grad_e,
+                2 => unit * grad_e,
+                3 => (unit + block) * e + unit * grad_e,
                 _ => 0.0,
             };
+            let gradients = sharded(2) * grad_e;
+            // ralpc's executor makes a weight's gradient at its first backward (Megatron-
+            // LM's contiguous gradient buffer holds them from the start). A stage that runs
+            // every forward before its first backward (GPipe, or no more microbatches than
+            // 1F1B's warm-up) peaks either before any gradient exists or once the first
+            // microbatch's backward has made them all and freed its own activations.
+            let (gradients, activations) = if in_flight >= m * u64::from(v) {
+                let first = activations / (in_flight as f64 / f64::from(v)).max(1.0);
+                if first >= gradients {
+                    (0.0, activations)
+                } else {
+                    (gradients, activations - first)
+                }
+            } else {
+                (gradients, activations)
+            };
             MemoryBreakdown {
-                weights: params * e / zero_div(3),
-                gradients: params * grad_e / zero_div(2),
-                optimizer: params * (master + state) / zero_div(1),
+                weights: sharded(3) * e,
+                gradients,
+                optimizer: sharded(1) * (master + state),
                 activations,
                 workspace: setting.workspace_bytes + transient,
             }

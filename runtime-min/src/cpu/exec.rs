@@ -77,6 +77,7 @@ mod passes;
 mod prepare;
 mod recompute;
 mod release;
+mod released;
 mod resolve;
 mod tied;
 mod transfers;
@@ -565,6 +566,9 @@ struct LayerRun {
     regions: BTreeMap<ValueId, Region>,
     /// Whether what its backward reads was dropped for recomputation.
     dropped: bool,
+    /// The weights (its input, the weight) ZeRO-3 released while it waited for its
+    /// backward, set again from the gathered weights when the backward runs.
+    lent: Vec<(ValueId, ValueId)>,
 }
 
 /// What a rank reports.
@@ -617,6 +621,11 @@ struct Rank<'p, 'a> {
     touches: BTreeMap<u32, Vec<Touch>>,
     /// After which instruction a layer's outputs are read by its backward alone.
     last_forward_uses: BTreeMap<u32, Vec<(usize, u32)>>,
+    /// Under ZeRO-3, after which instruction the weights of which all-gathers go back to
+    /// this rank's shares ([`released`]).
+    weight_releases: BTreeMap<u32, Vec<u32>>,
+    /// ZeRO-3's weights held as this rank's shares until their next gather.
+    released: BTreeMap<ValueId, released::Released>,
     step: u32,
     report: RankReport,
     fault: Option<Fault>,
@@ -703,6 +712,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             }
         }
         let touches = buckets::touches(p.exe.plan, rank);
+        let weight_releases = released::weight_releases(p.exe.plan, rank, &touches);
         Ok(Rank {
             p,
             rank,
@@ -724,6 +734,8 @@ impl<'p, 'a> Rank<'p, 'a> {
             checkpoints: BTreeMap::new(),
             touches,
             last_forward_uses: release::last_forward_uses(p.exe.plan, rank),
+            weight_releases,
+            released: BTreeMap::new(),
             step: 0,
             report: RankReport {
                 // Rank 0 carries the losses so far; the others' shares of them are zero.
@@ -749,7 +761,7 @@ impl<'p, 'a> Rank<'p, 'a> {
     /// How layer `l` holds weight `w` on this rank: as the rank keeps it, or, for a tied
     /// weight, the piece the layer's split gives it.
     fn piece(&self, l: &LayerExec, w: ValueId) -> Option<Slice> {
-        let (slice, _) = self.weights.get(&w)?;
+        let slice = self.held_slice(w)?;
         if !self.p.tied.contains(&w) {
             return Some(slice.clone());
         }
@@ -811,7 +823,8 @@ impl<'p, 'a> Rank<'p, 'a> {
                     if panics {
                         panic!("injected fault");
                     }
-                    self.execute(i as u32, instruction)
+                    self.execute(i as u32, instruction)?;
+                    self.release_weights_after(i as u32)
                 }))
                 .unwrap_or_else(|payload| {
                     if let Some(failed) = payload.downcast_ref::<ReadBackFailed>() {
@@ -857,6 +870,8 @@ impl<'p, 'a> Rank<'p, 'a> {
         if !self.options.report_tensors {
             return Ok(());
         }
+        self.all_weights_whole()
+            .map_err(|cause| RunError::rank(self.rank, program.len(), "report", cause))?;
         for (&w, (slice, t)) in &self.weights {
             let l = self.p.layers.iter().find(|l| l.weights.contains(&w));
             if l.is_some_and(|l| self.trains(l, w)) {

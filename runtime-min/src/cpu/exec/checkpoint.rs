@@ -127,6 +127,7 @@ impl Rank<'_, '_> {
         let Some(collector) = self.collector else {
             return Ok(());
         };
+        self.all_weights_whole()?;
         let mut weights = Vec::new();
         let mut velocity = Vec::new();
         let mut velocity_shares = Vec::new();

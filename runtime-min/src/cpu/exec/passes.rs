@@ -329,6 +329,7 @@ impl Rank<'_, '_> {
                 records,
                 regions,
                 dropped: false,
+                lent: Vec::new(),
             },
         );
         if let Some((first, last)) = run.filter(|&(_, last)| last == l && !again) {
@@ -424,12 +425,13 @@ impl Rank<'_, '_> {
         let k = layer
             .holds(self.rank)
             .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
-        let run = self.runs.remove(&(l, mb)).ok_or_else(|| {
+        let mut run = self.runs.remove(&(l, mb)).ok_or_else(|| {
             format!(
                 "layer {} has no forward pass for microbatch {mb}",
                 layer.name
             )
         })?;
+        self.lend_back(&mut run)?;
         if run.dropped {
             return Err(format!(
                 "layer {}'s activations of microbatch {mb} were dropped for recomputation \

@@ -32,7 +32,7 @@ impl Rank<'_, '_> {
     pub(super) fn flat_gradients(&mut self, keys: &[ValueId]) -> Vec<f32> {
         let mut flat = Vec::new();
         for &w in keys {
-            let n = self.weights.get(&w).map_or(0, |(_, t)| t.len());
+            let n = self.weight_len(w);
             let g = self.grads.entry(w).or_insert_with(|| vec![0.0; n].into());
             flat.extend_from_slice(g);
         }
@@ -40,7 +40,11 @@ impl Rank<'_, '_> {
     }
 
     /// This rank's share of a bucket of `total` elements over `group`.
-    fn shard(&self, group: &[u32], total: usize) -> Result<std::ops::Range<usize>, RankError> {
+    pub(super) fn shard(
+        &self,
+        group: &[u32],
+        total: usize,
+    ) -> Result<std::ops::Range<usize>, RankError> {
         let mut members = group.to_vec();
         members.sort_unstable();
         let i = members
@@ -51,7 +55,12 @@ impl Rank<'_, '_> {
     }
 
     /// Elements `range` of `f` (of `n`), cut where `f` is: on the device when resident.
-    fn cut_range(&self, f: &Floats, n: usize, range: Range<usize>) -> Result<Floats, RankError> {
+    pub(super) fn cut_range(
+        &self,
+        f: &Floats,
+        n: usize,
+        range: Range<usize>,
+    ) -> Result<Floats, RankError> {
         if let Some(cut) = self
             .compute
             .crop(f, &whole(n), std::slice::from_ref(&range))
@@ -66,7 +75,11 @@ impl Rank<'_, '_> {
 
     /// `n` elements from `parts` (each a range and its elements), which cover them once:
     /// joined on the device where they are resident, else on the host.
-    fn join_ranges(&self, n: usize, parts: &[(Range<usize>, Floats)]) -> Result<Floats, RankError> {
+    pub(super) fn join_ranges(
+        &self,
+        n: usize,
+        parts: &[(Range<usize>, Floats)],
+    ) -> Result<Floats, RankError> {
         let boxes: Vec<[Range<usize>; 1]> = parts.iter().map(|(r, _)| [r.clone()]).collect();
         let parts_ref: Vec<Piece<'_>> = boxes
             .iter()
@@ -128,10 +141,7 @@ impl Rank<'_, '_> {
         group: Vec<u32>,
     ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Gradients);
-        let lens: Vec<usize> = keys
-            .iter()
-            .map(|w| self.weights.get(w).map_or(0, |(_, t)| t.len()))
-            .collect();
+        let lens: Vec<usize> = keys.iter().map(|&w| self.weight_len(w)).collect();
         let total = lens.iter().sum();
         let mine = self.shard(&group, total)?;
         let mut bucket = Vec::with_capacity(keys.len());
@@ -236,10 +246,7 @@ impl Rank<'_, '_> {
     /// for the report (a check only, not part of the plan).
     pub(super) fn sharded_step(&mut self, index: u32, group: Vec<u32>) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
-        let total: usize = keys
-            .iter()
-            .map(|w| self.weights.get(w).map_or(0, |(_, t)| t.len()))
-            .sum();
+        let total: usize = keys.iter().map(|&w| self.weight_len(w)).sum();
         let mine = self.shard(&group, total)?;
         if self.step == 0 && self.options.report_tensors {
             self.report_gradient_shares(&keys, &group)?;
@@ -248,16 +255,10 @@ impl Rank<'_, '_> {
         let mut at = 0;
         for &w in &keys {
             let g = self.grads.remove(&w);
-            let Some((
-                _,
-                Tensor {
-                    data: Data::F32(x), ..
-                },
-            )) = self.weights.get(&w)
-            else {
+            let n = self.weight_len(w);
+            if n == 0 {
                 continue;
-            };
-            let (x, n) = (x.clone(), x.len());
+            }
             let own = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
             at += n;
             self.owned_momentum.insert(w, own.clone());
@@ -298,18 +299,17 @@ impl Rank<'_, '_> {
                 Some(v) => v,
                 None => self.compute.zeros(own.len()).map_err(RankError::from)?,
             };
-            let mut x_own = self.cut_range(&x, n, own.clone())?;
-            drop(x);
+            let mut x_own = self.owned_part(w, &own)?;
             self.compute
                 .sgd_momentum(&mut x_own, &mut v, &g_own, lr, momentum)?;
             self.velocity.insert(w, v);
-            self.write_share(w, n, own, &x_own)?;
+            self.write_owned(w, own, x_own)?;
         }
         Ok(())
     }
 
     /// Writes `part` over elements `range` of weight `w` (of `n`), in place where it is.
-    fn write_share(
+    pub(super) fn write_share(
         &mut self,
         w: ValueId,
         n: usize,
@@ -349,8 +349,8 @@ impl Rank<'_, '_> {
             .concat();
         let mut at = 0;
         for &w in keys {
-            if let Some((slice, t)) = self.weights.get(&w) {
-                let n = t.len();
+            if let Some(slice) = self.held_slice(w) {
+                let n = self.weight_len(w);
                 let g = shares
                     .get(at..at + n)
                     .ok_or("a gradient share is missing")?;
@@ -369,17 +369,14 @@ impl Rank<'_, '_> {
         group: Vec<u32>,
     ) -> Result<(), RankError> {
         let keys = self.bucket_weights(index, BufferKind::Weights);
+        // Whole float weights, and the ones ZeRO-3 released to this rank's shares.
         let held: Vec<(ValueId, usize)> = keys
             .iter()
-            .filter_map(|&w| match self.weights.get(&w) {
-                Some((
-                    _,
-                    Tensor {
-                        data: Data::F32(x), ..
-                    },
-                )) => Some((w, x.len())),
-                _ => None,
+            .filter(|w| {
+                self.released.contains_key(w)
+                    || matches!(self.weights.get(w), Some((_, t)) if matches!(t.data, Data::F32(_)))
             })
+            .map(|&w| (w, self.weight_len(w)))
             .collect();
         let total: usize = held.iter().map(|(_, n)| n).sum();
         let mut members = group.clone();
@@ -393,11 +390,8 @@ impl Rank<'_, '_> {
         let mut at = 0;
         for &(w, n) in &held {
             let (lo, hi) = (mine.start.clamp(at, at + n), mine.end.clamp(at, at + n));
-            if let (true, Some((_, x))) = (lo < hi, self.weights.get(&w)) {
-                let Data::F32(x) = &x.data else {
-                    return Err("a sharded weight is not a float tensor".into());
-                };
-                let part = self.cut_range(x, n, lo - at..hi - at)?;
+            if lo < hi {
+                let part = self.owned_part(w, &(lo - at..hi - at))?;
                 parts.push((lo - mine.start..hi - mine.start, part));
             }
             at += n;
@@ -407,17 +401,24 @@ impl Rank<'_, '_> {
         if all.iter().zip(&shares).any(|(f, r)| f.len() != r.len()) {
             return Err("the members' weight shares do not make up the bucket".into());
         }
-        // The others' shares written over each weight in place: its own is there already.
+        // The others' shares written over each weight in place (its own is there already),
+        // or a released weight made whole of its share and theirs.
         let mut at = 0;
         for (w, n) in held {
+            let mut others = Vec::new();
             for (f, r) in all.iter().zip(&shares).filter(|(_, r)| **r != mine) {
                 let (lo, hi) = (r.start.clamp(at, at + n), r.end.clamp(at, at + n));
                 if lo < hi {
                     let part = self.cut_range(f, r.len(), lo - r.start..hi - r.start)?;
-                    self.write_share(w, n, lo - at..hi - at, &part)?;
+                    others.push((lo - at..hi - at, part));
                 }
             }
             at += n;
+            if !self.restore(w, &others)? {
+                for (range, part) in others {
+                    self.write_share(w, n, range, &part)?;
+                }
+            }
         }
         Ok(())
     }
