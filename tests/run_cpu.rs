@@ -552,6 +552,58 @@ fn a_loop_over_time_steps_is_unrolled_and_trains_as_one_device() {
 }
 
 #[test]
+fn a_transposed_convolution_split_by_output_channels_trains_as_one_device() {
+    // unet.onnx: its ConvTranspose's weight is [C_in, C_out, 2, 2], cut on axis 1 by output
+    // channels, its bias on axis 0; the convolution after the skip concatenation split by
+    // rows (halos) and the first by output channels, on a 2-stage pipeline too.
+    let layers = [
+        split("down", 1, 1, 4),
+        split("up", 1, 1, 4),
+        split("fuse", 1, 4, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("down", "fc", 4)], &layers, "1f1b", 1);
+    check("unet.onnx", 8, 4, &s, "unet-soap");
+    let layers = [split("up", 1, 1, 2), split("fuse", 1, 2, 1)].join(", ");
+    let s = strategy(
+        &[stage("down", "mid", 2), stage("up", "fc", 2)],
+        &layers,
+        "1f1b",
+        2,
+    );
+    check("unet.onnx", 8, 4, &s, "unet-pipeline");
+}
+
+/// A transposed convolution has no window the pieces of a row split could exchange
+/// halos through: a strategy splitting its rows is refused when planned, naming it,
+/// rather than failing when it runs (the SOAP search never proposes it:
+/// `passes` `a_layer_without_a_window_is_never_split_by_rows`).
+#[test]
+fn a_transposed_convolution_is_never_split_by_rows() {
+    let model = fixture("unet.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("strategy.json");
+    let s = strategy(&[stage("down", "fc", 4)], &split("up", 1, 4, 1), "1f1b", 1);
+    std::fs::write(&file, s).expect("write the strategy");
+    let planned = ralpc::compile(&ralpc::Options {
+        model,
+        gpus: Some(4),
+        batch: Some(8),
+        strategy_file: Some(file),
+        ..Default::default()
+    });
+    let e = planned
+        .err()
+        .expect("a row split of a transposed convolution is refused");
+    assert_eq!(e.exit_code(), 1);
+    let chain = format!("{e}{}", error_chain(&e));
+    assert!(
+        chain.contains("layer up: its rows cannot be split"),
+        "{chain}"
+    );
+}
+
+#[test]
 fn pixel_shuffles_instance_norms_and_tiles_train_as_one_device() {
     // upscale.onnx: InstanceNormalization, PRelu, DepthToSpace, Mish, SpaceToDepth, Tile.
     let s = strategy(&[stage("conv0", "fc", 4)], "", "1f1b", 1);

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::costs::Costs;
-use super::layout::splits_freely;
+use super::layout::{splits_attributes, splits_freely};
 use crate::layers::{Layer, LayerKind, Producer, Split};
 
 /// States kept per layer on branchy graphs.
@@ -62,7 +62,7 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, pieces: u64) -> Vec
     if free || gates {
         let mut d = 2;
         while d <= within {
-            if free {
+            if free && splits_attributes(layer) {
                 degrees.push((d, 1));
             }
             if !layer.grouped {
@@ -109,10 +109,11 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
 }
 
 /// The split a following layer takes after its producer's: the same, or for a layer that
-/// splits samples only, the producer's GPUs (at most `pieces`, the batch's
+/// splits samples only (or cannot split the producer's attributes: a global pool after a
+/// row-split convolution), the producer's GPUs (at most `pieces`, the batch's
 /// [`LayerGraph::sample_pieces`](crate::layers::LayerGraph::sample_pieces)).
-pub(crate) fn follow(kind: LayerKind, producer: Split, pieces: u64) -> Split {
-    if splits_freely(kind) {
+pub(crate) fn follow(layer: &Layer, producer: Split, pieces: u64) -> Split {
+    if splits_freely(layer.kind) && (producer.attribute <= 1 || splits_attributes(layer)) {
         producer
     } else {
         let cap = u32::try_from(pieces).unwrap_or(u32::MAX);
@@ -238,7 +239,7 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                     .splits
                     .iter()
                     .map(|&ps| {
-                        let s = follow(layer.kind, ps, graph.sample_pieces());
+                        let s = follow(layer, ps, graph.sample_pieces());
                         let at = splits.iter().position(|&x| x == s).unwrap_or_else(|| {
                             splits.push(s);
                             splits.len() - 1
@@ -440,7 +441,7 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::Recurrence;
+    use crate::layers::{Halo, Recurrence};
 
     #[test]
     fn counts_cover_small_clusters_and_thin_out_beyond() {
@@ -468,10 +469,64 @@ mod tests {
             kept_output_bytes: 0,
             inputs: Vec::new(),
             measured: None,
-            halo: None,
+            // A convolution's or pooling's 3×3 window over 16 rows, as most have.
+            halo: matches!(kind, LayerKind::Conv | LayerKind::Pool).then(|| Halo {
+                window: super::super::halo::Window {
+                    input: 16,
+                    output: 16,
+                    extent: 3,
+                    stride: 1,
+                    pad_before: 1,
+                },
+                node: ralpc_ir::NodeId::from_index(0),
+                inputs: Vec::new(),
+            }),
             recurrence,
             grouped: false,
         }
+    }
+
+    /// A transposed convolution (or a global pool) of a model has no window whose halo
+    /// row pieces could exchange: it splits samples and output channels, never rows, and a
+    /// global pool after a row-split convolution gathers its samples instead. An imported
+    /// layer (no ops) says nothing of its window: its rows split.
+    #[test]
+    fn a_layer_without_a_window_is_never_split_by_rows() {
+        let windowless = |kind| Layer {
+            halo: None,
+            parts: vec![crate::layers::Part {
+                node: ralpc_ir::NodeId::from_index(0),
+                op: "ConvTranspose",
+                signature: None,
+                fwd_flops: 0,
+                bytes: 0,
+                launches: true,
+                steps: 1,
+            }],
+            ..layer(kind, None)
+        };
+        let imported = Layer {
+            halo: None,
+            ..layer(LayerKind::Conv, None)
+        };
+        assert!(splits_of(&imported, 4, true, 8, 64)
+            .iter()
+            .any(|s| s.attribute == 4));
+        let transposed = windowless(LayerKind::Conv);
+        let s = splits_of(&transposed, 4, true, 8, 64);
+        assert!(s.iter().all(|s| s.attribute == 1), "{s:?}");
+        assert!(s.iter().any(|s| s.parameter == 4), "{s:?}");
+        let rows = Split {
+            sample: 1,
+            attribute: 4,
+            parameter: 1,
+        };
+        assert_eq!(
+            follow(&windowless(LayerKind::Pool), rows, 64),
+            Split::samples(4)
+        );
+        assert_eq!(follow(&layer(LayerKind::Pool, None), rows, 64), rows);
+        assert_eq!(follow(&layer(LayerKind::Elementwise, None), rows, 64), rows);
     }
 
     #[test]

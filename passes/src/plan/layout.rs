@@ -52,6 +52,20 @@ pub fn splits_freely(kind: LayerKind) -> bool {
     )
 }
 
+/// Whether a layer can be split by attributes: a convolution or pooling of the model cuts
+/// its rows only through its window, whose halo the pieces exchange (a transposed
+/// convolution, a global pool or a layer reshaping before its window has none); the other
+/// kinds that split freely work per row or per input feature. An imported layer graph (a
+/// profile) says nothing of its windows: its rows split, as the reference planners take
+/// them.
+pub fn splits_attributes(layer: &crate::layers::Layer) -> bool {
+    let imported = layer.parts.is_empty();
+    splits_freely(layer.kind)
+        && (!matches!(layer.kind, LayerKind::Conv | LayerKind::Pool)
+            || layer.halo.is_some()
+            || imported)
+}
+
 /// How many ranks of a `kind` layer under `split` compute the same share of it: the
 /// degrees its views leave uncut (an attribute degree on a softmax or a data-movement
 /// layer is a tensor-parallel group holding it whole on every member). A dense layer's

@@ -40,12 +40,13 @@ pub use halo::Window;
 pub use layout::{
     class_pieces, first_replica, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,
-    scatters_partial_sums, splits_freely, transfers, weight_replicas, Cut, Transfer, View,
+    scatters_partial_sums, splits_attributes, splits_freely, transfers, weight_replicas, Cut,
+    Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
 
-use crate::layers::Split;
+use crate::layers::{LayerKind, Split};
 
 /// How microbatches flow through pipeline stages.
 #[derive(
@@ -360,6 +361,17 @@ impl Strategy {
                         layer.name,
                         split.degree(),
                         s.gpus
+                    ));
+                }
+                if split.attribute > 1
+                    && matches!(layer.kind, LayerKind::Conv | LayerKind::Pool)
+                    && !splits_attributes(layer)
+                {
+                    return bad(format!(
+                        "layer {}: its rows cannot be split (it has no convolution or pooling \
+                         window over them, or changes their shape before it); split it by \
+                         samples or parameters",
+                        layer.name
                     ));
                 }
                 let gates = layer.recurrence.is_some() && split.attribute == 1;

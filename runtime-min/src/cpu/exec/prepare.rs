@@ -466,6 +466,10 @@ impl<'a> Prepared<'a> {
         let last = wdims.len().saturating_sub(1);
         match (op, slot, l.kind) {
             (Op::Conv(_), 1 | 2, LayerKind::Conv) => Slice::Axis(0, out[2]),
+            // A transposed convolution's weight is [C_in, C_out / groups, …] (a grouped one
+            // is never split by its output channels); its bias is per output channel.
+            (Op::ConvTranspose(_), 1, LayerKind::Conv) => Slice::Axis(1, out[2]),
+            (Op::ConvTranspose(_), 2, LayerKind::Conv) => Slice::Axis(0, out[2]),
             (Op::Gemm(gm), 1, LayerKind::Dense) => match (gm.trans_b, p > 1) {
                 (true, true) => Slice::Axis(0, out[2]),
                 (false, true) => Slice::Axis(1, out[2]),
