@@ -592,9 +592,9 @@ fn a_transposed_convolution_is_never_split_by_rows() {
         strategy_file: Some(file),
         ..Default::default()
     });
-    let e = planned
-        .err()
-        .expect("a row split of a transposed convolution is refused");
+    let Err(e) = planned else {
+        panic!("a row split of a transposed convolution was planned");
+    };
     assert_eq!(e.exit_code(), 1);
     let chain = format!("{e}{}", error_chain(&e));
     assert!(
