@@ -574,6 +574,23 @@ fn a_transposed_convolution_split_by_output_channels_trains_as_one_device() {
     check("unet.onnx", 8, 4, &s, "unet-pipeline");
 }
 
+#[test]
+fn a_1d_convolution_split_by_rows_trains_as_one_device() {
+    // conv1d.onnx: the second convolution's output leaves its layer through a LeakyRelu as
+    // `[batch, channels, length]`; split by rows (its length, halos exchanged), its share
+    // is cut on the length axis, channels first.
+    let layers = [split("conv0", 1, 1, 4), split("conv1", 1, 4, 1)].join(", ");
+    let s = strategy(&[stage("conv0", "fc", 4)], &layers, "1f1b", 1);
+    check("conv1d.onnx", 8, 4, &s, "conv1d-soap");
+    let s = strategy(
+        &[stage("conv0", "pool", 2), stage("conv1", "fc", 2)],
+        &split("conv1", 1, 2, 1),
+        "1f1b",
+        1,
+    );
+    check("conv1d.onnx", 8, 4, &s, "conv1d-pipeline");
+}
+
 /// A transposed convolution has no window the pieces of a row split could exchange
 /// halos through: a strategy splitting its rows is refused when planned, naming it,
 /// rather than failing when it runs (the SOAP search never proposes it:

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::costs::Costs;
-use super::layout::{splits_attributes, splits_freely};
+use super::layout::{splits_attributes_into, splits_freely};
 use crate::layers::{Layer, LayerKind, Producer, Split};
 
 /// States kept per layer on branchy graphs.
@@ -62,7 +62,7 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, pieces: u64) -> Vec
     if free || gates {
         let mut d = 2;
         while d <= within {
-            if free && splits_attributes(layer) {
+            if free && splits_attributes_into(layer, d) {
                 degrees.push((d, 1));
             }
             if !layer.grouped {
@@ -113,7 +113,7 @@ pub(crate) fn choices(costs: &Costs<'_>, n: u32, soap: bool) -> Choices {
 /// row-split convolution), the producer's GPUs (at most `pieces`, the batch's
 /// [`LayerGraph::sample_pieces`](crate::layers::LayerGraph::sample_pieces)).
 pub(crate) fn follow(layer: &Layer, producer: Split, pieces: u64) -> Split {
-    if splits_freely(layer.kind) && (producer.attribute <= 1 || splits_attributes(layer)) {
+    if splits_freely(layer.kind) && splits_attributes_into(layer, producer.attribute) {
         producer
     } else {
         let cap = u32::try_from(pieces).unwrap_or(u32::MAX);
@@ -526,6 +526,15 @@ mod tests {
             Split::samples(4)
         );
         assert_eq!(follow(&layer(LayerKind::Pool, None), rows, 64), rows);
+        // A window over one row (a 1×1 convolution after a global pool): no row pieces.
+        let mut one_row = layer(LayerKind::Conv, None);
+        if let Some(h) = one_row.halo.as_mut() {
+            h.window.input = 1;
+            h.window.output = 1;
+        }
+        let s = splits_of(&one_row, 4, true, 8, 64);
+        assert!(s.iter().all(|s| s.attribute == 1), "{s:?}");
+        assert_eq!(follow(&one_row, rows, 64), Split::samples(4));
         assert_eq!(follow(&layer(LayerKind::Elementwise, None), rows, 64), rows);
     }
 

@@ -66,6 +66,17 @@ pub fn splits_attributes(layer: &crate::layers::Layer) -> bool {
             || imported)
 }
 
+/// Whether `attributes` pieces of the layer each get rows of their own: a window over
+/// fewer rows (a 1×1 convolution after a global pool) cannot be cut into more pieces.
+pub fn splits_attributes_into(layer: &crate::layers::Layer, attributes: u32) -> bool {
+    attributes <= 1
+        || (splits_attributes(layer)
+            && layer
+                .halo
+                .as_ref()
+                .is_none_or(|h| u64::from(attributes) <= h.window.output.min(h.window.input)))
+}
+
 /// How many ranks of a `kind` layer under `split` compute the same share of it: the
 /// degrees its views leave uncut (an attribute degree on a softmax or a data-movement
 /// layer is a tensor-parallel group holding it whole on every member). A dense layer's

@@ -40,8 +40,8 @@ pub use halo::Window;
 pub use layout::{
     class_pieces, first_replica, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,
-    scatters_partial_sums, splits_attributes, splits_freely, transfers, weight_replicas, Cut,
-    Transfer, View,
+    scatters_partial_sums, splits_attributes, splits_attributes_into, splits_freely, transfers,
+    weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
@@ -363,16 +363,23 @@ impl Strategy {
                         s.gpus
                     ));
                 }
-                if split.attribute > 1
-                    && matches!(layer.kind, LayerKind::Conv | LayerKind::Pool)
-                    && !splits_attributes(layer)
-                {
-                    return bad(format!(
-                        "layer {}: its rows cannot be split (it has no convolution or pooling \
-                         window over them, or changes their shape before it); split it by \
-                         samples or parameters",
-                        layer.name
-                    ));
+                if matches!(layer.kind, LayerKind::Conv | LayerKind::Pool) {
+                    if split.attribute > 1 && !splits_attributes(layer) {
+                        return bad(format!(
+                            "layer {}: its rows cannot be split (it has no convolution or \
+                             pooling window over them, or changes their shape before it); \
+                             split it by samples or parameters",
+                            layer.name
+                        ));
+                    }
+                    if !splits_attributes_into(layer, split.attribute) {
+                        return bad(format!(
+                            "layer {}: its {} rows cannot be cut into {} pieces",
+                            layer.name,
+                            layer.halo.as_ref().map_or(0, |h| h.window.output),
+                            split.attribute
+                        ));
+                    }
                 }
                 let gates = layer.recurrence.is_some() && split.attribute == 1;
                 if !splits_freely(layer.kind) && !gates && split.parameter > 1 {

@@ -187,6 +187,36 @@ impl<'a> Prepared<'a> {
                 channels_first.extend(n.outputs.iter().map(|&v| carried(v)));
             }
         }
+        // And what elementwise ops carry at the same shape to or from them: a 1-d
+        // convolution's `[b, c, l]` through its activation is still channels-first.
+        let same_shape = |a: ValueId, b: ValueId| exe.info.ty(a).shape == exe.info.ty(b).shape;
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for id in g.node_ids() {
+                let n = g.node(id);
+                let Some(&out) = n.outputs.first() else {
+                    continue;
+                };
+                if n.op.class() != ralpc_ir::OpClass::Elementwise {
+                    continue;
+                }
+                let chain: Vec<ValueId> = n
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .chain(&n.outputs)
+                    .copied()
+                    .filter(|&v| same_shape(v, out))
+                    .map(carried)
+                    .collect();
+                if chain.iter().any(|v| channels_first.contains(v)) {
+                    for v in chain {
+                        grew |= channels_first.insert(v);
+                    }
+                }
+            }
+        }
         let tied = weight_owner
             .keys()
             .copied()
