@@ -220,6 +220,13 @@ fn an_initializer_merged_by_the_exporter_trains_as_one_weight_on_any_split() {
         2,
     );
     check("merged.onnx", 8, 3, &s, "merged-pipeline");
+    // ZeRO-3 releases a bucket's weights after its passes; the merged bias, read by a
+    // layer of another bucket too, stays whole.
+    let s = with_fields(
+        &strategy(&[stage("fc0", "fc2", 4)], "", "1f1b", 2),
+        r#""zero": 3"#,
+    );
+    check("merged.onnx", 8, 4, &s, "merged-zero3");
 }
 
 #[test]

@@ -59,6 +59,33 @@ fn gpt2() {
     default_plan_trains_as_one_device("gpt2", 4, 4);
 }
 
+/// GPT-2 at tensor 2 × data 2 under ZeRO-3, two steps: each bucket's weights are gathered
+/// before every pass and released to the rank's share after it, while the LayerNorm
+/// weights the exporter merged into one initializer (read by every block's layers) stay
+/// whole; the second step must see the first's updated weights everywhere.
+#[test]
+fn gpt2_under_zero_3_trains_two_steps_as_one_device() {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let model = common::fixture("onnx").join("gpt2").join("model.onnx");
+    let options = ralpc::Options {
+        model: model.clone(),
+        gpus: Some(4),
+        batch: Some(4),
+        family: ralpc::passes::plan::Family::parse("3d"),
+        knobs: Knobs {
+            tensor: Some(2),
+            pipeline: Some(1),
+            recompute: Some(Recompute::None),
+            zero: Some(3),
+            ..Knobs::default()
+        },
+        ..Default::default()
+    };
+    let got = plan_and_run(&options, 2);
+    let want = reference(&model, 4, 2);
+    assert_same("gpt2 t2 d2 ZeRO-3", &got, &want);
+}
+
 #[test]
 fn convnext_tiny() {
     default_plan_trains_as_one_device("convnext_tiny", 4, 4);

@@ -257,6 +257,13 @@ impl Rank<'_, '_> {
                     Source::Constant => match self.weights.get(&c) {
                         Some((_, t)) if p.tied.contains(&c) => self.tied_piece(layer, k, c, t)?,
                         Some((_, t)) => t.clone(),
+                        None if self.released.contains_key(&c) => {
+                            return Err(RankError::Inconsistent(format!(
+                                "layer {} reads '{}' before its gather (ZeRO-3 released it)",
+                                layer.name,
+                                self.value_name(c)
+                            )))
+                        }
                         None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
                             format!("constant '{}' is missing", self.value_name(c))
                         })?,

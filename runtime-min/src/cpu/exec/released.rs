@@ -155,6 +155,22 @@ impl Rank<'_, '_> {
         };
         for g in gathers {
             let keys = self.bucket_weights(g, BufferKind::Weights);
+            let gathered: Vec<usize> = self
+                .touched(g)
+                .iter()
+                .filter(|&&(kind, _, _, writes)| kind == BufferKind::Weights && writes)
+                .filter_map(|t| t.1.map(|l| l as usize))
+                .collect();
+            // A weight a layer of another bucket reads here too (an initializer the
+            // exporter merged) stays whole: that layer's passes do not gather it.
+            let (p, rank) = (self.p, self.rank);
+            let shared = |w: ValueId| {
+                p.layers.iter().enumerate().any(|(l, layer)| {
+                    !gathered.contains(&l)
+                        && layer.holds(rank).is_some()
+                        && layer.weights.contains(&w)
+                })
+            };
             let group = self.gather_group(g)?;
             let total: usize = keys.iter().map(|&w| self.weight_len(w)).sum();
             let mine = self.shard(&group, total)?;
@@ -163,7 +179,7 @@ impl Rank<'_, '_> {
                 let n = self.weight_len(w);
                 let own = mine.start.clamp(at, at + n) - at..mine.end.clamp(at, at + n) - at;
                 at += n;
-                if self.released.contains_key(&w) {
+                if self.released.contains_key(&w) || shared(w) {
                     continue;
                 }
                 let part = self.owned_part(w, &own)?;
