@@ -824,3 +824,20 @@ fn a_fixed_batch_export_splits_its_batch_as_one_device() {
         &want,
     );
 }
+
+#[test]
+fn dense_layers_on_channels_last_tensors_split_by_output_features_train_as_one_device() {
+    // channels_last.onnx: a Swin-like MLP on `[batch, h, w, c]`. The first dense layer is
+    // split by output features; its cut follows the last axis through the layers after it
+    // (the IsNaN guard, the Where), which are not NCHW images though they have four axes.
+    let layers = [
+        split("norm", 2, 1, 1),
+        split("fc1", 1, 1, 4),
+        split("isnan", 1, 1, 4),
+        split("guard", 1, 1, 4),
+        split("fc2", 1, 4, 1),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("norm", "head", 4)], &layers, "1f1b", 1);
+    check("channels_last.onnx", 8, 4, &s, "channels-last-soap");
+}

@@ -3,7 +3,9 @@
 //! same loss over three SGD steps on the same batch, on one rank and on two. Each case is
 //! a way an exporter writes parameters: merged by value and named by Identities
 //! (`nn.TransformerEncoder`'s deep-copied layers), a group norm's constant ones and
-//! zeros, an attention mask folded into an initializer of -inf.
+//! zeros, an attention mask folded into an initializer of -inf, a buffer `torch.export`
+//! lifted into an initializer (a Llama's rotary frequencies); and dense layers on
+//! `[b, h, w, c]` tensors (Swin's).
 
 mod common;
 
@@ -14,8 +16,15 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&text).expect("JSON")
 }
 
-/// PyTorch's losses of `case`, and the batch they were taken at.
-fn pytorch(case: &str) -> (Vec<f64>, u64, u64) {
+/// What PyTorch measured of `case`.
+struct Expected {
+    losses: Vec<f64>,
+    parameters: u64,
+    /// The input `x`'s shape, the batch first.
+    input: Vec<u64>,
+}
+
+fn pytorch(case: &str) -> Expected {
     let all = expected();
     let e = &all[case];
     let losses = e["losses"]
@@ -24,18 +33,33 @@ fn pytorch(case: &str) -> (Vec<f64>, u64, u64) {
         .iter()
         .map(|l| l.as_f64().expect("a loss"))
         .collect();
-    let batch = e["batch"].as_u64().expect("batch");
     let parameters = e["parameters"].as_u64().expect("parameters");
-    (losses, batch, parameters)
+    let input = e["input"]
+        .as_array()
+        .expect("input")
+        .iter()
+        .map(|d| d.as_u64().expect("a dimension"))
+        .collect();
+    Expected {
+        losses,
+        parameters,
+        input,
+    }
 }
 
-/// Three steps of `case` planned data parallel on `gpus` ranks, on its batch.
-fn train(case: &str, gpus: u32, batch: u64, dir: &Path) -> Vec<f64> {
+/// The shape of `x` to plan at: a dynamic sequence is bound as PyTorch ran it.
+fn inputs(input: &[u64]) -> std::collections::BTreeMap<String, Vec<u64>> {
+    [("x".to_owned(), input.to_vec())].into()
+}
+
+/// Three steps of `case` planned data parallel on `gpus` ranks, on its input.
+fn train(case: &str, gpus: u32, input: &[u64], dir: &Path) -> Vec<f64> {
     let model = common::fixture(&format!("torch/{case}.onnx"));
     let compiled = ralpc::compile(&ralpc::Options {
         model: model.clone(),
         gpus: Some(gpus),
-        batch: Some(batch),
+        batch: input.first().copied(),
+        inputs: inputs(input),
         family: Some(ralpc::passes::plan::Family::Dp),
         executable: true,
         ..Default::default()
@@ -54,10 +78,15 @@ fn train(case: &str, gpus: u32, batch: u64, dir: &Path) -> Vec<f64> {
 }
 
 fn check(case: &str) {
-    let (want, batch, parameters) = pytorch(case);
+    let Expected {
+        losses: want,
+        parameters,
+        input,
+    } = pytorch(case);
     let inspection = ralpc::inspect(&ralpc::InspectOptions {
         model: common::fixture(&format!("torch/{case}.onnx")),
-        batch: Some(batch),
+        batch: input.first().copied(),
+        inputs: inputs(&input),
         ..Default::default()
     })
     .expect("inspect");
@@ -67,7 +96,7 @@ fn check(case: &str) {
     );
     for gpus in [1, 2] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let got = train(case, gpus, batch, dir.path());
+        let got = train(case, gpus, &input, dir.path());
         assert_eq!(got.len(), want.len());
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -92,4 +121,15 @@ fn a_group_norms_constants_do_not_train() {
 fn a_folded_attention_mask_does_not_train() {
     check("mask_dynamo");
     check("mask_ts");
+}
+
+#[test]
+fn dense_layers_on_channels_last_tensors_train_as_pytorch() {
+    check("swin_dynamo");
+}
+
+#[test]
+fn a_llama_decoder_trains_as_pytorch() {
+    // RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases.
+    check("llama_dynamo");
 }

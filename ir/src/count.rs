@@ -96,7 +96,9 @@ pub fn flops_per_element(op: &Op) -> u64 {
             | Unary::Ceil
             | Unary::Round
             | Unary::Sign
-            | Unary::Not => 1,
+            | Unary::Not
+            | Unary::IsNaN
+            | Unary::IsInf { .. } => 1,
             Unary::Softsign | Unary::Softplus | Unary::Elu { .. } => 3,
             Unary::Selu { .. } | Unary::Celu { .. } => 4,
             Unary::ThresholdedRelu { .. } | Unary::Shrink { .. } => 2,

@@ -777,6 +777,15 @@ pub enum Unary {
     Sign,
     /// Logical negation of a boolean.
     Not,
+    /// Whether a float is NaN (a boolean).
+    IsNaN,
+    /// Whether a float is infinite (a boolean), of the signs asked for.
+    IsInf {
+        /// Detect −∞.
+        negative: bool,
+        /// Detect +∞.
+        positive: bool,
+    },
 }
 
 impl Unary {
@@ -784,7 +793,13 @@ impl Unary {
     pub fn is_step(self) -> bool {
         matches!(
             self,
-            Unary::Floor | Unary::Ceil | Unary::Round | Unary::Sign | Unary::Not
+            Unary::Floor
+                | Unary::Ceil
+                | Unary::Round
+                | Unary::Sign
+                | Unary::Not
+                | Unary::IsNaN
+                | Unary::IsInf { .. }
         )
     }
 }
@@ -1193,6 +1208,8 @@ impl Op {
                 Unary::Round => "Round",
                 Unary::Sign => "Sign",
                 Unary::Not => "Not",
+                Unary::IsNaN => "IsNaN",
+                Unary::IsInf { .. } => "IsInf",
             },
             Op::Clip { .. } => "Clip",
             Op::Binary(b) => match b {

@@ -270,7 +270,23 @@ fn constant_detail(graph: &Graph, v: Option<crate::ids::ValueId>) -> String {
         _ => {
             let inputs = value_sources(graph, v);
             if inputs.is_empty() {
-                String::new()
+                let shaped = shape_sources(graph, v);
+                if shaped.is_empty() {
+                    return String::new();
+                }
+                format!(
+                    "; it depends on the shape of {}, not all known (give it: {})",
+                    shaped
+                        .iter()
+                        .map(|i| format!("input '{i}'"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    shaped
+                        .iter()
+                        .map(|i| format!("--input {i}=…"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
             } else {
                 format!(
                     "; it depends on the value of {}, known only at run time (unless given: {})",
@@ -308,6 +324,26 @@ fn value_sources(graph: &Graph, v: crate::ids::ValueId) -> Vec<String> {
             Op::Shape { .. } | Op::Size => {}
             _ => stack.extend(node.inputs.iter().flatten().copied()),
         }
+    }
+    found.into_iter().collect()
+}
+
+/// The graph inputs whose shapes (read by `Shape` or `Size`) flow into `v`, by name.
+fn shape_sources(graph: &Graph, v: crate::ids::ValueId) -> Vec<String> {
+    let mut seen = vec![[false; 2]; graph.value_count()];
+    // Values, and whether a `Shape` read them (then every input upstream counts).
+    let mut stack = vec![(v, false)];
+    let mut found = std::collections::BTreeSet::new();
+    while let Some((v, shaped)) = stack.pop() {
+        if std::mem::replace(&mut seen[v.index()][usize::from(shaped)], true) {
+            continue;
+        }
+        let node = graph.node(graph.value(v).producer);
+        let shaped = shaped || matches!(node.op, Op::Shape { .. } | Op::Size);
+        if matches!(node.op, Op::Input) && shaped {
+            found.insert(graph.value(v).name.clone());
+        }
+        stack.extend(node.inputs.iter().flatten().map(|&i| (i, shaped)));
     }
     found.into_iter().collect()
 }

@@ -569,6 +569,11 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
             });
             Ok(out)
         }
+        Op::Unary(Unary::IsNaN | Unary::IsInf { .. }) => {
+            let x = ctx.input(0)?;
+            need_float(x, 0)?;
+            Ok(vec![ValueType::new(DType::Bool, x.shape.clone())])
+        }
         // Defined on signed integers too.
         Op::Unary(u @ (Unary::Neg | Unary::Abs | Unary::Sign)) => {
             let mut out = same(ctx)?;

@@ -172,6 +172,9 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         }
     };
 
+    // Buffers and constants `torch.export` lifted into initializers: not weights.
+    let buffers = params::exported_buffers(&proto);
+
     // 1. Initializers.
     for mut t in std::mem::take(&mut proto.initializer) {
         let site = Site {
@@ -281,7 +284,7 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     }
 
     // Which constants are trained weights: see `params`.
-    params::find_weights(&mut graph, producer.starts_with("pytorch"));
+    params::find_weights(&mut graph, producer.starts_with("pytorch"), &buffers);
 
     // 4. Outputs and declared types of intermediate values.
     let mut outputs = Vec::new();

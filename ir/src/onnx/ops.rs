@@ -283,6 +283,11 @@ pub(crate) fn convert(
         "Round" => Op::Unary(Unary::Round),
         "Sign" => Op::Unary(Unary::Sign),
         "Not" => Op::Unary(Unary::Not),
+        "IsNaN" => Op::Unary(Unary::IsNaN),
+        "IsInf" => Op::Unary(Unary::IsInf {
+            negative: a.int("detect_negative")?.unwrap_or(1) != 0,
+            positive: a.int("detect_positive")?.unwrap_or(1) != 0,
+        }),
         "Clip" => Op::Clip {
             min: a.float("min")?,
             max: a.float("max")?,

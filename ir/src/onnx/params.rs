@@ -28,8 +28,16 @@
 //! * The scale and bias of an `InstanceNormalization` between two `Reshape`s are the
 //!   ones and zeros of a group normalization as PyTorch's exporters decompose it (the
 //!   module's own affine follows as a `Mul` and an `Add`): constants.
+//! * PyTorch's dynamo exporter records `torch.export`'s graph signature: an initializer it
+//!   names as a buffer or a lifted constant tensor (a rotary embedding's inverse
+//!   frequencies, batch-norm statistics) is a constant. A buffer the exporter folded with
+//!   other constants into a new initializer (a rotary table cut to a fixed sequence
+//!   length) keeps no such name and trains as a weight.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use onnx_protobuf::GraphProto;
 
 use crate::graph::Graph;
 use crate::op::Op;
@@ -38,7 +46,7 @@ use crate::NodeId;
 
 /// Applies the rules of this module to a freshly imported graph; `pytorch` when PyTorch
 /// exported it.
-pub(super) fn find_weights(graph: &mut Graph, pytorch: bool) {
+pub(super) fn find_weights(graph: &mut Graph, pytorch: bool, buffers: &BTreeSet<String>) {
     mark_constant_weights(graph);
     if pytorch {
         untie_merged(graph);
@@ -49,7 +57,15 @@ pub(super) fn find_weights(graph: &mut Graph, pytorch: bool) {
             Op::Constant {
                 tensor,
                 initializer: true,
-            } => holds_non_finite(tensor) || is_group_norm_constant(graph, n),
+            } => {
+                holds_non_finite(tensor)
+                    || is_group_norm_constant(graph, n)
+                    || graph
+                        .node(n)
+                        .outputs
+                        .first()
+                        .is_some_and(|&v| buffers.contains(&graph.value(v).name))
+            }
             _ => false,
         };
         if frozen {
@@ -58,6 +74,42 @@ pub(super) fn find_weights(graph: &mut Graph, pytorch: bool) {
             }
         }
     }
+}
+
+/// The initializers `torch.export` lifted from buffers and constant tensors, by the graph
+/// signature the dynamo exporter keeps in the graph's metadata (`b_rot_inv_freq: BUFFER
+/// target='rot.inv_freq' persistent=False`) and by each initializer's own record of it.
+pub(super) fn exported_buffers(proto: &GraphProto) -> BTreeSet<String> {
+    const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
+    const KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
+    let not_a_parameter = |kind: &str| matches!(kind, "BUFFER" | "CONSTANT_TENSOR");
+    let mut buffers = BTreeSet::new();
+    for entry in proto.metadata_props.iter().filter(|e| e.key == SIGNATURE) {
+        for line in entry.value.lines() {
+            let Some((_, spec)) = line.split_once(": ") else {
+                continue;
+            };
+            let mut words = spec.split_whitespace();
+            let (Some(kind), Some(target)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let target = target
+                .strip_prefix("target='")
+                .and_then(|t| t.strip_suffix('\''));
+            if let (true, Some(target)) = (not_a_parameter(kind), target) {
+                buffers.insert(target.to_owned());
+            }
+        }
+    }
+    for t in &proto.initializer {
+        if t.metadata_props
+            .iter()
+            .any(|e| e.key == KIND && not_a_parameter(&e.value))
+        {
+            buffers.insert(t.name.clone());
+        }
+    }
+    buffers
 }
 
 /// Marks float `Constant` nodes of more than one element as weights (`initializer: true`)
@@ -277,7 +329,7 @@ mod tests {
         let alias = g.add_node(Op::Identity, prov("Identity_1"), &["b.bias"]);
         g.set_inputs(alias, vec![Some(a)]);
         g.add_node(weight(&[0.0, f32::NEG_INFINITY]), prov("mask"), &["mask"]);
-        find_weights(&mut g, true);
+        find_weights(&mut g, true, &BTreeSet::new());
         assert!(is_weight(&g, "a.bias"));
         assert!(
             is_weight(&g, "b.bias"),
@@ -305,7 +357,7 @@ mod tests {
                 n
             })
             .collect();
-        find_weights(&mut g, true);
+        find_weights(&mut g, true, &BTreeSet::new());
         let names: Vec<String> = users
             .iter()
             .map(|&n| g.value(g.node(n).inputs[0].expect("an input")).name.clone())
@@ -323,7 +375,7 @@ mod tests {
         let w = g.node(kept).outputs[0];
         let read = g.add_node(Op::Identity, prov("read"), &["w/read"]);
         g.set_inputs(read, vec![Some(w)]);
-        find_weights(&mut g, false);
+        find_weights(&mut g, false, &BTreeSet::new());
         assert!(matches!(g.node(read).op, Op::Identity));
         assert!(!is_weight(&g, "w/read"));
     }

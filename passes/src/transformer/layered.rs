@@ -138,10 +138,23 @@ fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
             LayerKind::Dense if reads_columns => rows,
             LayerKind::Dense => columns,
             LayerKind::Elementwise if reads_columns => columns,
+            LayerKind::Elementwise | LayerKind::LayerNorm if !cuts_rows(layer) => Split::samples(d),
             _ => rows,
         });
     }
     split
+}
+
+/// Whether a sequence split of an elementwise or normalization layer computes its rows
+/// apart: its tensors have rows (`[b, s, h]`, not a `[b, s]` of token ids) and no op of it
+/// looks along them (the cumulative sum that numbers a padded sequence's positions, a
+/// triangular mask). Others run whole on one rank of each tensor-parallel group, as
+/// Megatron-LM runs what it does not split.
+fn cuts_rows(layer: &crate::layers::Layer) -> bool {
+    layer.parts.iter().all(|part| {
+        !matches!(part.op, "CumSum" | "Trilu" | "Range")
+            && part.signature.as_ref().is_none_or(|s| s.output.len() >= 2)
+    })
 }
 
 /// The attention-core layers of `layer`'s graph: each `Softmax` layer with the layers

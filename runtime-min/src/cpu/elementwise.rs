@@ -132,6 +132,20 @@ pub(crate) fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
             v.iter().map(|&v| i64::from(v == 0)).collect(),
         )),
         (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
+        (Data::F32(v), Unary::IsNaN) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter().map(|v| i64::from(v.is_nan())).collect(),
+        )),
+        (Data::F32(v), Unary::IsInf { negative, positive }) => Ok(Tensor::i64(
+            x.shape.clone(),
+            v.iter()
+                .map(|&v| {
+                    i64::from(
+                        (negative && v == f32::NEG_INFINITY) || (positive && v == f32::INFINITY),
+                    )
+                })
+                .collect(),
+        )),
         (Data::F32(v), Unary::Relu) => Ok(Tensor::f32(
             x.shape.clone(),
             map_parallel(v, |v| v.max(0.0)),

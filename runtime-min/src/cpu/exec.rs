@@ -525,6 +525,8 @@ struct Prepared<'a> {
     output: (usize, ValueId),
     microbatch: usize,
     channels_first: BTreeSet<ValueId>,
+    /// Tensors of four or more axes whose features are the last (`prepare::features_last`).
+    features_last: BTreeSet<ValueId>,
     /// Feature axes found by following an output-feature split through the ops after its
     /// product ([`Prepared::split_epilogues`]).
     feature_axes: BTreeMap<ValueId, usize>,

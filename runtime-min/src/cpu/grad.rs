@@ -113,8 +113,8 @@ pub fn backward(
         }
         Op::Gemm(g) => gemm(g, inputs, dy)?,
         Op::MatMul => matmul(x, input(inputs, 1)?, dy)?,
-        // Integers and booleans (Not, Sign of a mask) carry no gradient.
-        Op::Unary(_) if !x.is_float() => grads(n),
+        // Integers and booleans (Not, Sign of a mask, IsNaN's answer) carry no gradient.
+        Op::Unary(_) if !x.is_float() || !y.is_float() => grads(n),
         // Its output alone ([`Op::backward_reads`]): the input may be released.
         Op::Unary(Unary::Relu) => {
             let ys = floats(y, "Y")?;

@@ -52,6 +52,10 @@ impl Prepared<'_> {
                 rows: None,
                 features: (rank > a + 1).then(|| rank - 1),
             },
+            _ if self.features_last.contains(&v) => Axes {
+                rows: Some(1),
+                features: Some(rank - 1),
+            },
             _ => Axes::of(rank, self.channels_first.contains(&v)),
         }
     }

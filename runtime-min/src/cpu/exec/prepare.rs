@@ -171,52 +171,8 @@ impl<'a> Prepared<'a> {
             });
         }
         let output = output.ok_or_else(|| setup("no layer computes the model's output"))?;
-        // Tensors a convolution or pooling touches are channels-first.
-        let mut channels_first = BTreeSet::new();
-        for id in g.node_ids() {
-            let n = g.node(id);
-            if matches!(
-                n.op,
-                Op::Conv(_)
-                    | Op::ConvTranspose(_)
-                    | Op::Pool(_)
-                    | Op::GlobalPool(_)
-                    | Op::BatchNorm { .. }
-            ) {
-                channels_first.extend(n.inputs.iter().flatten().map(|&v| carried(v)));
-                channels_first.extend(n.outputs.iter().map(|&v| carried(v)));
-            }
-        }
-        // And what elementwise ops carry at the same shape to or from them: a 1-d
-        // convolution's `[b, c, l]` through its activation is still channels-first.
-        let same_shape = |a: ValueId, b: ValueId| exe.info.ty(a).shape == exe.info.ty(b).shape;
-        let mut grew = true;
-        while grew {
-            grew = false;
-            for id in g.node_ids() {
-                let n = g.node(id);
-                let Some(&out) = n.outputs.first() else {
-                    continue;
-                };
-                if n.op.class() != ralpc_ir::OpClass::Elementwise {
-                    continue;
-                }
-                let chain: Vec<ValueId> = n
-                    .inputs
-                    .iter()
-                    .flatten()
-                    .chain(&n.outputs)
-                    .copied()
-                    .filter(|&v| same_shape(v, out))
-                    .map(carried)
-                    .collect();
-                if chain.iter().any(|v| channels_first.contains(v)) {
-                    for v in chain {
-                        grew |= channels_first.insert(v);
-                    }
-                }
-            }
-        }
+        let channels_first = channels_first(exe, &carried);
+        let features_last = features_last(exe, &carried, &channels_first);
         let tied = weight_owner
             .keys()
             .copied()
@@ -229,6 +185,7 @@ impl<'a> Prepared<'a> {
             layers,
             output,
             channels_first,
+            features_last,
             feature_axes: BTreeMap::new(),
             tied,
             infos: Mutex::default(),
@@ -524,6 +481,14 @@ impl<'a> Prepared<'a> {
             {
                 Slice::FirstSliceOnly
             }
+            // A bias after a column-parallel product (`Add(bias, x·W)` as the TorchScript
+            // exporter writes a `Linear` on three axes, the bias first): cut by the output
+            // features the rank holds, whatever the layer's output is reshaped to after.
+            (Op::Binary(Binary::Add), _, LayerKind::Dense)
+                if p > 1 && self.adds_to_product(l, node, wdims) =>
+            {
+                Slice::Axis(last, out[2])
+            }
             _ => {
                 // A constant broadcast against the layer's output: cut it where it spans
                 // the features (or rows) the rank holds.
@@ -545,6 +510,148 @@ impl<'a> Prepared<'a> {
                 Slice::Whole
             }
         }
+    }
+}
+
+/// Tensors a convolution, pooling or batch normalization touches, and what elementwise ops
+/// carry at the same shape to or from them (a 1-d convolution's `[b, c, l]` through its
+/// activation): channels-first.
+fn channels_first(exe: &Executable, carried: &impl Fn(ValueId) -> ValueId) -> BTreeSet<ValueId> {
+    let g = exe.graph;
+    let seeds = g.node_ids().flat_map(|id| {
+        let n = g.node(id);
+        let convolves = matches!(
+            n.op,
+            Op::Conv(_)
+                | Op::ConvTranspose(_)
+                | Op::Pool(_)
+                | Op::GlobalPool(_)
+                | Op::BatchNorm { .. }
+        );
+        n.inputs
+            .iter()
+            .flatten()
+            .chain(&n.outputs)
+            .copied()
+            .filter(move |_| convolves)
+            .map(carried)
+            .collect::<Vec<_>>()
+    });
+    same_shape_closure(exe, seeds.collect(), carried)
+}
+
+/// Tensors of four or more axes a dense layer's product makes (`[b, h, w, c]` through a
+/// `Linear`, as in Swin's blocks), and what elementwise ops carry from them at the same
+/// shape: their features are the last axis, not the second as an image's. Products of two
+/// activations (attention's scores, `[b, heads, t, t]`) are not dense layers.
+fn features_last(
+    exe: &Executable,
+    carried: &impl Fn(ValueId) -> ValueId,
+    channels_first: &BTreeSet<ValueId>,
+) -> BTreeSet<ValueId> {
+    let g = exe.graph;
+    let is_weight = |v: ValueId| exe.weights.trainable.contains(&carried(v));
+    let seeds = g
+        .node_ids()
+        .filter(|&id| {
+            let n = g.node(id);
+            matches!(n.op, Op::MatMul) && n.inputs.get(1).copied().flatten().is_some_and(is_weight)
+        })
+        .flat_map(|id| g.node(id).outputs.iter().copied().map(carried))
+        .filter(|&v| {
+            exe.info
+                .ty(v)
+                .shape
+                .as_sizes()
+                .is_some_and(|s| s.len() >= 4)
+        })
+        .filter(|v| !channels_first.contains(v))
+        .collect();
+    let mut found = same_shape_closure(exe, seeds, carried);
+    found.retain(|v| !channels_first.contains(v));
+    found
+}
+
+/// `seeds` and every tensor an elementwise op carries at the same shape to or from one
+/// of them.
+fn same_shape_closure(
+    exe: &Executable,
+    mut found: BTreeSet<ValueId>,
+    carried: &impl Fn(ValueId) -> ValueId,
+) -> BTreeSet<ValueId> {
+    let g = exe.graph;
+    let same_shape = |a: ValueId, b: ValueId| exe.info.ty(a).shape == exe.info.ty(b).shape;
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for id in g.node_ids() {
+            let n = g.node(id);
+            let Some(&out) = n.outputs.first() else {
+                continue;
+            };
+            if n.op.class() != ralpc_ir::OpClass::Elementwise {
+                continue;
+            }
+            let chain: Vec<ValueId> = n
+                .inputs
+                .iter()
+                .flatten()
+                .chain(&n.outputs)
+                .copied()
+                .filter(|&v| same_shape(v, out))
+                .map(carried)
+                .collect();
+            if chain.iter().any(|v| found.contains(v)) {
+                for v in chain {
+                    grew |= found.insert(v);
+                }
+            }
+        }
+    }
+    found
+}
+
+impl Prepared<'_> {
+    /// Whether `node`, an add of a weight of `wdims` in layer `l`, adds it along the
+    /// features of the layer's product: it reads the product itself (or what elementwise
+    /// ops made of it), whose last axis the weight's last axis spans whole.
+    fn adds_to_product(&self, l: &LayerExec, node: NodeId, wdims: &[usize]) -> bool {
+        let g = self.exe.graph;
+        let Some(product) = l.main.and_then(|m| g.node(m).outputs.first().copied()) else {
+            return false;
+        };
+        let Some(features) = self
+            .exe
+            .info
+            .ty(product)
+            .shape
+            .as_sizes()
+            .and_then(|s| s.last().copied())
+        else {
+            return false;
+        };
+        if wdims.last().is_none_or(|&w| w as u64 != features) {
+            return false;
+        }
+        // Back from the add through elementwise ops of the product's shape.
+        let same = |v: ValueId| self.exe.info.ty(v).shape == self.exe.info.ty(product).shape;
+        let mut stack: Vec<ValueId> = g.node(node).inputs.iter().flatten().copied().collect();
+        let mut seen = BTreeSet::new();
+        while let Some(v) = stack.pop() {
+            if v == product {
+                return true;
+            }
+            if !seen.insert(v) || !same(v) {
+                continue;
+            }
+            let producer = g.value(v).producer;
+            if l.nodes.contains(&producer)
+                && g.node(producer).op.class() == ralpc_ir::OpClass::Elementwise
+            {
+                stack.extend(g.node(producer).inputs.iter().flatten().copied());
+            }
+        }
+        false
     }
 }
 
