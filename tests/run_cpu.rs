@@ -841,3 +841,13 @@ fn dense_layers_on_channels_last_tensors_split_by_output_features_train_as_one_d
     let s = strategy(&[stage("norm", "head", 4)], &layers, "1f1b", 1);
     check("channels_last.onnx", 8, 4, &s, "channels-last-soap");
 }
+
+#[test]
+fn a_column_parallel_bias_added_before_the_product_trains_as_one_device() {
+    // bias_first.onnx: `Add(bias, x·W)`, as the TorchScript exporter writes a Hugging Face
+    // `Linear`, then a reshape into heads that the layer leaves as `[b, s, heads, d]`: the
+    // bias is cut by the output features the rank holds, not by that output's axes.
+    let layers = [split("q", 2, 1, 2), split("o", 1, 2, 1)].join(", ");
+    let s = strategy(&[stage("q", "head", 4)], &layers, "1f1b", 1);
+    check("bias_first.onnx", 8, 4, &s, "bias-first-columns");
+}

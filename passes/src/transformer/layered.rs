@@ -278,3 +278,57 @@ fn crossings(graph: &LayerGraph) -> Vec<u32> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::{Layer, Part};
+    use crate::profile::Signature;
+
+    /// An elementwise layer of one `op` writing `output` per sample.
+    fn elementwise(op: &'static str, output: &[u64]) -> Layer {
+        Layer {
+            name: op.into(),
+            module: String::new(),
+            op: op.into(),
+            kind: LayerKind::Elementwise,
+            parts: vec![Part {
+                node: ralpc_ir::NodeId::from_index(0),
+                op,
+                signature: Some(Signature {
+                    op: op.into(),
+                    attrs: Default::default(),
+                    input: output.to_vec(),
+                    output: output.to_vec(),
+                }),
+                fwd_flops: 0,
+                bytes: 0,
+                launches: true,
+                steps: 1,
+            }],
+            params: 0,
+            param_bytes: 0,
+            fwd_flops: 0,
+            bwd_flops: 0,
+            activation_io_bytes: 0,
+            output_bytes: 0,
+            stash_bytes: 0,
+            kept_output_bytes: 0,
+            inputs: Vec::new(),
+            measured: None,
+            halo: None,
+            recurrence: None,
+            grouped: false,
+        }
+    }
+
+    /// Megatron's sequence split cuts a residual add of `[b, s, h]` by positions, but not
+    /// the positions RoBERTa numbers by a cumulative sum over the sequence, nor a
+    /// comparison of `[b, s]` token ids, which have no rows to cut.
+    #[test]
+    fn only_layers_computing_each_position_apart_are_split_by_sequence() {
+        assert!(cuts_rows(&elementwise("Add", &[16, 64])));
+        assert!(!cuts_rows(&elementwise("CumSum", &[16, 64])));
+        assert!(!cuts_rows(&elementwise("Equal", &[16])));
+    }
+}
