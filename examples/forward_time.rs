@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let env = Env {
         mode: Mode::Inference,
         exported_batch: g.rebatch().map(|r| r.exported),
+        samples: None,
     };
     let mut times = Vec::new();
     for i in 0..=repeats {

@@ -160,6 +160,10 @@ pub fn profile_cpu(
             let env = Env {
                 mode: Mode::Training,
                 exported_batch: g.rebatch().map(|r| r.exported),
+                samples: g
+                    .rebatch()
+                    .and_then(|r| r.batch.as_known())
+                    .and_then(|b| usize::try_from(b).ok()),
             };
             let mut values = Values::new(g);
             for (&v, t) in weights.tensors.iter().chain(&data.inputs) {

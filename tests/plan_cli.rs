@@ -832,6 +832,35 @@ fn a_fixed_batch_export_is_planned_without_splitting_its_samples() {
     }
 }
 
+/// Microbatches cut the batch: asked of a model whose batch its export fixes, they are
+/// refused with the reason, not reported as a GPU-time budget no plan meets.
+#[test]
+fn microbatches_of_a_fixed_batch_export_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = ralpc()
+        .args(["fixtures/bad/rebatch_baked_constant.onnx", "--gpus", "2"])
+        .args([
+            "--strategy",
+            "pipeline",
+            "--microbatches",
+            "2",
+            "--tolerance",
+            "inf",
+        ])
+        .arg("-o")
+        .arg(dir.path().join("plan"))
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&refused.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("2 microbatches cut the batch")
+            && stderr.contains("'cls_token'")
+            && !stderr.contains("tolerance"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("plan").exists());
+}
+
 /// A strategy file may still split its samples: the plan is refused when it is made, naming
 /// the node, not when a rank runs it; nothing is written.
 #[test]

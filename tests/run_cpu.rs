@@ -851,3 +851,68 @@ fn a_column_parallel_bias_added_before_the_product_trains_as_one_device() {
     let s = strategy(&[stage("q", "head", 4)], &layers, "1f1b", 1);
     check("bias_first.onnx", 8, 4, &s, "bias-first-columns");
 }
+
+/// A model traced at a fixed batch merges its heads back with `Reshape([4, 6, -1])`, as the
+/// TorchScript exporter writes Hugging Face GPT-2's. Run at batch 2, the inferred entry
+/// would fit `[4, 6, 8]` by moving samples into the features; re-batched first, two
+/// samples train exactly as the same two twice over at the exported batch, and a
+/// pipeline of two microbatches at the exported batch as one device.
+#[test]
+fn a_fixed_batch_reshape_with_an_inferred_entry_keeps_its_samples_apart() {
+    let model = fixture("mergeheads.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let x: Vec<f64> = (0..2 * 6 * 8)
+        .map(|i| ((i * 37 % 23) as f64 - 11.0) / 7.0)
+        .collect();
+    let labels = [3, 1];
+    let write = |name: &str, copies: usize| {
+        let path = dir.path().join(name);
+        let data = serde_json::json!({
+            "inputs": { "x": x.repeat(copies) },
+            "labels": labels.repeat(copies),
+        });
+        std::fs::write(&path, data.to_string()).expect("write data");
+        path
+    };
+    let run = |batch: u64, data: std::path::PathBuf| {
+        let plan = dir.path().join(format!("plan{batch}"));
+        let compiled = ralpc::compile(&ralpc::Options {
+            model: model.clone(),
+            gpus: Some(1),
+            batch: Some(batch),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("plan: {e}{}", error_chain(&e)));
+        compiled.write(&plan).expect("write the plan");
+        ralpc::run(&ralpc::RunOptions {
+            plan,
+            model: Some(model.clone()),
+            steps: 3,
+            data: Some(data),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("run: {e}{}", error_chain(&e)))
+        .report
+        .losses
+    };
+    let two = run(2, write("two.json", 1));
+    let twice = run(4, write("twice.json", 2));
+    for (a, b) in two.iter().zip(&twice) {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "batch 2 {two:?}, batch 4 {twice:?}"
+        );
+    }
+    let want = reference(&model, 4, 3);
+    let pipeline = strategy(
+        &[stage("q", "softmax", 1), stage("unswap", "head", 1)],
+        "",
+        "1f1b",
+        2,
+    );
+    assert_same(
+        "merged heads, 2 stages of 2 microbatches",
+        &run_plan(&model, 4, 2, &pipeline, 3),
+        &want,
+    );
+}

@@ -309,6 +309,31 @@ pub struct LocalWork {
 }
 
 impl Layer {
+    /// A `kind` layer of nothing, named after its kind: tests fill in what they need.
+    #[cfg(test)]
+    pub(crate) fn bare(kind: LayerKind) -> Layer {
+        Layer {
+            name: kind.name().into(),
+            module: String::new(),
+            op: kind.name().into(),
+            kind,
+            parts: Vec::new(),
+            params: 0,
+            param_bytes: 0,
+            fwd_flops: 0,
+            bwd_flops: 0,
+            activation_io_bytes: 0,
+            output_bytes: 0,
+            stash_bytes: 0,
+            kept_output_bytes: 0,
+            inputs: Vec::new(),
+            measured: None,
+            halo: None,
+            recurrence: None,
+            grouped: false,
+        }
+    }
+
     /// Whether it has parameters.
     pub fn has_params(&self) -> bool {
         self.params > 0

@@ -16,6 +16,7 @@ use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
 const ENV: Env = Env {
     mode: Mode::Training,
     exported_batch: None,
+    samples: None,
 };
 
 fn rand(shape: &[usize], seed: &str) -> Tensor {
@@ -1012,6 +1013,7 @@ fn relus_applied_in_place_keep_the_graphs_gradients() {
     let env = Env {
         mode: Mode::Training,
         exported_batch: None,
+        samples: None,
     };
     let run = |tensors: &[(ralpc_ir::ValueId, Tensor)]| {
         let mut values = Values::new(g);

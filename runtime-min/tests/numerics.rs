@@ -70,6 +70,7 @@ fn forward(case: &str, reference: &Reference) -> BTreeMap<String, Tensor> {
     let env = Env {
         mode: Mode::Inference,
         exported_batch: g.rebatch().map(|r| r.exported),
+        samples: None,
     };
     graph::forward(g, info.order(), &mut values, env).expect("forward");
     g.outputs()
@@ -183,6 +184,7 @@ fn a_loop_unrolled_at_binding_computes_as_onnxruntime() {
     let env = Env {
         mode: Mode::Inference,
         exported_batch: None,
+        samples: None,
     };
     graph::forward(g, info.order(), &mut values, env).expect("forward");
     let y = values.take(g.outputs()[0]).expect("output");

@@ -86,6 +86,7 @@ fn run(dir: &Path, name: &str) -> Result<(), String> {
     let env = Env {
         mode: Mode::Inference,
         exported_batch: None,
+        samples: None,
     };
     graph::forward(g, info.order(), &mut values, env).map_err(|e| e.to_string())?;
     for (k, &out) in g.outputs().iter().enumerate() {

@@ -454,21 +454,6 @@ mod tests {
 
     fn layer(kind: LayerKind, recurrence: Option<Recurrence>) -> Layer {
         Layer {
-            name: kind.name().into(),
-            module: String::new(),
-            op: kind.name().into(),
-            kind,
-            parts: Vec::new(),
-            params: 0,
-            param_bytes: 0,
-            fwd_flops: 0,
-            bwd_flops: 0,
-            activation_io_bytes: 0,
-            output_bytes: 0,
-            stash_bytes: 0,
-            kept_output_bytes: 0,
-            inputs: Vec::new(),
-            measured: None,
             // A convolution's or pooling's 3×3 window over 16 rows, as most have.
             halo: matches!(kind, LayerKind::Conv | LayerKind::Pool).then(|| Halo {
                 window: super::super::halo::Window {
@@ -482,7 +467,7 @@ mod tests {
                 inputs: Vec::new(),
             }),
             recurrence,
-            grouped: false,
+            ..Layer::bare(kind)
         }
     }
 

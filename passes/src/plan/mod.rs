@@ -206,8 +206,13 @@ pub enum PlanError {
     },
     /// No plan stays within the GPU-time budget.
     #[error(
-        "no {family} plan keeps GPU-sec amplification within 1 + tolerance = {budget:.3}{}",
-        if least.is_finite() {
+        "no {family} plan {}{}",
+        if budget.is_finite() {
+            format!("keeps GPU-sec amplification within 1 + tolerance = {budget:.3}")
+        } else {
+            "fits these options".to_owned()
+        },
+        if least.is_finite() && budget.is_finite() {
             format!(
                 ": the least any plan that fits reaches is {least:.3} (raise --tolerance to at \
                  least {:.3}, or give --tolerance inf for no budget)",

@@ -122,6 +122,11 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         }
     }
     let mut fits_over_budget = false;
+    if let (Some(m @ 2..), Some(why)) = (request.microbatches, &graph.fixed_batch) {
+        return Err(PlanError::Request(format!(
+            "{m} microbatches cut the batch, but this model's samples cannot be split: {why}"
+        )));
+    }
     if wants(Family::Pipeline) {
         let schedules = request
             .schedule

@@ -288,10 +288,6 @@ mod tests {
     /// An elementwise layer of one `op` writing `output` per sample.
     fn elementwise(op: &'static str, output: &[u64]) -> Layer {
         Layer {
-            name: op.into(),
-            module: String::new(),
-            op: op.into(),
-            kind: LayerKind::Elementwise,
             parts: vec![Part {
                 node: ralpc_ir::NodeId::from_index(0),
                 op,
@@ -306,19 +302,7 @@ mod tests {
                 launches: true,
                 steps: 1,
             }],
-            params: 0,
-            param_bytes: 0,
-            fwd_flops: 0,
-            bwd_flops: 0,
-            activation_io_bytes: 0,
-            output_bytes: 0,
-            stash_bytes: 0,
-            kept_output_bytes: 0,
-            inputs: Vec::new(),
-            measured: None,
-            halo: None,
-            recurrence: None,
-            grouped: false,
+            ..Layer::bare(LayerKind::Elementwise)
         }
     }
 

@@ -32,6 +32,7 @@ fn a_chain_of_device_nodes_stays_on_the_device() {
     let env = Env {
         mode: Mode::Training,
         exported_batch: graph.rebatch().map(|r| r.exported),
+        samples: None,
     };
     let output = graph.outputs()[0];
     let (mut want, _) = operands(&graph, &info);

@@ -103,6 +103,10 @@ pub struct Env {
     /// constant Reshape or Expand target that leads with it is re-batched, as the verifier
     /// does.
     pub exported_batch: Option<i64>,
+    /// The samples the running computation holds (its share of the microbatch), when
+    /// known: a Reshape of a tensor leading with them re-batches its target first, as the
+    /// verifier does.
+    pub samples: Option<usize>,
 }
 
 /// A constant shape target re-batched: its leading entry, when it is the exported batch,
@@ -113,6 +117,43 @@ pub(crate) fn rebatched(target: &[i64], env: Env, batch: Option<usize>) -> Optio
         let mut t = target.to_vec();
         t[0] = batch as i64;
         t
+    })
+}
+
+/// The shape a Reshape to a constant `target` gives `x` in a model run at another batch
+/// than it was exported at: the target's leading entry, when it is the exported batch, is
+/// whatever the running batch makes of it. It is inferred from the elements (as a -1
+/// would be), since `x` may hold the samples merged with another axis (`[b·s, h]` back to
+/// `[b, s, h]`); a target that already infers an entry takes `x`'s leading size.
+pub(crate) fn rebatched_reshape(
+    x: &[usize],
+    target: &[i64],
+    allowzero: bool,
+    env: Env,
+) -> R<Vec<usize>> {
+    let leads_with_samples = env.samples.is_some_and(|s| {
+        x.first() == Some(&s) && env.exported_batch.is_some_and(|e| e != s as i64)
+    });
+    if let (true, Some(t)) = (
+        leads_with_samples,
+        rebatched(target, env, x.first().copied()),
+    ) {
+        if let Ok(shape) = reshape_target(x, &t, allowzero) {
+            return Ok(shape);
+        }
+    }
+    reshape_target(x, target, allowzero).or_else(|e| {
+        let Some(t) = rebatched(target, env, x.first().copied()) else {
+            return Err(e);
+        };
+        if !target.contains(&-1) {
+            let mut inferred = t.clone();
+            inferred[0] = -1;
+            if let Ok(shape) = reshape_target(x, &inferred, allowzero) {
+                return Ok(shape);
+            }
+        }
+        reshape_target(x, &t, allowzero)
     })
 }
 
@@ -221,13 +262,7 @@ pub fn forward(
         Op::Reshape { allowzero } => {
             let x = input(inputs, 0)?;
             let target = input(inputs, 1)?.to_i64s();
-            let shape =
-                reshape_target(&x.shape, &target, *allowzero).or_else(|e| {
-                    match rebatched(&target, env, x.shape.first().copied()) {
-                        Some(t) => reshape_target(&x.shape, &t, *allowzero),
-                        None => Err(e),
-                    }
-                })?;
+            let shape = rebatched_reshape(&x.shape, &target, *allowzero, env)?;
             one(x.clone().reshaped(shape))
         }
         Op::Transpose { perm } => {

@@ -219,6 +219,10 @@ pub fn train_reference(
     let env = Env {
         mode: Mode::Training,
         exported_batch: graph.rebatch().map(|r| r.exported),
+        samples: graph
+            .rebatch()
+            .and_then(|r| r.batch.as_known())
+            .and_then(|b| usize::try_from(b).ok()),
     };
     let mut tensors = weights.tensors.clone();
     let mut velocity: BTreeMap<ValueId, Vec<f32>> = BTreeMap::new();

@@ -25,6 +25,7 @@ pub(super) fn static_env(graph: &Graph) -> ops::Env {
     ops::Env {
         mode: ops::Mode::Training,
         exported_batch: graph.rebatch().map(|r| r.exported),
+        samples: None,
     }
 }
 

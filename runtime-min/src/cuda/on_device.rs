@@ -439,6 +439,7 @@ fn training(graph: &Graph) -> Env {
     Env {
         mode: Mode::Training,
         exported_batch: graph.rebatch().map(|r| r.exported),
+        samples: None,
     }
 }
 

@@ -135,12 +135,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let target = self
                     .ints(id, 1)
                     .ok_or("the Reshape target is not a constant")?;
-                ops::reshape_target(&s, &target, *allowzero).or_else(|e| {
-                    match ops::rebatched(&target, self.env, s.first().copied()) {
-                        Some(t) => ops::reshape_target(&s, &t, *allowzero),
-                        None => Err(e),
-                    }
-                })?
+                ops::rebatched_reshape(&s, &target, *allowzero, self.env)?
             }
             Op::Squeeze { axes } => {
                 let s = x()?;

@@ -146,6 +146,20 @@ pub(super) fn slice(ctx: &Ctx<'_>, ranges: &Option<SliceRanges>) -> Result<Vec<V
 pub(super) fn reshape(ctx: &Ctx<'_>, allowzero: bool) -> Result<Vec<ValueType>> {
     let x = ctx.input(0)?;
     let target = ctx.dims_of(1)?;
+    // A target leading with the exported batch, reshaping a tensor that leads with the new
+    // batch, is re-batched first: with an inferred entry (`[4, 16, -1]`, HF GPT-2 merging
+    // its heads) the exported target would fit another batch by moving the samples into
+    // the features.
+    let leads_with_batch = ctx.rebatch.is_some_and(|rb| {
+        x.shape.0.first() == Some(&rb.batch) && rb.batch.as_known() != Some(rb.exported)
+    });
+    if let (true, Some(t)) = (leads_with_batch, rebatched(&target, ctx.rebatch)) {
+        if let Ok(out) = resolve_reshape(&x.shape, &t, allowzero) {
+            let mut v = ValueType::new(x.dtype, out);
+            v.content = x.content.clone();
+            return Ok(vec![v]);
+        }
+    }
     let out = match resolve_reshape(&x.shape, &target, allowzero) {
         Ok(s) => s,
         Err(e) => match rebatched(&target, ctx.rebatch) {

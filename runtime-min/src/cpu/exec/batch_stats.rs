@@ -9,7 +9,8 @@
 
 use std::cell::RefCell;
 
-use super::super::ops::Mode;
+use super::super::ops::{Env, Mode};
+use super::super::region::interval;
 use super::*;
 
 impl Prepared<'_> {
@@ -78,9 +79,15 @@ impl Rank<'_, '_> {
         let p = self.p;
         let layer = &p.layers[l];
         let graph = p.graph_of(l, k);
+        // The samples this rank holds of the microbatch (a re-batched Reshape's target).
+        let samples = interval(layer.view_out().pieces(k)[0], p.microbatch).len();
+        let env = Env {
+            samples: Some(samples),
+            ..p.env
+        };
         let run = |nodes: &[NodeId], values: &mut Values| {
             self.compute
-                .forward(graph, nodes, values, p.env)
+                .forward(graph, nodes, values, env)
                 .map_err(RankError::from)
         };
         let Some(group) = p.batch_stats_group(layer, k) else {

@@ -194,6 +194,7 @@ impl<'a> Prepared<'a> {
             env: Env {
                 mode: Mode::Training,
                 exported_batch: g.rebatch().map(|r| r.exported),
+                samples: None,
             },
             recompute: (0..layout.layers.len())
                 .map(|l| layout.recompute_run(l))
