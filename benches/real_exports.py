@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Exports of models the fixtures do not have train on 4 ranks as on one.
 
-    python3 benches/real_exports.py [--out DIR] [--only NAME,...]
+    python3 benches/real_exports.py [--out DIR] [--only NAME,...] [--plan "ARGS"]
 
 Each model (torchvision and Hugging Face transformers, small random configurations: no hub
 access) is exported with both of PyTorch's ONNX exporters (TorchScript `_ts`, dynamo
-`_dy`), planned by ralpc for 1 GPU and for 4 (default plans), and each plan runs 2 steps
-with `ralpc run`; the losses are printed side by side with their largest relative
-difference. An export PyTorch itself cannot write is reported and skipped.
+`_dy`), planned by ralpc for 1 GPU and for 4 (default plans, or the 4-GPU plan `--plan`
+asks for, e.g. `--plan "--strategy 3d --tensor-parallel 2"` for Megatron's split of the
+decoders), and each plan runs 2 steps with `ralpc run`; the losses are printed side by
+side with their largest relative difference. An export PyTorch itself cannot write is
+reported and skipped. `RALPC` names another ralpc binary.
 
 Needs torch 2.15 with torchvision, transformers, onnx==1.22.0 and onnxscript (about 3 GB;
 CI never installs them) and a release build (`cargo build --release`). On 2026-11-29 the
@@ -26,7 +28,7 @@ import torch.nn as nn
 
 warnings.filterwarnings("ignore")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RALPC = os.path.join(ROOT, "target", "release", "ralpc")
+RALPC = os.environ.get("RALPC", os.path.join(ROOT, "target", "release", "ralpc"))
 
 
 class Output(nn.Module):
@@ -134,12 +136,14 @@ def ralpc(*args, cwd):
     return subprocess.run([RALPC, *args], cwd=cwd, capture_output=True, text=True)
 
 
-def check(path, out):
-    """Losses of 2 steps of the default plans for 1 and 4 GPUs, or why not."""
+def check(path, out, plan_args=()):
+    """Losses of 2 steps of the plans for 1 and 4 GPUs (`plan_args` for 4), or why not."""
     losses = {}
     for gpus in (1, 4):
         plan = os.path.join(out, f"{os.path.basename(path)}.{gpus}")
-        done = ralpc("plan", path, "--gpus", str(gpus), "-o", plan, "--force", "-q", cwd=out)
+        extra = list(plan_args) if gpus > 1 else []
+        done = ralpc("plan", path, "--gpus", str(gpus), "-o", plan, "--force", "-q", *extra,
+                     cwd=out)
         if done.returncode:
             return f"plan for {gpus} GPUs failed: {done.stderr.strip().splitlines()[-1]}"
         done = ralpc("run", plan, "--steps", "2", "--json", cwd=out)
@@ -155,6 +159,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "target", "real_exports"))
     parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--plan", default="", help="ralpc plan options for 4 GPUs")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     only = {n for n in args.only.split(",") if n}
@@ -170,7 +175,7 @@ def main():
             except Exception as e:  # PyTorch's own exporter refused the model
                 print(f"{name}_{tag}: not exported ({type(e).__name__})", flush=True)
                 continue
-            result = check(path, args.out)
+            result = check(path, args.out, args.plan.split())
             if isinstance(result, str):
                 failures += 1
                 print(f"{name}_{tag}: FAILED: {result}", flush=True)

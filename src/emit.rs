@@ -197,6 +197,23 @@ pub fn megatron_arguments(
         1 | 2 => args.push("--use-distributed-optimizer".into()),
         _ => args.push("--use-torch-fsdp2".into()),
     }
+    if m.kv_heads != m.heads {
+        args.push("--group-query-attention".into());
+        args.push(format!("--num-query-groups {}", m.kv_heads));
+    }
+    if m.positions == 0 {
+        // No learned table: rotary positions, as Llama's and GPT-NeoX's blocks apply them.
+        args.push("--position-embedding-type rope".into());
+    }
+    if m.gated_mlp {
+        args.push("--swiglu".into());
+    }
+    if m.rms_norm {
+        args.push("--normalization RMSNorm".into());
+    }
+    if !m.biases {
+        args.push("--disable-bias-linear".into());
+    }
     if !m.tied {
         args.push("--untie-embeddings-and-output-weights".into());
     }

@@ -907,28 +907,29 @@ fn plan_transformer(
     // The layer-graph form names every layer's placement (what `ralpc.torch` applies),
     // also when the plan is not lowered.
     let (graph, ops) = load_layers(model, precision)?;
-    let (strategy, executable, not_lowered) = match transformer::layered(&graph, best) {
-        Err(why) => (None, None, Some(why.0)),
-        Ok(layered) => {
-            let file = StrategyFile::of(&graph, &layered);
-            if !options.executable {
-                (Some(file), None, None)
-            } else {
-                match lower_transformer(
-                    options,
-                    &graph,
-                    ops.as_deref(),
-                    &layered,
-                    cluster,
-                    gpus,
-                    precision,
-                )? {
-                    Ok(executable) => (Some(file), Some(executable), None),
-                    Err(why) => (Some(file), None, Some(why)),
+    let (strategy, executable, not_lowered) =
+        match transformer::layered(&graph, ops.as_deref(), best) {
+            Err(why) => (None, None, Some(why.0)),
+            Ok(layered) => {
+                let file = StrategyFile::of(&graph, &layered);
+                if !options.executable {
+                    (Some(file), None, None)
+                } else {
+                    match lower_transformer(
+                        options,
+                        &graph,
+                        ops.as_deref(),
+                        &layered,
+                        cluster,
+                        gpus,
+                        precision,
+                    )? {
+                        Ok(executable) => (Some(file), Some(executable), None),
+                        Err(why) => (Some(file), None, Some(why)),
+                    }
                 }
             }
-        }
-    };
+        };
     Ok(PlanOutput {
         report,
         strategy,

@@ -86,6 +86,73 @@ fn a_gpt_is_planned_in_megatrons_space() {
     assert_eq!(first, again);
 }
 
+/// Llama 2 70B (grouped-query attention over 8 key/value heads, SwiGLU, RMSNorm, rotary
+/// positions, no biases) is planned in Megatron's space with its own FLOPs, tensor
+/// parallelism within its key/value heads, and Megatron-LM's arguments for such a model.
+#[test]
+fn a_llama_is_planned_in_megatrons_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GptSpec::llama(80, 8192, 64, 8, 28672, 4096, 32000);
+    let model = write_gpt(&dir, &spec);
+    let out = dir.path().join("plan");
+    let mut args = vec!["plan", &model, "--json", "--emit", "megatron", "-o"];
+    args.push(out.to_str().unwrap());
+    args.extend([
+        "--cluster",
+        "selene",
+        "--gpus",
+        "256",
+        "--batch",
+        "1024",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adam",
+    ]);
+    let v = json(&args);
+    assert_eq!(v["strategy"], "3d");
+    let m = &v["transformer"];
+    assert_eq!(
+        (
+            &m["kv_heads"],
+            &m["gated_mlp"],
+            &m["rms_norm"],
+            &m["biases"]
+        ),
+        (&8.into(), &true.into(), &true.into(), &false.into())
+    );
+    assert_eq!(m["params"], 68_976_648_192u64);
+    // Model FLOPs as Kaplan et al. and Hoffmann et al. count them: 6 per parameter and
+    // token outside the embedding and norms, and 12·l·s·h per token for attention.
+    let (b, s, l, h, vocab) = (1024.0, 4096.0, 80.0, 8192.0, 32000.0);
+    let weights = spec.params() as f64 - vocab * h - (2.0 * l + 1.0) * h;
+    let flops = b * s * (6.0 * weights + 12.0 * l * s * h);
+    let ours = v["model_flops_per_iteration"].as_f64().unwrap();
+    assert!((ours / flops - 1.0).abs() < 1e-9, "{ours} vs {flops}");
+    assert!(v["tensor_parallel"].as_u64().unwrap() <= 8);
+    assert!(
+        v["peak_memory_bytes"].as_f64().unwrap() <= v["memory_capacity_bytes"].as_f64().unwrap()
+    );
+    let megatron = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    for needle in [
+        "--num-layers 80\n",
+        "--ffn-hidden-size 28672\n",
+        "--group-query-attention\n",
+        "--num-query-groups 8\n",
+        "--position-embedding-type rope\n",
+        "--swiglu\n",
+        "--normalization RMSNorm\n",
+        "--disable-bias-linear\n",
+        "--untie-embeddings-and-output-weights\n",
+    ] {
+        assert!(megatron.contains(needle), "`{needle}` not in:\n{megatron}");
+    }
+    // Tensor parallelism beyond the key/value heads is refused by name.
+    let grouped = write_gpt(&dir, &GptSpec::llama(4, 512, 8, 2, 1376, 128, 1000));
+    let e = stderr_of_failure(&["plan", &grouped, "--gpus", "8", "--tensor-parallel", "4"]);
+    assert!(e.contains("2 key/value heads"), "{e}");
+}
+
 #[test]
 fn every_option_given_is_only_priced() {
     let dir = tempfile::tempdir().unwrap();

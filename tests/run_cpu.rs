@@ -484,6 +484,38 @@ fn megatron_gpt_trains_the_same_as_one_device(tied: bool) {
     }
 }
 
+/// A Llama (rotary positions, RMSNorm, SwiGLU, no biases) with grouped-query attention
+/// (4 query heads sharing 2 key/value heads) planned as Megatron-LM trains one: t=2 alone,
+/// with d=2, and with p=2 × d=2, each the same as one device.
+#[test]
+fn megatron_tensor_parallelism_of_a_llama_trains_the_same_as_one_device() {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = ralpc_ir::models::GptSpec::llama(2, 64, 4, 2, 96, 16, 128);
+    let model = dir.path().join("llama.onnx");
+    std::fs::write(&model, ralpc_ir::models::gpt(&spec).expect("a valid Llama")).expect("write");
+    let want = reference(&model, 8, 3);
+    for (gpus, pipeline) in [(2, 1), (4, 1), (8, 2)] {
+        let options = ralpc::Options {
+            model: model.clone(),
+            gpus: Some(gpus),
+            batch: Some(8),
+            family: ralpc::passes::plan::Family::parse("3d"),
+            knobs: Knobs {
+                tensor: Some(2),
+                pipeline: Some(pipeline),
+                micro_batch: Some(2),
+                recompute: Some(Recompute::None),
+                ..Knobs::default()
+            },
+            executable: true,
+            ..Default::default()
+        };
+        let what = format!("Llama t2 p{pipeline} on {gpus} ranks");
+        assert_same(&what, &plan_and_run(&options, 3), &want);
+    }
+}
+
 #[test]
 fn a_torch_exports_attention_adding_the_qkv_bias_splits_by_heads_as_one_device() {
     // The TorchScript export adds the QKV bias inside the attention core (`Add(bias, mm)`)

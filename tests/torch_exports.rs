@@ -54,13 +54,33 @@ fn inputs(input: &[u64]) -> std::collections::BTreeMap<String, Vec<u64>> {
 
 /// Three steps of `case` planned data parallel on `gpus` ranks, on its input.
 fn train(case: &str, gpus: u32, input: &[u64], dir: &Path) -> Vec<f64> {
+    train_as(
+        case,
+        gpus,
+        input,
+        dir,
+        ralpc::passes::plan::Family::Dp,
+        None,
+    )
+}
+
+/// Three steps of `case` planned as `family` (with Megatron's `knobs`) on `gpus` ranks.
+fn train_as(
+    case: &str,
+    gpus: u32,
+    input: &[u64],
+    dir: &Path,
+    family: ralpc::passes::plan::Family,
+    knobs: Option<ralpc::passes::transformer::Knobs>,
+) -> Vec<f64> {
     let model = common::fixture(&format!("torch/{case}.onnx"));
     let compiled = ralpc::compile(&ralpc::Options {
         model: model.clone(),
         gpus: Some(gpus),
         batch: input.first().copied(),
         inputs: inputs(input),
-        family: Some(ralpc::passes::plan::Family::Dp),
+        family: Some(family),
+        knobs: knobs.unwrap_or_default(),
         executable: true,
         ..Default::default()
     })
@@ -75,6 +95,17 @@ fn train(case: &str, gpus: u32, input: &[u64], dir: &Path) -> Vec<f64> {
     .unwrap_or_else(|e| panic!("{case}: {}", ralpc::runtime::error_chain(&e)));
     assert_eq!(run.ranks, gpus, "{case}");
     run.report.losses
+}
+
+/// Whether `got` are PyTorch's losses `want` (within 2e-6 relative), saying `what` ran.
+fn assert_pytorch(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (step, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 2e-6 * w.abs(),
+            "{what}, step {step}: loss {g}, PyTorch {w}"
+        );
+    }
 }
 
 fn check(case: &str) {
@@ -97,13 +128,7 @@ fn check(case: &str) {
     for gpus in [1, 2] {
         let dir = tempfile::tempdir().expect("temp dir");
         let got = train(case, gpus, &input, dir.path());
-        assert_eq!(got.len(), want.len());
-        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 2e-6 * w.abs(),
-                "{case} on {gpus} ranks, step {step}: loss {g}, PyTorch {w}"
-            );
-        }
+        assert_pytorch(&format!("{case} on {gpus} ranks"), &got, &want);
     }
 }
 
@@ -132,4 +157,28 @@ fn dense_layers_on_channels_last_tensors_train_as_pytorch() {
 fn a_llama_decoder_trains_as_pytorch() {
     // RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases.
     check("llama_dynamo");
+}
+
+/// The Llama decoder planned as Megatron-LM trains one: its 4 query and 2 key/value heads,
+/// SwiGLU's gate and up projections by columns and its down projection by rows over 2
+/// tensor-parallel ranks, the rotary angles and causal mask (broadcast over the heads)
+/// read whole by each; with 2 data-parallel replicas, then in 2 pipeline stages.
+#[test]
+fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let Expected { losses, input, .. } = pytorch("llama_dynamo");
+    for pipeline in [1, 2] {
+        let knobs = Knobs {
+            tensor: Some(2),
+            pipeline: Some(pipeline),
+            micro_batch: Some(2 / u64::from(pipeline)),
+            recompute: Some(Recompute::None),
+            ..Knobs::default()
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let family = ralpc::passes::plan::Family::parse("3d").expect("3d");
+        let got = train_as("llama_dynamo", 4, &input, dir.path(), family, Some(knobs));
+        let what = format!("llama_dynamo at t2 p{pipeline}");
+        assert_pytorch(&what, &got, &losses);
+    }
 }

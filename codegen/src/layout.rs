@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 /// geometry, which ranks count a replicated result once, and which value carries another
 /// after the rewrite (following `aliases`, bounded so a cycle in a hand-edited plan ends).
 pub use ralpc_passes::layers::{carrier, LayerKind, Split};
-pub use ralpc_passes::plan::{first_replica, View, Window};
+pub use ralpc_passes::plan::{edge_kinds, first_replica, Cut, View, Window};
 
 /// How the plan's layers are placed and connected.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -122,8 +122,9 @@ impl Layout {
                 let p = p.0 as usize;
                 let (kind, from, to) = (|l: usize| layers.layers[l].kind, place(p)?, place(c)?);
                 let scattered = stage_of[p] == stage_of[c]
-                    && gathers(kind(p), from, kind(c), to)
-                        .is_some_and(|ranks| scatters_gradient(&ranks, kind(c), to));
+                    && gathers(kind(p), from, kind(c), to).is_some_and(|ranks| {
+                        scatters_gradient(&ranks, edge_kinds(Some(kind(p)), kind(c)).1, to)
+                    });
                 edges.push(LayoutEdge {
                     producer: p as u32,
                     consumer: c as u32,

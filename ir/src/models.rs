@@ -27,14 +27,23 @@ pub struct GptSpec {
     pub hidden: u64,
     /// Attention heads (divides `hidden`).
     pub heads: u64,
+    /// Key and value heads: `heads` for multi-head attention, fewer for grouped-query
+    /// attention (each shared by `heads / kv_heads` query heads), 1 for multi-query.
+    pub kv_heads: u64,
     /// Sequence length `s`.
     pub sequence: u64,
-    /// Rows of the learned position table (Megatron: `s`; 0: none).
+    /// Rows of the learned position table (Megatron: `s`; 0: rotary positions, no table).
     pub positions: u64,
     /// Vocabulary `V`.
     pub vocabulary: u64,
     /// The MLP's inner size (Megatron: `4h`).
     pub ffn: u64,
+    /// A gated MLP (SwiGLU: gate, up and down weights) instead of GELU between two.
+    pub gated_mlp: bool,
+    /// Biases on the dense layers (GPT's; Llama's have none).
+    pub biases: bool,
+    /// RMSNorm (a weight) instead of LayerNorm (a weight and a bias).
+    pub rms_norm: bool,
     /// Whether the LM head reuses the token embedding (Megatron's default).
     pub tied: bool,
     /// Megatron's dropout (kept in training): on the embeddings, on the attention
@@ -49,20 +58,83 @@ impl GptSpec {
             layers,
             hidden,
             heads,
+            kv_heads: heads,
             sequence,
             positions: sequence,
             vocabulary,
             ffn: 4 * hidden,
+            gated_mlp: false,
+            biases: true,
+            rms_norm: false,
             tied: true,
             dropout: true,
         }
     }
 
-    /// One block's parameters: attention `4h² + 4h`, MLP `2hf + f + h`, two LayerNorms
-    /// `4h`.
+    /// A Llama decoder (Touvron et al., 2023): rotary positions, RMSNorm, grouped-query
+    /// attention over `kv_heads`, a SwiGLU MLP of `ffn`, no biases, no dropout, an untied
+    /// head.
+    pub fn llama(
+        layers: u64,
+        hidden: u64,
+        heads: u64,
+        kv_heads: u64,
+        ffn: u64,
+        sequence: u64,
+        vocabulary: u64,
+    ) -> Self {
+        GptSpec {
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            sequence,
+            positions: 0,
+            vocabulary,
+            ffn,
+            gated_mlp: true,
+            biases: false,
+            rms_norm: true,
+            tied: false,
+            dropout: false,
+        }
+    }
+
+    /// Columns of the fused QKV projection: `h` for the queries, `h·kv/a` each for the
+    /// keys and values.
+    pub fn qkv_width(&self) -> u64 {
+        self.hidden + 2 * self.kv_heads * (self.hidden / self.heads.max(1))
+    }
+
+    /// Matrices of the MLP's inner size: GELU's 2, SwiGLU's 3.
+    pub fn mlp_matrices(&self) -> u64 {
+        if self.gated_mlp {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// One norm's parameters: LayerNorm `2h`, RMSNorm `h`.
+    pub fn norm_params(&self) -> u64 {
+        if self.rms_norm {
+            self.hidden
+        } else {
+            2 * self.hidden
+        }
+    }
+
+    /// One block's parameters. Megatron's GPT: attention `4h² + 4h`, MLP `2hf + f + h`,
+    /// two LayerNorms `4h`.
     pub fn block_params(&self) -> u64 {
-        let (h, f) = (self.hidden, self.ffn);
-        4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        let (h, f, qkv, m) = (self.hidden, self.ffn, self.qkv_width(), self.mlp_matrices());
+        let weights = h * qkv + h * h + m * h * f;
+        let biases = if self.biases {
+            qkv + h + (m - 1) * f + h
+        } else {
+            0
+        };
+        weights + biases + 2 * self.norm_params()
     }
 
     /// The token and position embeddings' parameters: `(V + positions)h`.
@@ -70,9 +142,9 @@ impl GptSpec {
         (self.vocabulary + self.positions) * self.hidden
     }
 
-    /// The final LayerNorm `2h` and an untied head `Vh`.
+    /// The final norm and an untied head `Vh`.
     pub fn head_params(&self) -> u64 {
-        2 * self.hidden
+        self.norm_params()
             + if self.tied {
                 0
             } else {
@@ -95,8 +167,8 @@ impl GptSpec {
             ("layers", self.layers),
             ("hidden", self.hidden),
             ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
             ("sequence", self.sequence),
-            ("positions", self.positions),
             ("vocabulary", self.vocabulary),
             ("ffn", self.ffn),
         ] {
@@ -104,7 +176,7 @@ impl GptSpec {
                 return Err(format!("{name} must be at least 1"));
             }
         }
-        if self.positions < self.sequence {
+        if self.positions != 0 && self.positions < self.sequence {
             return Err(format!(
                 "positions {} cannot cover the sequence {}",
                 self.positions, self.sequence
@@ -114,6 +186,18 @@ impl GptSpec {
             return Err(format!(
                 "hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads
+            ));
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(format!(
+                "heads {} is not a multiple of kv_heads {}",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.positions == 0 && (self.hidden / self.heads) % 2 != 0 {
+            return Err(format!(
+                "rotary positions need an even head size, not {}",
+                self.hidden / self.heads
             ));
         }
         Ok(())
@@ -127,24 +211,56 @@ impl GptSpec {
 /// An invalid `spec` (see [`GptSpec::validate`]).
 pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
     spec.validate()?;
-    let (h, a, s, v, f) = (
+    let (h, a, kv, s, v, f) = (
         spec.hidden as i64,
         spec.heads as i64,
+        spec.kv_heads as i64,
         spec.sequence as i64,
         spec.vocabulary as i64,
         spec.ffn as i64,
     );
+    let d = h / a;
+    let rotary = spec.positions == 0;
     let mut b = Builder::default();
     b.input("input_ids", 7, &[None, Some(s)]);
     b.external("wte", &[v, h]);
-    b.external("wpe", &[spec.positions as i64, h]);
-    b.ints("position_ids", &[s], &(0..s).collect::<Vec<_>>());
-    b.ints("qkv_sizes", &[3], &[h, h, h]);
-    b.ints("heads_shape", &[4], &[0, s, a, h / a]);
+    if !rotary {
+        b.external("wpe", &[spec.positions as i64, h]);
+        b.ints("position_ids", &[s], &(0..s).collect::<Vec<_>>());
+    }
+    if kv == a {
+        b.ints("qkv_sizes", &[3], &[h, h, h]);
+    }
+    b.ints("heads_shape", &[4], &[0, s, a, d]);
     b.ints("hidden_shape", &[3], &[0, s, h]);
+    if kv != a {
+        // Each key and value head serves a/kv query heads: [b, s, kv, d] → unsqueezed
+        // [b, s, kv, 1, d] → expanded [b, s, kv, a/kv, d] → [b, s, a, d].
+        b.ints("kv_heads_shape", &[4], &[0, s, kv, d]);
+        b.ints("kv_group_axis", &[1], &[3]);
+        b.ints("kv_group_expand", &[5], &[1, 1, 1, a / kv, 1]);
+    }
+    if rotary {
+        // Rotary positions (Su et al.): cos and sin of position × 10000^(−2i/d), the d/2
+        // frequencies twice, [s, 1, d] to broadcast over [b, s, heads, d].
+        let angles: Vec<f64> = (0..s)
+            .flat_map(|p| {
+                (0..d)
+                    .map(move |i| p as f64 * 10000f64.powf(-2.0 * (i % (d / 2)) as f64 / d as f64))
+            })
+            .collect();
+        let table = |f: fn(f64) -> f64| angles.iter().map(|&x| f(x) as f32).collect::<Vec<_>>();
+        b.constant("rotary_cos", &[s, 1, d], &table(f64::cos));
+        b.constant("rotary_sin", &[s, 1, d], &table(f64::sin));
+        b.ints("rotary_halves", &[2], &[d / 2, d / 2]);
+    }
+    if spec.rms_norm {
+        b.ints("norm_axes", &[1], &[-1]);
+        b.constant("norm_epsilon", &[], &[1.0e-5]);
+    }
     // Constants, not weights: 1/√(h/a), and a mask that hides later positions (−10⁴, as
     // Megatron's fused kernel fills them).
-    b.constant("attention_scale", &[], &[1.0 / ((h / a) as f32).sqrt()]);
+    b.constant("attention_scale", &[], &[1.0 / (d as f32).sqrt()]);
     let mask: Vec<f32> = (0..s * s)
         .map(|k| if k % s > k / s { -1.0e4 } else { 0.0 })
         .collect();
@@ -168,6 +284,134 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         );
         out
     };
+    // The norm `name` of `input` (its weights `{name}.weight`, `{name}.bias`), writing
+    // `out`.
+    let norm = |b: &mut Builder, name: &str, input: &str, out: &str| {
+        let w = format!("{name}.weight");
+        if !spec.rms_norm {
+            let bias = format!("{name}.bias");
+            b.node(
+                "LayerNormalization",
+                name,
+                &[input, &w, &bias],
+                &[out],
+                &[Attr::Int("axis", -1)],
+            );
+            return;
+        }
+        // x / √(mean(x²) + ε) · w, as PyTorch's exporters write RMSNorm.
+        let t = |step: &str| format!("{name}.{step}");
+        b.node("Mul", &t("square"), &[input, input], &[&t("sq")], &[]);
+        b.node(
+            "ReduceMean",
+            &t("mean"),
+            &[&t("sq"), "norm_axes"],
+            &[&t("ms")],
+            &[],
+        );
+        b.node(
+            "Add",
+            &t("epsilon"),
+            &[&t("ms"), "norm_epsilon"],
+            &[&t("mse")],
+            &[],
+        );
+        b.node("Sqrt", &t("sqrt"), &[&t("mse")], &[&t("rms")], &[]);
+        b.node(
+            "Div",
+            &t("normalize"),
+            &[input, &t("rms")],
+            &[&t("normed")],
+            &[],
+        );
+        b.node("Mul", &t("scale"), &[&t("normed"), &w], &[out], &[]);
+    };
+    // The weights of norm `name`.
+    let norm_weights = |b: &mut Builder, name: &str| {
+        b.external(&format!("{name}.weight"), &[h]);
+        if !spec.rms_norm {
+            b.external(&format!("{name}.bias"), &[h]);
+        }
+    };
+    // The dense layer `name` (a bias if the spec has them), writing `{name}.out`.
+    let linear = |b: &mut Builder, name: &str, input: &str| {
+        let w = format!("{name}.weight");
+        let out = format!("{name}.out");
+        if !spec.biases {
+            b.node(
+                "MatMul",
+                &format!("{name}.matmul"),
+                &[input, &w],
+                &[&out],
+                &[],
+            );
+            return;
+        }
+        let mm = format!("{name}.mm");
+        b.node(
+            "MatMul",
+            &format!("{name}.matmul"),
+            &[input, &w],
+            &[&mm],
+            &[],
+        );
+        b.node("Add", name, &[&mm, &format!("{name}.bias")], &[&out], &[]);
+    };
+    // Rotary positions applied to `x` ([b, s, heads, d]): x·cos + rotate_half(x)·sin.
+    let rotate = |b: &mut Builder, name: &str, x: &str| -> String {
+        let t = |step: &str| format!("{name}.{step}");
+        b.node(
+            "Split",
+            &t("halves"),
+            &[x, "rotary_halves"],
+            &[&t("x1"), &t("x2")],
+            &[Attr::Int("axis", -1)],
+        );
+        b.node("Neg", &t("neg"), &[&t("x2")], &[&t("nx2")], &[]);
+        b.node(
+            "Concat",
+            &t("rotate_half"),
+            &[&t("nx2"), &t("x1")],
+            &[&t("rot")],
+            &[Attr::Int("axis", -1)],
+        );
+        b.node("Mul", &t("cos"), &[x, "rotary_cos"], &[&t("xc")], &[]);
+        b.node(
+            "Mul",
+            &t("sin"),
+            &[&t("rot"), "rotary_sin"],
+            &[&t("rs")],
+            &[],
+        );
+        b.node("Add", name, &[&t("xc"), &t("rs")], &[&t("out")], &[]);
+        t("out")
+    };
+    // Key or value heads `x` ([b, s, kv, d]) repeated for the query heads ([b, s, a, d]).
+    let share = |b: &mut Builder, name: &str, x: &str| -> String {
+        let t = |step: &str| format!("{name}.{step}");
+        b.node(
+            "Unsqueeze",
+            &t("group"),
+            &[x, "kv_group_axis"],
+            &[&t("g")],
+            &[],
+        );
+        b.node(
+            "Expand",
+            &t("expand"),
+            &[&t("g"), "kv_group_expand"],
+            &[&t("e")],
+            &[],
+        );
+        b.node(
+            "Reshape",
+            name,
+            &[&t("e"), "heads_shape"],
+            &[&t("out")],
+            &[],
+        );
+        t("out")
+    };
     b.node(
         "Gather",
         "embed_tokens",
@@ -175,84 +419,96 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         &["tokens"],
         &[],
     );
-    b.node(
-        "Gather",
-        "embed_positions",
-        &["wpe", "position_ids"],
-        &["positions"],
-        &[],
-    );
-    b.node("Add", "embed", &["tokens", "positions"], &["embedded"], &[]);
-    let mut x = dropout(&mut b, "embed.dropout", "embedded");
+    let embedded = if rotary {
+        "tokens"
+    } else {
+        b.node(
+            "Gather",
+            "embed_positions",
+            &["wpe", "position_ids"],
+            &["positions"],
+            &[],
+        );
+        b.node("Add", "embed", &["tokens", "positions"], &["embedded"], &[]);
+        "embedded"
+    };
+    let mut x = dropout(&mut b, "embed.dropout", embedded);
     for i in 0..spec.layers {
         let p = |name: &str| format!("h.{i}.{name}");
         for w in ["ln_1", "ln_2"] {
-            b.external(&p(&format!("{w}.weight")), &[h]);
-            b.external(&p(&format!("{w}.bias")), &[h]);
+            norm_weights(&mut b, &p(w));
         }
+        let gate = spec.gated_mlp.then_some(("mlp.gate", h, f));
+        // Grouped-query attention projects Q, K and V apart (as Hugging Face's Llama
+        // does); multi-head attention through one fused QKV weight (Megatron's).
+        let grouped = kv != a;
+        let fused = (!grouped).then_some(("attn.qkv", h, 3 * h));
+        let apart = |name, cols| grouped.then_some((name, h, cols));
         for (w, rows, cols) in [
-            ("attn.qkv", h, 3 * h),
-            ("attn.proj", h, h),
-            ("mlp.fc", h, f),
-            ("mlp.proj", f, h),
-        ] {
+            fused,
+            apart("attn.q", h),
+            apart("attn.k", kv * d),
+            apart("attn.v", kv * d),
+            Some(("attn.proj", h, h)),
+            Some(("mlp.fc", h, f)),
+            gate,
+            Some(("mlp.proj", f, h)),
+        ]
+        .into_iter()
+        .flatten()
+        {
             b.external(&p(&format!("{w}.weight")), &[rows, cols]);
-            b.external(&p(&format!("{w}.bias")), &[cols]);
+            if spec.biases {
+                b.external(&p(&format!("{w}.bias")), &[cols]);
+            }
         }
-        let ln = |b: &mut Builder, name: &str, input: &str| {
+        norm(&mut b, &p("ln_1"), &x, &p("ln_1.out"));
+        if grouped {
+            for t in ["q", "k", "v"] {
+                linear(&mut b, &p(&format!("attn.{t}")), &p("ln_1.out"));
+            }
+        } else {
+            linear(&mut b, &p("attn.qkv"), &p("ln_1.out"));
             b.node(
-                "LayerNormalization",
-                &p(name),
-                &[
-                    input,
-                    &p(&format!("{name}.weight")),
-                    &p(&format!("{name}.bias")),
-                ],
-                &[&p(&format!("{name}.out"))],
-                &[Attr::Int("axis", -1)],
+                "Split",
+                &p("attn.split"),
+                &[&p("attn.qkv.out"), "qkv_sizes"],
+                &[&p("q"), &p("k"), &p("v")],
+                &[Attr::Int("axis", 2)],
             );
-        };
-        let linear = |b: &mut Builder, name: &str, input: &str| {
-            b.node(
-                "MatMul",
-                &p(&format!("{name}.matmul")),
-                &[input, &p(&format!("{name}.weight"))],
-                &[&p(&format!("{name}.mm"))],
-                &[],
-            );
-            b.node(
-                "Add",
-                &p(name),
-                &[&p(&format!("{name}.mm")), &p(&format!("{name}.bias"))],
-                &[&p(&format!("{name}.out"))],
-                &[],
-            );
-        };
-        ln(&mut b, "ln_1", &x);
-        linear(&mut b, "attn.qkv", &p("ln_1.out"));
-        b.node(
-            "Split",
-            &p("attn.split"),
-            &[&p("attn.qkv.out"), "qkv_sizes"],
-            &[&p("q"), &p("k"), &p("v")],
-            &[Attr::Int("axis", 2)],
-        );
+        }
         for (t, perm) in [
             ("q", [0, 2, 1, 3]),
             ("k", [0, 2, 3, 1]),
             ("v", [0, 2, 1, 3]),
         ] {
+            let source = match grouped {
+                true => p(&format!("attn.{t}.out")),
+                false => p(t),
+            };
+            let target = if t == "q" || kv == a {
+                "heads_shape"
+            } else {
+                "kv_heads_shape"
+            };
             b.node(
                 "Reshape",
                 &p(&format!("attn.{t}_heads")),
-                &[&p(t), "heads_shape"],
+                &[&source, target],
                 &[&p(&format!("{t}4"))],
                 &[],
             );
+            let mut heads = p(&format!("{t}4"));
+            if rotary && t != "v" {
+                heads = rotate(&mut b, &p(&format!("attn.{t}_rotary")), &heads);
+            }
+            if t != "q" && kv != a {
+                heads = share(&mut b, &p(&format!("attn.{t}_share")), &heads);
+            }
             b.node(
                 "Transpose",
                 &p(&format!("attn.{t}_transpose")),
-                &[&p(&format!("{t}4"))],
+                &[&heads],
                 &[&p(&format!("{t}t"))],
                 &[Attr::Ints("perm", perm.to_vec())],
             );
@@ -307,33 +563,54 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
             &[&p("ctx_h")],
             &[],
         );
-        linear(&mut b, "attn.proj", &p("ctx_h"));
+        linear(&mut b, &p("attn.proj"), &p("ctx_h"));
         let attended = dropout(&mut b, &p("attn.proj.dropout"), &p("attn.proj.out"));
         b.node("Add", &p("residual_1"), &[&x, &attended], &[&p("x1")], &[]);
-        ln(&mut b, "ln_2", &p("x1"));
-        linear(&mut b, "mlp.fc", &p("ln_2.out"));
-        b.node(
-            "Gelu",
-            &p("mlp.gelu"),
-            &[&p("mlp.fc.out")],
-            &[&p("gelu")],
-            &[Attr::Str("approximate", "tanh")],
-        );
-        linear(&mut b, "mlp.proj", &p("gelu"));
+        norm(&mut b, &p("ln_2"), &p("x1"), &p("ln_2.out"));
+        linear(&mut b, &p("mlp.fc"), &p("ln_2.out"));
+        let activated = if spec.gated_mlp {
+            // SwiGLU: silu(x·W_gate) ⊙ (x·W_fc).
+            linear(&mut b, &p("mlp.gate"), &p("ln_2.out"));
+            b.node(
+                "Sigmoid",
+                &p("mlp.sigmoid"),
+                &[&p("mlp.gate.out")],
+                &[&p("sigmoid")],
+                &[],
+            );
+            b.node(
+                "Mul",
+                &p("mlp.silu"),
+                &[&p("mlp.gate.out"), &p("sigmoid")],
+                &[&p("silu")],
+                &[],
+            );
+            b.node(
+                "Mul",
+                &p("mlp.glu"),
+                &[&p("silu"), &p("mlp.fc.out")],
+                &[&p("glu")],
+                &[],
+            );
+            p("glu")
+        } else {
+            b.node(
+                "Gelu",
+                &p("mlp.gelu"),
+                &[&p("mlp.fc.out")],
+                &[&p("gelu")],
+                &[Attr::Str("approximate", "tanh")],
+            );
+            p("gelu")
+        };
+        linear(&mut b, &p("mlp.proj"), &activated);
         let mixed = dropout(&mut b, &p("mlp.proj.dropout"), &p("mlp.proj.out"));
         let next = format!("x{}", i + 1);
         b.node("Add", &p("residual_2"), &[&p("x1"), &mixed], &[&next], &[]);
         x = next;
     }
-    b.external("ln_f.weight", &[h]);
-    b.external("ln_f.bias", &[h]);
-    b.node(
-        "LayerNormalization",
-        "ln_f",
-        &[&x, "ln_f.weight", "ln_f.bias"],
-        &["final"],
-        &[Attr::Int("axis", -1)],
-    );
+    norm_weights(&mut b, "ln_f");
+    norm(&mut b, "ln_f", &x, "final");
     if spec.tied {
         b.node(
             "Transpose",
@@ -526,6 +803,33 @@ mod tests {
     }
 
     #[test]
+    fn generated_llama_has_the_formula_parameters_and_flops() {
+        // Grouped-query attention (2 key/value heads for 4), and multi-head.
+        for kv in [2, 4] {
+            let spec = GptSpec::llama(3, 64, 4, kv, 96, 16, 100);
+            let acc = accounted(&spec, 2);
+            // The rotary tables and the norms' ε are constants, not parameters.
+            assert_eq!(acc.params, spec.params(), "kv heads: {kv}");
+            // Forward MACs: per layer bs·h(h + 2h·kv/a) for QKV, bsh² for the projection,
+            // 3bshf for SwiGLU, 2bs²h for scores and context; the head bshV.
+            let (b, s, h, f, v, l) = (2, 16, 64, 96, 100, 3);
+            let qkv = h + 2 * h * kv / 4;
+            let macs = l * (b * s * h * (qkv + h + 3 * f) + 2 * b * s * s * h) + b * s * h * v;
+            assert_eq!(acc.macs, macs, "kv heads: {kv}");
+        }
+    }
+
+    #[test]
+    fn llama_2_sizes() {
+        // Meta's Llama 2 checkpoints as Hugging Face counts their parameters (untied head,
+        // no biases): 7 B with 32 key/value heads, 70 B with 8.
+        let llama_7b = GptSpec::llama(32, 4096, 32, 32, 11008, 4096, 32000);
+        assert_eq!(llama_7b.params(), 6_738_415_616);
+        let llama_70b = GptSpec::llama(80, 8192, 64, 8, 28672, 4096, 32000);
+        assert_eq!(llama_70b.params(), 68_976_648_192);
+    }
+
+    #[test]
     fn megatron_table_sizes() {
         // Narayanan et al. (SC'21) Table 1, as published (rounded: 1.652 B prints as 1.7 B).
         for (l, h, a, published, within) in [
@@ -548,5 +852,9 @@ mod tests {
         assert!(gpt(&spec)
             .unwrap_err()
             .contains("layers must be at least 1"));
+        let spec = GptSpec::llama(2, 64, 4, 3, 96, 16, 100);
+        assert!(gpt(&spec)
+            .unwrap_err()
+            .contains("not a multiple of kv_heads 3"));
     }
 }

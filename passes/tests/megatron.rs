@@ -171,6 +171,43 @@ fn an_mlp_as_wide_as_the_vocabulary_is_recognized() {
     }
 }
 
+/// Llama's blocks — grouped-query attention, SwiGLU, RMSNorm, no biases, rotary positions,
+/// an untied head — are recognized with their key/value heads, and Llama 2 70B's generated
+/// graph holds Hugging Face's count of its parameters.
+#[test]
+fn llama_blocks_are_recognized() {
+    for kv_heads in [1, 2, 8] {
+        let spec = GptSpec::llama(4, 256, 8, kv_heads, 688, 32, 1024);
+        let m = recognized(&spec, 2);
+        assert_eq!(
+            (
+                m.heads,
+                m.kv_heads,
+                m.ffn,
+                m.gated_mlp,
+                m.biases,
+                m.rms_norm,
+                m.tied
+            ),
+            (8, kv_heads, 688, true, false, true, false),
+            "{kv_heads} key/value heads"
+        );
+        assert_eq!((m.positions, m.params), (0, spec.params()));
+        assert_eq!(
+            m.spec(),
+            GptSpec {
+                dropout: true,
+                ..spec
+            }
+        );
+    }
+    let llama_70b = GptSpec::llama(80, 8192, 64, 8, 28672, 4096, 32000);
+    let m = recognized(&llama_70b, 1);
+    assert_eq!((m.layers, m.kv_heads, m.params), (80, 8, 68_976_648_192));
+    // Its tensor-parallel degrees divide the 8 key/value heads.
+    assert!(m.splits_by(8) && !m.splits_by(16));
+}
+
 #[test]
 fn recognized_shapes_are_the_generated_ones() {
     for row in &TABLE[..3] {
@@ -412,9 +449,13 @@ fn search_invariants_over_shapes_and_clusters() {
             layers,
             hidden,
             heads,
+            kv_heads: heads,
             sequence: 1024,
             vocabulary: 32000,
             ffn: 4 * hidden,
+            gated_mlp: false,
+            biases: true,
+            rms_norm: false,
             tied: true,
             positions: 1024,
             params: 0,
@@ -623,9 +664,13 @@ fn a_fixed_batch_keeps_its_sequences_whole() {
         layers: 12,
         hidden: 768,
         heads: 12,
+        kv_heads: 12,
         sequence: 1024,
         vocabulary: 32000,
         ffn: 4 * 768,
+        gated_mlp: false,
+        biases: true,
+        rms_norm: false,
         tied: true,
         positions: 1024,
         params: 0,

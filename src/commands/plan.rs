@@ -27,10 +27,12 @@ soap (also split convolutions and dense layers by rows/features/channels), pipel
 GPT-like model, as Megatron-LM trains it), auto (the fastest of all; 3d for a GPT-like
 model). Every plan is compared with data parallelism under the same costs.
 
-Transformer (3d) plans: a GPT-like decoder (token embedding, attention blocks, MLP) is
-recognized in the ONNX graph and placed as Megatron-LM places it; each Megatron option
-given fixes that dimension and the rest is searched (all given: only priced). Their
-executable form is not written yet: they print the plan and --json only.
+Transformer (3d) plans: a GPT-like decoder (token embedding, attention blocks, MLP;
+GPT's blocks or Llama's: grouped-query attention, SwiGLU, RMSNorm) is recognized in the
+ONNX graph and placed as Megatron-LM places it; each Megatron option given fixes that
+dimension and the rest is searched (all given: only priced). The executable plan runs
+the stages on the model's own layers (`ralpc run`); --emit megatron writes Megatron-LM's
+arguments for it.
 
 Artifacts go to DIR (default `<model stem>.ralpc`): plan.json, plan.dot (+ plan.svg with
 Graphviz), timeline.json and report.html, each written atomically. plan.json records a
@@ -204,14 +206,20 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     let mut out = String::new();
     let m = &p.transformer;
     let secs = duration;
+    let kv_heads = if m.kv_heads == m.heads {
+        String::new()
+    } else {
+        format!(" ({} key/value)", m.kv_heads)
+    };
     let _ = writeln!(
         out,
-        "model: {}  (GPT: {} layers, hidden {}, {} heads, MLP {}, sequence {}, vocabulary {}; \
-         {} parameters)",
+        "model: {}  (GPT: {} layers, hidden {}, {} heads{kv_heads}, {}MLP {}, sequence {}, \
+         vocabulary {}; {} parameters)",
         r.model,
         m.layers,
         m.hidden,
         m.heads,
+        if m.gated_mlp { "SwiGLU " } else { "" },
         m.ffn,
         m.sequence,
         m.vocabulary,

@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
-    buckets, class_pieces, evaluate, gathers, gathers_gradient, gradient_transfers,
+    buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, partial_sums, scatters_gradient, scatters_partial_sums,
     separately_reduced, tied_reductions, transfers, Bucket, Costs, PlanError, Schedule, Strategy,
     StrategyFile, TiedReduction, Transfer,
@@ -354,8 +354,10 @@ impl Lowering<'_, '_> {
                 }
                 // A reduce-scatter sums the input gradient on its way back.
                 let scattered = matches!(self.patterns[ei], Pattern::Gather { scatter: true, .. });
+                let producer_kind = self.costs.graph.layers[self.edges[ei].producer].kind;
+                let (_, read_as) = edge_kinds(Some(producer_kind), layer.kind);
                 if let Some((ranks, share)) =
-                    input_gradient_sums(layer.kind, split, first).filter(|_| !scattered)
+                    input_gradient_sums(read_as, split, first).filter(|_| !scattered)
                 {
                     let bytes =
                         self.edges[ei].bytes * share / f64::from(self.strategy.microbatches);
@@ -562,7 +564,8 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                 return Pattern::GatherGradient { ranks };
             }
             if let Some(ranks) = gathers(kind(e.producer), from, kind(e.consumer), to) {
-                let scatter = scatters_gradient(&ranks, kind(e.consumer), to);
+                let (_, read_as) = edge_kinds(Some(kind(e.producer)), kind(e.consumer));
+                let scatter = scatters_gradient(&ranks, read_as, to);
                 return Pattern::Gather { ranks, scatter };
             }
             all_to_all(m).map_or(Pattern::Messages, |(ranks, fraction)| Pattern::AllToAll {

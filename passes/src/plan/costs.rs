@@ -388,7 +388,7 @@ impl<'a> Costs<'a> {
         if bytes <= 0.0 {
             return (0.0, 0.0);
         }
-        let (pk, ck) = (self.kind(producer), self.kind(consumer));
+        let (pk, ck) = layout::edge_kinds(Some(self.kind(producer)), self.kind(consumer));
         let mut fwd = 0.0;
         let mut bwd = 0.0;
         if let Some((ranks, share)) = layout::partial_sums(pk, from.0, from.1) {

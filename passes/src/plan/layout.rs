@@ -297,6 +297,25 @@ pub(crate) fn node_busiest(from: &View, to: &View, node_of: &dyn Fn(u32) -> u32)
 /// Consumer × producer rank pairs up to which [`node_busiest`] is exact.
 const EXACT_NODE_TRAFFIC: u64 = 1 << 16;
 
+/// The kinds the tensor of an edge from a `producer` to a `consumer` layer is held and read
+/// as. An attention layer cuts by heads what its projections write for it (Q, K, V) and
+/// what it writes for a dense layer (its heads merged, the output projection's input);
+/// anything else it reads — a position table or a mask, broadcast over the heads, or a
+/// graph input — each of its ranks reads whole, as a column-parallel dense layer reads its
+/// input (its gradient a partial sum over the heads), and a table it writes for another
+/// attention layer (rotary angles computed once) each of its ranks holds whole, as a
+/// data-movement layer does. Idempotent: mapped kinds map to themselves.
+pub fn edge_kinds(producer: Option<LayerKind>, consumer: LayerKind) -> (LayerKind, LayerKind) {
+    use LayerKind::{Attention, DataMovement, Dense};
+    let held = producer.unwrap_or(DataMovement);
+    match (held, consumer) {
+        (Attention, Attention) => (DataMovement, Dense),
+        (Dense, Attention) => (Dense, Attention),
+        (p, Attention) => (p, Dense),
+        kinds => kinds,
+    }
+}
+
 /// One message of a redistribution: `fraction` of the tensor from rank `from` to rank `to`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Transfer {
@@ -321,6 +340,7 @@ pub fn transfers(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> Vec<Transfer> {
+    let (producer, consumer) = edge_kinds(Some(producer), consumer);
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
     deliveries(&held, &needed)
@@ -357,6 +377,7 @@ pub fn gradient_transfers(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> Vec<Transfer> {
+    let (producer, consumer) = edge_kinds(Some(producer), consumer);
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
     if held.replication() == 1 {
@@ -418,6 +439,7 @@ pub fn gathers(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> Option<Vec<u32>> {
+    let (producer, consumer) = edge_kinds(Some(producer), consumer);
     gather_group(
         &View::output(producer, from.0, from.1),
         &View::input(consumer, to.0, to.1),
@@ -435,6 +457,7 @@ pub fn gathers_gradient(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> Option<Vec<u32>> {
+    let (producer, consumer) = edge_kinds(Some(producer), consumer);
     let held = View::output(producer, from.0, from.1);
     let needed = View::input(consumer, to.0, to.1);
     if held.replication() < 2 || movement(&held, &needed).is_some() {
@@ -521,6 +544,7 @@ pub fn scatters_partial_sums(
     consumer: LayerKind,
     to: (Split, u32),
 ) -> bool {
+    let (producer, consumer) = edge_kinds(Some(producer), consumer);
     if partial_sums(producer, from.0, from.1).is_none() {
         return false;
     }

@@ -11,9 +11,10 @@
 //! does (heads over the tensor-parallel group, nothing moved in between), whatever names,
 //! order or view ops an exporter chose.
 //!
-//! A unit joins a Softmax's attention core when every op it runs is one of [`CORE_OPS`],
-//! its products multiply two activations (not a weight), and it is connected to the
-//! Softmax through such units. A core needs two products (scores and context) and must be
+//! A unit joins a Softmax's attention core when every op it runs is one of [`CORE_OPS`]
+//! (with rotary positions, a grouped-query repeat of the key and value heads and a causal
+//! mask built in the graph), its products multiply two activations (not a weight), and it
+//! is connected to the Softmax through such units. A core needs two products (scores and context) and must be
 //! convex: nothing outside it both reads from it and feeds it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,6 +46,22 @@ const CORE_OPS: &[&str] = &[
     "Sqrt",
     "Dropout",
     "Identity",
+    // Rotary positions: the angles' cos and sin, rotate-half (a negated half concatenated
+    // before the other).
+    "Neg",
+    "Concat",
+    "Cos",
+    "Sin",
+    // Grouped-query attention's key and value heads repeated for the query heads, and the
+    // shapes the repeat is built from.
+    "Expand",
+    "Shape",
+    // A causal mask built in the graph, and the exporter's guard of a softmax over a row
+    // masked whole.
+    "Range",
+    "Trilu",
+    "Equal",
+    "IsNaN",
 ];
 
 /// Merges each attention core of `units` (producers before consumers) into one unit.

@@ -205,9 +205,12 @@ pub fn block_activation_bytes(
     // Outside the parallel regions: two LayerNorm inputs, the QKV and first MLP inputs
     // (e each), two dropout masks (1 byte).
     let outside = (4.0 * e + 2.0) * sbh / sp;
-    // Inside: Q and K, V, the projection input (e·sbh each, Q and K 2), the GELU and second
-    // MLP inputs (e·sbf each).
-    let inside = (4.0 * e * sbh + 2.0 * e * s * b * f) / t;
+    // Inside: Q and K, V, the projection input (e·sbh each, Q and K 2; grouped-query
+    // attention's K and V are kv/a of that), the MLP's inner tensors (e·sbf each: GELU's
+    // input and the second MLP's; SwiGLU's gate and up outputs and the down projection's
+    // input, as Megatron's fused kernel keeps them).
+    let (kv, m) = (model.kv_heads as f64, model.spec().mlp_matrices() as f64);
+    let inside = ((2.0 + 2.0 * kv / a) * e * sbh + m * e * s * b * f) / t;
     // The attention core: softmax output and dropout output (e), dropout mask (1 byte).
     let core = (2.0 * e + 1.0) * a * s * s * b / t;
     match recompute {
@@ -261,10 +264,13 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     };
     let heads_per_gpu = a / t;
     let head_dim = h / a;
+    // QKV, the attention projection, the MLP's first (SwiGLU: gate and up, one GEMM) and
+    // second products.
+    let mlp_matrices = model.spec().mlp_matrices() as f64;
     let dense = [
-        fwd_bwd(tokens, 3.0 * h / t, h, 1.0),
+        fwd_bwd(tokens, model.qkv_width() as f64 / t, h, 1.0),
         fwd_bwd(tokens, h, h / t, 1.0),
-        fwd_bwd(tokens, f / t, h, 1.0),
+        fwd_bwd(tokens, (mlp_matrices - 1.0) * f / t, h, 1.0),
         fwd_bwd(tokens, h, f / t, 1.0),
     ];
     let core = [
@@ -275,7 +281,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let core_bytes = b * heads_per_gpu * s * s * (2.0 * e + (2.0 * e + 1.0));
     let other_bytes = 2.0 * 2.0 * tokens * h * e / sp
         + 2.0 * tokens * h * (3.0 * e + 1.0) / sp
-        + 2.0 * tokens * f / t * e;
+        + mlp_matrices * tokens * f / t * e;
     let elementwise = |bytes: f64, launches: f64| bytes / hbm * 1e6 + launches * launch_us;
     let core_fwd = core.iter().map(|g| g.0).sum::<f64>() + elementwise(core_bytes, 2.0);
     let block_fwd = dense.iter().map(|g| g.0).sum::<f64>()

@@ -11,7 +11,9 @@
 //! stream crosses (inside a block, the residual and the branch both cross). That holds
 //! for any exporter's layer graph of a pre-LayerNorm decoder, whatever its node names.
 
-use crate::layers::{LayerGraph, LayerKind, Producer, Split};
+use ralpc_ir::{Graph, ValueId};
+
+use crate::layers::{carrier, Edge, Layer, LayerGraph, LayerKind, Producer, Split};
 use crate::plan::{Stage, Strategy};
 
 use super::{Estimate, Recompute};
@@ -21,7 +23,8 @@ use super::{Estimate, Recompute};
 #[error("{0}")]
 pub struct NotLayered(pub String);
 
-/// The layered strategy of `plan` for `graph` (the model's layer graph at the global batch).
+/// The layered strategy of `plan` for `graph` (the model's layer graph at the global batch,
+/// of the model's `ops` when it has them).
 ///
 /// # Errors
 /// [`NotLayered`] naming the option the layered form cannot express yet (an interleaving
@@ -32,7 +35,11 @@ pub struct NotLayered(pub String);
 /// reached by a reduce-scatter of the row-parallel partial sums and left by an all-gather
 /// before the column-parallel products — the traffic of the all-reduces they replace, with
 /// less activation memory than a plan without sequence parallelism is priced at.
-pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayered> {
+pub fn layered(
+    graph: &LayerGraph,
+    ops: Option<&Graph>,
+    plan: &Estimate,
+) -> Result<Strategy, NotLayered> {
     let par = plan.parallelism;
     let refuse = |what: &str, fix: &str| {
         Err(NotLayered(format!(
@@ -98,7 +105,7 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
         schedule: par.schedule,
         microbatches,
         stages,
-        layers: tensor_parallel(graph, d, t),
+        layers: tensor_parallel(graph, ops, d, t),
         zero: par.zero,
         recompute,
     })
@@ -113,7 +120,7 @@ pub fn layered(graph: &LayerGraph, plan: &Estimate) -> Result<Strategy, NotLayer
 /// attribute degree cuts their rows), by vocabulary (embeddings: an attribute degree cuts
 /// their tables' rows, the pieces' lookups summed) or held whole by every rank of the
 /// group.
-fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
+fn tensor_parallel(graph: &LayerGraph, ops: Option<&Graph>, d: u32, t: u32) -> Vec<Split> {
     let columns = Split {
         sample: d,
         attribute: 1,
@@ -129,13 +136,23 @@ fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
     }
     let mut split: Vec<Split> = Vec::with_capacity(graph.layers.len());
     for layer in &graph.layers {
-        let reads_columns = layer.inputs.iter().any(|e| match e.from {
+        let is_columns = |e: &&Edge| match e.from {
             Producer::Layer(p) => split[p.0 as usize] == columns,
             Producer::Input(_) => false,
-        });
+        };
+        let reads_columns = layer.inputs.iter().any(|e| is_columns(&e));
+        // A dense layer is row-parallel when its product reads columns; what its epilogue
+        // reads (a residual; SwiGLU's silu(gate), times the up projection) does not decide.
+        let product_reads_columns = layer
+            .inputs
+            .iter()
+            .filter(|e| {
+                ops.is_none_or(|g| e.value.is_some_and(|v| product_reads(g, graph, layer, v)))
+            })
+            .any(|e| is_columns(&e));
         split.push(match layer.kind {
             LayerKind::Attention => columns,
-            LayerKind::Dense if reads_columns => rows,
+            LayerKind::Dense if product_reads_columns => rows,
             LayerKind::Dense => columns,
             LayerKind::Elementwise if reads_columns => columns,
             LayerKind::Elementwise | LayerKind::LayerNorm if !cuts_rows(layer) => Split::samples(d),
@@ -143,6 +160,19 @@ fn tensor_parallel(graph: &LayerGraph, d: u32, t: u32) -> Vec<Split> {
         });
     }
     split
+}
+
+/// Whether a matrix product of `layer` reads `v` (the value carrying it in `graph`).
+fn product_reads(ops: &Graph, graph: &LayerGraph, layer: &Layer, v: ValueId) -> bool {
+    layer.parts.iter().any(|part| {
+        matches!(part.op, "MatMul" | "Gemm")
+            && ops
+                .node(part.node)
+                .inputs
+                .iter()
+                .flatten()
+                .any(|&x| carrier(&graph.aliases, x) == v)
+    })
 }
 
 /// Whether a sequence split of an elementwise or normalization layer computes its rows

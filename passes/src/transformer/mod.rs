@@ -38,12 +38,20 @@ pub struct Transformer {
     pub hidden: u64,
     /// Attention heads `a`.
     pub heads: u64,
+    /// Key and value heads (`a` for multi-head attention, fewer for grouped-query).
+    pub kv_heads: u64,
     /// Sequence length `s`.
     pub sequence: u64,
     /// Vocabulary `V`.
     pub vocabulary: u64,
     /// The MLP's inner size `f` (Megatron: `4h`).
     pub ffn: u64,
+    /// A gated MLP (SwiGLU's three matrices of `f`, Llama's) instead of two.
+    pub gated_mlp: bool,
+    /// Biases on the dense layers.
+    pub biases: bool,
+    /// RMSNorm instead of LayerNorm.
+    pub rms_norm: bool,
     /// Whether the LM head reuses the token embedding.
     pub tied: bool,
     /// Rows of the learned position table (0: none).
@@ -60,20 +68,38 @@ impl Transformer {
             layers: self.layers,
             hidden: self.hidden,
             heads: self.heads,
+            kv_heads: self.kv_heads,
             sequence: self.sequence,
             positions: self.positions,
             vocabulary: self.vocabulary,
             ffn: self.ffn,
+            gated_mlp: self.gated_mlp,
+            biases: self.biases,
+            rms_norm: self.rms_norm,
             tied: self.tied,
             dropout: true,
         }
     }
 
-    /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²`, projection
-    /// `2h²`, MLP `4hf`, scores and context `4sh`.
+    /// Columns of the QKV projection: `3h` for multi-head attention, `h + 2h·kv/a` for
+    /// grouped-query.
+    pub fn qkv_width(&self) -> u64 {
+        self.spec().qkv_width()
+    }
+
+    /// Whether `t` tensor-parallel ranks can split every block: its query and key/value
+    /// heads and the MLP's inner size, as Megatron-LM requires.
+    pub fn splits_by(&self, t: u32) -> bool {
+        let t = u64::from(t);
+        t > 0 && self.heads % t == 0 && self.kv_heads % t == 0 && self.ffn % t == 0
+    }
+
+    /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²` (multi-head),
+    /// projection `2h²`, MLP `4hf` (SwiGLU `6hf`), scores and context `4sh`.
     pub fn block_flops_per_token(&self) -> f64 {
         let (h, f, s) = (self.hidden as f64, self.ffn as f64, self.sequence as f64);
-        8.0 * h * h + 4.0 * h * f + 4.0 * s * h
+        let (qkv, m) = (self.qkv_width() as f64, self.spec().mlp_matrices() as f64);
+        2.0 * h * qkv + 2.0 * h * h + 2.0 * m * h * f + 4.0 * s * h
     }
 
     /// Forward FLOPs of the LM head per token: `2hV`.

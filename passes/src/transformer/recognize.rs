@@ -5,6 +5,10 @@
 //! scores carry them as an axis), the MLP's inner size (the `[h, f]` and `[f, h]` weights of
 //! the dense layers) and whether the LM head reuses the embedding.
 //!
+//! Llama's blocks are recognized too: grouped-query attention (fewer key/value heads, read
+//! from the attention weights' size), a SwiGLU MLP (three weights of the inner size per
+//! block), RMSNorm and no biases.
+//!
 //! The result is checked against the graph's own parameter count: a model whose weights do
 //! not add up to a GPT of the recognized shape (within 2 %) is not treated as one.
 
@@ -48,8 +52,7 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         else {
             continue;
         };
-        let from_input = matches!(graph.node(graph.value(*ids).producer).op, Op::Input)
-            || matches!(graph.node(graph.value(*ids).producer).op, Op::Cast { .. });
+        let from_input = reads_input(graph, *ids);
         if let (true, Some((w, dims))) = (from_input, weight_dims(*table)) {
             if dims.len() == 2 {
                 embedding = Some((w, dims[0], dims[1]));
@@ -95,7 +98,8 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         ));
     }
     // Dense weights: the MLP's inner size, and whether the head is tied.
-    let mut inner: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut inner: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut block_weights: BTreeMap<NodeId, u64> = BTreeMap::new();
     let mut tied = false;
     for &n in info.order() {
         let node = graph.node(n);
@@ -118,9 +122,12 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
                 } else {
                     continue;
                 };
+                if block_weights.insert(w, r * c).is_some() {
+                    continue;
+                }
                 // The attention projections are [hidden, hidden] (or fused, 3·hidden
-                // wide, once per block); the MLP's two weights per block outnumber
-                // them and an untied head (even one as wide as the MLP).
+                // wide, once per block); the MLP's two weights per block (SwiGLU's three)
+                // outnumber them and an untied head (even one as wide as the MLP).
                 if other != hidden {
                     *inner.entry(other).or_default() += 1;
                 }
@@ -128,15 +135,19 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         }
     }
     let layers = cores.len() as u64;
-    let Some((&ffn, _)) = inner
+    let Some((&ffn, &ffn_weights)) = inner
         .iter()
-        .filter(|(_, &count)| u64::from(count) >= layers)
+        .filter(|(_, &count)| count >= layers)
         .max_by_key(|(_, &count)| count)
     else {
         return no(format!(
             "no MLP: no [hidden, inner] weight in each of its {layers} blocks"
         ));
     };
+    // The blocks' dense weights, without an untied head.
+    let head = if tied { 0 } else { hidden * vocabulary };
+    let dense = block_weights.values().sum::<u64>().saturating_sub(head);
+    let ffn_weights = ffn_weights - u64::from(!tied && ffn == vocabulary);
     let params: u64 = graph
         .node_ids()
         .filter(|&n| {
@@ -175,16 +186,49 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         })
         .max()
         .unwrap_or(0);
-    let model = Transformer {
-        layers,
-        hidden,
-        heads,
-        sequence,
-        vocabulary,
-        ffn,
-        tied,
-        positions,
-        params,
+    // What the blocks are made of: a gated MLP or not (its weights per block), biases or
+    // not and LayerNorm or RMSNorm (a few vectors per block) are the variant whose
+    // parameter formula comes nearest the graph's count; the key/value heads follow from
+    // the attention weights left beside the MLP's.
+    let variant = |gated_mlp: bool, biases: bool, rms_norm: bool| {
+        let matrices = if gated_mlp { 3 } else { 2 };
+        let attention = dense.saturating_sub(matrices * layers * hidden * ffn) / layers;
+        let head_dim = hidden / heads;
+        let kv_width = (attention / hidden).saturating_sub(2 * hidden);
+        let kv_heads = match kv_width / (2 * head_dim) {
+            kv if attention % hidden == 0
+                && kv_width % (2 * head_dim) == 0
+                && (1..=heads).contains(&kv)
+                && heads % kv == 0 =>
+            {
+                kv
+            }
+            _ => heads,
+        };
+        Transformer {
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            sequence,
+            vocabulary,
+            ffn,
+            gated_mlp,
+            biases,
+            rms_norm,
+            tied,
+            positions,
+            params,
+        }
+    };
+    let gated = ffn_weights >= 3 * layers;
+    let candidates = [gated, !gated].into_iter().flat_map(|g| {
+        [(true, false), (false, true), (true, true), (false, false)]
+            .map(|(biases, rms_norm)| variant(g, biases, rms_norm))
+    });
+    let distance = |m: &Transformer| m.spec().params().abs_diff(params);
+    let Some(model) = candidates.min_by_key(distance) else {
+        return no("no block shape".into());
     };
     let expected = model.spec().params();
     let off = (params as f64 - expected as f64).abs() / expected as f64;
@@ -195,6 +239,29 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         ));
     }
     Ok(model)
+}
+
+/// Whether `v` is a model input, through casts and views (Hugging Face's GPT-2 and OPT
+/// flatten their ids to `[-1, s]` before the lookup).
+fn reads_input(graph: &Graph, v: ValueId) -> bool {
+    let mut v = v;
+    for _ in 0..8 {
+        let node = graph.node(graph.value(v).producer);
+        match node.op {
+            Op::Input => return true,
+            Op::Cast { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Identity => match node.inputs.first().copied().flatten() {
+                Some(x) => v = x,
+                None => return false,
+            },
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// The initializer behind `v`, through transposes.

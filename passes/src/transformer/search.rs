@@ -86,12 +86,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     let mut smallest_need = f64::INFINITY;
     let mut evaluated = 0u64;
     let tensors: Vec<u32> = (1..=gpn)
-        .filter(|&t| {
-            gpn % t == 0
-                && gpus % t == 0
-                && model.heads % u64::from(t) == 0
-                && model.ffn % u64::from(t) == 0
-        })
+        .filter(|&t| gpn % t == 0 && gpus % t == 0 && model.splits_by(t))
         .filter(|&t| knobs.tensor.is_none_or(|k| k == t))
         .collect();
     for &t in &tensors {
@@ -211,11 +206,11 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
                  degree must divide its {gpn} GPUs"
             ));
         }
-        if model.heads % u64::from(t) != 0 || model.ffn % u64::from(t) != 0 {
+        if !model.splits_by(t) {
             return bad(format!(
-                "--tensor-parallel {t} does not divide the model's {} attention heads and \
-                 MLP size {}",
-                model.heads, model.ffn
+                "--tensor-parallel {t} does not divide the model's {} attention heads, {} \
+                 key/value heads and MLP size {}",
+                model.heads, model.kv_heads, model.ffn
             ));
         }
     }

@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ralpc_codegen::layout::{carrier, first_replica, LayerKind, Split, View};
+use ralpc_codegen::layout::{carrier, edge_kinds, first_replica, LayerKind, Split, View};
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};
@@ -450,6 +450,10 @@ struct EdgeInfo {
     scattered: bool,
     /// Its consumer is split by rows and reads the rows around each piece (`halo`).
     halo: bool,
+    /// The kinds its tensor is held and read as ([`edge_kinds`]: an attention layer reads
+    /// what is broadcast over its heads whole).
+    held_as: LayerKind,
+    read_as: LayerKind,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -492,6 +496,16 @@ impl LayerExec {
 
     fn view_in(&self) -> View {
         View::input(self.kind, self.split, self.first)
+    }
+
+    /// The share of an input it reads as a `read_as` layer would ([`edge_kinds`]).
+    fn view_in_as(&self, read_as: LayerKind) -> View {
+        View::input(read_as, self.split, self.first)
+    }
+
+    /// The share of an output it holds as a `held_as` layer would ([`edge_kinds`]).
+    fn view_out_as(&self, held_as: LayerKind) -> View {
+        View::output(held_as, self.split, self.first)
     }
 
     fn holds(&self, rank: u32) -> Option<u32> {

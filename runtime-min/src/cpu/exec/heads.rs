@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use ralpc_codegen::layout::LayerKind;
+use ralpc_codegen::layout::{Cut, LayerKind};
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
 
 use super::{setup, Prepared, RunError, Source};
@@ -38,6 +38,8 @@ pub(super) struct LocalShapes {
     /// Weights the layer applies along the cut axis (a QKV bias added after the product):
     /// each with its axis, cut like the features it meets.
     pub(super) sliced: BTreeMap<ValueId, usize>,
+    /// Values whose cut axis merges outer ones (each rank's piece not one box of it).
+    pub(super) merged: std::collections::BTreeSet<ValueId>,
 }
 
 impl LocalShapes {
@@ -82,7 +84,12 @@ impl Prepared<'_> {
             let mut seeds = BTreeMap::new();
             let mut groups = Vec::new();
             for &(v, source) in &layer.inputs {
-                let Source::Edge(_) = source else { continue };
+                // What its projections write, cut by heads; tables and masks broadcast
+                // over the heads are read whole.
+                let Source::Edge(e) = source else { continue };
+                if self.edges[e].read_as != LayerKind::Attention {
+                    continue;
+                }
                 let c = self.carrier(v);
                 let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
                 let f = self.axes(c, rank).features.ok_or_else(|| {
@@ -98,9 +105,28 @@ impl Prepared<'_> {
                 }
             }
             let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&self.carrier(v));
-            let (local, _) =
+            let (local, cut) =
                 local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
                     .map_err(&refuse)?;
+            // Each output as its readers hold it: the merged heads cut, a table whole;
+            // a piece of it one box.
+            if let Some(o) = layer.outputs.iter().find(|o| local.merged.contains(o)) {
+                return Err(refuse(format!(
+                    "its output '{}' holds its heads merged with outer axes",
+                    g.value(*o).name
+                )));
+            }
+            for &o in &layer.outputs {
+                let whole = self.output_view(l, o).features == Cut::Whole;
+                if whole == cut.contains_key(&o) {
+                    return Err(refuse(format!(
+                        "its output '{}' is {} by heads where its readers hold it {}",
+                        g.value(o).name,
+                        if whole { "cut" } else { "not cut" },
+                        if whole { "whole" } else { "cut" }
+                    )));
+                }
+            }
             self.layers[l].local = local;
             self.groups.extend(groups);
         }
@@ -190,8 +216,7 @@ pub(super) fn local_shapes(
     let t = u64::from(pieces.max(1));
     let mut local = LocalShapes {
         pieces: i64::from(pieces.max(1)),
-        adjust: BTreeMap::new(),
-        sliced: BTreeMap::new(),
+        ..LocalShapes::default()
     };
     let mut sliced = BTreeMap::new();
     let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), String> {
@@ -204,6 +229,10 @@ pub(super) fn local_shapes(
             _ => Ok(()),
         }
     };
+    // Values whose cut axis merges outer ones (SDPA's `[b·heads, s, d]`): how many outer
+    // elements lead each rank's piece of it. Each rank's local reshapes still hold its
+    // heads apart, and a reshape splitting the axis again finds them.
+    let mut merged: BTreeMap<ValueId, u64> = BTreeMap::new();
     for &n in nodes {
         let node = graph.node(n);
         let cuts: Vec<(usize, usize)> = node
@@ -222,6 +251,11 @@ pub(super) fn local_shapes(
             ))
         };
         let data = |slot: usize| node.inputs.get(slot).copied().flatten();
+        // The first cut input's merged factor passes to the outputs, but through reshapes.
+        let mut merged_out = cuts
+            .first()
+            .and_then(|&(slot, _)| merged.get(&data(slot)?).copied())
+            .filter(|_| !matches!(node.op, Op::Reshape { .. }));
         let rank_of = |slot: usize| data(slot).map_or(Ok(0), |v| sizes(v).map(|s| s.len()));
         let out_rank = match node.outputs.first() {
             Some(&o) => sizes(o)?.len(),
@@ -252,12 +286,16 @@ pub(super) fn local_shapes(
                     return refuse("has no shape input");
                 };
                 let (from, to) = (sizes(x)?, sizes(o)?);
-                let Some(j) = reshaped_axis(&from, a, &to, t) else {
+                let outer = merged.get(&x).copied().unwrap_or(1);
+                let Some((j, o2)) = reshaped_cut(&from, a, outer, &to, t) else {
                     return refuse(&format!(
                         "reshapes {from:?} to {to:?}, which does not keep axis {a}'s \
-                         {t} pieces contiguous"
+                         {t} pieces apart"
                     ));
                 };
+                if o2 > 1 {
+                    merged_out = Some(o2);
+                }
                 let entries: Option<Vec<i64>> = info
                     .ty(target)
                     .content
@@ -339,9 +377,9 @@ pub(super) fn local_shapes(
                 };
                 let (from, to) = (sizes(x)?, sizes(o)?);
                 match cuts[..] {
-                    [(0, a)] => match reshaped_axis(&from, a, &to, t) {
-                        Some(j) => j,
-                        None => return refuse("merges the cut axis under an outer one"),
+                    [(0, a)] => match reshaped_cut(&from, a, 1, &to, t) {
+                        Some((j, 1)) => j,
+                        _ => return refuse("merges the cut axis under an outer one"),
                     },
                     _ => return refuse("reads a cut shape"),
                 }
@@ -386,18 +424,116 @@ pub(super) fn local_shapes(
                             graph.value(v).name
                         ));
                     }
+                    if merged_out.is_some() {
+                        return refuse(&format!(
+                            "applies '{}' along heads merged with outer axes",
+                            graph.value(v).name
+                        ));
+                    }
                     // A weight applied per feature (a bias): cut with them.
                     sliced.insert(v, i);
                 }
                 j
             }
+            // Rotary positions' rotate-half: halves of every head concatenated.
+            Op::Concat { axis } => {
+                let a = cuts[0].1;
+                if cuts.iter().any(|&(_, c)| c != a) || cuts.len() != node.inputs.len() {
+                    return refuse("concatenates a cut tensor with a whole one");
+                }
+                if axis_of(*axis, out_rank) == Some(a) {
+                    return refuse("concatenates along the cut axis");
+                }
+                a
+            }
+            // Grouped-query attention's repeat of the key and value heads: the target names
+            // the global heads where it does not broadcast them.
+            Op::Expand => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("reads a cut shape");
+                };
+                let j = a + out_rank - rank_of(0)?;
+                if let Some(target) = data(1) {
+                    let entries: Option<Vec<i64>> = info
+                        .ty(target)
+                        .content
+                        .as_ref()
+                        .and_then(|c| c.iter().map(|s| s.as_i64()).collect());
+                    let Some(entries) = entries else {
+                        return refuse("reads a target shape not known before the run");
+                    };
+                    let at = (j + entries.len()).checked_sub(out_rank);
+                    if let Some(&e) = at.and_then(|i| entries.get(i)) {
+                        if e > 1 {
+                            adjust(target, Adjust::Entry(at.unwrap_or(0)), &site)?;
+                        }
+                    }
+                }
+                j
+            }
+            // Axes inserted or removed around the cut one (grouped-query attention's
+            // repeat of the key and value heads inserts one after them).
+            Op::Unsqueeze { axes } | Op::Squeeze { axes } => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("reads cut axes");
+                };
+                let listed: Option<Vec<i64>> = match (axes, data(1)) {
+                    (Some(axes), _) => Some(axes.clone()),
+                    (None, Some(v)) => info
+                        .ty(v)
+                        .content
+                        .as_ref()
+                        .and_then(|c| c.iter().map(|s| s.as_i64()).collect()),
+                    (None, None) => Some(Vec::new()),
+                };
+                let Some(listed) = listed else {
+                    return refuse("reads axes not known before the run");
+                };
+                let inserting = matches!(node.op, Op::Unsqueeze { .. });
+                let wide = if inserting { out_rank } else { rank_of(0)? };
+                let mut marked: Vec<usize> =
+                    listed.iter().filter_map(|&x| axis_of(x, wide)).collect();
+                if !inserting && listed.is_empty() {
+                    let from = data(0).map(sizes).transpose()?.unwrap_or_default();
+                    marked = (0..from.len()).filter(|&i| from[i] == 1).collect();
+                }
+                let kept = (0..wide).filter(|i| !marked.contains(i));
+                if inserting {
+                    match kept.clone().nth(a) {
+                        Some(j) => j,
+                        None => return refuse("inserts axes past its input"),
+                    }
+                } else if marked.contains(&a) {
+                    return refuse("removes the cut axis");
+                } else {
+                    kept.take_while(|&i| i < a).count()
+                }
+            }
+            // A slice of other axes (partial rotary positions: the head dimension's first
+            // part); one keeping the cut axis whole keeps it whole on the pieces too.
+            Op::Slice { .. } => {
+                let ([(0, a)], Some(x), Some(&o)) = (&cuts[..], data(0), node.outputs.first())
+                else {
+                    return refuse("reads cut slice bounds");
+                };
+                if sizes(x)?.get(*a) != sizes(o)?.get(*a) {
+                    return refuse("slices the cut axis");
+                }
+                *a
+            }
+            // The shape of a piece is the piece's: it names local sizes by itself.
+            Op::Shape { .. } => continue,
             _ => return refuse("is not one the head split passes through"),
         };
         for &o in &node.outputs {
             cut.insert(o, axis);
+            if let Some(m) = merged_out {
+                merged.insert(o, m);
+            }
         }
     }
     local.sliced = sliced;
+    local.merged = merged.keys().copied().collect();
     Ok((local, cut))
 }
 
@@ -406,29 +542,47 @@ fn axis_of(axis: i64, rank: usize) -> Option<usize> {
     usize::try_from(a).ok().filter(|&a| a < rank)
 }
 
-/// The axis of a reshape's output `to` that carries axis `a` of `from` cut into `t`
-/// contiguous pieces: the one starting at the same flat offset, when both are the
-/// outermost of the axes the reshape merges or splits there and both divide by `t`.
-fn reshaped_axis(from: &[u64], a: usize, to: &[u64], t: u64) -> Option<usize> {
+/// The axis of a reshape's output `to` that carries axis `a` of `from`, cut into `t`
+/// pieces after its `outer` leading factor (1: the axis is cut whole), and that axis's own
+/// outer factor. Each rank reshapes its piece alone: that holds where the elements before
+/// the cut factor (the axes before `a`, times `outer`) end at a factor of one output axis,
+/// whose rest divides by `t` — an axis merged under outer ones (`[b, heads, s, d]` to
+/// `[b·heads, s, d]`) and split back.
+fn reshaped_cut(from: &[u64], a: usize, outer: u64, to: &[u64], t: u64) -> Option<(usize, u64)> {
     let before = |s: &[u64], n: usize| s[..n].iter().product::<u64>();
-    let outer = before(from, a);
-    let j = (0..to.len()).find(|&j| before(to, j) == outer && to[j] != 1)?;
-    (from[a] % t == 0 && to[j] % t == 0).then_some(j)
+    if outer == 0 || from[a] % outer != 0 || (from[a] / outer) % t != 0 {
+        return None;
+    }
+    let lead = before(from, a) * outer;
+    let j = (0..to.len()).find(|&j| before(to, j) <= lead && lead < before(to, j + 1))?;
+    let o2 = lead / before(to, j).max(1);
+    (lead % before(to, j).max(1) == 0 && to[j] % o2 == 0 && (to[j] / o2) % t == 0)
+        .then_some((j, o2))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::reshaped_axis;
+    use super::reshaped_cut;
 
     #[test]
     fn a_head_cut_passes_the_split_and_merge_of_heads() {
         // [b, s, h] -> [b, s, heads, d]: the cut hidden axis becomes the heads axis.
-        assert_eq!(reshaped_axis(&[2, 16, 64], 2, &[2, 16, 4, 16], 2), Some(2));
+        assert_eq!(
+            reshaped_cut(&[2, 16, 64], 2, 1, &[2, 16, 4, 16], 2),
+            Some((2, 1))
+        );
         // And back.
-        assert_eq!(reshaped_axis(&[2, 16, 4, 16], 2, &[2, 16, 64], 2), Some(2));
+        assert_eq!(
+            reshaped_cut(&[2, 16, 4, 16], 2, 1, &[2, 16, 64], 2),
+            Some((2, 1))
+        );
         // Three heads do not divide by two.
-        assert_eq!(reshaped_axis(&[2, 16, 48], 2, &[2, 16, 3, 16], 2), None);
-        // Merging the cut axis under an outer one breaks its pieces apart.
-        assert_eq!(reshaped_axis(&[2, 4, 16], 1, &[8, 16], 2), None);
+        assert_eq!(reshaped_cut(&[2, 16, 48], 2, 1, &[2, 16, 3, 16], 2), None);
+        // Heads merged under the batch ([b·heads, s, d], as SDPA's decomposition writes
+        // them): 2 samples lead each piece; split back, the heads are cut again.
+        assert_eq!(reshaped_cut(&[2, 4, 16], 1, 1, &[8, 16], 2), Some((0, 2)));
+        assert_eq!(reshaped_cut(&[8, 16], 0, 2, &[2, 4, 16], 2), Some((1, 1)));
+        // A cut factor that does not divide by the pieces.
+        assert_eq!(reshaped_cut(&[2, 3, 16], 1, 1, &[6, 16], 2), None);
     }
 }

@@ -222,6 +222,18 @@ impl Prepared<'_> {
         held
     }
 
+    /// The share of layer `l`'s output `v` its ranks hold: as the layer's kind says, or as
+    /// the edges reading it hold it (an attention layer's table for the next one: whole).
+    pub(super) fn output_view(&self, l: usize, v: ValueId) -> View {
+        let layer = &self.layers[l];
+        let held_as = self
+            .edges
+            .iter()
+            .find(|e| e.producer == l && self.carrier(e.value) == self.carrier(v))
+            .map_or(layer.kind, |e| e.held_as);
+        layer.view_out_as(held_as)
+    }
+
     /// The region of `v` a view's rank index `k` holds (or needs), in `v`'s shape with its
     /// [held axes](Prepared::held_axes) split.
     pub(super) fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, String> {

@@ -16,7 +16,7 @@ impl Rank<'_, '_> {
         let k = c
             .holds(rank)
             .ok_or_else(|| format!("rank {rank} does not run {}", c.name))?;
-        Ok(self.p.region(edge.value, &c.view_in(), k)?)
+        Ok(self.p.region(edge.value, &c.view_in_as(edge.read_as), k)?)
     }
 
     /// The region of edge `e`'s tensor that producer rank `rank` holds.
@@ -26,7 +26,9 @@ impl Rank<'_, '_> {
         let k = pl
             .holds(rank)
             .ok_or_else(|| format!("rank {rank} does not run {}", pl.name))?;
-        Ok(self.p.region(edge.value, &pl.view_out(), k)?)
+        Ok(self
+            .p
+            .region(edge.value, &pl.view_out_as(edge.held_as), k)?)
     }
 
     /// The region of an input only a split layer's epilogue reads (a residual added after
@@ -222,7 +224,8 @@ impl Rank<'_, '_> {
                     }
                     Source::GraphInput => {
                         let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
-                        let need = p.region(c, &layer.view_in(), k)?;
+                        let read_as = edge_kinds(None, layer.kind).1;
+                        let need = p.region(c, &layer.view_in_as(read_as), k)?;
                         let need = match p.reads_halo(l, c) {
                             true => p.with_halo(l, k, c, &need)?,
                             false => need,
@@ -316,7 +319,7 @@ impl Rank<'_, '_> {
         };
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
-            let region = p.region(o, &layer.view_out(), k)?;
+            let region = p.region(o, &p.output_view(l, o), k)?;
             let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
             let want = p.local_dims(o, &region);
             if got != want {
@@ -576,7 +579,7 @@ impl Rank<'_, '_> {
             };
             self.input_grads.insert((e, mb), (need, gv));
             if matches!(
-                layer.kind,
+                p.edges[e].read_as,
                 LayerKind::Conv | LayerKind::Dense | LayerKind::Recurrent
             ) && layer.split.parameter > 1
                 && !p.edges[e].scattered

@@ -35,12 +35,19 @@ impl<'a> Prepared<'a> {
             .edges
             .iter()
             .zip(&resolved.edges)
-            .map(|(e, &value)| EdgeInfo {
-                producer: e.producer as usize,
-                consumer: e.consumer as usize,
-                value: carried(value),
-                scattered: e.scattered,
-                halo: false,
+            .map(|(e, &value)| {
+                let kind = |l: u32| layout.layers.get(l as usize).map(|l| l.kind);
+                let consumer = kind(e.consumer).unwrap_or(LayerKind::DataMovement);
+                let (held_as, read_as) = edge_kinds(kind(e.producer), consumer);
+                EdgeInfo {
+                    producer: e.producer as usize,
+                    consumer: e.consumer as usize,
+                    value: carried(value),
+                    scattered: e.scattered,
+                    halo: false,
+                    held_as,
+                    read_as,
+                }
             })
             .collect();
         let order = exe.info.positions();
@@ -202,8 +209,11 @@ impl<'a> Prepared<'a> {
             groups: BTreeMap::new(),
             aliases,
         };
-        prepared.split_heads()?;
+        // Column-parallel products first: the axis their epilogues' outputs are cut on (a
+        // projection reshaped into heads: the heads) is where an attention layer reading
+        // them finds its heads.
         prepared.split_epilogues();
+        prepared.split_heads()?;
         prepared.plan_halos(&resolved)?;
         prepared.check()?;
         Ok(prepared)
@@ -230,9 +240,17 @@ impl<'a> Prepared<'a> {
                     }
                 }
                 LayerKind::Embedding if a > 1 => {
-                    // Its pieces' lookups are summed: it may only look up and add.
+                    // Its pieces' lookups are summed: it may only look up and add, view
+                    // (a sum of views is the view of the sum) and work on the ids.
                     let linear = l.nodes.iter().all(|&n| {
-                        matches!(g.node(n).op, Op::Gather { .. } | Op::Binary(Binary::Add))
+                        let node = g.node(n);
+                        let integer = node
+                            .outputs
+                            .iter()
+                            .all(|&o| !self.exe.info.ty(o).dtype.is_float());
+                        integer
+                            || is_view(&node.op)
+                            || matches!(node.op, Op::Gather { .. } | Op::Binary(Binary::Add))
                     });
                     if !linear || self.vocabulary_lookup(l).is_none() {
                         return Err(setup(format!(
@@ -299,7 +317,11 @@ impl<'a> Prepared<'a> {
                 && inputs.len() == 2
                 && inputs.iter().filter(|v| partial.contains(v)).count() == 1
                 && inputs.iter().any(|v| outside.contains(v));
-            if !adds_partial {
+            // A view of a partial sum is a partial sum of the view (Hugging Face's GPT-2
+            // reshapes its `[b·s, h]` products back to `[b, s, h]`).
+            let views_partial =
+                is_view(&node.op) && inputs.first().is_some_and(|v| partial.contains(v));
+            if !adds_partial && !views_partial {
                 return Some(n);
             }
             partial.extend(node.outputs.iter().copied());
@@ -660,4 +682,18 @@ impl Prepared<'_> {
 pub(super) fn after(nodes: &[NodeId], main: NodeId, node: NodeId) -> bool {
     let at = |n| nodes.iter().position(|&m| m == n);
     matches!((at(main), at(node)), (Some(i), Some(j)) if j > i)
+}
+
+/// Whether `op` only moves or converts elements (a reshape, squeeze, identity or cast):
+/// it commutes with sums.
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Identity
+            | Op::Cast { .. }
+    )
 }
