@@ -4,8 +4,9 @@
 //! a way an exporter writes parameters: merged by value and named by Identities
 //! (`nn.TransformerEncoder`'s deep-copied layers), a group norm's constant ones and
 //! zeros, an attention mask folded into an initializer of -inf, a buffer `torch.export`
-//! lifted into an initializer (a Llama's rotary frequencies); and dense layers on
-//! `[b, h, w, c]` tensors (Swin's).
+//! lifted into an initializer (a Llama's rotary frequencies); dense layers on
+//! `[b, h, w, c]` tensors (Swin's); Hugging Face's GPT-2. The decoders also train split by
+//! heads, as Megatron-LM splits them.
 
 mod common;
 
@@ -159,14 +160,34 @@ fn a_llama_decoder_trains_as_pytorch() {
     check("llama_dynamo");
 }
 
+#[test]
+fn hugging_faces_gpt2_trains_as_pytorch() {
+    check("hf_gpt2_ts");
+}
+
 /// The Llama decoder planned as Megatron-LM trains one: its 4 query and 2 key/value heads,
 /// SwiGLU's gate and up projections by columns and its down projection by rows over 2
 /// tensor-parallel ranks, the rotary angles and causal mask (broadcast over the heads)
 /// read whole by each; with 2 data-parallel replicas, then in 2 pipeline stages.
 #[test]
 fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
+    split_by_heads("llama_dynamo");
+}
+
+/// Hugging Face's GPT-2 as Megatron-LM splits it: its ids flattened before a
+/// vocabulary-parallel lookup, its `[b·s, h]` products reshaped back (row-parallel partial
+/// sums viewed), GELU and the flattening before the second MLP product on the columns, the
+/// final LayerNorm's reshape on its sequence piece.
+#[test]
+fn hugging_faces_gpt2_split_by_heads_trains_as_pytorch() {
+    split_by_heads("hf_gpt2_ts");
+}
+
+/// Three steps of `case` at t2 on 4 ranks: × d2, then × p2 (microbatches of one), each
+/// PyTorch's losses.
+fn split_by_heads(case: &str) {
     use ralpc::passes::transformer::{Knobs, Recompute};
-    let Expected { losses, input, .. } = pytorch("llama_dynamo");
+    let Expected { losses, input, .. } = pytorch(case);
     for pipeline in [1, 2] {
         let knobs = Knobs {
             tensor: Some(2),
@@ -177,8 +198,8 @@ fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
         };
         let dir = tempfile::tempdir().expect("temp dir");
         let family = ralpc::passes::plan::Family::parse("3d").expect("3d");
-        let got = train_as("llama_dynamo", 4, &input, dir.path(), family, Some(knobs));
-        let what = format!("llama_dynamo at t2 p{pipeline}");
+        let got = train_as(case, 4, &input, dir.path(), family, Some(knobs));
+        let what = format!("{case} at t2 p{pipeline}");
         assert_pytorch(&what, &got, &losses);
     }
 }

@@ -23,6 +23,10 @@
 //!   trained values, never a constant. The copies are named `<name>@<node>`. The values
 //!   are read only where they are small and present (a structure-only model keeps its
 //!   merges; so do deep-copied layers, whose equal values are not constant).
+//! * The TorchScript exporter folds a head tied to the embedding (`x @ wte.T`, GPT-2's LM
+//!   head) into a transposed copy named `onnx::MatMul_<n>`: an initializer it named so
+//!   whose values are exactly the transpose of a parameter's (not constant-valued) is that
+//!   parameter read through a `Transpose`, one weight with the embedding.
 //! * A float initializer holding an infinity or a NaN (an additive attention mask the
 //!   exporter folded) is a constant: no parameter holds one.
 //! * The scale and bias of an `InstanceNormalization` between two `Reshape`s are the
@@ -51,6 +55,7 @@ pub(super) fn find_weights(graph: &mut Graph, pytorch: bool, buffers: &BTreeSet<
     if pytorch {
         untie_merged(graph);
         untie_constants(graph);
+        tie_transposed(graph);
     }
     for n in graph.node_ids().collect::<Vec<_>>() {
         let frozen = match &graph.node(n).op {
@@ -175,6 +180,55 @@ fn untie_merged(graph: &mut Graph) {
         let provenance = graph.provenance_mut(n);
         provenance.name = source;
         provenance.op_type = "initializer".into();
+    }
+}
+
+/// Reads every exporter-named 2-d initializer that is the transpose of a parameter as a
+/// `Transpose` of that parameter (a tied head folded by the TorchScript exporter).
+fn tie_transposed(graph: &mut Graph) {
+    let matrices: Vec<(NodeId, Arc<TensorData>)> = graph
+        .node_ids()
+        .filter_map(|n| match &graph.node(n).op {
+            op @ Op::Constant { tensor, .. } if op.is_weight() && tensor.dims.len() == 2 => {
+                Some((n, tensor.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let named = |graph: &Graph, n: NodeId| {
+        let v = graph.node(n).outputs.first().copied();
+        v.map(|v| graph.value(v).name.clone()).unwrap_or_default()
+    };
+    for (n, copy) in &matrices {
+        if !named(graph, *n).starts_with("onnx::") {
+            continue;
+        }
+        // A constant never ties: equal zeros are no evidence of a shared parameter.
+        let Ok(values) = copy.to_f64s() else { continue };
+        if values.windows(2).all(|w| w[0].to_bits() == w[1].to_bits()) {
+            continue;
+        }
+        let (rows, cols) = (copy.dims[0] as usize, copy.dims[1] as usize);
+        let transposes = |t: &TensorData| {
+            t.dims == [copy.dims[1], copy.dims[0]]
+                && t.to_f64s().is_ok_and(|w| {
+                    (0..rows).all(|i| {
+                        (0..cols)
+                            .all(|j| values[i * cols + j].to_bits() == w[j * rows + i].to_bits())
+                    })
+                })
+        };
+        let Some(&(parameter, _)) = matrices
+            .iter()
+            .find(|(m, t)| m != n && !named(graph, *m).starts_with("onnx::") && transposes(t))
+        else {
+            continue;
+        };
+        let source = graph.node(parameter).outputs.first().copied();
+        graph.set_inputs(*n, vec![source]);
+        graph.node_mut(*n).op = Op::Transpose {
+            perm: Some(vec![1, 0]),
+        };
     }
 }
 

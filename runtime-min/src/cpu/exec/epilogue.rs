@@ -12,7 +12,7 @@ use ralpc_codegen::layout::LayerKind;
 use ralpc_ir::{NodeId, Op};
 
 use super::heads::{self, local_shapes};
-use super::{after, Prepared};
+use super::{after, Prepared, Source};
 
 impl Prepared<'_> {
     /// Follows every output-feature split through its layer's epilogue. What the cut
@@ -37,25 +37,51 @@ impl Prepared<'_> {
                     .find(|&n| matches!(g.node(n).op, Op::Pool(_) | Op::GlobalPool(_))),
                 _ => None,
             };
-            let Some(main) = main else { continue };
-            let Some(&product) = g.node(main).outputs.first() else {
-                continue;
+            let (seed, epilogue) = match main {
+                Some(main) => {
+                    let Some(&product) = g.node(main).outputs.first() else {
+                        continue;
+                    };
+                    let Some(rank) = self.exe.info.ty(product).shape.as_sizes().map(|s| s.len())
+                    else {
+                        continue;
+                    };
+                    // Channels, or a product's last axis.
+                    let axis = match layer.kind {
+                        LayerKind::Dense => rank.saturating_sub(1),
+                        _ => 1,
+                    };
+                    let epilogue: Vec<NodeId> = layer
+                        .nodes
+                        .iter()
+                        .copied()
+                        .filter(|&n| after(&layer.nodes, main, n))
+                        .collect();
+                    (BTreeMap::from([(product, axis)]), epilogue)
+                }
+                // An elementwise layer between column- and row-parallel products (GELU
+                // and the flattening reshape before Hugging Face's GPT-2 `c_proj`): its
+                // inputs' features.
+                None if layer.kind == LayerKind::Elementwise => {
+                    let mut seed = BTreeMap::new();
+                    for &(v, source) in &layer.inputs {
+                        if !matches!(source, Source::Edge(_) | Source::GraphInput) {
+                            continue;
+                        }
+                        let c = self.carrier(v);
+                        let Some(rank) = self.exe.info.ty(c).shape.as_sizes().map(|s| s.len())
+                        else {
+                            continue;
+                        };
+                        if let Some(f) = self.axes(c, rank).features {
+                            seed.insert(v, f);
+                            seed.insert(c, f);
+                        }
+                    }
+                    (seed, layer.nodes.clone())
+                }
+                None => continue,
             };
-            let Some(rank) = self.exe.info.ty(product).shape.as_sizes().map(|s| s.len()) else {
-                continue;
-            };
-            // Channels, or a product's last axis.
-            let axis = match layer.kind {
-                LayerKind::Dense => rank.saturating_sub(1),
-                _ => 1,
-            };
-            let epilogue: Vec<NodeId> = layer
-                .nodes
-                .iter()
-                .copied()
-                .filter(|&n| after(&layer.nodes, main, n))
-                .collect();
-            let seed = BTreeMap::from([(product, axis)]);
             let Ok((local, cut)) =
                 local_shapes(g, self.exe.info, &epilogue, seed, pieces, &is_weight)
             else {
@@ -76,6 +102,53 @@ impl Prepared<'_> {
                 ..local
             };
             self.feature_axes.extend(outputs);
+        }
+    }
+
+    /// Makes local the shape constants of layers split by rows that are not windows (a
+    /// sequence-parallel LayerNorm reshaping to `[b, s, h]` names the whole sequence):
+    /// the cut is followed from the inputs' row axes as for a head split.
+    pub(super) fn split_row_shapes(&mut self) {
+        let g = self.exe.graph;
+        let is_weight = |v| self.exe.weights.trainable.contains(&self.carrier(v));
+        let mut found = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let pieces = layer.split.attribute;
+            let window = matches!(
+                layer.kind,
+                LayerKind::Conv | LayerKind::Pool | LayerKind::Dense
+            );
+            let reshapes = layer
+                .nodes
+                .iter()
+                .any(|&n| matches!(g.node(n).op, Op::Reshape { .. }));
+            if pieces <= 1 || window || !reshapes || !layer.local.is_empty() {
+                continue;
+            }
+            let mut seed = BTreeMap::new();
+            for &(v, source) in &layer.inputs {
+                if !matches!(source, Source::Edge(_) | Source::GraphInput) {
+                    continue;
+                }
+                let c = self.carrier(v);
+                let Some(rank) = self.exe.info.ty(c).shape.as_sizes().map(|s| s.len()) else {
+                    continue;
+                };
+                if let Some(r) = self.axes(c, rank).rows {
+                    seed.insert(v, r);
+                    seed.insert(c, r);
+                }
+            }
+            if let Ok((local, _)) =
+                local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &is_weight)
+            {
+                found.push((l, local));
+            }
+        }
+        for (l, local) in found {
+            if !local.is_empty() {
+                self.layers[l].local = local;
+            }
         }
     }
 }

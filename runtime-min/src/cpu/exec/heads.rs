@@ -213,6 +213,11 @@ pub(super) fn local_shapes(
             .as_sizes()
             .ok_or_else(|| format!("'{}' has no static shape", graph.value(v).name))
     };
+    // An integer tensor's entries, when known before the run (shape targets, axes).
+    let ints = |v: ValueId| -> Option<Vec<i64>> {
+        let content = info.ty(v).content.as_ref()?;
+        content.iter().map(|s| s.as_i64()).collect()
+    };
     let t = u64::from(pieces.max(1));
     let mut local = LocalShapes {
         pieces: i64::from(pieces.max(1)),
@@ -296,12 +301,7 @@ pub(super) fn local_shapes(
                 if o2 > 1 {
                     merged_out = Some(o2);
                 }
-                let entries: Option<Vec<i64>> = info
-                    .ty(target)
-                    .content
-                    .as_ref()
-                    .and_then(|c| c.iter().map(|s| s.as_i64()).collect());
-                let Some(entries) = entries else {
+                let Some(entries) = ints(target) else {
                     return refuse("reads a target shape not known before the run");
                 };
                 match entries.get(j) {
@@ -454,12 +454,7 @@ pub(super) fn local_shapes(
                 };
                 let j = a + out_rank - rank_of(0)?;
                 if let Some(target) = data(1) {
-                    let entries: Option<Vec<i64>> = info
-                        .ty(target)
-                        .content
-                        .as_ref()
-                        .and_then(|c| c.iter().map(|s| s.as_i64()).collect());
-                    let Some(entries) = entries else {
+                    let Some(entries) = ints(target) else {
                         return refuse("reads a target shape not known before the run");
                     };
                     let at = (j + entries.len()).checked_sub(out_rank);
@@ -479,11 +474,7 @@ pub(super) fn local_shapes(
                 };
                 let listed: Option<Vec<i64>> = match (axes, data(1)) {
                     (Some(axes), _) => Some(axes.clone()),
-                    (None, Some(v)) => info
-                        .ty(v)
-                        .content
-                        .as_ref()
-                        .and_then(|c| c.iter().map(|s| s.as_i64()).collect()),
+                    (None, Some(v)) => ints(v),
                     (None, None) => Some(Vec::new()),
                 };
                 let Some(listed) = listed else {
@@ -520,6 +511,17 @@ pub(super) fn local_shapes(
                     return refuse("slices the cut axis");
                 }
                 *a
+            }
+            // Each row normalized over axes after the cut one (a sequence-parallel
+            // LayerNorm); its scale and bias are whole.
+            Op::LayerNorm { axis, .. } => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("reads a cut scale or bias");
+                };
+                if axis_of(*axis, out_rank).is_none_or(|first| first <= a) {
+                    return refuse("normalizes over the cut axis");
+                }
+                a
             }
             // The shape of a piece is the piece's: it names local sizes by itself.
             Op::Shape { .. } => continue,

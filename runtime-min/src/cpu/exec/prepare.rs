@@ -214,6 +214,7 @@ impl<'a> Prepared<'a> {
         // them finds its heads.
         prepared.split_epilogues();
         prepared.split_heads()?;
+        prepared.split_row_shapes();
         prepared.plan_halos(&resolved)?;
         prepared.check()?;
         Ok(prepared)
@@ -240,18 +241,26 @@ impl<'a> Prepared<'a> {
                     }
                 }
                 LayerKind::Embedding if a > 1 => {
-                    // Its pieces' lookups are summed: it may only look up and add, view
-                    // (a sum of views is the view of the sum) and work on the ids.
-                    let linear = l.nodes.iter().all(|&n| {
+                    // Its pieces' lookups are summed: what it computes of them may only
+                    // add and view them (a sum of views is the view of the sum); what
+                    // computes the ids (OPT's positions from the mask) is free.
+                    let mut looked_up: BTreeSet<ValueId> = BTreeSet::new();
+                    let mut linear = true;
+                    for &n in &l.nodes {
                         let node = g.node(n);
-                        let integer = node
-                            .outputs
-                            .iter()
-                            .all(|&o| !self.exe.info.ty(o).dtype.is_float());
-                        integer
-                            || is_view(&node.op)
-                            || matches!(node.op, Op::Gather { .. } | Op::Binary(Binary::Add))
-                    });
+                        let lookup = matches!(node.op, Op::Gather { .. })
+                            && node.inputs.first().copied().flatten().is_some_and(|t| {
+                                self.exe.weights.trainable.contains(&self.carrier(t))
+                            });
+                        let reads = node.inputs.iter().flatten().any(|v| looked_up.contains(v));
+                        if reads {
+                            linear &=
+                                is_view(&node.op) || matches!(node.op, Op::Binary(Binary::Add));
+                        }
+                        if lookup || reads {
+                            looked_up.extend(node.outputs.iter().copied());
+                        }
+                    }
                     if !linear || self.vocabulary_lookup(l).is_none() {
                         return Err(setup(format!(
                             "layer {}: a vocabulary-parallel embedding sums its pieces' \
