@@ -274,36 +274,25 @@ fn constant_detail(graph: &Graph, v: Option<crate::ids::ValueId>) -> String {
                 if shaped.is_empty() {
                     return String::new();
                 }
-                format!(
-                    "; it depends on the shape of {}, not all known (give it: {})",
-                    shaped
-                        .iter()
-                        .map(|i| format!("input '{i}'"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    shaped
-                        .iter()
-                        .map(|i| format!("--input {i}=…"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )
+                let (names, flags) = input_hint(&shaped, "--input");
+                format!("; it depends on the shape of {names}, not all known (give it: {flags})")
             } else {
+                let (names, flags) = input_hint(&inputs, "--value");
                 format!(
-                    "; it depends on the value of {}, known only at run time (unless given: {})",
-                    inputs
-                        .iter()
-                        .map(|i| format!("input '{i}'"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    inputs
-                        .iter()
-                        .map(|i| format!("--value {i}=…"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
+                    "; it depends on the value of {names}, known only at run time (unless \
+                     given: {flags})"
                 )
             }
         }
     }
+}
+
+/// The graph inputs `names` as a message names them (`input 'a', input 'b'`) and the
+/// options that give them (`--flag a=… --flag b=…`).
+fn input_hint(names: &[String], flag: &str) -> (String, String) {
+    let named: Vec<String> = names.iter().map(|i| format!("input '{i}'")).collect();
+    let given: Vec<String> = names.iter().map(|i| format!("{flag} {i}=…")).collect();
+    (named.join(", "), given.join(" "))
 }
 
 /// The graph inputs whose values (not only shapes) flow into `v`, by name.
