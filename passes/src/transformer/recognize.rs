@@ -92,6 +92,9 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             other.0, other.1
         ));
     }
+    if hidden == 0 {
+        return no("its token embedding has no width".into());
+    }
     if heads == 0 || hidden % heads != 0 {
         return no(format!(
             "hidden {hidden} is not a multiple of {heads} heads"
