@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 
 use ralpc_codegen::layout::LayerKind;
-use ralpc_ir::{NodeId, Op};
+use ralpc_ir::{NodeId, Op, ValueId};
 
 use super::heads::{self, local_shapes};
-use super::{after, Prepared, Source};
+use super::{after, Axes, LayerExec, Prepared, Source};
 
 impl Prepared<'_> {
     /// Follows every output-feature split through its layer's epilogue. What the cut
@@ -63,22 +63,7 @@ impl Prepared<'_> {
                 // and the flattening reshape before Hugging Face's GPT-2 `c_proj`): its
                 // inputs' features.
                 None if layer.kind == LayerKind::Elementwise => {
-                    let mut seed = BTreeMap::new();
-                    for &(v, source) in &layer.inputs {
-                        if !matches!(source, Source::Edge(_) | Source::GraphInput) {
-                            continue;
-                        }
-                        let c = self.carrier(v);
-                        let Some(rank) = self.exe.info.ty(c).shape.as_sizes().map(|s| s.len())
-                        else {
-                            continue;
-                        };
-                        if let Some(f) = self.axes(c, rank).features {
-                            seed.insert(v, f);
-                            seed.insert(c, f);
-                        }
-                    }
-                    (seed, layer.nodes.clone())
+                    (self.input_cuts(layer, |a| a.features), layer.nodes.clone())
                 }
                 None => continue,
             };
@@ -105,6 +90,30 @@ impl Prepared<'_> {
         }
     }
 
+    /// The axis `pick` chooses of each input `layer` reads from another layer or the
+    /// graph (under its own name and its carrier's): where a split of it cuts them.
+    fn input_cuts(
+        &self,
+        layer: &LayerExec,
+        pick: impl Fn(Axes) -> Option<usize>,
+    ) -> BTreeMap<ValueId, usize> {
+        let mut cuts = BTreeMap::new();
+        for &(v, source) in &layer.inputs {
+            if !matches!(source, Source::Edge(_) | Source::GraphInput) {
+                continue;
+            }
+            let c = self.carrier(v);
+            let Some(rank) = self.exe.info.ty(c).shape.as_sizes().map(|s| s.len()) else {
+                continue;
+            };
+            if let Some(axis) = pick(self.axes(c, rank)) {
+                cuts.insert(v, axis);
+                cuts.insert(c, axis);
+            }
+        }
+        cuts
+    }
+
     /// Makes local the shape constants of layers split by rows that are not windows (a
     /// sequence-parallel LayerNorm reshaping to `[b, s, h]` names the whole sequence):
     /// the cut is followed from the inputs' row axes as for a head split.
@@ -125,20 +134,7 @@ impl Prepared<'_> {
             if pieces <= 1 || window || !reshapes || !layer.local.is_empty() {
                 continue;
             }
-            let mut seed = BTreeMap::new();
-            for &(v, source) in &layer.inputs {
-                if !matches!(source, Source::Edge(_) | Source::GraphInput) {
-                    continue;
-                }
-                let c = self.carrier(v);
-                let Some(rank) = self.exe.info.ty(c).shape.as_sizes().map(|s| s.len()) else {
-                    continue;
-                };
-                if let Some(r) = self.axes(c, rank).rows {
-                    seed.insert(v, r);
-                    seed.insert(c, r);
-                }
-            }
+            let seed = self.input_cuts(layer, |a| a.rows);
             if let Ok((local, _)) =
                 local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &is_weight)
             {
