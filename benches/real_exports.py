@@ -73,6 +73,17 @@ def vision():
             num_classes=4, weights_backbone=None), "out"), image[:2]),
         "r3d_18": (lambda: vid.r3d_18(num_classes=5), clip),
         "r2plus1d_18": (lambda: vid.r2plus1d_18(num_classes=5), clip),
+        "resnet18": (lambda: m.resnet18(num_classes=10), image),
+        "vgg11_bn": (lambda: m.vgg11_bn(num_classes=10), image),
+        "densenet121": (lambda: m.densenet121(num_classes=10), image),
+        "mobilenet_v2": (lambda: m.mobilenet_v2(num_classes=10), image),
+        "efficientnet_b0": (lambda: m.efficientnet_b0(num_classes=10), image),
+        "convnext_tiny": (lambda: m.convnext_tiny(num_classes=10), image),
+        "inception_v3": (lambda: m.inception_v3(num_classes=10, aux_logits=False,
+                                                init_weights=True), torch.randn(2, 3, 96, 96)),
+        "vit_small": (lambda: m.VisionTransformer(image_size=64, patch_size=16, num_layers=2,
+                                                  num_heads=4, hidden_dim=64, mlp_dim=128,
+                                                  num_classes=10), image),
     }
 
 
@@ -110,6 +121,41 @@ def text():
         "qwen2": lm(lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**small, num_key_value_heads=2))),
         "gemma": lm(lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**small, num_key_value_heads=1,
                                                               head_dim=16))),
+        "mistral": lm(lambda: tf.MistralForCausalLM(tf.MistralConfig(
+            **small, num_key_value_heads=2, sliding_window=8))),
+        "qwen3": lm(lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**small, num_key_value_heads=2,
+                                                              head_dim=16))),
+        "phi3": lm(lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**small, num_key_value_heads=2,
+                                                           pad_token_id=0))),
+        "gemma2": lm(lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(
+            **small, num_key_value_heads=2, head_dim=16))),
+        "stablelm": lm(lambda: tf.StableLmForCausalLM(tf.StableLmConfig(
+            **small, num_key_value_heads=2))),
+        "starcoder2": lm(lambda: tf.Starcoder2ForCausalLM(tf.Starcoder2Config(
+            **small, num_key_value_heads=2))),
+        "falcon": lm(lambda: tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4))),
+        "gptj": lm(lambda: tf.GPTJForCausalLM(tf.GPTJConfig(
+            vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32, rotary_dim=8))),
+        "codegen": lm(lambda: tf.CodeGenForCausalLM(tf.CodeGenConfig(
+            vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32, rotary_dim=8))),
+        "gpt_bigcode": lm(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
+            vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32))),
+        "gpt_neo": lm(lambda: tf.GPTNeoForCausalLM(tf.GPTNeoConfig(
+            vocab_size=100, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=32,
+            attention_types=[[["global", "local"], 1]], window_size=8))),
+        "mpt": lm(lambda: tf.MptForCausalLM(tf.MptConfig(
+            vocab_size=100, d_model=64, n_layers=2, n_heads=4, max_seq_len=32))),
+        "bart": lm(lambda: tf.BartForSequenceClassification(tf.BartConfig(
+            vocab_size=100, d_model=64, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, max_position_embeddings=32, num_labels=3))),
+        "deberta_v2": lm(lambda: tf.DebertaV2ForSequenceClassification(tf.DebertaV2Config(
+            **small, num_labels=3))),
+        "mobilebert": lm(lambda: tf.MobileBertForSequenceClassification(tf.MobileBertConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, embedding_size=32, intra_bottleneck_size=32,
+            max_position_embeddings=32, num_labels=3))),
     }
     cases = {name: (make, ids) for name, make in cases.items()}
     cases["t5enc"] = (lambda: Output(tf.T5EncoderModel(tf.T5Config(

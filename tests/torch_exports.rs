@@ -110,6 +110,11 @@ fn assert_pytorch(what: &str, got: &[f64], want: &[f64]) {
 }
 
 fn check(case: &str) {
+    check_on(case, &[1, 2]);
+}
+
+/// `case` has PyTorch's parameters and trains as PyTorch on each of `gpus`.
+fn check_on(case: &str, gpus: &[u32]) {
     let Expected {
         losses: want,
         parameters,
@@ -126,7 +131,7 @@ fn check(case: &str) {
         inspection.params, parameters,
         "{case}: PyTorch's parameters"
     );
-    for gpus in [1, 2] {
+    for &gpus in gpus {
         let dir = tempfile::tempdir().expect("temp dir");
         let got = train(case, gpus, &input, dir.path());
         assert_pytorch(&format!("{case} on {gpus} ranks"), &got, &want);
@@ -181,6 +186,25 @@ fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
 #[test]
 fn hugging_faces_gpt2_split_by_heads_trains_as_pytorch() {
     split_by_heads("hf_gpt2_ts");
+}
+
+/// The Llama decoder exported at fixed shapes: the rotary tables, computed from a buffer,
+/// are folded into initializers of their own, which must not train (PyTorch's parameter
+/// count, and its losses). One rank: the export bakes its batch into the reshapes of
+/// `[b·heads, s, s]`, so no plan splits its samples.
+#[test]
+fn rotary_tables_folded_by_the_exporter_do_not_train() {
+    check_on("llama_static", &[1]);
+}
+
+/// Hugging Face's BLOOM: its fused projection interleaves Q, K and V per head
+/// (`[b, s, heads, 3, d]`, Megatron-LM's own layout), so a rank's columns are whole heads;
+/// ALiBi's bias, one row per head and computed from constants, is taken by each rank for
+/// its own heads. On 1 and 2 ranks, then split by heads as Megatron-LM splits it.
+#[test]
+fn bloom_trains_as_pytorch_and_split_by_heads() {
+    check("bloom_ts");
+    split_by_heads("bloom_ts");
 }
 
 /// Three steps of `case` at t2 on 4 ranks: × d2, then × p2 (microbatches of one), each

@@ -23,12 +23,14 @@
 //!   trained values, never a constant. The copies are named `<name>@<node>`. The values
 //!   are read only where they are small and present (a structure-only model keeps its
 //!   merges; so do deep-copied layers, whose equal values are not constant).
-//! * The TorchScript exporter folds a head tied to the embedding (`x @ wte.T`, GPT-2's LM
-//!   head) into a transposed copy named `onnx::MatMul_<n>`: an initializer it named so
-//!   whose values are exactly the transpose of a parameter's (not constant-valued) is that
-//!   parameter read through a `Transpose`, one weight with the embedding.
-//! * A float initializer holding an infinity or a NaN (an additive attention mask the
-//!   exporter folded) is a constant: no parameter holds one.
+//! * Both exporters fold a head tied to the embedding (`x @ wte.T`, GPT-2's LM head) into
+//!   a transposed copy named `onnx::MatMul_<n>` (TorchScript) or `val_<n>` (dynamo): an
+//!   initializer named so whose values are exactly the transpose of a parameter's (not
+//!   constant-valued) is that parameter read through a `Transpose`, one weight with the
+//!   embedding.
+//! * A float initializer holding an infinity, a NaN or its type's lowest finite value (an
+//!   additive attention mask the exporter folded: Hugging Face fills masked positions with
+//!   `torch.finfo(dtype).min`) is a constant: no parameter holds one.
 //! * The scale and bias of an `InstanceNormalization` between two `Reshape`s are the
 //!   ones and zeros of a group normalization as PyTorch's exporters decompose it (the
 //!   module's own affine follows as a `Mul` and an `Add`): constants.
@@ -36,9 +38,13 @@
 //!   names as a buffer or a lifted constant tensor (a rotary embedding's inverse
 //!   frequencies, batch-norm statistics) is a constant. A buffer the exporter folded with
 //!   other constants into a new initializer (a rotary table cut to a fixed sequence
-//!   length) keeps no such name and trains as a weight.
+//!   length, ALiBi's bias) keeps no such name; when every parameter of the signature is
+//!   still there, by name or read by a node, such a fold is found by its readers' records
+//!   of the FX nodes they came from: none read a parameter in its place
+//!   ([`folded_constants`]). A fold of a parameter (a position table looked up at fixed
+//!   positions) leaves that parameter missing, and the folds train as weights.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use onnx_protobuf::GraphProto;
@@ -63,7 +69,7 @@ pub(super) fn find_weights(graph: &mut Graph, pytorch: bool, buffers: &BTreeSet<
                 tensor,
                 initializer: true,
             } => {
-                holds_non_finite(tensor)
+                is_mask(tensor)
                     || is_group_norm_constant(graph, n)
                     || graph
                         .node(n)
@@ -114,7 +120,95 @@ pub(super) fn exported_buffers(proto: &GraphProto) -> BTreeSet<String> {
             buffers.insert(t.name.clone());
         }
     }
+    buffers.extend(folded_constants(proto));
     buffers
+}
+
+/// The initializers the dynamo exporter folded from buffers and constants alone: a
+/// rotary table cut to the sequence, ALiBi's per-head bias, a mask. The graph signature
+/// lists the parameters (`p_blocks_0_attn_Wqkv_weight: PARAMETER
+/// target='blocks.0.attn.Wqkv.weight'`) and each node records the FX node it came from,
+/// with the parameters it read (`%p_…`). When every parameter is an initializer of its
+/// name or read by a node of the graph, none was folded into a new initializer, so a float
+/// initializer named otherwise that no reader reads in place of a parameter (its FX
+/// node names no `%p_…`) is a constant. Where a parameter went into a fold (a position
+/// table looked up at fixed positions), the folds stay weights.
+fn folded_constants(proto: &GraphProto) -> BTreeSet<String> {
+    const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
+    let mut parameters: Vec<(&str, &str)> = Vec::new();
+    for entry in proto.metadata_props.iter().filter(|e| e.key == SIGNATURE) {
+        for line in entry.value.lines() {
+            let Some((placeholder, spec)) = line.split_once(": ") else {
+                continue;
+            };
+            let mut words = spec.split_whitespace();
+            let target = words
+                .nth(1)
+                .and_then(|t| t.strip_prefix("target='"))
+                .and_then(|t| t.strip_suffix('\''));
+            if let (Some("PARAMETER"), Some(target)) = (spec.split_whitespace().next(), target) {
+                parameters.push((placeholder.trim(), target));
+            }
+        }
+    }
+    if parameters.is_empty() {
+        return BTreeSet::new();
+    }
+    let read: BTreeSet<&str> = proto
+        .node
+        .iter()
+        .filter_map(parameters_read)
+        .flatten()
+        .collect();
+    let initializers: BTreeSet<&str> = proto.initializer.iter().map(|t| t.name.as_str()).collect();
+    let all_there = parameters
+        .iter()
+        .all(|(placeholder, target)| initializers.contains(target) || read.contains(placeholder));
+    if !all_there {
+        return BTreeSet::new();
+    }
+    let targets: BTreeSet<&str> = parameters.iter().map(|&(_, t)| t).collect();
+    // Per initializer named otherwise, whether every reader so far is known to read no
+    // parameter in its place.
+    let mut folds: BTreeMap<&str, bool> = initializers
+        .iter()
+        .filter(|name| !targets.contains(*name))
+        .map(|&name| (name, false))
+        .collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for node in &proto.node {
+        let constant_there = parameters_read(node).is_some_and(|p| p.is_empty());
+        for input in &node.input {
+            if let Some(fold) = folds.get_mut(input.as_str()) {
+                *fold = constant_there && (*fold || seen.insert(input.as_str()));
+            }
+        }
+    }
+    folds
+        .into_iter()
+        .filter(|&(_, constant)| constant)
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
+/// The parameters (`p_…` placeholders) the FX node `node` came from read, when the
+/// exporter recorded it.
+fn parameters_read(node: &onnx_protobuf::NodeProto) -> Option<BTreeSet<&str>> {
+    const FX_NODE: &str = "pkg.torch.onnx.fx_node";
+    let fx = node.metadata_props.iter().find(|e| e.key == FX_NODE)?;
+    Some(
+        fx.value
+            .split('%')
+            .skip(1)
+            .map(|s| {
+                let end = s
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(s.len());
+                &s[..end]
+            })
+            .filter(|name| name.starts_with("p_"))
+            .collect(),
+    )
 }
 
 /// Marks float `Constant` nodes of more than one element as weights (`initializer: true`)
@@ -199,8 +293,17 @@ fn tie_transposed(graph: &mut Graph) {
         let v = graph.node(n).outputs.first().copied();
         v.map(|v| graph.value(v).name.clone()).unwrap_or_default()
     };
+    // Names the exporters make up for what they fold: TorchScript's `onnx::MatMul_7`,
+    // dynamo's `val_39` (a parameter keeps its module path).
+    let made_up = |graph: &Graph, n: NodeId| {
+        let name = named(graph, n);
+        name.starts_with("onnx::")
+            || name
+                .strip_prefix("val_")
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+    };
     for (n, copy) in &matrices {
-        if !named(graph, *n).starts_with("onnx::") {
+        if !made_up(graph, *n) {
             continue;
         }
         // A constant never ties: equal zeros are no evidence of a shared parameter.
@@ -220,7 +323,7 @@ fn tie_transposed(graph: &mut Graph) {
         };
         let Some(&(parameter, _)) = matrices
             .iter()
-            .find(|(m, t)| m != n && !named(graph, *m).starts_with("onnx::") && transposes(t))
+            .find(|(m, t)| m != n && !made_up(graph, *m) && transposes(t))
         else {
             continue;
         };
@@ -287,10 +390,11 @@ fn untie_constants(graph: &mut Graph) {
 /// every initializer outside the model, masks included); larger tensors are weights.
 const MASK_BYTES: u64 = 4 << 20;
 
-/// Whether a float tensor holds an infinity or a NaN. External data is read only for
+/// Whether a float tensor holds an infinity, a NaN or its type's lowest finite value
+/// (what an additive mask fills masked positions with). External data is read only for
 /// tensors of at most [`MASK_BYTES`] whose file is there (a structure-only model has
 /// none: its initializers stay weights).
-fn holds_non_finite(tensor: &TensorData) -> bool {
+fn is_mask(tensor: &TensorData) -> bool {
     if !tensor.dtype.is_float() {
         return false;
     }
@@ -300,16 +404,22 @@ fn holds_non_finite(tensor: &TensorData) -> bool {
     }
     match tensor.dtype {
         crate::DType::F32 => tensor.bytes().is_ok_and(|bytes| {
-            bytes
-                .chunks_exact(4)
-                .any(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+            bytes.chunks_exact(4).any(|b| {
+                let x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                !x.is_finite() || x == f32::MIN
+            })
         }),
         // Other float types are rare in exports: decode them (bounded, as masks are).
-        _ => {
+        dtype => {
+            let lowest = match dtype {
+                crate::DType::F16 => -65504.0,
+                crate::DType::BF16 => -3.389_531_389_251_535_5e38,
+                _ => f64::MIN,
+            };
             small
                 && tensor
                     .to_f64s()
-                    .is_ok_and(|v| v.iter().any(|x| !x.is_finite()))
+                    .is_ok_and(|v| v.iter().any(|&x| !x.is_finite() || x == lowest))
         }
     }
 }
@@ -383,6 +493,9 @@ mod tests {
         let alias = g.add_node(Op::Identity, prov("Identity_1"), &["b.bias"]);
         g.set_inputs(alias, vec![Some(a)]);
         g.add_node(weight(&[0.0, f32::NEG_INFINITY]), prov("mask"), &["mask"]);
+        // Hugging Face's: `torch.finfo(torch.float32).min` where masked.
+        g.add_node(weight(&[0.0, f32::MIN]), prov("hf_mask"), &["hf_mask"]);
+        g.add_node(weight(&[0.0, -3.0e38]), prov("large"), &["large"]);
         find_weights(&mut g, true, &BTreeSet::new());
         assert!(is_weight(&g, "a.bias"));
         assert!(
@@ -392,6 +505,8 @@ mod tests {
         assert!(g.node(alias).inputs.is_empty());
         assert_eq!(g.provenance(alias).name, "a.bias", "it starts as a.bias");
         assert!(!is_weight(&g, "mask"));
+        assert!(!is_weight(&g, "hf_mask"));
+        assert!(is_weight(&g, "large"), "only the lowest value marks a mask");
     }
 
     #[test]
@@ -420,6 +535,116 @@ mod tests {
         assert!(is_weight(&g, "ln.weight@mul2"));
         // A tie of values that are not all equal stays one weight.
         assert!(users.iter().all(|&n| g.node(n).inputs[1] == Some(e)));
+    }
+
+    fn entry(key: &str, value: &str) -> onnx_protobuf::StringStringEntryProto {
+        let mut e = onnx_protobuf::StringStringEntryProto::new();
+        e.key = key.into();
+        e.value = value.into();
+        e
+    }
+
+    /// A dynamo export's graph: its signature's parameters, initializers, and nodes each
+    /// reading one initializer, with the FX node they came from.
+    fn exported(parameters: &[&str], initializers: &[&str], nodes: &[(&str, &str)]) -> GraphProto {
+        let mut g = GraphProto::new();
+        let signature: String = parameters
+            .iter()
+            .map(|t| format!("p_{}: PARAMETER target='{t}'\n", t.replace('.', "_")))
+            .collect();
+        g.metadata_props.push(entry(
+            "pkg.torch.export.ExportedProgram.graph_signature",
+            &format!("\n# inputs\n{signature}x: USER_INPUT\n"),
+        ));
+        for name in initializers {
+            let mut t = onnx_protobuf::TensorProto::new();
+            t.name = (*name).into();
+            g.initializer.push(t);
+        }
+        for (reads, fx) in nodes {
+            let mut n = onnx_protobuf::NodeProto::new();
+            n.input.push((*reads).into());
+            n.metadata_props.push(entry("pkg.torch.onnx.fx_node", fx));
+            g.node.push(n);
+        }
+        g
+    }
+
+    #[test]
+    fn folds_of_buffers_are_constants_when_every_parameter_is_there() {
+        let linear = "%linear : [num_users=1] = call_function[target=aten.linear.default]\
+                      (args = (%x, %p_q_weight), kwargs = {})";
+        let rotary = "%mul_3 : [num_users=1] = call_function[target=aten.mul.Tensor]\
+                      (args = (%linear, %unsqueeze_14), kwargs = {})";
+        let position = "%add : [num_users=1] = call_function[target=aten.add.Tensor]\
+                        (args = (%linear, %embedding_1), kwargs = {})";
+        // `q.weight` folded into its transpose `val_3`, which the product reads; the
+        // rotary table `unsqueeze_14` read by no parameter's reader.
+        let all_there = exported(
+            &["q.weight", "norm.weight"],
+            &["norm.weight", "val_3", "unsqueeze_14"],
+            &[
+                ("val_3", linear),
+                ("unsqueeze_14", rotary),
+                ("norm.weight", position),
+            ],
+        );
+        assert_eq!(
+            folded_constants(&all_there),
+            BTreeSet::from(["unsqueeze_14".to_owned()])
+        );
+        // A position table folded into the rows it looked up: `pos.weight` is gone, so a
+        // fold may hold parameters, and every fold stays a weight.
+        let folded_parameter = exported(
+            &["q.weight", "pos.weight"],
+            &["val_3", "embedding_1", "unsqueeze_14"],
+            &[
+                ("val_3", linear),
+                ("embedding_1", position),
+                ("unsqueeze_14", rotary),
+            ],
+        );
+        assert!(folded_constants(&folded_parameter).is_empty());
+        // Not a dynamo export: no signature, nothing found.
+        assert!(folded_constants(&GraphProto::new()).is_empty());
+    }
+
+    fn matrix(rows: u64, values: &[f32]) -> Op {
+        let mut op = weight(values);
+        if let Op::Constant { tensor, .. } = &mut op {
+            Arc::make_mut(tensor).dims = vec![rows, values.len() as u64 / rows];
+        }
+        op
+    }
+
+    #[test]
+    fn a_head_folded_as_the_embeddings_transpose_is_the_embedding() {
+        let mut g = Graph::default();
+        let embedding = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6];
+        let transposed = [0.1, 0.3, 0.5, 0.2, 0.4, 0.6];
+        g.add_node(matrix(3, &embedding), prov("wte.weight"), &["wte.weight"]);
+        // TorchScript's name for the folded copy, dynamo's, and a parameter's own.
+        for name in ["onnx::MatMul_7", "val_230", "decoder.weight"] {
+            g.add_node(matrix(2, &transposed), prov(name), &[name]);
+        }
+        find_weights(&mut g, true, &BTreeSet::new());
+        for (name, tied) in [
+            ("onnx::MatMul_7", true),
+            ("val_230", true),
+            ("decoder.weight", false),
+        ] {
+            let n = g
+                .node_ids()
+                .find(|&n| g.value(g.node(n).outputs[0]).name == name)
+                .expect("the node");
+            let reads = g.node(n).inputs.first().copied().flatten();
+            assert_eq!(
+                reads.map(|v| g.value(v).name.clone()).as_deref(),
+                tied.then_some("wte.weight"),
+                "{name}"
+            );
+            assert_eq!(is_weight(&g, name), !tied, "{name}");
+        }
     }
 
     #[test]

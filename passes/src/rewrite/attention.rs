@@ -62,6 +62,8 @@ const CORE_OPS: &[&str] = &[
     "Trilu",
     "Equal",
     "IsNaN",
+    // BLOOM's fused projection viewed as `[b, s, heads, 3, d]`, Q, K and V picked from it.
+    "Gather",
 ];
 
 /// Merges each attention core of `units` (producers before consumers) into one unit.
@@ -81,14 +83,20 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
         !u.weight_only
             && u.members.iter().all(|&m| {
                 let op = facts.op_name[m.index()];
+                // A product of two activations, a pick from one (by constant indices);
+                // one of a weight is a layer's own.
+                let activations = match op {
+                    "MatMul" => 2,
+                    "Gather" => 1,
+                    _ => 0,
+                };
                 CORE_OPS.contains(&op)
-                    && (op != "MatMul"
-                        || graph
-                            .node(m)
-                            .inputs
-                            .iter()
-                            .flatten()
-                            .all(|v| !facts.derived[v.index()]))
+                    && graph
+                        .node(m)
+                        .inputs
+                        .iter()
+                        .take(activations)
+                        .all(|v| v.is_some_and(|v| !facts.derived[v.index()]))
             })
     };
     let softmax = |u: &Unit| {

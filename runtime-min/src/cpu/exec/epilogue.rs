@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use ralpc_codegen::layout::LayerKind;
 use ralpc_ir::{NodeId, Op, ValueId};
 
-use super::heads::{self, local_shapes};
+use super::heads::{self, local_shapes, Operand};
 use super::{after, Axes, LayerExec, Prepared, Source};
 
 impl Prepared<'_> {
@@ -20,7 +20,11 @@ impl Prepared<'_> {
     /// suggest: such a layer runs as before or is refused where it reads a wrong share.
     pub(super) fn split_epilogues(&mut self) {
         let g = self.exe.graph;
-        let is_weight = |v| self.exe.weights.trainable.contains(&self.carrier(v));
+        // Constants read per feature are taken apart by the head split alone.
+        let operand = |v| match self.operand(v) {
+            Operand::Constant => Operand::Activation,
+            o => o,
+        };
         let mut found = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             let pieces = layer.split.parameter;
@@ -68,7 +72,7 @@ impl Prepared<'_> {
                 None => continue,
             };
             let Ok((local, cut)) =
-                local_shapes(g, self.exe.info, &epilogue, seed, pieces, &is_weight)
+                local_shapes(g, self.exe.info, &epilogue, seed, pieces, &operand)
             else {
                 continue;
             };
@@ -119,7 +123,11 @@ impl Prepared<'_> {
     /// the cut is followed from the inputs' row axes as for a head split.
     pub(super) fn split_row_shapes(&mut self) {
         let g = self.exe.graph;
-        let is_weight = |v| self.exe.weights.trainable.contains(&self.carrier(v));
+        // Constants read per feature are taken apart by the head split alone.
+        let operand = |v| match self.operand(v) {
+            Operand::Constant => Operand::Activation,
+            o => o,
+        };
         let mut found = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             let pieces = layer.split.attribute;
@@ -136,7 +144,7 @@ impl Prepared<'_> {
             }
             let seed = self.input_cuts(layer, |a| a.rows);
             if let Ok((local, _)) =
-                local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &is_weight)
+                local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &operand)
             {
                 found.push((l, local));
             }

@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use ralpc_codegen::layout::{Cut, LayerKind};
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
 
-use super::{setup, Prepared, RunError, Source};
+use super::{derived, setup, Prepared, RunError, Source};
+use crate::cpu::region::{crop, interval, Region};
+use crate::cpu::tensor::Tensor;
 
 /// How a constant read by a head-split layer is made local.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +29,27 @@ pub(super) enum Adjust {
     Entry(usize),
     /// Every entry (split sizes along the cut axis), divided by the pieces.
     Every,
+}
+
+/// What a tensor a head-split node reads whole along the cut axis is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Operand {
+    /// A trainable weight (a QKV bias): each rank holds its piece.
+    Weight,
+    /// Computed from constants alone (BLOOM's ALiBi bias, one row per head): each rank
+    /// computes it whole before the layer and takes its heads.
+    Constant,
+    /// An activation: the layer cannot run on a piece.
+    Activation,
+}
+
+/// Where a constant read per head is cut: its axis, and how many heads it holds along it
+/// after any outer elements (the batch, where heads are merged under it, which varies
+/// with the samples a rank runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Pick {
+    pub(super) axis: usize,
+    pub(super) heads: u64,
 }
 
 /// The constants a layer reads that change when it runs on one of `pieces` pieces of its
@@ -40,6 +63,9 @@ pub(super) struct LocalShapes {
     pub(super) sliced: BTreeMap<ValueId, usize>,
     /// Values whose cut axis merges outer ones (each rank's piece not one box of it).
     pub(super) merged: std::collections::BTreeSet<ValueId>,
+    /// Constants the layer reads per head ([`Operand::Constant`]): each rank's heads of
+    /// them.
+    pub(super) picks: BTreeMap<ValueId, Pick>,
 }
 
 impl LocalShapes {
@@ -59,7 +85,32 @@ impl LocalShapes {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.adjust.is_empty()
+        self.adjust.is_empty() && self.picks.is_empty()
+    }
+
+    /// Piece `piece` (index, count) of the heads of `t`, the value of `v`, where the
+    /// layer reads it per head; `t` itself otherwise.
+    pub(super) fn pick(&self, v: ValueId, t: Tensor, piece: (u32, u32)) -> Tensor {
+        let Some(&Pick { axis, heads }) = self.picks.get(&v) else {
+            return t;
+        };
+        let s = t.shape.clone();
+        let heads = heads as usize;
+        let Some(&n) = s.get(axis).filter(|&&n| heads > 0 && n % heads == 0) else {
+            return t;
+        };
+        let view = [
+            s[..axis].iter().product(),
+            n / heads,
+            heads,
+            s[axis + 1..].iter().product(),
+        ];
+        let whole: Region = view.iter().map(|&d| 0..d).collect();
+        let mut mine = whole.clone();
+        mine[2] = interval(piece, heads);
+        let mut shape = s;
+        shape[axis] = view[1] * mine[2].len();
+        crop(&t.reshaped(view.to_vec()), &whole, &mine).reshaped(shape)
     }
 
     /// The axis along which weight `w` is cut, if the layer applies it along the heads.
@@ -104,10 +155,10 @@ impl Prepared<'_> {
                     groups.push((c, n.map_err(&refuse)?));
                 }
             }
-            let is_weight = |v: ValueId| self.exe.weights.trainable.contains(&self.carrier(v));
-            let (local, cut) =
-                local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &is_weight)
-                    .map_err(&refuse)?;
+            let (local, cut) = local_shapes(g, self.exe.info, &layer.nodes, seeds, pieces, &|v| {
+                self.operand(v)
+            })
+            .map_err(&refuse)?;
             // Each output as its readers hold it: the merged heads cut, a table whole;
             // a piece of it one box.
             if let Some(o) = layer.outputs.iter().find(|o| local.merged.contains(o)) {
@@ -127,9 +178,82 @@ impl Prepared<'_> {
                     )));
                 }
             }
+            let name = layer.name.clone();
+            for &v in local.picks.keys() {
+                self.hoist(l, v)
+                    .map_err(|why| setup(format!("layer {name}: {why}")))?;
+            }
             self.layers[l].local = local;
             self.groups.extend(groups);
         }
+        Ok(())
+    }
+
+    /// What `v` is to a node that reads it whole along a cut axis.
+    pub(super) fn operand(&self, v: ValueId) -> Operand {
+        let c = self.carrier(v);
+        if self.exe.weights.trainable.contains(&c) {
+            Operand::Weight
+        } else if derived::derivable(self.exe, c) {
+            Operand::Constant
+        } else {
+            Operand::Activation
+        }
+    }
+
+    /// Makes `v`, computed from constants alone, an input layer `l` derives before it
+    /// runs, rather than computes among its nodes: the nodes computing it only for it
+    /// leave the layer (every rank takes its heads of `v` as it enters). A value another
+    /// node of the layer also needs is refused.
+    fn hoist(&mut self, l: usize, v: ValueId) -> Result<(), String> {
+        let g = self.exe.graph;
+        let layer = &self.layers[l];
+        let made_here = |x: ValueId| layer.nodes.contains(&g.value(x).producer);
+        if !made_here(v) {
+            return Ok(());
+        }
+        // The nodes behind `v` inside the layer.
+        let mut behind: Vec<NodeId> = Vec::new();
+        let mut stack = vec![g.value(v).producer];
+        while let Some(n) = stack.pop() {
+            if behind.contains(&n) {
+                continue;
+            }
+            behind.push(n);
+            stack.extend(
+                g.node(n)
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .filter(|&&x| made_here(x))
+                    .map(|&x| g.value(x).producer),
+            );
+        }
+        let read_elsewhere = |x: ValueId| {
+            layer.outputs.contains(&x)
+                || layer.nodes.iter().any(|&n| {
+                    !behind.contains(&n) && g.node(n).inputs.iter().flatten().any(|&i| i == x)
+                })
+        };
+        if let Some(&n) = behind.iter().find(|&&n| {
+            g.node(n)
+                .outputs
+                .iter()
+                .any(|&o| o != v && read_elsewhere(o))
+        }) {
+            return Err(format!(
+                "{} computes a value read per head and one read whole",
+                g.site(n)
+            ));
+        }
+        let layer = &mut self.layers[l];
+        layer.nodes.retain(|n| !behind.contains(n));
+        let kept = &layer.nodes;
+        layer.inputs.retain(|(x, _)| {
+            kept.iter()
+                .any(|&n| g.node(n).inputs.iter().flatten().any(|i| i == x))
+        });
+        layer.inputs.push((v, Source::Derived));
         Ok(())
     }
 
@@ -205,7 +329,7 @@ pub(super) fn local_shapes(
     nodes: &[NodeId],
     mut cut: BTreeMap<ValueId, usize>,
     pieces: u32,
-    is_weight: &dyn Fn(ValueId) -> bool,
+    operand: &dyn Fn(ValueId) -> Operand,
 ) -> Result<(LocalShapes, BTreeMap<ValueId, usize>), String> {
     let sizes = |v: ValueId| -> Result<Vec<u64>, String> {
         info.ty(v)
@@ -224,6 +348,7 @@ pub(super) fn local_shapes(
         ..LocalShapes::default()
     };
     let mut sliced = BTreeMap::new();
+    let mut picks = BTreeMap::new();
     let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), String> {
         match local.adjust.insert(v, how) {
             Some(before) if before != how => Err(format!(
@@ -238,7 +363,7 @@ pub(super) fn local_shapes(
     // elements lead each rank's piece of it. Each rank's local reshapes still hold its
     // heads apart, and a reshape splitting the axis again finds them.
     let mut merged: BTreeMap<ValueId, u64> = BTreeMap::new();
-    for &n in nodes {
+    for (at, &n) in nodes.iter().enumerate() {
         let node = graph.node(n);
         let cuts: Vec<(usize, usize)> = node
             .inputs
@@ -418,20 +543,31 @@ pub(super) fn local_shapes(
                     let Some(i) = (j + s.len()).checked_sub(out_rank).filter(|&i| s[i] > 1) else {
                         continue;
                     };
-                    if !is_weight(v) {
-                        return refuse(&format!(
-                            "reads '{}', whole along the cut axis",
-                            graph.value(v).name
-                        ));
+                    let name = &graph.value(v).name;
+                    match operand(v) {
+                        Operand::Weight if merged_out.is_some() => {
+                            return refuse(&format!(
+                                "applies '{name}' along heads merged with outer axes"
+                            ));
+                        }
+                        // A weight applied per feature (a bias): cut with them.
+                        Operand::Weight => {
+                            sliced.insert(v, i);
+                        }
+                        // A constant per head, as many as the cut tensor has, read by
+                        // this node first.
+                        Operand::Constant
+                            if s[i] == sizes(node.outputs[0])?[j]
+                                && !nodes[..at].iter().any(|&m| {
+                                    graph.node(m).inputs.iter().flatten().any(|&x| x == v)
+                                }) =>
+                        {
+                            let heads = s[i] / merged_out.unwrap_or(1).max(1);
+                            picks.insert(v, Pick { axis: i, heads });
+                            cut.insert(v, i);
+                        }
+                        _ => return refuse(&format!("reads '{name}', whole along the cut axis")),
                     }
-                    if merged_out.is_some() {
-                        return refuse(&format!(
-                            "applies '{}' along heads merged with outer axes",
-                            graph.value(v).name
-                        ));
-                    }
-                    // A weight applied per feature (a bias): cut with them.
-                    sliced.insert(v, i);
                 }
                 j
             }
@@ -523,6 +659,19 @@ pub(super) fn local_shapes(
                 }
                 a
             }
+            // A pick along another axis: BLOOM's fused projection viewed as
+            // `[b, s, heads, 3, d]` and Q, K and V taken from its fourth axis.
+            Op::Gather { axis } => {
+                let [(0, a)] = cuts[..] else {
+                    return refuse("gathers by cut indices");
+                };
+                let g = axis_of(*axis, rank_of(0)?);
+                match g {
+                    Some(g) if g > a => a,
+                    Some(g) if g < a => a + rank_of(1)? - 1,
+                    _ => return refuse("gathers along the cut axis"),
+                }
+            }
             // The shape of a piece is the piece's: it names local sizes by itself.
             Op::Shape { .. } => continue,
             _ => return refuse("is not one the head split passes through"),
@@ -535,6 +684,7 @@ pub(super) fn local_shapes(
         }
     }
     local.sliced = sliced;
+    local.picks = picks;
     local.merged = merged.keys().copied().collect();
     Ok((local, cut))
 }
@@ -564,7 +714,37 @@ fn reshaped_cut(from: &[u64], a: usize, outer: u64, to: &[u64], t: u64) -> Optio
 
 #[cfg(test)]
 mod tests {
-    use super::reshaped_cut;
+    use super::{reshaped_cut, LocalShapes, Pick};
+    use crate::cpu::tensor::Tensor;
+    use ralpc_ir::ValueId;
+
+    #[test]
+    fn a_rank_takes_its_heads_of_a_bias_merged_under_the_batch() {
+        // ALiBi's `[b·heads, 1, s]` for 2 samples and 4 heads, each row its index.
+        let v = ValueId::from_index(0);
+        let local = LocalShapes {
+            picks: [(v, Pick { axis: 0, heads: 4 })].into(),
+            ..LocalShapes::default()
+        };
+        let rows: Vec<f32> = (0..8).flat_map(|r| [r as f32; 2]).collect();
+        let bias = Tensor::f32(vec![8, 1, 2], rows);
+        let second = local.pick(v, bias.clone(), (1, 2));
+        assert_eq!(second.shape, [4, 1, 2]);
+        assert_eq!(second.floats(), Some(&[2., 2., 3., 3., 6., 6., 7., 7.][..]));
+        // At one sample (a pipeline's microbatch), the same heads.
+        let one = Tensor::f32(vec![4, 1, 2], bias.floats().unwrap()[..8].to_vec());
+        assert_eq!(
+            local.pick(v, one, (1, 2)).floats(),
+            Some(&[2., 2., 3., 3.][..])
+        );
+        // A value the layer does not read per head is left whole.
+        assert_eq!(
+            local
+                .pick(ValueId::from_index(1), bias.clone(), (1, 2))
+                .shape,
+            bias.shape
+        );
+    }
 
     #[test]
     fn a_head_cut_passes_the_split_and_merge_of_heads() {

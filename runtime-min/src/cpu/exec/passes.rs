@@ -299,7 +299,7 @@ impl Rank<'_, '_> {
                         .or_else(|| layer.local.apply(c, &ints))
                     {
                         Some(local) => Tensor::i64(t.shape.clone(), local),
-                        None => t,
+                        None => layer.local.pick(v, t, layer.view_in().pieces(k)[2]),
                     }
                 }
                 _ => t,

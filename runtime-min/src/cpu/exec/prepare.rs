@@ -372,7 +372,27 @@ impl<'a> Prepared<'a> {
         let slice = self.slice_within(l, k, w);
         let out = l.view_out().pieces(k)[2];
         // Its output's groups, or for an attention layer its input's (a bias it adds to
-        // the QKV columns before splitting them).
+        // the QKV columns before splitting them: as wide as they are, unlike a bias per
+        // head added after).
+        let wide = |v: ValueId| {
+            let columns = self
+                .exe
+                .info
+                .ty(v)
+                .shape
+                .as_sizes()
+                .and_then(|s| s.last().copied());
+            let width = match slice {
+                Slice::Axis(axis, _) => self
+                    .exe
+                    .weights
+                    .tensors
+                    .get(&w)
+                    .and_then(|t| t.shape.get(axis).copied()),
+                _ => None,
+            };
+            columns.is_some_and(|c| width == Some(c as usize))
+        };
         let grouped = l
             .outputs
             .iter()
@@ -381,7 +401,8 @@ impl<'a> Prepared<'a> {
                 l.inputs
                     .iter()
                     .filter(|_| l.kind == LayerKind::Attention)
-                    .find_map(|&(v, _)| self.groups.get(&self.carrier(v)))
+                    .map(|&(v, _)| self.carrier(v))
+                    .find_map(|c| self.groups.get(&c).filter(|_| wide(c)))
             });
         match (slice, grouped) {
             (Slice::Axis(axis, piece), Some(&groups)) if out.1 > 1 && piece == out => {
