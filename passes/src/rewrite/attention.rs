@@ -90,13 +90,14 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
                     "Gather" => 1,
                     _ => 0,
                 };
+                let node = graph.node(m);
                 CORE_OPS.contains(&op)
-                    && graph
-                        .node(m)
+                    && node
                         .inputs
                         .iter()
                         .take(activations)
                         .all(|v| v.is_some_and(|v| !facts.derived[v.index()]))
+                    && (op != "Gather" || picks_beside_head_dim(node, facts))
             })
     };
     let softmax = |u: &Unit| {
@@ -192,6 +193,24 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
     }
     out.sort_by_key(|u| u.members.last().map(|m| position[m]));
     out
+}
+
+/// Whether Gather `node` picks along the axis before its input's last, as from BLOOM's
+/// `[b, s, heads, 3, d]`: the heads come before the pick, so a rank's contiguous columns
+/// of the fused projection are whole heads. A pick before the heads (Swin's `qkv[0]` of
+/// `[3, b, heads, n, d]`) takes Q, K and V apart from columns cut otherwise: its own layer.
+fn picks_beside_head_dim(node: &ralpc_ir::Node, facts: &Facts) -> bool {
+    let ralpc_ir::Op::Gather { axis } = node.op else {
+        return false;
+    };
+    let rank = node
+        .inputs
+        .first()
+        .copied()
+        .flatten()
+        .and_then(|x| facts.shape[x.index()].as_ref())
+        .map_or(0, |s| s.len() as i64);
+    rank >= 2 && (if axis < 0 { axis + rank } else { axis }) == rank - 2
 }
 
 /// Whether no unit outside `core` lies on a path between two of its units: no input of
