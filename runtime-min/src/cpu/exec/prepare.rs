@@ -242,8 +242,9 @@ impl<'a> Prepared<'a> {
                 }
                 LayerKind::Embedding if a > 1 => {
                     // Its pieces' lookups are summed: what it computes of them may only
-                    // add and view them (a sum of views is the view of the sum); what
-                    // computes the ids (OPT's positions from the mask) is free.
+                    // add and view them (a sum of views is the view of the sum) and scale
+                    // them by a constant (Gemma's √hidden); what computes the ids (OPT's
+                    // positions from the mask) is free.
                     let mut looked_up: BTreeSet<ValueId> = BTreeSet::new();
                     let mut linear = true;
                     for &n in &l.nodes {
@@ -253,9 +254,24 @@ impl<'a> Prepared<'a> {
                                 self.exe.weights.trainable.contains(&self.carrier(t))
                             });
                         let reads = node.inputs.iter().flatten().any(|v| looked_up.contains(v));
+                        let scaled = match (&node.op, &node.inputs[..]) {
+                            (Op::Binary(Binary::Mul), [Some(a), Some(b)]) => {
+                                let constant = |v: &ValueId| {
+                                    !looked_up.contains(v)
+                                        && self.operand(*v) == heads::Operand::Constant
+                                };
+                                constant(a) || constant(b)
+                            }
+                            (Op::Binary(Binary::Div), [Some(a), Some(b)]) => {
+                                looked_up.contains(a)
+                                    && self.operand(*b) == heads::Operand::Constant
+                            }
+                            _ => false,
+                        };
                         if reads {
-                            linear &=
-                                is_view(&node.op) || matches!(node.op, Op::Binary(Binary::Add));
+                            linear &= is_view(&node.op)
+                                || scaled
+                                || matches!(node.op, Op::Binary(Binary::Add));
                         }
                         if lookup || reads {
                             looked_up.extend(node.outputs.iter().copied());
