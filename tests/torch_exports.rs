@@ -204,10 +204,22 @@ fn rotary_tables_folded_by_the_exporter_do_not_train() {
 /// the tables train here (the norms' parameters gone, nothing tells them apart).
 #[test]
 fn gemma_split_by_heads_trains_as_on_one_rank() {
-    let Expected { input, .. } = pytorch("gemma_dynamo");
+    split_by_heads_as_one_rank("gemma_dynamo");
+}
+
+/// Gemma 2's scores are soft-capped (`cap · tanh(s / cap)`) inside the attention core,
+/// which is split by heads with them; its norms after the attention and the MLP follow
+/// the row-parallel projections' reduce-scatter.
+#[test]
+fn gemma2_split_by_heads_trains_as_on_one_rank() {
+    split_by_heads_as_one_rank("gemma2_dynamo");
+}
+
+fn split_by_heads_as_one_rank(case: &str) {
+    let Expected { input, .. } = pytorch(case);
     let dir = tempfile::tempdir().expect("temp dir");
-    let one = train("gemma_dynamo", 1, &input, dir.path());
-    split_by_heads_as("gemma_dynamo", &input, &one);
+    let one = train(case, 1, &input, dir.path());
+    split_by_heads_as(case, &input, &one);
 }
 
 /// Hugging Face's BLOOM: its fused projection interleaves Q, K and V per head

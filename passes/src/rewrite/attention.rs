@@ -64,6 +64,8 @@ const CORE_OPS: &[&str] = &[
     "IsNaN",
     // BLOOM's fused projection viewed as `[b, s, heads, 3, d]`, Q, K and V picked from it.
     "Gather",
+    // Gemma 2's soft-capped scores: `cap · tanh(scores / cap)`.
+    "Tanh",
 ];
 
 /// Merges each attention core of `units` (producers before consumers) into one unit.

@@ -75,6 +75,19 @@ pub fn layered(
         )));
     }
     let (d, t) = (par.data, par.tensor.max(1));
+    // A block's softmax outside an attention core (an op between the projections the
+    // head split does not take in) would be split by sequence with what it reads whole.
+    if let Some(l) = softmax_layers(graph)
+        .into_iter()
+        .find(|&l| t > 1 && graph.layers[l].kind != LayerKind::Attention)
+    {
+        return Err(NotLayered(format!(
+            "layer {} holds a block's softmax but is no attention core (an op between the \
+             projections is not one a head split runs), so tensor parallelism cannot split \
+             it by heads (for one, use --tensor-parallel 1)",
+            graph.layers[l].name
+        )));
+    }
     let mut stages = Vec::with_capacity(plan.stage_layers.len());
     let mut block = 0u64;
     for (k, &n) in chunk_layers.iter().enumerate() {
