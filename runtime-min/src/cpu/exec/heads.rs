@@ -557,7 +557,7 @@ pub(super) fn local_shapes(
                         // A constant per head, as many as the cut tensor has, read by
                         // this node first.
                         Operand::Constant
-                            if s[i] == sizes(node.outputs[0])?[j]
+                            if sizes(node.outputs[0])?.get(j) == Some(&s[i])
                                 && !nodes[..at].iter().any(|&m| {
                                     graph.node(m).inputs.iter().flatten().any(|&x| x == v)
                                 }) =>
