@@ -12,9 +12,11 @@ side with their largest relative difference. An export PyTorch itself cannot wri
 reported and skipped. `RALPC` names another ralpc binary.
 
 Needs torch 2.15 with torchvision, transformers, onnx==1.22.0 and onnxscript (about 3 GB;
-CI never installs them) and a release build (`cargo build --release`). On 2026-11-29 the
-scratch scripts this was made from gave 55 exports of these 28 models, every one matching
-(largest difference 7.2e-7 relative); this script ran 7 of them (all matching).
+CI never installs them) and a release build (`cargo build --release`). On 2026-11-29,
+afternoon, its 51 models gave 93 exports matching on default plans (largest difference
+4.2e-7 relative; PyTorch could not export 12; BART's dynamo export is refused by name) and,
+with `--plan "--strategy 3d --tensor-parallel 2"`, 23 exports of the 20 decoders matching
+(largest 3.1e-9; the others refused by name: docs/testing.md).
 """
 import argparse
 import json
