@@ -120,3 +120,26 @@ fn tight_limits_are_reported() {
     let members: usize = r.units.iter().map(|u| u.members.len()).sum();
     assert_eq!(members, 4);
 }
+
+/// The Gathers of the attention core of fixture `name`.
+fn gathers_in_core(name: &str) -> usize {
+    let (graph, info) = common::load(&format!("fixtures/rules/{name}.onnx"), 2);
+    let r = rewrite(&graph, &info, Default::default());
+    let cores: Vec<_> = r.units.iter().filter(|u| u.op == "Attention").collect();
+    assert_eq!(cores.len(), 1, "{name}: one attention core");
+    cores[0]
+        .members
+        .iter()
+        .filter(|&&m| graph.node(m).op.name() == "Gather")
+        .count()
+}
+
+#[test]
+fn an_attention_core_takes_in_picks_of_q_k_v_beside_the_head_dimension_only() {
+    // BLOOM's `[b, s, heads, 3, d]`: a rank's columns of the fused projection are whole
+    // heads, so the picks run on the pieces.
+    assert_eq!(gathers_in_core("qkv_picked_beside_heads"), 3);
+    // Swin's `qkv[0]` of `[3, b, heads, s, d]`: picked before the heads, so the columns
+    // are not cut by heads and the picks stay a layer of their own.
+    assert_eq!(gathers_in_core("qkv_picked_before_heads"), 0);
+}
