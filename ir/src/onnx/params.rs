@@ -91,27 +91,13 @@ pub(super) fn find_weights(graph: &mut Graph, pytorch: bool, buffers: &BTreeSet<
 /// signature the dynamo exporter keeps in the graph's metadata (`b_rot_inv_freq: BUFFER
 /// target='rot.inv_freq' persistent=False`) and by each initializer's own record of it.
 pub(super) fn exported_buffers(proto: &GraphProto) -> BTreeSet<String> {
-    const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
     const KIND: &str = "pkg.torch.export.graph_signature.InputSpec.kind";
     let not_a_parameter = |kind: &str| matches!(kind, "BUFFER" | "CONSTANT_TENSOR");
-    let mut buffers = BTreeSet::new();
-    for entry in proto.metadata_props.iter().filter(|e| e.key == SIGNATURE) {
-        for line in entry.value.lines() {
-            let Some((_, spec)) = line.split_once(": ") else {
-                continue;
-            };
-            let mut words = spec.split_whitespace();
-            let (Some(kind), Some(target)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let target = target
-                .strip_prefix("target='")
-                .and_then(|t| t.strip_suffix('\''));
-            if let (true, Some(target)) = (not_a_parameter(kind), target) {
-                buffers.insert(target.to_owned());
-            }
-        }
-    }
+    let mut buffers: BTreeSet<String> = signature(proto)
+        .into_iter()
+        .filter(|&(_, kind, _)| not_a_parameter(kind))
+        .map(|(_, _, target)| target.to_owned())
+        .collect();
     for t in &proto.initializer {
         if t.metadata_props
             .iter()
@@ -134,23 +120,11 @@ pub(super) fn exported_buffers(proto: &GraphProto) -> BTreeSet<String> {
 /// node names no `%p_…`) is a constant. Where a parameter went into a fold (a position
 /// table looked up at fixed positions), the folds stay weights.
 fn folded_constants(proto: &GraphProto) -> BTreeSet<String> {
-    const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
-    let mut parameters: Vec<(&str, &str)> = Vec::new();
-    for entry in proto.metadata_props.iter().filter(|e| e.key == SIGNATURE) {
-        for line in entry.value.lines() {
-            let Some((placeholder, spec)) = line.split_once(": ") else {
-                continue;
-            };
-            let mut words = spec.split_whitespace();
-            let target = words
-                .nth(1)
-                .and_then(|t| t.strip_prefix("target='"))
-                .and_then(|t| t.strip_suffix('\''));
-            if let (Some("PARAMETER"), Some(target)) = (spec.split_whitespace().next(), target) {
-                parameters.push((placeholder.trim(), target));
-            }
-        }
-    }
+    let parameters: Vec<(&str, &str)> = signature(proto)
+        .into_iter()
+        .filter(|&(_, kind, _)| kind == "PARAMETER")
+        .map(|(placeholder, _, target)| (placeholder, target))
+        .collect();
     if parameters.is_empty() {
         return BTreeSet::new();
     }
@@ -189,6 +163,31 @@ fn folded_constants(proto: &GraphProto) -> BTreeSet<String> {
         .filter(|&(_, constant)| constant)
         .map(|(name, _)| name.to_owned())
         .collect()
+}
+
+/// The inputs of the graph signature the dynamo exporter keeps in the graph's metadata:
+/// each line's placeholder, kind and target (`p_w: PARAMETER target='w'`).
+fn signature(proto: &GraphProto) -> Vec<(&str, &str, &str)> {
+    const SIGNATURE: &str = "pkg.torch.export.ExportedProgram.graph_signature";
+    let mut inputs = Vec::new();
+    for entry in proto.metadata_props.iter().filter(|e| e.key == SIGNATURE) {
+        for line in entry.value.lines() {
+            let Some((placeholder, spec)) = line.split_once(": ") else {
+                continue;
+            };
+            let mut words = spec.split_whitespace();
+            let (Some(kind), Some(target)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let target = target
+                .strip_prefix("target='")
+                .and_then(|t| t.strip_suffix('\''));
+            if let Some(target) = target {
+                inputs.push((placeholder.trim(), kind, target));
+            }
+        }
+    }
+    inputs
 }
 
 /// The parameters (`p_…` placeholders) the FX node `node` came from read, when the
