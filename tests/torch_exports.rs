@@ -179,6 +179,51 @@ fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
     split_by_heads("llama_dynamo");
 }
 
+/// The Llama decoder's tensor-parallel traffic is Megatron-LM's kind: the row-parallel
+/// partial sums (the embedding's, both projections') reduce-scattered, never all-reduced,
+/// since what reads them after (the RMSNorms' decomposed ops, the next block's residual
+/// added in a projection's epilogue) takes its sequence piece; and only the hidden width
+/// all-gathered, never SwiGLU's inner width: the up projection reads its columns of
+/// silu(gate) where the gate projection left them.
+#[test]
+fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
+    use ralpc::passes::transformer::{Knobs, Recompute};
+    let Expected { input, .. } = pytorch("llama_dynamo");
+    let knobs = Knobs {
+        tensor: Some(2),
+        pipeline: Some(1),
+        micro_batch: Some(2),
+        recompute: Some(Recompute::None),
+        ..Knobs::default()
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let family = ralpc::passes::plan::Family::parse("3d").expect("3d");
+    train_as("llama_dynamo", 4, &input, dir.path(), family, Some(knobs));
+    let text = std::fs::read_to_string(dir.path().join("plan.json")).expect("plan.json");
+    let plan: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let program = plan["programs"][0].as_array().expect("rank 0's program");
+    let backward = program
+        .iter()
+        .position(|i| i["op"] == "backward")
+        .expect("a backward pass");
+    let forward = &program[..backward];
+    let count = |op: &str| forward.iter().filter(|i| i["op"] == op).count();
+    assert_eq!(count("all_reduce"), 0, "partial sums all-reduced");
+    // The embedding's and two projections per block (the fixture has two blocks).
+    assert_eq!(count("reduce_scatter"), 1 + 2 * 2);
+    // A rank's 2 of 4 samples × 8 positions × hidden 32, fp32; the loss's statistics
+    // (three floats per row and piece) are the other gather.
+    let hidden = 2 * 8 * 32 * 4;
+    let statistics = 2 * 8 * 3 * 4 * 2;
+    for gather in forward.iter().filter(|i| i["op"] == "all_gather") {
+        let bytes = gather["bytes"].as_u64().expect("bytes");
+        assert!(
+            bytes == hidden || bytes == statistics,
+            "an all-gather of {bytes} bytes"
+        );
+    }
+}
+
 /// Hugging Face's GPT-2 as Megatron-LM splits it: its ids flattened before a
 /// vocabulary-parallel lookup, its `[b·s, h]` products reshaped back (row-parallel partial
 /// sums viewed), GELU and the flattening before the second MLP product on the columns, the

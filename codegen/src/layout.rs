@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 /// geometry, which ranks count a replicated result once, and which value carries another
 /// after the rewrite (following `aliases`, bounded so a cycle in a hand-edited plan ends).
 pub use ralpc_passes::layers::{carrier, LayerKind, Split};
-pub use ralpc_passes::plan::{edge_kinds, first_replica, Cut, View, Window};
+pub use ralpc_passes::plan::{edge_kinds, epilogue_reads_as, first_replica, Cut, View, Window};
 
 /// How the plan's layers are placed and connected.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -99,6 +99,11 @@ pub struct LayoutEdge {
     /// all-gather of the tensor, reversed).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub scattered: bool,
+    /// Only ops after the consumer's matrix product read it (a residual, SwiGLU's gate):
+    /// a split dense consumer reads it at the share its output holds
+    /// ([`epilogue_reads_as`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub epilogue: bool,
 }
 
 impl Layout {
@@ -120,16 +125,18 @@ impl Layout {
             for e in &layer.inputs {
                 let Producer::Layer(p) = e.from else { continue };
                 let p = p.0 as usize;
-                let (kind, from, to) = (|l: usize| layers.layers[l].kind, place(p)?, place(c)?);
+                let (from, to) = (place(p)?, place(c)?);
+                let (held, read) = (layers.layers[p].kind, layer.reads_as(e, to.0));
                 let scattered = stage_of[p] == stage_of[c]
-                    && gathers(kind(p), from, kind(c), to).is_some_and(|ranks| {
-                        scatters_gradient(&ranks, edge_kinds(Some(kind(p)), kind(c)).1, to)
+                    && gathers(held, from, read, to).is_some_and(|ranks| {
+                        scatters_gradient(&ranks, edge_kinds(Some(held), read).1, to)
                     });
                 edges.push(LayoutEdge {
                     producer: p as u32,
                     consumer: c as u32,
                     value: name(e.value?),
                     scattered,
+                    epilogue: e.epilogue,
                 });
             }
         }

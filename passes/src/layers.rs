@@ -52,7 +52,8 @@ pub enum LayerKind {
     /// Normalization over the batch or channels (BatchNorm, LRN).
     Norm,
     /// LayerNorm: each row normalized over its own features, so rows (a sequence) split
-    /// freely — Megatron-LM's sequence parallelism.
+    /// freely — Megatron-LM's sequence parallelism. A reduction over the last axis alone
+    /// (a decomposed RMSNorm's mean of squares) is one too.
     LayerNorm,
     /// Pooling.
     Pool,
@@ -136,6 +137,11 @@ pub struct Edge {
     /// leaves it out; placed elsewhere, this reader keeps its own copy.
     #[serde(skip)]
     pub stash_kept_by: Option<LayerId>,
+    /// Only ops after the reader's matrix product read it (a residual added to the
+    /// product, SwiGLU's gate multiplied into it): a split dense layer reads it at the share
+    /// its output holds ([`Layer::reads_as`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub epilogue: bool,
 }
 
 /// One IR op inside a layer, with what a profile lookup needs.
@@ -202,6 +208,9 @@ pub struct Layer {
     /// passes read of the values made inside it and of the graph's inputs
     /// ([`Op::backward_reads`]).
     pub stash_bytes: u64,
+    /// The part of `stash_bytes` a split cuts as it cuts the work, not as it cuts the
+    /// layer's inputs: values made inside the layer, and inputs only its epilogue reads.
+    pub inner_stash_bytes: u64,
     /// Bytes of its outputs it keeps until its backward pass (the runtime's layers hold
     /// them; its consumers share them). 0 for imported profiles, whose stash is counted
     /// by their own convention.
@@ -325,6 +334,7 @@ impl Layer {
             activation_io_bytes: 0,
             output_bytes: 0,
             stash_bytes: 0,
+            inner_stash_bytes: 0,
             kept_output_bytes: 0,
             inputs: Vec::new(),
             measured: None,
@@ -334,6 +344,11 @@ impl Layer {
         }
     }
 
+    /// The kind `edge`'s tensor is read as under `split` ([`epilogue_reads_as`]).
+    pub fn reads_as(&self, edge: &Edge, split: Split) -> LayerKind {
+        crate::plan::epilogue_reads_as(self.kind, split, edge.epilogue)
+    }
+
     /// Whether it has parameters.
     pub fn has_params(&self) -> bool {
         self.params > 0
@@ -341,9 +356,9 @@ impl Layer {
 
     /// One rank's work under `split`: FLOPs divide by s·a·p over the ranks that do not
     /// repeat each other's work ([`replicas`](crate::plan::replicas)); inputs and what is
-    /// stashed by s·a over those replicas (a parameter split replicates a dense layer's
-    /// input), or s·p for an attention core (a parameter split cuts its heads); outputs
-    /// by the work; weights by p.
+    /// stashed of them by the share of its input view ([`input_share`](crate::plan::input_share):
+    /// a dense layer's parameter split reads its input whole, an attention core's cuts its
+    /// heads, an elementwise layer's its features); outputs by the work; weights by p.
     pub fn local(&self, split: Split) -> LocalWork {
         let (s, a, p) = (
             f64::from(split.sample.max(1)),
@@ -352,10 +367,9 @@ impl Layer {
         );
         let replicas = f64::from(crate::plan::replicas(self.kind, split));
         let work = replicas / (s * a * p);
-        let read = match self.kind {
-            LayerKind::Attention => 1.0 / (s * p),
-            _ => replicas / (s * a),
-        };
+        // What each rank reads of its inputs (and stashes of them): the share its input
+        // view names, whole where the layer is replicated.
+        let read = crate::plan::input_share(self.kind, split);
         let inputs = self.activation_io_bytes.saturating_sub(self.output_bytes) as f64;
         LocalWork {
             fwd_flops: self.fwd_flops as f64 * work,
@@ -364,7 +378,8 @@ impl Layer {
                 + self.output_bytes as f64 * work
                 + self.param_bytes as f64 / p,
             param_bytes: self.param_bytes as f64 / p,
-            stash_bytes: self.stash_bytes as f64 * read + self.kept_output_bytes as f64 * work,
+            stash_bytes: self.stash_bytes.saturating_sub(self.inner_stash_bytes) as f64 * read
+                + (self.inner_stash_bytes + self.kept_output_bytes) as f64 * work,
             batch_fraction: 1.0 / s,
             work_fraction: work,
         }
@@ -451,6 +466,7 @@ impl LayerGraph {
         for layer in &mut self.layers {
             narrow(&mut layer.output_bytes);
             narrow(&mut layer.stash_bytes);
+            narrow(&mut layer.inner_stash_bytes);
             narrow(&mut layer.kept_output_bytes);
             narrow(&mut layer.activation_io_bytes);
             for edge in &mut layer.inputs {
@@ -539,6 +555,7 @@ fn kind_of(
         OpClass::Pool => LayerKind::Pool,
         OpClass::Softmax => LayerKind::Softmax,
         OpClass::Elementwise => LayerKind::Elementwise,
+        OpClass::Reduce if reduces_rows_apart(info, n) => LayerKind::LayerNorm,
         OpClass::Reduce => LayerKind::Reduce,
         OpClass::Recurrent => LayerKind::Recurrent,
         OpClass::Shape | OpClass::Source => {
@@ -552,6 +569,26 @@ fn kind_of(
             }
         }
     }
+}
+
+/// Whether reduction `n` reduces the last axis of a tensor of rows alone (`[b, s, h]` to
+/// `[b, s, 1]` or `[b, s]`): each row apart, as a LayerNorm computes its statistics.
+fn reduces_rows_apart(info: &GraphInfo, n: &ralpc_ir::Node) -> bool {
+    let sizes = |v: Option<&Option<ValueId>>| {
+        v.copied()
+            .flatten()
+            .and_then(|v| info.ty(v).shape.as_sizes())
+    };
+    let (Some(x), Some(y)) = (
+        sizes(n.inputs.first()),
+        sizes(n.outputs.first().map(|v| Some(*v)).as_ref()),
+    ) else {
+        return false;
+    };
+    let Some((&features, rows)) = x.split_last() else {
+        return false;
+    };
+    x.len() >= 3 && features > 1 && (y == rows || (y.split_last() == Some((&1, rows))))
 }
 
 fn assemble(
@@ -630,6 +667,7 @@ fn assemble(
             activation_io_bytes: 0,
             output_bytes: unit.outputs.iter().map(|&v| bytes_of(info, v)).sum(),
             stash_bytes: 0,
+            inner_stash_bytes: 0,
             kept_output_bytes: 0,
             inputs: Vec::new(),
             measured: None,
@@ -694,16 +732,19 @@ fn assemble(
                     }
                 } else if read_for_backward(graph, &members, v) {
                     layer.stash_bytes += bytes_of(info, v);
+                    layer.inner_stash_bytes += bytes_of(info, v);
                 }
             }
             if let Some(&y) = node.outputs.first() {
-                layer.stash_bytes += match node.op.forward_saves() {
+                let saved = match node.op.forward_saves() {
                     ForwardSaves::Nothing => 0,
                     ForwardSaves::IndexPerOutput => {
                         8 * bytes_of(info, y) / info.ty(y).dtype.size_bytes().max(1)
                     }
                     ForwardSaves::CopyOfOutput => bytes_of(info, y),
                 };
+                layer.stash_bytes += saved;
+                layer.inner_stash_bytes += saved;
             }
         }
         layer.fwd_flops = mac_flops.saturating_add(other_flops);
@@ -723,12 +764,19 @@ fn assemble(
             // An input its backward reads is kept to it: a graph input cut into the
             // layer's share, another layer's output that layer does not keep itself (the
             // same elements on its rank, a received copy on another).
+            let epilogue = layer.kind == LayerKind::Dense
+                && info.ty(v).shape.rank() >= 3
+                && read_after_product(graph, &members, &rewritten.aliases, v);
             let mut stash_kept_by = None;
             if !kept_by_producer[v.index()] && read_for_backward(graph, &members, v) {
                 match kept_by_reader[v.index()] {
                     Some(reader) => stash_kept_by = Some(reader),
                     None => {
                         layer.stash_bytes += bytes;
+                        // Kept at the share the layer's output holds.
+                        if epilogue {
+                            layer.inner_stash_bytes += bytes;
+                        }
                         kept_by_reader[v.index()] = Some(id);
                     }
                 }
@@ -738,6 +786,7 @@ fn assemble(
                 value: Some(v),
                 bytes,
                 stash_kept_by,
+                epilogue,
             });
         }
         layer.activation_io_bytes += layer.output_bytes;
@@ -863,6 +912,32 @@ fn time_and_batch(
 /// Whether the backward pass of a node of `members` reads `v`'s elements, as an input or
 /// as its output ([`Op::backward_reads`]: the runtime releases the others after the
 /// forward pass).
+/// Whether only `members` after the first matrix product read `v` (directly or through
+/// an alias): an input of the product's epilogue, not of the product.
+fn read_after_product(
+    graph: &Graph,
+    members: &[NodeId],
+    aliases: &BTreeMap<ValueId, ValueId>,
+    v: ValueId,
+) -> bool {
+    let Some(main) = members
+        .iter()
+        .position(|&m| matches!(graph.node(m).op, Op::MatMul | Op::Gemm(_)))
+    else {
+        return false;
+    };
+    let reads = |m: NodeId| {
+        graph
+            .node(m)
+            .inputs
+            .iter()
+            .flatten()
+            .any(|&x| carrier(aliases, x) == carrier(aliases, v))
+    };
+    let readers: Vec<usize> = (0..members.len()).filter(|&i| reads(members[i])).collect();
+    !readers.is_empty() && readers.iter().all(|&i| i > main)
+}
+
 fn read_for_backward(graph: &Graph, members: &[NodeId], v: ValueId) -> bool {
     members
         .iter()

@@ -62,6 +62,7 @@ impl Builder {
                 value: None,
                 bytes: self.layers[p].output_bytes,
                 stash_kept_by: None,
+                epilogue: false,
             })
             .collect();
         // The first layer reads an image of about 600 kB per sample.
@@ -85,6 +86,7 @@ impl Builder {
             activation_io_bytes: input_bytes + output_bytes,
             output_bytes,
             stash_bytes: input_bytes,
+            inner_stash_bytes: 0,
             kept_output_bytes: 0,
             inputs: if edges.is_empty() {
                 vec![Edge {
@@ -92,6 +94,7 @@ impl Builder {
                     value: None,
                     bytes: input_bytes,
                     stash_kept_by: None,
+                    epilogue: false,
                 }]
             } else {
                 edges

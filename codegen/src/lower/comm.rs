@@ -196,7 +196,7 @@ impl Lowering<'_, '_> {
                 // sample shard's).
                 let consumer = self.edges[ei].consumer;
                 let (split, _) = self.place(consumer);
-                let bytes = bytes * input_share(self.costs.graph.layers[consumer].kind, split);
+                let bytes = bytes * input_share(self.edges[ei].reads_as, split);
                 let all = self.ranks(consumer);
                 if !backward {
                     self.gather_in_groups(&ranks, all, bytes, false, source, target);

@@ -94,6 +94,8 @@ fn all_to_all(messages: &[Transfer]) -> Option<(Vec<u32>, f64)> {
 struct Edge {
     producer: usize,
     consumer: usize,
+    /// The kind its consumer reads it as ([`Layer::reads_as`](ralpc_passes::layers::Layer::reads_as)).
+    reads_as: LayerKind,
     bytes: f64,
     /// Its consumer's window reads rows around each piece of it when split by rows.
     halo: bool,
@@ -185,12 +187,13 @@ impl Lowering<'_, '_> {
 
     /// The bytes of layer `l`'s input gradient one of its ranks computes per microbatch.
     fn input_gradient_bytes(&self, l: usize) -> f64 {
-        let layer = &self.costs.graph.layers[l];
-        let share = input_share(layer.kind, self.strategy.layers[l]);
+        let split = self.strategy.layers[l];
         self.edges
             .iter()
             .filter(|e| e.consumer == l)
-            .map(|e| e.bytes * share / f64::from(self.strategy.microbatches))
+            .map(|e| {
+                e.bytes * input_share(e.reads_as, split) / f64::from(self.strategy.microbatches)
+            })
             .sum()
     }
 
@@ -346,7 +349,6 @@ impl Lowering<'_, '_> {
                 }
             }
             self.halos_backward(l, mb, input_gradient);
-            let layer = &self.costs.graph.layers[l];
             let (split, first) = self.place(l);
             for ei in 0..self.edges.len() {
                 if self.edges[ei].consumer != l {
@@ -355,7 +357,7 @@ impl Lowering<'_, '_> {
                 // A reduce-scatter sums the input gradient on its way back.
                 let scattered = matches!(self.patterns[ei], Pattern::Gather { scatter: true, .. });
                 let producer_kind = self.costs.graph.layers[self.edges[ei].producer].kind;
-                let (_, read_as) = edge_kinds(Some(producer_kind), layer.kind);
+                let (_, read_as) = edge_kinds(Some(producer_kind), self.edges[ei].reads_as);
                 if let Some((ranks, share)) =
                     input_gradient_sums(read_as, split, first).filter(|_| !scattered)
                 {
@@ -457,12 +459,7 @@ impl Lowering<'_, '_> {
             && readers.all(|e| {
                 let c = e.consumer;
                 self.stage_of[c] == self.stage_of[l]
-                    && scatters_partial_sums(
-                        layer.kind,
-                        (split, first),
-                        self.costs.graph.layers[c].kind,
-                        self.place(c),
-                    )
+                    && scatters_partial_sums(layer.kind, (split, first), e.reads_as, self.place(c))
             });
         if scatter {
             self.reduce_scatter(groups, bytes, &[output]);
@@ -518,6 +515,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                 Producer::Layer(p) => Some(Edge {
                     producer: p.0 as usize,
                     consumer,
+                    reads_as: layer.reads_as(e, strategy.layers[consumer]),
                     bytes: e.bytes as f64,
                     halo: layer
                         .halo
@@ -544,7 +542,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                 how(
                     kind(e.producer),
                     place(e.producer),
-                    kind(e.consumer),
+                    e.reads_as,
                     place(e.consumer),
                 )
             })
@@ -560,11 +558,11 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                 return Pattern::Messages;
             }
             let (from, to) = (place(e.producer), place(e.consumer));
-            if let Some(ranks) = gathers_gradient(kind(e.producer), from, kind(e.consumer), to) {
+            if let Some(ranks) = gathers_gradient(kind(e.producer), from, e.reads_as, to) {
                 return Pattern::GatherGradient { ranks };
             }
-            if let Some(ranks) = gathers(kind(e.producer), from, kind(e.consumer), to) {
-                let (_, read_as) = edge_kinds(Some(kind(e.producer)), kind(e.consumer));
+            if let Some(ranks) = gathers(kind(e.producer), from, e.reads_as, to) {
+                let (_, read_as) = edge_kinds(Some(kind(e.producer)), e.reads_as);
                 let scatter = scatters_gradient(&ranks, read_as, to);
                 return Pattern::Gather { ranks, scatter };
             }

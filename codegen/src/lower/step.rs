@@ -276,6 +276,8 @@ impl Lowering<'_, '_> {
                 );
             }
         }
+        // One workspace per GPU, however many (virtual) stages it runs.
+        let mut has_workspace = vec![false; weights.len()];
         for (k, stage) in self.strategy.stages.iter().enumerate() {
             let in_flight = self
                 .strategy
@@ -288,7 +290,7 @@ impl Lowering<'_, '_> {
                         .grow(r, Key::rank(BufferKind::WeightVersions), versions);
                 }
                 let workspace = self.costs.workspace();
-                if workspace > 0.0 {
+                if workspace > 0.0 && !std::mem::replace(&mut has_workspace[r as usize], true) {
                     self.buffers
                         .grow(r, Key::rank(BufferKind::Workspace), workspace);
                 }

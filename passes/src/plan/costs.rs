@@ -373,7 +373,8 @@ impl<'a> Costs<'a> {
     }
 
     /// Forward and backward µs of moving the tensor of `bytes` (for one microbatch) that
-    /// `producer` writes under `from` into consumer `consumer` placed `to`: the partial
+    /// `producer` writes under `from` into a consumer placed `to` that reads it as a
+    /// `reads_as` layer ([`Layer::reads_as`](crate::layers::Layer::reads_as)): the partial
     /// sums of a row-parallel producer are reduced first, the consumer receives what it
     /// lacks (an all-gather when that is what it is, with a reduce-scatter for its
     /// gradient), and a parameter-split consumer's input gradient is summed over its slices.
@@ -381,14 +382,14 @@ impl<'a> Costs<'a> {
         &self,
         producer: usize,
         from: (Split, u32),
-        consumer: usize,
+        reads_as: LayerKind,
         to: (Split, u32),
         bytes: f64,
     ) -> (f64, f64) {
         if bytes <= 0.0 {
             return (0.0, 0.0);
         }
-        let (pk, ck) = layout::edge_kinds(Some(self.kind(producer)), self.kind(consumer));
+        let (pk, ck) = layout::edge_kinds(Some(self.kind(producer)), reads_as);
         let mut fwd = 0.0;
         let mut bwd = 0.0;
         if let Some((ranks, share)) = layout::partial_sums(pk, from.0, from.1) {

@@ -157,7 +157,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             let (f, b) = costs.edge(
                 p,
                 from,
-                l,
+                layer.reads_as(edge, split),
                 (split, stage.first_rank),
                 edge.bytes as f64 / f64::from(m),
             );
@@ -232,7 +232,8 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 .iter()
                 .filter(|e| !matches!(e.from, Producer::Layer(p) if (p.0 as usize) >= first))
                 .map(|e| {
-                    e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split)
+                    e.bytes as f64 / f64::from(m)
+                        * super::layout::input_share(layer.reads_as(e, split), split)
                 })
                 .sum();
             bytes += kept * f64::from(in_flight);
@@ -254,7 +255,8 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                     })
                 })
                 .map(|e| {
-                    e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split)
+                    e.bytes as f64 / f64::from(m)
+                        * super::layout::input_share(layer.reads_as(e, split), split)
                 })
                 .sum();
             bytes += own_copies * f64::from(in_flight);
@@ -265,7 +267,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             .inputs
             .iter()
             .filter(|e| matches!(e.from, Producer::Layer(_)))
-            .map(|e| e.bytes as f64 / f64::from(m) * super::layout::input_share(layer.kind, split))
+            .map(|e| {
+                e.bytes as f64 / f64::from(m)
+                    * super::layout::input_share(layer.reads_as(e, split), split)
+            })
             .sum();
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;

@@ -164,11 +164,12 @@ fn table(costs: &Costs<'_>, l: usize, splits: Vec<Split>, weights: Weights) -> T
 
 /// Transfer costs between two layers' splits are affine in the tensor's bytes (latencies
 /// plus bytes over bandwidths); they are computed once per (producer split, consumer
-/// split, producer kind, consumer kind) and kept as (intercept, slope) in dense tables.
+/// split, producer kind, consumer kind, whether only the consumer's epilogue reads it) and
+/// kept as (intercept, slope) in dense tables.
 struct EdgeCache {
     ids: HashMap<Split, u16>,
     splits: Vec<Split>,
-    tables: HashMap<(LayerKind, LayerKind), Vec<(f64, f64)>>,
+    tables: HashMap<(LayerKind, LayerKind, bool), Vec<(f64, f64)>>,
 }
 
 /// Distinct splits one search may see (the cache's tables are up to this squared).
@@ -183,20 +184,28 @@ impl EdgeCache {
     }
 
     /// (fwd + bwd) µs of `bytes` moving from producer `p` (split id `a`) to consumer `c`
-    /// (split id `b`).
-    fn cost(&mut self, costs: &Costs<'_>, p: usize, a: u16, c: usize, b: u16, bytes: f64) -> f64 {
+    /// (split id `b`), read by `c`'s epilogue alone when `epilogue`.
+    fn cost(
+        &mut self,
+        costs: &Costs<'_>,
+        (p, a): (usize, u16),
+        (c, b): (usize, u16),
+        epilogue: bool,
+        bytes: f64,
+    ) -> f64 {
         if bytes <= 0.0 {
             return 0.0;
         }
         let table = self
             .tables
-            .entry((costs.kind(p), costs.kind(c)))
+            .entry((costs.kind(p), costs.kind(c), epilogue))
             .or_insert_with(|| vec![(f64::NAN, 0.0); self.splits.len() * self.splits.len()]);
         let cell = &mut table[a as usize * self.splits.len() + b as usize];
         if cell.0.is_nan() {
             let (from, to) = (self.splits[a as usize], self.splits[b as usize]);
             let at = |x: f64| {
-                let (f, b) = costs.edge(p, (from, 0), c, (to, 0), x);
+                let reads_as = super::layout::epilogue_reads_as(costs.kind(c), to, epilogue);
+                let (f, b) = costs.edge(p, (from, 0), reads_as, (to, 0), x);
                 f + b
             };
             let (one, big) = (at(1.0), at(1e9));
@@ -289,21 +298,22 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
         let position = |j: usize| frontier.iter().position(|&f| f == j);
         let me = &tables[i];
         let width = me.splits.len();
-        // This layer's input edges: (producer, its frontier slot, bytes), with a lazily
-        // filled matrix of transfer costs per (producer choice, own choice).
-        let inputs: Vec<(usize, usize, f64)> = layer
+        // This layer's input edges: (producer, its frontier slot, bytes, read by the
+        // epilogue alone), with a lazily filled matrix of transfer costs per (producer
+        // choice, own choice).
+        let inputs: Vec<(usize, usize, f64, bool)> = layer
             .inputs
             .iter()
             .filter_map(|e| match e.from {
                 Producer::Layer(p) => {
                     let p = p.0 as usize;
-                    Some((p, position(p)?, e.bytes as f64))
+                    Some((p, position(p)?, e.bytes as f64, e.epilogue))
                 }
                 Producer::Input(_) => None,
             })
             .collect();
         matrices.clear();
-        for &(p, _, _) in &inputs {
+        for &(p, _, _, _) in &inputs {
             matrices.push(vec![f64::NAN; tables[p].splits.len() * width]);
         }
         let prev_split = |key: &[u16]| key.last().map(|&c| tables[i - 1].splits[c as usize]);
@@ -340,13 +350,18 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                 if prev != Some(split) {
                     cost += me.latency[c as usize];
                 }
-                for (k, &(p, slot, bytes)) in inputs.iter().enumerate() {
+                for (k, &(p, slot, bytes, epilogue)) in inputs.iter().enumerate() {
                     let pc = state.key[slot] as usize;
                     let cell = &mut matrices[k][pc * width + c as usize];
                     if cell.is_nan() {
                         let from = tables[p].splits[pc];
-                        let t =
-                            edges.cost(costs, p, tables[p].ids[pc], i, me.ids[c as usize], bytes);
+                        let t = edges.cost(
+                            costs,
+                            (p, tables[p].ids[pc]),
+                            (i, me.ids[c as usize]),
+                            epilogue,
+                            bytes,
+                        );
                         let g = f64::from(split.degree().max(from.degree()));
                         *cell = t * (1.0 + weights.lambda * g);
                     }

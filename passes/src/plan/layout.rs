@@ -316,6 +316,21 @@ pub fn edge_kinds(producer: Option<LayerKind>, consumer: LayerKind) -> (LayerKin
     }
 }
 
+/// The kind a `consumer` layer placed as `split` reads an input as: its own, but for an
+/// input only a dense layer's epilogue reads ([`Edge::epilogue`](crate::layers::Edge)),
+/// an elementwise layer's — the rows and features its output holds. A column-parallel
+/// layer then reads its features of SwiGLU's gate (Megatron-LM's layout, nothing
+/// gathered), and a row-parallel one its rows of the residual, each adding its piece into
+/// its partial sum so that the sum adds it once; with both cuts (no piece of the
+/// output is one rank's) the layer's own.
+pub fn epilogue_reads_as(consumer: LayerKind, split: Split, epilogue: bool) -> LayerKind {
+    let both = split.attribute > 1 && split.parameter > 1;
+    match consumer {
+        LayerKind::Dense if epilogue && !both => LayerKind::Elementwise,
+        kind => kind,
+    }
+}
+
 /// One message of a redistribution: `fraction` of the tensor from rank `from` to rank `to`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Transfer {

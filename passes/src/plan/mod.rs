@@ -38,10 +38,10 @@ pub use file::{
 };
 pub use halo::Window;
 pub use layout::{
-    class_pieces, edge_kinds, first_replica, gathers, gathers_gradient, gradient_transfers,
-    input_gradient_sums, input_share, output_share, partial_sums, replicas, scatters_gradient,
-    scatters_partial_sums, splits_attributes, splits_attributes_into, splits_freely, transfers,
-    weight_replicas, Cut, Transfer, View,
+    class_pieces, edge_kinds, epilogue_reads_as, first_replica, gathers, gathers_gradient,
+    gradient_transfers, input_gradient_sums, input_share, output_share, partial_sums, replicas,
+    scatters_gradient, scatters_partial_sums, splits_attributes, splits_attributes_into,
+    splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};

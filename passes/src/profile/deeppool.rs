@@ -289,6 +289,7 @@ pub fn deeppool_layers(
             activation_io_bytes: input_bytes + output_bytes,
             output_bytes,
             stash_bytes: input_bytes,
+            inner_stash_bytes: 0,
             kept_output_bytes: 0,
             // The layer's own input size: branches listed in sequence (Inception's) read
             // the block's input, not the line before.
@@ -297,6 +298,7 @@ pub fn deeppool_layers(
                 value: None,
                 bytes: input_bytes,
                 stash_kept_by: None,
+                epilogue: false,
             }],
             measured: Some(Measured {
                 fwd_us: at.fwd_us,

@@ -251,6 +251,7 @@ pub fn parse_pipedream(
                 value: None,
                 bytes: nodes[p].activation_bytes,
                 stash_kept_by: None,
+                epilogue: false,
             })
             .collect();
         let input_bytes: u64 = inputs.iter().map(|e| e.bytes).sum();
@@ -268,6 +269,7 @@ pub fn parse_pipedream(
             activation_io_bytes: input_bytes + n.activation_bytes,
             output_bytes: n.activation_bytes,
             stash_bytes: input_bytes,
+            inner_stash_bytes: 0,
             kept_output_bytes: 0,
             inputs,
             measured: Some(Measured {

@@ -45,7 +45,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ralpc_codegen::layout::{carrier, edge_kinds, first_replica, LayerKind, Split, View};
+use ralpc_codegen::layout::{
+    carrier, edge_kinds, epilogue_reads_as, first_replica, LayerKind, Split, View,
+};
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
 use ralpc_ir::{Binary, Graph, GraphInfo, NodeId, Op, Scalar, ValueId};

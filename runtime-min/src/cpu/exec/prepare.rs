@@ -37,7 +37,10 @@ impl<'a> Prepared<'a> {
             .zip(&resolved.edges)
             .map(|(e, &value)| {
                 let kind = |l: u32| layout.layers.get(l as usize).map(|l| l.kind);
-                let consumer = kind(e.consumer).unwrap_or(LayerKind::DataMovement);
+                let consumer = match layout.layers.get(e.consumer as usize) {
+                    Some(c) => epilogue_reads_as(c.kind, c.split, e.epilogue),
+                    None => LayerKind::DataMovement,
+                };
                 let (held_as, read_as) = edge_kinds(kind(e.producer), consumer);
                 EdgeInfo {
                     producer: e.producer as usize,
