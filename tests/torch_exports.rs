@@ -183,8 +183,9 @@ fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
 /// partial sums (the embedding's, both projections') reduce-scattered, never all-reduced,
 /// since what reads them after (the RMSNorms' decomposed ops, the next block's residual
 /// added in a projection's epilogue) takes its sequence piece; and only the hidden width
-/// all-gathered, never SwiGLU's inner width: the up projection reads its columns of
-/// silu(gate) where the gate projection left them.
+/// all-gathered, never SwiGLU's inner width (the up projection reads its columns of
+/// silu(gate) where the gate projection left them), once for the Q, K and V projections
+/// and once for the gate and up projections, as Megatron-LM gathers for its fused ones.
 #[test]
 fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
     use ralpc::passes::transformer::{Knobs, Recompute};
@@ -215,13 +216,17 @@ fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
     // (three floats per row and piece) are the other gather.
     let hidden = 2 * 8 * 32 * 4;
     let statistics = 2 * 8 * 3 * 4 * 2;
+    let mut gathers = 0;
     for gather in forward.iter().filter(|i| i["op"] == "all_gather") {
         let bytes = gather["bytes"].as_u64().expect("bytes");
         assert!(
             bytes == hidden || bytes == statistics,
             "an all-gather of {bytes} bytes"
         );
+        gathers += usize::from(bytes == hidden);
     }
+    // Two per block, and the LM head's input.
+    assert_eq!(gathers, 2 * 2 + 1);
 }
 
 /// Hugging Face's GPT-2 as Megatron-LM splits it: its ids flattened before a

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, ValueId};
 use ralpc_passes::layers::{LayerGraph, Producer};
-use ralpc_passes::plan::{gathers, scatters_gradient, Strategy};
+use ralpc_passes::plan::{gathers, scatters_gradient, shared_gathers, Strategy};
 use serde::{Deserialize, Serialize};
 
 /// The vocabulary the layout is written in, shared by the lowering and the executors: a
@@ -104,6 +104,11 @@ pub struct LayoutEdge {
     /// ([`epilogue_reads_as`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub epilogue: bool,
+    /// The earlier edge whose forward all-gather brings this one's tensor too (the same
+    /// value gathered the same way for another reader: Q, K and V projections of one
+    /// input): it arrives with that edge's, nothing is gathered for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<u32>,
 }
 
 impl Layout {
@@ -120,6 +125,7 @@ impl Layout {
             let stage = strategy.stages.get(*stage_of.get(l)?)?;
             Some((*strategy.layers.get(l)?, stage.first_rank))
         };
+        let shared = shared_gathers(layers, strategy);
         let mut edges = Vec::new();
         for (c, layer) in layers.layers.iter().enumerate() {
             for e in &layer.inputs {
@@ -137,6 +143,11 @@ impl Layout {
                     value: name(e.value?),
                     scattered,
                     epilogue: e.epilogue,
+                    shares: shared
+                        .get(edges.len())
+                        .copied()
+                        .flatten()
+                        .map(|first| first as u32),
                 });
             }
         }
@@ -229,6 +240,19 @@ impl Layout {
                     "layout.edges[{i}]: layers {} → {} where the plan has {layers}",
                     e.producer, e.consumer
                 ));
+            }
+            if let Some(first) = e.shares {
+                let same = (first as usize) < i
+                    && self.edges.get(first as usize).is_some_and(|f| {
+                        f.producer == e.producer && f.value == e.value && f.shares.is_none()
+                    });
+                if !same {
+                    return Err(format!(
+                        "layout.edges[{i}].shares: edge {first} is no earlier gather of '{}' \
+                         from layer {}",
+                        e.value, e.producer
+                    ));
+                }
             }
         }
         for (i, &[a, b]) in self.recompute.iter().enumerate() {

@@ -47,8 +47,8 @@ use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
     buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, partial_sums, scatters_gradient, scatters_partial_sums,
-    separately_reduced, tied_reductions, transfers, Bucket, Costs, PlanError, Schedule, Strategy,
-    StrategyFile, TiedReduction, Transfer,
+    separately_reduced, shared_gathers, tied_reductions, transfers, Bucket, Costs, PlanError,
+    Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -107,6 +107,8 @@ struct Lowering<'c, 'a> {
     comm: Comm<'a>,
     stage_of: Vec<usize>,
     edges: Vec<Edge>,
+    /// Per edge, the earlier edge whose forward all-gather it reuses ([`shared_gathers`]).
+    shared: Vec<Option<usize>>,
     programs: Vec<Vec<Instruction>>,
     groups: BTreeMap<Vec<u32>, u32>,
     /// Per layer, forward and backward µs per microbatch (the evaluator's).
@@ -162,6 +164,19 @@ impl Lowering<'_, '_> {
         })
     }
 
+    /// Where edge `ei`'s tensor arrives for microbatch `mb`: its own received buffer, or
+    /// that of the edge whose all-gather it shares ([`shared_gathers`]).
+    fn received(&self, ei: usize, mb: u32) -> Key {
+        let from = self.shared[ei].unwrap_or(ei);
+        Key::received(self.edges[from].consumer, mb, self.tag(from, mb, false))
+    }
+
+    /// As [`Lowering::received`], for a recomputation's gathers.
+    fn received_again(&self, ei: usize, mb: u32) -> Key {
+        let from = self.shared[ei].unwrap_or(ei);
+        Key::received_again(self.edges[from].consumer, mb, self.tag_again(from, mb))
+    }
+
     /// The tag of edge `edge`'s forward messages sent again for a recomputation.
     fn tag_again(&self, edge: usize, microbatch: u32) -> u64 {
         self.tags().encode(Tag::Again { edge, microbatch })
@@ -212,10 +227,10 @@ impl Lowering<'_, '_> {
                 let producer = e.producer;
                 let same_stage = self.stage_of[producer] == k;
                 let tag = self.tag(ei, mb, false);
-                let payload = Key::received(l, mb, tag);
+                let payload = self.received(ei, mb);
                 inputs.push(payload);
                 inputs.push(Key::pass(BufferKind::Activation, producer, mb));
-                if self.collective_edge(ei, mb, false) {
+                if self.shared[ei].is_some() || self.collective_edge(ei, mb, false) {
                     continue;
                 }
                 for t in self.messages(ei) {
@@ -414,14 +429,17 @@ impl Lowering<'_, '_> {
                 if e.consumer != l {
                     continue;
                 }
-                let (producer, tag) = (e.producer, self.tag(ei, mb, false));
+                let producer = e.producer;
                 if producer >= first {
                     let tag = self.tag_again(ei, mb);
                     // Inside the run, what moved in the forward moves again (the tensor-
                     // parallel layers' gathers).
                     let source = Key::pass(BufferKind::Recomputed, producer, mb);
-                    let payload = Key::received_again(l, mb, tag);
+                    let payload = self.received_again(ei, mb);
                     inputs.extend([source, payload]);
+                    if self.shared[ei].is_some() {
+                        continue;
+                    }
                     if !self.collective_between(ei, false, source, payload) {
                         for t in self.messages(ei) {
                             let bytes = self.bytes(&self.edges[ei], &t);
@@ -430,7 +448,7 @@ impl Lowering<'_, '_> {
                         }
                     }
                 } else {
-                    inputs.push(Key::received(l, mb, tag));
+                    inputs.push(self.received(ei, mb));
                     inputs.push(Key::pass(BufferKind::Activation, producer, mb));
                 }
             }
@@ -581,6 +599,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         comm: Comm::new(costs.cluster),
         stage_of,
         edges,
+        shared: shared_gathers(graph, strategy),
         messages,
         gradient_messages,
         programs: vec![Vec::new(); ranks as usize],

@@ -12,7 +12,9 @@
 //!   and stage `k` synchronizes once its last backward is done, before the drain through
 //!   stages `0..k` (their backward parts `bⱼ` and cuts): `T = maxₖ (Π − Σ_{j<k}(bⱼ + x/2) + yₖ)`;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
-//!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state.
+//!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state;
+//! * the interleaved 1F1B schedule (`v` stages per GPU): with `t` a GPU's microbatch over
+//!   its stages, `T = M·t + (P/v − 1)·t/v + y₀`.
 //!
 //! One stage with `M = 1` gives `T = t + y`: the sequential sum over layers of compute,
 //! resharding and gradient synchronization that data-parallel and burst-parallel plans have.
@@ -23,7 +25,8 @@
 //!
 //! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
 //! slice, the weight versions an asynchronous stage stashes, and the activations of its
-//! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`),
+//! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`;
+//! interleaved: Megatron-LM's warm-up, [`Strategy::in_flight`]),
 //! plus what one microbatch's backward holds on top — the gradients it writes, receives
 //! and keeps for a producer, less the stash of the layers its backward already ran
 //! ([`transient`](super::transient)) — plus the workspace.
@@ -133,6 +136,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     // Per (recomputed run, rank), one microbatch's activations of the run: alive while
     // the run is recomputed and its backward runs.
     let mut recomputing: std::collections::BTreeMap<(usize, u32), f64> = Default::default();
+    // Edges between layers, in order: which reuse an earlier edge's forward all-gather.
+    let shared = super::shared::shared_gathers(graph, strategy);
+    let mut edge_index = 0;
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
         let stage = &strategy.stages[k];
@@ -161,6 +167,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 (split, stage.first_rank),
                 edge.bytes as f64 / f64::from(m),
             );
+            let reuses_gather = shared.get(edge_index).is_some_and(Option::is_some);
+            edge_index += 1;
+            let f = if reuses_gather { 0.0 } else { f };
             // Halo rows move inside the consumer's ranks, forward and their gradient back.
             let reads_halo = layer
                 .halo
@@ -185,7 +194,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         stage_cost[k].microbatch_us += work.fwd_us + recompute_us + work.bwd_us + transfer;
         stage_cost[k].backward_us += recompute_us + work.bwd_us + transfer / 2.0;
         busy_gpu_us += f64::from(g) * (work.fwd_us + recompute_us + work.bwd_us) * f64::from(m);
-        let in_flight = strategy.schedule.in_flight(m, stages, k);
+        let in_flight = strategy.in_flight(k);
         let versions = if strategy.schedule == Schedule::Async {
             in_flight - 1
         } else {
@@ -400,8 +409,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             stage_cost[k].memory_bytes = stage_cost[k].memory_bytes.max(used);
         }
     }
-    let iteration = strategy.schedule.iteration_us(&stage_cost, m);
-    let gpus_used: u32 = strategy.stages.iter().map(|s| s.gpus).sum();
+    let v = strategy.virtual_stages();
+    let iteration = strategy.schedule.iteration_us(&stage_cost, m, v);
+    // Interleaved, every GPU runs `v` stages.
+    let gpus_used: u32 = strategy.stages.iter().map(|s| s.gpus).sum::<u32>() / v as u32;
     let gpu_time = if stages == 1 {
         busy_gpu_us
     } else {
@@ -495,9 +506,18 @@ impl Schedule {
         }
     }
 
-    /// The iteration time from per-stage figures (see the module docs).
-    pub(crate) fn iteration_us(self, stages: &[StageCost], microbatches: u32) -> f64 {
+    /// The iteration time from per-stage figures (see the module docs), of stages that
+    /// are `virtual_stages` chunks per GPU when interleaved.
+    pub(crate) fn iteration_us(
+        self,
+        stages: &[StageCost],
+        microbatches: u32,
+        virtual_stages: usize,
+    ) -> f64 {
         let m = f64::from(microbatches.max(1));
+        if virtual_stages > 1 {
+            return interleaved_us(stages, m, virtual_stages);
+        }
         match self {
             Schedule::OneFOneB | Schedule::GPipe => {
                 let sum: f64 = stages.iter().map(|s| s.microbatch_us + s.receive_us).sum();
@@ -532,4 +552,24 @@ impl Schedule {
             }
         }
     }
+}
+
+/// The interleaved 1F1B schedule's iteration (Narayanan et al.): `stages` are `v` chunks on
+/// each of `p` GPUs (chunk `k` on GPU `k mod p`). A GPU's microbatch is its chunks' sum
+/// `t`; the pipeline fills and drains in chunk steps, so its bubble is `(p − 1)·t / v`:
+/// `T = M·t + (p − 1)·t / v`, then the first chunk's gradient synchronization.
+fn interleaved_us(stages: &[StageCost], m: f64, v: usize) -> f64 {
+    let p = (stages.len() / v).max(1);
+    let per_gpu = (0..p)
+        .map(|d| {
+            stages
+                .iter()
+                .skip(d)
+                .step_by(p)
+                .map(|s| s.microbatch_us.max(s.receive_us))
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    let pipeline = m * per_gpu + (p as f64 - 1.0) * per_gpu / v as f64;
+    pipeline + stages.first().map_or(0.0, |s| s.sync_us)
 }

@@ -25,6 +25,7 @@ mod layered;
 mod layout;
 mod pipeline;
 mod search;
+mod shared;
 mod tied;
 mod transient;
 
@@ -44,6 +45,7 @@ pub use layout::{
     splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
+pub use shared::shared_gathers;
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
 
 use crate::layers::{LayerKind, Split};
@@ -271,6 +273,23 @@ impl Strategy {
             }
         }
         of
+    }
+
+    /// Microbatches whose activations stage `k` keeps at once: its schedule's count
+    /// ([`Schedule::in_flight`]) or, interleaved (`v` chunks per GPU, `p` GPUs deep),
+    /// Megatron-LM's warm-up on the chunk's GPU `d` — `(p − d − 1)·2 + (v − 1)·p` forward
+    /// chunks ahead of the first backward, one more in the steady state, at most `M·v` —
+    /// shared by its `v` chunks, the earlier ones holding the remainder.
+    pub fn in_flight(&self, k: usize) -> u32 {
+        let (m, stages, v) = (self.microbatches, self.stages.len(), self.virtual_stages());
+        if v <= 1 {
+            return self.schedule.in_flight(m, stages, k);
+        }
+        let p = stages / v;
+        let (d, chunk) = (k % p, k / p);
+        let ahead = (p - d - 1) * 2 + (v - 1) * p + 1;
+        let total = ahead.min(m as usize * v);
+        (total / v + usize::from(chunk < total % v)).max(1) as u32
     }
 
     /// The virtual stages per GPU of an interleaved pipeline (Narayanan et al.): the first

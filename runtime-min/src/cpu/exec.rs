@@ -456,6 +456,10 @@ struct EdgeInfo {
     /// what is broadcast over its heads whole).
     held_as: LayerKind,
     read_as: LayerKind,
+    /// The earlier edge whose gather brings its tensor (`LayoutEdge::shares`).
+    shares: Option<usize>,
+    /// A later edge shares the gather it reads: its pieces stay for that edge.
+    passes_on: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -115,7 +115,13 @@ impl Rank<'_, '_> {
             Some(_) => Some(self.held(e, self.rank)?),
             None => None,
         };
-        let received = self.pieces.remove(&(e, mb)).unwrap_or_default();
+        // What its gather brought, or the gather it shares.
+        let gathered = (edge.shares.unwrap_or(e), mb);
+        let received = match edge.passes_on {
+            true => self.pieces.get(&gathered).cloned(),
+            false => self.pieces.remove(&gathered),
+        }
+        .unwrap_or_default();
         // This rank computed exactly what it needs: the producer's tensor itself, shared
         // (and left where it is, host or device).
         if let (Some(held), true, Some(run)) = (

@@ -50,9 +50,17 @@ impl<'a> Prepared<'a> {
                     halo: false,
                     held_as,
                     read_as,
+                    shares: e.shares.map(|first| first as usize),
+                    passes_on: false,
                 }
             })
             .collect();
+        // A gather's pieces stay for the later edges sharing it, up to the last of them.
+        let mut edges = edges;
+        for j in 0..edges.len() {
+            let first = edges[j].shares.unwrap_or(j);
+            edges[j].passes_on = edges[j + 1..].iter().any(|x| x.shares == Some(first));
+        }
         let order = exe.info.positions();
         let graph_output = *g
             .outputs()
