@@ -185,7 +185,10 @@ fn a_llama_decoder_split_by_heads_trains_as_pytorch() {
 /// added in a projection's epilogue) takes its sequence piece; and only the hidden width
 /// all-gathered, never SwiGLU's inner width (the up projection reads its columns of
 /// silu(gate) where the gate projection left them), once for the Q, K and V projections
-/// and once for the gate and up projections, as Megatron-LM gathers for its fused ones.
+/// and once for the gate and up projections, as Megatron-LM gathers for its fused ones;
+/// backward, their input gradients are summed and reduce-scattered once, and the
+/// gradients of a projection's output (read by the next RMSNorm's ops and the residual)
+/// summed and all-gathered once.
 #[test]
 fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
     use ralpc::passes::transformer::{Knobs, Recompute};
@@ -207,7 +210,7 @@ fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
         .iter()
         .position(|i| i["op"] == "backward")
         .expect("a backward pass");
-    let forward = &program[..backward];
+    let (forward, backward) = program.split_at(backward);
     let count = |op: &str| forward.iter().filter(|i| i["op"] == op).count();
     assert_eq!(count("all_reduce"), 0, "partial sums all-reduced");
     // The embedding's and two projections per block (the fixture has two blocks).
@@ -227,6 +230,17 @@ fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
     }
     // Two per block, and the LM head's input.
     assert_eq!(gathers, 2 * 2 + 1);
+    let input_gradients = backward
+        .iter()
+        .filter(|i| i["op"] == "reduce_scatter" && i["bytes"] == hidden)
+        .count();
+    assert_eq!(input_gradients, 2 * 2 + 1);
+    // The embedding's and the projections' outputs.
+    let output_gradients = backward
+        .iter()
+        .filter(|i| i["op"] == "all_gather" && i["bytes"] == hidden)
+        .count();
+    assert_eq!(output_gradients, 1 + 2 * 2);
 }
 
 /// Hugging Face's GPT-2 as Megatron-LM splits it: its ids flattened before a

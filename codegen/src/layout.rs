@@ -109,6 +109,11 @@ pub struct LayoutEdge {
     /// input): it arrives with that edge's, nothing is gathered for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<u32>,
+    /// The earlier edge whose gradient's collective returns this one's too: its input
+    /// gradient is added to that edge's (the QKV inputs' partial sums reduce-scattered
+    /// once; a row-parallel output's sequence pieces all-gathered once to its replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_with: Option<u32>,
 }
 
 impl Layout {
@@ -137,17 +142,15 @@ impl Layout {
                     && gathers(held, from, read, to).is_some_and(|ranks| {
                         scatters_gradient(&ranks, edge_kinds(Some(held), read).1, to)
                     });
+                let collective = shared.get(edges.len()).copied().flatten();
                 edges.push(LayoutEdge {
                     producer: p as u32,
                     consumer: c as u32,
                     value: name(e.value?),
                     scattered,
                     epilogue: e.epilogue,
-                    shares: shared
-                        .get(edges.len())
-                        .copied()
-                        .flatten()
-                        .map(|first| first as u32),
+                    shares: collective.filter(|s| s.forward).map(|s| s.first as u32),
+                    gradient_with: collective.filter(|s| s.gradient).map(|s| s.first as u32),
                 });
             }
         }
@@ -241,14 +244,18 @@ impl Layout {
                     e.producer, e.consumer
                 ));
             }
-            if let Some(first) = e.shares {
+            for (field, first) in [("shares", e.shares), ("gradient_with", e.gradient_with)] {
+                let Some(first) = first else { continue };
                 let same = (first as usize) < i
                     && self.edges.get(first as usize).is_some_and(|f| {
-                        f.producer == e.producer && f.value == e.value && f.shares.is_none()
+                        f.producer == e.producer
+                            && f.value == e.value
+                            && f.shares.is_none()
+                            && f.gradient_with.is_none()
                     });
                 if !same {
                     return Err(format!(
-                        "layout.edges[{i}].shares: edge {first} is no earlier gather of '{}' \
+                        "layout.edges[{i}].{field}: edge {first} is no earlier edge of '{}' \
                          from layer {}",
                         e.value, e.producer
                     ));

@@ -48,7 +48,7 @@ use ralpc_passes::plan::{
     buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, partial_sums, scatters_gradient, scatters_partial_sums,
     separately_reduced, shared_gathers, tied_reductions, transfers, Bucket, Costs, PlanError,
-    Schedule, Strategy, StrategyFile, TiedReduction, Transfer,
+    Schedule, SharedGather, Strategy, StrategyFile, TiedReduction, Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -107,8 +107,8 @@ struct Lowering<'c, 'a> {
     comm: Comm<'a>,
     stage_of: Vec<usize>,
     edges: Vec<Edge>,
-    /// Per edge, the earlier edge whose forward all-gather it reuses ([`shared_gathers`]).
-    shared: Vec<Option<usize>>,
+    /// Per edge, the earlier edge whose collective it shares ([`shared_gathers`]).
+    shared: Vec<Option<SharedGather>>,
     programs: Vec<Vec<Instruction>>,
     groups: BTreeMap<Vec<u32>, u32>,
     /// Per layer, forward and backward µs per microbatch (the evaluator's).
@@ -165,15 +165,19 @@ impl Lowering<'_, '_> {
     }
 
     /// Where edge `ei`'s tensor arrives for microbatch `mb`: its own received buffer, or
-    /// that of the edge whose all-gather it shares ([`shared_gathers`]).
+    /// that of the edge whose forward all-gather it shares ([`shared_gathers`]).
     fn received(&self, ei: usize, mb: u32) -> Key {
-        let from = self.shared[ei].unwrap_or(ei);
+        let from = self.shared[ei]
+            .filter(|s| s.forward)
+            .map_or(ei, |s| s.first);
         Key::received(self.edges[from].consumer, mb, self.tag(from, mb, false))
     }
 
     /// As [`Lowering::received`], for a recomputation's gathers.
     fn received_again(&self, ei: usize, mb: u32) -> Key {
-        let from = self.shared[ei].unwrap_or(ei);
+        let from = self.shared[ei]
+            .filter(|s| s.forward)
+            .map_or(ei, |s| s.first);
         Key::received_again(self.edges[from].consumer, mb, self.tag_again(from, mb))
     }
 
@@ -230,7 +234,8 @@ impl Lowering<'_, '_> {
                 let payload = self.received(ei, mb);
                 inputs.push(payload);
                 inputs.push(Key::pass(BufferKind::Activation, producer, mb));
-                if self.shared[ei].is_some() || self.collective_edge(ei, mb, false) {
+                let arrived = self.shared[ei].is_some_and(|s| s.forward);
+                if arrived || self.collective_edge(ei, mb, false) {
                     continue;
                 }
                 for t in self.messages(ei) {
@@ -381,7 +386,9 @@ impl Lowering<'_, '_> {
                     let groups = Self::copies(&ranks, self.ranks(l));
                     self.all_reduce(groups, bytes, &[input_gradient]);
                 }
-                if self.collective_edge(ei, mb, true) {
+                // Summed into the gradient of the edge whose collective it shares.
+                let folded = self.shared[ei].is_some_and(|s| s.gradient);
+                if folded || self.collective_edge(ei, mb, true) {
                     continue;
                 }
                 let producer = self.edges[ei].producer;
@@ -437,7 +444,7 @@ impl Lowering<'_, '_> {
                     let source = Key::pass(BufferKind::Recomputed, producer, mb);
                     let payload = self.received_again(ei, mb);
                     inputs.extend([source, payload]);
-                    if self.shared[ei].is_some() {
+                    if self.shared[ei].is_some_and(|s| s.forward) {
                         continue;
                     }
                     if !self.collective_between(ei, false, source, payload) {

@@ -167,9 +167,15 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 (split, stage.first_rank),
                 edge.bytes as f64 / f64::from(m),
             );
-            let reuses_gather = shared.get(edge_index).is_some_and(Option::is_some);
+            // What a shared collective moves is priced once, on the first edge.
+            let (f, b) = match shared.get(edge_index).copied().flatten() {
+                Some(s) => (
+                    if s.forward { 0.0 } else { f },
+                    if s.gradient { 0.0 } else { b },
+                ),
+                None => (f, b),
+            };
             edge_index += 1;
-            let f = if reuses_gather { 0.0 } else { f };
             // Halo rows move inside the consumer's ranks, forward and their gradient back.
             let reads_halo = layer
                 .halo

@@ -45,7 +45,7 @@ pub use layout::{
     splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use search::{plan, Candidate, Planned, Request};
-pub use shared::shared_gathers;
+pub use shared::{shared_gathers, SharedGather};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};
 
 use crate::layers::{LayerKind, Split};

@@ -458,6 +458,9 @@ struct EdgeInfo {
     read_as: LayerKind,
     /// The earlier edge whose gather brings its tensor (`LayoutEdge::shares`).
     shares: Option<usize>,
+    /// The earlier edge whose gradient's collective returns its input gradient, added
+    /// to that edge's (`LayoutEdge::gradient_with`).
+    gradient_with: Option<usize>,
     /// A later edge shares the gather it reads: its pieces stay for that edge.
     passes_on: bool,
 }

@@ -370,9 +370,7 @@ impl Rank<'_, '_> {
         if (l, o) == p.output {
             return Ok(None);
         }
-        let readers: Vec<usize> = (0..p.edges.len())
-            .filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
-            .collect();
+        let readers = p.gradient_readers(l, o);
         let covers =
             |(region, data): &(Region, Floats)| region == held && data.len() == volume(held);
         // Given whole by a consumer on this rank, or received whole from another's.
@@ -463,9 +461,7 @@ impl Rank<'_, '_> {
                 grads.accumulate(o, dy);
                 continue;
             }
-            let readers: Vec<usize> = (0..p.edges.len())
-                .filter(|&e| p.edges[e].producer == l && p.edges[e].value == o)
-                .collect();
+            let readers = p.gradient_readers(l, o);
             if (l, o) == p.output && readers.is_empty() {
                 // The loss's gradient alone, where the loss was computed.
                 let y = run.values.get(o).ok_or("the output is missing")?;

@@ -51,6 +51,7 @@ impl<'a> Prepared<'a> {
                     held_as,
                     read_as,
                     shares: e.shares.map(|first| first as usize),
+                    gradient_with: e.gradient_with.map(|first| first as usize),
                     passes_on: false,
                 }
             })
@@ -692,6 +693,17 @@ fn same_shape_closure(
 }
 
 impl Prepared<'_> {
+    /// The edges whose input gradients return `o` of layer `l` to it: every reader's,
+    /// but those added to a shared gather's and returned with it.
+    pub(super) fn gradient_readers(&self, l: usize, o: ValueId) -> Vec<usize> {
+        (0..self.edges.len())
+            .filter(|&e| {
+                let edge = &self.edges[e];
+                edge.producer == l && edge.value == o && edge.gradient_with.is_none()
+            })
+            .collect()
+    }
+
     /// Whether `node`, an add of a weight of `wdims` in layer `l`, adds it along the
     /// features of the layer's product: it reads the product itself (or what elementwise
     /// ops made of it), whose last axis the weight's last axis spans whole.

@@ -335,11 +335,34 @@ impl Rank<'_, '_> {
             find(BufferKind::Received, true),
         ) {
             let e = self.edge_between(producer, consumer)?;
-            let (need, data) = self
+            // A collective shared by several readers returns their input gradients summed.
+            let e = self.p.edges[e].gradient_with.unwrap_or(e);
+            let (need, mut data) = self
                 .input_grads
                 .get(&(e, mb))
                 .cloned()
                 .ok_or("no input gradient to reshard")?;
+            let sharers: Vec<usize> = (0..self.p.edges.len())
+                .filter(|&s| self.p.edges[s].gradient_with == Some(e))
+                .collect();
+            for s in sharers {
+                let (region, part) = self.input_grads.remove(&(s, mb)).ok_or_else(|| {
+                    format!(
+                        "layer {}'s input gradient, summed into a shared collective's, is missing",
+                        self.p.layers[self.p.edges[s].consumer].name
+                    )
+                })?;
+                if region != need {
+                    return Err(RankError::Inconsistent(format!(
+                        "layer {}'s input gradient covers {region:?}, the shared collective's {need:?}",
+                        self.p.layers[self.p.edges[s].consumer].name
+                    )));
+                }
+                data = self.compute.add(data, &part).map_err(RankError::from)?;
+                // What this rank keeps of it (an all-gather's own piece) is the sum too.
+                self.input_grads
+                    .insert((e, mb), (need.clone(), data.clone()));
+            }
             let all = self.gather_over(&members, data)?;
             let held = self.held(e, self.rank)?;
             let reduce = matches!(
