@@ -574,14 +574,10 @@ fn kind_of(
 /// Whether reduction `n` reduces the last axis of a tensor of rows alone (`[b, s, h]` to
 /// `[b, s, 1]` or `[b, s]`): each row apart, as a LayerNorm computes its statistics.
 fn reduces_rows_apart(info: &GraphInfo, n: &ralpc_ir::Node) -> bool {
-    let sizes = |v: Option<&Option<ValueId>>| {
-        v.copied()
-            .flatten()
-            .and_then(|v| info.ty(v).shape.as_sizes())
-    };
+    let sizes = |v: ValueId| info.ty(v).shape.as_sizes();
     let (Some(x), Some(y)) = (
-        sizes(n.inputs.first()),
-        sizes(n.outputs.first().map(|v| Some(*v)).as_ref()),
+        n.inputs.first().copied().flatten().and_then(sizes),
+        n.outputs.first().copied().and_then(sizes),
     ) else {
         return false;
     };

@@ -31,7 +31,7 @@ impl<'a> Prepared<'a> {
         let aliases = resolved.aliases.clone();
         let carried = |v| carrier(&aliases, v);
         // Edges in the lowering's order: by consumer, then its inputs from layers.
-        let edges: Vec<EdgeInfo> = layout
+        let mut edges: Vec<EdgeInfo> = layout
             .edges
             .iter()
             .zip(&resolved.edges)
@@ -57,7 +57,6 @@ impl<'a> Prepared<'a> {
             })
             .collect();
         // A gather's pieces stay for the later edges sharing it, up to the last of them.
-        let mut edges = edges;
         for j in 0..edges.len() {
             let first = edges[j].shares.unwrap_or(j);
             edges[j].passes_on = edges[j + 1..].iter().any(|x| x.shares == Some(first));
