@@ -605,6 +605,71 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
     assert_eq!(rank_ops(&plan, 0, "send"), 2 * 12);
 }
 
+/// Sequence parallelism as Megatron-LM runs it: a column-parallel projection keeps only
+/// its input's sequence piece (its norm's output, `1/t` of it) to its backward pass and
+/// all-gathers the input again there. The losses of such plans equal one device's
+/// (`tests/torch_exports.rs`, `a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly`).
+#[test]
+fn column_parallel_projections_keep_their_inputs_sequence_piece() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, sequence, hidden, blocks) = (4, 128, 256, 4);
+    let model = write_gpt(
+        &dir,
+        &GptSpec::llama(blocks, hidden, 8, 4, 704, sequence, 512),
+    );
+    let out = dir.path().join("plan");
+    json(&[
+        "plan",
+        &model,
+        "--json",
+        "--gpus",
+        "4",
+        "--batch",
+        "4",
+        "--strategy",
+        "3d",
+        "--tensor-parallel",
+        &t.to_string(),
+        "--pipeline-parallel",
+        "1",
+        "--micro-batch-size",
+        "1",
+        "--recompute",
+        "none",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let plan = read_plan(&out);
+    let name = |l: &Value| plan["layers"][l.as_u64().unwrap() as usize].clone();
+    // Q (K and V read the same piece), SwiGLU's gate (its up projection too): one
+    // sample's positions × hidden / t, fp32.
+    let piece = sequence * hidden * 4 / t;
+    for layer in ["h.0.attn.q.matmul", "h.3.mlp.gate.matmul"] {
+        let kept = plan["buffers"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["kind"] == "activation" && name(&b["layer"]) == layer)
+            .unwrap_or_else(|| panic!("{layer}'s activation"));
+        assert_eq!(kept["bytes"], piece, "{layer}");
+    }
+    // Every projection reading a norm's output: Q, K, V and gate, up per block, the head.
+    let edges = plan["layout"]["edges"].as_array().unwrap();
+    let regathered = edges.iter().filter(|e| e["regathered"] == true).count();
+    assert_eq!(regathered, blocks as usize * 5 + 1);
+    // The last microbatch's backward: the inputs of the QKV projections, the MLP and the
+    // head gathered again, and the gradients of the embedding's and the row-parallel
+    // projections' outputs gathered to their replicas.
+    let program = plan["programs"][0].as_array().unwrap();
+    let forwards_end = program.iter().rposition(|i| i["op"] == "forward").unwrap();
+    let whole = sequence * hidden * 4;
+    let gathers = program[forwards_end..]
+        .iter()
+        .filter(|i| i["op"] == "all_gather" && i["bytes"] == whole)
+        .count();
+    assert_eq!(gathers, (blocks as usize * 2 + 1) * 2);
+}
+
 /// The plan a plan directory holds.
 fn read_plan(dir: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap()

@@ -206,11 +206,11 @@ fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
     let text = std::fs::read_to_string(dir.path().join("plan.json")).expect("plan.json");
     let plan: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     let program = plan["programs"][0].as_array().expect("rank 0's program");
-    let backward = program
+    let forwards_end = program
         .iter()
-        .position(|i| i["op"] == "backward")
-        .expect("a backward pass");
-    let (forward, backward) = program.split_at(backward);
+        .rposition(|i| i["op"] == "forward")
+        .expect("a forward pass");
+    let (forward, backward) = program.split_at(forwards_end + 1);
     let count = |op: &str| forward.iter().filter(|i| i["op"] == op).count();
     assert_eq!(count("all_reduce"), 0, "partial sums all-reduced");
     // The embedding's and two projections per block (the fixture has two blocks).
@@ -235,12 +235,14 @@ fn a_llama_decoders_tensor_parallel_traffic_is_megatrons() {
         .filter(|i| i["op"] == "reduce_scatter" && i["bytes"] == hidden)
         .count();
     assert_eq!(input_gradients, 2 * 2 + 1);
-    // The embedding's and the projections' outputs.
-    let output_gradients = backward
+    // The gradients of the embedding's and the projections' outputs, and the inputs of
+    // the column-parallel projections and the head again: they keep their sequence piece
+    // to the backward pass, as Megatron-LM's sequence parallelism does.
+    let backward_gathers = backward
         .iter()
         .filter(|i| i["op"] == "all_gather" && i["bytes"] == hidden)
         .count();
-    assert_eq!(output_gradients, 1 + 2 * 2);
+    assert_eq!(backward_gathers, (1 + 2 * 2) + (2 * 2 + 1));
 }
 
 /// Hugging Face's GPT-2 as Megatron-LM splits it: its ids flattened before a

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, ValueId};
 use ralpc_passes::layers::{LayerGraph, Producer};
-use ralpc_passes::plan::{gathers, scatters_gradient, shared_gathers, Strategy};
+use ralpc_passes::plan::{gathers, regathers, scatters_gradient, shared_gathers, Strategy};
 use serde::{Deserialize, Serialize};
 
 /// The vocabulary the layout is written in, shared by the lowering and the executors: a
@@ -114,6 +114,11 @@ pub struct LayoutEdge {
     /// once; a row-parallel output's sequence pieces all-gathered once to its replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gradient_with: Option<u32>,
+    /// Its consumer keeps only its own piece to its backward pass, where the forward
+    /// all-gather runs again (Megatron-LM's sequence parallelism; the all-gather of the
+    /// edge it `shares`, if any).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub regathered: bool,
 }
 
 impl Layout {
@@ -131,6 +136,7 @@ impl Layout {
             Some((*strategy.layers.get(l)?, stage.first_rank))
         };
         let shared = shared_gathers(layers, strategy);
+        let regathered = regathers(layers, strategy).of_edge;
         let mut edges = Vec::new();
         for (c, layer) in layers.layers.iter().enumerate() {
             for e in &layer.inputs {
@@ -151,6 +157,7 @@ impl Layout {
                     epilogue: e.epilogue,
                     shares: collective.filter(|s| s.forward).map(|s| s.first as u32),
                     gradient_with: collective.filter(|s| s.gradient).map(|s| s.first as u32),
+                    regathered: regathered.get(edges.len()).copied().flatten().is_some(),
                 });
             }
         }
@@ -262,6 +269,15 @@ impl Layout {
                 }
             }
         }
+        for (i, e) in self.edges.iter().enumerate() {
+            let recomputed = self.recompute_run(e.consumer as usize).is_some();
+            if e.regathered && (!e.scattered || recomputed) {
+                return Err(format!(
+                    "layout.edges[{i}].regathered: only an all-gathered input of a layer not \
+                     recomputed is gathered again"
+                ));
+            }
+        }
         for (i, &[a, b]) in self.recompute.iter().enumerate() {
             if a > b || b as usize >= layers {
                 return Err(format!(
@@ -270,5 +286,51 @@ impl Layout {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_layers(edge: LayoutEdge) -> Layout {
+        let layer = |kind| PlacedLayer {
+            kind,
+            split: Split::NONE,
+            first_rank: 0,
+            ops: vec!["y".into()],
+            weights: Vec::new(),
+            halo: None,
+        };
+        Layout {
+            layers: vec![layer(LayerKind::LayerNorm), layer(LayerKind::Dense)],
+            edges: vec![edge],
+            aliases: BTreeMap::new(),
+            recompute: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_an_all_gathered_input_of_a_layer_not_recomputed_is_gathered_again() {
+        let edge = LayoutEdge {
+            producer: 0,
+            consumer: 1,
+            value: "x".into(),
+            scattered: true,
+            epilogue: false,
+            shares: None,
+            gradient_with: None,
+            regathered: true,
+        };
+        assert_eq!(two_layers(edge.clone()).check(2, 1), Ok(()));
+        let not_gathered = LayoutEdge {
+            scattered: false,
+            ..edge.clone()
+        };
+        let e = two_layers(not_gathered).check(2, 1).unwrap_err();
+        assert!(e.contains("layout.edges[0].regathered"), "{e}");
+        let mut recomputed = two_layers(edge);
+        recomputed.recompute = vec![[1, 1]];
+        assert!(recomputed.check(2, 1).is_err());
     }
 }

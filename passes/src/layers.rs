@@ -137,6 +137,9 @@ pub struct Edge {
     /// leaves it out; placed elsewhere, this reader keeps its own copy.
     #[serde(skip)]
     pub stash_kept_by: Option<LayerId>,
+    /// Its reader keeps it to its backward pass: it is in the reader's `stash_bytes`.
+    #[serde(skip)]
+    pub stashed: bool,
     /// Only ops after the reader's matrix product read it (a residual added to the
     /// product, SwiGLU's gate multiplied into it): a split dense layer reads it at the share
     /// its output holds ([`Layer::reads_as`]).
@@ -764,10 +767,12 @@ fn assemble(
                 && info.ty(v).shape.rank() >= 3
                 && read_after_product(graph, &members, &rewritten.aliases, v);
             let mut stash_kept_by = None;
+            let mut stashed = false;
             if !kept_by_producer[v.index()] && read_for_backward(graph, &members, v) {
                 match kept_by_reader[v.index()] {
                     Some(reader) => stash_kept_by = Some(reader),
                     None => {
+                        stashed = true;
                         layer.stash_bytes += bytes;
                         // Kept at the share the layer's output holds.
                         if epilogue {
@@ -782,6 +787,7 @@ fn assemble(
                 value: Some(v),
                 bytes,
                 stash_kept_by,
+                stashed,
                 epilogue,
             });
         }

@@ -62,6 +62,7 @@ impl Builder {
                 value: None,
                 bytes: self.layers[p].output_bytes,
                 stash_kept_by: None,
+                stashed: true,
                 epilogue: false,
             })
             .collect();
@@ -94,6 +95,7 @@ impl Builder {
                     value: None,
                     bytes: input_bytes,
                     stash_kept_by: None,
+                    stashed: true,
                     epilogue: false,
                 }]
             } else {

@@ -50,8 +50,9 @@ impl Key {
         }
     }
 
-    /// The payload of the forward messages of `tag` into layer `l` when its recomputation
-    /// receives them again: a buffer of its own, live only around the recomputation.
+    /// The payload of the forward messages of `tag` into layer `l` when they arrive again:
+    /// for its recomputation, or for its backward pass (an input it kept as its piece). A
+    /// buffer of its own, live only around that pass.
     pub(super) fn received_again(l: usize, mb: u32, tag: u64) -> Key {
         Key {
             again: true,

@@ -46,9 +46,10 @@ use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
 use ralpc_passes::plan::{
     buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
-    input_gradient_sums, input_share, partial_sums, scatters_gradient, scatters_partial_sums,
-    separately_reduced, shared_gathers, tied_reductions, transfers, Bucket, Costs, PlanError,
-    Schedule, SharedGather, Strategy, StrategyFile, TiedReduction, Transfer,
+    input_gradient_sums, input_share, partial_sums, regathers, scatters_gradient,
+    scatters_partial_sums, separately_reduced, shared_gathers, tied_reductions, transfers, Bucket,
+    Costs, PlanError, Regathers, Schedule, SharedGather, Strategy, StrategyFile, TiedReduction,
+    Transfer,
 };
 
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
@@ -109,6 +110,8 @@ struct Lowering<'c, 'a> {
     edges: Vec<Edge>,
     /// Per edge, the earlier edge whose collective it shares ([`shared_gathers`]).
     shared: Vec<Option<SharedGather>>,
+    /// The inputs kept as pieces and gathered again for the backward pass.
+    regathers: Regathers,
     programs: Vec<Vec<Instruction>>,
     groups: BTreeMap<Vec<u32>, u32>,
     /// Per layer, forward and backward µs per microbatch (the evaluator's).
@@ -201,7 +204,8 @@ impl Lowering<'_, '_> {
     fn activation_bytes(&self, l: usize) -> f64 {
         let layer = &self.costs.graph.layers[l];
         let split = self.strategy.layers[l];
-        layer.local(split).stash_bytes / f64::from(self.strategy.microbatches)
+        (layer.local(split).stash_bytes - self.regathers.saved[l])
+            / f64::from(self.strategy.microbatches)
     }
 
     /// The bytes of layer `l`'s input gradient one of its ranks computes per microbatch.
@@ -337,6 +341,16 @@ impl Lowering<'_, '_> {
                 BufferKind::Activation
             };
             self.loss_statistics(l, Key::pass(kept, l, mb));
+            self.regather(l, mb);
+            let regathered: Vec<Key> = (0..self.edges.len())
+                .filter(|&ei| self.edges[ei].consumer == l)
+                .filter_map(|ei| {
+                    let r = &self.regathers.list[self.regathers.of_edge[ei]?];
+                    let own = Key::pass(BufferKind::Activation, r.producer, mb);
+                    Some([self.received_again(r.first, mb), own])
+                })
+                .flatten()
+                .collect();
             let us = self.backward_us[l];
             let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
             let input_gradient_bytes = self.input_gradient_bytes(l);
@@ -354,6 +368,7 @@ impl Lowering<'_, '_> {
                 for key in [Key::pass(kept, l, mb), Key::layer(BufferKind::Weights, l)]
                     .into_iter()
                     .chain(gradients.iter().copied())
+                    .chain(regathered.iter().copied())
                 {
                     self.buffers.read(r, key, at);
                 }
@@ -423,6 +438,22 @@ impl Lowering<'_, '_> {
                 }
                 next_bucket += 1;
             }
+        }
+    }
+
+    /// Before layer `l`'s backward pass on microbatch `mb`: the all-gathers of the inputs
+    /// later readers kept as pieces ([`regathers`]), launched to overlap it.
+    fn regather(&mut self, l: usize, mb: u32) {
+        let due: Vec<_> = (self.regathers.list.iter())
+            .filter(|r| r.before == l)
+            .map(|r| (r.first, r.producer, r.ranks.clone(), r.bytes))
+            .collect();
+        for (first, producer, ranks, bytes) in due {
+            let source = Key::pass(BufferKind::Activation, producer, mb);
+            let target = self.received_again(first, mb);
+            let all = self.ranks(self.edges[first].consumer);
+            let bytes = bytes / f64::from(self.strategy.microbatches);
+            self.gather_in_groups(&ranks, all, bytes, false, source, target);
         }
     }
 
@@ -607,6 +638,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         stage_of,
         edges,
         shared: shared_gathers(graph, strategy),
+        regathers: regathers(graph, strategy),
         messages,
         gradient_messages,
         programs: vec![Vec::new(); ranks as usize],

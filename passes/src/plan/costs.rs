@@ -362,6 +362,11 @@ impl<'a> Costs<'a> {
         self.graph.layers[l].local(split).stash_bytes / f64::from(microbatches.max(1))
     }
 
+    /// All-gather of `bytes` (the gathered whole) over any set of ranks, µs.
+    pub(crate) fn all_gather_us(&self, ranks: &[u32], bytes: f64) -> f64 {
+        self.comm.all_gather(ranks, bytes).us
+    }
+
     /// All-reduce of `bytes` over any set of ranks, µs.
     pub fn all_reduce_us(&self, ranks: &[u32], bytes: f64) -> f64 {
         self.comm.all_reduce(ranks, bytes).us

@@ -138,6 +138,8 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let mut recomputing: std::collections::BTreeMap<(usize, u32), f64> = Default::default();
     // Edges between layers, in order: which reuse an earlier edge's forward all-gather.
     let shared = super::shared::shared_gathers(graph, strategy);
+    // Inputs kept as pieces and gathered again for the backward pass.
+    let regathers = super::regather::regathers(graph, strategy);
     let mut edge_index = 0;
     for (l, layer) in graph.layers.iter().enumerate() {
         let k = stage_of[l];
@@ -276,6 +278,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 .sum();
             bytes += own_copies * f64::from(in_flight);
             freed += own_copies;
+            // Inputs gathered again are kept as this rank's piece.
+            let saved = regathers.saved[l] / f64::from(m);
+            bytes -= saved * f64::from(in_flight);
+            freed -= saved;
         }
         // Its backward writes its input gradient while its activation is still held.
         let input_gradient: f64 = layer
@@ -305,6 +311,28 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             sync_us: 0.0,
             transfer_us: transfer,
         });
+    }
+    // An input gathered again overlaps the backward pass that runs before its last
+    // reader's, and is held from there to its first reader's backward.
+    for r in &regathers.list {
+        let last = r.readers.iter().copied().max().unwrap_or(r.before);
+        let us = costs.all_gather_us(&r.ranks, r.bytes / f64::from(m));
+        let hidden = match r.before != last {
+            true => layers[r.before].backward_us,
+            false => 0.0,
+        };
+        let exposed = (us - hidden).max(0.0);
+        let k = stage_of[last];
+        layers[last].transfer_us += exposed;
+        stage_cost[k].microbatch_us += exposed;
+        stage_cost[k].backward_us += exposed;
+        busy_gpu_us += f64::from(strategy.layers[last].degree()) * exposed * f64::from(m);
+        let n = r.ranks.len() as f64;
+        let received = r.bytes * (n - 1.0) / n / f64::from(m);
+        let first = r.readers.first().copied().unwrap_or(r.before);
+        for held in &mut backward_bytes[first..=r.before.max(last)] {
+            held.whole += received;
+        }
     }
     // A tied weight's other holders keep a copy, its gradient and its optimizer state too,
     // and every holder waits for its all-reduce before the step.

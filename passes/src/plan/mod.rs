@@ -24,6 +24,7 @@ mod halo;
 mod layered;
 mod layout;
 mod pipeline;
+mod regather;
 mod search;
 mod shared;
 mod tied;
@@ -44,6 +45,7 @@ pub use layout::{
     scatters_gradient, scatters_partial_sums, splits_attributes, splits_attributes_into,
     splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
+pub use regather::{regathers, Regather, Regathers};
 pub use search::{plan, Candidate, Planned, Request};
 pub use shared::{shared_gathers, SharedGather};
 pub use tied::{separately_reduced, tied_reductions, TiedReduction};

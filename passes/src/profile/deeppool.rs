@@ -298,6 +298,7 @@ pub fn deeppool_layers(
                 value: None,
                 bytes: input_bytes,
                 stash_kept_by: None,
+                stashed: true,
                 epilogue: false,
             }],
             measured: Some(Measured {

@@ -251,6 +251,7 @@ pub fn parse_pipedream(
                 value: None,
                 bytes: nodes[p].activation_bytes,
                 stash_kept_by: None,
+                stashed: true,
                 epilogue: false,
             })
             .collect();

@@ -463,6 +463,9 @@ struct EdgeInfo {
     gradient_with: Option<usize>,
     /// A later edge shares the gather it reads: its pieces stay for that edge.
     passes_on: bool,
+    /// Its consumer keeps only its piece and gathers it again for its backward pass
+    /// (`LayoutEdge::regathered`).
+    regathered: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -109,6 +109,12 @@ impl Rank<'_, '_> {
 
     /// The input of edge `e` this rank needs, from what it holds and what it received.
     pub(super) fn assemble(&mut self, e: usize, mb: u32) -> Result<Tensor, RankError> {
+        self.assemble_from(e, mb, self.p.edges[e].passes_on)
+    }
+
+    /// As [`Rank::assemble`]; what the gather brought stays when `keep` (for another
+    /// edge sharing it).
+    fn assemble_from(&mut self, e: usize, mb: u32, keep: bool) -> Result<Tensor, RankError> {
         let edge = &self.p.edges[e];
         let need = self.need(e, self.rank)?;
         let held = match self.p.layers[edge.producer].holds(self.rank) {
@@ -117,7 +123,7 @@ impl Rank<'_, '_> {
         };
         // What its gather brought, or the gather it shares.
         let gathered = (edge.shares.unwrap_or(e), mb);
-        let received = match edge.passes_on {
+        let received = match keep {
             true => self.pieces.get(&gathered).cloned(),
             false => self.pieces.remove(&gathered),
         }
@@ -323,6 +329,14 @@ impl Rank<'_, '_> {
                 records
             }
         };
+        // An input gathered again for the backward pass is not kept whole: its piece stays
+        // with its producer.
+        for &(v, source) in &layer.inputs {
+            if matches!(source, Source::Edge(e) if p.edges[e].regathered) {
+                values.take(v);
+                values.take(p.carrier(v));
+            }
+        }
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
             let region = p.region(o, &p.output_view(l, o), k)?;
@@ -455,6 +469,7 @@ impl Rank<'_, '_> {
             .into());
         }
         self.spend_checkpoints(l, mb);
+        self.take_regathered(l, k, mb, &mut run)?;
         let mut grads = Grads::default();
         for (&o, held) in &run.regions {
             if let Some(dy) = self.whole_gradient(l, o, held, mb)? {
@@ -591,6 +606,38 @@ impl Rank<'_, '_> {
         }
         if !sums.is_empty() {
             self.pending_sums.insert((l, mb), sums);
+        }
+        Ok(())
+    }
+}
+
+impl Rank<'_, '_> {
+    /// Layer `l`'s inputs gathered again for its backward pass on microbatch `mb` (rank
+    /// index `k`), put back into its forward's values as the forward read them. The
+    /// pieces stay for an earlier edge sharing the gather: its layer runs backward later.
+    fn take_regathered(
+        &mut self,
+        l: usize,
+        k: u32,
+        mb: u32,
+        run: &mut LayerRun,
+    ) -> Result<(), RankError> {
+        let p = self.p;
+        for &(v, source) in &p.layers[l].inputs {
+            let Source::Edge(e) = source else { continue };
+            if !p.edges[e].regathered {
+                continue;
+            }
+            let whole = self.assemble_from(e, mb, p.edges[e].shares.is_some())?;
+            let t = match self.epilogue_share(l, k, e)? {
+                Some(share) => self.reframe(&whole, e, &share)?,
+                None => whole,
+            };
+            let c = p.carrier(v);
+            if c != v {
+                run.values.set(c, t.clone());
+            }
+            run.values.set(v, t);
         }
         Ok(())
     }

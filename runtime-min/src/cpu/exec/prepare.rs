@@ -53,6 +53,7 @@ impl<'a> Prepared<'a> {
                     shares: e.shares.map(|first| first as usize),
                     gradient_with: e.gradient_with.map(|first| first as usize),
                     passes_on: false,
+                    regathered: e.regathered,
                 }
             })
             .collect();
