@@ -84,14 +84,6 @@ impl Prepared<'_> {
 
     fn find_batch_axis(&self, v: ValueId, depth: usize) -> Option<BatchAxis> {
         let batch = self.exe.plan.batch;
-        if std::env::var_os("RALPC_DEBUG_BA").is_some() {
-            eprintln!(
-                "FBA {} {:?} {:?}",
-                self.exe.graph.value(v).name,
-                self.exe.info.ty(v).shape,
-                self.info_at(2 * batch).err()
-            );
-        }
         let sizes = self.exe.info.ty(v).shape.as_sizes()?;
         let doubled = self
             .info_at(2 * batch)
@@ -105,19 +97,6 @@ impl Prepared<'_> {
                 .is_none_or(|d| d.first() == Some(&(2 * batch)))
         {
             return Some(BatchAxis::first());
-        }
-        if std::env::var_os("RALPC_DEBUG_BA").is_some() {
-            eprintln!(
-                "BA {} sizes {:?} doubled {:?} producer {:?}",
-                self.exe.graph.value(v).name,
-                sizes,
-                doubled,
-                self.exe
-                    .graph
-                    .node(self.exe.graph.value(v).producer)
-                    .op
-                    .name()
-            );
         }
         let doubled = doubled?;
         if doubled.len() != sizes.len() {
