@@ -8,7 +8,7 @@
 
 use crate::graph::Node;
 use crate::ids::ValueId;
-use crate::op::{Binary, Op, PoolKind, Unary, Variadic};
+use crate::op::{Binary, Op, PoolKind, ReduceKind, Unary, Variadic};
 
 /// The operands whose elements an op's backward pass reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +125,12 @@ impl Op {
             Op::Softmax { .. } => BackwardReads::OUTPUTS,
             Op::Binary(Binary::Add | Binary::Sub)
             | Op::Variadic(Variadic::Sum | Variadic::Mean) => BackwardReads::SHAPES,
+            // A sum or mean over axes spreads its gradient evenly (an RMSNorm's mean of
+            // squares keeps nothing of them).
+            Op::Reduce {
+                kind: ReduceKind::Sum | ReduceKind::Mean,
+                ..
+            } => BackwardReads::SHAPES,
             // A max pool saved its argmax; an average pool spreads its gradient evenly.
             Op::Pool(p) if p.kernel.len() <= 2 => BackwardReads::SHAPES,
             Op::GlobalPool(PoolKind::Average) => BackwardReads::SHAPES,
@@ -190,5 +196,24 @@ mod tests {
             BackwardReads::SHAPES
         );
         assert_eq!(Op::Unary(Unary::Tanh).backward_reads(), BackwardReads::ALL);
+    }
+
+    #[test]
+    fn a_mean_over_axes_reads_shapes_and_a_max_its_operands() {
+        let reduce = |kind| Op::Reduce {
+            kind,
+            axes: Some(vec![-1]),
+            keepdims: true,
+            noop_with_empty_axes: false,
+        };
+        assert_eq!(
+            reduce(ReduceKind::Mean).backward_reads(),
+            BackwardReads::SHAPES
+        );
+        assert_eq!(
+            reduce(ReduceKind::Sum).backward_reads(),
+            BackwardReads::SHAPES
+        );
+        assert_eq!(reduce(ReduceKind::Max).backward_reads(), BackwardReads::ALL);
     }
 }

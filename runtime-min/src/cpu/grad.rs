@@ -499,12 +499,20 @@ pub fn backward(
 /// The input gradient of a reduction over `axes`; the output (keepdims or not) holds one
 /// value per kept index, in order.
 fn reduce(kind: ReduceKind, x: &Tensor, y: &Tensor, axes: &[usize], dy: &[f32]) -> R<Vec<f32>> {
-    let xs = floats(x, "data")?;
-    let ys = floats(y, "reduced")?;
     let kept = ops::kept_shape(&x.shape, axes);
     let count = (x.len() / y.len().max(1)).max(1) as f32;
-    let mut dx = vec![0.0; xs.len()];
     let at = || t::broadcast(&kept, &x.shape).enumerate();
+    // A sum or mean reads shapes alone ([`Op::backward_reads`]).
+    if let ReduceKind::Sum | ReduceKind::Mean = kind {
+        let scale = match kind {
+            ReduceKind::Mean => 1.0 / count,
+            _ => 1.0,
+        };
+        return Ok(at().map(|(_, o)| dy[o] * scale).collect());
+    }
+    let xs = floats(x, "data")?;
+    let ys = floats(y, "reduced")?;
+    let mut dx = vec![0.0; xs.len()];
     match kind {
         // The first extreme element of each group takes the gradient (as a max pool does).
         ReduceKind::Max | ReduceKind::Min => {
@@ -541,7 +549,6 @@ fn reduce(kind: ReduceKind, x: &Tensor, y: &Tensor, axes: &[usize], dy: &[f32]) 
                 let (v, r) = (xs[i], ys[o]);
                 dx[i] = dy[o]
                     * match kind {
-                        ReduceKind::Mean => 1.0 / count,
                         ReduceKind::L1 => ops::sign(v),
                         ReduceKind::L2 if r != 0.0 => v / r,
                         ReduceKind::L2 => 0.0,

@@ -5,8 +5,9 @@
 //! Shapes come from the model's verification at the batch it runs at ([`GraphInfo`]), so
 //! views (Reshape, Flatten, Squeeze, Identity…) share their input's buffer and integer
 //! shape arithmetic never reaches the device. Operators without a device lowering yet are
-//! refused with an error naming the node. The training loop, data-parallel replicas and
-//! per-node profiling around this runner are `one_device.rs`'s.
+//! refused with an error naming the node. The one-device training loop and per-node
+//! profiling around this runner are `one_device.rs`'s; plans, data parallel included, run
+//! through the plan interpreter (`cpu::exec`) on a device.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
