@@ -71,8 +71,8 @@ pub enum Command {
     /// The best plan for every GPU type and count: throughput, speedup, efficiency.
     #[command(after_help = commands::sweep::EXAMPLES)]
     Sweep(Box<commands::sweep::Args>),
-    /// Run a plan's training steps on the CPU: every rank, message and collective, with
-    /// numbers equal to single-device training.
+    /// Run a plan's training steps on the CPU (or a GPU, `--backend cuda`): every rank,
+    /// message and collective, with numbers equal to single-device training.
     #[command(after_help = commands::run::EXAMPLES)]
     Run(Box<commands::run::Args>),
     /// Run a plan with one process per rank on this machine (`ralpc run` under a
