@@ -120,8 +120,16 @@ impl Op {
             | Op::Stft { .. }
             | Op::Clip { .. }
             | Op::Binary(Binary::Mul) => BackwardReads::INPUTS,
-            // max(x, 0) > 0 exactly where x > 0.
-            Op::Unary(Unary::Relu) => BackwardReads::OUTPUTS,
+            // Derivatives that are functions of the output: max(x, 0) > 0 exactly where
+            // x > 0; σ' = y(1 − y), tanh' = 1 − y², exp' = y, √' = 1/2y, (1/x)' = −y².
+            Op::Unary(
+                Unary::Relu
+                | Unary::Sigmoid
+                | Unary::Tanh
+                | Unary::Exp
+                | Unary::Sqrt
+                | Unary::Reciprocal,
+            ) => BackwardReads::OUTPUTS,
             Op::Softmax { .. } => BackwardReads::OUTPUTS,
             Op::Binary(Binary::Add | Binary::Sub)
             | Op::Variadic(Variadic::Sum | Variadic::Mean) => BackwardReads::SHAPES,
@@ -195,7 +203,11 @@ mod tests {
             Op::Binary(Binary::Add).backward_reads(),
             BackwardReads::SHAPES
         );
-        assert_eq!(Op::Unary(Unary::Tanh).backward_reads(), BackwardReads::ALL);
+        assert_eq!(
+            Op::Unary(Unary::Tanh).backward_reads(),
+            BackwardReads::OUTPUTS
+        );
+        assert_eq!(Op::Unary(Unary::Erf).backward_reads(), BackwardReads::ALL);
     }
 
     #[test]
