@@ -81,19 +81,17 @@ pub fn regathers(graph: &LayerGraph, strategy: &Strategy) -> Regathers {
                 continue;
             };
             let kept = e.bytes as f64 * output_share(held, from.0);
-            if e.stashed {
-                saved[c] += e.bytes as f64 * input_share(layer.kind, to.0) - kept;
-            }
-            match shared.get(index).copied().flatten().filter(|s| s.forward) {
+            // Gathered again with the edge whose forward all-gather it shares, if that one
+            // is.
+            let at = match shared.get(index).copied().flatten().filter(|s| s.forward) {
                 Some(s) => {
                     let at = of_edge.get(s.first).copied().flatten();
                     if let Some(at) = at {
                         all[at].readers.push(c);
                     }
-                    of_edge.push(at);
+                    at
                 }
                 None => {
-                    of_edge.push(Some(all.len()));
                     all.push(Regather {
                         first: index,
                         producer: p,
@@ -103,12 +101,18 @@ pub fn regathers(graph: &LayerGraph, strategy: &Strategy) -> Regathers {
                         bytes: e.bytes as f64 * input_share(read, to.0),
                         kept,
                     });
+                    Some(all.len() - 1)
                 }
+            };
+            of_edge.push(at);
+            if at.is_some() && e.stashed {
+                saved[c] += e.bytes as f64 * input_share(layer.kind, to.0) - kept;
             }
         }
     }
     for r in &mut all {
-        let last = r.readers.iter().copied().max().unwrap_or(r.first);
+        // Readers come in layer order.
+        let last = r.readers.last().copied().unwrap_or(r.before);
         let stage = &strategy.stages[stage_of[last]];
         r.before = if last < stage.last_layer {
             last + 1
