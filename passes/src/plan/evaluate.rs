@@ -315,7 +315,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     // An input gathered again overlaps the backward pass that runs before its last
     // reader's, and is held from there to its first reader's backward.
     for r in &regathers.list {
-        let last = r.readers.iter().copied().max().unwrap_or(r.before);
+        let last = r.last_reader();
         let us = costs.all_gather_us(&r.ranks, r.bytes / f64::from(m));
         let hidden = match r.before != last {
             true => layers[r.before].backward_us,

@@ -42,6 +42,13 @@ pub struct Regather {
     pub kept: f64,
 }
 
+impl Regather {
+    /// Its last reader, whose backward pass runs first.
+    pub fn last_reader(&self) -> usize {
+        self.readers.last().copied().unwrap_or(self.before)
+    }
+}
+
 /// A strategy's inputs gathered again for the backward pass ([`regathers`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Regathers {
@@ -111,8 +118,7 @@ pub fn regathers(graph: &LayerGraph, strategy: &Strategy) -> Regathers {
         }
     }
     for r in &mut all {
-        // Readers come in layer order.
-        let last = r.readers.last().copied().unwrap_or(r.before);
+        let last = r.last_reader();
         let stage = &strategy.stages[stage_of[last]];
         r.before = if last < stage.last_layer {
             last + 1

@@ -229,10 +229,7 @@ impl Rank<'_, '_> {
                             true => self.add_halo(l, k, e, mb, whole)?,
                             false => whole,
                         };
-                        match self.epilogue_share(l, k, e)? {
-                            Some(share) => self.reframe(&whole, e, &share)?,
-                            None => whole,
-                        }
+                        self.at_read_share(l, k, e, whole)?
                     }
                     Source::GraphInput => {
                         let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
@@ -609,9 +606,22 @@ impl Rank<'_, '_> {
         }
         Ok(())
     }
-}
 
-impl Rank<'_, '_> {
+    /// Edge `e`'s input `whole` as layer `l`'s rank index `k` reads it: an epilogue input at
+    /// its output's share ([`Rank::epilogue_share`]), the rest as it is.
+    fn at_read_share(
+        &self,
+        l: usize,
+        k: u32,
+        e: usize,
+        whole: Tensor,
+    ) -> Result<Tensor, RankError> {
+        match self.epilogue_share(l, k, e)? {
+            Some(share) => self.reframe(&whole, e, &share),
+            None => Ok(whole),
+        }
+    }
+
     /// Layer `l`'s inputs gathered again for its backward pass on microbatch `mb` (rank
     /// index `k`), put back into its forward's values as the forward read them. The
     /// pieces stay for an earlier edge sharing the gather: its layer runs backward later.
@@ -629,10 +639,7 @@ impl Rank<'_, '_> {
                 continue;
             }
             let whole = self.assemble_from(e, mb, p.edges[e].shares.is_some())?;
-            let t = match self.epilogue_share(l, k, e)? {
-                Some(share) => self.reframe(&whole, e, &share)?,
-                None => whole,
-            };
+            let t = self.at_read_share(l, k, e, whole)?;
             let c = p.carrier(v);
             if c != v {
                 run.values.set(c, t.clone());
