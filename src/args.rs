@@ -8,7 +8,7 @@ use clap::Parser;
 use ralpc_passes::cluster::{Link, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::{Family, Schedule};
-use ralpc_passes::transformer::{Knobs, Recompute};
+use ralpc_passes::transformer::{Attention, Knobs, Recompute};
 use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 
 use crate::{ClusterOptions, PlanOptions};
@@ -72,8 +72,10 @@ pub struct PlanArgs {
     /// The optimizer, whose state counts in memory.
     #[arg(long, default_value = "momentum", value_parser = ["sgd", "momentum", "adam"])]
     pub optimizer: String,
-    /// Math precision (default: the profile's, else tf32).
-    #[arg(long, value_parser = ["fp32", "tf32", "fp16", "bf16"])]
+    /// Math precision (default: the profile's, else tf32): fp32, tf32, fp16 or bf16 (mixed
+    /// precision with fp32 master weights), fp8 (Transformer Engine's FP8 GEMMs, bf16
+    /// elsewhere; Hopper and later) or mxfp8 (block-scaled FP8; Blackwell).
+    #[arg(long, value_parser = ["fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8"])]
     pub precision: Option<String>,
     /// Save the chosen strategy as a strategy file.
     #[arg(long, value_name = "FILE")]
@@ -133,6 +135,12 @@ pub struct PlanArgs {
     /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
     #[arg(long, help_heading = "Transformer (3d) plans")]
     pub fp32_gradients: bool,
+    /// How attention is priced and sized: fused (one kernel as FlashAttention runs it: no
+    /// s×s scores kept, recomputed in the backward pass, the causal half only) or unfused
+    /// (batched GEMMs around a softmax, Megatron-LM before FlashAttention). The runtime
+    /// computes the same math either way.
+    #[arg(long, default_value = "fused", help_heading = "Transformer (3d) plans", value_parser = ["fused", "unfused"])]
+    pub attention: String,
     /// Lower the plan only if its instructions (every rank's program) stay below N; above
     /// it the plan is priced, not written (lowering takes about 1 KB of memory per
     /// instruction) [default: 2000000].
@@ -141,12 +149,7 @@ pub struct PlanArgs {
 }
 
 fn precision(name: &str) -> Precision {
-    match name {
-        "fp32" => Precision::Fp32,
-        "fp16" => Precision::Fp16,
-        "bf16" => Precision::Bf16,
-        _ => Precision::Tf32,
-    }
+    Precision::parse(name).unwrap_or(Precision::Tf32)
 }
 
 impl PlanArgs {
@@ -211,6 +214,7 @@ impl PlanArgs {
                 schedule: None,
             },
             fp32_gradients: args.fp32_gradients,
+            attention: Attention::parse(&args.attention).unwrap_or_default(),
             max_instructions: args.max_instructions,
         }
     }

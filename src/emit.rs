@@ -220,6 +220,29 @@ pub fn megatron_arguments(
     match precision {
         Some(Precision::Fp16) => args.push("--fp16".into()),
         Some(Precision::Bf16) => args.push("--bf16".into()),
+        // Transformer Engine's FP8 as ralpc prices it: E4M3 forward and E5M2 gradients,
+        // per-tensor current scaling (Megatron-Bridge's "fp8-cs"), bf16 elsewhere.
+        Some(Precision::Fp8) => {
+            args.push("--bf16".into());
+            args.push("--fp8-format hybrid".into());
+            args.push("--fp8-recipe tensorwise".into());
+        }
+        Some(Precision::Mxfp8) => {
+            args.push("--bf16".into());
+            args.push("--fp8-format e4m3".into());
+            args.push("--fp8-recipe mxfp8".into());
+        }
+        _ => {}
+    }
+    // ralpc prices the data-parallel collectives overlapped with the backward and forward
+    // passes (FSDP2 prefetches on its own).
+    match p.zero {
+        _ if p.data_parallel <= 1 => {}
+        0 => args.push("--overlap-grad-reduce".into()),
+        1 | 2 => {
+            args.push("--overlap-grad-reduce".into());
+            args.push("--overlap-param-gather".into());
+        }
         _ => {}
     }
     let mut out = format!(

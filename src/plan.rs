@@ -6,6 +6,8 @@ use std::time::Instant;
 use ralpc_ir::input::{read_input, read_input_text, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings};
 use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::rates::KernelRates;
+use ralpc_passes::cost::FusedAttention;
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_passes::plan::{
@@ -13,8 +15,8 @@ use ralpc_passes::plan::{
 };
 use ralpc_passes::profile::{self, Loaded, Profile};
 use ralpc_passes::transformer::{
-    self, Estimate, Knobs, MemoryBreakdown, Parallelism, Recompute, Setting, TimeBreakdown,
-    Transformer,
+    self, Attention, Estimate, Knobs, MemoryBreakdown, Parallelism, Recompute, Setting,
+    TimeBreakdown, Transformer,
 };
 use serde::Serialize;
 
@@ -78,6 +80,9 @@ pub struct PlanOptions {
     /// Transformer plans: gradients kept and reduced in fp32 (18 B per parameter with Adam
     /// instead of 16).
     pub fp32_gradients: bool,
+    /// Transformer plans: how the attention core is priced and sized (fused, as
+    /// FlashAttention runs it, by default).
+    pub attention: Attention,
     /// Transformer plans: the most instructions the executable plan may hold (every rank's
     /// program is written out; lowering takes about 1 KB of memory per instruction); above
     /// it the plan is priced, not lowered. `None`: [`DEFAULT_MAX_INSTRUCTIONS`].
@@ -261,6 +266,8 @@ pub struct ParallelismRow {
     pub sequence_parallel: bool,
     /// ZeRO stage.
     pub zero: u8,
+    /// How the price assumed attention runs: `fused` or `unfused`.
+    pub attention: Attention,
     /// Forward + backward FLOPs per iteration, no recomputation.
     pub model_flops_per_iteration: f64,
     /// FLOPs executed per iteration, recomputation included.
@@ -487,6 +494,7 @@ fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<P
         .precision
         .or(profile.as_ref().map(|p| p.precision))
         .unwrap_or(Precision::Tf32);
+    check_precision(&cluster, gpus, precision)?;
     let (graph, ops) = load_layers(model, precision)?;
     let costs = Costs::new(
         &graph,
@@ -663,6 +671,27 @@ fn check_local_batches(
     Ok(())
 }
 
+/// Refuses a precision the GPUs lack tensor cores for (FP8 before Hopper, MXFP8 before
+/// Blackwell), naming the GPU.
+fn check_precision(cluster: &Cluster, gpus: u32, precision: Precision) -> Result<(), Error> {
+    if !precision.is_fp8() {
+        return Ok(());
+    }
+    match (0..gpus.max(1))
+        .map(|r| cluster.gpu(r))
+        .find(|g| g.peak(precision).is_none())
+    {
+        Some(gpu) => Err(request_error(format!(
+            "--precision {}: the {} ({}) has no tensor cores for it (FP8 needs Hopper or \
+             later, MXFP8 Blackwell)",
+            precision.name(),
+            gpu.name,
+            gpu.generation.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The executable form of a transformer plan, where it has one: its layered strategy,
 /// lowered on the model's layer graph (priced there by the layered cost model), or why not.
 fn lower_transformer(
@@ -692,12 +721,14 @@ fn lower_transformer(
              it to lower this plan)"
         )));
     }
-    // Its GEMMs and memory-bound kernels at the efficiencies the transformer estimate
-    // prices them at, so that the lowered plan and the estimate agree on compute.
+    // Its GEMMs and memory-bound kernels at the rates the transformer estimate prices
+    // them at, so that the lowered plan and the estimate agree on compute.
+    let gpu = cluster.gpu(0);
+    let rates = KernelRates::new(gpu, precision);
     let mut efficiency = ralpc_passes::cost::Efficiency::default();
     efficiency.0.insert(
         ralpc_passes::layers::LayerKind::Dense,
-        transformer::GEMM_EFFICIENCY,
+        rates.gemm / gpu.peak(precision).unwrap_or(gpu.fp32),
     );
     let costs = Costs::new(
         graph,
@@ -708,7 +739,11 @@ fn lower_transformer(
             optimizer: options.optimizer,
             memory_limit: options.memory_limit,
             efficiency: Some(efficiency),
-            hbm_efficiency: Some(transformer::HBM_EFFICIENCY),
+            hbm_efficiency: Some(rates.hbm / gpu.hbm_bandwidth),
+            fused_attention: (options.attention == Attention::Fused).then_some(FusedAttention {
+                forward: rates.attention_forward,
+                backward: rates.attention_backward,
+            }),
             ..CostOptions::default()
         },
     );
@@ -749,6 +784,7 @@ fn plan_transformer(
         )));
     };
     let precision = options.precision.unwrap_or(Precision::Tf32);
+    check_precision(cluster, gpus, precision)?;
     let setting = Setting {
         model: &shape,
         batch,
@@ -760,6 +796,8 @@ fn plan_transformer(
         fp32_gradients: options.fp32_gradients,
         workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
         memory_limit: options.memory_limit,
+        attention: options.attention,
+        overlap_data_parallel: true,
     };
     let knobs = Knobs {
         schedule: options.schedule.or(options.knobs.schedule),
@@ -894,6 +932,7 @@ fn plan_transformer(
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),
+            attention: options.attention,
             sequence_parallel: par.sequence_parallel,
             zero: par.zero,
             model_flops_per_iteration: best.model_flops,

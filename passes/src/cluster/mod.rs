@@ -44,6 +44,12 @@ pub enum Precision {
     Fp16,
     /// bfloat16 on tensor cores.
     Bf16,
+    /// FP8 GEMMs as Transformer Engine runs them (E4M3 forward, E5M2 gradients, per-tensor
+    /// scales), everything else in bf16 with fp32 master weights.
+    Fp8,
+    /// MXFP8 GEMMs (E4M3 with one power-of-two scale per 32 elements, Blackwell's tensor
+    /// cores scale them natively), everything else in bf16.
+    Mxfp8,
 }
 
 impl Precision {
@@ -52,8 +58,28 @@ impl Precision {
     pub fn activation_bytes(self) -> u64 {
         match self {
             Precision::Fp32 | Precision::Tf32 => 4,
-            Precision::Fp16 | Precision::Bf16 => 2,
+            Precision::Fp16 | Precision::Bf16 | Precision::Fp8 | Precision::Mxfp8 => 2,
         }
+    }
+
+    /// Whether the GEMMs run in an 8-bit format (the rest of the math in bf16).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, Precision::Fp8 | Precision::Mxfp8)
+    }
+
+    /// All precisions, by name.
+    pub const ALL: [Precision; 6] = [
+        Precision::Fp32,
+        Precision::Tf32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::Fp8,
+        Precision::Mxfp8,
+    ];
+
+    /// Parses a lower-case name.
+    pub fn parse(name: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == name)
     }
 
     /// Lower-case name.
@@ -63,6 +89,44 @@ impl Precision {
             Precision::Tf32 => "tf32",
             Precision::Fp16 => "fp16",
             Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+            Precision::Mxfp8 => "mxfp8",
+        }
+    }
+}
+
+/// A GPU's architecture, which sets the fraction of its peaks that real kernels reach
+/// ([`crate::cost::rates`]).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Generation {
+    /// NVIDIA Volta (V100).
+    Volta,
+    /// NVIDIA Ampere (A100).
+    Ampere,
+    /// NVIDIA Hopper (H100, H200).
+    Hopper,
+    /// NVIDIA Blackwell (B200, GB200, GB300).
+    Blackwell,
+    /// AMD CDNA 3 (MI300X).
+    Cdna3,
+    /// Not known: conservative rates.
+    #[default]
+    Other,
+}
+
+impl Generation {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Generation::Volta => "volta",
+            Generation::Ampere => "ampere",
+            Generation::Hopper => "hopper",
+            Generation::Blackwell => "blackwell",
+            Generation::Cdna3 => "cdna3",
+            Generation::Other => "other",
         }
     }
 }
@@ -84,6 +148,10 @@ pub struct GpuType {
     pub fp16: Option<f64>,
     /// Dense BF16 tensor-core peak, FLOP/s.
     pub bf16: Option<f64>,
+    /// Dense FP8 tensor-core peak, FLOP/s (`None`: not supported).
+    pub fp8: Option<f64>,
+    /// The architecture.
+    pub generation: Generation,
 }
 
 impl GpuType {
@@ -94,6 +162,11 @@ impl GpuType {
             Precision::Tf32 => self.tf32,
             Precision::Fp16 => self.fp16,
             Precision::Bf16 => self.bf16,
+            Precision::Fp8 => self.fp8,
+            // Block-scaled FP8 runs at the FP8 rate on the tensor cores that scale natively.
+            Precision::Mxfp8 => self
+                .fp8
+                .filter(|_| self.generation == Generation::Blackwell),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! protocol (the one used for large messages), from its tuning model
 //! (`src/graph/tuning.cc`, `hwLat`): NVLink 3.4 µs, PCIe 5.7 µs, network 9.6 µs.
 
-use super::{Cluster, GpuType, Link, NodeGroup};
+use super::{Cluster, Generation, GpuType, Link, NodeGroup};
 
 const TERA: f64 = 1e12;
 const GB: f64 = 1e9;
@@ -25,55 +25,132 @@ const NET_LATENCY_US: f64 = 9.6;
 pub const GPU_TYPES: &[&str] = &[
     "a100-sxm4-80gb",
     "a100-pcie-80gb",
+    "b200",
+    "gb200",
+    "gb300",
     "h100-sxm5-80gb",
+    "h200-sxm-141gb",
+    "mi300x",
     "v100-sxm2-32gb",
 ];
 
 /// A built-in GPU type by name.
 pub fn gpu_type(name: &str) -> Option<GpuType> {
+    let gpu = |memory_gb: u64,
+               hbm_tb_s: f64,
+               fp32: f64,
+               tf32: Option<f64>,
+               fp16: Option<f64>,
+               fp8: Option<f64>,
+               generation: Generation| GpuType {
+        name: name.into(),
+        memory_bytes: memory_gb * GIB,
+        hbm_bandwidth: hbm_tb_s * 1000.0 * GB,
+        fp32: fp32 * TERA,
+        tf32: tf32.map(|f| f * TERA),
+        fp16: fp16.map(|f| f * TERA),
+        bf16: fp16.map(|f| f * TERA),
+        fp8: fp8.map(|f| f * TERA),
+        generation,
+    };
     Some(match name {
         // NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column: FP32 19.5 TFLOPS,
-        // TF32 156, BF16/FP16 312 (dense), 80 GB HBM2e at 2,039 GB/s.
-        "a100-sxm4-80gb" => GpuType {
-            name: name.into(),
-            memory_bytes: 80 * GIB,
-            hbm_bandwidth: 2039.0 * GB,
-            fp32: 19.5 * TERA,
-            tf32: Some(156.0 * TERA),
-            fp16: Some(312.0 * TERA),
-            bf16: Some(312.0 * TERA),
-        },
+        // TF32 156, BF16/FP16 312 (dense), 80 GB HBM2e at 2,039 GB/s; no FP8.
+        "a100-sxm4-80gb" => gpu(
+            80,
+            2.039,
+            19.5,
+            Some(156.0),
+            Some(312.0),
+            None,
+            Generation::Ampere,
+        ),
         // Same datasheet, PCIe column: the same peaks, 80 GB HBM2e at 1,935 GB/s.
-        "a100-pcie-80gb" => GpuType {
-            name: name.into(),
-            memory_bytes: 80 * GIB,
-            hbm_bandwidth: 1935.0 * GB,
-            fp32: 19.5 * TERA,
-            tf32: Some(156.0 * TERA),
-            fp16: Some(312.0 * TERA),
-            bf16: Some(312.0 * TERA),
-        },
+        "a100-pcie-80gb" => gpu(
+            80,
+            1.935,
+            19.5,
+            Some(156.0),
+            Some(312.0),
+            None,
+            Generation::Ampere,
+        ),
         // NVIDIA H100 Tensor Core GPU datasheet, SXM column: FP32 67 TFLOPS, TF32 989 /
-        // BF16 and FP16 1,979 "with sparsity" (dense: half), 80 GB HBM3 at 3.35 TB/s.
-        "h100-sxm5-80gb" => GpuType {
-            name: name.into(),
-            memory_bytes: 80 * GIB,
-            hbm_bandwidth: 3350.0 * GB,
-            fp32: 67.0 * TERA,
-            tf32: Some(494.5 * TERA),
-            fp16: Some(989.5 * TERA),
-            bf16: Some(989.5 * TERA),
-        },
+        // BF16 and FP16 1,979 / FP8 3,958 "with sparsity" (dense: half), 80 GB HBM3 at
+        // 3.35 TB/s.
+        "h100-sxm5-80gb" => gpu(
+            80,
+            3.35,
+            67.0,
+            Some(494.5),
+            Some(989.5),
+            Some(1979.0),
+            Generation::Hopper,
+        ),
+        // NVIDIA H200 Tensor Core GPU datasheet, SXM column: the H100's tensor cores
+        // (TF32 989, BF16 1,979, FP8 3,958 TFLOPS with sparsity; FP32 67) with 141 GB of
+        // HBM3e at 4.8 TB/s.
+        "h200-sxm-141gb" => gpu(
+            141,
+            4.8,
+            67.0,
+            Some(494.5),
+            Some(989.5),
+            Some(1979.0),
+            Generation::Hopper,
+        ),
+        // NVIDIA HGX B200 specifications (8 GPUs, "with sparsity"): FP8 72 PFLOPS, BF16 36,
+        // TF32 18; FP32 600 TFLOPS; 1.4 TB of HBM3e at 64 TB/s. Per GPU, dense: FP8 4.5,
+        // BF16 2.25, TF32 1.125 PFLOPS, FP32 75 TFLOPS, 180 GB at 8 TB/s.
+        "b200" => gpu(
+            180,
+            8.0,
+            75.0,
+            Some(1125.0),
+            Some(2250.0),
+            Some(4500.0),
+            Generation::Blackwell,
+        ),
+        // NVIDIA GB200 NVL72 specifications (72 GPUs, "with sparsity"): FP8 720 PFLOPS,
+        // BF16 360, TF32 180; FP32 5,760 TFLOPS; 13.4 TB of HBM3e at 576 TB/s. Per GPU,
+        // dense: FP8 5, BF16 2.5, TF32 1.25 PFLOPS, FP32 80 TFLOPS, 186 GB at 8 TB/s.
+        "gb200" => gpu(
+            186,
+            8.0,
+            80.0,
+            Some(1250.0),
+            Some(2500.0),
+            Some(5000.0),
+            Generation::Blackwell,
+        ),
+        // NVIDIA GB300 NVL72 specifications (72 Blackwell Ultra GPUs, "with sparsity"):
+        // FP8 720 PFLOPS, BF16 360, TF32 180; FP32 5,760 TFLOPS; up to 20 TB of HBM3e at
+        // 576 TB/s. Per GPU, dense: as the GB200's, with 288 GB at 8 TB/s.
+        "gb300" => gpu(
+            288,
+            8.0,
+            80.0,
+            Some(1250.0),
+            Some(2500.0),
+            Some(5000.0),
+            Generation::Blackwell,
+        ),
+        // AMD Instinct MI300X data sheet: FP32 matrix 163.4 TFLOPS, TF32 653.7, BF16 and
+        // FP16 1,307.4, FP8 2,614.9 (dense), 192 GB HBM3 at 5.3 TB/s.
+        "mi300x" => gpu(
+            192,
+            5.3,
+            163.4,
+            Some(653.7),
+            Some(1307.4),
+            Some(2614.9),
+            Generation::Cdna3,
+        ),
         // NVIDIA V100 Tensor Core GPU datasheet, SXM2 column: FP32 15.7 TFLOPS, tensor
-        // (FP16) 125 TFLOPS, 32 GB HBM2 at 900 GB/s; Volta has no TF32 or BF16.
+        // (FP16) 125 TFLOPS, 32 GB HBM2 at 900 GB/s; Volta has no TF32, BF16 or FP8.
         "v100-sxm2-32gb" => GpuType {
-            name: name.into(),
-            memory_bytes: 32 * GIB,
-            hbm_bandwidth: 900.0 * GB,
-            fp32: 15.7 * TERA,
-            tf32: None,
-            fp16: Some(125.0 * TERA),
             bf16: None,
+            ..gpu(32, 0.9, 15.7, None, Some(125.0), None, Generation::Volta)
         },
         _ => return None,
     })
@@ -83,6 +160,11 @@ pub fn gpu_type(name: &str) -> Option<GpuType> {
 pub const PRESETS: &[&str] = &[
     "dgx-a100",
     "dgx-h100",
+    "dgx-h200",
+    "dgx-b200",
+    "gb200-nvl72",
+    "gb300-nvl72",
+    "mi300x",
     "p3dn-v100",
     "pcie-a100",
     "selene",
@@ -96,6 +178,31 @@ fn server(gpu: &str, intra_node: Link, network: Link) -> NodeGroup {
         gpus_per_node: 8,
         intra_node,
         network,
+    }
+}
+
+/// NVLink 5 (Blackwell): 1.8 TB/s per GPU, both directions (NVIDIA HGX B200 and GB200
+/// NVL72 specifications): 900 GB/s each way.
+const NVLINK5: Link = Link {
+    latency_us: NVLINK_LATENCY_US,
+    bandwidth: 900.0 * GB,
+};
+
+/// One NIC per GPU at `gbit_s` gigabits per second, for `gpus` GPUs.
+fn nics(gpus: u32, gbit_s: f64) -> Link {
+    Link {
+        latency_us: NET_LATENCY_US,
+        bandwidth: f64::from(gpus) * gbit_s / 8.0 * GB,
+    }
+}
+
+/// A rack-scale NVLink domain: `gpus` GPUs on one NVLink switch fabric (18 compute trays
+/// of 4 in an NVL72), each GPU with its own NIC. ralpc's node is the NVLink domain: tensor,
+/// context and expert groups may span trays inside it, never cross it.
+fn nvlink_domain(gpu: &str, gpus: u32, nic_gbit_s: f64) -> NodeGroup {
+    NodeGroup {
+        gpus_per_node: gpus,
+        ..server(gpu, NVLINK5, nics(gpus, nic_gbit_s))
     }
 }
 
@@ -138,6 +245,32 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
                 latency_us: NET_LATENCY_US,
                 bandwidth: 8.0 * 50.0 * GB,
             },
+        ),
+        // NVIDIA DGX H200 user guide: 8 H200 on the DGX H100's NVLink 4 switches (900 GB/s
+        // per GPU, 450 each way) and 8 ConnectX-7 at 400 Gb/s.
+        "dgx-h200" => NodeGroup {
+            gpu: gpu_type("h200-sxm-141gb")?,
+            ..preset_node("dgx-h100")?
+        },
+        // NVIDIA DGX B200 user guide: 8 B200 on NVLink 5 (1.8 TB/s per GPU), 8 single-port
+        // ConnectX-7 at 400 Gb/s for the compute fabric.
+        "dgx-b200" => server("b200", NVLINK5, nics(8, 400.0)),
+        // NVIDIA GB200 NVL72: 72 GB200 GPUs in one NVLink domain (130 TB/s, 1.8 TB/s per
+        // GPU), 4 per compute tray, each tray with 4 ConnectX-7 at 400 Gb/s (one per GPU).
+        "gb200-nvl72" => nvlink_domain("gb200", 72, 400.0),
+        // NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs in one NVLink domain, each with a
+        // ConnectX-8 SuperNIC at 800 Gb/s.
+        "gb300-nvl72" => nvlink_domain("gb300", 72, 800.0),
+        // AMD Instinct MI300X platform: 8 MI300X fully connected by 4th-generation Infinity
+        // Fabric, 7 links of 128 GB/s (both directions) per GPU: 448 GB/s each way to all
+        // peers; one 400 Gb/s NIC per GPU.
+        "mi300x" => server(
+            "mi300x",
+            Link {
+                latency_us: NVLINK_LATENCY_US,
+                bandwidth: 448.0 * GB,
+            },
+            nics(8, 400.0),
         ),
         // AWS p3dn.24xlarge: 8 V100-SXM2-32GB; NVLink 2.0 at 300 GB/s per GPU in a hybrid
         // cube mesh (a ring uses 2 of its 6 links: 100 GB/s each way); 100 Gb/s (12.5 GB/s)

@@ -12,7 +12,9 @@
 //! gpus_per_node = 8
 //! gpu = "v100-sxm2-32gb"           # a built-in GPU type, or a table:
 //! # gpu = { name = "x", memory = "32GiB", hbm_bandwidth = "900GB/s", fp32 = "15.7TFLOPS",
-//! #         tf32 = "...", fp16 = "125TFLOPS", bf16 = "..." }   # tf32/fp16/bf16 optional
+//! #         tf32 = "...", fp16 = "125TFLOPS", bf16 = "...", fp8 = "...",
+//! #         generation = "hopper" }   # tf32/fp16/bf16/fp8 optional; generation: volta,
+//! #                                   # ampere, hopper, blackwell, cdna3 or other (default)
 //! intra_node = { bandwidth = "100GB/s", latency = "3.4us" }   # per GPU, one direction
 //! network = { bandwidth = "12.5GB/s", latency = "9.6us" }     # per node, one direction
 //!
@@ -32,7 +34,7 @@ use ralpc_ir::input::{read_input_text, InputKind};
 use serde::{Deserialize, Serialize};
 
 use super::presets::{gpu_type, preset_node, GPU_TYPES, PRESETS};
-use super::{Cluster, GpuType, Link, NodeGroup, Racks};
+use super::{Cluster, Generation, GpuType, Link, NodeGroup, Racks};
 use crate::units::{
     parse_bandwidth, parse_bytes, parse_flops, parse_latency, Bandwidth, QuantityError, Throughput,
 };
@@ -154,6 +156,12 @@ struct CustomGpu {
     /// BF16 tensor-core peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     bf16: Option<String>,
+    /// FP8 tensor-core peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fp8: Option<String>,
+    /// The architecture, which sets how much of the peaks kernels reach (default: other).
+    #[serde(default)]
+    generation: Generation,
 }
 
 /// A link: bandwidth per direction (`300GB/s`, `200Gb/s`) and latency (`3.4us`).
@@ -245,6 +253,8 @@ impl Fields<'_> {
                     tf32: optional("tf32", &c.tf32)?,
                     fp16: optional("fp16", &c.fp16)?,
                     bf16: optional("bf16", &c.bf16)?,
+                    fp8: optional("fp8", &c.fp8)?,
+                    generation: c.generation,
                 })
             }
         }
@@ -404,6 +414,8 @@ impl Cluster {
                         tf32: g.gpu.tf32.map(flops),
                         fp16: g.gpu.fp16.map(flops),
                         bf16: g.gpu.bf16.map(flops),
+                        fp8: g.gpu.fp8.map(flops),
+                        generation: g.gpu.generation,
                     })),
                     intra_node: Some(link(&g.intra_node)),
                     network: Some(link(&g.network)),
@@ -430,16 +442,18 @@ impl Cluster {
         );
         for g in &self.groups {
             out += &format!(
-                "  {} x {} {} ({} GiB, HBM {}, FP32 {}, TF32 {}, FP16 {}, BF16 {})\n",
+                "  {} x {} {} ({}, {} GiB, HBM {}, FP32 {}, TF32 {}, FP16 {}, BF16 {}, FP8 {})\n",
                 g.nodes,
                 g.gpus_per_node,
                 g.gpu.name,
+                g.gpu.generation.name(),
                 g.gpu.memory_bytes >> 30,
                 Bandwidth(g.gpu.hbm_bandwidth),
                 Throughput(g.gpu.fp32),
                 g.gpu.tf32.map_or("-".into(), |f| Throughput(f).to_string()),
                 g.gpu.fp16.map_or("-".into(), |f| Throughput(f).to_string()),
                 g.gpu.bf16.map_or("-".into(), |f| Throughput(f).to_string()),
+                g.gpu.fp8.map_or("-".into(), |f| Throughput(f).to_string()),
             );
             out += &format!(
                 "    intra-node {} per GPU, α {} µs; network {} per node, α {} µs\n",
@@ -476,7 +490,7 @@ mod tests {
     fn presets_round_trip_through_toml() {
         for name in PRESETS {
             let cluster = Cluster::preset(&format!("{name}x3")).unwrap();
-            assert_eq!(cluster.gpu_count(), 24);
+            assert_eq!(cluster.gpu_count(), 3 * cluster.groups[0].gpus_per_node);
             let back = Cluster::from_toml(&cluster.to_toml(), "t.toml").unwrap();
             assert_eq!(back, cluster, "{name}");
         }

@@ -121,6 +121,17 @@ pub struct ComputeTime {
     pub source: Source,
 }
 
+/// A fused causal attention kernel's rates (FlashAttention's), FLOP/s of the whole square's
+/// count: its forward computes the causal half of the two products, its backward recomputes
+/// the scores and makes four more products (2.5 times the forward's work).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FusedAttention {
+    /// Forward rate.
+    pub forward: f64,
+    /// Backward rate.
+    pub backward: f64,
+}
+
 /// The compute cost model of one GPU type.
 #[derive(Clone, Debug)]
 pub struct ComputeModel<'a> {
@@ -136,6 +147,8 @@ pub struct ComputeModel<'a> {
     pub launch_us: f64,
     /// Measurements, when given.
     pub profile: Option<&'a Profile>,
+    /// Attention cores as one fused kernel, when set.
+    pub fused_attention: Option<FusedAttention>,
 }
 
 impl<'a> ComputeModel<'a> {
@@ -148,6 +161,7 @@ impl<'a> ComputeModel<'a> {
             hbm_efficiency: 1.0,
             launch_us: DEFAULT_LAUNCH_US,
             profile: None,
+            fused_attention: None,
         }
     }
 
@@ -226,6 +240,19 @@ impl<'a> ComputeModel<'a> {
     /// into the product before them, as in any fused layer (Megatron fuses them into its
     /// `FusedScaleMaskSoftmax`): they cost their launch.
     fn attention_us(&self, layer: &Layer, work: f64) -> (f64, f64) {
+        if let Some(fused) = self.fused_attention {
+            let products: f64 = layer
+                .parts
+                .iter()
+                .filter(|p| p.op == "MatMul")
+                .map(|p| p.fwd_flops as f64 * work)
+                .sum();
+            let causal = products / 2.0;
+            return (
+                causal / fused.forward * 1e6 + self.launch_us,
+                2.5 * causal / fused.backward * 1e6 + self.launch_us,
+            );
+        }
         let (mut fwd, mut bwd) = (0.0, 0.0);
         for part in layer.parts.iter().filter(|p| p.launches) {
             let (kind, backward) = match part.op {

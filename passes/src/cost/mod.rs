@@ -5,9 +5,10 @@
 pub mod comm;
 pub mod compute;
 pub mod memory;
+pub mod rates;
 
 pub use comm::{Algorithm, Collective, Comm};
-pub use compute::{ComputeModel, ComputeTime, Efficiency, Source};
+pub use compute::{ComputeModel, ComputeTime, Efficiency, FusedAttention, Source};
 pub use memory::{MemoryUse, Optimizer};
 
 use crate::cluster::{Cluster, Precision};

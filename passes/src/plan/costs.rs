@@ -16,7 +16,7 @@ use std::cell::RefCell;
 
 use crate::cluster::{Cluster, Link, LinkLevel, Precision};
 use crate::cost::memory::DEFAULT_WORKSPACE_BYTES;
-use crate::cost::{Comm, ComputeModel, Efficiency, Optimizer};
+use crate::cost::{Comm, ComputeModel, Efficiency, FusedAttention, Optimizer};
 use crate::layers::{Layer, LayerGraph, LayerKind, Producer, Split};
 use crate::profile::Profile;
 
@@ -47,6 +47,8 @@ pub struct CostOptions<'a> {
     pub efficiency: Option<Efficiency>,
     /// The fraction of HBM bandwidth memory-bound kernels reach (default: all of it).
     pub hbm_efficiency: Option<f64>,
+    /// Price attention cores as one fused causal kernel at these rates (default: op by op).
+    pub fused_attention: Option<FusedAttention>,
 }
 
 impl Default for CostOptions<'_> {
@@ -59,6 +61,7 @@ impl Default for CostOptions<'_> {
             memory_limit: None,
             efficiency: None,
             hbm_efficiency: None,
+            fused_attention: None,
         }
     }
 }
@@ -160,6 +163,7 @@ impl<'a> Costs<'a> {
                     if let Some(e) = options.hbm_efficiency {
                         m.hbm_efficiency = e;
                     }
+                    m.fused_attention = options.fused_attention;
                     if let Some(p) = options.profile {
                         m = m.with_profile(p);
                     }

@@ -35,24 +35,17 @@ use serde::Serialize;
 
 use crate::cluster::{Cluster, Link, Precision};
 use crate::cost::comm::{ring_all_gather_us, ring_all_reduce_us};
+use crate::cost::rates::KernelRates;
 use crate::cost::Optimizer;
 use crate::plan::Schedule;
 
-use super::{Parallelism, Recompute, Transformer};
+use super::{Attention, Parallelism, Recompute, Transformer};
 
-/// Fraction of the tensor-core peak a compute-bound GEMM reaches inside a training step:
-/// the one constant fitted to measurements — the value in steps of 0.01 minimizing the mean
-/// |error| on three rows of Narayanan et al.'s Table 1 (1.7 B, 39.1 B, 1 T: 1.6 %);
-/// `passes/tests/megatron.rs` prints all ten rows. It sits below what cuBLAS reaches on
-/// isolated large GEMMs (80–90 % of the A100's FP16 peak, NVIDIA's "Matrix Multiplication
-/// Background User's Guide") because a step also pays clock throttling under sustained
-/// load, allocator and framework gaps that no term here models.
-pub const GEMM_EFFICIENCY: f64 = 0.68;
-
-/// Fraction of HBM bandwidth streaming kernels reach: BabelStream's Triad on an
-/// A100-SXM4-40GB reaches about 1.33 of 1.555 TB/s (Deakin et al., "Tracking performance
-/// portability on the Yellow Brick Road to exascale", 2020).
-pub const HBM_EFFICIENCY: f64 = 0.85;
+/// Megatron-Core's gradient bucket, parameters (`--ddp-bucket-size`'s default,
+/// `max(40,000,000, 1,000,000 · d)`, `megatron/core/distributed/distributed_data_parallel.py`):
+/// with `--overlap-grad-reduce` each bucket's reduce-scatter starts as its last gradient is
+/// made, so only the last bucket's waits for the backward pass to end.
+pub const GRADIENT_BUCKET_PARAMS: f64 = 40e6;
 
 /// Kernels of one block's memory-bound work per pass (two LayerNorms, softmax, dropout,
 /// two bias-dropout-adds, bias+GELU), each paying the launch overhead.
@@ -83,6 +76,13 @@ pub struct Setting<'a> {
     pub workspace_bytes: f64,
     /// A per-GPU memory limit below the GPUs' own, bytes.
     pub memory_limit: Option<u64>,
+    /// How the attention core runs.
+    pub attention: Attention,
+    /// Data-parallel gradient reduce-scatters (all-reduces) and parameter all-gathers
+    /// overlap the backward and forward passes, bucket by bucket, as Megatron-Core's
+    /// `--overlap-grad-reduce` and `--overlap-param-gather` run them (the SC'21 runs
+    /// predate them: false there).
+    pub overlap_data_parallel: bool,
 }
 
 /// Where an iteration's time goes on the slowest stage, µs.
@@ -96,8 +96,12 @@ pub struct TimeBreakdown {
     pub pipeline_comm_us: f64,
     /// Pipeline fill and drain.
     pub bubble_us: f64,
-    /// Data-parallel gradient synchronization (and ZeRO-3's parameter gathers).
+    /// Data-parallel gradient synchronization (and ZeRO-3's parameter gathers) that is not
+    /// hidden behind compute.
     pub data_comm_us: f64,
+    /// Data-parallel collectives hidden behind compute (not part of the iteration time),
+    /// with the overlap on.
+    pub overlapped_data_comm_us: f64,
     /// The optimizer step.
     pub optimizer_us: f64,
 }
@@ -174,19 +178,28 @@ pub struct Estimate {
 }
 
 /// Bytes of one block's stashed activations for one microbatch on one GPU, tensor by
-/// tensor as Korthikanti et al. (2022, §4) count them at 16-bit precision (`e = 2`; masks
-/// are one byte): outside the tensor-parallel regions (LayerNorm inputs, the QKV and first
-/// MLP inputs, dropout masks: `10sbh`) split only by sequence parallelism; inside them
-/// (`24sbh + 5as²b`) split by `t`; selective recomputation drops the attention core
-/// (`5as²b`), full recomputation keeps only the block's input (`2sbh`, split by sequence
-/// parallelism).
+/// tensor as Korthikanti et al. (2022, §4) count them (`e` bytes an element, 2 at 16-bit
+/// and FP8 precisions; masks are one byte): outside the tensor-parallel regions (LayerNorm
+/// inputs, the QKV and first MLP inputs, dropout masks: `10sbh` at `e = 2`) split only by
+/// sequence parallelism; inside them (`24sbh + 5as²b`) split by `t`; selective
+/// recomputation drops the attention core (`5as²b`), full recomputation keeps only the
+/// block's input (`2sbh`, split by sequence parallelism).
+///
+/// Adapted to today's kernels (derivation in `docs/cost-model.md`):
+/// * fused attention keeps no `s × s` tensor: FlashAttention stashes Q, K, V, its output and
+///   one fp32 log-sum-exp per query and head (`4as b` bytes) instead of `5as²b`;
+/// * at FP8 precisions Transformer Engine keeps each GEMM's input as the FP8 copy its
+///   weight-gradient GEMM reads (1 byte an element: the QKV, projection, first and second
+///   MLP inputs); the projection's input is also kept in 16 bits by a fused attention, whose
+///   backward reads its output.
 pub fn block_activation_bytes(
     model: &Transformer,
     micro_batch: u64,
     tensor: u32,
     sequence_parallel: bool,
     recompute: Recompute,
-    element_bytes: f64,
+    attention: Attention,
+    precision: Precision,
 ) -> f64 {
     let (s, b, h, a, f) = (
         model.sequence as f64,
@@ -196,25 +209,37 @@ pub fn block_activation_bytes(
         model.ffn as f64,
     );
     let t = f64::from(tensor);
-    let e = element_bytes;
+    let e = precision.activation_bytes() as f64;
+    // A GEMM input as its weight gradient reads it.
+    let g = if precision.is_fp8() { 1.0 } else { e };
     let sbh = s * b * h;
     let sp = if sequence_parallel { t } else { 1.0 };
     if recompute == Recompute::Full {
         return e * sbh / sp;
     }
-    // Outside the parallel regions: two LayerNorm inputs, the QKV and first MLP inputs
-    // (e each), two dropout masks (1 byte).
-    let outside = (4.0 * e + 2.0) * sbh / sp;
-    // Inside: Q and K, V, the projection input (e·sbh each, Q and K 2; grouped-query
-    // attention's K and V are kv/a of that), the MLP's inner tensors (e·sbf each: GELU's
-    // input and the second MLP's; SwiGLU's gate and up outputs and the down projection's
-    // input, as Megatron's fused kernel keeps them).
+    // Outside the parallel regions: two LayerNorm inputs (e each), the QKV and first MLP
+    // inputs (g each), two dropout masks (1 byte).
+    let outside = (2.0 * e + 2.0 * g + 2.0) * sbh / sp;
+    // Inside: Q, K, V (e·sbh each; grouped-query attention's K and V are kv/a of that), the
+    // projection input, the MLP's inner tensors (GELU's input or SwiGLU's gate and up
+    // outputs at e, the down projection's input at g, as Megatron's fused kernels keep
+    // them).
     let (kv, m) = (model.kv_heads as f64, model.spec().mlp_matrices() as f64);
-    let inside = ((2.0 + 2.0 * kv / a) * e * sbh + m * e * s * b * f) / t;
-    // The attention core: softmax output and dropout output (e), dropout mask (1 byte).
-    let core = (2.0 * e + 1.0) * a * s * s * b / t;
-    match recompute {
-        Recompute::Selective => outside + inside,
+    let projection_input = match attention {
+        Attention::Fused if precision.is_fp8() => e + g,
+        _ => g,
+    };
+    let inside =
+        ((1.0 + 2.0 * kv / a) * e * sbh + projection_input * sbh + ((m - 1.0) * e + g) * s * b * f)
+            / t;
+    // The attention core: unfused, the softmax output and dropout output (e) and dropout
+    // mask (1 byte) of every score; fused, the log-sum-exp of every query and head (fp32).
+    let core = match attention {
+        Attention::Unfused => (2.0 * e + 1.0) * a * s * s * b / t,
+        Attention::Fused => 4.0 * a * s * b / t,
+    };
+    match (recompute, attention) {
+        (Recompute::Selective, Attention::Unfused) => outside + inside,
         _ => outside + inside + core,
     }
 }
@@ -223,16 +248,12 @@ pub fn block_activation_bytes(
 pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let model = setting.model;
     let cluster = setting.cluster;
-    let gpu = cluster.gpu(0);
     let group = cluster.group_of(0);
     let gpn = group.gpus_per_node.max(1);
-    let peak = gpu.peak(setting.precision).unwrap_or(gpu.fp32) * GEMM_EFFICIENCY;
-    let hbm = gpu.hbm_bandwidth * HBM_EFFICIENCY;
+    let precision = setting.precision;
+    let rates = KernelRates::new(cluster.gpu(0), precision);
     let launch_us = crate::cost::compute::DEFAULT_LAUNCH_US;
-    let e = match setting.precision {
-        Precision::Fp16 | Precision::Bf16 => 2.0,
-        Precision::Fp32 | Precision::Tf32 => 4.0,
-    };
+    let e = precision.activation_bytes() as f64;
     let grad_e = if setting.fp32_gradients { 4.0 } else { e };
     let (t, p, d, v) = (
         f64::from(par.tensor),
@@ -250,44 +271,83 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     );
     let tokens = s * b;
     let m = par.microbatches(setting.batch).max(1);
-    let gemm = |rows: f64, cols: f64, inner: f64, batch: f64| -> f64 {
-        let flops = 2.0 * rows * cols * inner * batch;
-        let bytes = e * (rows * inner + inner * cols + rows * cols) * batch;
-        (flops / peak).max(bytes / hbm) * 1e6 + launch_us
+    // A GEMM at `rate` FLOP/s reading operands of `input` bytes an element, writing `e`.
+    let gemm_at = |rate: f64, input: f64| {
+        move |rows: f64, cols: f64, inner: f64, batch: f64| -> f64 {
+            let flops = 2.0 * rows * cols * inner * batch;
+            let bytes = (input * (rows * inner + inner * cols) + e * rows * cols) * batch;
+            (flops / rate).max(bytes / rates.hbm) * 1e6 + launch_us
+        }
     };
-    // Forward and backward (input and weight gradients) of one GEMM.
-    let fwd_bwd = |rows: f64, cols: f64, inner: f64, batch: f64| -> (f64, f64) {
-        (
-            gemm(rows, cols, inner, batch),
-            gemm(rows, inner, cols, batch) + gemm(inner, cols, rows, batch),
-        )
-    };
+    // The block's dense layers in the math precision (FP8 at FP8 precisions); the LM head
+    // and an unfused attention's batched GEMMs in 16 bits, as Transformer Engine's recipes
+    // leave them.
+    let gemm = gemm_at(rates.gemm, if precision.is_fp8() { 1.0 } else { e });
+    let gemm_16 = gemm_at(rates.gemm_16, e);
+    let fwd_bwd = |rows, cols, inner, batch| forward_backward(&gemm, rows, cols, inner, batch);
+    let fwd_bwd_16 =
+        |rows, cols, inner, batch| forward_backward(&gemm_16, rows, cols, inner, batch);
     let heads_per_gpu = a / t;
     let head_dim = h / a;
     // QKV, the attention projection, the MLP's first (SwiGLU: gate and up, one GEMM) and
     // second products.
     let mlp_matrices = model.spec().mlp_matrices() as f64;
+    let qkv = model.qkv_width() as f64 / t;
     let dense = [
-        fwd_bwd(tokens, model.qkv_width() as f64 / t, h, 1.0),
+        fwd_bwd(tokens, qkv, h, 1.0),
         fwd_bwd(tokens, h, h / t, 1.0),
         fwd_bwd(tokens, (mlp_matrices - 1.0) * f / t, h, 1.0),
         fwd_bwd(tokens, h, f / t, 1.0),
     ];
-    let core = [
-        fwd_bwd(s, s, head_dim, b * heads_per_gpu),
-        fwd_bwd(s, head_dim, s, b * heads_per_gpu),
-    ];
+    let elementwise = |bytes: f64, launches: f64| bytes / rates.hbm * 1e6 + launches * launch_us;
+    // The attention core, forward and backward.
+    let (core_fwd, core_bwd, core_bytes) = match setting.attention {
+        Attention::Unfused => {
+            let core = [
+                fwd_bwd_16(s, s, head_dim, b * heads_per_gpu),
+                fwd_bwd_16(s, head_dim, s, b * heads_per_gpu),
+            ];
+            let bytes = b * heads_per_gpu * s * s * (2.0 * e + (2.0 * e + 1.0));
+            (
+                core.iter().map(|g| g.0).sum::<f64>() + elementwise(bytes, 2.0),
+                core.iter().map(|g| g.1).sum::<f64>(),
+                bytes,
+            )
+        }
+        Attention::Fused => {
+            // QKᵀ and PV over the causal half of the square; the backward pass recomputes
+            // QKᵀ and makes dV, dP, dQ, dK: five products to the forward's two.
+            let flops = 4.0 * s * s * head_dim * b * heads_per_gpu / 2.0;
+            (
+                flops / rates.attention_forward * 1e6 + launch_us,
+                2.5 * flops / rates.attention_backward * 1e6 + launch_us,
+                0.0,
+            )
+        }
+    };
     let sp = if par.sequence_parallel { t } else { 1.0 };
-    let core_bytes = b * heads_per_gpu * s * s * (2.0 * e + (2.0 * e + 1.0));
     let other_bytes = 2.0 * 2.0 * tokens * h * e / sp
         + 2.0 * tokens * h * (3.0 * e + 1.0) / sp
         + mlp_matrices * tokens * f / t * e;
-    let elementwise = |bytes: f64, launches: f64| bytes / hbm * 1e6 + launches * launch_us;
-    let core_fwd = core.iter().map(|g| g.0).sum::<f64>() + elementwise(core_bytes, 2.0);
+    // FP8: every GEMM input is cast to FP8 with its transpose (read e, write 2 bytes) in
+    // the forward pass, and every output gradient in the backward pass.
+    let (cast_fwd, cast_bwd) = if precision.is_fp8() {
+        let inputs = tokens * (h + h / t + h + f / t);
+        let gradients = tokens * (qkv + h + (mlp_matrices - 1.0) * f / t + h);
+        (
+            elementwise((e + 2.0) * inputs, 4.0),
+            elementwise((e + 2.0) * gradients, 4.0),
+        )
+    } else {
+        (0.0, 0.0)
+    };
     let block_fwd = dense.iter().map(|g| g.0).sum::<f64>()
         + core_fwd
+        + cast_fwd
         + elementwise(other_bytes, ACTIVATION_LAUNCHES - 2.0);
-    let block_bwd = dense.iter().chain(&core).map(|g| g.1).sum::<f64>()
+    let block_bwd = dense.iter().map(|g| g.1).sum::<f64>()
+        + core_bwd
+        + cast_bwd
         + 2.0 * elementwise(core_bytes + other_bytes, ACTIVATION_LAUNCHES);
     // Tensor-parallel collectives inside the node.
     let intra = group.intra_node;
@@ -303,8 +363,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         Recompute::Full => (block_fwd, 2.0 * tp_ar),
     };
     // ZeRO-3 gathers each block's parameters forward and backward (and for a full
-    // recomputation), and reduce-scatters its gradients, every microbatch; like every other
-    // collective here it is not assumed hidden behind compute.
+    // recomputation), and reduce-scatters its gradients, every microbatch; with the
+    // data-parallel overlap (FSDP's prefetching, Megatron-FSDP's) each block's behind the
+    // previous block's compute.
     let block_weights = model.spec().block_params() as f64 / t;
     let dp = DataParallel::new(cluster, par.tensor, par.data, gpn);
     let zero3_us = if par.zero >= 3 && par.data > 1 {
@@ -317,10 +378,15 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    let block_compute_us = block_fwd + block_bwd + recompute_us;
+    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap_data_parallel {
+        true => hide(zero3_us, block_compute_us, 0.0),
+        false => (zero3_us, 0.0),
+    };
     let block = Work {
-        compute_us: block_fwd + block_bwd + recompute_us,
+        compute_us: block_compute_us,
         tensor_us: 4.0 * tp_ar + recompute_tp,
-        zero_us: zero3_us,
+        zero_us: zero3_exposed_us,
     };
     // Embedding (first stage) and head + loss (last stage), vocabulary-parallel: the
     // embedding's output and the head's input gradient are all-reduced, and the parallel
@@ -331,7 +397,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         tensor_us: tp_ar,
         zero_us: 0.0,
     };
-    let (head_fwd, head_bwd) = fwd_bwd(tokens, vocab_local, h, 1.0);
+    let (head_fwd, head_bwd) = fwd_bwd_16(tokens, vocab_local, h, 1.0);
     let loss_bytes = tokens * vocab_local * (e + 8.0);
     let head = Work {
         compute_us: head_fwd + head_bwd + elementwise(3.0 * loss_bytes + 6.0 * tokens * h * e, 4.0),
@@ -405,20 +471,44 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         })
         .collect();
     let fullest_params = stage_params.iter().copied().fold(0.0, f64::max);
-    // Data-parallel gradient synchronization after the flush.
-    let data_comm_us = if par.data <= 1 {
-        0.0
-    } else if par.zero == 0 {
-        dp.all_reduce_us(fullest_params * grad_e)
-    } else if par.zero == 1 {
-        dp.all_gather_us(fullest_params * grad_e) + dp.all_gather_us(fullest_params * e)
-    } else if par.zero == 2 {
+    // Data-parallel gradient synchronization: the gradients' all-reduce (ZeRO-1 and 2:
+    // reduce-scatter) and the parameters' all-gather (ZeRO-1 and 2), after the flush or,
+    // overlapped, bucket by bucket behind the fullest stage's last backward pass and first
+    // forward pass of a microbatch: only what outlasts them, and at least the last bucket,
+    // shows.
+    let fullest_stage = (0..stage_params.len())
+        .max_by(|&x, &y| stage_params[x].total_cmp(&stage_params[y]))
+        .unwrap_or(0);
+    let fullest_blocks = stage_layers[fullest_stage] as f64;
+    let hide_backward = fullest_blocks * (block_bwd + recompute_us + 2.0 * tp_ar + recompute_tp);
+    let hide_forward = fullest_blocks * (block_fwd + 2.0 * tp_ar);
+    let bucket = (GRADIENT_BUCKET_PARAMS.max(1e6 * d) / fullest_params.max(1.0)).min(1.0);
+    let (gradient_sync, param_gather, syncs) = match par.zero {
+        _ if par.data <= 1 => (0.0, 0.0, 0.0),
+        0 => (dp.all_reduce_us(fullest_params * grad_e), 0.0, 1.0),
+        1 => (
+            dp.all_gather_us(fullest_params * grad_e),
+            dp.all_gather_us(fullest_params * e),
+            1.0,
+        ),
         // Sharded gradients cannot accumulate over microbatches: every microbatch's are
         // reduce-scattered into the shard as its backward ends (DeepSpeed's stage 2).
-        m as f64 * dp.all_gather_us(fullest_params * grad_e) + dp.all_gather_us(fullest_params * e)
-    } else {
-        0.0
-    } + if model.tied && p > 1 {
+        2 => (
+            dp.all_gather_us(fullest_params * grad_e),
+            dp.all_gather_us(fullest_params * e),
+            m as f64,
+        ),
+        _ => (0.0, 0.0, 0.0),
+    };
+    let ((gradient_exposed, gradient_hidden), (param_exposed, param_hidden)) =
+        match setting.overlap_data_parallel {
+            true => (
+                hide(gradient_sync, hide_backward, bucket),
+                hide(param_gather, hide_forward, bucket),
+            ),
+            false => ((gradient_sync, 0.0), (param_gather, 0.0)),
+        };
+    let tied_us = if model.tied && p > 1 {
         let link = per_gpu_link(cluster, 0, stride * (p - 1), gpn);
         ring_all_reduce_us(
             2,
@@ -428,13 +518,21 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    let data_comm_us = syncs * gradient_exposed + param_exposed + tied_us;
+    let overlapped_us = syncs * gradient_hidden
+        + param_hidden
+        + zero3_hidden_us * (stage_layers[fullest_stage] * m) as f64;
     // Optimizer step over this GPU's shard: read gradient, master, state; write them back
     // and the low-precision copy.
     let shard = if par.zero >= 1 { d } else { 1.0 };
     let master: f64 = if e < 4.0 { 4.0 } else { 0.0 };
     let state = 4.0 * setting.optimizer.state_factor();
     let step_bytes = grad_e + 2.0 * (master.max(e) + state) + if e < 4.0 { e } else { 0.0 };
-    let optimizer_us = fullest_params / shard * step_bytes / hbm * 1e6;
+    // FP8: the weights' FP8 copies and their transposes are made once per iteration, at
+    // the first microbatch (Transformer Engine's weight caching).
+    let cast_bytes = if precision.is_fp8() { e + 2.0 } else { 0.0 };
+    let optimizer_us =
+        (fullest_params / shard * step_bytes + fullest_params * cast_bytes) / rates.hbm * 1e6;
     let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
     // Memory.
     let capacity = (0..setting.gpus.max(1))
@@ -452,7 +550,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         par.tensor,
         par.sequence_parallel,
         par.recompute,
-        e,
+        setting.attention,
+        precision,
     );
     let working = if par.recompute == Recompute::Full {
         // One block's activations while it is recomputed.
@@ -462,7 +561,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             par.tensor,
             par.sequence_parallel,
             Recompute::None,
-            e,
+            setting.attention,
+            precision,
         )
     } else {
         0.0
@@ -527,8 +627,18 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             } else {
                 (gradients, activations)
             };
+            // FP8: Transformer Engine keeps each block weight's FP8 copy and its transpose
+            // (Hopper) or its column-wise copy (MXFP8, one 1-byte scale per 32 elements) beside
+            // the 16-bit weight, from the first microbatch to the step.
+            let fp8_copies = match precision {
+                Precision::Fp8 => 2.0,
+                Precision::Mxfp8 => 2.0 * (1.0 + 1.0 / 32.0),
+                _ => 0.0,
+            } * n as f64
+                * model.spec().block_params() as f64
+                / t;
             MemoryBreakdown {
-                weights: sharded(3) * e,
+                weights: sharded(3) * e + fp8_copies,
                 gradients,
                 optimizer: sharded(1) * (master + state),
                 activations,
@@ -557,6 +667,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
             data_comm_us: data_comm_us + slowest_work.zero_us,
+            overlapped_data_comm_us: overlapped_us,
             optimizer_us,
         },
         microbatches: m,
@@ -574,6 +685,27 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         model_flops,
         hardware_flops: model_flops + recomputed,
     }
+}
+
+/// A collective of `comm_us` overlapped with `compute_us` of compute, at least `floor` of it
+/// showing (the part that cannot start before the compute ends): (exposed, hidden), µs.
+fn hide(comm_us: f64, compute_us: f64, floor: f64) -> (f64, f64) {
+    let exposed = (comm_us - compute_us).max(comm_us * floor).max(0.0);
+    (exposed, comm_us - exposed)
+}
+
+/// Forward and backward (input and weight gradients) of one GEMM, µs.
+fn forward_backward(
+    gemm: &impl Fn(f64, f64, f64, f64) -> f64,
+    rows: f64,
+    cols: f64,
+    inner: f64,
+    batch: f64,
+) -> (f64, f64) {
+    (
+        gemm(rows, cols, inner, batch),
+        gemm(rows, inner, cols, batch) + gemm(inner, cols, rows, batch),
+    )
 }
 
 /// One microbatch's time through some blocks, by kind, µs.

@@ -19,7 +19,7 @@ mod search;
 pub use estimate::{
     block_activation_bytes, estimate, Estimate, MemoryBreakdown, Setting, TimeBreakdown,
 };
-pub use estimate::{ACTIVATION_LAUNCHES, GEMM_EFFICIENCY, HBM_EFFICIENCY};
+pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
 pub use layered::{layered, NotLayered};
 pub use recognize::{recognize, NotATransformer};
 pub use search::{search, Knobs, Searched};
@@ -113,6 +113,39 @@ impl Transformer {
         let tokens = (batch * self.sequence) as f64;
         3.0 * tokens
             * (self.layers as f64 * self.block_flops_per_token() + self.head_flops_per_token())
+    }
+}
+
+/// How the attention core (scores, mask, softmax, context) runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// One fused kernel as FlashAttention runs it (Dao et al., 2022; Dao, 2023; Shah et al.,
+    /// 2024): the scores never reach memory, the backward pass recomputes them from Q, K, V
+    /// and the softmax's log-sum-exp, and a causal mask skips the blocks above the diagonal
+    /// (half the work at long sequences).
+    #[default]
+    Fused,
+    /// Batched GEMMs around a scale-mask-softmax kernel (Megatron-LM before FlashAttention):
+    /// the `s × s` scores and probabilities are written, stashed and read again, and the
+    /// whole square is computed.
+    Unfused,
+}
+
+impl Attention {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Fused => "fused",
+            Attention::Unfused => "unfused",
+        }
+    }
+
+    /// Parses `fused` or `unfused`.
+    pub fn parse(name: &str) -> Option<Attention> {
+        [Attention::Fused, Attention::Unfused]
+            .into_iter()
+            .find(|a| a.name() == name)
     }
 }
 

@@ -1,0 +1,207 @@
+//! ralpc's transformer prices against NVIDIA's published Megatron-Bridge runs on today's GPUs
+//! (`fixtures/anchors/megatron-bridge/`, from NVIDIA-NeMo/Megatron-Bridge
+//! `docs/performance-summary.md` @ df0289c1 and `docs/performance-summary-archive.md` @
+//! 0a25f911; see SOURCE.md there). Each dense row is priced with its published layout
+//! (tensor, pipeline, virtual and data degrees, micro and global batch, precision, the
+//! distributed optimizer or Megatron-FSDP) on the preset of its GPUs, fused attention and
+//! overlapped data-parallel collectives, as Megatron-Core runs them; seconds per iteration are
+//! compared. Rows that use context parallelism are listed and not priced yet.
+//!
+//! `cargo test -p ralpc-passes --test anchors_bridge -- --nocapture` prints the table.
+
+use ralpc_ir::models::{gpt, GptSpec};
+use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::Optimizer;
+use ralpc_passes::plan::Schedule;
+use ralpc_passes::transformer::{
+    estimate, recognize, Attention, Estimate, Parallelism, Recompute, Setting, Transformer,
+};
+use serde_json::Value;
+
+const SUMMARY: &str =
+    include_str!("../../fixtures/anchors/megatron-bridge/performance-summary.jsonl");
+
+/// One published dense run.
+struct Run {
+    id: String,
+    gpu: String,
+    gpus: u32,
+    spec: GptSpec,
+    layout: Parallelism,
+    context: u64,
+    batch: u64,
+    precision: Precision,
+    published_s: f64,
+}
+
+fn number(row: &Value, key: &str) -> Option<u64> {
+    row.get(key).and_then(Value::as_u64)
+}
+
+/// The dense rows (no experts).
+fn dense_runs() -> Vec<Run> {
+    SUMMARY
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON row"))
+        .filter(|r| r.get("experts").is_none_or(Value::is_null))
+        .map(|r| {
+            let n = |key: &str| number(&r, key).unwrap_or_else(|| panic!("{key} in {r}"));
+            let tp = n("tp") as u32;
+            let precision = match r["precision"].as_str() {
+                Some("bf16") => Precision::Bf16,
+                Some("mxfp8") => Precision::Mxfp8,
+                Some(p) if p.starts_with("fp8") => Precision::Fp8,
+                other => panic!("precision {other:?}"),
+            };
+            let fsdp = r["optimizer_sharding"]
+                .as_str()
+                .is_some_and(|s| s.contains("FSDP"));
+            Run {
+                id: r["id"].as_str().unwrap_or_default().to_owned(),
+                gpu: r["gpu"].as_str().unwrap_or_default().to_owned(),
+                gpus: n("gpus") as u32,
+                spec: GptSpec::llama(
+                    n("layers"),
+                    n("hidden"),
+                    n("heads"),
+                    n("kv_heads"),
+                    n("ffn"),
+                    n("seq"),
+                    n("vocab"),
+                ),
+                layout: Parallelism {
+                    tensor: tp,
+                    pipeline: n("pp") as u32,
+                    data: n("dp") as u32,
+                    micro_batch: n("mbs"),
+                    virtual_stages: number(&r, "vp").unwrap_or(1) as u32,
+                    recompute: Recompute::None,
+                    // Megatron-Bridge's recipes run sequence parallelism with tensor
+                    // parallelism.
+                    sequence_parallel: tp > 1,
+                    zero: if fsdp { 3 } else { 1 },
+                    schedule: Schedule::OneFOneB,
+                },
+                context: n("cp"),
+                batch: n("gbs"),
+                precision,
+                published_s: r["s_per_iter_derived"]
+                    .as_f64()
+                    .expect("s_per_iter_derived"),
+            }
+        })
+        .collect()
+}
+
+/// The preset of a row's GPUs, with enough nodes.
+fn cluster(gpu: &str, gpus: u32) -> Cluster {
+    let (preset, per_node) = match gpu {
+        "H100" => ("eos", 8),
+        "B200" => ("dgx-b200", 8),
+        "GB200" => ("gb200-nvl72", 72),
+        "GB300" => ("gb300-nvl72", 72),
+        other => panic!("GPU {other}"),
+    };
+    Cluster::preset(preset)
+        .expect("a preset")
+        .times(gpus.div_ceil(per_node))
+}
+
+/// `spec` generated, imported at `batch` and recognized.
+fn recognized(spec: &GptSpec, batch: u64) -> Transformer {
+    let bytes = gpt(spec).expect("generates");
+    let path = std::path::Path::new("gpt.onnx");
+    let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
+    ralpc_ir::bind(
+        &mut m.graph,
+        &ralpc_ir::Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .expect("binds");
+    let info = ralpc_ir::verify(&m.graph).expect("verifies");
+    recognize(&m.graph, &info).expect("a GPT")
+}
+
+fn setting<'a>(
+    model: &'a Transformer,
+    run: &Run,
+    cluster: &'a Cluster,
+    precision: Precision,
+) -> Setting<'a> {
+    Setting {
+        model,
+        batch: run.batch,
+        sample_pieces: run.batch,
+        cluster,
+        gpus: run.gpus,
+        precision,
+        optimizer: Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
+        memory_limit: None,
+        attention: Attention::Fused,
+        overlap_data_parallel: true,
+    }
+}
+
+fn ms(e: &Estimate) -> String {
+    let t = &e.time;
+    format!(
+        "compute {:.1} tp {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) opt {:.1}",
+        t.compute_us / 1e6,
+        t.tensor_comm_us / 1e6,
+        t.pipeline_comm_us / 1e6,
+        t.bubble_us / 1e6,
+        t.data_comm_us / 1e6,
+        t.overlapped_data_comm_us / 1e6,
+        t.optimizer_us / 1e6
+    )
+}
+
+#[test]
+fn dense_runs_on_today_gpus() {
+    let runs = dense_runs();
+    assert!(runs.len() >= 8, "{} dense rows", runs.len());
+    println!(
+        "{:<42} {:>5} | {:>9} {:>9} {:>7} | {:>6} {:>4} | where the time goes (s)",
+        "run", "GPUs", "published", "ralpc", "error", "GiB", "fits"
+    );
+    let mut errors = Vec::new();
+    for run in &runs {
+        if run.context > 1 {
+            println!(
+                "{:<42} {:>5} | {:>8.2}s  not priced: context parallelism {} (not in the estimate yet)",
+                run.id, run.gpus, run.published_s, run.context
+            );
+            continue;
+        }
+        let model = recognized(&run.spec, run.layout.micro_batch);
+        let cluster = cluster(&run.gpu, run.gpus);
+        let priced = estimate(&setting(&model, run, &cluster, run.precision), &run.layout);
+        let ours = priced.iteration_time_us / 1e6;
+        let error = ours / run.published_s - 1.0;
+        errors.push(error);
+        println!(
+            "{:<42} {:>5} | {:>8.2}s {:>8.2}s {:>+6.1}% | {:>6.1} {:>4} | {}",
+            run.id,
+            run.gpus,
+            run.published_s,
+            ours,
+            error * 100.0,
+            priced.peak_memory_bytes / (1u64 << 30) as f64,
+            if priced.fits { "yes" } else { "no" },
+            ms(&priced)
+        );
+    }
+    let mean = errors.iter().map(|e| e.abs()).sum::<f64>() / errors.len() as f64;
+    let worst = errors.iter().map(|e| e.abs()).fold(0.0, f64::max);
+    println!(
+        "{} rows priced: mean |error| {:.1}%, worst {:.1}%",
+        errors.len(),
+        mean * 100.0,
+        worst * 100.0
+    );
+}
