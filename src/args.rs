@@ -141,6 +141,12 @@ pub struct PlanArgs {
     /// computes the same math either way.
     #[arg(long, default_value = "fused", help_heading = "Transformer (3d) plans", value_parser = ["fused", "unfused"])]
     pub attention: String,
+    /// Price the sequence-parallel all-gathers and reduce-scatters overlapped with the GEMMs
+    /// beside them, as Megatron-Core's --tp-comm-overlap runs them (on; --emit megatron
+    /// then writes the flag). ralpc's own executor does not overlap them: off prices what
+    /// `ralpc run` does.
+    #[arg(long, value_name = "on|off", default_value = "on", help_heading = "Transformer (3d) plans", value_parser = ["on", "off"])]
+    pub tp_comm_overlap: String,
     /// Lower the plan only if its instructions (every rank's program) stay below N; above
     /// it the plan is priced, not written (lowering takes about 1 KB of memory per
     /// instruction) [default: 2000000].
@@ -215,6 +221,7 @@ impl PlanArgs {
             },
             fp32_gradients: args.fp32_gradients,
             attention: Attention::parse(&args.attention).unwrap_or_default(),
+            tp_comm_overlap: Some(args.tp_comm_overlap == "on"),
             max_instructions: args.max_instructions,
         }
     }

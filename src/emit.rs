@@ -189,6 +189,10 @@ pub fn megatron_arguments(
     }
     if p.sequence_parallel {
         args.push("--sequence-parallel".into());
+        if p.tp_comm_overlap {
+            // The price assumed its collectives overlapped with the GEMMs beside them.
+            args.push("--tp-comm-overlap".into());
+        }
     }
     match p.zero {
         0 => {}
@@ -226,11 +230,13 @@ pub fn megatron_arguments(
             args.push("--bf16".into());
             args.push("--fp8-format hybrid".into());
             args.push("--fp8-recipe tensorwise".into());
+            args.push("--fp8-param-gather".into());
         }
         Some(Precision::Mxfp8) => {
             args.push("--bf16".into());
             args.push("--fp8-format e4m3".into());
             args.push("--fp8-recipe mxfp8".into());
+            args.push("--fp8-param-gather".into());
         }
         _ => {}
     }

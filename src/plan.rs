@@ -15,7 +15,7 @@ use ralpc_passes::plan::{
 };
 use ralpc_passes::profile::{self, Loaded, Profile};
 use ralpc_passes::transformer::{
-    self, Attention, Estimate, Knobs, MemoryBreakdown, Parallelism, Recompute, Setting,
+    self, Attention, Estimate, Knobs, MemoryBreakdown, Overlap, Parallelism, Recompute, Setting,
     TimeBreakdown, Transformer,
 };
 use serde::Serialize;
@@ -83,6 +83,11 @@ pub struct PlanOptions {
     /// Transformer plans: how the attention core is priced and sized (fused, as
     /// FlashAttention runs it, by default).
     pub attention: Attention,
+    /// Transformer plans: whether sequence-parallel collectives are priced overlapped with
+    /// the GEMMs beside them (Megatron-Core's `--tp-comm-overlap`); `None`: on, as
+    /// Megatron-Bridge's recipes run. ralpc's own executor does not overlap them, so its
+    /// simulated iteration is held to the price with it off.
+    pub tp_comm_overlap: Option<bool>,
     /// Transformer plans: the most instructions the executable plan may hold (every rank's
     /// program is written out; lowering takes about 1 KB of memory per instruction); above
     /// it the plan is priced, not lowered. `None`: [`DEFAULT_MAX_INSTRUCTIONS`].
@@ -268,6 +273,9 @@ pub struct ParallelismRow {
     pub zero: u8,
     /// How the price assumed attention runs: `fused` or `unfused`.
     pub attention: Attention,
+    /// Whether the price assumed sequence-parallel collectives overlapped with their GEMMs
+    /// (Megatron-Core's `--tp-comm-overlap`).
+    pub tp_comm_overlap: bool,
     /// Forward + backward FLOPs per iteration, no recomputation.
     pub model_flops_per_iteration: f64,
     /// FLOPs executed per iteration, recomputation included.
@@ -797,7 +805,10 @@ fn plan_transformer(
         workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
         memory_limit: options.memory_limit,
         attention: options.attention,
-        overlap_data_parallel: true,
+        overlap: Overlap {
+            tensor_parallel: options.tp_comm_overlap.unwrap_or(true),
+            ..Overlap::MEGATRON_CORE
+        },
     };
     let knobs = Knobs {
         schedule: options.schedule.or(options.knobs.schedule),
@@ -814,6 +825,7 @@ fn plan_transformer(
         &one_gpu,
         &Parallelism {
             tensor: 1,
+            context: 1,
             pipeline: 1,
             data: 1,
             micro_batch: 1,
@@ -933,6 +945,9 @@ fn plan_transformer(
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),
             attention: options.attention,
+            tp_comm_overlap: options.tp_comm_overlap.unwrap_or(true)
+                && par.sequence_parallel
+                && par.tensor > 1,
             sequence_parallel: par.sequence_parallel,
             zero: par.zero,
             model_flops_per_iteration: best.model_flops,

@@ -79,6 +79,10 @@ pub fn cluster_of_gpu_type(name: &str) -> String {
     match name.to_ascii_lowercase().as_str() {
         "a100" => "dgx-a100".into(),
         "h100" => "dgx-h100".into(),
+        "h200" => "dgx-h200".into(),
+        "b200" => "dgx-b200".into(),
+        "gb200" => "gb200-nvl72".into(),
+        "gb300" => "gb300-nvl72".into(),
         "v100" => "p3dn-v100".into(),
         _ => name.into(),
     }

@@ -5,7 +5,7 @@
 //! (tensor, pipeline, virtual and data degrees, micro and global batch, precision, the
 //! distributed optimizer or Megatron-FSDP) on the preset of its GPUs, fused attention and
 //! overlapped data-parallel collectives, as Megatron-Core runs them; seconds per iteration are
-//! compared. Rows that use context parallelism are listed and not priced yet.
+//! compared.
 //!
 //! `cargo test -p ralpc-passes --test anchors_bridge -- --nocapture` prints the table.
 
@@ -14,7 +14,7 @@ use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    estimate, recognize, Attention, Estimate, Parallelism, Recompute, Setting, Transformer,
+    estimate, recognize, Attention, Estimate, Overlap, Parallelism, Recompute, Setting, Transformer,
 };
 use serde_json::Value;
 
@@ -28,7 +28,6 @@ struct Run {
     gpus: u32,
     spec: GptSpec,
     layout: Parallelism,
-    context: u64,
     batch: u64,
     precision: Precision,
     published_s: f64,
@@ -72,6 +71,7 @@ fn dense_runs() -> Vec<Run> {
                 ),
                 layout: Parallelism {
                     tensor: tp,
+                    context: n("cp") as u32,
                     pipeline: n("pp") as u32,
                     data: n("dp") as u32,
                     micro_batch: n("mbs"),
@@ -83,7 +83,6 @@ fn dense_runs() -> Vec<Run> {
                     zero: if fsdp { 3 } else { 1 },
                     schedule: Schedule::OneFOneB,
                 },
-                context: n("cp"),
                 batch: n("gbs"),
                 precision,
                 published_s: r["s_per_iter_derived"]
@@ -143,16 +142,17 @@ fn setting<'a>(
         workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
         memory_limit: None,
         attention: Attention::Fused,
-        overlap_data_parallel: true,
+        overlap: Overlap::MEGATRON_CORE,
     }
 }
 
 fn ms(e: &Estimate) -> String {
     let t = &e.time;
     format!(
-        "compute {:.1} tp {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) opt {:.1}",
+        "compute {:.1} tp {:.1} cp {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) opt {:.1}",
         t.compute_us / 1e6,
         t.tensor_comm_us / 1e6,
+        t.context_comm_us / 1e6,
         t.pipeline_comm_us / 1e6,
         t.bubble_us / 1e6,
         t.data_comm_us / 1e6,
@@ -171,13 +171,6 @@ fn dense_runs_on_today_gpus() {
     );
     let mut errors = Vec::new();
     for run in &runs {
-        if run.context > 1 {
-            println!(
-                "{:<42} {:>5} | {:>8.2}s  not priced: context parallelism {} (not in the estimate yet)",
-                run.id, run.gpus, run.published_s, run.context
-            );
-            continue;
-        }
         let model = recognized(&run.spec, run.layout.micro_batch);
         let cluster = cluster(&run.gpu, run.gpus);
         let priced = estimate(&setting(&model, run, &cluster, run.precision), &run.layout);
@@ -204,4 +197,99 @@ fn dense_runs_on_today_gpus() {
         mean * 100.0,
         worst * 100.0
     );
+    // Where the model stands (issue 58 asks for 8 % and 15 %): a guard against getting
+    // worse, not the target.
+    assert!(mean <= 0.10, "mean |error| {:.1}%", mean * 100.0);
+    assert!(worst <= 0.18, "worst |error| {:.1}%", worst * 100.0);
+}
+
+/// The published dense FP8 runs on H100 of 70B and 405B priced again in bf16 on the same
+/// layout: FP8's speedup falls in the range published for such models on H100 (1.3–1.55×).
+#[test]
+fn fp8_speeds_up_large_dense_h100_runs_as_published() {
+    for run in dense_runs()
+        .iter()
+        .filter(|r| r.gpu == "H100" && r.spec.hidden >= 8192)
+    {
+        let model = recognized(&run.spec, run.layout.micro_batch);
+        let cluster = cluster(&run.gpu, run.gpus);
+        let at = |precision| {
+            estimate(&setting(&model, run, &cluster, precision), &run.layout).iteration_time_us
+        };
+        let speedup = at(Precision::Bf16) / at(Precision::Fp8);
+        println!("{}: FP8 {speedup:.3}x bf16", run.id);
+        assert!((1.3..=1.55).contains(&speedup), "{}: {speedup:.2}", run.id);
+    }
+}
+
+/// Llama 3 8B at sequence 8,192 on 8 H100s trains without recomputation with fused
+/// attention (its `5as/h` term gone), sharded as the published run (Megatron-FSDP);
+/// unfused, the scores alone overflow the GPU.
+#[test]
+fn llama3_8b_fits_eight_h100s_without_recomputation() {
+    let run = dense_runs()
+        .into_iter()
+        .find(|r| r.gpu == "H100" && r.gpus == 8)
+        .expect("the 8B H100 row");
+    let model = recognized(&run.spec, 1);
+    let cluster = cluster("H100", 8);
+    let layout = run.layout;
+    assert_eq!((layout.zero, layout.recompute), (3, Recompute::None));
+    for precision in [Precision::Bf16, Precision::Fp8] {
+        let fused = setting(&model, &run, &cluster, precision);
+        let priced = estimate(&fused, &layout);
+        assert!(
+            priced.fits,
+            "{precision:?}: {:.1} GiB",
+            priced.peak_memory_bytes / 1073741824.0
+        );
+        let unfused = Setting {
+            attention: Attention::Unfused,
+            ..fused
+        };
+        assert!(!estimate(&unfused, &layout).fits, "{precision:?} unfused");
+    }
+}
+
+/// For every dense row, the search given only the model, GPUs, batch and precision finds
+/// a plan that fits, no slower than the published layout wherever that layout is in its
+/// space (no context parallelism) and fits ralpc's memory model.
+#[test]
+fn the_search_finds_plans_no_slower_than_the_published_layouts() {
+    for run in dense_runs() {
+        let model = recognized(&run.spec, 1);
+        let cluster = cluster(&run.gpu, run.gpus);
+        let setting = setting(&model, &run, &cluster, run.precision);
+        let published = estimate(&setting, &run.layout);
+        let found = ralpc_passes::transformer::search(&setting, &Default::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", run.id));
+        let best = &found.best;
+        let p = best.parallelism;
+        println!(
+            "{:<42} published {:>7.2}s{} | search t{} p{} v{} d{} b{} {:?} zero {} {:>7.2}s",
+            run.id,
+            published.iteration_time_us / 1e6,
+            if published.fits {
+                ""
+            } else {
+                " (does not fit)"
+            },
+            p.tensor,
+            p.pipeline,
+            p.virtual_stages,
+            p.data,
+            p.micro_batch,
+            p.recompute,
+            p.zero,
+            best.iteration_time_us / 1e6
+        );
+        assert!(best.fits, "{}", run.id);
+        if run.layout.context == 1 && published.fits {
+            assert!(
+                best.iteration_time_us <= published.iteration_time_us * (1.0 + 1e-9),
+                "{}",
+                run.id
+            );
+        }
+    }
 }

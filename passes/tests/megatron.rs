@@ -15,8 +15,8 @@ use ralpc_passes::cost::rates::{Rates, IN_STEP};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    block_activation_bytes, estimate, recognize, search, Attention, Knobs, Parallelism, Recompute,
-    Setting, Transformer,
+    block_activation_bytes, estimate, recognize, search, Attention, Knobs, Overlap, Parallelism,
+    Recompute, Setting, Transformer,
 };
 
 /// One row of Table 1.
@@ -106,6 +106,7 @@ impl Row {
     fn parallelism(&self) -> Parallelism {
         Parallelism {
             tensor: self.t,
+            context: 1,
             pipeline: self.p,
             data: self.gpus / (self.t * self.p),
             micro_batch: self.micro_batch,
@@ -137,7 +138,7 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
         // The runs of both tables predate FlashAttention and Megatron-Core's overlapped
         // data-parallel collectives.
         attention: Attention::Unfused,
-        overlap_data_parallel: false,
+        overlap: Overlap::NONE,
     }
 }
 
@@ -340,15 +341,20 @@ fn activations_follow_korthikanti() {
                 if sp && t == 1 {
                     continue;
                 }
-                let ours = block_activation_bytes(
-                    &model,
-                    b,
-                    t,
-                    sp,
+                let par = Parallelism {
+                    tensor: t,
+                    context: 1,
+                    pipeline: 1,
+                    data: 1,
+                    micro_batch: b,
+                    virtual_stages: 1,
                     recompute,
-                    Attention::Unfused,
-                    Precision::Fp16,
-                );
+                    sequence_parallel: sp,
+                    zero: 0,
+                    schedule: Schedule::OneFOneB,
+                };
+                let ours =
+                    block_activation_bytes(&model, &par, Attention::Unfused, Precision::Fp16);
                 assert!(
                     (ours / expected - 1.0).abs() <= 0.05,
                     "b={b} t={t} sp={sp} {recompute:?}: {ours} vs {expected}"
@@ -488,7 +494,7 @@ fn search_invariants_over_shapes_and_clusters() {
                     workspace_bytes: (1u64 << 30) as f64,
                     memory_limit: None,
                     attention: Attention::Fused,
-                    overlap_data_parallel: true,
+                    overlap: Overlap::MEGATRON_CORE,
                 };
                 let Ok(found) = search(&setting, &Knobs::default()) else {
                     continue;
@@ -705,7 +711,7 @@ fn a_fixed_batch_keeps_its_sequences_whole() {
         // The runs of both tables predate FlashAttention and Megatron-Core's overlapped
         // data-parallel collectives.
         attention: Attention::Unfused,
-        overlap_data_parallel: false,
+        overlap: Overlap::NONE,
     };
     let free = search(&at(16), &Knobs::default()).expect("a plan");
     let par = free.best.parallelism;

@@ -78,11 +78,40 @@ pub struct Setting<'a> {
     pub memory_limit: Option<u64>,
     /// How the attention core runs.
     pub attention: Attention,
+    /// Which communication the engine hides behind compute.
+    pub overlap: Overlap,
+}
+
+/// Communication the engine overlaps with compute, each a Megatron-Core option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overlap {
     /// Data-parallel gradient reduce-scatters (all-reduces) and parameter all-gathers
-    /// overlap the backward and forward passes, bucket by bucket, as Megatron-Core's
-    /// `--overlap-grad-reduce` and `--overlap-param-gather` run them (the SC'21 runs
-    /// predate them: false there).
-    pub overlap_data_parallel: bool,
+    /// overlap the backward and forward passes bucket by bucket (`--overlap-grad-reduce`,
+    /// `--overlap-param-gather`; FSDP's prefetching).
+    pub data_parallel: bool,
+    /// Tensor-parallel collectives of sequence-parallel blocks overlap the GEMMs beside
+    /// them (`--tp-comm-overlap`).
+    pub tensor_parallel: bool,
+    /// An interleaved pipeline's sends and receives overlap the next chunk's compute
+    /// (`--overlap-p2p-communication`).
+    pub pipeline: bool,
+}
+
+impl Overlap {
+    /// Everything Megatron-Core overlaps, as its recipes run today (Megatron-Bridge's
+    /// performance recipes turn all three on).
+    pub const MEGATRON_CORE: Overlap = Overlap {
+        data_parallel: true,
+        tensor_parallel: true,
+        pipeline: true,
+    };
+
+    /// Nothing overlapped, as Megatron-LM ran in 2021–2022 (SC'21, Korthikanti et al.).
+    pub const NONE: Overlap = Overlap {
+        data_parallel: false,
+        tensor_parallel: false,
+        pipeline: false,
+    };
 }
 
 /// Where an iteration's time goes on the slowest stage, µs.
@@ -92,6 +121,8 @@ pub struct TimeBreakdown {
     pub compute_us: f64,
     /// Tensor-parallel collectives.
     pub tensor_comm_us: f64,
+    /// Context-parallel key/value exchanges not hidden behind attention.
+    pub context_comm_us: f64,
     /// Pipeline sends and receives.
     pub pipeline_comm_us: f64,
     /// Pipeline fill and drain.
@@ -194,20 +225,18 @@ pub struct Estimate {
 ///   backward reads its output.
 pub fn block_activation_bytes(
     model: &Transformer,
-    micro_batch: u64,
-    tensor: u32,
-    sequence_parallel: bool,
-    recompute: Recompute,
+    par: &Parallelism,
     attention: Attention,
     precision: Precision,
 ) -> f64 {
     let (s, b, h, a, f) = (
-        model.sequence as f64,
-        micro_batch as f64,
+        model.sequence as f64 / f64::from(par.context.max(1)),
+        par.micro_batch as f64,
         model.hidden as f64,
         model.heads as f64,
         model.ffn as f64,
     );
+    let (tensor, sequence_parallel, recompute) = (par.tensor, par.sequence_parallel, par.recompute);
     let t = f64::from(tensor);
     let e = precision.activation_bytes() as f64;
     // A GEMM input as its weight gradient reads it.
@@ -233,9 +262,11 @@ pub fn block_activation_bytes(
         ((1.0 + 2.0 * kv / a) * e * sbh + projection_input * sbh + ((m - 1.0) * e + g) * s * b * f)
             / t;
     // The attention core: unfused, the softmax output and dropout output (e) and dropout
-    // mask (1 byte) of every score; fused, the log-sum-exp of every query and head (fp32).
+    // mask (1 byte) of every score (a context-parallel rank's queries against every key);
+    // fused, the log-sum-exp of every query and head (fp32).
+    let c = f64::from(par.context.max(1));
     let core = match attention {
-        Attention::Unfused => (2.0 * e + 1.0) * a * s * s * b / t,
+        Attention::Unfused => (2.0 * e + 1.0) * a * s * (s * c) * b / t,
         Attention::Fused => 4.0 * a * s * b / t,
     };
     match (recompute, attention) {
@@ -255,6 +286,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let launch_us = crate::cost::compute::DEFAULT_LAUNCH_US;
     let e = precision.activation_bytes() as f64;
     let grad_e = if setting.fp32_gradients { 4.0 } else { e };
+    // FP8 parameters are gathered in FP8 (--fp8-param-gather).
+    let gathered_e = if precision.is_fp8() { 1.0 } else { e };
     let (t, p, d, v) = (
         f64::from(par.tensor),
         par.pipeline.max(1),
@@ -269,7 +302,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         model.ffn as f64,
         model.vocabulary as f64,
     );
-    let tokens = s * b;
+    // Context parallelism cuts each sequence: a rank's tokens are `s·b/c`.
+    let c = f64::from(par.context.max(1));
+    let tokens = s * b / c;
     let m = par.microbatches(setting.batch).max(1);
     // A GEMM at `rate` FLOP/s reading operands of `input` bytes an element, writing `e`.
     let gemm_at = |rate: f64, input: f64| {
@@ -304,10 +339,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let (core_fwd, core_bwd, core_bytes) = match setting.attention {
         Attention::Unfused => {
             let core = [
-                fwd_bwd_16(s, s, head_dim, b * heads_per_gpu),
-                fwd_bwd_16(s, head_dim, s, b * heads_per_gpu),
+                fwd_bwd_16(s / c, s, head_dim, b * heads_per_gpu),
+                fwd_bwd_16(s / c, head_dim, s, b * heads_per_gpu),
             ];
-            let bytes = b * heads_per_gpu * s * s * (2.0 * e + (2.0 * e + 1.0));
+            let bytes = b * heads_per_gpu * s / c * s * (2.0 * e + (2.0 * e + 1.0));
             (
                 core.iter().map(|g| g.0).sum::<f64>() + elementwise(bytes, 2.0),
                 core.iter().map(|g| g.1).sum::<f64>(),
@@ -316,8 +351,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         }
         Attention::Fused => {
             // QKᵀ and PV over the causal half of the square; the backward pass recomputes
-            // QKᵀ and makes dV, dP, dQ, dK: five products to the forward's two.
-            let flops = 4.0 * s * s * head_dim * b * heads_per_gpu / 2.0;
+            // QKᵀ and makes dV, dP, dQ, dK: five products to the forward's two. Context
+            // parallelism pairs each rank's early and late chunks (Megatron-Core's load
+            // balancing), so each does 1/c of the square's causal half.
+            let flops = 4.0 * s * s * head_dim * b * heads_per_gpu / 2.0 / c;
             (
                 flops / rates.attention_forward * 1e6 + launch_us,
                 2.5 * flops / rates.attention_backward * 1e6 + launch_us,
@@ -329,14 +366,22 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let other_bytes = 2.0 * 2.0 * tokens * h * e / sp
         + 2.0 * tokens * h * (3.0 * e + 1.0) / sp
         + mlp_matrices * tokens * f / t * e;
-    // FP8: every GEMM input is cast to FP8 with its transpose (read e, write 2 bytes) in
-    // the forward pass, and every output gradient in the backward pass.
+    // FP8: every GEMM input is cast to FP8 with its transpose (write 2 bytes) in the
+    // forward pass, and every output gradient in the backward pass. Per-tensor current
+    // scaling reads the tensor twice, once for its amax and once to cast it; MXFP8's
+    // block scales come from the one read (Transformer Engine, "FP8 current scaling" and
+    // "MXFP8" in its user guide).
     let (cast_fwd, cast_bwd) = if precision.is_fp8() {
+        let reads = if precision == Precision::Fp8 {
+            2.0
+        } else {
+            1.0
+        };
         let inputs = tokens * (h + h / t + h + f / t);
         let gradients = tokens * (qkv + h + (mlp_matrices - 1.0) * f / t + h);
         (
-            elementwise((e + 2.0) * inputs, 4.0),
-            elementwise((e + 2.0) * gradients, 4.0),
+            elementwise((reads * e + 2.0) * inputs, 8.0),
+            elementwise((reads * e + 2.0) * gradients, 8.0),
         )
     } else {
         (0.0, 0.0)
@@ -357,35 +402,71 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    // The block's four collectives each way (an all-gather and a reduce-scatter each with
+    // sequence parallelism, half an all-reduce's time): with the tensor-parallel overlap
+    // (Megatron-Core's --tp-comm-overlap, Transformer Engine's userbuffers; Wang et al.,
+    // ASPLOS'23) each is cut into `t` chunks pipelined with the GEMM that reads or writes
+    // it — the QKV and first MLP products after their all-gathers, the projection and
+    // second MLP products before their reduce-scatters — so only what outlasts the GEMM,
+    // and at least one chunk, shows.
+    let overlap_tp = setting.overlap.tensor_parallel && par.sequence_parallel && par.tensor > 1;
+    let tp_exposed = |pass: fn(&(f64, f64)) -> f64| -> f64 {
+        dense
+            .iter()
+            .map(|g| match overlap_tp {
+                true => hide(tp_ar / 2.0, pass(g), 1.0 / t).0,
+                false => tp_ar / 2.0,
+            })
+            .sum()
+    };
+    let (tp_fwd, tp_bwd) = (tp_exposed(|g| g.0), tp_exposed(|g| g.1));
     let (recompute_us, recompute_tp) = match par.recompute {
         Recompute::None => (0.0, 0.0),
         Recompute::Selective => (core_fwd, 0.0),
-        Recompute::Full => (block_fwd, 2.0 * tp_ar),
+        Recompute::Full => (block_fwd, tp_fwd),
     };
     // ZeRO-3 gathers each block's parameters forward and backward (and for a full
     // recomputation), and reduce-scatters its gradients, every microbatch; with the
     // data-parallel overlap (FSDP's prefetching, Megatron-FSDP's) each block's behind the
     // previous block's compute.
     let block_weights = model.spec().block_params() as f64 / t;
-    let dp = DataParallel::new(cluster, par.tensor, par.data, gpn);
+    // Data-parallel collectives run over the data × context ranks (Megatron-Core reduces
+    // gradients and shards the optimizer over both).
+    let dp = DataParallel::new(cluster, par.tensor, par.data * par.context.max(1), gpn);
     let zero3_us = if par.zero >= 3 && par.data > 1 {
         let gathers = if par.recompute == Recompute::Full {
             3.0
         } else {
             2.0
         };
-        gathers * dp.all_gather_us(block_weights * e) + dp.all_gather_us(block_weights * grad_e)
+        gathers * dp.all_gather_us(block_weights * gathered_e)
+            + dp.all_gather_us(block_weights * grad_e)
     } else {
         0.0
     };
     let block_compute_us = block_fwd + block_bwd + recompute_us;
-    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap_data_parallel {
+    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap.data_parallel {
         true => hide(zero3_us, block_compute_us, 0.0),
         false => (zero3_us, 0.0),
     };
+    // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
+    // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
+    // sends them again with their gradients.
+    let (context_fwd, context_bwd) = if par.context > 1 {
+        let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
+        let kv = 2.0 * tokens * model.kv_heads as f64 / t * head_dim * e;
+        let steps = c - 1.0;
+        (
+            hide(steps * link.transfer_us(kv), core_fwd, 1.0 / c).0,
+            hide(2.0 * steps * link.transfer_us(kv), core_bwd, 1.0 / c).0,
+        )
+    } else {
+        (0.0, 0.0)
+    };
     let block = Work {
         compute_us: block_compute_us,
-        tensor_us: 4.0 * tp_ar + recompute_tp,
+        context_us: context_fwd + context_bwd,
+        tensor_us: tp_fwd + tp_bwd + recompute_tp,
         zero_us: zero3_exposed_us,
     };
     // Embedding (first stage) and head + loss (last stage), vocabulary-parallel: the
@@ -396,6 +477,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         compute_us: elementwise(3.0 * tokens * h * e, 2.0),
         tensor_us: tp_ar,
         zero_us: 0.0,
+        context_us: 0.0,
     };
     let (head_fwd, head_bwd) = fwd_bwd_16(tokens, vocab_local, h, 1.0);
     let loss_bytes = tokens * vocab_local * (e + 8.0);
@@ -408,6 +490,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 0.0
             },
         zero_us: 0.0,
+        context_us: 0.0,
     };
     // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
     // the head).
@@ -415,15 +498,20 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let stage_layers: Vec<u64> = (0..u64::from(p))
         .map(|k| layers / u64::from(p) + u64::from(k < layers % u64::from(p)))
         .collect();
-    // Point-to-point between stages: `t·d` ranks apart.
-    let stride = par.tensor * par.data;
+    // Point-to-point between stages: `t·c·d` ranks apart. Overlapped in an interleaved
+    // pipeline, a send waits only for its latency: its bytes travel while the next chunk
+    // computes.
+    let stride = par.tensor * par.context.max(1) * par.data;
     let p2p_link = if p > 1 {
         per_gpu_link(cluster, 0, stride, gpn)
     } else {
         intra
     };
     let p2p_us = if p > 1 {
-        let bytes = activation / t;
+        let bytes = match setting.overlap.pipeline && v > 1 {
+            true => 0.0,
+            false => activation / t,
+        };
         2.0 * f64::from(v) * (p2p_link.latency_us + bytes / p2p_link.bandwidth * 1e6)
     } else {
         0.0
@@ -480,28 +568,28 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .max_by(|&x, &y| stage_params[x].total_cmp(&stage_params[y]))
         .unwrap_or(0);
     let fullest_blocks = stage_layers[fullest_stage] as f64;
-    let hide_backward = fullest_blocks * (block_bwd + recompute_us + 2.0 * tp_ar + recompute_tp);
-    let hide_forward = fullest_blocks * (block_fwd + 2.0 * tp_ar);
+    let hide_backward = fullest_blocks * (block_bwd + recompute_us + tp_bwd + recompute_tp);
+    let hide_forward = fullest_blocks * (block_fwd + tp_fwd);
     let bucket = (GRADIENT_BUCKET_PARAMS.max(1e6 * d) / fullest_params.max(1.0)).min(1.0);
     let (gradient_sync, param_gather, syncs) = match par.zero {
         _ if par.data <= 1 => (0.0, 0.0, 0.0),
         0 => (dp.all_reduce_us(fullest_params * grad_e), 0.0, 1.0),
         1 => (
             dp.all_gather_us(fullest_params * grad_e),
-            dp.all_gather_us(fullest_params * e),
+            dp.all_gather_us(fullest_params * gathered_e),
             1.0,
         ),
         // Sharded gradients cannot accumulate over microbatches: every microbatch's are
         // reduce-scattered into the shard as its backward ends (DeepSpeed's stage 2).
         2 => (
             dp.all_gather_us(fullest_params * grad_e),
-            dp.all_gather_us(fullest_params * e),
+            dp.all_gather_us(fullest_params * gathered_e),
             m as f64,
         ),
         _ => (0.0, 0.0, 0.0),
     };
     let ((gradient_exposed, gradient_hidden), (param_exposed, param_hidden)) =
-        match setting.overlap_data_parallel {
+        match setting.overlap.data_parallel {
             true => (
                 hide(gradient_sync, hide_backward, bucket),
                 hide(param_gather, hide_forward, bucket),
@@ -524,7 +612,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         + zero3_hidden_us * (stage_layers[fullest_stage] * m) as f64;
     // Optimizer step over this GPU's shard: read gradient, master, state; write them back
     // and the low-precision copy.
-    let shard = if par.zero >= 1 { d } else { 1.0 };
+    let shard = if par.zero >= 1 { d * c } else { 1.0 };
     let master: f64 = if e < 4.0 { 4.0 } else { 0.0 };
     let state = 4.0 * setting.optimizer.state_factor();
     let step_bytes = grad_e + 2.0 * (master.max(e) + state) + if e < 4.0 { e } else { 0.0 };
@@ -544,23 +632,15 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .min()
         .unwrap_or(0);
     let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
-    let per_block = block_activation_bytes(
-        model,
-        par.micro_batch,
-        par.tensor,
-        par.sequence_parallel,
-        par.recompute,
-        setting.attention,
-        precision,
-    );
+    let per_block = block_activation_bytes(model, par, setting.attention, precision);
     let working = if par.recompute == Recompute::Full {
         // One block's activations while it is recomputed.
         block_activation_bytes(
             model,
-            par.micro_batch,
-            par.tensor,
-            par.sequence_parallel,
-            Recompute::None,
+            &Parallelism {
+                recompute: Recompute::None,
+                ..*par
+            },
             setting.attention,
             precision,
         )
@@ -580,7 +660,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 false => 0.0,
             };
             let params = stage_params[k];
-            let zero_div = |stage: u8| if par.zero >= stage { d } else { 1.0 };
+            let zero_div = |stage: u8| if par.zero >= stage { d * c } else { 1.0 };
             let sharded = |stage: u8| (params - tied) / zero_div(stage) + tied;
             let in_flight = in_flight_chunks(par, k as u64, m);
             let in_flight_blocks = in_flight as f64 * n as f64 / f64::from(v);
@@ -627,18 +707,18 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             } else {
                 (gradients, activations)
             };
-            // FP8: Transformer Engine keeps each block weight's FP8 copy and its transpose
-            // (Hopper) or its column-wise copy (MXFP8, one 1-byte scale per 32 elements) beside
-            // the 16-bit weight, from the first microbatch to the step.
-            let fp8_copies = match precision {
+            // FP8: the block weights are FP8 parameters (Megatron's --fp8-param-gather, as
+            // Megatron-Bridge's FP8 recipes run: 1 byte instead of e) with their transposes
+            // (Hopper) or column-wise copies (MXFP8, one 1-byte scale per 32 elements);
+            // the fp32 master weights stay in the optimizer.
+            let fp8_bytes = match precision {
                 Precision::Fp8 => 2.0,
                 Precision::Mxfp8 => 2.0 * (1.0 + 1.0 / 32.0),
-                _ => 0.0,
-            } * n as f64
-                * model.spec().block_params() as f64
-                / t;
+                _ => e,
+            };
+            let block_weights = n as f64 * model.spec().block_params() as f64 / t;
             MemoryBreakdown {
-                weights: sharded(3) * e + fp8_copies,
+                weights: sharded(3) * e + block_weights * (fp8_bytes - e) / zero_div(3),
                 gradients,
                 optimizer: sharded(1) * (master + state),
                 activations,
@@ -664,6 +744,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         time: TimeBreakdown {
             compute_us: slowest_work.compute_us,
             tensor_comm_us: slowest_work.tensor_us,
+            context_comm_us: slowest_work.context_us,
             pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
             data_comm_us: data_comm_us + slowest_work.zero_us,
@@ -673,8 +754,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         microbatches: m,
         stage_layers,
         stage_us,
-        block_forward_us: block_fwd + 2.0 * tp_ar + zero3_us / 2.0,
-        block_backward_us: block.total() - block_fwd - 2.0 * tp_ar - zero3_us / 2.0,
+        block_forward_us: block_fwd + tp_fwd + zero3_us / 2.0,
+        block_backward_us: block.total() - block_fwd - tp_fwd - zero3_us / 2.0,
         embedding_us: embedding.total(),
         head_us: head.total(),
         stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
@@ -716,11 +797,13 @@ struct Work {
     tensor_us: f64,
     /// ZeRO-3 parameter gathers and gradient reduce-scatters.
     zero_us: f64,
+    /// Context-parallel key/value exchanges.
+    context_us: f64,
 }
 
 impl Work {
     fn total(self) -> f64 {
-        self.compute_us + self.tensor_us + self.zero_us
+        self.compute_us + self.tensor_us + self.zero_us + self.context_us
     }
 
     fn times(self, n: f64) -> Work {
@@ -728,6 +811,7 @@ impl Work {
             compute_us: self.compute_us * n,
             tensor_us: self.tensor_us * n,
             zero_us: self.zero_us * n,
+            context_us: self.context_us * n,
         }
     }
 
@@ -736,6 +820,7 @@ impl Work {
             compute_us: self.compute_us + other.compute_us,
             tensor_us: self.tensor_us + other.tensor_us,
             zero_us: self.zero_us + other.zero_us,
+            context_us: self.context_us + other.context_us,
         }
     }
 }

@@ -46,6 +46,12 @@ pub fn layered(
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
+    if par.context > 1 {
+        return refuse(
+            &format!("context parallelism ({} ranks a sequence)", par.context),
+            "a context-parallel degree of 1",
+        );
+    }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on

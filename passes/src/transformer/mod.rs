@@ -17,7 +17,7 @@ mod recognize;
 mod search;
 
 pub use estimate::{
-    block_activation_bytes, estimate, Estimate, MemoryBreakdown, Setting, TimeBreakdown,
+    block_activation_bytes, estimate, Estimate, MemoryBreakdown, Overlap, Setting, TimeBreakdown,
 };
 pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
 pub use layered::{layered, NotLayered};
@@ -186,6 +186,11 @@ impl Recompute {
 pub struct Parallelism {
     /// Tensor-parallel degree `t` (GPUs of one node splitting every block).
     pub tensor: u32,
+    /// Context-parallel degree `c`: each sequence cut into `c` pieces of positions on as
+    /// many GPUs, attention passing keys and values around them in a ring (Megatron-Core's
+    /// `--context-parallel-size` with `--cp-comm-type p2p`). Priced; not searched or lowered
+    /// yet.
+    pub context: u32,
     /// Pipeline stages `p`.
     pub pipeline: u32,
     /// Data-parallel replicas `d`.
@@ -205,9 +210,12 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
-    /// GPUs used: `t · p · d`.
+    /// GPUs used: `t · c · p · d`.
     pub fn gpus(&self) -> u64 {
-        u64::from(self.tensor) * u64::from(self.pipeline) * u64::from(self.data)
+        u64::from(self.tensor)
+            * u64::from(self.context.max(1))
+            * u64::from(self.pipeline)
+            * u64::from(self.data)
     }
 
     /// Microbatches per iteration for a global batch: `B / (b · d)`.

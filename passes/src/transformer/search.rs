@@ -71,6 +71,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             setting,
             &Parallelism {
                 tensor: 1,
+                context: 1,
                 pipeline: 1,
                 data: d as u32,
                 micro_batch: batch / d,
@@ -141,6 +142,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                     setting,
                                     &Parallelism {
                                         tensor: t,
+                                        context: 1,
                                         pipeline: p,
                                         data: d,
                                         micro_batch: b,
