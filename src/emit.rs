@@ -230,15 +230,17 @@ pub fn megatron_arguments(
             args.push("--bf16".into());
             args.push("--fp8-format hybrid".into());
             args.push("--fp8-recipe tensorwise".into());
-            args.push("--fp8-param-gather".into());
         }
         Some(Precision::Mxfp8) => {
             args.push("--bf16".into());
             args.push("--fp8-format e4m3".into());
             args.push("--fp8-recipe mxfp8".into());
-            args.push("--fp8-param-gather".into());
         }
         _ => {}
+    }
+    if precision.is_some_and(Precision::is_fp8) && p.zero >= 1 {
+        // FP8 parameters, as priced: Megatron-LM allows them with a sharded optimizer.
+        args.push("--fp8-param-gather".into());
     }
     // ralpc prices the data-parallel collectives overlapped with the backward and forward
     // passes (FSDP2 prefetches on its own).

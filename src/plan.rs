@@ -271,6 +271,8 @@ pub struct ParallelismRow {
     pub sequence_parallel: bool,
     /// ZeRO stage.
     pub zero: u8,
+    /// The math precision the price assumed.
+    pub precision: Precision,
     /// How the price assumed attention runs: `fused` or `unfused`.
     pub attention: Attention,
     /// Whether the price assumed sequence-parallel collectives overlapped with their GEMMs
@@ -944,6 +946,7 @@ fn plan_transformer(
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),
+            precision: options.precision.unwrap_or(Precision::Tf32),
             attention: options.attention,
             tp_comm_overlap: options.tp_comm_overlap.unwrap_or(true)
                 && par.sequence_parallel

@@ -130,6 +130,24 @@ fn a_transformer_block_trains_the_same_on_every_layout() {
     check("transformer.onnx", 4, 2, &s, "transformer-soap");
 }
 
+/// ONNX's fused `Attention` (opset 23) is expanded on import into the primitives, so the
+/// same block trains as one device on every layout, its heads split too.
+#[test]
+fn a_fused_attention_operator_trains_the_same_on_every_layout() {
+    let s = strategy(&[stage("ln1", "fc2", 2)], "", "1f1b", 1);
+    check("fused_attention.onnx", 4, 2, &s, "fused-attention-dp");
+    let s = strategy(
+        &[stage("ln1", "proj", 2), stage("ln2", "fc2", 2)],
+        "",
+        "gpipe",
+        2,
+    );
+    check("fused_attention.onnx", 4, 4, &s, "fused-attention-pipeline");
+    let layers = [split("proj", 1, 1, 2), split("fc1", 1, 1, 2)].join(", ");
+    let s = strategy(&[stage("ln1", "fc2", 2)], &layers, "1f1b", 1);
+    check("fused_attention.onnx", 4, 2, &s, "fused-attention-soap");
+}
+
 #[test]
 fn eight_ranks_in_four_stages_of_two() {
     let stages = [

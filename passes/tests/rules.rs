@@ -143,3 +143,25 @@ fn an_attention_core_takes_in_picks_of_q_k_v_beside_the_head_dimension_only() {
     // are not cut by heads and the picks stay a layer of their own.
     assert_eq!(gathers_in_core("qkv_picked_before_heads"), 0);
 }
+
+/// ONNX's fused `Attention` operator, expanded on import, is one attention core: the
+/// planner splits it by heads and prices it as a fused kernel like an exporter's form.
+#[test]
+fn a_fused_attention_operator_is_one_attention_core() {
+    let (graph, info) = common::load("fixtures/train/fused_attention.onnx", 2);
+    let r = rewrite(&graph, &info, Default::default());
+    let cores: Vec<_> = r.units.iter().filter(|u| u.op == "Attention").collect();
+    assert_eq!(cores.len(), 1);
+    let ops: Vec<&str> = cores[0]
+        .members
+        .iter()
+        .map(|&m| graph.node(m).op.name())
+        .collect();
+    for op in ["MatMul", "Softmax"] {
+        assert_eq!(
+            ops.iter().filter(|&&o| o == op).count(),
+            if op == "MatMul" { 2 } else { 1 },
+            "{ops:?}"
+        );
+    }
+}

@@ -232,7 +232,8 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     );
     let _ = writeln!(
         out,
-        "      micro-batch {} ({} microbatches), {}{}, recompute {}, sequence parallel {}, ZeRO {}",
+        "      micro-batch {} ({} microbatches), {}{}, recompute {}, sequence parallel {}, ZeRO {}; \
+         {}, {} attention",
         p.micro_batch_size,
         r.microbatches,
         r.schedule,
@@ -243,7 +244,9 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         },
         p.recompute,
         if p.sequence_parallel { "on" } else { "off" },
-        p.zero
+        p.zero,
+        p.precision.name(),
+        p.attention.name()
     );
     let per_gpu = |flops: f64| flops / (r.iteration_time_us * 1e-6) / f64::from(r.gpus_used) / 1e12;
     let dp = r.candidates.iter().find(|c| c.strategy == "dp");
@@ -266,13 +269,20 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     let t = &p.time_breakdown;
     let _ = writeln!(
         out,
-        "time: compute {}, tensor-parallel {}, pipeline sends {}, bubble {}, gradient sync {}, \
-         optimizer {}",
+        "time: compute {}, tensor-parallel {}{}, context-parallel {}, pipeline sends {}, \
+         bubble {}, gradient sync {} ({} more hidden behind compute), optimizer {}",
         secs(t.compute_us),
         secs(t.tensor_comm_us),
+        if p.tp_comm_overlap {
+            " (overlapped with GEMMs)"
+        } else {
+            ""
+        },
+        secs(t.context_comm_us),
         secs(t.pipeline_comm_us),
         secs(t.bubble_us),
         secs(t.data_comm_us),
+        secs(t.overlapped_data_comm_us),
         secs(t.optimizer_us)
     );
     let mem = &p.memory_breakdown;

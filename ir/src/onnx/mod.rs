@@ -14,6 +14,7 @@
 //! [`crate::verify`] checks acyclicity and shapes.
 
 mod attrs;
+mod expand;
 mod ops;
 mod params;
 mod scope;
@@ -149,6 +150,17 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
     let mut names: HashMap<String, (ValueId, Site)> = HashMap::new();
     // Names whose definition failed to import: not reported again as undefined.
     let mut failed: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Fused attention operators become the primitives the rest of ralpc reads.
+    for refused in expand::fused_attention(&mut proto) {
+        failed.extend(refused.outputs);
+        problems.push(Diagnostic {
+            site: Site {
+                name: refused.name,
+                op_type: refused.op_type,
+            },
+            kind: refused.problem,
+        });
+    }
 
     let define = |graph: &Graph,
                   names: &mut HashMap<String, (ValueId, Site)>,

@@ -286,8 +286,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let launch_us = crate::cost::compute::DEFAULT_LAUNCH_US;
     let e = precision.activation_bytes() as f64;
     let grad_e = if setting.fp32_gradients { 4.0 } else { e };
-    // FP8 parameters are gathered in FP8 (--fp8-param-gather).
-    let gathered_e = if precision.is_fp8() { 1.0 } else { e };
+    // FP8 parameters (--fp8-param-gather, which Megatron-LM allows with a sharded
+    // optimizer) are kept and gathered in FP8.
+    let fp8_params = precision.is_fp8() && par.zero >= 1;
+    let gathered_e = if fp8_params { 1.0 } else { e };
     let (t, p, d, v) = (
         f64::from(par.tensor),
         par.pipeline.max(1),
@@ -707,15 +709,17 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             } else {
                 (gradients, activations)
             };
-            // FP8: the block weights are FP8 parameters (Megatron's --fp8-param-gather, as
-            // Megatron-Bridge's FP8 recipes run: 1 byte instead of e) with their transposes
-            // (Hopper) or column-wise copies (MXFP8, one 1-byte scale per 32 elements);
-            // the fp32 master weights stay in the optimizer.
-            let fp8_bytes = match precision {
+            // FP8: each block weight's FP8 copy with its transpose (Hopper) or column-wise
+            // copy (MXFP8, one 1-byte scale per 32 elements); FP8 parameters (Megatron's
+            // --fp8-param-gather, as Megatron-Bridge's FP8 recipes run) replace the 16-bit
+            // weight, which is otherwise kept beside them. The fp32 master weights stay in
+            // the optimizer.
+            let copies = match precision {
                 Precision::Fp8 => 2.0,
                 Precision::Mxfp8 => 2.0 * (1.0 + 1.0 / 32.0),
-                _ => e,
+                _ => 0.0,
             };
+            let fp8_bytes = if fp8_params { copies } else { e + copies };
             let block_weights = n as f64 * model.spec().block_params() as f64 / t;
             MemoryBreakdown {
                 weights: sharded(3) * e + block_weights * (fp8_bytes - e) / zero_div(3),
