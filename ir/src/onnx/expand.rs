@@ -71,18 +71,39 @@ enum Form {
     MultiHead,
 }
 
-/// The declared element types of the graph's inputs, initializers and annotated values.
-fn element_types(graph: &GraphProto) -> std::collections::HashMap<String, i32> {
-    let mut types: std::collections::HashMap<String, i32> = graph
+/// What the graph declares of a value: its element type and, when its shape is given, its
+/// rank.
+#[derive(Clone, Copy)]
+struct Declared {
+    elem_type: i32,
+    rank: Option<usize>,
+}
+
+/// The declared types of the graph's inputs, initializers and annotated values.
+fn element_types(graph: &GraphProto) -> std::collections::HashMap<String, Declared> {
+    let mut types: std::collections::HashMap<String, Declared> = graph
         .initializer
         .iter()
-        .map(|t| (t.name.clone(), t.data_type))
+        .map(|t| {
+            let declared = Declared {
+                elem_type: t.data_type,
+                rank: Some(t.dims.len()),
+            };
+            (t.name.clone(), declared)
+        })
         .collect();
     for vi in graph.input.iter().chain(&graph.value_info) {
         if let Some(onnx_protobuf::type_proto::Value::TensorType(t)) =
             vi.type_.as_ref().and_then(|t| t.value.as_ref())
         {
-            types.insert(vi.name.clone(), t.elem_type);
+            let rank = t.shape.as_ref().map(|s| s.dim.len());
+            types.insert(
+                vi.name.clone(),
+                Declared {
+                    elem_type: t.elem_type,
+                    rank,
+                },
+            );
         }
     }
     types
@@ -99,7 +120,7 @@ fn expand(
     node: &NodeProto,
     index: usize,
     form: Form,
-    types: &std::collections::HashMap<String, i32>,
+    types: &std::collections::HashMap<String, Declared>,
 ) -> Result<Vec<NodeProto>, Problem> {
     let attrs = Attrs::of(node);
     let input = |slot: usize| node.input.get(slot).filter(|n| !n.is_empty()).cloned();
@@ -179,6 +200,19 @@ fn expand(
             let Some(h) = attrs.int("num_heads")?.filter(|&h| h > 0) else {
                 return Err(refuse("num_heads", "a positive head count is needed"));
             };
+            // Keys and values may also come split by heads ([b, heads, s, d]) or packed:
+            // only the 3-D form is expanded, so the ranks must be declared.
+            for (what, name) in [("query", &q), ("key", &k), ("value", &v)] {
+                if types.get(name.as_str()).and_then(|d| d.rank) != Some(3) {
+                    return Err(refuse(
+                        what,
+                        format!(
+                            "'{name}' is not declared 3-D ([batch, sequence, hidden]); other \
+                             layouts are not expanded"
+                        ),
+                    ));
+                }
+            }
             (
                 Some((h, h)),
                 input(5).map(|m| (m, FLOAT)),
@@ -253,8 +287,11 @@ fn expand(
 }
 
 /// The element type of an attention mask: booleans select, numbers add.
-fn mask_type(types: &std::collections::HashMap<String, i32>, mask: &str) -> Result<i32, Problem> {
-    types.get(mask).copied().ok_or_else(|| {
+fn mask_type(
+    types: &std::collections::HashMap<String, Declared>,
+    mask: &str,
+) -> Result<i32, Problem> {
+    types.get(mask).map(|d| d.elem_type).ok_or_else(|| {
         refuse(
             "attn_mask",
             format!(
@@ -405,6 +442,46 @@ mod tests {
         let last = g.node.last().expect("nodes");
         assert_eq!(last.output, vec!["y".to_owned()]);
         assert!(g.node.iter().all(|n| n.name.starts_with("attn/")));
+    }
+
+    fn declared_3d(g: &mut GraphProto, name: &str) {
+        use onnx_protobuf::tensor_shape_proto::Dimension;
+        use onnx_protobuf::type_proto::{Tensor, Value};
+        let mut shape = onnx_protobuf::TensorShapeProto::new();
+        shape.dim = vec![Dimension::new(); 3];
+        let mut t = Tensor::new();
+        t.elem_type = FLOAT;
+        t.shape = Some(shape).into();
+        let mut ty = onnx_protobuf::TypeProto::new();
+        ty.value = Some(Value::TensorType(t));
+        let mut vi = onnx_protobuf::ValueInfoProto::new();
+        vi.name = name.into();
+        vi.type_ = Some(ty).into();
+        g.input.push(vi);
+    }
+
+    #[test]
+    fn multi_head_attention_of_declared_3d_inputs_is_expanded_and_others_refused() {
+        let multi_head = |declare: bool| {
+            let mut g = attention(&["q", "k", "v"], &["y"]);
+            g.node[0].op_type = "MultiHeadAttention".into();
+            g.node[0].domain = "com.microsoft".into();
+            g.node[0].attribute.push(int("num_heads", 4));
+            if declare {
+                for name in ["q", "k", "v"] {
+                    declared_3d(&mut g, name);
+                }
+            }
+            g
+        };
+        let mut g = multi_head(true);
+        assert!(fused_attention(&mut g).is_empty());
+        assert!(g.node.iter().any(|n| n.op_type == "Softmax"));
+        let mut g = multi_head(false);
+        let refused = fused_attention(&mut g);
+        assert!(
+            matches!(&refused[0].problem, Problem::AttributeValue { attr, .. } if attr == "query")
+        );
     }
 
     #[test]
