@@ -807,8 +807,11 @@ fn plan_transformer(
         workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
         memory_limit: options.memory_limit,
         attention: options.attention,
+        // ZeRO-3's gathers are priced as ralpc's executor runs them, one block at a time
+        // when it runs: not yet as FSDP prefetches them.
         overlap: Overlap {
             tensor_parallel: options.tp_comm_overlap.unwrap_or(true),
+            sharded_parameters: false,
             ..Overlap::MEGATRON_CORE
         },
     };

@@ -9,12 +9,15 @@
 //!
 //! `cargo test -p ralpc-passes --test anchors_bridge -- --nocapture` prints the table.
 
-use ralpc_ir::models::{gpt, GptSpec};
+mod common;
+
+use common::recognized;
+use ralpc_ir::models::GptSpec;
 use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    estimate, recognize, Attention, Estimate, Overlap, Parallelism, Recompute, Setting, Transformer,
+    estimate, Attention, Estimate, Overlap, Parallelism, Recompute, Setting, Transformer,
 };
 use serde_json::Value;
 
@@ -105,23 +108,6 @@ fn cluster(gpu: &str, gpus: u32) -> Cluster {
     Cluster::preset(preset)
         .expect("a preset")
         .times(gpus.div_ceil(per_node))
-}
-
-/// `spec` generated, imported at `batch` and recognized.
-fn recognized(spec: &GptSpec, batch: u64) -> Transformer {
-    let bytes = gpt(spec).expect("generates");
-    let path = std::path::Path::new("gpt.onnx");
-    let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
-    ralpc_ir::bind(
-        &mut m.graph,
-        &ralpc_ir::Bindings {
-            batch: Some(batch),
-            ..Default::default()
-        },
-    )
-    .expect("binds");
-    let info = ralpc_ir::verify(&m.graph).expect("verifies");
-    recognize(&m.graph, &info).expect("a GPT")
 }
 
 fn setting<'a>(

@@ -9,14 +9,17 @@
 //! imported, verified and recognized. `cargo test -p ralpc-passes --test megatron --
 //! --nocapture` prints the comparison.
 
-use ralpc_ir::models::{gpt, GptSpec};
+mod common;
+
+use common::recognized;
+use ralpc_ir::models::GptSpec;
 use ralpc_passes::cluster::{Cluster, Generation, Precision};
 use ralpc_passes::cost::rates::{Rates, IN_STEP};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    block_activation_bytes, estimate, recognize, search, Attention, Knobs, Overlap, Parallelism,
-    Recompute, Setting, Transformer,
+    block_activation_bytes, estimate, search, Attention, Knobs, Overlap, Parallelism, Recompute,
+    Setting, Transformer,
 };
 
 /// One row of Table 1.
@@ -140,23 +143,6 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
         attention: Attention::Unfused,
         overlap: Overlap::NONE,
     }
-}
-
-/// `spec` generated, imported at `batch` and recognized.
-fn recognized(spec: &GptSpec, batch: u64) -> Transformer {
-    let bytes = gpt(spec).expect("generates");
-    let path = std::path::Path::new("gpt.onnx");
-    let mut m = ralpc_ir::onnx::import_bytes(&bytes, path, None).expect("imports");
-    ralpc_ir::bind(
-        &mut m.graph,
-        &ralpc_ir::Bindings {
-            batch: Some(batch),
-            ..Default::default()
-        },
-    )
-    .expect("binds");
-    let info = ralpc_ir::verify(&m.graph).expect("verifies");
-    recognize(&m.graph, &info).expect("a GPT")
 }
 
 /// An MLP as wide as the vocabulary (hidden 256, vocabulary 1024) is still the MLP, with

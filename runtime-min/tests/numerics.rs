@@ -161,33 +161,13 @@ cases!(
 /// `linspace(-1, 1, 30)` as `[2, 5, 3]`).
 #[test]
 fn a_loop_unrolled_at_binding_computes_as_onnxruntime() {
-    let path = fixtures().join("train/loop.onnx");
-    let mut model = ralpc_ir::onnx::import(&path).expect("import");
-    let bindings = ralpc_ir::Bindings {
-        batch: Some(2),
-        inputs: BTreeMap::new(),
-    };
-    ralpc_ir::bind(&mut model.graph, &bindings).expect("bind");
-    let g = &model.graph;
-    assert!(
-        g.node_ids().all(|n| g.node(n).op.name() != "Loop"),
-        "the Loop is unrolled"
-    );
-    let info = ralpc_ir::verify(g).expect("verify");
-    let weights = Weights::load(g, 0).expect("weights");
-    let mut values = Values::new(g);
-    for (&v, t) in &weights.tensors {
-        values.set(v, t.clone());
-    }
     let x: Vec<f32> = (0..30).map(|i| -1.0 + 2.0 * i as f32 / 29.0).collect();
-    values.set(g.inputs()[0], Tensor::f32(vec![2, 5, 3], x));
-    let env = Env {
-        mode: Mode::Inference,
-        exported_batch: None,
-        samples: None,
-    };
-    graph::forward(g, info.order(), &mut values, env).expect("forward");
-    let y = values.take(g.outputs()[0]).expect("output");
+    let y = forward_file("train/loop.onnx", vec![2, 5, 3], x, |g| {
+        assert!(
+            g.node_ids().all(|n| g.node(n).op.name() != "Loop"),
+            "the Loop is unrolled"
+        );
+    });
     let want = [
         -0.090_815_05,
         -1.097_444_7,
@@ -208,4 +188,72 @@ fn a_loop_unrolled_at_binding_computes_as_onnxruntime() {
             "{got:?} vs {want:?}"
         );
     }
+}
+
+/// A file's forward pass at batch 2 on its own weights, its one input set to `x`;
+/// `inspect` sees the bound graph first.
+fn forward_file(
+    file: &str,
+    shape: Vec<usize>,
+    x: Vec<f32>,
+    inspect: impl Fn(&ralpc_ir::Graph),
+) -> Tensor {
+    let path = fixtures().join(file);
+    let mut model = ralpc_ir::onnx::import(&path).expect("import");
+    let bindings = ralpc_ir::Bindings {
+        batch: Some(2),
+        inputs: BTreeMap::new(),
+    };
+    ralpc_ir::bind(&mut model.graph, &bindings).expect("bind");
+    let g = &model.graph;
+    inspect(g);
+    let info = ralpc_ir::verify(g).expect("verify");
+    let weights = Weights::load(g, 0).expect("weights");
+    let mut values = Values::new(g);
+    for (&v, t) in &weights.tensors {
+        values.set(v, t.clone());
+    }
+    values.set(g.inputs()[0], Tensor::f32(shape, x));
+    let env = Env {
+        mode: Mode::Inference,
+        exported_batch: None,
+        samples: None,
+    };
+    graph::forward(g, info.order(), &mut values, env).expect("forward");
+    values.take(g.outputs()[0]).expect("output")
+}
+
+/// ONNX's `Attention` (grouped-query, causal) and ONNX Runtime's `MultiHeadAttention`
+/// (unidirectional), expanded on import (`fixtures/train/fused_attention_ort.onnx`): the
+/// forward pass equals onnxruntime 1.31.1's on the file's weights, input
+/// `linspace(-1, 1, 192)` as `[2, 6, 16]`.
+#[test]
+fn fused_attention_operators_compute_as_onnxruntime() {
+    let x: Vec<f32> = (0..192).map(|i| -1.0 + 2.0 * i as f32 / 191.0).collect();
+    let y = forward_file("train/fused_attention_ort.onnx", vec![2, 6, 16], x, |g| {
+        assert!(g.node_ids().all(|n| g.node(n).op.name() != "Attention"));
+    });
+    let got = y.floats().expect("floats");
+    let near = |a: f32, b: f32| (a - b).abs() <= 1e-5 + 1e-4 * b.abs();
+    let first = [
+        0.353_792_64,
+        0.189_795_75,
+        0.569_314_06,
+        -1.498_982_7,
+        -3.432_963,
+        0.400_818_2,
+        0.994_238_5,
+        -0.731_910_2,
+    ];
+    let later = [0.297_178_54, -0.034_910_385, -0.057_871_886, 0.182_307_21];
+    assert_eq!(got.len(), 192);
+    for (a, b) in got[..8]
+        .iter()
+        .zip(first)
+        .chain(got[100..104].iter().zip(later))
+    {
+        assert!(near(*a, b), "{:?}", &got[..8]);
+    }
+    let abs_sum: f32 = got.iter().map(|v| v.abs()).sum();
+    assert!(near(abs_sum, 102.248_79), "{abs_sum}");
 }

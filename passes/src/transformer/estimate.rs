@@ -87,8 +87,12 @@ pub struct Setting<'a> {
 pub struct Overlap {
     /// Data-parallel gradient reduce-scatters (all-reduces) and parameter all-gathers
     /// overlap the backward and forward passes bucket by bucket (`--overlap-grad-reduce`,
-    /// `--overlap-param-gather`; FSDP's prefetching).
+    /// `--overlap-param-gather`).
     pub data_parallel: bool,
+    /// ZeRO-3's per-block parameter gathers and gradient reduce-scatters are prefetched
+    /// behind the previous block's compute (FSDP, Megatron-FSDP); ralpc's own executor
+    /// gathers each block when it runs.
+    pub sharded_parameters: bool,
     /// Tensor-parallel collectives of sequence-parallel blocks overlap the GEMMs beside
     /// them (`--tp-comm-overlap`).
     pub tensor_parallel: bool,
@@ -102,6 +106,7 @@ impl Overlap {
     /// performance recipes turn all three on).
     pub const MEGATRON_CORE: Overlap = Overlap {
         data_parallel: true,
+        sharded_parameters: true,
         tensor_parallel: true,
         pipeline: true,
     };
@@ -109,6 +114,7 @@ impl Overlap {
     /// Nothing overlapped, as Megatron-LM ran in 2021–2022 (SC'21, Korthikanti et al.).
     pub const NONE: Overlap = Overlap {
         data_parallel: false,
+        sharded_parameters: false,
         tensor_parallel: false,
         pipeline: false,
     };
@@ -447,9 +453,19 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         0.0
     };
     let block_compute_us = block_fwd + block_bwd + recompute_us;
-    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap.data_parallel {
+    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap.sharded_parameters {
         true => hide(zero3_us, block_compute_us, 0.0),
         false => (zero3_us, 0.0),
+    };
+    // What prefetching cannot hide: each microbatch's first gather (nothing computes
+    // before it) and last reduce-scatter (nothing computes after it) on every stage.
+    let zero3_edges = match setting.overlap.sharded_parameters && par.zero >= 3 && par.data > 1 {
+        true => Work {
+            zero_us: dp.all_gather_us(block_weights * gathered_e)
+                + dp.all_gather_us(block_weights * grad_e),
+            ..Work::default()
+        },
+        false => Work::default(),
     };
     // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
     // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
@@ -522,7 +538,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .iter()
         .enumerate()
         .map(|(k, &n)| {
-            let mut work = block.times(n as f64);
+            let mut work = block.times(n as f64).plus(zero3_edges);
             if k == 0 {
                 work = work.plus(embedding);
             }

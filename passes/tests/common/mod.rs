@@ -39,3 +39,23 @@ pub fn layers(path: &str, batch: u64) -> (Graph, GraphInfo, LayerGraph) {
     let layers = layers::build(&graph, &info, batch, Default::default()).unwrap();
     (graph, info, layers)
 }
+
+/// A generated structure-only GPT, imported at `batch`, verified and recognized.
+pub fn recognized(
+    spec: &ralpc_ir::models::GptSpec,
+    batch: u64,
+) -> ralpc_passes::transformer::Transformer {
+    let bytes = ralpc_ir::models::gpt(spec).expect("generates");
+    let path = std::path::Path::new("gpt.onnx");
+    let mut m = onnx::import_bytes(&bytes, path, None).expect("imports");
+    bind(
+        &mut m.graph,
+        &Bindings {
+            batch: Some(batch),
+            ..Bindings::default()
+        },
+    )
+    .expect("binds");
+    let info = verify(&m.graph).expect("verifies");
+    ralpc_passes::transformer::recognize(&m.graph, &info).expect("a GPT")
+}

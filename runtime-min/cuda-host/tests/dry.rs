@@ -88,8 +88,10 @@ fn plan_step(model: &str, gpus: u32, batch: u64, strategy: &str) -> (Vec<Counts>
 fn planned_step(options: ralpc::Options, dir: &std::path::Path) -> (Vec<Counts>, f64) {
     let path = options.model.clone();
     let model = path.display().to_string();
+    // Sized as ralpc's executor runs attention: its scores materialized, not fused.
     let compiled = ralpc::compile(&ralpc::Options {
         executable: true,
+        attention: ralpc::passes::transformer::Attention::Unfused,
         ..options
     })
     .unwrap_or_else(|e| panic!("{model}: {}", ralpc_runtime_min::error_chain(&e)));
