@@ -104,7 +104,8 @@ pub struct PlanArgs {
     /// options, ralpc version), 1 when not; plan nothing.
     #[arg(long, conflicts_with_all = ["json", "force"])]
     pub check: bool,
-    /// Plan again even when DIR is up to date.
+    /// Plan again even when DIR is up to date, and write outputs where they would replace
+    /// an input (the model, profile, strategy or cluster file).
     #[arg(long)]
     pub force: bool,
     /// Transformer plans: GPUs of one node splitting every block (attention by heads, MLP
@@ -250,6 +251,34 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
+/// The longest `--timeout` / `--grace`: a year, in seconds (a longer wait overflows the
+/// clock's deadlines).
+pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
+/// Parses a number of seconds to wait: 1 to [`MAX_SECONDS`].
+pub fn parse_seconds(s: &str) -> Result<u64, String> {
+    match parse_positive(s)? {
+        n if n <= MAX_SECONDS => Ok(n),
+        _ => Err(format!("at most {MAX_SECONDS} s (a year), got '{s}'")),
+    }
+}
+
+/// Parses `--lr`: a finite number of at least 0.
+pub fn parse_learning_rate(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("expected a finite number >= 0, got '{s}'")),
+    }
+}
+
+/// Parses `--momentum`: a number in [0, 1) (1 or more never forgets a gradient).
+pub fn parse_momentum(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        _ => Err(format!("expected a number in [0, 1), got '{s}'")),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Checkpoint files (`ralpc-checkpoint/3`): a run's training state between two steps,
+//! Checkpoint files (`ralpc-checkpoint/4`): a run's training state between two steps,
 //! written atomically by `ralpc run --checkpoint-every N` and read by `--resume`.
 //!
 //! A [safetensors](https://github.com/huggingface/safetensors) file, so PyTorch reads it
@@ -7,10 +7,11 @@
 //!   parameter names: `features.0.weight`), in its shape, as `F32`;
 //! * its SGD momentum buffer, once the weight has been updated, as `momentum/<name>`;
 //! * `__metadata__` with one entry, `ralpc`: a JSON object with the format, the plan's
-//!   inputs hash, the steps done, every step's loss, and the BLAKE3 hash of the tensor data.
+//!   inputs hash, the steps done, every step's loss, and a BLAKE3 hash of all of these and
+//!   the tensor data (so an edited step or loss is found as surely as a flipped bit).
 //!
 //! ```text
-//! {"format":"ralpc-checkpoint/3","plan":"<the plan's inputs hash>","step":3,
+//! {"format":"ralpc-checkpoint/4","plan":"<the plan's inputs hash>","step":3,
 //!  "losses":[2.41,2.40,2.38],"blake3":"<hash of the bytes after the header>"}
 //! ```
 //!
@@ -30,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, FileError};
 
 /// The format tag.
-pub const FORMAT: &str = "ralpc-checkpoint/3";
+pub const FORMAT: &str = "ralpc-checkpoint/4";
 
 /// The `__metadata__` key holding [`State`].
 const KEY: &str = "ralpc";
@@ -46,8 +47,26 @@ struct State {
     plan: String,
     step: u32,
     losses: Vec<f64>,
-    /// blake3 of the tensor data (everything after the safetensors header), hex.
+    /// [`digest`] of the rest of the state and the tensor data, hex.
     blake3: String,
+}
+
+/// blake3 of everything a checkpoint says: its format, plan, step and losses (each
+/// length-prefixed, the losses bit for bit) and its tensor data (everything after the
+/// safetensors header).
+fn digest(state: &State, data: &[u8]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for text in [&state.format, &state.plan] {
+        hasher.update(&(text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    hasher.update(&state.step.to_le_bytes());
+    hasher.update(&(state.losses.len() as u64).to_le_bytes());
+    for loss in &state.losses {
+        hasher.update(&loss.to_bits().to_le_bytes());
+    }
+    hasher.update(data);
+    hasher.finalize().to_hex().to_string()
 }
 
 /// Writes `checkpoint` of the plan whose inputs hash is `plan` to `path`, atomically, each
@@ -63,7 +82,7 @@ pub fn write(
 ) -> Result<(), Error> {
     let bytes = to_bytes(plan, checkpoint, shapes)
         .map_err(|e| Error::Checkpoint(Box::new(format!("{}: {e}", path.display()))))?;
-    crate::plan::write_bytes_atomically(path, &bytes)
+    crate::output::write_bytes_atomically(path, &bytes)
 }
 
 /// The file's bytes: the tensors serialized once to hash their data, then with the hash.
@@ -109,7 +128,7 @@ fn to_bytes(
     // serialization (with a placeholder of the same length), then write the real one.
     state.blake3 = "0".repeat(64);
     let draft = serialize(&state)?;
-    state.blake3 = blake3::hash(data_of(&draft)?).to_hex().to_string();
+    state.blake3 = digest(&state, data_of(&draft)?);
     serialize(&state)
 }
 
@@ -172,9 +191,11 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
         )));
     }
     let data = data_of(&bytes).map_err(bad)?;
-    if blake3::hash(data).to_hex().as_str() != state.blake3 {
+    if digest(&state, data) != state.blake3 {
         return Err(bad(
-            "its values do not match their hash: the file was damaged after it was written".into(),
+            "its step, losses or values do not match their hash: the file was changed after \
+             it was written"
+                .into(),
         ));
     }
     let tensors = SafeTensors::deserialize(&bytes)
@@ -300,5 +321,29 @@ mod tests {
         let file = SafeTensors::deserialize(&bytes).expect("safetensors");
         assert_eq!(file.tensor("fc.weight").expect("a weight").shape(), [2, 3]);
         assert!(read(&path, "another plan").is_err());
+    }
+
+    /// The step and the losses are inside the hash: a checkpoint edited to claim more
+    /// steps, or other losses, is refused (the JSON is edited in place, same length).
+    #[test]
+    fn an_edited_step_or_loss_is_refused() {
+        let (checkpoint, shapes) = sample();
+        let bytes = to_bytes("plan-hash", &checkpoint, &shapes).expect("serialize");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().expect("8")) as usize;
+        let header = std::str::from_utf8(&bytes[8..header_end]).expect("a JSON header");
+        for (from, to) in [("\\\"step\\\":2", "\\\"step\\\":1"), ("2.1]", "2.0]")] {
+            assert!(header.contains(from), "{from} in {header}");
+            let edited = header.replacen(from, to, 1);
+            let mut edited_bytes = bytes.clone();
+            edited_bytes[8..header_end].copy_from_slice(edited.as_bytes());
+            let path = dir.path().join("edited.safetensors");
+            std::fs::write(&path, &edited_bytes).expect("write");
+            let err = read(&path, "plan-hash").unwrap_err().to_string();
+            assert!(
+                err.contains("do not match their hash") || err.contains("losses for"),
+                "{err}"
+            );
+        }
     }
 }

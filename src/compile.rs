@@ -40,7 +40,7 @@ pub struct Compiled {
 
 impl Compiled {
     /// Writes every artifact into `dir` (created if missing) as one set
-    /// ([`crate::plan::write_set_atomically`]): a file is complete or absent, also when the
+    /// ([`crate::output::write_set_atomically`]): a file is complete or absent, also when the
     /// process is killed mid-write, and a write that fails leaves none of the new set.
     ///
     /// # Errors
@@ -55,20 +55,51 @@ impl Compiled {
                 error,
             }))
         })?;
-        // plan.json (first in `files`) last: it marks the directory up to date.
-        let set: Vec<(&str, &str)> = self
+        let _lock = crate::output::lock(dir)?;
+        // plan.json (first in `files`) after the others, and the record of the set last:
+        // it marks the directory up to date.
+        let record = SetRecord {
+            inputs: self.inputs.clone(),
+            files: self
+                .files
+                .iter()
+                .map(|(name, text)| {
+                    (
+                        (*name).to_owned(),
+                        blake3::hash(text.as_bytes()).to_hex().to_string(),
+                    )
+                })
+                .collect(),
+        };
+        // Strings always serialize.
+        let record = serde_json::to_string_pretty(&record).unwrap_or_default() + "\n";
+        let mut set: Vec<(&str, &str)> = self
             .files
             .iter()
             .rev()
             .map(|(name, text)| (*name, text.as_str()))
             .collect();
-        crate::plan::write_set_atomically(dir, &set)?;
+        set.push((SET_RECORD, &record));
+        crate::output::write_set_atomically(dir, &set)?;
         // A picture of an earlier plan must not stay beside this one.
         if self.svg_skipped.is_some() {
             let _ = std::fs::remove_file(dir.join("plan.svg"));
         }
         Ok(())
     }
+}
+
+/// The file, written last into an output directory, that records what the set was made
+/// from and a hash of each of its files: the directory is up to date only when every file
+/// is still the one written (not an edited plan, not a file of another run's set).
+const SET_RECORD: &str = ".ralpc-set.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SetRecord {
+    /// [`inputs_hash`] of the options.
+    inputs: String,
+    /// blake3 of each artifact, by name.
+    files: std::collections::BTreeMap<String, String>,
 }
 
 /// Plans `options.model` and renders every artifact.
@@ -203,19 +234,30 @@ fn hash_inputs(options: &Options, build: &str) -> Result<String, Error> {
 /// [`Error::Read`] when an input cannot be read.
 pub fn up_to_date(options: &Options, dir: &Path) -> Result<bool, Error> {
     let inputs = inputs_hash(options)?;
-    if ARTIFACTS.iter().any(|f| !dir.join(f).is_file()) {
-        return Ok(false);
-    }
-    if !dir.join("plan.svg").is_file() && crate::plan::graphviz_installed() {
-        return Ok(false);
-    }
-    let Ok(text) = read_input_text(&dir.join("plan.json"), InputKind::Text) else {
+    let Ok(text) = read_input_text(&dir.join(SET_RECORD), InputKind::Text) else {
         return Ok(false);
     };
-    let recorded = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| v.get("inputs").and_then(|i| i.as_str()).map(str::to_owned));
-    Ok(recorded.as_deref() == Some(inputs.as_str()))
+    let Ok(record) = serde_json::from_str::<SetRecord>(&text) else {
+        return Ok(false);
+    };
+    if record.inputs != inputs
+        || ARTIFACTS.iter().any(|f| !record.files.contains_key(*f))
+        || (!record.files.contains_key("plan.svg") && crate::plan::graphviz_installed())
+    {
+        return Ok(false);
+    }
+    for (name, hash) in &record.files {
+        if Path::new(name).file_name() != Some(std::ffi::OsStr::new(name)) {
+            return Ok(false);
+        }
+        let Ok(bytes) = read_input(&dir.join(name), InputKind::Text) else {
+            return Ok(false);
+        };
+        if blake3::hash(&bytes).to_hex().as_str() != hash {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The default output directory for `model`: `<stem>.ralpc` in the working directory.

@@ -304,7 +304,7 @@ pub fn write(
                 error,
             }))
         })?;
-        crate::plan::write_atomically(&dir.join(file), &text)?;
+        crate::output::write_atomically(&dir.join(file), &text)?;
         written.push(file);
     }
     Ok(written)

@@ -73,6 +73,11 @@ pub enum Error {
         #[source]
         source: Box<ralpc_runtime_min::dist::DistError>,
     },
+    /// An output would replace one of the command's inputs (allowed with `--force`):
+    /// (the output, the input it names).
+    #[error("{} is {}, an input of this command: not overwritten (name another output, or \
+             give --force where the command takes it)", .0.0, .0.1)]
+    OverwritesInput(Box<(String, String)>),
     /// `--check`: the output directory's plan was not made from these inputs.
     #[error("{0} is not up to date with the model, cluster, profile and options")]
     OutOfDate(Box<String>),
@@ -109,6 +114,7 @@ impl Error {
             | Error::Data(_)
             | Error::Checkpoint(_)
             | Error::Setup(_)
+            | Error::OverwritesInput(_)
             | Error::OutOfDate(_) => 1,
             Error::Write(_) => 3,
             Error::Run(_) => 4,

@@ -40,6 +40,7 @@ pub mod emit;
 mod error;
 pub mod formats;
 mod inspect;
+mod output;
 mod plan;
 mod process;
 mod profile;
@@ -53,11 +54,14 @@ pub use compile::{
 };
 pub use error::{Error, FileError, SetupFailure};
 pub use inspect::{inspect, InspectOptions, Inspection, LayerRow};
+pub use output::{
+    check_writable, lock as lock_output_dir, refuse_overwriting_inputs, write_atomically,
+    write_bytes_atomically, write_set_atomically, DirLock,
+};
 pub use plan::{
-    graphviz_installed, plan, render_svg, report_html, simulated_facts, write_atomically,
-    write_bytes_atomically, CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions,
-    PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH,
-    DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
+    graphviz_installed, plan, render_svg, report_html, simulated_facts, CandidateRow, Executable,
+    ParallelismRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow,
+    StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
 pub use process::{die_with_parent, hand_over, keep_freed_memory};
 pub use profile::{profile_cpu, profile_cuda, ProfileOptions};

@@ -23,13 +23,11 @@ use serde::Serialize;
 use crate::error::FileError;
 use crate::{cluster, ClusterOptions, Error};
 
-mod atomic;
 mod load;
 mod report;
 mod svg;
 mod warnings;
 
-pub use atomic::{write_atomically, write_bytes_atomically, write_set_atomically};
 pub use report::{report_html, simulated_facts};
 
 use load::*;

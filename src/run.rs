@@ -47,7 +47,7 @@ pub struct RunOptions {
     pub data: Option<PathBuf>,
     /// Write the training state to `checkpoint` after every this many steps.
     pub checkpoint_every: Option<u32>,
-    /// The checkpoint file (`ralpc-checkpoint/3`, safetensors).
+    /// The checkpoint file (`ralpc-checkpoint/4`, safetensors).
     pub checkpoint: Option<PathBuf>,
     /// Continue from this checkpoint file (written by a run of the same plan).
     pub resume: Option<PathBuf>,
@@ -232,6 +232,19 @@ impl<'a> CheckpointWriter<'a> {
         let Some(path) = &self.path else {
             return Ok(());
         };
+        let state = c.weights.iter().map(|w| ("weight", w));
+        let state = state.chain(c.velocity.iter().map(|v| ("momentum", v)));
+        for (kind, (name, values)) in state {
+            if let Some(x) = values.iter().find(|x| !x.is_finite()) {
+                // Not written: the last good checkpoint stays.
+                return Err(format!(
+                    "after step {}: {kind} '{name}' holds {x}; the training diverged, the \
+                     last checkpoint is kept",
+                    c.step
+                )
+                .into());
+            }
+        }
         crate::checkpoint::write(path, self.inputs, c, self.trained).map_err(|e| {
             // The rank's error carries this one's words; the run reports the first itself.
             let message = chain(&e);
@@ -422,7 +435,18 @@ pub fn read_data(
                 values.len()
             )));
         }
-        let data = if info.ty(v).dtype.is_float() {
+        let float = info.ty(v).dtype.is_float();
+        if let Some((i, x)) = values.iter().enumerate().find(|(_, &x)| !fits(x, float)) {
+            return Err(bad(format!(
+                "inputs.{name}[{i}] is {x:?}, not {}",
+                if float {
+                    "a finite f32"
+                } else {
+                    "a whole number within i64"
+                }
+            )));
+        }
+        let data = if float {
             Data::F32(values.iter().map(|&x| x as f32).collect::<Vec<_>>().into())
         } else {
             Data::I64(values.iter().map(|&x| x as i64).collect::<Vec<_>>().into())
@@ -474,6 +498,14 @@ pub fn read_data(
                     file.labels.len()
                 )));
             }
+            if let Some((i, l)) = file
+                .labels
+                .iter()
+                .enumerate()
+                .find(|(_, &l)| !fits(l, true))
+            {
+                return Err(bad(format!("labels[{i}] is {l:?}, not a finite f32")));
+            }
             Data::F32(
                 file.labels
                     .iter()
@@ -484,6 +516,17 @@ pub fn read_data(
         }
     };
     Ok(Dataset { inputs, labels })
+}
+
+/// Whether a JSON number is exactly what a tensor of the kind can hold: a finite `f32`
+/// (which rounds, but must not become ±inf), or a whole number within `i64`.
+fn fits(x: f64, float: bool) -> bool {
+    if float {
+        (x as f32).is_finite()
+    } else {
+        // 2^63 is the first f64 beyond i64.
+        x.fract() == 0.0 && x >= -(2f64.powi(63)) && x < 2f64.powi(63)
+    }
 }
 
 fn run_error(e: impl std::fmt::Display) -> Error {
@@ -686,6 +729,33 @@ pub fn train_single_device(
         .map_err(run_error)
 }
 
+/// Refuses options the command line's parsers would refuse, for library callers: a
+/// learning rate or momentum that is not finite (or a momentum outside [0, 1)), a timeout
+/// beyond a year.
+fn check_options(options: &RunOptions) -> Result<(), Error> {
+    let refuse = |m: String| Err(Error::Setup(m.into()));
+    if !(options.lr.is_finite() && options.lr >= 0.0) {
+        return refuse(format!(
+            "the learning rate is {}: not a finite number >= 0",
+            options.lr
+        ));
+    }
+    if !(0.0..1.0).contains(&options.momentum) {
+        return refuse(format!(
+            "the momentum is {}: not in [0, 1)",
+            options.momentum
+        ));
+    }
+    if options.timeout > Duration::from_secs(crate::args::MAX_SECONDS) || options.timeout.is_zero()
+    {
+        return refuse(format!(
+            "the timeout is {:?}: not between 1 s and a year",
+            options.timeout
+        ));
+    }
+    Ok(())
+}
+
 /// Runs a plan on the CPU backend: its ranks as threads, its messages and collectives in
 /// shared memory, for `options.steps` training iterations.
 ///
@@ -713,7 +783,18 @@ fn run_with(
     options: &RunOptions,
     compute: Option<&ComputeFactory<'_>>,
 ) -> Result<RunOutput, Error> {
+    check_options(options)?;
     let (plan_file, plan) = read_plan(&options.plan)?;
+    if let Some(placement) = options.placement.as_ref().filter(|p| p.world != plan.ranks) {
+        // Before anything is sized by the launcher's world.
+        return Err(Error::Join {
+            rank: Some(placement.rank),
+            source: Box::new(ralpc_runtime_min::dist::DistError::Environment(format!(
+                "WORLD_SIZE={}: the plan has {} ranks, one process each",
+                placement.world, plan.ranks
+            ))),
+        });
+    }
     let model = model_path(&plan, &plan_file, options.model.as_deref())?;
     let bytes = read(&model, InputKind::Model)?;
     plan.check_model(&bytes)
@@ -753,6 +834,20 @@ fn run_with(
     let trained = trained_weights(&p);
     let resume = resume_state(options, &plan, &trained)?;
     let writer = CheckpointWriter::new(options, &plan_file, &plan.inputs, &trained);
+    if let Some(path) = &writer.path {
+        // A checkpoint never replaces the plan, the model or the data (it may replace the
+        // one resumed from), and an unwritable place is found now, not when one is due.
+        let inputs: Vec<&Path> = [
+            Some(plan_file.as_path()),
+            Some(model.as_path()),
+            options.data.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        crate::output::refuse_overwriting_inputs(path, &inputs, false)?;
+        crate::output::check_writable(path)?;
+    }
     let write_checkpoint = |c: &Checkpoint| writer.write(c);
     let control = Control {
         timeout: options.timeout,

@@ -135,3 +135,130 @@ fn a_failed_write_leaves_no_partial_set() {
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("plan.json")]);
 }
+
+/// Someone who can write into the output directory plants links at every name a write
+/// uses (the artifacts and the old scheme's `.NAME.<pid>.tmp`, for the next pids): ralpc
+/// replaces the links and never writes through them.
+#[cfg(unix)]
+#[test]
+fn links_planted_in_the_output_directory_are_replaced_not_followed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    for name in ralpc::ARTIFACTS
+        .iter()
+        .chain(&["plan.svg", "megatron.args"])
+    {
+        std::os::unix::fs::symlink(&victim, out.join(name)).expect("link");
+        for pid in 0..64u32 {
+            let guess = out.join(format!(".{name}.{pid}.tmp"));
+            std::os::unix::fs::symlink(&victim, guess).expect("link");
+        }
+    }
+    ralpc(dir.path())
+        .arg(common::fixture("train/cnn.onnx"))
+        .args(["--gpus", "2", "--quiet", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
+    for name in ralpc::ARTIFACTS {
+        let kind = std::fs::symlink_metadata(out.join(name))
+            .expect("written")
+            .file_type();
+        assert!(kind.is_file(), "{name} is a file of its own");
+    }
+}
+
+/// An output that names an input (through any path) is refused with exit 1 before any
+/// work, and the input stays; `--force` allows it.
+#[test]
+fn outputs_that_would_replace_an_input_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = dir.path().join("cnn.onnx");
+    std::fs::copy(common::fixture("train/cnn.onnx"), &model).expect("copy");
+    let before = std::fs::read(&model).expect("read");
+    let refused = |args: &[&str]| {
+        let out = ralpc(dir.path()).args(args).assert().code(1);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(err.contains("an input of this command"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&model).expect("read"), before, "{args:?}");
+    };
+    refused(&["cnn.onnx", "--gpus", "2", "--write-strategy", "./cnn.onnx"]);
+    refused(&[
+        "profile",
+        "cnn.onnx",
+        "--batch-sizes",
+        "1",
+        "-o",
+        "cnn.onnx",
+    ]);
+    std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+    std::fs::copy(&model, dir.path().join("sub/report.html")).expect("copy");
+    let inside = dir.path().join("sub/report.html");
+    let inside = inside.to_str().expect("utf-8");
+    let out = ralpc(dir.path())
+        .args([inside, "--gpus", "2", "-o", "sub"])
+        .assert()
+        .code(1);
+    assert!(String::from_utf8_lossy(&out.get_output().stderr).contains("report.html"));
+    ralpc(dir.path())
+        .args([
+            "cnn.onnx",
+            "--gpus",
+            "2",
+            "--quiet",
+            "--force",
+            "--write-strategy",
+            "cnn.onnx",
+        ])
+        .assert()
+        .success();
+    assert_ne!(
+        std::fs::read(&model).expect("read"),
+        before,
+        "--force replaced it"
+    );
+}
+
+/// `--check` trusts a directory only when every file is the one its plan wrote: an edited
+/// plan.json that keeps its inputs hash, or a set mixed from two plans, is out of date.
+#[test]
+fn an_edited_or_mixed_output_directory_is_not_up_to_date() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::fixture("train/cnn.onnx");
+    let model = model.to_str().expect("utf-8");
+    let plan = |gpus: &str, out: &str| {
+        ralpc(dir.path())
+            .args([model, "--gpus", gpus, "--quiet", "-o", out])
+            .assert()
+            .success();
+    };
+    let check = |out: &str| {
+        ralpc(dir.path())
+            .args([model, "--gpus", "2", "--check", "-o", out])
+            .assert()
+            .get_output()
+            .status
+            .code()
+    };
+    plan("2", "a");
+    assert_eq!(check("a"), Some(0));
+    let path = dir.path().join("a/plan.json");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let edited = text.replacen("\"microbatches\": 1", "\"microbatches\": 2", 1);
+    assert_ne!(edited, text, "the plan names its microbatches");
+    std::fs::write(&path, edited).expect("write");
+    assert_eq!(check("a"), Some(1), "an edited plan.json");
+    // Another plan's report beside this plan's plan.json.
+    plan("2", "b");
+    plan("4", "c");
+    std::fs::copy(
+        dir.path().join("c/report.html"),
+        dir.path().join("b/report.html"),
+    )
+    .expect("copy");
+    assert_eq!(check("b"), Some(1), "a mixed set");
+}

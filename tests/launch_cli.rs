@@ -398,14 +398,27 @@ fn a_malformed_launcher_environment_is_an_input_error() {
     let out = ralpc()
         .arg("launch")
         .arg(&plan)
-        .args(["--nproc", "2", "--timeout", "5"])
+        .args(["--nproc", "300", "--timeout", "5"])
         .assert()
-        .code(4);
+        .code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
     assert!(
-        stderr.contains("the launcher started 2 processes, but the plan has 4 ranks"),
+        stderr.contains("--nproc 300: the plan has 4 ranks, one process each"),
         "{stderr}"
     );
+    // A launcher's world of another size is refused before any connection.
+    let out = ralpc()
+        .arg("run")
+        .arg(&plan)
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "4294967295")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "9")
+        .env("RALPC_RUN_TOKEN", "a secret of this test")
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.contains("4294967295"), "{stderr}");
 }
 
 /// The ranks `ralpc launch` (process `launcher`) started, once they all run.

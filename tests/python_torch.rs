@@ -152,7 +152,7 @@ from safetensors.torch import load_file
 state = load_file(sys.argv[1])
 with safe_open(sys.argv[1], "pt") as f:
     meta = json.loads(f.metadata()["ralpc"])
-assert meta["format"] == "ralpc-checkpoint/3" and meta["step"] == 2, meta
+assert meta["format"] == "ralpc-checkpoint/4" and meta["step"] == 2, meta
 assert len(meta["losses"]) == 2, meta
 model = onnx.load(sys.argv[2], load_external_data=False)
 dims = {t.name: tuple(t.dims) for t in model.graph.initializer if len(t.dims) > 0}

@@ -129,6 +129,18 @@ fn given_data_is_used_and_checked() {
     let out = run(&wrong_class).code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
     assert!(stderr.contains("labels: 10"), "{stderr}");
+    // A value beyond f32 would become ±inf: refused, naming the element.
+    let mut huge = x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    huge[5] = 1e300;
+    let beyond = dir.path().join("beyond.json");
+    std::fs::write(
+        &beyond,
+        serde_json::json!({ "inputs": { "x": huge }, "labels": [1, 2, 3, 9] }).to_string(),
+    )
+    .expect("write");
+    let out = run(&beyond).code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(stderr.contains("inputs.x[5] is 1e300"), "{stderr}");
 }
 
 #[test]

@@ -294,7 +294,22 @@ fn damaged_checkpoints_are_refused_before_the_run() {
         let mut state = state.clone();
         let draft = write(&state);
         let (n, _) = SafeTensors::read_metadata(&draft).expect("a safetensors file");
-        state["blake3"] = blake3::hash(&draft[8 + n..]).to_hex().to_string().into();
+        // The documented digest: format, plan (length-prefixed), step, losses, data.
+        let mut hasher = blake3::Hasher::new();
+        for key in ["format", "plan"] {
+            let text = state[key].as_str().expect("a string");
+            hasher.update(&(text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
+        }
+        let step = u32::try_from(state["step"].as_u64().expect("a step")).expect("u32");
+        hasher.update(&step.to_le_bytes());
+        let losses = state["losses"].as_array().expect("losses");
+        hasher.update(&(losses.len() as u64).to_le_bytes());
+        for loss in losses {
+            hasher.update(&loss.as_f64().expect("a loss").to_bits().to_le_bytes());
+        }
+        hasher.update(&draft[8 + n..]);
+        state["blake3"] = hasher.finalize().to_hex().to_string().into();
         write(&state)
     };
     let mut flipped = bytes.clone();
@@ -477,4 +492,48 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
         ..options(dir.path(), &model)
     })
     .expect("the plan as written runs");
+}
+
+/// A run whose loss stops being finite stops at that step with the reason (exit 4), and
+/// the checkpoint of the last good step stays; options that cannot train are refused
+/// before any rank starts (exit 1).
+#[test]
+fn a_diverging_run_stops_and_keeps_the_last_good_checkpoint() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let checkpoint = dir.path().join("state.bin");
+    let diverging = ralpc::RunOptions {
+        steps: 6,
+        lr: 1e30,
+        momentum: 0.0,
+        checkpoint_every: Some(1),
+        checkpoint: Some(checkpoint.clone()),
+        ..options(dir.path(), &model)
+    };
+    let error = ralpc::run(&diverging).expect_err("diverges");
+    let text = format!("{error:?}");
+    assert!(text.contains("diverged"), "{text}");
+    assert_eq!(error.exit_code(), 4, "{text}");
+    // What is on disk is a good checkpoint: it resumes (and diverges again).
+    let resumed = ralpc::run(&ralpc::RunOptions {
+        resume: Some(checkpoint.clone()),
+        checkpoint: None,
+        checkpoint_every: None,
+        ..diverging.clone()
+    })
+    .expect_err("diverges again");
+    assert!(format!("{resumed:?}").contains("diverged"), "{resumed:?}");
+    for (lr, momentum) in [
+        (f32::NAN, 0.9),
+        (0.01, f32::INFINITY),
+        (0.01, 1.0),
+        (-1.0, 0.9),
+    ] {
+        let error = ralpc::run(&ralpc::RunOptions {
+            lr,
+            momentum,
+            ..options(dir.path(), &model)
+        })
+        .expect_err("refused");
+        assert_eq!(error.exit_code(), 1, "{lr} {momentum}: {error}");
+    }
 }

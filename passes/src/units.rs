@@ -52,7 +52,7 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, QuantityError> {
     let error = || QuantityError {
         text: text.to_owned(),
         expected: "a bandwidth",
-        examples: "300GB/s, 200Gb/s, 1.5GiB/s",
+        examples: "300GB/s, 200Gb/s, 1.5GiB/s; at most 1e18B/s",
     };
     let (value, unit) = split_number(text).ok_or_else(error)?;
     let per = unit
@@ -67,15 +67,27 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, QuantityError> {
         return Err(error());
     };
     let bytes = value * prefix_scale(prefix).ok_or_else(error)? * scale;
-    (bytes > 0.0).then_some(bytes).ok_or_else(error)
+    (bytes > 0.0 && bytes <= MAX_BANDWIDTH)
+        .then_some(bytes)
+        .ok_or_else(error)
 }
+
+// Bounds far beyond any machine, so that every time and sum derived from a quantity stays
+// finite (`1e308s` would plan `inf` durations that the plan file cannot hold).
+
+/// 1 EB/s: a thousand times a GB200 NVL72's NVLink domain.
+const MAX_BANDWIDTH: f64 = 1e18;
+/// One hour, in µs.
+const MAX_LATENCY_US: f64 = 3.6e9;
+/// 1 ZFLOP/s: a hundred thousand times a B200's dense FP8.
+const MAX_FLOPS: f64 = 1e21;
 
 /// Microseconds from `3.4us`, `3.4µs`, `800ns`, `1ms`, `0s`.
 pub fn parse_latency(text: &str) -> Result<f64, QuantityError> {
     let error = || QuantityError {
         text: text.to_owned(),
         expected: "a latency",
-        examples: "3.4us, 800ns, 1ms, 0us",
+        examples: "3.4us, 800ns, 1ms, 0us; at most an hour",
     };
     let (value, unit) = split_number(text).ok_or_else(error)?;
     let scale = match unit {
@@ -85,7 +97,8 @@ pub fn parse_latency(text: &str) -> Result<f64, QuantityError> {
         "s" => 1e6,
         _ => return Err(error()),
     };
-    Ok(value * scale)
+    let us = value * scale;
+    (us <= MAX_LATENCY_US).then_some(us).ok_or_else(error)
 }
 
 /// Bytes from `80GiB`, `32GB`, `4096B`.
@@ -108,7 +121,7 @@ pub fn parse_flops(text: &str) -> Result<f64, QuantityError> {
     let error = || QuantityError {
         text: text.to_owned(),
         expected: "a throughput",
-        examples: "19.5TFLOPS, 312TFLOP/s",
+        examples: "19.5TFLOPS, 312TFLOP/s; at most 1e21FLOPS",
     };
     let (value, unit) = split_number(text).ok_or_else(error)?;
     let prefix = unit
@@ -116,7 +129,9 @@ pub fn parse_flops(text: &str) -> Result<f64, QuantityError> {
         .or_else(|| unit.strip_suffix("FLOP/s"))
         .ok_or_else(error)?;
     let flops = value * prefix_scale(prefix).ok_or_else(error)?;
-    (flops > 0.0).then_some(flops).ok_or_else(error)
+    (flops > 0.0 && flops <= MAX_FLOPS)
+        .then_some(flops)
+        .ok_or_else(error)
 }
 
 /// Formats bytes per second with a decimal prefix (`300 GB/s`).
@@ -185,6 +200,13 @@ mod tests {
         assert_eq!(parse_latency("0us"), Ok(0.0));
         assert!(parse_latency("3.4").is_err());
         assert!(parse_latency("-1us").is_err());
+        // Finite values whose product is not, or is beyond any machine.
+        for bad in ["1e308s", "2h", "3601s", "1e300ms"] {
+            assert!(parse_latency(bad).is_err(), "{bad}");
+        }
+        assert!(parse_bandwidth("1e308GB/s").is_err());
+        assert!(parse_bandwidth("2000PB/s").is_err());
+        assert!(parse_flops("1e300PFLOPS").is_err());
     }
 
     #[test]

@@ -26,11 +26,11 @@ mpirun) with `ralpc run`.";
 pub struct Args {
     /// The plan: a directory `ralpc plan` wrote, or its plan.json.
     pub plan: PathBuf,
-    /// Processes to start [default: the plan's ranks].
+    /// Processes to start: the plan's ranks, one each (another count is refused).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub nproc: Option<u32>,
     /// Seconds the others get to stop after a process fails, before they are killed.
-    #[arg(long, default_value_t = 10, value_parser = super::parse_positive)]
+    #[arg(long, default_value_t = 10, value_parser = super::parse_seconds)]
     pub grace: u64,
     /// Passed to every `ralpc run` (--steps, --json, --timeout, …).
     #[arg(
@@ -71,7 +71,12 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         e.exit();
     }
     let (_, plan) = ralpc::read_plan(&args.plan)?;
-    let world = args.nproc.unwrap_or(plan.ranks);
+    let world = plan.ranks;
+    if let Some(n) = args.nproc.filter(|&n| n != world) {
+        return Err(ralpc::Error::PlanFile(Box::new(format!(
+            "--nproc {n}: the plan has {world} ranks, one process each"
+        ))));
+    }
     let exe = std::env::current_exe()
         .map_err(|e| launch_error(format!("cannot find the ralpc executable: {e}")))?;
     // The rendezvous socket, bound here and handed to rank 0, so that no one can take its

@@ -116,4 +116,7 @@ pub fn print_stdout(text: &str) {
     }
 }
 
-pub use ralpc::args::{parse_input_shape, parse_input_value, parse_positive, parse_tolerance};
+pub use ralpc::args::{
+    parse_input_shape, parse_input_value, parse_learning_rate, parse_momentum, parse_positive,
+    parse_seconds, parse_tolerance,
+};

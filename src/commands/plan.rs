@@ -35,8 +35,9 @@ the stages on the model's own layers (`ralpc run`); --emit megatron writes Megat
 arguments for it.
 
 Artifacts go to DIR (default `<model stem>.ralpc`): plan.json, plan.dot (+ plan.svg with
-Graphviz), timeline.json and report.html, each written atomically. plan.json records a
-hash of every input; a run whose DIR is up to date does nothing (--force plans again).";
+Graphviz), timeline.json and report.html, each written atomically, and .ralpc-set.json,
+a hash of every input and artifact; a run whose DIR is up to date does nothing (--force
+plans again). Outputs that would replace an input are refused (--force writes them).";
 
 pub use ralpc::PlanArgs as Args;
 
@@ -69,10 +70,23 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         }
         return Ok(());
     }
+    refuse_overwriting_inputs(args, &dir)?;
     let spinner = super::spinner(format!("planning {}", args.model.display()), !args.quiet);
     let compiled = ralpc::compile(&options);
     spinner.finish_and_clear();
     let compiled = compiled?;
+    // One plan's files at a time in DIR: another ralpc planning into it waits.
+    let _lock = if compiled.files.is_empty() && args.emit.is_empty() {
+        None
+    } else {
+        std::fs::create_dir_all(&dir).map_err(|error| {
+            ralpc::Error::Write(Box::new(ralpc::FileError {
+                path: shown.clone(),
+                error,
+            }))
+        })?;
+        Some(ralpc::lock_output_dir(&dir)?)
+    };
     compiled.write(&dir)?;
     if let Some(path) = &args.write_strategy {
         let Some(strategy) = &compiled.strategy else {
@@ -123,6 +137,30 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         text
     };
     super::print_stdout(&text);
+    Ok(())
+}
+
+/// Refuses, unless `--force`, an output path (an artifact in `dir`, an emitted file, the
+/// strategy file) that names one of the inputs.
+fn refuse_overwriting_inputs(args: &Args, dir: &std::path::Path) -> Result<(), ralpc::Error> {
+    let cluster = args.cluster.as_deref().map(std::path::Path::new);
+    let inputs: Vec<&std::path::Path> = [
+        Some(args.model.as_path()),
+        args.profile.as_deref(),
+        args.strategy_file.as_deref(),
+        cluster,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let artifacts = ralpc::ARTIFACTS
+        .iter()
+        .chain(&["plan.svg"])
+        .chain(ralpc::emit::ENGINES.iter().map(|(_, file)| file))
+        .map(|name| dir.join(name));
+    for output in artifacts.chain(args.write_strategy.clone()) {
+        ralpc::refuse_overwriting_inputs(&output, &inputs, args.force)?;
+    }
     Ok(())
 }
 

@@ -44,6 +44,9 @@ pub struct Args {
     /// The profile to write (JSON).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
+    /// Write the profile even where it replaces the model.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// What `--device` names.
@@ -69,6 +72,9 @@ fn parse_device(s: &str) -> Result<Target, String> {
 }
 
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    // Before measuring for minutes, not after.
+    ralpc::refuse_overwriting_inputs(&args.out, &[&args.model], args.force)?;
+    ralpc::check_writable(&args.out)?;
     if args.device != Target::Cpu {
         super::restart_with(&ralpc::runtime::cuda::libs::Lib::ONE_GPU)?;
     }

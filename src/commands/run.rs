@@ -59,14 +59,15 @@ pub struct Args {
     /// The loss added on the model's first output.
     #[arg(long, default_value = "cross-entropy", value_parser = ["cross-entropy", "mse"])]
     pub loss: String,
-    /// SGD learning rate.
-    #[arg(long, default_value_t = 0.01)]
+    /// SGD learning rate (finite, >= 0).
+    #[arg(long, default_value_t = 0.01, value_parser = super::parse_learning_rate)]
     pub lr: f32,
-    /// SGD momentum.
-    #[arg(long, default_value_t = 0.9)]
+    /// SGD momentum, in [0, 1).
+    #[arg(long, default_value_t = 0.9, value_parser = super::parse_momentum)]
     pub momentum: f32,
-    /// Seconds a rank waits for another before every rank stops with an error.
-    #[arg(long, default_value_t = 60, value_parser = super::parse_positive)]
+    /// Seconds a rank waits for another before every rank stops with an error (at most a
+    /// year).
+    #[arg(long, default_value_t = 60, value_parser = super::parse_seconds)]
     pub timeout: u64,
     /// Write the weights and optimizer state after every N steps (atomically).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -17,6 +17,9 @@ GPU types: a100 (dgx-a100 servers), h100 (dgx-h100), v100 (p3dn-v100), or any cl
 preset or TOML file; the cluster grows to the GPU count. Each point is the best plan
 (--strategy, default auto); points where no plan fits say why.";
 
+/// The files `-o DIR` holds.
+const SWEEP_FILES: [&str; 3] = ["sweep.csv", "sweep.json", "report.html"];
+
 /// Arguments of `ralpc sweep`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -58,9 +61,17 @@ pub struct Args {
     /// Also write `sweep.csv`, `sweep.json` and `report.html` (scaling curves) here.
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Write into DIR even where a file there is the model.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    if let Some(dir) = &args.out {
+        for name in SWEEP_FILES {
+            ralpc::refuse_overwriting_inputs(&dir.join(name), &[&args.model], args.force)?;
+        }
+    }
     let options = SweepOptions {
         base: PlanOptions {
             model: args.model.clone(),
@@ -99,12 +110,15 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
                 error,
             }))
         })?;
-        ralpc::write_atomically(&dir.join("sweep.csv"), &csv)?;
-        ralpc::write_atomically(&dir.join("sweep.json"), &json)?;
         let model = args.model.display().to_string();
-        ralpc::write_atomically(
-            &dir.join("report.html"),
-            &ralpc::sweep_report_html(&model, rows),
+        let html = ralpc::sweep_report_html(&model, rows);
+        ralpc::write_set_atomically(
+            dir,
+            &[
+                (SWEEP_FILES[0], &csv),
+                (SWEEP_FILES[1], &json),
+                (SWEEP_FILES[2], &html),
+            ],
         )?;
     }
     let text = if args.json {

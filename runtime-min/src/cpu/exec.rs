@@ -806,6 +806,16 @@ impl<'p, 'a> Rank<'p, 'a> {
         }
     }
 
+    /// The first weight this rank holds with a value that is not finite, said in words
+    /// (a loss can stay finite while weights are NaN: ReLU maps NaN to 0).
+    fn non_finite_weight(&self) -> Option<String> {
+        self.weights.iter().find_map(|(&w, (_, t))| {
+            let x = t.floats()?.iter().find(|x| !x.is_finite())?;
+            let name = &self.p.exe.graph.value(w).name;
+            Some(format!("weight '{name}' holds {x} after its update"))
+        })
+    }
+
     fn run(&mut self) -> Result<(), RunError> {
         let program = self
             .p
@@ -875,6 +885,22 @@ impl<'p, 'a> Rank<'p, 'a> {
                     error
                 })?;
                 self.release_after(i as u32);
+            }
+            // A diverged run stops here: no later step can recover, and the checkpoint
+            // due now would replace the last good one.
+            let loss = self.report.losses.last().filter(|l| !l.is_finite());
+            let diverged = loss
+                .map(|loss| format!("this rank's loss is {loss}"))
+                .or_else(|| self.non_finite_weight());
+            if let Some(what) = diverged {
+                let cause = RankError::Loss(format!(
+                    "step {}: {what}; the training diverged (a smaller --lr may not), the \
+                     last checkpoint is kept",
+                    step + 1
+                ));
+                let error = RunError::rank(self.rank, program.len(), "loss", cause);
+                self.comm.abort(&error.to_string());
+                return Err(error);
             }
             if self
                 .checkpoint_every

@@ -96,12 +96,20 @@ fn secret_of(p: &Placement) -> Result<&Secret, DistError> {
     })
 }
 
-/// What a connection to rank 0 turned out to be.
-type Joined = Result<(u32, Vec<u8>, TcpStream), (SocketAddr, DistError)>;
+/// What a connection to rank 0 turned out to be, by the number it was accepted as.
+type Joined = (
+    u64,
+    Result<(u32, Vec<u8>, TcpStream), (SocketAddr, DistError)>,
+);
 
 /// The handshake of one connection: the secret's challenge, then the hello. On its own
-/// thread, bounded by [`HANDSHAKE`], so that a silent stranger holds up nobody.
-fn handshake(mut stream: TcpStream, from: SocketAddr, secret: &Secret, world: u32) -> Joined {
+/// thread; [`Pending`] ends it at [`HANDSHAKE`] however slowly its peer drips bytes.
+fn handshake(
+    mut stream: TcpStream,
+    from: SocketAddr,
+    secret: &Secret,
+    world: u32,
+) -> Result<(u32, Vec<u8>, TcpStream), (SocketAddr, DistError)> {
     let fail = |e: DistError| (from, e);
     stream
         .set_nonblocking(false)
@@ -111,6 +119,78 @@ fn handshake(mut stream: TcpStream, from: SocketAddr, secret: &Secret, world: u3
     auth::accept(&mut stream, secret).map_err(fail)?;
     let (rank, data) = read_hello(&mut stream, world).map_err(fail)?;
     Ok((rank, data, stream))
+}
+
+/// The most connections rank 0 lets prove themselves at once. Each holds a descriptor and
+/// a thread; strangers beyond this cannot exhaust either, which would stop the run.
+const MAX_PENDING: usize = 64;
+
+/// Connections in their handshake, oldest first: a handle to each, to end it when it
+/// outlives [`HANDSHAKE`] (a stranger dripping a byte at a time resets each read's
+/// timeout, not this one) or when a newer connection needs its place.
+#[derive(Default)]
+struct Pending {
+    connections: std::collections::VecDeque<(u64, TcpStream, Instant)>,
+    accepted: u64,
+}
+
+impl Pending {
+    /// Starts the handshake of `stream` on its own thread, first ending the oldest
+    /// handshake when [`MAX_PENDING`] are running (a rank proves itself in milliseconds;
+    /// the oldest is the likeliest stranger).
+    fn start(
+        &mut self,
+        stream: TcpStream,
+        from: SocketAddr,
+        secret: &Secret,
+        world: u32,
+        joined: &std::sync::mpsc::Sender<Joined>,
+    ) {
+        if self.connections.len() >= MAX_PENDING {
+            if let Some((_, oldest, _)) = self.connections.pop_front() {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        let Ok(handle) = stream.try_clone() else {
+            // No descriptor for the handle: turned away (closed) like a stranger.
+            return;
+        };
+        let id = self.accepted;
+        self.accepted += 1;
+        self.connections.push_back((id, handle, Instant::now()));
+        let (joined, secret) = (joined.clone(), secret.clone());
+        std::thread::spawn(move || {
+            let _ = joined.send((id, handshake(stream, from, &secret, world)));
+        });
+    }
+
+    /// The handshake numbered `id` ended.
+    fn ended(&mut self, id: u64) {
+        self.connections.retain(|(i, _, _)| *i != id);
+    }
+
+    /// Ends the handshakes older than [`HANDSHAKE`]: their threads see the connection
+    /// closed and report it refused.
+    fn expire(&mut self) {
+        while let Some((_, oldest, at)) = self.connections.front() {
+            if at.elapsed() < HANDSHAKE {
+                break;
+            }
+            let _ = oldest.shutdown(std::net::Shutdown::Both);
+            self.connections.pop_front();
+        }
+    }
+}
+
+/// Whether an `accept` error leaves the listener usable: out of descriptors for now (they
+/// come back as handshakes end), a connection reset before it was taken, a signal.
+fn accept_can_go_on(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted, WouldBlock};
+    // EMFILE and ENFILE, which std names no kind for.
+    matches!(
+        e.kind(),
+        WouldBlock | Interrupted | ConnectionAborted | ConnectionReset
+    ) || matches!(e.raw_os_error(), Some(23 | 24))
 }
 
 /// The variable by which `ralpc launch` hands rank 0 the socket it bound for the
@@ -170,18 +250,21 @@ fn serve(
     blobs[0] = Some(own);
     let mut peers = Vec::with_capacity(world - 1);
     let (joined, arrivals) = std::sync::mpsc::channel::<Joined>();
+    let mut pending = Pending::default();
+    let mut refused = 0u64;
     while peers.len() < world - 1 {
-        match listener.accept() {
-            Ok((stream, from)) => {
-                let (joined, secret, world) = (joined.clone(), secret.clone(), p.world);
-                std::thread::spawn(move || {
-                    let _ = joined.send(handshake(stream, from, &secret, world));
-                });
+        // Every connection waiting, so that a crowd of strangers does not fill the backlog
+        // and keep ranks from connecting.
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => pending.start(stream, from, secret, p.world, &joined),
+                Err(e) if accept_can_go_on(&e) => break,
+                Err(e) => return Err(io("accept failed")(e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(io("accept failed")(e)),
         }
-        while let Ok(arrival) = arrivals.try_recv() {
+        pending.expire();
+        while let Ok((id, arrival)) = arrivals.try_recv() {
+            pending.ended(id);
             match arrival {
                 Ok((rank, data, stream)) => {
                     let slot = &mut blobs[rank as usize];
@@ -193,9 +276,15 @@ fn serve(
                     *slot = Some(data);
                     peers.push(stream);
                 }
-                // A stranger is turned away; the run goes on.
+                // A stranger is turned away; the run goes on. The first few are named,
+                // then every thousandth, so that a flood does not flood the log too.
                 Err((from, why)) => {
-                    eprintln!("rendezvous: refused a connection from {from}: {why}");
+                    refused += 1;
+                    if refused <= 8 || refused % 1000 == 0 {
+                        eprintln!(
+                            "rendezvous: refused a connection from {from} ({refused} so far): {why}"
+                        );
+                    }
                 }
             }
         }
@@ -278,20 +367,12 @@ fn read_hello(r: &mut impl Read, world: u32) -> Result<(u32, Vec<u8>), DistError
     Ok((rank, read_blob(r)?))
 }
 
-fn join(
-    p: &Placement,
-    master: SocketAddr,
-    deadline: Instant,
-    blob: impl FnOnce(IpAddr) -> Vec<u8>,
-) -> Result<Vec<Vec<u8>>, DistError> {
-    // Rank 0 may not be listening yet.
-    let mut stream = loop {
+/// A connection to rank 0, tried until the deadline.
+fn connect(p: &Placement, master: SocketAddr, deadline: Instant) -> Result<TcpStream, DistError> {
+    loop {
         match TcpStream::connect_timeout(&master, remaining(deadline)) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Ok(s) => return Ok(s),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
                 return Err(DistError::io(format!(
                     "rendezvous: rank {} cannot reach rank 0 at {master}",
@@ -299,10 +380,29 @@ fn join(
                 ))(e))
             }
         }
+    }
+}
+
+fn join(
+    p: &Placement,
+    master: SocketAddr,
+    deadline: Instant,
+    blob: impl FnOnce(IpAddr) -> Vec<u8>,
+) -> Result<Vec<Vec<u8>>, DistError> {
+    // Rank 0 may not be listening yet, or may close a connection before it greets it when
+    // strangers crowd its handshakes (`Pending`): both are tried again until the deadline.
+    // A refusal after the greeting (a wrong secret) is final.
+    let mut stream = loop {
+        let stream = connect(p, master, deadline)?;
+        stream
+            .set_read_timeout(Some(remaining(deadline)))
+            .map_err(io("cannot configure the connection"))?;
+        let greeted = stream.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
+        if greeted || Instant::now() >= deadline {
+            break stream;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     };
-    stream
-        .set_read_timeout(Some(remaining(deadline)))
-        .map_err(io("cannot configure the connection"))?;
     auth::call(&mut stream, secret_of(p)?).map_err(|e| {
         e.within(format!(
             "rendezvous: rank {} cannot join rank 0 at {master}",
@@ -439,6 +539,47 @@ mod tests {
                 b"zero".to_vec()
             });
             (rank0, rank1.join().unwrap())
+        });
+        let want = vec![b"zero".to_vec(), b"one".to_vec()];
+        assert_eq!(results.0.unwrap(), want);
+        assert_eq!(results.1.unwrap(), want);
+    }
+
+    /// A crowd of idle connections (each a descriptor and a thread on rank 0) neither
+    /// exhausts rank 0's descriptors nor keeps the rank from joining: at most
+    /// `MAX_PENDING` are held, the oldest closed for newer ones.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_crowd_of_idle_strangers_cannot_starve_the_rendezvous() {
+        let descriptors = || std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+        let port = free_port();
+        let crowd = 600;
+        let results = std::thread::scope(|s| {
+            let rank0 = s.spawn(move || {
+                all_gather(&placement(0, 2, port), Duration::from_secs(20), |_| {
+                    b"zero".to_vec()
+                })
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let before = descriptors();
+            let idle: Vec<TcpStream> = (0..crowd)
+                .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+                .collect();
+            assert_eq!(idle.len(), crowd);
+            std::thread::sleep(Duration::from_millis(500));
+            let grown = descriptors() - before;
+            assert!(
+                grown <= crowd + 2 * MAX_PENDING + 32,
+                "{grown} descriptors for {crowd} idle connections"
+            );
+            let started = Instant::now();
+            let rank1 = all_gather(&placement(1, 2, port), Duration::from_secs(20), |_| {
+                b"one".to_vec()
+            });
+            // Well before any stranger's handshake runs out.
+            assert!(started.elapsed() < HANDSHAKE / 2, "{:?}", started.elapsed());
+            drop(idle);
+            (rank0.join().unwrap(), rank1)
         });
         let want = vec![b"zero".to_vec(), b"one".to_vec()];
         assert_eq!(results.0.unwrap(), want);
