@@ -337,6 +337,28 @@ fn prepare(
     load(bind_model(model, batch, shapes, values)?, options)
 }
 
+/// Refuses cross-entropy on an output with no class axis besides the batch (one value
+/// per sample, a regression head): it would read the batch as classes, and a plan that
+/// splits the batch would split the classes.
+fn check_loss(graph: &Graph, info: &GraphInfo, loss: Loss) -> Result<(), Error> {
+    let Some(&output) = graph.outputs().first() else {
+        return Ok(());
+    };
+    let shape = &info.ty(output).shape;
+    if loss == Loss::CrossEntropy && shape.rank() < 2 {
+        return Err(Error::Setup(
+            format!(
+                "the loss: cross-entropy needs classes along an axis of their own, but the \
+                 model's output '{}' is {:?}, one value per sample: train it with --loss mse",
+                graph.value(output).name,
+                shape.as_sizes().unwrap_or_default()
+            )
+            .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Its weights and data.
 fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
     let (seed, loss) = (options.seed, options.loss);
@@ -345,6 +367,7 @@ fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
         graph,
         info,
     } = bound;
+    check_loss(&graph, &info, loss)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,

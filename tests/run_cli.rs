@@ -210,3 +210,42 @@ fn a_given_input_value_picks_a_branch_and_the_plan_keeps_it() {
         .assert()
         .success();
 }
+
+/// A model whose output has no class axis (one score per sample) plans, and `run` says
+/// cross-entropy cannot be taken of it (exit 1, naming the output and `--loss mse`)
+/// instead of failing as a bug (101) once the batch is split; with MSE it trains.
+#[test]
+fn a_one_value_per_sample_output_asks_for_mse() {
+    let cwd = common::workdir();
+    ralpc(&cwd)
+        .args([
+            "plan",
+            "fixtures/train/scalar_head.onnx",
+            "--gpus",
+            "2",
+            "--batch",
+            "4",
+            "--strategy",
+            "dp",
+            "--tolerance",
+            "inf",
+            "--quiet",
+            "-o",
+            "scalar-head.ralpc",
+        ])
+        .assert()
+        .success();
+    let out = ralpc(&cwd)
+        .args(["run", "scalar-head.ralpc"])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("output 'score' is [4]") && stderr.contains("--loss mse"),
+        "{stderr}"
+    );
+    ralpc(&cwd)
+        .args(["run", "scalar-head.ralpc", "--loss", "mse"])
+        .assert()
+        .success();
+}

@@ -537,3 +537,69 @@ fn a_diverging_run_stops_and_keeps_the_last_good_checkpoint() {
         assert_eq!(error.exit_code(), 1, "{lr} {momentum}: {error}");
     }
 }
+
+/// An edited but self-consistent plan is refused before training (exit 1), naming the rank
+/// and the work that differs: fewer microbatches (half the batch), no gradient
+/// reductions (every all-reduce of 0 bytes), no optimizer step, a message's tag changed on both ends, two instructions
+/// swapped. Before, each trained wrongly with exit 0 or was reported as a bug (101).
+#[test]
+fn edited_programs_are_refused_before_training() {
+    let (dir, model) = plan(PIPELINE, 4);
+    let path = dir.path().join("plan.json");
+    let original: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("plan")).expect("JSON");
+    let edit = |f: &dyn Fn(&mut Vec<serde_json::Value>)| {
+        let mut plan = original.clone();
+        for program in plan["programs"].as_array_mut().expect("programs") {
+            f(program.as_array_mut().expect("a program"));
+        }
+        plan
+    };
+    let mut halved = original.clone();
+    halved["microbatches"] = 1.into();
+    halved["strategy"]["microbatches"] = 1.into();
+    // (Removing instructions leaves buffers live past the program's end, which is refused
+    // as before; emptying them keeps the plan self-consistent.)
+    let empty = |op: &'static str| {
+        edit(&move |p| {
+            for i in p.iter_mut().filter(|i| i["op"] == op) {
+                i["bytes"] = 0.into();
+            }
+        })
+    };
+    let no_reduce = empty("all_reduce");
+    let no_step = empty("step");
+    let retagged = edit(&|p| {
+        for i in p
+            .iter_mut()
+            .filter(|i| i["op"] == "send" || i["op"] == "recv")
+        {
+            i["tag"] = (i["tag"].as_u64().expect("a tag") + 1_000_000).into();
+        }
+    });
+    let swapped = edit(&|p| {
+        if let Some(k) =
+            (1..p.len()).find(|&k| p[k - 1]["op"] == "forward" && p[k]["op"] == "backward")
+        {
+            p.swap(k - 1, k);
+        }
+    });
+    for (what, plan, says) in [
+        ("half the batch", halved, "microbatch"),
+        ("no all-reduce", no_reduce, "all_reduce instructions"),
+        ("no step", no_step, "step instructions"),
+        ("retagged", retagged, "\"tag\":100000"),
+        ("swapped", swapped, "instruction"),
+    ] {
+        assert_ne!(plan, original, "{what}: the edit changed the plan");
+        std::fs::write(&path, serde_json::to_string(&plan).expect("JSON")).expect("write");
+        let error = ralpc::run(&ralpc::RunOptions {
+            steps: 1,
+            ..options(dir.path(), &model)
+        })
+        .expect_err(what);
+        let text = format!("{error}: {error:?}");
+        assert!(text.contains(says), "{what}: {text}");
+        assert_eq!(error.exit_code(), 1, "{what}: {text}");
+    }
+}

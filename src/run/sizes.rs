@@ -1,5 +1,5 @@
-//! The plan's buffer sizes and layout, recomputed: `ralpc run` never trusts a size or a
-//! layer's placement written in a plan file. Its placement is lowered again on the model,
+//! The plan's buffer sizes, programs and layout, recomputed: `ralpc run` never trusts a
+//! size, an instruction or a layer's placement written in a plan file. Its placement is lowered again on the model,
 //! at the precision and optimizer the plan records; each rank's buffers must come out the
 //! sizes the file says, and its layout (which ops each layer runs where) the one the file
 //! gives the executor, or the plan is refused before anything is allocated.
@@ -8,9 +8,10 @@
 //! the cluster's speeds (only instruction order and durations do), so the plan's cluster
 //! preset stands in where it is known and the default one where it was a file.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use ralpc_codegen::plan::{Buffer, BufferKind, Plan};
+use ralpc_codegen::plan::{Buffer, BufferKind, Instruction, Plan};
 use ralpc_codegen::Layout;
 use ralpc_ir::Graph;
 use ralpc_passes::cluster::Cluster;
@@ -90,7 +91,153 @@ pub(super) fn check(
             again.buffers.len()
         )));
     }
+    check_programs(plan, &again).map_err(refuse)?;
     check_layout(plan, Layout::describe(model, &graph, &strategy)).map_err(refuse)
+}
+
+/// Refuses programs that do not do the work the placement gives: the same microbatches
+/// and groups, and on every rank the same instructions (each layer's forward and backward
+/// on every microbatch once, every message, every gradient's reduction, every step), so
+/// that an edited plan cannot train on part of the batch or leave a gradient unreduced
+/// with exit 0. Durations are left out (they depend on the cluster, which may have been a
+/// file); where they all agree — the plan was made for this cluster — the order must be
+/// the lowering's too, so that an edited order is a bad plan rather than a failed run.
+fn check_programs(plan: &Plan, again: &Plan) -> Result<(), String> {
+    if plan.microbatches != again.microbatches {
+        return Err(format!(
+            "it says {} microbatches; its placement runs {}",
+            plan.microbatches, again.microbatches
+        ));
+    }
+    if plan.groups != again.groups {
+        return Err("its communicator groups are not those its placement gives".to_owned());
+    }
+    if plan.programs.len() != again.programs.len() {
+        return Err(format!(
+            "it has programs for {} ranks; its placement gives {}",
+            plan.programs.len(),
+            again.programs.len()
+        ));
+    }
+    for (rank, (written, expected)) in plan.programs.iter().zip(&again.programs).enumerate() {
+        let (have, want) = (work(written), work(expected));
+        if let Some(k) = have
+            .keys()
+            .chain(want.keys())
+            .find(|k| have.get(*k) != want.get(*k))
+        {
+            let n = |c: &BTreeMap<Work, u64>| c.get(k).copied().unwrap_or(0);
+            let (have, want) = (n(&have), n(&want));
+            return Err(match k {
+                Work::Each(key) => format!(
+                    "rank {rank} has {have} × {}; its placement gives {want}",
+                    words(key, plan)
+                ),
+                Work::Bytes(op, group) => format!(
+                    "rank {rank}'s {op} instructions{} cover {have} bytes; its placement \
+                     gives {want}",
+                    group
+                        .map(|g| format!(" over group {g}"))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        let priced = |program: &[Instruction]| {
+            let mut keys: Vec<String> = program.iter().map(|i| key(i, true)).collect();
+            keys.sort_unstable();
+            keys
+        };
+        if priced(written) != priced(expected) {
+            // Priced for another cluster: its buckets and its order may differ.
+            continue;
+        }
+        if let Some(i) = (0..written.len()).find(|&i| written[i] != expected[i]) {
+            return Err(format!(
+                "rank {rank}'s instruction {i} is {}; its placement on this cluster runs {} \
+                 there",
+                words(&key(&written[i], false), plan),
+                words(&key(&expected[i], false), plan)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A part of a rank's work, as compared across clusters.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Work {
+    /// An instruction that must appear as often (a layer's pass on a microbatch, a
+    /// message, a tied weight's reduction and step): its unpriced key.
+    Each(String),
+    /// Collectives and sharded steps of one kind over one group: their buckets are sized
+    /// for the cluster, their total bytes are not.
+    Bytes(&'static str, Option<u32>),
+}
+
+/// A rank's work: how many of each instruction, and how many bytes each kind of bucketed
+/// instruction moves over each group.
+fn work(program: &[Instruction]) -> BTreeMap<Work, u64> {
+    let mut work = BTreeMap::new();
+    for i in program {
+        let (part, n) = match *i {
+            Instruction::AllReduce {
+                group,
+                bytes,
+                tied: None,
+                ..
+            }
+            | Instruction::AllGather { group, bytes, .. }
+            | Instruction::ReduceScatter { group, bytes, .. }
+            | Instruction::AllToAll { group, bytes, .. }
+            | Instruction::Step {
+                group: Some(group),
+                bytes,
+                tied: None,
+                ..
+            } => (Work::Bytes(i.op(), Some(group)), bytes),
+            Instruction::Step {
+                bytes, tied: None, ..
+            } => (Work::Bytes(i.op(), None), bytes),
+            _ => (Work::Each(key(i, false)), 1),
+        };
+        *work.entry(part).or_default() += n;
+    }
+    work
+}
+
+/// An instruction as compared, with or without its durations.
+fn key(i: &Instruction, priced: bool) -> String {
+    let mut i = i.clone();
+    if !priced {
+        match &mut i {
+            Instruction::Forward { us, .. }
+            | Instruction::Recompute { us, .. }
+            | Instruction::Backward { us, .. }
+            | Instruction::Step { us, .. } => *us = 0.0,
+            Instruction::Send { us, latency_us, .. }
+            | Instruction::Recv { us, latency_us, .. }
+            | Instruction::AllReduce { us, latency_us, .. }
+            | Instruction::AllGather { us, latency_us, .. }
+            | Instruction::ReduceScatter { us, latency_us, .. }
+            | Instruction::AllToAll { us, latency_us, .. } => (*us, *latency_us) = (0.0, 0.0),
+        }
+    }
+    // Strings and finite numbers always serialize; a key is also how errors name it.
+    serde_json::to_string(&i).unwrap_or_default()
+}
+
+/// An unpriced instruction's key in words, its layer named.
+fn words(key: &str, plan: &Plan) -> String {
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::from_str(key) else {
+        return key.to_owned();
+    };
+    fields.remove("us");
+    fields.remove("latency_us");
+    if let Some(l) = fields.get("layer").and_then(serde_json::Value::as_u64) {
+        let name = plan.layers.get(l as usize).map_or("?", String::as_str);
+        fields.insert("layer".into(), name.into());
+    }
+    serde_json::Value::Object(fields).to_string()
 }
 
 /// Refuses a layout that is not `expected`, naming the first layer or edge that differs.
