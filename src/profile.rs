@@ -150,12 +150,15 @@ pub fn profile_cpu(
             let totals = ralpc_ir::account(g, info).map_err(|e| Error::Account(Box::new(e)))?;
             let need = totals.weight_bytes.saturating_add(totals.activation_bytes);
             if let Some(have) = crate::run::memory_available().filter(|&have| need > have) {
-                return Err(run_error(format!(
-                    "profiling needs {:.2} GiB (weights and activations); this machine has {:.2} \
-                 GiB available",
-                    need as f64 / f64::from(1u32 << 30),
-                    have as f64 / f64::from(1u32 << 30)
-                )));
+                return Err(Error::Setup(
+                    format!(
+                        "profiling needs {:.2} GiB (weights and activations); this machine \
+                         has {:.2} GiB available",
+                        need as f64 / f64::from(1u32 << 30),
+                        have as f64 / f64::from(1u32 << 30)
+                    )
+                    .into(),
+                ));
             }
             let env = Env {
                 mode: Mode::Training,
@@ -274,6 +277,32 @@ fn profile_with(
     let mut total = 0u64;
     for &batch in &batches {
         let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
+        // Every batch size before any is allocated: the largest may not fit. (Each value
+        // and the inputs here; the weights with the inputs below, which every device loads
+        // on the host; the CPU's activations before it measures.)
+        let at = format!("batch size {batch}");
+        crate::run::check_value_sizes(&g, &info, &at)?;
+        let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
+        let inputs: u64 = g
+            .inputs()
+            .iter()
+            .filter_map(|&v| {
+                let ty = info.ty(v);
+                ty.shape.known_numel()?.checked_mul(ty.dtype.size_bytes())
+            })
+            .fold(0, u64::saturating_add);
+        let host = totals.weight_bytes.saturating_add(inputs);
+        if let Some(have) = crate::run::memory_available().filter(|&have| host > have) {
+            return Err(Error::Setup(
+                format!(
+                    "{at} makes the weights and a batch of inputs need {}; this machine \
+                     has {} available",
+                    crate::run::size(host),
+                    crate::run::size(have)
+                )
+                .into(),
+            ));
+        }
         let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
         for &n in info.order() {
             if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {

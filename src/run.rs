@@ -314,7 +314,7 @@ fn bind_model(
     let mut unbound = onnx::import(model)?.graph;
     ralpc_ir::bind_values(&mut unbound, values)?;
     let (graph, info) = at_batch(&unbound, batch, shapes)?;
-    check_input_size(&graph, &info, batch)?;
+    check_value_sizes(&graph, &info, &format!("the plan's batch {batch}"))?;
     Ok(Bound {
         unbound,
         graph,
@@ -382,27 +382,64 @@ fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
     })
 }
 
-/// The model's inputs at the plan's `batch` must fit this machine's memory: the batch
-/// comes from the plan file, and a doctored one (2^40) made the allocation abort.
-fn check_input_size(graph: &Graph, info: &GraphInfo, batch: u64) -> Result<(), Error> {
-    let bytes = graph.inputs().iter().try_fold(0u64, |sum, &v| {
+/// `bytes` in the binary unit that shows it: `4096.00 GiB`, `3.00 KiB`, `100 B`.
+pub(crate) fn size(bytes: u64) -> String {
+    let units = [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    match units.into_iter().find(|&(unit, _)| bytes >= unit) {
+        Some((unit, name)) => format!("{:.2} {name}", bytes as f64 / unit as f64),
+        None => format!("{bytes} B"),
+    }
+}
+
+/// Refuses, before anything is allocated, a bound model (at `at`: "the plan's batch 8")
+/// whose inputs together, or any one value, cannot fit this machine's memory or overflow
+/// when counted: a constant expanded to [2^20, 2^20], a wide `Concat` or `Pad` are sized
+/// here from their verified shapes, not found by the allocator (an abort). Exit 1, naming
+/// the value and its size.
+pub(crate) fn check_value_sizes(graph: &Graph, info: &GraphInfo, at: &str) -> Result<(), Error> {
+    let too_large = |m: String| Err(Error::Setup(m.into()));
+    let bytes_of = |v: ralpc_ir::ValueId| -> Option<Option<u64>> {
         let ty = info.ty(v);
-        let element = ty.dtype.size_bytes();
-        sum.checked_add(ty.shape.known_numel()?.checked_mul(element)?)
-    });
+        // Unknown until run (data-dependent): not counted here.
+        let sizes = ty.shape.as_sizes()?;
+        Some(
+            sizes
+                .iter()
+                .try_fold(ty.dtype.size_bytes(), |n, &d| n.checked_mul(d)),
+        )
+    };
     let have = memory_available();
-    match (bytes, have) {
-        (None, _) => Err(Error::PlanFile(Box::new(format!(
-            "the plan's batch {batch} makes the model's inputs too large to count"
-        )))),
-        // A plan can be honest and still not fit this machine: a run failure, not a bad
-        // plan file.
-        (Some(need), Some(have)) if need > have => Err(run_error(format!(
-            "the plan's batch {batch} makes the model's inputs alone need {:.2} GiB; this \
-             machine has {:.2} GiB available",
-            need as f64 / f64::from(1u32 << 30),
-            have as f64 / f64::from(1u32 << 30)
-        ))),
+    let mut inputs = 0u64;
+    for &n in info.order() {
+        for &v in &graph.node(n).outputs {
+            let name = &graph.value(v).name;
+            let Some(bytes) = bytes_of(v) else { continue };
+            let Some(bytes) = bytes.filter(|&b| b <= isize::MAX as u64) else {
+                return too_large(format!(
+                    "{at} makes value '{name}' {:?} too large to count",
+                    info.ty(v).shape.as_sizes().unwrap_or_default()
+                ));
+            };
+            if let Some(have) = have.filter(|&have| bytes > have) {
+                return too_large(format!(
+                    "{at} makes value '{name}' {:?} need {} alone; this machine has {} \
+                     available",
+                    info.ty(v).shape.as_sizes().unwrap_or_default(),
+                    size(bytes),
+                    size(have)
+                ));
+            }
+            if matches!(graph.node(n).op, ralpc_ir::Op::Input) {
+                inputs = inputs.saturating_add(bytes);
+            }
+        }
+    }
+    match have {
+        Some(have) if inputs > have => too_large(format!(
+            "{at} makes the model's inputs alone need {}; this machine has {} available",
+            size(inputs),
+            size(have)
+        )),
         _ => Ok(()),
     }
 }
@@ -643,13 +680,16 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
         .fold(0, u64::saturating_add)
         .saturating_sub(workspace);
     match memory_available() {
-        Some(have) if need > have => Err(run_error(format!(
-            "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU workspace); \
-             this machine has {:.2} GiB available",
-            plan.ranks,
-            need as f64 / f64::from(1u32 << 30),
-            have as f64 / f64::from(1u32 << 30)
-        ))),
+        Some(have) if need > have => Err(Error::Setup(
+            format!(
+                "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU \
+                 workspace); this machine has {:.2} GiB available",
+                plan.ranks,
+                need as f64 / f64::from(1u32 << 30),
+                have as f64 / f64::from(1u32 << 30)
+            )
+            .into(),
+        )),
         _ => Ok(()),
     }
 }

@@ -79,12 +79,25 @@ fn profiling_a_model_that_cannot_fit_is_refused_before_allocating() {
         .arg(&out)
         .arg(common::fixture("train/mlp.onnx"))
         .assert()
-        .code(4);
+        .code(1);
     let stderr = String::from_utf8_lossy(&run.get_output().stderr);
     assert!(
-        stderr.contains("needs") && stderr.contains("available"),
+        stderr.contains("need") && stderr.contains("available"),
         "{stderr}"
     );
+    assert!(!out.exists(), "nothing is written");
+    // A batch size whose inputs alone exceed the memory: refused before any batch is
+    // allocated (before, it aborted), naming the batch size.
+    let run = Command::cargo_bin("ralpc")
+        .expect("binary")
+        .env("RALPC_MEMORY_AVAILABLE", (1u64 << 30).to_string())
+        .args(["profile", "--batch-sizes", "1,100000000", "-o"])
+        .arg(&out)
+        .arg(common::fixture("train/mlp.onnx"))
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&run.get_output().stderr);
+    assert!(stderr.contains("batch size 100000000"), "{stderr}");
     assert!(!out.exists(), "nothing is written");
 }
 

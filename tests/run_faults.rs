@@ -211,7 +211,7 @@ fn a_plan_that_does_not_fit_in_memory_is_refused_before_it_starts() {
         .arg(&model)
         .arg(dir.path())
         .assert()
-        .code(4);
+        .code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
     assert!(
         stderr.contains("need") && stderr.contains("available"),
@@ -454,7 +454,7 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
         ("a layer's split", resplit, "its layout of layer"),
         ("an edge's tensor", rewired, "its layout's edge 0"),
         ("no layout", unlaid, "no layout of its layers"),
-        ("batch", batch, "makes the model's inputs"),
+        ("batch", batch, "the plan's batch 1099511627776 makes"),
         (
             "wrapping",
             wrapping,
@@ -602,4 +602,73 @@ fn edited_programs_are_refused_before_training() {
         assert!(text.contains(says), "{what}: {text}");
         assert_eq!(error.exit_code(), 1, "{what}: {text}");
     }
+}
+
+/// A tiny model that plans (its weights are a few kB) but whose constants expand to a
+/// [2^20, 2^20] tensor (4 TiB) on the way to its output: `ralpc run` refuses it before
+/// allocating, naming the value (exit 1); before, the allocation aborted the process.
+#[test]
+fn a_huge_tensor_built_from_constants_is_refused_before_allocating() {
+    use onnx_protobuf::{Message, ModelProto, NodeProto, TensorProto};
+    let bytes = std::fs::read(common::fixture("train/mlp.onnx")).expect("fixture");
+    let mut model = ModelProto::parse_from_bytes(&bytes).expect("decodes");
+    let graph = model.graph.mut_or_insert_default();
+    let tensor = |name: &str, data_type: i32, dims: Vec<i64>, raw: Vec<u8>| {
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.data_type = data_type;
+        t.dims = dims;
+        t.raw_data = raw;
+        t
+    };
+    let side = 1i64 << 20;
+    let shape: Vec<u8> = [side, side].iter().flat_map(|d| d.to_le_bytes()).collect();
+    graph
+        .initializer
+        .push(tensor("bomb_shape", 7, vec![2], shape));
+    graph
+        .initializer
+        .push(tensor("one", 1, vec![1], 1f32.to_le_bytes().to_vec()));
+    let node = |op: &str, inputs: &[&str], output: &str| {
+        let mut n = NodeProto::new();
+        n.op_type = op.into();
+        n.name = output.into();
+        n.input = inputs.iter().map(|s| (*s).to_owned()).collect();
+        n.output = vec![output.into()];
+        n
+    };
+    graph
+        .node
+        .push(node("Expand", &["one", "bomb_shape"], "bomb"));
+    graph.node.push(node("ReduceSum", &["bomb"], "bomb_sum"));
+    graph.node.push(node("Add", &["fc2", "bomb_sum"], "scored"));
+    graph.output[0].name = "scored".into();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bomb.onnx");
+    std::fs::write(&path, model.write_to_bytes().expect("encodes")).expect("writes");
+    let ralpc = || {
+        let mut cmd = assert_cmd::Command::cargo_bin("ralpc").expect("binary");
+        cmd.current_dir(dir.path());
+        cmd
+    };
+    ralpc()
+        .args([
+            "plan",
+            "bomb.onnx",
+            "--gpus",
+            "1",
+            "--batch",
+            "4",
+            "--quiet",
+            "-o",
+            "out",
+        ])
+        .assert()
+        .success();
+    let out = ralpc().args(["run", "out"]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr);
+    assert!(
+        stderr.contains("value 'bomb' [1048576, 1048576] need 4096.00 GiB"),
+        "{stderr}"
+    );
 }
