@@ -38,8 +38,9 @@ pub struct RunOptions {
     pub lr: f32,
     /// SGD momentum.
     pub momentum: f32,
-    /// The objective.
-    pub loss: Loss,
+    /// The objective; `None`: cross-entropy where the model's output has classes along an
+    /// axis of their own, MSE where it is one value per sample (a regression head).
+    pub loss: Option<Loss>,
     /// How long a rank waits for another before every rank gives up.
     pub timeout: Duration,
     /// Inputs and labels for the global batch (JSON, see [`read_data`]) instead of
@@ -73,7 +74,7 @@ impl Default for RunOptions {
             seed: train.seed,
             lr: train.lr,
             momentum: train.momentum,
-            loss: train.loss,
+            loss: None,
             timeout: Duration::from_secs(60),
             data: None,
             checkpoint_every: None,
@@ -98,13 +99,14 @@ pub enum Backend {
 }
 
 impl RunOptions {
-    fn train(&self) -> TrainOptions {
+    /// The training options, with the loss [`Prepared`] settled on.
+    fn train(&self, loss: Loss) -> TrainOptions {
         TrainOptions {
             steps: self.steps,
             seed: self.seed,
             lr: self.lr,
             momentum: self.momentum,
-            loss: self.loss,
+            loss,
             report_tensors: self.report_tensors,
         }
     }
@@ -134,6 +136,8 @@ struct Prepared {
     info: GraphInfo,
     weights: Weights,
     data: Dataset,
+    /// The loss asked for, or the one the output takes.
+    loss: Loss,
 }
 
 /// `--fault RANK:INSTRUCTION` must name an instruction of the plan: one that does not
@@ -337,16 +341,20 @@ fn prepare(
     load(bind_model(model, batch, shapes, values)?, options)
 }
 
-/// Refuses cross-entropy on an output with no class axis besides the batch (one value
-/// per sample, a regression head): it would read the batch as classes, and a plan that
-/// splits the batch would split the classes.
-fn check_loss(graph: &Graph, info: &GraphInfo, loss: Loss) -> Result<(), Error> {
+/// The loss to train with: the one asked for, or — `None` — cross-entropy where the
+/// model's output has classes along an axis of their own and MSE where it is one value
+/// per sample. Cross-entropy asked for on such an output is refused: it would read the
+/// batch as classes, and a plan that splits the batch would split the classes.
+fn settle_loss(graph: &Graph, info: &GraphInfo, asked: Option<Loss>) -> Result<Loss, Error> {
     let Some(&output) = graph.outputs().first() else {
-        return Ok(());
+        return Ok(asked.unwrap_or_default());
     };
     let shape = &info.ty(output).shape;
-    if loss == Loss::CrossEntropy && shape.rank() < 2 {
-        return Err(Error::Setup(
+    let per_sample = shape.rank() < 2;
+    match asked {
+        None if per_sample => Ok(Loss::Mse),
+        None => Ok(Loss::CrossEntropy),
+        Some(Loss::CrossEntropy) if per_sample => Err(Error::Setup(
             format!(
                 "the loss: cross-entropy needs classes along an axis of their own, but the \
                  model's output '{}' is {:?}, one value per sample: train it with --loss mse",
@@ -354,20 +362,20 @@ fn check_loss(graph: &Graph, info: &GraphInfo, loss: Loss) -> Result<(), Error> 
                 shape.as_sizes().unwrap_or_default()
             )
             .into(),
-        ));
+        )),
+        Some(loss) => Ok(loss),
     }
-    Ok(())
 }
 
 /// Its weights and data.
 fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
-    let (seed, loss) = (options.seed, options.loss);
+    let seed = options.seed;
     let Bound {
         unbound,
         graph,
         info,
     } = bound;
-    check_loss(&graph, &info, loss)?;
+    let loss = settle_loss(&graph, &info, options.loss)?;
     let weights = Weights::load(&graph, seed).map_err(run_error)?;
     let data = match &options.data {
         Some(path) => read_data(path, &graph, &info, loss)?,
@@ -379,6 +387,7 @@ fn load(bound: Bound, options: &RunOptions) -> Result<Prepared, Error> {
         info,
         weights,
         data,
+        loss,
     })
 }
 
@@ -788,8 +797,14 @@ pub fn train_single_device(
     options: &RunOptions,
 ) -> Result<TrainReport, Error> {
     let p = prepare(model, batch, (&BTreeMap::new(), &BTreeMap::new()), options)?;
-    train::train_reference(&p.graph, &p.info, &p.weights, &p.data, &options.train())
-        .map_err(run_error)
+    train::train_reference(
+        &p.graph,
+        &p.info,
+        &p.weights,
+        &p.data,
+        &options.train(p.loss),
+    )
+    .map_err(run_error)
 }
 
 /// Refuses options the command line's parsers would refuse, for library callers: a
@@ -920,13 +935,19 @@ fn run_with(
         resume: resume.as_ref(),
     };
     let (report, elapsed) = match &options.placement {
-        None => exec::run(&exe, &options.train(), &control),
+        None => exec::run(&exe, &options.train(p.loss), &control),
         Some(placement) => {
             let world = World::connect(placement, options.timeout).map_err(|e| Error::Join {
                 rank: Some(placement.rank),
                 source: Box::new(e),
             })?;
-            exec::run_process(&exe, &options.train(), &control, &world, placement.rank)
+            exec::run_process(
+                &exe,
+                &options.train(p.loss),
+                &control,
+                &world,
+                placement.rank,
+            )
         }
     }
     .map_err(|e| {

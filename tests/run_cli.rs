@@ -211,9 +211,9 @@ fn a_given_input_value_picks_a_branch_and_the_plan_keeps_it() {
         .success();
 }
 
-/// A model whose output has no class axis (one score per sample) plans, and `run` says
-/// cross-entropy cannot be taken of it (exit 1, naming the output and `--loss mse`)
-/// instead of failing as a bug (101) once the batch is split; with MSE it trains.
+/// A model whose output has no class axis (one score per sample) plans and trains with
+/// MSE, the loss `auto` picks for it; cross-entropy asked for is refused (exit 1, naming
+/// the output and `--loss mse`) instead of failing as a bug (101) once the batch is split.
 #[test]
 fn a_one_value_per_sample_output_asks_for_mse() {
     let cwd = common::workdir();
@@ -236,7 +236,7 @@ fn a_one_value_per_sample_output_asks_for_mse() {
         .assert()
         .success();
     let out = ralpc(&cwd)
-        .args(["run", "scalar-head.ralpc"])
+        .args(["run", "scalar-head.ralpc", "--loss", "cross-entropy"])
         .assert()
         .code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr);
@@ -244,8 +244,15 @@ fn a_one_value_per_sample_output_asks_for_mse() {
         stderr.contains("output 'score' is [4]") && stderr.contains("--loss mse"),
         "{stderr}"
     );
+    // The default loss is the one the output takes.
+    for loss in ["mse", "auto"] {
+        ralpc(&cwd)
+            .args(["run", "scalar-head.ralpc", "--loss", loss])
+            .assert()
+            .success();
+    }
     ralpc(&cwd)
-        .args(["run", "scalar-head.ralpc", "--loss", "mse"])
+        .args(["run", "scalar-head.ralpc"])
         .assert()
         .success();
 }

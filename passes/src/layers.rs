@@ -493,7 +493,11 @@ impl LayerGraph {
 
     /// Total parameter bytes.
     pub fn param_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.param_bytes).sum()
+        // Saturating: imported profiles give each layer's size.
+        self.layers
+            .iter()
+            .map(|l| l.param_bytes)
+            .fold(0, u64::saturating_add)
     }
 
     /// Each weight's owner: the first layer that reads it, whose `param_bytes` count it

@@ -56,8 +56,9 @@ pub struct Args {
     /// Inputs and labels for the global batch (JSON).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
-    /// The loss added on the model's first output.
-    #[arg(long, default_value = "cross-entropy", value_parser = ["cross-entropy", "mse"])]
+    /// The loss added on the model's first output (auto: cross-entropy where it has
+    /// classes along an axis of their own, mse where it is one value per sample).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cross-entropy", "mse"])]
     pub loss: String,
     /// SGD learning rate (finite, >= 0).
     #[arg(long, default_value_t = 0.01, value_parser = super::parse_learning_rate)]
@@ -150,7 +151,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         seed: args.seed,
         lr: args.lr,
         momentum: args.momentum,
-        loss: Loss::parse(&args.loss).unwrap_or_default(),
+        loss: Loss::parse(&args.loss),
         timeout: Duration::from_secs(args.timeout),
         data: args.data.clone(),
         checkpoint_every: args.checkpoint_every,

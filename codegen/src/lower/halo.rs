@@ -25,9 +25,9 @@ impl Lowering<'_, '_> {
         mb: u32,
         pass: HaloPass,
     ) -> Vec<(u64, Vec<(HaloMessage, u64)>)> {
-        (0..self.edges.len())
-            .filter(|&ei| self.edges[ei].consumer == l)
-            .filter_map(|ei| {
+        self.into[l]
+            .iter()
+            .filter_map(|&ei| {
                 let (messages, row) = self.halo_messages(ei);
                 if messages.is_empty() {
                     return None;

@@ -108,6 +108,10 @@ struct Lowering<'c, 'a> {
     comm: Comm<'a>,
     stage_of: Vec<usize>,
     edges: Vec<Edge>,
+    /// Per layer, the edges it reads and the edges it makes, in edge order: a layer's
+    /// lowering visits its own (all edges per layer made large graphs quadratic).
+    into: Vec<Vec<usize>>,
+    out_of: Vec<Vec<usize>>,
     /// Per edge, the earlier edge whose collective it shares ([`shared_gathers`]).
     shared: Vec<Option<SharedGather>>,
     /// The inputs kept as pieces and gathered again for the backward pass.
@@ -211,9 +215,9 @@ impl Lowering<'_, '_> {
     /// The bytes of layer `l`'s input gradient one of its ranks computes per microbatch.
     fn input_gradient_bytes(&self, l: usize) -> f64 {
         let split = self.strategy.layers[l];
-        self.edges
+        self.into[l]
             .iter()
-            .filter(|e| e.consumer == l)
+            .map(|&ei| &self.edges[ei])
             .map(|e| {
                 e.bytes * input_share(e.reads_as, split) / f64::from(self.strategy.microbatches)
             })
@@ -227,11 +231,8 @@ impl Lowering<'_, '_> {
             self.gather_weights(k, l..=l, &mut gathered);
             // Inputs from this stage move now; from earlier stages they were sent there.
             let mut inputs: Vec<Key> = Vec::new();
-            for ei in 0..self.edges.len() {
+            for ei in self.into[l].clone() {
                 let e = &self.edges[ei];
-                if e.consumer != l {
-                    continue;
-                }
                 let producer = e.producer;
                 let same_stage = self.stage_of[producer] == k;
                 let tag = self.tag(ei, mb, false);
@@ -256,9 +257,9 @@ impl Lowering<'_, '_> {
             self.run_forward(l, mb, &inputs, output);
             self.reduce_partial_sums(l, output);
             // What later stages read from this layer leaves now.
-            for ei in 0..self.edges.len() {
+            for ei in self.out_of[l].clone() {
                 let e = &self.edges[ei];
-                if e.producer != l || self.stage_of[e.consumer] == k {
+                if self.stage_of[e.consumer] == k {
                     continue;
                 }
                 let tag = self.tag(ei, mb, false);
@@ -312,11 +313,8 @@ impl Lowering<'_, '_> {
             // The gradient of this layer's output: from later stages by message, from
             // consumers in this stage by message or in place.
             let mut gradients: Vec<Key> = Vec::new();
-            for ei in 0..self.edges.len() {
+            for ei in self.out_of[l].clone() {
                 let e = &self.edges[ei];
-                if e.producer != l {
-                    continue;
-                }
                 let consumer = e.consumer;
                 let tag = self.tag(ei, mb, true);
                 gradients.push(Key::received(l, mb, tag));
@@ -342,9 +340,9 @@ impl Lowering<'_, '_> {
             };
             self.loss_statistics(l, Key::pass(kept, l, mb));
             self.regather(l, mb);
-            let regathered: Vec<Key> = (0..self.edges.len())
-                .filter(|&ei| self.edges[ei].consumer == l)
-                .filter_map(|ei| {
+            let regathered: Vec<Key> = self.into[l]
+                .iter()
+                .filter_map(|&ei| {
                     let r = &self.regathers.list[self.regathers.of_edge[ei]?];
                     let own = Key::pass(BufferKind::Activation, r.producer, mb);
                     Some([self.received_again(r.first, mb), own])
@@ -385,10 +383,7 @@ impl Lowering<'_, '_> {
             }
             self.halos_backward(l, mb, input_gradient);
             let (split, first) = self.place(l);
-            for ei in 0..self.edges.len() {
-                if self.edges[ei].consumer != l {
-                    continue;
-                }
+            for ei in self.into[l].clone() {
                 // A reduce-scatter sums the input gradient on its way back.
                 let scattered = matches!(self.patterns[ei], Pattern::Gather { scatter: true, .. });
                 let producer_kind = self.costs.graph.layers[self.edges[ei].producer].kind;
@@ -462,11 +457,8 @@ impl Lowering<'_, '_> {
     fn recompute(&mut self, first: usize, last: usize, mb: u32) {
         for l in first..=last {
             let mut inputs: Vec<Key> = Vec::new();
-            for ei in 0..self.edges.len() {
+            for ei in self.into[l].clone() {
                 let e = &self.edges[ei];
-                if e.consumer != l {
-                    continue;
-                }
                 let producer = e.producer;
                 if producer >= first {
                     let tag = self.tag_again(ei, mb);
@@ -509,7 +501,7 @@ impl Lowering<'_, '_> {
         let bytes = layer.output_bytes as f64 * share / f64::from(self.strategy.microbatches);
         let groups = Self::copies(&ranks, self.ranks(l));
         let is_output = self.costs.graph.outputs.iter().any(|o| o.0 as usize == l);
-        let mut readers = self.edges.iter().filter(|e| e.producer == l).peekable();
+        let mut readers = self.out_of[l].iter().map(|&ei| &self.edges[ei]).peekable();
         let scatter = !is_output
             && readers.peek().is_some()
             && readers.all(|e| {
@@ -630,7 +622,15 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         .collect();
     let tied = tied_reductions(graph, strategy);
     let separate = separately_reduced(graph, &tied);
+    let mut into = vec![Vec::new(); graph.layers.len()];
+    let mut out_of = vec![Vec::new(); graph.layers.len()];
+    for (ei, e) in edges.iter().enumerate() {
+        into[e.consumer].push(ei);
+        out_of[e.producer].push(ei);
+    }
     let mut lowering = Lowering {
+        into,
+        out_of,
         patterns,
         costs,
         strategy,

@@ -14,8 +14,6 @@
 //! objective is `time + λ·GPU-time + μ·memory of rank 0` (rank 0 holds a share of every
 //! layer, the most of any rank).
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap as HashMap;
 
 use super::costs::Costs;
@@ -288,14 +286,21 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
     }];
     let mut history: Vec<Vec<(u32, u16)>> = Vec::with_capacity(n);
     let mut matrices: Vec<Vec<f64>> = Vec::new();
+    // Each frontier layer's slot in the states' keys (`usize::MAX`: not on the frontier),
+    // so that a wide frontier (a thousand parallel branches) costs a lookup per slot, not
+    // a search.
+    let mut slot_of = vec![usize::MAX; n];
     for (i, layer) in graph.layers.iter().enumerate() {
+        for (k, &j) in frontier.iter().enumerate() {
+            slot_of[j] = k;
+        }
         let next_frontier: Vec<usize> = frontier
             .iter()
             .copied()
             .chain(std::iter::once(i))
             .filter(|&j| last_use[j] > i)
             .collect();
-        let position = |j: usize| frontier.iter().position(|&f| f == j);
+        let position = |j: usize| Some(slot_of[j]).filter(|&k| k != usize::MAX);
         let me = &tables[i];
         let width = me.splits.len();
         // This layer's input edges: (producer, its frontier slot, bytes, read by the
@@ -321,16 +326,25 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
         let keeps_me = next_frontier.last() == Some(&i);
         // States that agree on the frontier layers that stay share a projection; the best
         // cost per (projection, choice) is kept in a dense table.
-        let mut projections: BTreeMap<Vec<u16>, usize> = BTreeMap::new();
+        // Numbered in the order states first reach them (a hash map finds them: a
+        // wide frontier makes keys long, and an ordered map compares them a log factor
+        // more often).
+        let mut numbers: HashMap<Vec<u16>, usize> =
+            HashMap::with_capacity_and_hasher(states.len(), Default::default());
+        let mut projections: Vec<Vec<u16>> = Vec::new();
         let mut projection_of = Vec::with_capacity(states.len());
+        let staying: Vec<usize> = next_frontier
+            .iter()
+            .filter(|&&j| j != i)
+            .map(|&j| position(j).unwrap_or(0))
+            .collect();
         for state in &states {
-            let proj: Vec<u16> = next_frontier
-                .iter()
-                .filter(|&&j| j != i)
-                .map(|&j| state.key[position(j).unwrap_or(0)])
-                .collect();
-            let count = projections.len();
-            projection_of.push(*projections.entry(proj).or_insert(count));
+            let proj: Vec<u16> = staying.iter().map(|&k| state.key[k]).collect();
+            let number = *numbers.entry(proj).or_insert_with_key(|proj| {
+                projections.push(proj.clone());
+                projections.len() - 1
+            });
+            projection_of.push(number);
         }
         let mut best_of = vec![(f64::INFINITY, 0u32); projections.len() * width];
         for (si, state) in states.iter().enumerate() {
@@ -374,7 +388,6 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                 }
             }
         }
-        let projections: Vec<Vec<u16>> = projections.into_keys().collect();
         // Candidates as (cost, parent, projection, choice); keys are built only for the
         // states the beam keeps.
         let mut candidates: Vec<(f64, u32, u32, u16)> = Vec::new();
@@ -438,6 +451,9 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
             .collect();
         history.push(kept.iter().map(|s| (s.parent, s.choice)).collect());
         states = kept;
+        for &j in &frontier {
+            slot_of[j] = usize::MAX;
+        }
         frontier = next_frontier;
     }
     let (mut at, _) = states

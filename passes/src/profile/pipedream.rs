@@ -112,7 +112,9 @@ pub fn parse_pipedream(
                 .ok_or_else(|| err(format!("bad metric '{field}'")))?;
             fields.insert(k.trim(), v.trim());
         }
-        let number = |key: &str| -> Result<f64, ProfileError> {
+        // Bounds far beyond any layer, so that sums and unit changes stay finite and
+        // sizes stay exact: an hour of compute, 2^40 bytes (a TiB).
+        let number = |key: &str, most: f64| -> Result<f64, ProfileError> {
             let text = fields
                 .get(key)
                 .ok_or_else(|| err(format!("missing {key}")))?;
@@ -126,15 +128,22 @@ pub fn parse_pipedream(
                         .filter(|x| x.is_finite() && *x >= 0.0)
                 })
                 .sum::<Option<f64>>()
-                .ok_or_else(|| err(format!("{key}: '{text}' is not a non-negative number")))
+                .filter(|&x| x <= most)
+                .ok_or_else(|| {
+                    err(format!(
+                        "{key}: '{text}' is not a non-negative number of at most {most:e}"
+                    ))
+                })
         };
+        const MOST_MS: f64 = 3.6e6;
+        const MOST_BYTES: f64 = (1u64 << 40) as f64;
         nodes.push(Node {
             id: id.trim().to_owned(),
             description: description.trim().to_owned(),
-            fwd_ms: number("forward_compute_time")?,
-            bwd_ms: number("backward_compute_time")?,
-            activation_bytes: number("activation_size")? as u64,
-            param_bytes: number("parameter_size")? as u64,
+            fwd_ms: number("forward_compute_time", MOST_MS)?,
+            bwd_ms: number("backward_compute_time", MOST_MS)?,
+            activation_bytes: number("activation_size", MOST_BYTES)? as u64,
+            param_bytes: number("parameter_size", MOST_BYTES)? as u64,
         });
     }
     let invalid = |message: String| ProfileError::Invalid {
@@ -173,6 +182,12 @@ pub fn parse_pipedream(
             id.clone(),
         )
     };
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (j, p) in preds.iter().enumerate() {
+        for &i in p {
+            succs[i].push(j);
+        }
+    }
     let mut remaining: Vec<usize> = preds.iter().map(Vec::len).collect();
     let mut ready: BTreeSet<((u64, String), usize)> = (0..nodes.len())
         .filter(|&i| remaining[i] == 0)
@@ -182,12 +197,10 @@ pub fn parse_pipedream(
     while let Some(first) = ready.pop_first() {
         let i = first.1;
         order.push(i);
-        for (j, p) in preds.iter().enumerate() {
-            if p.contains(&i) {
-                remaining[j] -= 1;
-                if remaining[j] == 0 {
-                    ready.insert((number(j), j));
-                }
+        for &j in &succs[i] {
+            remaining[j] -= 1;
+            if remaining[j] == 0 {
+                ready.insert((number(j), j));
             }
         }
     }
@@ -255,7 +268,7 @@ pub fn parse_pipedream(
                 epilogue: false,
             })
             .collect();
-        let input_bytes: u64 = inputs.iter().map(|e| e.bytes).sum();
+        let input_bytes = inputs.iter().map(|e| e.bytes).fold(0, u64::saturating_add);
         layer_of.insert(i, LayerId(layers.len() as u32));
         layers.push(Layer {
             name: n.id.clone(),
@@ -267,7 +280,7 @@ pub fn parse_pipedream(
             param_bytes: n.param_bytes,
             fwd_flops: 0,
             bwd_flops: 0,
-            activation_io_bytes: input_bytes + n.activation_bytes,
+            activation_io_bytes: input_bytes.saturating_add(n.activation_bytes),
             output_bytes: n.activation_bytes,
             stash_bytes: input_bytes,
             inner_stash_bytes: 0,
