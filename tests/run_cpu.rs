@@ -823,7 +823,7 @@ fn an_output_cut_by_channels_before_unit_axes_trains_as_one_device() {
             plan,
             model: Some(model.clone()),
             steps: 3,
-            loss,
+            loss: Some(loss),
             ..Default::default()
         };
         let want = ralpc::train_single_device(&model, 8, &run(PathBuf::new()))
