@@ -26,7 +26,9 @@ pub fn cluster(options: &ClusterOptions) -> Result<Cluster, Error> {
     let spec = options.spec.as_deref().unwrap_or(DEFAULT_CLUSTER);
     let mut cluster = Cluster::resolve(spec).map_err(|e| Error::Cluster(Box::new(e)))?;
     if let Some(n) = options.nodes {
-        cluster = cluster.times(n);
+        cluster = cluster
+            .checked_times(n)
+            .map_err(|e| Error::Cluster(Box::new(e)))?;
     }
     if let Some(link) = options.flat {
         cluster = cluster.with_flat_network(link);

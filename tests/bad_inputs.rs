@@ -172,3 +172,103 @@ fn a_declared_output_shape_the_graph_contradicts_is_a_warning() {
         );
     }
 }
+
+/// Numbers beyond any machine, in files and flags, are refused at the door with the field
+/// named (exit 1, or 2 for a flag) — before, a PipeDream size of 1e308 or a split of
+/// 2^32 GPUs overflowed (101), a DeepPool time of 1e308 or a bandwidth of 1e-300 B/s
+/// planned `inf` durations, and `dgx-a100x536870912` overflowed its GPU count.
+#[test]
+fn absurd_numbers_are_refused_at_the_door() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ralpc = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ralpc"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("ralpc runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let edited = |fixture: &str, name: &str, from: &str, to: &str| {
+        let text = std::fs::read_to_string(common::fixture(fixture)).expect("fixture");
+        assert!(text.contains(from), "{fixture} has {from}");
+        std::fs::write(dir.path().join(name), text.replacen(from, to, 1)).expect("write");
+    };
+    edited(
+        "anchors/pipedream/alexnet/graph.txt",
+        "graph.txt",
+        "activation_size=44302336.000",
+        "activation_size=1e308",
+    );
+    edited(
+        "anchors/deeppool/A100_vgg.prof",
+        "vgg.prof",
+        "2.157      2157",
+        "2.157      1e308",
+    );
+    let cases: [(&[&str], i32, &str); 5] = [
+        (
+            &["plan", "graph.txt", "--gpus", "4", "--batch", "128"],
+            1,
+            "activation_size",
+        ),
+        (
+            &["plan", "vgg.prof", "--gpus", "4"],
+            1,
+            "between 0 and an hour",
+        ),
+        (
+            &["cluster", "dgx-a100x536870912"],
+            1,
+            "a cluster has at most",
+        ),
+        (
+            &[
+                "plan",
+                "graph.txt",
+                "--gpus",
+                "4",
+                "--link-bandwidth",
+                "1e-300B/s",
+            ],
+            2,
+            "from 1B/s",
+        ),
+        (
+            &["cluster", "dgx-a100x1000", "--nodes", "4096"],
+            1,
+            "a cluster has at most",
+        ),
+    ];
+    for (args, code, says) in cases {
+        let (got, stderr) = ralpc(args);
+        assert_eq!(got, Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // A strategy whose split uses 2^32 GPUs.
+    let model = common::fixture("train/mlp.onnx");
+    let model = model.to_str().expect("utf-8");
+    let (code, stderr) = ralpc(&[
+        "plan",
+        model,
+        "--gpus",
+        "2",
+        "--quiet",
+        "--write-strategy",
+        "s.json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut strategy: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).expect("read"))
+            .expect("JSON");
+    let layers = strategy["layers"].as_array_mut().expect("layers");
+    layers[0]["split"] = serde_json::json!({ "sample": 65536, "attribute": 65536, "parameter": 1 });
+    layers[0].as_object_mut().expect("a layer").remove("gpus");
+    std::fs::write(dir.path().join("s.json"), strategy.to_string()).expect("write");
+    let (code, stderr) = ralpc(&["plan", model, "--gpus", "2", "--strategy-file", "s.json"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("its split uses more than"), "{stderr}");
+}

@@ -671,6 +671,18 @@ impl Plan {
                 ));
             }
         }
+        let p = &self.predicted;
+        for (field, x) in [
+            ("iteration_time_us", p.iteration_time_us),
+            ("peak_memory_bytes", p.peak_memory_bytes),
+            ("single_gpu_time_us", p.single_gpu_time_us),
+        ] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(format!(
+                    "predicted.{field}: {x} is not a finite number >= 0"
+                ));
+            }
+        }
         // Messages by (from, to, tag) → bytes; collectives per group per member.
         let mut sends: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
         let mut recvs: BTreeMap<(u32, u32, u64), u64> = BTreeMap::new();
@@ -679,9 +691,14 @@ impl Plan {
             let rank = rank as u32;
             for (i, instr) in program.iter().enumerate() {
                 let at = format!("programs[{rank}][{i}]");
-                let us = instr.us();
+                let (us, latency) = (instr.us(), instr.latency_us());
                 if !(us.is_finite() && us >= 0.0) {
                     return bad(format!("{at}: duration {us} µs"));
+                }
+                if !(0.0..=us).contains(&latency) {
+                    return bad(format!(
+                        "{at}: latency {latency} µs is not within its duration {us} µs"
+                    ));
                 }
                 match *instr {
                     Instruction::Forward {

@@ -52,7 +52,7 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, QuantityError> {
     let error = || QuantityError {
         text: text.to_owned(),
         expected: "a bandwidth",
-        examples: "300GB/s, 200Gb/s, 1.5GiB/s; at most 1e18B/s",
+        examples: "300GB/s, 200Gb/s, 1.5GiB/s; from 1B/s to 1e18B/s",
     };
     let (value, unit) = split_number(text).ok_or_else(error)?;
     let per = unit
@@ -67,7 +67,8 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, QuantityError> {
         return Err(error());
     };
     let bytes = value * prefix_scale(prefix).ok_or_else(error)? * scale;
-    (bytes > 0.0 && bytes <= MAX_BANDWIDTH)
+    (MIN_RATE..=MAX_BANDWIDTH)
+        .contains(&bytes)
         .then_some(bytes)
         .ok_or_else(error)
 }
@@ -75,6 +76,8 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, QuantityError> {
 // Bounds far beyond any machine, so that every time and sum derived from a quantity stays
 // finite (`1e308s` would plan `inf` durations that the plan file cannot hold).
 
+/// 1 B/s or FLOP/s: slower rates (`1e-300B/s`) make times that overflow to infinity.
+const MIN_RATE: f64 = 1.0;
 /// 1 EB/s: a thousand times a GB200 NVL72's NVLink domain.
 const MAX_BANDWIDTH: f64 = 1e18;
 /// One hour, in µs.
@@ -121,7 +124,7 @@ pub fn parse_flops(text: &str) -> Result<f64, QuantityError> {
     let error = || QuantityError {
         text: text.to_owned(),
         expected: "a throughput",
-        examples: "19.5TFLOPS, 312TFLOP/s; at most 1e21FLOPS",
+        examples: "19.5TFLOPS, 312TFLOP/s; from 1FLOPS to 1e21FLOPS",
     };
     let (value, unit) = split_number(text).ok_or_else(error)?;
     let prefix = unit
@@ -129,7 +132,8 @@ pub fn parse_flops(text: &str) -> Result<f64, QuantityError> {
         .or_else(|| unit.strip_suffix("FLOP/s"))
         .ok_or_else(error)?;
     let flops = value * prefix_scale(prefix).ok_or_else(error)?;
-    (flops > 0.0 && flops <= MAX_FLOPS)
+    (MIN_RATE..=MAX_FLOPS)
+        .contains(&flops)
         .then_some(flops)
         .ok_or_else(error)
 }
@@ -176,6 +180,42 @@ pub fn whole_bytes<S: serde::Serializer>(bytes: &f64, serializer: S) -> Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever a flag or a file field says, a quantity parses to a finite number
+        /// within its bounds or is refused; it never panics.
+        #[test]
+        fn any_text_is_a_bounded_quantity_or_refused(
+            number in prop_oneof![
+                any::<f64>().prop_map(|x| x.to_string()),
+                "[0-9]{0,4}(\\.[0-9]{0,3})?(e[+-]?[0-9]{1,3})?",
+                ".{0,8}",
+            ],
+            unit in prop_oneof![
+                prop::sample::select(vec![
+                    "", "B/s", "GB/s", "Gbps", "us", "ns", "s", "ms", "GiB", "B", "TFLOPS",
+                    "PFLOP/s",
+                ])
+                .prop_map(str::to_owned),
+                ".{0,4}",
+            ],
+        ) {
+            let text = format!("{number}{unit}");
+            if let Ok(x) = parse_bandwidth(&text) {
+                prop_assert!((MIN_RATE..=MAX_BANDWIDTH).contains(&x), "{text}: {x}");
+            }
+            if let Ok(x) = parse_latency(&text) {
+                prop_assert!((0.0..=MAX_LATENCY_US).contains(&x), "{text}: {x}");
+            }
+            if let Ok(x) = parse_flops(&text) {
+                prop_assert!((MIN_RATE..=MAX_FLOPS).contains(&x), "{text}: {x}");
+            }
+            if let Ok(x) = parse_bytes(&text) {
+                prop_assert!(x >= 1 && x < 1 << 63, "{text}: {x}");
+            }
+        }
+    }
 
     #[test]
     fn bandwidths() {
@@ -207,6 +247,8 @@ mod tests {
         assert!(parse_bandwidth("1e308GB/s").is_err());
         assert!(parse_bandwidth("2000PB/s").is_err());
         assert!(parse_flops("1e300PFLOPS").is_err());
+        assert!(parse_bandwidth("1e-300B/s").is_err());
+        assert!(parse_flops("1e-300FLOPS").is_err());
     }
 
     #[test]

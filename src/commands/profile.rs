@@ -35,8 +35,8 @@ pub struct Args {
     /// axis is replaced by each batch size; repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
     pub inputs: Vec<(String, Vec<u64>)>,
-    /// Timed runs per op and direction; the median is kept.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Timed runs per op and direction (1 to 1000); the median is kept.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeats: u32,
     /// Seeds weights the model lacks and the inputs.
     #[arg(long, default_value_t = 0)]

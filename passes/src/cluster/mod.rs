@@ -260,7 +260,11 @@ pub enum LinkLevel {
 impl Cluster {
     /// Total GPUs.
     pub fn gpu_count(&self) -> u32 {
-        self.groups.iter().map(|g| g.nodes * g.gpus_per_node).sum()
+        // Saturating: a cluster's size is checked where it is made (`checked_times`).
+        self.groups
+            .iter()
+            .map(|g| g.nodes.saturating_mul(g.gpus_per_node))
+            .fold(0, u32::saturating_add)
     }
 
     /// Total servers.
@@ -340,15 +344,38 @@ impl Cluster {
         }
     }
 
-    /// The same cluster with every group's node count multiplied by `factor`.
+    /// The same cluster with every group's node count multiplied by `factor`; see
+    /// [`Cluster::checked_times`] for a factor from the user.
     pub fn times(mut self, factor: u32) -> Cluster {
         for g in &mut self.groups {
-            g.nodes *= factor;
+            g.nodes = g.nodes.saturating_mul(factor);
         }
         if factor > 1 {
             self.name = format!("{}x{factor}", self.name);
         }
         self
+    }
+
+    /// [`Cluster::times`], refused when the result would have more GPUs than a cluster
+    /// may (a preset's `xN`, `--nodes`): planning for billions of GPUs runs out of time
+    /// and memory before it says anything.
+    ///
+    /// # Errors
+    /// [`ClusterError::TooLarge`].
+    pub fn checked_times(self, factor: u32) -> Result<Cluster, ClusterError> {
+        let gpus = u64::from(factor)
+            * self
+                .groups
+                .iter()
+                .map(|g| u64::from(g.nodes) * u64::from(g.gpus_per_node))
+                .sum::<u64>();
+        if gpus > spec::MAX_GPUS {
+            return Err(ClusterError::TooLarge {
+                name: format!("{}x{factor}", self.name),
+                gpus,
+            });
+        }
+        Ok(self.times(factor))
     }
 
     /// The same GPUs on a flat network.

@@ -320,12 +320,12 @@ impl Cluster {
             _ => (name, 1),
         };
         let node = preset_node(base).ok_or_else(unknown)?;
-        Ok(Cluster {
+        Cluster {
             name: base.to_owned(),
             groups: vec![node],
             racks: None,
             flat: None,
         }
-        .times(nodes))
+        .checked_times(nodes)
     }
 }

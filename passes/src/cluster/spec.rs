@@ -66,6 +66,14 @@ pub enum ClusterError {
         /// The TOML error, with line and column.
         message: String,
     },
+    /// More GPUs than one cluster may have ([`MAX_GPUS`]): a preset's `xN` or `--nodes`.
+    #[error("{name}: {gpus} GPUs; a cluster has at most {MAX_GPUS}")]
+    TooLarge {
+        /// The cluster and its node count.
+        name: String,
+        /// The GPUs it would have.
+        gpus: u64,
+    },
     /// A field's value is wrong.
     #[error("{path}: {field}: {message}")]
     Field {
@@ -309,7 +317,7 @@ impl Fields<'_> {
 }
 
 /// Total GPUs beyond which a cluster is refused (ranks are `u32`, and plans list ranks).
-const MAX_GPUS: u64 = 1 << 20;
+pub(crate) const MAX_GPUS: u64 = 1 << 20;
 
 impl Cluster {
     /// Parses a cluster file's text; `path` names it in errors.

@@ -40,6 +40,8 @@ use serde::{Deserialize, Serialize};
 use super::{PlanError, Schedule, Stage, Strategy};
 use crate::layers::{LayerGraph, Split};
 
+/// The most GPUs one layer's split may use (a cluster file's own limit).
+const MAX_SPLIT_GPUS: u32 = 1_000_000;
 /// The format tag.
 pub const FORMAT: &str = "ralpc-strategy/1";
 
@@ -300,6 +302,18 @@ impl StrategyFile {
             }
             let split = match (l.gpus, l.split) {
                 (_, Some(s)) => {
+                    // A split uses at most a cluster's largest GPU count (and its degree,
+                    // a product, must not overflow).
+                    let degree = [s.sample, s.attribute, s.parameter]
+                        .iter()
+                        .try_fold(1u32, |d, &f| d.checked_mul(f.max(1)))
+                        .filter(|&d| d <= MAX_SPLIT_GPUS);
+                    if degree.is_none() {
+                        return Err(bad(format!(
+                            "layers[{i}] (\"{}\"): its split uses more than {MAX_SPLIT_GPUS} GPUs",
+                            l.name
+                        )));
+                    }
                     let split = Split {
                         sample: s.sample,
                         attribute: s.attribute,

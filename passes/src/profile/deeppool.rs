@@ -117,11 +117,11 @@ fn read(text: &str, path: &str) -> Result<Vec<Vec<Line>>, ProfileError> {
                 "expected three numbers: total ms, forward µs, backward µs".into(),
             ));
         };
-        if [total_ms, fwd_us, bwd_us]
+        if [total_ms * 1e3, fwd_us, bwd_us]
             .iter()
-            .any(|t| !t.is_finite() || *t < 0.0)
+            .any(|t| !(0.0..=super::MAX_US).contains(t))
         {
-            return Err(err("times must be finite and ≥ 0".into()));
+            return Err(err("times must be between 0 and an hour".into()));
         }
         if section.first().is_some_and(|l: &Line| l.batch != batch) {
             return Err(err(format!(

@@ -47,6 +47,16 @@ use crate::layers::LayerGraph;
 /// The format tag this version writes and reads.
 pub const FORMAT: &str = "ralpc-profile/1";
 
+// Bounds far beyond any measurement, so that sums, extrapolations and unit changes of
+// what a profile says stay finite (a 1e308 µs point extrapolated to inf).
+
+/// The longest time one op's pass may take: an hour, µs.
+pub(crate) const MAX_US: f64 = 3.6e9;
+/// The widest spread of timed runs: a thousand times their median.
+const MAX_SPREAD: f64 = 1e3;
+/// The most bytes one op may allocate: a PiB.
+const MAX_BYTES: u64 = 1 << 50;
+
 /// One measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -198,10 +208,25 @@ impl Profile {
                 return Err(invalid(format!("entry {} has no points", entry.signature)));
             }
             for (i, p) in entry.points.iter().enumerate() {
-                let bad_time = |t: f64| !t.is_finite() || t < 0.0;
+                let bad_time = |t: f64| !(0.0..=MAX_US).contains(&t);
                 if p.batch == 0 || bad_time(p.forward_us) || bad_time(p.backward_us) {
                     return Err(invalid(format!(
-                        "entry {}: point {i}: batch must be ≥ 1 and times finite and ≥ 0",
+                        "entry {}: point {i}: batch must be ≥ 1 and times between 0 and an \
+                         hour ({MAX_US:e} µs)",
+                        entry.signature
+                    )));
+                }
+                let bad_spread =
+                    |s: Option<f64>| s.is_some_and(|s| !(0.0..=MAX_SPREAD).contains(&s));
+                if bad_spread(p.forward_spread) || bad_spread(p.backward_spread) {
+                    return Err(invalid(format!(
+                        "entry {}: point {i}: a spread is a ratio between 0 and {MAX_SPREAD}",
+                        entry.signature
+                    )));
+                }
+                if p.peak_bytes.is_some_and(|b| b > MAX_BYTES) {
+                    return Err(invalid(format!(
+                        "entry {}: point {i}: peak_bytes above {MAX_BYTES} (a PiB)",
                         entry.signature
                     )));
                 }

@@ -135,7 +135,7 @@ pub fn parse_pipedream(
                     ))
                 })
         };
-        const MOST_MS: f64 = 3.6e6;
+        const MOST_MS: f64 = super::MAX_US / 1e3;
         const MOST_BYTES: f64 = (1u64 << 40) as f64;
         nodes.push(Node {
             id: id.trim().to_owned(),
