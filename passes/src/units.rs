@@ -212,7 +212,7 @@ mod tests {
                 prop_assert!((MIN_RATE..=MAX_FLOPS).contains(&x), "{text}: {x}");
             }
             if let Ok(x) = parse_bytes(&text) {
-                prop_assert!(x >= 1 && x < 1 << 63, "{text}: {x}");
+                prop_assert!((1..1 << 63).contains(&x), "{text}: {x}");
             }
         }
     }
