@@ -14,6 +14,7 @@ pub mod comm;
 pub mod env;
 mod error;
 pub mod nccl;
+mod pending;
 pub mod rendezvous;
 pub mod replicas;
 pub mod same_device;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::auth::{self, Secret, TOKEN_VAR};
 use super::env::Placement;
+use super::pending::{dial_until_greeted, Pending, HANDSHAKE};
 use super::DistError;
 
 const MAGIC: &[u8; 8] = b"RALPCRV1";
@@ -121,78 +122,6 @@ fn handshake(
     Ok((rank, data, stream))
 }
 
-/// The most connections rank 0 lets prove themselves at once. Each holds a descriptor and
-/// a thread; strangers beyond this cannot exhaust either, which would stop the run.
-const MAX_PENDING: usize = 64;
-
-/// Connections in their handshake, oldest first: a handle to each, to end it when it
-/// outlives [`HANDSHAKE`] (a stranger dripping a byte at a time resets each read's
-/// timeout, not this one) or when a newer connection needs its place.
-#[derive(Default)]
-struct Pending {
-    connections: std::collections::VecDeque<(u64, TcpStream, Instant)>,
-    accepted: u64,
-}
-
-impl Pending {
-    /// Starts the handshake of `stream` on its own thread, first ending the oldest
-    /// handshake when [`MAX_PENDING`] are running (a rank proves itself in milliseconds;
-    /// the oldest is the likeliest stranger).
-    fn start(
-        &mut self,
-        stream: TcpStream,
-        from: SocketAddr,
-        secret: &Secret,
-        world: u32,
-        joined: &std::sync::mpsc::Sender<Joined>,
-    ) {
-        if self.connections.len() >= MAX_PENDING {
-            if let Some((_, oldest, _)) = self.connections.pop_front() {
-                let _ = oldest.shutdown(std::net::Shutdown::Both);
-            }
-        }
-        let Ok(handle) = stream.try_clone() else {
-            // No descriptor for the handle: turned away (closed) like a stranger.
-            return;
-        };
-        let id = self.accepted;
-        self.accepted += 1;
-        self.connections.push_back((id, handle, Instant::now()));
-        let (joined, secret) = (joined.clone(), secret.clone());
-        std::thread::spawn(move || {
-            let _ = joined.send((id, handshake(stream, from, &secret, world)));
-        });
-    }
-
-    /// The handshake numbered `id` ended.
-    fn ended(&mut self, id: u64) {
-        self.connections.retain(|(i, _, _)| *i != id);
-    }
-
-    /// Ends the handshakes older than [`HANDSHAKE`]: their threads see the connection
-    /// closed and report it refused.
-    fn expire(&mut self) {
-        while let Some((_, oldest, at)) = self.connections.front() {
-            if at.elapsed() < HANDSHAKE {
-                break;
-            }
-            let _ = oldest.shutdown(std::net::Shutdown::Both);
-            self.connections.pop_front();
-        }
-    }
-}
-
-/// Whether an `accept` error leaves the listener usable: out of descriptors for now (they
-/// come back as handshakes end), a connection reset before it was taken, a signal.
-fn accept_can_go_on(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted, WouldBlock};
-    // EMFILE and ENFILE, which std names no kind for.
-    matches!(
-        e.kind(),
-        WouldBlock | Interrupted | ConnectionAborted | ConnectionReset
-    ) || matches!(e.raw_os_error(), Some(23 | 24))
-}
-
 /// The variable by which `ralpc launch` hands rank 0 the socket it bound for the
 /// rendezvous, a file descriptor left open across `exec`. A port picked, released and bound
 /// again by rank 0 could be taken in between (any connection's local port comes from the
@@ -223,9 +152,6 @@ fn inherited_listener(port: u16) -> Option<TcpListener> {
     }
 }
 
-/// The longest a connection may take to prove itself and say hello.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-
 fn serve(
     p: &Placement,
     master: SocketAddr,
@@ -250,19 +176,15 @@ fn serve(
     blobs[0] = Some(own);
     let mut peers = Vec::with_capacity(world - 1);
     let (joined, arrivals) = std::sync::mpsc::channel::<Joined>();
-    let mut pending = Pending::default();
+    let mut pending = Pending::new();
     let mut refused = 0u64;
     while peers.len() < world - 1 {
-        // Every connection waiting, so that a crowd of strangers does not fill the backlog
-        // and keep ranks from connecting.
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => pending.start(stream, from, secret, p.world, &joined),
-                Err(e) if accept_can_go_on(&e) => break,
-                Err(e) => return Err(io("accept failed")(e)),
-            }
-        }
-        pending.expire();
+        let (secret, ranks) = (secret.clone(), p.world);
+        pending
+            .accept_all(&listener, &joined, move |stream, from| {
+                handshake(stream, from, &secret, ranks)
+            })
+            .map_err(io("accept failed"))?;
         while let Ok((id, arrival)) = arrivals.try_recv() {
             pending.ended(id);
             match arrival {
@@ -367,22 +289,6 @@ fn read_hello(r: &mut impl Read, world: u32) -> Result<(u32, Vec<u8>), DistError
     Ok((rank, read_blob(r)?))
 }
 
-/// A connection to rank 0, tried until the deadline.
-fn connect(p: &Placement, master: SocketAddr, deadline: Instant) -> Result<TcpStream, DistError> {
-    loop {
-        match TcpStream::connect_timeout(&master, remaining(deadline)) {
-            Ok(s) => return Ok(s),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => {
-                return Err(DistError::io(format!(
-                    "rendezvous: rank {} cannot reach rank 0 at {master}",
-                    p.rank
-                ))(e))
-            }
-        }
-    }
-}
-
 fn join(
     p: &Placement,
     master: SocketAddr,
@@ -392,17 +298,10 @@ fn join(
     // Rank 0 may not be listening yet, or may close a connection before it greets it when
     // strangers crowd its handshakes (`Pending`): both are tried again until the deadline.
     // A refusal after the greeting (a wrong secret) is final.
-    let mut stream = loop {
-        let stream = connect(p, master, deadline)?;
-        stream
-            .set_read_timeout(Some(remaining(deadline)))
-            .map_err(io("cannot configure the connection"))?;
-        let greeted = stream.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
-        if greeted || Instant::now() >= deadline {
-            break stream;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut stream = dial_until_greeted(&master, deadline).map_err(DistError::io(format!(
+        "rendezvous: rank {} cannot reach rank 0 at {master}",
+        p.rank
+    )))?;
     auth::call(&mut stream, secret_of(p)?).map_err(|e| {
         e.within(format!(
             "rendezvous: rank {} cannot join rank 0 at {master}",
@@ -569,7 +468,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(500));
             let grown = descriptors() - before;
             assert!(
-                grown <= crowd + 2 * MAX_PENDING + 32,
+                grown <= crowd + 2 * crate::dist::pending::MAX_PENDING + 32,
                 "{grown} descriptors for {crowd} idle connections"
             );
             let started = Instant::now();

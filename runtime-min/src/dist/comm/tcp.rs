@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::mailbox::{Frame, Shared};
 use super::CommError;
 use crate::dist::auth::{self, Secret};
+use crate::dist::pending::{dial_until_greeted, Pending, HANDSHAKE};
 use crate::dist::DistError;
 use crate::dist::{rendezvous, Placement};
 
@@ -118,9 +119,6 @@ impl Frame {
     }
 }
 
-/// The longest a connection may take to prove itself and say which rank it is.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-
 fn remaining(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
@@ -208,21 +206,12 @@ impl Net {
             .collect::<Result<_, _>>()?;
         let world = placement.world as usize;
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
-        // Dial every lower rank…
+        // Dial every lower rank (again while its listener, crowded by strangers, closes
+        // the connection before it greets it)…
         for (r, addr) in addrs.iter().enumerate().take(me as usize) {
-            let mut stream = loop {
-                match TcpStream::connect_timeout(addr, Duration::from_secs(1)) {
-                    Ok(s) => break s,
-                    Err(_) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => {
-                        return Err(DistError::io(format!(
-                            "rank {me} cannot reach rank {r} at {addr}"
-                        ))(e))
-                    }
-                }
-            };
+            let mut stream = dial_until_greeted(addr, deadline).map_err(DistError::io(format!(
+                "rank {me} cannot reach rank {r} at {addr}"
+            )))?;
             stream
                 .set_read_timeout(Some(remaining(deadline)))
                 .map_err(fail("cannot configure a connection"))?;
@@ -243,24 +232,20 @@ impl Net {
         listener
             .set_nonblocking(true)
             .map_err(fail("cannot poll for the other ranks"))?;
-        let (called, calls) = std::sync::mpsc::channel::<Result<(u32, TcpStream), DistError>>();
+        let (called, calls) =
+            std::sync::mpsc::channel::<(u64, Result<(u32, TcpStream), DistError>)>();
+        let mut pending = Pending::new();
         let mut expected = world - 1 - me as usize;
         while expected > 0 {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    let (called, secret) = (called.clone(), secret.clone());
-                    let world = placement.world;
-                    std::thread::spawn(move || {
-                        let _ = called
-                            .send(answer(stream, &secret, me, world).map_err(|e| {
-                                e.within(format!("refused a connection from {from}"))
-                            }));
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(fail("cannot accept a rank")(e)),
-            }
-            while let Ok(call) = calls.try_recv() {
+            let (secret, ranks) = (secret.clone(), placement.world);
+            pending
+                .accept_all(&listener, &called, move |stream, from| {
+                    answer(stream, &secret, me, ranks)
+                        .map_err(|e| e.within(format!("refused a connection from {from}")))
+                })
+                .map_err(fail("cannot accept a rank"))?;
+            while let Ok((number, call)) = calls.try_recv() {
+                pending.ended(number);
                 match call {
                     Ok((r, stream)) => {
                         if streams[r as usize].replace(stream).is_some() {
