@@ -150,6 +150,7 @@ impl Dry {
 
 #[allow(clippy::too_many_arguments, reason = "the trait's signatures")]
 impl Backend for Dry {
+    const COMPUTES_VALUES: bool = false;
     type Buf = DryBuf;
     type Idx = DryBuf;
     type Mark = ();

@@ -217,6 +217,12 @@ pub trait Compute {
     fn hold(&self, f: Floats) -> Result<Floats, DeviceError> {
         Ok(f)
     }
+    /// Whether it computes the values (a counting device only tallies the work and the
+    /// memory, and its losses mean nothing).
+    fn computes_values(&self) -> bool {
+        true
+    }
+
     /// `n` zeros, made where this device computes (no upload).
     ///
     /// # Errors
@@ -806,10 +812,18 @@ impl<'p, 'a> Rank<'p, 'a> {
         }
     }
 
-    /// The first weight this rank holds with a value that is not finite, said in words
-    /// (a loss can stay finite while weights are NaN: ReLU maps NaN to 0).
+    /// The first weight this rank holds on the host with a value that is not finite, said
+    /// in words (a loss can stay finite while weights are NaN: ReLU maps NaN to 0). Weights
+    /// resident on a device are not read back for it: the loss, and the checkpoint's own
+    /// check, still stop a diverged run there.
     fn non_finite_weight(&self) -> Option<String> {
         self.weights.iter().find_map(|(&w, (_, t))| {
+            let Data::F32(floats) = &t.data else {
+                return None;
+            };
+            if !floats.on_host() || floats.is_released() {
+                return None;
+            }
             let x = t.floats()?.iter().find(|x| !x.is_finite())?;
             let name = &self.p.exe.graph.value(w).name;
             Some(format!("weight '{name}' holds {x} after its update"))
@@ -888,10 +902,15 @@ impl<'p, 'a> Rank<'p, 'a> {
             }
             // A diverged run stops here: no later step can recover, and the checkpoint
             // due now would replace the last good one.
-            let loss = self.report.losses.last().filter(|l| !l.is_finite());
+            let values = self.compute.computes_values();
+            let loss = self
+                .report
+                .losses
+                .last()
+                .filter(|l| values && !l.is_finite());
             let diverged = loss
                 .map(|loss| format!("this rank's loss is {loss}"))
-                .or_else(|| self.non_finite_weight());
+                .or_else(|| values.then(|| self.non_finite_weight()).flatten());
             if let Some(what) = diverged {
                 let cause = RankError::Loss(format!(
                     "step {}: {what}; the training diverged (a smaller --lr may not), the \

@@ -70,6 +70,8 @@ pub trait Backend {
     /// ([`ResidentSaved`](crate::cpu::ops::ResidentSaved)).
     type Idx: Send + Sync + 'static;
 
+    /// Whether its kernels compute values (not so a device that only counts the work).
+    const COMPUTES_VALUES: bool = true;
     /// A point in the device's queue of work (a CUDA event; the clock on the host).
     type Mark;
 

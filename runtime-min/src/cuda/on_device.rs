@@ -510,6 +510,10 @@ impl<B: Backend + 'static> OnDevice<B> {
 }
 
 impl<B: Backend + 'static> Compute for OnDevice<B> {
+    fn computes_values(&self) -> bool {
+        B::COMPUTES_VALUES
+    }
+
     fn forward(
         &self,
         graph: &Graph,
