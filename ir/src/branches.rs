@@ -43,16 +43,28 @@ const MAX_UNROLLED_NODES: usize = 1 << 20;
 enum Decision {
     /// The branch taken.
     Branch(bool),
-    /// One more iteration, and what is left of the trip count (`None`: no limit).
-    Iterate(Option<i64>),
+    /// `times` more iterations, and what is left of the trip count after them (`None`:
+    /// no limit). The first is known to run; each later one runs on the condition the one
+    /// before returns, assumed true and checked in the next round ([`inline_taken`]).
+    Iterate { left: Option<i64>, times: i64 },
     /// No more iterations.
     Finish,
 }
 
 /// Replaces every `If` whose condition folds by the branch it takes, and every `Loop` whose
 /// trip count folds by its iterations, nested ones included.
+///
+/// A round re-infers the whole graph, so unrolling one iteration a round made a loop of
+/// `n` iterations cost `n` inferences of a graph that grows with them (4,096 iterations:
+/// minutes). A loop that keeps running unrolls as many iterations as it has so far, so
+/// rounds double what is unrolled; the conditions between them are assumed true, and if
+/// the next round finds one that is not, the graph goes back to before that round and
+/// unrolls one iteration a round from there.
 pub(crate) fn inline_taken(graph: &mut Graph) {
     let mut rounds = 0;
+    let mut speculate = true;
+    // The graph before a round that assumed conditions true, and those conditions.
+    let mut undo: Option<(Graph, Vec<ValueId>)> = None;
     while rounds < MAX_ROUNDS + MAX_ITERATIONS {
         if !graph
             .node_ids()
@@ -70,6 +82,17 @@ pub(crate) fn inline_taken(graph: &mut Graph) {
                 _ => None,
             }
         };
+        if let Some((before, assumed)) = undo.take() {
+            if !assumed
+                .iter()
+                .all(|&v| known(Some(v)).is_some_and(|c| c != 0.0))
+            {
+                *graph = before;
+                speculate = false;
+                rounds += 1;
+                continue;
+            }
+        }
         let decided: BTreeMap<NodeId, Decision> = order
             .iter()
             .filter_map(|&n| {
@@ -97,7 +120,21 @@ pub(crate) fn inline_taken(graph: &mut Graph) {
                             {
                                 None
                             }
-                            (false, _) => Some((n, Decision::Iterate(limit.map(|m| m - 1)))),
+                            (false, _) => {
+                                let room = (MAX_UNROLLED_NODES - order.len())
+                                    / body.body.nodes.len().max(1);
+                                let times = if speculate {
+                                    body.done
+                                        .min(limit.unwrap_or(i64::MAX))
+                                        .min(MAX_ITERATIONS as i64 - body.done)
+                                        .min(room as i64)
+                                        .max(1)
+                                } else {
+                                    1
+                                };
+                                let left = limit.map(|m| m - times);
+                                Some((n, Decision::Iterate { left, times }))
+                            }
                         }
                     }
                     _ => None,
@@ -108,13 +145,23 @@ pub(crate) fn inline_taken(graph: &mut Graph) {
             return;
         }
         rounds += 1;
-        *graph = rebuilt(graph, &order, &decided);
+        let (next, assumed) = rebuilt(graph, &order, &decided);
+        let before = std::mem::replace(graph, next);
+        if !assumed.is_empty() {
+            undo = Some((before, assumed));
+        }
     }
 }
 
 /// `old` in `order`, each `If` of `taken` replaced by the branch it takes, each `Loop` by
 /// one more iteration or its outputs.
-fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, Decision>) -> Graph {
+/// Also the loop conditions it assumed true ([`Decision::Iterate`]).
+fn rebuilt(
+    old: &Graph,
+    order: &[NodeId],
+    taken: &BTreeMap<NodeId, Decision>,
+) -> (Graph, Vec<ValueId>) {
+    let mut assumed = Vec::new();
     let mut g = Graph::new();
     g.rebatch = old.rebatch.clone();
     // Constants only the branches not taken read are dropped with them (a weight there
@@ -158,7 +205,10 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, Decision>) ->
                     .map(|&v| (old.value(v).name.as_str(), v))
                     .collect();
                 let made = match decision {
-                    Decision::Iterate(left) => iterate(&mut g, body, site, &inputs, left, &outputs),
+                    Decision::Iterate { left, times } => {
+                        let run = Run { left, times };
+                        iterate(&mut g, body, site, &inputs, run, &outputs, &mut assumed)
+                    }
                     _ => finish(&mut g, body, site, &inputs, &outputs),
                 };
                 for (out, v) in node.outputs.iter().zip(made) {
@@ -217,7 +267,7 @@ fn rebuilt(old: &Graph, order: &[NodeId], taken: &BTreeMap<NodeId, Decision>) ->
             .filter_map(|v| map[v.index()])
             .collect(),
     );
-    g
+    (g, assumed)
 }
 
 /// A constant node named `name` holding one `i64` (or one boolean).
@@ -265,16 +315,54 @@ fn loop_inputs<'a>(body: &LoopBody, inputs: &'a [Option<ValueId>]) -> LoopInputs
     }
 }
 
-/// One iteration of `body` placed in `g`, then a `Loop` for the rest; returns the values
-/// that stand for the loop's `outputs` (the rest's).
+/// How many iterations a round unrolls, and the trip count left after them.
+#[derive(Clone, Copy)]
+struct Run {
+    left: Option<i64>,
+    times: i64,
+}
+
+/// `run.times` iterations of `body` placed in `g`, then a `Loop` for the rest; returns the
+/// values that stand for the loop's `outputs` (the rest's). The conditions the later
+/// iterations run on are pushed to `assumed`.
 fn iterate(
     g: &mut Graph,
     body: &LoopBody,
     site: &Provenance,
     inputs: &[Option<ValueId>],
-    left: Option<i64>,
+    run: Run,
     outputs: &[(&str, ValueId)],
+    assumed: &mut Vec<ValueId>,
 ) -> Vec<ValueId> {
+    let mut body = body.clone();
+    let mut inputs = inputs.to_vec();
+    for _ in 1..run.times {
+        inputs = iteration(g, &body, site, &inputs, None);
+        if let Some(cond) = inputs.get(1).copied().flatten() {
+            assumed.push(cond);
+        }
+        body.done += 1;
+    }
+    let rest_inputs = iteration(g, &body, site, &inputs, run.left);
+    let rest = LoopBody {
+        done: body.done + 1,
+        ..body
+    };
+    let names: Vec<&str> = outputs.iter().map(|(name, _)| *name).collect();
+    let id = g.add_node(Op::Loop(Arc::new(rest)), site.clone(), &names);
+    g.set_inputs(id, rest_inputs);
+    g.node(id).outputs.clone()
+}
+
+/// One iteration of `body` (number `body.done`) placed in `g` on the loop's `inputs`;
+/// returns the inputs of a `Loop` for the rest, with `left` as its trip count.
+fn iteration(
+    g: &mut Graph,
+    body: &LoopBody,
+    site: &Provenance,
+    inputs: &[Option<ValueId>],
+    left: Option<i64>,
+) -> Vec<Option<ValueId>> {
     let parts = loop_inputs(body, inputs);
     let step = body.done;
     let prefix = format!("{}/iteration{step}", site.name);
@@ -309,20 +397,12 @@ fn iterate(
         .collect();
     let limit = left.map(|m| scalar(g, &format!("{prefix}/left"), m, DType::I64));
     let (k, scans) = (body.carried(), body.scans());
-    let rest_inputs: Vec<Option<ValueId>> = std::iter::once(limit)
+    std::iter::once(limit)
         .chain(returned.iter().take(1 + k).copied())
         .chain(parts.captures.iter().copied())
         .chain(parts.scanned.iter().copied())
         .chain(returned.iter().skip(1 + k).take(scans).copied())
-        .collect();
-    let rest = LoopBody {
-        done: step + 1,
-        ..body.clone()
-    };
-    let names: Vec<&str> = outputs.iter().map(|(name, _)| *name).collect();
-    let id = g.add_node(Op::Loop(Arc::new(rest)), site.clone(), &names);
-    g.set_inputs(id, rest_inputs);
-    g.node(id).outputs.clone()
+        .collect()
 }
 
 /// The loop's outputs once no iteration is left: each carried value as it stands, each
