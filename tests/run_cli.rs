@@ -217,24 +217,7 @@ fn a_given_input_value_picks_a_branch_and_the_plan_keeps_it() {
 #[test]
 fn a_one_value_per_sample_output_asks_for_mse() {
     let cwd = common::workdir();
-    ralpc(&cwd)
-        .args([
-            "plan",
-            "fixtures/train/scalar_head.onnx",
-            "--gpus",
-            "2",
-            "--batch",
-            "4",
-            "--strategy",
-            "dp",
-            "--tolerance",
-            "inf",
-            "--quiet",
-            "-o",
-            "scalar-head.ralpc",
-        ])
-        .assert()
-        .success();
+    plan(&cwd, "fixtures/train/scalar_head.onnx", "scalar-head.ralpc");
     let out = ralpc(&cwd)
         .args(["run", "scalar-head.ralpc", "--loss", "cross-entropy"])
         .assert()
