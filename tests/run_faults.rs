@@ -450,10 +450,14 @@ fn doctored_sizes_in_a_plan_are_refused_before_allocating() {
     rewired["layout"]["edges"][0]["value"] = "input".into();
     let mut unlaid = original.clone();
     unlaid.as_object_mut().expect("a plan").remove("layout");
+    let mut misplaced = original.clone();
+    misplaced["sites"][0]["node"] = 3.into();
+    misplaced["sites"][1]["nic"] = 4.into();
     for (what, plan, says) in [
         ("a layer's split", resplit, "its layout of layer"),
         ("an edge's tensor", rewired, "its layout's edge 0"),
         ("no layout", unlaid, "no layout of its layers"),
+        ("a site beyond the ranks", misplaced, "sites[1]: node"),
         ("batch", batch, "the plan's batch 1099511627776 makes"),
         (
             "wrapping",

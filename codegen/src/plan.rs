@@ -650,6 +650,19 @@ impl Plan {
                 self.sites.len()
             ));
         }
+        // Servers, racks and NICs are numbered from 0, each holding at least one rank.
+        if let Some((r, site)) = self
+            .sites
+            .iter()
+            .enumerate()
+            .find(|(_, s)| [s.node, s.rack, s.nic].iter().any(|&i| i >= self.ranks))
+        {
+            return bad(format!(
+                "sites[{r}]: node {}, rack {}, nic {}: each is one of the plan's {} ranks' \
+                 places, numbered from 0",
+                site.node, site.rack, site.nic, self.ranks
+            ));
+        }
         if self.layers.len() != self.model.layers as usize {
             return bad(format!(
                 "model.layers is {} but {} layer names are listed",
