@@ -266,18 +266,28 @@ pub fn parse_seconds(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Parses `--lr`: a finite number of at least 0.
+/// Whether a learning rate trains: finite and at least 0.
+pub fn is_learning_rate(x: f32) -> bool {
+    x.is_finite() && x >= 0.0
+}
+
+/// Whether a momentum trains: in [0, 1) (1 or more never forgets a gradient).
+pub fn is_momentum(x: f32) -> bool {
+    (0.0..1.0).contains(&x)
+}
+
+/// Parses `--lr` ([`is_learning_rate`]).
 pub fn parse_learning_rate(s: &str) -> Result<f32, String> {
     match s.trim().parse::<f32>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(x) if is_learning_rate(x) => Ok(x),
         _ => Err(format!("expected a finite number >= 0, got '{s}'")),
     }
 }
 
-/// Parses `--momentum`: a number in [0, 1) (1 or more never forgets a gradient).
+/// Parses `--momentum` ([`is_momentum`]).
 pub fn parse_momentum(s: &str) -> Result<f32, String> {
     match s.trim().parse::<f32>() {
-        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        Ok(x) if is_momentum(x) => Ok(x),
         _ => Err(format!("expected a number in [0, 1), got '{s}'")),
     }
 }

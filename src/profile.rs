@@ -277,32 +277,16 @@ fn profile_with(
     let mut total = 0u64;
     for &batch in &batches {
         let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
-        // Every batch size before any is allocated: the largest may not fit. (Each value
-        // and the inputs here; the weights with the inputs below, which every device loads
-        // on the host; the CPU's activations before it measures.)
-        let at = format!("batch size {batch}");
-        crate::run::check_value_sizes(&g, &info, &at)?;
+        // Every batch size before any is allocated: the largest may not fit. (Each value,
+        // and the inputs with the weights, which every device loads on the host; the
+        // CPU's activations before it measures.)
         let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
-        let inputs: u64 = g
-            .inputs()
-            .iter()
-            .filter_map(|&v| {
-                let ty = info.ty(v);
-                ty.shape.known_numel()?.checked_mul(ty.dtype.size_bytes())
-            })
-            .fold(0, u64::saturating_add);
-        let host = totals.weight_bytes.saturating_add(inputs);
-        if let Some(have) = crate::run::memory_available().filter(|&have| host > have) {
-            return Err(Error::Setup(
-                format!(
-                    "{at} makes the weights and a batch of inputs need {}; this machine \
-                     has {} available",
-                    crate::run::size(host),
-                    crate::run::size(have)
-                )
-                .into(),
-            ));
-        }
+        crate::run::check_value_sizes(
+            &g,
+            &info,
+            &format!("batch size {batch}"),
+            totals.weight_bytes,
+        )?;
         let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
         for &n in info.order() {
             if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {

@@ -318,7 +318,7 @@ fn bind_model(
     let mut unbound = onnx::import(model)?.graph;
     ralpc_ir::bind_values(&mut unbound, values)?;
     let (graph, info) = at_batch(&unbound, batch, shapes)?;
-    check_value_sizes(&graph, &info, &format!("the plan's batch {batch}"))?;
+    check_value_sizes(&graph, &info, &format!("the plan's batch {batch}"), 0)?;
     Ok(Bound {
         unbound,
         graph,
@@ -401,11 +401,17 @@ pub(crate) fn size(bytes: u64) -> String {
 }
 
 /// Refuses, before anything is allocated, a bound model (at `at`: "the plan's batch 8")
-/// whose inputs together, or any one value, cannot fit this machine's memory or overflow
+/// whose inputs together (with `beside` more bytes the host holds with them: the weights
+/// `ralpc profile` loads), or any one value, cannot fit this machine's memory or overflow
 /// when counted: a constant expanded to [2^20, 2^20], a wide `Concat` or `Pad` are sized
 /// here from their verified shapes, not found by the allocator (an abort). Exit 1, naming
 /// the value and its size.
-pub(crate) fn check_value_sizes(graph: &Graph, info: &GraphInfo, at: &str) -> Result<(), Error> {
+pub(crate) fn check_value_sizes(
+    graph: &Graph,
+    info: &GraphInfo,
+    at: &str,
+    beside: u64,
+) -> Result<(), Error> {
     let too_large = |m: String| Err(Error::Setup(m.into()));
     let bytes_of = |v: ralpc_ir::ValueId| -> Option<Option<u64>> {
         let ty = info.ty(v);
@@ -443,10 +449,12 @@ pub(crate) fn check_value_sizes(graph: &Graph, info: &GraphInfo, at: &str) -> Re
             }
         }
     }
+    let need = inputs.saturating_add(beside);
     match have {
-        Some(have) if inputs > have => too_large(format!(
-            "{at} makes the model's inputs alone need {}; this machine has {} available",
-            size(inputs),
+        Some(have) if need > have => too_large(format!(
+            "{at} makes the model's inputs{} need {}; this machine has {} available",
+            if beside > 0 { " and weights" } else { " alone" },
+            size(need),
             size(have)
         )),
         _ => Ok(()),
@@ -812,13 +820,13 @@ pub fn train_single_device(
 /// beyond a year.
 fn check_options(options: &RunOptions) -> Result<(), Error> {
     let refuse = |m: String| Err(Error::Setup(m.into()));
-    if !(options.lr.is_finite() && options.lr >= 0.0) {
+    if !crate::args::is_learning_rate(options.lr) {
         return refuse(format!(
             "the learning rate is {}: not a finite number >= 0",
             options.lr
         ));
     }
-    if !(0.0..1.0).contains(&options.momentum) {
+    if !crate::args::is_momentum(options.momentum) {
         return refuse(format!(
             "the momentum is {}: not in [0, 1)",
             options.momentum
