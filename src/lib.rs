@@ -64,7 +64,7 @@ pub use plan::{
     StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
 pub use process::{die_with_parent, hand_over, keep_freed_memory};
-pub use profile::{profile_cpu, profile_cuda, ProfileOptions};
+pub use profile::{profile_cpu, profile_cuda, profile_on, ProfileOptions};
 pub use ralpc_codegen as codegen;
 pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;

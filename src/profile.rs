@@ -41,6 +41,9 @@ pub struct ProfileOptions {
     pub repeats: u32,
     /// Seeds weights the model lacks and the inputs.
     pub seed: u64,
+    /// Tensor-parallel degrees at which a recognized transformer's block products are
+    /// measured too (those the model splits by), so that 3d plans are priced from them.
+    pub tensor_parallel: Vec<u64>,
 }
 
 impl Default for ProfileOptions {
@@ -51,6 +54,7 @@ impl Default for ProfileOptions {
             inputs: BTreeMap::new(),
             repeats: 5,
             seed: 0,
+            tensor_parallel: vec![1, 2, 4, 8],
         }
     }
 }
@@ -218,22 +222,35 @@ pub fn profile_cuda(
     ordinal: usize,
     progress: &dyn Fn(u64, u64),
 ) -> Result<Profile, Error> {
-    use ralpc_runtime_min::cuda::{device, gpu::Gpu, libs, train as device_train};
+    use ralpc_runtime_min::cuda::{device, gpu::Gpu, libs};
     libs::check(&libs::Lib::ONE_GPU)?;
     let gpu = Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {e}").into()))?;
     let name = device::devices()
         .ok()
         .and_then(|d| d.into_iter().find(|d| d.ordinal == ordinal))
         .map_or_else(|| format!("cuda:{ordinal}"), |d| d.name);
-    let device = Device {
-        name,
-        note: format!(
-            "ralpc {} CUDA backend (NVRTC kernels, cuBLAS, cuDNN, fp32, TF32 off); CUDA \
-             events, median of {} samples of 4 back-to-back runs after a warm-up",
-            env!("CARGO_PKG_VERSION"),
-            options.repeats.max(1)
-        ),
-    };
+    let note = format!(
+        "ralpc {} CUDA backend (NVRTC kernels, cuBLAS, cuDNN, fp32, TF32 off); CUDA \
+         events, median of {} samples of 4 back-to-back runs after a warm-up",
+        env!("CARGO_PKG_VERSION"),
+        options.repeats.max(1)
+    );
+    profile_on(&gpu, Device { name, note }, options, progress)
+}
+
+/// Measures every op signature of `options.model` on the CUDA executor's device `dev`
+/// (a GPU, the host-compiled kernels, the counting device) at each batch size, timed
+/// between the device's marks.
+///
+/// # Errors
+/// An unreadable or invalid model, an op the backend cannot run, or the device failing.
+pub fn profile_on<B: ralpc_runtime_min::cuda::backend::Backend>(
+    dev: &B,
+    device: Device,
+    options: &ProfileOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Profile, Error> {
+    use ralpc_runtime_min::cuda::train as device_train;
     let repeats = options.repeats;
     profile_with(
         options,
@@ -241,7 +258,7 @@ pub fn profile_cuda(
         device,
         &mut |g, info, weights, data, signatures, tick| {
             let nodes: Vec<NodeId> = signatures.iter().map(|&(_, n)| n).collect();
-            let times = device_train::profile(&gpu, g, info, weights, data, &nodes, repeats)
+            let times = device_train::profile(dev, g, info, weights, data, &nodes, repeats)
                 .map_err(run_error)?;
             let by_node: BTreeMap<NodeId, (f64, f64)> = times
                 .iter()
@@ -268,51 +285,91 @@ fn profile_with(
     device: Device,
     measure: &mut Measure<'_>,
 ) -> Result<Profile, Error> {
-    let unbound = onnx::import(&options.model)?.graph;
-    let mut points: BTreeMap<Signature, Vec<Point>> = BTreeMap::new();
+    let model = onnx::import(&options.model)?.graph;
     let mut batches = options.batch_sizes.clone();
     batches.sort_unstable();
     batches.dedup();
-    let mut plans: Vec<(u64, Vec<(Signature, NodeId)>)> = Vec::new();
+    // The model's own ops, then a transformer's block products on each tensor-parallel
+    // rank that the model's graph lacks.
+    let mut graphs = vec![(model, options.inputs.clone())];
+    if let Some(products) = block_products(&graphs[0].0, options)? {
+        let bytes = ralpc_ir::models::products(&products).map_err(|e| {
+            Error::Internal(Box::new(format!("the block's products as a model: {e}")))
+        })?;
+        let graph = onnx::import_bytes(&bytes, std::path::Path::new("products.onnx"), None)?;
+        graphs.push((graph.graph, BTreeMap::new()));
+    }
+    let mut points: BTreeMap<Signature, Vec<Point>> = BTreeMap::new();
+    // Per graph and batch size: the signatures to measure, each at one of its nodes.
+    type Signatures = Vec<(Signature, NodeId)>;
+    let mut plans: Vec<(usize, u64, Signatures)> = Vec::new();
     let mut total = 0u64;
-    for &batch in &batches {
-        let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
-        // Every batch size before any is allocated: the largest may not fit. (Each value,
-        // and the inputs with the weights, which every device loads on the host; the
-        // CPU's activations before it measures.)
-        let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
-        crate::run::check_value_sizes(
-            &g,
-            &info,
-            &format!("batch size {batch}"),
-            totals.weight_bytes,
-        )?;
-        let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
-        for &n in info.order() {
-            if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
-                continue;
+    for (k, (unbound, inputs)) in graphs.iter().enumerate() {
+        for &batch in &batches {
+            let (g, info) = crate::run::at_batch(unbound, batch, inputs)?;
+            // Every batch size before any is allocated: the largest may not fit. (Each value,
+            // and the inputs with the weights, which every device loads on the host; the
+            // CPU's activations before it measures.)
+            let totals = ralpc_ir::account(&g, &info).map_err(|e| Error::Account(Box::new(e)))?;
+            crate::run::check_value_sizes(
+                &g,
+                &info,
+                &format!("batch size {batch}"),
+                totals.weight_bytes,
+            )?;
+            let mut seen: BTreeMap<Signature, NodeId> = BTreeMap::new();
+            for &n in info.order() {
+                if matches!(g.node(n).op, Op::Input | Op::Constant { .. }) {
+                    continue;
+                }
+                if let Some(s) = Signature::of(&g, &info, n) {
+                    seen.entry(s).or_insert(n);
+                }
             }
-            if let Some(s) = Signature::of(&g, &info, n) {
-                seen.entry(s).or_insert(n);
+            total += seen.len() as u64;
+            if !seen.is_empty() {
+                plans.push((k, batch, seen.into_iter().collect()));
             }
         }
-        total += seen.len() as u64;
-        plans.push((batch, seen.into_iter().collect()));
     }
     let mut done = 0;
-    for (batch, signatures) in plans {
-        let (g, info) = crate::run::at_batch(&unbound, batch, &options.inputs)?;
+    let mut device = device;
+    let mut model_unmeasured = false;
+    for (k, batch, signatures) in plans {
+        // A signature the model's own graph measured at this batch is not measured again.
+        let (signatures, known): (Vec<_>, Vec<_>) = signatures.into_iter().partition(|(s, _)| {
+            !points
+                .get(s)
+                .is_some_and(|at| at.iter().any(|q| q.batch == batch))
+        });
+        done += known.len() as u64;
+        if signatures.is_empty() || (k == 0 && model_unmeasured) {
+            done += signatures.len() as u64;
+            continue;
+        }
+        let (unbound, inputs) = &graphs[k];
+        let (g, info) = crate::run::at_batch(unbound, batch, inputs)?;
         let weights = Weights::load(&g, options.seed).map_err(run_error)?;
         let data = Dataset::synthetic(&g, &info, options.seed, Loss::CrossEntropy);
         let mut tick = || {
             done += 1;
             progress(done, total);
         };
-        let times =
-            measure(&g, &info, &weights, &data, &signatures, &mut tick).map_err(|e| match e {
-                Error::Run(m) => run_error(format!("at batch {batch}: {m}")),
-                other => other,
-            })?;
+        let times = match measure(&g, &info, &weights, &data, &signatures, &mut tick) {
+            Ok(times) => times,
+            // A backend that cannot run the model's own ops (the CUDA executor lacks some a
+            // GPT needs) still measures its blocks' products, which 3d plans price from.
+            Err(Error::Run(m)) if k == 0 && graphs.len() > 1 => {
+                device.note.push_str(&format!(
+                    "; the model's own ops were not measured (at batch {batch}: {m}), only \
+                     its blocks' products"
+                ));
+                model_unmeasured = true;
+                continue;
+            }
+            Err(Error::Run(m)) => return Err(run_error(format!("at batch {batch}: {m}"))),
+            Err(e) => return Err(e),
+        };
         for ((signature, _), (forward, backward)) in signatures.into_iter().zip(times) {
             points.entry(signature).or_default().push(Point {
                 batch,
@@ -336,6 +393,37 @@ fn profile_with(
     profile
         .normalize(&options.model.display().to_string())
         .map_err(|e| Error::Profile(Box::new(e)))
+}
+
+/// A recognized transformer's block products on each of `options.tensor_parallel`'s
+/// degrees that split it, at its sequence length (`None`: the model is no transformer).
+fn block_products(
+    model: &Graph,
+    options: &ProfileOptions,
+) -> Result<Option<Vec<ralpc_ir::models::Product>>, Error> {
+    let Some(&batch) = options.batch_sizes.first() else {
+        return Ok(None);
+    };
+    let (g, info) = crate::run::at_batch(model, batch, &options.inputs)?;
+    let Ok(shape) = ralpc_passes::transformer::recognize(&g, &info) else {
+        return Ok(None);
+    };
+    let mut degrees = options.tensor_parallel.clone();
+    degrees.sort_unstable();
+    degrees.dedup();
+    let products: Vec<_> = degrees
+        .into_iter()
+        .filter(|&t| u32::try_from(t).is_ok_and(|t| shape.splits_by(t)))
+        .flat_map(|t| {
+            shape.dense_gemms(t).map(|p| ralpc_ir::models::Product {
+                name: format!("t{t}.{}", p.name),
+                rows: shape.sequence,
+                inner: p.inner,
+                cols: p.cols,
+            })
+        })
+        .collect();
+    Ok((!products.is_empty()).then_some(products))
 }
 
 #[cfg(test)]

@@ -127,3 +127,85 @@ fn a_profile_is_measured_at_the_input_shapes_given() {
     let batches: Vec<u64> = matmul.points.iter().map(|q| q.batch).collect();
     assert_eq!(batches, [1, 2]);
 }
+
+/// `ralpc profile` on a GPT measures its blocks' products on one rank of each tensor-parallel
+/// degree, and `ralpc plan --profile` prices its 3d plans from them.
+#[test]
+fn a_gpt_profile_measures_each_tensor_parallel_ranks_products_and_prices_3d_plans() {
+    use ralpc::ir::models::{gpt, GptSpec};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = dir.path().join("gpt.onnx");
+    // 2 blocks of hidden 64, 4 heads, sequence 32.
+    let spec = GptSpec::megatron(2, 64, 4, 32, 128);
+    std::fs::write(&model, gpt(&spec).expect("generates")).expect("writes");
+    let out = dir.path().join("gpt.profile.json");
+    Command::cargo_bin("ralpc")
+        .expect("binary")
+        .args(["profile", "--batch-sizes", "1,2", "--repeats", "1"])
+        .args(["--tensor-parallel", "1,2,3,4", "-o"])
+        .arg(&out)
+        .arg(&model)
+        .assert()
+        .success();
+    let Loaded::Profile(p) = profile::load(&out).expect("a profile") else {
+        panic!("not a ralpc profile");
+    };
+    // Each degree that splits the 4 heads (not 3): every product of one rank, measured at
+    // both micro-batch sizes.
+    let shape = ralpc::passes::transformer::Transformer {
+        layers: spec.layers,
+        hidden: spec.hidden,
+        heads: spec.heads,
+        kv_heads: spec.kv_heads,
+        sequence: spec.sequence,
+        vocabulary: spec.vocabulary,
+        ffn: spec.ffn,
+        gated_mlp: spec.gated_mlp,
+        biases: spec.biases,
+        rms_norm: spec.rms_norm,
+        tied: spec.tied,
+        positions: spec.positions,
+        params: 0,
+    };
+    for t in [1, 2, 4] {
+        for g in shape.dense_gemms(t) {
+            let e = p
+                .entry(&g.signature(32))
+                .unwrap_or_else(|| panic!("t{t} {}", g.name));
+            assert_eq!(e.points.iter().map(|q| q.batch).collect::<Vec<_>>(), [1, 2]);
+        }
+    }
+    // t = 3 splits no head evenly: its second MLP product ([32, 85] → [32, 64]) is absent.
+    assert!(p.entry(&shape.dense_gemms(3)[3].signature(32)).is_none());
+    let plan = |precision: &str| {
+        let mut command = Command::cargo_bin("ralpc").expect("binary");
+        command
+            .args([
+                "plan",
+                "--gpus",
+                "4",
+                "--batch",
+                "8",
+                "--json",
+                "--precision",
+            ])
+            .arg(precision)
+            .arg("--profile")
+            .arg(&out)
+            .arg("-o")
+            .arg(dir.path().join(format!("plan-{precision}")))
+            .arg(&model);
+        command.assert()
+    };
+    let summary: serde_json::Value =
+        serde_json::from_slice(&plan("fp32").success().get_output().stdout).expect("JSON");
+    assert_eq!(summary["strategy"], "3d");
+    assert_eq!(
+        summary["measured"],
+        serde_json::json!(["qkv", "projection", "mlp_in", "mlp_out"])
+    );
+    // The measurements were taken at fp32: a bf16 plan is not priced from them.
+    let refused = plan("bf16").code(1);
+    let stderr = String::from_utf8_lossy(&refused.get_output().stderr).into_owned();
+    assert!(stderr.contains("measured at fp32"), "{stderr}");
+}

@@ -631,15 +631,55 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         );
     }
     b.output("logits");
-    let mut m = ModelProto::new();
-    m.ir_version = 10;
-    m.producer_name = "ralpc".into();
-    let mut opset = OperatorSetIdProto::new();
-    opset.version = 20;
-    m.opset_import.push(opset);
-    m.graph = Some(b.graph).into();
-    m.write_to_bytes()
-        .map_err(|e| format!("cannot serialize the model: {e}"))
+    b.finish()
+}
+
+/// One product `[batch, rows, inner] × [inner, cols]` of [`products`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Product {
+    /// Its node's name; its input is `NAME.x`, its weight `NAME.w`, its output `NAME.y`.
+    pub name: String,
+    /// Rows a sample (a sequence's tokens).
+    pub rows: u64,
+    /// The reduced dimension.
+    pub inner: u64,
+    /// Output columns.
+    pub cols: u64,
+}
+
+/// The ONNX bytes of independent `MatMul`s, one per product, each with its own input
+/// (batch first) and structure-only weight: the kernels a profile measures where a model's
+/// own graph lacks their shapes (a transformer block's products on one tensor-parallel
+/// rank).
+///
+/// # Errors
+/// No products, a zero or too large dimension, or two products of one name.
+pub fn products(products: &[Product]) -> Result<Vec<u8>, String> {
+    if products.is_empty() {
+        return Err("no products to write".into());
+    }
+    let mut b = Builder::default();
+    let mut names = std::collections::BTreeSet::new();
+    for p in products {
+        let dims = [p.rows, p.inner, p.cols];
+        if dims.iter().any(|&d| d == 0 || d > i64::MAX as u64 / 2) {
+            return Err(format!("{}: dimensions {dims:?} out of range", p.name));
+        }
+        if !names.insert(&p.name) {
+            return Err(format!("two products are named {}", p.name));
+        }
+        let [rows, inner, cols] = dims.map(|d| d as i64);
+        let (x, w, y) = (
+            format!("{}.x", p.name),
+            format!("{}.w", p.name),
+            format!("{}.y", p.name),
+        );
+        b.input(&x, 1, &[None, Some(rows), Some(inner)]);
+        b.external(&w, &[inner, cols]);
+        b.node("MatMul", &p.name, &[&x, &w], &[&y], &[]);
+        b.output(&y);
+    }
+    b.finish()
 }
 
 enum Attr<'a> {
@@ -730,6 +770,19 @@ impl Builder {
         t.dims = dims.to_vec();
         t.int64_data = values.to_vec();
         self.graph.initializer.push(t);
+    }
+
+    /// The model's bytes: this graph at opset 20.
+    fn finish(self) -> Result<Vec<u8>, String> {
+        let mut m = ModelProto::new();
+        m.ir_version = 10;
+        m.producer_name = "ralpc".into();
+        let mut opset = OperatorSetIdProto::new();
+        opset.version = 20;
+        m.opset_import.push(opset);
+        m.graph = Some(self.graph).into();
+        m.write_to_bytes()
+            .map_err(|e| format!("cannot serialize the model: {e}"))
     }
 
     fn node(&mut self, op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: &[Attr]) {

@@ -17,6 +17,10 @@
 //!    any strategy read from a file ([`plan::StrategyFile`]), is priced by
 //!    [`plan::evaluate`], so plans are compared under one set of costs. [`transformer`]
 //!    plans GPT-like decoders in Megatron-LM's space instead.
+//! 5. [`planner::plan`] is the one front door over both: it recognizes the model, picks the
+//!    planner, and returns the plan with the costs to lower it against; a transformer plan
+//!    comes priced twice, by its closed form and layer by layer, and their gap is a number
+//!    the report prints.
 //!
 //! Invariants: a [`plan::Strategy`] is stages of consecutive layers on consecutive ranks,
 //! each layer split over the first `s·a·p` ranks of its stage; the chosen plan fits every
@@ -46,6 +50,7 @@ pub mod cost;
 pub mod fuzzing;
 pub mod layers;
 pub mod plan;
+pub mod planner;
 pub mod profile;
 pub mod rewrite;
 pub mod synthetic;

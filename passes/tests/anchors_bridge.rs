@@ -129,6 +129,7 @@ fn setting<'a>(
         memory_limit: None,
         attention: Attention::Fused,
         overlap: Overlap::MEGATRON_CORE,
+        profile: None,
     }
 }
 

@@ -142,6 +142,7 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
         // data-parallel collectives.
         attention: Attention::Unfused,
         overlap: Overlap::NONE,
+        profile: None,
     }
 }
 
@@ -481,6 +482,7 @@ fn search_invariants_over_shapes_and_clusters() {
                     memory_limit: None,
                     attention: Attention::Fused,
                     overlap: Overlap::MEGATRON_CORE,
+                    profile: None,
                 };
                 let Ok(found) = search(&setting, &Knobs::default()) else {
                     continue;
@@ -698,6 +700,7 @@ fn a_fixed_batch_keeps_its_sequences_whole() {
         // data-parallel collectives.
         attention: Attention::Unfused,
         overlap: Overlap::NONE,
+        profile: None,
     };
     let free = search(&at(16), &Knobs::default()).expect("a plan");
     let par = free.best.parallelism;

@@ -337,6 +337,24 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         gib(mem.workspace)
     );
     write_stages(&mut out, r);
+    if !p.measured.is_empty() {
+        let _ = writeln!(
+            out,
+            "\npriced from --profile's measurements: the blocks' {} products; the rest \
+             analytically",
+            p.measured.join(", ")
+        );
+    }
+    if let (Some(layered), Some(gap)) = (p.layered_iteration_time_us, p.layered_gap) {
+        // Both prices of one configuration: their difference is the models', not the plan's.
+        let _ = writeln!(
+            out,
+            "\npriced layer by layer on the model's own layers: {} per iteration ({:+.1} % \
+             against the closed form above)",
+            secs(layered),
+            gap * 100.0
+        );
+    }
     if let Some(sim) = &r.simulated {
         // The executable plan runs the model's own layers, priced layer by layer.
         let peak = sim.peak_memory_bytes.iter().copied().max().unwrap_or(0) as f64;

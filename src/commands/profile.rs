@@ -10,6 +10,8 @@ Examples:
   ralpc profile fixtures/onnx/resnet50/model.onnx --device cuda:0 --batch-sizes 16,32,64 -o r50.json
   ralpc profile detector.onnx --input images=1,3,640,640 --batch-sizes 1,2 -o det.json  # at 640²
   ralpc fixtures/train/cnn.onnx --gpus 4 --profile cnn.profile.json   # plan with the measurements
+  ralpc profile gpt.onnx --device cuda:0 --batch-sizes 1,2,4 -o gpt.json   # + t=1,2,4,8 products
+  ralpc gpt.onnx --gpus 64 --profile gpt.json --precision fp32   # a 3d plan from them
 
 Every distinct op (type, attributes, per-sample shapes) is timed on its own, forward
 and backward, at each batch size: one warm-up, then the median of --repeats runs (on a
@@ -17,7 +19,12 @@ GPU each sample is the mean of 4 runs back to back between two CUDA events, as a
 step queues them; the GPU runs ralpc's CUDA executor: NVRTC kernels, cuBLAS, cuDNN). On
 the CPU each point records the runs' spread (interquartile range over the median), and
 runs spreading over 20 % are timed again, up to twice more. The output is ralpc's
-profile format (ralpc-profile/1), which `ralpc plan --profile` reads.";
+profile format (ralpc-profile/1), which `ralpc plan --profile` reads.
+
+For a GPT-like model the batch sizes are micro-batch sizes, and each block's four dense
+products (QKV, attention projection, MLP in and out) are also measured as one rank of
+each --tensor-parallel degree holds them; a 3d plan at the profile's precision prices
+those products from the measurements and the rest analytically.";
 
 /// Arguments of `ralpc profile`.
 #[derive(Debug, clap::Args)]
@@ -41,6 +48,12 @@ pub struct Args {
     /// Seeds weights the model lacks and the inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Tensor-parallel degrees, comma-separated: for a GPT-like model, each block's dense
+    /// products on one rank of each degree that splits it are measured too, so that
+    /// `ralpc plan --profile` prices its 3d plans from them.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = super::parse_positive)]
+    pub tensor_parallel: Vec<u64>,
     /// The profile to write (JSON).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
@@ -84,6 +97,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         inputs: args.inputs.iter().cloned().collect(),
         repeats: args.repeats,
         seed: args.seed,
+        tensor_parallel: args.tensor_parallel.clone(),
     };
     let bar = super::progress("profiling {bar:30} {pos}/{len} ops", Some(0), true);
     let progress = |done, total| {
@@ -100,9 +114,11 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     ralpc::write_atomically(&args.out, &json)?;
     let measurements: usize = profile.entries.iter().map(|e| e.points.len()).sum();
     eprintln!(
-        "wrote {}: {} op signatures, {measurements} measurements",
+        "wrote {}: {} op signatures, {measurements} measurements\nmeasured on {}: {}",
         args.out.display(),
-        profile.entries.len()
+        profile.entries.len(),
+        profile.device.name,
+        profile.device.note
     );
     Ok(())
 }

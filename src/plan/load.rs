@@ -29,34 +29,20 @@ pub(crate) fn fixed_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
     batch
 }
 
-/// A model as read: a PipeDream layer graph, or a verified ONNX graph at its batch.
-pub(super) enum Model {
-    Layers(LayerGraph),
-    Graph {
-        graph: Box<ralpc_ir::Graph>,
-        info: Box<ralpc_ir::GraphInfo>,
-        batch: u64,
-        /// Why no rank may compute a share of the batch, when that is so.
-        fixed_batch: Option<String>,
-    },
-}
-
-impl Model {
-    /// What verifying the model accepted with a warning ([`ralpc_ir::GraphInfo::warnings`]).
-    pub(super) fn warnings(&self) -> Vec<String> {
-        match self {
-            Model::Layers(_) => Vec::new(),
-            Model::Graph {
-                info, fixed_batch, ..
-            } => {
-                let mut warnings = model_warnings(info);
-                warnings.extend(
-                    fixed_batch
-                        .as_ref()
-                        .map(|why| format!("no plan splits the batch's samples: {why}")),
-                );
-                warnings
-            }
+/// What verifying `model` accepted with a warning ([`ralpc_ir::GraphInfo::warnings`]).
+pub(super) fn warnings_of(model: &Model) -> Vec<String> {
+    match model {
+        Model::Layers(_) => Vec::new(),
+        Model::Graph {
+            info, fixed_batch, ..
+        } => {
+            let mut warnings = model_warnings(info);
+            warnings.extend(
+                fixed_batch
+                    .as_ref()
+                    .map(|why| format!("no plan splits the batch's samples: {why}")),
+            );
+            warnings
         }
     }
 }
@@ -212,29 +198,4 @@ pub(super) fn batch_fixed_by(
                 )
             })
         })
-}
-
-/// The model's layer graph, its activations as wide as `precision` keeps them, and the
-/// model's ops when it has them (an ONNX model's, which a plan's layout names).
-pub(super) fn load_layers(
-    model: Model,
-    precision: Precision,
-) -> Result<(LayerGraph, Option<Box<ralpc_ir::Graph>>), Error> {
-    let (layers, ops) = match model {
-        Model::Layers(g) => (g, None),
-        Model::Graph {
-            graph,
-            info,
-            batch,
-            fixed_batch,
-        } => {
-            let mut layers = layers::build(&graph, &info, batch, Default::default())?;
-            layers.fixed_batch = fixed_batch;
-            (layers, Some(graph))
-        }
-    };
-    Ok((
-        layers.with_activation_bytes(precision.activation_bytes()),
-        ops,
-    ))
 }

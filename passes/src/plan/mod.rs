@@ -238,6 +238,9 @@ pub enum PlanError {
     /// A request that cannot be planned (no layers, zero GPUs, a bad batch).
     #[error("{0}")]
     Request(String),
+    /// The model's layer graph could not be built.
+    #[error(transparent)]
+    Layers(#[from] crate::layers::LayerError),
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -35,9 +35,10 @@ use serde::Serialize;
 
 use crate::cluster::{Cluster, Link, Precision};
 use crate::cost::comm::{ring_all_gather_us, ring_all_reduce_us};
-use crate::cost::rates::KernelRates;
+use crate::cost::rates::{KernelRates, IN_STEP};
 use crate::cost::Optimizer;
 use crate::plan::Schedule;
+use crate::profile::Profile;
 
 use super::{Attention, Parallelism, Recompute, Transformer};
 
@@ -80,6 +81,9 @@ pub struct Setting<'a> {
     pub attention: Attention,
     /// Which communication the engine hides behind compute.
     pub overlap: Overlap,
+    /// Measured kernels (`ralpc profile`): a block's dense products found in it at the
+    /// micro-batch size are priced from the measurement instead of the GEMM rate.
+    pub profile: Option<&'a Profile>,
 }
 
 /// Communication the engine overlaps with compute, each a Megatron-Core option.
@@ -212,6 +216,21 @@ pub struct Estimate {
     pub model_flops: f64,
     /// FLOPs executed, recomputation included.
     pub hardware_flops: f64,
+    /// Which of the block's dense products ([`Transformer::dense_gemms`]' order, bit `k`
+    /// for product `k`) were priced from a profile's measurements.
+    pub measured_gemms: u8,
+}
+
+impl Estimate {
+    /// The names of the block's dense products priced from measurements.
+    pub fn measured(&self) -> Vec<&'static str> {
+        super::DENSE_GEMMS
+            .into_iter()
+            .enumerate()
+            .filter(|&(k, _)| self.measured_gemms & (1 << k) != 0)
+            .map(|(_, name)| name)
+            .collect()
+    }
 }
 
 /// Bytes of one block's stashed activations for one microbatch on one GPU, tensor by
@@ -336,12 +355,25 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // second products.
     let mlp_matrices = model.spec().mlp_matrices() as f64;
     let qkv = model.qkv_width() as f64 / t;
-    let dense = [
-        fwd_bwd(tokens, qkv, h, 1.0),
-        fwd_bwd(tokens, h, h / t, 1.0),
-        fwd_bwd(tokens, (mlp_matrices - 1.0) * f / t, h, 1.0),
-        fwd_bwd(tokens, h, f / t, 1.0),
-    ];
+    // A measured product (an isolated kernel, as the published rates are) keeps
+    // `IN_STEP` of its rate inside a step too. Measurements are of whole sequences.
+    let gemms = model.dense_gemms(u64::from(par.tensor));
+    let measured_gemm = |g: &super::DenseGemm| {
+        let profile = setting.profile.filter(|_| par.context <= 1)?;
+        let at = profile.lookup(&g.signature(model.sequence), b)?;
+        Some((at.fwd_us / IN_STEP, at.bwd_us / IN_STEP))
+    };
+    let mut measured = 0u8;
+    let mut dense = [(0.0, 0.0); 4];
+    for (k, g) in gemms.iter().enumerate() {
+        dense[k] = match measured_gemm(g) {
+            Some(times) => {
+                measured |= 1 << k;
+                times
+            }
+            None => fwd_bwd(tokens, g.cols as f64, g.inner as f64, 1.0),
+        };
+    }
     let elementwise = |bytes: f64, launches: f64| bytes / rates.hbm * 1e6 + launches * launch_us;
     // The attention core, forward and backward.
     let (core_fwd, core_bwd, core_bytes) = match setting.attention {
@@ -785,6 +817,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         fits: fullest.total() <= capacity,
         model_flops,
         hardware_flops: model_flops + recomputed,
+        measured_gemms: measured,
     }
 }
 

@@ -28,6 +28,7 @@ use ralpc_ir::models::GptSpec;
 use serde::Serialize;
 
 use crate::plan::Schedule;
+use crate::profile::Signature;
 
 /// The shape of a GPT-like decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -94,6 +95,38 @@ impl Transformer {
         t > 0 && self.heads % t == 0 && self.kv_heads % t == 0 && self.ffn % t == 0
     }
 
+    /// The block's dense products on one of `t` tensor-parallel ranks (`t` splitting the
+    /// model, [`Transformer::splits_by`]): QKV and the MLP's first product column-parallel,
+    /// the attention projection and the MLP's second product row-parallel; SwiGLU's gate
+    /// and up products are one GEMM.
+    pub fn dense_gemms(&self, t: u64) -> [DenseGemm; 4] {
+        let t = t.max(1);
+        let (h, f) = (self.hidden, self.ffn);
+        let mlp = self.spec().mlp_matrices() - 1;
+        [
+            DenseGemm {
+                name: DENSE_GEMMS[0],
+                inner: h,
+                cols: self.qkv_width() / t,
+            },
+            DenseGemm {
+                name: DENSE_GEMMS[1],
+                inner: h / t,
+                cols: h,
+            },
+            DenseGemm {
+                name: DENSE_GEMMS[2],
+                inner: h,
+                cols: mlp * f / t,
+            },
+            DenseGemm {
+                name: DENSE_GEMMS[3],
+                inner: f / t,
+                cols: h,
+            },
+        ]
+    }
+
     /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²` (multi-head),
     /// projection `2h²`, MLP `4hf` (SwiGLU `6hf`), scores and context `4sh`.
     pub fn block_flops_per_token(&self) -> f64 {
@@ -113,6 +146,35 @@ impl Transformer {
         let tokens = (batch * self.sequence) as f64;
         3.0 * tokens
             * (self.layers as f64 * self.block_flops_per_token() + self.head_flops_per_token())
+    }
+}
+
+/// The names of a block's dense products, in [`Transformer::dense_gemms`]' order.
+pub const DENSE_GEMMS: [&str; 4] = ["qkv", "projection", "mlp_in", "mlp_out"];
+
+/// One of a block's dense products on one tensor-parallel rank, per sequence:
+/// `[s, inner] × [inner, cols]`. The estimate prices these and `ralpc profile` measures
+/// them, from this one list ([`Transformer::dense_gemms`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct DenseGemm {
+    /// One of [`DENSE_GEMMS`].
+    pub name: &'static str,
+    /// The reduced dimension (the input's features on this rank).
+    pub inner: u64,
+    /// The output's features on this rank.
+    pub cols: u64,
+}
+
+impl DenseGemm {
+    /// The profile key of this product on `rows` tokens a sequence: a `MatMul` of
+    /// per-sequence input `[rows, inner]` and output `[rows, cols]`.
+    pub fn signature(&self, rows: u64) -> Signature {
+        Signature {
+            op: "MatMul".to_owned(),
+            attrs: Default::default(),
+            input: vec![rows, self.inner],
+            output: vec![rows, self.cols],
+        }
     }
 }
 

@@ -40,11 +40,8 @@ pub fn layers(path: &str, batch: u64) -> (Graph, GraphInfo, LayerGraph) {
     (graph, info, layers)
 }
 
-/// A generated structure-only GPT, imported at `batch`, verified and recognized.
-pub fn recognized(
-    spec: &ralpc_ir::models::GptSpec,
-    batch: u64,
-) -> ralpc_passes::transformer::Transformer {
+/// A generated structure-only GPT, imported at `batch` and verified.
+pub fn generated(spec: &ralpc_ir::models::GptSpec, batch: u64) -> (Graph, GraphInfo) {
     let bytes = ralpc_ir::models::gpt(spec).expect("generates");
     let path = std::path::Path::new("gpt.onnx");
     let mut m = onnx::import_bytes(&bytes, path, None).expect("imports");
@@ -57,5 +54,14 @@ pub fn recognized(
     )
     .expect("binds");
     let info = verify(&m.graph).expect("verifies");
-    ralpc_passes::transformer::recognize(&m.graph, &info).expect("a GPT")
+    (m.graph, info)
+}
+
+/// A generated structure-only GPT, imported at `batch`, verified and recognized.
+pub fn recognized(
+    spec: &ralpc_ir::models::GptSpec,
+    batch: u64,
+) -> ralpc_passes::transformer::Transformer {
+    let (graph, info) = generated(spec, batch);
+    ralpc_passes::transformer::recognize(&graph, &info).expect("a GPT")
 }

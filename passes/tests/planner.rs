@@ -1,0 +1,198 @@
+//! The one front door ([`planner::plan`]): which planner takes a model, what each returns,
+//! and the requests it refuses.
+
+mod common;
+
+use ralpc_ir::models::GptSpec;
+use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::rates::IN_STEP;
+use ralpc_passes::plan::{evaluate, Family, PlanError};
+use ralpc_passes::planner::{self, Ask, Model, Priced};
+use ralpc_passes::profile::{Device, Entry, Point, Profile, Signature, FORMAT};
+use ralpc_passes::transformer::{self, Knobs};
+
+/// A small GPT: 4 blocks of hidden 256, 8 heads, sequence 128.
+fn small_gpt(batch: u64) -> Model {
+    let (graph, info) = common::generated(&GptSpec::megatron(4, 256, 8, 128, 1024), batch);
+    Model::Graph {
+        graph: Box::new(graph),
+        info: Box::new(info),
+        batch,
+        fixed_batch: None,
+    }
+}
+
+fn ask() -> Ask<'static> {
+    Ask {
+        model: "gpt.onnx",
+        ..Ask::default()
+    }
+}
+
+#[test]
+fn a_gpt_is_priced_by_the_closed_form_and_layer_by_layer_side_by_side() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let planned = planner::plan(small_gpt(16), &cluster, 8, &ask()).unwrap();
+    let Priced::Transformer(t) = &planned.priced else {
+        panic!("a GPT goes to the transformer planner");
+    };
+    let layered = t.layered.as_ref().expect("a layered form");
+    let evaluation = layered.evaluation.as_ref().expect("priced layer by layer");
+    // The gap is the layered price against the closed form's, and the costs the plan hands
+    // to the lowering give that same layered price.
+    let closed = t.found.best.iteration_time_us;
+    let gap = t.gap().unwrap();
+    assert!((evaluation.iteration_time_us / closed - 1.0 - gap).abs() < 1e-12);
+    let again = evaluate(&planned.costs(), planned.strategy().unwrap()).unwrap();
+    assert_eq!(again.iteration_time_us, evaluation.iteration_time_us);
+    // Both models price the same work at the same kernel rates: far apart, one is wrong.
+    assert!(gap.abs() < 0.25, "gap {gap}");
+    assert_eq!(planned.graph.batch, 16);
+}
+
+#[test]
+fn other_families_place_a_gpt_layer_by_layer() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let ask = Ask {
+        family: Some(Family::Dp),
+        ..ask()
+    };
+    let planned = planner::plan(small_gpt(16), &cluster, 4, &ask).unwrap();
+    let Priced::Layers(found) = &planned.priced else {
+        panic!("--strategy dp places layers");
+    };
+    assert_eq!(found.chosen.family, Family::Dp);
+    assert_eq!(
+        planned.strategy().unwrap().layers.len(),
+        planned.graph.layers.len()
+    );
+}
+
+#[test]
+fn requests_that_cannot_hold_are_refused_by_name() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let refused = |ask: Ask<'static>| match planner::plan(small_gpt(16), &cluster, 8, &ask) {
+        Err(PlanError::Request(m)) => m,
+        Err(e) => panic!("not a request error: {e}"),
+        Ok(_) => panic!("planned"),
+    };
+    let knobs = Knobs {
+        tensor: Some(2),
+        ..Knobs::default()
+    };
+    let m = refused(Ask {
+        family: Some(Family::Soap),
+        knobs,
+        ..ask()
+    });
+    assert!(m.contains("--strategy soap"), "{m}");
+    let m = refused(Ask {
+        precision: Some(Precision::Fp8),
+        ..ask()
+    });
+    assert!(m.contains("fp8") && m.contains("a100"), "{m}");
+    let m = refused(Ask {
+        microbatches: Some(4),
+        ..ask()
+    });
+    assert!(m.contains("--micro-batch-size"), "{m}");
+}
+
+/// A profile of `products` (at batch 1 and 2, `us` forward and twice that backward each).
+fn profile_of(signatures: impl IntoIterator<Item = Signature>, us: f64) -> Profile {
+    let point = |batch| Point {
+        batch,
+        forward_us: us * batch as f64,
+        backward_us: 2.0 * us * batch as f64,
+        peak_bytes: None,
+        forward_spread: None,
+        backward_spread: None,
+    };
+    Profile {
+        format: FORMAT.to_owned(),
+        device: Device {
+            name: "test".into(),
+            note: String::new(),
+        },
+        precision: Precision::Fp32,
+        entries: signatures
+            .into_iter()
+            .map(|signature| Entry {
+                signature,
+                points: vec![point(1), point(2)],
+            })
+            .collect(),
+    }
+    .normalize("test.json")
+    .unwrap()
+}
+
+#[test]
+fn a_profile_prices_the_blocks_dense_products_from_its_measurements() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let spec = GptSpec::megatron(4, 256, 8, 128, 1024);
+    let shape = common::recognized(&spec, 16);
+    // Every product of one rank at t = 1 and 2, each far slower than the GEMM rate gives.
+    let us = 1e5;
+    let signatures = [1, 2]
+        .into_iter()
+        .flat_map(|t| shape.dense_gemms(t).map(|g| g.signature(shape.sequence)));
+    let profile = profile_of(signatures, us);
+    let pinned = |t: u32| Knobs {
+        tensor: Some(t),
+        pipeline: Some(1),
+        micro_batch: Some(1),
+        ..Knobs::default()
+    };
+    let plan = |profile: Option<&Profile>, t: u32| {
+        let ask = Ask {
+            profile,
+            precision: Some(Precision::Fp32),
+            knobs: pinned(t),
+            ..ask()
+        };
+        let planned = planner::plan(small_gpt(16), &cluster, 8, &ask).unwrap();
+        let Priced::Transformer(found) = planned.priced else {
+            panic!("a GPT goes to the transformer planner");
+        };
+        found.found.best
+    };
+    for t in [1, 2] {
+        let (analytical, measured) = (plan(None, t), plan(Some(&profile), t));
+        assert!(analytical.measured().is_empty());
+        assert_eq!(measured.measured(), transformer::DENSE_GEMMS);
+        // The four products' forward passes at micro-batch 1, kept at IN_STEP of their
+        // isolated rate like every kernel, replace the analytical products.
+        let products = 4.0 * us / IN_STEP;
+        let rest = measured.block_forward_us - products;
+        assert!(
+            rest > 0.0 && rest < analytical.block_forward_us,
+            "t{t}: {} with the profile, {} without",
+            measured.block_forward_us,
+            analytical.block_forward_us
+        );
+    }
+    // A product the profile lacks is priced analytically: t = 4's QKV ([128, 256] →
+    // [128, 192]); its second MLP product has t = 1's projection's shapes, so it is found.
+    let at_4 = plan(Some(&profile), 4).measured();
+    assert!(
+        !at_4.contains(&"qkv") && at_4.contains(&"mlp_out"),
+        "{at_4:?}"
+    );
+}
+
+#[test]
+fn a_profile_at_another_precision_is_refused() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    let profile = profile_of([], 1.0);
+    let ask = Ask {
+        profile: Some(&profile),
+        precision: Some(Precision::Bf16),
+        ..ask()
+    };
+    match planner::plan(small_gpt(16), &cluster, 8, &ask) {
+        Err(PlanError::Request(m)) => assert!(m.contains("fp32") && m.contains("bf16"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("planned"),
+    }
+}
