@@ -284,6 +284,12 @@ fn both_gpt2_exports_plan_the_same_way() {
                 &false.into()
             )
         );
+        // Its LayerNormalization nodes and biased projections, read from the operators
+        // (the exporter merged the norms' weights, so their count says RMSNorm).
+        assert_eq!(
+            (&t["rms_norm"], &t["biases"]),
+            (&false.into(), &true.into())
+        );
     }
     for key in [
         "tensor_parallel",
@@ -303,6 +309,27 @@ fn both_gpt2_exports_plan_the_same_way() {
     assert_eq!(torchscript["transformer"]["positions"], 128);
     let time = |v: &Value| v["iteration_time_us"].as_f64().unwrap();
     assert!((time(&dynamo) / time(&torchscript) - 1.0).abs() < 1e-3);
+}
+
+#[test]
+fn gemmas_norms_are_read_as_rmsnorm_from_its_operators() {
+    // Gemma's RMSNorm scales by `1 + weight`, which the parameter count cannot tell from a
+    // LayerNorm's bias: its mean of squares can.
+    for case in ["gemma_dynamo", "gemma2_dynamo"] {
+        let v = json(&[
+            "plan",
+            &format!("fixtures/torch/{case}.onnx"),
+            "--gpus",
+            "2",
+            "--json",
+        ]);
+        let t = &v["transformer"];
+        assert_eq!(
+            (&t["rms_norm"], &t["biases"], &t["gated_mlp"]),
+            (&true.into(), &false.into(), &true.into()),
+            "{case}"
+        );
+    }
 }
 
 /// The losses `ralpc run --json` prints for a plan directory.
@@ -513,6 +540,14 @@ fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_pre
         (simulated / predicted - 1.0) * 100.0
     );
     assert!((simulated / predicted - 1.0).abs() <= 0.05);
+    // The same configuration priced layer by layer is reported beside the closed form, and
+    // the executable plan lowered against those costs simulates close to it.
+    let layered = v["layered_iteration_time_us"].as_f64().unwrap();
+    let gap = v["layered_gap"].as_f64().unwrap();
+    println!("layered price {layered:.0} µs ({:+.1} %)", gap * 100.0);
+    assert!((layered / predicted - 1.0 - gap).abs() < 1e-9);
+    assert!(gap.abs() <= 0.05);
+    assert!((simulated / layered - 1.0).abs() <= 0.05);
 }
 
 /// Plans Megatron-LM's configuration `config` (`[t, p, v, micro-batch]`) of a GPT of

@@ -9,6 +9,12 @@
 //! from the attention weights' size), a SwiGLU MLP (three weights of the inner size per
 //! block), RMSNorm and no biases.
 //!
+//! The norms (LayerNorm or RMSNorm) and the dense layers' biases are read from the
+//! operators: `LayerNormalization` nodes or a mean subtracted from its input, a mean of
+//! squares with none subtracted, a bias added to each product. Only where the operators do
+//! not say (no norm found, mixed forms) does the parameter count choose — an exporter may
+//! merge identical weights (GPT-2's norms), or fold one into a constant (Gemma's `1 + w`).
+//!
 //! The result is checked against the graph's own parameter count: a model whose weights do
 //! not add up to a GPT of the recognized shape (within 2 %) is not treated as one.
 
@@ -225,9 +231,14 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         }
     };
     let gated = ffn_weights >= 3 * layers;
+    // The norms and biases the graph's operators show decide where they are plain; only
+    // where they do not (no norm found, mixed forms) does the parameter count choose.
+    let (rms_norm, biases) = (norms(graph, info), biases(graph, info, &block_weights));
     let candidates = [gated, !gated].into_iter().flat_map(|g| {
         [(true, false), (false, true), (true, true), (false, false)]
-            .map(|(biases, rms_norm)| variant(g, biases, rms_norm))
+            .into_iter()
+            .filter(|&(b, r)| biases.is_none_or(|x| x == b) && rms_norm.is_none_or(|x| x == r))
+            .map(move |(biases, rms_norm)| variant(g, biases, rms_norm))
     });
     let distance = |m: &Transformer| m.spec().params().abs_diff(params);
     let Some(model) = candidates.min_by_key(distance) else {
@@ -242,6 +253,95 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         ));
     }
     Ok(model)
+}
+
+/// Whether the graph's norms are RMSNorms (`Some(true)`) or LayerNorms (`Some(false)`), as
+/// its operators show: `LayerNormalization` nodes, or decomposed, a mean subtracted from
+/// its input (LayerNorm) or a mean of squares with none subtracted (RMSNorm). `None` where
+/// it shows neither or both.
+fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
+    let (mut layer, mut rms) = (0u32, 0u32);
+    for &n in info.order() {
+        let node = graph.node(n);
+        match &node.op {
+            Op::LayerNorm { .. } => layer += 1,
+            Op::Reduce {
+                kind: ralpc_ir::ReduceKind::Mean,
+                ..
+            } => {
+                let Some(x) = node.inputs.first().copied().flatten() else {
+                    continue;
+                };
+                let squared = {
+                    let producer = graph.node(graph.value(x).producer);
+                    match (&producer.op, producer.inputs.as_slice()) {
+                        (Op::Binary(ralpc_ir::Binary::Pow), _) => true,
+                        (Op::Binary(ralpc_ir::Binary::Mul), [Some(a), Some(b)]) => a == b,
+                        _ => false,
+                    }
+                };
+                let centred = node.outputs.iter().any(|&mean| {
+                    graph.consumers(mean).iter().any(|&(c, _)| {
+                        matches!(graph.node(c).op, Op::Binary(ralpc_ir::Binary::Sub))
+                    })
+                });
+                if squared {
+                    rms += 1;
+                } else if centred {
+                    layer += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    match (layer, rms) {
+        (0, 0) => None,
+        (_, 0) => Some(false),
+        (0, _) => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether the blocks' dense layers (`weights`) add biases, as the graph shows: a `Gemm`
+/// with a `C` input, or a `MatMul` whose product is added to a 1-D weight. `None` where
+/// some do and some do not.
+fn biases(graph: &Graph, info: &GraphInfo, weights: &BTreeMap<NodeId, u64>) -> Option<bool> {
+    let is_vector = |v: ValueId| weight_of(graph, info, v).is_some_and(|(_, d)| d.len() == 1);
+    let (mut with, mut without) = (0u32, 0u32);
+    for &n in info.order() {
+        let node = graph.node(n);
+        let reads_block_weight = node
+            .inputs
+            .iter()
+            .flatten()
+            .any(|&v| weight_of(graph, info, v).is_some_and(|(w, _)| weights.contains_key(&w)));
+        if !reads_block_weight {
+            continue;
+        }
+        let biased = match (&node.op, node.inputs.get(2)) {
+            (Op::Gemm(_), Some(Some(_))) => true,
+            (Op::MatMul, _) => node.outputs.iter().any(|&y| {
+                graph.consumers(y).iter().any(|&(c, _)| {
+                    let add = graph.node(c);
+                    matches!(add.op, Op::Binary(ralpc_ir::Binary::Add))
+                        && add.inputs.iter().flatten().any(|&v| is_vector(v))
+                })
+            }),
+            (Op::Gemm(_), _) => false,
+            _ => continue,
+        };
+        if biased {
+            with += 1;
+        } else {
+            without += 1;
+        }
+    }
+    match (with, without) {
+        (0, 0) => None,
+        (_, 0) => Some(true),
+        (0, _) => Some(false),
+        _ => None,
+    }
 }
 
 /// Whether `v` is a model input, through casts and views (Hugging Face's GPT-2 and OPT
