@@ -199,7 +199,22 @@ pub fn megatron_arguments(
         // Megatron's distributed optimizer shards optimizer state and reduce-scatters
         // gradients: ZeRO-1 with ZeRO-2's gradient traffic.
         1 | 2 => args.push("--use-distributed-optimizer".into()),
-        _ => args.push("--use-torch-fsdp2".into()),
+        // Weights sharded too: Megatron-FSDP, with the flags its user guide requires
+        // (Megatron-LM docs/discussions/megatron-fsdp-user-guide @ f6f94c70). Not
+        // `--use-torch-fsdp2`, which `validate_args` refuses with pipeline parallelism, tied
+        // embeddings, fp16 and the default gradient-accumulation fusion
+        // (megatron/training/arguments.py @ 307dcf37); Megatron-FSDP is refused with none
+        // of them, and overlaps its gathers and reduce-scatters on its own.
+        _ => args.extend(
+            [
+                "--use-megatron-fsdp",
+                "--data-parallel-sharding-strategy optim_grads_params",
+                "--no-gradient-accumulation-fusion",
+                "--use-distributed-optimizer",
+                "--ckpt-format fsdp_dtensor",
+            ]
+            .map(String::from),
+        ),
     }
     if m.kv_heads != m.heads {
         args.push("--group-query-attention".into());
@@ -243,7 +258,7 @@ pub fn megatron_arguments(
         args.push("--fp8-param-gather".into());
     }
     // ralpc prices the data-parallel collectives overlapped with the backward and forward
-    // passes (FSDP2 prefetches on its own).
+    // passes (Megatron-FSDP's sharding strategy turns both on itself).
     match p.zero {
         _ if p.data_parallel <= 1 => {}
         0 => args.push("--overlap-grad-reduce".into()),

@@ -908,3 +908,122 @@ fn fp8_and_fused_attention_on_h100s() {
     // At sequence 4,096 the unfused scores dwarf the rest of a block's activations.
     assert!(memory(&unfused) > 2.0 * memory(&bf16));
 }
+
+/// Why Megatron-LM's `validate_args` (megatron/training/arguments.py @ 307dcf37) would
+/// refuse `args` (one `--flag value` a line, as `megatron.args` holds them), for the rules
+/// that concern what ralpc emits; `None` where it accepts them.
+fn megatron_refuses(args: &str) -> Option<String> {
+    let flags: Vec<&str> = args.lines().filter(|l| !l.starts_with('#')).collect();
+    let has = |f: &str| flags.iter().any(|l| l.split(' ').next() == Some(f));
+    let value = |f: &str| -> Option<u64> {
+        flags
+            .iter()
+            .find_map(|l| l.strip_prefix(f)?.trim().parse().ok())
+    };
+    let pp = value("--pipeline-model-parallel-size").unwrap_or(1);
+    let layers = value("--num-layers").unwrap_or(0);
+    let fsdp = has("--use-megatron-fsdp");
+    if has("--use-torch-fsdp2") {
+        if pp > 1 {
+            return Some("--use-torch-fsdp2 with pipeline parallelism".into());
+        }
+        if !has("--no-gradient-accumulation-fusion") {
+            return Some("--use-torch-fsdp2 with gradient accumulation fusion".into());
+        }
+        if !has("--untie-embeddings-and-output-weights") {
+            return Some("--use-torch-fsdp2 with tied embeddings".into());
+        }
+        if has("--fp16") {
+            return Some("--use-torch-fsdp2 with fp16".into());
+        }
+    }
+    if fsdp && !flags.contains(&"--ckpt-format fsdp_dtensor") {
+        return Some("Megatron-FSDP without --ckpt-format fsdp_dtensor".into());
+    }
+    if has("--overlap-param-gather") && !(has("--use-distributed-optimizer") || fsdp) {
+        return Some("--overlap-param-gather without a sharded optimizer".into());
+    }
+    if has("--overlap-param-gather") && !has("--overlap-grad-reduce") {
+        return Some("--overlap-param-gather without --overlap-grad-reduce".into());
+    }
+    if has("--fp8-param-gather") && !(has("--use-distributed-optimizer") || fsdp) {
+        return Some("--fp8-param-gather without a sharded optimizer".into());
+    }
+    if has("--tp-comm-overlap") && !has("--sequence-parallel") {
+        return Some("--tp-comm-overlap without --sequence-parallel".into());
+    }
+    match value("--num-layers-per-virtual-pipeline-stage") {
+        Some(per) if layers % pp != 0 || per == 0 || (layers / pp) % per != 0 => {
+            Some("virtual stages that do not divide the layers".into())
+        }
+        Some(_) if pp <= 2 => Some("an interleaved schedule on 2 or fewer stages".into()),
+        None if layers % pp != 0 => Some("layers not divisible by the stages".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn megatron_accepts_the_arguments_ralpc_emits() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpt2 = "fixtures/onnx/gpt2/model.onnx";
+    let emitted = |name: &str, args: &[&str]| {
+        let out = dir.path().join(name);
+        let mut all = vec!["plan", "--emit", "megatron", "-o", out.to_str().unwrap()];
+        all.extend(args);
+        ralpc().args(&all).assert().success();
+        std::fs::read_to_string(out.join("megatron.args")).unwrap()
+    };
+    // The bundled GPT-2's default plan (the issue's), and ZeRO-3, which is now emitted as
+    // Megatron-FSDP.
+    let default = emitted("default", &[gpt2, "--gpus", "8"]);
+    assert_eq!(megatron_refuses(&default), None, "{default}");
+    let zero3 = emitted("zero3", &[gpt2, "--gpus", "8", "--zero", "3"]);
+    assert_eq!(megatron_refuses(&zero3), None, "{zero3}");
+    for needle in [
+        "--use-megatron-fsdp\n",
+        "--data-parallel-sharding-strategy optim_grads_params\n",
+        "--no-gradient-accumulation-fusion\n",
+        "--ckpt-format fsdp_dtensor\n",
+    ] {
+        assert!(zero3.contains(needle), "`{needle}` not in:\n{zero3}");
+    }
+    assert!(!zero3.contains("fsdp2"));
+    // The rules bite: FSDP2 with a pipeline, as ralpc wrote ZeRO-3 before.
+    let fsdp2 = zero3
+        .replace("--use-megatron-fsdp", "--use-torch-fsdp2")
+        .replace(
+            "--pipeline-model-parallel-size 1",
+            "--pipeline-model-parallel-size 2",
+        );
+    assert!(megatron_refuses(&fsdp2).is_some());
+    // Megatron's 1.7 B GPT on 32 Selene GPUs, interleaved, and at FP8 on Hopper.
+    let model = write_gpt(&dir, &gpt_1_7b());
+    let mut interleaved = vec![model.as_str()];
+    interleaved.extend(SELENE_32);
+    interleaved.extend([
+        "--tensor-parallel",
+        "2",
+        "--pipeline-parallel",
+        "4",
+        "--virtual-stages",
+        "2",
+    ]);
+    let args = emitted("interleaved", &interleaved);
+    assert_eq!(megatron_refuses(&args), None, "{args}");
+    let fp8 = emitted(
+        "fp8",
+        &[
+            &model,
+            "--cluster",
+            "eos",
+            "--gpus",
+            "16",
+            "--batch",
+            "64",
+            "--precision",
+            "fp8",
+        ],
+    );
+    assert_eq!(megatron_refuses(&fp8), None, "{fp8}");
+    assert!(fp8.contains("--fp8-format hybrid\n"), "{fp8}");
+}
