@@ -115,6 +115,11 @@ pub struct PlanArgs {
     /// Pipeline stages [default: searched].
     #[arg(long, value_name = "P", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub pipeline_parallel: Option<u32>,
+    /// GPUs splitting each sequence (Megatron-Core's ring attention: key/value chunks passed
+    /// around the group behind the attention blocks, two chunks a rank for causal balance)
+    /// [default: searched].
+    #[arg(long, value_name = "C", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub context_parallel: Option<u32>,
     /// Model chunks per GPU: interleaved 1F1B above 1 [default: searched].
     #[arg(long, value_name = "V", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub virtual_stages: Option<u32>,
@@ -213,6 +218,7 @@ impl PlanArgs {
             knobs: Knobs {
                 tensor: args.tensor_parallel,
                 pipeline: args.pipeline_parallel,
+                context: args.context_parallel,
                 virtual_stages: args.virtual_stages,
                 micro_batch: args.micro_batch_size,
                 recompute: args.recompute.as_deref().and_then(Recompute::parse),

@@ -143,10 +143,7 @@ if __name__ == "__main__":
 ///
 /// # Errors
 /// The plan is not a transformer plan.
-pub fn megatron_arguments(
-    report: &PlanReport,
-    precision: Option<Precision>,
-) -> Result<String, String> {
+pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
     let Some(p) = &report.parallelism else {
         return Err(format!(
             "--emit megatron: this is a {} plan of layers; Megatron-LM's arguments describe \
@@ -155,6 +152,8 @@ pub fn megatron_arguments(
         ));
     };
     let m = &p.transformer;
+    // The precision the plan was priced at (asked, or a profile's).
+    let precision = Some(p.precision);
     let mut args: Vec<String> = vec![
         format!("--num-layers {}", m.layers),
         format!("--hidden-size {}", m.hidden),
@@ -172,6 +171,11 @@ pub fn megatron_arguments(
         format!("--tensor-model-parallel-size {}", p.tensor_parallel),
         format!("--pipeline-model-parallel-size {}", p.pipeline_parallel),
     ];
+    if p.context_parallel > 1 {
+        // Ring attention (Megatron-Core's point-to-point key/value exchange), as priced.
+        args.push(format!("--context-parallel-size {}", p.context_parallel));
+        args.push("--cp-comm-type p2p".into());
+    }
     if p.virtual_stages > 1 {
         let per = m.layers / u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
         args.push(format!("--num-layers-per-virtual-pipeline-stage {per}"));
@@ -287,7 +291,6 @@ pub fn megatron_arguments(
 pub fn write(
     engines: &[String],
     compiled: &Compiled,
-    precision: Option<Precision>,
     dir: &std::path::Path,
 ) -> Result<Vec<&'static str>, Error> {
     let refuse = |why: String| Error::Plan(Box::new(ralpc_passes::plan::PlanError::Request(why)));
@@ -311,7 +314,7 @@ pub fn write(
                 };
                 torch_script(&compiled.report, strategy)
             }
-            _ => megatron_arguments(&compiled.report, precision).map_err(refuse)?,
+            _ => megatron_arguments(&compiled.report).map_err(refuse)?,
         };
         std::fs::create_dir_all(dir).map_err(|error| {
             Error::Write(Box::new(FileError {

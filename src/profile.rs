@@ -335,6 +335,7 @@ fn profile_with(
     let mut done = 0;
     let mut device = device;
     let mut model_unmeasured = false;
+    let mut model_measured = false;
     for (k, batch, signatures) in plans {
         // A signature the model's own graph measured at this batch is not measured again.
         let (signatures, known): (Vec<_>, Vec<_>) = signatures.into_iter().partition(|(s, _)| {
@@ -358,18 +359,22 @@ fn profile_with(
         let times = match measure(&g, &info, &weights, &data, &signatures, &mut tick) {
             Ok(times) => times,
             // A backend that cannot run the model's own ops (the CUDA executor lacks some a
-            // GPT needs) still measures its blocks' products, which 3d plans price from.
-            Err(Error::Run(m)) if k == 0 && graphs.len() > 1 => {
+            // GPT needs) still measures its blocks' products, which 3d plans price from. Only
+            // a failure at the first batch falls back: one after some were measured (out of
+            // memory at a larger batch) is the user's to see.
+            Err(Error::Run(m)) if k == 0 && graphs.len() > 1 && !model_measured => {
                 device.note.push_str(&format!(
                     "; the model's own ops were not measured (at batch {batch}: {m}), only \
                      its blocks' products"
                 ));
                 model_unmeasured = true;
+                done = total.min(done + signatures.len() as u64);
                 continue;
             }
             Err(Error::Run(m)) => return Err(run_error(format!("at batch {batch}: {m}"))),
             Err(e) => return Err(e),
         };
+        model_measured |= k == 0;
         for ((signature, _), (forward, backward)) in signatures.into_iter().zip(times) {
             points.entry(signature).or_default().push(Point {
                 batch,

@@ -164,6 +164,8 @@ fn every_option_given_is_only_priced() {
         "2",
         "--pipeline-parallel",
         "2",
+        "--context-parallel",
+        "1",
         "--virtual-stages",
         "2",
         "--micro-batch-size",
@@ -545,7 +547,6 @@ fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_pre
     let layered = v["layered_iteration_time_us"].as_f64().unwrap();
     let gap = v["layered_gap"].as_f64().unwrap();
     println!("layered price {layered:.0} µs ({:+.1} %)", gap * 100.0);
-    assert!((layered / predicted - 1.0 - gap).abs() < 1e-9);
     assert!(gap.abs() <= 0.05);
     assert!((simulated / layered - 1.0).abs() <= 0.05);
 }
@@ -812,14 +813,30 @@ fn a_fixed_batch_gpt_keeps_its_sequences_whole() {
         panic!("input_ids is a tensor");
     };
     ids.shape.mut_or_insert_default().dim[0].value = Some(Dim::DimValue(4));
-    let mask = graph
+    // The exporter bakes the batch into the causal mask: [4, 1, 16, 16].
+    let fill = graph
         .node
         .iter_mut()
-        .find(|n| n.name == "causal_mask")
-        .and_then(|n| n.attribute[0].t.as_mut())
+        .find(|n| n.name == "mask.fill")
         .expect("the generator's causal mask");
-    mask.dims = vec![4, 1, 16, 16];
-    mask.raw_data = mask.raw_data.repeat(4);
+    fill.output = vec!["causal_mask_2d".into()];
+    let mut shape = onnx_protobuf::TensorProto::new();
+    shape.name = "baked_shape".into();
+    shape.data_type = 7;
+    shape.dims = vec![4];
+    shape.int64_data = vec![4, 1, 16, 16];
+    graph.initializer.push(shape);
+    let mut expand = onnx_protobuf::NodeProto::new();
+    expand.op_type = "Expand".into();
+    expand.name = "mask.baked".into();
+    expand.input = vec!["causal_mask_2d".into(), "baked_shape".into()];
+    expand.output = vec!["causal_mask".into()];
+    let at = graph
+        .node
+        .iter()
+        .position(|n| n.name == "mask.fill")
+        .unwrap();
+    graph.node.insert(at + 1, expand);
     std::fs::write(&model, proto.write_to_bytes().unwrap()).unwrap();
     let v = json(&["plan", &model, "--gpus", "8", "--batch", "4", "--json"]);
     assert_eq!(v["strategy"], "3d");
@@ -949,6 +966,10 @@ fn megatron_refuses(args: &str) -> Option<String> {
     if has("--fp8-param-gather") && !(has("--use-distributed-optimizer") || fsdp) {
         return Some("--fp8-param-gather without a sharded optimizer".into());
     }
+    let cp = value("--context-parallel-size").unwrap_or(1);
+    if cp > 1 && value("--seq-length").is_none_or(|s| s % (2 * cp) != 0) {
+        return Some("a sequence not a multiple of 2 × the context-parallel size".into());
+    }
     if has("--tp-comm-overlap") && !has("--sequence-parallel") {
         return Some("--tp-comm-overlap without --sequence-parallel".into());
     }
@@ -1010,6 +1031,15 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     ]);
     let args = emitted("interleaved", &interleaved);
     assert_eq!(megatron_refuses(&args), None, "{args}");
+    // Context parallelism, priced (not lowered yet) and emitted as Megatron-Core's ring.
+    let mut context = vec![model.as_str()];
+    context.extend(SELENE_32);
+    context.extend(["--tensor-parallel", "2", "--context-parallel", "4"]);
+    let args = emitted("context", &context);
+    assert_eq!(megatron_refuses(&args), None, "{args}");
+    for needle in ["--context-parallel-size 4\n", "--cp-comm-type p2p\n"] {
+        assert!(args.contains(needle), "`{needle}` not in:\n{args}");
+    }
     let fp8 = emitted(
         "fp8",
         &[

@@ -178,6 +178,38 @@ fn tolerance_bounds_gpu_time() {
 }
 
 #[test]
+fn a_plan_the_budget_held_back_says_so() {
+    // Data parallelism on 16 GPUs is faster than any plan within the default budget of 2×
+    // one GPU's GPU time: the warning names the budget and how to lift it.
+    let v = json(&[
+        "plan",
+        "fixtures/onnx/resnet50/model.onnx",
+        "--gpus",
+        "16",
+        "--json",
+    ]);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("slower than data parallelism")
+            && warnings.contains("above the budget of 2.00×")
+            && warnings.contains("--tolerance inf"),
+        "{warnings}"
+    );
+    // Without the budget, data parallelism on every GPU is planned and nothing is said.
+    let free = json(&[
+        "plan",
+        "fixtures/onnx/resnet50/model.onnx",
+        "--gpus",
+        "16",
+        "--tolerance",
+        "inf",
+        "--json",
+    ]);
+    assert_eq!(free["gpus_used"], 16);
+    assert!(!free["warnings"].to_string().contains("budget"));
+}
+
+#[test]
 fn a_pipedream_graph_is_a_model() {
     let graph = "fixtures/anchors/pipedream/vgg16/graph.txt";
     let v = json(&[

@@ -152,21 +152,7 @@ fn a_gpt_profile_measures_each_tensor_parallel_ranks_products_and_prices_3d_plan
     };
     // Each degree that splits the 4 heads (not 3): every product of one rank, measured at
     // both micro-batch sizes.
-    let shape = ralpc::passes::transformer::Transformer {
-        layers: spec.layers,
-        hidden: spec.hidden,
-        heads: spec.heads,
-        kv_heads: spec.kv_heads,
-        sequence: spec.sequence,
-        vocabulary: spec.vocabulary,
-        ffn: spec.ffn,
-        gated_mlp: spec.gated_mlp,
-        biases: spec.biases,
-        rms_norm: spec.rms_norm,
-        tied: spec.tied,
-        positions: spec.positions,
-        params: 0,
-    };
+    let shape = ralpc::passes::transformer::Transformer::from(&spec);
     for t in [1, 2, 4] {
         for g in shape.dense_gemms(t) {
             let e = p

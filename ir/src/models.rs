@@ -259,12 +259,51 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         b.constant("norm_epsilon", &[], &[1.0e-5]);
     }
     // Constants, not weights: 1/√(h/a), and a mask that hides later positions (−10⁴, as
-    // Megatron's fused kernel fills them).
+    // Megatron's fused kernel fills them), built in the graph from the positions, as
+    // exporters write it: a constant would hold s² floats (64 GiB at s = 131,072).
     b.constant("attention_scale", &[], &[1.0 / (d as f32).sqrt()]);
-    let mask: Vec<f32> = (0..s * s)
-        .map(|k| if k % s > k / s { -1.0e4 } else { 0.0 })
-        .collect();
-    b.constant("causal_mask", &[s, s], &mask);
+    b.ints("mask_start", &[], &[0]);
+    b.ints("mask_limit", &[], &[s]);
+    b.ints("mask_delta", &[], &[1]);
+    b.ints("mask_rows", &[1], &[1]);
+    b.ints("mask_columns", &[1], &[0]);
+    b.constant("mask_hidden", &[], &[-1.0e4]);
+    b.constant("mask_shown", &[], &[0.0]);
+    b.node(
+        "Range",
+        "mask.positions",
+        &["mask_start", "mask_limit", "mask_delta"],
+        &["mask_positions"],
+        &[],
+    );
+    b.node(
+        "Unsqueeze",
+        "mask.queries",
+        &["mask_positions", "mask_rows"],
+        &["mask_queries"],
+        &[],
+    );
+    b.node(
+        "Unsqueeze",
+        "mask.keys",
+        &["mask_positions", "mask_columns"],
+        &["mask_keys"],
+        &[],
+    );
+    b.node(
+        "Less",
+        "mask.later",
+        &["mask_queries", "mask_keys"],
+        &["mask_later"],
+        &[],
+    );
+    b.node(
+        "Where",
+        "mask.fill",
+        &["mask_later", "mask_hidden", "mask_shown"],
+        &["causal_mask"],
+        &[],
+    );
     if spec.dropout {
         b.constant("dropout_ratio", &[], &[0.1]);
         b.scalar("dropout_training", 9, |t| t.int32_data = vec![1]);

@@ -166,13 +166,17 @@ pub fn plan<'a>(
     ask: &Ask<'a>,
 ) -> Result<Plan<'a>, PlanError> {
     if let Some(shape) = transformer_of(&model, ask)? {
-        return plan_transformer(shape, model, cluster, gpus, ask);
+        if let Model::Graph {
+            batch, fixed_batch, ..
+        } = &model
+        {
+            // An export whose batch is fixed keeps its sequences whole.
+            let pieces = if fixed_batch.is_some() { 1 } else { *batch };
+            let batch = *batch;
+            return plan_transformer(shape, (batch, pieces), model, cluster, gpus, ask);
+        }
     }
-    let precision = ask
-        .precision
-        .or(ask.profile.map(|p| p.precision))
-        .unwrap_or(Precision::Tf32);
-    check_precision(cluster, gpus, precision)?;
+    let precision = precision_of(cluster, gpus, ask)?;
     let (graph, ops) = layer_graph(model, precision)?;
     let options = CostOptions {
         precision,
@@ -256,11 +260,15 @@ fn transformer_of(model: &Model, ask: &Ask<'_>) -> Result<Option<Transformer>, P
     }
 }
 
-/// Refuses a precision the GPUs lack tensor cores for (FP8 before Hopper, MXFP8 before
-/// Blackwell), naming the GPU.
-fn check_precision(cluster: &Cluster, gpus: u32, precision: Precision) -> Result<(), PlanError> {
+/// The precision to plan at (asked, else the profile's, else TF32), refused where the GPUs
+/// lack tensor cores for it (FP8 before Hopper, MXFP8 before Blackwell), naming the GPU.
+fn precision_of(cluster: &Cluster, gpus: u32, ask: &Ask<'_>) -> Result<Precision, PlanError> {
+    let precision = ask
+        .precision
+        .or(ask.profile.map(|p| p.precision))
+        .unwrap_or(Precision::Tf32);
     if !precision.is_fp8() {
-        return Ok(());
+        return Ok(precision);
     }
     match (0..gpus.max(1))
         .map(|r| cluster.gpu(r))
@@ -273,7 +281,7 @@ fn check_precision(cluster: &Cluster, gpus: u32, precision: Precision) -> Result
             gpu.name,
             gpu.generation.name()
         ))),
-        None => Ok(()),
+        None => Ok(precision),
     }
 }
 
@@ -303,9 +311,11 @@ fn layer_graph(
 }
 
 /// The layered cost model's options that price a transformer's layers at the kernel rates
-/// its closed form uses — GEMMs, memory-bound kernels and fused attention alike, and the
-/// profile's measurements where it has the layer's ops — so that the two prices differ
-/// only where the models do.
+/// its closed form uses — GEMMs, memory-bound kernels and fused attention alike — so that
+/// the two prices differ only where the models do. A profile is left out: the layered
+/// model reads a measured op as in-step time and splits a whole layer's measurement by the
+/// degree, where the closed form measures each rank's own product and keeps `IN_STEP` of
+/// it; with `--profile` the gap also holds what the measurements changed.
 fn transformer_cost_options<'a>(
     cluster: &Cluster,
     precision: Precision,
@@ -320,7 +330,6 @@ fn transformer_cost_options<'a>(
     );
     CostOptions {
         precision,
-        profile: ask.profile,
         optimizer: ask.optimizer,
         memory_limit: ask.memory_limit,
         efficiency: Some(efficiency),
@@ -337,6 +346,7 @@ fn transformer_cost_options<'a>(
 /// configuration's layered form.
 fn plan_transformer<'a>(
     shape: Transformer,
+    (batch, sample_pieces): (u64, u64),
     model: Model,
     cluster: &'a Cluster,
     gpus: u32,
@@ -349,21 +359,7 @@ fn plan_transformer<'a>(
                 .into(),
         ));
     }
-    let Model::Graph {
-        batch,
-        ref fixed_batch,
-        ..
-    } = model
-    else {
-        return Err(PlanError::Request(
-            "a transformer was recognized outside an ONNX graph".into(),
-        ));
-    };
-    let precision = ask
-        .precision
-        .or(ask.profile.map(|p| p.precision))
-        .unwrap_or(Precision::Tf32);
-    check_precision(cluster, gpus, precision)?;
+    let precision = precision_of(cluster, gpus, ask)?;
     if let Some(profile) = ask.profile.filter(|p| p.precision != precision) {
         return Err(PlanError::Request(format!(
             "--profile was measured at {} and the plan is asked at --precision {}: a \
@@ -378,7 +374,7 @@ fn plan_transformer<'a>(
     let setting = Setting {
         model: &shape,
         batch,
-        sample_pieces: if fixed_batch.is_some() { 1 } else { batch },
+        sample_pieces,
         cluster,
         gpus,
         precision,

@@ -230,6 +230,56 @@ fn recognized_shapes_are_the_generated_ones() {
             row.params
         );
     }
+    // A generated Llama is recognized as the shape its spec gives, field for field.
+    let spec = GptSpec::llama(2, 256, 8, 2, 512, 64, 1000);
+    assert_eq!(
+        recognized(&spec, 2),
+        ralpc_passes::transformer::Transformer::from(&spec)
+    );
+}
+
+/// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch
+/// 128 sequences): the search splits the sequences, and that is faster than any
+/// configuration that does not.
+#[test]
+fn long_sequences_are_planned_with_context_parallelism() {
+    let spec = GptSpec::llama(126, 16384, 128, 8, 53248, 131_072, 128_256);
+    let model = ralpc_passes::transformer::Transformer::from(&spec);
+    let cluster = Cluster::preset("eos").unwrap().times(2048);
+    let setting = Setting {
+        model: &model,
+        batch: 128,
+        sample_pieces: 128,
+        cluster: &cluster,
+        gpus: 16_384,
+        precision: Precision::Bf16,
+        optimizer: Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: (1u64 << 30) as f64,
+        memory_limit: None,
+        attention: Attention::Fused,
+        overlap: Overlap::MEGATRON_CORE,
+        profile: None,
+    };
+    let found = search(&setting, &Knobs::default()).unwrap();
+    let best = &found.best;
+    let par = best.parallelism;
+    assert!(par.context > 1 && best.fits, "{par:?}");
+    assert_eq!(par.gpus(), 16_384);
+    assert_eq!(model.sequence % (2 * u64::from(par.context)), 0);
+    // Without it the best configuration is slower.
+    let without = Knobs {
+        context: Some(1),
+        ..Knobs::default()
+    };
+    let flat = search(&setting, &without).unwrap().best;
+    println!(
+        "405B at 131,072: {par:?} {:.2} s; without context parallelism {:?} {:.2} s",
+        best.iteration_time_us / 1e6,
+        flat.parallelism,
+        flat.iteration_time_us / 1e6
+    );
+    assert!(flat.iteration_time_us > best.iteration_time_us);
 }
 
 #[test]
@@ -429,10 +479,17 @@ fn knobs_are_checked_with_their_names() {
         ..Knobs::default()
     })
     .contains("--virtual-stages 5"));
+    // A sequence of 2,048 positions splits into 2 × 3 chunks for no one.
+    assert!(err(Knobs {
+        context: Some(3),
+        ..Knobs::default()
+    })
+    .contains("--context-parallel 3"));
     // All given: only priced.
     let all = Knobs {
         tensor: Some(2),
         pipeline: Some(2),
+        context: Some(1),
         virtual_stages: Some(1),
         micro_batch: Some(4),
         recompute: Some(Recompute::Selective),

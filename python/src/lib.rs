@@ -208,7 +208,7 @@ fn compile(
         .detach(|| {
             let compiled = ralpc::compile(&options)?;
             compiled.write(&out)?;
-            let emitted = ralpc::emit::write(&args.emit, &compiled, options.precision, &out)?;
+            let emitted = ralpc::emit::write(&args.emit, &compiled, &out)?;
             Ok::<_, ralpc::Error>((compiled, emitted))
         })
         .map_err(|e| ralpc_error(py, &e))?;

@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         };
         ralpc::write_atomically(path, &strategy.to_json())?;
     }
-    let emitted = ralpc::emit::write(&args.emit, &compiled, args.options().precision, &dir)?;
+    let emitted = ralpc::emit::write(&args.emit, &compiled, &dir)?;
     if args.quiet {
         return Ok(());
     }
@@ -265,8 +265,18 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     );
     let _ = writeln!(
         out,
-        "plan: 3d — tensor {} × pipeline {} × data {} on {} GPUs of {} (batch {})",
-        p.tensor_parallel, p.pipeline_parallel, p.data_parallel, r.gpus_used, r.cluster, r.batch
+        "plan: 3d — tensor {}{} × pipeline {} × data {} on {} GPUs of {} (batch {})",
+        p.tensor_parallel,
+        if p.context_parallel > 1 {
+            format!(" × context {}", p.context_parallel)
+        } else {
+            String::new()
+        },
+        p.pipeline_parallel,
+        p.data_parallel,
+        r.gpus_used,
+        r.cluster,
+        r.batch
     );
     let _ = writeln!(
         out,

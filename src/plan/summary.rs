@@ -165,6 +165,8 @@ pub struct ParallelismRow {
     pub tensor_parallel: u32,
     /// Pipeline stages.
     pub pipeline_parallel: u32,
+    /// Ranks splitting each sequence (context parallelism).
+    pub context_parallel: u32,
     /// Data-parallel replicas.
     pub data_parallel: u32,
     /// Sequences per microbatch.
@@ -193,9 +195,11 @@ pub struct ParallelismRow {
     /// The same configuration on the model's own layers, priced by the layered cost model
     /// under the same kernel rates (what the executable plan is lowered against), µs;
     /// absent where it has no layered form.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub layered_iteration_time_us: Option<f64>,
     /// How far that layered price is from `iteration_time_us`, as a fraction of it
-    /// (`0.05`: the layered model is 5 % slower).
+    /// (`0.05`: the layered model is 5 % slower); absent with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub layered_gap: Option<f64>,
     /// Where an iteration's time goes, µs.
     pub time_breakdown: TimeBreakdown,
@@ -360,10 +364,11 @@ pub(super) fn transformer(
     let par = best.parallelism;
     let peak_total = ralpc_passes::cost::combined_peak(cluster, gpus, precision);
     let used = par.gpus() as u32;
-    let ranks_per_stage = par.tensor * par.data;
+    let ranks_per_stage = par.tensor * par.context.max(1) * par.data;
+    // Context parallelism cuts each sequence's rows.
     let split = SplitRow {
         sample: par.data,
-        attribute: 1,
+        attribute: par.context.max(1),
         parameter: par.tensor,
     };
     let mut layers = Vec::new();
@@ -459,6 +464,7 @@ pub(super) fn transformer(
         parallelism: Some(ParallelismRow {
             tensor_parallel: par.tensor,
             pipeline_parallel: par.pipeline,
+            context_parallel: par.context,
             data_parallel: par.data,
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,

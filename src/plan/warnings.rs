@@ -25,6 +25,7 @@ fn fixed_options(options: &PlanOptions) -> Vec<String> {
     let knobs = [
         ("--tensor-parallel", k.tensor.map(|v| v.to_string())),
         ("--pipeline-parallel", k.pipeline.map(|v| v.to_string())),
+        ("--context-parallel", k.context.map(|v| v.to_string())),
         ("--virtual-stages", k.virtual_stages.map(|v| v.to_string())),
         ("--micro-batch-size", k.micro_batch.map(|v| v.to_string())),
         ("--recompute", k.recompute.map(|v| v.name().to_owned())),
@@ -46,14 +47,26 @@ fn fixed_options(options: &PlanOptions) -> Vec<String> {
 /// (when that fits), and what the fixed options cost against planning without them.
 pub(super) fn warnings(report: &PlanReport, options: &PlanOptions) -> Vec<String> {
     let mut warnings = Vec::new();
-    let dp_fits = report
-        .candidates
-        .iter()
-        .find(|c| c.strategy == "dp")
-        .is_none_or(|c| c.fits);
+    let dp = report.candidates.iter().find(|c| c.strategy == "dp");
+    let dp_fits = dp.is_none_or(|c| c.fits);
     if dp_fits && report.speedup_over_dp < 0.995 {
+        // The GPU-time budget is the usual reason: say so, and how to lift it.
+        let why = match (dp, options.tolerance) {
+            (Some(dp), Some(tolerance)) if dp.gpu_sec_amplification > 1.0 + tolerance + 1e-9 => {
+                format!(
+                    ": its GPU time is {:.2}× one GPU's, above the budget of {:.2}× \
+                     (--tolerance {tolerance}), so ralpc chose this plan on {} of the {} GPUs \
+                     (--tolerance inf plans without a budget)",
+                    dp.gpu_sec_amplification,
+                    1.0 + tolerance,
+                    report.gpus_used,
+                    report.gpus
+                )
+            }
+            _ => String::new(),
+        };
         warnings.push(format!(
-            "this plan is {:.2}× slower than data parallelism on every GPU ({} against {})",
+            "this plan is {:.2}× slower than data parallelism on every GPU ({} against {}){why}",
             1.0 / report.speedup_over_dp.max(1e-9),
             ms(report.iteration_time_us),
             ms(report.dp_iteration_time_us)

@@ -276,14 +276,17 @@ impl<'a> Costs<'a> {
         (forward, 2.0 * forward)
     }
 
-    /// A single GPU's compute time for the whole iteration (rank 0's GPU), µs.
+    /// A single GPU's time for the whole iteration (rank 0's GPU), µs: every layer's
+    /// forward and backward pass and the optimizer step over every weight — what every
+    /// plan's GPU time counts too, so that one GPU's own plan amplifies nothing.
     pub fn single_gpu_time_us(&self) -> f64 {
-        (0..self.graph.layers.len())
+        let compute: f64 = (0..self.graph.layers.len())
             .map(|l| {
                 let w = self.work(l, Split::NONE, 0, 1);
                 w.fwd_us + w.bwd_us
             })
-            .sum()
+            .sum();
+        compute + self.step_us(self.graph.param_bytes() as f64, 0)
     }
 
     /// All-reduce of `bytes` over `ranks` (an arithmetic progression) as (latency,

@@ -81,8 +81,9 @@ pub struct Setting<'a> {
     pub attention: Attention,
     /// Which communication the engine hides behind compute.
     pub overlap: Overlap,
-    /// Measured kernels (`ralpc profile`): a block's dense products found in it at the
-    /// micro-batch size are priced from the measurement instead of the GEMM rate.
+    /// Measured kernels (`ralpc profile`): a block's dense products found in it by their
+    /// shapes are priced from the measurements (interpolated between measured micro-batch
+    /// sizes, scaled beyond them) instead of the GEMM rate.
     pub profile: Option<&'a Profile>,
 }
 
@@ -360,6 +361,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let gemms = model.dense_gemms(u64::from(par.tensor));
     let measured_gemm = |g: &super::DenseGemm| {
         let profile = setting.profile.filter(|_| par.context <= 1)?;
+        // Beyond the measured micro-batch sizes the profile's own rule scales the nearest
+        // measurement: every configuration whose products the profile has is priced from it,
+        // so that the search does not drift to sizes it priced otherwise.
         let at = profile.lookup(&g.signature(model.sequence), b)?;
         Some((at.fwd_us / IN_STEP, at.bwd_us / IN_STEP))
     };
@@ -501,14 +505,17 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     };
     // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
     // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
-    // sends them again with their gradients.
+    // sends them again with their gradients. Each step is its own attention kernel and its
+    // own send and receive (Megatron-Core's ring attention launches them step by step), so
+    // `c − 1` more attention launches and `c − 1` exchanges' launches each way show.
     let (context_fwd, context_bwd) = if par.context > 1 {
         let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
         let kv = 2.0 * tokens * model.kv_heads as f64 / t * head_dim * e;
         let steps = c - 1.0;
+        let launches = 2.0 * steps * launch_us;
         (
-            hide(steps * link.transfer_us(kv), core_fwd, 1.0 / c).0,
-            hide(2.0 * steps * link.transfer_us(kv), core_bwd, 1.0 / c).0,
+            hide(steps * link.transfer_us(kv), core_fwd, 1.0 / c).0 + launches,
+            hide(2.0 * steps * link.transfer_us(kv), core_bwd, 1.0 / c).0 + launches,
         )
     } else {
         (0.0, 0.0)

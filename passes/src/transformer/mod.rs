@@ -61,6 +61,28 @@ pub struct Transformer {
     pub params: u64,
 }
 
+impl From<&GptSpec> for Transformer {
+    /// The shape a model generated from `spec` ([`ralpc_ir::models::gpt`]) is recognized as,
+    /// without generating it.
+    fn from(spec: &GptSpec) -> Transformer {
+        Transformer {
+            layers: spec.layers,
+            hidden: spec.hidden,
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            sequence: spec.sequence,
+            vocabulary: spec.vocabulary,
+            ffn: spec.ffn,
+            gated_mlp: spec.gated_mlp,
+            biases: spec.biases,
+            rms_norm: spec.rms_norm,
+            tied: spec.tied,
+            positions: spec.positions,
+            params: spec.params(),
+        }
+    }
+}
+
 impl Transformer {
     /// Its shape as a generator spec, which owns the parameter formulas (per block,
     /// embeddings, head).

@@ -233,7 +233,10 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     let gated = ffn_weights >= 3 * layers;
     // The norms and biases the graph's operators show decide where they are plain; only
     // where they do not (no norm found, mixed forms) does the parameter count choose.
-    let (rms_norm, biases) = (norms(graph, info), biases(graph, info, &block_weights));
+    let (rms_norm, biases) = (
+        norms(graph, info),
+        biases(graph, info, &block_weights, hidden * vocabulary),
+    );
     let candidates = [gated, !gated].into_iter().flat_map(|g| {
         [(true, false), (false, true), (true, true), (false, false)]
             .into_iter()
@@ -272,14 +275,24 @@ fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
                 let Some(x) = node.inputs.first().copied().flatten() else {
                     continue;
                 };
-                let squared = {
-                    let producer = graph.node(graph.value(x).producer);
-                    match (&producer.op, producer.inputs.as_slice()) {
-                        (Op::Binary(ralpc_ir::Binary::Pow), _) => true,
-                        (Op::Binary(ralpc_ir::Binary::Mul), [Some(a), Some(b)]) => a == b,
-                        _ => false,
-                    }
+                // A mean of squares: RMSNorm's, unless what is squared had a mean subtracted
+                // (a decomposed LayerNorm's variance).
+                let producer = graph.node(graph.value(x).producer);
+                let base = match (&producer.op, producer.inputs.as_slice()) {
+                    (Op::Binary(ralpc_ir::Binary::Pow), [Some(a), ..]) => Some(*a),
+                    (Op::Binary(ralpc_ir::Binary::Mul), [Some(a), Some(b)]) if a == b => Some(*a),
+                    _ => None,
                 };
+                let squared = base.is_some_and(|a| {
+                    !matches!(
+                        graph.node(graph.value(a).producer).op,
+                        Op::Binary(ralpc_ir::Binary::Sub)
+                    )
+                });
+                let variance = base.is_some() && !squared;
+                if variance {
+                    continue;
+                }
                 let centred = node.outputs.iter().any(|&mean| {
                     graph.consumers(mean).iter().any(|&(c, _)| {
                         matches!(graph.node(c).op, Op::Binary(ralpc_ir::Binary::Sub))
@@ -302,19 +315,24 @@ fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
     }
 }
 
-/// Whether the blocks' dense layers (`weights`) add biases, as the graph shows: a `Gemm`
-/// with a `C` input, or a `MatMul` whose product is added to a 1-D weight. `None` where
-/// some do and some do not.
-fn biases(graph: &Graph, info: &GraphInfo, weights: &BTreeMap<NodeId, u64>) -> Option<bool> {
+/// Whether the blocks' dense layers (`weights`, less any of the LM head's `head` elements)
+/// add biases, as the graph shows: a `Gemm` with a `C` input, or a `MatMul` whose product
+/// is added to a 1-D weight. `None` where some do and some do not.
+fn biases(
+    graph: &Graph,
+    info: &GraphInfo,
+    weights: &BTreeMap<NodeId, u64>,
+    head: u64,
+) -> Option<bool> {
     let is_vector = |v: ValueId| weight_of(graph, info, v).is_some_and(|(_, d)| d.len() == 1);
     let (mut with, mut without) = (0u32, 0u32);
     for &n in info.order() {
         let node = graph.node(n);
-        let reads_block_weight = node
-            .inputs
-            .iter()
-            .flatten()
-            .any(|&v| weight_of(graph, info, v).is_some_and(|(w, _)| weights.contains_key(&w)));
+        // An untied LM head often has no bias where the blocks do (GPT-NeoX): not counted.
+        let reads_block_weight = node.inputs.iter().flatten().any(|&v| {
+            weight_of(graph, info, v)
+                .is_some_and(|(w, _)| weights.get(&w).is_some_and(|&size| size != head))
+        });
         if !reads_block_weight {
             continue;
         }

@@ -1,6 +1,7 @@
 //! The search over Megatron-LM's space. The blocks are identical, so every point is priced
 //! from one block ([`estimate`]) in O(p); the space — tensor degrees dividing a node and the
-//! heads, every pipeline depth whose `t·p` divides the GPUs, every micro-batch size dividing
+//! heads, every pipeline depth whose `t·p` divides the GPUs, every context-parallel degree
+//! dividing what is left and cutting the sequence into `2c` chunks, every micro-batch size dividing
 //! a replica's batch, interleaving depths, three recomputation levels, sequence parallelism
 //! and ZeRO stages — is enumerated whole: tens of thousands of points, milliseconds.
 //!
@@ -21,6 +22,8 @@ pub struct Knobs {
     pub tensor: Option<u32>,
     /// `--pipeline-parallel`.
     pub pipeline: Option<u32>,
+    /// `--context-parallel`.
+    pub context: Option<u32>,
     /// `--virtual-stages`.
     pub virtual_stages: Option<u32>,
     /// `--micro-batch-size`.
@@ -83,6 +86,14 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             },
         )
     };
+    // Context parallelism splits the attention core, quadratic in the sequence: auto
+    // considers it where that core does at least the dense layers' work per token
+    // (`4sh ≥` the products' FLOPs). Below, it would only trade data-parallel replicas
+    // for ring exchanges, and ralpc does not lower it yet; `--context-parallel` asks for it
+    // at any length.
+    let attention = 4.0 * model.sequence as f64 * model.hidden as f64;
+    let long_sequence =
+        knobs.context.is_some() || attention >= model.block_flops_per_token() - attention;
     let mut best: Option<Estimate> = None;
     let mut smallest_need = f64::INFINITY;
     let mut evaluated = 0u64;
@@ -95,72 +106,82 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             if (gpus / t) % p != 0 || knobs.pipeline.is_some_and(|k| k != p) {
                 continue;
             }
-            let d = gpus / (t * p);
-            if batch % u64::from(d) != 0 {
-                continue;
-            }
-            let replica_batch = batch / u64::from(d);
-            for b in divisors(replica_batch) {
-                if knobs.micro_batch.is_some_and(|k| k != b) {
+            // Context parallelism cuts each sequence over `c` ranks; Megatron-Core's
+            // causal load balancing pairs chunks, so each rank holds `2` of `2c`.
+            let contexts: Vec<u32> = (1..=gpus / (t * p))
+                .filter(|&c| (gpus / (t * p)) % c == 0)
+                .filter(|&c| c == 1 || (long_sequence && model.sequence % (2 * u64::from(c)) == 0))
+                .filter(|&c| knobs.context.is_none_or(|k| k == c))
+                .collect();
+            for c in contexts {
+                let d = gpus / (t * p * c);
+                if batch % u64::from(d) != 0 {
                     continue;
                 }
-                let m = replica_batch / b;
-                if u64::from(d) * m > pieces {
-                    continue;
-                }
-                let depths: Vec<u32> = (1..=u32::try_from(model.layers / u64::from(p))
-                    .unwrap_or(1))
-                    .filter(|&v| {
-                        v == 1
-                            || (p > 1
-                                && schedule == Schedule::OneFOneB
-                                && model.layers % (u64::from(p) * u64::from(v)) == 0
-                                && m % u64::from(p) == 0)
-                    })
-                    .filter(|&v| knobs.virtual_stages.is_none_or(|k| k == v))
-                    .collect();
-                for &v in &depths {
-                    for recompute in Recompute::ALL {
-                        if knobs.recompute.is_some_and(|k| k != recompute) {
-                            continue;
-                        }
-                        for sequence_parallel in [false, true] {
-                            if (sequence_parallel && t == 1)
-                                || knobs
-                                    .sequence_parallel
-                                    .is_some_and(|k| k != sequence_parallel)
-                            {
+                let replica_batch = batch / u64::from(d);
+                for b in divisors(replica_batch) {
+                    if knobs.micro_batch.is_some_and(|k| k != b) {
+                        continue;
+                    }
+                    let m = replica_batch / b;
+                    if u64::from(d) * m > pieces {
+                        continue;
+                    }
+                    let depths: Vec<u32> = (1..=u32::try_from(model.layers / u64::from(p))
+                        .unwrap_or(1))
+                        .filter(|&v| {
+                            v == 1
+                                || (p > 1
+                                    && schedule == Schedule::OneFOneB
+                                    && model.layers % (u64::from(p) * u64::from(v)) == 0
+                                    && m % u64::from(p) == 0)
+                        })
+                        .filter(|&v| knobs.virtual_stages.is_none_or(|k| k == v))
+                        .collect();
+                    for &v in &depths {
+                        for recompute in Recompute::ALL {
+                            if knobs.recompute.is_some_and(|k| k != recompute) {
                                 continue;
                             }
-                            for zero in 0..=3u8 {
-                                if knobs.zero.is_some_and(|k| k != zero)
-                                    || (knobs.zero.is_none() && zero >= 2 && p > 1)
+                            for sequence_parallel in [false, true] {
+                                if (sequence_parallel && t == 1)
+                                    || knobs
+                                        .sequence_parallel
+                                        .is_some_and(|k| k != sequence_parallel)
                                 {
                                     continue;
                                 }
-                                let e = estimate(
-                                    setting,
-                                    &Parallelism {
-                                        tensor: t,
-                                        context: 1,
-                                        pipeline: p,
-                                        data: d,
-                                        micro_batch: b,
-                                        virtual_stages: v,
-                                        recompute,
-                                        sequence_parallel,
-                                        zero,
-                                        schedule,
-                                    },
-                                );
-                                evaluated += 1;
-                                smallest_need = smallest_need.min(e.peak_memory_bytes);
-                                if e.fits
-                                    && best.as_ref().is_none_or(|x| {
-                                        e.iteration_time_us < x.iteration_time_us * (1.0 - 1e-12)
-                                    })
-                                {
-                                    best = Some(e);
+                                for zero in 0..=3u8 {
+                                    if knobs.zero.is_some_and(|k| k != zero)
+                                        || (knobs.zero.is_none() && zero >= 2 && p > 1)
+                                    {
+                                        continue;
+                                    }
+                                    let e = estimate(
+                                        setting,
+                                        &Parallelism {
+                                            tensor: t,
+                                            context: c,
+                                            pipeline: p,
+                                            data: d,
+                                            micro_batch: b,
+                                            virtual_stages: v,
+                                            recompute,
+                                            sequence_parallel,
+                                            zero,
+                                            schedule,
+                                        },
+                                    );
+                                    evaluated += 1;
+                                    smallest_need = smallest_need.min(e.peak_memory_bytes);
+                                    if e.fits
+                                        && best.as_ref().is_none_or(|x| {
+                                            e.iteration_time_us
+                                                < x.iteration_time_us * (1.0 - 1e-12)
+                                        })
+                                    {
+                                        best = Some(e);
+                                    }
                                 }
                             }
                         }
@@ -186,8 +207,8 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             evaluated,
         }),
         None if evaluated == 0 => Err(PlanError::Request(format!(
-            "no tensor × pipeline × data split of {gpus} GPUs divides the batch {batch} \
-             with the options given"
+            "no tensor × context × pipeline × data split of {gpus} GPUs divides the batch \
+             {batch} with the options given"
         ))),
         None => Err(PlanError::OutOfMemory {
             need: smallest_need,
@@ -224,10 +245,22 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             ));
         }
     }
-    let tp = knobs.tensor.unwrap_or(1) * knobs.pipeline.unwrap_or(1);
-    if setting.gpus % tp != 0 {
+    if let Some(c) = knobs.context {
+        if c == 0 || (c > 1 && model.sequence % (2 * u64::from(c)) != 0) {
+            return bad(format!(
+                "--context-parallel {c}: the sequence of {} positions must split into 2 × {c} \
+                 chunks (each rank holds one early and one late chunk, for causal balance)",
+                model.sequence
+            ));
+        }
+    }
+    let tp = [knobs.tensor, knobs.pipeline, knobs.context]
+        .into_iter()
+        .try_fold(1u32, |n, k| n.checked_mul(k.unwrap_or(1)))
+        .unwrap_or(u32::MAX);
+    if tp == 0 || setting.gpus % tp != 0 {
         return bad(format!(
-            "tensor × pipeline = {tp} does not divide the {} GPUs",
+            "tensor × pipeline × context = {tp} does not divide the {} GPUs",
             setting.gpus
         ));
     }
