@@ -1057,3 +1057,91 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     assert_eq!(megatron_refuses(&fp8), None, "{fp8}");
     assert!(fp8.contains("--fp8-format hybrid\n"), "{fp8}");
 }
+
+/// A LayerNorm written out as an older exporter writes it (opset < 17: mean, centred
+/// value, mean of its squares) is read as a LayerNorm, not as an RMSNorm's mean of squares,
+/// even where the parameter count says RMSNorm.
+#[test]
+fn a_decomposed_layernorm_is_read_as_layernorm() {
+    use onnx_protobuf::{ModelProto, NodeProto, TensorProto};
+    use protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(2, 64, 4, 16, 200));
+    let mut proto = ModelProto::parse_from_bytes(&std::fs::read(&model).unwrap()).unwrap();
+    let graph = proto.graph.mut_or_insert_default();
+    let node = |op: &str, name: String, inputs: &[&str], output: &str| {
+        let mut n = NodeProto::new();
+        n.op_type = op.into();
+        n.name = name;
+        n.input = inputs.iter().map(|s| s.to_string()).collect();
+        n.output = vec![output.into()];
+        n
+    };
+    // The norms share one weight and bias, as GPT-2's exporter merged them: by their
+    // count the parameters would say RMSNorm, so only the operators can tell.
+    let first = graph
+        .node
+        .iter()
+        .find(|n| n.op_type == "LayerNormalization")
+        .map(|n| (n.input[1].clone(), n.input[2].clone()))
+        .expect("a LayerNorm");
+    let merged: Vec<String> = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type == "LayerNormalization")
+        .flat_map(|n| [n.input[1].clone(), n.input[2].clone()])
+        .filter(|name| *name != first.0 && *name != first.1)
+        .collect();
+    graph.initializer.retain(|t| !merged.contains(&t.name));
+    let mut nodes = Vec::new();
+    let mut decomposed = 0;
+    for n in graph.node.drain(..) {
+        if n.op_type != "LayerNormalization" {
+            nodes.push(n);
+            continue;
+        }
+        decomposed += 1;
+        let (x, y) = (&n.input[0], &n.output[0]);
+        let (w, b) = (&first.0, &first.1);
+        let t = |step: &str| format!("{}.{step}", n.name);
+        let steps: [(&str, &str, Vec<String>); 8] = [
+            ("ReduceMean", "mean", vec![x.clone(), "ln_axes".into()]),
+            ("Sub", "centred", vec![x.clone(), t("mean")]),
+            ("Mul", "square", vec![t("centred"), t("centred")]),
+            (
+                "ReduceMean",
+                "variance",
+                vec![t("square"), "ln_axes".into()],
+            ),
+            ("Add", "epsilon", vec![t("variance"), "ln_epsilon".into()]),
+            ("Sqrt", "deviation", vec![t("epsilon")]),
+            ("Div", "normalized", vec![t("centred"), t("deviation")]),
+            ("Mul", "scaled", vec![t("normalized"), w.clone()]),
+        ];
+        for (op, step, inputs) in steps {
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            nodes.push(node(op, t(step), &inputs, &t(step)));
+        }
+        nodes.push(node("Add", t("shifted"), &[&t("scaled"), b], y));
+    }
+    assert_eq!(decomposed, 5, "two blocks' two norms and the final one");
+    graph.node = nodes;
+    let mut axes = TensorProto::new();
+    axes.name = "ln_axes".into();
+    axes.data_type = 7;
+    axes.dims = vec![1];
+    axes.int64_data = vec![-1];
+    let mut epsilon = TensorProto::new();
+    epsilon.name = "ln_epsilon".into();
+    epsilon.data_type = 1;
+    epsilon.float_data = vec![1e-5];
+    graph.initializer.extend([axes, epsilon]);
+    std::fs::write(&model, proto.write_to_bytes().unwrap()).unwrap();
+    let v = json(&["plan", &model, "--gpus", "2", "--json"]);
+    let t = &v["transformer"];
+    assert_eq!(
+        (&t["rms_norm"], &t["biases"]),
+        (&false.into(), &true.into()),
+        "{t}"
+    );
+}

@@ -353,6 +353,21 @@ fn bad_inputs_exit_1_and_say_what_is_wrong() {
         1,
         &["no pipeline plan keeps GPU-sec amplification"],
     );
+    // More microbatches than the batch's samples: said, not dropped from the search.
+    fails(
+        &[
+            "plan",
+            VGG16,
+            "--gpus",
+            "4",
+            "--batch",
+            "8",
+            "--microbatches",
+            "16",
+        ],
+        1,
+        &["--microbatches 16: the batch of 8 samples cuts into 1 to 8 microbatches"],
+    );
     fails(
         // A sized cluster does not grow (a bare preset name does).
         &["plan", VGG16, "--cluster", "dgx-a100x1", "--gpus", "12"],

@@ -238,20 +238,20 @@ fn recognized_shapes_are_the_generated_ones() {
     );
 }
 
-/// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch
-/// 128 sequences): the search splits the sequences, and that is faster than any
-/// configuration that does not.
-#[test]
-fn long_sequences_are_planned_with_context_parallelism() {
-    let spec = GptSpec::llama(126, 16384, 128, 8, 53248, 131_072, 128_256);
-    let model = ralpc_passes::transformer::Transformer::from(&spec);
-    let cluster = Cluster::preset("eos").unwrap().times(2048);
-    let setting = Setting {
-        model: &model,
-        batch: 128,
-        sample_pieces: 128,
-        cluster: &cluster,
-        gpus: 16_384,
+/// Today's runs: bf16 with Adam, fused attention and Megatron-Core's overlaps, a 1 GiB
+/// workspace, on `gpus` GPUs of `cluster` at `batch` sequences.
+fn bf16_adam<'a>(
+    model: &'a Transformer,
+    cluster: &'a Cluster,
+    gpus: u32,
+    batch: u64,
+) -> Setting<'a> {
+    Setting {
+        model,
+        batch,
+        sample_pieces: batch,
+        cluster,
+        gpus,
         precision: Precision::Bf16,
         optimizer: Optimizer::Adam,
         fp32_gradients: false,
@@ -260,7 +260,18 @@ fn long_sequences_are_planned_with_context_parallelism() {
         attention: Attention::Fused,
         overlap: Overlap::MEGATRON_CORE,
         profile: None,
-    };
+    }
+}
+
+/// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch
+/// 128 sequences): the search splits the sequences, and that is faster than any
+/// configuration that does not.
+#[test]
+fn long_sequences_are_planned_with_context_parallelism() {
+    let spec = GptSpec::llama(126, 16384, 128, 8, 53248, 131_072, 128_256);
+    let model = Transformer::from(&spec);
+    let cluster = Cluster::preset("eos").unwrap().times(2048);
+    let setting = bf16_adam(&model, &cluster, 16_384, 128);
     let found = search(&setting, &Knobs::default()).unwrap();
     let best = &found.best;
     let par = best.parallelism;
@@ -526,21 +537,7 @@ fn search_invariants_over_shapes_and_clusters() {
         for gpus in [1u32, 4, 8, 16, 48] {
             for batch in [16u64, 96] {
                 let cluster = selene(gpus);
-                let setting = Setting {
-                    model: &model,
-                    batch,
-                    sample_pieces: batch,
-                    cluster: &cluster,
-                    gpus,
-                    precision: Precision::Bf16,
-                    optimizer: Optimizer::Adam,
-                    fp32_gradients: false,
-                    workspace_bytes: (1u64 << 30) as f64,
-                    memory_limit: None,
-                    attention: Attention::Fused,
-                    overlap: Overlap::MEGATRON_CORE,
-                    profile: None,
-                };
+                let setting = bf16_adam(&model, &cluster, gpus, batch);
                 let Ok(found) = search(&setting, &Knobs::default()) else {
                     continue;
                 };

@@ -122,6 +122,17 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         }
     }
     let mut fits_over_budget = false;
+    // More microbatches than samples (or none) cut nothing: refused by name rather than
+    // leaving the pipeline family out of the search without a word.
+    if let Some(m) = request
+        .microbatches
+        .filter(|&m| m == 0 || u64::from(m) > graph.batch)
+    {
+        return Err(PlanError::Request(format!(
+            "--microbatches {m}: the batch of {} samples cuts into 1 to {} microbatches",
+            graph.batch, graph.batch
+        )));
+    }
     if let (Some(m @ 2..), Some(why)) = (request.microbatches, &graph.fixed_batch) {
         return Err(PlanError::Request(format!(
             "{m} microbatches cut the batch, but this model's samples cannot be split: {why}"

@@ -289,10 +289,6 @@ fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
                         Op::Binary(ralpc_ir::Binary::Sub)
                     )
                 });
-                let variance = base.is_some() && !squared;
-                if variance {
-                    continue;
-                }
                 let centred = node.outputs.iter().any(|&mean| {
                     graph.consumers(mean).iter().any(|&(c, _)| {
                         matches!(graph.node(c).op, Op::Binary(ralpc_ir::Binary::Sub))
