@@ -110,7 +110,8 @@ pub struct TransformerPlan {
     pub shape: Transformer,
     /// The search's result, priced by the closed form.
     pub found: Searched,
-    /// One GPU's compute for the iteration (the model unsplit, one sequence at a time), µs.
+    /// One GPU's compute for the iteration (the model unsplit, at its fastest micro-batch
+    /// size), µs.
     pub single_gpu_time_us: f64,
     /// Whether sequence-parallel collectives were priced hidden behind their GEMMs.
     pub tp_comm_overlap: bool,
@@ -397,25 +398,37 @@ fn plan_transformer<'a>(
         ..ask.knobs
     };
     let found = transformer::search(&setting, &knobs)?;
-    let single = transformer::estimate(
-        &Setting {
-            gpus: 1,
-            memory_limit: None,
-            ..setting.clone()
-        },
-        &Parallelism {
-            tensor: 1,
-            context: 1,
-            pipeline: 1,
-            data: 1,
-            micro_batch: 1,
-            virtual_stages: 1,
-            recompute: Recompute::None,
-            sequence_parallel: false,
-            zero: 0,
-            schedule: Schedule::OneFOneB,
-        },
-    );
+    // One GPU doing the whole iteration, the model unsplit (its memory not asked), at the
+    // micro-batch size that runs it fastest: a baseline as good as a plan's own kernels, so
+    // that GPU-time amplification compares like with like.
+    let one_gpu = Setting {
+        gpus: 1,
+        memory_limit: None,
+        ..setting.clone()
+    };
+    let single_gpu_time_us = transformer::divisors(batch)
+        .into_iter()
+        // As many microbatches as the batch may be cut into (one for a fixed-batch export).
+        .filter(|&b| batch / b <= sample_pieces.max(1))
+        .map(|micro_batch| {
+            let e = transformer::estimate(
+                &one_gpu,
+                &Parallelism {
+                    tensor: 1,
+                    context: 1,
+                    pipeline: 1,
+                    data: 1,
+                    micro_batch,
+                    virtual_stages: 1,
+                    recompute: Recompute::None,
+                    sequence_parallel: false,
+                    zero: 0,
+                    schedule: Schedule::OneFOneB,
+                },
+            );
+            e.time.compute_us + e.time.optimizer_us
+        })
+        .fold(f64::INFINITY, f64::min);
     let (graph, ops) = layer_graph(model, precision)?;
     let options = transformer_cost_options(cluster, precision, ask);
     let layered = transformer::layered(&graph, ops.as_deref(), &found.best).map(|strategy| {
@@ -434,7 +447,7 @@ fn plan_transformer<'a>(
         gpus,
         priced: Priced::Transformer(Box::new(TransformerPlan {
             shape,
-            single_gpu_time_us: single.time.compute_us + single.time.optimizer_us,
+            single_gpu_time_us,
             tp_comm_overlap: tp_comm_overlap
                 && found.best.parallelism.sequence_parallel
                 && found.best.parallelism.tensor > 1,

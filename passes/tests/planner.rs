@@ -210,3 +210,21 @@ fn one_gpus_own_plan_amplifies_nothing() {
     let amplification = found.chosen.evaluation.gpu_sec_amplification;
     assert!((amplification - 1.0).abs() < 1e-9, "{amplification}");
 }
+
+/// A transformer plan's single-GPU baseline runs at its fastest micro-batch size, as the
+/// plans do: no plan uses less GPU time than one GPU doing it all (it was priced one
+/// sequence at a time, which made GPT-2 on 8 GPUs look 12× faster than one).
+#[test]
+fn no_transformer_plan_beats_one_gpus_gpu_time() {
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    for gpus in [1u32, 2, 8] {
+        let planned = planner::plan(small_gpt(32), &cluster, gpus, &ask()).unwrap();
+        let Priced::Transformer(t) = &planned.priced else {
+            panic!("a GPT goes to the transformer planner");
+        };
+        let best = &t.found.best;
+        let gpu_time = best.iteration_time_us * best.parallelism.gpus() as f64;
+        let amplification = gpu_time / t.single_gpu_time_us;
+        assert!(amplification >= 1.0 - 1e-9, "{gpus} GPUs: {amplification}");
+    }
+}

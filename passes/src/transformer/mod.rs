@@ -22,6 +22,7 @@ pub use estimate::{
 pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
 pub use layered::{layered, NotLayered};
 pub use recognize::{recognize, NotATransformer};
+pub(crate) use search::divisors;
 pub use search::{search, Knobs, Searched};
 
 use ralpc_ir::models::GptSpec;

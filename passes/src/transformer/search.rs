@@ -297,7 +297,7 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
     Ok(())
 }
 
-fn divisors(n: u64) -> Vec<u64> {
+pub(crate) fn divisors(n: u64) -> Vec<u64> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut i = 1;
