@@ -101,23 +101,34 @@ fn profiling_a_model_that_cannot_fit_is_refused_before_allocating() {
     assert!(!out.exists(), "nothing is written");
 }
 
+/// `ralpc profile` of `model` at batch sizes 1 and 2, one timed run each, with `extra`
+/// options, written to `out` and read back.
+fn profiled(model: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> profile::Profile {
+    Command::cargo_bin("ralpc")
+        .expect("binary")
+        .args(["profile", "--batch-sizes", "1,2", "--repeats", "1"])
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .arg(model)
+        .assert()
+        .success();
+    let Loaded::Profile(p) = profile::load(out).expect("a profile") else {
+        panic!("not a ralpc profile");
+    };
+    p
+}
+
 /// `--input` sets the shapes to measure at (here a sequence length), axis 0 replaced by
 /// each batch size.
 #[test]
 fn a_profile_is_measured_at_the_input_shapes_given() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("dynamic.profile.json");
-    Command::cargo_bin("ralpc")
-        .expect("binary")
-        .args(["profile", "--batch-sizes", "1,2", "--repeats", "1"])
-        .args(["--input", "x=1,5,16", "-o"])
-        .arg(&out)
-        .arg(common::fixture("train/dynamic.onnx"))
-        .assert()
-        .success();
-    let Loaded::Profile(p) = profile::load(&out).expect("a profile") else {
-        panic!("not a ralpc profile");
-    };
+    let p = profiled(
+        &common::fixture("train/dynamic.onnx"),
+        &dir.path().join("dynamic.profile.json"),
+        &["--input", "x=1,5,16"],
+    );
     let matmul = p
         .entries
         .iter()
@@ -139,17 +150,7 @@ fn a_gpt_profile_measures_each_tensor_parallel_ranks_products_and_prices_3d_plan
     let spec = GptSpec::megatron(2, 64, 4, 32, 128);
     std::fs::write(&model, gpt(&spec).expect("generates")).expect("writes");
     let out = dir.path().join("gpt.profile.json");
-    Command::cargo_bin("ralpc")
-        .expect("binary")
-        .args(["profile", "--batch-sizes", "1,2", "--repeats", "1"])
-        .args(["--tensor-parallel", "1,2,3,4", "-o"])
-        .arg(&out)
-        .arg(&model)
-        .assert()
-        .success();
-    let Loaded::Profile(p) = profile::load(&out).expect("a profile") else {
-        panic!("not a ralpc profile");
-    };
+    let p = profiled(&model, &out, &["--tensor-parallel", "1,2,3,4"]);
     // Each degree that splits the 4 heads (not 3): every product of one rank, measured at
     // both micro-batch sizes.
     let shape = ralpc::passes::transformer::Transformer::from(&spec);
