@@ -224,7 +224,7 @@ impl PlanArgs {
                 recompute: args.recompute.as_deref().and_then(Recompute::parse),
                 sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
                 zero: args.zero,
-                schedule: None,
+                ..Knobs::default()
             },
             fp32_gradients: args.fp32_gradients,
             attention: Attention::parse(&args.attention).unwrap_or_default(),

@@ -49,6 +49,68 @@ pub struct GptSpec {
     /// Megatron's dropout (kept in training): on the embeddings, on the attention
     /// probabilities, and before each residual add.
     pub dropout: bool,
+    /// Each attention head's size: `h/a` for most models, larger in Qwen3 and gpt-oss
+    /// (whose queries are wider than the hidden state).
+    pub head_dim: u64,
+    /// An RMSNorm of each query and key head before the rotary positions (Qwen3).
+    pub qk_norm: bool,
+    /// Multi-head latent attention (DeepSeek-V2 and V3) in place of the Q, K, V
+    /// projections.
+    pub latent: Option<LatentAttention>,
+    /// Every other block (the first of each pair) attends to the last `sliding_window`
+    /// positions only (gpt-oss); 0: every block attends to the whole prefix.
+    pub sliding_window: u64,
+    /// A mixture of experts in place of the MLP, from block `dense_layers` on.
+    pub moe: Option<MoeSpec>,
+}
+
+/// Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", 2024, §2.1): queries and
+/// keys/values are projected down to small latents (each RMS-normed) and up again per head;
+/// each head's query and key carry `nope_dim` plain and `rope_dim` rotary features, the
+/// rotary key shared by all heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+pub struct LatentAttention {
+    /// The query latent's size (0: queries projected directly, as in DeepSeek-V2-Lite).
+    pub q_rank: u64,
+    /// The key/value latent's size.
+    pub kv_rank: u64,
+    /// Rotary features of each query and key head (the key's shared by every head).
+    pub rope_dim: u64,
+    /// Plain features of each query and key head.
+    pub nope_dim: u64,
+    /// Features of each value head.
+    pub v_dim: u64,
+}
+
+/// How a router turns scores into the weights of the experts it picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Router {
+    /// Softmax over the experts (Mixtral, Qwen3-MoE, gpt-oss).
+    Softmax,
+    /// A sigmoid per expert, normalised over the chosen ones (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// A mixture-of-experts MLP (Shazeer et al., 2017; Fedus et al., 2022): a linear router
+/// scores each token against `experts` MLPs of inner size `expert_ffn` (gated as the
+/// model's MLP is) and sends it to the `top_k` best, whose outputs it sums by the router's
+/// weights; shared experts (DeepSeek's) see every token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+pub struct MoeSpec {
+    /// Routed experts `E`.
+    pub experts: u64,
+    /// Experts each token goes to `k`.
+    pub top_k: u64,
+    /// Each routed expert's inner size.
+    pub expert_ffn: u64,
+    /// The shared experts' inner size together (DeepSeek: their count × `expert_ffn`);
+    /// 0: none.
+    pub shared_ffn: u64,
+    /// Leading blocks that keep a dense MLP of `ffn` (DeepSeek-V3's first 3).
+    pub dense_layers: u64,
+    /// How scores become weights.
+    pub router: Router,
 }
 
 impl GptSpec {
@@ -68,6 +130,11 @@ impl GptSpec {
             rms_norm: false,
             tied: true,
             dropout: true,
+            head_dim: hidden / heads.max(1),
+            qk_norm: false,
+            latent: None,
+            sliding_window: 0,
+            moe: None,
         }
     }
 
@@ -97,13 +164,35 @@ impl GptSpec {
             rms_norm: true,
             tied: false,
             dropout: false,
+            head_dim: hidden / heads.max(1),
+            qk_norm: false,
+            latent: None,
+            sliding_window: 0,
+            moe: None,
         }
     }
 
-    /// Columns of the fused QKV projection: `h` for the queries, `h·kv/a` each for the
-    /// keys and values.
+    /// Columns of the fused QKV projection: `a·d` for the queries, `kv·d` each for the
+    /// keys and values (`d` the head size; `h`, `h·kv/a`, `h·kv/a` where `d = h/a`).
     pub fn qkv_width(&self) -> u64 {
-        self.hidden + 2 * self.kv_heads * (self.hidden / self.heads.max(1))
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+
+    /// The attention's output width before its projection back to `h`: `a·d` (latent
+    /// attention: `a` value heads).
+    pub fn attention_width(&self) -> u64 {
+        match self.latent {
+            Some(l) => self.heads * l.v_dim,
+            None => self.heads * self.head_dim,
+        }
+    }
+
+    /// Features of each query and key head, and of each value head.
+    pub fn head_dims(&self) -> (u64, u64) {
+        match self.latent {
+            Some(l) => (l.nope_dim + l.rope_dim, l.v_dim),
+            None => (self.head_dim, self.head_dim),
+        }
     }
 
     /// Matrices of the MLP's inner size: GELU's 2, SwiGLU's 3.
@@ -124,17 +213,72 @@ impl GptSpec {
         }
     }
 
-    /// One block's parameters. Megatron's GPT: attention `4h² + 4h`, MLP `2hf + f + h`,
-    /// two LayerNorms `4h`.
+    /// The attention's parameters: QKV `h·qkv`, projection `a·d·h`, their biases, the
+    /// query and key norms (Qwen3's `2d`); latent attention's down projections with their
+    /// norms, up projections and output projection.
+    pub fn attention_params(&self) -> u64 {
+        let (h, a) = (self.hidden, self.heads);
+        if let Some(l) = self.latent {
+            let qk = l.nope_dim + l.rope_dim;
+            let queries = match l.q_rank {
+                0 => h * a * qk,
+                r => h * r + r + r * a * qk,
+            };
+            let keys_values =
+                h * (l.kv_rank + l.rope_dim) + l.kv_rank + l.kv_rank * a * (l.nope_dim + l.v_dim);
+            return queries + keys_values + a * l.v_dim * h;
+        }
+        let qkv = self.qkv_width();
+        let biases = if self.biases { qkv + h } else { 0 };
+        let norms = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        h * qkv + self.attention_width() * h + biases + norms
+    }
+
+    /// A dense MLP's parameters at inner size `f`: `m` matrices of `h·f` and, with biases,
+    /// `(m − 1)f + h`.
+    pub fn mlp_params(&self, f: u64) -> u64 {
+        let (h, m) = (self.hidden, self.mlp_matrices());
+        m * h * f + if self.biases { (m - 1) * f + h } else { 0 }
+    }
+
+    /// One block's parameters with the dense MLP. Megatron's GPT: attention `4h² + 4h`, MLP
+    /// `2hf + f + h`, two LayerNorms `4h`.
     pub fn block_params(&self) -> u64 {
-        let (h, f, qkv, m) = (self.hidden, self.ffn, self.qkv_width(), self.mlp_matrices());
-        let weights = h * qkv + h * h + m * h * f;
-        let biases = if self.biases {
-            qkv + h + (m - 1) * f + h
-        } else {
-            0
+        self.attention_params() + self.mlp_params(self.ffn) + 2 * self.norm_params()
+    }
+
+    /// The router's parameters (`h·E`, and `E` biases with the model's biases).
+    pub fn router_params(&self) -> u64 {
+        self.moe.map_or(0, |moe| {
+            self.hidden * moe.experts + if self.biases { moe.experts } else { 0 }
+        })
+    }
+
+    /// One block's parameters with the mixture of experts, and those a token uses
+    /// (its `k` experts): (total, active).
+    pub fn moe_block_params(&self) -> (u64, u64) {
+        let Some(moe) = self.moe else {
+            return (self.block_params(), self.block_params());
         };
-        weights + biases + 2 * self.norm_params()
+        let expert = self.mlp_params(moe.expert_ffn);
+        let shared = match moe.shared_ffn {
+            0 => 0,
+            f => self.mlp_params(f),
+        };
+        let common =
+            self.attention_params() + 2 * self.norm_params() + self.router_params() + shared;
+        (common + moe.experts * expert, common + moe.top_k * expert)
+    }
+
+    /// Blocks with a dense MLP, and with experts.
+    pub fn block_counts(&self) -> (u64, u64) {
+        match self.moe {
+            Some(moe) => {
+                let dense = moe.dense_layers.min(self.layers);
+                (dense, self.layers - dense)
+            }
+            None => (self.layers, 0),
+        }
     }
 
     /// The token and position embeddings' parameters: `(V + positions)h`.
@@ -155,7 +299,21 @@ impl GptSpec {
     /// All parameters. With `f = 4h`, `s` positions and a tied head this is Megatron's
     /// `12lh²(1 + 13/12h + (V+s)/12lh)` plus the final LayerNorm.
     pub fn params(&self) -> u64 {
-        self.layers * self.block_params() + self.embedding_params() + self.head_params()
+        let (dense, experts) = self.block_counts();
+        dense * self.block_params()
+            + experts * self.moe_block_params().0
+            + self.embedding_params()
+            + self.head_params()
+    }
+
+    /// The parameters one token uses: every expert a router does not pick left out (the
+    /// "active" count mixture-of-experts models publish).
+    pub fn active_params(&self) -> u64 {
+        let (dense, experts) = self.block_counts();
+        dense * self.block_params()
+            + experts * self.moe_block_params().1
+            + self.embedding_params()
+            + self.head_params()
     }
 
     /// Checks that the shape describes a model (non-zero sizes, heads dividing hidden).
@@ -182,7 +340,10 @@ impl GptSpec {
                 self.positions, self.sequence
             ));
         }
-        if self.hidden % self.heads != 0 {
+        if self.head_dim == 0 {
+            return Err("head_dim must be at least 1".into());
+        }
+        if self.hidden % self.heads != 0 && self.head_dim == self.hidden / self.heads {
             return Err(format!(
                 "hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads
@@ -194,11 +355,42 @@ impl GptSpec {
                 self.heads, self.kv_heads
             ));
         }
-        if self.positions == 0 && (self.hidden / self.heads) % 2 != 0 {
+        let rotary = match self.latent {
+            Some(l) => l.rope_dim,
+            None => self.head_dim,
+        };
+        if self.positions == 0 && rotary % 2 != 0 {
             return Err(format!(
-                "rotary positions need an even head size, not {}",
-                self.hidden / self.heads
+                "rotary positions need an even head size, not {rotary}"
             ));
+        }
+        if let Some(l) = self.latent {
+            for (name, v) in [
+                ("latent kv_rank", l.kv_rank),
+                ("latent v_dim", l.v_dim),
+                ("latent nope_dim + rope_dim", l.nope_dim + l.rope_dim),
+            ] {
+                if v == 0 {
+                    return Err(format!("{name} must be at least 1"));
+                }
+            }
+        }
+        if let Some(moe) = self.moe {
+            if moe.experts == 0 || moe.expert_ffn == 0 {
+                return Err("experts and their inner size must be at least 1".into());
+            }
+            if moe.top_k == 0 || moe.top_k > moe.experts {
+                return Err(format!(
+                    "top_k {} must pick 1 to {} experts",
+                    moe.top_k, moe.experts
+                ));
+            }
+            if moe.dense_layers > self.layers {
+                return Err(format!(
+                    "dense_layers {} exceeds the {} layers",
+                    moe.dense_layers, self.layers
+                ));
+            }
         }
         Ok(())
     }
@@ -211,6 +403,20 @@ impl GptSpec {
 /// An invalid `spec` (see [`GptSpec::validate`]).
 pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
     spec.validate()?;
+    // Shapes the planner prices but this generator does not write yet.
+    let unwritten = [
+        (
+            spec.head_dim != spec.hidden / spec.heads,
+            "a head size other than hidden / heads",
+        ),
+        (spec.qk_norm, "query and key norms"),
+        (spec.latent.is_some(), "latent attention"),
+        (spec.sliding_window != 0, "sliding-window attention"),
+        (spec.moe.is_some(), "a mixture of experts"),
+    ];
+    if let Some((_, what)) = unwritten.iter().find(|(has, _)| *has) {
+        return Err(format!("the ONNX generator does not write {what} yet"));
+    }
     let (h, a, kv, s, v, f) = (
         spec.hidden as i64,
         spec.heads as i64,
@@ -919,6 +1125,102 @@ mod tests {
         assert_eq!(llama_7b.params(), 6_738_415_616);
         let llama_70b = GptSpec::llama(80, 8192, 64, 8, 28672, 4096, 32000);
         assert_eq!(llama_70b.params(), 68_976_648_192);
+    }
+
+    /// A mixture-of-experts decoder: Llama's blocks with `moe` in place of the MLP.
+    fn moe(spec: GptSpec, moe: MoeSpec) -> GptSpec {
+        GptSpec {
+            moe: Some(moe),
+            ..spec
+        }
+    }
+
+    #[test]
+    fn mixture_of_experts_sizes() {
+        // Published totals and active counts (the model cards): Mixtral 8x7B "46.7B total
+        // parameters but only uses 12.9B parameters per token" (Mistral AI, 2023-12-11);
+        // Qwen3-235B-A22B 235 B / 22 B and Qwen3-30B-A3B 30.5 B / 3.3 B (Qwen, 2025); gpt-oss-
+        // 120b 116.83 B / 5.13 B (OpenAI model card, whose active count leaves out the
+        // embedding table); DeepSeek-V3 671 B / 37 B (DeepSeek-AI, 2024: the main model, its
+        // 14 B multi-token-prediction module apart).
+        let softmax = |experts, top_k, expert_ffn| MoeSpec {
+            experts,
+            top_k,
+            expert_ffn,
+            shared_ffn: 0,
+            dense_layers: 0,
+            router: Router::Softmax,
+        };
+        let mixtral = moe(
+            GptSpec::llama(32, 4096, 32, 8, 14336, 4096, 32000),
+            softmax(8, 2, 14336),
+        );
+        let qwen3 = |layers, hidden, heads, kv, experts, ffn| {
+            moe(
+                GptSpec {
+                    head_dim: 128,
+                    qk_norm: true,
+                    ..GptSpec::llama(layers, hidden, heads, kv, ffn, 4096, 151936)
+                },
+                softmax(experts, 8, ffn),
+            )
+        };
+        let gpt_oss = moe(
+            GptSpec {
+                head_dim: 64,
+                biases: true,
+                sliding_window: 128,
+                ..GptSpec::llama(36, 2880, 64, 8, 2880, 4096, 201088)
+            },
+            softmax(128, 4, 2880),
+        );
+        let deepseek_v3 = moe(
+            GptSpec {
+                latent: Some(LatentAttention {
+                    q_rank: 1536,
+                    kv_rank: 512,
+                    rope_dim: 64,
+                    nope_dim: 128,
+                    v_dim: 128,
+                }),
+                head_dim: 192,
+                ..GptSpec::llama(61, 7168, 128, 128, 18432, 4096, 129280)
+            },
+            MoeSpec {
+                shared_ffn: 2048,
+                dense_layers: 3,
+                router: Router::Sigmoid,
+                ..softmax(256, 8, 2048)
+            },
+        );
+        let billions = |n: u64| n as f64 / 1e9;
+        for (name, spec, total, active, within) in [
+            ("Mixtral 8x7B", mixtral, 46.7, 12.9, 0.05),
+            (
+                "Qwen3-235B-A22B",
+                qwen3(94, 4096, 64, 4, 128, 1536),
+                235.0,
+                22.0,
+                0.6,
+            ),
+            // 3.35 B active, published as "3.3B".
+            (
+                "Qwen3-30B-A3B",
+                qwen3(48, 2048, 32, 4, 128, 768),
+                30.5,
+                3.3,
+                0.06,
+            ),
+            ("DeepSeek-V3", deepseek_v3, 671.0, 37.0, 0.6),
+        ] {
+            spec.validate().expect("valid");
+            let (t, a) = (billions(spec.params()), billions(spec.active_params()));
+            assert!((t - total).abs() <= within, "{name}: {t} B total");
+            assert!((a - active).abs() <= within, "{name}: {a} B active");
+        }
+        let embedding = billions(gpt_oss.embedding_params());
+        assert!((billions(gpt_oss.params()) - 116.83).abs() < 0.01);
+        assert!((billions(gpt_oss.active_params()) - embedding - 5.13).abs() < 0.01);
     }
 
     #[test]

@@ -392,6 +392,10 @@ fn plan_transformer<'a>(
             ..Overlap::MEGATRON_CORE
         },
         profile: ask.profile,
+        // No model that reaches the planner has experts yet (exports with them are not
+        // recognized): balanced, Megatron-Core's default dispatcher.
+        expert_imbalance: 1.0,
+        dispatcher: transformer::Dispatcher::AllToAll,
     };
     let knobs = Knobs {
         schedule: ask.schedule.or(ask.knobs.schedule),
@@ -424,6 +428,8 @@ fn plan_transformer<'a>(
                     sequence_parallel: false,
                     zero: 0,
                     schedule: Schedule::OneFOneB,
+                    expert: 1,
+                    expert_tensor: 1,
                 },
             );
             e.time.compute_us + e.time.optimizer_us

@@ -12,12 +12,13 @@
 mod common;
 
 use common::recognized;
-use ralpc_ir::models::GptSpec;
+use ralpc_ir::models::{GptSpec, LatentAttention, MoeSpec, Router};
 use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    estimate, Attention, Estimate, Overlap, Parallelism, Recompute, Setting, Transformer,
+    estimate, Attention, Dispatcher, Estimate, Overlap, Parallelism, Recompute, Setting,
+    Transformer,
 };
 use serde_json::Value;
 
@@ -40,13 +41,12 @@ fn number(row: &Value, key: &str) -> Option<u64> {
     row.get(key).and_then(Value::as_u64)
 }
 
-/// The dense rows (no experts).
-fn dense_runs() -> Vec<Run> {
+/// Every row, each model's shape with its published architecture.
+fn runs() -> Vec<Run> {
     SUMMARY
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str::<Value>(l).expect("a JSON row"))
-        .filter(|r| r.get("experts").is_none_or(Value::is_null))
         .map(|r| {
             let n = |key: &str| number(&r, key).unwrap_or_else(|| panic!("{key} in {r}"));
             let tp = n("tp") as u32;
@@ -59,19 +59,38 @@ fn dense_runs() -> Vec<Run> {
             let fsdp = r["optimizer_sharding"]
                 .as_str()
                 .is_some_and(|s| s.contains("FSDP"));
+            let moe_ffn = number(&r, "moe_ffn");
+            let llama = GptSpec::llama(
+                n("layers"),
+                n("hidden"),
+                n("heads"),
+                n("kv_heads"),
+                number(&r, "ffn").or(moe_ffn).expect("ffn or moe_ffn"),
+                n("seq"),
+                n("vocab"),
+            );
+            let spec = match moe_ffn {
+                None => llama,
+                Some(moe_ffn) => architecture(
+                    r["model"].as_str().unwrap_or_default(),
+                    GptSpec {
+                        moe: Some(MoeSpec {
+                            experts: n("experts"),
+                            top_k: n("top_k"),
+                            expert_ffn: moe_ffn,
+                            shared_ffn: n("shared_experts") * moe_ffn,
+                            dense_layers: n("dense_layers"),
+                            router: Router::Softmax,
+                        }),
+                        ..llama
+                    },
+                ),
+            };
             Run {
                 id: r["id"].as_str().unwrap_or_default().to_owned(),
                 gpu: r["gpu"].as_str().unwrap_or_default().to_owned(),
                 gpus: n("gpus") as u32,
-                spec: GptSpec::llama(
-                    n("layers"),
-                    n("hidden"),
-                    n("heads"),
-                    n("kv_heads"),
-                    n("ffn"),
-                    n("seq"),
-                    n("vocab"),
-                ),
+                spec,
                 layout: Parallelism {
                     tensor: tp,
                     context: n("cp") as u32,
@@ -85,6 +104,8 @@ fn dense_runs() -> Vec<Run> {
                     sequence_parallel: tp > 1,
                     zero: if fsdp { 3 } else { 1 },
                     schedule: Schedule::OneFOneB,
+                    expert: number(&r, "ep").unwrap_or(1) as u32,
+                    expert_tensor: number(&r, "etp").unwrap_or(1) as u32,
                 },
                 batch: n("gbs"),
                 precision,
@@ -93,6 +114,22 @@ fn dense_runs() -> Vec<Run> {
                     .expect("s_per_iter_derived"),
             }
         })
+        .collect()
+}
+
+/// The dense rows (no experts).
+fn dense_runs() -> Vec<Run> {
+    runs()
+        .into_iter()
+        .filter(|r| r.spec.moe.is_none())
+        .collect()
+}
+
+/// The mixture-of-experts rows.
+fn moe_runs() -> Vec<Run> {
+    runs()
+        .into_iter()
+        .filter(|r| r.spec.moe.is_some())
         .collect()
 }
 
@@ -116,6 +153,10 @@ fn setting<'a>(
     cluster: &'a Cluster,
     precision: Precision,
 ) -> Setting<'a> {
+    let (dispatcher, a2a_overlap) = match run.spec.moe {
+        Some(_) => recipe(&run.id),
+        None => (Dispatcher::AllToAll, false),
+    };
     Setting {
         model,
         batch: run.batch,
@@ -128,18 +169,26 @@ fn setting<'a>(
         workspace_bytes: ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES,
         memory_limit: None,
         attention: Attention::Fused,
-        overlap: Overlap::MEGATRON_CORE,
+        overlap: Overlap {
+            expert_parallel: a2a_overlap,
+            ..Overlap::MEGATRON_CORE
+        },
         profile: None,
+        // Every mixture-of-experts recipe forces balanced routing.
+        expert_imbalance: 1.0,
+        dispatcher,
     }
 }
 
 fn ms(e: &Estimate) -> String {
     let t = &e.time;
     format!(
-        "compute {:.1} tp {:.1} cp {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) opt {:.1}",
+        "compute {:.1} tp {:.1} cp {:.1} ep {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) \
+         opt {:.1}",
         t.compute_us / 1e6,
         t.tensor_comm_us / 1e6,
         t.context_comm_us / 1e6,
+        t.expert_comm_us / 1e6,
         t.pipeline_comm_us / 1e6,
         t.bubble_us / 1e6,
         t.data_comm_us / 1e6,
@@ -148,17 +197,15 @@ fn ms(e: &Estimate) -> String {
     )
 }
 
-#[test]
-fn dense_runs_on_today_gpus() {
-    let runs = dense_runs();
-    assert!(runs.len() >= 8, "{} dense rows", runs.len());
+/// Prices each run with its published layout and prints the table: (mean, worst) |error|.
+fn price_table(runs: &[Run], model_of: impl Fn(&Run) -> Transformer) -> (f64, f64) {
     println!(
         "{:<42} {:>5} | {:>9} {:>9} {:>7} | {:>6} {:>4} | where the time goes (s)",
         "run", "GPUs", "published", "ralpc", "error", "GiB", "fits"
     );
     let mut errors = Vec::new();
-    for run in &runs {
-        let model = recognized(&run.spec, run.layout.micro_batch);
+    for run in runs {
+        let model = model_of(run);
         let cluster = cluster(&run.gpu, run.gpus);
         let priced = estimate(&setting(&model, run, &cluster, run.precision), &run.layout);
         let ours = priced.iteration_time_us / 1e6;
@@ -184,6 +231,14 @@ fn dense_runs_on_today_gpus() {
         mean * 100.0,
         worst * 100.0
     );
+    (mean, worst)
+}
+
+#[test]
+fn dense_runs_on_today_gpus() {
+    let runs = dense_runs();
+    assert!(runs.len() >= 8, "{} dense rows", runs.len());
+    let (mean, worst) = price_table(&runs, |run| recognized(&run.spec, run.layout.micro_batch));
     // Where the model stands (issue 58 asks for 8 % and 15 %): a guard against getting
     // worse, not the target.
     assert!(mean <= 0.10, "mean |error| {:.1}%", mean * 100.0);
@@ -238,22 +293,28 @@ fn llama3_8b_fits_eight_h100s_without_recomputation() {
     }
 }
 
-/// For every dense row, the search given only the model, GPUs, batch and precision finds
-/// a plan that fits, no slower than the published layout wherever that layout is in its
-/// space (no context parallelism) and fits ralpc's memory model.
+/// For every row, the search given only the model, GPUs, batch and precision (the
+/// recipe's dispatcher and overlaps as the setting) finds a plan that fits, no slower than
+/// the published layout wherever that layout is in its space (no context parallelism) and
+/// fits ralpc's memory model; expert-parallel degrees are searched with the rest.
 #[test]
 fn the_search_finds_plans_no_slower_than_the_published_layouts() {
-    for run in dense_runs() {
-        let model = recognized(&run.spec, 1);
+    for run in runs() {
+        let model = match run.spec.moe {
+            Some(_) => Transformer::from(&run.spec),
+            None => recognized(&run.spec, 1),
+        };
         let cluster = cluster(&run.gpu, run.gpus);
         let setting = setting(&model, &run, &cluster, run.precision);
         let published = estimate(&setting, &run.layout);
+        let started = std::time::Instant::now();
         let found = ralpc_passes::transformer::search(&setting, &Default::default())
             .unwrap_or_else(|e| panic!("{}: {e}", run.id));
         let best = &found.best;
         let p = best.parallelism;
         println!(
-            "{:<42} published {:>7.2}s{} | search t{} p{} v{} d{} b{} {:?} zero {} {:>7.2}s",
+            "{:<42} published {:>7.2}s{} | search t{} p{} v{} d{} ep{} etp{} b{} {:?} zero {} \
+             {:>7.2}s ({} priced in {:.2}s)",
             run.id,
             published.iteration_time_us / 1e6,
             if published.fits {
@@ -265,10 +326,14 @@ fn the_search_finds_plans_no_slower_than_the_published_layouts() {
             p.pipeline,
             p.virtual_stages,
             p.data,
+            p.expert,
+            p.expert_tensor,
             p.micro_batch,
             p.recompute,
             p.zero,
-            best.iteration_time_us / 1e6
+            best.iteration_time_us / 1e6,
+            found.evaluated,
+            started.elapsed().as_secs_f64()
         );
         assert!(best.fits, "{}", run.id);
         if run.layout.context == 1 && published.fits {
@@ -278,5 +343,74 @@ fn the_search_finds_plans_no_slower_than_the_published_layouts() {
                 run.id
             );
         }
+    }
+}
+
+#[test]
+fn moe_runs_on_today_gpus() {
+    let runs = moe_runs();
+    assert!(runs.len() >= 8, "{} MoE rows", runs.len());
+    let (mean, worst) = price_table(&runs, |run| Transformer::from(&run.spec));
+    // Where the model stands (issue 65 asks for 10 % and 20 %): every row predicted faster
+    // than measured. A guard against getting worse, not the target.
+    assert!(mean <= 0.36, "mean |error| {:.1}%", mean * 100.0);
+    assert!(worst <= 0.66, "worst |error| {:.1}%", worst * 100.0);
+}
+
+/// What a row's shape leaves out of a mixture-of-experts model, from the model's published
+/// `config.json` (Hugging Face: deepseek-ai/DeepSeek-V3, Qwen/Qwen3-235B-A22B,
+/// Qwen/Qwen3-30B-A3B, openai/gpt-oss-120b): DeepSeek-V3's latent attention (`q_lora_rank`
+/// 1,536, `kv_lora_rank` 512, `qk_rope_head_dim` 64, `qk_nope_head_dim` 128, `v_head_dim`
+/// 128) and sigmoid router; Qwen3's `head_dim` 128 and query/key norms; gpt-oss's
+/// `head_dim` 64, attention and expert biases and its 128-position sliding window on
+/// alternate layers.
+fn architecture(model: &str, spec: GptSpec) -> GptSpec {
+    let moe = spec.moe.expect("experts");
+    match model {
+        m if m.starts_with("DeepSeek-V3") => GptSpec {
+            latent: Some(LatentAttention {
+                q_rank: 1536,
+                kv_rank: 512,
+                rope_dim: 64,
+                nope_dim: 128,
+                v_dim: 128,
+            }),
+            head_dim: 192,
+            moe: Some(MoeSpec {
+                router: Router::Sigmoid,
+                ..moe
+            }),
+            ..spec
+        },
+        m if m.starts_with("Qwen3") => GptSpec {
+            head_dim: 128,
+            qk_norm: true,
+            ..spec
+        },
+        m if m.starts_with("GPT-OSS") => GptSpec {
+            head_dim: 64,
+            biases: true,
+            sliding_window: 128,
+            ..spec
+        },
+        other => panic!("no architecture for {other}"),
+    }
+}
+
+/// What each published mixture-of-experts run's recipe set beyond its layout
+/// (Megatron-Bridge `scripts/performance/configs/{deepseek,qwen,gpt_oss}/
+/// *_workload_base_configs.py` @ b7b4e11b, the last commit with them): the token
+/// dispatcher (`flex` with HybridEP or DeepEP, or NCCL `alltoall`) and the 1F1B
+/// all-to-all overlap (`moe_a2a_overlap`). Every one forces balanced routing.
+fn recipe(id: &str) -> (Dispatcher, bool) {
+    match id {
+        i if i.contains("GB200-DeepSeek-V3-mxfp8") => (Dispatcher::Flex, true),
+        i if i.contains("DeepSeek-V3") => (Dispatcher::Flex, false),
+        i if i.contains("H100-Qwen3-235B") => (Dispatcher::AllToAll, true),
+        i if i.contains("GB200-Qwen3-235B") => (Dispatcher::Flex, true),
+        i if i.contains("B200-Qwen3-235B") => (Dispatcher::AllToAll, false),
+        i if i.contains("Qwen3-30B") => (Dispatcher::Flex, false),
+        i if i.contains("GPT-OSS") => (Dispatcher::AllToAll, false),
+        other => panic!("no recipe for {other}"),
     }
 }

@@ -18,8 +18,8 @@ use ralpc_passes::cost::rates::{Rates, IN_STEP};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    block_activation_bytes, estimate, search, Attention, Knobs, Overlap, Parallelism, Recompute,
-    Setting, Transformer,
+    block_activation_bytes, estimate, search, Attention, Dispatcher, Knobs, Overlap, Parallelism,
+    Recompute, Setting, Transformer,
 };
 
 /// One row of Table 1.
@@ -118,6 +118,8 @@ impl Row {
             sequence_parallel: false,
             zero: 0,
             schedule: Schedule::OneFOneB,
+            expert: 1,
+            expert_tensor: 1,
         }
     }
 }
@@ -143,6 +145,8 @@ fn setting<'a>(model: &'a Transformer, row: &Row, cluster: &'a Cluster) -> Setti
         attention: Attention::Unfused,
         overlap: Overlap::NONE,
         profile: None,
+        expert_imbalance: 1.0,
+        dispatcher: Dispatcher::AllToAll,
     }
 }
 
@@ -260,6 +264,8 @@ fn bf16_adam<'a>(
         attention: Attention::Fused,
         overlap: Overlap::MEGATRON_CORE,
         profile: None,
+        expert_imbalance: 1.0,
+        dispatcher: Dispatcher::AllToAll,
     }
 }
 
@@ -400,6 +406,8 @@ fn activations_follow_korthikanti() {
                     sequence_parallel: sp,
                     zero: 0,
                     schedule: Schedule::OneFOneB,
+                    expert: 1,
+                    expert_tensor: 1,
                 };
                 let ours =
                     block_activation_bytes(&model, &par, Attention::Unfused, Precision::Fp16);
@@ -507,6 +515,8 @@ fn knobs_are_checked_with_their_names() {
         sequence_parallel: Some(true),
         zero: Some(1),
         schedule: Some(Schedule::OneFOneB),
+        expert: Some(1),
+        expert_tensor: Some(1),
     };
     let found = search(&setting, &all).unwrap();
     assert_eq!(found.evaluated, 1);
@@ -520,19 +530,8 @@ fn search_invariants_over_shapes_and_clusters() {
     // parallel plan that fits.
     for (layers, hidden, heads) in [(4, 256, 8), (12, 768, 12), (24, 2048, 16)] {
         let model = Transformer {
-            layers,
-            hidden,
-            heads,
-            kv_heads: heads,
-            sequence: 1024,
-            vocabulary: 32000,
-            ffn: 4 * hidden,
-            gated_mlp: false,
-            biases: true,
-            rms_norm: false,
-            tied: true,
-            positions: 1024,
             params: 0,
+            ..Transformer::from(&GptSpec::megatron(layers, hidden, heads, 1024, 32000))
         };
         for gpus in [1u32, 4, 8, 16, 48] {
             for batch in [16u64, 96] {
@@ -724,19 +723,8 @@ fn korthikanti_table_5_generalisation() {
 #[test]
 fn a_fixed_batch_keeps_its_sequences_whole() {
     let model = Transformer {
-        layers: 12,
-        hidden: 768,
-        heads: 12,
-        kv_heads: 12,
-        sequence: 1024,
-        vocabulary: 32000,
-        ffn: 4 * 768,
-        gated_mlp: false,
-        biases: true,
-        rms_norm: false,
-        tied: true,
-        positions: 1024,
         params: 0,
+        ..Transformer::from(&GptSpec::megatron(12, 768, 12, 1024, 32000))
     };
     let cluster = selene(8);
     let at = |sample_pieces: u64| Setting {
@@ -755,6 +743,8 @@ fn a_fixed_batch_keeps_its_sequences_whole() {
         attention: Attention::Unfused,
         overlap: Overlap::NONE,
         profile: None,
+        expert_imbalance: 1.0,
+        dispatcher: Dispatcher::AllToAll,
     };
     let free = search(&at(16), &Knobs::default()).expect("a plan");
     let par = free.best.parallelism;

@@ -40,6 +40,8 @@ use crate::cost::Optimizer;
 use crate::plan::Schedule;
 use crate::profile::Profile;
 
+use ralpc_ir::models::MoeSpec;
+
 use super::{Attention, Parallelism, Recompute, Transformer};
 
 /// Megatron-Core's gradient bucket, parameters (`--ddp-bucket-size`'s default,
@@ -85,6 +87,43 @@ pub struct Setting<'a> {
     /// shapes are priced from the measurements (interpolated between measured micro-batch
     /// sizes, scaled beyond them) instead of the GEMM rate.
     pub profile: Option<&'a Profile>,
+    /// A mixture of experts' load imbalance: the busiest expert-parallel rank's token–expert
+    /// pairs over the mean (1: balanced, as Megatron-Core's forced balancing benchmarks).
+    pub expert_imbalance: f64,
+    /// How tokens reach their experts.
+    pub dispatcher: Dispatcher,
+}
+
+/// How a mixture of experts' tokens are dispatched to their experts and combined back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatcher {
+    /// NCCL all-to-alls, one copy of a token per chosen expert (Megatron-Core's
+    /// `--moe-token-dispatcher-type alltoall`).
+    #[default]
+    AllToAll,
+    /// DeepEP's or HybridEP's kernels (Megatron-Core's `flex` dispatcher): a token crosses
+    /// the network once per node holding its experts and is forwarded over NVLink inside it
+    /// (DeepSeek-AI, DeepEP README: 43–58 GB/s of a 50 GB/s NIC across nodes, 153–158 GB/s
+    /// of H800's 160 GB/s NVLink inside).
+    Flex,
+}
+
+impl Dispatcher {
+    /// Its name on the command line and in Megatron-LM's arguments.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatcher::AllToAll => "alltoall",
+            Dispatcher::Flex => "flex",
+        }
+    }
+
+    /// Parses `alltoall` or `flex`.
+    pub fn parse(name: &str) -> Option<Dispatcher> {
+        [Dispatcher::AllToAll, Dispatcher::Flex]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
 }
 
 /// Communication the engine overlaps with compute, each a Megatron-Core option.
@@ -104,16 +143,22 @@ pub struct Overlap {
     /// An interleaved pipeline's sends and receives overlap the next chunk's compute
     /// (`--overlap-p2p-communication`).
     pub pipeline: bool,
+    /// A mixture of experts' dispatch and combine overlap another microbatch's compute
+    /// (`--overlap-moe-expert-parallel-comm`, Megatron-Core's 1F1B all-to-all overlap, as
+    /// DeepSeek's DualPipe does).
+    pub expert_parallel: bool,
 }
 
 impl Overlap {
-    /// Everything Megatron-Core overlaps, as its recipes run today (Megatron-Bridge's
-    /// performance recipes turn all three on).
+    /// What Megatron-Core overlaps as its recipes run today (Megatron-Bridge's performance
+    /// recipes turn the data-parallel, tensor-parallel and pipeline overlaps on; the
+    /// experts' all-to-all overlap only in some, so it is asked for apart).
     pub const MEGATRON_CORE: Overlap = Overlap {
         data_parallel: true,
         sharded_parameters: true,
         tensor_parallel: true,
         pipeline: true,
+        expert_parallel: false,
     };
 
     /// Nothing overlapped, as Megatron-LM ran in 2021–2022 (SC'21, Korthikanti et al.).
@@ -122,6 +167,7 @@ impl Overlap {
         sharded_parameters: false,
         tensor_parallel: false,
         pipeline: false,
+        expert_parallel: false,
     };
 }
 
@@ -134,6 +180,9 @@ pub struct TimeBreakdown {
     pub tensor_comm_us: f64,
     /// Context-parallel key/value exchanges not hidden behind attention.
     pub context_comm_us: f64,
+    /// A mixture of experts' token dispatch and combine (all-to-alls) not hidden behind
+    /// compute.
+    pub expert_comm_us: f64,
     /// Pipeline sends and receives.
     pub pipeline_comm_us: f64,
     /// Pipeline fill and drain.
@@ -255,12 +304,36 @@ pub fn block_activation_bytes(
     attention: Attention,
     precision: Precision,
 ) -> f64 {
-    let (s, b, h, a, f) = (
+    activation_bytes(model, par, attention, precision, None)
+}
+
+/// [`block_activation_bytes`] of a block whose MLP is a mixture of experts, at an
+/// `imbalance` (the busiest rank's token–expert pairs over the mean): in place of the MLP's
+/// inner tensors, the router's fp32 probabilities, each pair's dispatched input (as its
+/// grouped GEMM's weight gradient reads it), inner tensors and output (which the combine's
+/// backward reads), and the shared experts' inner tensors.
+pub fn moe_block_activation_bytes(
+    model: &Transformer,
+    par: &Parallelism,
+    attention: Attention,
+    precision: Precision,
+    imbalance: f64,
+) -> f64 {
+    activation_bytes(model, par, attention, precision, Some(imbalance))
+}
+
+fn activation_bytes(
+    model: &Transformer,
+    par: &Parallelism,
+    attention: Attention,
+    precision: Precision,
+    experts: Option<f64>,
+) -> f64 {
+    let (s, b, h, a) = (
         model.sequence as f64 / f64::from(par.context.max(1)),
         par.micro_batch as f64,
         model.hidden as f64,
         model.heads as f64,
-        model.ffn as f64,
     );
     let (tensor, sequence_parallel, recompute) = (par.tensor, par.sequence_parallel, par.recompute);
     let t = f64::from(tensor);
@@ -275,18 +348,39 @@ pub fn block_activation_bytes(
     // Outside the parallel regions: two LayerNorm inputs (e each), the QKV and first MLP
     // inputs (g each), two dropout masks (1 byte).
     let outside = (2.0 * e + 2.0 * g + 2.0) * sbh / sp;
-    // Inside: Q, K, V (e·sbh each; grouped-query attention's K and V are kv/a of that), the
-    // projection input, the MLP's inner tensors (GELU's input or SwiGLU's gate and up
-    // outputs at e, the down projection's input at g, as Megatron's fused kernels keep
-    // them).
-    let (kv, m) = (model.kv_heads as f64, model.spec().mlp_matrices() as f64);
+    // Inside: Q, K, V (grouped-query attention's K and V are kv/a of Q; latent attention's
+    // keys are per head, its latents whole on every rank, normed (e) and read by the up
+    // projections (g)), the projection input.
+    let spec = model.spec();
+    let (qk, v) = spec.head_dims();
+    let (qk, v) = (qk as f64, v as f64);
     let projection_input = match attention {
         Attention::Fused if precision.is_fp8() => e + g,
         _ => g,
     };
-    let inside =
-        ((1.0 + 2.0 * kv / a) * e * sbh + projection_input * sbh + ((m - 1.0) * e + g) * s * b * f)
-            / t;
+    let heads = match model.latent {
+        Some(l) => {
+            let latents = (l.q_rank + l.kv_rank + l.rope_dim) as f64;
+            (a * (2.0 * qk + v) * e / t + latents * (e + g)) * s * b
+        }
+        None => spec.qkv_width() as f64 * e * s * b / t,
+    };
+    let attention_inside = heads + projection_input * s * b * spec.attention_width() as f64 / t;
+    // The MLP's inner tensors (GELU's input or SwiGLU's gate and up outputs at e, the down
+    // projection's input at g, as Megatron's fused kernels keep them).
+    let m = spec.mlp_matrices() as f64;
+    let inner = |f: f64| ((m - 1.0) * e + g) * s * b * f;
+    let mlp = match (experts, model.moe) {
+        (Some(imbalance), Some(moe)) => {
+            let routed = s * b / sp;
+            let pairs = routed * moe.top_k as f64 * imbalance;
+            routed * moe.experts as f64 * 4.0
+                + pairs * (h * (g + e) + ((m - 1.0) * e + g) * moe.expert_ffn as f64)
+                + inner(moe.shared_ffn as f64) / t
+        }
+        _ => inner(model.ffn as f64) / t,
+    };
+    let inside = attention_inside + mlp;
     // The attention core: unfused, the softmax output and dropout output (e) and dropout
     // mask (1 byte) of every score (a context-parallel rank's queries against every key);
     // fused, the log-sum-exp of every query and head (fp32).
@@ -334,28 +428,23 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let c = f64::from(par.context.max(1));
     let tokens = s * b / c;
     let m = par.microbatches(setting.batch).max(1);
-    // A GEMM at `rate` FLOP/s reading operands of `input` bytes an element, writing `e`.
-    let gemm_at = |rate: f64, input: f64| {
-        move |rows: f64, cols: f64, inner: f64, batch: f64| -> f64 {
-            let flops = 2.0 * rows * cols * inner * batch;
-            let bytes = (input * (rows * inner + inner * cols) + e * rows * cols) * batch;
-            (flops / rate).max(bytes / rates.hbm) * 1e6 + launch_us
-        }
+    let kernels = Kernels {
+        rates,
+        launch_us,
+        e,
+        fp8: precision.is_fp8(),
     };
-    // The block's dense layers in the math precision (FP8 at FP8 precisions); the LM head
-    // and an unfused attention's batched GEMMs in 16 bits, as Transformer Engine's recipes
-    // leave them.
-    let gemm = gemm_at(rates.gemm, if precision.is_fp8() { 1.0 } else { e });
-    let gemm_16 = gemm_at(rates.gemm_16, e);
-    let fwd_bwd = |rows, cols, inner, batch| forward_backward(&gemm, rows, cols, inner, batch);
+    let fwd_bwd =
+        |rows, cols, inner, batch| kernels.forward_backward(false, rows, cols, inner, batch);
     let fwd_bwd_16 =
-        |rows, cols, inner, batch| forward_backward(&gemm_16, rows, cols, inner, batch);
+        |rows, cols, inner, batch| kernels.forward_backward(true, rows, cols, inner, batch);
     let heads_per_gpu = a / t;
-    let head_dim = h / a;
-    // QKV, the attention projection, the MLP's first (SwiGLU: gate and up, one GEMM) and
-    // second products.
+    let (qk_dim, v_dim) = {
+        let (q, v) = model.spec().head_dims();
+        (q as f64, v as f64)
+    };
     let mlp_matrices = model.spec().mlp_matrices() as f64;
-    let qkv = model.qkv_width() as f64 / t;
+    let sp = if par.sequence_parallel { t } else { 1.0 };
     // A measured product (an isolated kernel, as the published rates are) keeps
     // `IN_STEP` of its rate inside a step too. Measurements are of whole sequences.
     let gemms = model.dense_gemms(u64::from(par.tensor));
@@ -378,13 +467,78 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             None => fwd_bwd(tokens, g.cols as f64, g.inner as f64, 1.0),
         };
     }
-    let elementwise = |bytes: f64, launches: f64| bytes / rates.hbm * 1e6 + launches * launch_us;
+    let elementwise = |bytes: f64, launches: f64| kernels.elementwise(bytes, launches);
+    // FP8: every GEMM input is cast to FP8 with its transpose (write 2 bytes) in the
+    // forward pass, and every output gradient in the backward pass. Per-tensor current
+    // scaling reads the tensor twice, once for its amax and once to cast it; MXFP8's
+    // block scales come from the one read (Transformer Engine, "FP8 current scaling" and
+    // "MXFP8" in its user guide). Arguments: the elements of the products' inputs and of
+    // their outputs, and how many products (two casts each).
+    let cast_reads = if precision == Precision::Fp8 {
+        2.0
+    } else {
+        1.0
+    };
+    let cast = |inputs: f64, outputs: f64, products: f64| -> (f64, f64) {
+        match precision.is_fp8() {
+            true => (
+                elementwise((cast_reads * e + 2.0) * inputs, 2.0 * products),
+                elementwise((cast_reads * e + 2.0) * outputs, 2.0 * products),
+            ),
+            false => (0.0, 0.0),
+        }
+    };
+    // The attention's products on this rank, `[inner, cols]` each: QKV and the projection,
+    // or latent attention's down projections (replicated on every tensor-parallel rank, as
+    // Megatron-Core's TE spec builds them), per-head up projections and output projection.
+    // The first reads the all-gathered input, the last writes the reduce-scattered output.
+    let (attention_products, attention_elements) = match model.latent {
+        None => (
+            dense[..2].to_vec(),
+            (
+                (gemms[0].inner + gemms[1].inner) as f64,
+                (gemms[0].cols + gemms[1].cols) as f64,
+            ),
+        ),
+        Some(l) => {
+            let (q_rank, kv_rank) = (l.q_rank as f64, l.kv_rank as f64);
+            let (rope, nope) = (l.rope_dim as f64, l.nope_dim as f64);
+            let queries = match l.q_rank {
+                0 => vec![(h, a * qk_dim / t)],
+                _ => vec![(h, q_rank), (q_rank, a * qk_dim / t)],
+            };
+            let shapes: Vec<(f64, f64)> = [
+                vec![(h, kv_rank + rope)],
+                queries,
+                vec![(kv_rank, a * (nope + v_dim) / t), (a * v_dim / t, h)],
+            ]
+            .concat();
+            (
+                shapes
+                    .iter()
+                    .map(|&(inner, cols)| fwd_bwd(tokens, cols, inner, 1.0))
+                    .collect(),
+                shapes
+                    .iter()
+                    .fold((0.0, 0.0), |(i, o), &(inner, cols)| (i + inner, o + cols)),
+            )
+        }
+    };
+    // Sliding windows (alternate blocks attend to the last `w` positions: about `sw − w²/2`
+    // of the causal square's `s²/2` pairs), averaged over the blocks.
+    let window_share = match model.sliding_window {
+        0 => 1.0,
+        w => {
+            let w = (w as f64).min(s);
+            0.5 + 0.5 * (s * w - w * w / 2.0) / (s * s / 2.0)
+        }
+    };
     // The attention core, forward and backward.
     let (core_fwd, core_bwd, core_bytes) = match setting.attention {
         Attention::Unfused => {
             let core = [
-                fwd_bwd_16(s / c, s, head_dim, b * heads_per_gpu),
-                fwd_bwd_16(s / c, head_dim, s, b * heads_per_gpu),
+                fwd_bwd_16(s / c, s, qk_dim, b * heads_per_gpu),
+                fwd_bwd_16(s / c, v_dim, s, b * heads_per_gpu),
             ];
             let bytes = b * heads_per_gpu * s / c * s * (2.0 * e + (2.0 * e + 1.0));
             (
@@ -398,7 +552,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             // QKᵀ and makes dV, dP, dQ, dK: five products to the forward's two. Context
             // parallelism pairs each rank's early and late chunks (Megatron-Core's load
             // balancing), so each does 1/c of the square's causal half.
-            let flops = 4.0 * s * s * head_dim * b * heads_per_gpu / 2.0 / c;
+            let flops = 2.0 * s * s * (qk_dim + v_dim) * b * heads_per_gpu / 2.0 / c * window_share;
             (
                 flops / rates.attention_forward * 1e6 + launch_us,
                 2.5 * flops / rates.attention_backward * 1e6 + launch_us,
@@ -406,38 +560,45 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             )
         }
     };
-    let sp = if par.sequence_parallel { t } else { 1.0 };
-    let other_bytes = 2.0 * 2.0 * tokens * h * e / sp
-        + 2.0 * tokens * h * (3.0 * e + 1.0) / sp
-        + mlp_matrices * tokens * f / t * e;
-    // FP8: every GEMM input is cast to FP8 with its transpose (write 2 bytes) in the
-    // forward pass, and every output gradient in the backward pass. Per-tensor current
-    // scaling reads the tensor twice, once for its amax and once to cast it; MXFP8's
-    // block scales come from the one read (Transformer Engine, "FP8 current scaling" and
-    // "MXFP8" in its user guide).
-    let (cast_fwd, cast_bwd) = if precision.is_fp8() {
-        let reads = if precision == Precision::Fp8 {
-            2.0
-        } else {
-            1.0
-        };
-        let inputs = tokens * (h + h / t + h + f / t);
-        let gradients = tokens * (qkv + h + (mlp_matrices - 1.0) * f / t + h);
-        (
-            elementwise((reads * e + 2.0) * inputs, 8.0),
-            elementwise((reads * e + 2.0) * gradients, 8.0),
-        )
-    } else {
-        (0.0, 0.0)
+    // The memory-bound rest of the attention half (a LayerNorm, a bias-dropout-add; latent
+    // attention's and Qwen3's extra norms) and of a dense MLP half (a LayerNorm, a
+    // bias-dropout-add, the activation).
+    let latent_norms = model
+        .latent
+        .map_or(0.0, |l| 2.0 * tokens * (l.q_rank + l.kv_rank) as f64 * e);
+    let qk_norms = match model.qk_norm {
+        true => 2.0 * tokens * (a + model.kv_heads as f64) * qk_dim / t * e,
+        false => 0.0,
     };
-    let block_fwd = dense.iter().map(|g| g.0).sum::<f64>()
+    let residual_bytes = 2.0 * tokens * h * e / sp + tokens * h * (3.0 * e + 1.0) / sp;
+    let attention_bytes = residual_bytes + latent_norms + qk_norms;
+    let attention_cast = cast(
+        tokens * attention_elements.0,
+        tokens * attention_elements.1,
+        attention_products.len() as f64,
+    );
+    let attention_fwd = attention_products.iter().map(|g| g.0).sum::<f64>()
         + core_fwd
-        + cast_fwd
-        + elementwise(other_bytes, ACTIVATION_LAUNCHES - 2.0);
-    let block_bwd = dense.iter().map(|g| g.1).sum::<f64>()
+        + attention_cast.0
+        + elementwise(attention_bytes, 2.0);
+    let attention_bwd = attention_products.iter().map(|g| g.1).sum::<f64>()
         + core_bwd
-        + cast_bwd
-        + 2.0 * elementwise(core_bytes + other_bytes, ACTIVATION_LAUNCHES);
+        + attention_cast.1
+        + 2.0 * elementwise(core_bytes + attention_bytes, 4.0);
+    let dense_mlp = {
+        let cast = cast(
+            tokens * (gemms[2].inner + gemms[3].inner) as f64,
+            tokens * (gemms[2].cols + gemms[3].cols) as f64,
+            2.0,
+        );
+        let bytes = residual_bytes + mlp_matrices * tokens * f / t * e;
+        Mlp {
+            forward_us: dense[2].0 + dense[3].0 + cast.0 + elementwise(bytes, 3.0),
+            backward_us: dense[2].1 + dense[3].1 + cast.1 + 2.0 * elementwise(bytes, 3.0),
+            beside_collectives: vec![dense[2], dense[3]],
+            exchange_us: (0.0, 0.0),
+        }
+    };
     // Tensor-parallel collectives inside the node.
     let intra = group.intra_node;
     let activation = tokens * h * e;
@@ -446,63 +607,56 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    // The block's four collectives each way (an all-gather and a reduce-scatter each with
-    // sequence parallelism, half an all-reduce's time): with the tensor-parallel overlap
-    // (Megatron-Core's --tp-comm-overlap, Transformer Engine's userbuffers; Wang et al.,
-    // ASPLOS'23) each is cut into `t` chunks pipelined with the GEMM that reads or writes
-    // it — the QKV and first MLP products after their all-gathers, the projection and
-    // second MLP products before their reduce-scatters — so only what outlasts the GEMM,
-    // and at least one chunk, shows.
+    let moe_mlp = model.moe.map(|moe| {
+        expert_mlp(
+            &ExpertContext {
+                model,
+                moe,
+                par,
+                kernels: &kernels,
+                cluster,
+                tokens,
+                sp,
+                imbalance: setting.expert_imbalance,
+                dispatcher: setting.dispatcher,
+            },
+            &cast,
+            &fwd_bwd,
+        )
+    });
+    // Each half's two collectives each way (an all-gather and a reduce-scatter each with
+    // sequence parallelism, half an all-reduce's time; a mixture of experts has them only
+    // around its shared experts): with the tensor-parallel overlap (Megatron-Core's
+    // --tp-comm-overlap, Transformer Engine's userbuffers; Wang et al., ASPLOS'23) each is
+    // cut into `t` chunks pipelined with the GEMM that reads or writes it — the first
+    // product after its all-gather, the last before its reduce-scatter — so only what
+    // outlasts the GEMM, and at least one chunk, shows.
     let overlap_tp = setting.overlap.tensor_parallel && par.sequence_parallel && par.tensor > 1;
-    let tp_exposed = |pass: fn(&(f64, f64)) -> f64| -> f64 {
-        dense
-            .iter()
+    let tp_exposed = |products: &[(f64, f64)], pass: fn(&(f64, f64)) -> f64| -> f64 {
+        let beside = match products {
+            [] => vec![],
+            [only] => vec![only],
+            [first, .., last] => vec![first, last],
+        };
+        beside
+            .into_iter()
             .map(|g| match overlap_tp {
                 true => hide(tp_ar / 2.0, pass(g), 1.0 / t).0,
                 false => tp_ar / 2.0,
             })
             .sum()
     };
-    let (tp_fwd, tp_bwd) = (tp_exposed(|g| g.0), tp_exposed(|g| g.1));
-    let (recompute_us, recompute_tp) = match par.recompute {
-        Recompute::None => (0.0, 0.0),
-        Recompute::Selective => (core_fwd, 0.0),
-        Recompute::Full => (block_fwd, tp_fwd),
-    };
-    // ZeRO-3 gathers each block's parameters forward and backward (and for a full
-    // recomputation), and reduce-scatters its gradients, every microbatch; with the
-    // data-parallel overlap (FSDP's prefetching, Megatron-FSDP's) each block's behind the
-    // previous block's compute.
-    let block_weights = model.spec().block_params() as f64 / t;
+    let attention_tp = (
+        tp_exposed(&attention_products, |g| g.0),
+        tp_exposed(&attention_products, |g| g.1),
+    );
     // Data-parallel collectives run over the data × context ranks (Megatron-Core reduces
-    // gradients and shards the optimizer over both).
+    // gradients and shards the optimizer over both); an expert's over the ranks holding
+    // the same experts, `ep·etp` apart.
     let dp = DataParallel::new(cluster, par.tensor, par.data * par.context.max(1), gpn);
-    let zero3_us = if par.zero >= 3 && par.data > 1 {
-        let gathers = if par.recompute == Recompute::Full {
-            3.0
-        } else {
-            2.0
-        };
-        gathers * dp.all_gather_us(block_weights * gathered_e)
-            + dp.all_gather_us(block_weights * grad_e)
-    } else {
-        0.0
-    };
-    let block_compute_us = block_fwd + block_bwd + recompute_us;
-    let (zero3_exposed_us, zero3_hidden_us) = match setting.overlap.sharded_parameters {
-        true => hide(zero3_us, block_compute_us, 0.0),
-        false => (zero3_us, 0.0),
-    };
-    // What prefetching cannot hide: each microbatch's first gather (nothing computes
-    // before it) and last reduce-scatter (nothing computes after it) on every stage.
-    let zero3_edges = match setting.overlap.sharded_parameters && par.zero >= 3 && par.data > 1 {
-        true => Work {
-            zero_us: dp.all_gather_us(block_weights * gathered_e)
-                + dp.all_gather_us(block_weights * grad_e),
-            ..Work::default()
-        },
-        false => Work::default(),
-    };
+    let expert_ranks = par.expert.max(1) * par.expert_tensor.max(1);
+    let edp_size = (par.tensor * par.context.max(1) * par.data / expert_ranks).max(1);
+    let edp = DataParallel::new(cluster, expert_ranks, edp_size, gpn);
     // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
     // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
     // sends them again with their gradients. Each step is its own attention kernel and its
@@ -510,7 +664,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // `c − 1` more attention launches and `c − 1` exchanges' launches each way show.
     let (context_fwd, context_bwd) = if par.context > 1 {
         let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
-        let kv = 2.0 * tokens * model.kv_heads as f64 / t * head_dim * e;
+        let kv = tokens * model.kv_heads as f64 / t * (qk_dim + v_dim) * e;
         let steps = c - 1.0;
         let launches = 2.0 * steps * launch_us;
         (
@@ -520,11 +674,84 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         (0.0, 0.0)
     };
-    let block = Work {
-        compute_us: block_compute_us,
-        context_us: context_fwd + context_bwd,
-        tensor_us: tp_fwd + tp_bwd + recompute_tp,
-        zero_us: zero3_exposed_us,
+    // One block with `mlp`, whose parameters on this rank are `params` (sharded over the
+    // data-parallel ranks) and `expert_params` (over the expert-data-parallel ranks).
+    let block_of = |mlp: &Mlp, params: f64, expert_params: f64| -> Block {
+        let forward = attention_fwd + mlp.forward_us;
+        let backward = attention_bwd + mlp.backward_us;
+        let tp_fwd = attention_tp.0 + tp_exposed(&mlp.beside_collectives, |g| g.0);
+        let tp_bwd = attention_tp.1 + tp_exposed(&mlp.beside_collectives, |g| g.1);
+        let (recompute_us, recompute_tp, recompute_exchange) = match par.recompute {
+            Recompute::None => (0.0, 0.0, 0.0),
+            Recompute::Selective => (core_fwd, 0.0, 0.0),
+            Recompute::Full => (forward, tp_fwd, mlp.exchange_us.0),
+        };
+        let compute = forward + backward + recompute_us;
+        // ZeRO-3 gathers each block's parameters forward and backward (and for a full
+        // recomputation), and reduce-scatters its gradients, every microbatch; with the
+        // data-parallel overlap (FSDP's prefetching, Megatron-FSDP's) each block's behind
+        // the previous block's compute.
+        let gather = |weights: f64| {
+            dp.all_gather_us(weights * gathered_e) + edp.all_gather_us(expert_params * gathered_e)
+        };
+        let (zero3_us, zero3_edges_us) = if par.zero >= 3 && par.data > 1 {
+            let gathers = if par.recompute == Recompute::Full {
+                3.0
+            } else {
+                2.0
+            };
+            let reduce =
+                dp.all_gather_us(params * grad_e) + edp.all_gather_us(expert_params * grad_e);
+            (gathers * gather(params) + reduce, gather(params) + reduce)
+        } else {
+            (0.0, 0.0)
+        };
+        let (zero3_exposed, zero3_hidden) = match setting.overlap.sharded_parameters {
+            true => hide(zero3_us, compute, 0.0),
+            false => (zero3_us, 0.0),
+        };
+        // Dispatch and combine: with Megatron-Core's 1F1B all-to-all overlap
+        // (--overlap-moe-expert-parallel-comm) behind another microbatch's compute.
+        let exchange = mlp.exchange_us.0 + mlp.exchange_us.1 + recompute_exchange;
+        let exchange = match setting.overlap.expert_parallel {
+            true => hide(exchange, compute, 0.0).0,
+            false => exchange,
+        };
+        Block {
+            work: Work {
+                compute_us: compute,
+                context_us: context_fwd + context_bwd,
+                tensor_us: tp_fwd + tp_bwd + recompute_tp,
+                zero_us: zero3_exposed,
+                expert_us: exchange,
+            },
+            forward_us: forward + tp_fwd,
+            backward_us: backward + recompute_us + tp_bwd + recompute_tp,
+            zero3_us,
+            zero3_hidden_us: zero3_hidden,
+            // What prefetching cannot hide: each microbatch's first gather (nothing
+            // computes before it) and last reduce-scatter (nothing computes after it).
+            zero3_edges_us: match setting.overlap.sharded_parameters {
+                true => zero3_edges_us,
+                false => 0.0,
+            },
+            params,
+            expert_params,
+        }
+    };
+    let spec = model.spec();
+    let dense_block = block_of(&dense_mlp, spec.block_params() as f64 / t, 0.0);
+    let moe_block = match (model.moe, &moe_mlp) {
+        (Some(moe), Some(mlp)) => {
+            let experts = (moe.experts * spec.mlp_params(moe.expert_ffn)) as f64;
+            let whole = spec.moe_block_params().0 as f64;
+            block_of(
+                mlp,
+                (whole - experts) / t,
+                experts / f64::from(expert_ranks),
+            )
+        }
+        _ => dense_block,
     };
     // Embedding (first stage) and head + loss (last stage), vocabulary-parallel: the
     // embedding's output and the head's input gradient are all-reduced, and the parallel
@@ -533,8 +760,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let embedding = Work {
         compute_us: elementwise(3.0 * tokens * h * e, 2.0),
         tensor_us: tp_ar,
-        zero_us: 0.0,
-        context_us: 0.0,
+        ..Work::default()
     };
     let (head_fwd, head_bwd) = fwd_bwd_16(tokens, vocab_local, h, 1.0);
     let loss_bytes = tokens * vocab_local * (e + 8.0);
@@ -546,15 +772,27 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             } else {
                 0.0
             },
-        zero_us: 0.0,
-        context_us: 0.0,
+        ..Work::default()
     };
     // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
-    // the head).
+    // the head); a mixture of experts' leading dense blocks come first.
     let layers = model.layers;
     let stage_layers: Vec<u64> = (0..u64::from(p))
         .map(|k| layers / u64::from(p) + u64::from(k < layers % u64::from(p)))
         .collect();
+    let dense_layers = model.spec().block_counts().0;
+    let stage_blocks: Vec<(f64, f64)> = stage_layers
+        .iter()
+        .scan(0u64, |first, &n| {
+            let dense = dense_layers.clamp(*first, *first + n) - *first;
+            *first += n;
+            Some((dense as f64, (n - dense) as f64))
+        })
+        .collect();
+    let of_stage = |k: usize, of: fn(&Block) -> f64| -> f64 {
+        let (dense, moe) = stage_blocks[k];
+        dense * of(&dense_block) + moe * of(&moe_block)
+    };
     // Point-to-point between stages: `t·c·d` ranks apart. Overlapped in an interleaved
     // pipeline, a send waits only for its latency: its bytes travel while the next chunk
     // computes.
@@ -573,11 +811,22 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let stage_work: Vec<Work> = stage_layers
+    let stage_work: Vec<Work> = stage_blocks
         .iter()
         .enumerate()
-        .map(|(k, &n)| {
-            let mut work = block.times(n as f64).plus(zero3_edges);
+        .map(|(k, &(dense, moe))| {
+            let edges = match dense + moe > 0.0 {
+                true => dense_block.zero3_edges_us.max(moe_block.zero3_edges_us),
+                false => 0.0,
+            };
+            let mut work = dense_block
+                .work
+                .times(dense)
+                .plus(moe_block.work.times(moe))
+                .plus(Work {
+                    zero_us: edges,
+                    ..Work::default()
+                });
             if k == 0 {
                 work = work.plus(embedding);
             }
@@ -595,52 +844,64 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let t_sum: f64 = stage_us.iter().sum();
     let bubble_us = (t_sum - t_max) / f64::from(v);
     let pipe_us = m as f64 * t_max + bubble_us;
-    // Parameters per GPU on each stage.
-    let stage_params: Vec<f64> = stage_layers
-        .iter()
-        .enumerate()
-        .map(|(k, &n)| {
+    // Parameters per GPU on each stage: those sharded over the data-parallel ranks, and
+    // the experts' over the expert-data-parallel ranks.
+    let stage_params: Vec<(f64, f64)> = (0..stage_layers.len())
+        .map(|k| {
             let last = k + 1 == stage_layers.len();
-            let mut params = n as f64 * model.spec().block_params() as f64;
+            let mut params = of_stage(k, |b| b.params);
             if k == 0 {
-                params += model.spec().embedding_params() as f64;
+                params += model.spec().embedding_params() as f64 / t;
             }
             if last {
-                params += model.spec().head_params() as f64;
+                params += model.spec().head_params() as f64 / t;
                 if model.tied && p > 1 {
                     // The last stage keeps its own copy of the tied embedding.
-                    params += (model.vocabulary * model.hidden) as f64;
+                    params += (model.vocabulary * model.hidden) as f64 / t;
                 }
             }
-            params / t
+            (params, of_stage(k, |b| b.expert_params))
         })
         .collect();
-    let fullest_params = stage_params.iter().copied().fold(0.0, f64::max);
+    let all_params = |k: usize| stage_params[k].0 + stage_params[k].1;
     // Data-parallel gradient synchronization: the gradients' all-reduce (ZeRO-1 and 2:
     // reduce-scatter) and the parameters' all-gather (ZeRO-1 and 2), after the flush or,
     // overlapped, bucket by bucket behind the fullest stage's last backward pass and first
     // forward pass of a microbatch: only what outlasts them, and at least the last bucket,
-    // shows.
+    // shows. Experts' gradients are reduced over their own ranks.
     let fullest_stage = (0..stage_params.len())
-        .max_by(|&x, &y| stage_params[x].total_cmp(&stage_params[y]))
+        .max_by(|&x, &y| all_params(x).total_cmp(&all_params(y)))
         .unwrap_or(0);
-    let fullest_blocks = stage_layers[fullest_stage] as f64;
-    let hide_backward = fullest_blocks * (block_bwd + recompute_us + tp_bwd + recompute_tp);
-    let hide_forward = fullest_blocks * (block_fwd + tp_fwd);
-    let bucket = (GRADIENT_BUCKET_PARAMS.max(1e6 * d) / fullest_params.max(1.0)).min(1.0);
+    let (fullest_params, fullest_experts) = stage_params[fullest_stage];
+    let hide_backward = of_stage(fullest_stage, |b| b.backward_us);
+    let hide_forward = of_stage(fullest_stage, |b| b.forward_us);
+    let bucket = (GRADIENT_BUCKET_PARAMS.max(1e6 * d)
+        / (fullest_params + fullest_experts).max(1.0))
+    .min(1.0);
+    let reduce = |bytes: fn(f64, f64, f64) -> f64, all: bool| -> f64 {
+        let (dense, experts) = (fullest_params, fullest_experts);
+        match all {
+            true => {
+                dp.all_reduce_us(bytes(dense, grad_e, gathered_e))
+                    + edp.all_reduce_us(bytes(experts, grad_e, gathered_e))
+            }
+            false => {
+                dp.all_gather_us(bytes(dense, grad_e, gathered_e))
+                    + edp.all_gather_us(bytes(experts, grad_e, gathered_e))
+            }
+        }
+    };
+    let gradients = |params: f64, grad_e: f64, _: f64| params * grad_e;
+    let parameters = |params: f64, _: f64, gathered_e: f64| params * gathered_e;
     let (gradient_sync, param_gather, syncs) = match par.zero {
-        _ if par.data <= 1 => (0.0, 0.0, 0.0),
-        0 => (dp.all_reduce_us(fullest_params * grad_e), 0.0, 1.0),
-        1 => (
-            dp.all_gather_us(fullest_params * grad_e),
-            dp.all_gather_us(fullest_params * gathered_e),
-            1.0,
-        ),
+        _ if par.data * par.context.max(1) * par.tensor <= 1 => (0.0, 0.0, 0.0),
+        0 => (reduce(gradients, true), 0.0, 1.0),
+        1 => (reduce(gradients, false), reduce(parameters, false), 1.0),
         // Sharded gradients cannot accumulate over microbatches: every microbatch's are
         // reduce-scattered into the shard as its backward ends (DeepSpeed's stage 2).
         2 => (
-            dp.all_gather_us(fullest_params * grad_e),
-            dp.all_gather_us(fullest_params * gathered_e),
+            reduce(gradients, false),
+            reduce(parameters, false),
             m as f64,
         ),
         _ => (0.0, 0.0, 0.0),
@@ -664,20 +925,24 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         0.0
     };
     let data_comm_us = syncs * gradient_exposed + param_exposed + tied_us;
-    let overlapped_us = syncs * gradient_hidden
-        + param_hidden
-        + zero3_hidden_us * (stage_layers[fullest_stage] * m) as f64;
+    let zero3_hidden_us = of_stage(fullest_stage, |b| b.zero3_hidden_us);
+    let overlapped_us = syncs * gradient_hidden + param_hidden + zero3_hidden_us * m as f64;
     // Optimizer step over this GPU's shard: read gradient, master, state; write them back
     // and the low-precision copy.
-    let shard = if par.zero >= 1 { d * c } else { 1.0 };
+    let (shard, expert_shard) = match par.zero >= 1 {
+        true => (d * c, f64::from(edp_size)),
+        false => (1.0, 1.0),
+    };
     let master: f64 = if e < 4.0 { 4.0 } else { 0.0 };
     let state = 4.0 * setting.optimizer.state_factor();
     let step_bytes = grad_e + 2.0 * (master.max(e) + state) + if e < 4.0 { e } else { 0.0 };
     // FP8: the weights' FP8 copies and their transposes are made once per iteration, at
     // the first microbatch (Transformer Engine's weight caching).
     let cast_bytes = if precision.is_fp8() { e + 2.0 } else { 0.0 };
-    let optimizer_us =
-        (fullest_params / shard * step_bytes + fullest_params * cast_bytes) / rates.hbm * 1e6;
+    let optimizer_us = ((fullest_params / shard + fullest_experts / expert_shard) * step_bytes
+        + (fullest_params + fullest_experts) * cast_bytes)
+        / rates.hbm
+        * 1e6;
     let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
     // Memory.
     let capacity = (0..setting.gpus.max(1))
@@ -689,25 +954,35 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .min()
         .unwrap_or(0);
     let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
-    let per_block = block_activation_bytes(model, par, setting.attention, precision);
+    let activations_of = |par: &Parallelism| {
+        let dense = block_activation_bytes(model, par, setting.attention, precision);
+        let moe = match model.moe {
+            Some(_) => moe_block_activation_bytes(
+                model,
+                par,
+                setting.attention,
+                precision,
+                setting.expert_imbalance,
+            ),
+            None => dense,
+        };
+        (dense, moe)
+    };
+    let per_block = activations_of(par);
     let working = if par.recompute == Recompute::Full {
         // One block's activations while it is recomputed.
-        block_activation_bytes(
-            model,
-            &Parallelism {
-                recompute: Recompute::None,
-                ..*par
-            },
-            setting.attention,
-            precision,
-        )
+        let whole = activations_of(&Parallelism {
+            recompute: Recompute::None,
+            ..*par
+        });
+        whole.0.max(whole.1)
     } else {
         0.0
     };
     let stage_memory: Vec<MemoryBreakdown> = stage_layers
         .iter()
         .enumerate()
-        .map(|(k, &n)| {
+        .map(|(k, _)| {
             // ZeRO shards the buckets' weights; a tied embedding is summed over its holders
             // apart from them, and every holder keeps it whole, with its gradient and
             // momentum.
@@ -716,12 +991,22 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 true => (model.vocabulary * model.hidden) as f64 / t,
                 false => 0.0,
             };
-            let params = stage_params[k];
+            let (params, experts) = stage_params[k];
             let zero_div = |stage: u8| if par.zero >= stage { d * c } else { 1.0 };
-            let sharded = |stage: u8| (params - tied) / zero_div(stage) + tied;
+            let expert_div = |stage: u8| {
+                if par.zero >= stage {
+                    f64::from(edp_size)
+                } else {
+                    1.0
+                }
+            };
+            let sharded =
+                |stage: u8| (params - tied) / zero_div(stage) + tied + experts / expert_div(stage);
             let in_flight = in_flight_chunks(par, k as u64, m);
-            let in_flight_blocks = in_flight as f64 * n as f64 / f64::from(v);
-            let mut activations = in_flight_blocks * per_block + working;
+            let (dense, moe) = stage_blocks[k];
+            let mut activations = in_flight as f64 / f64::from(v)
+                * (dense * per_block.0 + moe * per_block.1)
+                + working;
             if k + 1 == stage_layers.len() {
                 // One microbatch's logits (16-bit) and fp32 softmax with its gradient.
                 activations += tokens * vocab_local * (e + 8.0);
@@ -736,7 +1021,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             // before their reduce-scatter, ZeRO-3 its gathered weights too and the next
             // block's (prefetched). The unit is a block, or the last stage's untied head,
             // whose backward comes first, at the activations' peak.
-            let block = model.spec().block_params() as f64 / t;
+            let block = (dense_block.params + dense_block.expert_params)
+                .max(moe_block.params + moe_block.expert_params);
             let head = match k + 1 == stage_layers.len() && !model.tied {
                 true => model.spec().head_params() as f64 / t,
                 false => 0.0,
@@ -775,9 +1061,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 _ => 0.0,
             };
             let fp8_bytes = if fp8_params { copies } else { e + copies };
-            let block_weights = n as f64 * model.spec().block_params() as f64 / t;
+            let block_weights = of_stage(k, |b| b.params);
+            let expert_weights = of_stage(k, |b| b.expert_params);
             MemoryBreakdown {
-                weights: sharded(3) * e + block_weights * (fp8_bytes - e) / zero_div(3),
+                weights: sharded(3) * e
+                    + block_weights * (fp8_bytes - e) / zero_div(3)
+                    + expert_weights * (fp8_bytes - e) / expert_div(3),
                 gradients,
                 optimizer: sharded(1) * (master + state),
                 activations,
@@ -791,12 +1080,20 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .max_by(|x, y| x.total().total_cmp(&y.total()))
         .unwrap_or_default();
     let model_flops = model.model_flops(setting.batch);
+    let (qk, v_head) = model.spec().head_dims();
     let recomputed = match par.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => 4.0 * model.sequence as f64 * model.hidden as f64,
-        Recompute::Full => model.block_flops_per_token(),
-    } * (setting.batch * model.sequence * model.layers) as f64;
+        Recompute::Selective => {
+            2.0 * (model.sequence * model.heads * (qk + v_head) * model.layers) as f64
+        }
+        Recompute::Full => model.blocks_flops_per_token(),
+    } * (setting.batch * model.sequence) as f64;
     let slowest_work = stage_work[slowest].times(m as f64);
+    let typical = match model.moe {
+        Some(_) => &moe_block,
+        None => &dense_block,
+    };
+    let block_forward_us = typical.forward_us + typical.zero3_us / 2.0;
     Estimate {
         parallelism: *par,
         iteration_time_us,
@@ -804,6 +1101,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             compute_us: slowest_work.compute_us,
             tensor_comm_us: slowest_work.tensor_us,
             context_comm_us: slowest_work.context_us,
+            expert_comm_us: slowest_work.expert_us,
             pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
             data_comm_us: data_comm_us + slowest_work.zero_us,
@@ -813,8 +1111,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         microbatches: m,
         stage_layers,
         stage_us,
-        block_forward_us: block_fwd + tp_fwd + zero3_us / 2.0,
-        block_backward_us: block.total() - block_fwd - tp_fwd - zero3_us / 2.0,
+        block_forward_us,
+        block_backward_us: typical.work.total() - block_forward_us,
         embedding_us: embedding.total(),
         head_us: head.total(),
         stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
@@ -828,6 +1126,182 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     }
 }
 
+/// One block's MLP half for one microbatch on one GPU, µs.
+struct Mlp {
+    forward_us: f64,
+    backward_us: f64,
+    /// Its products beside tensor-parallel collectives (the first after the all-gather,
+    /// the last before the reduce-scatter): forward, backward.
+    beside_collectives: Vec<(f64, f64)>,
+    /// Token dispatch and combine: forward, backward.
+    exchange_us: (f64, f64),
+}
+
+/// One block's price for one microbatch on one GPU.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    /// Forward, backward and recomputation with their collectives.
+    work: Work,
+    /// The forward pass with its tensor-parallel collectives, µs.
+    forward_us: f64,
+    /// The backward pass (recomputation included) with its collectives, µs.
+    backward_us: f64,
+    /// ZeRO-3's gathers and reduce-scatters before any hiding, µs.
+    zero3_us: f64,
+    /// The part of them prefetching hides, µs.
+    zero3_hidden_us: f64,
+    /// What prefetching cannot hide on a stage (its first gather, last reduce-scatter).
+    zero3_edges_us: f64,
+    /// Parameters on this rank sharded over the data-parallel ranks.
+    params: f64,
+    /// Experts' parameters on this rank, sharded over the expert-data-parallel ranks.
+    expert_params: f64,
+}
+
+/// What pricing a mixture of experts reads.
+struct ExpertContext<'a> {
+    model: &'a Transformer,
+    moe: MoeSpec,
+    par: &'a Parallelism,
+    kernels: &'a Kernels,
+    cluster: &'a Cluster,
+    /// A rank's positions in the attention (`s·b/c`).
+    tokens: f64,
+    /// Sequence parallelism's split of the positions outside the attention.
+    sp: f64,
+    imbalance: f64,
+    dispatcher: Dispatcher,
+}
+
+/// A mixture of experts' half of a block (Megatron-Core's MoE layer): a router over each
+/// rank's own positions, tokens permuted and dispatched to the `ep` ranks holding their
+/// experts, grouped GEMMs over the local experts at the rows each receives, combine and
+/// unpermute back; shared experts as a tensor-parallel dense MLP beside it.
+fn expert_mlp(
+    cx: &ExpertContext<'_>,
+    cast: &impl Fn(f64, f64, f64) -> (f64, f64),
+    fwd_bwd: &impl Fn(f64, f64, f64, f64) -> (f64, f64),
+) -> Mlp {
+    let (model, moe, par, kernels) = (cx.model, cx.moe, cx.par, cx.kernels);
+    let (h, e) = (model.hidden as f64, kernels.e);
+    let t = f64::from(par.tensor);
+    let m = model.spec().mlp_matrices() as f64;
+    let (ep, etp) = (
+        f64::from(par.expert.max(1)),
+        f64::from(par.expert_tensor.max(1)),
+    );
+    let experts = moe.experts as f64;
+    // Each rank routes its own positions: sequence parallelism splits them over the
+    // tensor-parallel ranks (Megatron-Core refuses to train a mixture of experts with
+    // tensor parallelism and without it).
+    let routed = cx.tokens / cx.sp;
+    // Token–expert pairs on the busiest rank: `k` a token, times the imbalance.
+    let pairs = routed * moe.top_k as f64 * cx.imbalance;
+    let local = experts / ep;
+    let inner = moe.expert_ffn as f64 / etp;
+    // Each local expert's rows: its pairs from the `etp` ranks sharing its columns.
+    let rows = pairs * etp / local;
+    // Grouped GEMMs: one launch over the local experts, each at its own rows, so few rows
+    // an expert leave them bound by reading the weights.
+    let fc1 = kernels.forward_backward(false, rows, (m - 1.0) * inner, h, local);
+    let fc2 = kernels.forward_backward(false, rows, h, inner, local);
+    let router = kernels.forward_backward(true, routed, experts, h, 1.0);
+    let (shared, shared_elements, shared_bytes) = match moe.shared_ffn {
+        0 => (vec![], (0.0, 0.0), 0.0),
+        f => {
+            let f = f as f64;
+            (
+                vec![
+                    fwd_bwd(cx.tokens, (m - 1.0) * f / t, h, 1.0),
+                    fwd_bwd(cx.tokens, h, f / t, 1.0),
+                ],
+                (cx.tokens * (h + f / t), cx.tokens * ((m - 1.0) * f / t + h)),
+                m * cx.tokens * f / t * e,
+            )
+        }
+    };
+    let gathered = pairs * etp;
+    let casts = cast(
+        gathered * (h + inner) + shared_elements.0,
+        gathered * ((m - 1.0) * inner + h) + shared_elements.1,
+        2.0 + shared.len() as f64,
+    );
+    // Memory-bound: the LayerNorm and residual over the rank's positions, the router's
+    // fp32 scores (written, read and written by its softmax and top-k), the permutation
+    // (the tokens read, the pairs written) and its inverse, the activation over the pairs'
+    // inner features, the shared experts' activation.
+    let bytes = 2.0 * routed * h * e
+        + routed * h * (3.0 * e + 1.0)
+        + 3.0 * routed * experts * 4.0
+        + 2.0 * (routed + pairs) * h * e
+        + m * pairs * moe.expert_ffn as f64 * e
+        + shared_bytes;
+    let launches = 7.0 + if shared.is_empty() { 0.0 } else { 1.0 };
+    let products = |pass: fn(&(f64, f64)) -> f64| {
+        pass(&fc1) + pass(&fc2) + pass(&router) + shared.iter().map(pass).sum::<f64>()
+    };
+    // Dispatch and combine each way; with expert tensor parallelism the dispatched pairs
+    // are all-gathered over the `etp` ranks and reduce-scattered back.
+    let intra = cx.cluster.group_of(0).intra_node;
+    let exchange = 2.0
+        * (all_to_all_us(
+            cx.cluster,
+            par.expert,
+            par.expert_tensor,
+            moe.top_k,
+            pairs * h * e,
+            cx.dispatcher,
+        ) + ring_all_gather_us(par.expert_tensor, intra, gathered * h * e));
+    Mlp {
+        forward_us: products(|g| g.0) + casts.0 + kernels.elementwise(bytes, launches),
+        backward_us: products(|g| g.1) + casts.1 + 2.0 * kernels.elementwise(bytes, launches),
+        beside_collectives: shared,
+        exchange_us: (exchange, exchange),
+    }
+}
+
+/// One all-to-all over an expert-parallel group of `ep` ranks `stride` apart, in which
+/// every rank sends `bytes` of token–expert pairs spread evenly over the group's experts,
+/// µs: NVLink inside a node (or an NVLink domain), each GPU's share of its node's NICs
+/// across. A [`Dispatcher::Flex`] sends a token to a remote node once however many of its
+/// `top_k` experts are there (with experts picked uniformly, `(N − 1)(1 − (1 − 1/N)^k)`
+/// copies of a token cross the network for `N` nodes, against `k(N − 1)/N`).
+fn all_to_all_us(
+    cluster: &Cluster,
+    ep: u32,
+    stride: u32,
+    top_k: u64,
+    bytes: f64,
+    dispatcher: Dispatcher,
+) -> f64 {
+    if ep <= 1 {
+        return 0.0;
+    }
+    let n = f64::from(ep);
+    if let Some(flat) = cluster.flat {
+        return flat.latency_us + bytes * (n - 1.0) / n / flat.bandwidth * 1e6;
+    }
+    let group = cluster.group_of(0);
+    let gpn = group.gpus_per_node.max(1);
+    // Members of the group on one node.
+    let local = (gpn / stride.max(1)).clamp(1, ep);
+    let intra = group.intra_node;
+    let within = f64::from(local);
+    let intra_us = intra.latency_us + bytes * (within - 1.0) / n / intra.bandwidth * 1e6;
+    let nodes = f64::from(ep.div_ceil(local));
+    if nodes <= 1.0 {
+        return intra_us;
+    }
+    let across = per_gpu_link(cluster, 0, gpn.min(cluster.gpu_count()), gpn);
+    let k = top_k.max(1) as f64;
+    let remote = match dispatcher {
+        Dispatcher::AllToAll => (n - within) / n,
+        Dispatcher::Flex => (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes).powf(k)) / k,
+    };
+    let inter_us = across.latency_us + bytes * remote / across.bandwidth * 1e6;
+    intra_us.max(inter_us)
+}
+
 /// A collective of `comm_us` overlapped with `compute_us` of compute, at least `floor` of it
 /// showing (the part that cannot start before the compute ends): (exposed, hidden), µs.
 fn hide(comm_us: f64, compute_us: f64, floor: f64) -> (f64, f64) {
@@ -835,18 +1309,56 @@ fn hide(comm_us: f64, compute_us: f64, floor: f64) -> (f64, f64) {
     (exposed, comm_us - exposed)
 }
 
-/// Forward and backward (input and weight gradients) of one GEMM, µs.
-fn forward_backward(
-    gemm: &impl Fn(f64, f64, f64, f64) -> f64,
-    rows: f64,
-    cols: f64,
-    inner: f64,
-    batch: f64,
-) -> (f64, f64) {
-    (
-        gemm(rows, cols, inner, batch),
-        gemm(rows, inner, cols, batch) + gemm(inner, cols, rows, batch),
-    )
+/// Kernel prices on one GPU, µs.
+pub(super) struct Kernels {
+    pub rates: KernelRates,
+    pub launch_us: f64,
+    /// Bytes of an activation element.
+    pub e: f64,
+    /// The block's dense layers run in FP8.
+    pub fp8: bool,
+}
+
+impl Kernels {
+    /// `batch` GEMMs `[rows, inner] × [inner, cols]` in one launch: in 16 bits (`sixteen`),
+    /// or in the math precision, whichever of compute and memory is longer.
+    pub fn gemm(&self, sixteen: bool, rows: f64, cols: f64, inner: f64, batch: f64) -> f64 {
+        let (rate, input) = match sixteen || !self.fp8 {
+            true => (
+                if sixteen {
+                    self.rates.gemm_16
+                } else {
+                    self.rates.gemm
+                },
+                self.e,
+            ),
+            false => (self.rates.gemm, 1.0),
+        };
+        let flops = 2.0 * rows * cols * inner * batch;
+        let bytes = (input * (rows * inner + inner * cols) + self.e * rows * cols) * batch;
+        (flops / rate).max(bytes / self.rates.hbm) * 1e6 + self.launch_us
+    }
+
+    /// Forward and backward (input and weight gradients) of one GEMM, µs.
+    pub fn forward_backward(
+        &self,
+        sixteen: bool,
+        rows: f64,
+        cols: f64,
+        inner: f64,
+        batch: f64,
+    ) -> (f64, f64) {
+        (
+            self.gemm(sixteen, rows, cols, inner, batch),
+            self.gemm(sixteen, rows, inner, cols, batch)
+                + self.gemm(sixteen, inner, cols, rows, batch),
+        )
+    }
+
+    /// Memory-bound kernels moving `bytes` in `launches` launches.
+    pub fn elementwise(&self, bytes: f64, launches: f64) -> f64 {
+        bytes / self.rates.hbm * 1e6 + launches * self.launch_us
+    }
 }
 
 /// One microbatch's time through some blocks, by kind, µs.
@@ -859,11 +1371,13 @@ struct Work {
     zero_us: f64,
     /// Context-parallel key/value exchanges.
     context_us: f64,
+    /// A mixture of experts' token dispatch and combine.
+    expert_us: f64,
 }
 
 impl Work {
     fn total(self) -> f64 {
-        self.compute_us + self.tensor_us + self.zero_us + self.context_us
+        self.compute_us + self.tensor_us + self.zero_us + self.context_us + self.expert_us
     }
 
     fn times(self, n: f64) -> Work {
@@ -872,6 +1386,7 @@ impl Work {
             tensor_us: self.tensor_us * n,
             zero_us: self.zero_us * n,
             context_us: self.context_us * n,
+            expert_us: self.expert_us * n,
         }
     }
 
@@ -881,6 +1396,7 @@ impl Work {
             tensor_us: self.tensor_us + other.tensor_us,
             zero_us: self.zero_us + other.zero_us,
             context_us: self.context_us + other.context_us,
+            expert_us: self.expert_us + other.expert_us,
         }
     }
 }
@@ -949,6 +1465,9 @@ impl DataParallel {
     /// Hierarchical all-reduce: reduce-scatter inside the node, all-reduce of each GPU's
     /// part across nodes, all-gather inside.
     fn all_reduce_us(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
         if let Some(flat) = self.flat {
             return ring_all_reduce_us(self.size, flat, bytes);
         }
@@ -958,6 +1477,9 @@ impl DataParallel {
 
     /// Hierarchical all-gather (or reduce-scatter).
     fn all_gather_us(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
         if let Some(flat) = self.flat {
             return ring_all_gather_us(self.size, flat, bytes);
         }

@@ -17,7 +17,8 @@ mod recognize;
 mod search;
 
 pub use estimate::{
-    block_activation_bytes, estimate, Estimate, MemoryBreakdown, Overlap, Setting, TimeBreakdown,
+    block_activation_bytes, estimate, moe_block_activation_bytes, Dispatcher, Estimate,
+    MemoryBreakdown, Overlap, Setting, TimeBreakdown,
 };
 pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
 pub use layered::{layered, NotLayered};
@@ -25,7 +26,7 @@ pub use recognize::{recognize, NotATransformer};
 pub(crate) use search::divisors;
 pub use search::{search, Knobs, Searched};
 
-use ralpc_ir::models::GptSpec;
+use ralpc_ir::models::{GptSpec, LatentAttention, MoeSpec};
 use serde::Serialize;
 
 use crate::plan::Schedule;
@@ -58,6 +59,16 @@ pub struct Transformer {
     pub tied: bool,
     /// Rows of the learned position table (0: none).
     pub positions: u64,
+    /// Each attention head's size (`h/a` unless the model says otherwise).
+    pub head_dim: u64,
+    /// RMSNorms of the query and key heads (Qwen3).
+    pub qk_norm: bool,
+    /// Multi-head latent attention (DeepSeek-V3).
+    pub latent: Option<LatentAttention>,
+    /// Alternate blocks attend within this many positions (gpt-oss); 0: none.
+    pub sliding_window: u64,
+    /// The mixture of experts replacing the MLP after the leading dense blocks.
+    pub moe: Option<MoeSpec>,
     /// The graph's parameters (elements of every floating-point initializer).
     pub params: u64,
 }
@@ -79,6 +90,11 @@ impl From<&GptSpec> for Transformer {
             rms_norm: spec.rms_norm,
             tied: spec.tied,
             positions: spec.positions,
+            head_dim: spec.head_dim,
+            qk_norm: spec.qk_norm,
+            latent: spec.latent,
+            sliding_window: spec.sliding_window,
+            moe: spec.moe,
             params: spec.params(),
         }
     }
@@ -102,6 +118,11 @@ impl Transformer {
             rms_norm: self.rms_norm,
             tied: self.tied,
             dropout: true,
+            head_dim: self.head_dim,
+            qk_norm: self.qk_norm,
+            latent: self.latent,
+            sliding_window: self.sliding_window,
+            moe: self.moe,
         }
     }
 
@@ -134,7 +155,7 @@ impl Transformer {
             },
             DenseGemm {
                 name: DENSE_GEMMS[1],
-                inner: h / t,
+                inner: self.spec().attention_width() / t,
                 cols: h,
             },
             DenseGemm {
@@ -150,12 +171,58 @@ impl Transformer {
         ]
     }
 
-    /// Forward FLOPs of one block per token (GEMMs; 2 per MAC): QKV `6h²` (multi-head),
-    /// projection `2h²`, MLP `4hf` (SwiGLU `6hf`), scores and context `4sh`.
+    /// Forward FLOPs of one block with the dense MLP per token (GEMMs; 2 per MAC): its
+    /// weights' `2·params` (QKV `6h²` for multi-head attention, projection `2h²`, MLP `4hf`,
+    /// SwiGLU `6hf`; biases and norms left out) and the scores and context over the whole
+    /// square, `2s·a·(d_qk + d_v)` (`4sh`).
     pub fn block_flops_per_token(&self) -> f64 {
-        let (h, f, s) = (self.hidden as f64, self.ffn as f64, self.sequence as f64);
-        let (qkv, m) = (self.qkv_width() as f64, self.spec().mlp_matrices() as f64);
-        2.0 * h * qkv + 2.0 * h * h + 2.0 * m * h * f + 4.0 * s * h
+        let spec = self.spec();
+        2.0 * self.attention_weights()
+            + 2.0 * (spec.mlp_matrices() * self.hidden * self.ffn) as f64
+            + self.core_flops_per_token()
+    }
+
+    /// Forward FLOPs of one block with the mixture of experts per token: the attention's,
+    /// the router's `2hE`, `k` experts' and the shared experts'.
+    pub fn moe_block_flops_per_token(&self) -> f64 {
+        let Some(moe) = self.moe else {
+            return self.block_flops_per_token();
+        };
+        let mlp = |f: u64| 2.0 * (self.spec().mlp_matrices() * self.hidden * f) as f64;
+        2.0 * self.attention_weights()
+            + self.core_flops_per_token()
+            + 2.0 * (self.hidden * moe.experts) as f64
+            + moe.top_k as f64 * mlp(moe.expert_ffn)
+            + mlp(moe.shared_ffn)
+    }
+
+    /// Forward FLOPs per token of every block.
+    pub fn blocks_flops_per_token(&self) -> f64 {
+        let (dense, experts) = self.spec().block_counts();
+        dense as f64 * self.block_flops_per_token()
+            + experts as f64 * self.moe_block_flops_per_token()
+    }
+
+    /// The attention's weight elements (norms and biases left out).
+    fn attention_weights(&self) -> f64 {
+        let spec = self.spec();
+        let biases = if self.biases {
+            spec.qkv_width() + self.hidden
+        } else {
+            0
+        };
+        let norms = match self.latent {
+            Some(l) => l.q_rank + l.kv_rank,
+            None if self.qk_norm => 2 * self.head_dim,
+            None => 0,
+        };
+        (spec.attention_params() - biases - norms) as f64
+    }
+
+    /// Scores and context of one token against the whole sequence: `2s·a·(d_qk + d_v)`.
+    fn core_flops_per_token(&self) -> f64 {
+        let (qk, v) = self.spec().head_dims();
+        2.0 * (self.sequence * self.heads * (qk + v)) as f64
     }
 
     /// Forward FLOPs of the LM head per token: `2hV`.
@@ -167,8 +234,7 @@ impl Transformer {
     /// (Megatron's "model FLOPs"): `3 · B·s · (l · block + head)`.
     pub fn model_flops(&self, batch: u64) -> f64 {
         let tokens = (batch * self.sequence) as f64;
-        3.0 * tokens
-            * (self.layers as f64 * self.block_flops_per_token() + self.head_flops_per_token())
+        3.0 * tokens * (self.blocks_flops_per_token() + self.head_flops_per_token())
     }
 }
 
@@ -292,6 +358,14 @@ pub struct Parallelism {
     pub zero: u8,
     /// Pipeline schedule (1F1B, interleaved when `virtual_stages > 1`, or GPipe).
     pub schedule: Schedule,
+    /// Expert-parallel degree `ep`: a mixture of experts' routed experts spread over this
+    /// many ranks, tokens dispatched to them and combined back by all-to-alls. Megatron-
+    /// Core's parallel folding draws the expert groups from the `t·c·d` ranks of a
+    /// pipeline stage (`ep · etp` divides them); 1 for a dense model.
+    pub expert: u32,
+    /// Expert tensor-parallel degree `etp`: each expert's inner size split over this many
+    /// ranks (1: every expert whole on one rank).
+    pub expert_tensor: u32,
 }
 
 impl Parallelism {

@@ -227,6 +227,11 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             rms_norm,
             tied,
             positions,
+            head_dim,
+            qk_norm: false,
+            latent: None,
+            sliding_window: 0,
+            moe: None,
             params,
         }
     };

@@ -36,6 +36,10 @@ pub struct Knobs {
     pub zero: Option<u8>,
     /// `--schedule` (1F1B or GPipe).
     pub schedule: Option<Schedule>,
+    /// `--expert-parallel`.
+    pub expert: Option<u32>,
+    /// `--expert-tensor-parallel`.
+    pub expert_tensor: Option<u32>,
 }
 
 /// The search's result.
@@ -83,6 +87,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 sequence_parallel: false,
                 zero: 0,
                 schedule,
+                // Every rank holds every expert.
+                expert: 1,
+                expert_tensor: 1,
             },
         )
     };
@@ -94,6 +101,31 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     let attention = 4.0 * model.sequence as f64 * model.hidden as f64;
     let long_sequence =
         knobs.context.is_some() || attention >= model.block_flops_per_token() - attention;
+    // Expert layouts over the `ranks` of a pipeline stage (Megatron-Core's parallel
+    // folding): `ep` dividing the experts, `etp` the experts' inner size and a node, `ep ·
+    // etp` dividing the ranks. (1, 1) for a dense model.
+    let experts = |ranks: u32| -> Vec<(u32, u32)> {
+        let Some(moe) = model.moe else {
+            return vec![(1, 1)];
+        };
+        let mut layouts = Vec::new();
+        for ep in divisors(u64::from(ranks)) {
+            let ep = ep as u32;
+            if moe.experts % u64::from(ep) != 0 || knobs.expert.is_some_and(|k| k != ep) {
+                continue;
+            }
+            for etp in divisors(u64::from(ranks / ep)) {
+                let etp = etp as u32;
+                if gpn % etp == 0
+                    && moe.expert_ffn % u64::from(etp) == 0
+                    && knobs.expert_tensor.is_none_or(|k| k == etp)
+                {
+                    layouts.push((ep, etp));
+                }
+            }
+        }
+        layouts
+    };
     let mut best: Option<Estimate> = None;
     let mut smallest_need = f64::INFINITY;
     let mut evaluated = 0u64;
@@ -144,7 +176,10 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                 continue;
                             }
                             for sequence_parallel in [false, true] {
+                                // Megatron-Core trains a mixture of experts with tensor
+                                // parallelism only with sequence parallelism.
                                 if (sequence_parallel && t == 1)
+                                    || (!sequence_parallel && t > 1 && model.moe.is_some())
                                     || knobs
                                         .sequence_parallel
                                         .is_some_and(|k| k != sequence_parallel)
@@ -157,30 +192,34 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                     {
                                         continue;
                                     }
-                                    let e = estimate(
-                                        setting,
-                                        &Parallelism {
-                                            tensor: t,
-                                            context: c,
-                                            pipeline: p,
-                                            data: d,
-                                            micro_batch: b,
-                                            virtual_stages: v,
-                                            recompute,
-                                            sequence_parallel,
-                                            zero,
-                                            schedule,
-                                        },
-                                    );
-                                    evaluated += 1;
-                                    smallest_need = smallest_need.min(e.peak_memory_bytes);
-                                    if e.fits
-                                        && best.as_ref().is_none_or(|x| {
-                                            e.iteration_time_us
-                                                < x.iteration_time_us * (1.0 - 1e-12)
-                                        })
-                                    {
-                                        best = Some(e);
+                                    for &(expert, expert_tensor) in &experts(t * c * d) {
+                                        let e = estimate(
+                                            setting,
+                                            &Parallelism {
+                                                tensor: t,
+                                                context: c,
+                                                pipeline: p,
+                                                data: d,
+                                                micro_batch: b,
+                                                virtual_stages: v,
+                                                recompute,
+                                                sequence_parallel,
+                                                zero,
+                                                schedule,
+                                                expert,
+                                                expert_tensor,
+                                            },
+                                        );
+                                        evaluated += 1;
+                                        smallest_need = smallest_need.min(e.peak_memory_bytes);
+                                        if e.fits
+                                            && best.as_ref().is_none_or(|x| {
+                                                e.iteration_time_us
+                                                    < x.iteration_time_us * (1.0 - 1e-12)
+                                            })
+                                        {
+                                            best = Some(e);
+                                        }
                                     }
                                 }
                             }
@@ -285,6 +324,38 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
     }
     if knobs.sequence_parallel == Some(true) && knobs.tensor == Some(1) {
         return bad("--sequence-parallel needs --tensor-parallel above 1".into());
+    }
+    match (model.moe, knobs.expert, knobs.expert_tensor) {
+        (None, Some(k), _) | (None, _, Some(k)) if k > 1 => {
+            return bad(format!(
+                "--expert-parallel / --expert-tensor-parallel {k}: the model has no experts"
+            ));
+        }
+        (Some(moe), ep, etp) => {
+            if let Some(ep) = ep.filter(|&ep| ep == 0 || moe.experts % u64::from(ep) != 0) {
+                return bad(format!(
+                    "--expert-parallel {ep} does not divide the model's {} experts",
+                    moe.experts
+                ));
+            }
+            if let Some(etp) = etp
+                .filter(|&etp| etp == 0 || gpn % etp != 0 || moe.expert_ffn % u64::from(etp) != 0)
+            {
+                return bad(format!(
+                    "--expert-tensor-parallel {etp} must divide a node's {gpn} GPUs and the \
+                     experts' inner size {}",
+                    moe.expert_ffn
+                ));
+            }
+            if knobs.sequence_parallel == Some(false) && knobs.tensor.is_some_and(|t| t > 1) {
+                return bad(
+                    "a mixture of experts with tensor parallelism needs sequence parallelism \
+                     (Megatron-Core refuses to train it without)"
+                        .into(),
+                );
+            }
+        }
+        _ => {}
     }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
