@@ -375,7 +375,10 @@ fn activation_bytes(
             let routed = s * b / sp;
             let pairs = routed * moe.top_k as f64 * imbalance;
             routed * moe.experts as f64 * 4.0
-                + pairs * (h * (g + e) + ((m - 1.0) * e + g) * moe.expert_ffn as f64)
+                // The gathered rows' inputs and outputs (`etp` ranks' pairs), the inner
+                // tensors' columns split over them.
+                + pairs * f64::from(par.expert_tensor.max(1)) * h * (g + e)
+                + pairs * ((m - 1.0) * e + g) * moe.expert_ffn as f64
                 + inner(moe.shared_ffn as f64) / t
         }
         _ => inner(model.ffn as f64) / t,
@@ -694,7 +697,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         let gather = |weights: f64| {
             dp.all_gather_us(weights * gathered_e) + edp.all_gather_us(expert_params * gathered_e)
         };
-        let (zero3_us, zero3_edges_us) = if par.zero >= 3 && par.data > 1 {
+        let (zero3_us, zero3_edges_us) = if par.zero >= 3 && (dp.size > 1 || edp.size > 1) {
             let gathers = if par.recompute == Recompute::Full {
                 3.0
             } else {
@@ -711,9 +714,15 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             false => (zero3_us, 0.0),
         };
         // Dispatch and combine: with Megatron-Core's 1F1B all-to-all overlap
-        // (--overlap-moe-expert-parallel-comm) behind another microbatch's compute.
+        // (--overlap-moe-expert-parallel-comm) behind another microbatch's compute, which it
+        // runs with expert parallelism, interleaving where there are stages, and no full
+        // recomputation (TransformerConfig's checks).
         let exchange = mlp.exchange_us.0 + mlp.exchange_us.1 + recompute_exchange;
-        let exchange = match setting.overlap.expert_parallel {
+        let a2a_overlap = setting.overlap.expert_parallel
+            && par.expert > 1
+            && (p == 1 || v > 1)
+            && par.recompute != Recompute::Full;
+        let exchange = match a2a_overlap {
             true => hide(exchange, compute, 0.0).0,
             false => exchange,
         };
@@ -740,14 +749,24 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         }
     };
     let spec = model.spec();
-    let dense_block = block_of(&dense_mlp, spec.block_params() as f64 / t, 0.0);
+    // Latent attention's down projections (with their norms) and the router are whole on
+    // every tensor-parallel rank; the rest of a block is split by `t`.
+    let latent_whole = model.latent.map_or(0.0, |l| {
+        (model.hidden * (l.q_rank + l.kv_rank + l.rope_dim) + l.q_rank + l.kv_rank) as f64
+    });
+    let split = |params: f64, whole: f64| (params - whole) / t + whole;
+    let dense_block = block_of(
+        &dense_mlp,
+        split(spec.block_params() as f64, latent_whole),
+        0.0,
+    );
     let moe_block = match (model.moe, &moe_mlp) {
         (Some(moe), Some(mlp)) => {
             let experts = (moe.experts * spec.mlp_params(moe.expert_ffn)) as f64;
-            let whole = spec.moe_block_params().0 as f64;
+            let rest = spec.moe_block_params().0 as f64 - experts;
             block_of(
                 mlp,
-                (whole - experts) / t,
+                split(rest, latent_whole + spec.router_params() as f64),
                 experts / f64::from(expert_ranks),
             )
         }
@@ -777,17 +796,22 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
     // the head); a mixture of experts' leading dense blocks come first.
     let layers = model.layers;
-    let stage_layers: Vec<u64> = (0..u64::from(p))
-        .map(|k| layers / u64::from(p) + u64::from(k < layers % u64::from(p)))
-        .collect();
+    // With interleaving the blocks are spread over the `p·v` chunks and chunk `j` runs on
+    // stage `j mod p`, so leading dense blocks fill the first chunks, not the first stage.
     let dense_layers = model.spec().block_counts().0;
-    let stage_blocks: Vec<(f64, f64)> = stage_layers
+    let chunks = u64::from(p) * u64::from(v);
+    let mut stage_blocks = vec![(0.0, 0.0); p as usize];
+    let mut first = 0u64;
+    for j in 0..chunks {
+        let n = layers / chunks + u64::from(j < layers % chunks);
+        let dense = dense_layers.clamp(first, first + n) - first;
+        first += n;
+        let stage = &mut stage_blocks[(j % u64::from(p)) as usize];
+        *stage = (stage.0 + dense as f64, stage.1 + (n - dense) as f64);
+    }
+    let stage_layers: Vec<u64> = stage_blocks
         .iter()
-        .scan(0u64, |first, &n| {
-            let dense = dense_layers.clamp(*first, *first + n) - *first;
-            *first += n;
-            Some((dense as f64, (n - dense) as f64))
-        })
+        .map(|&(dense, moe)| (dense + moe) as u64)
         .collect();
     let of_stage = |k: usize, of: fn(&Block) -> f64| -> f64 {
         let (dense, moe) = stage_blocks[k];
@@ -815,9 +839,11 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .iter()
         .enumerate()
         .map(|(k, &(dense, moe))| {
-            let edges = match dense + moe > 0.0 {
-                true => dense_block.zero3_edges_us.max(moe_block.zero3_edges_us),
-                false => 0.0,
+            let edges = match (dense > 0.0, moe > 0.0) {
+                (true, true) => dense_block.zero3_edges_us.max(moe_block.zero3_edges_us),
+                (true, false) => dense_block.zero3_edges_us,
+                (false, true) => moe_block.zero3_edges_us,
+                (false, false) => 0.0,
             };
             let mut work = dense_block
                 .work
@@ -894,7 +920,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let gradients = |params: f64, grad_e: f64, _: f64| params * grad_e;
     let parameters = |params: f64, _: f64, gathered_e: f64| params * gathered_e;
     let (gradient_sync, param_gather, syncs) = match par.zero {
-        _ if par.data * par.context.max(1) * par.tensor <= 1 => (0.0, 0.0, 0.0),
+        _ if dp.size <= 1 && edp.size <= 1 => (0.0, 0.0, 0.0),
         0 => (reduce(gradients, true), 0.0, 1.0),
         1 => (reduce(gradients, false), reduce(parameters, false), 1.0),
         // Sharded gradients cannot accumulate over microbatches: every microbatch's are
@@ -1029,7 +1055,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             };
             let unit = block.max(head);
             let transient = match par.zero {
-                _ if par.data <= 1 => 0.0,
+                _ if dp.size <= 1 && edp.size <= 1 => 0.0,
                 2 => unit * grad_e,
                 3 => (unit + block) * e + unit * grad_e,
                 _ => 0.0,

@@ -61,6 +61,8 @@ pub struct Transformer {
     pub positions: u64,
     /// Each attention head's size (`h/a` unless the model says otherwise).
     pub head_dim: u64,
+    /// Biases on Q, K and V alone (Qwen2).
+    pub qkv_bias: bool,
     /// RMSNorms of the query and key heads (Qwen3).
     pub qk_norm: bool,
     /// Multi-head latent attention (DeepSeek-V3).
@@ -91,6 +93,7 @@ impl From<&GptSpec> for Transformer {
             tied: spec.tied,
             positions: spec.positions,
             head_dim: spec.head_dim,
+            qkv_bias: spec.qkv_bias,
             qk_norm: spec.qk_norm,
             latent: spec.latent,
             sliding_window: spec.sliding_window,
@@ -119,6 +122,7 @@ impl Transformer {
             tied: self.tied,
             dropout: true,
             head_dim: self.head_dim,
+            qkv_bias: self.qkv_bias,
             qk_norm: self.qk_norm,
             latent: self.latent,
             sliding_window: self.sliding_window,
@@ -136,7 +140,13 @@ impl Transformer {
     /// heads and the MLP's inner size, as Megatron-LM requires.
     pub fn splits_by(&self, t: u32) -> bool {
         let t = u64::from(t);
-        t > 0 && self.heads % t == 0 && self.kv_heads % t == 0 && self.ffn % t == 0
+        let (dense, _) = self.spec().block_counts();
+        let shared = self.moe.map_or(0, |moe| moe.shared_ffn);
+        t > 0
+            && self.heads % t == 0
+            && self.kv_heads % t == 0
+            && (dense == 0 || self.ffn % t == 0)
+            && shared % t == 0
     }
 
     /// The block's dense products on one of `t` tensor-parallel ranks (`t` splitting the
@@ -206,10 +216,11 @@ impl Transformer {
     /// The attention's weight elements (norms and biases left out).
     fn attention_weights(&self) -> f64 {
         let spec = self.spec();
-        let biases = if self.biases {
-            spec.qkv_width() + self.hidden
-        } else {
-            0
+        let biases = match (self.latent, self.biases, self.qkv_bias) {
+            (Some(_), _, _) => 0,
+            (None, true, _) => spec.qkv_width() + self.hidden,
+            (None, false, true) => spec.qkv_width(),
+            (None, false, false) => 0,
         };
         let norms = match self.latent {
             Some(l) => l.q_rank + l.kv_rank,
@@ -220,7 +231,7 @@ impl Transformer {
     }
 
     /// Scores and context of one token against the whole sequence: `2s·a·(d_qk + d_v)`.
-    fn core_flops_per_token(&self) -> f64 {
+    pub fn core_flops_per_token(&self) -> f64 {
         let (qk, v) = self.spec().head_dims();
         2.0 * (self.sequence * self.heads * (qk + v)) as f64
     }

@@ -228,6 +228,7 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             tied,
             positions,
             head_dim,
+            qkv_bias: false,
             qk_norm: false,
             latent: None,
             sliding_window: 0,

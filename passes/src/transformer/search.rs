@@ -98,7 +98,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     // (`4sh ≥` the products' FLOPs). Below, it would only trade data-parallel replicas
     // for ring exchanges, and ralpc does not lower it yet; `--context-parallel` asks for it
     // at any length.
-    let attention = 4.0 * model.sequence as f64 * model.hidden as f64;
+    let attention = model.core_flops_per_token();
     let long_sequence =
         knobs.context.is_some() || attention >= model.block_flops_per_token() - attention;
     // Expert layouts over the `ranks` of a pipeline stage (Megatron-Core's parallel
@@ -151,6 +151,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     continue;
                 }
                 let replica_batch = batch / u64::from(d);
+                let expert_layouts = experts(t * c * d);
                 for b in divisors(replica_batch) {
                     if knobs.micro_batch.is_some_and(|k| k != b) {
                         continue;
@@ -192,7 +193,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                     {
                                         continue;
                                     }
-                                    for &(expert, expert_tensor) in &experts(t * c * d) {
+                                    for &(expert, expert_tensor) in &expert_layouts {
                                         let e = estimate(
                                             setting,
                                             &Parallelism {
