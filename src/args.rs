@@ -8,7 +8,9 @@ use clap::Parser;
 use ralpc_passes::cluster::{Link, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::{Family, Schedule};
-use ralpc_passes::transformer::{Attention, Knobs, Recompute};
+use ralpc_passes::transformer::{
+    Attention, Dispatcher, ExpertOptions, Knobs, Recompute, DEFAULT_EXPERT_IMBALANCE,
+};
 use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 
 use crate::{ClusterOptions, PlanOptions};
@@ -138,6 +140,27 @@ pub struct PlanArgs {
     /// replicas [default: searched].
     #[arg(long, value_name = "K", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// Mixtures of experts: ranks each routed expert group is spread over (Megatron-Core's
+    /// expert parallelism, folded into the tensor × context × data ranks of a stage)
+    /// [default: searched].
+    #[arg(long, value_name = "EP", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub expert_parallel: Option<u32>,
+    /// Mixtures of experts: ranks of a node splitting each expert's inner size
+    /// [default: searched].
+    #[arg(long, value_name = "ETP", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub expert_tensor_parallel: Option<u32>,
+    /// Mixtures of experts: how tokens reach their experts: alltoall (NCCL, a copy per
+    /// chosen expert) or flex (DeepEP/HybridEP: one copy per remote node).
+    #[arg(long, default_value = "alltoall", help_heading = "Transformer (3d) plans", value_parser = ["alltoall", "flex"])]
+    pub moe_dispatcher: String,
+    /// Mixtures of experts: the busiest rank's tokens over the mean (1: balanced, as forced
+    /// balancing benchmarks run) [default: 1.3, the lower end measured without rebalancing].
+    #[arg(long, value_name = "X", help_heading = "Transformer (3d) plans", value_parser = parse_imbalance)]
+    pub moe_imbalance: Option<f64>,
+    /// Mixtures of experts: overlap dispatch and combine with another microbatch's compute
+    /// (Megatron-Core's --overlap-moe-expert-parallel-comm; needs interleaving with stages).
+    #[arg(long, value_name = "on|off", default_value = "off", help_heading = "Transformer (3d) plans", value_parser = ["on", "off"])]
+    pub moe_a2a_overlap: String,
     /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
     #[arg(long, help_heading = "Transformer (3d) plans")]
     pub fp32_gradients: bool,
@@ -224,7 +247,14 @@ impl PlanArgs {
                 recompute: args.recompute.as_deref().and_then(Recompute::parse),
                 sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
                 zero: args.zero,
-                ..Knobs::default()
+                expert: args.expert_parallel,
+                expert_tensor: args.expert_tensor_parallel,
+                schedule: None,
+            },
+            experts: ExpertOptions {
+                imbalance: args.moe_imbalance.unwrap_or(DEFAULT_EXPERT_IMBALANCE),
+                dispatcher: Dispatcher::parse(&args.moe_dispatcher).unwrap_or_default(),
+                a2a_overlap: args.moe_a2a_overlap == "on",
             },
             fp32_gradients: args.fp32_gradients,
             attention: Attention::parse(&args.attention).unwrap_or_default(),
@@ -257,6 +287,17 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
+/// Parses a load imbalance: a finite number from 1 (balanced) up to the number of ranks it
+/// could concentrate on; above 64 no run has been measured.
+pub fn parse_imbalance(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if (1.0..=64.0).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "expected the busiest rank's load over the mean, 1 to 64, got '{s}'"
+        )),
     }
 }
 

@@ -176,8 +176,25 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
         args.push(format!("--context-parallel-size {}", p.context_parallel));
         args.push("--cp-comm-type p2p".into());
     }
-    if p.virtual_stages > 1 {
-        let per = m.layers / u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
+    let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
+    if m.layers % chunks != 0 {
+        // Uneven stages as priced: the blocks spread over the chunks in order, the extra
+        // ones on the first (Megatron-Core's layout string: `E` the embedding, `t` a block,
+        // `L` the loss, `|` between chunks, chunk `j` on stage `j mod p`).
+        let layout: Vec<String> = (0..chunks)
+            .map(|j| {
+                let n = m.layers / chunks + u64::from(j < m.layers % chunks);
+                let embedding = if j == 0 { "E" } else { "" };
+                let loss = if j + 1 == chunks { "L" } else { "" };
+                format!("{embedding}t*{n}{loss}")
+            })
+            .collect();
+        args.push(format!(
+            "--pipeline-model-parallel-layout {}",
+            layout.join("|")
+        ));
+    } else if p.virtual_stages > 1 {
+        let per = m.layers / chunks;
         args.push(format!("--num-layers-per-virtual-pipeline-stage {per}"));
     }
     args.push(format!("--micro-batch-size {}", p.micro_batch_size));
@@ -240,6 +257,8 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
     if !m.tied {
         args.push("--untie-embeddings-and-output-weights".into());
     }
+    args.extend(attention_arguments(m));
+    args.extend(expert_arguments(p));
     match precision {
         Some(Precision::Fp16) => args.push("--fp16".into()),
         Some(Precision::Bf16) => args.push("--bf16".into()),
@@ -281,6 +300,91 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
         let _ = writeln!(out, "{a}");
     }
     Ok(out)
+}
+
+/// Megatron-LM's arguments for attention other than Llama's (TransformerConfig's and
+/// MLATransformerConfig's fields, megatron/core/transformer/transformer_config.py @
+/// d98e8a64): a head size other than h/a, Qwen3's query/key norms, Qwen2's Q/K/V biases,
+/// DeepSeek's latent attention, gpt-oss's sliding windows on alternate blocks.
+fn attention_arguments(m: &ralpc_passes::transformer::Transformer) -> Vec<String> {
+    let mut args = Vec::new();
+    match m.latent {
+        Some(l) => {
+            args.push("--multi-latent-attention".into());
+            if l.q_rank > 0 {
+                args.push(format!("--q-lora-rank {}", l.q_rank));
+            }
+            args.push(format!("--kv-lora-rank {}", l.kv_rank));
+            args.push(format!("--qk-head-dim {}", l.nope_dim));
+            args.push(format!("--qk-pos-emb-head-dim {}", l.rope_dim));
+            args.push(format!("--v-head-dim {}", l.v_dim));
+        }
+        None if m.head_dim * m.heads != m.hidden => {
+            args.push(format!("--kv-channels {}", m.head_dim));
+        }
+        None => {}
+    }
+    if m.qk_norm {
+        args.push("--qk-layernorm".into());
+    }
+    if m.qkv_bias && !m.biases {
+        args.push("--add-qkv-bias".into());
+    }
+    if m.sliding_window > 0 {
+        // The first block of each pair windowed: one full block after each windowed one.
+        args.push(format!("--window-size {},0", m.sliding_window));
+        args.push("--window-attn-skip-freq 2".into());
+    }
+    args
+}
+
+/// Megatron-LM's arguments for a mixture of experts as priced: experts and their router,
+/// the leading dense blocks, expert (tensor) parallelism, grouped GEMMs, the dispatcher and
+/// the all-to-all overlap.
+fn expert_arguments(p: &crate::ParallelismRow) -> Vec<String> {
+    let (Some(moe), Some(options)) = (p.transformer.moe, p.experts) else {
+        return Vec::new();
+    };
+    let mut args = vec![
+        format!("--num-experts {}", moe.experts),
+        format!("--moe-router-topk {}", moe.top_k),
+        format!("--moe-ffn-hidden-size {}", moe.expert_ffn),
+    ];
+    if moe.shared_ffn > 0 {
+        args.push(format!(
+            "--moe-shared-expert-intermediate-size {}",
+            moe.shared_ffn
+        ));
+    }
+    let (dense, sparse) = p.transformer.spec().block_counts();
+    if dense > 0 {
+        args.push(format!("--moe-layer-freq ([0]*{dense}+[1]*{sparse})"));
+    }
+    if moe.router == ralpc_ir::models::Router::Sigmoid {
+        args.push("--moe-router-score-function sigmoid".into());
+    }
+    args.push(format!(
+        "--expert-model-parallel-size {}",
+        p.expert_parallel
+    ));
+    // Megatron-LM's default is the tensor-parallel degree: always said.
+    args.push(format!(
+        "--expert-tensor-parallel-size {}",
+        p.expert_tensor_parallel
+    ));
+    args.push("--moe-grouped-gemm".into());
+    args.push(format!(
+        "--moe-token-dispatcher-type {}",
+        options.dispatcher.name()
+    ));
+    if options.a2a_overlap
+        && p.expert_parallel > 1
+        && (p.pipeline_parallel == 1 || p.virtual_stages > 1)
+        && p.recompute != "full"
+    {
+        args.push("--overlap-moe-expert-parallel-comm".into());
+    }
+    args
 }
 
 /// Writes the files of `engines` (names in [`ENGINES`]) for `compiled` into `dir`; their

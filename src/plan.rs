@@ -12,7 +12,7 @@ use ralpc_passes::plan::{Costs, Family, PlanError, Planned, Schedule, StrategyFi
 use ralpc_passes::planner::{self, Ask, Model, Priced};
 use ralpc_passes::profile::{self, Loaded, Profile};
 use ralpc_passes::transformer::{
-    Attention, Estimate, Knobs, MemoryBreakdown, TimeBreakdown, Transformer,
+    Attention, Estimate, ExpertOptions, Knobs, MemoryBreakdown, TimeBreakdown, Transformer,
 };
 
 use crate::error::FileError;
@@ -85,6 +85,9 @@ pub struct PlanOptions {
     /// Megatron-Bridge's recipes run. ralpc's own executor does not overlap them, so its
     /// simulated iteration is held to the price with it off.
     pub tp_comm_overlap: Option<bool>,
+    /// Transformer plans with experts: their load imbalance, dispatcher and all-to-all
+    /// overlap.
+    pub experts: ExpertOptions,
     /// Transformer plans: the most instructions the executable plan may hold (every rank's
     /// program is written out; lowering takes about 1 KB of memory per instruction); above
     /// it the plan is priced, not lowered. `None`: [`DEFAULT_MAX_INSTRUCTIONS`].
@@ -257,6 +260,7 @@ fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<P
         fp32_gradients: options.fp32_gradients,
         attention: options.attention,
         tp_comm_overlap: options.tp_comm_overlap,
+        experts: options.experts,
     };
     let planned = planner::plan(model, &cluster, gpus, &ask).map_err(plan_error)?;
     let planning_time_us = started.elapsed().as_micros() as u64;

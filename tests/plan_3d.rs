@@ -926,8 +926,8 @@ fn fp8_and_fused_attention_on_h100s() {
     assert!(memory(&unfused) > 2.0 * memory(&bf16));
 }
 
-/// Why Megatron-LM's `validate_args` (megatron/training/arguments.py @ 307dcf37) would
-/// refuse `args` (one `--flag value` a line, as `megatron.args` holds them), for the rules
+/// Why Megatron-LM's `validate_args` (megatron/training/arguments.py @ 307dcf37; the
+/// mixture-of-experts rules @ d98e8a64) would refuse `args` (one `--flag value` a line, as `megatron.args` holds them), for the rules
 /// that concern what ralpc emits; `None` where it accepts them.
 fn megatron_refuses(args: &str) -> Option<String> {
     let flags: Vec<&str> = args.lines().filter(|l| !l.starts_with('#')).collect();
@@ -972,6 +972,84 @@ fn megatron_refuses(args: &str) -> Option<String> {
     }
     if has("--tp-comm-overlap") && !has("--sequence-parallel") {
         return Some("--tp-comm-overlap without --sequence-parallel".into());
+    }
+    // Mixtures of experts (arguments.py and TransformerConfig @ d98e8a64, moe_layer.py's
+    // training check).
+    let ep = value("--expert-model-parallel-size").unwrap_or(1);
+    match value("--num-experts") {
+        None if ep > 1 => return Some("expert parallelism without --num-experts".into()),
+        Some(e) if e % ep != 0 => return Some("experts not divisible by the EP size".into()),
+        Some(_)
+            if value("--tensor-model-parallel-size").unwrap_or(1) > 1
+                && !has("--sequence-parallel") =>
+        {
+            return Some("experts with tensor parallelism and no sequence parallelism".into())
+        }
+        _ => {}
+    }
+    if let Some(freq) = flags
+        .iter()
+        .find_map(|l| l.strip_prefix("--moe-layer-freq "))
+    {
+        // `([0]*D+[1]*S)`: the pattern's length must be the layers'.
+        let blocks: u64 = freq
+            .trim_matches(|c| c == '(' || c == ')')
+            .split('+')
+            .filter_map(|part| part.split('*').nth(1)?.parse::<u64>().ok())
+            .sum();
+        if blocks != layers {
+            return Some("a --moe-layer-freq pattern not as long as the layers".into());
+        }
+    }
+    if has("--overlap-moe-expert-parallel-comm") {
+        if ep <= 1 {
+            return Some("the all-to-all overlap without expert parallelism".into());
+        }
+        let interleaved = has("--num-layers-per-virtual-pipeline-stage")
+            || flags
+                .iter()
+                .find_map(|l| l.strip_prefix("--pipeline-model-parallel-layout "))
+                .is_some_and(|layout| layout.split('|').count() as u64 > pp);
+        if pp > 1 && !interleaved {
+            return Some("the all-to-all overlap with stages and no interleaving".into());
+        }
+        if flags.contains(&"--recompute-granularity full") {
+            return Some("the all-to-all overlap with full recomputation".into());
+        }
+        if !flags.iter().any(|l| {
+            l.starts_with("--moe-token-dispatcher-type alltoall")
+                || l.starts_with("--moe-token-dispatcher-type flex")
+        }) {
+            return Some("the all-to-all overlap without the alltoall or flex dispatcher".into());
+        }
+    }
+    if let Some(layout) = flags
+        .iter()
+        .find_map(|l| l.strip_prefix("--pipeline-model-parallel-layout "))
+    {
+        // PipelineParallelLayerLayout (megatron/core/transformer/
+        // pipeline_parallel_layer_layout.py @ d98e8a64): chunks a multiple of the stages,
+        // the embedding first, the loss last, every block once; no other way to set
+        // virtual stages beside it.
+        let chunks: Vec<&str> = layout.split('|').collect();
+        let blocks: u64 = chunks
+            .iter()
+            .map(|c| {
+                c.trim_matches(|ch| ch == 'E' || ch == 'L')
+                    .strip_prefix("t*")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        if chunks.len() as u64 % pp != 0
+            || !layout.starts_with('E')
+            || !layout.ends_with('L')
+            || blocks != layers
+            || has("--num-layers-per-virtual-pipeline-stage")
+        {
+            return Some(format!("a pipeline layout Megatron-Core refuses: {layout}"));
+        }
+        return None;
     }
     match value("--num-layers-per-virtual-pipeline-stage") {
         Some(per) if layers % pp != 0 || per == 0 || (layers / pp) % per != 0 => {
@@ -1056,6 +1134,81 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     );
     assert_eq!(megatron_refuses(&fp8), None, "{fp8}");
     assert!(fp8.contains("--fp8-format hybrid\n"), "{fp8}");
+    // Mixtures of experts planned from their Hugging Face configurations: DeepSeek-V3 on
+    // 1,024 H100s as Megatron-Bridge ran it (its published layout given), and Qwen3-30B-A3B
+    // with the all-to-all overlap, searched.
+    let deepseek = emitted(
+        "deepseek",
+        &[
+            "fixtures/configs/deepseek-v3.json",
+            "--input",
+            "input_ids=8192,4096",
+            "--cluster",
+            "eos",
+            "--gpus",
+            "1024",
+            "--precision",
+            "fp8",
+            "--tensor-parallel",
+            "2",
+            "--pipeline-parallel",
+            "8",
+            "--expert-parallel",
+            "64",
+            "--moe-dispatcher",
+            "flex",
+            "--recompute",
+            "full",
+        ],
+    );
+    assert_eq!(megatron_refuses(&deepseek), None, "{deepseek}");
+    for needle in [
+        "--num-experts 256\n",
+        "--moe-router-topk 8\n",
+        "--moe-ffn-hidden-size 2048\n",
+        "--moe-shared-expert-intermediate-size 2048\n",
+        "--moe-layer-freq ([0]*3+[1]*58)\n",
+        "--moe-router-score-function sigmoid\n",
+        "--expert-model-parallel-size 64\n",
+        "--expert-tensor-parallel-size 1\n",
+        "--moe-token-dispatcher-type flex\n",
+        "--multi-latent-attention\n",
+        "--q-lora-rank 1536\n",
+        "--kv-lora-rank 512\n",
+        "--qk-pos-emb-head-dim 64\n",
+    ] {
+        assert!(deepseek.contains(needle), "`{needle}` not in:\n{deepseek}");
+    }
+    let qwen = emitted(
+        "qwen",
+        &[
+            "fixtures/configs/qwen3-30b-a3b.json",
+            "--input",
+            "input_ids=512,4096",
+            "--cluster",
+            "eos",
+            "--gpus",
+            "16",
+            "--precision",
+            "bf16",
+            "--moe-a2a-overlap",
+            "on",
+        ],
+    );
+    assert_eq!(megatron_refuses(&qwen), None, "{qwen}");
+    for needle in [
+        "--kv-channels 128\n",
+        "--qk-layernorm\n",
+        "--num-experts 128\n",
+    ] {
+        assert!(qwen.contains(needle), "`{needle}` not in:\n{qwen}");
+    }
+    // The rules bite: the overlap with stages and no interleaving.
+    let staged = deepseek.replace(
+        "--moe-token-dispatcher-type flex",
+        "--moe-token-dispatcher-type flex\n--overlap-moe-expert-parallel-comm",
+    );
+    assert!(megatron_refuses(&staged).is_some());
 }
 
 /// A LayerNorm written out as an older exporter writes it (opset < 17: mean, centred
@@ -1144,4 +1297,81 @@ fn a_decomposed_layernorm_is_read_as_layernorm() {
         (&false.into(), &true.into()),
         "{t}"
     );
+}
+
+/// A Hugging Face `config.json` is a model: planned in Megatron-LM's space at the sequence
+/// `--input` gives, priced and emitted, with no graph to lower.
+#[test]
+fn hugging_face_configurations_are_planned_in_megatrons_space() {
+    const QWEN3_8B: &str = "fixtures/configs/qwen3-8b.json";
+    const QWEN3_30B: &str = "fixtures/configs/qwen3-30b-a3b.json";
+    let on = |config: &'static str, gpus: &'static str| {
+        vec![
+            "plan",
+            config,
+            "--input",
+            "input_ids=64,4096",
+            "--cluster",
+            "eos",
+            "--gpus",
+            gpus,
+            "--precision",
+            "bf16",
+        ]
+    };
+    let with = |base: &[&'static str], more: &[&'static str]| [base, more].concat();
+    let dense = json(&with(&on(QWEN3_8B, "8"), &["--json"]));
+    // The parallelism row's fields sit in the report itself.
+    let p = &dense;
+    assert_eq!(dense["strategy"], "3d");
+    assert_eq!(p["transformer"]["head_dim"], 128);
+    assert_eq!(p["transformer"]["qk_norm"], true);
+    assert_eq!(p["expert_parallel"], 1);
+    assert!(p.get("experts").is_none(), "{p}");
+    let moe = json(&with(&on(QWEN3_30B, "16"), &["--json"]));
+    let p = &moe;
+    assert_eq!(p["transformer"]["moe"]["experts"], 128);
+    assert_eq!(p["experts"]["imbalance"], 1.3);
+    assert_eq!(p["experts"]["dispatcher"], "alltoall");
+    let ep = p["expert_parallel"].as_u64().unwrap();
+    assert!(ep >= 1 && 128 % ep == 0, "{ep}");
+    assert!(moe["peak_memory_bytes"].as_f64() <= moe["memory_capacity_bytes"].as_f64());
+    // Balanced routing is no slower than the default imbalance.
+    let balanced = json(&with(
+        &on(QWEN3_30B, "16"),
+        &["--json", "--moe-imbalance", "1"],
+    ));
+    let time = |v: &Value| v["iteration_time_us"].as_f64().unwrap();
+    assert!(
+        time(&balanced) < time(&moe),
+        "{} {}",
+        time(&balanced),
+        time(&moe)
+    );
+    // Refused by name: no sequence, a layer strategy, experts that do not divide, experts
+    // for a dense model, a configuration missing a field.
+    let no_sequence = stderr_of_failure(&["plan", QWEN3_8B, "--gpus", "8"]);
+    assert!(
+        no_sequence.contains("--input input_ids=BATCH,SEQUENCE"),
+        "{no_sequence}"
+    );
+    let layers = stderr_of_failure(&with(&on(QWEN3_8B, "8"), &["--strategy", "dp"]));
+    assert!(layers.contains("describes a decoder's shape"), "{layers}");
+    let three = stderr_of_failure(&with(&on(QWEN3_30B, "16"), &["--expert-parallel", "3"]));
+    assert!(three.contains("--expert-parallel 3"), "{three}");
+    let dense_ep = stderr_of_failure(&with(&on(QWEN3_8B, "8"), &["--expert-parallel", "2"]));
+    assert!(dense_ep.contains("no experts"), "{dense_ep}");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("config.json");
+    let text = std::fs::read_to_string(QWEN3_8B).unwrap();
+    std::fs::write(&broken, text.replace("\"hidden_size\": 4096,", "")).unwrap();
+    let missing = stderr_of_failure(&[
+        "plan",
+        broken.to_str().unwrap(),
+        "--input",
+        "input_ids=8,512",
+        "--gpus",
+        "8",
+    ]);
+    assert!(missing.contains("hidden_size: missing"), "{missing}");
 }

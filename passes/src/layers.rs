@@ -415,6 +415,22 @@ pub struct LayerGraph {
     pub fixed_batch: Option<String>,
 }
 
+impl LayerGraph {
+    /// No layers, at `batch`: what a model known only by its shape has.
+    pub fn empty(batch: u64) -> LayerGraph {
+        LayerGraph {
+            batch,
+            layers: Vec::new(),
+            outputs: Vec::new(),
+            rewrite: None,
+            aliases: BTreeMap::new(),
+            tied: Vec::new(),
+            float_bytes: 4,
+            fixed_batch: None,
+        }
+    }
+}
+
 /// A weight several layers read: a tied embedding, or initializers an exporter merged
 /// because their values were equal. It is one tensor: its gradient is the sum over every
 /// use and one update applies it.

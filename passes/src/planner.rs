@@ -21,8 +21,8 @@ use crate::plan::{
 };
 use crate::profile::Profile;
 use crate::transformer::{
-    self, Attention, Knobs, NotLayered, Overlap, Parallelism, Recompute, Searched, Setting,
-    Transformer,
+    self, Attention, ExpertOptions, Knobs, NotLayered, Overlap, Parallelism, Recompute, Searched,
+    Setting, Transformer,
 };
 
 /// A model as read: a planner's layer graph (PipeDream's, DeepPool's), or a verified ONNX
@@ -30,6 +30,14 @@ use crate::transformer::{
 pub enum Model {
     /// Layers measured or described by another planner.
     Layers(LayerGraph),
+    /// A decoder known by its shape alone (a Hugging Face configuration): planned and
+    /// priced in Megatron-LM's space, with no graph to lower.
+    Shape {
+        /// The decoder.
+        shape: Box<Transformer>,
+        /// The global batch, sequences.
+        batch: u64,
+    },
     /// An ONNX model's graph.
     Graph {
         /// The graph, bound at `batch`.
@@ -76,6 +84,8 @@ pub struct Ask<'a> {
     /// Transformer plans: sequence-parallel collectives overlapped with their GEMMs;
     /// `None`: on, as Megatron-Bridge's recipes run.
     pub tp_comm_overlap: Option<bool>,
+    /// Transformer plans with experts: imbalance, dispatcher, all-to-all overlap.
+    pub experts: ExpertOptions,
 }
 
 /// A plan: the model's layers, the precision and costs it was priced under, and what
@@ -167,14 +177,19 @@ pub fn plan<'a>(
     ask: &Ask<'a>,
 ) -> Result<Plan<'a>, PlanError> {
     if let Some(shape) = transformer_of(&model, ask)? {
-        if let Model::Graph {
-            batch, fixed_batch, ..
-        } = &model
-        {
-            // An export whose batch is fixed keeps its sequences whole.
-            let pieces = if fixed_batch.is_some() { 1 } else { *batch };
-            let batch = *batch;
-            return plan_transformer(shape, (batch, pieces), model, cluster, gpus, ask);
+        match &model {
+            Model::Graph {
+                batch, fixed_batch, ..
+            } => {
+                // An export whose batch is fixed keeps its sequences whole.
+                let pieces = if fixed_batch.is_some() { 1 } else { *batch };
+                let batch = *batch;
+                return plan_transformer(shape, (batch, pieces), model, cluster, gpus, ask);
+            }
+            &Model::Shape { batch, .. } => {
+                return plan_transformer(shape, (batch, batch), model, cluster, gpus, ask);
+            }
+            Model::Layers(_) => {}
         }
     }
     let precision = precision_of(cluster, gpus, ask)?;
@@ -249,6 +264,14 @@ fn transformer_of(model: &Model, ask: &Ask<'_>) -> Result<Option<Transformer>, P
         Model::Layers(_) => Err(transformer::NotATransformer(
             "a PipeDream layer graph has no transformer shape".into(),
         )),
+        Model::Shape { shape, .. } if family_ok => return Ok(Some(**shape)),
+        Model::Shape { .. } => {
+            return Err(PlanError::Request(format!(
+                "{}: a configuration describes a decoder's shape, not its layers: plan it \
+                 with --strategy auto or 3d (export it to ONNX to place its layers)",
+                ask.model
+            )))
+        }
     };
     match recognized {
         Ok(t) if family_ok => Ok(Some(t)),
@@ -304,6 +327,8 @@ fn layer_graph(
             layers.fixed_batch = fixed_batch;
             (layers, Some(graph))
         }
+        // No layers: the plan is priced in Megatron-LM's space only.
+        Model::Shape { batch, .. } => (LayerGraph::empty(batch), None),
     };
     Ok((
         layers.with_activation_bytes(precision.activation_bytes()),
@@ -389,13 +414,12 @@ fn plan_transformer<'a>(
         overlap: Overlap {
             tensor_parallel: tp_comm_overlap,
             sharded_parameters: false,
+            expert_parallel: ask.experts.a2a_overlap,
             ..Overlap::MEGATRON_CORE
         },
         profile: ask.profile,
-        // No model that reaches the planner has experts yet (exports with them are not
-        // recognized): balanced, Megatron-Core's default dispatcher.
-        expert_imbalance: 1.0,
-        dispatcher: transformer::Dispatcher::AllToAll,
+        expert_imbalance: ask.experts.imbalance,
+        dispatcher: ask.experts.dispatcher,
     };
     let knobs = Knobs {
         schedule: ask.schedule.or(ask.knobs.schedule),
@@ -435,9 +459,18 @@ fn plan_transformer<'a>(
             e.time.compute_us + e.time.optimizer_us
         })
         .fold(f64::INFINITY, f64::min);
+    let configured = matches!(model, Model::Shape { .. });
     let (graph, ops) = layer_graph(model, precision)?;
     let options = transformer_cost_options(cluster, precision, ask);
-    let layered = transformer::layered(&graph, ops.as_deref(), &found.best).map(|strategy| {
+    let layered = match configured {
+        true => Err(NotLayered(
+            "the model is a configuration, with no graph to lower: export it to ONNX for an \
+             executable plan of its layers"
+                .into(),
+        )),
+        false => transformer::layered(&graph, ops.as_deref(), &found.best),
+    };
+    let layered = layered.map(|strategy| {
         let costs = Costs::new(&graph, cluster, gpus, options.clone());
         let evaluation = evaluate(&costs, &strategy).map_err(|e| e.to_string());
         LayeredForm {

@@ -249,23 +249,65 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     } else {
         format!(" ({} key/value)", m.kv_heads)
     };
+    let attention = if m.latent.is_some() {
+        ", latent attention"
+    } else {
+        ""
+    };
+    let gated = if m.gated_mlp { "SwiGLU " } else { "" };
+    // A mixture of experts: the dense MLP in its leading blocks, experts in the rest.
+    let (mlp, active) = match m.moe {
+        None => (format!("{gated}MLP {}", m.ffn), String::new()),
+        Some(moe) => {
+            let spec = m.spec();
+            let (dense, sparse) = spec.block_counts();
+            let leading = match dense {
+                0 => String::new(),
+                n => format!("{gated}MLP {} in the first {n}, ", m.ffn),
+            };
+            let shared = match moe.shared_ffn {
+                0 => String::new(),
+                f => format!(", shared {f}"),
+            };
+            (
+                format!(
+                    "{leading}{} {gated}experts of {} (top {}{shared}) in {sparse}",
+                    moe.experts, moe.expert_ffn, moe.top_k
+                ),
+                format!(", {} active", count(spec.active_params())),
+            )
+        }
+    };
     let _ = writeln!(
         out,
-        "model: {}  (GPT: {} layers, hidden {}, {} heads{kv_heads}, {}MLP {}, sequence {}, \
-         vocabulary {}; {} parameters)",
+        "model: {}  (GPT: {} layers, hidden {}, {} heads{kv_heads}{attention}, {mlp}, sequence \
+         {}, vocabulary {}; {} parameters{active})",
         r.model,
         m.layers,
         m.hidden,
         m.heads,
-        if m.gated_mlp { "SwiGLU " } else { "" },
-        m.ffn,
         m.sequence,
         m.vocabulary,
         count(m.params)
     );
+    let experts = match (&p.experts, p.expert_tensor_parallel) {
+        (None, _) => String::new(),
+        (Some(e), 1) => format!(
+            "; experts over {} ranks, {} dispatch, load imbalance {}",
+            p.expert_parallel,
+            e.dispatcher.name(),
+            e.imbalance
+        ),
+        (Some(e), etp) => format!(
+            "; experts over {} ranks, each split over {etp}, {} dispatch, load imbalance {}",
+            p.expert_parallel,
+            e.dispatcher.name(),
+            e.imbalance
+        ),
+    };
     let _ = writeln!(
         out,
-        "plan: 3d — tensor {}{} × pipeline {} × data {} on {} GPUs of {} (batch {})",
+        "plan: 3d — tensor {}{} × pipeline {} × data {} on {} GPUs of {} (batch {}{experts})",
         p.tensor_parallel,
         if p.context_parallel > 1 {
             format!(" × context {}", p.context_parallel)
@@ -317,7 +359,7 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
     let t = &p.time_breakdown;
     let _ = writeln!(
         out,
-        "time: compute {}, tensor-parallel {}{}, context-parallel {}, pipeline sends {}, \
+        "time: compute {}, tensor-parallel {}{}, context-parallel {}{}, pipeline sends {}, \
          bubble {}, gradient sync {} ({} more hidden behind compute), optimizer {}",
         secs(t.compute_us),
         secs(t.tensor_comm_us),
@@ -327,6 +369,10 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
             ""
         },
         secs(t.context_comm_us),
+        match p.experts {
+            Some(_) => format!(", expert dispatch {}", secs(t.expert_comm_us)),
+            None => String::new(),
+        },
         secs(t.pipeline_comm_us),
         secs(t.bubble_us),
         secs(t.data_comm_us),

@@ -1,5 +1,6 @@
 //! Reading what a plan is made for: an ONNX model bound to its batch (checking that a
-//! fixed-batch export can take it) or a layer graph, as the layers the planners place.
+//! fixed-batch export can take it), a layer graph, as the layers the planners place, or a
+//! Hugging Face configuration, as a decoder's shape.
 
 use super::*;
 
@@ -32,7 +33,7 @@ pub(crate) fn fixed_batch(graph: &ralpc_ir::Graph) -> Option<u64> {
 /// What verifying `model` accepted with a warning ([`ralpc_ir::GraphInfo::warnings`]).
 pub(super) fn warnings_of(model: &Model) -> Vec<String> {
     match model {
-        Model::Layers(_) => Vec::new(),
+        Model::Layers(_) | Model::Shape { .. } => Vec::new(),
         Model::Graph {
             info, fixed_batch, ..
         } => {
@@ -73,6 +74,47 @@ pub(super) fn input_batch(
     })
 }
 
+/// The decoder a Hugging Face configuration describes, at the sequence and batch of
+/// `--input input_ids=B,S` (the configuration holds neither).
+fn configured(
+    model: &Path,
+    text: &str,
+    batch: Option<u64>,
+    inputs: &std::collections::BTreeMap<String, Vec<u64>>,
+    values: &std::collections::BTreeMap<String, Vec<f64>>,
+) -> Result<Model, Error> {
+    let name = model.display();
+    if !values.is_empty() {
+        return Err(request_error(format!(
+            "{name} is a Hugging Face configuration: it has no inputs for --value to fix"
+        )));
+    }
+    let Some((input, shape)) = inputs.iter().next().filter(|_| inputs.len() == 1) else {
+        return Err(request_error(format!(
+            "{name} is a Hugging Face configuration, which holds no sequence length: give it \
+             as --input input_ids=BATCH,SEQUENCE"
+        )));
+    };
+    let &[given, sequence] = shape.as_slice() else {
+        return Err(request_error(format!(
+            "--input {input}: a decoder's tokens are [batch, sequence], not {} sizes",
+            shape.len()
+        )));
+    };
+    if batch.is_some_and(|b| b != given) {
+        return Err(request_error(format!(
+            "--input {input} has batch {given} where --batch is {}",
+            batch.unwrap_or_default()
+        )));
+    }
+    let spec = ralpc_ir::models::huggingface::spec(text, sequence)
+        .map_err(|e| request_error(format!("{name}: {e}")))?;
+    Ok(Model::Shape {
+        shape: Box::new(Transformer::from(&spec)),
+        batch: given,
+    })
+}
+
 pub(super) fn load_model(
     model: &Path,
     batch: Option<u64>,
@@ -87,6 +129,9 @@ pub(super) fn load_model(
     let mut not_a_profile = None;
     if !is_onnx {
         if let Ok(text) = read_input_text(model, InputKind::Text) {
+            if ralpc_ir::models::huggingface::is_config(&text) {
+                return configured(model, &text, batch, inputs, values);
+            }
             match profile::parse_model(&text, &model.display().to_string(), batch) {
                 Ok(graph) => {
                     if !inputs.is_empty() || !values.is_empty() {

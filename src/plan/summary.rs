@@ -169,6 +169,15 @@ pub struct ParallelismRow {
     pub context_parallel: u32,
     /// Data-parallel replicas.
     pub data_parallel: u32,
+    /// Expert-parallel degree: ranks a mixture of experts' routed experts are spread over
+    /// (1 without experts).
+    pub expert_parallel: u32,
+    /// Expert tensor-parallel degree: ranks splitting each expert (1 without experts).
+    pub expert_tensor_parallel: u32,
+    /// How the experts' load imbalance, dispatcher and all-to-all overlap were priced
+    /// (models with experts only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ralpc_passes::transformer::ExpertOptions>,
     /// Sequences per microbatch.
     pub micro_batch_size: u64,
     /// Model chunks per GPU (interleaved 1F1B above 1).
@@ -466,6 +475,9 @@ pub(super) fn transformer(
             pipeline_parallel: par.pipeline,
             context_parallel: par.context,
             data_parallel: par.data,
+            expert_parallel: par.expert,
+            expert_tensor_parallel: par.expert_tensor,
+            experts: shape.moe.map(|_| options.experts),
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),

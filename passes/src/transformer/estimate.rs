@@ -94,6 +94,35 @@ pub struct Setting<'a> {
     pub dispatcher: Dispatcher,
 }
 
+/// A mixture of experts' load imbalance where none is given: the lower end of the
+/// inter-rank imbalance (busiest expert-parallel rank's tokens over the mean) measured in
+/// training and prefill of 106–671 B mixtures of experts without expert rebalancing, 1.30
+/// to 4.01 (Wei et al., "UltraEP", arXiv:2606.04101, abstract). Megatron-Bridge's
+/// published benchmarks force balanced routing: 1.
+pub const DEFAULT_EXPERT_IMBALANCE: f64 = 1.3;
+
+/// How a mixture of experts runs, beyond its parallel degrees.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ExpertOptions {
+    /// The busiest expert-parallel rank's token–expert pairs over the mean (1: balanced).
+    pub imbalance: f64,
+    /// How tokens reach their experts.
+    pub dispatcher: Dispatcher,
+    /// Dispatch and combine overlapped with another microbatch's compute (Megatron-Core's
+    /// `--overlap-moe-expert-parallel-comm`), where Megatron-Core runs it.
+    pub a2a_overlap: bool,
+}
+
+impl Default for ExpertOptions {
+    fn default() -> ExpertOptions {
+        ExpertOptions {
+            imbalance: DEFAULT_EXPERT_IMBALANCE,
+            dispatcher: Dispatcher::AllToAll,
+            a2a_overlap: false,
+        }
+    }
+}
+
 /// How a mixture of experts' tokens are dispatched to their experts and combined back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -18,7 +18,7 @@ mod search;
 
 pub use estimate::{
     block_activation_bytes, estimate, moe_block_activation_bytes, Dispatcher, Estimate,
-    MemoryBreakdown, Overlap, Setting, TimeBreakdown,
+    ExpertOptions, MemoryBreakdown, Overlap, Setting, TimeBreakdown, DEFAULT_EXPERT_IMBALANCE,
 };
 pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
 pub use layered::{layered, NotLayered};
