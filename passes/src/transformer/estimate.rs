@@ -1258,8 +1258,8 @@ fn expert_mlp(
     let rows = pairs * etp / local;
     // Grouped GEMMs: one launch over the local experts, each at its own rows, so few rows
     // an expert leave them bound by reading the weights.
-    let fc1 = kernels.forward_backward(false, rows, (m - 1.0) * inner, h, local);
-    let fc2 = kernels.forward_backward(false, rows, h, inner, local);
+    let fc1 = kernels.grouped_forward_backward(rows, (m - 1.0) * inner, h, local);
+    let fc2 = kernels.grouped_forward_backward(rows, h, inner, local);
     let router = kernels.forward_backward(true, routed, experts, h, 1.0);
     let (shared, shared_elements, shared_bytes) = match moe.shared_ffn {
         0 => (vec![], (0.0, 0.0), 0.0),
@@ -1364,7 +1364,15 @@ fn hide(comm_us: f64, compute_us: f64, floor: f64) -> (f64, f64) {
     (exposed, comm_us - exposed)
 }
 
+/// Rows a group at which a grouped GEMM keeps half its large-group compute rate: a group
+/// of `m` rows keeps `m / (m + 128)`. DeepGEMM's FP8 grouped GEMMs on H800 (README @
+/// 327ec92f) keep 0.69, 0.77 and 0.92 of their 4,096–8,192-row rate at 256, 512 and 1,024
+/// rows a group (N 4,096, K 7,168) and 0.67, 0.75 and 0.76 (N 7,168, K 2,048); `m / (m +
+/// 128)` gives 0.67, 0.80 and 0.89 (a 128-row tile's padding and pipeline fill, per group).
+pub const GROUPED_GEMM_HALF_ROWS: f64 = 128.0;
+
 /// Kernel prices on one GPU, µs.
+#[derive(Clone, Copy)]
 pub(super) struct Kernels {
     pub rates: KernelRates,
     pub launch_us: f64,
@@ -1408,6 +1416,27 @@ impl Kernels {
             self.gemm(sixteen, rows, inner, cols, batch)
                 + self.gemm(sixteen, inner, cols, rows, batch),
         )
+    }
+
+    /// Forward and backward of a grouped GEMM: `groups` products of `rows` each (a local
+    /// expert's tokens) in one launch, whose compute rate falls with the rows a group has
+    /// ([`GROUPED_GEMM_HALF_ROWS`]), µs.
+    pub fn grouped_forward_backward(
+        &self,
+        rows: f64,
+        cols: f64,
+        inner: f64,
+        groups: f64,
+    ) -> (f64, f64) {
+        let kept = rows / (rows + GROUPED_GEMM_HALF_ROWS);
+        let grouped = Kernels {
+            rates: KernelRates {
+                gemm: self.rates.gemm * kept,
+                ..self.rates
+            },
+            ..*self
+        };
+        grouped.forward_backward(false, rows, cols, inner, groups)
     }
 
     /// Memory-bound kernels moving `bytes` in `launches` launches.

@@ -20,7 +20,7 @@ pub use estimate::{
     block_activation_bytes, estimate, moe_block_activation_bytes, Dispatcher, Estimate,
     ExpertOptions, MemoryBreakdown, Overlap, Setting, TimeBreakdown, DEFAULT_EXPERT_IMBALANCE,
 };
-pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
+pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS, GROUPED_GEMM_HALF_ROWS};
 pub use layered::{layered, NotLayered};
 pub use recognize::{recognize, NotATransformer};
 pub(crate) use search::divisors;
