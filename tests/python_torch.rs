@@ -1,4 +1,5 @@
-//! The Python package and `ralpc.torch` on real PyTorch: `python/tests/check_torch.py`
+//! The Python package and `ralpc.torch` on real PyTorch, and Megatron-Core's own checks of
+//! `--emit megatron`: `python/tests/check_torch.py`
 //! exports small models, plans them through `ralpc.plan` (in-process), applies the plans
 //! with `ralpc.torch.parallelize` on 4 CPU processes (gloo) and compares 3 training steps
 //! with one process; `ralpc plan --emit torch`'s script does the same under torchrun.
@@ -174,6 +175,114 @@ print("ok", len(weights), "weights")
         "load the checkpoint in PyTorch",
     );
     assert!(out.contains("ok "), "{out}");
+}
+
+/// Megatron-Core (PyPI's `megatron-core`) builds its `TransformerConfig` from the
+/// arguments `ralpc plan --emit megatron` writes and accepts them
+/// (`python/tests/check_megatron.py`): the bundled GPT-2's default and ZeRO-3 plans, FP8 on
+/// H100s, and mixtures of experts from their configurations (DeepSeek-V3 at its published
+/// layout, with latent attention and uneven stages; Qwen3-30B-A3B with the all-to-all
+/// overlap); an overlap Megatron-Core does not run is refused.
+#[test]
+fn megatron_core_accepts_the_arguments_ralpc_emits() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = env!("CARGO_BIN_EXE_ralpc");
+    let gpt2 = "fixtures/onnx/gpt2/model.onnx";
+    let plans: [(&str, &[&str]); 5] = [
+        ("gpt2", &[gpt2, "--gpus", "8"]),
+        ("zero3", &[gpt2, "--gpus", "8", "--zero", "3"]),
+        (
+            "fp8",
+            &[
+                gpt2,
+                "--cluster",
+                "eos",
+                "--gpus",
+                "16",
+                "--precision",
+                "fp8",
+            ],
+        ),
+        (
+            "deepseek",
+            &[
+                "fixtures/configs/deepseek-v3.json",
+                "--input",
+                "input_ids=8192,4096",
+                "--cluster",
+                "eos",
+                "--gpus",
+                "1024",
+                "--precision",
+                "fp8",
+                "--tensor-parallel",
+                "2",
+                "--pipeline-parallel",
+                "8",
+                "--expert-parallel",
+                "64",
+                "--moe-dispatcher",
+                "flex",
+                "--recompute",
+                "full",
+            ],
+        ),
+        (
+            "qwen",
+            &[
+                "fixtures/configs/qwen3-30b-a3b.json",
+                "--input",
+                "input_ids=512,4096",
+                "--cluster",
+                "eos",
+                "--gpus",
+                "16",
+                "--precision",
+                "bf16",
+                "--moe-a2a-overlap",
+                "on",
+            ],
+        ),
+    ];
+    let mut files = Vec::new();
+    for (name, args) in plans {
+        let out = dir.path().join(name);
+        run(
+            Command::new(bin)
+                .current_dir(root)
+                .arg("plan")
+                .args(args)
+                .args(["--emit", "megatron", "-q", "-o"])
+                .arg(&out),
+            "ralpc plan --emit megatron",
+        );
+        files.push(out.join("megatron.args"));
+    }
+    let check = root.join("python/tests/check_megatron.py");
+    let out = run(
+        Command::new(python()).arg(&check).args(&files),
+        "Megatron-Core's checks",
+    );
+    assert_eq!(out.matches(": accepted").count(), files.len(), "{out}");
+    // The checks bite: the all-to-all overlap on 8 stages without interleaving.
+    let deepseek = std::fs::read_to_string(&files[3]).expect("emitted");
+    let staged = dir.path().join("staged.args");
+    std::fs::write(
+        &staged,
+        deepseek.replace(
+            "--moe-token-dispatcher-type flex",
+            "--moe-token-dispatcher-type flex\n--overlap-moe-expert-parallel-comm",
+        ),
+    )
+    .expect("write");
+    let refused = Command::new(python())
+        .arg(&check)
+        .arg(&staged)
+        .output()
+        .expect("python");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("virtual_pipeline"));
 }
 
 fn prepend_path(dir: &Path) -> std::ffi::OsString {
