@@ -9,7 +9,7 @@ use ralpc_passes::cluster::{Link, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::{Family, Schedule};
 use ralpc_passes::transformer::{
-    Attention, Dispatcher, ExpertOptions, Knobs, Recompute, DEFAULT_EXPERT_IMBALANCE,
+    Attention, Dispatcher, ExpertOptions, Knobs, Modules, Recompute, DEFAULT_EXPERT_IMBALANCE,
 };
 use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 
@@ -132,6 +132,11 @@ pub struct PlanArgs {
     /// [default: searched].
     #[arg(long, help_heading = "Transformer (3d) plans", value_parser = ["none", "selective", "full"])]
     pub recompute: Option<String>,
+    /// Recompute these modules of each block, each from its input (Megatron-Core's names,
+    /// comma-separated: core_attn, mlp, moe_act, layernorm, mla_up_proj; selective
+    /// recomputation of them, in place of --recompute) [default: searched with the rest].
+    #[arg(long, value_name = "LIST", help_heading = "Transformer (3d) plans", value_parser = parse_modules, conflicts_with = "recompute")]
+    pub recompute_modules: Option<Modules>,
     /// Split LayerNorm and dropout by sequence positions inside tensor-parallel groups
     /// (`--sequence-parallel` alone: on) [default: searched].
     #[arg(long, value_name = "on|off", help_heading = "Transformer (3d) plans", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off"])]
@@ -244,7 +249,10 @@ impl PlanArgs {
                 context: args.context_parallel,
                 virtual_stages: args.virtual_stages,
                 micro_batch: args.micro_batch_size,
-                recompute: args.recompute.as_deref().and_then(Recompute::parse),
+                recompute: match args.recompute_modules {
+                    Some(modules) => Some(Recompute::of_modules(modules)),
+                    None => args.recompute.as_deref().and_then(Recompute::parse),
+                },
                 sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
                 zero: args.zero,
                 expert: args.expert_parallel,
@@ -287,6 +295,14 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
+/// Parses `--recompute-modules`: at least one of Megatron-Core's module names.
+pub fn parse_modules(s: &str) -> Result<Modules, String> {
+    match Modules::parse(s)? {
+        m if m == Modules::default() => Err("name at least one module".into()),
+        m => Ok(m),
     }
 }
 

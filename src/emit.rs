@@ -205,7 +205,15 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
             args.push("--recompute-method uniform".into());
             args.push("--recompute-num-layers 1".into());
         }
-        "selective" => args.push("--recompute-granularity selective".into()),
+        "selective" => {
+            args.push("--recompute-granularity selective".into());
+            if !p.recompute_modules.is_empty() {
+                args.push(format!(
+                    "--recompute-modules {}",
+                    p.recompute_modules.join(" ")
+                ));
+            }
+        }
         _ => {}
     }
     if p.sequence_parallel {

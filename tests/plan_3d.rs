@@ -1157,8 +1157,8 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
             "64",
             "--moe-dispatcher",
             "flex",
-            "--recompute",
-            "full",
+            "--recompute-modules",
+            "mla_up_proj,mlp",
         ],
     );
     assert_eq!(megatron_refuses(&deepseek), None, "{deepseek}");
@@ -1176,6 +1176,8 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
         "--q-lora-rank 1536\n",
         "--kv-lora-rank 512\n",
         "--qk-pos-emb-head-dim 64\n",
+        "--recompute-granularity selective\n",
+        "--recompute-modules mlp mla_up_proj\n",
     ] {
         assert!(deepseek.contains(needle), "`{needle}` not in:\n{deepseek}");
     }

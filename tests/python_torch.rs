@@ -224,8 +224,8 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
                 "64",
                 "--moe-dispatcher",
                 "flex",
-                "--recompute",
-                "full",
+                "--recompute-modules",
+                "mla_up_proj,mlp",
             ],
         ),
         (

@@ -89,6 +89,8 @@ def config(flags):
         kw["add_bias_linear"] = False
     if "num_experts" in flags:
         kw["num_moe_experts"] = int(flags["num_experts"])
+    if "recompute_modules" in kw:
+        kw["recompute_modules"] = str(kw["recompute_modules"]).split()
     if "moe_layer_freq" in kw:
         kw["moe_layer_freq"] = eval(kw["moe_layer_freq"])  # Megatron-LM's moe_freq_type
     if "window_size" in kw:

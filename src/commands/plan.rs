@@ -332,7 +332,10 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         } else {
             String::new()
         },
-        p.recompute,
+        match p.recompute_modules.as_slice() {
+            [] => p.recompute.to_owned(),
+            modules => format!("{} ({})", p.recompute, modules.join(", ")),
+        },
         if p.sequence_parallel { "on" } else { "off" },
         p.zero,
         p.precision.name(),

@@ -184,6 +184,10 @@ pub struct ParallelismRow {
     pub virtual_stages: u32,
     /// `none`, `selective` or `full`.
     pub recompute: &'static str,
+    /// The modules recomputed selectively, where they are not the attention core alone
+    /// (Megatron-Core's names).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recompute_modules: Vec<&'static str>,
     /// Sequence parallelism.
     pub sequence_parallel: bool,
     /// ZeRO stage.
@@ -481,6 +485,10 @@ pub(super) fn transformer(
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),
+            recompute_modules: match par.recompute {
+                ralpc_passes::transformer::Recompute::Modules(m) => m.names(),
+                _ => Vec::new(),
+            },
             precision,
             attention: options.attention,
             tp_comm_overlap: plan.tp_comm_overlap,

@@ -42,7 +42,7 @@ use crate::profile::Profile;
 
 use ralpc_ir::models::MoeSpec;
 
-use super::{Attention, Parallelism, Recompute, Transformer};
+use super::{Attention, Modules, Parallelism, Recompute, Transformer};
 
 /// Megatron-Core's gradient bucket, parameters (`--ddp-bucket-size`'s default,
 /// `max(40,000,000, 1,000,000 · d)`, `megatron/core/distributed/distributed_data_parallel.py`):
@@ -387,10 +387,21 @@ fn activation_bytes(
         Attention::Fused if precision.is_fp8() => e + g,
         _ => g,
     };
+    let modules = recompute.modules();
+    // Recomputing the norms keeps their inputs and drops their outputs (the QKV and first
+    // MLP inputs); the up projections, their per-head outputs.
+    let outside = match modules.contains(Modules::LAYER_NORM) {
+        true => outside - 2.0 * g * sbh / sp,
+        false => outside,
+    };
     let heads = match model.latent {
         Some(l) => {
             let latents = (l.q_rank + l.kv_rank + l.rope_dim) as f64;
-            (a * (2.0 * qk + v) * e / t + latents * (e + g)) * s * b
+            let up = match modules.contains(Modules::LATENT_UP) {
+                true => 0.0,
+                false => a * (2.0 * qk + v) * e / t,
+            };
+            (up + latents * (e + g)) * s * b
         }
         None => spec.qkv_width() as f64 * e * s * b / t,
     };
@@ -403,13 +414,21 @@ fn activation_bytes(
         (Some(imbalance), Some(moe)) => {
             let routed = s * b / sp;
             let pairs = routed * moe.top_k as f64 * imbalance;
+            // Recomputing the experts' activation drops its output (the second product's
+            // input).
+            let activation = match modules.contains(Modules::EXPERT_ACTIVATION) {
+                true => 0.0,
+                false => g,
+            };
             routed * moe.experts as f64 * 4.0
                 // The gathered rows' inputs and outputs (`etp` ranks' pairs), the inner
                 // tensors' columns split over them.
                 + pairs * f64::from(par.expert_tensor.max(1)) * h * (g + e)
-                + pairs * ((m - 1.0) * e + g) * moe.expert_ffn as f64
+                + pairs * ((m - 1.0) * e + activation) * moe.expert_ffn as f64
                 + inner(moe.shared_ffn as f64) / t
         }
+        // A recomputed MLP keeps only its input (counted outside).
+        _ if modules.contains(Modules::MLP) => 0.0,
         _ => inner(model.ffn as f64) / t,
     };
     let inside = attention_inside + mlp;
@@ -421,8 +440,8 @@ fn activation_bytes(
         Attention::Unfused => (2.0 * e + 1.0) * a * s * (s * c) * b / t,
         Attention::Fused => 4.0 * a * s * b / t,
     };
-    match (recompute, attention) {
-        (Recompute::Selective, Attention::Unfused) => outside + inside,
+    match attention {
+        Attention::Unfused if modules.contains(Modules::CORE_ATTENTION) => outside + inside,
         _ => outside + inside + core,
     }
 }
@@ -556,6 +575,18 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             )
         }
     };
+    // Latent attention's up projections (the per-head queries and keys/values), forward.
+    let latent_up_fwd = match model.latent {
+        Some(l) => {
+            let (nope, kv_rank) = (l.nope_dim as f64, l.kv_rank as f64);
+            let queries = match l.q_rank {
+                0 => 0.0,
+                r => fwd_bwd(tokens, a * qk_dim / t, r as f64, 1.0).0,
+            };
+            queries + fwd_bwd(tokens, a * (nope + v_dim) / t, kv_rank, 1.0).0
+        }
+        None => 0.0,
+    };
     // Sliding windows (alternate blocks attend to the last `w` positions: about `sw − w²/2`
     // of the causal square's `s²/2` pairs), averaged over the blocks.
     let window_share = match model.sliding_window {
@@ -603,6 +634,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         false => 0.0,
     };
     let residual_bytes = 2.0 * tokens * h * e / sp + tokens * h * (3.0 * e + 1.0) / sp;
+    // A block's two norms, forward (what recomputing them costs).
+    let norms_us = elementwise(2.0 * 2.0 * tokens * h * e / sp, 2.0);
     let attention_bytes = residual_bytes + latent_norms + qk_norms;
     let attention_cast = cast(
         tokens * attention_elements.0,
@@ -629,6 +662,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             backward_us: dense[2].1 + dense[3].1 + cast.1 + 2.0 * elementwise(bytes, 3.0),
             beside_collectives: vec![dense[2], dense[3]],
             exchange_us: (0.0, 0.0),
+            experts: false,
+            activation_us: 0.0,
         }
     };
     // Tensor-parallel collectives inside the node.
@@ -715,8 +750,31 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         let tp_bwd = attention_tp.1 + tp_exposed(&mlp.beside_collectives, |g| g.1);
         let (recompute_us, recompute_tp, recompute_exchange) = match par.recompute {
             Recompute::None => (0.0, 0.0, 0.0),
-            Recompute::Selective => (core_fwd, 0.0, 0.0),
             Recompute::Full => (forward, tp_fwd, mlp.exchange_us.0),
+            // Each module re-run from its input: a dense MLP with its all-gather, the
+            // experts' activation, the two norms, the up projections, the attention core.
+            r => {
+                let m = r.modules();
+                let mut us = 0.0;
+                let mut tp = 0.0;
+                if m.contains(Modules::CORE_ATTENTION) {
+                    us += core_fwd;
+                }
+                if m.contains(Modules::MLP) && !mlp.experts {
+                    us += mlp.forward_us;
+                    tp += tp_exposed(&mlp.beside_collectives, |g| g.0);
+                }
+                if m.contains(Modules::EXPERT_ACTIVATION) && mlp.experts {
+                    us += mlp.activation_us;
+                }
+                if m.contains(Modules::LAYER_NORM) {
+                    us += norms_us;
+                }
+                if m.contains(Modules::LATENT_UP) {
+                    us += latent_up_fwd;
+                }
+                (us, tp, 0.0)
+            }
         };
         let compute = forward + backward + recompute_us;
         // ZeRO-3 gathers each block's parameters forward and backward (and for a full
@@ -1136,12 +1194,19 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .unwrap_or_default();
     let model_flops = model.model_flops(setting.batch);
     let (qk, v_head) = model.spec().head_dims();
+    let core = 2.0 * (model.sequence * model.heads * (qk + v_head) * model.layers) as f64;
     let recomputed = match par.recompute {
         Recompute::None => 0.0,
-        Recompute::Selective => {
-            2.0 * (model.sequence * model.heads * (qk + v_head) * model.layers) as f64
-        }
         Recompute::Full => model.blocks_flops_per_token(),
+        // The attention core's and a dense MLP's FLOPs (norms, activations and the up
+        // projections are left out).
+        r => {
+            let m = r.modules();
+            let dense = model.spec().block_counts().0 as f64;
+            let mlp = 2.0 * (model.spec().mlp_matrices() * model.hidden * model.ffn) as f64;
+            f64::from(u8::from(m.contains(Modules::CORE_ATTENTION))) * core
+                + f64::from(u8::from(m.contains(Modules::MLP))) * dense * mlp
+        }
     } * (setting.batch * model.sequence) as f64;
     let slowest_work = stage_work[slowest].times(m as f64);
     let typical = match model.moe {
@@ -1190,6 +1255,10 @@ struct Mlp {
     beside_collectives: Vec<(f64, f64)>,
     /// Token dispatch and combine: forward, backward.
     exchange_us: (f64, f64),
+    /// Whether it is a mixture of experts.
+    experts: bool,
+    /// The experts' activation, forward (what recomputing it costs).
+    activation_us: f64,
 }
 
 /// One block's price for one microbatch on one GPU.
@@ -1312,6 +1381,8 @@ fn expert_mlp(
         backward_us: products(|g| g.1) + casts.1 + 2.0 * kernels.elementwise(bytes, launches),
         beside_collectives: shared,
         exchange_us: (exchange, exchange),
+        experts: true,
+        activation_us: kernels.elementwise(m * pairs * moe.expert_ffn as f64 * e, 1.0),
     }
 }
 

@@ -119,6 +119,12 @@ pub fn layered(
         Recompute::None => Vec::new(),
         Recompute::Full => block_runs(graph, &starts)?,
         Recompute::Selective => attention_cores(graph),
+        Recompute::Modules(m) => {
+            return Err(NotLayered(format!(
+                "recomputing {} is priced, not lowered yet",
+                m.names().join(", ")
+            )))
+        }
     };
     Ok(Strategy {
         schedule: par.schedule,

@@ -321,17 +321,21 @@ pub enum Recompute {
     Selective,
     /// Every block from its input (one checkpoint per block).
     Full,
+    /// Some of a block's modules, each from its input (Megatron-Core's
+    /// `--recompute-granularity selective --recompute-modules ...`); the attention core alone
+    /// is [`Recompute::Selective`].
+    Modules(Modules),
 }
 
 impl Recompute {
-    /// All choices, cheapest in time first.
+    /// The granularities, cheapest in time first (module sets apart: [`Recompute::choices`]).
     pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
 
-    /// Its name on the command line.
+    /// Its granularity's name on the command line and in Megatron-LM's arguments.
     pub fn name(self) -> &'static str {
         match self {
             Recompute::None => "none",
-            Recompute::Selective => "selective",
+            Recompute::Selective | Recompute::Modules(_) => "selective",
             Recompute::Full => "full",
         }
     }
@@ -339,6 +343,123 @@ impl Recompute {
     /// Parses `none`, `selective`, `full`.
     pub fn parse(name: &str) -> Option<Recompute> {
         Recompute::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The modules recomputed (the attention core for [`Recompute::Selective`]; none for
+    /// the other granularities).
+    pub fn modules(self) -> Modules {
+        match self {
+            Recompute::Selective => Modules::CORE_ATTENTION,
+            Recompute::Modules(m) => m,
+            Recompute::None | Recompute::Full => Modules::default(),
+        }
+    }
+
+    /// Recomputing `modules`: [`Recompute::Selective`] for the attention core alone,
+    /// [`Recompute::None`] for nothing.
+    pub fn of_modules(modules: Modules) -> Recompute {
+        match modules {
+            m if m == Modules::default() => Recompute::None,
+            Modules::CORE_ATTENTION => Recompute::Selective,
+            m => Recompute::Modules(m),
+        }
+    }
+
+    /// What the search tries for `model`: the granularities, and for mixtures of experts and
+    /// latent attention the module sets Megatron-Bridge's recipes recompute for them (the
+    /// dense MLP, latent attention's up projections, the experts' activation, the norms).
+    /// A dense decoder's plans are lowered, which module sets are not yet: they are priced
+    /// when asked for (`--recompute-modules`), not searched.
+    pub fn choices(model: &Transformer) -> Vec<Recompute> {
+        let (dense, experts) = model.spec().block_counts();
+        let latent = model.latent.is_some();
+        if experts == 0 && !latent {
+            return Recompute::ALL.to_vec();
+        }
+        let sets = [
+            (dense > 0, Modules::MLP),
+            (dense > 0, Modules::CORE_ATTENTION.with(Modules::MLP)),
+            (latent, Modules::LATENT_UP),
+            (latent && dense > 0, Modules::LATENT_UP.with(Modules::MLP)),
+            (experts > 0, Modules::EXPERT_ACTIVATION),
+            (
+                experts > 0,
+                Modules::LAYER_NORM.with(Modules::EXPERT_ACTIVATION),
+            ),
+        ];
+        let mut choices = Recompute::ALL.to_vec();
+        choices.extend(
+            sets.into_iter()
+                .filter(|&(has, _)| has)
+                .map(|(_, m)| Recompute::Modules(m)),
+        );
+        choices
+    }
+}
+
+/// A set of a block's modules (Megatron-Core's `recompute_modules`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Modules(u8);
+
+impl Modules {
+    /// The attention core (`core_attn`).
+    pub const CORE_ATTENTION: Modules = Modules(1);
+    /// A dense block's MLP (`mlp`).
+    pub const MLP: Modules = Modules(2);
+    /// The experts' activation (`moe_act`).
+    pub const EXPERT_ACTIVATION: Modules = Modules(4);
+    /// The norms (`layernorm`).
+    pub const LAYER_NORM: Modules = Modules(8);
+    /// Latent attention's up projections (`mla_up_proj`).
+    pub const LATENT_UP: Modules = Modules(16);
+
+    const NAMES: [(Modules, &'static str); 5] = [
+        (Modules::CORE_ATTENTION, "core_attn"),
+        (Modules::MLP, "mlp"),
+        (Modules::EXPERT_ACTIVATION, "moe_act"),
+        (Modules::LAYER_NORM, "layernorm"),
+        (Modules::LATENT_UP, "mla_up_proj"),
+    ];
+
+    /// Both sets.
+    pub const fn with(self, other: Modules) -> Modules {
+        Modules(self.0 | other.0)
+    }
+
+    /// Whether every module of `other` is in the set.
+    pub fn contains(self, other: Modules) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Megatron-Core's names of the set's modules.
+    pub fn names(self) -> Vec<&'static str> {
+        Modules::NAMES
+            .into_iter()
+            .filter(|&(m, _)| self.contains(m))
+            .map(|(_, name)| name)
+            .collect()
+    }
+
+    /// Parses Megatron-Core's names, comma-separated (`core_attn,mlp`).
+    ///
+    /// # Errors
+    /// The first name that is no module's.
+    pub fn parse(list: &str) -> Result<Modules, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .try_fold(Modules::default(), |set, name| {
+                Modules::NAMES
+                    .into_iter()
+                    .find(|&(_, n)| n == name)
+                    .map(|(m, _)| set.with(m))
+                    .ok_or_else(|| {
+                        format!(
+                            "no module `{name}` (modules: {})",
+                            Modules::NAMES.map(|(_, n)| n).join(", ")
+                        )
+                    })
+            })
     }
 }
 

@@ -126,6 +126,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
         }
         layouts
     };
+    let recomputes = knobs
+        .recompute
+        .map_or_else(|| Recompute::choices(model), |given| vec![given]);
     let mut best: Option<Estimate> = None;
     let mut smallest_need = f64::INFINITY;
     let mut evaluated = 0u64;
@@ -172,7 +175,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                         .filter(|&v| knobs.virtual_stages.is_none_or(|k| k == v))
                         .collect();
                     for &v in &depths {
-                        for recompute in Recompute::ALL {
+                        for &recompute in &recomputes {
                             if knobs.recompute.is_some_and(|k| k != recompute) {
                                 continue;
                             }
