@@ -385,7 +385,9 @@ fn expert_arguments(p: &crate::ParallelismRow) -> Vec<String> {
         "--moe-token-dispatcher-type {}",
         options.dispatcher.name()
     ));
+    // Megatron-Core runs the overlap in bf16 or fp16 (FP8 on top of bf16).
     if options.a2a_overlap
+        && !matches!(p.precision, Precision::Fp32 | Precision::Tf32)
         && p.expert_parallel > 1
         && (p.pipeline_parallel == 1 || p.virtual_stages > 1)
         && p.recompute != "full"

@@ -1363,6 +1363,13 @@ fn hugging_face_configurations_are_planned_in_megatrons_space() {
     assert!(three.contains("--expert-parallel 3"), "{three}");
     let dense_ep = stderr_of_failure(&with(&on(QWEN3_8B, "8"), &["--expert-parallel", "2"]));
     assert!(dense_ep.contains("no experts"), "{dense_ep}");
+    let up = stderr_of_failure(&with(
+        &on(QWEN3_30B, "16"),
+        &["--recompute-modules", "mla_up_proj"],
+    ));
+    assert!(up.contains("no latent attention"), "{up}");
+    let empty = stderr_of_failure(&["plan", QWEN3_8B, "--input", "input_ids=0,4096"]);
+    assert!(empty.contains("at least 1"), "{empty}");
     let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("config.json");
     let text = std::fs::read_to_string(QWEN3_8B).unwrap();

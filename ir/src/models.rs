@@ -311,20 +311,24 @@ impl GptSpec {
     /// `12lh²(1 + 13/12h + (V+s)/12lh)` plus the final LayerNorm.
     pub fn params(&self) -> u64 {
         let (dense, experts) = self.block_counts();
-        dense * self.block_params()
-            + experts * self.moe_block_params().0
-            + self.embedding_params()
-            + self.head_params()
+        self.total(dense, experts, self.moe_block_params().0)
+    }
+
+    /// The blocks' parameters, `moe_block` each for those with experts, and the embedding
+    /// and head; `u64::MAX` where that overflows (which [`GptSpec::validate`] refuses).
+    fn total(&self, dense: u64, experts: u64, moe_block: u64) -> u64 {
+        dense
+            .saturating_mul(self.block_params())
+            .saturating_add(experts.saturating_mul(moe_block))
+            .saturating_add(self.embedding_params())
+            .saturating_add(self.head_params())
     }
 
     /// The parameters one token uses: every expert a router does not pick left out (the
     /// "active" count mixture-of-experts models publish).
     pub fn active_params(&self) -> u64 {
         let (dense, experts) = self.block_counts();
-        dense * self.block_params()
-            + experts * self.moe_block_params().1
-            + self.embedding_params()
-            + self.head_params()
+        self.total(dense, experts, self.moe_block_params().1)
     }
 
     /// Checks that the shape describes a model (non-zero sizes, heads dividing hidden).
@@ -332,6 +336,52 @@ impl GptSpec {
     /// # Errors
     /// The first field at fault.
     pub fn validate(&self) -> Result<(), String> {
+        // Bounds past any model trained (each formula's products then fit in 64 bits).
+        let latent = self.latent.unwrap_or(LatentAttention {
+            q_rank: 0,
+            kv_rank: 1,
+            rope_dim: 0,
+            nope_dim: 1,
+            v_dim: 1,
+        });
+        let moe = self.moe.unwrap_or(MoeSpec {
+            experts: 1,
+            top_k: 1,
+            expert_ffn: 1,
+            shared_ffn: 0,
+            dense_layers: 0,
+            router: Router::Softmax,
+        });
+        for (name, v, most) in [
+            ("layers", self.layers, 1 << 14),
+            ("hidden", self.hidden, 1 << 20),
+            ("heads", self.heads, 1 << 12),
+            ("kv_heads", self.kv_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 14),
+            ("sequence", self.sequence, 1 << 24),
+            ("positions", self.positions, 1 << 24),
+            ("vocabulary", self.vocabulary, 1 << 24),
+            ("ffn", self.ffn, 1 << 22),
+            ("experts", moe.experts, 1 << 14),
+            ("expert_ffn", moe.expert_ffn, 1 << 22),
+            ("shared_ffn", moe.shared_ffn, 1 << 22),
+            (
+                "latent ranks and head sizes",
+                latent.q_rank.max(latent.kv_rank),
+                1 << 16,
+            ),
+            (
+                "latent head sizes",
+                latent.rope_dim.max(latent.nope_dim).max(latent.v_dim),
+                1 << 14,
+            ),
+        ] {
+            if v > most {
+                return Err(format!(
+                    "{name} {v} is above {most}: no model is that large"
+                ));
+            }
+        }
         for (name, v) in [
             ("layers", self.layers),
             ("hidden", self.hidden),
@@ -405,6 +455,9 @@ impl GptSpec {
                     moe.dense_layers, self.layers
                 ));
             }
+        }
+        if self.params() == u64::MAX {
+            return Err("the parameter count overflows 64 bits".into());
         }
         Ok(())
     }

@@ -249,7 +249,21 @@ fn transformer_of(model: &Model, ask: &Ask<'_>) -> Result<Option<Transformer>, P
             ask.family.map_or("auto", Family::name)
         )));
     }
+    if matches!(model, Model::Shape { .. }) && !family_ok {
+        return Err(PlanError::Request(format!(
+            "{}: a configuration describes a decoder's shape, not its layers: plan it with \
+             --strategy auto or 3d (export it to ONNX to place its layers)",
+            ask.model
+        )));
+    }
     if ask.strategy.is_some() {
+        if matches!(model, Model::Shape { .. }) {
+            return Err(PlanError::Request(format!(
+                "{}: a configuration describes a decoder's shape, not its layers, which a \
+                 strategy file places (export it to ONNX to place its layers)",
+                ask.model
+            )));
+        }
         if asked || knobs {
             return Err(PlanError::Request(
                 "a strategy file places layers; it does not combine with the 3d strategy or \
@@ -264,14 +278,7 @@ fn transformer_of(model: &Model, ask: &Ask<'_>) -> Result<Option<Transformer>, P
         Model::Layers(_) => Err(transformer::NotATransformer(
             "a PipeDream layer graph has no transformer shape".into(),
         )),
-        Model::Shape { shape, .. } if family_ok => return Ok(Some(**shape)),
-        Model::Shape { .. } => {
-            return Err(PlanError::Request(format!(
-                "{}: a configuration describes a decoder's shape, not its layers: plan it \
-                 with --strategy auto or 3d (export it to ONNX to place its layers)",
-                ask.model
-            )))
-        }
+        Model::Shape { shape, .. } => return Ok(Some(**shape)),
     };
     match recognized {
         Ok(t) if family_ok => Ok(Some(t)),

@@ -101,6 +101,12 @@ fn configured(
             shape.len()
         )));
     };
+    if given == 0 || sequence == 0 || given.saturating_mul(sequence) > 1 << 40 {
+        return Err(request_error(format!(
+            "--input {input}={given},{sequence}: a batch and a sequence of at least 1, and at \
+             most 2^40 tokens in all"
+        )));
+    }
     if batch.is_some_and(|b| b != given) {
         return Err(request_error(format!(
             "--input {input} has batch {given} where --batch is {}",

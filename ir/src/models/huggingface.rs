@@ -60,9 +60,16 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
     let layers = fields.number("num_hidden_layers")?;
     let hidden = fields.number("hidden_size")?;
     let heads = fields.number("num_attention_heads")?;
+    // Absent: each configuration class's default.
+    let kv_default = match family.as_str() {
+        "mistral" | "mixtral" | "gpt_oss" => 8,
+        "qwen2" | "qwen3" => 32,
+        "qwen3_moe" => 4,
+        _ => heads,
+    };
     let kv_heads = fields
         .optional_number("num_key_value_heads")?
-        .unwrap_or(heads);
+        .unwrap_or(kv_default);
     let vocabulary = fields.number("vocab_size")?;
     let ffn = fields.number("intermediate_size")?;
     let tied = fields
@@ -133,11 +140,15 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                 );
             }
             GptSpec {
-                head_dim: fields.optional_number("head_dim")?.unwrap_or(128),
+                head_dim,
                 qk_norm: true,
                 biases: attention_bias.unwrap_or(false),
                 moe: Some(MoeSpec {
-                    experts: fields.optional_number("num_experts")?.unwrap_or(128),
+                    // transformers 5 saves `num_experts` as `num_local_experts`.
+                    experts: fields
+                        .optional_number("num_experts")?
+                        .or(fields.optional_number("num_local_experts")?)
+                        .unwrap_or(128),
                     top_k: fields.optional_number("num_experts_per_tok")?.unwrap_or(8),
                     expert_ffn: fields
                         .optional_number("moe_intermediate_size")?
@@ -155,10 +166,17 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                 .unwrap_or(2048);
             let nope_dim = fields.optional_number("qk_nope_head_dim")?.unwrap_or(128);
             let rope_dim = fields.optional_number("qk_rope_head_dim")?.unwrap_or(64);
+            let shared = fields.optional_count("n_shared_experts")?.unwrap_or(1);
             GptSpec {
-                head_dim: nope_dim + rope_dim,
+                head_dim: nope_dim.saturating_add(rope_dim),
+                // Latent attention has no key/value groups.
+                kv_heads: heads,
                 latent: Some(LatentAttention {
-                    q_rank: fields.optional_count("q_lora_rank")?.unwrap_or(0),
+                    // Absent: DeepseekV3Config's 1,536 (null: queries projected directly).
+                    q_rank: match fields.0.get("q_lora_rank") {
+                        None => 1536,
+                        Some(_) => fields.optional_count("q_lora_rank")?.unwrap_or(0),
+                    },
                     kv_rank: fields.optional_number("kv_lora_rank")?.unwrap_or(512),
                     rope_dim,
                     nope_dim,
@@ -168,8 +186,7 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                     experts: fields.optional_number("n_routed_experts")?.unwrap_or(256),
                     top_k: fields.optional_number("num_experts_per_tok")?.unwrap_or(8),
                     expert_ffn,
-                    shared_ffn: fields.optional_count("n_shared_experts")?.unwrap_or(1)
-                        * expert_ffn,
+                    shared_ffn: shared.saturating_mul(expert_ffn),
                     dense_layers: fields.optional_count("first_k_dense_replace")?.unwrap_or(3),
                     router: Router::Sigmoid,
                 }),
@@ -223,14 +240,20 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
         family.as_str(),
         "mistral" | "mixtral" | "qwen2" | "qwen3" | "qwen3_moe"
     ) {
+        // Qwen windows only the blocks from `max_window_layers` on.
         let windowed = match family.as_str() {
             "mistral" | "mixtral" => true,
-            _ => fields.optional_bool("use_sliding_window")?.unwrap_or(false),
+            _ => {
+                fields.optional_bool("use_sliding_window")?.unwrap_or(false)
+                    && fields.optional_count("max_window_layers")?.unwrap_or(28) < layers
+            }
         };
-        if let Some(w) = fields
-            .optional_number("sliding_window")?
-            .filter(|_| windowed)
-        {
+        // Absent: MistralConfig's 4,096 (null: none).
+        let window = match (family.as_str(), fields.0.get("sliding_window")) {
+            ("mistral", None) => Some(4096),
+            _ => fields.optional_number("sliding_window")?,
+        };
+        if let Some(w) = window.filter(|_| windowed) {
             if w < sequence {
                 return Err(format!(
                     "sliding_window {w} on every block, shorter than the sequence {sequence}: \
@@ -361,6 +384,13 @@ mod tests {
         let gpt_oss = spec(fixture("gpt-oss-120b"), 4096).expect("reads");
         assert_eq!((gpt_oss.sliding_window, gpt_oss.biases), (128, true));
         assert!(is_config(fixture("mixtral-8x7b")));
+        // transformers 5 saves Qwen3-MoE's expert count as `num_local_experts`.
+        let saved = fixture("qwen3-30b-a3b").replace("\"num_experts\"", "\"num_local_experts\"");
+        let saved = saved.replace(": 128,", ": 160,");
+        assert_eq!(
+            spec(&saved, 4096).expect("reads").moe.map(|m| m.experts),
+            Some(160)
+        );
         assert!(!is_config("{\"layers\": 3}") && !is_config("not json"));
     }
 
@@ -378,6 +408,18 @@ mod tests {
         assert!(err(&gelu).contains("hidden_act"));
         let heads = llama.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5");
         assert!(err(&heads).contains("kv_heads 5"));
+        let wide = llama.replace("\"hidden_size\": 4096", "\"hidden_size\": 1000000000000");
+        assert!(err(&wide).contains("hidden 1000000000000 is above"));
+        // Within the bounds every count fits; past them in all, the sum is refused.
+        let huge = fixture("qwen3-30b-a3b")
+            .replace("\"num_hidden_layers\": 48", "\"num_hidden_layers\": 16384")
+            .replace("\"hidden_size\": 2048", "\"hidden_size\": 1048576")
+            .replace(
+                "\"moe_intermediate_size\": 768",
+                "\"moe_intermediate_size\": 4194304",
+            )
+            .replace("\"num_experts\": 128", "\"num_experts\": 16384");
+        assert!(err(&huge).contains("overflows 64 bits"), "{}", err(&huge));
         let windowed = fixture("mistral-7b-v0.3")
             .replace("\"sliding_window\": null", "\"sliding_window\": 1024");
         assert!(err(&windowed).contains("sliding_window 1024"));

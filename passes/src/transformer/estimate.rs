@@ -579,8 +579,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let latent_up_fwd = match model.latent {
         Some(l) => {
             let (nope, kv_rank) = (l.nope_dim as f64, l.kv_rank as f64);
+            // Without a query latent the queries' one projection is re-run.
             let queries = match l.q_rank {
-                0 => 0.0,
+                0 => fwd_bwd(tokens, a * qk_dim / t, h, 1.0).0,
                 r => fwd_bwd(tokens, a * qk_dim / t, r as f64, 1.0).0,
             };
             queries + fwd_bwd(tokens, a * (nope + v_dim) / t, kv_rank, 1.0).0
@@ -806,6 +807,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         // recomputation (TransformerConfig's checks).
         let exchange = mlp.exchange_us.0 + mlp.exchange_us.1 + recompute_exchange;
         let a2a_overlap = setting.overlap.expert_parallel
+            && !matches!(precision, Precision::Fp32 | Precision::Tf32)
             && par.expert > 1
             && (p == 1 || v > 1)
             && par.recompute != Recompute::Full;
@@ -1194,7 +1196,11 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .unwrap_or_default();
     let model_flops = model.model_flops(setting.batch);
     let (qk, v_head) = model.spec().head_dims();
-    let core = 2.0 * (model.sequence * model.heads * (qk + v_head) * model.layers) as f64;
+    let core = 2.0
+        * model.sequence as f64
+        * model.heads as f64
+        * (qk + v_head) as f64
+        * model.layers as f64;
     let recomputed = match par.recompute {
         Recompute::None => 0.0,
         Recompute::Full => model.blocks_flops_per_token(),

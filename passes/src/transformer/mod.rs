@@ -233,7 +233,7 @@ impl Transformer {
     /// Scores and context of one token against the whole sequence: `2s·a·(d_qk + d_v)`.
     pub fn core_flops_per_token(&self) -> f64 {
         let (qk, v) = self.spec().head_dims();
-        2.0 * (self.sequence * self.heads * (qk + v)) as f64
+        2.0 * self.sequence as f64 * self.heads as f64 * (qk + v) as f64
     }
 
     /// Forward FLOPs of the LM head per token: `2hV`.

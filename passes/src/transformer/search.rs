@@ -12,7 +12,7 @@
 use serde::Serialize;
 
 use super::estimate::{estimate, Estimate, Setting};
-use super::{Parallelism, Recompute};
+use super::{Modules, Parallelism, Recompute};
 use crate::plan::{PlanError, Schedule};
 
 /// Dimensions the user fixed (`None`: searched).
@@ -360,6 +360,26 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             }
         }
         _ => {}
+    }
+    if let Some(Recompute::Modules(m)) = knobs.recompute {
+        let (dense, experts) = model.spec().block_counts();
+        let missing = [
+            (Modules::MLP, dense == 0, "no block with a dense MLP"),
+            (Modules::EXPERT_ACTIVATION, experts == 0, "no experts"),
+            (
+                Modules::LATENT_UP,
+                model.latent.is_none(),
+                "no latent attention",
+            ),
+        ]
+        .into_iter()
+        .find(|&(module, absent, _)| absent && m.contains(module));
+        if let Some((module, _, why)) = missing {
+            return bad(format!(
+                "--recompute-modules {}: the model has {why}",
+                module.names().join(",")
+            ));
+        }
     }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
