@@ -1137,30 +1137,7 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     // Mixtures of experts planned from their Hugging Face configurations: DeepSeek-V3 on
     // 1,024 H100s as Megatron-Bridge ran it (its published layout given), and Qwen3-30B-A3B
     // with the all-to-all overlap, searched.
-    let deepseek = emitted(
-        "deepseek",
-        &[
-            "fixtures/configs/deepseek-v3.json",
-            "--input",
-            "input_ids=8192,4096",
-            "--cluster",
-            "eos",
-            "--gpus",
-            "1024",
-            "--precision",
-            "fp8",
-            "--tensor-parallel",
-            "2",
-            "--pipeline-parallel",
-            "8",
-            "--expert-parallel",
-            "64",
-            "--moe-dispatcher",
-            "flex",
-            "--recompute-modules",
-            "mla_up_proj,mlp",
-        ],
-    );
+    let deepseek = emitted("deepseek", &common::DEEPSEEK_V3_ON_1024_H100);
     assert_eq!(megatron_refuses(&deepseek), None, "{deepseek}");
     for needle in [
         "--num-experts 256\n",
@@ -1181,22 +1158,7 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     ] {
         assert!(deepseek.contains(needle), "`{needle}` not in:\n{deepseek}");
     }
-    let qwen = emitted(
-        "qwen",
-        &[
-            "fixtures/configs/qwen3-30b-a3b.json",
-            "--input",
-            "input_ids=512,4096",
-            "--cluster",
-            "eos",
-            "--gpus",
-            "16",
-            "--precision",
-            "bf16",
-            "--moe-a2a-overlap",
-            "on",
-        ],
-    );
+    let qwen = emitted("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED);
     assert_eq!(megatron_refuses(&qwen), None, "{qwen}");
     for needle in [
         "--kv-channels 128\n",

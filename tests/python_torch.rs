@@ -9,6 +9,8 @@
 //! about 4.2 GB, a minute or two), unless `RALPC_PYTHON` names an interpreter that already
 //! has them; the extension is built into it with `maturin develop`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -204,46 +206,8 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
                 "fp8",
             ],
         ),
-        (
-            "deepseek",
-            &[
-                "fixtures/configs/deepseek-v3.json",
-                "--input",
-                "input_ids=8192,4096",
-                "--cluster",
-                "eos",
-                "--gpus",
-                "1024",
-                "--precision",
-                "fp8",
-                "--tensor-parallel",
-                "2",
-                "--pipeline-parallel",
-                "8",
-                "--expert-parallel",
-                "64",
-                "--moe-dispatcher",
-                "flex",
-                "--recompute-modules",
-                "mla_up_proj,mlp",
-            ],
-        ),
-        (
-            "qwen",
-            &[
-                "fixtures/configs/qwen3-30b-a3b.json",
-                "--input",
-                "input_ids=512,4096",
-                "--cluster",
-                "eos",
-                "--gpus",
-                "16",
-                "--precision",
-                "bf16",
-                "--moe-a2a-overlap",
-                "on",
-            ],
-        ),
+        ("deepseek", &common::DEEPSEEK_V3_ON_1024_H100),
+        ("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED),
     ];
     let mut files = Vec::new();
     for (name, args) in plans {

@@ -157,25 +157,15 @@ impl GptSpec {
         vocabulary: u64,
     ) -> Self {
         GptSpec {
-            layers,
-            hidden,
-            heads,
             kv_heads,
-            sequence,
             positions: 0,
-            vocabulary,
             ffn,
             gated_mlp: true,
             biases: false,
             rms_norm: true,
             tied: false,
             dropout: false,
-            head_dim: hidden / heads.max(1),
-            qkv_bias: false,
-            qk_norm: false,
-            latent: None,
-            sliding_window: 0,
-            moe: None,
+            ..GptSpec::megatron(layers, hidden, heads, sequence, vocabulary)
         }
     }
 

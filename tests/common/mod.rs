@@ -120,3 +120,44 @@ pub fn ralpc() -> assert_cmd::Command {
     cmd.current_dir(workdir()).env("NO_COLOR", "1");
     cmd
 }
+
+/// `ralpc plan`'s arguments for DeepSeek-V3 from its configuration at the layout NVIDIA
+/// published for 1,024 H100s (Megatron-Bridge 25.09: TP2 PP8 EP64, FP8, its recipe's
+/// HybridEP dispatcher and recomputed modules).
+pub const DEEPSEEK_V3_ON_1024_H100: [&str; 19] = [
+    "fixtures/configs/deepseek-v3.json",
+    "--input",
+    "input_ids=8192,4096",
+    "--cluster",
+    "eos",
+    "--gpus",
+    "1024",
+    "--precision",
+    "fp8",
+    "--tensor-parallel",
+    "2",
+    "--pipeline-parallel",
+    "8",
+    "--expert-parallel",
+    "64",
+    "--moe-dispatcher",
+    "flex",
+    "--recompute-modules",
+    "mla_up_proj,mlp",
+];
+
+/// `ralpc plan`'s arguments for Qwen3-30B-A3B from its configuration on 16 H100s in bf16,
+/// with Megatron-Core's all-to-all overlap, the layout searched.
+pub const QWEN3_30B_ON_16_H100_OVERLAPPED: [&str; 11] = [
+    "fixtures/configs/qwen3-30b-a3b.json",
+    "--input",
+    "input_ids=512,4096",
+    "--cluster",
+    "eos",
+    "--gpus",
+    "16",
+    "--precision",
+    "bf16",
+    "--moe-a2a-overlap",
+    "on",
+];
