@@ -419,3 +419,67 @@ fn recipe(id: &str) -> (Dispatcher, bool, Recompute) {
         other => panic!("no recipe for {other}"),
     }
 }
+
+/// The expert-parallel degree follows the network, as the published analyses say (Megatron-
+/// Core MoE's parallel folding and DeepSeek's node-limited routing both keep the all-to-all
+/// on NVLink): DeepSeek-V3 on 256 GPUs spreads its experts wider inside GB200 NVL72 domains
+/// than across 8-GPU B200 nodes on 400 Gb/s NICs. Prints the sweep: for each degree, the
+/// best plan with it (the rest searched).
+#[test]
+fn expert_parallelism_grows_inside_an_nvlink_domain() {
+    let spec = huggingface::spec(
+        include_str!("../../fixtures/configs/deepseek-v3.json"),
+        4096,
+    )
+    .expect("a configuration");
+    let model = Transformer::from(&spec);
+    let run = Run {
+        // Its recipe's dispatcher (HybridEP), no overlap.
+        id: "DeepSeek-V3 sweep".into(),
+        gpu: String::new(),
+        gpus: 256,
+        spec,
+        layout: dense_runs()[0].layout,
+        batch: 4096,
+        precision: Precision::Bf16,
+        published_s: 0.0,
+    };
+    let mut best = Vec::new();
+    for gpu in ["GB200", "B200"] {
+        let cluster = cluster(gpu, 256);
+        let setting = setting(&model, &run, &cluster, Precision::Bf16);
+        let mut sweep = Vec::new();
+        for ep in [1u32, 2, 4, 8, 16, 32, 64, 128, 256] {
+            let knobs = ralpc_passes::transformer::Knobs {
+                expert: Some(ep),
+                ..Default::default()
+            };
+            if let Ok(found) = ralpc_passes::transformer::search(&setting, &knobs) {
+                let p = found.best.parallelism;
+                println!(
+                    "{gpu:<6} ep {ep:>3}: {:>7.2} s  (t{} p{} d{} zero {}, all-to-all {:.2} s)",
+                    found.best.iteration_time_us / 1e6,
+                    p.tensor,
+                    p.pipeline,
+                    p.data,
+                    p.zero,
+                    found.best.time.expert_comm_us / 1e6
+                );
+                sweep.push((found.best.iteration_time_us, ep));
+            }
+        }
+        let (_, fastest) = sweep
+            .iter()
+            .copied()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("some degree plans");
+        println!("{gpu}: fastest with ep {fastest}");
+        best.push(fastest);
+    }
+    assert!(
+        best[0] > best[1],
+        "NVL72 ep {} vs B200 nodes ep {}",
+        best[0],
+        best[1]
+    );
+}
