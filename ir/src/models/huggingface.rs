@@ -45,10 +45,7 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
     let fields = Fields(config);
     let family = fields.string("model_type")?;
     if !FAMILIES.contains(&family.as_str()) {
-        return Err(format!(
-            "model_type \"{family}\" is not a decoder ralpc reads (it reads {})",
-            FAMILIES.join(", ")
-        ));
+        return Err(unknown(&family));
     }
     if let Some(act) = fields.optional_string("hidden_act")? {
         if act != "silu" {
@@ -232,7 +229,7 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                 ..base
             }
         }
-        _ => unreachable!("families checked above"),
+        other => return Err(unknown(other)),
     };
     // A window on every block (Mistral 7B v0.1, windowed Qwen) shortens every attention;
     // within the window it changes nothing.
@@ -264,6 +261,14 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
     }
     spec.validate()?;
     Ok(spec)
+}
+
+/// Why a `model_type` is not read.
+fn unknown(family: &str) -> String {
+    format!(
+        "model_type \"{family}\" is not a decoder ralpc reads (it reads {})",
+        FAMILIES.join(", ")
+    )
 }
 
 /// A configuration's fields, read with their names in the errors.

@@ -40,8 +40,8 @@ use crate::cost::Optimizer;
 use crate::plan::Schedule;
 use crate::profile::Profile;
 
-use ralpc_ir::models::MoeSpec;
-
+use super::experts::{expert_mlp, Dispatcher, ExpertContext};
+use super::kernels::Kernels;
 use super::{Attention, Modules, Parallelism, Recompute, Transformer};
 
 /// Megatron-Core's gradient bucket, parameters (`--ddp-bucket-size`'s default,
@@ -92,67 +92,6 @@ pub struct Setting<'a> {
     pub expert_imbalance: f64,
     /// How tokens reach their experts.
     pub dispatcher: Dispatcher,
-}
-
-/// A mixture of experts' load imbalance where none is given: the lower end of the
-/// inter-rank imbalance (busiest expert-parallel rank's tokens over the mean) measured in
-/// training and prefill of 106–671 B mixtures of experts without expert rebalancing, 1.30
-/// to 4.01 (Wei et al., "UltraEP", arXiv:2606.04101, abstract). Megatron-Bridge's
-/// published benchmarks force balanced routing: 1.
-pub const DEFAULT_EXPERT_IMBALANCE: f64 = 1.3;
-
-/// How a mixture of experts runs, beyond its parallel degrees.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct ExpertOptions {
-    /// The busiest expert-parallel rank's token–expert pairs over the mean (1: balanced).
-    pub imbalance: f64,
-    /// How tokens reach their experts.
-    pub dispatcher: Dispatcher,
-    /// Dispatch and combine overlapped with another microbatch's compute (Megatron-Core's
-    /// `--overlap-moe-expert-parallel-comm`), where Megatron-Core runs it.
-    pub a2a_overlap: bool,
-}
-
-impl Default for ExpertOptions {
-    fn default() -> ExpertOptions {
-        ExpertOptions {
-            imbalance: DEFAULT_EXPERT_IMBALANCE,
-            dispatcher: Dispatcher::AllToAll,
-            a2a_overlap: false,
-        }
-    }
-}
-
-/// How a mixture of experts' tokens are dispatched to their experts and combined back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Dispatcher {
-    /// NCCL all-to-alls, one copy of a token per chosen expert (Megatron-Core's
-    /// `--moe-token-dispatcher-type alltoall`).
-    #[default]
-    AllToAll,
-    /// DeepEP's or HybridEP's kernels (Megatron-Core's `flex` dispatcher): a token crosses
-    /// the network once per node holding its experts and is forwarded over NVLink inside it
-    /// (DeepSeek-AI, DeepEP README: 43–58 GB/s of a 50 GB/s NIC across nodes, 153–158 GB/s
-    /// of H800's 160 GB/s NVLink inside).
-    Flex,
-}
-
-impl Dispatcher {
-    /// Its name on the command line and in Megatron-LM's arguments.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dispatcher::AllToAll => "alltoall",
-            Dispatcher::Flex => "flex",
-        }
-    }
-
-    /// Parses `alltoall` or `flex`.
-    pub fn parse(name: &str) -> Option<Dispatcher> {
-        [Dispatcher::AllToAll, Dispatcher::Flex]
-            .into_iter()
-            .find(|d| d.name() == name)
-    }
 }
 
 /// Communication the engine overlaps with compute, each a Megatron-Core option.
@@ -1253,18 +1192,18 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
 }
 
 /// One block's MLP half for one microbatch on one GPU, µs.
-struct Mlp {
-    forward_us: f64,
-    backward_us: f64,
+pub(super) struct Mlp {
+    pub(super) forward_us: f64,
+    pub(super) backward_us: f64,
     /// Its products beside tensor-parallel collectives (the first after the all-gather,
     /// the last before the reduce-scatter): forward, backward.
-    beside_collectives: Vec<(f64, f64)>,
+    pub(super) beside_collectives: Vec<(f64, f64)>,
     /// Token dispatch and combine: forward, backward.
-    exchange_us: (f64, f64),
+    pub(super) exchange_us: (f64, f64),
     /// Whether it is a mixture of experts.
-    experts: bool,
+    pub(super) experts: bool,
     /// The experts' activation, forward (what recomputing it costs).
-    activation_us: f64,
+    pub(super) activation_us: f64,
 }
 
 /// One block's price for one microbatch on one GPU.
@@ -1288,238 +1227,11 @@ struct Block {
     expert_params: f64,
 }
 
-/// What pricing a mixture of experts reads.
-struct ExpertContext<'a> {
-    model: &'a Transformer,
-    moe: MoeSpec,
-    par: &'a Parallelism,
-    kernels: &'a Kernels,
-    cluster: &'a Cluster,
-    /// A rank's positions in the attention (`s·b/c`).
-    tokens: f64,
-    /// Sequence parallelism's split of the positions outside the attention.
-    sp: f64,
-    imbalance: f64,
-    dispatcher: Dispatcher,
-}
-
-/// A mixture of experts' half of a block (Megatron-Core's MoE layer): a router over each
-/// rank's own positions, tokens permuted and dispatched to the `ep` ranks holding their
-/// experts, grouped GEMMs over the local experts at the rows each receives, combine and
-/// unpermute back; shared experts as a tensor-parallel dense MLP beside it.
-fn expert_mlp(
-    cx: &ExpertContext<'_>,
-    cast: &impl Fn(f64, f64, f64) -> (f64, f64),
-    fwd_bwd: &impl Fn(f64, f64, f64, f64) -> (f64, f64),
-) -> Mlp {
-    let (model, moe, par, kernels) = (cx.model, cx.moe, cx.par, cx.kernels);
-    let (h, e) = (model.hidden as f64, kernels.e);
-    let t = f64::from(par.tensor);
-    let m = model.spec().mlp_matrices() as f64;
-    let (ep, etp) = (
-        f64::from(par.expert.max(1)),
-        f64::from(par.expert_tensor.max(1)),
-    );
-    let experts = moe.experts as f64;
-    // Each rank routes its own positions: sequence parallelism splits them over the
-    // tensor-parallel ranks (Megatron-Core refuses to train a mixture of experts with
-    // tensor parallelism and without it).
-    let routed = cx.tokens / cx.sp;
-    // Token–expert pairs on the busiest rank: `k` a token, times the imbalance.
-    let pairs = routed * moe.top_k as f64 * cx.imbalance;
-    let local = experts / ep;
-    let inner = moe.expert_ffn as f64 / etp;
-    // Each local expert's rows: its pairs from the `etp` ranks sharing its columns.
-    let rows = pairs * etp / local;
-    // Grouped GEMMs: one launch over the local experts, each at its own rows, so few rows
-    // an expert leave them bound by reading the weights.
-    let fc1 = kernels.grouped_forward_backward(rows, (m - 1.0) * inner, h, local);
-    let fc2 = kernels.grouped_forward_backward(rows, h, inner, local);
-    let router = kernels.forward_backward(true, routed, experts, h, 1.0);
-    let (shared, shared_elements, shared_bytes) = match moe.shared_ffn {
-        0 => (vec![], (0.0, 0.0), 0.0),
-        f => {
-            let f = f as f64;
-            (
-                vec![
-                    fwd_bwd(cx.tokens, (m - 1.0) * f / t, h, 1.0),
-                    fwd_bwd(cx.tokens, h, f / t, 1.0),
-                ],
-                (cx.tokens * (h + f / t), cx.tokens * ((m - 1.0) * f / t + h)),
-                m * cx.tokens * f / t * e,
-            )
-        }
-    };
-    let gathered = pairs * etp;
-    let casts = cast(
-        gathered * (h + inner) + shared_elements.0,
-        gathered * ((m - 1.0) * inner + h) + shared_elements.1,
-        2.0 + shared.len() as f64,
-    );
-    // Memory-bound: the LayerNorm and residual over the rank's positions, the router's
-    // fp32 scores (written, read and written by its softmax and top-k), the permutation
-    // (the tokens read, the pairs written) and its inverse, the activation over the pairs'
-    // inner features, the shared experts' activation.
-    let bytes = 2.0 * routed * h * e
-        + routed * h * (3.0 * e + 1.0)
-        + 3.0 * routed * experts * 4.0
-        + 2.0 * (routed + pairs) * h * e
-        + m * pairs * moe.expert_ffn as f64 * e
-        + shared_bytes;
-    let launches = 7.0 + if shared.is_empty() { 0.0 } else { 1.0 };
-    let products = |pass: fn(&(f64, f64)) -> f64| {
-        pass(&fc1) + pass(&fc2) + pass(&router) + shared.iter().map(pass).sum::<f64>()
-    };
-    // Dispatch and combine each way; with expert tensor parallelism the dispatched pairs
-    // are all-gathered over the `etp` ranks and reduce-scattered back.
-    let intra = cx.cluster.group_of(0).intra_node;
-    let exchange = 2.0
-        * (all_to_all_us(
-            cx.cluster,
-            par.expert,
-            par.expert_tensor,
-            moe.top_k,
-            pairs * h * e,
-            cx.dispatcher,
-        ) + ring_all_gather_us(par.expert_tensor, intra, gathered * h * e));
-    Mlp {
-        forward_us: products(|g| g.0) + casts.0 + kernels.elementwise(bytes, launches),
-        backward_us: products(|g| g.1) + casts.1 + 2.0 * kernels.elementwise(bytes, launches),
-        beside_collectives: shared,
-        exchange_us: (exchange, exchange),
-        experts: true,
-        activation_us: kernels.elementwise(m * pairs * moe.expert_ffn as f64 * e, 1.0),
-    }
-}
-
-/// One all-to-all over an expert-parallel group of `ep` ranks `stride` apart, in which
-/// every rank sends `bytes` of token–expert pairs spread evenly over the group's experts,
-/// µs: NVLink inside a node (or an NVLink domain), each GPU's share of its node's NICs
-/// across. A [`Dispatcher::Flex`] sends a token to a remote node once however many of its
-/// `top_k` experts are there (with experts picked uniformly, `(N − 1)(1 − (1 − 1/N)^k)`
-/// copies of a token cross the network for `N` nodes, against `k(N − 1)/N`).
-fn all_to_all_us(
-    cluster: &Cluster,
-    ep: u32,
-    stride: u32,
-    top_k: u64,
-    bytes: f64,
-    dispatcher: Dispatcher,
-) -> f64 {
-    if ep <= 1 {
-        return 0.0;
-    }
-    let n = f64::from(ep);
-    if let Some(flat) = cluster.flat {
-        return flat.latency_us + bytes * (n - 1.0) / n / flat.bandwidth * 1e6;
-    }
-    let group = cluster.group_of(0);
-    let gpn = group.gpus_per_node.max(1);
-    // Members of the group on one node.
-    let local = (gpn / stride.max(1)).clamp(1, ep);
-    let intra = group.intra_node;
-    let within = f64::from(local);
-    let intra_us = intra.latency_us + bytes * (within - 1.0) / n / intra.bandwidth * 1e6;
-    let nodes = f64::from(ep.div_ceil(local));
-    if nodes <= 1.0 {
-        return intra_us;
-    }
-    let across = per_gpu_link(cluster, 0, gpn.min(cluster.gpu_count()), gpn);
-    let k = top_k.max(1) as f64;
-    let remote = match dispatcher {
-        Dispatcher::AllToAll => (n - within) / n,
-        Dispatcher::Flex => (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes).powf(k)) / k,
-    };
-    let inter_us = across.latency_us + bytes * remote / across.bandwidth * 1e6;
-    intra_us.max(inter_us)
-}
-
 /// A collective of `comm_us` overlapped with `compute_us` of compute, at least `floor` of it
 /// showing (the part that cannot start before the compute ends): (exposed, hidden), µs.
 fn hide(comm_us: f64, compute_us: f64, floor: f64) -> (f64, f64) {
     let exposed = (comm_us - compute_us).max(comm_us * floor).max(0.0);
     (exposed, comm_us - exposed)
-}
-
-/// Rows a group at which a grouped GEMM keeps half its large-group compute rate: a group
-/// of `m` rows keeps `m / (m + 128)`. DeepGEMM's FP8 grouped GEMMs on H800 (README @
-/// 327ec92f) keep 0.69, 0.77 and 0.92 of their 4,096–8,192-row rate at 256, 512 and 1,024
-/// rows a group (N 4,096, K 7,168) and 0.67, 0.75 and 0.76 (N 7,168, K 2,048); `m / (m +
-/// 128)` gives 0.67, 0.80 and 0.89 (a 128-row tile's padding and pipeline fill, per group).
-pub const GROUPED_GEMM_HALF_ROWS: f64 = 128.0;
-
-/// Kernel prices on one GPU, µs.
-#[derive(Clone, Copy)]
-pub(super) struct Kernels {
-    pub rates: KernelRates,
-    pub launch_us: f64,
-    /// Bytes of an activation element.
-    pub e: f64,
-    /// The block's dense layers run in FP8.
-    pub fp8: bool,
-}
-
-impl Kernels {
-    /// `batch` GEMMs `[rows, inner] × [inner, cols]` in one launch: in 16 bits (`sixteen`),
-    /// or in the math precision, whichever of compute and memory is longer.
-    pub fn gemm(&self, sixteen: bool, rows: f64, cols: f64, inner: f64, batch: f64) -> f64 {
-        let (rate, input) = match sixteen || !self.fp8 {
-            true => (
-                if sixteen {
-                    self.rates.gemm_16
-                } else {
-                    self.rates.gemm
-                },
-                self.e,
-            ),
-            false => (self.rates.gemm, 1.0),
-        };
-        let flops = 2.0 * rows * cols * inner * batch;
-        let bytes = (input * (rows * inner + inner * cols) + self.e * rows * cols) * batch;
-        (flops / rate).max(bytes / self.rates.hbm) * 1e6 + self.launch_us
-    }
-
-    /// Forward and backward (input and weight gradients) of one GEMM, µs.
-    pub fn forward_backward(
-        &self,
-        sixteen: bool,
-        rows: f64,
-        cols: f64,
-        inner: f64,
-        batch: f64,
-    ) -> (f64, f64) {
-        (
-            self.gemm(sixteen, rows, cols, inner, batch),
-            self.gemm(sixteen, rows, inner, cols, batch)
-                + self.gemm(sixteen, inner, cols, rows, batch),
-        )
-    }
-
-    /// Forward and backward of a grouped GEMM: `groups` products of `rows` each (a local
-    /// expert's tokens) in one launch, whose compute rate falls with the rows a group has
-    /// ([`GROUPED_GEMM_HALF_ROWS`]), µs.
-    pub fn grouped_forward_backward(
-        &self,
-        rows: f64,
-        cols: f64,
-        inner: f64,
-        groups: f64,
-    ) -> (f64, f64) {
-        let kept = rows / (rows + GROUPED_GEMM_HALF_ROWS);
-        let grouped = Kernels {
-            rates: KernelRates {
-                gemm: self.rates.gemm * kept,
-                ..self.rates
-            },
-            ..*self
-        };
-        grouped.forward_backward(false, rows, cols, inner, groups)
-    }
-
-    /// Memory-bound kernels moving `bytes` in `launches` launches.
-    pub fn elementwise(&self, bytes: f64, launches: f64) -> f64 {
-        bytes / self.rates.hbm * 1e6 + launches * self.launch_us
-    }
 }
 
 /// One microbatch's time through some blocks, by kind, µs.
@@ -1578,7 +1290,7 @@ fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
 
 /// What one GPU gets on the link from rank `a` to rank `a + offset`: NVLink inside a node;
 /// across nodes its share of the node's NICs, every GPU of the node sending at once.
-fn per_gpu_link(cluster: &Cluster, a: u32, offset: u32, gpus_per_node: u32) -> Link {
+pub(super) fn per_gpu_link(cluster: &Cluster, a: u32, offset: u32, gpus_per_node: u32) -> Link {
     let b = (a + offset).min(cluster.gpu_count().saturating_sub(1));
     let link = cluster.link(a, b);
     if cluster.flat.is_some() || cluster.level(&[a, b]) <= crate::cluster::LinkLevel::IntraNode {

@@ -12,15 +12,19 @@
 //! thousands of GPUs.
 
 mod estimate;
+mod experts;
+mod kernels;
 mod layered;
 mod recognize;
 mod search;
 
 pub use estimate::{
-    block_activation_bytes, estimate, moe_block_activation_bytes, Dispatcher, Estimate,
-    ExpertOptions, MemoryBreakdown, Overlap, Setting, TimeBreakdown, DEFAULT_EXPERT_IMBALANCE,
+    block_activation_bytes, estimate, moe_block_activation_bytes, Estimate, MemoryBreakdown,
+    Overlap, Setting, TimeBreakdown,
 };
-pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS, GROUPED_GEMM_HALF_ROWS};
+pub use estimate::{ACTIVATION_LAUNCHES, GRADIENT_BUCKET_PARAMS};
+pub use experts::{Dispatcher, ExpertOptions, DEFAULT_EXPERT_IMBALANCE};
+pub use kernels::GROUPED_GEMM_HALF_ROWS;
 pub use layered::{layered, NotLayered};
 pub use recognize::{recognize, NotATransformer};
 pub(crate) use search::divisors;
