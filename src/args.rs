@@ -93,10 +93,12 @@ pub struct PlanArgs {
     /// Where to write the executable plan (`plan.json`, format ralpc-plan/3), the placed
     /// graph (`plan.dot`, and `plan.svg` when Graphviz is installed), the simulated
     /// timeline (`timeline.json`, open it in ui.perfetto.dev) and `report.html`
-    /// [default: `<model stem>.ralpc` in the working directory].
+    /// [default: `<model stem>.ralpc` in the working directory; with --json, none unless
+    /// --emit asks for files].
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Print one JSON object instead of the summary (always plans).
+    /// Print one JSON object instead of the summary (always plans). Without -o nothing is
+    /// written: a query for a machine leaves no folder behind.
     #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
     /// Print nothing but errors.

@@ -59,9 +59,10 @@ pub use output::{
     write_bytes_atomically, write_set_atomically, DirLock,
 };
 pub use plan::{
-    graphviz_installed, plan, render_svg, report_html, simulated_facts, CandidateRow, Executable,
-    ParallelismRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow,
-    StageRow, SvgSkipped, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
+    graphviz_installed, layer_rows, plan, render_svg, report_html, runs_placed_alike,
+    simulated_facts, CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions,
+    PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH,
+    DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
 pub use process::{die_with_parent, hand_over, keep_freed_memory};
 pub use profile::{profile_cpu, profile_cuda, profile_on, ProfileOptions};

@@ -26,7 +26,8 @@ mod warnings;
 
 pub use report::{report_html, simulated_facts};
 pub use summary::{
-    CandidateRow, ParallelismRow, PlacedLayer, PlanReport, SimulatedRow, SplitRow, StageRow,
+    layer_rows, runs_placed_alike, CandidateRow, ParallelismRow, PlacedLayer, PlanReport,
+    SimulatedRow, SplitRow, StageRow,
 };
 
 use load::*;

@@ -60,6 +60,12 @@ fn a_plan_is_written_once_and_checked_after() {
             .code(1);
         stdout(ralpc(dir.path()).args([model, "--gpus", "8"]));
         assert!(svg.is_file());
+    } else {
+        common::skip_without(
+            "Graphviz (dot)",
+            "Debian: apt install graphviz",
+            "a missing plan.svg making the directory stale",
+        );
     }
     // Other options are other inputs.
     ralpc(dir.path())
@@ -87,6 +93,21 @@ fn a_plan_is_written_once_and_checked_after() {
         .args([copy, "--gpus", "8", "-o", "c", "--check"])
         .assert()
         .code(1);
+}
+
+/// `--json` alone is a program's question: the answer goes to stdout and nothing appears in
+/// its working directory; with `-o` the artifacts are written as usual.
+#[test]
+fn json_without_an_output_directory_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::root().join(VGG16);
+    let model = model.to_str().unwrap();
+    let printed = stdout(ralpc(dir.path()).args([model, "--gpus", "8", "--json"]));
+    let _: serde_json::Value = serde_json::from_str(&printed).expect("one JSON object");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "--json wrote {left:?}");
+    stdout(ralpc(dir.path()).args([model, "--gpus", "8", "--json", "-o", "out"]));
+    assert!(dir.path().join("out/plan.json").is_file());
 }
 
 #[test]

@@ -116,11 +116,11 @@ fn every_kernel_compiles_for_hopper() {
             .expect("ralpc doctor runs");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         if stderr.contains("cannot compile the kernels: libnvrtc not found") {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must compile the kernels: {stderr}"
+            common::skip_without(
+                "NVRTC",
+                "pip install 'nvidia-cuda-nvrtc==13.0.*'",
+                "compiling every kernel for Hopper",
             );
-            eprintln!("skipped: NVRTC is not installed (pip install 'nvidia-cuda-nvrtc==13.0.*')");
             return;
         }
         let json: serde_json::Value = serde_json::from_slice(&out.stdout)

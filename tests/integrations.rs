@@ -11,11 +11,11 @@ use std::time::{Duration, SystemTime};
 fn tool(name: &str) -> bool {
     let found = Command::new(name).arg("--version").output().is_ok();
     if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI installs {name} (.ci/run), but it did not run"
+        common::skip_without(
+            name,
+            "Debian: apt install make cmake",
+            "the build integration",
         );
-        eprintln!("NOTE: {name} is not installed: its integration was not run");
     }
     found
 }

@@ -356,8 +356,103 @@ fn memory_per_gpu(plan: &Plan, capacity: u64) -> String {
     stacked_bars(&rows, full, &|b| gib(b), mark)
 }
 
+/// Narrowest slice of the Gantt chart drawn on its own, px: narrower slices are pooled per
+/// pixel column, so that the page stays the size of what a reader can see (a 1F1B pipeline of
+/// 512 microbatches on 64 GPUs is millions of slices, hundreds of megabytes drawn one by one).
+const GANTT_MIN_SLICE_PX: f64 = 2.0;
+
+/// One drawn rectangle of a Gantt lane: a slice, or neighbouring pixel columns of narrow
+/// slices whose busiest kind is the same.
+struct Bar {
+    from_px: f64,
+    to_px: f64,
+    colour: &'static str,
+    tooltip: String,
+}
+
+/// The bars of one lane of the Gantt chart: `slices` are (start px, end px, colour, label)
+/// sorted by start, the label given for the slices drawn on their own. Wide slices are drawn as they are; the narrow ones add their width per
+/// kind to the pixel columns they cover, each column takes the colour of the kind that
+/// filled it most, and a run of columns of one colour is one bar whose tooltip counts its
+/// slices. The bars are then at most about twice the chart's width, whatever the plan.
+fn lane_bars(
+    slices: &[(f64, f64, &'static str, Option<String>)],
+    rank: u32,
+    us_per_px: f64,
+) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    // Pixel column -> (width per kind, slices counted).
+    let mut columns: std::collections::BTreeMap<i64, ([f64; INSTRUCTION_STYLES.len()], u32)> =
+        std::collections::BTreeMap::new();
+    for (from, to, colour, what) in slices {
+        if let (true, Some(what)) = (to - from >= GANTT_MIN_SLICE_PX, what) {
+            bars.push(Bar {
+                from_px: *from,
+                to_px: *to,
+                colour,
+                tooltip: format!(
+                    "GPU {rank}: {what}: {:.3}–{:.3} ms",
+                    from * us_per_px / 1e3,
+                    to * us_per_px / 1e3
+                ),
+            });
+            continue;
+        }
+        let kind = INSTRUCTION_STYLES
+            .iter()
+            .position(|(c, _)| c == colour)
+            .unwrap_or(0);
+        // Slices are at most 2 px wide, so they touch at most three columns.
+        let (mut column, mut first) = (from.floor() as i64, true);
+        while (column as f64) < *to || first {
+            let covered = (to.min(column as f64 + 1.0) - from.max(column as f64)).max(1e-3);
+            let entry = columns.entry(column).or_default();
+            entry.0[kind] += covered;
+            entry.1 += u32::from(first);
+            (column, first) = (column + 1, false);
+        }
+    }
+    let mut open: Option<(i64, i64, usize, u32)> = None;
+    let close = |bars: &mut Vec<Bar>, (from, to, kind, count): (i64, i64, usize, u32)| {
+        let (colour, what) = INSTRUCTION_STYLES[kind];
+        bars.push(Bar {
+            from_px: from as f64,
+            to_px: to as f64,
+            colour,
+            tooltip: format!(
+                "GPU {rank}: {count} short slices, mostly {what}: {:.3}–{:.3} ms",
+                from as f64 * us_per_px / 1e3,
+                to as f64 * us_per_px / 1e3
+            ),
+        });
+    };
+    for (&column, (widths, count)) in &columns {
+        let kind = (0..widths.len())
+            .max_by(|&a, &b| widths[a].total_cmp(&widths[b]).then(b.cmp(&a)))
+            .unwrap_or(0);
+        match &mut open {
+            Some((_, to, k, n)) if *to == column && *k == kind => {
+                *to += 1;
+                *n += count;
+            }
+            _ => {
+                if let Some(bar) = open.take() {
+                    close(&mut bars, bar);
+                }
+                open = Some((column, column + 1, kind, *count));
+            }
+        }
+    }
+    if let Some(bar) = open {
+        close(&mut bars, bar);
+    }
+    bars.sort_by(|a, b| a.from_px.total_cmp(&b.from_px));
+    bars
+}
+
 /// The Gantt chart of `ran`: two rows per rank (compute, communication), time to the
-/// right; each slice's tooltip names it (layer and microbatch of a pass).
+/// right; each slice's tooltip names it (layer and microbatch of a pass), slices narrower
+/// than [`GANTT_MIN_SLICE_PX`] pooled ([`lane_bars`]).
 fn gantt(plan: &Plan, ran: &[Ran], end: f64) -> String {
     let ranks = plan.ranks.min(GANTT_RANKS);
     let (left, width, row) = (90.0, 1000.0, 14.0);
@@ -379,25 +474,34 @@ fn gantt(plan: &Plan, ran: &[Ran], end: f64) -> String {
             2.0 * row - 2.0
         );
     }
+    // Slices per (rank, lane), in pixels from the chart's left edge.
+    let mut lanes = vec![Vec::new(); 2 * ranks as usize];
     for r in ran.iter().filter(|r| r.rank < ranks) {
         let Some(instr) = plan.instruction(r.rank, r.index) else {
             continue;
         };
-        let lane = if instr.is_compute() { 0.0 } else { 1.0 };
-        let x = left + r.start_us / end * width;
-        let w = ((r.end_us - r.start_us) / end * width).max(0.5);
-        let y = f64::from(r.rank) * 2.0 * row + lane * row;
-        let _ = write!(
-            out,
-            "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{:.1}\" fill=\"{}\">\
-             <title>GPU {}: {}: {:.3}–{:.3} ms</title></rect>",
-            row - 2.0,
-            colour(instr),
-            r.rank,
-            html(&label(plan, instr)),
-            r.start_us / 1e3,
-            r.end_us / 1e3
-        );
+        let lane = usize::from(!instr.is_compute());
+        let from = r.start_us / end * width;
+        let to = from + ((r.end_us - r.start_us) / end * width).max(0.5);
+        let what = (to - from >= GANTT_MIN_SLICE_PX).then(|| label(plan, instr));
+        lanes[2 * r.rank as usize + lane].push((from, to, colour(instr), what));
+    }
+    for (i, slices) in lanes.iter_mut().enumerate() {
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let rank = (i / 2) as u32;
+        let y = f64::from(rank) * 2.0 * row + (i % 2) as f64 * row;
+        for bar in lane_bars(slices, rank, end / width) {
+            let _ = write!(
+                out,
+                "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"{}\">\
+                 <title>{}</title></rect>",
+                left + bar.from_px,
+                (bar.to_px - bar.from_px).max(0.5),
+                row - 2.0,
+                bar.colour,
+                html(&bar.tooltip),
+            );
+        }
     }
     let axis = f64::from(ranks) * 2.0 * row + 16.0;
     for k in 0..=4 {
@@ -512,12 +616,64 @@ pub fn report(input: &ReportInput, plan: &Plan, ran: &[Ran]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::covered;
+    use super::{covered, lane_bars, INSTRUCTION_STYLES};
 
     #[test]
     fn covered_counts_overlaps_once() {
         assert_eq!(covered(vec![]), 0.0);
         assert_eq!(covered(vec![(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]), 4.0);
         assert_eq!(covered(vec![(4.0, 5.0), (0.0, 10.0), (2.0, 3.0)]), 10.0);
+    }
+
+    #[test]
+    fn a_lane_of_many_short_slices_is_drawn_at_the_charts_resolution() {
+        let (forward, backward) = (INSTRUCTION_STYLES[0].0, INSTRUCTION_STYLES[2].0);
+        // 100,000 alternating forward/backward slices of 0.01 px over 1,000 px, then one
+        // wide backward slice.
+        let mut slices: Vec<_> = (0..100_000)
+            .map(|i| {
+                let from = f64::from(i) * 0.01;
+                let colour = if i % 3 == 0 { forward } else { backward };
+                (from, from + 0.01, colour, None)
+            })
+            .collect();
+        slices.push((1000.0, 1010.0, backward, Some("B layer mb7".to_owned())));
+        let bars = lane_bars(&slices, 3, 2.0);
+        // The short ones fill 1,000 columns, mostly backward: one bar, counting them all.
+        assert_eq!(
+            bars.len(),
+            2,
+            "{:?}",
+            bars.iter().map(|b| &b.tooltip).collect::<Vec<_>>()
+        );
+        assert_eq!(bars[1].tooltip, "GPU 3: B layer mb7: 2.000–2.020 ms");
+        assert_eq!(
+            bars[0].tooltip,
+            "GPU 3: 100000 short slices, mostly backward: 0.000–2.000 ms"
+        );
+        assert_eq!(bars[0].colour, backward);
+        assert_eq!((bars[0].from_px, bars[0].to_px), (0.0, 1000.0));
+    }
+
+    #[test]
+    fn wide_slices_keep_their_own_tooltips() {
+        let forward = INSTRUCTION_STYLES[0].0;
+        let slices = vec![
+            (0.0, 10.0, forward, Some("F a mb0".to_owned())),
+            (10.0, 10.5, forward, None),
+            (20.0, 30.0, forward, Some("F b mb0".to_owned())),
+        ];
+        let tooltips: Vec<String> = lane_bars(&slices, 0, 1000.0)
+            .into_iter()
+            .map(|b| b.tooltip)
+            .collect();
+        assert_eq!(
+            tooltips,
+            [
+                "GPU 0: F a mb0: 0.000–10.000 ms",
+                "GPU 0: 1 short slices, mostly forward: 10.000–11.000 ms",
+                "GPU 0: F b mb0: 20.000–30.000 ms",
+            ]
+        );
     }
 }

@@ -74,7 +74,12 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let spinner = super::spinner(format!("planning {}", args.model.display()), !args.quiet);
     let compiled = ralpc::compile(&options);
     spinner.finish_and_clear();
-    let compiled = compiled?;
+    let mut compiled = compiled?;
+    // `--json` alone is a question asked by a program: the answer is on stdout, and a folder
+    // appearing in its working directory would be a side effect it did not ask for.
+    if args.json && args.out.is_none() {
+        compiled.files.clear();
+    }
     // One plan's files at a time in DIR: another ralpc planning into it waits.
     let _lock = if compiled.files.is_empty() && args.emit.is_empty() {
         None
@@ -484,13 +489,8 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::codegen::Simulation>) -> S
         "\n{:<9}  {:<52}  {:>4}  {:>9}  {:>5}  {:>10}",
         "layers", "from .. to", "gpus", "s×a×p", "stage", "compute"
     );
-    let mut start = 0;
-    while start < r.layers.len() {
-        let l = &r.layers[start];
-        let alike =
-            |m: &ralpc::PlacedLayer| (m.gpus, m.split, m.stage) == (l.gpus, l.split, l.stage);
-        let end = start + r.layers[start..].iter().take_while(|m| alike(m)).count();
-        let run = &r.layers[start..end];
+    for std::ops::Range { start, end } in ralpc::runs_placed_alike(&r.layers) {
+        let (l, run) = (&r.layers[start], &r.layers[start..end]);
         let compute: f64 = run.iter().map(|m| m.forward_us + m.backward_us).sum();
         let names = if run.len() == 1 {
             l.label().to_owned()
@@ -514,7 +514,6 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::codegen::Simulation>) -> S
             l.stage,
             ms(compute)
         );
-        start = end;
     }
     if r.candidates.len() > 1 {
         let _ = writeln!(out, "\ncompared:");

@@ -1,6 +1,11 @@
 //! `report.html` of a plan, and the simulator's facts the terminal summary shares with it.
 
-use super::{ms, Executable, PlanReport};
+use super::{ms, Executable, PlacedLayer, PlanReport};
+
+/// Rows of the report's placement table and per-layer chart at most: past it, consecutive
+/// layers share a row ([`super::layer_rows`]), so that a 100,000-layer graph's report is
+/// as long as a ResNet's.
+pub const REPORT_LAYER_ROWS: usize = 256;
 
 /// What the simulator adds to the prediction, as (label, value) lines for the terminal
 /// summary and the report: GPU time, idle windows, traffic per link class, peak memory
@@ -150,44 +155,33 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
             })
             .collect(),
     };
+    // A reader takes in a few hundred rows: past that, layers placed alike are one row.
+    let rows = super::layer_rows(&report.layers, REPORT_LAYER_ROWS);
     let placement = Table {
         columns: [
             "layer", "module", "op", "GPUs", "s×a×p", "stage", "compute", "sync", "transfer",
         ]
         .map(String::from)
         .to_vec(),
-        rows: report
-            .layers
+        rows: rows
             .iter()
-            .map(|l| {
-                vec![
-                    l.name.clone(),
-                    l.module.clone(),
-                    l.op.clone(),
-                    l.gpus.to_string(),
-                    format!(
-                        "{}×{}×{}",
-                        l.split.sample, l.split.attribute, l.split.parameter
-                    ),
-                    l.stage.to_string(),
-                    ms(l.forward_us + l.backward_us),
-                    ms(l.sync_us),
-                    ms(l.transfer_us),
-                ]
-            })
+            .map(|r| placement_row(&report.layers, r.clone()))
             .collect(),
     };
     // The planner prices passes per microbatch and synchronization per iteration.
     let m = f64::from(report.microbatches.max(1));
-    let layers = report
-        .layers
+    let layers = rows
         .iter()
-        .map(|l| LayerTime {
-            label: l.label().to_owned(),
-            forward_us: l.forward_us * m,
-            backward_us: l.backward_us * m,
-            sync_us: l.sync_us,
-            transfer_us: l.transfer_us * m,
+        .map(|r| {
+            let group = &report.layers[r.clone()];
+            let sum = |f: fn(&PlacedLayer) -> f64| group.iter().map(f).sum::<f64>();
+            LayerTime {
+                label: spanned(group, PlacedLayer::label),
+                forward_us: sum(|l| l.forward_us) * m,
+                backward_us: sum(|l| l.backward_us) * m,
+                sync_us: sum(|l| l.sync_us),
+                transfer_us: sum(|l| l.transfer_us) * m,
+            }
         })
         .collect();
     let input = ReportInput {
@@ -202,4 +196,48 @@ pub fn report_html(report: &PlanReport, exe: &Executable, graph_svg: Option<Stri
         graph_dot: exe.dot.clone(),
     };
     ralpc_codegen::report::report(&input, &exe.plan, &exe.ran)
+}
+
+/// `what` of the first and last of `group`, "first .. last (N layers)" when several.
+fn spanned(group: &[PlacedLayer], what: fn(&PlacedLayer) -> &str) -> String {
+    match group {
+        [] => String::new(),
+        [one] => what(one).to_owned(),
+        [first, .., last] if what(first).is_empty() && what(last).is_empty() => String::new(),
+        [first, .., last] => format!("{} .. {} ({} layers)", what(first), what(last), group.len()),
+    }
+}
+
+/// The placement table's row of the consecutive `layers[range]`: what they share, or the
+/// range of what they do not, and their summed times.
+fn placement_row(layers: &[PlacedLayer], range: std::ops::Range<usize>) -> Vec<String> {
+    let group = &layers[range.clone()];
+    let Some(first) = group.first() else {
+        return Vec::new();
+    };
+    let shared = |f: &dyn Fn(&PlacedLayer) -> String| {
+        let value = f(first);
+        if group.iter().all(|l| f(l) == value) {
+            value
+        } else {
+            "varies".to_owned()
+        }
+    };
+    let sum = |f: fn(&PlacedLayer) -> f64| group.iter().map(f).sum::<f64>();
+    vec![
+        spanned(group, |l| &l.name),
+        spanned(group, |l| &l.module),
+        shared(&|l| l.op.clone()),
+        shared(&|l| l.gpus.to_string()),
+        shared(&|l| {
+            format!(
+                "{}×{}×{}",
+                l.split.sample, l.split.attribute, l.split.parameter
+            )
+        }),
+        shared(&|l| l.stage.to_string()),
+        ms(sum(|l| l.forward_us + l.backward_us)),
+        ms(sum(|l| l.sync_us)),
+        ms(sum(|l| l.transfer_us)),
+    ]
 }

@@ -75,6 +75,37 @@ impl PlacedLayer {
     }
 }
 
+/// Runs of consecutive layers placed alike (GPUs, split and stage): the placement as a
+/// reader takes it in, one row a run.
+pub fn runs_placed_alike(layers: &[PlacedLayer]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while let Some(l) = layers.get(start) {
+        let alike = |m: &PlacedLayer| (m.gpus, m.split, m.stage) == (l.gpus, l.split, l.stage);
+        let end = start + layers[start..].iter().take_while(|m| alike(m)).count();
+        runs.push(start..end);
+        start = end;
+    }
+    runs
+}
+
+/// The layers in at most `rows` groups of consecutive layers: one per layer when they are
+/// few, else the runs placed alike ([`runs_placed_alike`]), and when those are still too
+/// many, neighbouring runs merged evenly.
+pub fn layer_rows(layers: &[PlacedLayer], rows: usize) -> Vec<std::ops::Range<usize>> {
+    if layers.len() <= rows {
+        return (0..layers.len()).map(|i| i..i + 1).collect();
+    }
+    let runs = runs_placed_alike(layers);
+    if runs.len() <= rows {
+        return runs;
+    }
+    let per_row = runs.len().div_ceil(rows.max(1));
+    runs.chunks(per_row)
+        .map(|chunk| chunk[0].start..chunk[chunk.len() - 1].end)
+        .collect()
+}
+
 /// One family's best plan, for comparison.
 #[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct CandidateRow {
@@ -509,5 +540,45 @@ pub(super) fn transformer(
             configurations_priced: found.evaluated,
             measured: best.measured(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{layer_rows, runs_placed_alike, PlacedLayer, SplitRow};
+
+    fn layer(gpus: u32, stage: usize) -> PlacedLayer {
+        PlacedLayer {
+            name: format!("l{gpus}.{stage}"),
+            module: String::new(),
+            op: "Relu".into(),
+            gpus,
+            split: SplitRow {
+                sample: gpus,
+                attribute: 1,
+                parameter: 1,
+            },
+            stage,
+            forward_us: 1.0,
+            backward_us: 2.0,
+            sync_us: 0.0,
+            transfer_us: 0.0,
+        }
+    }
+
+    #[test]
+    fn layers_share_rows_only_past_the_limit() {
+        // Runs: 3 on 8 GPUs, 2 on 4, 1 on 8 in stage 1.
+        let layers: Vec<PlacedLayer> = [(8, 0), (8, 0), (8, 0), (4, 0), (4, 0), (8, 1)]
+            .into_iter()
+            .map(|(g, s)| layer(g, s))
+            .collect();
+        assert_eq!(runs_placed_alike(&layers), [0..3, 3..5, 5..6]);
+        assert_eq!(layer_rows(&layers, 6).len(), 6);
+        assert_eq!(layer_rows(&layers, 5), [0..3, 3..5, 5..6]);
+        // Still too many runs: neighbours merge, every layer in exactly one row.
+        assert_eq!(layer_rows(&layers, 2), [0..5, 5..6]);
+        assert_eq!(layer_rows(&layers, 1), [0..6]);
+        assert!(layer_rows(&[], 4).is_empty());
     }
 }

@@ -67,6 +67,23 @@ pub fn account(
     (model, info, acc)
 }
 
+/// A test that needs a tool this machine lacks (`tool`, installed by `install`): under CI,
+/// which installs every such tool (`.ci/run`), that is a failure; elsewhere the test is
+/// skipped and says so on the terminal. The line is written to the process's stderr itself,
+/// not through `eprintln!`, which the test harness captures and shows only for failures:
+/// a skipped check must not read as a passed one.
+pub fn skip_without(tool: &str, install: &str, what: &str) {
+    use std::io::Write as _;
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI installs {tool} (.ci/run), but it is missing: {what} was not checked"
+    );
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "SKIPPED: {what}: {tool} is not installed ({install})"
+    );
+}
+
 /// A scratch working directory for running `ralpc` from (it writes `<stem>.ralpc/` there by
 /// default), with `fixtures` linked in so that relative model paths resolve. One per test
 /// process.
