@@ -71,6 +71,12 @@ pub fn torch_script(report: &PlanReport, strategy: &StrategyFile) -> String {
     if let Some(p) = &report.parallelism {
         plan["sequence_parallel"] = p.sequence_parallel.into();
     }
+    // The families compared, from which a refusal names the nearest plan the model has.
+    plan["candidates"] = report
+        .candidates
+        .iter()
+        .map(|c| serde_json::json!({ "strategy": c.strategy }))
+        .collect();
     let json = serde_json::to_string_pretty(&plan).unwrap_or_default();
     // JSON literals that Python spells differently.
     let python = json

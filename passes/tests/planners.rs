@@ -79,6 +79,7 @@ fn deeppool_vgg16_burst_plan() {
                 name: name.into(),
                 module: None,
                 kind: None,
+                inputs: Vec::new(),
                 gpus: Some(1),
                 split: None,
             })

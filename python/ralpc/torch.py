@@ -90,6 +90,22 @@ class Layout:
     notes: list[str] = field(default_factory=list)
 
 
+def _nearest_aligned(plan: dict) -> dict[str, Any]:
+    """The nearest plan whose layers all split alike over one mesh: Megatron-LM's layout for
+    a transformer (a plan that considered it), data parallelism for any other model."""
+    if any(c.get("strategy") == "3d" for c in plan.get("candidates", [])):
+        return {"strategy": "3d"}
+    return {"strategy": "dp"}
+
+
+def _nearest_unsplit(plan: dict) -> dict[str, Any]:
+    """The nearest plan without tensor parallelism: the transformer's own layout at degree
+    1, data parallelism for any other model."""
+    if _nearest_aligned(plan) == {"strategy": "3d"}:
+        return {"tensor_parallel": 1}
+    return {"strategy": "dp"}
+
+
 def _placement(plan: dict) -> dict:
     placement = plan.get("placement")
     if placement is None:
@@ -157,7 +173,7 @@ def layout(plan: dict) -> Layout:
         raise Unsupported(
             f"stages run on different GPU counts ({[s['replicas'] for s in stages]}); a "
             "PyTorch device mesh gives every stage the same",
-            {"strategy": "3d"},
+            _nearest_aligned(plan),
         )
     (r,) = replicas
     v = placement.get("virtual_stages", 1)
@@ -195,7 +211,7 @@ def layout(plan: dict) -> Layout:
                 f"layer {label!r} splits samples {split['sample']} ways where the plan's "
                 f"tensor-parallel layers split them {d} ways: PyTorch gives every module of "
                 "a tensor-parallel group the same samples",
-                {"strategy": "3d"},
+                _nearest_aligned(plan),
             )
         tp = split["attribute"] * split["parameter"]
         if tp == 1:
@@ -245,20 +261,51 @@ def layout(plan: dict) -> Layout:
                 "heads only with separate q, k and v Linear modules (split a fused one)",
                 {"tensor_parallel": 1},
             )
-    # A column-parallel product whose output no row-parallel one consumes (the LM head)
-    # gathers its output.
+    # A column-parallel product keeps its output split only where every reader takes it
+    # split: a row-parallel product or an attention splitting heads, directly or through
+    # elementwise layers (an activation, SwiGLU's product) in its stage. Otherwise (the LM
+    # head, a product feeding another column-parallel one) it gathers its output, as
+    # ralpc's own plan does between such layers.
+    readers: dict[str, list[int]] = {n: [] for n in names}
+    for j, row in enumerate(layers):
+        for source in row.get("inputs", []):
+            if source in readers:
+                readers[source].append(j)
+
+    def split_readers(i: int, seen: set[int]) -> bool | None:
+        """True: every reader of layer i takes it split; False: none does; None: both."""
+        verdicts = set()
+        for j in readers[layers[i]["name"]]:
+            if j in seen:
+                continue
+            seen.add(j)
+            reader = layers[j]
+            style = styles.get(reader.get("module", ""))
+            if stage_of[j] != stage_of[i]:
+                verdicts.add(False)
+            elif style in ("rowwise", "heads"):
+                verdicts.add(True)
+            elif reader.get("kind") in ("dense", "attention", "embedding", "norm", "layer_norm", "conv", "pool"):
+                verdicts.add(False)
+            else:
+                through = split_readers(j, seen)
+                verdicts.add(False if through is None else through)
+        if verdicts == {True}:
+            return True
+        return None if len(verdicts) > 1 else False
+
     for i, l in enumerate(layers):
         module = l.get("module", "")
         if styles.get(module) != "colwise":
             continue
-        consumed = False
-        for later in layers[i + 1 :]:
-            if later.get("kind") in ("layer_norm", "norm") or stage_of[index[later["name"]]] != stage_of[i]:
-                break
-            if styles.get(later.get("module", "")) == "rowwise":
-                consumed = True
-                break
-        if not consumed:
+        kept = split_readers(i, set())
+        if kept is None:
+            raise Unsupported(
+                f"module {module!r} is split by output features, and some of its readers take "
+                "its output split while others need it whole: one PyTorch style cannot give both",
+                _nearest_unsplit(plan),
+            )
+        if not kept:
             styles[module] = "colwise_gather"
     # Megatron's sequence parallelism: LayerNorms split by sequence positions, reached by
     # reduce-scatters of the row-parallel sums, left by all-gathers before the column-

@@ -42,6 +42,7 @@ TOLERANCE = 1e-5
 MODELS = {
     "cnn": (models.Cnn, models.cnn_batch, models.cnn_loss, "images"),
     "gpt": (models.Gpt, models.gpt_batch, models.gpt_loss, "idx"),
+    "mlp": (models.Mlp, models.mlp_batch, models.cnn_loss, "x"),
 }
 
 
@@ -174,6 +175,34 @@ def burst(placement: dict) -> None:
         if layer.get("module") == "classifier":
             layer["gpus"] = 1
             layer.pop("split", None)
+
+
+def soap_split(placement: dict) -> None:
+    """Splits fc1 and fc2 by output features and fc3 by input features over 4 GPUs: fc1's
+    split output feeds fc2, which reads whole inputs, so fc1 must gather it."""
+    splits = {"fc1": (1, 4), "fc2": (1, 4), "fc3": (4, 1)}
+    for layer in placement["layers"]:
+        if layer.get("module") in splits:
+            attribute, parameter = splits[layer["module"]]
+            layer["gpus"] = 4
+            layer["split"] = {"sample": 1, "attribute": attribute, "parameter": parameter}
+
+
+def refused_soap_cnn(folder: str) -> str:
+    """VGG16's default plan (SOAP: convolutions split by samples, the classifier by
+    features) is refused, and the nearest plan it names is one ralpc plans for a CNN and
+    PyTorch runs."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    model = os.path.join(root, "fixtures/onnx/vgg16/model.onnx")
+    plan = ralpc.plan(model, gpus=8)
+    assert plan["strategy"] == "soap", plan["strategy"]
+    try:
+        rt.layout(plan)
+    except rt.Unsupported as e:
+        nearest = ralpc.plan(model, gpus=8, **e.nearest)
+        lay = rt.layout(nearest)
+        return f"refused: {e.reason[:60]}…; nearest {e.nearest} lays out as dp {lay.dp}"
+    raise AssertionError("a SOAP plan splitting samples and features was accepted")
 
 
 def refused_burst(folder: str) -> str:
@@ -329,7 +358,14 @@ CASES = {
         },
         {"dp": 2, "tp": 1, "pp": 2, "virtual_stages": 2, "microbatches": 2, "zero": 1},
     ),
+    "mlp-soap-tp4": training_case(
+        "mlp",
+        {"gpus": 4, "strategy": "dp", "tolerance": float("inf")},
+        {"dp": 1, "tp": 4, "styles": {"fc1": "colwise_gather", "fc2": "colwise", "fc3": "rowwise"}},
+        soap_split,
+    ),
     "emitted-torchrun": emitted_torchrun,
+    "refuses-soap-cnn": refused_soap_cnn,
     "refuses-burst": refused_burst,
     "refuses-fused-qkv": refused_fused_qkv,
 }

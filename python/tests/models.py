@@ -24,6 +24,20 @@ class Cnn(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
+class Mlp(nn.Module):
+    """Three products sharing one ReLU module (called twice, as users write it)."""
+
+    def __init__(self, d: int = 16, classes: int = 10):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(4 * d, 4 * d)
+        self.fc3 = nn.Linear(4 * d, classes)
+
+    def forward(self, x):
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
 class Attention(nn.Module):
     def __init__(self, d: int, heads: int):
         super().__init__()
@@ -81,6 +95,11 @@ class Gpt(nn.Module):
 def cnn_batch(step: int, batch: int = 8):
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(batch, 3, 16, 16, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def mlp_batch(step: int, batch: int = 8):
+    g = torch.Generator().manual_seed(300 + step)
+    return torch.randn(batch, 16, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
 def gpt_batch(step: int, batch: int = 8, seq: int = 16, vocab: int = 96):

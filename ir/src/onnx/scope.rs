@@ -16,6 +16,23 @@ use onnx_protobuf::NodeProto;
 /// The module path of `node` named `name`: empty when the export does not say or the node
 /// belongs to the root module.
 pub(crate) fn module_path(node: &NodeProto, name: &str) -> String {
+    without_call_counts(&recorded_path(node, name))
+}
+
+/// `path` with the exporter's call counts removed: torch.export names a module's second
+/// call `act@1` (its `nn_module_stack`), but the module, which a plan applies to, is `act`.
+fn without_call_counts(path: &str) -> String {
+    path.split('.')
+        .map(|part| match part.rsplit_once('@') {
+            Some((module, count)) if count.bytes().all(|b| b.is_ascii_digit()) => module,
+            _ => part,
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The module path as the export records it.
+fn recorded_path(node: &NodeProto, name: &str) -> String {
     let meta = |key: &str| {
         node.metadata_props
             .iter()
@@ -110,6 +127,12 @@ mod tests {
             "['', 'blocks.3', 'blocks.3.out', 'linear_15']",
         )]);
         assert_eq!(module_path(&node, "node_MatMul_176"), "blocks.3.out");
+        // A module called twice is still one module.
+        let again = with_meta(&[(
+            "pkg.torch.onnx.name_scopes",
+            "['', 'blocks.1@1', 'blocks.1@1.act@2', 'relu_3']",
+        )]);
+        assert_eq!(module_path(&again, "node_relu_3"), "blocks.1.act");
         let root = with_meta(&[("pkg.torch.onnx.name_scopes", "['', 'add_3']")]);
         assert_eq!(module_path(&root, "node_add_3"), "");
     }

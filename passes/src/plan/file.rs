@@ -127,6 +127,10 @@ pub struct StrategyFileLayer {
     /// read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<crate::layers::LayerKind>,
+    /// The layers whose outputs it reads (written for readers and for `ralpc.torch`, which
+    /// keeps a split output split only where every reader takes it so; ignored when read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
     /// GPUs it uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
@@ -191,6 +195,16 @@ impl StrategyFile {
                     name: name(i),
                     module: Some(graph.layers[i].module.clone()).filter(|m| !m.is_empty()),
                     kind: Some(graph.layers[i].kind),
+                    inputs: graph.layers[i]
+                        .inputs
+                        .iter()
+                        .filter_map(|edge| match edge.from {
+                            crate::layers::Producer::Layer(from) => {
+                                graph.layers.get(from.0 as usize).map(|l| l.name.clone())
+                            }
+                            crate::layers::Producer::Input(_) => None,
+                        })
+                        .collect(),
                     gpus: Some(s.degree()),
                     split: Some(FileSplit {
                         sample: s.sample,
