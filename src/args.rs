@@ -83,9 +83,12 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE")]
     pub write_strategy: Option<PathBuf>,
     /// Also write the plan for another engine into DIR: `torch` (train_torch.py, a
-    /// standalone script applying it to your model class under torchrun) or `megatron`
-    /// (megatron.args, Megatron-LM's arguments of a transformer plan). Repeatable.
-    #[arg(long, value_name = "ENGINE", value_parser = ["torch", "megatron"])]
+    /// standalone script applying it to your model class under torchrun), `megatron`
+    /// (megatron.args, Megatron-LM's arguments of a transformer plan) or `torchtitan`
+    /// (torchtitan_plan.py, torchtitan 0.3's job configuration of a transformer plan:
+    /// `torchrun -m torchtitan.train --module torchtitan_plan --config ralpc_plan`).
+    /// Repeatable.
+    #[arg(long, value_name = "ENGINE", value_parser = ["torch", "megatron", "torchtitan"])]
     pub emit: Vec<String>,
     /// Evaluate this strategy file under ralpc's costs instead of searching.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "schedule", "microbatches", "tolerance"])]

@@ -850,6 +850,24 @@ fn emit_writes_a_torch_script_and_megatron_arguments() {
         1,
         &["--emit megatron", "transformer (3d) plans"],
     );
+    // GPT-2's block (LayerNorm, a GELU MLP, biases) is of no family torchtitan trains.
+    fails(
+        &[
+            "plan",
+            "fixtures/onnx/gpt2/model.onnx",
+            "--gpus",
+            "8",
+            "--emit",
+            "torchtitan",
+            "-o",
+            dir.path().join("titan").to_str().unwrap(),
+        ],
+        1,
+        &[
+            "--emit torchtitan",
+            "Llama 3, Qwen3, DeepSeek-V3 and gpt-oss",
+        ],
+    );
 }
 
 /// A model that cannot be re-batched (the exporter baked the batch into an initializer's

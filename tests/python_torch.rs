@@ -189,7 +189,6 @@ print("ok", len(weights), "weights")
 fn megatron_core_accepts_the_arguments_ralpc_emits() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
-    let bin = env!("CARGO_BIN_EXE_ralpc");
     let gpt2 = "fixtures/onnx/gpt2/model.onnx";
     let plans: [(&str, &[&str]); 5] = [
         ("gpt2", &[gpt2, "--gpus", "8"]),
@@ -209,20 +208,10 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
         ("deepseek", &common::DEEPSEEK_V3_ON_1024_H100),
         ("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED),
     ];
-    let mut files = Vec::new();
-    for (name, args) in plans {
-        let out = dir.path().join(name);
-        run(
-            Command::new(bin)
-                .current_dir(root)
-                .arg("plan")
-                .args(args)
-                .args(["--emit", "megatron", "-q", "-o"])
-                .arg(&out),
-            "ralpc plan --emit megatron",
-        );
-        files.push(out.join("megatron.args"));
-    }
+    let files: Vec<PathBuf> = plans
+        .into_iter()
+        .map(|(name, args)| emitted("megatron", "megatron.args", args, &dir.path().join(name)))
+        .collect();
     let check = root.join("python/tests/check_megatron.py");
     let out = run(
         Command::new(python()).arg(&check).args(&files),
@@ -247,6 +236,111 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
         .expect("python");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stdout).contains("virtual_pipeline"));
+}
+
+/// torchtitan 0.3 (PyPI) loads the job files `ralpc plan --emit torchtitan` writes and
+/// accepts them for their world (`python/tests/check_torchtitan.py`: its ConfigManager, its
+/// `ParallelDims`, its pipeline stage count, its batch and sequence checks): Llama 3.1 8B
+/// on 32 H100s with tensor, pipeline and interleaved stages and full recomputation,
+/// Qwen3-30B-A3B with expert parallelism, DeepSeek-V3 at its published layout on 1,024.
+/// An edited file whose degrees do not make the world is refused.
+#[test]
+fn torchtitan_loads_the_jobs_ralpc_emits() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let llama: &[&str] = &[
+        "fixtures/configs/llama-3.1-8b.json",
+        "--input",
+        "input_ids=64,8192",
+        "--cluster",
+        "dgx-h100x4",
+        "--gpus",
+        "32",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adam",
+    ];
+    let interleaved: Vec<&str> = llama
+        .iter()
+        .copied()
+        .chain([
+            "--tensor-parallel",
+            "4",
+            "--pipeline-parallel",
+            "2",
+            "--virtual-stages",
+            "2",
+            "--recompute",
+            "full",
+        ])
+        .collect();
+    let plans: [(&str, &[&str], u32); 4] = [
+        ("llama", llama, 32),
+        ("interleaved", &interleaved, 32),
+        ("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED, 16),
+        ("deepseek", &common::DEEPSEEK_V3_ON_1024_H100, 1024),
+    ];
+    let files: Vec<String> = plans
+        .into_iter()
+        .map(|(name, args, world)| {
+            let file = emitted(
+                "torchtitan",
+                "torchtitan_plan.py",
+                args,
+                &dir.path().join(name),
+            );
+            format!("{world}:{}", file.display())
+        })
+        .collect();
+    let check = root.join("python/tests/check_torchtitan.py");
+    let out = run(
+        Command::new(python()).arg(&check).args(&files),
+        "torchtitan's checks",
+    );
+    assert_eq!(out.matches(": accepted").count(), files.len(), "{out}");
+    assert!(out.contains("deepseek_v3 671B on 1024 ranks"), "{out}");
+    assert!(out.contains("4 stages of 32 blocks"), "{out}");
+    // The checks bite: the data-parallel degree doubled.
+    let llama = dir.path().join("llama/torchtitan_plan.py");
+    let text = std::fs::read_to_string(&llama).expect("emitted");
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).expect("mkdir");
+    let degree = text
+        .lines()
+        .find(|l| l.contains("data_parallel_shard_degree"))
+        .expect("a data-parallel degree");
+    std::fs::write(
+        bad.join("torchtitan_plan.py"),
+        text.replace(degree, &format!("{degree}0")),
+    )
+    .expect("write");
+    let refused = Command::new(python())
+        .arg(&check)
+        .arg(format!("32:{}", bad.join("torchtitan_plan.py").display()))
+        .output()
+        .expect("python");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stdout).contains("Invalid parallel dims"),
+        "{}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+}
+
+/// Plans `args` (from the repository root) into `out` with `--emit engine`: the path of
+/// the engine's `file`.
+fn emitted(engine: &str, file: &str, args: &[&str], out: &Path) -> PathBuf {
+    run(
+        Command::new(env!("CARGO_BIN_EXE_ralpc"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .arg("plan")
+            .args(args)
+            .args(["--emit", engine, "-q", "-o"])
+            .arg(out),
+        &format!("ralpc plan --emit {engine}"),
+    );
+    out.join(file)
 }
 
 fn prepend_path(dir: &Path) -> std::ffi::OsString {

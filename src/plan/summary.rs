@@ -578,7 +578,10 @@ mod tests {
         assert_eq!(layer_rows(&layers, 5), [0..3, 3..5, 5..6]);
         // Still too many runs: neighbours merge, every layer in exactly one row.
         assert_eq!(layer_rows(&layers, 2), [0..5, 5..6]);
-        assert_eq!(layer_rows(&layers, 1), [0..6]);
+        assert_eq!(
+            layer_rows(&layers, 1),
+            vec![std::ops::Range { start: 0, end: 6 }]
+        );
         assert!(layer_rows(&[], 4).is_empty());
     }
 }

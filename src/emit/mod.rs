@@ -1,0 +1,71 @@
+//! `--emit`: a chosen plan written for another training engine.
+//!
+//! * [`torch_script`]: a standalone Python file that applies the plan to the user's own
+//!   model class with PyTorch's distributed APIs and trains it under `torchrun`.
+//! * [`megatron_arguments`]: Megatron-LM / Megatron-Core's command-line arguments for a
+//!   transformer (3d) plan.
+//! * [`torchtitan_config`]: a torchtitan 0.3 job configuration (a Python module of one
+//!   function returning its `Trainer.Config`) for a transformer plan.
+
+mod megatron;
+mod torch;
+mod torchtitan;
+
+pub use megatron::megatron_arguments;
+pub use torch::torch_script;
+pub use torchtitan::torchtitan_config;
+
+use crate::{Compiled, Error, FileError};
+
+/// The engines `--emit` writes for, and the file each writes into the output directory.
+pub const ENGINES: [(&str, &str); 3] = [
+    ("torch", "train_torch.py"),
+    ("megatron", "megatron.args"),
+    ("torchtitan", "torchtitan_plan.py"),
+];
+
+/// Writes the files of `engines` (names in [`ENGINES`]) for `compiled` into `dir`; their
+/// names.
+///
+/// # Errors
+/// [`Error::Plan`] when the plan has no form for an engine; [`Error::Write`].
+pub fn write(
+    engines: &[String],
+    compiled: &Compiled,
+    dir: &std::path::Path,
+) -> Result<Vec<&'static str>, Error> {
+    let refuse = |why: String| Error::Plan(Box::new(ralpc_passes::plan::PlanError::Request(why)));
+    let mut written = Vec::new();
+    for engine in engines {
+        let Some(&(_, file)) = ENGINES.iter().find(|(e, _)| e == engine) else {
+            return Err(refuse(format!(
+                "--emit {engine}: not an engine (torch, megatron, torchtitan)"
+            )));
+        };
+        let text = match engine.as_str() {
+            "torch" => {
+                let Some(strategy) = &compiled.strategy else {
+                    return Err(refuse(format!(
+                        "--emit torch: this plan has no per-layer placement: {}",
+                        compiled
+                            .not_lowered
+                            .as_deref()
+                            .unwrap_or("it was not lowered")
+                    )));
+                };
+                torch_script(&compiled.report, strategy)
+            }
+            "torchtitan" => torchtitan_config(&compiled.report).map_err(refuse)?,
+            _ => megatron_arguments(&compiled.report).map_err(refuse)?,
+        };
+        std::fs::create_dir_all(dir).map_err(|error| {
+            Error::Write(Box::new(FileError {
+                path: dir.display().to_string(),
+                error,
+            }))
+        })?;
+        crate::output::write_atomically(&dir.join(file), &text)?;
+        written.push(file);
+    }
+    Ok(written)
+}

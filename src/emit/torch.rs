@@ -1,0 +1,136 @@
+//! `--emit torch`: a standalone Python file that applies the plan to the user's own model
+//! class with PyTorch's distributed APIs and trains it under `torchrun`. It holds the plan
+//! and the same mapping `ralpc.torch` runs (its source, included), so it needs torch only,
+//! and can be read and edited.
+
+use std::fmt::Write;
+
+use ralpc_passes::plan::StrategyFile;
+
+use crate::plan::PlanReport;
+
+/// `ralpc.torch`'s source: the mapping from a plan to PyTorch's APIs.
+const TORCH_MAPPING: &str = include_str!("../../python/ralpc/torch.py");
+
+/// A Python file that trains `report`'s model with its plan (`strategy`) on PyTorch.
+pub fn torch_script(report: &PlanReport, strategy: &StrategyFile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\"\"\"Trains a model with the plan ralpc {} made for {} ({} plan, {} GPUs, batch {}).\n",
+        env!("CARGO_PKG_VERSION"),
+        report.model,
+        report.strategy,
+        report.gpus_used,
+        report.batch
+    );
+    out.push_str(
+        "Run it under torchrun with as many processes as the plan's mesh has ranks:\n\n    \
+         torchrun --nproc-per-node N train_torch.py --model mymodels:Gpt \\\n        \
+         --batches mymodels:batch --loss mymodels:loss --steps 100\n\n\
+         --model names the nn.Module class (or a function) the ONNX file was exported from;\n\
+         --batches a function of the step returning (inputs, target) of the *global* batch\n\
+         (every rank calls it; each takes its data-parallel share); --loss a function\n\
+         (output, target) -> mean loss. Every rank builds the model from the same seed.\n\n\
+         PLAN below is ralpc's placement (edit it to change the plan); the functions after it\n\
+         are ralpc.torch's mapping onto PyTorch's APIs: layout(PLAN) says what is applied\n\
+         to which module.\n\"\"\"\n\nfrom __future__ import annotations\n\n",
+    );
+    out.push_str("# Per layer: the module it came from, what it is, its split (sample×attribute×parameter).\n");
+    for layer in &strategy.layers {
+        let split = layer.split.unwrap_or(ralpc_passes::plan::FileSplit {
+            sample: layer.gpus.unwrap_or(1),
+            attribute: 1,
+            parameter: 1,
+        });
+        let _ = writeln!(
+            out,
+            "#   {:<36} {:<12} {}×{}×{}",
+            layer.module.as_deref().unwrap_or(&layer.name),
+            layer.kind.map_or("", |k| k.name()),
+            split.sample,
+            split.attribute,
+            split.parameter
+        );
+    }
+    let mut plan = serde_json::json!({
+        "strategy": report.strategy,
+        "gpus_used": report.gpus_used,
+        "batch": report.batch,
+        "placement": strategy,
+    });
+    if let Some(p) = &report.parallelism {
+        plan["sequence_parallel"] = p.sequence_parallel.into();
+    }
+    // The families compared, from which a refusal names the nearest plan the model has.
+    plan["candidates"] = report
+        .candidates
+        .iter()
+        .map(|c| serde_json::json!({ "strategy": c.strategy }))
+        .collect();
+    let json = serde_json::to_string_pretty(&plan).unwrap_or_default();
+    // JSON literals that Python spells differently.
+    let python = json
+        .replace(": true", ": True")
+        .replace(": false", ": False")
+        .replace(": null", ": None");
+    let _ = writeln!(out, "PLAN = {python}\n");
+    out.push_str("# ---- ralpc.torch: the plan onto PyTorch's APIs ----\n");
+    out.push_str(&TORCH_MAPPING.replace("from __future__ import annotations\n", ""));
+    out.push_str(TORCH_MAIN);
+    out
+}
+
+const TORCH_MAIN: &str = r#"
+
+# ---- training under torchrun ----
+def _load(spec: str):
+    import importlib
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="module:Class building the nn.Module")
+    parser.add_argument("--batches", required=True, help="module:function, step -> (inputs, target)")
+    parser.add_argument("--loss", required=True, help="module:function (output, target) -> loss")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD's learning rate")
+    args = parser.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    batches, loss_fn = _load(args.batches), _load(args.loss)
+    torch.manual_seed(0)
+    model = _load(args.model)()
+    lay = layout(PLAN)
+    inputs, _ = batches(0)
+    example = _microbatches(_shard(inputs, 0, lay.dp), lay.microbatches)[0]
+    parallel = parallelize(model, PLAN, loss_fn=loss_fn, example_inputs=example)
+    for note in parallel.notes:
+        if dist.get_rank() == 0:
+            print(f"note: {note}", flush=True)
+    opt = torch.optim.SGD(parallel.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        x, y = batches(step)
+        loss = parallel.step(x, y)
+        opt.step()
+        opt.zero_grad()
+        if dist.get_rank() == 0:
+            print(f"step {step} loss {loss:.6f}", flush=True)
+    # Every rank done communicating before any tears its process group down: gloo aborts a
+    # process whose peer closes a connection under a pending operation.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"#;
