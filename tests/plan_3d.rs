@@ -334,6 +334,55 @@ fn gemmas_norms_are_read_as_rmsnorm_from_its_operators() {
     }
 }
 
+/// Today's decoder families as `transformers` exports them, read from their operators:
+/// Qwen3's norms of each head's queries and keys, Qwen2's biases on Q, K and V alone,
+/// Phi-3's fused Q/K/V and gate/up projections; each one's parameters are PyTorch's count.
+#[test]
+fn todays_decoder_exports_are_read_from_their_operators() {
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string("fixtures/torch/expected.json").unwrap())
+            .unwrap();
+    for (case, qk_norm, qkv_bias) in [
+        ("qwen3_dynamo", true, false),
+        ("qwen2_dynamo", false, true),
+        ("phi3_dynamo", false, false),
+    ] {
+        let v = json(&[
+            "plan",
+            &format!("fixtures/torch/{case}.onnx"),
+            "--gpus",
+            "2",
+            "--json",
+        ]);
+        let t = &v["transformer"];
+        let read = |key: &str| t[key].clone();
+        assert_eq!(
+            [
+                read("qk_norm"),
+                read("qkv_bias"),
+                read("biases"),
+                read("rms_norm"),
+                read("gated_mlp"),
+                read("heads"),
+                read("kv_heads"),
+                read("layers"),
+            ],
+            [
+                Value::from(qk_norm),
+                qkv_bias.into(),
+                false.into(),
+                true.into(),
+                true.into(),
+                4.into(),
+                2.into(),
+                2.into(),
+            ],
+            "{case}: {t}"
+        );
+        assert_eq!(t["params"], expected[case]["parameters"], "{case}");
+    }
+}
+
 /// The losses `ralpc run --json` prints for a plan directory.
 fn losses(dir: &std::path::Path, extra: &[&str]) -> Vec<f64> {
     let mut args = vec!["run", dir.to_str().unwrap(), "--steps", "3", "--json"];

@@ -850,6 +850,20 @@ fn emit_writes_a_torch_script_and_megatron_arguments() {
         1,
         &["--emit megatron", "transformer (3d) plans"],
     );
+    // A plan ralpc.torch will refuse is written with a warning naming the plan it runs.
+    let soap = dir.path().join("soap");
+    let out = ralpc()
+        .args(["plan", VGG16, "--gpus", "8", "--emit", "torch", "-o"])
+        .arg(&soap)
+        .assert()
+        .success();
+    let printed = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        printed.contains("warning: train_torch.py: ralpc.torch will refuse this plan")
+            && printed.contains("--strategy dp plans one PyTorch runs"),
+        "{printed}"
+    );
+    assert!(soap.join("train_torch.py").is_file());
     // GPT-2's block (LayerNorm, a GELU MLP, biases) is of no family torchtitan trains.
     fails(
         &[

@@ -170,6 +170,18 @@ fn hugging_faces_gpt2_trains_as_pytorch() {
     check("hf_gpt2_ts");
 }
 
+/// Today's Hugging Face decoders as transformers 5.25 exports them: Qwen3 (norms of each
+/// head's queries and keys), Qwen2 (biases on Q, K and V alone), Phi-3 (fused Q/K/V and
+/// gate/up projections) have PyTorch's parameters and train as PyTorch on 1 and 2 ranks;
+/// Qwen2 also split by heads as Megatron-LM splits it.
+#[test]
+fn todays_hugging_face_decoders_train_as_pytorch() {
+    for case in ["qwen3_dynamo", "qwen2_dynamo", "phi3_dynamo"] {
+        check(case);
+    }
+    split_by_heads("qwen2_dynamo");
+}
+
 /// The Llama decoder planned as Megatron-LM trains one: its 4 query and 2 key/value heads,
 /// SwiGLU's gate and up projections by columns and its down projection by rows over 2
 /// tensor-parallel ranks, the rotary angles and causal mask (broadcast over the heads)

@@ -206,9 +206,11 @@ fn compile(
     let options = args.options();
     let (compiled, emitted) = py
         .detach(|| {
-            let compiled = ralpc::compile(&options)?;
+            let mut compiled = ralpc::compile(&options)?;
             compiled.write(&out)?;
             let emitted = ralpc::emit::write(&args.emit, &compiled, &out)?;
+            let warnings = ralpc::emit::warnings(&args.emit, &compiled);
+            compiled.report.warnings.extend(warnings);
             Ok::<_, ralpc::Error>((compiled, emitted))
         })
         .map_err(|e| ralpc_error(py, &e))?;

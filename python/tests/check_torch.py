@@ -205,6 +205,42 @@ def refused_soap_cnn(folder: str) -> str:
     raise AssertionError("a SOAP plan splitting samples and features was accepted")
 
 
+def emit_warns_as_layout_refuses(folder: str) -> str:
+    """`--emit torch` warns exactly when ralpc.torch's layout refuses the plan for its
+    structure (the two read the same rules): VGG16's SOAP plan and a burst plan warned and
+    refused, data-parallel, SOAP-split MLP and tensor-parallel GPT plans neither."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    vgg = os.path.join(root, "fixtures/onnx/vgg16/model.onnx")
+    cnn, mlp, gpt = (exported(k, folder) for k in ("cnn", "mlp", "gpt"))
+
+    def edited(model: str, edit, **options) -> dict:
+        plan = ralpc.plan(model, batch=BATCH, gpus=4, **options)
+        edit(plan["placement"])
+        path = os.path.join(folder, "edited.strategy.json")
+        with open(path, "w") as f:
+            json.dump(plan["placement"], f)
+        return {"strategy_file": path}
+
+    cases = [
+        ("vgg16 soap", vgg, {"gpus": 8}, True),
+        ("vgg16 dp", vgg, {"gpus": 8, "strategy": "dp", "tolerance": float("inf")}, False),
+        ("cnn burst", cnn, {"gpus": 4, **edited(cnn, burst, strategy="dp", tolerance=float("inf"))}, True),
+        ("mlp soap", mlp, {"gpus": 4, **edited(mlp, soap_split, strategy="dp", tolerance=float("inf"))}, False),
+        ("gpt tp2", gpt, {"gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 1}, False),
+    ]
+    for name, model, options, refused in cases:
+        out = os.path.join(folder, name.replace(" ", "-"))
+        compiled = ralpc.compile(model, out=out, emit=["torch"], **options)
+        warned = any("ralpc.torch will refuse" in w for w in compiled["warnings"])
+        try:
+            rt.layout(compiled)
+            laid_out = True
+        except rt.Unsupported:
+            laid_out = False
+        assert warned == refused and laid_out != refused, (name, compiled["warnings"], laid_out)
+    return f"{len(cases)} plans: warned where refused, silent where laid out"
+
+
 def refused_burst(folder: str) -> str:
     model = exported("cnn", folder)
     plan = ralpc.plan(model, batch=BATCH, gpus=4, strategy="dp", tolerance=float("inf"))
@@ -366,6 +402,7 @@ CASES = {
     ),
     "emitted-torchrun": emitted_torchrun,
     "refuses-soap-cnn": refused_soap_cnn,
+    "emit-warns-as-layout-refuses": emit_warns_as_layout_refuses,
     "refuses-burst": refused_burst,
     "refuses-fused-qkv": refused_fused_qkv,
 }

@@ -109,6 +109,10 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         ralpc::write_atomically(path, &strategy.to_json())?;
     }
     let emitted = ralpc::emit::write(&args.emit, &compiled, &dir)?;
+    compiled
+        .report
+        .warnings
+        .extend(ralpc::emit::warnings(&args.emit, &compiled));
     if args.quiet {
         return Ok(());
     }

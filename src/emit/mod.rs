@@ -12,7 +12,7 @@ mod torch;
 mod torchtitan;
 
 pub use megatron::megatron_arguments;
-pub use torch::torch_script;
+pub use torch::{torch_refusal, torch_script};
 pub use torchtitan::torchtitan_config;
 
 use crate::{Compiled, Error, FileError};
@@ -23,6 +23,29 @@ pub const ENGINES: [(&str, &str); 3] = [
     ("megatron", "megatron.args"),
     ("torchtitan", "torchtitan_plan.py"),
 ];
+
+/// What `--emit` should tell the user about the files it writes: an engine that will refuse
+/// the plan as it stands (the file is still written: it holds the plan to edit).
+pub fn warnings(engines: &[String], compiled: &Compiled) -> Vec<String> {
+    let mut out = Vec::new();
+    if engines.iter().any(|e| e == "torch") {
+        if let Some(why) = compiled.strategy.as_ref().and_then(torch_refusal) {
+            // The nearest plan ralpc.torch names: the transformer's own layout, else data
+            // parallelism.
+            let transformer = compiled
+                .report
+                .candidates
+                .iter()
+                .any(|c| c.strategy == "3d");
+            out.push(format!(
+                "train_torch.py: ralpc.torch will refuse this plan: {why}; --strategy {} \
+                 plans one PyTorch runs",
+                if transformer { "3d" } else { "dp" }
+            ));
+        }
+    }
+    out
+}
 
 /// Writes the files of `engines` (names in [`ENGINES`]) for `compiled` into `dir`; their
 /// names.

@@ -5,7 +5,8 @@
 
 use std::fmt::Write;
 
-use ralpc_passes::plan::StrategyFile;
+use ralpc_passes::layers::LayerKind;
+use ralpc_passes::plan::{FileSplit, Schedule, StrategyFile};
 
 use crate::plan::PlanReport;
 
@@ -134,3 +135,59 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 "#;
+
+/// Why `ralpc.torch` will refuse `strategy` for its structure, or `None`: the rules of its
+/// `layout` that concern the placement alone (not the user's modules), so that `--emit torch`
+/// says so when it writes the script (`python/tests/check_torch.py` checks that both agree).
+pub fn torch_refusal(strategy: &StrategyFile) -> Option<String> {
+    if strategy.schedule == Schedule::Async {
+        return Some("PipeDream's asynchronous schedule has no PyTorch schedule".into());
+    }
+    let replicas = strategy.stages.first()?.replicas;
+    if strategy.stages.iter().any(|s| s.replicas != replicas) {
+        return Some("its stages run on different GPU counts; a PyTorch device mesh gives every stage the same".into());
+    }
+    let split = |l: &ralpc_passes::plan::StrategyFileLayer| {
+        l.split.unwrap_or(FileSplit {
+            sample: l.gpus.unwrap_or(1),
+            attribute: 1,
+            parameter: 1,
+        })
+    };
+    let tensor = strategy
+        .layers
+        .iter()
+        .map(|l| split(l).attribute * split(l).parameter)
+        .max()
+        .unwrap_or(1);
+    for layer in &strategy.layers {
+        let s = split(layer);
+        let label = layer.module.as_deref().unwrap_or(&layer.name);
+        if s.sample * s.attribute * s.parameter != replicas {
+            return Some(format!(
+                "layer '{label}' runs on {} of its stage's {replicas} GPUs (burst parallelism): \
+                 PyTorch runs every module on the whole mesh",
+                s.sample * s.attribute * s.parameter
+            ));
+        }
+        if s.sample * tensor != replicas {
+            return Some(format!(
+                "layer '{label}' splits samples {} ways where the plan's tensor-parallel layers \
+                 split them {} ways",
+                s.sample,
+                replicas / tensor.max(1)
+            ));
+        }
+        let kind = layer.kind.unwrap_or(LayerKind::Elementwise);
+        if s.attribute * s.parameter > 1
+            && matches!(kind, LayerKind::Conv | LayerKind::Pool | LayerKind::Norm)
+        {
+            return Some(format!(
+                "layer '{label}' ({}) is split by rows or channels: PyTorch's tensor \
+                 parallelism has no convolution or pooling styles",
+                kind.name()
+            ));
+        }
+    }
+    None
+}

@@ -7,7 +7,9 @@
 //!
 //! Llama's blocks are recognized too: grouped-query attention (fewer key/value heads, read
 //! from the attention weights' size), a SwiGLU MLP (three weights of the inner size per
-//! block), RMSNorm and no biases.
+//! block, or Phi-3's gate and up fused into one twice as wide), RMSNorm and no biases; and
+//! what today's families add: Qwen3's norms of each head's queries and keys (norms over a
+//! head's width), Qwen2's biases on Q, K and V alone.
 //!
 //! The norms (LayerNorm or RMSNorm) and the dense layers' biases are read from the
 //! operators: `LayerNormalization` nodes or a mean subtracted from its input, a mean of
@@ -144,11 +146,18 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         }
     }
     let layers = cores.len() as u64;
-    let Some((&ffn, &ffn_weights)) = inner
-        .iter()
-        .filter(|(_, &count)| count >= layers)
-        .max_by_key(|(_, &count)| count)
-    else {
+    // A gate and up projection fused into one weight (Phi-3's `gate_up_proj`, [h, 2f]) beside
+    // the down projection ([f, h]), each once a block: the MLP's inner size is f.
+    let fused_gate_up = inner.iter().find_map(|(&width, &count)| {
+        (count >= layers && inner.get(&(2 * width)) == Some(&count)).then_some((width, 3 * count))
+    });
+    let Some((ffn, ffn_weights)) = fused_gate_up.or_else(|| {
+        inner
+            .iter()
+            .filter(|(_, &count)| count >= layers)
+            .max_by_key(|(_, &count)| count)
+            .map(|(&width, &count)| (width, count))
+    }) else {
         return no(format!(
             "no MLP: no [hidden, inner] weight in each of its {layers} blocks"
         ));
@@ -239,10 +248,20 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     let gated = ffn_weights >= 3 * layers;
     // The norms and biases the graph's operators show decide where they are plain; only
     // where they do not (no norm found, mixed forms) does the parameter count choose.
-    let (rms_norm, biases) = (
-        norms(graph, info),
-        biases(graph, info, &block_weights, hidden * vocabulary),
-    );
+    let rms_norm = norms(graph, info, hidden);
+    let (biases, qkv_bias) = match biases(graph, info, &block_weights, hidden * vocabulary, ffn) {
+        Biases::Everywhere => (Some(true), false),
+        Biases::Nowhere => (Some(false), false),
+        Biases::QueryKeyValueOnly => (Some(false), true),
+        Biases::Unclear => (None, false),
+    };
+    // Qwen3's norms of each head's queries and keys: two a block, over a head's width.
+    let qk_norm = head_norms(graph, info, hidden) >= 2 * layers;
+    let variant = |gated_mlp: bool, biases: bool, rms_norm: bool| Transformer {
+        qkv_bias,
+        qk_norm,
+        ..variant(gated_mlp, biases, rms_norm)
+    };
     let candidates = [gated, !gated].into_iter().flat_map(|g| {
         [(true, false), (false, true), (true, true), (false, false)]
             .into_iter()
@@ -264,23 +283,32 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     Ok(model)
 }
 
-/// Whether the graph's norms are RMSNorms (`Some(true)`) or LayerNorms (`Some(false)`), as
-/// its operators show: `LayerNormalization` nodes, or decomposed, a mean subtracted from
-/// its input (LayerNorm) or a mean of squares with none subtracted (RMSNorm). `None` where
-/// it shows neither or both.
-fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
-    let (mut layer, mut rms) = (0u32, 0u32);
+/// A norm the graph computes: a `LayerNormalization` node, or decomposed, a mean subtracted
+/// from its input (LayerNorm) or a mean of squares with none subtracted (RMSNorm); with the
+/// width it normalizes (the input's last axis).
+struct Norm {
+    rms: bool,
+    width: Option<u64>,
+}
+
+/// Every norm of the graph ([`Norm`]), in order.
+fn each_norm(graph: &Graph, info: &GraphInfo) -> Vec<Norm> {
+    let width = |x: ValueId| info.ty(x).shape.as_sizes().and_then(|d| d.last().copied());
+    let mut out = Vec::new();
     for &n in info.order() {
         let node = graph.node(n);
+        let Some(x) = node.inputs.first().copied().flatten() else {
+            continue;
+        };
         match &node.op {
-            Op::LayerNorm { .. } => layer += 1,
+            Op::LayerNorm { .. } => out.push(Norm {
+                rms: false,
+                width: width(x),
+            }),
             Op::Reduce {
                 kind: ralpc_ir::ReduceKind::Mean,
                 ..
             } => {
-                let Some(x) = node.inputs.first().copied().flatten() else {
-                    continue;
-                };
                 // A mean of squares: RMSNorm's, unless what is squared had a mean subtracted
                 // (a decomposed LayerNorm's variance).
                 let producer = graph.node(graph.value(x).producer);
@@ -300,13 +328,29 @@ fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
                         matches!(graph.node(c).op, Op::Binary(ralpc_ir::Binary::Sub))
                     })
                 });
-                if squared {
-                    rms += 1;
-                } else if centred {
-                    layer += 1;
+                if squared || centred {
+                    out.push(Norm {
+                        rms: squared,
+                        width: width(x),
+                    });
                 }
             }
             _ => {}
+        }
+    }
+    out
+}
+
+/// Whether the blocks' norms (those over the `hidden` width) are RMSNorms (`Some(true)`) or
+/// LayerNorms (`Some(false)`), as its operators show. `None` where they show neither or
+/// both.
+fn norms(graph: &Graph, info: &GraphInfo, hidden: u64) -> Option<bool> {
+    let (mut layer, mut rms) = (0u32, 0u32);
+    for norm in each_norm(graph, info) {
+        match (norm.width, norm.rms) {
+            (Some(w), _) if w != hidden => {}
+            (_, true) => rms += 1,
+            (_, false) => layer += 1,
         }
     }
     match (layer, rms) {
@@ -317,27 +361,51 @@ fn norms(graph: &Graph, info: &GraphInfo) -> Option<bool> {
     }
 }
 
+/// The norms over less than the `hidden` width: norms of each head (Qwen3's QK-norm).
+fn head_norms(graph: &Graph, info: &GraphInfo, hidden: u64) -> u64 {
+    each_norm(graph, info)
+        .iter()
+        .filter(|n| n.width.is_some_and(|w| w > 1 && w < hidden))
+        .count() as u64
+}
+
+/// Where the blocks' dense layers add biases, as the graph's operators show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Biases {
+    Everywhere,
+    Nowhere,
+    /// Only the attention's input projections (Qwen2's Q/K/V biases): every biased product
+    /// is narrower than the MLP, and the MLP's are not biased.
+    QueryKeyValueOnly,
+    /// Some do and some do not, otherwise; or no dense layer says.
+    Unclear,
+}
+
 /// Whether the blocks' dense layers (`weights`, less any of the LM head's `head` elements)
 /// add biases, as the graph shows: a `Gemm` with a `C` input, or a `MatMul` whose product
-/// is added to a 1-D weight. `None` where some do and some do not.
+/// is added to a 1-D weight.
 fn biases(
     graph: &Graph,
     info: &GraphInfo,
     weights: &BTreeMap<NodeId, u64>,
     head: u64,
-) -> Option<bool> {
+    ffn: u64,
+) -> Biases {
     let is_vector = |v: ValueId| weight_of(graph, info, v).is_some_and(|(_, d)| d.len() == 1);
     let (mut with, mut without) = (0u32, 0u32);
+    // Biased products touching the MLP's width, and unbiased ones away from it.
+    let (mut biased_mlp, mut unbiased_mlp) = (0u32, 0u32);
     for &n in info.order() {
         let node = graph.node(n);
         // An untied LM head often has no bias where the blocks do (GPT-NeoX): not counted.
-        let reads_block_weight = node.inputs.iter().flatten().any(|&v| {
+        let block_weight = node.inputs.iter().flatten().find_map(|&v| {
             weight_of(graph, info, v)
-                .is_some_and(|(w, _)| weights.get(&w).is_some_and(|&size| size != head))
+                .filter(|(w, _)| weights.get(w).is_some_and(|&size| size != head))
         });
-        if !reads_block_weight {
+        let Some((_, dims)) = block_weight else {
             continue;
-        }
+        };
+        let mlp = dims.contains(&ffn);
         let biased = match (&node.op, node.inputs.get(2)) {
             (Op::Gemm(_), Some(Some(_))) => true,
             (Op::MatMul, _) => node.outputs.iter().any(|&y| {
@@ -352,15 +420,18 @@ fn biases(
         };
         if biased {
             with += 1;
+            biased_mlp += u32::from(mlp);
         } else {
             without += 1;
+            unbiased_mlp += u32::from(mlp);
         }
     }
     match (with, without) {
-        (0, 0) => None,
-        (_, 0) => Some(true),
-        (0, _) => Some(false),
-        _ => None,
+        (0, 0) => Biases::Unclear,
+        (_, 0) => Biases::Everywhere,
+        (0, _) => Biases::Nowhere,
+        _ if biased_mlp == 0 && unbiased_mlp > 0 => Biases::QueryKeyValueOnly,
+        _ => Biases::Unclear,
     }
 }
 
