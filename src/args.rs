@@ -188,8 +188,8 @@ pub struct PlanArgs {
     pub tp_comm_overlap: String,
     /// Lower the plan only if its instructions (every rank's program) stay below N; above
     /// it the plan is priced, not written (lowering takes about 1 KB of memory per
-    /// instruction) [default: 2000000].
-    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans")]
+    /// instruction) [default: 2000000; at most 100000000].
+    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans", value_parser = parse_max_instructions)]
     pub max_instructions: Option<u64>,
 }
 
@@ -300,6 +300,17 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+    }
+}
+
+/// Parses `--max-instructions`: 1 to [`crate::plan::MAX_INSTRUCTIONS`].
+pub fn parse_max_instructions(s: &str) -> Result<u64, String> {
+    match parse_positive(s)? {
+        n if n > crate::plan::MAX_INSTRUCTIONS => Err(format!(
+            "at most {} (lowering takes about 1 KB of memory per instruction)",
+            crate::plan::MAX_INSTRUCTIONS
+        )),
+        n => Ok(n),
     }
 }
 

@@ -41,6 +41,11 @@ pub const DEFAULT_BATCH: u64 = 32;
 /// 2 GB of memory and 15 s on a 2-core machine.
 pub const DEFAULT_MAX_INSTRUCTIONS: u64 = 2_000_000;
 
+/// The most instructions any plan may be lowered into: about 100 GB of memory to lower,
+/// more than a host planning it holds (a larger `--max-instructions` would be minutes of
+/// work ending in an allocation failure, not a plan).
+pub const MAX_INSTRUCTIONS: u64 = 100_000_000;
+
 /// What to plan.
 #[derive(Clone, Debug, Default)]
 pub struct PlanOptions {
@@ -474,11 +479,23 @@ fn lower_transformer(
         })
         .sum();
     let limit = options.max_instructions.unwrap_or(DEFAULT_MAX_INSTRUCTIONS);
+    if limit > MAX_INSTRUCTIONS {
+        return Err(Error::Plan(Box::new(
+            ralpc_passes::plan::PlanError::Request(format!(
+                "--max-instructions {limit}: at most {MAX_INSTRUCTIONS} (about 100 GB of \
+                 memory to lower)"
+            )),
+        )));
+    }
     if instructions > limit {
+        let advice = if instructions > MAX_INSTRUCTIONS {
+            "more than any plan is lowered into: fewer microbatches or GPUs make it smaller"
+        } else {
+            "raise it to lower this plan"
+        };
         return Ok(Err(format!(
             "its executable plan would hold about {instructions} instructions, more than \
-             --max-instructions {limit} (lowering takes about 1 KB of memory each; raise \
-             it to lower this plan)"
+             --max-instructions {limit} (lowering takes about 1 KB of memory each; {advice})"
         )));
     }
     let costs = planned.costs();

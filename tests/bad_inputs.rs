@@ -209,7 +209,7 @@ fn absurd_numbers_are_refused_at_the_door() {
         "2.157      2157",
         "2.157      1e308",
     );
-    let cases: [(&[&str], i32, &str); 5] = [
+    let cases: [(&[&str], i32, &str); 6] = [
         (
             &["plan", "graph.txt", "--gpus", "4", "--batch", "128"],
             1,
@@ -241,6 +241,19 @@ fn absurd_numbers_are_refused_at_the_door() {
             &["cluster", "dgx-a100x1000", "--nodes", "4096"],
             1,
             "a cluster has at most",
+        ),
+        // Work past any host's memory is refused before it starts.
+        (
+            &[
+                "plan",
+                "graph.txt",
+                "--gpus",
+                "4",
+                "--max-instructions",
+                "18446744073709551615",
+            ],
+            2,
+            "at most 100000000",
         ),
     ];
     for (args, code, says) in cases {

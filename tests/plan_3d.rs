@@ -313,19 +313,24 @@ fn both_gpt2_exports_plan_the_same_way() {
     assert!((time(&dynamo) / time(&torchscript) - 1.0).abs() < 1e-3);
 }
 
+/// The transformer ralpc reads in `fixtures/torch/{case}.onnx` (`--json`'s `transformer`).
+fn transformer_of(case: &str) -> Value {
+    let v = json(&[
+        "plan",
+        &format!("fixtures/torch/{case}.onnx"),
+        "--gpus",
+        "2",
+        "--json",
+    ]);
+    v["transformer"].clone()
+}
+
 #[test]
 fn gemmas_norms_are_read_as_rmsnorm_from_its_operators() {
     // Gemma's RMSNorm scales by `1 + weight`, which the parameter count cannot tell from a
     // LayerNorm's bias: its mean of squares can.
     for case in ["gemma_dynamo", "gemma2_dynamo"] {
-        let v = json(&[
-            "plan",
-            &format!("fixtures/torch/{case}.onnx"),
-            "--gpus",
-            "2",
-            "--json",
-        ]);
-        let t = &v["transformer"];
+        let t = &transformer_of(case);
         assert_eq!(
             (&t["rms_norm"], &t["biases"], &t["gated_mlp"]),
             (&true.into(), &false.into(), &true.into()),
@@ -347,14 +352,7 @@ fn todays_decoder_exports_are_read_from_their_operators() {
         ("qwen2_dynamo", false, true),
         ("phi3_dynamo", false, false),
     ] {
-        let v = json(&[
-            "plan",
-            &format!("fixtures/torch/{case}.onnx"),
-            "--gpus",
-            "2",
-            "--json",
-        ]);
-        let t = &v["transformer"];
+        let t = &transformer_of(case);
         let read = |key: &str| t[key].clone();
         assert_eq!(
             [

@@ -882,6 +882,8 @@ fn emit_writes_a_torch_script_and_megatron_arguments() {
             "Llama 3, Qwen3, DeepSeek-V3 and gpt-oss",
         ],
     );
+    // Refused before anything was written.
+    assert!(!dir.path().join("titan").exists());
 }
 
 /// A model that cannot be re-batched (the exporter baked the batch into an initializer's

@@ -300,7 +300,7 @@ fn torchtitan_loads_the_jobs_ralpc_emits() {
     );
     assert_eq!(out.matches(": accepted").count(), files.len(), "{out}");
     assert!(out.contains("deepseek_v3 671B on 1024 ranks"), "{out}");
-    assert!(out.contains("4 stages of 32 blocks"), "{out}");
+    assert!(out.contains("4 stages over 32 blocks"), "{out}");
     // The checks bite: the data-parallel degree doubled.
     let llama = dir.path().join("llama/torchtitan_plan.py");
     let text = std::fs::read_to_string(&llama).expect("emitted");

@@ -271,14 +271,16 @@ def layout(plan: dict) -> Layout:
         for source in row.get("inputs", []):
             if source in readers:
                 readers[source].append(j)
+    # Each layer's verdict once: True, every reader takes its output split; False, none
+    # does (or it has none); None, both. A layer reached again reuses its verdict.
+    verdict: dict[int, bool | None] = {}
 
-    def split_readers(i: int, seen: set[int]) -> bool | None:
-        """True: every reader of layer i takes it split; False: none does; None: both."""
+    def split_readers(i: int) -> bool | None:
+        if i in verdict:
+            return verdict[i]
+        verdict[i] = False  # in progress (the layer graph has no cycles)
         verdicts = set()
         for j in readers[layers[i]["name"]]:
-            if j in seen:
-                continue
-            seen.add(j)
             reader = layers[j]
             style = styles.get(reader.get("module", ""))
             if stage_of[j] != stage_of[i]:
@@ -288,25 +290,39 @@ def layout(plan: dict) -> Layout:
             elif reader.get("kind") in ("dense", "attention", "embedding", "norm", "layer_norm", "conv", "pool"):
                 verdicts.add(False)
             else:
-                through = split_readers(j, seen)
-                verdicts.add(False if through is None else through)
-        if verdicts == {True}:
-            return True
-        return None if len(verdicts) > 1 else False
+                verdicts.add(split_readers(j))
+        verdict[i] = verdicts.pop() if len(verdicts) == 1 else (None if verdicts else False)
+        return verdict[i]
 
+    def kept_split_by_scan(i: int) -> bool:
+        """Without the dataflow (a placement from before it was recorded): split when a
+        row-parallel product follows before the next norm or stage."""
+        for later in layers[i + 1 :]:
+            if later.get("kind") in ("layer_norm", "norm") or stage_of[index[later["name"]]] != stage_of[i]:
+                return False
+            if styles.get(later.get("module", "")) == "rowwise":
+                return True
+        return False
+
+    has_dataflow = any("inputs" in l for l in layers)
+    # Every call of a module decides together: one style applies to the module.
+    kept_by_module: dict[str, set] = {}
     for i, l in enumerate(layers):
         module = l.get("module", "")
-        if styles.get(module) != "colwise":
+        if styles.get(module) == "colwise":
+            kept = split_readers(i) if has_dataflow else kept_split_by_scan(i)
+            kept_by_module.setdefault(module, set()).add(kept)
+    for module, kept in kept_by_module.items():
+        if kept == {True}:
             continue
-        kept = split_readers(i, set())
-        if kept is None:
-            raise Unsupported(
-                f"module {module!r} is split by output features, and some of its readers take "
-                "its output split while others need it whole: one PyTorch style cannot give both",
-                _nearest_unsplit(plan),
-            )
-        if not kept:
+        if kept == {False}:
             styles[module] = "colwise_gather"
+            continue
+        raise Unsupported(
+            f"module {module!r} is split by output features, and some of its readers take "
+            "its output split while others need it whole: one PyTorch style cannot give both",
+            _nearest_unsplit(plan),
+        )
     # Megatron's sequence parallelism: LayerNorms split by sequence positions, reached by
     # reduce-scatters of the row-parallel sums, left by all-gathers before the column-
     # parallel products. The residual stream is cut by sequence from the module holding the

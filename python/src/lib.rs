@@ -207,8 +207,9 @@ fn compile(
     let (compiled, emitted) = py
         .detach(|| {
             let mut compiled = ralpc::compile(&options)?;
+            let engine_files = ralpc::emit::render(&args.emit, &compiled)?;
             compiled.write(&out)?;
-            let emitted = ralpc::emit::write(&args.emit, &compiled, &out)?;
+            let emitted = ralpc::emit::write(&engine_files, &out)?;
             let warnings = ralpc::emit::warnings(&args.emit, &compiled);
             compiled.report.warnings.extend(warnings);
             Ok::<_, ralpc::Error>((compiled, emitted))

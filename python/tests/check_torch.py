@@ -216,7 +216,7 @@ def emit_warns_as_layout_refuses(folder: str) -> str:
     def edited(model: str, edit, **options) -> dict:
         plan = ralpc.plan(model, batch=BATCH, gpus=4, **options)
         edit(plan["placement"])
-        path = os.path.join(folder, "edited.strategy.json")
+        path = os.path.join(folder, f"{edit.__name__}.strategy.json")
         with open(path, "w") as f:
             json.dump(plan["placement"], f)
         return {"strategy_file": path}

@@ -123,7 +123,7 @@ def check(path: str, world: int) -> str:
         from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
 
         virtual, layers, _, _ = _get_pipeline_metadata(dims, p, config.model_spec.model)
-        stages = f", {virtual} stages of {layers} blocks"
+        stages = f", {virtual} stages over {layers} blocks"
     return (
         f"accepted: {config.model_spec.name} {config.model_spec.flavor} on {world} ranks, "
         f"dp_shard {dims.dp_shard} tp {dims.tp} cp {dims.cp} pp {dims.pp} ep {dims.ep}{stages}, "

@@ -75,10 +75,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let compiled = ralpc::compile(&options);
     spinner.finish_and_clear();
     let mut compiled = compiled?;
+    // Every engine's file made before anything is written: a refusal leaves no output.
+    let engine_files = ralpc::emit::render(&args.emit, &compiled)?;
     // `--json` alone is a question asked by a program: the answer is on stdout, and a folder
     // appearing in its working directory would be a side effect it did not ask for.
     if args.json && args.out.is_none() {
         compiled.files.clear();
+        compiled.svg_skipped = None;
     }
     // One plan's files at a time in DIR: another ralpc planning into it waits.
     let _lock = if compiled.files.is_empty() && args.emit.is_empty() {
@@ -108,7 +111,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         };
         ralpc::write_atomically(path, &strategy.to_json())?;
     }
-    let emitted = ralpc::emit::write(&args.emit, &compiled, &dir)?;
+    let emitted = ralpc::emit::write(&engine_files, &dir)?;
     compiled
         .report
         .warnings

@@ -12,7 +12,7 @@ mod torch;
 mod torchtitan;
 
 pub use megatron::megatron_arguments;
-pub use torch::{torch_refusal, torch_script};
+pub use torch::{torch_refusal, torch_script, Nearest};
 pub use torchtitan::torchtitan_config;
 
 use crate::{Compiled, Error, FileError};
@@ -29,36 +29,39 @@ pub const ENGINES: [(&str, &str); 3] = [
 pub fn warnings(engines: &[String], compiled: &Compiled) -> Vec<String> {
     let mut out = Vec::new();
     if engines.iter().any(|e| e == "torch") {
-        if let Some(why) = compiled.strategy.as_ref().and_then(torch_refusal) {
-            // The nearest plan ralpc.torch names: the transformer's own layout, else data
-            // parallelism.
+        if let Some((why, nearest)) = compiled.strategy.as_ref().and_then(torch_refusal) {
+            // The nearest plan ralpc.torch names: for an aligned one, the transformer's own
+            // layout, else data parallelism.
             let transformer = compiled
                 .report
                 .candidates
                 .iter()
                 .any(|c| c.strategy == "3d");
+            let instead = match nearest {
+                Nearest::OneFOneB => "--schedule 1f1b",
+                Nearest::Aligned if transformer => "--strategy 3d",
+                Nearest::Aligned | Nearest::DataParallel => "--strategy dp",
+            };
             out.push(format!(
-                "train_torch.py: ralpc.torch will refuse this plan: {why}; --strategy {} \
-                 plans one PyTorch runs",
-                if transformer { "3d" } else { "dp" }
+                "train_torch.py: ralpc.torch will refuse this plan: {why}; {instead} plans \
+                 one PyTorch runs"
             ));
         }
     }
     out
 }
 
-/// Writes the files of `engines` (names in [`ENGINES`]) for `compiled` into `dir`; their
-/// names.
+/// The files of `engines` (names in [`ENGINES`]) for `compiled`: (name, contents), made
+/// before anything is written, so that an engine refusing the plan leaves no output.
 ///
 /// # Errors
-/// [`Error::Plan`] when the plan has no form for an engine; [`Error::Write`].
-pub fn write(
+/// [`Error::Plan`] when the plan has no form for an engine.
+pub fn render(
     engines: &[String],
     compiled: &Compiled,
-    dir: &std::path::Path,
-) -> Result<Vec<&'static str>, Error> {
+) -> Result<Vec<(&'static str, String)>, Error> {
     let refuse = |why: String| Error::Plan(Box::new(ralpc_passes::plan::PlanError::Request(why)));
-    let mut written = Vec::new();
+    let mut files = Vec::new();
     for engine in engines {
         let Some(&(_, file)) = ENGINES.iter().find(|(e, _)| e == engine) else {
             return Err(refuse(format!(
@@ -81,14 +84,30 @@ pub fn write(
             "torchtitan" => torchtitan_config(&compiled.report).map_err(refuse)?,
             _ => megatron_arguments(&compiled.report).map_err(refuse)?,
         };
-        std::fs::create_dir_all(dir).map_err(|error| {
-            Error::Write(Box::new(FileError {
-                path: dir.display().to_string(),
-                error,
-            }))
-        })?;
-        crate::output::write_atomically(&dir.join(file), &text)?;
-        written.push(file);
+        files.push((file, text));
     }
-    Ok(written)
+    Ok(files)
+}
+
+/// Writes `files` ([`render`]'s) into `dir`; their names.
+///
+/// # Errors
+/// [`Error::Write`].
+pub fn write(
+    files: &[(&'static str, String)],
+    dir: &std::path::Path,
+) -> Result<Vec<&'static str>, Error> {
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    std::fs::create_dir_all(dir).map_err(|error| {
+        Error::Write(Box::new(FileError {
+            path: dir.display().to_string(),
+            error,
+        }))
+    })?;
+    for (file, text) in files {
+        crate::output::write_atomically(&dir.join(file), text)?;
+    }
+    Ok(files.iter().map(|(file, _)| *file).collect())
 }

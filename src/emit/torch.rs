@@ -136,16 +136,42 @@ if __name__ == "__main__":
     main()
 "#;
 
-/// Why `ralpc.torch` will refuse `strategy` for its structure, or `None`: the rules of its
-/// `layout` that concern the placement alone (not the user's modules), so that `--emit torch`
-/// says so when it writes the script (`python/tests/check_torch.py` checks that both agree).
-pub fn torch_refusal(strategy: &StrategyFile) -> Option<String> {
+/// The nearest plan `ralpc.torch` names with a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nearest {
+    /// Data parallelism (`--strategy dp`).
+    DataParallel,
+    /// Every layer split alike: Megatron-LM's layout for a transformer, else data
+    /// parallelism.
+    Aligned,
+    /// The synchronous schedule (`--schedule 1f1b`).
+    OneFOneB,
+}
+
+/// Why `ralpc.torch` will refuse `strategy` for its structure, and the plan it names
+/// instead, or `None`. These are the rules of its `layout` that read the placement alone:
+/// PipeDream's schedule, stages of unequal GPU counts, per-layer GPU counts, samples split
+/// unlike the tensor-parallel layers', convolution splits, a split dense layer without a
+/// module or split both ways. The rules that read the modules and the dataflow (fused
+/// projections, heads, stage boundaries inside a module, mixed readers) are its alone
+/// (`python/tests/check_torch.py` checks that both agree on the plans it tries).
+pub fn torch_refusal(strategy: &StrategyFile) -> Option<(String, Nearest)> {
     if strategy.schedule == Schedule::Async {
-        return Some("PipeDream's asynchronous schedule has no PyTorch schedule".into());
+        return Some((
+            "PipeDream's asynchronous schedule has no PyTorch schedule".into(),
+            Nearest::OneFOneB,
+        ));
     }
-    let replicas = strategy.stages.first()?.replicas;
+    let Some(replicas) = strategy.stages.first().map(|s| s.replicas) else {
+        return Some(("the plan has no stages".into(), Nearest::DataParallel));
+    };
     if strategy.stages.iter().any(|s| s.replicas != replicas) {
-        return Some("its stages run on different GPU counts; a PyTorch device mesh gives every stage the same".into());
+        return Some((
+            "its stages run on different GPU counts; a PyTorch device mesh gives every stage \
+             the same"
+                .into(),
+            Nearest::Aligned,
+        ));
     }
     let split = |l: &ralpc_passes::plan::StrategyFileLayer| {
         l.split.unwrap_or(FileSplit {
@@ -160,33 +186,66 @@ pub fn torch_refusal(strategy: &StrategyFile) -> Option<String> {
         .map(|l| split(l).attribute * split(l).parameter)
         .max()
         .unwrap_or(1);
+    // Per module: split by input features (rows) or output features.
+    let mut styles: std::collections::BTreeMap<&str, bool> = std::collections::BTreeMap::new();
     for layer in &strategy.layers {
         let s = split(layer);
         let label = layer.module.as_deref().unwrap_or(&layer.name);
-        if s.sample * s.attribute * s.parameter != replicas {
-            return Some(format!(
-                "layer '{label}' runs on {} of its stage's {replicas} GPUs (burst parallelism): \
-                 PyTorch runs every module on the whole mesh",
-                s.sample * s.attribute * s.parameter
+        let degree = s.sample * s.attribute * s.parameter;
+        if degree != replicas {
+            return Some((
+                format!(
+                    "layer '{label}' runs on {degree} of its stage's {replicas} GPUs (burst \
+                     parallelism): PyTorch runs every module on the whole mesh"
+                ),
+                Nearest::DataParallel,
             ));
         }
         if s.sample * tensor != replicas {
-            return Some(format!(
-                "layer '{label}' splits samples {} ways where the plan's tensor-parallel layers \
-                 split them {} ways",
-                s.sample,
-                replicas / tensor.max(1)
+            return Some((
+                format!(
+                    "layer '{label}' splits samples {} ways where the plan's tensor-parallel \
+                     layers split them {} ways",
+                    s.sample,
+                    replicas / tensor.max(1)
+                ),
+                Nearest::Aligned,
             ));
         }
-        let kind = layer.kind.unwrap_or(LayerKind::Elementwise);
-        if s.attribute * s.parameter > 1
-            && matches!(kind, LayerKind::Conv | LayerKind::Pool | LayerKind::Norm)
-        {
-            return Some(format!(
-                "layer '{label}' ({}) is split by rows or channels: PyTorch's tensor \
-                 parallelism has no convolution or pooling styles",
-                kind.name()
-            ));
+        if s.attribute * s.parameter == 1 {
+            continue;
+        }
+        match layer.kind.unwrap_or(LayerKind::Elementwise) {
+            kind @ (LayerKind::Conv | LayerKind::Pool | LayerKind::Norm) => {
+                return Some((
+                    format!(
+                        "layer '{label}' ({}) is split by rows or channels: PyTorch's tensor \
+                         parallelism has no convolution or pooling styles",
+                        kind.name()
+                    ),
+                    Nearest::DataParallel,
+                ));
+            }
+            LayerKind::Dense => {
+                let Some(module) = layer.module.as_deref() else {
+                    return Some((
+                        format!(
+                            "layer '{}' names no PyTorch module (export with torch.onnx.export \
+                             so that nodes record their modules)",
+                            layer.name
+                        ),
+                        Nearest::DataParallel,
+                    ));
+                };
+                let by_columns = s.parameter > 1;
+                if *styles.entry(module).or_insert(by_columns) != by_columns {
+                    return Some((
+                        format!("module '{module}' holds products split both by rows and columns"),
+                        Nearest::DataParallel,
+                    ));
+                }
+            }
+            _ => {}
         }
     }
     None

@@ -85,7 +85,8 @@ fn family(m: &Transformer) -> Option<&'static str> {
         Some("gpt_oss")
     } else if m.qk_norm {
         Some("qwen3")
-    } else if m.rms_norm && m.gated_mlp && !m.biases && !m.qkv_bias && !experts {
+    } else if m.rms_norm && m.gated_mlp && !m.biases && !m.qkv_bias && !experts && !m.tied {
+        // (torchtitan's Llama 3 models are untied; Gemma's tied embedding is not Llama's.)
         Some("llama3")
     } else {
         None
@@ -170,8 +171,18 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, String> {
     if !exact {
         notes.push(format!(
             "torchtitan has no {} model of this shape ({} blocks, hidden {}, {} heads): {} is \
-             the nearest; set config.model_spec to your model",
-            base.family, m.layers, m.hidden, m.heads, base.function
+             the nearest; set config.model_spec to your model before running (the degrees{} \
+             are this model's)",
+            base.family,
+            m.layers,
+            m.hidden,
+            m.heads,
+            base.function,
+            if p.pipeline_parallel > 1 {
+                " and blocks per stage"
+            } else {
+                ""
+            }
         ));
     }
     let reshard = match p.zero {

@@ -148,8 +148,10 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     let layers = cores.len() as u64;
     // A gate and up projection fused into one weight (Phi-3's `gate_up_proj`, [h, 2f]) beside
     // the down projection ([f, h]), each once a block: the MLP's inner size is f.
+    // (Exactly once a block: Gemma 2's query and key/value widths, w and 2w twice a block
+    // each, are not a fused MLP.)
     let fused_gate_up = inner.iter().find_map(|(&width, &count)| {
-        (count >= layers && inner.get(&(2 * width)) == Some(&count)).then_some((width, 3 * count))
+        (count == layers && inner.get(&(2 * width)) == Some(&count)).then_some((width, 3 * count))
     });
     let Some((ffn, ffn_weights)) = fused_gate_up.or_else(|| {
         inner
@@ -289,11 +291,14 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
 struct Norm {
     rms: bool,
     width: Option<u64>,
+    /// The normalized tensor's rank: 4 for a norm of each head (`[b, s, heads, d]`).
+    rank: usize,
 }
 
 /// Every norm of the graph ([`Norm`]), in order.
 fn each_norm(graph: &Graph, info: &GraphInfo) -> Vec<Norm> {
     let width = |x: ValueId| info.ty(x).shape.as_sizes().and_then(|d| d.last().copied());
+    let rank = |x: ValueId| info.ty(x).shape.as_sizes().map_or(0, |d| d.len());
     let mut out = Vec::new();
     for &n in info.order() {
         let node = graph.node(n);
@@ -304,6 +309,7 @@ fn each_norm(graph: &Graph, info: &GraphInfo) -> Vec<Norm> {
             Op::LayerNorm { .. } => out.push(Norm {
                 rms: false,
                 width: width(x),
+                rank: rank(x),
             }),
             Op::Reduce {
                 kind: ralpc_ir::ReduceKind::Mean,
@@ -332,6 +338,7 @@ fn each_norm(graph: &Graph, info: &GraphInfo) -> Vec<Norm> {
                     out.push(Norm {
                         rms: squared,
                         width: width(x),
+                        rank: rank(x),
                     });
                 }
             }
@@ -361,11 +368,12 @@ fn norms(graph: &Graph, info: &GraphInfo, hidden: u64) -> Option<bool> {
     }
 }
 
-/// The norms over less than the `hidden` width: norms of each head (Qwen3's QK-norm).
+/// The norms of each head (Qwen3's QK-norm): over less than the `hidden` width of a tensor
+/// holding the heads apart (rank 4), not DeepSeek's norms of its latent vectors (rank 3).
 fn head_norms(graph: &Graph, info: &GraphInfo, hidden: u64) -> u64 {
     each_norm(graph, info)
         .iter()
-        .filter(|n| n.width.is_some_and(|w| w > 1 && w < hidden))
+        .filter(|n| n.rank >= 4 && n.width.is_some_and(|w| w > 1 && w < hidden))
         .count() as u64
 }
 
