@@ -20,6 +20,11 @@ pub(crate) const HANDSHAKE: Duration = Duration::from_secs(10);
 /// The most connections held in their handshake at once.
 pub(crate) const MAX_PENDING: usize = 64;
 
+/// Held by the tests that count the process's descriptors while a crowd connects, so that
+/// two such crowds (the rendezvous's, the rank listener's) are not counted together.
+#[cfg(test)]
+pub(crate) static COUNTING_DESCRIPTORS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Connections in their handshake, oldest first, each with a handle to end it.
 pub(crate) struct Pending {
     connections: VecDeque<(u64, TcpStream, Instant)>,

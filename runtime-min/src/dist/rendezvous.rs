@@ -450,6 +450,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_crowd_of_idle_strangers_cannot_starve_the_rendezvous() {
+        let _alone = crate::dist::pending::COUNTING_DESCRIPTORS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let descriptors = || std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
         let port = free_port();
         let crowd = 600;

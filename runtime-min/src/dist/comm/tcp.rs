@@ -155,6 +155,86 @@ fn answer(
     Ok((r, stream))
 }
 
+/// Rank `me` dials rank `r` at `addr` (again while its listener, crowded by strangers,
+/// closes the connection before it greets it), proves itself and says who it is.
+fn dial(
+    addr: &SocketAddr,
+    secret: &Secret,
+    (me, r): (u32, usize),
+    deadline: Instant,
+) -> Result<TcpStream, DistError> {
+    let mut stream = dial_until_greeted(addr, deadline).map_err(DistError::io(format!(
+        "rank {me} cannot reach rank {r} at {addr}"
+    )))?;
+    stream
+        .set_read_timeout(Some(remaining(deadline)))
+        .map_err(fail("cannot configure a connection"))?;
+    auth::call(&mut stream, secret)
+        .map_err(|e| e.within(format!("rank {me} cannot join rank {r} at {addr}")))?;
+    let mut hello = HELLO.to_vec();
+    hello.extend(me.to_le_bytes());
+    stream
+        .write_all(&hello)
+        .map_err(fail("cannot greet a rank"))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(fail("cannot configure a connection"))?;
+    Ok(stream)
+}
+
+/// Rank `me` of `world` takes the calls of every higher rank on `listener` into `streams`,
+/// each proving itself on its own thread: a stranger (or a silent connection) is refused
+/// and logged, at most [`crate::dist::pending::MAX_PENDING`] unproven ones are held, and
+/// the run goes on.
+fn take_calls(
+    listener: &TcpListener,
+    secret: &Secret,
+    (me, world): (u32, u32),
+    deadline: Instant,
+    streams: &mut [Option<TcpStream>],
+) -> Result<(), DistError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(fail("cannot poll for the other ranks"))?;
+    let (called, calls) = std::sync::mpsc::channel::<(u64, Result<(u32, TcpStream), DistError>)>();
+    let mut pending = Pending::new();
+    let mut expected = world.saturating_sub(me + 1) as usize;
+    while expected > 0 {
+        let (secret, ranks) = (secret.clone(), world);
+        pending
+            .accept_all(listener, &called, move |stream, from| {
+                answer(stream, &secret, me, ranks)
+                    .map_err(|e| e.within(format!("refused a connection from {from}")))
+            })
+            .map_err(fail("cannot accept a rank"))?;
+        while let Ok((number, call)) = calls.try_recv() {
+            pending.ended(number);
+            match call {
+                Ok((r, stream)) => {
+                    if streams[r as usize].replace(stream).is_some() {
+                        return Err(DistError::Protocol(format!("rank {r} connected twice")));
+                    }
+                    expected -= 1;
+                }
+                Err(why) => eprintln!("rank {me}: {}", why.chain()),
+            }
+        }
+        if expected > 0 {
+            if Instant::now() >= deadline {
+                let missing: Vec<usize> = (me as usize + 1..world as usize)
+                    .filter(|&r| streams[r].is_none())
+                    .collect();
+                return Err(DistError::Timeout {
+                    waiting: format!("rank {me}"),
+                    missing,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    Ok(())
+}
+
 /// This process's connections to every other rank.
 pub struct Net {
     rank: u32,
@@ -209,66 +289,16 @@ impl Net {
         // Dial every lower rank (again while its listener, crowded by strangers, closes
         // the connection before it greets it)…
         for (r, addr) in addrs.iter().enumerate().take(me as usize) {
-            let mut stream = dial_until_greeted(addr, deadline).map_err(DistError::io(format!(
-                "rank {me} cannot reach rank {r} at {addr}"
-            )))?;
-            stream
-                .set_read_timeout(Some(remaining(deadline)))
-                .map_err(fail("cannot configure a connection"))?;
-            auth::call(&mut stream, &secret)
-                .map_err(|e| e.within(format!("rank {me} cannot join rank {r} at {addr}")))?;
-            let mut hello = HELLO.to_vec();
-            hello.extend(me.to_le_bytes());
-            stream
-                .write_all(&hello)
-                .map_err(fail("cannot greet a rank"))?;
-            stream
-                .set_read_timeout(None)
-                .map_err(fail("cannot configure a connection"))?;
-            streams[r] = Some(stream);
+            streams[r] = Some(dial(addr, &secret, (me, r), deadline)?);
         }
-        // …and take the calls of every higher one, each proving itself on its own thread:
-        // a stranger (or a silent connection) is refused and logged, and the run goes on.
-        listener
-            .set_nonblocking(true)
-            .map_err(fail("cannot poll for the other ranks"))?;
-        let (called, calls) =
-            std::sync::mpsc::channel::<(u64, Result<(u32, TcpStream), DistError>)>();
-        let mut pending = Pending::new();
-        let mut expected = world - 1 - me as usize;
-        while expected > 0 {
-            let (secret, ranks) = (secret.clone(), placement.world);
-            pending
-                .accept_all(&listener, &called, move |stream, from| {
-                    answer(stream, &secret, me, ranks)
-                        .map_err(|e| e.within(format!("refused a connection from {from}")))
-                })
-                .map_err(fail("cannot accept a rank"))?;
-            while let Ok((number, call)) = calls.try_recv() {
-                pending.ended(number);
-                match call {
-                    Ok((r, stream)) => {
-                        if streams[r as usize].replace(stream).is_some() {
-                            return Err(DistError::Protocol(format!("rank {r} connected twice")));
-                        }
-                        expected -= 1;
-                    }
-                    Err(why) => eprintln!("rank {me}: {}", why.chain()),
-                }
-            }
-            if expected > 0 {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (me as usize + 1..world)
-                        .filter(|&r| streams[r].is_none())
-                        .collect();
-                    return Err(DistError::Timeout {
-                        waiting: format!("rank {me}"),
-                        missing,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
+        // …and take the calls of every higher one.
+        take_calls(
+            &listener,
+            &secret,
+            (me, placement.world),
+            deadline,
+            &mut streams,
+        )?;
         let mut peers = Vec::with_capacity(world);
         for (r, stream) in streams.into_iter().enumerate() {
             let Some(stream) = stream else {
@@ -389,6 +419,48 @@ mod tests {
             0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255,
         ];
         assert!(Frame::decode(&mut huge).is_err());
+    }
+
+    /// The rank-to-rank listener, like the rendezvous, holds a crowd of idle strangers
+    /// (who learnt its port) to the shared bound on unproven connections, and its rank's
+    /// call still gets through at once.
+    #[test]
+    fn a_crowd_of_idle_strangers_cannot_starve_the_rank_listener() {
+        let _alone = crate::dist::pending::COUNTING_DESCRIPTORS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let descriptors = || std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+        let secret = Secret::new("a test token of 32 characters ok").expect("a secret");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let crowd = 600;
+        std::thread::scope(|s| {
+            let rank0 = s.spawn(|| {
+                let mut streams: Vec<Option<TcpStream>> = vec![None, None];
+                take_calls(&listener, &secret, (0, 2), deadline, &mut streams).map(|()| streams)
+            });
+            let before = descriptors();
+            let idle: Vec<TcpStream> = (0..crowd)
+                .filter_map(|_| TcpStream::connect(addr).ok())
+                .collect();
+            assert_eq!(idle.len(), crowd);
+            std::thread::sleep(Duration::from_millis(500));
+            let grown = descriptors() - before;
+            assert!(
+                grown <= crowd + 2 * crate::dist::pending::MAX_PENDING + 32,
+                "{grown} descriptors for {crowd} idle connections"
+            );
+            let started = Instant::now();
+            let _mine = dial(&addr, &secret, (1, 0), deadline).expect("rank 1 dials rank 0");
+            let streams = rank0
+                .join()
+                .expect("rank 0")
+                .expect("rank 0 takes the call");
+            assert!(started.elapsed() < HANDSHAKE / 2, "{:?}", started.elapsed());
+            assert!(streams[1].is_some());
+            drop(idle);
+        });
     }
 
     /// Sending to a rank whose connection is closed, or to no rank at all, is a typed
