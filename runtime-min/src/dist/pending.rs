@@ -20,10 +20,37 @@ pub(crate) const HANDSHAKE: Duration = Duration::from_secs(10);
 /// The most connections held in their handshake at once.
 pub(crate) const MAX_PENDING: usize = 64;
 
-/// Held by the tests that count the process's descriptors while a crowd connects, so that
-/// two such crowds (the rendezvous's, the rank listener's) are not counted together.
+/// Held while a crowd's descriptors are counted ([`idle_crowd`]), so that two crowds (the
+/// rendezvous's, the rank listener's tests) are not counted together.
 #[cfg(test)]
-pub(crate) static COUNTING_DESCRIPTORS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static COUNTING_DESCRIPTORS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `crowd` idle connections to the listener at `addr`, once they have grown the process's
+/// descriptors by at most their own ends, two per unproven connection held
+/// ([`MAX_PENDING`]) and some slack; and the guard under which they were counted, held
+/// while the test goes on.
+#[cfg(test)]
+pub(crate) fn idle_crowd(
+    addr: std::net::SocketAddr,
+    crowd: usize,
+) -> (Vec<std::net::TcpStream>, std::sync::MutexGuard<'static, ()>) {
+    let alone = COUNTING_DESCRIPTORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let descriptors = || std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    let before = descriptors();
+    let idle: Vec<std::net::TcpStream> = (0..crowd)
+        .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+        .collect();
+    assert_eq!(idle.len(), crowd);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let grown = descriptors() - before;
+    assert!(
+        grown <= crowd + 2 * MAX_PENDING + 32,
+        "{grown} descriptors for {crowd} idle connections"
+    );
+    (idle, alone)
+}
 
 /// Connections in their handshake, oldest first, each with a handle to end it.
 pub(crate) struct Pending {
