@@ -1193,6 +1193,8 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
         "--moe-shared-expert-intermediate-size 2048\n",
         "--moe-layer-freq ([0]*3+[1]*58)\n",
         "--moe-router-score-function sigmoid\n",
+        "--moe-router-num-groups 8\n",
+        "--moe-router-group-topk 4\n",
         "--expert-model-parallel-size 64\n",
         "--expert-tensor-parallel-size 1\n",
         "--moe-token-dispatcher-type flex\n",

@@ -116,6 +116,12 @@ pub struct MoeSpec {
     pub dense_layers: u64,
     /// How scores become weights.
     pub router: Router,
+    /// Group-limited routing (DeepSeek-V3's node-limited routing: 8 groups, 4 chosen): the
+    /// experts fall into `groups` equal groups and a token's `top_k` come from its
+    /// `top_groups` best groups. 0: the experts are not grouped.
+    pub groups: u64,
+    /// Groups a token's experts may come from; 0 without groups.
+    pub top_groups: u64,
 }
 
 impl GptSpec {
@@ -341,6 +347,8 @@ impl GptSpec {
             shared_ffn: 0,
             dense_layers: 0,
             router: Router::Softmax,
+            groups: 0,
+            top_groups: 0,
         });
         for (name, v, most) in [
             ("layers", self.layers, 1 << 14),
@@ -444,6 +452,24 @@ impl GptSpec {
                     "dense_layers {} exceeds the {} layers",
                     moe.dense_layers, self.layers
                 ));
+            }
+            if let Some(per_group) = moe.experts.checked_div(moe.groups) {
+                if moe.experts % moe.groups != 0 {
+                    return Err(format!(
+                        "{} expert groups do not divide {} experts",
+                        moe.groups, moe.experts
+                    ));
+                }
+                if moe.top_groups == 0
+                    || moe.top_groups > moe.groups
+                    || moe.top_k > moe.top_groups * per_group
+                {
+                    return Err(format!(
+                        "top {} of {} expert groups ({per_group} experts each) cannot hold \
+                         a token's {} experts",
+                        moe.top_groups, moe.groups, moe.top_k
+                    ));
+                }
             }
         }
         if self.params() == u64::MAX {

@@ -81,6 +81,8 @@ fn runs() -> Vec<Run> {
                             shared_ffn: n("shared_experts") * moe_ffn,
                             dense_layers: n("dense_layers"),
                             router: Router::Softmax,
+                            groups: 0,
+                            top_groups: 0,
                         }),
                         ..llama
                     },
@@ -379,8 +381,10 @@ fn architecture(model: &str, row: GptSpec) -> GptSpec {
     let spec = huggingface::spec(config, row.sequence).expect("a configuration");
     let shape = |s: &GptSpec| (s.layers, s.hidden, s.heads, s.kv_heads, s.vocabulary, s.moe);
     let mut published = shape(&row);
+    // The rows name no router nor routing groups: the configuration's.
     if let (Some(p), Some(c)) = (published.5.as_mut(), spec.moe) {
         p.router = c.router;
+        (p.groups, p.top_groups) = (c.groups, c.top_groups);
     }
     assert_eq!(
         published,

@@ -808,6 +808,8 @@ fn recomputing_modules_trades_time_for_memory() {
             shared_ffn: 0,
             dense_layers: 0,
             router: Router::Softmax,
+            groups: 0,
+            top_groups: 0,
         }),
         ..llama
     };

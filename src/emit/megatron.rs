@@ -240,6 +240,11 @@ fn expert_arguments(p: &crate::ParallelismRow) -> Vec<String> {
     if moe.router == ralpc_ir::models::Router::Sigmoid {
         args.push("--moe-router-score-function sigmoid".into());
     }
+    if moe.groups > 0 {
+        // Group-limited routing as the model routes (Megatron-Core's group top-k router).
+        args.push(format!("--moe-router-num-groups {}", moe.groups));
+        args.push(format!("--moe-router-group-topk {}", moe.top_groups));
+    }
     args.push(format!(
         "--expert-model-parallel-size {}",
         p.expert_parallel

@@ -118,6 +118,8 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                 shared_ffn: 0,
                 dense_layers: 0,
                 router: Router::Softmax,
+                groups: 0,
+                top_groups: 0,
             }),
             ..base
         },
@@ -153,6 +155,8 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                     shared_ffn: 0,
                     dense_layers: 0,
                     router: Router::Softmax,
+                    groups: 0,
+                    top_groups: 0,
                 }),
                 ..base
             }
@@ -186,6 +190,15 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                     shared_ffn: shared.saturating_mul(expert_ffn),
                     dense_layers: fields.optional_count("first_k_dense_replace")?.unwrap_or(3),
                     router: Router::Sigmoid,
+                    // DeepseekV3Config's defaults: 8 groups, 4 chosen; one group is none.
+                    groups: match fields.optional_number("n_group")?.unwrap_or(8) {
+                        1 => 0,
+                        g => g,
+                    },
+                    top_groups: match fields.optional_number("n_group")?.unwrap_or(8) {
+                        1 => 0,
+                        _ => fields.optional_number("topk_group")?.unwrap_or(4),
+                    },
                 }),
                 ..base
             }
@@ -225,6 +238,8 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                     shared_ffn: 0,
                     dense_layers: 0,
                     router: Router::Softmax,
+                    groups: 0,
+                    top_groups: 0,
                 }),
                 ..base
             }
@@ -378,6 +393,25 @@ mod tests {
         let moe = deepseek.moe.expect("experts");
         assert_eq!((moe.experts, moe.top_k, moe.dense_layers), (256, 8, 3));
         assert_eq!((moe.shared_ffn, moe.router), (2048, Router::Sigmoid));
+        // Node-limited routing: a token's 8 experts from its 4 best of 8 groups.
+        assert_eq!((moe.groups, moe.top_groups), (8, 4));
+        let grouped = |n_group: u64, topk_group: u64| {
+            let text = fixture("deepseek-v3")
+                .replace("\"n_group\": 8", &format!("\"n_group\": {n_group}"))
+                .replace(
+                    "\"topk_group\": 4",
+                    &format!("\"topk_group\": {topk_group}"),
+                );
+            spec(&text, 4096)
+        };
+        assert_eq!(
+            grouped(1, 1).expect("one group").moe.map(|m| m.groups),
+            Some(0)
+        );
+        assert!(grouped(8, 9).unwrap_err().contains("expert groups"));
+        assert!(grouped(7, 4).unwrap_err().contains("do not divide"));
+        // One group of 32 experts holds a token's 8.
+        assert!(grouped(8, 1).is_ok());
         assert_eq!(
             deepseek.latent.map(|l| (l.q_rank, l.kv_rank)),
             Some((1536, 512))
