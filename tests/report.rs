@@ -26,25 +26,27 @@ fn colours(path: &Path) -> usize {
     seen.len()
 }
 
-#[test]
-fn the_report_renders_in_headless_chromium() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let mut ralpc = assert_cmd::Command::cargo_bin("ralpc").unwrap();
-    ralpc
-        .current_dir(common::workdir())
-        .args([
-            "plan",
-            "fixtures/onnx/vgg16/model.onnx",
-            "--gpus",
-            "8",
-            "-o",
-        ])
+/// `ralpc ARGS -o DIR/out` run in the tests' working directory: its report's path and text.
+fn planned_report(dir: &Path, args: &[&str]) -> (std::path::PathBuf, String) {
+    let out = dir.join("out");
+    common::ralpc()
+        .args(args)
+        .arg("-o")
         .arg(&out)
         .assert()
         .success();
     let report = out.join("report.html");
     let html = std::fs::read_to_string(&report).unwrap();
+    (report, html)
+}
+
+#[test]
+fn the_report_renders_in_headless_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, html) = planned_report(
+        dir.path(),
+        &["plan", "fixtures/onnx/vgg16/model.onnx", "--gpus", "8"],
+    );
     // Self-contained: nothing fetched from anywhere.
     for needle in ["http://", "https://", "<script", "<link"] {
         let outside_svg = html.replace("http://www.w3.org", "");
@@ -94,10 +96,11 @@ fn a_deep_models_report_stays_the_size_of_a_small_ones() {
     }
     let model = dir.path().join("graph.txt");
     std::fs::write(&model, graph).unwrap();
-    let out = dir.path().join("out");
-    common::ralpc()
-        .arg(&model)
-        .args([
+    let model = model.to_str().unwrap();
+    let (report, html) = planned_report(
+        dir.path(),
+        &[
+            model,
             "--gpus",
             "8",
             "--batch",
@@ -105,13 +108,8 @@ fn a_deep_models_report_stays_the_size_of_a_small_ones() {
             "--strategy",
             "dp",
             "-q",
-            "-o",
-        ])
-        .arg(&out)
-        .assert()
-        .success();
-    let report = out.join("report.html");
-    let html = std::fs::read_to_string(&report).unwrap();
+        ],
+    );
     assert!(html.len() < 200_000, "report.html is {} bytes", html.len());
     assert!(
         html.contains("node2 .. node2000 (1999 layers)"),
