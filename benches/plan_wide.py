@@ -5,12 +5,13 @@ recurrent `Loop` of N iterations (unrolled at binding), planned for 8 GPUs (the 
 2: for 8 its unrolled graph's wide frontier makes the search dominate, as for branches). Each row prints the time and its ratio to the previous size: a ratio
 near the size ratio is linear, its square quadratic.
 
-Measured on the 2-core development machine (release build): 1,000 branches 5.7 s, 2,000
-19.5 s (before, about 3 and over 10 minutes: the layered search looked frontier layers up
-by a linear search); a 100,000-layer graph.txt 17 s (before, 134 s: the reader's
-topological sort and the lowering scanned every edge per layer); a Loop of 4,096
-iterations 15.7 s (before, 176 s: each iteration was its own round of inference over the
-whole graph; rounds now double what they unroll).
+Measured on the 2-core development machine (release build), 2026-12-06: 500, 1,000, 2,000,
+4,000 branches 0.72, 1.40, 3.10, 7.62 s (about 2.2x per doubling; before the layered
+search's states became hash-consed trees, 1,000 took 3.8 s and 2,000 11.7 s, and before
+that about 3 and over 10 minutes); 10,000 and 100,000-layer graph.txt chains 1.1 and 11.9 s
+(100,000 took 134 s before the reader and lowering stopped scanning every edge per layer);
+a Loop of 1,024, 2,048, 4,096 iterations 0.61, 1.38, 3.60 s (4,096 took 176 s when each
+iteration was its own round of inference, 10.8 s with the flat-vector states).
 
 Usage (from the repository root, after `cargo build --release`; needs `pip install onnx`):
     python3 benches/plan_wide.py [--ralpc target/release/ralpc] [--branches 250,500,1000]

@@ -7,8 +7,10 @@
 //! all-reduce bucket). On a chain the frontier is one layer and the program is exact
 //! (Viterbi over `C` choices: O(L·C²)). Branches (ResNet shortcuts, Inception modules,
 //! DenseNet concatenations) widen the frontier; the state count is bounded by a beam of the
-//! [`BEAM`] cheapest states (ties broken by the state's splits), so a branchy graph costs
-//! O(L · BEAM · C · inputs) instead of growing exponentially with the frontier.
+//! [`BEAM`] cheapest states (ties broken by their order), so a branchy graph costs
+//! O(L · BEAM · C · inputs) instead of growing exponentially with the frontier. States are
+//! hash-consed trees ([`super::frontier`]), so a state costs the layers that change, not
+//! the frontier's width: a thousand parallel branches plan in about a second.
 //!
 //! Constraints enter through Lagrange multipliers (the caller searches them): the
 //! objective is `time + λ·GPU-time + μ·memory of rank 0` (rank 0 holds a share of every
@@ -17,6 +19,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use super::costs::Costs;
+use super::frontier::{Frontiers, Id, EMPTY};
 use super::layout::{splits_attributes_into, splits_freely};
 use crate::layers::{Layer, LayerKind, Producer, Split};
 
@@ -215,29 +218,30 @@ impl EdgeCache {
 }
 
 struct State {
-    /// Choice indices of the frontier layers, then the last layer's choice index.
-    key: Vec<u16>,
+    /// The choice of every frontier layer.
+    frontier: Id,
     cost: f64,
     parent: u32,
+    /// The layer's own choice.
     choice: u16,
 }
 
 /// The cheapest split of every layer under `weights`, or `None` when some layer has no
 /// choice at all (a batch too small for any split).
 pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Option<Vec<Split>> {
+    search(costs, choices, weights, BEAM)
+}
+
+/// Every layer's choice table (a following layer's choices are its producer's, mapped) and
+/// the transfer-cost cache over their splits; `None` when a layer has no choice or the
+/// splits are too many for the cache.
+fn tables(
+    costs: &Costs<'_>,
+    choices: &Choices,
+    weights: Weights,
+) -> Option<(Vec<Table>, EdgeCache)> {
     let graph = costs.graph;
-    let n = graph.layers.len();
-    let mut last_use: Vec<usize> = (0..n).collect();
-    for (l, layer) in graph.layers.iter().enumerate() {
-        for e in &layer.inputs {
-            if let Producer::Layer(p) = e.from {
-                let p = p.0 as usize;
-                last_use[p] = last_use[p].max(l);
-            }
-        }
-    }
-    // Every layer's choice table; a following layer's choices are its producer's, mapped.
-    let mut tables: Vec<Table> = Vec::with_capacity(n);
+    let mut tables: Vec<Table> = Vec::with_capacity(graph.layers.len());
     for (l, layer) in graph.layers.iter().enumerate() {
         let t = match (&choices[l], costs.first_producer[l]) {
             (None, Some(p)) => {
@@ -277,82 +281,126 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
     if edges.splits.len() > MAX_SPLITS {
         return None;
     }
-    let mut frontier: Vec<usize> = Vec::new();
+    Some((tables, edges))
+}
+
+/// The weighted cost of edge `input` of layer `c` (choice `cc`) from producer `p` (choice
+/// `pc`): its transfer time, scaled by the GPU time of the wider side.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the search and its test oracle price an edge alike"
+)]
+fn edge_cost(
+    costs: &Costs<'_>,
+    tables: &[Table],
+    edges: &mut EdgeCache,
+    weights: Weights,
+    (p, pc): (usize, usize),
+    (c, cc): (usize, usize),
+    (bytes, epilogue): (f64, bool),
+) -> f64 {
+    let (from, to) = (tables[p].splits[pc], tables[c].splits[cc]);
+    let t = edges.cost(
+        costs,
+        (p, tables[p].ids[pc]),
+        (c, tables[c].ids[cc]),
+        epilogue,
+        bytes,
+    );
+    t * (1.0 + weights.lambda * f64::from(to.degree().max(from.degree())))
+}
+
+/// The dynamic program keeping `beam` states per layer (plus the uniform ones).
+fn search(
+    costs: &Costs<'_>,
+    choices: &Choices,
+    weights: Weights,
+    beam: usize,
+) -> Option<Vec<Split>> {
+    let graph = costs.graph;
+    let n = graph.layers.len();
+    let mut last_use: Vec<usize> = (0..n).collect();
+    for (l, layer) in graph.layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let p = p.0 as usize;
+                last_use[p] = last_use[p].max(l);
+            }
+        }
+    }
+    // The frontier layers read for the last time by each layer, in order.
+    let mut leaving: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (j, &last) in last_use.iter().enumerate() {
+        if last > j {
+            leaving[last].push(j as u32);
+        }
+    }
+    let (tables, mut edges) = self::tables(costs, choices, weights)?;
+    let mut frontiers = Frontiers::new();
     let mut states = vec![State {
-        key: Vec::new(),
+        frontier: EMPTY,
         cost: 0.0,
         parent: 0,
         choice: 0,
     }];
     let mut history: Vec<Vec<(u32, u16)>> = Vec::with_capacity(n);
     let mut matrices: Vec<Vec<f64>> = Vec::new();
-    // Each frontier layer's slot in the states' keys (`usize::MAX`: not on the frontier),
-    // so that a wide frontier (a thousand parallel branches) costs a lookup per slot, not
-    // a search.
-    let mut slot_of = vec![usize::MAX; n];
+    let mut projected: HashMap<Id, Id> = HashMap::default();
     for (i, layer) in graph.layers.iter().enumerate() {
-        for (k, &j) in frontier.iter().enumerate() {
-            slot_of[j] = k;
-        }
-        let next_frontier: Vec<usize> = frontier
-            .iter()
-            .copied()
-            .chain(std::iter::once(i))
-            .filter(|&j| last_use[j] > i)
-            .collect();
-        let position = |j: usize| Some(slot_of[j]).filter(|&k| k != usize::MAX);
         let me = &tables[i];
         let width = me.splits.len();
-        // This layer's input edges: (producer, its frontier slot, bytes, read by the
-        // epilogue alone), with a lazily filled matrix of transfer costs per (producer
-        // choice, own choice).
-        let inputs: Vec<(usize, usize, f64, bool)> = layer
+        // This layer's input edges from the frontier (earlier layers): (producer, bytes,
+        // read by the epilogue alone), with a lazily filled matrix of transfer costs per
+        // (producer choice, own choice).
+        let inputs: Vec<(usize, f64, bool)> = layer
             .inputs
             .iter()
             .filter_map(|e| match e.from {
-                Producer::Layer(p) => {
-                    let p = p.0 as usize;
-                    Some((p, position(p)?, e.bytes as f64, e.epilogue))
+                Producer::Layer(p) if (p.0 as usize) < i => {
+                    Some((p.0 as usize, e.bytes as f64, e.epilogue))
                 }
-                Producer::Input(_) => None,
+                _ => None,
             })
             .collect();
         matrices.clear();
-        for &(p, _, _, _) in &inputs {
+        for &(p, _, _) in &inputs {
             matrices.push(vec![f64::NAN; tables[p].splits.len() * width]);
         }
-        let prev_split = |key: &[u16]| key.last().map(|&c| tables[i - 1].splits[c as usize]);
         let follows = choices[i].is_none() && costs.first_producer[i].is_some();
-        let keeps_me = next_frontier.last() == Some(&i);
+        let keeps_me = last_use[i] > i;
         // States that agree on the frontier layers that stay share a projection; the best
-        // cost per (projection, choice) is kept in a dense table.
-        // Numbered in the order states first reach them (a hash map finds them: a
-        // wide frontier makes keys long, and an ordered map compares them a log factor
-        // more often).
-        let mut numbers: HashMap<Vec<u16>, usize> =
+        // cost per (projection, choice) is kept in a dense table. Projections are numbered
+        // in the order states first reach them.
+        projected.clear();
+        let mut numbers: HashMap<Id, usize> =
             HashMap::with_capacity_and_hasher(states.len(), Default::default());
-        let mut projections: Vec<Vec<u16>> = Vec::new();
+        let mut projections: Vec<Id> = Vec::new();
         let mut projection_of = Vec::with_capacity(states.len());
-        let staying: Vec<usize> = next_frontier
-            .iter()
-            .filter(|&&j| j != i)
-            .map(|&j| position(j).unwrap_or(0))
-            .collect();
         for state in &states {
-            let proj: Vec<u16> = staying.iter().map(|&k| state.key[k]).collect();
-            let number = *numbers.entry(proj).or_insert_with_key(|proj| {
-                projections.push(proj.clone());
+            let proj = frontiers.remove(state.frontier, &leaving[i], &mut projected);
+            let number = *numbers.entry(proj).or_insert_with(|| {
+                projections.push(proj);
                 projections.len() - 1
             });
             projection_of.push(number);
         }
         let mut best_of = vec![(f64::INFINITY, 0u32); projections.len() * width];
-        for (si, state) in states.iter().enumerate() {
-            let prev = if i > 0 { prev_split(&state.key) } else { None };
+        let mut read: Vec<usize> = Vec::with_capacity(inputs.len());
+        'states: for (si, state) in states.iter().enumerate() {
+            let prev = (i > 0).then(|| tables[i - 1].splits[state.choice as usize]);
+            read.clear();
+            for &(p, _, _) in &inputs {
+                let Some(pc) = frontiers.get(state.frontier, p as u32) else {
+                    continue 'states;
+                };
+                read.push(pc as usize);
+            }
             let (lo, hi) = if follows {
                 let p = costs.first_producer[i].unwrap_or(0);
-                let Some(at) = position(p) else { continue };
-                let c = me.from_producer[state.key[at] as usize];
+                let Some(at) = frontiers.get(state.frontier, p as u32) else {
+                    continue;
+                };
+                let c = me.from_producer[at as usize];
                 (c, c + 1)
             } else {
                 (0, width as u16)
@@ -364,20 +412,18 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                 if prev != Some(split) {
                     cost += me.latency[c as usize];
                 }
-                for (k, &(p, slot, bytes, epilogue)) in inputs.iter().enumerate() {
-                    let pc = state.key[slot] as usize;
+                for (k, (&(p, bytes, epilogue), &pc)) in inputs.iter().zip(&read).enumerate() {
                     let cell = &mut matrices[k][pc * width + c as usize];
                     if cell.is_nan() {
-                        let from = tables[p].splits[pc];
-                        let t = edges.cost(
+                        *cell = edge_cost(
                             costs,
-                            (p, tables[p].ids[pc]),
-                            (i, me.ids[c as usize]),
-                            epilogue,
-                            bytes,
+                            &tables,
+                            &mut edges,
+                            weights,
+                            (p, pc),
+                            (i, c as usize),
+                            (bytes, epilogue),
                         );
-                        let g = f64::from(split.degree().max(from.degree()));
-                        *cell = t * (1.0 + weights.lambda * g);
                     }
                     cost += *cell;
                 }
@@ -388,10 +434,10 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                 }
             }
         }
-        // Candidates as (cost, parent, projection, choice); keys are built only for the
-        // states the beam keeps.
+        // Candidates as (cost, parent, projection, choice); frontiers are built only for
+        // the states the beam keeps.
         let mut candidates: Vec<(f64, u32, u32, u16)> = Vec::new();
-        for (index, _) in projections.iter().enumerate() {
+        for index in 0..projections.len() {
             for c in 0..width {
                 let (cost, parent) = best_of[index * width + c];
                 if cost.is_finite() {
@@ -402,19 +448,15 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
         if candidates.is_empty() {
             return None;
         }
-        if candidates.len() > BEAM {
+        if candidates.len() > beam {
             // The cheapest states, plus every uniform sample split (all frontier layers
             // on the same GPUs, samples split: the data-parallel-like plans) so the beam
             // never loses them. The cut is on (cost, position), a total order, so it is
             // deterministic.
-            let others: Vec<usize> = next_frontier.iter().copied().filter(|&j| j != i).collect();
             let uniform = |&(_, _, proj, c): &(f64, u32, u32, u16)| {
                 let mine = me.splits[c as usize];
                 mine.degree() == mine.sample
-                    && others
-                        .iter()
-                        .zip(&projections[proj as usize])
-                        .all(|(&j, &pc)| tables[j].splits[pc as usize] == mine)
+                    && frontiers.all_on(projections[proj as usize], me.ids[c as usize])
             };
             let mut order: Vec<(f64, usize)> = candidates
                 .iter()
@@ -422,9 +464,9 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
                 .map(|(k, c)| (c.0, k))
                 .collect();
             let by = |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-            order.select_nth_unstable_by(BEAM - 1, by);
+            order.select_nth_unstable_by(beam - 1, by);
             let mut keep = vec![false; candidates.len()];
-            for &(_, k) in &order[..BEAM] {
+            for &(_, k) in &order[..beam] {
                 keep[k] = true;
             }
             let mut k = 0;
@@ -436,13 +478,12 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
         let kept: Vec<State> = candidates
             .into_iter()
             .map(|(cost, parent, proj, c)| {
-                let mut key = projections[proj as usize].clone();
+                let mut frontier = projections[proj as usize];
                 if keeps_me {
-                    key.push(c);
+                    frontier = frontiers.insert(frontier, i as u32, c, me.ids[c as usize]);
                 }
-                key.push(c);
                 State {
-                    key,
+                    frontier,
                     cost,
                     parent,
                     choice: c,
@@ -451,10 +492,11 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
             .collect();
         history.push(kept.iter().map(|s| (s.parent, s.choice)).collect());
         states = kept;
-        for &j in &frontier {
-            slot_of[j] = usize::MAX;
+        let mut roots: Vec<Id> = states.iter().map(|s| s.frontier).collect();
+        frontiers.collect(&mut roots);
+        for (state, root) in states.iter_mut().zip(roots) {
+            state.frontier = root;
         }
-        frontier = next_frontier;
     }
     let (mut at, _) = states
         .iter()
@@ -472,7 +514,100 @@ pub(crate) fn best(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::Cluster;
     use crate::layers::{Halo, Recurrence};
+    use crate::plan::CostOptions;
+
+    /// The weighted cost of one choice per layer, summed in the search's order.
+    fn objective(
+        costs: &Costs<'_>,
+        (tables, edges): &mut (Vec<Table>, EdgeCache),
+        weights: Weights,
+        picked: &[usize],
+    ) -> f64 {
+        let mut total = 0.0;
+        for (i, layer) in costs.graph.layers.iter().enumerate() {
+            let c = picked[i];
+            total += tables[i].own[c];
+            if i == 0 || tables[i - 1].splits[picked[i - 1]] != tables[i].splits[c] {
+                total += tables[i].latency[c];
+            }
+            for e in &layer.inputs {
+                if let Producer::Layer(p) = e.from {
+                    let p = p.0 as usize;
+                    let edge = (e.bytes as f64, e.epilogue);
+                    total += edge_cost(costs, tables, edges, weights, (p, picked[p]), (i, c), edge);
+                }
+            }
+        }
+        total
+    }
+
+    /// The cheapest objective over every choice of every layer that chooses (a following
+    /// layer takes its producer's), or `None` when there are too many to try.
+    fn cheapest(costs: &Costs<'_>, choices: &Choices, weights: Weights) -> Option<f64> {
+        let mut prepared = tables(costs, choices, weights)?;
+        let n = costs.graph.layers.len();
+        let free: Vec<usize> = (0..n)
+            .filter(|&l| choices[l].is_some() || costs.first_producer[l].is_none())
+            .collect();
+        let count: usize = free.iter().map(|&l| prepared.0[l].splits.len()).product();
+        if count > 20_000 {
+            return None;
+        }
+        let mut picked = vec![0usize; n];
+        let mut best = f64::INFINITY;
+        for mut code in 0..count {
+            for &l in &free {
+                let width = prepared.0[l].splits.len();
+                picked[l] = code % width;
+                code /= width;
+            }
+            for l in 0..n {
+                if let (None, Some(p)) = (&choices[l], costs.first_producer[l]) {
+                    picked[l] = prepared.0[l].from_producer[picked[p]] as usize;
+                }
+            }
+            best = best.min(objective(costs, &mut prepared, weights, &picked));
+        }
+        Some(best)
+    }
+
+    #[test]
+    fn without_a_beam_the_search_finds_the_cheapest_plan_of_branchy_graphs() {
+        let cluster = Cluster::preset("dgx-a100x2").unwrap();
+        let mut compared = 0;
+        for seed in 0..40u64 {
+            let graph = crate::synthetic::graph(3 + seed as usize % 5, 64, true, seed);
+            for gpus in [2, 4] {
+                let costs = Costs::new(&graph, &cluster, gpus, CostOptions::default());
+                for soap in [false, true] {
+                    let choices = choices(&costs, gpus, soap);
+                    for (lambda, mu) in [(0.0, 0.0), (1e-2, 0.0), (0.0, 1e-6)] {
+                        let weights = Weights { lambda, mu };
+                        let Some(cheapest) = cheapest(&costs, &choices, weights) else {
+                            continue;
+                        };
+                        let splits = search(&costs, &choices, weights, usize::MAX).unwrap();
+                        let mut prepared = tables(&costs, &choices, weights).unwrap();
+                        let picked: Vec<usize> = splits
+                            .iter()
+                            .zip(&prepared.0)
+                            .map(|(s, t)| t.splits.iter().position(|x| x == s).unwrap())
+                            .collect();
+                        let found = objective(&costs, &mut prepared, weights, &picked);
+                        assert!(
+                            (found - cheapest).abs() <= 1e-9 * cheapest.abs(),
+                            "seed {seed}, {gpus} GPUs, soap {soap}, {weights:?}: \
+                             {found} found, {cheapest} cheapest"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 200, "{compared} searches compared");
+    }
 
     #[test]
     fn counts_cover_small_clusters_and_thin_out_beyond() {

@@ -20,6 +20,7 @@ mod buckets;
 mod costs;
 mod evaluate;
 mod file;
+mod frontier;
 mod halo;
 mod layered;
 mod layout;
