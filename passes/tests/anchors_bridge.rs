@@ -358,10 +358,10 @@ fn moe_runs_on_today_gpus() {
     let runs = moe_runs();
     assert!(runs.len() >= 8, "{} MoE rows", runs.len());
     let (mean, worst) = price_table(&runs, |run| Transformer::from(&run.spec));
-    // Where the model stands (issue 65 asks for 10 % and 20 %): every row predicted faster
-    // than measured. A guard against getting worse, not the target.
-    assert!(mean <= 0.33, "mean |error| {:.1}%", mean * 100.0);
-    assert!(worst <= 0.66, "worst |error| {:.1}%", worst * 100.0);
+    // Where the model stands (issue 65 asks for 10 % and 20 %), with one constant fitted to
+    // these rows (`MOE_HOST_STALL_US`). A guard against getting worse, not the target.
+    assert!(mean <= 0.16, "mean |error| {:.1}%", mean * 100.0);
+    assert!(worst <= 0.34, "worst |error| {:.1}%", worst * 100.0);
 }
 
 /// A mixture-of-experts row's model read from its published configuration
@@ -485,5 +485,120 @@ fn expert_parallelism_grows_inside_an_nvlink_domain() {
         "NVL72 ep {} vs B200 nodes ep {}",
         best[0],
         best[1]
+    );
+}
+
+/// A published Qwen3-30B-A3B run outside the given rows (`SOURCE.md` there: Megatron-Bridge
+/// `docs/performance-summary.md` @ cfeddcd9).
+struct HeldOut {
+    gpu: &'static str,
+    gpus: u32,
+    precision: Precision,
+    batch: u64,
+    micro_batch: u64,
+    pipeline: u32,
+    virtual_stages: u32,
+    expert: u32,
+    /// Tokens a second a GPU.
+    rate: f64,
+}
+
+const B200_MBS1: HeldOut = HeldOut {
+    gpu: "B200",
+    gpus: 8,
+    precision: Precision::Mxfp8,
+    batch: 512,
+    micro_batch: 1,
+    pipeline: 1,
+    virtual_stages: 1,
+    expert: 8,
+    rate: 9691.0,
+};
+
+const HELD_OUT: [HeldOut; 4] = [
+    B200_MBS1,
+    HeldOut {
+        micro_batch: 4,
+        rate: 26695.0,
+        ..B200_MBS1
+    },
+    HeldOut {
+        gpu: "GB200",
+        micro_batch: 4,
+        rate: 26373.0,
+        ..B200_MBS1
+    },
+    HeldOut {
+        gpu: "H100",
+        gpus: 16,
+        precision: Precision::Fp8,
+        batch: 1024,
+        micro_batch: 1,
+        pipeline: 2,
+        virtual_stages: 12,
+        expert: 8,
+        rate: 9058.0,
+    },
+];
+
+/// The one constant fitted to the given MoE rows (`MOE_HOST_STALL_US`) on runs it was not
+/// fitted to: each within 30 %, and the micro-batch's effect on B200 (published 2.75× more
+/// tokens a second at 4 than at 1) mostly kept and in the measured order.
+#[test]
+fn moe_prices_hold_on_runs_not_fitted() {
+    let qwen = moe_runs()
+        .into_iter()
+        .find(|r| r.id.contains("Qwen3-30B"))
+        .expect("the Qwen3-30B-A3B row");
+    let mut seconds = Vec::new();
+    for HeldOut {
+        gpu,
+        gpus,
+        precision,
+        batch,
+        micro_batch,
+        pipeline,
+        virtual_stages,
+        expert,
+        rate,
+    } in HELD_OUT
+    {
+        let run = Run {
+            id: format!("{gpu} Qwen3-30B-A3B mbs {micro_batch}"),
+            gpu: gpu.into(),
+            gpus,
+            layout: Parallelism {
+                pipeline,
+                virtual_stages,
+                data: gpus / pipeline,
+                expert,
+                micro_batch,
+                ..qwen.layout
+            },
+            batch,
+            precision,
+            published_s: (batch * qwen.spec.sequence) as f64 / (f64::from(gpus) * rate),
+            spec: qwen.spec,
+        };
+        let model = Transformer::from(&run.spec);
+        let cluster = cluster(gpu, gpus);
+        let priced = estimate(&setting(&model, &run, &cluster, precision), &run.layout);
+        let ours = priced.iteration_time_us / 1e6;
+        let error = ours / run.published_s - 1.0;
+        println!(
+            "{:<32} | {:>8.2}s {:>8.2}s {:>+6.1}% | {}",
+            run.id,
+            run.published_s,
+            ours,
+            error * 100.0,
+            ms(&priced)
+        );
+        assert!(error.abs() <= 0.30, "{}: {:+.1}%", run.id, error * 100.0);
+        seconds.push(ours);
+    }
+    let speedup = seconds[0] / seconds[1];
+    assert!(
+        speedup >= 2.0,
+        "micro-batch 4 over 1 on B200: {speedup:.2}× (published 2.75×)"
     );
 }

@@ -423,6 +423,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         launch_us,
         e,
         fp8: precision.is_fp8(),
+        quantize_launches: super::kernels::quantize_launches(precision),
     };
     let fwd_bwd =
         |rows, cols, inner, batch| kernels.forward_backward(false, rows, cols, inner, batch);

@@ -1,6 +1,7 @@
 //! What one GPU's kernels cost: GEMMs (grouped ones at their rows a group), and
 //! memory-bound kernels, at the rates a training step keeps of the datasheet's.
 
+use crate::cluster::Precision;
 use crate::cost::rates::KernelRates;
 
 /// Rows a group at which a grouped GEMM keeps half its large-group compute rate: a group
@@ -19,6 +20,24 @@ pub(crate) struct Kernels {
     pub e: f64,
     /// The block's dense layers run in FP8.
     pub fp8: bool,
+    /// Kernels quantizing one tensor to the GEMMs' FP8 format where Transformer Engine
+    /// does it tensor by tensor ([`quantize_launches`]).
+    pub quantize_launches: f64,
+}
+
+/// Kernels Transformer Engine launches to quantize one tensor in `precision` when it does
+/// not fuse a list of them (it fuses only delayed scaling: "Currently only have fused kernel
+/// for FP8 delayed scaling", `pytorch/csrc/extensions/cast.cpp` @ v2.12): tensorwise current
+/// scaling, as `--fp8-recipe tensorwise` runs, zeroes the amax, computes it, derives the scale
+/// and casts (`Float8CurrentScalingQuantizer::quantize_impl`, `pytorch/csrc/quantizer.cpp`;
+/// `zero_amax_kernel`, `compute_scale_from_amax_kernel` in `common/recipe/current_scaling.cu`):
+/// 4; MXFP8 computes its block scales in the cast (`MXFP8Quantizer::quantize`): 1.
+pub fn quantize_launches(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp8 => 4.0,
+        Precision::Mxfp8 => 1.0,
+        Precision::Fp32 | Precision::Tf32 | Precision::Fp16 | Precision::Bf16 => 0.0,
+    }
 }
 
 impl Kernels {
