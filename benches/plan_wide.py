@@ -50,6 +50,44 @@ def pipedream_chain(n, path):
         f.write("\n".join(lines) + "\n")
 
 
+def inception_like(n, path):
+    """A PipeDream graph.txt of about n layers: a stem, then Inception-like modules (four
+    branches of one to three layers, joined by a concatenation), then a classifier."""
+    lines, edges = [], []
+    def node(desc, fwd, bwd, act, params):
+        i = len(lines) + 1
+        lines.append(f"node{i} -- {desc} -- forward_compute_time={fwd:.3f}, "
+                     f"backward_compute_time={bwd:.3f}, activation_size={act:.1f}, "
+                     f"parameter_size={params:.1f}")
+        return i
+    def edge(a, b):
+        edges.append(f"\tnode{a} -- node{b}")
+    x = node("Input0", 0.0, 0.0, 25690112.0, 0.0)
+    stem = node("Conv2d(3, 192, kernel_size=(3, 3))", 2.1, 4.0, 25690112.0, 20928.0)
+    edge(x, stem)
+    x = stem
+    while len(lines) < n - 2:
+        ends = []
+        for depth in (1, 2, 3, 2):
+            prev = x
+            for d in range(depth):
+                kind = "MaxPool2d(kernel_size=3)" if depth == 2 and d == 0 and ends else \
+                    "Conv2d(192, 64, kernel_size=(3, 3))"
+                params = 0.0 if kind.startswith("MaxPool") else 442624.0
+                cur = node(kind, 0.4 + 0.1 * d, 0.8 + 0.2 * d, 6422528.0, params)
+                edge(prev, cur)
+                prev = cur
+            ends.append(prev)
+        cat = node("Concat(1)", 0.05, 0.05, 25690112.0, 0.0)
+        for e in ends:
+            edge(e, cat)
+        x = cat
+    head = node("Linear(in_features=768, out_features=1000)", 0.3, 0.6, 128000.0, 3076000.0)
+    edge(x, head)
+    with open(path, "w") as f:
+        f.write("\n".join(lines + edges) + "\n")
+
+
 def loop_steps(n, path):
     """fixtures/train/loop.onnx (TensorFlow's recurrent `Loop`) over n time steps."""
     model = load(os.path.join(os.path.dirname(__file__), "..", "fixtures", "train", "loop.onnx"))
@@ -71,6 +109,7 @@ def main():
     parser.add_argument("--branches", default="250,500,1000")
     parser.add_argument("--layers", default="10000,100000")
     parser.add_argument("--steps", default="1024,4096")
+    parser.add_argument("--inception", default="250,1007")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for kind, sizes, make, suffix, extra in [
@@ -78,6 +117,8 @@ def main():
             ("graph.txt layers", args.layers, pipedream_chain, ".txt",
              ["--gpus", "8", "--batch", "32"]),
             ("loop iterations", args.steps, loop_steps, ".onnx", ["--gpus", "2"]),
+            ("inception layers", args.inception, inception_like, ".txt",
+             ["--gpus", "1024", "--batch", "4096", "--tolerance", "inf"]),
         ]:
             print(f"{kind:>18} {'seconds':>8} {'× previous':>11}")
             previous = None

@@ -190,12 +190,13 @@ fn setting<'a>(
 fn ms(e: &Estimate) -> String {
     let t = &e.time;
     format!(
-        "compute {:.1} tp {:.1} cp {:.1} ep {:.1} pp {:.1} bubble {:.1} dp {:.1} (hidden {:.1}) \
-         opt {:.1}",
+        "compute {:.1} tp {:.1} cp {:.1} ep {:.1} host {:.1} pp {:.1} bubble {:.1} dp {:.1} \
+         (hidden {:.1}) opt {:.1}",
         t.compute_us / 1e6,
         t.tensor_comm_us / 1e6,
         t.context_comm_us / 1e6,
         t.expert_comm_us / 1e6,
+        t.host_stall_us / 1e6,
         t.pipeline_comm_us / 1e6,
         t.bubble_us / 1e6,
         t.data_comm_us / 1e6,
@@ -360,7 +361,7 @@ fn moe_runs_on_today_gpus() {
     let (mean, worst) = price_table(&runs, |run| Transformer::from(&run.spec));
     // Where the model stands (issue 65 asks for 10 % and 20 %), with one constant fitted to
     // these rows (`MOE_HOST_STALL_US`). A guard against getting worse, not the target.
-    assert!(mean <= 0.16, "mean |error| {:.1}%", mean * 100.0);
+    assert!(mean <= 0.14, "mean |error| {:.1}%", mean * 100.0);
     assert!(worst <= 0.34, "worst |error| {:.1}%", worst * 100.0);
 }
 
@@ -515,8 +516,16 @@ const B200_MBS1: HeldOut = HeldOut {
     rate: 9691.0,
 };
 
-const HELD_OUT: [HeldOut; 4] = [
+const HELD_OUT: [HeldOut; 5] = [
+    // The 26.02 table.
     B200_MBS1,
+    HeldOut {
+        gpu: "GB200",
+        micro_batch: 4,
+        rate: 26084.0,
+        ..B200_MBS1
+    },
+    // The 26.02.01 table.
     HeldOut {
         micro_batch: 4,
         rate: 26695.0,
@@ -542,8 +551,10 @@ const HELD_OUT: [HeldOut; 4] = [
 ];
 
 /// The one constant fitted to the given MoE rows (`MOE_HOST_STALL_US`) on runs it was not
-/// fitted to: each within 30 %, and the micro-batch's effect on B200 (published 2.75× more
-/// tokens a second at 4 than at 1) mostly kept and in the measured order.
+/// fitted to: each within 30 %, and the micro-batch's effect kept in the measured order and
+/// mostly its size. Within the 26.02 table, GB200 at micro-batch 4 ran 2.69× the tokens a
+/// second of B200 at 1; GB200 and B200 at one micro-batch differ by 1.2 % (26.02.01), so
+/// the micro-batch makes that difference.
 #[test]
 fn moe_prices_hold_on_runs_not_fitted() {
     let qwen = moe_runs()
@@ -599,6 +610,6 @@ fn moe_prices_hold_on_runs_not_fitted() {
     let speedup = seconds[0] / seconds[1];
     assert!(
         speedup >= 2.0,
-        "micro-batch 4 over 1 on B200: {speedup:.2}× (published 2.75×)"
+        "micro-batch 4 over 1: {speedup:.2}× (published 2.69×)"
     );
 }

@@ -385,7 +385,11 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         },
         secs(t.context_comm_us),
         match p.experts {
-            Some(_) => format!(", expert dispatch {}", secs(t.expert_comm_us)),
+            Some(_) => format!(
+                ", expert dispatch {}, host stalls at its syncs {}",
+                secs(t.expert_comm_us),
+                secs(t.host_stall_us)
+            ),
             None => String::new(),
         },
         secs(t.pipeline_comm_us),

@@ -151,6 +151,9 @@ pub struct TimeBreakdown {
     /// A mixture of experts' token dispatch and combine (all-to-alls) not hidden behind
     /// compute.
     pub expert_comm_us: f64,
+    /// The GPU idle while the host catches up after each mixture-of-experts layer's
+    /// dispatch sync ([`super::experts::MOE_HOST_STALL_US`]).
+    pub host_stall_us: f64,
     /// Pipeline sends and receives.
     pub pipeline_comm_us: f64,
     /// Pipeline fill and drain.
@@ -605,6 +608,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             exchange_us: (0.0, 0.0),
             experts: false,
             activation_us: 0.0,
+            host_us: 0.0,
         }
     };
     // Tensor-parallel collectives inside the node.
@@ -718,6 +722,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             }
         };
         let compute = forward + backward + recompute_us;
+        // The host stall is no compute for collectives to hide behind (the dispatcher syncs
+        // before its own all-to-all); a full recomputation re-runs the sync.
+        let host_us = match par.recompute {
+            Recompute::Full => 2.0 * mlp.host_us,
+            _ => mlp.host_us,
+        };
         // ZeRO-3 gathers each block's parameters forward and backward (and for a full
         // recomputation), and reduce-scatters its gradients, every microbatch; with the
         // data-parallel overlap (FSDP's prefetching, Megatron-FSDP's) each block's behind
@@ -762,9 +772,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 tensor_us: tp_fwd + tp_bwd + recompute_tp,
                 zero_us: zero3_exposed,
                 expert_us: exchange,
+                host_us,
             },
-            forward_us: forward + tp_fwd,
-            backward_us: backward + recompute_us + tp_bwd + recompute_tp,
+            forward_us: forward + tp_fwd + mlp.host_us,
+            backward_us: backward + recompute_us + tp_bwd + recompute_tp + host_us - mlp.host_us,
             zero3_us,
             zero3_hidden_us: zero3_hidden,
             // What prefetching cannot hide: each microbatch's first gather (nothing
@@ -1168,6 +1179,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             tensor_comm_us: slowest_work.tensor_us,
             context_comm_us: slowest_work.context_us,
             expert_comm_us: slowest_work.expert_us,
+            host_stall_us: slowest_work.host_us,
             pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
             data_comm_us: data_comm_us + slowest_work.zero_us,
@@ -1205,6 +1217,8 @@ pub(super) struct Mlp {
     pub(super) experts: bool,
     /// The experts' activation, forward (what recomputing it costs).
     pub(super) activation_us: f64,
+    /// Host time its forward leaves the GPU idle (a mixture of experts' dispatch sync).
+    pub(super) host_us: f64,
 }
 
 /// One block's price for one microbatch on one GPU.
@@ -1247,11 +1261,18 @@ struct Work {
     context_us: f64,
     /// A mixture of experts' token dispatch and combine.
     expert_us: f64,
+    /// The GPU idle while the host catches up after a mixture of experts' dispatch sync.
+    host_us: f64,
 }
 
 impl Work {
     fn total(self) -> f64 {
-        self.compute_us + self.tensor_us + self.zero_us + self.context_us + self.expert_us
+        self.compute_us
+            + self.tensor_us
+            + self.zero_us
+            + self.context_us
+            + self.expert_us
+            + self.host_us
     }
 
     fn times(self, n: f64) -> Work {
@@ -1261,6 +1282,7 @@ impl Work {
             zero_us: self.zero_us * n,
             context_us: self.context_us * n,
             expert_us: self.expert_us * n,
+            host_us: self.host_us * n,
         }
     }
 
@@ -1271,6 +1293,7 @@ impl Work {
             zero_us: self.zero_us + other.zero_us,
             context_us: self.context_us + other.context_us,
             expert_us: self.expert_us + other.expert_us,
+            host_us: self.host_us + other.host_us,
         }
     }
 }
