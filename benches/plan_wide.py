@@ -11,7 +11,10 @@ search's states became hash-consed trees, 1,000 took 3.8 s and 2,000 11.7 s, and
 that about 3 and over 10 minutes); 10,000 and 100,000-layer graph.txt chains 1.1 and 11.9 s
 (100,000 took 134 s before the reader and lowering stopped scanning every edge per layer);
 a Loop of 1,024, 2,048, 4,096 iterations 0.61, 1.38, 3.60 s (4,096 took 176 s when each
-iteration was its own round of inference, 10.8 s with the flat-vector states).
+iteration was its own round of inference, 10.8 s with the flat-vector states); an
+Inception-like graph.txt of 250 and 1,007 layers on 1,024 GPUs (`--tolerance inf`) 2.8 and
+14.3 s (5.1 and 34.5 s before a consumer rank's producers were found from the pieces it
+overlaps; the rest is mostly writing every rank's program: a 1 GB plan.json, issue 60).
 
 Usage (from the repository root, after `cargo build --release`; needs `pip install onnx`):
     python3 benches/plan_wide.py [--ralpc target/release/ralpc] [--branches 250,500,1000]

@@ -162,6 +162,38 @@ impl View {
         [piece(si, s), cut(self.rows), cut(self.features)]
     }
 
+    /// Rank indices whose boxes may meet `need`, in increasing order: on each axis the
+    /// pieces `need` spans, one more on each side for rounding (callers test the boxes).
+    /// Replicas (indices that cut no axis) all qualify. So a consumer rank's producers are
+    /// found in the pieces it overlaps, not by scanning every producer rank.
+    fn meeting(&self, need: &RankBox) -> impl Iterator<Item = u32> {
+        let (s, a, p) = self.split;
+        let span = |(lo, hi): (f64, f64), n: u32| {
+            let last = i64::from(n) - 1;
+            let n = f64::from(n);
+            let first = ((lo * n).floor() as i64 - 1).clamp(0, last.max(0));
+            let end = ((hi * n).ceil() as i64).clamp(0, last.max(0));
+            (first as u32, end as u32)
+        };
+        let mut by_attribute = (0, a.saturating_sub(1));
+        let mut by_parameter = (0, p.saturating_sub(1));
+        for (axis, cut) in [(1, self.rows), (2, self.features)] {
+            let (range, n) = match cut {
+                Cut::Whole => continue,
+                Cut::Attribute => (&mut by_attribute, a),
+                Cut::Parameter => (&mut by_parameter, p),
+            };
+            let (first, end) = span(need[axis], n);
+            *range = (range.0.max(first), range.1.min(end));
+        }
+        let by_sample = span(need[0], s);
+        (by_sample.0..=by_sample.1).flat_map(move |si| {
+            (by_attribute.0..=by_attribute.1).flat_map(move |ai| {
+                (by_parameter.0..=by_parameter.1).map(move |pi| si * a * p + ai * p + pi)
+            })
+        })
+    }
+
     /// The pieces rank index `k` holds on samples, rows and features: `(index, count)`,
     /// piece `index` of `count` equal pieces (`(0, 1)` for a whole axis). Executors turn
     /// them into index ranges; the planner's boxes are the same pieces in `[0, 1)`.
@@ -411,13 +443,15 @@ pub fn gradient_transfers(
 /// What consumer rank index `r` of `to` receives of a tensor held as `from`: for each
 /// distinct producer box meeting its need that it does not hold itself, the holder that
 /// sends it (holders of a replicated piece take turns, by consumer rank) and the share.
+///
+/// Cost: O(producer ranks meeting the need).
 fn incoming(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
     let need = to.rank_box(r);
     let absolute = to.first + r;
     let own = (absolute >= from.first && absolute < from.first + from.ranks())
         .then(|| from.rank_box(absolute - from.first));
     let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
-    for q in 0..from.ranks() {
+    for q in from.meeting(&need) {
         let b = from.rank_box(q);
         if volume(&intersect(&need, &b)) < 1e-12 {
             continue;
@@ -612,6 +646,69 @@ mod tests {
             attribute: a,
             parameter: p,
         }
+    }
+
+    /// [`incoming`] as it was: every producer rank's box tested.
+    fn incoming_by_scan(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
+        let need = to.rank_box(r);
+        let absolute = to.first + r;
+        let own = (absolute >= from.first && absolute < from.first + from.ranks())
+            .then(|| from.rank_box(absolute - from.first));
+        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
+        for q in 0..from.ranks() {
+            let b = from.rank_box(q);
+            if volume(&intersect(&need, &b)) < 1e-12 {
+                continue;
+            }
+            match pieces.iter_mut().find(|(x, _)| *x == b) {
+                Some((_, holders)) => holders.push(from.first + q),
+                None => pieces.push((b, vec![from.first + q])),
+            }
+        }
+        pieces
+            .into_iter()
+            .filter(|(b, _)| own != Some(*b))
+            .filter_map(|(b, holders)| {
+                let mut fraction = volume(&intersect(&need, &b));
+                if let Some(o) = own {
+                    fraction -= volume(&intersect(&intersect(&need, &b), &o));
+                }
+                (fraction > 1e-12).then(|| (holders[r as usize % holders.len()], fraction))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_consumer_rank_receives_the_same_pieces_as_by_scanning_every_producer() {
+        let kinds = [
+            LayerKind::Conv,
+            LayerKind::Dense,
+            LayerKind::Pool,
+            LayerKind::Elementwise,
+        ];
+        let degrees = [1u32, 2, 3, 4, 6, 7, 8, 16];
+        let mut checked = 0;
+        for (i, &producer) in kinds.iter().enumerate() {
+            let consumer = kinds[(i + 1) % kinds.len()];
+            for &s in &degrees {
+                for &a in &degrees[..5] {
+                    for &p in &degrees[..5] {
+                        let (s2, a2, p2) = (degrees[(s as usize + 1) % 8], p, a);
+                        let from = View::output(producer, split(s, a, p), 3);
+                        let to = View::input(consumer, split(s2, a2, p2), (s + a) % 5);
+                        for r in 0..to.ranks() {
+                            assert_eq!(
+                                incoming(&from, &to, r),
+                                incoming_by_scan(&from, &to, r),
+                                "{from:?} to {to:?}, rank {r}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
     }
 
     #[test]
