@@ -189,9 +189,8 @@ pub(super) fn expert_mlp(
     let exchange = 2.0
         * (all_to_all_us(
             cx.cluster,
-            par.expert,
-            par.expert_tensor,
-            moe.top_k,
+            (par.expert, par.expert_tensor),
+            &moe,
             pairs * h * e,
             cx.dispatcher,
         ) + ring_all_gather_us(par.expert_tensor, intra, gathered * h * e));
@@ -212,17 +211,62 @@ pub(super) fn expert_mlp(
     }
 }
 
+/// The nodes of an expert-parallel group spread over `nodes` that one token's `top_k`
+/// experts are on, expected, with experts picked uniformly. Group-limited routing
+/// (DeepSeek-V3's node-limited routing, "each token will be sent to at most M nodes",
+/// arXiv:2412.19437 §2.1.2; Megatron-Core's `--moe-router-num-groups` and
+/// `--moe-router-group-topk`, whose groups are contiguous blocks of experts as expert
+/// parallelism places them) picks the token's experts from `top_groups` of `groups`, so
+/// fewer nodes: a node is missed when none of its groups is chosen, or none of the token's
+/// experts lands in those chosen. Where groups and nodes do not nest, no limit is assumed
+/// (an upper bound).
+fn nodes_reached(nodes: u32, moe: &MoeSpec) -> f64 {
+    let n = f64::from(nodes);
+    let k = moe.top_k.max(1) as i32;
+    let (g, t) = (moe.groups, moe.top_groups);
+    let missed = if g <= 1 || t == 0 || t >= g {
+        (1.0 - 1.0 / n).powi(k)
+    } else if g % u64::from(nodes) == 0 {
+        // `per` whole groups on each node: `j` of them chosen (hypergeometric), and the
+        // token's experts all in the other `t − j` chosen groups.
+        let per = g / u64::from(nodes);
+        (0..=per.min(t))
+            .map(|j| {
+                choose(per, j) * choose(g - per, t - j) / choose(g, t)
+                    * (1.0 - j as f64 / t as f64).powi(k)
+            })
+            .sum()
+    } else if u64::from(nodes) % g == 0 {
+        // Each group over `span` nodes: the node's group not chosen, or chosen and missed
+        // among the `t · span` nodes the chosen groups cover.
+        let span = u64::from(nodes) / g;
+        let chosen = t as f64 / g as f64;
+        (1.0 - chosen) + chosen * (1.0 - 1.0 / (t * span) as f64).powi(k)
+    } else {
+        (1.0 - 1.0 / n).powi(k)
+    };
+    n * (1.0 - missed)
+}
+
+/// `n` choose `k`, as a float (`n` up to a few hundred groups).
+fn choose(n: u64, k: u64) -> f64 {
+    if k > n {
+        return 0.0;
+    }
+    (0..k).fold(1.0, |c, i| c * (n - i) as f64 / (i + 1) as f64)
+}
+
 /// One all-to-all over an expert-parallel group of `ep` ranks `stride` apart, in which
 /// every rank sends `bytes` of token–expert pairs spread evenly over the group's experts,
 /// µs: NVLink inside a node (or an NVLink domain), each GPU's share of its node's NICs
 /// across. A [`Dispatcher::Flex`] sends a token to a remote node once however many of its
-/// `top_k` experts are there (with experts picked uniformly, `(N − 1)(1 − (1 − 1/N)^k)`
-/// copies of a token cross the network for `N` nodes, against `k(N − 1)/N`).
+/// `top_k` experts are there ([`nodes_reached`]: with experts picked uniformly,
+/// `(N − 1)(1 − (1 − 1/N)^k)` copies of a token cross the network for `N` nodes, against
+/// `k(N − 1)/N`; fewer under group-limited routing).
 fn all_to_all_us(
     cluster: &Cluster,
-    ep: u32,
-    stride: u32,
-    top_k: u64,
+    (ep, stride): (u32, u32),
+    moe: &MoeSpec,
     bytes: f64,
     dispatcher: Dispatcher,
 ) -> f64 {
@@ -240,16 +284,65 @@ fn all_to_all_us(
     let intra = group.intra_node;
     let within = f64::from(local);
     let intra_us = intra.latency_us + bytes * (within - 1.0) / n / intra.bandwidth * 1e6;
-    let nodes = f64::from(ep.div_ceil(local));
-    if nodes <= 1.0 {
+    let nodes = ep.div_ceil(local);
+    if nodes <= 1 {
         return intra_us;
     }
     let across = per_gpu_link(cluster, 0, gpn.min(cluster.gpu_count()), gpn);
-    let k = top_k.max(1) as f64;
+    let k = moe.top_k.max(1) as f64;
     let remote = match dispatcher {
         Dispatcher::AllToAll => (n - within) / n,
-        Dispatcher::Flex => (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes).powf(k)) / k,
+        Dispatcher::Flex => {
+            let nodes_f = f64::from(nodes);
+            nodes_reached(nodes, moe) * (nodes_f - 1.0) / nodes_f / k
+        }
     };
     let inter_us = across.latency_us + bytes * remote / across.bandwidth * 1e6;
     intra_us.max(inter_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use ralpc_ir::models::Router;
+
+    use super::*;
+
+    fn moe(groups: u64, top_groups: u64) -> MoeSpec {
+        MoeSpec {
+            experts: 256,
+            top_k: 8,
+            expert_ffn: 2048,
+            shared_ffn: 2048,
+            dense_layers: 3,
+            router: Router::Sigmoid,
+            groups,
+            top_groups,
+        }
+    }
+
+    #[test]
+    fn group_limited_routing_reaches_at_most_its_groups_nodes() {
+        // Without a limit: N(1 − (1 − 1/N)^k).
+        let free = nodes_reached(8, &moe(0, 0));
+        assert!((free - 8.0 * (1.0 - (7.0f64 / 8.0).powi(8))).abs() < 1e-12);
+        assert_eq!(nodes_reached(8, &moe(8, 8)), free);
+        // DeepSeek-V3 on 8 nodes, a group a node, 4 chosen: 4(1 − (3/4)^8) nodes.
+        let limited = nodes_reached(8, &moe(8, 4));
+        assert!(
+            (limited - 4.0 * (1.0 - 0.75f64.powi(8))).abs() < 1e-9,
+            "{limited}"
+        );
+        assert!(limited < free && limited <= 4.0);
+        // Two groups a node: at most 4 nodes still, more often spread.
+        let two = nodes_reached(4, &moe(8, 4));
+        assert!(two > 0.0 && two <= 4.0);
+        // A group over two nodes: at most 8 of 16.
+        let spread = nodes_reached(16, &moe(8, 4));
+        assert!(
+            spread <= 8.0 && spread < nodes_reached(16, &moe(0, 0)),
+            "{spread}"
+        );
+        // Groups and nodes that do not nest: no limit assumed.
+        assert_eq!(nodes_reached(3, &moe(8, 4)), nodes_reached(3, &moe(0, 0)));
+    }
 }
