@@ -33,14 +33,33 @@ enum Node {
         choice: u16,
         split: u16,
     },
-    /// Layers sharing the bits of `prefix` above `bit`; those with `bit` clear on the
-    /// left, set on the right (both non-empty).
-    Branch {
-        prefix: u32,
-        bit: u32,
-        left: Id,
-        right: Id,
-    },
+    Branch(Fork),
+}
+
+/// Layers sharing the bits of `prefix` above `bit`; those with `bit` clear on the left, set
+/// on the right (both non-empty).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Fork {
+    prefix: u32,
+    bit: u32,
+    left: Id,
+    right: Id,
+}
+
+impl Fork {
+    /// Whether `layer`'s bits above the fork's are its prefix.
+    fn holds(self, layer: u32) -> bool {
+        has_prefix(layer, self.prefix, self.bit)
+    }
+
+    /// The side `layer` belongs on.
+    fn side(self, layer: u32) -> Id {
+        if layer & self.bit == 0 {
+            self.left
+        } else {
+            self.right
+        }
+    }
 }
 
 /// An arena of hash-consed maps from layer to choice.
@@ -72,8 +91,8 @@ impl Frontiers {
         let split = match node {
             Node::Empty => NO_SPLIT,
             Node::Leaf { split, .. } => u32::from(split),
-            Node::Branch { left, right, .. } => {
-                let (l, r) = (self.splits[left as usize], self.splits[right as usize]);
+            Node::Branch(f) => {
+                let (l, r) = (self.splits[f.left as usize], self.splits[f.right as usize]);
                 if l == r {
                     l
                 } else {
@@ -94,12 +113,12 @@ impl Frontiers {
         match (left, right) {
             (EMPTY, _) => right,
             (_, EMPTY) => left,
-            _ => self.make(Node::Branch {
+            _ => self.make(Node::Branch(Fork {
                 prefix,
                 bit,
                 left,
                 right,
-            }),
+            })),
         }
     }
 
@@ -111,16 +130,11 @@ impl Frontiers {
                 Node::Leaf {
                     layer: at, choice, ..
                 } => return (at == layer).then_some(choice),
-                Node::Branch {
-                    prefix,
-                    bit,
-                    left,
-                    right,
-                } => {
-                    if !has_prefix(layer, prefix, bit) {
+                Node::Branch(f) => {
+                    if !f.holds(layer) {
                         return None;
                     }
-                    map = if layer & bit == 0 { left } else { right };
+                    map = f.side(layer);
                 }
             }
         }
@@ -146,22 +160,16 @@ impl Frontiers {
                 let leaf = self.make(leaf);
                 self.join(layer, leaf, at, map)
             }
-            Node::Branch {
-                prefix,
-                bit,
-                left,
-                right,
-            } => {
-                if !has_prefix(layer, prefix, bit) {
+            Node::Branch(f) => {
+                if !f.holds(layer) {
                     let leaf = self.make(leaf);
-                    return self.join(layer, leaf, prefix, map);
+                    return self.join(layer, leaf, f.prefix, map);
                 }
-                if layer & bit == 0 {
-                    let left = self.insert(left, layer, choice, split);
-                    self.branch(prefix, bit, left, right)
+                let below = self.insert(f.side(layer), layer, choice, split);
+                if layer & f.bit == 0 {
+                    self.branch(f.prefix, f.bit, below, f.right)
                 } else {
-                    let right = self.insert(right, layer, choice, split);
-                    self.branch(prefix, bit, left, right)
+                    self.branch(f.prefix, f.bit, f.left, below)
                 }
             }
         }
@@ -194,12 +202,12 @@ impl Frontiers {
                     map
                 }
             }
-            Node::Branch {
+            Node::Branch(Fork {
                 prefix,
                 bit,
                 left,
                 right,
-            } => {
+            }) => {
                 // Only the layers of `gone` within this branch's range matter.
                 let last = prefix | (bit - 1) | bit;
                 let from = gone.partition_point(|&g| g < prefix);
@@ -243,17 +251,11 @@ impl Frontiers {
             return moved[id as usize];
         }
         let node = match old.nodes[id as usize] {
-            Node::Branch {
-                prefix,
-                bit,
-                left,
-                right,
-            } => Node::Branch {
-                prefix,
-                bit,
-                left: self.copy(old, left, moved),
-                right: self.copy(old, right, moved),
-            },
+            Node::Branch(f) => Node::Branch(Fork {
+                left: self.copy(old, f.left, moved),
+                right: self.copy(old, f.right, moved),
+                ..f
+            }),
             other => other,
         };
         let new = self.make(node);

@@ -446,12 +446,23 @@ pub fn gradient_transfers(
 ///
 /// Cost: O(producer ranks meeting the need).
 fn incoming(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
+    incoming_among(from, to, r, |need| from.meeting(need))
+}
+
+/// [`incoming`], testing the producer rank indices `candidates` gives for the need (in
+/// increasing order, a superset of those meeting it).
+fn incoming_among<I: Iterator<Item = u32>>(
+    from: &View,
+    to: &View,
+    r: u32,
+    candidates: impl FnOnce(&RankBox) -> I,
+) -> Vec<(u32, f64)> {
     let need = to.rank_box(r);
     let absolute = to.first + r;
     let own = (absolute >= from.first && absolute < from.first + from.ranks())
         .then(|| from.rank_box(absolute - from.first));
     let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
-    for q in from.meeting(&need) {
+    for q in candidates(&need) {
         let b = from.rank_box(q);
         if volume(&intersect(&need, &b)) < 1e-12 {
             continue;
@@ -648,36 +659,6 @@ mod tests {
         }
     }
 
-    /// [`incoming`] as it was: every producer rank's box tested.
-    fn incoming_by_scan(from: &View, to: &View, r: u32) -> Vec<(u32, f64)> {
-        let need = to.rank_box(r);
-        let absolute = to.first + r;
-        let own = (absolute >= from.first && absolute < from.first + from.ranks())
-            .then(|| from.rank_box(absolute - from.first));
-        let mut pieces: Vec<(RankBox, Vec<u32>)> = Vec::new();
-        for q in 0..from.ranks() {
-            let b = from.rank_box(q);
-            if volume(&intersect(&need, &b)) < 1e-12 {
-                continue;
-            }
-            match pieces.iter_mut().find(|(x, _)| *x == b) {
-                Some((_, holders)) => holders.push(from.first + q),
-                None => pieces.push((b, vec![from.first + q])),
-            }
-        }
-        pieces
-            .into_iter()
-            .filter(|(b, _)| own != Some(*b))
-            .filter_map(|(b, holders)| {
-                let mut fraction = volume(&intersect(&need, &b));
-                if let Some(o) = own {
-                    fraction -= volume(&intersect(&intersect(&need, &b), &o));
-                }
-                (fraction > 1e-12).then(|| (holders[r as usize % holders.len()], fraction))
-            })
-            .collect()
-    }
-
     #[test]
     fn a_consumer_rank_receives_the_same_pieces_as_by_scanning_every_producer() {
         let kinds = [
@@ -699,7 +680,7 @@ mod tests {
                         for r in 0..to.ranks() {
                             assert_eq!(
                                 incoming(&from, &to, r),
-                                incoming_by_scan(&from, &to, r),
+                                incoming_among(&from, &to, r, |_| 0..from.ranks()),
                                 "{from:?} to {to:?}, rank {r}"
                             );
                             checked += 1;
