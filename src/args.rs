@@ -52,8 +52,10 @@ pub struct PlanArgs {
     #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline", "3d"])]
     pub strategy: String,
     /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
-    /// weight-stashing schedule.
-    #[arg(long, value_parser = ["1f1b", "gpipe", "async"])]
+    /// weight-stashing schedule, zb-h1 is 1f1b with each backward's weight gradients run
+    /// later to fill the pipeline's drain (zero bubble, 1f1b's memory). Unset: the search
+    /// tries 1f1b and zb-h1.
+    #[arg(long, value_parser = ["1f1b", "gpipe", "async", "zb-h1"])]
     pub schedule: Option<String>,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
     /// time in GPU time (`inf`: no budget).

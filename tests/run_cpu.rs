@@ -1,6 +1,6 @@
 //! Partitioned training on the CPU backend equals single-device training: for every
 //! strategy kind (data parallel, burst, SOAP splits of convolutions and dense layers,
-//! GPipe and 1F1B pipelines) on 2, 4 and 8 ranks, the first step's output, loss and every
+//! GPipe, 1F1B and zero-bubble pipelines) on 2, 4 and 8 ranks, the first step's output, loss and every
 //! weight gradient, and the weights after three SGD steps, against one device (relative
 //! error of each tensor, in the L2 norm, at most 1e-5).
 
@@ -90,7 +90,7 @@ fn soap_splits_of_convolutions_and_dense_layers_equal_one_device() {
 
 #[test]
 fn pipelines_equal_one_device() {
-    for (schedule, microbatches) in [("gpipe", 4), ("1f1b", 2)] {
+    for (schedule, microbatches) in [("gpipe", 4), ("1f1b", 2), ("zb-h1", 4)] {
         let s = strategy(
             &[stage("conv0", "pool0", 1), stage("conv1", "fc1", 1)],
             "",
@@ -156,8 +156,10 @@ fn eight_ranks_in_four_stages_of_two() {
         stage("pool1", "fc0", 2),
         stage("fc1", "fc1", 2),
     ];
-    let s = strategy(&stages, "", "1f1b", 4);
-    check("cnn.onnx", 8, 8, &s, "1f1b-8");
+    for schedule in ["1f1b", "zb-h1"] {
+        let s = strategy(&stages, "", schedule, 4);
+        check("cnn.onnx", 8, 8, &s, &format!("{schedule}-8"));
+    }
 }
 
 #[test]

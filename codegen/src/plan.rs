@@ -119,8 +119,20 @@ pub enum Instruction {
         /// Predicted µs.
         us: f64,
     },
-    /// A layer's backward pass on one microbatch.
+    /// A layer's backward pass on one microbatch: its input and weight gradients, or only
+    /// its input gradients when the program has a [`Instruction::WeightGradient`] of the
+    /// layer (zero-bubble schedules).
     Backward {
+        /// Layer index.
+        layer: u32,
+        /// Microbatch.
+        microbatch: u32,
+        /// Predicted µs.
+        us: f64,
+    },
+    /// A layer's weight gradients on one microbatch, after its backward pass, from what
+    /// that read: the `W` pass of a zero-bubble schedule.
+    WeightGradient {
         /// Layer index.
         layer: u32,
         /// Microbatch.
@@ -242,6 +254,7 @@ impl Instruction {
             Instruction::Forward { .. }
                 | Instruction::Recompute { .. }
                 | Instruction::Backward { .. }
+                | Instruction::WeightGradient { .. }
                 | Instruction::Step { .. }
         )
     }
@@ -252,6 +265,7 @@ impl Instruction {
             Instruction::Forward { us, .. }
             | Instruction::Recompute { us, .. }
             | Instruction::Backward { us, .. }
+            | Instruction::WeightGradient { us, .. }
             | Instruction::Send { us, .. }
             | Instruction::Recv { us, .. }
             | Instruction::AllReduce { us, .. }
@@ -292,6 +306,7 @@ impl Instruction {
             Instruction::Forward { .. } => "forward",
             Instruction::Recompute { .. } => "recompute",
             Instruction::Backward { .. } => "backward",
+            Instruction::WeightGradient { .. } => "weight_gradient",
             Instruction::Send { .. } => "send",
             Instruction::Recv { .. } => "recv",
             Instruction::AllReduce { .. } => "all_reduce",
@@ -721,6 +736,9 @@ impl Plan {
                         layer, microbatch, ..
                     }
                     | Instruction::Backward {
+                        layer, microbatch, ..
+                    }
+                    | Instruction::WeightGradient {
                         layer, microbatch, ..
                     } => {
                         if layer >= self.model.layers || microbatch >= self.microbatches {

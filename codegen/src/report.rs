@@ -69,7 +69,7 @@ pub fn html(text: &str) -> String {
 }
 
 /// Colour and legend entry of each kind of instruction, in legend order.
-const INSTRUCTION_STYLES: [(&str, &str); 7] = [
+const INSTRUCTION_STYLES: [(&str, &str); 8] = [
     ("#4e79a7", "forward"),
     ("#9c755f", "recompute"),
     ("#f28e2b", "backward"),
@@ -80,6 +80,7 @@ const INSTRUCTION_STYLES: [(&str, &str); 7] = [
         "#76b7b2",
         "resharding collective (all-gather, reduce-scatter, all-to-all)",
     ),
+    ("#edc948", "weight-gradient pass (zero-bubble)"),
 ];
 
 /// Colour of an instruction's kind (an entry of [`INSTRUCTION_STYLES`]).
@@ -94,6 +95,7 @@ fn colour(i: &Instruction) -> &'static str {
         Instruction::AllGather { .. }
         | Instruction::ReduceScatter { .. }
         | Instruction::AllToAll { .. } => 6,
+        Instruction::WeightGradient { .. } => 7,
     };
     INSTRUCTION_STYLES[k].0
 }

@@ -308,6 +308,7 @@ pub fn simulate(plan: &Plan) -> Result<Simulation, SimError> {
                     Instruction::Forward { .. }
                     | Instruction::Recompute { .. }
                     | Instruction::Backward { .. }
+                    | Instruction::WeightGradient { .. }
                     | Instruction::Step { .. } => {
                         let start = c.compute_free.max(ready(&ended, rank, index));
                         c.compute_free = start + us;

@@ -247,6 +247,9 @@ pub fn label(plan: &Plan, instr: &Instruction) -> String {
         Instruction::Backward {
             layer, microbatch, ..
         } => format!("B {} mb{microbatch}", name(*layer)),
+        Instruction::WeightGradient {
+            layer, microbatch, ..
+        } => format!("W {} mb{microbatch}", name(*layer)),
         Instruction::Step { bytes, .. } => format!("step {}", size(*bytes as f64)),
         Instruction::Send { to, bytes, .. } => format!("send {} → {to}", size(*bytes as f64)),
         Instruction::Recv { from, bytes, .. } => format!("recv {} ← {from}", size(*bytes as f64)),
@@ -289,6 +292,9 @@ fn slice_args(
             layer, microbatch, ..
         }
         | Instruction::Backward {
+            layer, microbatch, ..
+        }
+        | Instruction::WeightGradient {
             layer, microbatch, ..
         } => {
             let name = plan

@@ -52,6 +52,7 @@ fn agreement(preset: &str, gpus: u32) {
         (Family::Burst, None, None),
         (Family::Soap, None, None),
         (Family::Pipeline, Some(Schedule::OneFOneB), Some(4)),
+        (Family::Pipeline, Some(Schedule::ZeroBubble), Some(4)),
         (Family::Pipeline, Some(Schedule::GPipe), Some(8)),
         (Family::Pipeline, Some(Schedule::Async), Some(1)),
     ];

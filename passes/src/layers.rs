@@ -357,6 +357,39 @@ impl Layer {
         self.params > 0
     }
 
+    /// The share of its backward work that makes weight gradients, which a zero-bubble
+    /// schedule runs apart from the input gradients. A product by a weight (a dense
+    /// layer's GEMM, a convolution, a recurrent layer's gate products) has two backward
+    /// products of its forward's FLOPs, one per gradient (Qi et al. §2: `T_B ≈ T_W`); the
+    /// other ops' backward makes input gradients, or weight gradients at a cost a
+    /// reduction's bytes and not FLOPs set (norms' scales, an embedding's rows), counted
+    /// with the input gradients. A layer known only as a whole (an imported profile) of a
+    /// weighted kind splits its backward in two halves.
+    pub fn weight_gradient_share(&self) -> f64 {
+        if self.params == 0 {
+            return 0.0;
+        }
+        let products = |op: &str| {
+            matches!(
+                op,
+                "Gemm" | "MatMul" | "Conv" | "ConvTranspose" | "LSTM" | "GRU" | "RNN"
+            )
+        };
+        if self.parts.is_empty() || self.bwd_flops == 0 {
+            return match self.kind {
+                LayerKind::Dense | LayerKind::Conv | LayerKind::Recurrent => 0.5,
+                _ => 0.0,
+            };
+        }
+        let weighted: u64 = self
+            .parts
+            .iter()
+            .filter(|p| products(p.op))
+            .map(|p| p.fwd_flops)
+            .sum();
+        (weighted as f64 / self.bwd_flops as f64).min(0.5)
+    }
+
     /// One rank's work under `split`: FLOPs divide by s·a·p over the ranks that do not
     /// repeat each other's work ([`replicas`](crate::plan::replicas)); inputs and what is
     /// stashed of them by the share of its input view ([`input_share`](crate::plan::input_share):

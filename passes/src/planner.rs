@@ -58,7 +58,8 @@ pub struct Ask<'a> {
     pub model: &'a str,
     /// The family to search; `None`: all (`auto`).
     pub family: Option<Family>,
-    /// The pipeline schedule; `None`: 1F1B.
+    /// The pipeline schedule; `None`: the faster of 1F1B and ZB-H1 for layer pipelines,
+    /// 1F1B for transformers.
     pub schedule: Option<Schedule>,
     /// Pipeline microbatches of layered plans; `None`: searched.
     pub microbatches: Option<u32>,

@@ -16,8 +16,11 @@ embedding split over the ``tp`` group  ``RowwiseParallel`` (rows: the vocabulary
 attention split by heads               its ``nn.Module``'s head count divided by ``t``
 LayerNorm split by sequence positions  ``SequenceParallel`` (not in pipelined plans)
 pipeline stages                        ``torch.distributed.pipelining``: split points at
-                                       the stages' first modules; GPipe, 1F1B or
-                                       interleaved 1F1B as the plan schedules them
+                                       the stages' first modules; GPipe, 1F1B,
+                                       interleaved 1F1B or zero-bubble ZB-H1
+                                       (``ScheduleInterleavedZeroBubble``, one stage a
+                                       rank: the order ralpc prices and lowers) as the
+                                       plan schedules them
 recomputed runs of whole modules       ``torch.utils.checkpoint`` around those modules
 =====================================  ==================================================
 
@@ -379,7 +382,16 @@ def layout(plan: dict) -> Layout:
             )
         recompute.extend(modules)
     zero = placement.get("zero", 0)
-    if zero in (1, 2) and d > 1:
+    if zero == 0 and d > 1 and placement.get("schedule") == "zb-h1":
+        # PyTorch's zero-bubble schedule reads its traced stages' graphs, which a
+        # DistributedDataParallel wrapper hides; FSDP2 shards in place.
+        notes.append(
+            "data parallelism of a zb-h1 pipeline as FSDP2 without resharding after "
+            "forward (PyTorch's zero-bubble schedule cannot run DistributedDataParallel "
+            "stages): the same numbers, gradients and optimizer state sharded"
+        )
+        zero = 2
+    elif zero in (1, 2) and d > 1:
         notes.append(
             f"ZeRO-{zero} as FSDP2 without resharding after forward: gradients and "
             "optimizer state sharded (ZeRO-2), weights kept whole between passes"
@@ -418,7 +430,8 @@ def _swap_in(traced: nn.Module, original: nn.Module, prefix: str = "") -> None:
     """Replaces the traced stage's submodules by the user's own modules (same parameters,
     eager code), so that tensor parallelism and head counts apply to them."""
     for name, child in list(traced.named_children()):
-        path = prefix + name
+        # A module called again is traced as `name@k`, its k-th call: the same module.
+        path = prefix + name.split("@")[0]
         own = original.get_submodule(path)
         if isinstance(own, (nn.ModuleList, nn.ModuleDict)):
             _swap_in(child, original, path + ".")
@@ -661,6 +674,7 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
         Schedule1F1B,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
         SplitPoint,
         pipeline,
     )
@@ -689,6 +703,10 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
     elif lay.schedule == "gpipe":
         schedule = ScheduleGPipe(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    elif lay.schedule == "zb-h1":
+        # With one stage a rank, PyTorch's zero-bubble schedule is ZB-H1: each rank's
+        # weight passes as many backwards late as its pipeline rank.
+        schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=n, loss_fn=loss_fn)
     else:
         schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=loss_fn)
     local = nn.ModuleList([s.submod for s in stages])

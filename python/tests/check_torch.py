@@ -177,6 +177,23 @@ def burst(placement: dict) -> None:
             layer.pop("split", None)
 
 
+def two_stages_before(module: str):
+    """Two stages of two GPUs each, the second from `module`'s layer on."""
+
+    def edit(placement: dict) -> None:
+        names = [l["name"] for l in placement["layers"]]
+        cut = next(i for i, l in enumerate(placement["layers"]) if l.get("module") == module)
+        placement["stages"] = [
+            {"first_layer": names[0], "last_layer": names[cut - 1], "replicas": 2},
+            {"first_layer": names[cut], "last_layer": names[-1], "replicas": 2},
+        ]
+        for layer in placement["layers"]:
+            layer["gpus"] = 2
+            layer.pop("split", None)
+
+    return edit
+
+
 def soap_split(placement: dict) -> None:
     """Splits fc1 and fc2 by output features and fc3 by input features over 4 GPUs: fc1's
     split output feeds fc2, which reads whole inputs, so fc1 must gather it."""
@@ -399,6 +416,13 @@ CASES = {
         {"gpus": 4, "strategy": "dp", "tolerance": float("inf")},
         {"dp": 1, "tp": 4, "styles": {"fc1": "colwise_gather", "fc2": "colwise", "fc3": "rowwise"}},
         soap_split,
+    ),
+    "mlp-zb-h1-pp2-dp2": training_case(
+        "mlp",
+        {"gpus": 4, "strategy": "pipeline", "schedule": "zb-h1", "microbatches": 4,
+         "tolerance": float("inf")},
+        {"dp": 2, "pp": 2, "schedule": "zb-h1", "microbatches": 4},
+        two_stages_before("fc3"),
     ),
     "emitted-torchrun": emitted_torchrun,
     "refuses-soap-cnn": refused_soap_cnn,

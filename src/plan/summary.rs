@@ -58,6 +58,10 @@ pub struct PlacedLayer {
     pub forward_us: f64,
     /// Backward compute per microbatch, µs.
     pub backward_us: f64,
+    /// The part of `backward_us` making weight gradients (a pass of its own under
+    /// `zb-h1`), µs; absent where the plan does not price it apart (transformer plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_us: Option<f64>,
     /// Its gradient synchronization per iteration, µs.
     pub sync_us: f64,
     /// Moving its inputs per microbatch, µs.
@@ -365,6 +369,7 @@ pub(super) fn layers(
                     stage: stage_of[l],
                     forward_us: c.forward_us,
                     backward_us: c.backward_us,
+                    weight_us: Some(c.weight_us),
                     sync_us: c.sync_us,
                     transfer_us: c.transfer_us,
                 }
@@ -464,6 +469,7 @@ pub(super) fn transformer(
                 stage: k,
                 forward_us,
                 backward_us,
+                weight_us: None,
                 sync_us: 0.0,
                 transfer_us: 0.0,
             });
@@ -561,6 +567,7 @@ mod tests {
             stage,
             forward_us: 1.0,
             backward_us: 2.0,
+            weight_us: None,
             sync_us: 0.0,
             transfer_us: 0.0,
         }

@@ -213,6 +213,7 @@ fn key(i: &Instruction, priced: bool) -> String {
             Instruction::Forward { us, .. }
             | Instruction::Recompute { us, .. }
             | Instruction::Backward { us, .. }
+            | Instruction::WeightGradient { us, .. }
             | Instruction::Step { us, .. } => *us = 0.0,
             Instruction::Send { us, latency_us, .. }
             | Instruction::Recv { us, latency_us, .. }

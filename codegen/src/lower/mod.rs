@@ -37,13 +37,13 @@
 mod buffers;
 mod comm;
 mod halo;
-mod schedule;
 mod step;
 
 use std::collections::BTreeMap;
 
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
+use ralpc_passes::plan::order::{interleaved, passes, Pass};
 use ralpc_passes::plan::{
     buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, partial_sums, regathers, scatters_gradient,
@@ -55,7 +55,6 @@ use ralpc_passes::plan::{
 use crate::plan::{BufferKind, Instruction, ModelRef, Plan, Predicted, Site, FORMAT};
 use crate::tag::{HaloPass, Tag, Tags};
 use buffers::{Key, Tracker};
-use schedule::{interleaved, order, Pass};
 
 /// How a tensor (or its gradient) moves from a producer kind placed so to a consumer kind
 /// placed so: [`transfers`] or [`gradient_transfers`].
@@ -118,9 +117,11 @@ struct Lowering<'c, 'a> {
     regathers: Regathers,
     programs: Vec<Vec<Instruction>>,
     groups: BTreeMap<Vec<u32>, u32>,
-    /// Per layer, forward and backward µs per microbatch (the evaluator's).
+    /// Per layer, forward and backward µs per microbatch (the evaluator's), and the
+    /// weight gradients' part of the backward.
     forward_us: Vec<f64>,
     backward_us: Vec<f64>,
+    weight_us: Vec<f64>,
     /// Optimizer state bytes per weight byte.
     optimizer_state: f64,
     /// Per edge, its forward messages.
@@ -303,23 +304,66 @@ impl Lowering<'_, '_> {
         self.all_gather(groups, bytes, &[output]);
     }
 
+    /// Where the gradient of layer `l`'s output arrives on microbatch `mb`: from later
+    /// stages by message, from consumers in its stage by message or in place.
+    fn output_gradients(&self, l: usize, mb: u32) -> Vec<Key> {
+        (self.out_of[l].iter())
+            .flat_map(|&ei| {
+                let consumer = self.edges[ei].consumer;
+                [
+                    Key::received(l, mb, self.tag(ei, mb, true)),
+                    Key::pass(BufferKind::InputGradient, consumer, mb),
+                ]
+            })
+            .collect()
+    }
+
+    /// Layer `l`'s inputs gathered again for its backward on microbatch `mb`
+    /// ([`regathers`]): the gathered whole and the rank's own piece.
+    fn regathered(&self, l: usize, mb: u32) -> Vec<Key> {
+        (self.into[l].iter())
+            .filter_map(|&ei| {
+                let r = &self.regathers.list[self.regathers.of_edge[ei]?];
+                let own = Key::pass(BufferKind::Activation, r.producer, mb);
+                Some([self.received_again(r.first, mb), own])
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// What layer `l`'s backward reads of its forward on microbatch `mb`: its kept or
+    /// recomputed activations.
+    fn kept(&self, l: usize, mb: u32) -> Key {
+        let kind = match self.strategy.recompute_run(l) {
+            Some(_) => BufferKind::Recomputed,
+            None => BufferKind::Activation,
+        };
+        Key::pass(kind, l, mb)
+    }
+
+    /// Whether backward passes leave the weight gradients to passes of their own
+    /// ([`Pass::Weight`]).
+    fn splits_backward(&self) -> bool {
+        self.strategy.schedule == Schedule::ZeroBubble
+    }
+
+    /// Whether layer `l` has a weight pass of its own.
+    fn has_weight_pass(&self, l: usize) -> bool {
+        self.splits_backward() && self.costs.graph.layers[l].param_bytes > 0
+    }
+
     /// One backward pass of stage `k`; `last` when it is the stage's last before the
-    /// update, which launches the gradient buckets.
+    /// update, which launches the gradient buckets (unless weight passes make the
+    /// gradients: [`Lowering::weight_pass`]).
     fn backward(&mut self, k: usize, mb: u32, last: bool) {
         let stage = self.strategy.stages[k];
         let mut next_bucket = 0;
         let mut gathered = vec![false; self.buckets[k].len()];
         for l in (stage.first_layer..=stage.last_layer).rev() {
-            // The gradient of this layer's output: from later stages by message, from
-            // consumers in this stage by message or in place.
-            let mut gradients: Vec<Key> = Vec::new();
+            let gradients = self.output_gradients(l, mb);
             for ei in self.out_of[l].clone() {
-                let e = &self.edges[ei];
-                let consumer = e.consumer;
                 let tag = self.tag(ei, mb, true);
-                gradients.push(Key::received(l, mb, tag));
-                gradients.push(Key::pass(BufferKind::InputGradient, consumer, mb));
-                if self.stage_of[consumer] == k {
+                if self.stage_of[self.edges[ei].consumer] == k {
                     continue;
                 }
                 for t in self.gradient_messages[ei].clone() {
@@ -333,27 +377,14 @@ impl Lowering<'_, '_> {
             if let Some((first, last)) = rerun {
                 self.recompute(first, last, mb);
             }
-            let kept = if run.is_some() {
-                BufferKind::Recomputed
-            } else {
-                BufferKind::Activation
-            };
-            self.loss_statistics(l, Key::pass(kept, l, mb));
+            let kept = self.kept(l, mb);
+            self.loss_statistics(l, kept);
             self.regather(l, mb);
-            let regathered: Vec<Key> = self.into[l]
-                .iter()
-                .filter_map(|&ei| {
-                    let r = &self.regathers.list[self.regathers.of_edge[ei]?];
-                    let own = Key::pass(BufferKind::Activation, r.producer, mb);
-                    Some([self.received_again(r.first, mb), own])
-                })
-                .flatten()
-                .collect();
-            let us = self.backward_us[l];
+            let regathered = self.regathered(l, mb);
+            let apart = self.has_weight_pass(l);
+            let us = self.backward_us[l] - if apart { self.weight_us[l] } else { 0.0 };
             let input_gradient = Key::pass(BufferKind::InputGradient, l, mb);
             let input_gradient_bytes = self.input_gradient_bytes(l);
-            let fresh_gradient = Key::pass(BufferKind::Gradients, l, mb);
-            let fresh_gradient_bytes = self.fresh_gradient_bytes(l, mb);
             for r in self.ranks(l) {
                 let at = self.push(
                     r,
@@ -363,18 +394,15 @@ impl Lowering<'_, '_> {
                         us,
                     },
                 );
-                for key in [Key::pass(kept, l, mb), Key::layer(BufferKind::Weights, l)]
+                for key in [kept, Key::layer(BufferKind::Weights, l)]
                     .into_iter()
                     .chain(gradients.iter().copied())
                     .chain(regathered.iter().copied())
                 {
                     self.buffers.read(r, key, at);
                 }
-                self.buffers
-                    .write(r, Key::layer(BufferKind::Gradients, l), at);
-                if fresh_gradient_bytes > 0.0 {
-                    self.buffers.grow(r, fresh_gradient, fresh_gradient_bytes);
-                    self.buffers.write(r, fresh_gradient, at);
+                if !apart {
+                    self.write_weight_gradients(r, l, mb, at);
                 }
                 if input_gradient_bytes > 0.0 {
                     self.buffers.grow(r, input_gradient, input_gradient_bytes);
@@ -412,27 +440,82 @@ impl Lowering<'_, '_> {
                     }
                 }
             }
-            // Buckets whose layers are all done.
-            while (last || self.strategy.zero >= 2) && next_bucket < self.buckets[k].len() {
-                let bucket = self.buckets[k][next_bucket].clone();
-                if *bucket.layers.start() != l {
-                    break;
-                }
-                let data: Vec<Key> = bucket
-                    .layers
-                    .clone()
-                    .map(|j| Key::layer(BufferKind::Gradients, j))
-                    .collect();
-                let groups = Self::copies(&bucket.ranks, bucket.all.clone());
-                // Gradients travel at their own width (16-bit under mixed precision).
-                let bytes = bucket.bytes * self.costs.model_state().gradients;
-                if self.strategy.zero > 0 {
-                    self.reduce_scatter(groups, bytes, &data);
-                } else {
-                    self.all_reduce(groups, bytes, &data);
-                }
-                next_bucket += 1;
+            if !self.splits_backward() {
+                self.launch_buckets(k, l, last, &mut next_bucket);
             }
+        }
+    }
+
+    /// What making layer `l`'s weight gradients on microbatch `mb` writes on rank `r` at
+    /// instruction `at`: the sums, and after the first microbatch the fresh gradients
+    /// added to them.
+    fn write_weight_gradients(&mut self, r: u32, l: usize, mb: u32, at: usize) {
+        self.buffers
+            .write(r, Key::layer(BufferKind::Gradients, l), at);
+        let fresh_gradient_bytes = self.fresh_gradient_bytes(l, mb);
+        if fresh_gradient_bytes > 0.0 {
+            let fresh_gradient = Key::pass(BufferKind::Gradients, l, mb);
+            self.buffers.grow(r, fresh_gradient, fresh_gradient_bytes);
+            self.buffers.write(r, fresh_gradient, at);
+        }
+    }
+
+    /// The weight pass of stage `k` on microbatch `mb` (zero-bubble schedules): each
+    /// weighted layer's weight gradients, in backward order, from what its backward read
+    /// (its kept activations and its output's gradient); `last` when it is the stage's
+    /// last before the update, which launches the gradient buckets.
+    fn weight_pass(&mut self, k: usize, mb: u32, last: bool) {
+        let stage = self.strategy.stages[k];
+        let mut next_bucket = 0;
+        for l in (stage.first_layer..=stage.last_layer).rev() {
+            if self.has_weight_pass(l) {
+                let reads: Vec<Key> = [self.kept(l, mb)]
+                    .into_iter()
+                    .chain(self.output_gradients(l, mb))
+                    .chain(self.regathered(l, mb))
+                    .collect();
+                for r in self.ranks(l) {
+                    let at = self.push(
+                        r,
+                        Instruction::WeightGradient {
+                            layer: l as u32,
+                            microbatch: mb,
+                            us: self.weight_us[l],
+                        },
+                    );
+                    for &key in &reads {
+                        self.buffers.read(r, key, at);
+                    }
+                    self.write_weight_gradients(r, l, mb, at);
+                }
+            }
+            self.launch_buckets(k, l, last, &mut next_bucket);
+        }
+    }
+
+    /// After layer `l`'s gradients: the gradient buckets of stage `k` whose layers are all
+    /// done, from `next`, on the stage's `last` microbatch (every microbatch under ZeRO-2
+    /// and 3, which reduce-scatter each).
+    fn launch_buckets(&mut self, k: usize, l: usize, last: bool, next: &mut usize) {
+        while (last || self.strategy.zero >= 2) && *next < self.buckets[k].len() {
+            let bucket = self.buckets[k][*next].clone();
+            if *bucket.layers.start() != l {
+                break;
+            }
+            let data: Vec<Key> = bucket
+                .layers
+                .clone()
+                .map(|j| Key::layer(BufferKind::Gradients, j))
+                .collect();
+            let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+            // Gradients travel at their own width (16-bit under mixed precision).
+            let bytes = bucket.bytes * self.costs.model_state().gradients;
+            if self.strategy.zero > 0 {
+                self.reduce_scatter(groups, bytes, &data);
+            } else {
+                self.all_reduce(groups, bytes, &data);
+            }
+            *next += 1;
         }
     }
 
@@ -645,6 +728,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         groups: BTreeMap::new(),
         forward_us: evaluation.layers.iter().map(|l| l.forward_us).collect(),
         backward_us: evaluation.layers.iter().map(|l| l.backward_us).collect(),
+        weight_us: evaluation.layers.iter().map(|l| l.weight_us).collect(),
         optimizer_state: costs.optimizer().state_factor(),
         buckets: strategy
             .stages
@@ -672,6 +756,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
                         left[k] -= 1;
                         lowering.backward(k, mb, left[k] == 0);
                     }
+                    Pass::Weight(mb) => lowering.weight_pass(k, mb, false),
                 }
             }
             for chunk in 0..v {
@@ -680,17 +765,19 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         }
     }
     for k in (0..stages).filter(|_| v == 1) {
-        let passes = order(strategy.schedule, stages, k, strategy.microbatches);
+        let order = passes(strategy.schedule, stages, k, strategy.microbatches);
         let asynchronous = strategy.schedule == Schedule::Async;
-        for (i, &pass) in passes.iter().enumerate() {
+        for (i, &pass) in order.iter().enumerate() {
+            let last = asynchronous || i + 1 == order.len();
             match pass {
                 Pass::Forward(mb) => lowering.forward(k, mb),
                 Pass::Backward(mb) => {
-                    lowering.backward(k, mb, asynchronous || i + 1 == passes.len());
+                    lowering.backward(k, mb, last);
                     if asynchronous {
                         lowering.step(k);
                     }
                 }
+                Pass::Weight(mb) => lowering.weight_pass(k, mb, last),
             }
         }
         if !asynchronous {

@@ -106,6 +106,10 @@ fn model_state(graph: &LayerGraph, options: &CostOptions<'_>) -> ModelState {
 pub(crate) struct Work {
     pub fwd_us: f64,
     pub bwd_us: f64,
+    /// The part of `bwd_us` making weight gradients ([`Layer::weight_gradient_share`]).
+    ///
+    /// [`Layer::weight_gradient_share`]: crate::layers::Layer::weight_gradient_share
+    pub weight_us: f64,
 }
 
 /// A gradient all-reduce split into the part paid once per fused bucket and the part paid
@@ -247,6 +251,7 @@ impl<'a> Costs<'a> {
         Work {
             fwd_us: t.fwd_us + fwd,
             bwd_us: t.bwd_us + bwd,
+            weight_us: t.bwd_us * layer.weight_gradient_share(),
         }
     }
 

@@ -11,6 +11,9 @@
 //!   bottleneck period; the bubble is `(P−1)/M` of the steady state when stages are equal),
 //!   and stage `k` synchronizes once its last backward is done, before the drain through
 //!   stages `0..k` (their backward parts `bⱼ` and cuts): `T = maxₖ (Π − Σ_{j<k}(bⱼ + x/2) + yₖ)`;
+//! * zero-bubble ZB-H1 (1F1B's passes, each backward's weight gradients run later): played
+//!   pass by pass over the stages' forward, input-gradient and weight-gradient times
+//!   ([`zero_bubble_us`]), then each stage's synchronization;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
 //!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state;
 //! * the interleaved 1F1B schedule (`v` stages per GPU): with `t` a GPU's microbatch over
@@ -26,7 +29,8 @@
 //! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
 //! slice, the weight versions an asynchronous stage stashes, and the activations of its
 //! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`;
-//! interleaved: Megatron-LM's warm-up, [`Strategy::in_flight`]),
+//! interleaved: Megatron-LM's warm-up, [`Strategy::in_flight`]; ZB-H1: 1F1B's, and what
+//! the weight passes read of `min(P, M) − min(P−k, M)` more, [`Strategy::weights_waiting`]),
 //! plus what one microbatch's backward holds on top — the gradients it writes, receives
 //! and keeps for a producer, less the stash of the layers its backward already ran
 //! ([`transient`](super::transient)) — plus the workspace.
@@ -35,6 +39,7 @@ use serde::Serialize;
 
 use super::buckets::{buckets, Bucket, BUCKET_CAPS};
 use super::costs::{Costs, Sync};
+use super::order::{self, Pass};
 use super::tied::{separately_reduced, tied_reductions};
 use super::transient::{backward_peak, LayerBytes};
 use super::{PlanError, Schedule, Strategy};
@@ -47,6 +52,9 @@ pub struct LayerCost {
     pub forward_us: f64,
     /// Backward compute per microbatch, µs.
     pub backward_us: f64,
+    /// The part of `backward_us` making weight gradients (a pass of its own under
+    /// `zb-h1`), µs.
+    pub weight_us: f64,
     /// Its forward run again before its backward per microbatch (recomputation), µs.
     pub recompute_us: f64,
     /// Gradient synchronization per iteration, µs (a bucket's latency on its first layer).
@@ -62,6 +70,8 @@ pub struct StageCost {
     pub microbatch_us: f64,
     /// Its backward part, µs.
     pub backward_us: f64,
+    /// The weight gradients' part of `backward_us` (a pass of its own under `zb-h1`), µs.
+    pub weight_us: f64,
     /// Gradient synchronization not hidden behind the last backward pass, plus the
     /// optimizer step, per iteration (async: per microbatch), µs.
     pub sync_us: f64,
@@ -116,6 +126,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         StageCost {
             microbatch_us: 0.0,
             backward_us: 0.0,
+            weight_us: 0.0,
             sync_us: 0.0,
             receive_us: 0.0,
             memory_bytes: 0.0,
@@ -201,6 +212,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         }
         stage_cost[k].microbatch_us += work.fwd_us + recompute_us + work.bwd_us + transfer;
         stage_cost[k].backward_us += recompute_us + work.bwd_us + transfer / 2.0;
+        stage_cost[k].weight_us += work.weight_us;
         busy_gpu_us += f64::from(g) * (work.fwd_us + recompute_us + work.bwd_us) * f64::from(m);
         let in_flight = strategy.in_flight(k);
         let versions = if strategy.schedule == Schedule::Async {
@@ -293,6 +305,13 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                     * super::layout::input_share(layer.reads_as(e, split), split)
             })
             .sum();
+        // Under zb-h1 a weighted layer's weight pass reads what it kept and its output's
+        // gradient for the microbatches whose weight passes wait.
+        if layer.param_bytes > 0 {
+            let output_gradient = layer.output_bytes as f64 / f64::from(m)
+                * super::layout::output_share(layer.kind, split);
+            bytes += (freed + output_gradient) * f64::from(strategy.weights_waiting(k));
+        }
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
             stepped[r as usize] += own_bytes as f64 * share / shards;
@@ -307,6 +326,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         layers.push(LayerCost {
             forward_us: work.fwd_us,
             backward_us: work.bwd_us,
+            weight_us: work.weight_us,
             recompute_us,
             sync_us: 0.0,
             transfer_us: transfer,
@@ -534,7 +554,7 @@ impl Schedule {
     pub fn in_flight(self, microbatches: u32, stages: usize, k: usize) -> u32 {
         let behind = (stages - k) as u32;
         match self {
-            Schedule::OneFOneB => behind.min(microbatches).max(1),
+            Schedule::OneFOneB | Schedule::ZeroBubble => behind.min(microbatches).max(1),
             Schedule::GPipe => microbatches.max(1),
             Schedule::Async => behind.max(1),
         }
@@ -577,6 +597,7 @@ impl Schedule {
                 }
                 end
             }
+            Schedule::ZeroBubble => zero_bubble_us(stages, microbatches),
             Schedule::Async => {
                 let bottleneck = stages
                     .iter()
@@ -586,6 +607,71 @@ impl Schedule {
             }
         }
     }
+}
+
+/// The zero-bubble ZB-H1 schedule's iteration, played pass by pass: each stage runs its
+/// order ([`order::passes`]); a forward waits for the stage before's forward of the same
+/// microbatch and its cut, a backward for the stage after's backward (the last stage's for
+/// its own forward), a weight pass for its own backward. A stage's forward takes
+/// `microbatch_us − backward_us`, its backward `backward_us − weight_us` and its weight pass
+/// `weight_us`; each cut half its `receive_us` each way. Then each stage synchronizes its
+/// gradients. With equal stages of `F`, `B` and `W` this is the paper's
+/// `M·(F + B + W) + (P − 1)·(F + B − W)` where `W ≤ F` (Qi et al. §3.1), against 1F1B's
+/// `(M + P − 1)·(F + B + W)`.
+fn zero_bubble_us(stages: &[StageCost], microbatches: u32) -> f64 {
+    let p = stages.len();
+    let m = microbatches.max(1);
+    let orders: Vec<Vec<Pass>> = (0..p)
+        .map(|k| order::passes(Schedule::ZeroBubble, p, k, m))
+        .collect();
+    let mut forward_end = vec![vec![None; m as usize]; p];
+    let mut backward_end = vec![vec![None; m as usize]; p];
+    let mut next = vec![0; p];
+    let mut free = vec![0.0f64; p];
+    // Stages run until each waits on another; the orders never wait in a cycle, so each
+    // round runs at least one pass until all are done.
+    loop {
+        let mut ran = false;
+        for k in 0..p {
+            while let Some(&pass) = orders[k].get(next[k]) {
+                let s = &stages[k];
+                let (ready, us) = match pass {
+                    Pass::Forward(j) => (
+                        match k {
+                            0 => Some(0.0),
+                            _ => forward_end[k - 1][j as usize].map(|t| t + s.receive_us / 2.0),
+                        },
+                        s.microbatch_us - s.backward_us,
+                    ),
+                    Pass::Backward(j) => (
+                        match stages.get(k + 1) {
+                            None => forward_end[k][j as usize],
+                            Some(after) => backward_end[k + 1][j as usize]
+                                .map(|t: f64| t + after.receive_us / 2.0),
+                        },
+                        s.backward_us - s.weight_us,
+                    ),
+                    Pass::Weight(j) => (backward_end[k][j as usize], s.weight_us),
+                };
+                let Some(ready) = ready else { break };
+                let end = free[k].max(ready) + us;
+                match pass {
+                    Pass::Forward(j) => forward_end[k][j as usize] = Some(end),
+                    Pass::Backward(j) => backward_end[k][j as usize] = Some(end),
+                    Pass::Weight(_) => {}
+                }
+                free[k] = end;
+                next[k] += 1;
+                ran = true;
+            }
+        }
+        if !ran {
+            break;
+        }
+    }
+    (0..p)
+        .map(|k| free[k] + stages[k].sync_us)
+        .fold(0.0, f64::max)
 }
 
 /// The interleaved 1F1B schedule's iteration (Narayanan et al.): `stages` are `v` chunks on
@@ -606,4 +692,62 @@ fn interleaved_us(stages: &[StageCost], m: f64, v: usize) -> f64 {
         .fold(0.0, f64::max);
     let pipeline = m * per_gpu + (p as f64 - 1.0) * per_gpu / v as f64;
     pipeline + stages.first().map_or(0.0, |s| s.sync_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(forward: f64, backward: f64, weight: f64) -> StageCost {
+        StageCost {
+            microbatch_us: forward + backward,
+            backward_us: backward,
+            weight_us: weight,
+            sync_us: 0.0,
+            receive_us: 0.0,
+            memory_bytes: 0.0,
+            send_delay_us: 0.0,
+            buckets: 0,
+            bucket_bytes: None,
+        }
+    }
+
+    #[test]
+    fn zero_bubble_leaves_a_third_of_1f1bs_bubble_when_its_passes_take_alike() {
+        // Qi et al. §3.1: with T_F = T_B = T_W, 1F1B's bubble is (P − 1)·3 and ZB-H1's
+        // (P − 1)·(T_F + T_B − T_W) = P − 1.
+        let (p, m) = (4, 8);
+        let stages = vec![stage(1.0, 2.0, 1.0); p];
+        let one_f_one_b = Schedule::OneFOneB.iteration_us(&stages, m, 1);
+        let zero_bubble = Schedule::ZeroBubble.iteration_us(&stages, m, 1);
+        assert_eq!(one_f_one_b, 3.0 * f64::from(m) + 3.0 * (p as f64 - 1.0));
+        assert_eq!(zero_bubble, 3.0 * f64::from(m) + (p as f64 - 1.0));
+        // Without weight gradients there is nothing to move: 1F1B's time.
+        let unweighted = vec![stage(1.0, 2.0, 0.0); p];
+        assert_eq!(
+            Schedule::ZeroBubble.iteration_us(&unweighted, m, 1),
+            Schedule::OneFOneB.iteration_us(&unweighted, m, 1)
+        );
+        // One stage runs its passes back to back.
+        assert_eq!(
+            Schedule::ZeroBubble.iteration_us(&stages[..1], m, 1),
+            3.0 * 8.0
+        );
+    }
+
+    #[test]
+    fn zero_bubble_waits_for_cuts_and_the_slowest_stage() {
+        // The slowest stage sets the steady state; a cut delays its first forward by half
+        // its time (the other half is the gradient's way back, hidden here by stage 0's
+        // weight passes).
+        let mut stages = vec![stage(1.0, 2.0, 1.0), stage(2.0, 4.0, 2.0)];
+        let alone = Schedule::ZeroBubble.iteration_us(&stages, 4, 1);
+        assert!(alone >= 4.0 * 6.0, "{alone}");
+        stages[1].receive_us = 1.0;
+        let with_cut = Schedule::ZeroBubble.iteration_us(&stages, 4, 1);
+        assert_eq!(with_cut, alone + 0.5);
+        // The synchronization follows each stage's last pass.
+        stages[0].sync_us = 10.0;
+        assert!(Schedule::ZeroBubble.iteration_us(&stages, 4, 1) >= with_cut + 10.0 - 6.0);
+    }
 }

@@ -10,7 +10,8 @@
 //!   (spatial rows / a dense layer's input features) and parameter (output channels or
 //!   features) splits; pooling and elementwise layers follow their producer;
 //! * **pipeline** (GPipe, PipeDream, 2BW, Piper) — consecutive stages on disjoint GPU groups
-//!   of any width, microbatches, a 1F1B, GPipe or asynchronous schedule.
+//!   of any width, microbatches, a 1F1B, zero-bubble (ZB-H1), GPipe or asynchronous
+//!   schedule.
 //!
 //! `auto` runs them all and keeps the fastest plan within the constraints; it is never
 //! worse than any family it contains because every family's result is priced by the same
@@ -24,6 +25,7 @@ mod frontier;
 mod halo;
 mod layered;
 mod layout;
+pub mod order;
 mod pipeline;
 mod regather;
 mod search;
@@ -79,6 +81,11 @@ pub enum Schedule {
     /// microbatch, one weight version per in-flight microbatch.
     #[serde(rename = "async")]
     Async,
+    /// Zero-bubble ZB-H1 (Qi et al., ICLR 2024): 1F1B with each backward split into its
+    /// input gradients and its weight gradients, the weight passes run later to fill the
+    /// pipeline's drain ([`order::passes`]); 1F1B's peak activation memory.
+    #[serde(rename = "zb-h1")]
+    ZeroBubble,
 }
 
 impl Schedule {
@@ -88,15 +95,17 @@ impl Schedule {
             Schedule::OneFOneB => "1f1b",
             Schedule::GPipe => "gpipe",
             Schedule::Async => "async",
+            Schedule::ZeroBubble => "zb-h1",
         }
     }
 
-    /// Parses `1f1b`, `gpipe`, `async`.
+    /// Parses `1f1b`, `gpipe`, `async`, `zb-h1`.
     pub fn parse(name: &str) -> Option<Schedule> {
         Some(match name {
             "1f1b" => Schedule::OneFOneB,
             "gpipe" => Schedule::GPipe,
             "async" => Schedule::Async,
+            "zb-h1" => Schedule::ZeroBubble,
             _ => return None,
         })
     }
@@ -298,6 +307,19 @@ impl Strategy {
         (total / v + usize::from(chunk < total % v)).max(1) as u32
     }
 
+    /// Microbatches whose weight passes stage `k` still owes at its busiest, beyond those
+    /// in flight: under `zb-h1` a weight pass runs `k` backwards after its backward
+    /// ([`order::passes`]), so just before a backward every microbatch from the oldest
+    /// owed weight pass to the newest forward — `min(P, M)` of them — keeps what its
+    /// weight pass reads, `min(P − k, M)` of them everything.
+    pub fn weights_waiting(&self, k: usize) -> u32 {
+        if self.schedule != Schedule::ZeroBubble {
+            return 0;
+        }
+        let (m, stages) = (self.microbatches, self.stages.len() as u32);
+        stages.min(m) - self.in_flight(k).min(stages.min(m))
+    }
+
     /// The virtual stages per GPU of an interleaved pipeline (Narayanan et al.): the first
     /// `P` stages hold ranks of their own and every later stage `k` is on stage `k − P`'s
     /// ranks again; 1 when no stage shares ranks.
@@ -447,6 +469,13 @@ impl Strategy {
                  the weights too (3), or nothing (0)",
                 self.zero
             ));
+        }
+        if self.schedule == Schedule::ZeroBubble && !self.recompute.is_empty() {
+            return bad(
+                "zb-h1 runs each weight pass after its backward, which a recomputed run's \
+                 activations would have to outlive; recompute under 1f1b or gpipe"
+                    .into(),
+            );
         }
         if self.zero > 0 && self.schedule == Schedule::Async {
             return bad(format!(

@@ -20,7 +20,8 @@ use crate::cost::lower_bound_us;
 pub struct Request {
     /// The family to search (`Auto`: all).
     pub family: Option<Family>,
-    /// The pipeline schedule; `None`: 1F1B (synchronous, the least memory).
+    /// The pipeline schedule; `None`: the faster of 1F1B and ZB-H1 (synchronous, the
+    /// least memory).
     pub schedule: Option<Schedule>,
     /// Microbatches for pipelines; `None`: searched.
     pub microbatches: Option<u32>,
@@ -141,7 +142,7 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
     if wants(Family::Pipeline) {
         let schedules = request
             .schedule
-            .map_or(vec![Schedule::OneFOneB], |s| vec![s]);
+            .map_or(vec![Schedule::OneFOneB, Schedule::ZeroBubble], |s| vec![s]);
         let counts: Vec<u32> = match request.microbatches {
             Some(m) => vec![m],
             // Up to 64: beyond, per-microbatch kernels are too small to matter.

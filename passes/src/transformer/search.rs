@@ -389,6 +389,13 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             "the asynchronous schedule is not one of Megatron-LM's: use 1f1b or gpipe".into(),
         );
     }
+    if knobs.schedule == Some(Schedule::ZeroBubble) {
+        return bad(
+            "zb-h1 is priced and lowered for layer pipelines (--family pipeline); the \
+             transformer space prices 1f1b, interleaved 1f1b and gpipe"
+                .into(),
+        );
+    }
     Ok(())
 }
 

@@ -96,6 +96,7 @@ fn row_splits_exchange_halos_on_the_device_as_on_the_cpu() {
 fn pipelines_run_on_the_device_as_on_the_cpu() {
     check("1f1b", "train/cnn.onnx", 4, &common::cnn_plan("1f1b"));
     check("gpipe", "train/cnn.onnx", 4, &common::cnn_plan("gpipe"));
+    check("zb-h1", "train/cnn.onnx", 4, &common::cnn_plan("zb-h1"));
 }
 
 #[test]

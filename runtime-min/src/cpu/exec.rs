@@ -605,6 +605,10 @@ struct LayerRun {
     lent: Vec<(ValueId, ValueId)>,
 }
 
+/// A layer's weight gradients of one microbatch, by weight (none where the backward made
+/// none).
+pub(super) type WeightGradients = Vec<(ValueId, Option<Floats>)>;
+
 /// What a rank reports.
 #[derive(Default)]
 struct RankReport {
@@ -643,6 +647,11 @@ struct Rank<'p, 'a> {
     /// the region it read, where it was computed.
     input_grads: BTreeMap<(usize, u32), (Region, Floats)>,
     pending_sums: BTreeMap<(usize, u32), VecDeque<usize>>,
+    /// The layers this rank makes weight gradients of in passes of their own
+    /// ([`Instruction::WeightGradient`]), and per (layer, microbatch) the gradients its
+    /// backward made for that pass.
+    weight_passes: BTreeSet<usize>,
+    owed_weight_gradients: BTreeMap<(usize, u32), WeightGradients>,
     /// Halo rows and their gradients in flight.
     halos: halo::HaloState,
     /// Messages received device to device in their senders' order.
@@ -762,6 +771,14 @@ impl<'p, 'a> Rank<'p, 'a> {
             grad_pieces: BTreeMap::new(),
             input_grads: BTreeMap::new(),
             pending_sums: BTreeMap::new(),
+            weight_passes: p.exe.plan.programs[rank as usize]
+                .iter()
+                .filter_map(|i| match *i {
+                    Instruction::WeightGradient { layer, .. } => Some(layer as usize),
+                    _ => None,
+                })
+                .collect(),
+            owed_weight_gradients: BTreeMap::new(),
             halos: halo::HaloState::default(),
             arrivals: arrivals::Arrivals::new(p, rank),
             loss_statistics: BTreeMap::new(),
@@ -969,6 +986,9 @@ impl<'p, 'a> Rank<'p, 'a> {
             Instruction::Backward {
                 layer, microbatch, ..
             } => self.backward(layer as usize, microbatch),
+            Instruction::WeightGradient {
+                layer, microbatch, ..
+            } => self.weight_gradient(layer as usize, microbatch),
             Instruction::Send { to, tag, .. } => match self.decode(tag)? {
                 Tag::Edge {
                     edge,

@@ -193,7 +193,7 @@ pub fn sizes(model: &str, batch: u64, report: &TrainReport) -> (u64, u64, u64) {
 /// feature splits), rows (convolutions and pooling split by rows, exchanging halos: of the
 /// first convolution, of pooling over every rank, rows and channels at once), and 1F1B and
 /// GPipe pipelines of two stages of two replicas.
-pub fn cnn_plans() -> [(&'static str, String); 5] {
+pub fn cnn_plans() -> [(&'static str, String); 6] {
     const ONE_STAGE: &str = r#"{ "first_layer": "conv0", "last_layer": "fc1", "replicas": 4 }"#;
     const TWO_STAGES: &str = r#"{ "first_layer": "conv0", "last_layer": "pool0", "replicas": 2 },
         { "first_layer": "conv1", "last_layer": "fc1", "replicas": 2 }"#;
@@ -221,6 +221,7 @@ pub fn cnn_plans() -> [(&'static str, String); 5] {
         ("rows", strategy(ONE_STAGE, &rows, "1f1b", 1)),
         ("1f1b", strategy(TWO_STAGES, &[], "1f1b", 2)),
         ("gpipe", strategy(TWO_STAGES, &[], "gpipe", 2)),
+        ("zb-h1", strategy(TWO_STAGES, &[], "zb-h1", 2)),
     ]
 }
 

@@ -521,15 +521,50 @@ impl Rank<'_, '_> {
                 }
             }
         }
+        let weight_gradients: WeightGradients = (layer.weights.iter())
+            .filter(|&&w| self.trains(layer, w))
+            .map(|&w| (w, grads.take_floats(w)))
+            .collect();
+        // A zero-bubble schedule adds them in a pass of its own. (This backend makes them
+        // with the input gradients and keeps them until then: the same numbers, summed
+        // in the schedule's order; the plan's buffers price the weight pass's own reads.)
+        if self.weight_passes.contains(&l) {
+            self.owed_weight_gradients.insert((l, mb), weight_gradients);
+        } else {
+            self.add_weight_gradients(l, k, weight_gradients)?;
+        }
+        self.input_gradients(l, k, mb, &mut grads)
+    }
+
+    /// Layer `l`'s weight pass on microbatch `mb` ([`Instruction::WeightGradient`]): adds
+    /// the weight gradients its backward made.
+    pub(super) fn weight_gradient(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
+        let layer = &self.p.layers[l];
+        let k = layer
+            .holds(self.rank)
+            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let owed = self.owed_weight_gradients.remove(&(l, mb)).ok_or_else(|| {
+            format!(
+                "layer {}'s weight pass on microbatch {mb} comes before its backward",
+                layer.name
+            )
+        })?;
+        self.add_weight_gradients(l, k, owed)
+    }
+
+    /// Adds layer `l`'s weight gradients of one microbatch (rank index `k`) to the sums.
+    fn add_weight_gradients(
+        &mut self,
+        l: usize,
+        k: u32,
+        weight_gradients: WeightGradients,
+    ) -> Result<(), RankError> {
+        let p = self.p;
+        let layer = &p.layers[l];
         // Replicas of a layer held whole (LayerNorms over a tensor-parallel group) compute
         // the same weight gradients: the first counts them, the others add zeros.
         let counted = first_replica(layer.kind, layer.split, k);
-        for &w in &layer.weights {
-            if !self.trains(layer, w) {
-                continue;
-            }
-            // Where the layer computed it (resident on a device, unless reshaped here).
-            let gw = grads.take_floats(w);
+        for (w, gw) in weight_gradients {
             if p.tied.contains(&w) {
                 if let Some(gw) = gw {
                     self.add_tied_gradient(layer, k, w, gw, counted)?;
@@ -563,6 +598,20 @@ impl Rank<'_, '_> {
                 self.grads.insert(w, sum);
             }
         }
+        Ok(())
+    }
+
+    /// Layer `l`'s input gradients of microbatch `mb` (rank index `k`), from `grads`, kept
+    /// for their sends and sums.
+    fn input_gradients(
+        &mut self,
+        l: usize,
+        k: u32,
+        mb: u32,
+        grads: &mut Grads,
+    ) -> Result<(), RankError> {
+        let p = self.p;
+        let layer = &p.layers[l];
         let mut sums = VecDeque::new();
         for &(v, source) in &layer.inputs {
             let Source::Edge(e) = source else { continue };
