@@ -53,8 +53,9 @@ pub struct PlanArgs {
     pub strategy: String,
     /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
     /// weight-stashing schedule, zb-h1 is 1f1b with each backward's weight gradients run
-    /// later to fill the pipeline's drain (zero bubble, 1f1b's memory). Unset: the search
-    /// tries 1f1b and zb-h1.
+    /// later to fill the pipeline's drain (a third of its bubble where the passes take
+    /// alike; later stages hold what the owed weight passes read). Unset: the search tries
+    /// 1f1b and zb-h1.
     #[arg(long, value_parser = ["1f1b", "gpipe", "async", "zb-h1"])]
     pub schedule: Option<String>,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU

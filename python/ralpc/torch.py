@@ -171,6 +171,13 @@ def layout(plan: dict) -> Layout:
             "PipeDream's asynchronous schedule (weight stashing) has no PyTorch schedule",
             {"schedule": "1f1b"},
         )
+    m, depth = placement.get("microbatches", 1), len(stages)
+    if placement.get("schedule") == "zb-h1" and m % max(1, m // depth):
+        raise Unsupported(
+            f"PyTorch's zero-bubble schedule runs {m} microbatches in rounds of its {depth} "
+            "stages, which they do not fill",
+            {"schedule": "1f1b"},
+        )
     replicas = {s["replicas"] for s in stages}
     if len(replicas) != 1:
         raise Unsupported(

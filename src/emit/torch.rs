@@ -165,6 +165,18 @@ pub fn torch_refusal(strategy: &StrategyFile) -> Option<(String, Nearest)> {
     let Some(replicas) = strategy.stages.first().map(|s| s.replicas) else {
         return Some(("the plan has no stages".into(), Nearest::DataParallel));
     };
+    // PyTorch's zero-bubble schedule runs microbatches in rounds of the pipeline's depth
+    // (`ScheduleInterleavedZeroBubble`: M a multiple of M // P rounds).
+    let (m, p) = (strategy.microbatches, strategy.stages.len() as u32);
+    if strategy.schedule == Schedule::ZeroBubble && m % (m / p).max(1) != 0 {
+        return Some((
+            format!(
+                "PyTorch's zero-bubble schedule runs {m} microbatches in rounds of its {p} \
+                 stages, which they do not fill"
+            ),
+            Nearest::OneFOneB,
+        ));
+    }
     if strategy.stages.iter().any(|s| s.replicas != replicas) {
         return Some((
             "its stages run on different GPU counts; a PyTorch device mesh gives every stage \
@@ -249,4 +261,40 @@ pub fn torch_refusal(strategy: &StrategyFile) -> Option<(String, Nearest)> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline(schedule: &str, stages: usize, microbatches: u32) -> StrategyFile {
+        let stages: Vec<String> = (0..stages)
+            .map(|k| format!(r#"{{ "first_layer": "l{k}", "last_layer": "l{k}", "replicas": 1 }}"#))
+            .collect();
+        serde_json::from_str(&format!(
+            r#"{{ "format": "ralpc-strategy/1", "schedule": "{schedule}",
+                  "microbatches": {microbatches}, "stages": [{}] }}"#,
+            stages.join(",")
+        ))
+        .expect("a strategy file")
+    }
+
+    #[test]
+    fn zero_bubble_plans_pytorch_cannot_round_are_refused() {
+        // ScheduleInterleavedZeroBubble: M a multiple of max(1, M // P).
+        for (p, m, refused) in [
+            (2, 4, false),
+            (2, 5, true),
+            (3, 7, true),
+            (3, 9, false),
+            (4, 3, false),
+        ] {
+            let got = torch_refusal(&pipeline("zb-h1", p, m));
+            assert_eq!(got.is_some(), refused, "P {p}, M {m}: {got:?}");
+            if let Some((_, nearest)) = got {
+                assert_eq!(nearest, Nearest::OneFOneB);
+            }
+        }
+        assert!(torch_refusal(&pipeline("1f1b", 2, 5)).is_none());
+    }
 }

@@ -347,9 +347,11 @@ impl Lowering<'_, '_> {
         self.strategy.schedule == Schedule::ZeroBubble
     }
 
-    /// Whether layer `l` has a weight pass of its own.
+    /// Whether layer `l` has a weight pass of its own: under zb-h1, where its backward
+    /// makes weight gradients at a cost the evaluator runs apart (not a norm's or an
+    /// embedding's reductions, nor a layer reading an input gathered again).
     fn has_weight_pass(&self, l: usize) -> bool {
-        self.splits_backward() && self.costs.graph.layers[l].param_bytes > 0
+        self.splits_backward() && self.weight_us[l] > 0.0
     }
 
     /// One backward pass of stage `k`; `last` when it is the stage's last before the

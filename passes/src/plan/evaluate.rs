@@ -6,18 +6,21 @@
 //! `x꜀` and per-iteration exposed gradient synchronizations plus optimizer steps `yₛ`
 //! (gradients are all-reduced in buckets launched during the last backward pass, see
 //! [`buckets`]; only the part that outlasts that pass is exposed):
-//! * synchronous schedules (GPipe, 1F1B): the pipeline takes
-//!   `Π = Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)` (the fill and drain, then one microbatch per
-//!   bottleneck period; the bubble is `(P−1)/M` of the steady state when stages are equal),
-//!   and stage `k` synchronizes once its last backward is done, before the drain through
-//!   stages `0..k` (their backward parts `bⱼ` and cuts): `T = maxₖ (Π − Σ_{j<k}(bⱼ + x/2) + yₖ)`;
-//! * zero-bubble ZB-H1 (1F1B's passes, each backward's weight gradients run later): played
-//!   pass by pass over the stages' forward, input-gradient and weight-gradient times
-//!   ([`zero_bubble_us`]), then each stage's synchronization;
+//! * synchronous schedules (GPipe, 1F1B, ZB-H1): played pass by pass in the order the
+//!   lowering emits ([`played_us`]): each stage runs its forwards, backwards (and under
+//!   ZB-H1 its weight passes, the backward's weight-gradient part run later) one at a time
+//!   as their inputs arrive, each cut carries one message at a time each way, and stage `k`
+//!   synchronizes once its last pass is done (its last gradient for the stage before may
+//!   wait behind the buckets it launched). With equal stages this is
+//!   `Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)` (the fill and drain, then one microbatch per
+//!   bottleneck period; the bubble is `(P−1)/M` of the steady state) for GPipe and 1F1B,
+//!   and ZB-H1 leaves a third of that bubble when a stage's forward, input gradients and
+//!   weight gradients take alike;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
 //!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state;
-//! * the interleaved 1F1B schedule (`v` stages per GPU): with `t` a GPU's microbatch over
-//!   its stages, `T = M·t + (P/v − 1)·t/v + y₀`.
+//! * the interleaved 1F1B schedule (`v` stages per GPU): played alike over its GPUs' orders;
+//!   with `t` a GPU's microbatch over its stages, equal stages give
+//!   `T = M·t + (P/v − 1)·t/v`, then each GPU's stages synchronize.
 //!
 //! One stage with `M = 1` gives `T = t + y`: the sequential sum over layers of compute,
 //! resharding and gradient synchronization that data-parallel and burst-parallel plans have.
@@ -157,7 +160,8 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let stage = &strategy.stages[k];
         let split = strategy.layers[l];
         let g = split.degree();
-        let work = costs.work(l, split, stage.first_rank, m);
+        let mut work = costs.work(l, split, stage.first_rank, m);
+        let mut regathered = false;
         let own_bytes = layer.param_bytes.saturating_sub(separate[l]);
         syncs.push(if strategy.zero > 0 {
             costs.sharded_sync(l, split, stage.first_rank, own_bytes)
@@ -188,6 +192,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                 ),
                 None => (f, b),
             };
+            regathered |= regathers
+                .of_edge
+                .get(edge_index)
+                .is_some_and(Option::is_some);
             edge_index += 1;
             // Halo rows move inside the consumer's ranks, forward and their gradient back.
             let reads_halo = layer
@@ -209,6 +217,11 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             } else {
                 stage_cost[k].receive_us += f + b;
             }
+        }
+        // Under zb-h1 a layer runs its weight gradients apart where its backward makes
+        // any and reads no input gathered again (whose whole would be held until then).
+        if strategy.schedule == Schedule::ZeroBubble && regathered {
+            work.weight_us = 0.0;
         }
         stage_cost[k].microbatch_us += work.fwd_us + recompute_us + work.bwd_us + transfer;
         stage_cost[k].backward_us += recompute_us + work.bwd_us + transfer / 2.0;
@@ -305,13 +318,6 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
                     * super::layout::input_share(layer.reads_as(e, split), split)
             })
             .sum();
-        // Under zb-h1 a weighted layer's weight pass reads what it kept and its output's
-        // gradient for the microbatches whose weight passes wait.
-        if layer.param_bytes > 0 {
-            let output_gradient = layer.output_bytes as f64 / f64::from(m)
-                * super::layout::output_share(layer.kind, split);
-            bytes += (freed + output_gradient) * f64::from(strategy.weights_waiting(k));
-        }
         for r in stage.first_rank..stage.first_rank + g {
             memory[r as usize] += bytes;
             stepped[r as usize] += own_bytes as f64 * share / shards;
@@ -322,6 +328,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             whole,
             freed,
             gradients: weight_bytes * state.gradients / gradient_shards,
+            weight_pass: strategy.schedule == Schedule::ZeroBubble && work.weight_us > 0.0,
         };
         layers.push(LayerCost {
             forward_us: work.fwd_us,
@@ -392,7 +399,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         // The bucketing that hides the most: small buckets overlap backward, big ones pay
         // the all-reduce latency fewer times.
         // A later stage also counts how long its gradient for the stage before waits.
-        let weigh_delay = if k > 0 { 1.0 } else { 0.0 };
+        // (Under zb-h1 the weight passes launch them, after every backward.)
+        let apart = strategy.schedule == Schedule::ZeroBubble;
+        let weigh_delay = if k > 0 && !apart { 1.0 } else { 0.0 };
         // Under ZeRO each bucket's weights are all-gathered after the step; under ZeRO-3
         // before every pass over it as well (forward, recomputation, backward).
         let passes = match strategy.zero {
@@ -427,7 +436,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             .into_iter()
             .map(|cap| {
                 let bs = buckets(graph, strategy, stage, cap, &separate);
-                let t = bucket_times(&bs, &syncs, &layers, stage);
+                let t = bucket_times(&bs, &syncs, &layers, stage, apart);
                 (t.exposed_us, t.delay_us, gathers(&bs), bs)
             })
             .min_by(|a, b| {
@@ -449,6 +458,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         stage_cost[k].buckets = chosen.len() as u32;
         stage_cost[k].bucket_bytes = chosen_cap(&chosen);
     }
+    owed_weight_passes(costs, strategy, &stage_of, &backward_bytes, &mut memory);
     let transient = backward_peak(costs, strategy, &stage_of, &backward_bytes);
     let mut fits = true;
     let mut peak: f64 = 0.0;
@@ -518,12 +528,20 @@ pub(crate) fn bucket_times(
     syncs: &[Sync],
     layers: &[LayerCost],
     stage: &super::Stage,
+    apart: bool,
 ) -> BucketTimes {
     let (mut alone, mut computed, mut communicated, mut delay) = (0.0, 0.0f64, 0.0f64, 0.0);
     let mut next = buckets.iter().peekable();
     for l in (stage.first_layer..=stage.last_layer).rev() {
-        let transfer = layers[l].transfer_us / 2.0;
-        let backward = layers[l].recompute_us + layers[l].backward_us;
+        // The last pass that makes gradients: the backward, or under zb-h1 the weight
+        // pass, which moves nothing.
+        let (transfer, backward) = match apart {
+            true => (0.0, layers[l].weight_us),
+            false => (
+                layers[l].transfer_us / 2.0,
+                layers[l].recompute_us + layers[l].backward_us,
+            ),
+        };
         alone += backward + transfer;
         computed += backward;
         if transfer > 0.0 {
@@ -569,35 +587,10 @@ impl Schedule {
         virtual_stages: usize,
     ) -> f64 {
         let m = f64::from(microbatches.max(1));
-        if virtual_stages > 1 {
-            return interleaved_us(stages, m, virtual_stages);
-        }
         match self {
-            Schedule::OneFOneB | Schedule::GPipe => {
-                let sum: f64 = stages.iter().map(|s| s.microbatch_us + s.receive_us).sum();
-                let bottleneck = stages
-                    .iter()
-                    .map(|s| s.microbatch_us.max(s.receive_us))
-                    .fold(0.0, f64::max);
-                // The pipeline drains from the last stage to the first: stage k's last
-                // backward ends the backwards of stages 0..k (and their cuts) earlier, and
-                // its gradients are synchronized from then on.
-                // A stage's gradient for the stage before may wait behind its buckets,
-                // which delays every earlier stage.
-                let pipeline = sum + (m - 1.0) * bottleneck;
-                let mut later_delay = vec![0.0; stages.len()];
-                for k in (0..stages.len().saturating_sub(1)).rev() {
-                    later_delay[k] = later_delay[k + 1] + stages[k + 1].send_delay_us;
-                }
-                let mut drain = 0.0;
-                let mut end: f64 = 0.0;
-                for (k, s) in stages.iter().enumerate() {
-                    end = end.max(pipeline - drain + later_delay[k] + s.sync_us);
-                    drain += s.backward_us + stages.get(k + 1).map_or(0.0, |n| n.receive_us / 2.0);
-                }
-                end
+            Schedule::OneFOneB | Schedule::GPipe | Schedule::ZeroBubble => {
+                played_us(self, stages, microbatches, virtual_stages)
             }
-            Schedule::ZeroBubble => zero_bubble_us(stages, microbatches),
             Schedule::Async => {
                 let bottleneck = stages
                     .iter()
@@ -609,89 +602,165 @@ impl Schedule {
     }
 }
 
-/// The zero-bubble ZB-H1 schedule's iteration, played pass by pass: each stage runs its
-/// order ([`order::passes`]); a forward waits for the stage before's forward of the same
-/// microbatch and its cut, a backward for the stage after's backward (the last stage's for
-/// its own forward), a weight pass for its own backward. A stage's forward takes
-/// `microbatch_us − backward_us`, its backward `backward_us − weight_us` and its weight pass
-/// `weight_us`; each cut half its `receive_us` each way. Then each stage synchronizes its
-/// gradients. With equal stages of `F`, `B` and `W` this is the paper's
-/// `M·(F + B + W) + (P − 1)·(F + B − W)` where `W ≤ F` (Qi et al. §3.1), against 1F1B's
-/// `(M + P − 1)·(F + B + W)`.
-fn zero_bubble_us(stages: &[StageCost], microbatches: u32) -> f64 {
-    let p = stages.len();
+/// Under zb-h1, what stage `k`'s owed weight passes hold ([`Strategy::weights_waiting`]
+/// microbatches of them): each weight-passing layer's kept activations and the gradients
+/// of its output it reads — from later stages as received, from its own stage as each
+/// consumer's input-gradient buffer (whole: one buffer holds all that consumer's inputs).
+fn owed_weight_passes(
+    costs: &Costs<'_>,
+    strategy: &Strategy,
+    stage_of: &[usize],
+    layers: &[LayerBytes],
+    memory: &mut [f64],
+) {
+    if strategy.schedule != Schedule::ZeroBubble {
+        return;
+    }
+    let graph = costs.graph;
+    let m = f64::from(strategy.microbatches.max(1));
+    let mut output_gradients = vec![0.0f64; graph.layers.len()];
+    for (c, consumer) in graph.layers.iter().enumerate() {
+        let mut producers: Vec<usize> = Vec::new();
+        for e in &consumer.inputs {
+            let Producer::Layer(p) = e.from else { continue };
+            let p = p.0 as usize;
+            if stage_of[p] != stage_of[c] {
+                let share = super::layout::output_share(graph.layers[p].kind, strategy.layers[p]);
+                output_gradients[p] += e.bytes as f64 / m * share;
+            } else if !producers.contains(&p) {
+                producers.push(p);
+                output_gradients[p] += layers[c].input_gradient;
+            }
+        }
+    }
+    for (l, bytes) in layers.iter().enumerate() {
+        if !bytes.weight_pass {
+            continue;
+        }
+        let stage = &strategy.stages[stage_of[l]];
+        let waiting = f64::from(strategy.weights_waiting(stage_of[l]));
+        for r in stage.first_rank..stage.first_rank + strategy.layers[l].degree() {
+            memory[r as usize] += (bytes.freed + output_gradients[l]) * waiting;
+        }
+    }
+}
+
+/// A synchronous schedule's iteration (GPipe, 1F1B, ZB-H1, interleaved 1F1B), played pass
+/// by pass as the lowering orders them ([`order::passes`], [`order::interleaved`]): stage
+/// `k` of `P·v` runs on GPU group `k mod P`, which runs its stages' passes in its order,
+/// one at a time. A forward waits for the stage before's forward of the same microbatch, a
+/// backward for the stage after's backward (the last stage's for its own forward), a weight
+/// pass for its own backward. A stage's forward takes `microbatch_us − backward_us`, its
+/// backward `backward_us` (less `weight_us` when the schedule runs the weight gradients
+/// apart) and its weight pass `weight_us`. Each cut carries one message at a time each
+/// way, for half its `receive_us`, from when its pass ends; a stage's last backward's
+/// gradient leaves after `send_delay_us` (the gradient buckets it launched go first) unless
+/// weight passes launch them. Each group synchronizes its stages' gradients after its last
+/// pass.
+///
+/// With equal stages of `F`, `B` and `W` and free cuts, 1F1B and GPipe take
+/// `(M + P − 1)(F + B + W)`, ZB-H1 `M(F + B + W) + (P − 1)(F + B − W)` where `W ≤ F` (Qi et
+/// al. §3.1), and interleaving `v` stages a group `M·t + (P − 1)·t/v` with `t` a group's
+/// microbatch (Narayanan et al. §2.2).
+fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usize) -> f64 {
+    let n = stages.len();
     let m = microbatches.max(1);
-    let orders: Vec<Vec<Pass>> = (0..p)
-        .map(|k| order::passes(Schedule::ZeroBubble, p, k, m))
+    let groups = (n / v.max(1)).max(1);
+    let apart = schedule == Schedule::ZeroBubble;
+    let orders: Vec<Vec<(usize, Pass)>> = (0..groups)
+        .map(|g| match v > 1 {
+            true => (order::interleaved(groups, v, g, m).into_iter())
+                .map(|(chunk, pass)| (chunk * groups + g, pass))
+                .collect(),
+            false => (order::passes(schedule, n, g, m).into_iter())
+                .map(|pass| (g, pass))
+                .collect(),
+        })
         .collect();
-    let mut forward_end = vec![vec![None; m as usize]; p];
-    let mut backward_end = vec![vec![None; m as usize]; p];
-    let mut next = vec![0; p];
-    let mut free = vec![0.0f64; p];
-    // Stages run until each waits on another; the orders never wait in a cycle, so each
+    let mut forward_end = vec![vec![None; m as usize]; n];
+    let mut backward_end = vec![vec![None; m as usize]; n];
+    // When each cut (into stage k, from stage k − 1) is next free, each way.
+    let (mut forward_link, mut backward_link) = (vec![0.0f64; n], vec![0.0f64; n]);
+    // When each message arrives: a forward's output at stage k + 1, a gradient at k − 1.
+    let mut forward_arrival = vec![vec![None; m as usize]; n];
+    let mut backward_arrival = vec![vec![None; m as usize]; n];
+    let mut next = vec![0; groups];
+    let mut free = vec![0.0f64; groups];
+    // Groups run until each waits on another; the orders never wait in a cycle, so each
     // round runs at least one pass until all are done.
     loop {
         let mut ran = false;
-        for k in 0..p {
-            while let Some(&pass) = orders[k].get(next[k]) {
+        for g in 0..groups {
+            while let Some(&(k, pass)) = orders[g].get(next[g]) {
                 let s = &stages[k];
+                let forward_us = s.microbatch_us - s.backward_us;
+                let weight_us = if apart { s.weight_us } else { 0.0 };
                 let (ready, us) = match pass {
                     Pass::Forward(j) => (
                         match k {
                             0 => Some(0.0),
-                            _ => forward_end[k - 1][j as usize].map(|t| t + s.receive_us / 2.0),
+                            _ => forward_arrival[k][j as usize],
                         },
-                        s.microbatch_us - s.backward_us,
+                        forward_us,
                     ),
                     Pass::Backward(j) => (
-                        match stages.get(k + 1) {
-                            None => forward_end[k][j as usize],
-                            Some(after) => backward_end[k + 1][j as usize]
-                                .map(|t: f64| t + after.receive_us / 2.0),
+                        match k + 1 == n {
+                            true => forward_end[k][j as usize],
+                            false => backward_arrival[k][j as usize],
                         },
-                        s.backward_us - s.weight_us,
+                        s.backward_us - weight_us,
                     ),
-                    Pass::Weight(j) => (backward_end[k][j as usize], s.weight_us),
+                    Pass::Weight(j) => (backward_end[k][j as usize], weight_us),
                 };
                 let Some(ready) = ready else { break };
-                let end = free[k].max(ready) + us;
+                let end = free[g].max(ready) + us;
+                free[g] = end;
+                next[g] += 1;
+                ran = true;
                 match pass {
-                    Pass::Forward(j) => forward_end[k][j as usize] = Some(end),
-                    Pass::Backward(j) => backward_end[k][j as usize] = Some(end),
+                    Pass::Forward(j) => {
+                        forward_end[k][j as usize] = Some(end);
+                        if let Some(after) = stages.get(k + 1) {
+                            let sent = end.max(forward_link[k + 1]) + after.receive_us / 2.0;
+                            forward_link[k + 1] = sent;
+                            forward_arrival[k + 1][j as usize] = Some(sent);
+                        }
+                    }
+                    Pass::Backward(j) => {
+                        backward_end[k][j as usize] = Some(end);
+                        if k > 0 {
+                            let delay = match !apart && j + 1 == m {
+                                true => s.send_delay_us,
+                                false => 0.0,
+                            };
+                            let sent = (end + delay).max(backward_link[k]) + s.receive_us / 2.0;
+                            backward_link[k] = sent;
+                            backward_arrival[k - 1][j as usize] = Some(sent);
+                        }
+                    }
                     Pass::Weight(_) => {}
                 }
-                free[k] = end;
-                next[k] += 1;
-                ran = true;
             }
         }
         if !ran {
             break;
         }
     }
-    (0..p)
-        .map(|k| free[k] + stages[k].sync_us)
-        .fold(0.0, f64::max)
-}
-
-/// The interleaved 1F1B schedule's iteration (Narayanan et al.): `stages` are `v` chunks on
-/// each of `p` GPUs (chunk `k` on GPU `k mod p`). A GPU's microbatch is its chunks' sum
-/// `t`; the pipeline fills and drains in chunk steps, so its bubble is `(p − 1)·t / v`:
-/// `T = M·t + (p − 1)·t / v`, then the first chunk's gradient synchronization.
-fn interleaved_us(stages: &[StageCost], m: f64, v: usize) -> f64 {
-    let p = (stages.len() / v).max(1);
-    let per_gpu = (0..p)
-        .map(|d| {
-            stages
-                .iter()
-                .skip(d)
-                .step_by(p)
-                .map(|s| s.microbatch_us.max(s.receive_us))
-                .sum::<f64>()
+    debug_assert!(
+        next.iter().zip(&orders).all(|(n, o)| *n == o.len()),
+        "a schedule's passes wait on each other in a cycle"
+    );
+    (0..groups)
+        .map(|g| {
+            free[g]
+                + stages
+                    .iter()
+                    .skip(g)
+                    .step_by(groups)
+                    .map(|s| s.sync_us)
+                    .sum::<f64>()
         })
-        .fold(0.0, f64::max);
-    let pipeline = m * per_gpu + (p as f64 - 1.0) * per_gpu / v as f64;
-    pipeline + stages.first().map_or(0.0, |s| s.sync_us)
+        .fold(0.0, f64::max)
 }
 
 #[cfg(test)]
@@ -733,6 +802,22 @@ mod tests {
             Schedule::ZeroBubble.iteration_us(&stages[..1], m, 1),
             3.0 * 8.0
         );
+    }
+
+    #[test]
+    fn interleaving_shrinks_the_bubble_by_the_virtual_stages() {
+        // Narayanan et al. §2.2: P groups of v stages each, a group's microbatch t: the
+        // bubble is (P − 1)·t/v.
+        let (p, v, m) = (4usize, 2usize, 8u32);
+        let stages = vec![stage(1.0, 2.0, 1.0); p * v];
+        let t = 3.0 * v as f64;
+        let interleaved = Schedule::OneFOneB.iteration_us(&stages, m, v);
+        assert_eq!(
+            interleaved,
+            f64::from(m) * t + (p as f64 - 1.0) * t / v as f64
+        );
+        let plain = Schedule::OneFOneB.iteration_us(&vec![stage(2.0, 4.0, 2.0); p], m, 1);
+        assert_eq!(plain, f64::from(m) * t + (p as f64 - 1.0) * t);
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //!   SOAP degrees (`attribute`: a convolution's rows or a dense layer's input features;
 //!   `parameter`: output channels or features) and `gpus`, when also given, must equal
 //!   their product.
-//! * `schedule` (`1f1b`, `gpipe`, `async`) and `microbatches` default to `1f1b` and 1.
+//! * `schedule` (`1f1b`, `gpipe`, `async`, `zb-h1`) and `microbatches` default to `1f1b`
+//!   and 1.
 //! * `zero` (default 0): 1 shards the optimizer state over each replica group (ZeRO-1),
 //!   2 the gradients too, 3 the weights too (FSDP).
 //! * `recompute` (default none): runs of layers whose activations are recomputed, each

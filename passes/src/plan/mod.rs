@@ -83,7 +83,8 @@ pub enum Schedule {
     Async,
     /// Zero-bubble ZB-H1 (Qi et al., ICLR 2024): 1F1B with each backward split into its
     /// input gradients and its weight gradients, the weight passes run later to fill the
-    /// pipeline's drain ([`order::passes`]); 1F1B's peak activation memory.
+    /// pipeline's drain ([`order::passes`]); 1F1B's microbatches in flight, and what the
+    /// owed weight passes read ([`Strategy::weights_waiting`]) on top.
     #[serde(rename = "zb-h1")]
     ZeroBubble,
 }

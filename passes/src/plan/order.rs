@@ -24,9 +24,10 @@ pub enum Pass {
 /// each `W` `k` backwards late, so the last stages, which wait longest for the first
 /// gradient, fill that wait with earlier weight passes, and the rest end the iteration:
 /// PyTorch's `_get_1f1b_rank_ops` with `enable_zero_bubble` (torch 2.9,
-/// `torch/distributed/pipelining/schedules.py`) orders it the same. The first stage, which
-/// holds the most activations, keeps no weight pass waiting, so the peak memory is
-/// 1F1B's.
+/// `torch/distributed/pipelining/schedules.py`, checked against torch 2.15) orders it the
+/// same. Every stage then holds `min(P, M)` microbatches: the first all in flight, as under
+/// 1F1B; a later one fewer in flight and the rest waiting for their weight passes, which
+/// keep only what those read (a GEMM's input and its output's gradient).
 pub fn passes(schedule: Schedule, stages: usize, k: usize, microbatches: u32) -> Vec<Pass> {
     let m = microbatches;
     match schedule {

@@ -10,7 +10,8 @@
 //!   still reads (a branch's gradient waits for its producer);
 //!
 //! less the stash of the stage's later layers on that microbatch: their backward has run,
-//! so their activations are gone; and, when a step runs one microbatch, less the weight
+//! so their activations are gone (unless a weight pass of their own reads them later, as it
+//! does the gradients of their output, under zb-h1); and, when a step runs one microbatch, less the weight
 //! gradients of the stage's earlier layers: their backward has not run, so their
 //! gradients do not exist yet (the rank's state counts them; the runtime makes them in
 //! backward and spends them in the step). With several microbatches every backward after
@@ -33,6 +34,9 @@ pub(super) struct LayerBytes {
     pub freed: f64,
     /// Its weights' gradients (its share), which its backward makes.
     pub gradients: f64,
+    /// Whether a weight pass of its own makes them (zb-h1), later: its backward then
+    /// frees nothing it kept, nor the gradients of its output it read.
+    pub weight_pass: bool,
 }
 
 /// Per rank, the most its backward holds on top of its stashes and state (less than
@@ -60,6 +64,15 @@ pub(super) fn backward_peak(
                 _ => None,
             })
             .min()
+    };
+    // Whether a producer of layer `c` in its own stage has a weight pass.
+    let weight_passing_producer = |c: usize| {
+        graph.layers[c].inputs.iter().any(|e| match e.from {
+            Producer::Layer(p) => {
+                stage_of[p.0 as usize] == stage_of[c] && layers[p.0 as usize].weight_pass
+            }
+            Producer::Input(_) => false,
+        })
     };
     // Per producer, the gradient bytes of its output that arrive from later stages.
     let mut received = vec![0.0f64; graph.layers.len()];
@@ -93,14 +106,14 @@ pub(super) fn backward_peak(
         let mut waiting: Vec<(usize, usize, f64)> = Vec::new();
         for l in (stage.first_layer..=stage.last_layer).rev() {
             let bytes = layers[l];
-            if one_microbatch {
+            if one_microbatch && !bytes.weight_pass {
                 for r in ranks(l) {
                     unborn[r as usize] -= bytes.gradients;
                 }
             }
             // After the first microbatch, the gradients its backward makes are added to the
             // sums so far once made: both are held a while (ZeRO-2 and 3 count theirs whole).
-            let fresh = match one_microbatch || strategy.zero >= 2 {
+            let fresh = match one_microbatch || strategy.zero >= 2 || bytes.weight_pass {
                 true => 0.0,
                 false => bytes.gradients,
             };
@@ -110,7 +123,12 @@ pub(super) fn backward_peak(
                 peak[r] = peak[r].max(held - freed[r] - unborn[r]);
             }
             // After `l`'s backward: the gradients it read are gone, its own waits for its
-            // producers, its stash is freed.
+            // producers, its stash is freed (all kept for its weight pass, if it has one).
+            if bytes.weight_pass {
+                for r in ranks(l) {
+                    pending[r as usize] += received[l];
+                }
+            }
             waiting.retain(|&(at, c, b)| {
                 if at == l {
                     for r in ranks(c) {
@@ -123,10 +141,39 @@ pub(super) fn backward_peak(
                 for r in ranks(l) {
                     pending[r as usize] += bytes.input_gradient;
                 }
+                // A producer's weight pass reads it after this microbatch's backwards.
+                let at = match weight_passing_producer(l) {
+                    true => usize::MAX,
+                    false => at,
+                };
                 waiting.push((at, l, bytes.input_gradient));
             }
+            if !bytes.weight_pass {
+                for r in ranks(l) {
+                    freed[r as usize] += bytes.freed;
+                }
+            }
+        }
+        // Under zb-h1 the weight passes of the microbatch follow in the same order (at once
+        // on the first stage, later on the others, whose waiting ones the stage's memory
+        // counts): each makes its gradients, then lets go of what it kept.
+        for l in (stage.first_layer..=stage.last_layer).rev() {
+            let bytes = layers[l];
+            if !bytes.weight_pass {
+                continue;
+            }
+            let fresh = match one_microbatch || strategy.zero >= 2 {
+                true => 0.0,
+                false => bytes.gradients,
+            };
             for r in ranks(l) {
-                freed[r as usize] += bytes.freed;
+                let r = r as usize;
+                if one_microbatch {
+                    unborn[r] -= bytes.gradients;
+                }
+                peak[r] = peak[r].max(pending[r] + fresh - freed[r] - unborn[r]);
+                freed[r] += bytes.freed;
+                pending[r] -= received[l];
             }
         }
     }

@@ -391,7 +391,7 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
     }
     if knobs.schedule == Some(Schedule::ZeroBubble) {
         return bad(
-            "zb-h1 is priced and lowered for layer pipelines (--family pipeline); the \
+            "zb-h1 is priced and lowered for layer pipelines (--strategy pipeline); the \
              transformer space prices 1f1b, interleaved 1f1b and gpipe"
                 .into(),
         );
