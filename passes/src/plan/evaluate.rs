@@ -11,16 +11,19 @@
 //!   ZB-H1 its weight passes, the backward's weight-gradient part run later) one at a time
 //!   as their inputs arrive, each cut carries one message at a time each way, and stage `k`
 //!   synchronizes once its last pass is done (its last gradient for the stage before may
-//!   wait behind the buckets it launched). With equal stages this is
-//!   `Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)` (the fill and drain, then one microbatch per
-//!   bottleneck period; the bubble is `(P−1)/M` of the steady state) for GPipe and 1F1B,
+//!   wait behind the buckets it launched). With equal stages and free cuts this is
+//!   `(M + P − 1)·t` (the fill and drain, then one microbatch per stage time; the bubble is
+//!   `(P−1)/M` of the steady state) for GPipe and 1F1B (with cuts, GPipe's
+//!   `Σₛ tₛ + Σ꜀ x꜀ + (M−1)·max(tₛ, x꜀)`; 1F1B's steady state also waits for each
+//!   gradient's round trip),
 //!   and ZB-H1 leaves a third of that bubble when a stage's forward, input gradients and
 //!   weight gradients take alike;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
 //!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state;
 //! * the interleaved 1F1B schedule (`v` stages per GPU): played alike over its GPUs' orders;
-//!   with `t` a GPU's microbatch over its stages, equal stages give
-//!   `T = M·t + (P/v − 1)·t/v`, then each GPU's stages synchronize.
+//!   with `t` a GPU's microbatch over its stages, equal stages and free cuts give
+//!   `T = M·t + (P/v − 1)·t/v`, then each GPU's stages synchronize (summed: an
+//!   overestimate where an early chunk's buckets hide behind later chunks' backwards).
 //!
 //! One stage with `M = 1` gives `T = t + y`: the sequential sum over layers of compute,
 //! resharding and gradient synchronization that data-parallel and burst-parallel plans have.
@@ -618,29 +621,42 @@ fn owed_weight_passes(
     }
     let graph = costs.graph;
     let m = f64::from(strategy.microbatches.max(1));
-    let mut output_gradients = vec![0.0f64; graph.layers.len()];
+    let waiting = |l: usize| f64::from(strategy.weights_waiting(stage_of[l]));
+    let ranks = |l: usize| {
+        let first = strategy.stages[stage_of[l]].first_rank;
+        first..first + strategy.layers[l].degree()
+    };
     for (c, consumer) in graph.layers.iter().enumerate() {
-        let mut producers: Vec<usize> = Vec::new();
+        // A consumer's input-gradient buffer (one for all its inputs, on its ranks) is
+        // kept until the last weight pass of a same-stage producer reads it.
+        let mut kept_by = None;
         for e in &consumer.inputs {
             let Producer::Layer(p) = e.from else { continue };
             let p = p.0 as usize;
+            if !layers[p].weight_pass {
+                continue;
+            }
             if stage_of[p] != stage_of[c] {
+                // The producer's own received copy of its output's gradient.
                 let share = super::layout::output_share(graph.layers[p].kind, strategy.layers[p]);
-                output_gradients[p] += e.bytes as f64 / m * share;
-            } else if !producers.contains(&p) {
-                producers.push(p);
-                output_gradients[p] += layers[c].input_gradient;
+                for r in ranks(p) {
+                    memory[r as usize] += e.bytes as f64 / m * share * waiting(p);
+                }
+            } else {
+                kept_by = Some(p);
+            }
+        }
+        if let Some(p) = kept_by {
+            for r in ranks(c) {
+                memory[r as usize] += layers[c].input_gradient * waiting(p);
             }
         }
     }
     for (l, bytes) in layers.iter().enumerate() {
-        if !bytes.weight_pass {
-            continue;
-        }
-        let stage = &strategy.stages[stage_of[l]];
-        let waiting = f64::from(strategy.weights_waiting(stage_of[l]));
-        for r in stage.first_rank..stage.first_rank + strategy.layers[l].degree() {
-            memory[r as usize] += (bytes.freed + output_gradients[l]) * waiting;
+        if bytes.weight_pass {
+            for r in ranks(l) {
+                memory[r as usize] += bytes.freed * waiting(l);
+            }
         }
     }
 }
@@ -664,6 +680,9 @@ fn owed_weight_passes(
 /// microbatch (Narayanan et al. §2.2).
 fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usize) -> f64 {
     let n = stages.len();
+    if n == 0 {
+        return 0.0;
+    }
     let m = microbatches.max(1);
     let groups = (n / v.max(1)).max(1);
     let apart = schedule == Schedule::ZeroBubble;
@@ -746,10 +765,11 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
             break;
         }
     }
-    debug_assert!(
-        next.iter().zip(&orders).all(|(n, o)| *n == o.len()),
-        "a schedule's passes wait on each other in a cycle"
-    );
+    // The orders never wait in a cycle; were one to, the plan would never end.
+    if next.iter().zip(&orders).any(|(n, o)| *n != o.len()) {
+        debug_assert!(false, "a schedule's passes wait on each other in a cycle");
+        return f64::INFINITY;
+    }
     (0..groups)
         .map(|g| {
             free[g]

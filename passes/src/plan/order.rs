@@ -1,6 +1,6 @@
 //! The order of each stage's passes: GPipe, 1F1B (and PipeDream's asynchronous variant),
 //! zero-bubble ZB-H1 and Megatron-LM's interleaved 1F1B. The lowering emits these orders
-//! and the evaluator prices the zero-bubble one by playing it, so both read them here.
+//! and the evaluator prices the synchronous ones by playing them, so both read them here.
 
 use super::Schedule;
 

@@ -10,8 +10,8 @@
 //!   still reads (a branch's gradient waits for its producer);
 //!
 //! less the stash of the stage's later layers on that microbatch: their backward has run,
-//! so their activations are gone (unless a weight pass of their own reads them later, as it
-//! does the gradients of their output, under zb-h1); and, when a step runs one microbatch, less the weight
+//! so their activations are gone (unless, under zb-h1, a weight pass of their own reads
+//! them later, and the gradients of their output); and, when a step runs one microbatch, less the weight
 //! gradients of the stage's earlier layers: their backward has not run, so their
 //! gradients do not exist yet (the rank's state counts them; the runtime makes them in
 //! backward and spends them in the step). With several microbatches every backward after
@@ -66,13 +66,16 @@ pub(super) fn backward_peak(
             .min()
     };
     // Whether a producer of layer `c` in its own stage has a weight pass.
-    let weight_passing_producer = |c: usize| {
-        graph.layers[c].inputs.iter().any(|e| match e.from {
-            Producer::Layer(p) => {
-                stage_of[p.0 as usize] == stage_of[c] && layers[p.0 as usize].weight_pass
-            }
-            Producer::Input(_) => false,
-        })
+    // The last weight pass (its earliest layer) of a producer of layer `c` in its own
+    // stage, if any: it reads `c`'s input gradient.
+    let last_weight_reader = |c: usize| {
+        (graph.layers[c].inputs.iter())
+            .filter_map(|e| match e.from {
+                Producer::Layer(p) => Some(p.0 as usize),
+                Producer::Input(_) => None,
+            })
+            .filter(|&p| stage_of[p] == stage_of[c] && layers[p].weight_pass)
+            .min()
     };
     // Per producer, the gradient bytes of its output that arrive from later stages.
     let mut received = vec![0.0f64; graph.layers.len()];
@@ -102,8 +105,10 @@ pub(super) fn backward_peak(
                 }
             }
         }
-        // Input gradients waiting for a producer: (the producer, bytes).
+        // Input gradients waiting for a producer: (the producer, the consumer, bytes); and
+        // those waiting for a producer's weight pass.
         let mut waiting: Vec<(usize, usize, f64)> = Vec::new();
+        let mut kept_for_weights: Vec<(usize, usize, f64)> = Vec::new();
         for l in (stage.first_layer..=stage.last_layer).rev() {
             let bytes = layers[l];
             if one_microbatch && !bytes.weight_pass {
@@ -142,11 +147,10 @@ pub(super) fn backward_peak(
                     pending[r as usize] += bytes.input_gradient;
                 }
                 // A producer's weight pass reads it after this microbatch's backwards.
-                let at = match weight_passing_producer(l) {
-                    true => usize::MAX,
-                    false => at,
-                };
-                waiting.push((at, l, bytes.input_gradient));
+                match last_weight_reader(l) {
+                    Some(reader) => kept_for_weights.push((reader, l, bytes.input_gradient)),
+                    None => waiting.push((at, l, bytes.input_gradient)),
+                }
             }
             if !bytes.weight_pass {
                 for r in ranks(l) {
@@ -171,10 +175,20 @@ pub(super) fn backward_peak(
                 if one_microbatch {
                     unborn[r] -= bytes.gradients;
                 }
-                peak[r] = peak[r].max(pending[r] + fresh - freed[r] - unborn[r]);
+                // (Under ZeRO it holds its gradients whole while it makes them.)
+                let held = pending[r] + fresh + bytes.whole;
+                peak[r] = peak[r].max(held - freed[r] - unborn[r]);
                 freed[r] += bytes.freed;
                 pending[r] -= received[l];
             }
+            kept_for_weights.retain(|&(reader, c, b)| {
+                if reader == l {
+                    for r in ranks(c) {
+                        pending[r as usize] -= b;
+                    }
+                }
+                reader != l
+            });
         }
     }
     peak.iter()
