@@ -70,7 +70,7 @@ pub struct LayerCost {
 }
 
 /// One stage's figures.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct StageCost {
     /// Compute and resharding of one microbatch, µs.
     pub microbatch_us: f64,
@@ -128,20 +128,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
     let stages = strategy.stages.len();
     let stage_of = strategy.stage_of_layers();
     let mut layers = Vec::with_capacity(graph.layers.len());
-    let mut stage_cost: Vec<StageCost> = vec![
-        StageCost {
-            microbatch_us: 0.0,
-            backward_us: 0.0,
-            weight_us: 0.0,
-            sync_us: 0.0,
-            receive_us: 0.0,
-            memory_bytes: 0.0,
-            send_delay_us: 0.0,
-            buckets: 0,
-            bucket_bytes: None,
-        };
-        stages
-    ];
+    let mut stage_cost = vec![StageCost::default(); stages];
     let mut busy_gpu_us = 0.0;
     let mut syncs = Vec::with_capacity(graph.layers.len());
     let mut memory = vec![0.0f64; costs.gpus as usize];
@@ -792,12 +779,7 @@ mod tests {
             microbatch_us: forward + backward,
             backward_us: backward,
             weight_us: weight,
-            sync_us: 0.0,
-            receive_us: 0.0,
-            memory_bytes: 0.0,
-            send_delay_us: 0.0,
-            buckets: 0,
-            bucket_bytes: None,
+            ..StageCost::default()
         }
     }
 
