@@ -47,7 +47,7 @@ use super::buckets::{buckets, Bucket, BUCKET_CAPS};
 use super::costs::{Costs, Sync};
 use super::order::{self, Pass};
 use super::tied::{separately_reduced, tied_reductions};
-use super::transient::{backward_peak, LayerBytes};
+use super::transient::{backward_peak, received_gradients, LayerBytes};
 use super::{PlanError, Schedule, Strategy};
 use crate::layers::Producer;
 
@@ -607,7 +607,6 @@ fn owed_weight_passes(
         return;
     }
     let graph = costs.graph;
-    let m = f64::from(strategy.microbatches.max(1));
     let waiting = |l: usize| f64::from(strategy.weights_waiting(stage_of[l]));
     let ranks = |l: usize| {
         let first = strategy.stages[stage_of[l]].first_rank;
@@ -616,33 +615,25 @@ fn owed_weight_passes(
     for (c, consumer) in graph.layers.iter().enumerate() {
         // A consumer's input-gradient buffer (one for all its inputs, on its ranks) is
         // kept until the last weight pass of a same-stage producer reads it.
-        let mut kept_by = None;
-        for e in &consumer.inputs {
-            let Producer::Layer(p) = e.from else { continue };
-            let p = p.0 as usize;
-            if !layers[p].weight_pass {
-                continue;
-            }
-            if stage_of[p] != stage_of[c] {
-                // The producer's own received copy of its output's gradient.
-                let share = super::layout::output_share(graph.layers[p].kind, strategy.layers[p]);
-                for r in ranks(p) {
-                    memory[r as usize] += e.bytes as f64 / m * share * waiting(p);
-                }
-            } else {
-                kept_by = Some(p);
-            }
-        }
+        let kept_by = (consumer.inputs.iter())
+            .filter_map(|e| match e.from {
+                Producer::Layer(p) => Some(p.0 as usize),
+                Producer::Input(_) => None,
+            })
+            .find(|&p| layers[p].weight_pass && stage_of[p] == stage_of[c]);
         if let Some(p) = kept_by {
             for r in ranks(c) {
                 memory[r as usize] += layers[c].input_gradient * waiting(p);
             }
         }
     }
+    // Each weight pass's kept activations and the gradient of its output received from
+    // later stages.
+    let received = received_gradients(costs, strategy, stage_of);
     for (l, bytes) in layers.iter().enumerate() {
         if bytes.weight_pass {
             for r in ranks(l) {
-                memory[r as usize] += bytes.freed * waiting(l);
+                memory[r as usize] += (bytes.freed + received[l]) * waiting(l);
             }
         }
     }

@@ -39,6 +39,30 @@ pub(super) struct LayerBytes {
     pub weight_pass: bool,
 }
 
+/// Per layer, the bytes of its output's gradient that each of its ranks receives from later
+/// stages per microbatch.
+pub(super) fn received_gradients(
+    costs: &Costs<'_>,
+    strategy: &Strategy,
+    stage_of: &[usize],
+) -> Vec<f64> {
+    let graph = costs.graph;
+    let m = f64::from(strategy.microbatches.max(1));
+    let mut received = vec![0.0f64; graph.layers.len()];
+    for (c, layer) in graph.layers.iter().enumerate() {
+        for e in &layer.inputs {
+            if let Producer::Layer(p) = e.from {
+                let p = p.0 as usize;
+                if stage_of[p] < stage_of[c] {
+                    let share = output_share(graph.layers[p].kind, strategy.layers[p]);
+                    received[p] += e.bytes as f64 / m * share;
+                }
+            }
+        }
+    }
+    received
+}
+
 /// Per rank, the most its backward holds on top of its stashes and state (less than
 /// nothing when the gradients not yet made outweigh what it holds).
 pub(super) fn backward_peak(
@@ -48,7 +72,6 @@ pub(super) fn backward_peak(
     layers: &[LayerBytes],
 ) -> Vec<f64> {
     let graph = costs.graph;
-    let m = f64::from(strategy.microbatches.max(1));
     let ranks = |l: usize| {
         let first = strategy.stages[stage_of[l]].first_rank;
         first..first + strategy.layers[l].degree()
@@ -77,19 +100,7 @@ pub(super) fn backward_peak(
             .filter(|&p| stage_of[p] == stage_of[c] && layers[p].weight_pass)
             .min()
     };
-    // Per producer, the gradient bytes of its output that arrive from later stages.
-    let mut received = vec![0.0f64; graph.layers.len()];
-    for (c, layer) in graph.layers.iter().enumerate() {
-        for e in &layer.inputs {
-            if let Producer::Layer(p) = e.from {
-                let p = p.0 as usize;
-                if stage_of[p] < stage_of[c] {
-                    let share = output_share(graph.layers[p].kind, strategy.layers[p]);
-                    received[p] += e.bytes as f64 / m * share;
-                }
-            }
-        }
-    }
+    let received = received_gradients(costs, strategy, stage_of);
     let mut peak = vec![f64::NEG_INFINITY; costs.gpus as usize];
     let one_microbatch = strategy.microbatches <= 1;
     for stage in &strategy.stages {
