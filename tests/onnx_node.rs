@@ -72,3 +72,89 @@ fn onnx_node_tests_infer_the_declared_shapes() {
         passing.len()
     );
 }
+
+/// Every operator of every node test that imports walks through [`ralpc_ir::Op::facts`],
+/// and its facts agree with each other and with the accounting: no class without its work,
+/// no computing op counted at zero FLOPs, views that move nothing.
+#[test]
+fn every_imported_op_has_facts_that_agree() {
+    use ralpc_ir::{Elements, Joins, Op, OpClass, Work};
+    let dir = common::fixture("onnx-node");
+    let required = std::fs::read_to_string(common::fixture("onnx-node-tests.txt"))
+        .expect("fixtures/onnx-node-tests.txt");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut problems = Vec::new();
+    for name in required.lines() {
+        let mut model = ralpc_ir::onnx::import(&dir.join(format!("{name}.onnx")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        ralpc_ir::bind(&mut model.graph, &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let graph = &model.graph;
+        let info = ralpc_ir::verify(graph).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let counted = ralpc_ir::account(graph, &info).ok();
+        for &n in info.order() {
+            let op = &graph.node(n).op;
+            let facts = op.facts();
+            seen.insert(op.name());
+            let mut wrong = |what: &str| problems.push(format!("{name}: {}: {what}", op.name()));
+            if (facts.class == OpClass::Source) != matches!(op, Op::Input | Op::Constant { .. }) {
+                wrong("only inputs and constants are sources");
+            }
+            if (facts.elements == Elements::Alias) != (facts.joins == Joins::View) {
+                wrong("a view joins its producer as a view, and only a view does");
+            }
+            if facts.elements == Elements::Alias
+                && (facts.work != Work::None || facts.reads != ralpc_ir::BackwardReads::SHAPES)
+            {
+                wrong("a view computes nothing and its backward reads nothing");
+            }
+            let computes = !matches!(facts.work, Work::None);
+            match facts.class {
+                OpClass::Conv | OpClass::Dense | OpClass::Recurrent
+                    if !matches!(facts.work, Work::Product(_)) =>
+                {
+                    wrong("a product class without a product's work")
+                }
+                OpClass::Elementwise | OpClass::Norm | OpClass::Softmax if !computes => {
+                    wrong("an arithmetic class with no work")
+                }
+                OpClass::Shape | OpClass::Source if computes => wrong("data movement with work"),
+                _ => {}
+            }
+            if matches!(facts.joins, Joins::Activation | Joins::Arithmetic)
+                && facts.class != OpClass::Elementwise
+            {
+                wrong("only elementwise ops join as activations or arithmetic");
+            }
+            // A computing op whose output has elements is counted at more than zero.
+            let layer = counted
+                .as_ref()
+                .and_then(|c| c.layers.iter().find(|l| l.node == n));
+            let operands = graph.node(n).inputs.iter().flatten().count();
+            let zero_by_design = match facts.work {
+                Work::PerOutput(0) | Work::PerInput(0) => true,
+                Work::PerExtraOperand => operands < 2,
+                _ => false,
+            };
+            if let Some(layer) = layer {
+                let empty_input = graph
+                    .node(n)
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .any(|&v| info.ty(v).shape.known_numel() == Some(0));
+                if computes
+                    && !zero_by_design
+                    && !empty_input
+                    && layer.activation_bytes > 0
+                    && layer.macs == 0
+                    && layer.flops == 0
+                {
+                    wrong("counted at zero FLOPs");
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(seen.len() >= 100, "only {} operators walked", seen.len());
+}

@@ -8,7 +8,7 @@
 //!   that are not scalars exactly.
 //! * **MACs**: forward multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul only.
 //! * **FLOPs**: every other forward floating-point operation (bias adds, activations,
-//!   normalization, pooling, softmax), by the per-element costs in [`flops_per_element`].
+//!   normalization, pooling, softmax), by the op's [`Work`] ([`Op::facts`]).
 //! * **activation bytes**: bytes of a layer's outputs; **weight bytes**: bytes of its
 //!   parameters.
 //!
@@ -16,7 +16,7 @@
 
 use crate::graph::{Graph, Site};
 use crate::ids::{NodeId, ValueId};
-use crate::op::{Op, PoolKind, ReduceKind, ResizeMode, Unary};
+use crate::op::{Op, Product, Work};
 use crate::shape::Dim;
 use crate::verify::GraphInfo;
 
@@ -75,66 +75,6 @@ pub enum AccountError {
         /// What.
         what: &'static str,
     },
-}
-
-/// Forward FLOPs per output element of elementwise and normalization ops (documented
-/// conventions; transcendental functions count as one operation plus their arithmetic).
-pub fn flops_per_element(op: &Op) -> u64 {
-    match op {
-        Op::Unary(u) => match u {
-            Unary::Relu
-            | Unary::Neg
-            | Unary::Sqrt
-            | Unary::Exp
-            | Unary::Erf
-            | Unary::Reciprocal
-            | Unary::Log
-            | Unary::Abs
-            | Unary::Sin
-            | Unary::Cos
-            | Unary::Floor
-            | Unary::Ceil
-            | Unary::Round
-            | Unary::Sign
-            | Unary::Not
-            | Unary::IsNaN
-            | Unary::IsInf { .. } => 1,
-            Unary::Softsign | Unary::Softplus | Unary::Elu { .. } => 3,
-            Unary::Selu { .. } | Unary::Celu { .. } => 4,
-            Unary::ThresholdedRelu { .. } | Unary::Shrink { .. } => 2,
-            // Transcendental functions: a few operations each, as tanh.
-            Unary::Tan
-            | Unary::Asin
-            | Unary::Acos
-            | Unary::Atan
-            | Unary::Sinh
-            | Unary::Cosh
-            | Unary::Asinh
-            | Unary::Acosh
-            | Unary::Atanh => 4,
-            Unary::Mish => 8,
-            Unary::LeakyRelu { .. } => 2,
-            Unary::Sigmoid | Unary::Tanh => 4,
-            Unary::HardSigmoid { .. } => 3,
-            Unary::HardSwish => 4,
-            Unary::Gelu { .. } => 8,
-        },
-        Op::Clip { .. } => 2,
-        Op::Binary(_) | Op::Where => 1,
-        Op::Softmax { .. } => 5,
-        // Training-mode forward: mean, variance, normalize, scale and shift.
-        Op::BatchNorm { .. }
-        | Op::LayerNorm { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. } => 7,
-        Op::Dropout { .. } | Op::Trilu { .. } | Op::CumSum { .. } => 1,
-        // Bilinear: four taps, a multiply-add each; nearest: a copy.
-        Op::Resize(r) => match r.mode {
-            ResizeMode::Nearest => 0,
-            ResizeMode::Linear => 8,
-        },
-        _ => 0,
-    }
 }
 
 struct Counter<'a> {
@@ -198,15 +138,36 @@ impl Counter<'_> {
         let input = |slot: usize| node.inputs.get(slot).copied().flatten();
         let out = node.outputs[0];
         let out_n = self.numel(out)?;
+        let per_input = |per: u64| -> Result<u64, AccountError> {
+            let n = input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0);
+            self.mul(&[n, per])
+        };
+        Ok(match node.op.facts().work {
+            Work::None => (0, 0),
+            Work::PerOutput(per) => (0, self.mul(&[out_n, per])?),
+            Work::PerInput(per) => (0, per_input(per)?),
+            Work::PerExtraOperand => (
+                0,
+                self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,
+            ),
+            Work::Product(product) => self.product(product, out_n)?,
+        })
+    }
+
+    /// (MACs, other FLOPs) of a product with `out_n` output elements.
+    fn product(&self, product: Product<'_>, out_n: u64) -> Result<(u64, u64), AccountError> {
+        let node = self.graph.node(self.node);
+        let input = |slot: usize| node.inputs.get(slot).copied().flatten();
+        let out = node.outputs[0];
         let bias = |slot| input(slot).map_or(0, |_| out_n);
-        Ok(match &node.op {
-            Op::Conv(_) => {
+        Ok(match product {
+            Product::Conv => {
                 let Some(w) = input(1) else { return Ok((0, 0)) };
                 let shape = &self.info.ty(w).shape;
                 let kernel = shape.known_numel().unwrap_or(0) / self.dim(w, 0).max(1);
                 (self.mul(&[out_n, kernel])?, bias(2))
             }
-            Op::ConvTranspose(_) => {
+            Product::ConvTranspose => {
                 let (Some(x), Some(w)) = (input(0), input(1)) else {
                     return Ok((0, 0));
                 };
@@ -214,34 +175,17 @@ impl Counter<'_> {
                     self.info.ty(w).shape.known_numel().unwrap_or(0) / self.dim(w, 0).max(1);
                 (self.mul(&[self.numel(x)?, per_out])?, bias(2))
             }
-            Op::Gemm(g) => {
+            Product::Gemm { trans_a } => {
                 let Some(a) = input(0) else { return Ok((0, 0)) };
-                let k = self.dim(a, if g.trans_a { 0 } else { 1 });
+                let k = self.dim(a, if trans_a { 0 } else { 1 });
                 (self.mul(&[out_n, k])?, bias(2))
             }
-            Op::MatMul => {
+            Product::MatMul => {
                 let Some(a) = input(0) else { return Ok((0, 0)) };
                 let rank = self.info.ty(a).shape.rank();
                 (self.mul(&[out_n, self.dim(a, rank.saturating_sub(1))])?, 0)
             }
-            Op::Pool(p) => (0, self.mul(&[out_n, p.kernel.iter().product::<u64>()])?),
-            Op::GlobalPool(PoolKind::Average | PoolKind::Max) => {
-                (0, input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0))
-            }
-            Op::Reduce { kind, .. } => {
-                // One operation per input element, plus what each element is mapped through.
-                let per = match kind {
-                    ReduceKind::L1 | ReduceKind::L2 | ReduceKind::SumSquare => 2,
-                    ReduceKind::LogSumExp => 3,
-                    _ => 1,
-                };
-                let n = input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0);
-                (0, self.mul(&[n, per])?)
-            }
-            Op::Lrn { size, .. } => (0, self.mul(&[out_n, size + 3])?),
-            // A comparison per input element.
-            Op::ArgExtreme { .. } => (0, input(0).map(|x| self.numel(x)).transpose()?.unwrap_or(0)),
-            Op::Recurrent(r) => {
+            Product::Recurrent(r) => {
                 // Per step, direction and sample: the gates' products with the input and
                 // the previous state; then about 4 operations per gate element.
                 let Some(x) = input(0) else { return Ok((0, 0)) };
@@ -255,7 +199,7 @@ impl Counter<'_> {
                 let macs = self.mul(&[rows, self.dim(x, 2).saturating_add(r.hidden)])?;
                 (macs, self.mul(&[rows, 4])?)
             }
-            Op::Einsum(e) => {
+            Product::Einsum(e) => {
                 // One product per combination of all labels' indices (n − 1 multiplies
                 // for n operands, the last one fused with the sum); one operand: an add.
                 let operands: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
@@ -280,22 +224,17 @@ impl Counter<'_> {
                     n => (self.mul(&[combos, n as u64 - 1])?, 0),
                 }
             }
-            Op::Stft { onesided } => {
+            Product::Stft { onesided } => {
                 // Every output number (a bin's real or imaginary part in a frame) is a dot
                 // product of the windowed frame with one row of the DFT matrix. The frame
                 // is the window's length, else what the bins imply.
                 let frame = match input(2) {
                     Some(w) => self.dim(w, 0),
-                    None if *onesided => self.dim(out, 2).saturating_sub(1) * 2,
+                    None if onesided => self.dim(out, 2).saturating_sub(1) * 2,
                     None => self.dim(out, 2),
                 };
                 (self.mul(&[out_n, frame])?, 0)
             }
-            Op::Variadic(_) => (
-                0,
-                self.mul(&[out_n, node.inputs.len().saturating_sub(1) as u64])?,
-            ),
-            op => (0, self.mul(&[out_n, flops_per_element(op)])?),
         })
     }
 }

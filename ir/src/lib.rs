@@ -42,7 +42,6 @@
     )
 )]
 
-mod backward;
 pub mod bind;
 mod branches;
 mod count;
@@ -62,9 +61,8 @@ mod tensor;
 pub mod text;
 mod verify;
 
-pub use backward::{BackwardReads, ForwardSaves};
 pub use bind::{bind, bind_values, BindError, Bindings};
-pub use count::{account, flops_per_element, is_parameter, AccountError, Accounting, LayerStats};
+pub use count::{account, is_parameter, AccountError, Accounting, LayerStats};
 pub use dtype::DType;
 pub use error::{Diagnostic, ImportError, Problem};
 pub use graph::{Graph, Node, Provenance, Rebatch, Site, TensorType, Value};

@@ -17,7 +17,8 @@
 use std::collections::BTreeMap;
 
 use ralpc_ir::{
-    account, AccountError, ForwardSaves, Graph, GraphInfo, NodeId, Op, OpClass, Recurrent, ValueId,
+    account, AccountError, Elements, ForwardSaves, Graph, GraphInfo, NodeId, Op, OpClass,
+    Recurrent, ValueId, Work,
 };
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +164,10 @@ pub struct Part {
     pub bytes: u64,
     /// Whether it launches a kernel (views and identities do not).
     pub launches: bool,
+    /// Whether its backward pass makes a weight's gradient by a product of its own
+    /// ([`ralpc_ir::Product::makes_weight_gradient`]): zero-bubble schedules defer it.
+    #[serde(skip)]
+    pub weight_product: bool,
     /// Kernels it launches one after another: 1, or for a recurrent layer two per time
     /// step (the recurrent product, then the gates), which no batch makes shorter.
     pub steps: u64,
@@ -369,12 +374,6 @@ impl Layer {
         if self.params == 0 {
             return 0.0;
         }
-        let products = |op: &str| {
-            matches!(
-                op,
-                "Gemm" | "MatMul" | "Conv" | "ConvTranspose" | "LSTM" | "GRU" | "RNN"
-            )
-        };
         if self.parts.is_empty() || self.bwd_flops == 0 {
             return match self.kind {
                 LayerKind::Dense | LayerKind::Conv | LayerKind::Recurrent => 0.5,
@@ -384,7 +383,7 @@ impl Layer {
         let weighted: u64 = self
             .parts
             .iter()
-            .filter(|p| products(p.op))
+            .filter(|p| p.weight_product)
             .map(|p| p.fwd_flops)
             .sum();
         (weighted as f64 / self.bwd_flops as f64).min(0.5)
@@ -737,6 +736,7 @@ fn assemble(
         let mut other_flops = 0u64;
         for &m in &members {
             let node = graph.node(m);
+            let op_facts = node.op.facts();
             let s = stats.get(&m);
             let macs2 = s.map_or(0, |s| s.macs.saturating_mul(2));
             let flops = s.map_or(0, |s| s.flops);
@@ -756,14 +756,9 @@ fn assemble(
                 signature: crate::profile::Signature::of(graph, info, m),
                 fwd_flops: macs2.saturating_add(flops),
                 bytes: part_bytes,
-                launches: !matches!(
-                    node.op,
-                    Op::Identity
-                        | Op::Reshape { .. }
-                        | Op::Flatten { .. }
-                        | Op::Squeeze { .. }
-                        | Op::Unsqueeze { .. }
-                ) && !facts.derived[node.outputs[0].index()],
+                launches: op_facts.elements != Elements::Alias
+                    && !facts.derived[node.outputs[0].index()],
+                weight_product: matches!(op_facts.work, Work::Product(p) if p.makes_weight_gradient()),
                 steps: match &node.op {
                     Op::Recurrent(r) => 2 * time_and_batch(graph, info, m, r).map_or(1, |(t, _)| t),
                     _ => 1,

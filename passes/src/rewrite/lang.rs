@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
-use ralpc_ir::{Graph, GraphInfo, NodeId, Op, OpClass, ValueId};
+use ralpc_ir::{Graph, GraphInfo, Joins, NodeId, Op, OpClass, ValueId};
 
 /// One e-node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -26,16 +26,6 @@ pub enum Term {
         /// Its inputs.
         children: Box<[Id]>,
     },
-}
-
-impl Term {
-    /// The unit's op, if it is one.
-    pub fn unit_op(&self) -> Option<&str> {
-        match self {
-            Term::Unit { op, .. } => Some(op),
-            _ => None,
-        }
-    }
 }
 
 impl Language for Term {
@@ -116,6 +106,8 @@ pub struct Facts {
     pub op_name: Vec<&'static str>,
     /// Op class per node index.
     pub class: Vec<Option<OpClass>>,
+    /// How each node's op joins its producer's unit ([`ralpc_ir::OpFacts::joins`]).
+    pub joins: Vec<Joins>,
     /// Outputs per node index.
     pub outputs: Vec<Vec<ValueId>>,
     /// Per value: consumers that read its data, counting through `Identity` (an
@@ -139,6 +131,7 @@ impl Facts {
         let mut facts = Facts {
             op_name: vec![""; nodes],
             class: vec![None; nodes],
+            joins: vec![Joins::Never; nodes],
             outputs: vec![Vec::new(); nodes],
             uses: vec![0; values],
             derived: vec![false; values],
@@ -151,7 +144,9 @@ impl Facts {
             let node = graph.node(n);
             let i = n.index();
             facts.op_name[i] = node.op.name();
-            facts.class[i] = Some(node.op.class());
+            let op = node.op.facts();
+            facts.class[i] = Some(op.class);
+            facts.joins[i] = op.joins;
             facts.outputs[i] = node.outputs.clone();
             let derived = match &node.op {
                 Op::Input => false,

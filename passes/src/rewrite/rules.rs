@@ -11,6 +11,8 @@ use egg::{
     Applier, EGraph, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var,
 };
 
+use ralpc_ir::Joins;
+
 use super::lang::{Folding, Term};
 
 type Graph = EGraph<Term, Folding>;
@@ -27,17 +29,21 @@ pub fn all() -> Vec<Rewrite<Term, Folding>> {
         rules.push(Rewrite::new(name, pattern, Gemm).expect("rule is well-formed"));
     }
     // f(P(..)) = [P+f](..) for an activation f and a producer P read only by f.
-    rules.push(fusion("fuse-activation", ACTIVATIONS, Others::None));
+    rules.push(fusion("fuse-activation", Joins::Activation, Others::None));
     // P(..) ⊕ c = [P+⊕](.., c) for a constant c (a bias, a scale) of P's output shape or
     // smaller, and P read only by ⊕.
-    rules.push(fusion("fuse-bias", ARITHMETIC, Others::Constant));
+    rules.push(fusion("fuse-bias", Joins::Arithmetic, Others::Constant));
     // P(..) ⊕ y = [P+⊕](.., y) for an activation y (a residual) broadcast into P's shape,
     // and P read only by ⊕.
-    rules.push(fusion("fuse-elementwise", ARITHMETIC, Others::Activation));
+    rules.push(fusion(
+        "fuse-elementwise",
+        Joins::Arithmetic,
+        Others::Activation,
+    ));
     // Dropout(P(..)) = [P+Dropout](..): the mask is still drawn in training.
-    rules.push(fusion("fuse-dropout", &["Dropout"], Others::None));
+    rules.push(fusion("fuse-dropout", Joins::Dropout, Others::None));
     // view(P(..), shape) = [P+view](.., shape) for a reshape that moves no data.
-    rules.push(fusion("fuse-view", VIEWS, Others::Constant));
+    rules.push(fusion("fuse-view", Joins::View, Others::Constant));
     rules
 }
 
@@ -47,34 +53,28 @@ pub fn all() -> Vec<Rewrite<Term, Folding>> {
 /// and residual add; a decomposed GELU) are far shorter.
 const MAX_UNIT_OPS: usize = 16;
 
-const ACTIVATIONS: &[&str] = &[
-    "Relu",
-    "LeakyRelu",
-    "Sigmoid",
-    "HardSigmoid",
-    "HardSwish",
-    "Tanh",
-    "Gelu",
-    "Erf",
-    "Clip",
-];
-const ARITHMETIC: &[&str] = &["Add", "Sub", "Mul", "Div"];
-const VIEWS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"];
-
-fn fusion(
-    name: &'static str,
-    ops: &'static [&'static str],
-    others: Others,
-) -> Rewrite<Term, Folding> {
-    Rewrite::new(name, OpSearcher { ops }, Fuse { others }).expect("rule is well-formed")
+fn fusion(name: &'static str, joins: Joins, others: Others) -> Rewrite<Term, Folding> {
+    Rewrite::new(name, JoinSearcher { joins }, Fuse { others }).expect("rule is well-formed")
 }
 
-/// Matches every class holding a single-op unit of one of `ops`.
-struct OpSearcher {
-    ops: &'static [&'static str],
+/// How the single op of a one-op unit joins its producer's unit ([`ralpc_ir::OpFacts::joins`]);
+/// `None` for other terms.
+fn joins(egraph: &Graph, term: &Term) -> Option<Joins> {
+    match term {
+        Term::Unit { members, .. } => match **members {
+            [only] => Some(egraph.analysis.facts.joins[only as usize]),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
-impl Searcher<Term, Folding> for OpSearcher {
+/// Matches every class holding a single-op unit that joins its producer as `joins`.
+struct JoinSearcher {
+    joins: Joins,
+}
+
+impl Searcher<Term, Folding> for JoinSearcher {
     fn search_eclass_with_limit(
         &self,
         egraph: &Graph,
@@ -84,7 +84,7 @@ impl Searcher<Term, Folding> for OpSearcher {
         let found = egraph[eclass]
             .nodes
             .iter()
-            .any(|n| n.unit_op().is_some_and(|op| self.ops.contains(&op)));
+            .any(|n| joins(egraph, n) == Some(self.joins));
         (found && limit > 0).then(|| SearchMatches {
             eclass,
             substs: vec![Subst::default()],
@@ -160,7 +160,7 @@ impl Applier<Term, Folding> for Fuse {
                 };
                 // An elementwise op that broadcasts its producer up is not a chain.
                 let same_shape = matches!(self.others, Others::None)
-                    || VIEWS.contains(&&**op)
+                    || joins(egraph, consumer) == Some(Joins::View)
                     || shape_of(egraph, producer_class) == shape_of(egraph, eclass);
                 if !ok || !same_shape {
                     continue;

@@ -355,6 +355,7 @@ mod tests {
                 fwd_flops: 0,
                 bytes: 0,
                 launches: true,
+                weight_product: false,
                 steps: 1,
             }],
             ..Layer::bare(LayerKind::Elementwise)

@@ -11,6 +11,10 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::tensor::TensorData;
 
+mod facts;
+
+pub use facts::{BackwardReads, Elements, ForwardSaves, Joins, OpClass, OpFacts, Product, Work};
+
 /// One operator.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -1129,31 +1133,6 @@ pub enum PadMode {
     Wrap,
 }
 
-/// Coarse classes of operators, for reports and cost models.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum OpClass {
-    /// Graph inputs and constants.
-    Source,
-    /// Conv, ConvTranspose.
-    Conv,
-    /// Gemm, MatMul.
-    Dense,
-    /// Elementwise arithmetic and activations.
-    Elementwise,
-    /// Pooling.
-    Pool,
-    /// Normalization.
-    Norm,
-    /// Softmax.
-    Softmax,
-    /// Reductions.
-    Reduce,
-    /// Data movement and shape arithmetic (no arithmetic on values).
-    Shape,
-    /// Recurrent layers: a product per time step, sequential across steps.
-    Recurrent,
-}
-
 impl Op {
     /// The ONNX `op_type` this variant stands for (a family name for `Unary`/`Binary`).
     pub fn name(&self) -> &'static str {
@@ -1300,66 +1279,5 @@ impl Op {
     pub fn is_weight(&self) -> bool {
         matches!(self, Op::Constant { tensor, initializer: true }
             if tensor.dtype.is_float() && tensor.numel().is_some_and(|n| n > 1))
-    }
-
-    /// The operator's class.
-    pub fn class(&self) -> OpClass {
-        match self {
-            Op::Input | Op::Constant { .. } => OpClass::Source,
-            Op::Conv(_) | Op::ConvTranspose(_) => OpClass::Conv,
-            Op::Gemm(_) | Op::MatMul => OpClass::Dense,
-            Op::Unary(_)
-            | Op::Clip { .. }
-            | Op::Binary(_)
-            | Op::Variadic(_)
-            | Op::Where
-            | Op::Dropout { .. }
-            | Op::Trilu { .. } => OpClass::Elementwise,
-            Op::Softmax { .. } => OpClass::Softmax,
-            // Resampling works per channel on spatial windows, as pooling does.
-            Op::Pool(_) | Op::GlobalPool(_) | Op::Resize(_) => OpClass::Pool,
-            Op::BatchNorm { .. }
-            | Op::LayerNorm { .. }
-            | Op::InstanceNorm { .. }
-            | Op::GroupNorm { .. }
-            | Op::Lrn { .. } => OpClass::Norm,
-            // A contraction is a product and a reduction; the planner splits it by
-            // samples only, as a reduction (no tensor-parallel lowering of its operands).
-            // A spectrogram is a product with the DFT matrix frame by frame: split by
-            // samples only, as a reduction.
-            Op::Reduce { .. } | Op::Einsum(_) | Op::Stft { .. } | Op::ArgExtreme { .. } => {
-                OpClass::Reduce
-            }
-            Op::Recurrent(_) => OpClass::Recurrent,
-            Op::Concat { .. }
-            | Op::Split { .. }
-            | Op::Slice { .. }
-            | Op::Flatten { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Gather { .. }
-            | Op::Shape { .. }
-            | Op::ConstantOfShape { .. }
-            | Op::Range
-            | Op::Cast { .. }
-            | Op::Identity
-            | Op::Pad { .. }
-            | Op::Expand
-            | Op::Size
-            | Op::GatherElements { .. }
-            | Op::GatherNd { .. }
-            | Op::ScatterElements { .. }
-            | Op::ScatterNd { .. }
-            | Op::Tile
-            | Op::ReverseSequence { .. }
-            | Op::DepthToSpace { .. }
-            | Op::SpaceToDepth { .. }
-            | Op::If(_)
-            | Op::Loop(_) => OpClass::Shape,
-            // A running sum is elementwise in cost: one add per element.
-            Op::CumSum { .. } => OpClass::Elementwise,
-        }
     }
 }
