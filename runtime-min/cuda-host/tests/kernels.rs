@@ -686,3 +686,99 @@ fn im2col_convolution_matches_the_cpu() {
         );
     }
 }
+
+/// Every IR function the device has ([`UnaryOp::of`]) computes what the CPU backend does,
+/// and its backward kernel the CPU forward's central difference.
+#[test]
+fn every_device_unary_matches_the_cpu_backend() {
+    use ralpc_ir::Unary;
+    let every = [
+        Unary::Relu,
+        Unary::LeakyRelu { alpha: 0.1 },
+        Unary::Sigmoid,
+        Unary::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        Unary::HardSwish,
+        Unary::Tanh,
+        Unary::Gelu { tanh: false },
+        Unary::Gelu { tanh: true },
+        Unary::Erf,
+        Unary::Sqrt,
+        Unary::Neg,
+        Unary::Exp,
+        Unary::Reciprocal,
+        Unary::Log,
+        Unary::Abs,
+        Unary::Softplus,
+        Unary::Softsign,
+        Unary::Elu { alpha: 0.7 },
+        Unary::Selu {
+            alpha: 1.673_263_2,
+            gamma: 1.050_701,
+        },
+        Unary::Mish,
+        Unary::Celu { alpha: 0.5 },
+    ];
+    let x: Vec<f32> = values(96, 11).iter().map(|v| v * 4.0).collect();
+    let positive: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
+    for u in every {
+        let (op, alpha, beta) = UnaryOp::of(u).unwrap_or_else(|| panic!("{u:?} on the device"));
+        let input = if matches!(u, Unary::Sqrt | Unary::Log | Unary::Reciprocal) {
+            &positive
+        } else {
+            &x
+        };
+        let n = input.len() as i64;
+        let cpu = |v: f32| ralpc_runtime_min::cpu::ops::unary_value(u, v);
+        let want: Vec<f32> = input.iter().map(|&v| cpu(v)).collect();
+        let mut got = vec![0.0; input.len()];
+        // SAFETY: equal lengths.
+        unsafe { k::unary(got.as_mut_ptr(), input.as_ptr(), n, op as i32, alpha, beta) };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{u:?} at {}: {g} against the CPU's {w}",
+                input[i]
+            );
+        }
+        let dy = values(input.len(), 12);
+        let saved = if op.backward_reads_output() {
+            &got
+        } else {
+            input
+        };
+        let mut dx = vec![0.0; input.len()];
+        // SAFETY: equal lengths.
+        unsafe {
+            k::unary_backward(
+                dx.as_mut_ptr(),
+                dy.as_ptr(),
+                saved.as_ptr(),
+                n,
+                op as i32,
+                alpha,
+                beta,
+            )
+        };
+        for i in 0..input.len() {
+            let h = 1e-3 * input[i].abs().max(0.1);
+            let (lo, hi) = (input[i] - h, input[i] + h);
+            // Skip the kinks (ReLU's, HardSigmoid's and HardSwish's corners).
+            if [0.0, -2.5, 2.5, -3.0, 3.0]
+                .iter()
+                .any(|&k| lo <= k && k <= hi)
+            {
+                continue;
+            }
+            let numeric = f64::from(cpu(hi) - cpu(lo)) / f64::from(2.0 * h) * f64::from(dy[i]);
+            assert!(
+                (f64::from(dx[i]) - numeric).abs() <= 1e-2 * (1.0 + numeric.abs()),
+                "{u:?}'s gradient at {}: {} against {numeric}",
+                input[i],
+                dx[i]
+            );
+        }
+    }
+}

@@ -99,6 +99,58 @@ fn pipelines_run_on_the_device_as_on_the_cpu() {
     check("zb-h1", "train/cnn.onnx", 4, &common::cnn_plan("zb-h1"));
 }
 
+/// An activation real exports use, end to end (issue 61's example of adding an operator):
+/// imported, counted by its facts, fused into its producer's unit as an epilogue, planned,
+/// and trained on the host-compiled kernels as on the CPU backend. activations.onnx is
+/// cnn.onnx with Mish, Softplus and HardSwish for its ReLUs.
+#[test]
+fn mish_softplus_and_hardswish_epilogues_run_on_the_device_as_on_the_cpu() {
+    use ralpc::ir::{Op, Unary};
+    let path = common::fixture("train/activations.onnx");
+    let mut model = ralpc::ir::onnx::import(&path).expect("imports");
+    let bindings = ralpc::ir::Bindings {
+        batch: Some(8),
+        ..Default::default()
+    };
+    ralpc::ir::bind(&mut model.graph, &bindings).expect("binds");
+    let info = ralpc::ir::verify(&model.graph).expect("verifies");
+    let graph = &model.graph;
+    // Counted: Mish at 8 FLOPs per element of conv0's [8, 8, 16, 16] output.
+    let counted = ralpc::ir::account(graph, &info).expect("counts");
+    let mish = counted
+        .layers
+        .iter()
+        .find(|l| matches!(graph.node(l.node).op, Op::Unary(Unary::Mish)))
+        .expect("Mish is a counted op");
+    assert_eq!(mish.flops, 8 * 8 * 8 * 16 * 16);
+    // Fused: each activation joins its producer's layer.
+    let layers = ralpc::passes::layers::build(graph, &info, 8, Default::default()).expect("layers");
+    let ops = |name: &str| -> Vec<&str> {
+        let layer = layers
+            .layers
+            .iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no layer {name}"));
+        layer.parts.iter().map(|p| p.op).collect()
+    };
+    assert_eq!(ops("conv0"), ["Conv", "Mish"]);
+    assert_eq!(ops("conv1"), ["Conv", "Softplus"]);
+    assert_eq!(ops("fc0"), ["Gemm", "HardSwish"]);
+    // Trained: a SOAP split and a two-stage pipeline, on the device as on the CPU.
+    check(
+        "soap",
+        "train/activations.onnx",
+        4,
+        &common::cnn_plan("soap"),
+    );
+    check(
+        "1f1b",
+        "train/activations.onnx",
+        4,
+        &common::cnn_plan("1f1b"),
+    );
+}
+
 #[test]
 fn data_parallel_checkpoints_resume_and_faults_run_through_the_interpreter() {
     use ralpc_runtime_min::cpu::exec::{Fault, FaultKind};

@@ -23,7 +23,7 @@ pub(crate) fn map_floats(x: &Tensor, f: impl Fn(f32) -> f32) -> R<Tensor> {
 }
 
 /// One unary function on one element.
-pub(crate) fn unary_value(u: Unary, v: f32) -> f32 {
+pub fn unary_value(u: Unary, v: f32) -> f32 {
     match u {
         Unary::Relu => v.max(0.0),
         Unary::LeakyRelu { alpha } => {

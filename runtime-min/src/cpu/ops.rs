@@ -8,7 +8,8 @@
 
 use ralpc_ir::{DType, Gemm, Op, PadMode};
 
-pub(crate) use super::elementwise::{binary, sign, softmax_layout, unary_value};
+pub use super::elementwise::unary_value;
+pub(crate) use super::elementwise::{binary, sign, softmax_layout};
 use super::elementwise::{clip, map_floats, softmax, unary};
 use super::indexing;
 use super::kernels;

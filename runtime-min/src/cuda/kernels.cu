@@ -44,7 +44,7 @@ __device__ __forceinline__ void offsets(const Strides& s, long long i, long long
 
 // ---- elementwise, broadcasting ----------------------------------------------------------
 
-// op: 0 add, 1 sub, 2 mul, 3 div, 4 pow, 5 max, 6 min
+// op: a BINARY_* code (op_codes.rs)
 extern "C" __global__ void binary(float* out, const float* a, const float* b, Strides s,
                                   long long n, int op) {
   GRID_STRIDE(i, n) {
@@ -52,13 +52,14 @@ extern "C" __global__ void binary(float* out, const float* a, const float* b, St
     offsets(s, i, &oa, &ob);
     float x = a[oa], y = b[ob], r;
     switch (op) {
-      case 0: r = x + y; break;
-      case 1: r = x - y; break;
-      case 2: r = x * y; break;
-      case 3: r = x / y; break;
-      case 4: r = powf(x, y); break;
-      case 5: r = fmaxf(x, y); break;
-      default: r = fminf(x, y); break;
+      case BINARY_ADD: r = x + y; break;
+      case BINARY_SUB: r = x - y; break;
+      case BINARY_MUL: r = x * y; break;
+      case BINARY_DIV: r = x / y; break;
+      case BINARY_POW: r = powf(x, y); break;
+      case BINARY_MAX: r = fmaxf(x, y); break;
+      case BINARY_MIN: r = fminf(x, y); break;
+      default: r = nanf(""); break;
     }
     out[i] = r;
   }
@@ -103,85 +104,111 @@ __device__ __forceinline__ float gelu_tanh_cdf(float x, float* pdf) {
   return 0.5f * (1.0f + t);
 }
 
-// op: 0 relu, 1 sigmoid, 2 tanh, 3 gelu, 4 exp, 5 log, 6 sqrt, 7 neg, 8 abs, 9 leaky relu
-// (alpha), 10 clip (alpha..beta), 11 hard sigmoid (alpha, beta), 12 silu, 13 reciprocal,
-// 14 elu (alpha), 15 erf, 16 identity scaled by alpha, 17 gelu (tanh approximation)
+// ln(1 + e^x) without overflow for large x.
+__device__ __forceinline__ float softplus(float x) {
+  return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+
+// op: a UNARY_* code (op_codes.rs, where each is defined)
 extern "C" __global__ void unary(float* out, const float* x, long long n, int op, float alpha,
                                  float beta) {
   GRID_STRIDE(i, n) {
     float v = x[i], r;
     switch (op) {
-      case 0: r = fmaxf(v, 0.0f); break;
-      case 1: r = 1.0f / (1.0f + expf(-v)); break;
-      case 2: r = tanhf(v); break;
-      case 3: r = gelu(v); break;
-      case 4: r = expf(v); break;
-      case 5: r = logf(v); break;
-      case 6: r = sqrtf(v); break;
-      case 7: r = -v; break;
-      case 8: r = fabsf(v); break;
-      case 9: r = v >= 0.0f ? v : alpha * v; break;
-      case 10: r = fminf(fmaxf(v, alpha), beta); break;
-      case 11: r = fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f); break;
-      case 12: r = v / (1.0f + expf(-v)); break;
-      case 13: r = 1.0f / v; break;
-      case 14: r = v >= 0.0f ? v : alpha * (expf(v) - 1.0f); break;
-      case 15: r = erff(v); break;
-      case 17: {
+      case UNARY_RELU: r = fmaxf(v, 0.0f); break;
+      case UNARY_SIGMOID: r = 1.0f / (1.0f + expf(-v)); break;
+      case UNARY_TANH: r = tanhf(v); break;
+      case UNARY_GELU: r = gelu(v); break;
+      case UNARY_EXP: r = expf(v); break;
+      case UNARY_LOG: r = logf(v); break;
+      case UNARY_SQRT: r = sqrtf(v); break;
+      case UNARY_NEG: r = -v; break;
+      case UNARY_ABS: r = fabsf(v); break;
+      case UNARY_LEAKY_RELU: r = v >= 0.0f ? v : alpha * v; break;
+      case UNARY_CLIP: r = fminf(fmaxf(v, alpha), beta); break;
+      case UNARY_HARD_SIGMOID: r = fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f); break;
+      case UNARY_SILU: r = v / (1.0f + expf(-v)); break;
+      case UNARY_RECIPROCAL: r = 1.0f / v; break;
+      case UNARY_ELU: r = v >= 0.0f ? v : alpha * (expf(v) - 1.0f); break;
+      case UNARY_ERF: r = erff(v); break;
+      case UNARY_GELU_TANH: {
         float pdf;
         r = v * gelu_tanh_cdf(v, &pdf);
         break;
       }
-      default: r = alpha * v; break;
+      case UNARY_SCALE: r = alpha * v; break;
+      case UNARY_SOFTPLUS: r = softplus(v); break;
+      case UNARY_SOFTSIGN: r = v / (1.0f + fabsf(v)); break;
+      case UNARY_MISH: r = v * tanhf(softplus(v)); break;
+      case UNARY_SELU: r = beta * (v > 0.0f ? v : alpha * expm1f(v)); break;
+      case UNARY_CELU: r = fmaxf(v, 0.0f) + fminf(alpha * expm1f(v / alpha), 0.0f); break;
+      case UNARY_HARD_SWISH: r = v * fminf(fmaxf(v / 6.0f + 0.5f, 0.0f), 1.0f); break;
+      default: r = nanf(""); break;
     }
     out[i] = r;
   }
 }
 
-// dx from dy and the forward's input x (or output y where noted), same op codes as `unary`:
-// relu (x), sigmoid (y), tanh (y), gelu (x), exp (y), log (x), sqrt (y), neg, abs (x),
-// leaky relu (x), clip (x), hard sigmoid (x), silu (x), reciprocal (y), elu (x), erf (x),
-// scale, gelu tanh (x).
+// dx from dy and the forward's input x, or its output y for the codes op_codes.rs marks
+// `output` (relu, sigmoid, tanh, exp, sqrt, reciprocal); the same codes as `unary`.
 extern "C" __global__ void unary_backward(float* dx, const float* dy, const float* saved,
                                           long long n, int op, float alpha, float beta) {
   GRID_STRIDE(i, n) {
     float g = dy[i], v = saved[i], r;
     switch (op) {
-      case 0: r = v > 0.0f ? g : 0.0f; break;
-      case 1: r = g * v * (1.0f - v); break;
-      case 2: r = g * (1.0f - v * v); break;
-      case 3: {
+      case UNARY_RELU: r = v > 0.0f ? g : 0.0f; break;
+      case UNARY_SIGMOID: r = g * v * (1.0f - v); break;
+      case UNARY_TANH: r = g * (1.0f - v * v); break;
+      case UNARY_GELU: {
         float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
         float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
         r = g * (cdf + v * pdf);
         break;
       }
-      case 4: r = g * v; break;
-      case 5: r = g / v; break;
-      case 6: r = g * 0.5f / v; break;
-      case 7: r = -g; break;
-      case 8: r = v > 0.0f ? g : (v < 0.0f ? -g : 0.0f); break;
-      case 9: r = v >= 0.0f ? g : alpha * g; break;
-      case 10: r = (v >= alpha && v <= beta) ? g : 0.0f; break;
-      case 11: {
+      case UNARY_EXP: r = g * v; break;
+      case UNARY_LOG: r = g / v; break;
+      case UNARY_SQRT: r = g * 0.5f / v; break;
+      case UNARY_NEG: r = -g; break;
+      case UNARY_ABS: r = v > 0.0f ? g : (v < 0.0f ? -g : 0.0f); break;
+      case UNARY_LEAKY_RELU: r = v >= 0.0f ? g : alpha * g; break;
+      case UNARY_CLIP: r = (v >= alpha && v <= beta) ? g : 0.0f; break;
+      case UNARY_HARD_SIGMOID: {
         float t = alpha * v + beta;
         r = (t > 0.0f && t < 1.0f) ? alpha * g : 0.0f;
         break;
       }
-      case 12: {
+      case UNARY_SILU: {
         float s = 1.0f / (1.0f + expf(-v));
         r = g * s * (1.0f + v * (1.0f - s));
         break;
       }
-      case 13: r = -g * v * v; break;
-      case 14: r = v >= 0.0f ? g : g * alpha * expf(v); break;
-      case 15: r = g * 1.12837916709551257f * expf(-v * v); break;
-      case 17: {
+      case UNARY_RECIPROCAL: r = -g * v * v; break;
+      case UNARY_ELU: r = v >= 0.0f ? g : g * alpha * expf(v); break;
+      case UNARY_ERF: r = g * 1.12837916709551257f * expf(-v * v); break;
+      case UNARY_GELU_TANH: {
         float pdf, cdf = gelu_tanh_cdf(v, &pdf);
         r = g * (cdf + v * pdf);
         break;
       }
-      default: r = alpha * g; break;
+      case UNARY_SCALE: r = alpha * g; break;
+      case UNARY_SOFTPLUS: r = g / (1.0f + expf(-v)); break;
+      case UNARY_SOFTSIGN: {
+        float d = 1.0f + fabsf(v);
+        r = g / (d * d);
+        break;
+      }
+      case UNARY_MISH: {
+        // d/dx x·tanh(sp(x)) = tanh(sp) + x·(1 − tanh²(sp))·sigmoid(x).
+        float t = tanhf(softplus(v));
+        r = g * (t + v * (1.0f - t * t) / (1.0f + expf(-v)));
+        break;
+      }
+      case UNARY_SELU: r = g * beta * (v > 0.0f ? 1.0f : alpha * expf(v)); break;
+      case UNARY_CELU: r = v > 0.0f ? g : g * expf(v / alpha); break;
+      case UNARY_HARD_SWISH:
+        r = v < -3.0f ? 0.0f : (v > 3.0f ? g : g * (2.0f * v + 3.0f) / 6.0f);
+        break;
+      default: r = nanf(""); break;
     }
     dx[i] = r;
   }

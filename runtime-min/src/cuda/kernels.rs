@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use super::error::{DeviceError, SetupError, R};
 
-/// The CUDA C source of every kernel.
-pub const SOURCE: &str = include_str!("kernels.cu");
+include!("op_codes.rs");
+
+/// The CUDA C source of every kernel: the operation codes' `#define`s, then `kernels.cu`.
+pub const SOURCE: &str = concat!(c_op_code_header!(), include_str!("kernels.cu"));
 
 /// Every kernel's name, as launches look it up.
 pub const NAMES: [&str; 26] = [
@@ -192,83 +194,93 @@ unsafe impl cudarc::driver::DeviceRepr for Strides {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for Window {}
 
-/// Operation codes of the `binary` kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
-pub enum BinaryOp {
-    /// a + b
-    Add = 0,
-    /// a - b
-    Sub = 1,
-    /// a * b
-    Mul = 2,
-    /// a / b
-    Div = 3,
-    /// a ^ b
-    Pow = 4,
-    /// max(a, b)
-    Max = 5,
-    /// min(a, b)
-    Min = 6,
+/// [`BinaryOp`] from its table.
+macro_rules! binary_op_enum {
+    ($($(#[$doc:meta])* $name:ident = $code:literal, $c:ident;)*) => {
+        /// Operation codes of the `binary` kernel.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(i32)]
+        pub enum BinaryOp {
+            $($(#[$doc])* $name = $code,)*
+        }
+    };
+}
+foreach_binary_op!(binary_op_enum);
+
+/// `true` where `unary_backward` takes the forward's output.
+macro_rules! reads_output {
+    (output) => {
+        true
+    };
+    (input) => {
+        false
+    };
 }
 
-/// Operation codes of the `unary` and `unary_backward` kernels (`alpha`, `beta` where
-/// noted).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
-pub enum UnaryOp {
-    /// max(x, 0)
-    Relu = 0,
-    /// 1 / (1 + e^-x)
-    Sigmoid = 1,
-    /// tanh
-    Tanh = 2,
-    /// x·Φ(x), exact
-    Gelu = 3,
-    /// e^x
-    Exp = 4,
-    /// ln x
-    Log = 5,
-    /// √x
-    Sqrt = 6,
-    /// -x
-    Neg = 7,
-    /// |x|
-    Abs = 8,
-    /// x, or alpha·x below 0
-    LeakyRelu = 9,
-    /// x clipped to alpha..beta
-    Clip = 10,
-    /// clip(alpha·x + beta, 0, 1)
-    HardSigmoid = 11,
-    /// x·sigmoid(x)
-    Silu = 12,
-    /// 1 / x
-    Reciprocal = 13,
-    /// x, or alpha·(e^x - 1) below 0
-    Elu = 14,
-    /// erf
-    Erf = 15,
-    /// alpha·x
-    Scale = 16,
-    /// GELU, tanh approximation
-    GeluTanh = 17,
+/// [`UnaryOp`] from its table.
+macro_rules! unary_op_enum {
+    ($($(#[$doc:meta])* $name:ident = $code:literal, $c:ident, $reads:ident;)*) => {
+        /// Operation codes of the `unary` and `unary_backward` kernels (`alpha`, `beta`
+        /// where noted).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(i32)]
+        pub enum UnaryOp {
+            $($(#[$doc])* $name = $code,)*
+        }
+
+        impl UnaryOp {
+            /// Every operation, in code order.
+            pub const ALL: &'static [UnaryOp] = &[$(UnaryOp::$name,)*];
+
+            /// Its name in `kernels.cu` (`UNARY_MISH`).
+            pub fn c_name(self) -> &'static str {
+                match self {
+                    $(UnaryOp::$name => stringify!($c),)*
+                }
+            }
+
+            /// Whether `unary_backward` takes the forward's output (else its input). A
+            /// ReLU's output is positive where its input is, and its input is released
+            /// after the forward pass ([`ralpc_ir::Op::backward_reads`]).
+            pub fn backward_reads_output(self) -> bool {
+                match self {
+                    $(UnaryOp::$name => reads_output!($reads),)*
+                }
+            }
+        }
+    };
 }
+foreach_unary_op!(unary_op_enum);
 
 impl UnaryOp {
-    /// Whether `unary_backward` takes the forward's output (else its input). A ReLU's
-    /// output is positive where its input is, and its input is released after the forward
-    /// pass ([`ralpc_ir::Op::backward_reads`]).
-    pub fn backward_reads_output(self) -> bool {
-        matches!(
-            self,
-            UnaryOp::Relu
-                | UnaryOp::Sigmoid
-                | UnaryOp::Tanh
-                | UnaryOp::Exp
-                | UnaryOp::Sqrt
-                | UnaryOp::Reciprocal
-        )
+    /// The device's code for an IR function with its `alpha` and `beta`, if the device
+    /// has it.
+    pub fn of(u: ralpc_ir::Unary) -> Option<(UnaryOp, f32, f32)> {
+        use ralpc_ir::Unary;
+        Some(match u {
+            Unary::Relu => (UnaryOp::Relu, 0.0, 0.0),
+            Unary::LeakyRelu { alpha } => (UnaryOp::LeakyRelu, alpha, 0.0),
+            Unary::Sigmoid => (UnaryOp::Sigmoid, 0.0, 0.0),
+            Unary::HardSigmoid { alpha, beta } => (UnaryOp::HardSigmoid, alpha, beta),
+            Unary::Tanh => (UnaryOp::Tanh, 0.0, 0.0),
+            Unary::Gelu { tanh: false } => (UnaryOp::Gelu, 0.0, 0.0),
+            Unary::Gelu { tanh: true } => (UnaryOp::GeluTanh, 0.0, 0.0),
+            Unary::Erf => (UnaryOp::Erf, 0.0, 0.0),
+            Unary::Sqrt => (UnaryOp::Sqrt, 0.0, 0.0),
+            Unary::Neg => (UnaryOp::Neg, 0.0, 0.0),
+            Unary::Exp => (UnaryOp::Exp, 0.0, 0.0),
+            Unary::Reciprocal => (UnaryOp::Reciprocal, 0.0, 0.0),
+            Unary::Log => (UnaryOp::Log, 0.0, 0.0),
+            Unary::Abs => (UnaryOp::Abs, 0.0, 0.0),
+            Unary::Elu { alpha } => (UnaryOp::Elu, alpha, 0.0),
+            Unary::Softplus => (UnaryOp::Softplus, 0.0, 0.0),
+            Unary::Softsign => (UnaryOp::Softsign, 0.0, 0.0),
+            Unary::Mish => (UnaryOp::Mish, 0.0, 0.0),
+            Unary::Selu { alpha, gamma } => (UnaryOp::Selu, alpha, gamma),
+            Unary::Celu { alpha } => (UnaryOp::Celu, alpha, 0.0),
+            Unary::HardSwish => (UnaryOp::HardSwish, 0.0, 0.0),
+            _ => return None,
+        })
     }
 }
 
@@ -432,6 +444,18 @@ mod tests {
         assert_eq!(declared, NAMES);
     }
 
+    /// Every unary code has its case in both the forward and the backward kernel, and the
+    /// codes reach the source as `#define`s.
+    #[test]
+    fn every_unary_code_has_both_kernels() {
+        for &op in UnaryOp::ALL {
+            let case = format!("case {}:", op.c_name());
+            assert_eq!(SOURCE.matches(&case).count(), 2, "{op:?}");
+            let define = format!("#define {} {}\n", op.c_name(), op as i32);
+            assert!(SOURCE.contains(&define), "{op:?}");
+        }
+    }
+
     /// The device's unary backward kernels read the output for exactly the ops whose
     /// backward the IR says reads it alone: the rest find their input kept.
     #[test]
@@ -456,6 +480,15 @@ mod tests {
             Unary::Log,
             Unary::Abs,
             Unary::Elu { alpha: 1.0 },
+            Unary::Softplus,
+            Unary::Softsign,
+            Unary::Mish,
+            Unary::Selu {
+                alpha: 1.67,
+                gamma: 1.05,
+            },
+            Unary::Celu { alpha: 1.0 },
+            Unary::HardSwish,
         ];
         for u in every {
             let (op, _, _) = super::super::node_ops::unary_op(u).expect("on the device");

@@ -142,24 +142,7 @@ pub(super) fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
 }
 
 pub(crate) fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
-    Ok(match u {
-        Unary::Relu => (UnaryOp::Relu, 0.0, 0.0),
-        Unary::LeakyRelu { alpha } => (UnaryOp::LeakyRelu, alpha, 0.0),
-        Unary::Sigmoid => (UnaryOp::Sigmoid, 0.0, 0.0),
-        Unary::HardSigmoid { alpha, beta } => (UnaryOp::HardSigmoid, alpha, beta),
-        Unary::Tanh => (UnaryOp::Tanh, 0.0, 0.0),
-        Unary::Gelu { tanh: false } => (UnaryOp::Gelu, 0.0, 0.0),
-        Unary::Gelu { tanh: true } => (UnaryOp::GeluTanh, 0.0, 0.0),
-        Unary::Erf => (UnaryOp::Erf, 0.0, 0.0),
-        Unary::Sqrt => (UnaryOp::Sqrt, 0.0, 0.0),
-        Unary::Neg => (UnaryOp::Neg, 0.0, 0.0),
-        Unary::Exp => (UnaryOp::Exp, 0.0, 0.0),
-        Unary::Reciprocal => (UnaryOp::Reciprocal, 0.0, 0.0),
-        Unary::Log => (UnaryOp::Log, 0.0, 0.0),
-        Unary::Abs => (UnaryOp::Abs, 0.0, 0.0),
-        Unary::Elu { alpha } => (UnaryOp::Elu, alpha, 0.0),
-        other => return Err(format!("{other:?} is not on the CUDA backend yet").into()),
-    })
+    UnaryOp::of(u).ok_or_else(|| format!("{u:?} is not on the CUDA backend yet").into())
 }
 
 pub(super) fn binary_op(b: Binary) -> R<BinaryOp> {
