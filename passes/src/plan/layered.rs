@@ -652,7 +652,7 @@ mod tests {
                 fwd_flops: 0,
                 bytes: 0,
                 launches: true,
-                weight_product: false,
+                weight_product: true,
                 steps: 1,
             }],
             ..layer(kind, None)

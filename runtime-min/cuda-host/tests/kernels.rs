@@ -721,6 +721,25 @@ fn every_device_unary_matches_the_cpu_backend() {
         Unary::Mish,
         Unary::Celu { alpha: 0.5 },
     ];
+    // The list covers every code the IR reaches (Clip, SiLU and Scale are the executor's
+    // own, tested above).
+    let mut reached: Vec<UnaryOp> = every
+        .iter()
+        .filter_map(|&u| UnaryOp::of(u))
+        .map(|c| c.0)
+        .collect();
+    reached.sort_by_key(|&op| op as i32);
+    reached.dedup();
+    let own = [UnaryOp::Clip, UnaryOp::Silu, UnaryOp::Scale];
+    let all: Vec<UnaryOp> = UnaryOp::ALL
+        .iter()
+        .copied()
+        .filter(|op| !own.contains(op))
+        .collect();
+    assert_eq!(
+        reached, all,
+        "a device code no IR function in this list reaches"
+    );
     let x: Vec<f32> = values(96, 11).iter().map(|v| v * 4.0).collect();
     let positive: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
     for u in every {

@@ -3,6 +3,10 @@
 // ops and their gradients, reductions, softmax and the loss, normalizations, pooling,
 // im2col (convolution without cuDNN), resharding copies and the optimizer.
 //
+// Not compiled on its own: the UNARY_* and BINARY_* operation codes it names are
+// `#define`s generated from runtime-min/src/cuda/op_codes.rs and put before it (by
+// kernels.rs for NVRTC, by cuda-host's build script for the host compiler).
+//
 // Conventions: f32 data, i64 labels and indices; sizes are long long; every kernel is a
 // grid-stride loop over its outputs (any launch shape is correct), except the row kernels
 // (softmax, layer norm, loss, channel statistics), which take one block per row and reduce
