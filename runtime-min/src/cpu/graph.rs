@@ -546,9 +546,14 @@ pub fn batch_norm_synced_backward(
     };
     let dy = dy.to_vec();
     let inputs = values.inputs_of(node);
-    let input_grads =
-        grad::batch_norm_synced(epsilon, &inputs, &record.saved, &dy, &mut |s| sum(s))
-            .map_err(&error)?;
+    let input_grads = super::normalize::batch_norm_synced_backward(
+        epsilon,
+        &inputs,
+        &record.saved,
+        &dy,
+        &mut |s| sum(s),
+    )
+    .map_err(&error)?;
     for (slot, g) in input_grads.into_iter().enumerate() {
         if let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) {
             grads.add(*v, &g);

@@ -21,6 +21,7 @@ pub mod init;
 pub mod kernels;
 mod normalize;
 pub mod ops;
+mod products;
 mod rearrange;
 mod recurrent;
 mod reduce;

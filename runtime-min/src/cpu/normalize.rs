@@ -6,9 +6,9 @@
 //! A group of a sample is a row of layer normalization ([`kernels::layer_norm`]): the
 //! backward pass is that row's, after the affine part's.
 
-use super::grad::InputGrads;
+use super::grad::{grads, InputGrads};
 use super::kernels;
-use super::ops::{floats, input, R};
+use super::ops::{axis_of, floats, input, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// How the input's rows (sample × group) and their elements map to the affine parameters.
@@ -144,4 +144,245 @@ pub(crate) fn group_norm_backward(
         &mut unused_bias,
     );
     Ok(vec![Some(dx), Some(dscale), Some(dbias)])
+}
+
+/// Sums a batch normalization's per-channel statistics over the ranks holding the other
+/// samples of its batch (synchronized batch normalization); alone, nothing to add.
+pub(crate) type BatchSums<'a> = &'a mut dyn FnMut(&mut [f64]) -> R<()>;
+
+pub(crate) fn batch_norm(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+    mode: Mode,
+) -> R<(Vec<Tensor>, Saved)> {
+    batch_norm_synced(epsilon, inputs, outputs, mode, &mut |_| Ok(()))
+}
+
+/// [`batch_norm`] whose training-mode statistics are those of every rank's samples:
+/// `sums` adds up what each holds ([`kernels::BatchNorm::sums`]).
+pub(crate) fn batch_norm_synced(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+    mode: Mode,
+    sums: BatchSums<'_>,
+) -> R<(Vec<Tensor>, Saved)> {
+    let x = input(inputs, 0)?;
+    let params: Vec<&[f32]> = (1..5)
+        .map(|i| floats(input(inputs, i)?, "a batch-norm parameter"))
+        .collect::<R<_>>()?;
+    let (gamma, beta, mean, var) = (params[0], params[1], params[2], params[3]);
+    let channels = *x.shape.get(1).ok_or("the input has no channel axis")?;
+    if params.iter().any(|p| p.len() != channels) {
+        return Err(format!("parameters must have {channels} elements"));
+    }
+    let spatial = t::numel(&x.shape[2..]);
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    let saved = match mode {
+        Mode::Training => {
+            let bn = kernels::BatchNorm {
+                channels,
+                spatial,
+                epsilon,
+            };
+            let mut batch = bn.sums(xs);
+            sums(&mut batch)?;
+            let (m, s) = bn.normalize(xs, gamma, beta, &mut y, &batch);
+            Saved::Stats(m, s)
+        }
+        Mode::Inference => {
+            // y = x·scale + shift per channel plane.
+            let plane = spatial.max(1);
+            for (i, (out, xs)) in y.chunks_mut(plane).zip(xs.chunks(plane)).enumerate() {
+                let c = i % channels;
+                let scale = gamma[c] / (var[c] + epsilon).sqrt();
+                let shift = beta[c] - mean[c] * scale;
+                for (o, &v) in out.iter_mut().zip(xs) {
+                    *o = v * scale + shift;
+                }
+            }
+            Saved::None
+        }
+    };
+    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
+    // Running statistics, when the node declares them, pass through unchanged.
+    for i in 3..3 + outputs.saturating_sub(1).min(2) {
+        outs.push(input(inputs, i)?.clone());
+    }
+    Ok((outs, saved))
+}
+
+pub(crate) fn layer_norm(
+    axis: i64,
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> R<(Vec<Tensor>, Saved)> {
+    let x = input(inputs, 0)?;
+    let a = axis_of(axis, x.shape.len())?;
+    let width = t::numel(&x.shape[a..]);
+    let gamma = floats(input(inputs, 1)?, "Scale")?;
+    let zeros;
+    let beta = match optional(inputs, 2) {
+        Some(b) => floats(b, "B")?,
+        None => {
+            zeros = vec![0.0; width];
+            &zeros
+        }
+    };
+    if gamma.len() != width || beta.len() != width {
+        return Err(format!("Scale and B must have {width} elements"));
+    }
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    let (mean, inv_std) = kernels::layer_norm(width, epsilon, xs, gamma, beta, &mut y);
+    let mut stat_shape = x.shape.clone();
+    stat_shape[a..].iter_mut().for_each(|d| *d = 1);
+    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
+    if outputs > 1 {
+        outs.push(Tensor::f32(stat_shape.clone(), mean.clone()));
+    }
+    if outputs > 2 {
+        outs.push(Tensor::f32(stat_shape, inv_std.clone()));
+    }
+    Ok((outs, Saved::Stats(mean, inv_std)))
+}
+
+/// The channel window of local response normalization at channel `c`.
+pub(crate) fn lrn_window(c: usize, size: usize, channels: usize) -> std::ops::Range<usize> {
+    let lo = c.saturating_sub((size - 1) / 2);
+    let hi = (c + size.div_ceil(2)).min(channels);
+    lo..hi
+}
+
+pub(crate) fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
+    let (channels, spatial) = (
+        *x.shape.get(1).ok_or("the input has no channel axis")?,
+        t::numel(x.shape.get(2..).unwrap_or(&[])),
+    );
+    let xs = floats(x, "X")?;
+    let mut y = vec![0.0; xs.len()];
+    for (i, o) in y.iter_mut().enumerate() {
+        let (plane, c, s) = (
+            i / (channels * spatial),
+            (i / spatial) % channels,
+            i % spatial,
+        );
+        let sum: f32 = lrn_window(c, size, channels)
+            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
+            .sum();
+        *o = xs[i] / (bias + alpha / size as f32 * sum).powf(beta);
+    }
+    Ok(Tensor::f32(x.shape.clone(), y))
+}
+
+/// Batch normalization's backward pass, whose batch terms are those of every rank's
+/// samples: `sums` adds up what each holds ([`kernels::BatchNorm::gradient_sums`]).
+pub(crate) fn batch_norm_synced_backward(
+    epsilon: f32,
+    inputs: &[Option<&Tensor>],
+    saved: &Saved,
+    dy: &[f32],
+    sums: BatchSums<'_>,
+) -> R<InputGrads> {
+    let Saved::Stats(mean, inv_std) = saved else {
+        return Err("batch normalization's backward needs training-mode statistics".into());
+    };
+    let x = input(inputs, 0)?;
+    let gamma = floats(input(inputs, 1)?, "scale")?;
+    let channels = gamma.len();
+    let bn = kernels::BatchNorm {
+        channels,
+        spatial: t::numel(&x.shape[2..]),
+        epsilon,
+    };
+    let xs = floats(x, "X")?;
+    let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; channels], vec![0.0; channels]);
+    let mut batch = bn.gradient_sums(xs, (mean, inv_std), dy);
+    bn.parameter_gradients(&batch, &mut dg, &mut db);
+    sums(&mut batch)?;
+    bn.input_gradient(xs, gamma, (mean, inv_std), dy, &mut dx, &batch);
+    let mut out = grads(inputs.len());
+    out[0] = Some(dx);
+    out[1] = Some(dg);
+    out[2] = Some(db);
+    Ok(out)
+}
+
+/// Layer normalization's backward pass, from the statistics its forward pass saved.
+pub(crate) fn layer_norm_backward(
+    axis: i64,
+    inputs: &[Option<&Tensor>],
+    saved: &Saved,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let (n, x) = (inputs.len(), input(inputs, 0)?);
+    let Saved::Stats(mean, inv_std) = saved else {
+        return Err("layer normalization saved no statistics".into());
+    };
+    let a = axis_of(axis, x.shape.len())?;
+    let width = t::numel(&x.shape[a..]);
+    let gamma = floats(input(inputs, 1)?, "Scale")?;
+    let (mut dx, mut dg, mut db) = (vec![0.0; x.len()], vec![0.0; width], vec![0.0; width]);
+    kernels::layer_norm_backward(
+        width,
+        floats(x, "X")?,
+        gamma,
+        (mean, inv_std),
+        dy,
+        &mut dx,
+        &mut dg,
+        &mut db,
+    );
+    let mut out = grads(n);
+    out[0] = Some(dx);
+    out[1] = Some(dg);
+    if inputs.get(2).copied().flatten().is_some() {
+        out[2] = Some(db);
+    }
+    Ok(out)
+}
+
+/// Local response normalization's input gradient: each output depends on every input of
+/// its channel window.
+pub(crate) fn lrn_backward(
+    (size, alpha, beta, bias): (u64, f32, f32, f32),
+    x: &Tensor,
+    dy: &[f32],
+) -> R<Vec<f32>> {
+    let size = size as usize;
+    let channels = x.shape[1];
+    let spatial = t::numel(&x.shape[2..]);
+    let xs = floats(x, "X")?;
+    let scale = |i: usize| {
+        let (plane, c, s) = (
+            i / (channels * spatial),
+            (i / spatial) % channels,
+            i % spatial,
+        );
+        let sum: f32 = lrn_window(c, size, channels)
+            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
+            .sum();
+        bias + alpha / size as f32 * sum
+    };
+    let scales: Vec<f32> = (0..xs.len()).map(scale).collect();
+    let mut dx = vec![0.0; xs.len()];
+    for j in 0..xs.len() {
+        let (plane, c, s) = (
+            j / (channels * spatial),
+            (j / spatial) % channels,
+            j % spatial,
+        );
+        dx[j] += dy[j] * scales[j].powf(-beta);
+        // y_j depends on every x_k in its window through s_j.
+        let common =
+            -2.0 * alpha * beta / size as f32 * dy[j] * xs[j] * scales[j].powf(-beta - 1.0);
+        for k in lrn_window(c, size, channels) {
+            let i = (plane * channels + k) * spatial + s;
+            dx[i] += common * xs[i];
+        }
+    }
+    Ok(dx)
 }

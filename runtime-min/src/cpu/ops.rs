@@ -6,14 +6,16 @@
 //! Elementwise functions live in `elementwise.rs`; convolution and pooling run on 1-d and
 //! 2-d windows (1-d as 2-d with unit height, `window.rs`) and 3-d ones (`volume.rs`).
 
-use ralpc_ir::{DType, Gemm, Op, PadMode};
+use ralpc_ir::{DType, Op, PadMode};
 
 pub use super::elementwise::unary_value;
 pub(crate) use super::elementwise::{binary, sign, softmax_layout};
-use super::elementwise::{clip, map_floats, softmax, unary};
+use super::elementwise::{clip, dropout, softmax_of, unary, where_of};
 use super::indexing;
-use super::kernels;
-pub(crate) use super::reduce::{kept_shape, reduce_axes};
+pub(crate) use super::normalize::batch_norm_synced;
+use super::normalize::{batch_norm, layer_norm, lrn};
+use super::products::{gemm, matmul};
+pub(crate) use super::reduce::reduce_axes;
 use super::reduce::{reduce, variadic};
 pub(crate) use super::resize::{resample, resize_taps};
 use super::tensor::{self as t, Data, Tensor};
@@ -178,25 +180,11 @@ pub fn forward(
         Op::Gemm(g) => one(gemm(g, inputs)?),
         Op::MatMul => one(matmul(input(inputs, 0)?, input(inputs, 1)?)?),
         Op::Unary(u) => one(unary(*u, input(inputs, 0)?)?),
-        Op::Clip { min, max } => {
-            let scalar = |attr: &Option<f32>, i: usize| {
-                attr.or_else(|| {
-                    optional(inputs, i).and_then(|t| t.to_f64s().first().map(|&v| v as f32))
-                })
-            };
-            let (lo, hi) = (scalar(min, 1), scalar(max, 2));
-            let x = input(inputs, 0)?;
-            Ok((vec![map_floats(x, |v| clip(v, lo, hi))?], Saved::None))
-        }
+        Op::Clip { min, max } => one(clip(*min, *max, inputs)?),
         Op::Binary(b) => one(binary(*b, input(inputs, 0)?, input(inputs, 1)?)?),
         Op::Variadic(v) => one(variadic(*v, inputs)?),
         Op::Softmax { axis, log, flatten } => {
-            let x = input(inputs, 0)?;
-            let (outer, width, inner) = softmax_layout(&x.shape, *axis, *flatten)?;
-            let xs = floats(x, "input")?;
-            let mut y = vec![0.0; xs.len()];
-            softmax(outer, width, inner, *log, xs, &mut y);
-            one(Tensor::f32(x.shape.clone(), y))
+            one(softmax_of(input(inputs, 0)?, *axis, *log, *flatten)?)
         }
         Op::Pool(p) if input(inputs, 0)?.shape.len() > 4 => {
             let (y, saved) = volume::pool(p, input(inputs, 0)?)?;
@@ -343,16 +331,7 @@ pub fn forward(
             })
         }
         Op::Cast { to } => one(cast(input(inputs, 0)?, *to)),
-        Op::Dropout { .. } => {
-            // Dropout is the identity: plans are compared with single-device training,
-            // which a random mask would make irreproducible across partitionings.
-            let x = input(inputs, 0)?;
-            let mut outs = vec![x.clone()];
-            if outputs > 1 {
-                outs.push(Tensor::i64(x.shape.clone(), vec![1; x.len()]));
-            }
-            Ok((outs, Saved::None))
-        }
+        Op::Dropout { .. } => Ok((dropout(input(inputs, 0)?, outputs), Saved::None)),
         Op::Identity => one(input(inputs, 0)?.clone()),
         Op::Reduce {
             kind,
@@ -386,17 +365,7 @@ pub fn forward(
             }
             one(Tensor::f32(shape, data))
         }
-        Op::Where => {
-            let (c, x, y) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
-            let shape = t::broadcast_shapes(&c.shape, &x.shape)
-                .and_then(|s| t::broadcast_shapes(&s, &y.shape))
-                .ok_or("the shapes do not broadcast")?;
-            let values = c.to_f64s();
-            let cond: Vec<bool> = t::broadcast(&c.shape, &shape)
-                .map(|i| values[i] != 0.0)
-                .collect();
-            one(select(&cond, x, y, &shape)?)
-        }
+        Op::Where => one(where_of(inputs)?),
         Op::Expand => {
             let x = input(inputs, 0)?;
             let target: Vec<usize> = input(inputs, 1)?
@@ -469,234 +438,6 @@ pub fn forward(
 
 pub(crate) fn axis_of(axis: i64, rank: usize) -> R<usize> {
     t::axis(axis, rank).ok_or_else(|| format!("axis {axis} is out of range for rank {rank}"))
-}
-
-fn gemm(g: &Gemm, inputs: &[Option<&Tensor>]) -> R<Tensor> {
-    let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
-    let (&[ar, ac], &[br, bc]) = (a.shape.as_slice(), b.shape.as_slice()) else {
-        return Err(format!(
-            "Gemm needs matrices, got {:?} and {:?}",
-            a.shape, b.shape
-        ));
-    };
-    let (m, k) = if g.trans_a { (ac, ar) } else { (ar, ac) };
-    let (k2, n) = if g.trans_b { (bc, br) } else { (br, bc) };
-    if k != k2 {
-        return Err(format!("inner dimensions {k} and {k2} differ"));
-    }
-    let mut y = vec![0.0; m * n];
-    if let Some(c) = optional(inputs, 2) {
-        let cs = floats(c, "C")?;
-        if t::broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
-            return Err(format!("C {:?} does not broadcast to {m}×{n}", c.shape));
-        }
-        for (o, i) in y.iter_mut().zip(t::broadcast(&c.shape, &[m, n])) {
-            *o = g.beta * cs[i];
-        }
-    }
-    kernels::gemm(
-        m,
-        k,
-        n,
-        g.alpha,
-        floats(a, "A")?,
-        g.trans_a,
-        floats(b, "B")?,
-        g.trans_b,
-        1.0,
-        &mut y,
-    );
-    Ok(Tensor::f32(vec![m, n], y))
-}
-
-/// numpy `matmul`: 1-d operands are promoted and the batch axes broadcast.
-pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
-    let (ash, bsh) = matmul_shapes(&a.shape, &b.shape)?;
-    let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
-    let batch = t::broadcast_shapes(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2])
-        .ok_or("the batch axes do not broadcast")?;
-    let count = t::numel(&batch);
-    let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
-    let mut y = vec![0.0; count * m * n];
-    if bsh.len() == 2 {
-        // A batch of rows times one matrix (a linear layer): one product, B packed once.
-        kernels::gemm(count * m, k, n, 1.0, xa, false, xb, false, 0.0, &mut y);
-        let mut shape = batch;
-        if a.shape.len() > 1 {
-            shape.push(m);
-        }
-        if b.shape.len() > 1 {
-            shape.push(n);
-        }
-        return Ok(Tensor::f32(shape, y));
-    }
-    let ia: Vec<usize> = t::broadcast(&ash[..ash.len() - 2], &batch).collect();
-    let ib: Vec<usize> = t::broadcast(&bsh[..bsh.len() - 2], &batch).collect();
-    // Attention's products (a batch of heads) run in parallel; a large one is also cut
-    // into blocks, which idle threads steal. Each product's arithmetic is the same either way.
-    use rayon::prelude::*;
-    y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
-        let (a, b) = (&xa[ia[i] * m * k..], &xb[ib[i] * k * n..]);
-        kernels::gemm(m, k, n, 1.0, a, false, b, false, 0.0, out);
-    });
-    let mut shape = batch;
-    if a.shape.len() > 1 {
-        shape.push(m);
-    }
-    if b.shape.len() > 1 {
-        shape.push(n);
-    }
-    Ok(Tensor::f32(shape, y))
-}
-
-/// Both operands as (batch…, rows, columns), after promoting 1-d ones.
-pub(crate) fn matmul_shapes(a: &[usize], b: &[usize]) -> R<(Vec<usize>, Vec<usize>)> {
-    let ash = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let bsh = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
-    if ash.len() < 2 || bsh.len() < 2 || ash[ash.len() - 1] != bsh[bsh.len() - 2] {
-        return Err(format!("shapes {a:?} and {b:?} do not multiply"));
-    }
-    Ok((ash, bsh))
-}
-
-/// Sums a batch normalization's per-channel statistics over the ranks holding the other
-/// samples of its batch (synchronized batch normalization); alone, nothing to add.
-pub(crate) type BatchSums<'a> = &'a mut dyn FnMut(&mut [f64]) -> R<()>;
-
-fn batch_norm(
-    epsilon: f32,
-    inputs: &[Option<&Tensor>],
-    outputs: usize,
-    mode: Mode,
-) -> R<(Vec<Tensor>, Saved)> {
-    batch_norm_synced(epsilon, inputs, outputs, mode, &mut |_| Ok(()))
-}
-
-/// [`batch_norm`] whose training-mode statistics are those of every rank's samples:
-/// `sums` adds up what each holds ([`kernels::BatchNorm::sums`]).
-pub(crate) fn batch_norm_synced(
-    epsilon: f32,
-    inputs: &[Option<&Tensor>],
-    outputs: usize,
-    mode: Mode,
-    sums: BatchSums<'_>,
-) -> R<(Vec<Tensor>, Saved)> {
-    let x = input(inputs, 0)?;
-    let params: Vec<&[f32]> = (1..5)
-        .map(|i| floats(input(inputs, i)?, "a batch-norm parameter"))
-        .collect::<R<_>>()?;
-    let (gamma, beta, mean, var) = (params[0], params[1], params[2], params[3]);
-    let channels = *x.shape.get(1).ok_or("the input has no channel axis")?;
-    if params.iter().any(|p| p.len() != channels) {
-        return Err(format!("parameters must have {channels} elements"));
-    }
-    let spatial = t::numel(&x.shape[2..]);
-    let xs = floats(x, "X")?;
-    let mut y = vec![0.0; xs.len()];
-    let saved = match mode {
-        Mode::Training => {
-            let bn = kernels::BatchNorm {
-                channels,
-                spatial,
-                epsilon,
-            };
-            let mut batch = bn.sums(xs);
-            sums(&mut batch)?;
-            let (m, s) = bn.normalize(xs, gamma, beta, &mut y, &batch);
-            Saved::Stats(m, s)
-        }
-        Mode::Inference => {
-            // y = x·scale + shift per channel plane.
-            let plane = spatial.max(1);
-            for (i, (out, xs)) in y.chunks_mut(plane).zip(xs.chunks(plane)).enumerate() {
-                let c = i % channels;
-                let scale = gamma[c] / (var[c] + epsilon).sqrt();
-                let shift = beta[c] - mean[c] * scale;
-                for (o, &v) in out.iter_mut().zip(xs) {
-                    *o = v * scale + shift;
-                }
-            }
-            Saved::None
-        }
-    };
-    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
-    // Running statistics, when the node declares them, pass through unchanged.
-    for i in 3..3 + outputs.saturating_sub(1).min(2) {
-        outs.push(input(inputs, i)?.clone());
-    }
-    Ok((outs, saved))
-}
-
-fn layer_norm(
-    axis: i64,
-    epsilon: f32,
-    inputs: &[Option<&Tensor>],
-    outputs: usize,
-) -> R<(Vec<Tensor>, Saved)> {
-    let x = input(inputs, 0)?;
-    let a = axis_of(axis, x.shape.len())?;
-    let width = t::numel(&x.shape[a..]);
-    let gamma = floats(input(inputs, 1)?, "Scale")?;
-    let zeros;
-    let beta = match optional(inputs, 2) {
-        Some(b) => floats(b, "B")?,
-        None => {
-            zeros = vec![0.0; width];
-            &zeros
-        }
-    };
-    if gamma.len() != width || beta.len() != width {
-        return Err(format!("Scale and B must have {width} elements"));
-    }
-    let xs = floats(x, "X")?;
-    let mut y = vec![0.0; xs.len()];
-    let (mean, inv_std) = kernels::layer_norm(width, epsilon, xs, gamma, beta, &mut y);
-    let mut stat_shape = x.shape.clone();
-    stat_shape[a..].iter_mut().for_each(|d| *d = 1);
-    let mut outs = vec![Tensor::f32(x.shape.clone(), y)];
-    if outputs > 1 {
-        outs.push(Tensor::f32(stat_shape.clone(), mean.clone()));
-    }
-    if outputs > 2 {
-        outs.push(Tensor::f32(stat_shape, inv_std.clone()));
-    }
-    Ok((outs, Saved::Stats(mean, inv_std)))
-}
-
-/// The channel window of local response normalization at channel `c`.
-pub(crate) fn lrn_window(c: usize, size: usize, channels: usize) -> std::ops::Range<usize> {
-    let lo = c.saturating_sub((size - 1) / 2);
-    let hi = (c + size.div_ceil(2)).min(channels);
-    lo..hi
-}
-
-fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
-    let (channels, spatial) = (
-        *x.shape.get(1).ok_or("the input has no channel axis")?,
-        t::numel(x.shape.get(2..).unwrap_or(&[])),
-    );
-    let xs = floats(x, "X")?;
-    let mut y = vec![0.0; xs.len()];
-    for (i, o) in y.iter_mut().enumerate() {
-        let (plane, c, s) = (
-            i / (channels * spatial),
-            (i / spatial) % channels,
-            i % spatial,
-        );
-        let sum: f32 = lrn_window(c, size, channels)
-            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
-            .sum();
-        *o = xs[i] / (bias + alpha / size as f32 * sum).powf(beta);
-    }
-    Ok(Tensor::f32(x.shape.clone(), y))
 }
 
 /// Concatenation along `axis`.
@@ -1059,28 +800,6 @@ fn pad(x: &Tensor, (shape, sources): (Vec<usize>, Vec<Option<usize>>), value: f6
                 .collect(),
         ),
     }
-}
-
-fn select(cond: &[bool], x: &Tensor, y: &Tensor, shape: &[usize]) -> R<Tensor> {
-    let ix: Vec<usize> = t::broadcast(&x.shape, shape).collect();
-    let iy: Vec<usize> = t::broadcast(&y.shape, shape).collect();
-    Ok(match (&x.data, &y.data) {
-        (Data::I64(a), Data::I64(b)) => Tensor::i64(
-            shape.to_vec(),
-            (0..cond.len())
-                .map(|k| if cond[k] { a[ix[k]] } else { b[iy[k]] })
-                .collect(),
-        ),
-        _ => {
-            let (a, b) = (x.to_f64s(), y.to_f64s());
-            Tensor::f32(
-                shape.to_vec(),
-                (0..cond.len())
-                    .map(|k| (if cond[k] { a[ix[k]] } else { b[iy[k]] }) as f32)
-                    .collect(),
-            )
-        }
-    })
 }
 
 /// Whether element `(i, j)` of a matrix is kept by Trilu.

@@ -1,9 +1,10 @@
 //! Reductions over axes (the ten ONNX `Reduce*` operators) and elementwise functions of
-//! any number of broadcast tensors (Sum, Mean, Max, Min), forward.
+//! any number of broadcast tensors (Sum, Mean, Max, Min), forward and backward.
 
 use ralpc_ir::{Binary, ReduceKind, Variadic};
 
-use super::ops::{axis_of, binary, ints_or_input, R};
+use super::grad::{grads, InputGrads};
+use super::ops::{axis_of, binary, floats, ints_or_input, sign, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
@@ -135,4 +136,121 @@ pub(crate) fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
         Data::F32(_) => Tensor::f32(shape, acc.iter().map(|&a| a as f32).collect()),
         Data::I64(_) => Tensor::i64(shape, acc.iter().map(|&a| a as i64).collect()),
     })
+}
+
+/// The input gradient of a reduction over `axes`; the output (keepdims or not) holds one
+/// value per kept index, in order.
+pub(crate) fn reduce_backward(
+    kind: ReduceKind,
+    x: &Tensor,
+    y: &Tensor,
+    axes: &[usize],
+    dy: &[f32],
+) -> R<Vec<f32>> {
+    let kept = kept_shape(&x.shape, axes);
+    let count = (x.len() / y.len().max(1)).max(1) as f32;
+    let at = || t::broadcast(&kept, &x.shape).enumerate();
+    // A sum or mean reads shapes alone ([`Op::backward_reads`]).
+    if let ReduceKind::Sum | ReduceKind::Mean = kind {
+        let scale = match kind {
+            ReduceKind::Mean => 1.0 / count,
+            _ => 1.0,
+        };
+        return Ok(at().map(|(_, o)| dy[o] * scale).collect());
+    }
+    let xs = floats(x, "data")?;
+    let ys = floats(y, "reduced")?;
+    let mut dx = vec![0.0; xs.len()];
+    match kind {
+        // The first extreme element of each group takes the gradient (as a max pool does).
+        ReduceKind::Max | ReduceKind::Min => {
+            let mut taken = vec![false; ys.len()];
+            for (i, o) in at() {
+                if !taken[o] && xs[i] == ys[o] {
+                    taken[o] = true;
+                    dx[i] = dy[o];
+                }
+            }
+        }
+        // ∂Πx/∂xᵢ is the product of the others: y/xᵢ, unless xᵢ is the group's only zero.
+        ReduceKind::Prod => {
+            let mut zeros = vec![0usize; ys.len()];
+            let mut others = vec![1.0f64; ys.len()];
+            for (i, o) in at() {
+                if xs[i] == 0.0 {
+                    zeros[o] += 1;
+                } else {
+                    others[o] *= f64::from(xs[i]);
+                }
+            }
+            for (i, o) in at() {
+                dx[i] = dy[o]
+                    * match (xs[i] == 0.0, zeros[o]) {
+                        (false, _) => ys[o] / xs[i],
+                        (true, 1) => others[o] as f32,
+                        (true, _) => 0.0,
+                    };
+            }
+        }
+        _ => {
+            for (i, o) in at() {
+                let (v, r) = (xs[i], ys[o]);
+                dx[i] = dy[o]
+                    * match kind {
+                        ReduceKind::L1 => sign(v),
+                        ReduceKind::L2 if r != 0.0 => v / r,
+                        ReduceKind::L2 => 0.0,
+                        ReduceKind::LogSum => (-r).exp(),
+                        ReduceKind::LogSumExp => (v - r).exp(),
+                        ReduceKind::SumSquare => 2.0 * v,
+                        _ => 1.0,
+                    };
+            }
+        }
+    }
+    Ok(dx)
+}
+
+/// The input gradients of Sum, Mean, Max or Min over broadcast inputs: Max and Min send
+/// each output's gradient to the first input that holds the extreme.
+pub(crate) fn variadic_backward(
+    v: Variadic,
+    inputs: &[Option<&Tensor>],
+    y: &Tensor,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let n = inputs.len();
+    let mut out = grads(n);
+    // Sum and Mean read shapes alone ([`Op::backward_reads`]).
+    let ys = match v {
+        Variadic::Max | Variadic::Min => y.to_f64s(),
+        Variadic::Sum | Variadic::Mean => Vec::new(),
+    };
+    let mut taken = vec![false; dy.len()];
+    for (slot, x) in inputs.iter().enumerate() {
+        let Some(x) = x else { continue };
+        if !x.is_float() {
+            continue;
+        }
+        let full: Vec<f32> = match v {
+            Variadic::Sum => dy.to_vec(),
+            Variadic::Mean => dy.iter().map(|&g| g / n as f32).collect(),
+            Variadic::Max | Variadic::Min => {
+                let vals = x.to_f64s();
+                t::broadcast(&x.shape, &y.shape)
+                    .enumerate()
+                    .map(|(k, i)| {
+                        if !taken[k] && vals[i] == ys[k] {
+                            taken[k] = true;
+                            dy[k]
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect()
+            }
+        };
+        out[slot] = Some(t::unbroadcast(&full, &y.shape, &x.shape));
+    }
+    Ok(out)
 }
