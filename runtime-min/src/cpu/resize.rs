@@ -1,7 +1,9 @@
 //! Resampling (ONNX Resize and Upsample): the taps each output coordinate reads, and the
 //! separable resampling along one axis with its transpose.
 
-use super::ops::{axis_of, optional, R};
+use ralpc_ir::Resize;
+
+use super::ops::{axis_of, floats, input, optional, R};
 use super::tensor::{self as t, Tensor};
 
 /// Per resized axis (in order), the input elements and weights each output coordinate
@@ -99,4 +101,38 @@ pub(crate) fn resample(
         }
     }
     out
+}
+
+/// Resize: each resampled axis in turn, from the taps its mode and scales give.
+pub(crate) fn resize(r: &Resize, inputs: &[Option<&Tensor>]) -> R<Tensor> {
+    let x = input(inputs, 0)?;
+    let mut data = floats(x, "X")?.to_vec();
+    let mut shape = x.shape.clone();
+    for (axis, taps) in resize_taps(r, inputs, &x.shape)? {
+        data = resample(&data, &shape, axis, &taps, false);
+        shape[axis] = taps.len();
+    }
+    Ok(Tensor::f32(shape, data))
+}
+
+/// Resize's input gradient: back through each resampled axis, last first, from the shape
+/// it produced.
+pub(crate) fn resize_backward(
+    r: &Resize,
+    inputs: &[Option<&Tensor>],
+    x: &Tensor,
+    dy: &[f32],
+) -> R<Vec<f32>> {
+    let steps = resize_taps(r, inputs, &x.shape)?;
+    let mut shapes = vec![x.shape.clone()];
+    for (axis, taps) in &steps {
+        let mut next = shapes[shapes.len() - 1].clone();
+        next[*axis] = taps.len();
+        shapes.push(next);
+    }
+    let mut g = dy.to_vec();
+    for (k, (axis, taps)) in steps.iter().enumerate().rev() {
+        g = resample(&g, &shapes[k], *axis, taps, true);
+    }
+    Ok(g)
 }

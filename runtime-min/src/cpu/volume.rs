@@ -638,3 +638,16 @@ pub(crate) fn conv_transpose_backward(
         .then(|| bias_grad(dy, y_shape.1 * y_shape.2, g.plane.in_channels));
     Ok(conv_grads(inputs.len(), dx, dw, db))
 }
+
+/// A 3-d pool's input gradient: a max pool's through the argmax its forward pass saved.
+pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> R<Vec<f32>> {
+    Ok(match (p.kind, saved) {
+        (PoolKind::Max, Saved::Argmax(argmax)) => {
+            let mut dx = vec![0.0; x.len()];
+            super::kernels::max_pool_backward(argmax, dy, &mut dx);
+            dx
+        }
+        (PoolKind::Average, _) => average_backward(p, x, dy)?,
+        _ => return Err("max pooling saved no argmax".into()),
+    })
+}

@@ -1,8 +1,9 @@
-//! Window operators on host tensors: 1-d and 2-d convolution (and its transpose) and
-//! pooling, with their geometry (3-d windows are [`super::volume`]'s).
+//! Window operators on host tensors, forward and backward: 1-d and 2-d convolution (and its
+//! transpose) and pooling, with their geometry (3-d windows are [`super::volume`]'s).
 
-use ralpc_ir::{Conv, Padding, Pool, PoolKind};
+use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
+use super::grad::{grads, InputGrads};
 use super::kernels::{Conv2d, Pool2d};
 use super::ops::{floats, input, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
@@ -321,4 +322,92 @@ pub(crate) fn global_pool(kind: PoolKind, x: &Tensor) -> R<Tensor> {
     let mut shape = x.shape.clone();
     shape[2..].iter_mut().for_each(|d| *d = 1);
     Ok(Tensor::f32(shape, y))
+}
+
+/// A 1-d or 2-d convolution's gradients: its input's, its weight's and its bias's.
+pub(crate) fn conv_backward(c: &Conv, inputs: &[Option<&Tensor>], dy: &[f32]) -> R<InputGrads> {
+    let (n, x) = (inputs.len(), input(inputs, 0)?);
+    let w = input(inputs, 1)?;
+    let (g, _) = conv_geometry(c, &x.shape, &w.shape)?;
+    let mut dx = vec![0.0; x.len()];
+    let mut dw = vec![0.0; w.len()];
+    let has_bias = inputs.get(2).copied().flatten().is_some();
+    let mut db = vec![0.0; if has_bias { g.out_channels } else { 0 }];
+    g.backward(
+        floats(x, "X")?,
+        floats(w, "W")?,
+        dy,
+        Some(&mut dx),
+        &mut dw,
+        has_bias.then_some(&mut db[..]),
+    );
+    let mut out = grads(n);
+    out[0] = Some(dx);
+    out[1] = Some(dw);
+    if has_bias {
+        out[2] = Some(db);
+    }
+    Ok(out)
+}
+
+/// A 1-d or 2-d transposed convolution's gradients. It is `y = Jᵀx` for the convolution
+/// `J` whose input gradient it computes: `dx = J·dy` (that convolution's forward pass on
+/// `dy`), and `dW` is its weight gradient with `dy` as the input and `x` as the output's
+/// gradient.
+pub(crate) fn conv_transpose_backward(
+    c: &ConvTranspose,
+    inputs: &[Option<&Tensor>],
+    dy: &[f32],
+) -> R<InputGrads> {
+    let (n, x) = (inputs.len(), input(inputs, 0)?);
+    let w = input(inputs, 1)?;
+    let (g, _) = conv_transpose_geometry(c, &x.shape, &w.shape)?;
+    let (xs, ws) = (floats(x, "X")?, floats(w, "W")?);
+    let mut dx = vec![0.0; x.len()];
+    g.forward(dy, ws, None, &mut dx);
+    let mut dw = vec![0.0; w.len()];
+    g.backward(dy, ws, xs, None, &mut dw, None);
+    let mut out = grads(n);
+    out[0] = Some(dx);
+    out[1] = Some(dw);
+    if inputs.get(2).copied().flatten().is_some() {
+        let pixels = g.input.0 * g.input.1;
+        let mut db = vec![0.0; g.in_channels];
+        for (i, plane) in dy.chunks(pixels).enumerate() {
+            db[i % g.in_channels] += plane.iter().sum::<f32>();
+        }
+        out[2] = Some(db);
+    }
+    Ok(out)
+}
+
+/// A 1-d or 2-d pool's input gradient: a max pool's through the argmax its forward pass
+/// saved, an average pool's spread over each window.
+pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> R<Vec<f32>> {
+    let (g, _, _) = pool_geometry(p, &x.shape)?;
+    let mut dx = vec![0.0; x.len()];
+    match (p.kind, saved) {
+        (PoolKind::Max, Saved::Argmax(argmax)) => {
+            super::kernels::max_pool_backward(argmax, dy, &mut dx);
+        }
+        (PoolKind::Average, _) => g.average_backward(p.count_include_pad, dy, &mut dx),
+        _ => return Err("max pooling saved no argmax".into()),
+    }
+    Ok(dx)
+}
+
+/// A global pool's input gradient: an average's spread evenly over each plane, a max's
+/// to each plane's first largest element.
+pub(crate) fn global_pool_backward(kind: PoolKind, x: &Tensor, dy: &[f32]) -> R<Vec<f32>> {
+    let area = t::numel(&x.shape[2..]).max(1);
+    if kind == PoolKind::Average {
+        return Ok((0..x.len()).map(|i| dy[i / area] / area as f32).collect());
+    }
+    let xs = floats(x, "X")?;
+    let mut dx = vec![0.0; xs.len()];
+    for (p, (plane, d)) in xs.chunks(area).zip(dx.chunks_mut(area)).enumerate() {
+        let best = (0..plane.len()).fold(0, |b, i| if plane[i] > plane[b] { i } else { b });
+        d[best] = dy[p];
+    }
+    Ok(dx)
 }
