@@ -461,31 +461,39 @@ impl Op {
     }
 }
 
-/// The facts of a one-tensor elementwise function.
+/// The facts of a one-tensor elementwise function: one row per function, its FLOPs per
+/// element (a transcendental function as one operation plus its arithmetic), what its
+/// backward pass reads and whether it joins its producer's unit.
+///
+/// Derivatives that are functions of the output read the output alone: max(x, 0) > 0
+/// exactly where x > 0; σ' = y(1 − y), tanh' = 1 − y², exp' = y, √' = 1/2y,
+/// (1/x)' = −y². The others read their input (and, on some backends, their output).
+/// Activations (and the error function of a decomposed GELU) join the unit producing their
+/// input, as a GEMM's or convolution's epilogue; other math stays a unit of its own unless
+/// a chain of arithmetic carries it.
 fn unary(u: Unary) -> OpFacts<'static> {
+    use BackwardReads as R;
+    use Joins::{Activation as Act, Never};
     use Unary as U;
-    let flops = match u {
-        U::Relu
-        | U::Neg
-        | U::Sqrt
-        | U::Exp
-        | U::Erf
-        | U::Reciprocal
-        | U::Log
-        | U::Abs
-        | U::Sin
-        | U::Cos
-        | U::Floor
-        | U::Ceil
-        | U::Round
-        | U::Sign
-        | U::Not
-        | U::IsNaN
-        | U::IsInf { .. } => 1,
-        U::LeakyRelu { .. } | U::ThresholdedRelu { .. } | U::Shrink { .. } => 2,
-        U::Softsign | U::Softplus | U::Elu { .. } | U::HardSigmoid { .. } => 3,
-        U::Selu { .. } | U::Celu { .. } | U::HardSwish | U::Sigmoid | U::Tanh => 4,
-        // Transcendental functions: a few operations each, as tanh.
+    let (flops, reads, joins) = match u {
+        U::Relu => (1, R::OUTPUTS, Act),
+        U::LeakyRelu { .. } => (2, R::ALL, Act),
+        U::Sigmoid => (4, R::OUTPUTS, Act),
+        U::HardSigmoid { .. } => (3, R::ALL, Act),
+        U::HardSwish => (4, R::ALL, Act),
+        U::Tanh => (4, R::OUTPUTS, Act),
+        // x·Φ(x).
+        U::Gelu { .. } => (8, R::ALL, Act),
+        U::Erf => (1, R::ALL, Act),
+        U::Softplus | U::Softsign => (3, R::ALL, Act),
+        U::Elu { .. } => (3, R::ALL, Act),
+        U::Selu { .. } | U::Celu { .. } => (4, R::ALL, Act),
+        // x·tanh(softplus x).
+        U::Mish => (8, R::ALL, Act),
+        U::ThresholdedRelu { .. } => (2, R::ALL, Act),
+        U::Shrink { .. } => (2, R::ALL, Never),
+        U::Sqrt | U::Exp | U::Reciprocal => (1, R::OUTPUTS, Never),
+        U::Neg | U::Log | U::Abs | U::Sin | U::Cos => (1, R::ALL, Never),
         U::Tan
         | U::Asin
         | U::Acos
@@ -494,134 +502,29 @@ fn unary(u: Unary) -> OpFacts<'static> {
         | U::Cosh
         | U::Asinh
         | U::Acosh
-        | U::Atanh => 4,
-        // x·tanh(softplus x); x·Φ(x).
-        U::Mish | U::Gelu { .. } => 8,
-    };
-    // Derivatives that are functions of the output: max(x, 0) > 0 exactly where x > 0;
-    // σ' = y(1 − y), tanh' = 1 − y², exp' = y, √' = 1/2y, (1/x)' = −y². The others read
-    // their input (and, on some backends, their output).
-    let reads = match u {
-        U::Relu | U::Sigmoid | U::Tanh | U::Exp | U::Sqrt | U::Reciprocal => BackwardReads::OUTPUTS,
-        U::LeakyRelu { .. }
-        | U::HardSigmoid { .. }
-        | U::HardSwish
-        | U::Gelu { .. }
-        | U::Erf
-        | U::Neg
-        | U::Log
-        | U::Abs
-        | U::Softplus
-        | U::Softsign
-        | U::Elu { .. }
-        | U::Selu { .. }
-        | U::Sin
-        | U::Cos
-        | U::Tan
-        | U::Asin
-        | U::Acos
-        | U::Atan
-        | U::Sinh
-        | U::Cosh
-        | U::Asinh
-        | U::Acosh
-        | U::Atanh
-        | U::Mish
-        | U::Celu { .. }
-        | U::ThresholdedRelu { .. }
-        | U::Shrink { .. }
-        | U::Floor
-        | U::Ceil
-        | U::Round
-        | U::Sign
-        | U::Not
-        | U::IsNaN
-        | U::IsInf { .. } => BackwardReads::ALL,
-    };
-    // Activations (and the error function of a decomposed GELU) join the unit producing
-    // their input, as a GEMM's or convolution's epilogue; other math stays a unit of its
-    // own unless a chain of arithmetic carries it.
-    let joins = match u {
-        U::Relu
-        | U::LeakyRelu { .. }
-        | U::Sigmoid
-        | U::HardSigmoid { .. }
-        | U::HardSwish
-        | U::Tanh
-        | U::Gelu { .. }
-        | U::Erf
-        | U::Softplus
-        | U::Softsign
-        | U::Elu { .. }
-        | U::Selu { .. }
-        | U::Celu { .. }
-        | U::Mish
-        | U::ThresholdedRelu { .. } => Joins::Activation,
-        U::Sqrt
-        | U::Neg
-        | U::Exp
-        | U::Reciprocal
-        | U::Log
-        | U::Abs
-        | U::Sin
-        | U::Cos
-        | U::Tan
-        | U::Asin
-        | U::Acos
-        | U::Atan
-        | U::Sinh
-        | U::Cosh
-        | U::Asinh
-        | U::Acosh
-        | U::Atanh
-        | U::Shrink { .. }
-        | U::Floor
-        | U::Ceil
-        | U::Round
-        | U::Sign
-        | U::Not
-        | U::IsNaN
-        | U::IsInf { .. } => Joins::Never,
+        | U::Atanh => (4, R::ALL, Never),
+        U::Floor | U::Ceil | U::Round | U::Sign | U::Not | U::IsNaN | U::IsInf { .. } => {
+            (1, R::ALL, Never)
+        }
     };
     OpFacts::per_output(OpClass::Elementwise, flops, reads).joining(joins)
 }
 
-/// The facts of a two-tensor elementwise function.
+/// The facts of a two-tensor elementwise function: one FLOP per element; a sum or
+/// difference spreads its gradient, a product's operand gradient is the other operand's
+/// product with the output's, the rest read everything; arithmetic joins its producer's
+/// unit.
 fn binary(b: Binary) -> OpFacts<'static> {
+    use BackwardReads as R;
     use Binary as B;
-    // A sum or difference spreads its gradient; a product's operand gradient is the
-    // other operand's product with the output's; the rest read everything.
-    let reads = match b {
-        B::Add | B::Sub => BackwardReads::SHAPES,
-        B::Mul => BackwardReads::INPUTS,
-        B::Div
-        | B::Pow
-        | B::Equal
-        | B::Less
-        | B::LessOrEqual
-        | B::Greater
-        | B::GreaterOrEqual
-        | B::And
-        | B::Or
-        | B::Xor
-        | B::PRelu
-        | B::Mod
-        | B::Fmod => BackwardReads::ALL,
-    };
-    let joins = match b {
-        B::Add | B::Sub | B::Mul | B::Div => Joins::Arithmetic,
-        B::Pow
-        | B::Equal
-        | B::Less
-        | B::LessOrEqual
-        | B::Greater
-        | B::GreaterOrEqual
-        | B::And
-        | B::Or
-        | B::Xor
-        | B::PRelu
-        | B::Mod
-        | B::Fmod => Joins::Never,
+    use Joins::{Arithmetic, Never};
+    let (reads, joins) = match b {
+        B::Add | B::Sub => (R::SHAPES, Arithmetic),
+        B::Mul => (R::INPUTS, Arithmetic),
+        B::Div => (R::ALL, Arithmetic),
+        B::Pow | B::PRelu | B::Mod | B::Fmod => (R::ALL, Never),
+        B::Equal | B::Less | B::LessOrEqual | B::Greater | B::GreaterOrEqual => (R::ALL, Never),
+        B::And | B::Or | B::Xor => (R::ALL, Never),
     };
     OpFacts::per_output(OpClass::Elementwise, 1, reads).joining(joins)
 }

@@ -688,7 +688,7 @@ fn im2col_convolution_matches_the_cpu() {
 }
 
 /// Every IR function the device has ([`UnaryOp::of`]) computes what the CPU backend does,
-/// and its backward kernel the CPU forward's central difference.
+/// its backward kernel the CPU forward's central difference, from what the IR keeps.
 #[test]
 fn every_device_unary_matches_the_cpu_backend() {
     use ralpc_ir::Unary;
@@ -744,6 +744,11 @@ fn every_device_unary_matches_the_cpu_backend() {
     let positive: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
     for u in every {
         let (op, alpha, beta) = UnaryOp::of(u).unwrap_or_else(|| panic!("{u:?} on the device"));
+        // The backward kernel reads the output for exactly the functions whose backward the
+        // IR says reads it alone: the others find their input kept.
+        let reads_output =
+            ralpc_ir::Op::Unary(u).backward_reads() == ralpc_ir::BackwardReads::OUTPUTS;
+        assert_eq!(op.backward_reads_output(), reads_output, "{u:?}");
         let input = if matches!(u, Unary::Sqrt | Unary::Log | Unary::Reciprocal) {
             &positive
         } else {

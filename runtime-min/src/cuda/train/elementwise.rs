@@ -7,17 +7,16 @@ use ralpc_ir::{Binary, NodeId, Unary};
 
 use super::super::backend::{Backend, R};
 use super::super::kernels::{BinaryOp, Strides, UnaryOp};
-use super::super::node_ops::{binary_op, numel, unary_op};
+use super::super::node_ops::{binary_op, unary_op};
 use super::{DTensor, Output, Runner, Saved};
 
 impl<B: Backend> Runner<'_, B> {
     /// A one-tensor function by its op code.
     pub(super) fn unary_forward(&self, id: NodeId, u: Unary, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (op, alpha, beta) = unary_op(u)?;
         let x = self.input(id, 0)?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.unary(&mut y, &x.buf, op, alpha, beta)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -31,7 +30,6 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (op, alpha, beta) = unary_op(u)?;
         let saved_value = if op.backward_reads_output() {
@@ -42,7 +40,7 @@ impl<B: Backend> Runner<'_, B> {
         } else {
             self.input(id, 0)?
         };
-        let mut dx = zeros(dev.len(dy))?;
+        let mut dx = dev.zeros(dev.len(dy))?;
         dev.unary_backward(&mut dx, dy, &saved_value.buf, op, alpha, beta)?;
         grads.push((0, dx));
         Ok(grads)
@@ -57,13 +55,12 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let lo = min
             .or_else(|| self.scalar(id, 1))
             .unwrap_or(f32::NEG_INFINITY);
         let hi = max.or_else(|| self.scalar(id, 2)).unwrap_or(f32::INFINITY);
         let x = self.input(id, 0)?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.unary(&mut y, &x.buf, UnaryOp::Clip, lo, hi)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -77,14 +74,13 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let lo = min
             .or_else(|| self.scalar(id, 1))
             .unwrap_or(f32::NEG_INFINITY);
         let hi = max.or_else(|| self.scalar(id, 2)).unwrap_or(f32::INFINITY);
         let x = self.input(id, 0)?;
-        let mut dx = zeros(dev.len(dy))?;
+        let mut dx = dev.zeros(dev.len(dy))?;
         dev.unary_backward(&mut dx, dy, &x.buf, UnaryOp::Clip, lo, hi)?;
         grads.push((0, dx));
         Ok(grads)
@@ -98,10 +94,9 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let op = binary_op(b)?;
         let (a, c) = (self.input(id, 0)?, self.input(id, 1)?);
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.binary(
             &mut y,
             &a.buf,
@@ -122,13 +117,12 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let full = |x: &DTensor<B>| Strides::broadcast(out_shape, out_shape, &x.shape);
         // An operand's gradient over the output's shape (`None`: `dy` itself).
         let over_output = |slot: usize| -> R<Option<B::Buf>> {
-            let mut g = zeros(dev.len(dy))?;
+            let mut g = dev.zeros(dev.len(dy))?;
             match (bop, slot) {
                 (Binary::Add, _) | (Binary::Sub, 0) => return Ok(None),
                 (Binary::Sub, _) => dev.unary(&mut g, dy, UnaryOp::Neg, 0.0, 0.0)?,
@@ -143,7 +137,7 @@ impl<B: Backend> Runner<'_, B> {
                         .cloned()
                         .ok_or("the output was not kept")?;
                     let same = Strides::broadcast(out_shape, out_shape, out_shape)?;
-                    let (mut ga, mut t) = (zeros(dev.len(dy))?, zeros(dev.len(dy))?);
+                    let (mut ga, mut t) = (dev.zeros(dev.len(dy))?, dev.zeros(dev.len(dy))?);
                     dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
                     dev.binary(&mut t, &ga, &y.buf, &same, BinaryOp::Mul)?;
                     dev.unary(&mut g, &t, UnaryOp::Neg, 0.0, 0.0)?;
@@ -170,12 +164,11 @@ impl<B: Backend> Runner<'_, B> {
     pub(super) fn sum_forward(&self, id: NodeId, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (y, saved) = {
             let mut acc = self.input(id, 0)?;
             for slot in 1..node.inputs.len() {
                 let x = self.input(id, slot)?;
-                let mut y = fresh(out_shape)?;
+                let mut y = self.fresh(out_shape)?;
                 dev.binary(
                     &mut y,
                     &acc.buf,

@@ -397,6 +397,11 @@ impl<'a, B: Backend> Runner<'a, B> {
         Ok(())
     }
 
+    /// A new buffer of `shape`'s elements, zeroed.
+    fn fresh(&self, shape: &[usize]) -> R<B::Buf> {
+        self.dev.zeros(numel(shape))
+    }
+
     /// Node `id`'s output is a view of `buf` (Reshape, Identity, a one-input Sum…).
     fn alias(&mut self, id: NodeId, buf: Arc<B::Buf>, shape: Vec<usize>) -> R<()> {
         let out = *self

@@ -33,10 +33,9 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let x = self.input(id, 0)?;
         let view = transposed_strides(perm.as_deref(), &x.shape)?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.gather(&mut y, &x.buf, &Strides::view(out_shape, &view)?, 0)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -50,11 +49,10 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let x = self.input(id, 0)?;
         let view = transposed_strides(perm.as_deref(), &x.shape)?;
-        let mut dx = zeros(numel(&x.shape))?;
+        let mut dx = dev.zeros(numel(&x.shape))?;
         dev.scatter(&mut dx, dy, &Strides::view(out_shape, &view)?, 0, false)?;
         grads.push((0, dx));
         Ok(grads)
@@ -69,9 +67,8 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let a = axis_of(axis, out_shape.len())?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         let strides = strides_of(out_shape);
         let mut start = 0;
         for slot in 0..node.inputs.len() {
@@ -98,14 +95,13 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let a = axis_of(axis, out_shape.len())?;
         let strides = strides_of(out_shape);
         let mut start = 0;
         for slot in 0..node.inputs.len() {
             let x = self.input(id, slot)?;
-            let mut dx = zeros(numel(&x.shape))?;
+            let mut dx = dev.zeros(numel(&x.shape))?;
             dev.gather(
                 &mut dx,
                 dy,

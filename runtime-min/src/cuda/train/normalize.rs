@@ -21,7 +21,6 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let x = self.input(id, 0)?;
         let (outer, width, inner) = ops::softmax_layout(&x.shape, axis, flatten)?;
         if inner != 1 {
@@ -29,7 +28,7 @@ impl<B: Backend> Runner<'_, B> {
                 "softmax over an axis other than the last is not on the CUDA backend yet".into(),
             );
         }
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.softmax_rows(&mut y, &x.buf, outer, width, log)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -46,7 +45,6 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (outer, width, _) = ops::softmax_layout(out_shape, axis, flatten)?;
         let y = self
@@ -54,7 +52,7 @@ impl<B: Backend> Runner<'_, B> {
             .get(&node.outputs[0])
             .cloned()
             .ok_or("the output was not kept")?;
-        let mut dx = zeros(dev.len(dy))?;
+        let mut dx = dev.zeros(dev.len(dy))?;
         dev.softmax_rows_backward(&mut dx, dy, &y.buf, outer, width, log)?;
         grads.push((0, dx));
         Ok(grads)
@@ -69,7 +67,6 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (y, saved) = {
             if node.outputs.len() > 1 {
                 return Err(
@@ -87,7 +84,7 @@ impl<B: Backend> Runner<'_, B> {
                 let count = batch * spatial;
                 batch_stats::forward(dev, sum, &mut mean, &mut rstd, epsilon, count)?;
             }
-            let mut y = fresh(out_shape)?;
+            let mut y = self.fresh(out_shape)?;
             dev.channel_affine(
                 &mut y, &x.buf, &mean, &rstd, &gamma.buf, &beta.buf, channels, spatial,
             )?;
@@ -104,15 +101,17 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
         let Saved::Stats(mean, rstd) = saved else {
             return Err("batch norm kept no statistics".into());
         };
         let (batch, channels, spatial) = channel_layout(&x.shape)?;
-        let (mut dx, mut dg, mut db) =
-            (zeros(numel(&x.shape))?, zeros(channels)?, zeros(channels)?);
+        let (mut dx, mut dg, mut db) = (
+            dev.zeros(numel(&x.shape))?,
+            dev.zeros(channels)?,
+            dev.zeros(channels)?,
+        );
         dev.batch_norm_backward(
             &mut dx,
             &mut dg,
@@ -154,7 +153,6 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (y, saved) = {
             if node.outputs.len() > 1 {
                 return Err(
@@ -165,12 +163,12 @@ impl<B: Backend> Runner<'_, B> {
             let a = axis_of(axis, x.shape.len())?;
             let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
             let (mut mean, mut rstd) = (dev.zeros(rows)?, dev.zeros(rows)?);
-            let mut xhat = fresh(out_shape)?;
+            let mut xhat = self.fresh(out_shape)?;
             dev.layer_norm(
                 &mut xhat, &mut mean, &mut rstd, &x.buf, None, rows, n, epsilon,
             )?;
             let gamma = self.input(id, 1)?;
-            let mut y = fresh(out_shape)?;
+            let mut y = self.fresh(out_shape)?;
             let param = [rows, n];
             dev.binary(
                 &mut y,
@@ -197,7 +195,6 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
         let Saved::Normalized(xhat, mean, rstd) = saved else {
@@ -205,9 +202,9 @@ impl<B: Backend> Runner<'_, B> {
         };
         let a = axis_of(axis, x.shape.len())?;
         let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
-        let mut dx = zeros(rows * n)?;
+        let mut dx = dev.zeros(rows * n)?;
         dev.layer_norm_backward(&mut dx, dy, &x.buf, Some(&gamma.buf), mean, rstd, rows, n)?;
-        let mut dyx = zeros(rows * n)?;
+        let mut dyx = dev.zeros(rows * n)?;
         let param = [rows, n];
         dev.binary(
             &mut dyx,
@@ -216,12 +213,12 @@ impl<B: Backend> Runner<'_, B> {
             &Strides::broadcast(&param, &param, &param)?,
             BinaryOp::Mul,
         )?;
-        let mut dg = zeros(n)?;
+        let mut dg = dev.zeros(n)?;
         dev.reduce_axis(&mut dg, &dyx, 1, rows, n, false)?;
         grads.push((0, dx));
         grads.push((1, dg));
         if node.inputs.get(2).copied().flatten().is_some() {
-            let mut dbeta = zeros(n)?;
+            let mut dbeta = dev.zeros(n)?;
             dev.reduce_axis(&mut dbeta, dy, 1, rows, n, false)?;
             grads.push((2, dbeta));
         }

@@ -12,10 +12,9 @@ impl<B: Backend> Runner<'_, B> {
     /// A convolution through the device's convolution (cuDNN, or im2col and a GEMM), its bias added.
     pub(super) fn conv_forward(&self, id: NodeId, c: &Conv, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
         let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.conv_forward(&g, &x.buf, &w.buf, &mut y)?;
         if let Some(b) = self.optional(id, 2) {
             y = self.add_broadcast(
@@ -38,11 +37,10 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
         let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
-        let (mut dx, mut dw) = (zeros(numel(&x.shape))?, zeros(numel(&w.shape))?);
+        let (mut dx, mut dw) = (dev.zeros(numel(&x.shape))?, dev.zeros(numel(&w.shape))?);
         dev.conv_backward(&g, &x.buf, &w.buf, dy, &mut dx, &mut dw)?;
         grads.push((0, dx));
         grads.push((1, dw));
@@ -64,11 +62,10 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let (m, n) = (out_shape[0], out_shape[1]);
         let k = if gm.trans_a { a.shape[0] } else { a.shape[1] };
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         let mut mm = Gemm::new(m, n, k);
         mm.trans_a = gm.trans_a;
         mm.trans_b = gm.trans_b;
@@ -91,13 +88,12 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let (m, n) = (out_shape[0], out_shape[1]);
         let k = if gm.trans_a { a.shape[0] } else { a.shape[1] };
         // dA = alpha · dY · op(B)ᵀ (stored transposed when A is).
-        let mut da = zeros(m * k)?;
+        let mut da = dev.zeros(m * k)?;
         let mut mm = if gm.trans_a {
             let mut mm = Gemm::new(k, m, n);
             mm.trans_a = gm.trans_b;
@@ -115,7 +111,7 @@ impl<B: Backend> Runner<'_, B> {
             dev.gemm(&mm, dy, &b.buf, &mut da)?;
         }
         // dB = alpha · op(A)ᵀ · dY (stored transposed when B is).
-        let mut db = zeros(k * n)?;
+        let mut db = dev.zeros(k * n)?;
         let mut mm = if gm.trans_b {
             let mut mm = Gemm::new(n, k, m);
             mm.trans_a = true;
@@ -148,10 +144,9 @@ impl<B: Backend> Runner<'_, B> {
     /// MatMul: a batched GEMM.
     pub(super) fn matmul_forward(&self, id: NodeId, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let plan = MatMulPlan::new(&a.shape, &b.shape)?;
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.gemm(&plan.forward(), &a.buf, &b.buf, &mut y)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -159,11 +154,10 @@ impl<B: Backend> Runner<'_, B> {
     /// The gradients of matmul's inputs, by input slot.
     pub(super) fn matmul_backward(&self, id: NodeId, dy: &B::Buf) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let plan = MatMulPlan::new(&a.shape, &b.shape)?;
-        let (mut da, mut db) = (zeros(numel(&a.shape))?, zeros(numel(&b.shape))?);
+        let (mut da, mut db) = (dev.zeros(numel(&a.shape))?, dev.zeros(numel(&b.shape))?);
         dev.gemm(&plan.grad_a(), dy, &b.buf, &mut da)?;
         dev.gemm(&plan.grad_b(), &a.buf, dy, &mut db)?;
         grads.push((0, da));

@@ -15,11 +15,10 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let x = self.input(id, 0)?;
         let planes = x.shape.iter().take(2).product::<usize>();
         let area = numel(x.shape.get(2..).unwrap_or_default());
-        let mut y = fresh(out_shape)?;
+        let mut y = self.fresh(out_shape)?;
         dev.reduce_axis(&mut y, &x.buf, planes, area, 1, true)?;
         Ok(Output::New(y, Saved::None))
     }
@@ -31,19 +30,18 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let x = self.input(id, 0)?;
         let area = numel(x.shape.get(2..).unwrap_or_default());
         let planes = numel(&x.shape) / area.max(1);
-        let mut spread = zeros(numel(&x.shape))?;
+        let mut spread = dev.zeros(numel(&x.shape))?;
         dev.gather(
             &mut spread,
             dy,
             &Strides::view(&[planes, area], &[1, 0])?,
             0,
         )?;
-        let mut dx = zeros(numel(&x.shape))?;
+        let mut dx = dev.zeros(numel(&x.shape))?;
         dev.unary(&mut dx, &spread, UnaryOp::Scale, 1.0 / area as f32, 0.0)?;
         grads.push((0, dx));
         Ok(grads)
@@ -78,7 +76,6 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let x = self.input(id, 0)?;
         let axes = self.reduced_axes(id, axes, noop_with_empty_axes, x.shape.len())?;
@@ -97,10 +94,10 @@ impl<B: Backend> Runner<'_, B> {
                 }
             })
             .collect();
-        let mut spread = zeros(numel(&x.shape))?;
+        let mut spread = dev.zeros(numel(&x.shape))?;
         dev.gather(&mut spread, dy, &Strides::view(&x.shape, &view)?, 0)?;
         let count: usize = axes.iter().map(|&a| x.shape[a]).product();
-        let mut dx = zeros(numel(&x.shape))?;
+        let mut dx = dev.zeros(numel(&x.shape))?;
         dev.unary(
             &mut dx,
             &spread,

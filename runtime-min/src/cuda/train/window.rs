@@ -13,12 +13,11 @@ impl<B: Backend> Runner<'_, B> {
     /// A 1-d or 2-d max or average pool; a max pool keeps its argmax.
     pub(super) fn pool_forward(&self, id: NodeId, p: &Pool, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
-        let fresh = |shape: &[usize]| dev.zeros(numel(shape));
         let (y, saved) = {
             let x = self.input(id, 0)?;
             let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
             let win = Window::from(&g);
-            let mut y = fresh(out_shape)?;
+            let mut y = self.fresh(out_shape)?;
             match p.kind {
                 PoolKind::Max => {
                     let mut argmax = dev.index_zeros(numel(out_shape))?;
@@ -43,12 +42,11 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let zeros = |n: usize| dev.zeros(n);
         let mut grads = Vec::new();
         let x = self.input(id, 0)?;
         let (g, _, _): (Pool2d, _, _) = ops::pool_geometry(p, &x.shape)?;
         let win = Window::from(&g);
-        let mut dx = zeros(numel(&x.shape))?;
+        let mut dx = dev.zeros(numel(&x.shape))?;
         match (p.kind, saved) {
             (PoolKind::Max, Saved::Argmax(argmax)) => {
                 dev.max_pool_backward(&mut dx, dy, argmax, &win)?
