@@ -87,103 +87,95 @@ fn strided_copies_transpose_and_scatter_back() {
     close(&g, &[dy[0] + dy[3], dy[1] + dy[4], dy[2] + dy[5]], 1e-6);
 }
 
-#[test]
-fn unary_ops_and_their_gradients() {
-    let x: Vec<f32> = values(64, 5).iter().map(|v| v * 3.0).collect();
-    let positive: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
-    let n = x.len() as i64;
-    let run = |op: UnaryOp, input: &[f32], alpha: f32, beta: f32| {
-        let mut y = vec![0.0; input.len()];
-        // SAFETY: equal lengths.
-        unsafe { k::unary(y.as_mut_ptr(), input.as_ptr(), n, op as i32, alpha, beta) };
-        y
+/// The `unary` kernel on `input`.
+fn device_unary(op: UnaryOp, input: &[f32], alpha: f32, beta: f32) -> Vec<f32> {
+    let mut y = vec![0.0; input.len()];
+    // SAFETY: equal lengths.
+    unsafe {
+        k::unary(
+            y.as_mut_ptr(),
+            input.as_ptr(),
+            input.len() as i64,
+            op as i32,
+            alpha,
+            beta,
+        )
     };
-    // Against the CPU backend's kernels.
-    let mut want = vec![0.0; x.len()];
-    cpu::relu(&x, &mut want);
-    close(&run(UnaryOp::Relu, &x, 0.0, 0.0), &want, 0.0);
-    cpu::gelu(false, &x, &mut want);
-    close(&run(UnaryOp::Gelu, &x, 0.0, 0.0), &want, 2e-6);
-    cpu::gelu(true, &x, &mut want);
-    close(&run(UnaryOp::GeluTanh, &x, 0.0, 0.0), &want, 2e-6);
-    // Against the formulas.
-    // (op, its formula, whether it needs positive inputs)
-    type Case = (UnaryOp, fn(f32) -> f32, bool);
-    let cases: [Case; 12] = [
-        (UnaryOp::Sigmoid, |v| 1.0 / (1.0 + (-v).exp()), false),
-        (UnaryOp::Tanh, f32::tanh, false),
-        (UnaryOp::Exp, f32::exp, false),
-        (UnaryOp::Log, f32::ln, true),
-        (UnaryOp::Sqrt, f32::sqrt, true),
-        (UnaryOp::Neg, |v| -v, false),
-        (UnaryOp::Abs, f32::abs, false),
-        (
-            UnaryOp::LeakyRelu,
-            |v| if v >= 0.0 { v } else { 0.1 * v },
-            false,
-        ),
-        (UnaryOp::Clip, |v| v.clamp(0.1, 0.5), false),
-        (UnaryOp::Silu, |v| v / (1.0 + (-v).exp()), false),
-        (UnaryOp::Reciprocal, |v| 1.0 / v, true),
-        (
-            UnaryOp::Elu,
-            |v| if v >= 0.0 { v } else { 0.1 * (v.exp() - 1.0) },
-            false,
-        ),
-    ];
-    for (op, f, needs_positive) in cases {
-        let input = if needs_positive { &positive } else { &x };
-        let (alpha, beta) = if op == UnaryOp::Clip {
-            (0.1, 0.5)
-        } else {
-            (0.1, 0.0)
-        };
-        let want: Vec<f32> = input.iter().map(|&v| f(v)).collect();
-        let got = run(op, input, alpha, beta);
-        close(&got, &want, 1e-5);
-        // The gradient against a central difference of the forward.
-        let dy = values(input.len(), 6);
-        let saved = if op.backward_reads_output() {
-            &got
-        } else {
-            input
-        };
-        let mut dx = vec![0.0; input.len()];
-        // SAFETY: equal lengths.
-        unsafe {
-            k::unary_backward(
-                dx.as_mut_ptr(),
-                dy.as_ptr(),
-                saved.as_ptr(),
-                n,
-                op as i32,
-                alpha,
-                beta,
-            )
-        };
-        for i in 0..input.len() {
-            let h = 1e-2 * input[i].abs().max(0.1);
-            let (lo, hi) = (input[i] - h, input[i] + h);
-            // Skip the kinks.
-            if [0.0, 0.1, 0.5].iter().any(|&k| lo < k && k < hi) {
-                continue;
-            }
-            let numeric = (f(hi) - f(lo)) / (2.0 * h) * dy[i];
-            assert!(
-                (dx[i] - numeric).abs() <= 2e-2 * (1.0 + numeric.abs()),
-                "{op:?} at {}: {} against {numeric}",
-                input[i],
-                dx[i]
-            );
+    y
+}
+
+/// The `unary_backward` kernel from `dy` and what the forward kept (`x` or `y`).
+fn device_unary_backward(op: UnaryOp, dy: &[f32], kept: &[f32], alpha: f32, beta: f32) -> Vec<f32> {
+    let mut dx = vec![0.0; dy.len()];
+    // SAFETY: equal lengths.
+    unsafe {
+        k::unary_backward(
+            dx.as_mut_ptr(),
+            dy.as_ptr(),
+            kept.as_ptr(),
+            dy.len() as i64,
+            op as i32,
+            alpha,
+            beta,
+        )
+    };
+    dx
+}
+
+/// `dx` against the central difference of `f` at each input times `dy`, away from the
+/// `kinks`.
+#[track_caller]
+fn assert_central_difference(
+    what: &str,
+    f: impl Fn(f32) -> f32,
+    x: &[f32],
+    dy: &[f32],
+    dx: &[f32],
+    kinks: &[f32],
+) {
+    for i in 0..x.len() {
+        let h = 1e-3 * x[i].abs().max(0.1);
+        let (lo, hi) = (x[i] - h, x[i] + h);
+        if kinks.iter().any(|&k| lo <= k && k <= hi) {
+            continue;
         }
+        let numeric = f64::from(f(hi) - f(lo)) / f64::from(2.0 * h) * f64::from(dy[i]);
+        assert!(
+            (f64::from(dx[i]) - numeric).abs() <= 1e-2 * (1.0 + numeric.abs()),
+            "{what}'s gradient at {}: {} against {numeric}",
+            x[i],
+            dx[i]
+        );
     }
+}
+
+/// The executor's own codes, which no IR function maps to (Clip's bounds, SiLU, a scale),
+/// against their formulas.
+#[test]
+fn the_executors_own_unary_codes_and_their_gradients() {
+    let x: Vec<f32> = values(64, 5).iter().map(|v| v * 3.0).collect();
+    type Case = (UnaryOp, fn(f32) -> f32, f32, f32);
+    let cases: [Case; 3] = [
+        (UnaryOp::Clip, |v| v.clamp(0.1, 0.5), 0.1, 0.5),
+        (UnaryOp::Silu, |v| v / (1.0 + (-v).exp()), 0.0, 0.0),
+        (UnaryOp::Scale, |v| 0.25 * v, 0.25, 0.0),
+    ];
+    for (op, f, alpha, beta) in cases {
+        let want: Vec<f32> = x.iter().map(|&v| f(v)).collect();
+        close(&device_unary(op, &x, alpha, beta), &want, 1e-5);
+        let dy = values(x.len(), 6);
+        let dx = device_unary_backward(op, &dy, &x, alpha, beta);
+        assert_central_difference(&format!("{op:?}"), f, &x, &dy, &dx, &[0.1, 0.5]);
+    }
+    // GELU's backward against the CPU backend's kernel.
     let mut dgelu = vec![0.0; x.len()];
     let dy = values(x.len(), 7);
     cpu::gelu_backward(false, &x, &dy, &mut dgelu);
-    let mut got = vec![0.0; x.len()];
-    // SAFETY: equal lengths.
-    unsafe { k::unary_backward(got.as_mut_ptr(), dy.as_ptr(), x.as_ptr(), n, 3, 0.0, 0.0) };
-    close(&got, &dgelu, 1e-5);
+    close(
+        &device_unary_backward(UnaryOp::Gelu, &dy, &x, 0.0, 0.0),
+        &dgelu,
+        1e-5,
+    );
 }
 
 #[test]
@@ -754,12 +746,9 @@ fn every_device_unary_matches_the_cpu_backend() {
         } else {
             &x
         };
-        let n = input.len() as i64;
         let cpu = |v: f32| ralpc_runtime_min::cpu::ops::unary_value(u, v);
         let want: Vec<f32> = input.iter().map(|&v| cpu(v)).collect();
-        let mut got = vec![0.0; input.len()];
-        // SAFETY: equal lengths.
-        unsafe { k::unary(got.as_mut_ptr(), input.as_ptr(), n, op as i32, alpha, beta) };
+        let got = device_unary(op, input, alpha, beta);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
@@ -768,41 +757,20 @@ fn every_device_unary_matches_the_cpu_backend() {
             );
         }
         let dy = values(input.len(), 12);
-        let saved = if op.backward_reads_output() {
+        let kept = if op.backward_reads_output() {
             &got
         } else {
             input
         };
-        let mut dx = vec![0.0; input.len()];
-        // SAFETY: equal lengths.
-        unsafe {
-            k::unary_backward(
-                dx.as_mut_ptr(),
-                dy.as_ptr(),
-                saved.as_ptr(),
-                n,
-                op as i32,
-                alpha,
-                beta,
-            )
-        };
-        for i in 0..input.len() {
-            let h = 1e-3 * input[i].abs().max(0.1);
-            let (lo, hi) = (input[i] - h, input[i] + h);
-            // Skip the kinks (ReLU's, HardSigmoid's and HardSwish's corners).
-            if [0.0, -2.5, 2.5, -3.0, 3.0]
-                .iter()
-                .any(|&k| lo <= k && k <= hi)
-            {
-                continue;
-            }
-            let numeric = f64::from(cpu(hi) - cpu(lo)) / f64::from(2.0 * h) * f64::from(dy[i]);
-            assert!(
-                (f64::from(dx[i]) - numeric).abs() <= 1e-2 * (1.0 + numeric.abs()),
-                "{u:?}'s gradient at {}: {} against {numeric}",
-                input[i],
-                dx[i]
-            );
-        }
+        let dx = device_unary_backward(op, &dy, kept, alpha, beta);
+        // Away from the kinks (ReLU's, HardSigmoid's and HardSwish's corners).
+        assert_central_difference(
+            &format!("{u:?}"),
+            cpu,
+            input,
+            &dy,
+            &dx,
+            &[0.0, -2.5, 2.5, -3.0, 3.0],
+        );
     }
 }
