@@ -132,8 +132,12 @@ fn an_operator_without_a_lowering_is_named() {
         &TrainOptions::default(),
     )
     .expect_err("GPT-2 needs Gather");
-    // The node, then the device's reason as its cause.
+    // The node, then the device's reason as its cause: the model's, not a bug in ralpc.
     assert!(e.to_string().contains("/wte/Gather"), "{e}");
+    let ralpc_runtime_min::cpu::graph::ExecError::Device { source, .. } = &e else {
+        panic!("not the device's refusal: {e}");
+    };
+    assert!(!source.is_bug() && !source.is_setup(), "{source:?}");
     let e = ralpc_runtime_min::error_chain(&e);
     assert!(e.contains("is not on the CUDA backend yet"), "{e}");
 }

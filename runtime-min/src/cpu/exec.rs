@@ -88,7 +88,7 @@ mod zero;
 
 use checkpoint::{assemble, Collector};
 pub use checkpoint::{Checkpoint, CheckpointSink, SinkError};
-use failure::{keep, kernel_failure};
+use failure::{bug, keep, kernel_failure};
 pub use failure::{Fault, FaultKind, RankError, RunError, KILLED};
 use prepare::after;
 
@@ -1056,7 +1056,7 @@ impl<'p, 'a> Rank<'p, 'a> {
                     .iter()
                     .copied()
                     .find(|&w| g.value(w).name == *name)
-                    .ok_or_else(|| format!("'{name}' is not a tied weight of this plan"))?;
+                    .ok_or_else(|| bug(format!("'{name}' is not a tied weight of this plan")))?;
                 self.optimizer_step(|v| v == w)
             }
             Instruction::Step { .. } => {
@@ -1082,7 +1082,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             .groups
             .get(g as usize)
             .cloned()
-            .ok_or_else(|| format!("group {g} does not exist").into())
+            .ok_or_else(|| bug(format!("group {g} does not exist")))
     }
 
     /// What a message of `tag` carries.
@@ -1092,7 +1092,7 @@ impl<'p, 'a> Rank<'p, 'a> {
             microbatches: self.p.exe.plan.microbatches,
         };
         tags.decode(tag)
-            .ok_or_else(|| format!("tag {tag} names no edge").into())
+            .ok_or_else(|| bug(format!("tag {tag} names no edge")))
     }
 }
 

@@ -20,6 +20,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::backend::R;
+use super::error::unsupported;
 use super::error::DeviceError;
 use crate::cpu::kernels::Conv2d;
 
@@ -244,10 +245,9 @@ impl Convolutions {
         launch: impl FnOnce(&mut CudaSlice<u8>) -> R<T>,
     ) -> R<T> {
         if !self.reserve(bytes)? {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "cuDNN: a workspace of {bytes} bytes does not fit in the GPU's memory"
-            )
-            .into());
+            )));
         }
         match self.workspace()?.as_mut() {
             Some(space) => launch(space),

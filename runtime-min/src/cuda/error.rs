@@ -135,17 +135,15 @@ pub enum SetupError {
     },
 }
 
-/// A node the device cannot run as asked (the messages the lowering writes).
-impl From<String> for DeviceError {
-    fn from(message: String) -> DeviceError {
-        DeviceError::Node(message)
-    }
+/// What a forward pass kept and its backward pass needs disagree: a bug in ralpc
+/// ([`DeviceError::Inconsistent`]).
+pub(crate) fn inconsistent(message: impl Into<String>) -> DeviceError {
+    DeviceError::Inconsistent(message.into())
 }
 
-impl From<&str> for DeviceError {
-    fn from(message: &str) -> DeviceError {
-        DeviceError::Node(message.to_owned())
-    }
+/// A node the device cannot run as asked: the model's ([`DeviceError::Node`]).
+pub(crate) fn unsupported(message: impl Into<String>) -> DeviceError {
+    DeviceError::Node(message.into())
 }
 
 /// A device's result.

@@ -4,6 +4,7 @@
 use ralpc_ir::{Binary, Graph, Op, Unary};
 
 use super::backend::{Gemm, R};
+use super::error::unsupported;
 use super::kernels::{BinaryOp, UnaryOp};
 use crate::cpu::ops;
 
@@ -43,15 +44,16 @@ pub(super) struct MatMulPlan {
 impl MatMulPlan {
     pub(super) fn new(a: &[usize], b: &[usize]) -> R<MatMulPlan> {
         if a.len() < 2 || b.len() < 2 {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
-            )
-            .into());
+            )));
         }
         let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
         let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
         if k != k2 {
-            return Err(format!("MatMul of {a:?} × {b:?}: inner sizes differ").into());
+            return Err(unsupported(format!(
+                "MatMul of {a:?} × {b:?}: inner sizes differ"
+            )));
         }
         let batch_a = numel(&a[..a.len() - 2]);
         if b.len() == 2 {
@@ -72,10 +74,9 @@ impl MatMulPlan {
                 shared_b: false,
             });
         }
-        Err(format!(
+        Err(unsupported(format!(
             "MatMul of {a:?} × {b:?}: broadcast batch axes are not on the CUDA backend yet"
-        )
-        .into())
+        )))
     }
 
     fn batched(&self, mut g: Gemm) -> Gemm {
@@ -114,7 +115,9 @@ pub(super) fn axis_of(axis: i64, rank: usize) -> R<usize> {
     if (0..rank as i64).contains(&a) {
         Ok(a as usize)
     } else {
-        Err(format!("axis {axis} is out of range for rank {rank}").into())
+        Err(unsupported(format!(
+            "axis {axis} is out of range for rank {rank}"
+        )))
     }
 }
 
@@ -137,12 +140,14 @@ pub(super) fn transposed_strides(perm: Option<&[i64]>, shape: &[usize]) -> R<Vec
 pub(super) fn channel_layout(shape: &[usize]) -> R<(usize, usize, usize)> {
     match shape {
         [n, c, rest @ ..] => Ok((*n, *c, numel(rest))),
-        _ => Err(format!("batch norm needs N×C×…, got {shape:?}").into()),
+        _ => Err(unsupported(format!(
+            "batch norm needs N×C×…, got {shape:?}"
+        ))),
     }
 }
 
 pub(crate) fn unary_op(u: Unary) -> R<(UnaryOp, f32, f32)> {
-    UnaryOp::of(u).ok_or_else(|| format!("{u:?} is not on the CUDA backend yet").into())
+    UnaryOp::of(u).ok_or_else(|| unsupported(format!("{u:?} is not on the CUDA backend yet")))
 }
 
 pub(super) fn binary_op(b: Binary) -> R<BinaryOp> {
@@ -152,7 +157,11 @@ pub(super) fn binary_op(b: Binary) -> R<BinaryOp> {
         Binary::Mul => BinaryOp::Mul,
         Binary::Div => BinaryOp::Div,
         Binary::Pow => BinaryOp::Pow,
-        other => return Err(format!("{other:?} is not on the CUDA backend yet").into()),
+        other => {
+            return Err(unsupported(format!(
+                "{other:?} is not on the CUDA backend yet"
+            )))
+        }
     })
 }
 

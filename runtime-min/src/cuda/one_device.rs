@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
 use super::backend::{Backend, R};
+use super::error::unsupported;
 use super::error::DeviceError;
 use super::node_ops::numel;
 use super::train::{DTensor, Runner};
@@ -165,18 +166,26 @@ fn loss<B: Backend>(dev: &B, kind: Loss, y: &DTensor<B>, labels: &Data) -> R<(f6
         (Loss::CrossEntropy, Data::I64(classes_of)) => {
             let classes = crate::cpu::train::classes(&y.shape);
             let rows = total / classes;
-            let labels = dev.upload_indices(classes_of.get(..rows).ok_or("too few labels")?)?;
+            let labels = dev.upload_indices(
+                classes_of
+                    .get(..rows)
+                    .ok_or_else(|| unsupported("too few labels"))?,
+            )?;
             let mut per = dev.zeros(rows)?;
             dev.cross_entropy(&mut per, &mut dy, &y.buf, &labels, rows, classes, rows)?;
             per
         }
         (Loss::Mse, Data::F32(targets)) => {
-            let t = dev.upload(targets.get(..total).ok_or("too few targets")?)?;
+            let t = dev.upload(
+                targets
+                    .get(..total)
+                    .ok_or_else(|| unsupported("too few targets"))?,
+            )?;
             let mut per = dev.zeros(total)?;
             dev.mse(&mut per, &mut dy, &y.buf, &t, total)?;
             per
         }
-        _ => return Err("the labels do not fit the loss".into()),
+        _ => return Err(unsupported("the labels do not fit the loss")),
     };
     let l = dev.download(&per)?.iter().map(|&v| f64::from(v)).sum();
     Ok((l, dy))

@@ -6,6 +6,7 @@
 //! before it, and keeps what they bring until their own receive instruction. Posting a
 //! receive does not wait for it, so this costs the early buffers only.
 
+use super::failure::bug;
 use super::*;
 
 /// A rank's receives, in its senders' orders.
@@ -105,10 +106,9 @@ impl Rank<'_, '_> {
     /// read is a plan whose receives do not match its sends.
     pub(super) fn restart_arrivals(&mut self) -> Result<(), RankError> {
         if let Some(&(from, tag)) = self.arrivals.early.keys().next() {
-            return Err(format!(
+            return Err(bug(format!(
                 "rank {from} sent message {tag}, which this rank's program never receives"
-            )
-            .into());
+            )));
         }
         self.arrivals.posted.clear();
         Ok(())

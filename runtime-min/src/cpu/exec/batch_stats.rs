@@ -11,6 +11,7 @@ use std::cell::RefCell;
 
 use super::super::ops::{Env, Mode};
 use super::super::region::interval;
+use super::failure::bug;
 use super::*;
 
 impl Prepared<'_> {
@@ -52,7 +53,7 @@ impl Rank<'_, '_> {
         let slot = group
             .iter()
             .position(|&r| r == self.rank)
-            .ok_or("a rank outside its batch-statistics group")?;
+            .ok_or_else(|| bug("a rank outside its batch-statistics group"))?;
         let mut words = vec![0.0f32; group.len() * 2 * n];
         for (i, &v) in sums.iter().enumerate() {
             let high = v as f32;

@@ -9,6 +9,7 @@ use ralpc_ir::{GraphInfo, Op, ValueId};
 
 use super::super::ops;
 use super::super::tensor::Tensor;
+use super::failure::bug;
 use super::{folded, Executable, Prepared, RankError};
 
 /// Deeper chains are not derived (the layer build keeps such values in layers).
@@ -56,7 +57,7 @@ fn derivable_in(
 impl Prepared<'_> {
     /// `v` evaluated at `batch` samples.
     pub(super) fn derive(&self, v: ValueId, batch: u64) -> Result<Tensor, RankError> {
-        let info = self.info_at(batch)?;
+        let info = self.info_at(batch).map_err(bug)?;
         self.derive_in(&info, v, &mut BTreeMap::new())
     }
 
@@ -82,7 +83,7 @@ impl Prepared<'_> {
                         .tensors
                         .get(&v)
                         .cloned()
-                        .ok_or_else(|| format!("constant '{}' is missing", name()))?
+                        .ok_or_else(|| bug(format!("constant '{}' is missing", name())))?
                 } else {
                     let inputs = node
                         .inputs
@@ -91,13 +92,14 @@ impl Prepared<'_> {
                         .collect::<Result<Vec<_>, _>>()?;
                     let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
                     let (outs, _) = ops::forward(&node.op, &refs, node.outputs.len(), self.env)
-                        .map_err(|e| format!("computing '{}' from constants: {e}", name()))?;
+                        .map_err(|e| format!("computing '{}' from constants: {e}", name()))
+                        .map_err(bug)?;
                     for (&o, t) in node.outputs.iter().zip(&outs) {
                         memo.insert(o, t.clone());
                     }
                     outs.into_iter()
                         .nth(g.value(v).slot as usize)
-                        .ok_or_else(|| format!("'{}' was not computed", name()))?
+                        .ok_or_else(|| bug(format!("'{}' was not computed", name())))?
                 }
             }
         };

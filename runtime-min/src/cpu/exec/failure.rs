@@ -161,17 +161,10 @@ pub(super) fn keep(slot: &mut Option<RankError>, e: RankError) -> String {
     message
 }
 
-/// Bookkeeping that fails only when the plan and the runtime disagree.
-impl From<String> for RankError {
-    fn from(message: String) -> RankError {
-        RankError::Inconsistent(message)
-    }
-}
-
-impl From<&str> for RankError {
-    fn from(message: &str) -> RankError {
-        RankError::Inconsistent(message.to_owned())
-    }
+/// What the plan says and what this rank holds or computes disagree: a bug in ralpc
+/// ([`RankError::Inconsistent`]).
+pub(crate) fn bug(message: impl Into<String>) -> RankError {
+    RankError::Inconsistent(message.into())
 }
 
 /// A fault injected into one rank, to test that the others stop (`ralpc run --fault`).

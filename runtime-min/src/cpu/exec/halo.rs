@@ -15,6 +15,7 @@ use ralpc_codegen::layout::{LayerKind, Split, Window};
 use ralpc_codegen::tag::HaloPass;
 use ralpc_ir::{Graph, NodeId, Op, Padding, ValueId};
 
+use super::failure::bug;
 use super::resolve::Resolved;
 use super::{setup, Prepared, Rank, RankError, RunError};
 use crate::cpu::floats::Floats;
@@ -139,7 +140,7 @@ impl Prepared<'_> {
         let halo = layer
             .halo
             .as_ref()
-            .ok_or_else(|| format!("layer {} reads no halo", layer.name))?;
+            .ok_or_else(|| bug(format!("layer {} reads no halo", layer.name)))?;
         let (rows, _) = halo.window.read_rows(rows_piece(layer.split, k));
         self.rows_of(v, need, rows, halo.window.input)
     }
@@ -152,16 +153,18 @@ impl Prepared<'_> {
         rows: Range<u64>,
         input: u64,
     ) -> Result<Region, RankError> {
-        let shape = self.microbatch_shape(v)?;
+        let shape = self.microbatch_shape(v).map_err(bug)?;
         let name = &self.exe.graph.value(v).name;
         let axis = self
             .axes(v, shape.len())
             .rows
             .filter(|&a| region.len() == shape.len() && shape.get(a) == Some(&(input as usize)))
             .ok_or_else(|| {
-                format!(
+                bug({
+                    format!(
                     "'{name}' (shape {shape:?}) has no axis of the {input} rows its window reads"
                 )
+                })
             })?;
         let mut out = region.clone();
         out[axis] = rows.start as usize..rows.end as usize;
@@ -298,7 +301,7 @@ impl Rank<'_, '_> {
         let mut filled = vec![false; n];
         let floats = own
             .floats()
-            .ok_or("only floating-point tensors have halos")?;
+            .ok_or_else(|| bug("only floating-point tensors have halos"))?;
         fill(&mut out, &mut filled, &ext, floats, &need);
         for (region, t) in rows {
             fill(
@@ -311,11 +314,11 @@ impl Rank<'_, '_> {
         }
         let missing = filled.iter().filter(|f| !**f).count();
         if missing > 0 {
-            return Err(format!(
+            return Err(bug(format!(
                 "{missing} of the {n} elements of '{}' around its rows that layer {} reads never arrived",
                 self.value_name(v),
                 self.p.layers[l].name
-            ).into());
+            )));
         }
         Ok(Tensor::f32(self.p.local_dims(v, &ext), out))
     }
@@ -331,7 +334,7 @@ impl Rank<'_, '_> {
         self.halos
             .staged
             .get(&(e, mb))
-            .ok_or_else(|| "a staged input vanished".into())
+            .ok_or_else(|| bug("a staged input vanished"))
     }
 
     /// The input of edge `e` a forward pass reads: staged by a halo send, or assembled now.
@@ -354,7 +357,7 @@ impl Rank<'_, '_> {
         let layer = &self.p.layers[edge.consumer];
         let k = layer
             .holds(rank)
-            .ok_or_else(|| format!("rank {rank} does not run {}", layer.name))?;
+            .ok_or_else(|| bug(format!("rank {rank} does not run {}", layer.name)))?;
         let own = self.need(e, rank)?;
         let ext = self.p.with_halo(edge.consumer, k, edge.value, &own)?;
         Ok((own, ext))
@@ -385,7 +388,7 @@ impl Rank<'_, '_> {
                     .halos
                     .grads
                     .get(&(e, mb))
-                    .ok_or("no halo gradient to send")?;
+                    .ok_or_else(|| bug("no halo gradient to send"))?;
                 let whole = Tensor {
                     shape: dims(region),
                     data: Data::F32(g.clone()),
@@ -394,7 +397,7 @@ impl Rank<'_, '_> {
             }
         };
         let Data::F32(floats) = data.data else {
-            return Err("only floating-point tensors have halos".into());
+            return Err(bug("only floating-point tensors have halos"));
         };
         if self
             .compute
@@ -440,12 +443,11 @@ impl Rank<'_, '_> {
             None => Floats::from(self.comm.recv(from, tag).map_err(RankError::from)?),
         };
         if data.len() != volume(&piece) {
-            return Err(format!(
+            return Err(bug(format!(
                 "the halo from rank {from} has {} elements where {} were expected",
                 data.len(),
                 volume(&piece)
-            )
-            .into());
+            )));
         }
         match pass {
             HaloPass::Forward | HaloPass::Again => {
@@ -459,7 +461,7 @@ impl Rank<'_, '_> {
                 let (region, g) = self
                     .input_grads
                     .remove(&(e, mb))
-                    .ok_or("a halo gradient for an input without one")?;
+                    .ok_or_else(|| bug("a halo gradient for an input without one"))?;
                 let g = match self
                     .compute
                     .accumulate(g, &region, &piece, &data)

@@ -9,6 +9,7 @@ use super::super::kernels;
 use super::super::region::Region;
 use super::super::tensor::{Data, Tensor};
 use super::super::train::{self, Loss};
+use super::failure::bug;
 use super::{Rank, RankError, Truth};
 
 /// Where a rank's share of the output sits in it.
@@ -28,7 +29,7 @@ impl Rank<'_, '_> {
     /// batch's output: whole rows of a sample range, each whole or cut by classes.
     fn share(&self, mb: u32, held: &Region) -> Result<Share, RankError> {
         let p = self.p;
-        let shape = p.microbatch_shape(p.output.1)?;
+        let shape = p.microbatch_shape(p.output.1).map_err(bug)?;
         let axis = train::class_axis(&shape);
         let (Some(&classes), Some(samples), Some(class_range)) =
             (shape.get(axis), held.first(), held.get(axis))
@@ -57,7 +58,7 @@ impl Rank<'_, '_> {
         };
         labels
             .get(share.first_row..share.first_row + share.rows)
-            .ok_or_else(|| "the labels do not cover the output's rows".into())
+            .ok_or_else(|| bug("the labels do not cover the output's rows"))
     }
 
     /// The class labels of `share`'s rows.
@@ -70,7 +71,7 @@ impl Rank<'_, '_> {
         labels
             .get(share.first_row..share.first_row + share.rows)
             .map(|l| l.iter().map(|&c| c as u32).collect())
-            .ok_or_else(|| "the labels do not cover the output's rows".into())
+            .ok_or_else(|| bug("the labels do not cover the output's rows"))
     }
 
     /// The runs of `held` (whole rows) that are contiguous in the global batch's output,
@@ -79,9 +80,11 @@ impl Rank<'_, '_> {
     /// (an `[N, C, 1, 1]` output split by channels).
     fn runs(&self, mb: u32, held: &Region) -> Result<Vec<(usize, usize)>, RankError> {
         let p = self.p;
-        let shape = p.microbatch_shape(p.output.1)?;
+        let shape = p.microbatch_shape(p.output.1).map_err(bug)?;
         if held.len() != shape.len() || held.is_empty() {
-            return Err(format!("a share {held:?} of an output of shape {shape:?}").into());
+            return Err(bug(format!(
+                "a share {held:?} of an output of shape {shape:?}"
+            )));
         }
         let strides = super::super::tensor::strides(&shape);
         // The last axis the share cuts (besides the samples): runs span it and all after.
@@ -114,20 +117,26 @@ impl Rank<'_, '_> {
         group: &[u32],
     ) -> Result<(), RankError> {
         let layer = &self.p.layers[l];
-        let k = layer
-            .holds(self.rank)
-            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let k = layer.holds(self.rank).ok_or_else(|| {
+            bug(format!(
+                "rank {} does not run layer {}",
+                self.rank, layer.name
+            ))
+        })?;
         let run = self
             .runs
             .get(&(l, mb))
-            .ok_or("loss statistics of an output not computed")?;
+            .ok_or_else(|| bug("loss statistics of an output not computed"))?;
         let Some(Tensor {
             data: Data::F32(y), ..
         }) = run.values.get(self.p.output.1)
         else {
-            return Err("the output is missing".into());
+            return Err(bug("the output is missing"));
         };
-        let held = self.p.region(self.p.output.1, &layer.view_out(), k)?;
+        let held = self
+            .p
+            .region(self.p.output.1, &layer.view_out(), k)
+            .map_err(bug)?;
         let share = self.share(mb, &held)?;
         if share.class_range.len() == share.classes || self.options.loss != Loss::CrossEntropy {
             // Whole rows (cut on another axis), or a loss of each element alone: every rank
@@ -171,7 +180,7 @@ impl Rank<'_, '_> {
         }
         let share = self.share(mb, held)?;
         let Data::F32(y) = &y.data else {
-            return Err("the loss needs a floating-point output".into());
+            return Err(bug("the loss needs a floating-point output"));
         };
         let whole_rows = share.class_range.len() == share.classes;
         // Whole rows, or a loss of each element alone (squared error): the share's runs
@@ -184,7 +193,11 @@ impl Rank<'_, '_> {
             Vec::new()
         };
         let (loss, dy): (f64, Floats) = if by_runs {
-            let total = p.microbatch_shape(p.output.1)?.iter().product::<usize>()
+            let total = p
+                .microbatch_shape(p.output.1)
+                .map_err(bug)?
+                .iter()
+                .product::<usize>()
                 / p.microbatch.max(1)
                 * p.exe.plan.batch as usize;
             match self.device_loss(y, &runs, share.classes, total)? {
@@ -193,11 +206,13 @@ impl Rank<'_, '_> {
             }
         } else {
             let all = self.loss_statistics.remove(&(l, mb)).ok_or_else(|| {
-                format!(
-                    "layer {} splits the model's output by classes, but the plan exchanges \
+                bug({
+                    format!(
+                        "layer {} splits the model's output by classes, but the plan exchanges \
                      no loss statistics before its backward",
-                    layer.name
-                )
+                        layer.name
+                    )
+                })
             })?;
             let total_rows = share.rows * p.exe.plan.batch as usize
                 / (held.first().map_or(1, |r| r.len()).max(1));
@@ -313,7 +328,7 @@ impl Rank<'_, '_> {
         for &(start, len) in runs {
             let part = y
                 .get(at..at + len)
-                .ok_or("the output share is shorter than its region")?;
+                .ok_or_else(|| bug("the output share is shorter than its region"))?;
             let shape = match self.options.loss {
                 Loss::CrossEntropy => vec![len / classes.max(1), classes],
                 Loss::Mse => vec![len],

@@ -2,6 +2,7 @@
 //! holds and what it received, its compute on its share, its input gradients kept for the
 //! messages and sums that return them.
 
+use super::failure::bug;
 use super::*;
 
 impl Rank<'_, '_> {
@@ -15,8 +16,10 @@ impl Rank<'_, '_> {
         let c = &self.p.layers[edge.consumer];
         let k = c
             .holds(rank)
-            .ok_or_else(|| format!("rank {rank} does not run {}", c.name))?;
-        Ok(self.p.region(edge.value, &c.view_in_as(edge.read_as), k)?)
+            .ok_or_else(|| bug(format!("rank {rank} does not run {}", c.name)))?;
+        self.p
+            .region(edge.value, &c.view_in_as(edge.read_as), k)
+            .map_err(bug)
     }
 
     /// The region of edge `e`'s tensor that producer rank `rank` holds.
@@ -25,10 +28,10 @@ impl Rank<'_, '_> {
         let pl = &self.p.layers[edge.producer];
         let k = pl
             .holds(rank)
-            .ok_or_else(|| format!("rank {rank} does not run {}", pl.name))?;
-        Ok(self
-            .p
-            .region(edge.value, &pl.view_out_as(edge.held_as), k)?)
+            .ok_or_else(|| bug(format!("rank {rank} does not run {}", pl.name)))?;
+        self.p
+            .region(edge.value, &pl.view_out_as(edge.held_as), k)
+            .map_err(bug)
     }
 
     /// The region of an input only a split layer's epilogue reads (a residual added after
@@ -83,7 +86,7 @@ impl Rank<'_, '_> {
         {
             return Ok(None);
         }
-        let out = self.p.region(v, &layer.view_out(), k)?;
+        let out = self.p.region(v, &layer.view_out(), k).map_err(bug)?;
         Ok(Some(if split_output {
             intersect(&need, &out)
         } else {
@@ -147,7 +150,7 @@ impl Rank<'_, '_> {
                 held,
                 run.values
                     .get(edge.value)
-                    .ok_or("the producer's output is missing")?,
+                    .ok_or_else(|| bug("the producer's output is missing"))?,
             )),
             _ => None,
         };
@@ -193,13 +196,12 @@ impl Rank<'_, '_> {
             (Tensor::i64(dims, values), missing)
         };
         if missing > 0 {
-            return Err(format!(
+            return Err(bug(format!(
                 "{missing} of the {} elements of '{}' that layer {} needs never arrived",
                 volume(&need),
                 self.value_name(edge.value),
                 self.p.layers[edge.consumer].name
-            )
-            .into());
+            )));
         }
         Ok(tensor)
     }
@@ -211,78 +213,85 @@ impl Rank<'_, '_> {
         let layer = &p.layers[l];
         let run = p.recompute[l];
         if again && run.is_none() {
-            return Err(format!("layer {} is not recomputed", layer.name).into());
+            return Err(bug(format!("layer {} is not recomputed", layer.name)));
         }
-        let k = layer
-            .holds(self.rank)
-            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let k = layer.holds(self.rank).ok_or_else(|| {
+            bug(format!(
+                "rank {} does not run layer {}",
+                self.rank, layer.name
+            ))
+        })?;
         let g = p.exe.graph;
         let mut values = Values::new(g);
         let samples = interval(layer.view_in().pieces(k)[0], p.microbatch);
         for &(v, source) in &layer.inputs {
             let c = p.carrier(v);
-            let t =
-                match source {
-                    Source::Edge(e) => {
-                        let whole = self.layer_input(l, e, mb, again)?;
-                        let whole = match p.edges[e].halo {
-                            true => self.add_halo(l, k, e, mb, whole)?,
-                            false => whole,
-                        };
-                        self.at_read_share(l, k, e, whole)?
-                    }
-                    Source::GraphInput => {
-                        let full = p.exe.data.inputs.get(&c).ok_or("an input has no data")?;
-                        let read_as = edge_kinds(None, layer.kind).1;
-                        let need = p.region(c, &layer.view_in_as(read_as), k)?;
-                        let need = match p.reads_halo(l, c) {
-                            true => p.with_halo(l, k, c, &need)?,
-                            false => need,
-                        };
-                        let share = self.epilogue_crop(l, k, c, need.clone())?;
-                        // The rank's piece of this microbatch's samples of the global
-                        // batch, on the input's batch axis (none: every microbatch reads
-                        // all of it).
-                        let offset = mb as usize * p.microbatch;
-                        let samples = p.samples_axis(c);
-                        let global: Region = full.shape.iter().map(|&d| 0..d).collect();
-                        let shifted: Region = need
-                            .iter()
-                            .enumerate()
-                            .map(|(d, r)| {
-                                if Some(d) == samples {
-                                    r.start + offset..r.end + offset
-                                } else {
-                                    r.clone()
-                                }
-                            })
-                            .collect();
-                        let t = crop(full, &global, &shifted);
-                        match (share, t.floats()) {
-                            (Some(share), Some(values)) => {
-                                Tensor::f32(p.local_dims(c, &share), reframe(values, &need, &share))
+            let t = match source {
+                Source::Edge(e) => {
+                    let whole = self.layer_input(l, e, mb, again)?;
+                    let whole = match p.edges[e].halo {
+                        true => self.add_halo(l, k, e, mb, whole)?,
+                        false => whole,
+                    };
+                    self.at_read_share(l, k, e, whole)?
+                }
+                Source::GraphInput => {
+                    let full = p
+                        .exe
+                        .data
+                        .inputs
+                        .get(&c)
+                        .ok_or_else(|| bug("an input has no data"))?;
+                    let read_as = edge_kinds(None, layer.kind).1;
+                    let need = p.region(c, &layer.view_in_as(read_as), k).map_err(bug)?;
+                    let need = match p.reads_halo(l, c) {
+                        true => p.with_halo(l, k, c, &need)?,
+                        false => need,
+                    };
+                    let share = self.epilogue_crop(l, k, c, need.clone())?;
+                    // The rank's piece of this microbatch's samples of the global
+                    // batch, on the input's batch axis (none: every microbatch reads
+                    // all of it).
+                    let offset = mb as usize * p.microbatch;
+                    let samples = p.samples_axis(c);
+                    let global: Region = full.shape.iter().map(|&d| 0..d).collect();
+                    let shifted: Region = need
+                        .iter()
+                        .enumerate()
+                        .map(|(d, r)| {
+                            if Some(d) == samples {
+                                r.start + offset..r.end + offset
+                            } else {
+                                r.clone()
                             }
-                            (Some(share), None) => crop(&t, &need, &share),
-                            (None, _) => t,
+                        })
+                        .collect();
+                    let t = crop(full, &global, &shifted);
+                    match (share, t.floats()) {
+                        (Some(share), Some(values)) => {
+                            Tensor::f32(p.local_dims(c, &share), reframe(values, &need, &share))
                         }
+                        (Some(share), None) => crop(&t, &need, &share),
+                        (None, _) => t,
                     }
-                    Source::Constant => match self.weights.get(&c) {
-                        Some((_, t)) if p.tied.contains(&c) => self.tied_piece(layer, k, c, t)?,
-                        Some((_, t)) => t.clone(),
-                        None if self.released.contains_key(&c) => {
-                            return Err(RankError::Inconsistent(format!(
-                                "layer {} reads '{}' before its gather (ZeRO-3 released it)",
-                                layer.name,
-                                self.value_name(c)
-                            )))
-                        }
-                        None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
-                            format!("constant '{}' is missing", self.value_name(c))
-                        })?,
-                    },
-                    Source::Derived => p.derive(c, samples.len() as u64)?,
-                    Source::Folded => p.folded_at(c, samples.len() as u64)?,
-                };
+                }
+                Source::Constant => match self.weights.get(&c) {
+                    Some((_, t)) if p.tied.contains(&c) => self.tied_piece(layer, k, c, t)?,
+                    Some((_, t)) => t.clone(),
+                    None if self.released.contains_key(&c) => {
+                        return Err(RankError::Inconsistent(format!(
+                            "layer {} reads '{}' before its gather (ZeRO-3 released it)",
+                            layer.name,
+                            self.value_name(c)
+                        )))
+                    }
+                    None => p.exe.weights.tensors.get(&c).cloned().ok_or_else(|| {
+                        bug(format!("constant '{}' is missing", self.value_name(c)))
+                    })?,
+                },
+                Source::Derived => p.derive(c, samples.len() as u64)?,
+                Source::Folded => p.folded_at(c, samples.len() as u64).map_err(bug)?,
+            };
             // A vocabulary piece's ids: its rows, the others its zero row.
             let t = match p.vocabulary_rows(layer, k, v) {
                 Some(rows) => {
@@ -336,16 +345,15 @@ impl Rank<'_, '_> {
         }
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
-            let region = p.region(o, &p.output_view(l, o), k)?;
+            let region = p.region(o, &p.output_view(l, o), k).map_err(bug)?;
             let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
             let want = p.local_dims(o, &region);
             if got != want {
-                return Err(format!(
+                return Err(bug(format!(
                     "layer {} computed '{}' of shape {got:?} where its share is {want:?}",
                     layer.name,
                     self.value_name(o),
-                )
-                .into());
+                )));
             }
             regions.insert(o, region);
         }
@@ -434,12 +442,11 @@ impl Rank<'_, '_> {
         }
         let missing = filled.iter().filter(|f| !**f).count();
         if missing > 0 {
-            return Err(format!(
+            return Err(bug(format!(
                 "{missing} of the {n} gradient elements of '{}' (read by layer {reader}) never \
                  came back",
                 self.value_name(o),
-            )
-            .into());
+            )));
         }
         Ok(acc.into())
     }
@@ -447,23 +454,27 @@ impl Rank<'_, '_> {
     pub(super) fn backward(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
-        let k = layer
-            .holds(self.rank)
-            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let k = layer.holds(self.rank).ok_or_else(|| {
+            bug(format!(
+                "rank {} does not run layer {}",
+                self.rank, layer.name
+            ))
+        })?;
         let mut run = self.runs.remove(&(l, mb)).ok_or_else(|| {
-            format!(
-                "layer {} has no forward pass for microbatch {mb}",
-                layer.name
-            )
+            bug({
+                format!(
+                    "layer {} has no forward pass for microbatch {mb}",
+                    layer.name
+                )
+            })
         })?;
         self.lend_back(&mut run)?;
         if run.dropped {
-            return Err(format!(
+            return Err(bug(format!(
                 "layer {}'s activations of microbatch {mb} were dropped for recomputation \
                  and not recomputed",
                 layer.name
-            )
-            .into());
+            )));
         }
         self.spend_checkpoints(l, mb);
         self.take_regathered(l, k, mb, &mut run)?;
@@ -476,7 +487,10 @@ impl Rank<'_, '_> {
             let readers = p.gradient_readers(l, o);
             if (l, o) == p.output && readers.is_empty() {
                 // The loss's gradient alone, where the loss was computed.
-                let y = run.values.get(o).ok_or("the output is missing")?;
+                let y = run
+                    .values
+                    .get(o)
+                    .ok_or_else(|| bug("the output is missing"))?;
                 let dy = self.output_loss(l, k, mb, y, held)?;
                 grads.accumulate(o, dy);
                 continue;
@@ -494,7 +508,10 @@ impl Rank<'_, '_> {
                 });
             }
             if (l, o) == p.output {
-                let y = run.values.get(o).ok_or("the output is missing")?;
+                let y = run
+                    .values
+                    .get(o)
+                    .ok_or_else(|| bug("the output is missing"))?;
                 let dy = self.output_loss(l, k, mb, y, held)?;
                 total = Some(match total {
                     Some(sum) => self.compute.add(sum, &dy).map_err(RankError::from)?,
@@ -540,14 +557,19 @@ impl Rank<'_, '_> {
     /// the weight gradients its backward made.
     pub(super) fn weight_gradient(&mut self, l: usize, mb: u32) -> Result<(), RankError> {
         let layer = &self.p.layers[l];
-        let k = layer
-            .holds(self.rank)
-            .ok_or_else(|| format!("rank {} does not run layer {}", self.rank, layer.name))?;
+        let k = layer.holds(self.rank).ok_or_else(|| {
+            bug(format!(
+                "rank {} does not run layer {}",
+                self.rank, layer.name
+            ))
+        })?;
         let owed = self.owed_weight_gradients.remove(&(l, mb)).ok_or_else(|| {
-            format!(
-                "layer {}'s weight pass on microbatch {mb} comes before its backward",
-                layer.name
-            )
+            bug({
+                format!(
+                    "layer {}'s weight pass on microbatch {mb} comes before its backward",
+                    layer.name
+                )
+            })
         })?;
         self.add_weight_gradients(l, k, owed)
     }

@@ -5,6 +5,7 @@
 
 use super::super::graph::Values;
 use super::super::tensor::Tensor;
+use super::failure::bug;
 use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
@@ -22,7 +23,10 @@ impl Rank<'_, '_> {
         let from_outside = p.recompute[l].is_some_and(|(first, _)| p.edges[e].producer < first);
         match (from_outside, again) {
             (true, true) => self.checkpoints.get(&(e, mb)).cloned().ok_or_else(|| {
-                format!("layer {} recomputes without its input", p.layers[l].name).into()
+                bug(format!(
+                    "layer {} recomputes without its input",
+                    p.layers[l].name
+                ))
             }),
             (true, false) => {
                 let t = self.assemble(e, mb)?;

@@ -14,6 +14,7 @@ use ralpc_ir::ValueId;
 use super::super::floats::Floats;
 use super::super::region::Slice;
 use super::super::tensor::{Data, Tensor};
+use super::failure::bug;
 use super::{LayerRun, Rank, RankError, Source, Touch};
 
 /// A weight this rank holds only its share of until the next gather.
@@ -100,10 +101,10 @@ impl Rank<'_, '_> {
             return Ok(r.part.clone());
         }
         let Some((_, t)) = self.weights.get(&w) else {
-            return Err("a sharded weight is not held".into());
+            return Err(bug("a sharded weight is not held"));
         };
         let Data::F32(x) = &t.data else {
-            return Err("a sharded weight is not a float tensor".into());
+            return Err(bug("a sharded weight is not a float tensor"));
         };
         self.cut_range(x, t.len(), own.clone())
     }

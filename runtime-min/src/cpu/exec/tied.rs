@@ -8,6 +8,7 @@
 
 use super::super::region::{positions_in, Piece};
 use super::super::tensor::numel;
+use super::failure::bug;
 use super::*;
 
 impl Prepared<'_> {
@@ -38,10 +39,12 @@ impl Rank<'_, '_> {
     /// Where this rank's rows of tied weight `w` lie in the whole table; `None` when it
     /// holds the whole.
     fn tied_rows(&self, w: ValueId) -> Result<Option<Piece>, RankError> {
-        let (slice, _) = self
-            .weights
-            .get(&w)
-            .ok_or_else(|| format!("the tied weight '{}' is not held", self.value_name(w)))?;
+        let (slice, _) = self.weights.get(&w).ok_or_else(|| {
+            bug(format!(
+                "the tied weight '{}' is not held",
+                self.value_name(w)
+            ))
+        })?;
         Ok(slice.piece(&self.tied_shape(w)?))
     }
 
@@ -53,7 +56,12 @@ impl Rank<'_, '_> {
             .tensors
             .get(&w)
             .map(|t| t.shape.clone())
-            .ok_or_else(|| format!("the tied weight '{}' is missing", self.value_name(w)).into())
+            .ok_or_else(|| {
+                bug(format!(
+                    "the tied weight '{}' is missing",
+                    self.value_name(w)
+                ))
+            })
     }
 
     /// Layer `l`'s piece (on rank index `k`) of tied weight `w`, of which this rank holds
@@ -73,7 +81,7 @@ impl Rank<'_, '_> {
                 return Ok(held.clone());
             };
             let Data::F32(f) = &held.data else {
-                return Err("a tied weight that is not floats".into());
+                return Err(bug("a tied weight that is not floats"));
             };
             let padded = match self.with_zero_row(&piece, f.clone())? {
                 Some(padded) => padded,
@@ -164,7 +172,9 @@ impl Rank<'_, '_> {
                     None => gw
                         .get(..numel(&piece.shape))
                         .map(|rows| Floats::from(rows.to_vec()))
-                        .ok_or("a vocabulary piece's gradient is shorter than its rows")?,
+                        .ok_or_else(|| {
+                            bug("a vocabulary piece's gradient is shorter than its rows")
+                        })?,
                 }
             }
         };

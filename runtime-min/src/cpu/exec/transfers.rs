@@ -1,6 +1,7 @@
 //! A rank's messages and collectives: what each carries, cut from and pasted into the
 //! rank's tensors; and the optimizer step that follows the gradient all-reduces.
 
+use super::failure::bug;
 use super::*;
 
 impl Rank<'_, '_> {
@@ -16,7 +17,10 @@ impl Rank<'_, '_> {
         let data = if backward {
             // From a consumer rank back to the producer rank.
             let (need, data) = self.input_grads.get(&(e, mb)).ok_or_else(|| {
-                format!("no gradient of '{}' to send", self.value_name(edge.value))
+                bug(format!(
+                    "no gradient of '{}' to send",
+                    self.value_name(edge.value)
+                ))
             })?;
             let piece = intersect(need, &self.held(e, to)?);
             let whole = Tensor {
@@ -28,12 +32,17 @@ impl Rank<'_, '_> {
             let held = self.held(e, self.rank)?;
             let piece = intersect(&self.need(e, to)?, &held);
             let run = self.runs.get(&(edge.producer, mb)).ok_or_else(|| {
-                format!(
-                    "'{}' was not computed before its send",
-                    self.value_name(edge.value)
-                )
+                bug({
+                    format!(
+                        "'{}' was not computed before its send",
+                        self.value_name(edge.value)
+                    )
+                })
             })?;
-            let x = run.values.get(edge.value).ok_or("the output is missing")?;
+            let x = run
+                .values
+                .get(edge.value)
+                .ok_or_else(|| bug("the output is missing"))?;
             self.cut(x, &held, &piece)?
         };
         let words = match &data.data {
@@ -94,12 +103,14 @@ impl Rank<'_, '_> {
             let values = words_to_ints(&data)
                 .filter(|v| v.len() == volume(&piece))
                 .ok_or_else(|| {
-                    format!(
-                        "the message from rank {from} has {} words where {} integers were \
+                    bug({
+                        format!(
+                            "the message from rank {from} has {} words where {} integers were \
                          expected",
-                        data.len(),
-                        volume(&piece)
-                    )
+                            data.len(),
+                            volume(&piece)
+                        )
+                    })
                 })?;
             self.pieces
                 .entry((e, mb))
@@ -108,12 +119,11 @@ impl Rank<'_, '_> {
             return Ok(());
         }
         if data.len() != volume(&piece) {
-            return Err(format!(
+            return Err(bug(format!(
                 "the message from rank {from} has {} elements where {} were expected",
                 data.len(),
                 volume(&piece)
-            )
-            .into());
+            )));
         }
         self.keep_piece(e, mb, backward, piece, data.into());
         Ok(())
@@ -192,7 +202,7 @@ impl Rank<'_, '_> {
             let run = self
                 .runs
                 .get_mut(&(l, mb))
-                .ok_or("partial sums of a layer that did not run")?;
+                .ok_or_else(|| bug("partial sums of a layer that did not run"))?;
             let outputs: Vec<ValueId> = run.regions.keys().copied().collect();
             for o in outputs {
                 let Some(Tensor {
@@ -200,7 +210,7 @@ impl Rank<'_, '_> {
                     data: Data::F32(mut x),
                 }) = run.values.take(o)
                 else {
-                    return Err("partial sums of a missing or integer output".into());
+                    return Err(bug("partial sums of a missing or integer output"));
                 };
                 sum_over(&*self.compute, &self.comm, &group, &mut x)?;
                 run.values.set(
@@ -218,14 +228,14 @@ impl Rank<'_, '_> {
                 .pending_sums
                 .get_mut(&(l, mb))
                 .and_then(VecDeque::pop_front)
-                .ok_or("an input-gradient sum the layer does not need")?;
+                .ok_or_else(|| bug("an input-gradient sum the layer does not need"))?;
             let (_, data) = self
                 .input_grads
                 .get_mut(&(e, mb))
-                .ok_or("no input gradient to sum")?;
+                .ok_or_else(|| bug("no input gradient to sum"))?;
             return sum_over(&*self.compute, &self.comm, &group, data);
         }
-        Err("an all-reduce whose buffers name nothing to reduce".into())
+        Err(bug("an all-reduce whose buffers name nothing to reduce"))
     }
 
     /// Sums the gradients of `keys` over `group` with the device's own collective, if it
@@ -257,7 +267,9 @@ impl Rank<'_, '_> {
             .find(|(w, _)| g.value(**w).name == name)
             .map(|(&w, (_, t))| (w, t.len()));
         let Some((w, n)) = found else {
-            return Err(format!("this rank does not hold the tied weight '{name}'").into());
+            return Err(bug(format!(
+                "this rank does not hold the tied weight '{name}'"
+            )));
         };
         let gradient = match self.grads.remove(&w) {
             Some(g) => g,
@@ -305,14 +317,14 @@ impl Rank<'_, '_> {
             let mine = self
                 .runs
                 .get(&(producer, mb))
-                .ok_or("resharding a tensor not computed")?
+                .ok_or_else(|| bug("resharding a tensor not computed"))?
                 .values
                 .get(self.p.edges[e].value)
                 .and_then(|t| match &t.data {
                     Data::F32(f) => Some(f.clone()),
                     Data::I64(_) => None,
                 })
-                .ok_or("the output is missing")?;
+                .ok_or_else(|| bug("the output is missing"))?;
             let all = self.gather_over(&members, mine)?;
             for (&member, data) in members.iter().zip(all) {
                 if member == self.rank {
@@ -341,16 +353,18 @@ impl Rank<'_, '_> {
                 .input_grads
                 .get(&(e, mb))
                 .cloned()
-                .ok_or("no input gradient to reshard")?;
+                .ok_or_else(|| bug("no input gradient to reshard"))?;
             let sharers: Vec<usize> = (0..self.p.edges.len())
                 .filter(|&s| self.p.edges[s].gradient_with == Some(e))
                 .collect();
             for s in sharers {
                 let (region, part) = self.input_grads.remove(&(s, mb)).ok_or_else(|| {
-                    format!(
+                    bug({
+                        format!(
                         "layer {}'s input gradient, summed into a shared collective's, is missing",
                         self.p.layers[self.p.edges[s].consumer].name
                     )
+                    })
                 })?;
                 if region != need {
                     return Err(RankError::Inconsistent(format!(
@@ -372,7 +386,9 @@ impl Rank<'_, '_> {
             if reduce {
                 // Partial sums over the group: add every member's, keep this rank's share.
                 let mut parts = all.into_iter();
-                let first = parts.next().ok_or("a reduce-scatter over no ranks")?;
+                let first = parts
+                    .next()
+                    .ok_or_else(|| bug("a reduce-scatter over no ranks"))?;
                 let sum = parts.try_fold(first, |sum, part| {
                     self.compute.add(sum, &part).map_err(RankError::from)
                 })?;
@@ -382,7 +398,7 @@ impl Rank<'_, '_> {
                     data: Data::F32(sum),
                 };
                 let Data::F32(part) = self.cut(&whole, &need, &piece)?.data else {
-                    return Err("a gradient cut into integers".into());
+                    return Err(bug("a gradient cut into integers"));
                 };
                 self.input_grads.remove(&(e, mb));
                 self.grad_pieces
@@ -403,7 +419,7 @@ impl Rank<'_, '_> {
             }
             return Ok(());
         }
-        Err("a resharding collective whose buffers name no tensor".into())
+        Err(bug("a resharding collective whose buffers name no tensor"))
     }
 
     /// Every member's `data`, in the order of `members` (sorted): gathered device to
@@ -439,10 +455,12 @@ impl Rank<'_, '_> {
             .collect();
         match found.as_slice() {
             [e] => Ok(*e),
-            [] => Err(format!("no edge from layer {producer} to layer {consumer}").into()),
-            _ => Err(
-                format!("several tensors flow from layer {producer} to layer {consumer}").into(),
-            ),
+            [] => Err(bug(format!(
+                "no edge from layer {producer} to layer {consumer}"
+            ))),
+            _ => Err(bug(format!(
+                "several tensors flow from layer {producer} to layer {consumer}"
+            ))),
         }
     }
 

@@ -19,6 +19,7 @@ use super::super::floats::{Floats, Piece};
 use super::super::kernels;
 use super::super::region::interval;
 use super::super::tensor::{Data, Tensor};
+use super::failure::bug;
 use super::{Rank, RankError};
 
 impl Rank<'_, '_> {
@@ -50,7 +51,7 @@ impl Rank<'_, '_> {
         let i = members
             .iter()
             .position(|&r| r == self.rank)
-            .ok_or_else(|| format!("rank {} is not in the group {group:?}", self.rank))?;
+            .ok_or_else(|| bug(format!("rank {} is not in the group {group:?}", self.rank)))?;
         Ok(interval((i as u32, members.len() as u32), total))
     }
 
@@ -70,7 +71,7 @@ impl Rank<'_, '_> {
         }
         f.get(range)
             .map(|part| Floats::from(part.to_vec()))
-            .ok_or_else(|| "a share outside its tensor".into())
+            .ok_or_else(|| bug("a share outside its tensor"))
     }
 
     /// `n` elements from `parts` (each a range and its elements), which cover them once:
@@ -97,7 +98,7 @@ impl Rank<'_, '_> {
         for (range, f) in parts {
             out.get_mut(range.clone())
                 .filter(|to| to.len() == f.len())
-                .ok_or("a part outside the tensor it joins")?
+                .ok_or_else(|| bug("a part outside the tensor it joins"))?
                 .copy_from_slice(f);
         }
         Ok(out.into())
@@ -122,7 +123,7 @@ impl Rank<'_, '_> {
                 x.make_mut()
                     .get_mut(range)
                     .filter(|to| to.len() == part.len())
-                    .ok_or("a share outside the tensor it is written into")?
+                    .ok_or_else(|| bug("a share outside the tensor it is written into"))?
                     .copy_from_slice(part);
                 Ok(x)
             }
@@ -221,7 +222,7 @@ impl Rank<'_, '_> {
         for part in &all {
             let part = part
                 .get(mine.clone())
-                .ok_or("a member's gradient bucket has another size")?;
+                .ok_or_else(|| bug("a member's gradient bucket has another size"))?;
             kernels::add(&mut kept, part);
         }
         let mut at = 0;
@@ -323,7 +324,7 @@ impl Rank<'_, '_> {
             },
         )) = self.weights.get_mut(&w)
         else {
-            return Err("a sharded weight is not held".into());
+            return Err(bug("a sharded weight is not held"));
         };
         // Taken out, so the device writes the buffer it holds alone.
         let x = std::mem::take(x);
@@ -353,7 +354,7 @@ impl Rank<'_, '_> {
                 let n = self.weight_len(w);
                 let g = shares
                     .get(at..at + n)
-                    .ok_or("a gradient share is missing")?;
+                    .ok_or_else(|| bug("a gradient share is missing"))?;
                 self.report.gradients.push((w, slice.clone(), g.to_vec()));
                 at += n;
             }
@@ -399,7 +400,7 @@ impl Rank<'_, '_> {
         let share = self.join_ranges(mine.len(), &parts)?;
         let all = self.gather_over(&members, share)?;
         if all.iter().zip(&shares).any(|(f, r)| f.len() != r.len()) {
-            return Err("the members' weight shares do not make up the bucket".into());
+            return Err(bug("the members' weight shares do not make up the bucket"));
         }
         // The others' shares written over each weight in place (its own is there already),
         // or a released weight made whole of its share and theirs.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ralpc_ir::{Binary, NodeId, Unary};
 
 use super::super::backend::{Backend, R};
+use super::super::error::{inconsistent, unsupported};
 use super::super::kernels::{BinaryOp, Strides, UnaryOp};
 use super::super::node_ops::{binary_op, unary_op};
 use super::{DTensor, Output, Runner, Saved};
@@ -36,7 +37,7 @@ impl<B: Backend> Runner<'_, B> {
             self.values
                 .get(&node.outputs[0])
                 .cloned()
-                .ok_or("the output was not kept")?
+                .ok_or_else(|| inconsistent("the output was not kept"))?
         } else {
             self.input(id, 0)?
         };
@@ -135,7 +136,7 @@ impl<B: Backend> Runner<'_, B> {
                         .values
                         .get(&node.outputs[0])
                         .cloned()
-                        .ok_or("the output was not kept")?;
+                        .ok_or_else(|| inconsistent("the output was not kept"))?;
                     let same = Strides::broadcast(out_shape, out_shape, out_shape)?;
                     let (mut ga, mut t) = (dev.zeros(dev.len(dy))?, dev.zeros(dev.len(dy))?);
                     dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
@@ -143,9 +144,9 @@ impl<B: Backend> Runner<'_, B> {
                     dev.unary(&mut g, &t, UnaryOp::Neg, 0.0, 0.0)?;
                 }
                 (other, _) => {
-                    return Err(
-                        format!("{other:?}'s gradient is not on the CUDA backend yet").into(),
-                    )
+                    return Err(unsupported(format!(
+                        "{other:?}'s gradient is not on the CUDA backend yet"
+                    )))
                 }
             }
             Ok(Some(g))

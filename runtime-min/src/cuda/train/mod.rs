@@ -27,6 +27,7 @@ use ralpc_ir::{Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, ValueId, Vari
 
 use super::backend::{Backend, R};
 use super::batch_stats;
+use super::error::unsupported;
 use super::error::DeviceError;
 use super::kernels::{BinaryOp, Strides};
 use super::node_ops::{axis_of, numel, other_name, permutation, static_env};
@@ -127,7 +128,10 @@ impl<'a, B: Backend> Runner<'a, B> {
     /// Node `id`'s first output's shape: static, or from its operands.
     fn output_shape(&self, id: NodeId) -> R<Vec<usize>> {
         let node = self.graph.node(id);
-        let out = *node.outputs.first().ok_or("the node has no output")?;
+        let out = *node
+            .outputs
+            .first()
+            .ok_or_else(|| unsupported("the node has no output"))?;
         if self.info.is_some() {
             return self.shape(out);
         }
@@ -149,8 +153,8 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let s = x()?;
                 let target = self
                     .ints(id, 1)
-                    .ok_or("the Reshape target is not a constant")?;
-                ops::rebatched_reshape(&s, &target, *allowzero, self.env)?
+                    .ok_or_else(|| unsupported("the Reshape target is not a constant"))?;
+                ops::rebatched_reshape(&s, &target, *allowzero, self.env).map_err(unsupported)?
             }
             Op::Squeeze { axes } => {
                 let s = x()?;
@@ -169,7 +173,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let axes = axes
                     .clone()
                     .or_else(|| self.ints(id, 1))
-                    .ok_or("Unsqueeze's axes are missing")?;
+                    .ok_or_else(|| unsupported("Unsqueeze's axes are missing"))?;
                 let rank = s.len() + axes.len();
                 let mut axes: Vec<usize> =
                     axes.iter().map(|&a| axis_of(a, rank)).collect::<R<_>>()?;
@@ -181,7 +185,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Conv(c) => {
                 let (xs, ws) = (x()?, self.input(id, 1)?.shape);
-                let (g, one_d) = ops::conv_geometry(c, &xs, &ws)?;
+                let (g, one_d) = ops::conv_geometry(c, &xs, &ws).map_err(unsupported)?;
                 let (oh, ow) = g.output();
                 if one_d {
                     vec![g.batch, g.out_channels, ow]
@@ -198,10 +202,9 @@ impl<'a, B: Backend> Runner<'a, B> {
             Op::MatMul => {
                 let (a, b) = (x()?, self.input(id, 1)?.shape);
                 if a.len() < 2 || b.len() < 2 {
-                    return Err(format!(
+                    return Err(unsupported(format!(
                         "MatMul of {a:?} × {b:?}: vector operands are not on the CUDA backend yet"
-                    )
-                    .into());
+                    )));
                 }
                 let mut s = if b.len() > a.len() {
                     b[..b.len() - 2].to_vec()
@@ -224,7 +227,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Pool(p) => {
                 let s = x()?;
-                let (g, one_d, (n, c)) = ops::pool_geometry(p, &s)?;
+                let (g, one_d, (n, c)) = ops::pool_geometry(p, &s).map_err(unsupported)?;
                 if one_d {
                     vec![n, c, g.output.1]
                 } else {
@@ -269,7 +272,10 @@ impl<'a, B: Backend> Runner<'a, B> {
                     .collect()
             }
             other => {
-                return Err(format!("{} is not on the CUDA backend yet", other_name(other)).into())
+                return Err(unsupported(format!(
+                    "{} is not on the CUDA backend yet",
+                    other_name(other)
+                )))
             }
         })
     }
@@ -377,7 +383,10 @@ impl<'a, B: Backend> Runner<'a, B> {
             } => self.reduce_mean_forward(id, axes, *noop_with_empty_axes)?,
             Op::Concat { axis } => self.concat_forward(id, *axis, &out_shape)?,
             other => {
-                return Err(format!("{} is not on the CUDA backend yet", other_name(other)).into())
+                return Err(unsupported(format!(
+                    "{} is not on the CUDA backend yet",
+                    other_name(other)
+                )))
             }
         };
         let (y, saved) = match made {
@@ -409,7 +418,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             .node(id)
             .outputs
             .first()
-            .ok_or("the node has no output")?;
+            .ok_or_else(|| unsupported("the node has no output"))?;
         self.values.insert(out, DTensor { buf, shape });
         self.saved.push((id, Saved::None));
         Ok(())
@@ -482,7 +491,12 @@ impl<'a, B: Backend> Runner<'a, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let node = self.graph.node(id);
-        let out_shape = self.shape(*node.outputs.first().ok_or("the node has no output")?)?;
+        let out_shape = self.shape(
+            *node
+                .outputs
+                .first()
+                .ok_or_else(|| unsupported("the node has no output"))?,
+        )?;
         Ok(match &node.op {
             op if op.is_view() => self.view_backward(dy)?,
             Op::Conv(c) => self.conv_backward(id, c, dy, &out_shape)?,
@@ -508,11 +522,10 @@ impl<'a, B: Backend> Runner<'a, B> {
             } => self.reduce_mean_backward(id, axes, *noop_with_empty_axes, dy)?,
             Op::Concat { axis } => self.concat_backward(id, *axis, dy, &out_shape)?,
             other => {
-                return Err(format!(
+                return Err(unsupported(format!(
                     "{}'s gradient is not on the CUDA backend yet",
                     other_name(other)
-                )
-                .into())
+                )))
             }
         })
     }

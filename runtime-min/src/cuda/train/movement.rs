@@ -4,6 +4,7 @@
 use ralpc_ir::NodeId;
 
 use super::super::backend::{Backend, R};
+use super::super::error::unsupported;
 use super::super::kernels::Strides;
 use super::super::node_ops::{axis_of, numel, strides_of, transposed_strides};
 use super::{Output, Runner, Saved};
@@ -13,7 +14,9 @@ impl<B: Backend> Runner<'_, B> {
     /// buffer under the output's shape. Dropout is the identity, as on the CPU backend.
     pub(super) fn view_forward(&self, id: NodeId) -> R<Output<B>> {
         if self.graph.node(id).outputs.len() > 1 {
-            return Err("a dropout mask output is not on the CUDA backend yet".into());
+            return Err(unsupported(
+                "a dropout mask output is not on the CUDA backend yet",
+            ));
         }
         Ok(Output::View(self.input(id, 0)?.buf))
     }

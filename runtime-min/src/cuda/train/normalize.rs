@@ -5,6 +5,7 @@ use ralpc_ir::NodeId;
 
 use super::super::backend::{Backend, R};
 use super::super::batch_stats;
+use super::super::error::{inconsistent, unsupported};
 use super::super::kernels::{BinaryOp, Strides};
 use super::super::node_ops::{axis_of, channel_layout, numel};
 use super::{Output, Runner, Saved};
@@ -22,11 +23,12 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let x = self.input(id, 0)?;
-        let (outer, width, inner) = ops::softmax_layout(&x.shape, axis, flatten)?;
+        let (outer, width, inner) =
+            ops::softmax_layout(&x.shape, axis, flatten).map_err(unsupported)?;
         if inner != 1 {
-            return Err(
-                "softmax over an axis other than the last is not on the CUDA backend yet".into(),
-            );
+            return Err(unsupported(
+                "softmax over an axis other than the last is not on the CUDA backend yet",
+            ));
         }
         let mut y = self.fresh(out_shape)?;
         dev.softmax_rows(&mut y, &x.buf, outer, width, log)?;
@@ -46,12 +48,13 @@ impl<B: Backend> Runner<'_, B> {
         let dev = self.dev;
         let node = self.graph.node(id);
         let mut grads = Vec::new();
-        let (outer, width, _) = ops::softmax_layout(out_shape, axis, flatten)?;
+        let (outer, width, _) =
+            ops::softmax_layout(out_shape, axis, flatten).map_err(unsupported)?;
         let y = self
             .values
             .get(&node.outputs[0])
             .cloned()
-            .ok_or("the output was not kept")?;
+            .ok_or_else(|| inconsistent("the output was not kept"))?;
         let mut dx = dev.zeros(dev.len(dy))?;
         dev.softmax_rows_backward(&mut dx, dy, &y.buf, outer, width, log)?;
         grads.push((0, dx));
@@ -69,10 +72,9 @@ impl<B: Backend> Runner<'_, B> {
         let node = self.graph.node(id);
         let (y, saved) = {
             if node.outputs.len() > 1 {
-                return Err(
-                    "batch norm's running-statistics outputs are not on the CUDA backend yet"
-                        .into(),
-                );
+                return Err(unsupported(
+                    "batch norm's running-statistics outputs are not on the CUDA backend yet",
+                ));
             }
             let (x, gamma, beta) = (self.input(id, 0)?, self.input(id, 1)?, self.input(id, 2)?);
             let (batch, channels, spatial) = channel_layout(&x.shape)?;
@@ -104,7 +106,7 @@ impl<B: Backend> Runner<'_, B> {
         let mut grads = Vec::new();
         let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
         let Saved::Stats(mean, rstd) = saved else {
-            return Err("batch norm kept no statistics".into());
+            return Err(inconsistent("batch norm kept no statistics"));
         };
         let (batch, channels, spatial) = channel_layout(&x.shape)?;
         let (mut dx, mut dg, mut db) = (
@@ -155,9 +157,9 @@ impl<B: Backend> Runner<'_, B> {
         let node = self.graph.node(id);
         let (y, saved) = {
             if node.outputs.len() > 1 {
-                return Err(
-                    "layer norm's statistics outputs are not on the CUDA backend yet".into(),
-                );
+                return Err(unsupported(
+                    "layer norm's statistics outputs are not on the CUDA backend yet",
+                ));
             }
             let x = self.input(id, 0)?;
             let a = axis_of(axis, x.shape.len())?;
@@ -198,7 +200,7 @@ impl<B: Backend> Runner<'_, B> {
         let mut grads = Vec::new();
         let (x, gamma) = (self.input(id, 0)?, self.input(id, 1)?);
         let Saved::Normalized(xhat, mean, rstd) = saved else {
-            return Err("layer norm kept no statistics".into());
+            return Err(inconsistent("layer norm kept no statistics"));
         };
         let a = axis_of(axis, x.shape.len())?;
         let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
