@@ -97,7 +97,7 @@ fn run_error(e: impl std::fmt::Display) -> Error {
 /// Times `f` `repeats` times after one warm-up: the median µs and the spread. Runs that
 /// spread wider than [`NOISY`] (another process took the core, a page fault storm) are
 /// timed again, `repeats` more at a time, up to [`ROUNDS`] rounds; all runs count.
-fn time(repeats: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<Timed, String> {
+fn time<E>(repeats: u32, mut f: impl FnMut() -> Result<(), E>) -> Result<Timed, E> {
     f()?;
     let mut samples = Vec::new();
     for _ in 0..ROUNDS {
@@ -191,9 +191,9 @@ pub fn profile_cpu(
                 let mut saved = None;
                 let forward_us = time(repeats, || {
                     saved = Some(ops::forward(&node.op, &inputs, outputs, env)?);
-                    Ok(())
+                    Ok::<(), ops::OpError>(())
                 })
-                .map_err(fail)?;
+                .map_err(|e| fail(e.to_string()))?;
                 let (outs, kept) = saved.ok_or_else(|| fail("no output".into()))?;
                 let ones: Vec<Vec<f32>> = outs.iter().map(|o| vec![1.0; o.len()]).collect();
                 let dys: Vec<Option<&[f32]>> = ones.iter().map(|o| Some(o.as_slice())).collect();
@@ -454,7 +454,7 @@ mod tests {
             let spin = Instant::now();
             let wait = std::time::Duration::from_micros(if slow { 2000 } else { 200 });
             while spin.elapsed() < wait {}
-            Ok(())
+            Ok::<(), String>(())
         })
         .unwrap();
         assert_eq!(runs, 1 + 4 * ROUNDS, "a warm-up and every round");

@@ -5,7 +5,7 @@ use ralpc_ir::{Binary, Op, Unary};
 
 use super::grad::{grads, InputGrads};
 use super::kernels;
-use super::ops::{axis_of, floats, input, optional, R};
+use super::ops::{axis_of, floats, input, operands, optional, R};
 use super::tensor::{self as t, Data, Tensor};
 
 pub(crate) fn clip_value(v: f32, lo: Option<f32>, hi: Option<f32>) -> f32 {
@@ -132,7 +132,7 @@ pub(crate) fn unary(u: Unary, x: &Tensor) -> R<Tensor> {
             x.shape.clone(),
             v.iter().map(|&v| i64::from(v == 0)).collect(),
         )),
-        (Data::I64(_), _) => Err("this function needs a floating-point input".into()),
+        (Data::I64(_), _) => Err(operands("this function needs a floating-point input")),
         (Data::F32(v), Unary::IsNaN) => Ok(Tensor::i64(
             x.shape.clone(),
             v.iter().map(|v| i64::from(v.is_nan())).collect(),
@@ -180,8 +180,12 @@ fn map_parallel(v: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
 
 /// Applies a broadcasting binary function.
 pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
-    let shape = t::broadcast_shapes(&x.shape, &y.shape)
-        .ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", x.shape, y.shape))?;
+    let shape = t::broadcast_shapes(&x.shape, &y.shape).ok_or_else(|| {
+        operands(format!(
+            "shapes {:?} and {:?} do not broadcast",
+            x.shape, y.shape
+        ))
+    })?;
     let n = t::numel(&shape);
     let pairs = || t::broadcast(&x.shape, &shape).zip(t::broadcast(&y.shape, &shape));
     Ok(match (&x.data, &y.data, b) {
@@ -199,11 +203,13 @@ pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> R<Tensor> {
                     Binary::Add => p.wrapping_add(q),
                     Binary::Sub => p.wrapping_sub(q),
                     Binary::Mul => p.wrapping_mul(q),
-                    Binary::Div => p.checked_div(q).ok_or("integer division by zero")?,
+                    Binary::Div => p
+                        .checked_div(q)
+                        .ok_or_else(|| operands("integer division by zero"))?,
                     Binary::Pow => p.wrapping_pow(q.clamp(0, u32::MAX as i64) as u32),
-                    Binary::Mod | Binary::Fmod => {
-                        b.remainder(p, q).ok_or("integer division by zero in Mod")?
-                    }
+                    Binary::Mod | Binary::Fmod => b
+                        .remainder(p, q)
+                        .ok_or_else(|| operands("integer division by zero in Mod"))?,
                     Binary::PRelu if p < 0 => p.wrapping_mul(q),
                     Binary::PRelu => p,
                     Binary::Equal => i64::from(p == q),
@@ -452,7 +458,7 @@ pub(crate) fn where_of(inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let (c, x, y) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
     let shape = t::broadcast_shapes(&c.shape, &x.shape)
         .and_then(|s| t::broadcast_shapes(&s, &y.shape))
-        .ok_or("the shapes do not broadcast")?;
+        .ok_or_else(|| operands("the shapes do not broadcast"))?;
     let values = c.to_f64s();
     let cond: Vec<bool> = t::broadcast(&c.shape, &shape)
         .map(|i| values[i] != 0.0)

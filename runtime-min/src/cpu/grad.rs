@@ -11,7 +11,7 @@ use super::elementwise;
 use super::indexing;
 use super::movement;
 use super::normalize;
-use super::ops::{self, input, Saved};
+use super::ops::{self, input, operands, unsupported, Saved};
 use super::products;
 use super::reduce;
 use super::resize;
@@ -46,7 +46,9 @@ pub fn backward(
     dys: &[Option<&[f32]>],
 ) -> R<InputGrads> {
     let n = inputs.len();
-    let y: &Tensor = outputs.first().ok_or("the node has no output")?;
+    let y: &Tensor = outputs
+        .first()
+        .ok_or_else(|| operands("the node has no output"))?;
     let zeros;
     let dy = match dys.first().copied().flatten() {
         Some(d) => d,
@@ -162,10 +164,33 @@ pub fn backward(
         Op::Trilu { upper } => passthrough(n, &movement::trilu_backward(*upper, inputs, x, dy)),
         Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range | Op::Cast { .. } => grads(n),
         other => {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "{} has no backward pass in the CPU backend",
                 other.name()
-            ))
+            )))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::ops::{Env, Mode, OpError};
+
+    /// An op's failure says whose it is: what the backend lacks, or operands that do not fit.
+    #[test]
+    fn op_errors_say_what_failed() {
+        let x = Tensor::f32(vec![2, 3], vec![0.0; 6]);
+        let y = Tensor::i64(vec![], vec![6]);
+        let size = backward(&Op::Size, &[Some(&x)], &[&y], &Saved::None, &[None]);
+        assert!(matches!(size, Err(OpError::Unsupported(_))), "{size:?}");
+        let env = Env {
+            mode: Mode::Training,
+            exported_batch: None,
+            samples: None,
+        };
+        let far = Tensor::i64(vec![1], vec![7]);
+        let gather = ops::forward(&Op::Gather { axis: 0 }, &[Some(&x), Some(&far)], 1, env);
+        assert!(matches!(gather, Err(OpError::Operands(_))), "{gather:?}");
+    }
 }

@@ -9,7 +9,7 @@ use ralpc_ir::{Graph, NodeId, Op, Site, Storage, TensorData, TensorReadError, Va
 use super::floats::Floats;
 use super::grad;
 use super::init;
-use super::ops::{self, Env, Saved};
+use super::ops::{self, operands, Env, OpError, Saved};
 use super::tensor::Tensor;
 
 /// Why a graph could not run.
@@ -281,10 +281,10 @@ pub struct Record {
     pub saved: Saved,
 }
 
-fn node_error(graph: &Graph, node: NodeId) -> impl Fn(String) -> ExecError + '_ {
-    move |message| ExecError::Node {
+fn node_error(graph: &Graph, node: NodeId) -> impl Fn(OpError) -> ExecError + '_ {
+    move |e| ExecError::Node {
         site: graph.site(node),
-        message,
+        message: e.to_string(),
     }
 }
 
@@ -328,7 +328,10 @@ pub fn forward(
             .map(|v| {
                 v.map(|v| {
                     values.get(v).ok_or_else(|| {
-                        error(format!("input '{}' was not computed", graph.value(v).name))
+                        error(operands(format!(
+                            "input '{}' was not computed",
+                            graph.value(v).name
+                        )))
                     })
                 })
                 .transpose()
@@ -472,7 +475,7 @@ pub fn backward(
             .map(|&v| {
                 values
                     .get(v)
-                    .ok_or_else(|| error("an output was not kept".into()))
+                    .ok_or_else(|| error(operands("an output was not kept")))
             })
             .collect::<Result<_, _>>()?;
         let input_grads =
@@ -505,7 +508,7 @@ pub fn batch_norm_synced(
     let node = graph.node(id);
     let error = node_error(graph, id);
     let Op::BatchNorm { epsilon, .. } = node.op else {
-        return Err(error("not a batch normalization".into()));
+        return Err(error(operands("not a batch normalization")));
     };
     let inputs = values.inputs_of(node);
     let (outputs, saved) = ops::batch_norm_synced(
@@ -513,7 +516,7 @@ pub fn batch_norm_synced(
         &inputs,
         node.outputs.len(),
         ops::Mode::Training,
-        &mut |s| sum(s),
+        &mut |s| sum(s).map_err(operands),
     )
     .map_err(&error)?;
     for (&v, t) in node.outputs.iter().zip(outputs) {
@@ -539,7 +542,7 @@ pub fn batch_norm_synced_backward(
     let node = graph.node(record.node);
     let error = node_error(graph, record.node);
     let Op::BatchNorm { epsilon, .. } = node.op else {
-        return Err(error("not a batch normalization".into()));
+        return Err(error(operands("not a batch normalization")));
     };
     let Some(dy) = node.outputs.first().and_then(|&y| grads.get(y)) else {
         return Ok(());
@@ -551,7 +554,7 @@ pub fn batch_norm_synced_backward(
         &inputs,
         &record.saved,
         &dy,
-        &mut |s| sum(s),
+        &mut |s| sum(s).map_err(operands),
     )
     .map_err(&error)?;
     for (slot, g) in input_grads.into_iter().enumerate() {

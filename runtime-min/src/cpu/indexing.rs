@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ralpc_ir::{Einsum, Reduction};
 
 use super::grad::InputGrads;
-use super::ops::{floats, input, R};
+use super::ops::{floats, input, operands, unsupported, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// An index read from a tensor, made non-negative against `dim` and bounds-checked.
@@ -20,9 +20,9 @@ fn index(i: i64, dim: usize, what: &str) -> R<usize> {
     if (0..d).contains(&j) {
         Ok(j as usize)
     } else {
-        Err(format!(
+        Err(operands(format!(
             "{what} {i} is out of range for a dimension of {dim}"
-        ))
+        )))
     }
 }
 
@@ -30,12 +30,13 @@ fn index(i: i64, dim: usize, what: &str) -> R<usize> {
 /// `indices` (same rank as the data), along `axis`.
 fn element_positions(data: &[usize], indices: &Tensor, axis: i64) -> R<Vec<usize>> {
     if indices.shape.len() != data.len() {
-        return Err(format!(
+        return Err(operands(format!(
             "indices {:?} must have the data's rank ({data:?})",
             indices.shape
-        ));
+        )));
     }
-    let a = t::axis(axis, data.len()).ok_or_else(|| format!("axis {axis} is out of range"))?;
+    let a = t::axis(axis, data.len())
+        .ok_or_else(|| operands(format!("axis {axis} is out of range")))?;
     let strides = t::strides(data);
     let idx = indices.to_i64s();
     let mut at = vec![0usize; data.len()];
@@ -49,10 +50,10 @@ fn element_positions(data: &[usize], indices: &Tensor, axis: i64) -> R<Vec<usize
                 k
             };
             if k >= data[d] {
-                return Err(format!(
+                return Err(operands(format!(
                     "indices {:?} do not fit in data {data:?} off axis {a}",
                     indices.shape
-                ));
+                )));
             }
             p += k * s;
         }
@@ -71,12 +72,15 @@ fn element_positions(data: &[usize], indices: &Tensor, axis: i64) -> R<Vec<usize
 /// For ScatterND: the first data position of every slice `indices[i…, :]` addresses, and
 /// the slice's length.
 fn slice_positions(data: &[usize], indices: &Tensor) -> R<(Vec<usize>, usize)> {
-    let k = *indices.shape.last().ok_or("indices must have rank >= 1")?;
+    let k = *indices
+        .shape
+        .last()
+        .ok_or_else(|| operands("indices must have rank >= 1"))?;
     if k > data.len() {
-        return Err(format!(
+        return Err(operands(format!(
             "indices address {k} axes of data {data:?} (rank {})",
             data.len()
-        ));
+        )));
     }
     let strides = t::strides(data);
     let len = t::numel(&data[k..]);
@@ -99,12 +103,15 @@ fn slice_positions(data: &[usize], indices: &Tensor) -> R<(Vec<usize>, usize)> {
 /// `b` batch axes, and the slice's length.
 fn gather_nd_positions(data: &[usize], indices: &Tensor, b: usize) -> R<(Vec<usize>, usize)> {
     let q = indices.shape.len();
-    let k = *indices.shape.last().ok_or("indices must have rank >= 1")?;
+    let k = *indices
+        .shape
+        .last()
+        .ok_or_else(|| operands("indices must have rank >= 1"))?;
     if b >= q || b + k > data.len() || data[..b] != indices.shape[..b] {
-        return Err(format!(
+        return Err(operands(format!(
             "indices {:?} do not address data {data:?} after {b} batch axes",
             indices.shape
-        ));
+        )));
     }
     let strides = t::strides(data);
     let len = t::numel(&data[b + k..]);
@@ -155,12 +162,12 @@ fn scatter(
     r: Reduction,
 ) -> R<Tensor> {
     if updates.len() != starts.len() * len {
-        return Err(format!(
+        return Err(operands(format!(
             "updates {:?} hold {} elements where {} are written",
             updates.shape,
             updates.len(),
             starts.len() * len
-        ));
+        )));
     }
     let mut out = data.clone();
     let targets = starts.iter().flat_map(|&s| s..s + len);
@@ -177,7 +184,7 @@ fn scatter(
                 o[p] = combine_i64(r, o[p], v);
             }
         }
-        _ => return Err("data and updates must have one element type".into()),
+        _ => return Err(operands("data and updates must have one element type")),
     }
     Ok(out)
 }
@@ -229,9 +236,9 @@ fn scatter_backward(
         Reduction::None => targets().for_each(|p| dx[p] = 0.0),
         Reduction::Add => {}
         other => {
-            return Err(format!(
+            return Err(unsupported(format!(
                 "the backward pass of a scatter with reduction {other:?} is not supported"
-            ))
+            )))
         }
     }
     let mut g = vec![None; n];
@@ -307,9 +314,12 @@ pub(crate) fn scatter_nd_backward(
 fn cumsum_axis(inputs: &[Option<&Tensor>], rank: usize) -> R<usize> {
     let a = input(inputs, 1)?.to_i64s();
     let [a] = a.as_slice() else {
-        return Err(format!("axis must hold one value, holds {}", a.len()));
+        return Err(operands(format!(
+            "axis must hold one value, holds {}",
+            a.len()
+        )));
     };
-    t::axis(*a, rank).ok_or_else(|| format!("axis {a} is out of range for rank {rank}"))
+    t::axis(*a, rank).ok_or_else(|| operands(format!("axis {a} is out of range for rank {rank}")))
 }
 
 /// Running sums of `v` (shape `shape`) along `axis`.
@@ -383,7 +393,7 @@ struct Contraction {
 impl Contraction {
     fn new(e: &Einsum, shapes: &[&[usize]]) -> R<Contraction> {
         let ranks: Vec<usize> = shapes.iter().map(|s| s.len()).collect();
-        let axes = e.axes(&ranks)?;
+        let axes = e.axes(&ranks).map_err(operands)?;
         let mut sizes: Vec<(u32, usize)> = Vec::new();
         for (shape, labels) in shapes.iter().zip(&axes.operands) {
             for (&d, &l) in shape.iter().zip(labels) {
@@ -392,7 +402,9 @@ impl Contraction {
                     Some((_, s)) if *s == d || d == 1 => {}
                     Some((_, s)) if *s == 1 => *s = d,
                     Some((_, s)) => {
-                        return Err(format!("a label is {s} in one operand and {d} in another"))
+                        return Err(operands(format!(
+                            "a label is {s} in one operand and {d} in another"
+                        )))
                     }
                 }
             }
@@ -460,7 +472,7 @@ impl Contraction {
 /// Every operand's values and shape.
 type Operands<'a> = (Vec<&'a [f32]>, Vec<&'a [usize]>);
 
-fn operands<'a>(inputs: &[Option<&'a Tensor>]) -> R<Operands<'a>> {
+fn float_operands<'a>(inputs: &[Option<&'a Tensor>]) -> R<Operands<'a>> {
     let mut values = Vec::with_capacity(inputs.len());
     let mut shapes = Vec::with_capacity(inputs.len());
     for i in 0..inputs.len() {
@@ -473,7 +485,7 @@ fn operands<'a>(inputs: &[Option<&'a Tensor>]) -> R<Operands<'a>> {
 
 /// Einsum forward.
 pub(crate) fn einsum(e: &Einsum, inputs: &[Option<&Tensor>]) -> R<Tensor> {
-    let (values, shapes) = operands(inputs)?;
+    let (values, shapes) = float_operands(inputs)?;
     let c = Contraction::new(e, &shapes)?;
     let mut y = vec![0.0f32; t::numel(&c.shape)];
     c.each(|o, pos| {
@@ -485,7 +497,7 @@ pub(crate) fn einsum(e: &Einsum, inputs: &[Option<&Tensor>]) -> R<Tensor> {
 /// Einsum backward: each operand's gradient collects `dy` times the other operands, over
 /// the same combinations as the forward pass.
 pub(crate) fn einsum_backward(e: &Einsum, inputs: &[Option<&Tensor>], dy: &[f32]) -> R<InputGrads> {
-    let (values, shapes) = operands(inputs)?;
+    let (values, shapes) = float_operands(inputs)?;
     let c = Contraction::new(e, &shapes)?;
     let mut grads: Vec<Vec<f32>> = values.iter().map(|v| vec![0.0; v.len()]).collect();
     c.each(|o, pos| {

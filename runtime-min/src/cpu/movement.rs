@@ -6,7 +6,7 @@
 use ralpc_ir::{DType, PadMode, SliceRanges};
 
 use super::grad::InputGrads;
-use super::ops::{axis_of, input, ints_or_input, optional, Env, R};
+use super::ops::{axis_of, input, ints_or_input, operands, optional, Env, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// Per axis: start, end, step (already clamped).
@@ -62,7 +62,9 @@ pub(crate) fn rebatched_reshape(
 
 /// Concatenation along `axis`.
 pub(crate) fn concat(parts: &[&Tensor], axis: i64) -> R<Tensor> {
-    let first = parts.first().ok_or("nothing to concatenate")?;
+    let first = parts
+        .first()
+        .ok_or_else(|| operands("nothing to concatenate"))?;
     let a = axis_of(axis, first.shape.len())?;
     let outer = t::numel(&first.shape[..a]);
     let mut shape = first.shape.clone();
@@ -77,10 +79,10 @@ pub(crate) fn concat(parts: &[&Tensor], axis: i64) -> R<Tensor> {
                 .enumerate()
                 .any(|(d, &n)| d != a && n != first.shape[d])
         {
-            return Err(format!(
+            return Err(operands(format!(
                 "{:?} and {:?} do not concatenate",
                 first.shape, p.shape
-            ));
+            )));
         }
     }
     let blocks: Vec<usize> = parts.iter().map(|p| t::numel(&p.shape[a..])).collect();
@@ -139,7 +141,7 @@ pub(crate) fn slice_ranges(
     let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-        return Err("starts, ends, axes and steps differ in length".into());
+        return Err(operands("starts, ends, axes and steps differ in length"));
     }
     let mut out = Vec::new();
     for i in 0..starts.len() {
@@ -147,7 +149,7 @@ pub(crate) fn slice_ranges(
         let dim = x.shape[a] as i64;
         let step = steps[i];
         if step == 0 {
-            return Err("a slice step is zero".into());
+            return Err(operands("a slice step is zero"));
         }
         let norm = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
         let (s, e) = if step > 0 {
@@ -197,22 +199,28 @@ pub(crate) fn reshape_target(shape: &[usize], target: &[i64], allowzero: bool) -
                 infer = Some(i);
                 out.push(1);
             }
-            0 if !allowzero => {
-                out.push(*shape.get(i).ok_or("a 0 in the target has no input axis")?)
-            }
+            0 if !allowzero => out.push(
+                *shape
+                    .get(i)
+                    .ok_or_else(|| operands("a 0 in the target has no input axis"))?,
+            ),
             d if d >= 0 => out.push(d as usize),
-            _ => return Err(format!("invalid target {target:?}")),
+            _ => return Err(operands(format!("invalid target {target:?}"))),
         }
     }
     if let Some(i) = infer {
         let known = t::numel(&out);
         if known == 0 || total % known != 0 {
-            return Err(format!("{shape:?} does not reshape to {target:?}"));
+            return Err(operands(format!(
+                "{shape:?} does not reshape to {target:?}"
+            )));
         }
         out[i] = total / known;
     }
     if t::numel(&out) != total {
-        return Err(format!("{shape:?} does not reshape to {target:?}"));
+        return Err(operands(format!(
+            "{shape:?} does not reshape to {target:?}"
+        )));
     }
     Ok(out)
 }
@@ -236,7 +244,7 @@ pub(crate) fn gather(x: &Tensor, indices: &Tensor, axis: i64) -> R<Tensor> {
             usize::try_from(j)
                 .ok()
                 .filter(|&j| j < dim)
-                .ok_or_else(|| format!("index {i} is out of range for {dim}"))
+                .ok_or_else(|| operands(format!("index {i} is out of range for {dim}")))
         })
         .collect::<R<_>>()?;
     let (outer, inner) = (t::numel(&x.shape[..a]), t::numel(&x.shape[a + 1..]));
@@ -338,7 +346,7 @@ pub(crate) fn pad_sources(
     inputs: &[Option<&Tensor>],
 ) -> R<(Vec<usize>, Vec<Option<usize>>)> {
     let x = input(inputs, 0)?;
-    let pads = ints_or_input(pads, inputs, 1).ok_or("pads are missing")?;
+    let pads = ints_or_input(pads, inputs, 1).ok_or_else(|| operands("pads are missing"))?;
     let axes = optional(inputs, 3).map(Tensor::to_i64s);
     let r = x.shape.len();
     let axes: Vec<usize> = match axes {
@@ -346,7 +354,11 @@ pub(crate) fn pad_sources(
         None => (0..r).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(format!("{} pads for {} axes", pads.len(), axes.len()));
+        return Err(operands(format!(
+            "{} pads for {} axes",
+            pads.len(),
+            axes.len()
+        )));
     }
     let mut before = vec![0i64; r];
     let mut after = vec![0i64; r];
@@ -357,11 +369,11 @@ pub(crate) fn pad_sources(
     let shape: Vec<usize> = (0..r)
         .map(|d| {
             usize::try_from(x.shape[d] as i64 + before[d] + after[d])
-                .map_err(|_| "the pads remove more than the axis".to_string())
+                .map_err(|_| operands("the pads remove more than the axis"))
         })
         .collect::<R<_>>()?;
     if mode != PadMode::Constant && x.shape.contains(&0) {
-        return Err("cannot pad an empty axis by reflection".into());
+        return Err(operands("cannot pad an empty axis by reflection"));
     }
     let st = t::strides(&x.shape);
     let mut index = vec![0usize; r];
@@ -426,7 +438,7 @@ pub(crate) fn trilu_keeps(i: usize, j: usize, upper: bool, k: i64) -> bool {
 pub(crate) fn trilu(x: &Tensor, upper: bool, k: i64) -> R<Tensor> {
     let r = x.shape.len();
     if r < 2 {
-        return Err("Trilu needs at least two axes".into());
+        return Err(operands("Trilu needs at least two axes"));
     }
     let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
     let keep = |e: usize| {
@@ -503,9 +515,9 @@ pub(crate) fn split_inputs(
         }
     };
     if sizes.len() != outputs || sizes.iter().sum::<usize>() != total {
-        return Err(format!(
+        return Err(operands(format!(
             "split sizes {sizes:?} do not split {total} into {outputs} outputs"
-        ));
+        )));
     }
     Ok(split(x, ax, &sizes))
 }
@@ -561,7 +573,9 @@ pub(crate) fn flatten(x: &Tensor, axis: i64) -> R<Tensor> {
     let r = x.shape.len() as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if !(0..=r).contains(&a) {
-        return Err(format!("axis {axis} is out of range for rank {r}"));
+        return Err(operands(format!(
+            "axis {axis} is out of range for rank {r}"
+        )));
     }
     let outer = t::numel(&x.shape[..a as usize]);
     let inner = t::numel(&x.shape[a as usize..]);
@@ -597,7 +611,7 @@ pub(crate) fn squeeze(axes: &Option<Vec<i64>>, inputs: &[Option<&Tensor>]) -> R<
 /// Unsqueeze: an axis of size 1 at each position given (attribute or input 1).
 pub(crate) fn unsqueeze(axes: &Option<Vec<i64>>, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let x = input(inputs, 0)?;
-    let axes = ints_or_input(axes, inputs, 1).ok_or("axes are missing")?;
+    let axes = ints_or_input(axes, inputs, 1).ok_or_else(|| operands("axes are missing"))?;
     let r = x.shape.len() + axes.len();
     let mut axes: Vec<usize> = axes.iter().map(|&a| axis_of(a, r)).collect::<R<_>>()?;
     axes.sort_unstable();
@@ -689,7 +703,7 @@ pub(crate) fn range(inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let first = |t: &Tensor| t.to_f64s().first().copied().unwrap_or(0.0);
     let (s, l, d) = (first(start), first(limit), first(delta));
     if d == 0.0 {
-        return Err("delta is zero".into());
+        return Err(operands("delta is zero"));
     }
     let n = ((l - s) / d).ceil().max(0.0) as usize;
     Ok(match start.data {
@@ -751,7 +765,7 @@ pub(crate) fn expand(inputs: &[Option<&Tensor>], env: Env) -> R<Tensor> {
             let t: Vec<usize> = t.iter().map(|&d| d as usize).collect();
             t::broadcast_shapes(&x.shape, &t)
         })
-        .ok_or_else(|| format!("{:?} does not expand to {target:?}", x.shape))?;
+        .ok_or_else(|| operands(format!("{:?} does not expand to {target:?}", x.shape)))?;
     Ok(x.select(t::broadcast(&x.shape, &shape)))
 }
 

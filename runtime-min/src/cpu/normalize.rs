@@ -8,7 +8,7 @@
 
 use super::grad::{grads, InputGrads};
 use super::kernels;
-use super::ops::{axis_of, floats, input, optional, Mode, Saved, R};
+use super::ops::{axis_of, floats, input, operands, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// How the input's rows (sample × group) and their elements map to the affine parameters.
@@ -29,25 +29,27 @@ impl<'a> Groups<'a> {
     fn new(inputs: &[Option<&'a Tensor>], groups: Option<usize>) -> R<Groups<'a>> {
         let x = input(inputs, 0)?;
         let &[_, c, ..] = x.shape.as_slice() else {
-            return Err(format!(
+            return Err(operands(format!(
                 "normalization needs [N, C, pixels…], got {:?}",
                 x.shape
-            ));
+            )));
         };
         let groups = groups.unwrap_or(c);
         if groups == 0 || c % groups != 0 {
-            return Err(format!("{c} channels do not divide into {groups} groups"));
+            return Err(operands(format!(
+                "{c} channels do not divide into {groups} groups"
+            )));
         }
         let scale = floats(input(inputs, 1)?, "the scale")?;
         let bias = floats(input(inputs, 2)?, "the bias")?;
         let per_channel = scale.len() == c && bias.len() == c;
         if !per_channel && (scale.len() != groups || bias.len() != groups) {
-            return Err(format!(
+            return Err(operands(format!(
                 "the scale ({}) and the bias ({}) must have one value per channel ({c}) or \
                  per group ({groups})",
                 scale.len(),
                 bias.len()
-            ));
+            )));
         }
         let pixels = t::numel(&x.shape[2..]).max(1);
         Ok(Groups {
@@ -108,11 +110,11 @@ pub(crate) fn group_norm_backward(
     let g = Groups::new(inputs, groups)?;
     let (xhat, stats) = g.normalized(epsilon)?;
     if dy.len() != xhat.len() {
-        return Err(format!(
+        return Err(operands(format!(
             "the output gradient has {} values where {} were expected",
             dy.len(),
             xhat.len()
-        ));
+        )));
     }
     let mut dscale = vec![0.0f32; g.scale.len()];
     let mut dbias = vec![0.0f32; g.bias.len()];
@@ -173,9 +175,14 @@ pub(crate) fn batch_norm_synced(
         .map(|i| floats(input(inputs, i)?, "a batch-norm parameter"))
         .collect::<R<_>>()?;
     let (gamma, beta, mean, var) = (params[0], params[1], params[2], params[3]);
-    let channels = *x.shape.get(1).ok_or("the input has no channel axis")?;
+    let channels = *x
+        .shape
+        .get(1)
+        .ok_or_else(|| operands("the input has no channel axis"))?;
     if params.iter().any(|p| p.len() != channels) {
-        return Err(format!("parameters must have {channels} elements"));
+        return Err(operands(format!(
+            "parameters must have {channels} elements"
+        )));
     }
     let spatial = t::numel(&x.shape[2..]);
     let xs = floats(x, "X")?;
@@ -233,7 +240,7 @@ pub(crate) fn layer_norm(
         }
     };
     if gamma.len() != width || beta.len() != width {
-        return Err(format!("Scale and B must have {width} elements"));
+        return Err(operands(format!("Scale and B must have {width} elements")));
     }
     let xs = floats(x, "X")?;
     let mut y = vec![0.0; xs.len()];
@@ -259,7 +266,9 @@ pub(crate) fn lrn_window(c: usize, size: usize, channels: usize) -> std::ops::Ra
 
 pub(crate) fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
     let (channels, spatial) = (
-        *x.shape.get(1).ok_or("the input has no channel axis")?,
+        *x.shape
+            .get(1)
+            .ok_or_else(|| operands("the input has no channel axis"))?,
         t::numel(x.shape.get(2..).unwrap_or(&[])),
     );
     let xs = floats(x, "X")?;
@@ -288,7 +297,9 @@ pub(crate) fn batch_norm_synced_backward(
     sums: BatchSums<'_>,
 ) -> R<InputGrads> {
     let Saved::Stats(mean, inv_std) = saved else {
-        return Err("batch normalization's backward needs training-mode statistics".into());
+        return Err(operands(
+            "batch normalization's backward needs training-mode statistics",
+        ));
     };
     let x = input(inputs, 0)?;
     let gamma = floats(input(inputs, 1)?, "scale")?;
@@ -320,7 +331,7 @@ pub(crate) fn layer_norm_backward(
 ) -> R<InputGrads> {
     let (n, x) = (inputs.len(), input(inputs, 0)?);
     let Saved::Stats(mean, inv_std) = saved else {
-        return Err("layer normalization saved no statistics".into());
+        return Err(operands("layer normalization saved no statistics"));
     };
     let a = axis_of(axis, x.shape.len())?;
     let width = t::numel(&x.shape[a..]);

@@ -31,8 +31,33 @@ use super::volume;
 use super::window::{conv, conv_transpose, global_pool, pool};
 pub(crate) use super::window::{conv_geometry, conv_transpose_geometry, pool_geometry};
 
-/// Why an op could not run (the caller names the node).
-pub type OpError = String;
+/// Why an op could not run on the CPU backend (the caller names the node): the model's
+/// problem, which no plan of it runs past.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpError {
+    /// The backend has no semantics for this operator, or this use of it, yet.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Its operands or attributes do not fit what the operator needs (shapes, ranks,
+    /// types, values).
+    #[error("{0}")]
+    Operands(String),
+    /// An exchange among the ranks computing the op together failed (a recurrent layer
+    /// split by its gates); the caller keeps the collective's typed error.
+    #[error("{0}")]
+    Exchange(String),
+}
+
+/// Operands or attributes that do not fit the operator ([`OpError::Operands`]).
+pub(crate) fn operands(message: impl Into<String>) -> OpError {
+    OpError::Operands(message.into())
+}
+
+/// What the CPU backend does not compute ([`OpError::Unsupported`]).
+pub(crate) fn unsupported(message: impl Into<String>) -> OpError {
+    OpError::Unsupported(message.into())
+}
 
 pub(crate) type R<T> = Result<T, OpError>;
 
@@ -79,7 +104,7 @@ pub enum Mode {
 
 pub(crate) fn floats<'a>(x: &'a Tensor, what: &str) -> R<&'a [f32]> {
     x.floats()
-        .ok_or_else(|| format!("{what} must be a floating-point tensor"))
+        .ok_or_else(|| operands(format!("{what} must be a floating-point tensor")))
 }
 
 /// Input `i`, or an error saying it is missing.
@@ -88,7 +113,7 @@ pub(crate) fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> R<&'a Tensor
         .get(i)
         .copied()
         .flatten()
-        .ok_or_else(|| format!("input {i} is missing"))
+        .ok_or_else(|| operands(format!("input {i} is missing")))
 }
 
 pub(crate) fn optional<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
@@ -130,7 +155,7 @@ pub fn forward(
     let mode = env.mode;
     let one = |t: Tensor| Ok((vec![t], Saved::None));
     match op {
-        Op::Input | Op::Constant { .. } => Err("sources are not computed".into()),
+        Op::Input | Op::Constant { .. } => Err(operands("sources are not computed")),
         Op::Conv(c) if input(inputs, 0)?.shape.len() == 5 => one(volume::conv(c, inputs)?),
         Op::Conv(c) => one(conv(c, inputs, mode)?),
         Op::ConvTranspose(c) if input(inputs, 0)?.shape.len() == 5 => {
@@ -246,13 +271,14 @@ pub fn forward(
             keepdims,
             select_last,
         )?),
-        other => Err(format!(
+        other => Err(unsupported(format!(
             "{} is not supported by the CPU backend",
             other.name()
-        )),
+        ))),
     }
 }
 
 pub(crate) fn axis_of(axis: i64, rank: usize) -> R<usize> {
-    t::axis(axis, rank).ok_or_else(|| format!("axis {axis} is out of range for rank {rank}"))
+    t::axis(axis, rank)
+        .ok_or_else(|| operands(format!("axis {axis} is out of range for rank {rank}")))
 }

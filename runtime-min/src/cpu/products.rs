@@ -5,27 +5,30 @@ use ralpc_ir::Gemm;
 
 use super::grad::{grads, InputGrads};
 use super::kernels;
-use super::ops::{floats, input, optional, R};
+use super::ops::{floats, input, operands, optional, R};
 use super::tensor::{self as t, Tensor};
 
 pub(crate) fn gemm(g: &Gemm, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
     let (&[ar, ac], &[br, bc]) = (a.shape.as_slice(), b.shape.as_slice()) else {
-        return Err(format!(
+        return Err(operands(format!(
             "Gemm needs matrices, got {:?} and {:?}",
             a.shape, b.shape
-        ));
+        )));
     };
     let (m, k) = if g.trans_a { (ac, ar) } else { (ar, ac) };
     let (k2, n) = if g.trans_b { (bc, br) } else { (br, bc) };
     if k != k2 {
-        return Err(format!("inner dimensions {k} and {k2} differ"));
+        return Err(operands(format!("inner dimensions {k} and {k2} differ")));
     }
     let mut y = vec![0.0; m * n];
     if let Some(c) = optional(inputs, 2) {
         let cs = floats(c, "C")?;
         if t::broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
-            return Err(format!("C {:?} does not broadcast to {m}×{n}", c.shape));
+            return Err(operands(format!(
+                "C {:?} does not broadcast to {m}×{n}",
+                c.shape
+            )));
         }
         for (o, i) in y.iter_mut().zip(t::broadcast(&c.shape, &[m, n])) {
             *o = g.beta * cs[i];
@@ -51,7 +54,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> R<Tensor> {
     let (ash, bsh) = matmul_shapes(&a.shape, &b.shape)?;
     let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
     let batch = t::broadcast_shapes(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2])
-        .ok_or("the batch axes do not broadcast")?;
+        .ok_or_else(|| operands("the batch axes do not broadcast"))?;
     let count = t::numel(&batch);
     let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
     let mut y = vec![0.0; count * m * n];
@@ -99,7 +102,7 @@ pub(crate) fn matmul_shapes(a: &[usize], b: &[usize]) -> R<(Vec<usize>, Vec<usiz
         b.to_vec()
     };
     if ash.len() < 2 || bsh.len() < 2 || ash[ash.len() - 1] != bsh[bsh.len() - 2] {
-        return Err(format!("shapes {a:?} and {b:?} do not multiply"));
+        return Err(operands(format!("shapes {a:?} and {b:?} do not multiply")));
     }
     Ok((ash, bsh))
 }
@@ -147,7 +150,8 @@ pub(crate) fn matmul_backward(a: &Tensor, b: &Tensor, dy: &[f32]) -> R<InputGrad
     let (ash, bsh) = matmul_shapes(&a.shape, &b.shape)?;
     let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
     let (abatch, bbatch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
-    let batch = t::broadcast_shapes(abatch, bbatch).ok_or("the batch axes do not broadcast")?;
+    let batch = t::broadcast_shapes(abatch, bbatch)
+        .ok_or_else(|| operands("the batch axes do not broadcast"))?;
     let (xa, xb) = (floats(a, "A")?, floats(b, "B")?);
     let ia: Vec<usize> = t::broadcast(abatch, &batch).collect();
     let ib: Vec<usize> = t::broadcast(bbatch, &batch).collect();

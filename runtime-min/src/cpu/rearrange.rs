@@ -7,7 +7,7 @@
 //! the same walk (Tile visits an input element once per repeat).
 
 use super::grad::InputGrads;
-use super::ops::{input, R};
+use super::ops::{input, operands, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// A rearrangement: the output's shape, and the view (shape, input strides) that walks
@@ -46,10 +46,10 @@ fn tile_walk(inputs: &[Option<&Tensor>]) -> R<Walk> {
     let x = input(inputs, 0)?;
     let repeats = input(inputs, 1)?.to_i64s();
     if repeats.len() != x.shape.len() || repeats.iter().any(|&r| r < 0) {
-        return Err(format!(
+        return Err(operands(format!(
             "repeats {repeats:?} do not tile an input of shape {:?}",
             x.shape
-        ));
+        )));
     }
     let st = strides(&x.shape);
     let mut walk = Walk {
@@ -69,7 +69,9 @@ fn tile_walk(inputs: &[Option<&Tensor>]) -> R<Walk> {
 fn nchw(x: &Tensor) -> R<[usize; 4]> {
     match *x.shape.as_slice() {
         [n, c, h, w] => Ok([n, c, h, w]),
-        ref other => Err(format!("the input must be [N, C, H, W], got {other:?}")),
+        ref other => Err(operands(format!(
+            "the input must be [N, C, H, W], got {other:?}"
+        ))),
     }
 }
 
@@ -79,7 +81,9 @@ fn nchw(x: &Tensor) -> R<[usize; 4]> {
 fn depth_to_space_walk(x: &Tensor, b: usize, crd: bool) -> R<Walk> {
     let [n, c, h, w] = nchw(x)?;
     if b == 0 || c % (b * b) != 0 {
-        return Err(format!("{c} channels do not divide into blocks of {b}×{b}"));
+        return Err(operands(format!(
+            "{c} channels do not divide into blocks of {b}×{b}"
+        )));
     }
     let out_c = c / (b * b);
     let plane = (h * w) as isize;
@@ -100,9 +104,9 @@ fn depth_to_space_walk(x: &Tensor, b: usize, crd: bool) -> R<Walk> {
 fn space_to_depth_walk(x: &Tensor, b: usize) -> R<Walk> {
     let [n, c, h, w] = nchw(x)?;
     if b == 0 || h % b != 0 || w % b != 0 {
-        return Err(format!(
+        return Err(operands(format!(
             "{h}×{w} pixels do not divide into blocks of {b}×{b}"
-        ));
+        )));
     }
     let (plane, (bi, wi)) = ((h * w) as isize, (b as isize, w as isize));
     Ok(Walk {
@@ -162,14 +166,14 @@ pub(crate) fn arg_extreme(
     select_last: bool,
 ) -> R<Tensor> {
     let rank = x.shape.len();
-    let a = t::axis(axis, rank).ok_or_else(|| format!("axis {axis} is out of range"))?;
+    let a = t::axis(axis, rank).ok_or_else(|| operands(format!("axis {axis} is out of range")))?;
     let (outer, n, inner) = (
         t::numel(&x.shape[..a]),
         x.shape[a],
         t::numel(&x.shape[a + 1..]),
     );
     if n == 0 {
-        return Err("ArgMax/ArgMin of an empty axis".into());
+        return Err(operands("ArgMax/ArgMin of an empty axis"));
     }
     let values: Vec<f64> = match &x.data {
         Data::F32(v) => v.iter().map(|&v| f64::from(v)).collect(),
@@ -211,10 +215,10 @@ fn reversed_positions(inputs: &[Option<&Tensor>], batch_axis: usize) -> R<Vec<us
     let lens = input(inputs, 1)?.to_i64s();
     let (time_axis, shape) = (1 - batch_axis, &x.shape);
     if shape.len() < 2 || lens.len() != shape[batch_axis] {
-        return Err(format!(
+        return Err(operands(format!(
             "{} sequence lengths for an input of shape {shape:?} (samples on axis {batch_axis})",
             lens.len()
-        ));
+        )));
     }
     let (steps, inner) = (shape[time_axis], t::numel(&shape[2..]));
     let st = t::strides(shape);
@@ -225,7 +229,12 @@ fn reversed_positions(inputs: &[Option<&Tensor>], batch_axis: usize) -> R<Vec<us
             let len = usize::try_from(lens[sample])
                 .ok()
                 .filter(|&l| l <= steps)
-                .ok_or_else(|| format!("sequence length {} is not in 0..={steps}", lens[sample]))?;
+                .ok_or_else(|| {
+                    operands(format!(
+                        "sequence length {} is not in 0..={steps}",
+                        lens[sample]
+                    ))
+                })?;
             let from = if step < len { len - 1 - step } else { step };
             let (a, b) = if time_axis == 0 { (from, j) } else { (i, from) };
             let base = a * st[0] + b * st[1];

@@ -17,7 +17,7 @@
 use ralpc_ir::{Cell, Direction, Recurrent};
 
 use super::kernels::gemm;
-use super::ops::{input, optional, R};
+use super::ops::{input, operands, optional, R};
 use super::tensor::Tensor;
 
 /// How the ranks of a gate split share the layer's state each step.
@@ -76,23 +76,23 @@ impl Shape {
         (index, count): (usize, usize),
     ) -> R<Shape> {
         let &[a, b, input] = x.shape.as_slice() else {
-            return Err(format!("X has shape {:?}, not rank 3", x.shape));
+            return Err(operands(format!("X has shape {:?}, not rank 3", x.shape)));
         };
         let (seq, batch) = if r.batch_major { (b, a) } else { (a, b) };
         let (hidden, dirs) = (r.hidden as usize, r.direction.count() as usize);
         if index >= count {
-            return Err(format!("no piece {index} of {count}"));
+            return Err(operands(format!("no piece {index} of {count}")));
         }
         // Piece `index` of `count` as the executor cuts every axis (`region::interval`).
         let lo = index * hidden / count;
         let local = (index + 1) * hidden / count - lo;
         let width = r.cell.gates() as usize * local;
         if w.shape != [dirs, width, input] || rec.shape != [dirs, width, hidden] {
-            return Err(format!(
+            return Err(operands(format!(
                 "W {:?} and R {:?} do not fit X {:?} with hidden size {hidden} in {count} \
                  piece(s)",
                 w.shape, rec.shape, x.shape
-            ));
+            )));
         }
         Ok(Shape {
             seq,
@@ -203,8 +203,10 @@ impl<'a> Operands<'a> {
                 .ok_or_else(|| format!("{name} must be floating-point"))
         };
         let bias = match optional(inputs, 3) {
-            Some(b) if b.len() == shape.dirs * 2 * shape.width => floats(b, "B")?.to_vec(),
-            Some(b) => return Err(format!("B has shape {:?}", b.shape)),
+            Some(b) if b.len() == shape.dirs * 2 * shape.width => {
+                floats(b, "B").map_err(operands)?.to_vec()
+            }
+            Some(b) => return Err(operands(format!("B has shape {:?}", b.shape))),
             None => vec![0.0; shape.dirs * 2 * shape.width],
         };
         let lens = match optional(inputs, 4) {
@@ -213,10 +215,10 @@ impl<'a> Operands<'a> {
                 if lens.len() != shape.batch
                     || lens.iter().any(|&n| n < 0 || n as usize > shape.seq)
                 {
-                    return Err(format!(
+                    return Err(operands(format!(
                         "sequence_lens {lens:?} must give each of {} samples 0..={} steps",
                         shape.batch, shape.seq
-                    ));
+                    )));
                 }
                 lens.iter().map(|&n| n as usize).collect()
             }
@@ -225,9 +227,9 @@ impl<'a> Operands<'a> {
         let state = |slot: usize, name: &str| -> R<Option<&'a [f32]>> {
             match optional(inputs, slot) {
                 Some(t) if t.len() == shape.dirs * shape.batch * shape.hidden => {
-                    Ok(Some(floats(t, name)?))
+                    Ok(Some(floats(t, name).map_err(operands)?))
                 }
-                Some(t) => Err(format!("{name} has shape {:?}", t.shape)),
+                Some(t) => Err(operands(format!("{name} has shape {:?}", t.shape))),
                 None => Ok(None),
             }
         };
@@ -238,9 +240,9 @@ impl<'a> Operands<'a> {
             } else {
                 None
             },
-            x: floats(x, "X")?,
-            w: floats(w, "W")?,
-            r: floats(rec, "R")?,
+            x: floats(x, "X").map_err(operands)?,
+            w: floats(w, "W").map_err(operands)?,
+            r: floats(rec, "R").map_err(operands)?,
             bias,
             lens,
             shape,

@@ -4,7 +4,7 @@
 use ralpc_ir::{Binary, ReduceKind, Variadic};
 
 use super::grad::{grads, InputGrads};
-use super::ops::{axis_of, binary, floats, ints_or_input, sign, R};
+use super::ops::{axis_of, binary, floats, ints_or_input, operands, sign, R};
 use super::tensor::{self as t, Data, Tensor};
 
 /// The axes a reduction runs over, from its attribute or input 1; `None` when it is the
@@ -99,7 +99,9 @@ pub(crate) fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], keepdims: boo
 /// Sum, Mean, Max or Min of any number of broadcast tensors.
 pub(crate) fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     let xs: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
-    let first = xs.first().ok_or("the node has no input")?;
+    let first = xs
+        .first()
+        .ok_or_else(|| operands("the node has no input"))?;
     if v == Variadic::Sum {
         // In the inputs' own type, as chained Adds compute it.
         let mut acc = (*first).clone();
@@ -110,8 +112,12 @@ pub(crate) fn variadic(v: Variadic, inputs: &[Option<&Tensor>]) -> R<Tensor> {
     }
     let mut shape = first.shape.clone();
     for x in &xs[1..] {
-        shape = t::broadcast_shapes(&shape, &x.shape)
-            .ok_or_else(|| format!("shapes {shape:?} and {:?} do not broadcast", x.shape))?;
+        shape = t::broadcast_shapes(&shape, &x.shape).ok_or_else(|| {
+            operands(format!(
+                "shapes {shape:?} and {:?} do not broadcast",
+                x.shape
+            ))
+        })?;
     }
     let values = first.to_f64s();
     let mut acc: Vec<f64> = t::broadcast(&first.shape, &shape)

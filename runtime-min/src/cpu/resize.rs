@@ -3,7 +3,7 @@
 
 use ralpc_ir::Resize;
 
-use super::ops::{axis_of, floats, input, optional, R};
+use super::ops::{axis_of, floats, input, operands, optional, R};
 use super::tensor::{self as t, Tensor};
 
 /// Per resized axis (in order), the input elements and weights each output coordinate
@@ -26,16 +26,18 @@ pub(crate) fn resize_taps(
     let targets: Vec<(usize, f64)> = if let Some(sizes) = r.slots.1.and_then(given) {
         let sizes = sizes.to_i64s();
         if sizes.len() != axes.len() {
-            return Err(format!(
+            return Err(operands(format!(
                 "sizes has {} values for {} axes",
                 sizes.len(),
                 axes.len()
-            ));
+            )));
         }
         axes.iter()
             .zip(sizes)
             .map(|(&a, n)| {
-                let n = usize::try_from(n).map_err(|_| format!("size {n} is negative"))?;
+                let n = usize::try_from(n)
+                    .map_err(|_| format!("size {n} is negative"))
+                    .map_err(operands)?;
                 Ok((n, n as f64 / shape[a].max(1) as f64))
             })
             .collect::<R<_>>()?
@@ -43,15 +45,15 @@ pub(crate) fn resize_taps(
         let scales = match &r.scales {
             Some(s) => s.iter().map(|&v| f64::from(v)).collect(),
             None => given(r.slots.0)
-                .ok_or("Resize needs scales or sizes")?
+                .ok_or_else(|| operands("Resize needs scales or sizes"))?
                 .to_f64s(),
         };
         if scales.len() != axes.len() {
-            return Err(format!(
+            return Err(operands(format!(
                 "scales has {} values for {} axes",
                 scales.len(),
                 axes.len()
-            ));
+            )));
         }
         axes.iter()
             .zip(scales)

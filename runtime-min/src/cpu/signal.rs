@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::grad::InputGrads;
-use super::ops::{floats, input, optional, R};
+use super::ops::{floats, input, operands, optional, R};
 use super::tensor::Tensor;
 
 /// How an STFT cuts its signal: `batch` signals of `length` samples, frames of `frame`
@@ -28,17 +28,17 @@ impl Framing {
         let (batch, length) = match x.shape.as_slice() {
             &[b, l] | &[b, l, 1] => (b, l),
             other => {
-                return Err(format!(
+                return Err(operands(format!(
                     "the signal must be [batch, length] or [batch, length, 1], got {other:?}"
-                ))
+                )))
             }
         };
         let one = |i: usize, what: &str| -> R<usize> {
             match input(inputs, i)?.to_i64s().as_slice() {
                 &[v] if v >= 1 => Ok(v as usize),
-                other => Err(format!(
+                other => Err(operands(format!(
                     "{what} must be one positive integer, got {other:?}"
-                )),
+                ))),
             }
         };
         let step = one(1, "frame_step")?;
@@ -47,22 +47,24 @@ impl Framing {
             (Some(w), Some(_)) => {
                 let n = one(3, "frame_length")?;
                 if n != w {
-                    return Err(format!(
+                    return Err(operands(format!(
                         "the window has {w} values where frame_length is {n}"
-                    ));
+                    )));
                 }
                 n
             }
             (None, Some(_)) => one(3, "frame_length")?,
             (Some(w), None) => w,
             (None, None) => {
-                return Err("neither a window nor frame_length says how long a frame is".into())
+                return Err(operands(
+                    "neither a window nor frame_length says how long a frame is",
+                ))
             }
         };
         if frame == 0 || length < frame {
-            return Err(format!(
+            return Err(operands(format!(
                 "the signal's {length} samples are fewer than one frame of {frame}"
-            ));
+            )));
         }
         Ok(Framing {
             batch,
@@ -142,11 +144,11 @@ pub(crate) fn stft_backward(
 ) -> R<InputGrads> {
     let s = Framing::new(inputs, onesided)?;
     if dy.len() != s.batch * s.frames * s.bins * 2 {
-        return Err(format!(
+        return Err(operands(format!(
             "the output gradient has {} values where {} were expected",
             dy.len(),
             s.batch * s.frames * s.bins * 2
-        ));
+        )));
     }
     let x = floats(input(inputs, 0)?, "the signal")?;
     let w = window(inputs, s.frame)?;

@@ -10,7 +10,9 @@ use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
 use super::grad::InputGrads;
 use super::kernels::Conv2d;
-use super::ops::{conv_geometry, conv_transpose_geometry, floats, input, optional, Saved, R};
+use super::ops::{
+    conv_geometry, conv_transpose_geometry, floats, input, operands, optional, Saved, R,
+};
 use super::tensor::{self as t, Tensor};
 
 /// One window axis: its input size, kernel, stride, dilation, leading and trailing zero
@@ -55,7 +57,9 @@ fn axes(
         match v {
             None => Ok(vec![1; k]),
             Some(v) if v.len() == k => Ok(v.iter().map(|&x| x as usize).collect()),
-            Some(v) => Err(format!("{what} {v:?} do not fit {k} spatial axes")),
+            Some(v) => Err(operands(format!(
+                "{what} {v:?} do not fit {k} spatial axes"
+            ))),
         }
     };
     let (strides, dilations) = (
@@ -63,7 +67,9 @@ fn axes(
         per_axis(dilations, "dilations")?,
     );
     if kernel.len() != k {
-        return Err(format!("kernel {kernel:?} does not fit {k} spatial axes"));
+        return Err(operands(format!(
+            "kernel {kernel:?} does not fit {k} spatial axes"
+        )));
     }
     (0..k)
         .map(|a| {
@@ -73,7 +79,7 @@ fn axes(
                 Padding::Explicit(p) if p.is_empty() => (0, 0),
                 Padding::Explicit(p) if p.len() == 2 * k => (p[a] as usize, p[a + k] as usize),
                 Padding::Explicit(p) => {
-                    return Err(format!("pads {p:?} do not fit {k} spatial axes"))
+                    return Err(operands(format!("pads {p:?} do not fit {k} spatial axes")))
                 }
                 Padding::Valid => (0, 0),
                 Padding::SameUpper | Padding::SameLower => {
@@ -87,7 +93,8 @@ fn axes(
             };
             let room = (i + begin + end)
                 .checked_sub(span)
-                .ok_or("the window is larger than the padded input")?;
+                .ok_or("the window is larger than the padded input")
+                .map_err(operands)?;
             let mut output = if ceil { room.div_ceil(s) } else { room / s } + 1;
             // A ceil-mode window must start inside the input or its leading padding.
             if ceil && (output - 1) * s >= i + begin {
@@ -137,16 +144,17 @@ type Layouts = (Layout, Layout, Layout);
 
 /// The five sizes of a 3-d input or kernel.
 fn volume(shape: &[usize], what: &str) -> R<[usize; 5]> {
-    <[usize; 5]>::try_from(shape).map_err(|_| format!("a 3-d {what} has 5 axes, not {shape:?}"))
+    <[usize; 5]>::try_from(shape)
+        .map_err(|_| operands(format!("a 3-d {what} has 5 axes, not {shape:?}")))
 }
 
 /// Adds channel `i % channels`'s bias to the `i`-th run of `per_channel` outputs.
 fn add_bias(y: &mut [f32], per_channel: usize, channels: usize, b: &[f32]) -> R<()> {
     if b.len() != channels {
-        return Err(format!(
+        return Err(operands(format!(
             "the bias has {} values for {channels} channels",
             b.len()
-        ));
+        )));
     }
     for (i, chunk) in y.chunks_mut(per_channel.max(1)).enumerate() {
         let bias = b[i % channels];
@@ -464,7 +472,7 @@ impl ConvTranspose3d {
             match v.as_deref() {
                 None => Ok(default as usize),
                 Some([a, _, _]) => Ok(*a as usize),
-                Some(other) => Err(format!("{other:?} does not fit 3 spatial axes")),
+                Some(other) => Err(operands(format!("{other:?} does not fit 3 spatial axes"))),
             }
         };
         let tail = |v: &Option<Vec<u64>>| v.as_ref().map(|v| v[1..].to_vec());
@@ -494,12 +502,12 @@ impl ConvTranspose3d {
                 (
                     b,
                     full.checked_sub(b + e)
-                        .ok_or("the pads exceed the output")?,
+                        .ok_or_else(|| operands("the pads exceed the output"))?,
                 )
             }
             (None, Padding::Explicit(p)) if p.is_empty() => (0, full),
             (None, Padding::Explicit(p)) => {
-                return Err(format!("pads {p:?} do not fit 3 spatial axes"))
+                return Err(operands(format!("pads {p:?} do not fit 3 spatial axes")))
             }
             (None, _) => (0, full),
         };
@@ -648,6 +656,6 @@ pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> 
             dx
         }
         (PoolKind::Average, _) => average_backward(p, x, dy)?,
-        _ => return Err("max pooling saved no argmax".into()),
+        _ => return Err(operands("max pooling saved no argmax")),
     })
 }

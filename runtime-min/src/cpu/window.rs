@@ -5,7 +5,7 @@ use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
 use super::grad::{grads, InputGrads};
 use super::kernels::{Conv2d, Pool2d};
-use super::ops::{floats, input, optional, Mode, Saved, R};
+use super::ops::{floats, input, operands, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// Zero padding `[top, left, bottom, right]` and output size of a window op.
@@ -26,7 +26,9 @@ pub(crate) fn window_padding(
         Padding::Explicit(p) if p.len() == 4 => {
             [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]
         }
-        Padding::Explicit(p) => return Err(format!("pads {p:?} do not fit the spatial rank")),
+        Padding::Explicit(p) => {
+            return Err(operands(format!("pads {p:?} do not fit the spatial rank")))
+        }
         Padding::Valid => [0; 4],
         Padding::SameUpper | Padding::SameLower => {
             let total = |i: usize, k: usize, s: usize, d: usize| {
@@ -46,7 +48,7 @@ pub(crate) fn window_padding(
     let out = |i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize| -> R<usize> {
         let room = (i + pb + pe)
             .checked_sub(span(k, d))
-            .ok_or("the window is larger than the padded input")?;
+            .ok_or_else(|| operands("the window is larger than the padded input"))?;
         let mut n = if ceil { room.div_ceil(s) } else { room / s } + 1;
         // A ceil-mode window must start inside the input or its leading padding.
         if ceil && (n - 1) * s >= i + pb {
@@ -68,9 +70,9 @@ pub(crate) fn spatial(shape: &[usize]) -> R<(usize, usize, (usize, usize), bool)
     match *shape {
         [n, c, l] => Ok((n, c, (1, l), true)),
         [n, c, h, w] => Ok((n, c, (h, w), false)),
-        _ => Err(format!(
+        _ => Err(operands(format!(
             "the CPU backend runs this op on 1-d and 2-d windows; this input has shape {shape:?}"
-        )),
+        ))),
     }
 }
 
@@ -79,7 +81,7 @@ pub(crate) fn pair(v: &Option<Vec<u64>>, one_d: bool, default: usize) -> R<(usiz
         None => Ok((default, default)),
         Some([x]) if one_d => Ok((1, *x as usize)),
         Some([y, x]) if !one_d => Ok((*y as usize, *x as usize)),
-        Some(other) => Err(format!("{other:?} does not fit the spatial rank")),
+        Some(other) => Err(operands(format!("{other:?} does not fit the spatial rank"))),
     }
 }
 
@@ -95,11 +97,17 @@ pub(crate) fn out_shape(n: usize, c: usize, (h, w): (usize, usize), one_d: bool)
 pub(crate) fn conv_geometry(c: &Conv, x: &[usize], w: &[usize]) -> R<(Conv2d, bool)> {
     let (n, ch, input, one_d) = spatial(x)?;
     let kernel = if one_d {
-        (1, *w.get(2).ok_or("the weight has no kernel axis")?)
+        (
+            1,
+            *w.get(2)
+                .ok_or_else(|| operands("the weight has no kernel axis"))?,
+        )
     } else {
         (
-            *w.get(2).ok_or("the weight has no kernel axes")?,
-            *w.get(3).ok_or("the weight has no kernel axes")?,
+            *w.get(2)
+                .ok_or_else(|| operands("the weight has no kernel axes"))?,
+            *w.get(3)
+                .ok_or_else(|| operands("the weight has no kernel axes"))?,
         )
     };
     let stride = pair(&c.strides, one_d, 1)?;
@@ -107,9 +115,9 @@ pub(crate) fn conv_geometry(c: &Conv, x: &[usize], w: &[usize]) -> R<(Conv2d, bo
     let (padding, _) = window_padding(&c.padding, input, kernel, stride, dilation, false, one_d)?;
     let groups = c.group as usize;
     if groups == 0 || ch % groups != 0 || w[0] % groups != 0 || w[1] * groups != ch {
-        return Err(format!(
+        return Err(operands(format!(
             "input channels {ch}, weight {w:?} and group {groups} do not agree"
-        ));
+        )));
     }
     Ok((
         Conv2d {
@@ -172,9 +180,9 @@ pub(crate) fn conv_transpose_geometry(
     let (n, ch, input_hw, one_d) = spatial(x_shape)?;
     let groups = c.conv.group as usize;
     if w_shape.len() != x_shape.len() || w_shape[0] != ch || groups == 0 || ch % groups != 0 {
-        return Err(format!(
+        return Err(operands(format!(
             "input {x_shape:?} and weight {w_shape:?} do not agree"
-        ));
+        )));
     }
     let out_channels = w_shape[1] * groups;
     let kernel = if one_d {
@@ -192,7 +200,7 @@ pub(crate) fn conv_transpose_geometry(
             0 => Ok([0; 4]),
             2 if one_d => Ok([0, p[0] as usize, 0, p[1] as usize]),
             4 => Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize]),
-            _ => Err(format!("pads {p:?} do not fit the spatial rank")),
+            _ => Err(operands(format!("pads {p:?} do not fit the spatial rank"))),
         }
     };
     let full = |i: usize, k: usize, s: usize, d: usize, e: usize| s * (i - 1) + e + span(k, d);
@@ -227,11 +235,11 @@ pub(crate) fn conv_transpose_geometry(
                 full_hw
                     .0
                     .checked_sub(pads[0] + pads[2])
-                    .ok_or("the padding exceeds the output")?,
+                    .ok_or_else(|| operands("the padding exceeds the output"))?,
                 full_hw
                     .1
                     .checked_sub(pads[1] + pads[3])
-                    .ok_or("the padding exceeds the output")?,
+                    .ok_or_else(|| operands("the padding exceeds the output"))?,
             );
             (pads, out)
         }
@@ -249,7 +257,7 @@ pub(crate) fn conv_transpose_geometry(
         groups,
     };
     if g.output() != input_hw {
-        return Err("the output shape does not invert the convolution".into());
+        return Err(operands("the output shape does not invert the convolution"));
     }
     Ok((g, one_d))
 }
@@ -303,10 +311,10 @@ pub(crate) fn pool(p: &Pool, x: &Tensor) -> R<(Vec<Tensor>, Saved)> {
 
 pub(crate) fn global_pool(kind: PoolKind, x: &Tensor) -> R<Tensor> {
     if x.shape.len() < 3 {
-        return Err(format!(
+        return Err(operands(format!(
             "global pooling needs N×C×spatial, got {:?}",
             x.shape
-        ));
+        )));
     }
     let planes = x.shape[0] * x.shape[1];
     let area = t::numel(&x.shape[2..]).max(1);
@@ -391,7 +399,7 @@ pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> 
             super::kernels::max_pool_backward(argmax, dy, &mut dx);
         }
         (PoolKind::Average, _) => g.average_backward(p.count_include_pad, dy, &mut dx),
-        _ => return Err("max pooling saved no argmax".into()),
+        _ => return Err(operands("max pooling saved no argmax")),
     }
     Ok(dx)
 }

@@ -135,6 +135,14 @@ pub enum SetupError {
     },
 }
 
+/// An operator's operands the CPU backend's shape rules refuse (the device lowers with
+/// them): the model's, as the device's own refusals are.
+impl From<crate::cpu::ops::OpError> for DeviceError {
+    fn from(e: crate::cpu::ops::OpError) -> DeviceError {
+        DeviceError::Node(e.to_string())
+    }
+}
+
 /// What a forward pass kept and its backward pass needs disagree: a bug in ralpc
 /// ([`DeviceError::Inconsistent`]).
 pub(crate) fn inconsistent(message: impl Into<String>) -> DeviceError {

@@ -5,6 +5,7 @@
 
 use ralpc_ir::Recurrent;
 
+use super::super::ops::OpError;
 use super::super::recurrent::{self, Exchange};
 use super::*;
 
@@ -39,7 +40,7 @@ impl Exchange for Group<'_> {
     }
 
     /// An all-reduce of the rank's piece placed among zeros.
-    fn gather(&mut self, piece: &[f32], rows: usize, hidden: usize) -> Result<Vec<f32>, String> {
+    fn gather(&mut self, piece: &[f32], rows: usize, hidden: usize) -> Result<Vec<f32>, OpError> {
         let units = interval((self.piece.0 as u32, self.piece.1 as u32), hidden);
         let width = units.len();
         let mut whole = vec![0.0; rows * hidden];
@@ -50,11 +51,11 @@ impl Exchange for Group<'_> {
         Ok(whole)
     }
 
-    fn sum(&mut self, partial: &mut [f32]) -> Result<(), String> {
+    fn sum(&mut self, partial: &mut [f32]) -> Result<(), OpError> {
         self.comm.all_reduce(&self.ranks, partial).map_err(|e| {
             let message = e.to_string();
             self.failed = Some(e);
-            message
+            OpError::Exchange(message)
         })
     }
 }
@@ -89,7 +90,12 @@ impl Rank<'_, '_> {
         let mut group = self.gate_group(l, k);
         let outputs =
             recurrent::forward_shared(r, &inputs, n.outputs.len(), &mut group).map_err(|e| {
-                kernel_failure(group.failed.map(RankError::from), self.p.exe.graph, node, e)
+                kernel_failure(
+                    group.failed.map(RankError::from),
+                    self.p.exe.graph,
+                    node,
+                    e.to_string(),
+                )
             })?;
         for (&v, t) in n.outputs.iter().zip(outputs) {
             values.set(v, t);
@@ -116,7 +122,12 @@ impl Rank<'_, '_> {
         let mut group = self.gate_group(l, k);
         let input_grads =
             recurrent::backward_shared(r, &inputs, &dys, &mut group).map_err(|e| {
-                kernel_failure(group.failed.map(RankError::from), self.p.exe.graph, node, e)
+                kernel_failure(
+                    group.failed.map(RankError::from),
+                    self.p.exe.graph,
+                    node,
+                    e.to_string(),
+                )
             })?;
         for (slot, g) in input_grads.into_iter().enumerate() {
             if let (Some(g), Some(Some(v))) = (g, n.inputs.get(slot)) {

@@ -154,7 +154,7 @@ impl<'a, B: Backend> Runner<'a, B> {
                 let target = self
                     .ints(id, 1)
                     .ok_or_else(|| unsupported("the Reshape target is not a constant"))?;
-                ops::rebatched_reshape(&s, &target, *allowzero, self.env).map_err(unsupported)?
+                ops::rebatched_reshape(&s, &target, *allowzero, self.env)?
             }
             Op::Squeeze { axes } => {
                 let s = x()?;
@@ -185,7 +185,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Conv(c) => {
                 let (xs, ws) = (x()?, self.input(id, 1)?.shape);
-                let (g, one_d) = ops::conv_geometry(c, &xs, &ws).map_err(unsupported)?;
+                let (g, one_d) = ops::conv_geometry(c, &xs, &ws)?;
                 let (oh, ow) = g.output();
                 if one_d {
                     vec![g.batch, g.out_channels, ow]
@@ -227,7 +227,7 @@ impl<'a, B: Backend> Runner<'a, B> {
             }
             Op::Pool(p) => {
                 let s = x()?;
-                let (g, one_d, (n, c)) = ops::pool_geometry(p, &s).map_err(unsupported)?;
+                let (g, one_d, (n, c)) = ops::pool_geometry(p, &s)?;
                 if one_d {
                     vec![n, c, g.output.1]
                 } else {

@@ -23,8 +23,7 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let x = self.input(id, 0)?;
-        let (outer, width, inner) =
-            ops::softmax_layout(&x.shape, axis, flatten).map_err(unsupported)?;
+        let (outer, width, inner) = ops::softmax_layout(&x.shape, axis, flatten)?;
         if inner != 1 {
             return Err(unsupported(
                 "softmax over an axis other than the last is not on the CUDA backend yet",
@@ -48,8 +47,7 @@ impl<B: Backend> Runner<'_, B> {
         let dev = self.dev;
         let node = self.graph.node(id);
         let mut grads = Vec::new();
-        let (outer, width, _) =
-            ops::softmax_layout(out_shape, axis, flatten).map_err(unsupported)?;
+        let (outer, width, _) = ops::softmax_layout(out_shape, axis, flatten)?;
         let y = self
             .values
             .get(&node.outputs[0])

@@ -3,7 +3,6 @@
 use ralpc_ir::{Conv, NodeId};
 
 use super::super::backend::{Backend, Gemm, R};
-use super::super::error::unsupported;
 use super::super::kernels::Strides;
 use super::super::node_ops::{numel, MatMulPlan};
 use super::{Output, Runner, Saved};
@@ -14,7 +13,7 @@ impl<B: Backend> Runner<'_, B> {
     pub(super) fn conv_forward(&self, id: NodeId, c: &Conv, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
         let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
-        let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape).map_err(unsupported)?;
+        let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
         let mut y = self.fresh(out_shape)?;
         dev.conv_forward(&g, &x.buf, &w.buf, &mut y)?;
         if let Some(b) = self.optional(id, 2) {
@@ -40,7 +39,7 @@ impl<B: Backend> Runner<'_, B> {
         let node = self.graph.node(id);
         let mut grads = Vec::new();
         let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);
-        let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape).map_err(unsupported)?;
+        let (g, _) = ops::conv_geometry(c, &x.shape, &w.shape)?;
         let (mut dx, mut dw) = (dev.zeros(numel(&x.shape))?, dev.zeros(numel(&w.shape))?);
         dev.conv_backward(&g, &x.buf, &w.buf, dy, &mut dx, &mut dw)?;
         grads.push((0, dx));

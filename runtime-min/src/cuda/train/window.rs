@@ -3,7 +3,7 @@
 use ralpc_ir::{NodeId, Pool, PoolKind};
 
 use super::super::backend::{Backend, R};
-use super::super::error::{inconsistent, unsupported};
+use super::super::error::inconsistent;
 use super::super::kernels::Window;
 use super::super::node_ops::numel;
 use super::{Output, Runner, Saved};
@@ -16,7 +16,7 @@ impl<B: Backend> Runner<'_, B> {
         let dev = self.dev;
         let (y, saved) = {
             let x = self.input(id, 0)?;
-            let (g, _, _) = ops::pool_geometry(p, &x.shape).map_err(unsupported)?;
+            let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
             let win = Window::from(&g);
             let mut y = self.fresh(out_shape)?;
             match p.kind {
@@ -45,7 +45,7 @@ impl<B: Backend> Runner<'_, B> {
         let dev = self.dev;
         let mut grads = Vec::new();
         let x = self.input(id, 0)?;
-        let (g, _, _): (Pool2d, _, _) = ops::pool_geometry(p, &x.shape).map_err(unsupported)?;
+        let (g, _, _): (Pool2d, _, _) = ops::pool_geometry(p, &x.shape)?;
         let win = Window::from(&g);
         let mut dx = dev.zeros(numel(&x.shape))?;
         match (p.kind, saved) {
