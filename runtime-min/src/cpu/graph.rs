@@ -516,7 +516,7 @@ pub fn batch_norm_synced(
         &inputs,
         node.outputs.len(),
         ops::Mode::Training,
-        &mut |s| sum(s).map_err(operands),
+        &mut |s| sum(s).map_err(OpError::Exchange),
     )
     .map_err(&error)?;
     for (&v, t) in node.outputs.iter().zip(outputs) {
@@ -554,7 +554,7 @@ pub fn batch_norm_synced_backward(
         &inputs,
         &record.saved,
         &dy,
-        &mut |s| sum(s).map_err(operands),
+        &mut |s| sum(s).map_err(OpError::Exchange),
     )
     .map_err(&error)?;
     for (slot, g) in input_grads.into_iter().enumerate() {

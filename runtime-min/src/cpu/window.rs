@@ -5,7 +5,7 @@ use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
 use super::grad::{grads, InputGrads};
 use super::kernels::{Conv2d, Pool2d};
-use super::ops::{floats, input, operands, optional, Mode, Saved, R};
+use super::ops::{floats, input, operands, optional, unsupported, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// Zero padding `[top, left, bottom, right]` and output size of a window op.
@@ -70,7 +70,7 @@ pub(crate) fn spatial(shape: &[usize]) -> R<(usize, usize, (usize, usize), bool)
     match *shape {
         [n, c, l] => Ok((n, c, (1, l), true)),
         [n, c, h, w] => Ok((n, c, (h, w), false)),
-        _ => Err(operands(format!(
+        _ => Err(unsupported(format!(
             "the CPU backend runs this op on 1-d and 2-d windows; this input has shape {shape:?}"
         ))),
     }

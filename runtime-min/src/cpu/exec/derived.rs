@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use ralpc_ir::{GraphInfo, Op, ValueId};
 
+use super::super::graph::ExecError;
 use super::super::ops;
 use super::super::tensor::Tensor;
 use super::failure::bug;
@@ -91,9 +92,14 @@ impl Prepared<'_> {
                         .map(|i| i.map(|i| self.derive_in(info, i, memo)).transpose())
                         .collect::<Result<Vec<_>, _>>()?;
                     let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+                    // The model's values, as in a layer: its node is named.
                     let (outs, _) = ops::forward(&node.op, &refs, node.outputs.len(), self.env)
-                        .map_err(|e| format!("computing '{}' from constants: {e}", name()))
-                        .map_err(bug)?;
+                        .map_err(|e| {
+                            RankError::Node(ExecError::Node {
+                                site: g.site(producer),
+                                message: format!("computing '{}' from constants: {e}", name()),
+                            })
+                        })?;
                     for (&o, t) in node.outputs.iter().zip(&outs) {
                         memo.insert(o, t.clone());
                     }
