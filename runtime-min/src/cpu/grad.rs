@@ -177,7 +177,8 @@ mod tests {
     use super::*;
     use crate::cpu::ops::{Env, Mode, OpError};
 
-    /// An op's failure says whose it is: what the backend lacks, or operands that do not fit.
+    /// An op's failure says whose it is: what the backend lacks, operands that do not fit,
+    /// or a disagreement with the executor (a bug).
     #[test]
     fn op_errors_say_what_failed() {
         let x = Tensor::f32(vec![2, 3], vec![0.0; 6]);
@@ -192,5 +193,19 @@ mod tests {
         let far = Tensor::i64(vec![1], vec![7]);
         let gather = ops::forward(&Op::Gather { axis: 0 }, &[Some(&x), Some(&far)], 1, env);
         assert!(matches!(gather, Err(OpError::Operands(_))), "{gather:?}");
+        // A max pool whose forward pass kept no argmax: the executor's fault.
+        let pool = Op::Pool(ralpc_ir::Pool {
+            kind: ralpc_ir::PoolKind::Max,
+            kernel: vec![2, 2],
+            strides: None,
+            dilations: None,
+            padding: ralpc_ir::Padding::Explicit(vec![0; 4]),
+            ceil_mode: false,
+            count_include_pad: false,
+        });
+        let image = Tensor::f32(vec![1, 1, 2, 2], vec![0.0; 4]);
+        let pooled = Tensor::f32(vec![1, 1, 1, 1], vec![0.0]);
+        let lost = backward(&pool, &[Some(&image)], &[&pooled], &Saved::None, &[None]);
+        assert!(matches!(lost, Err(OpError::Inconsistent(_))), "{lost:?}");
     }
 }

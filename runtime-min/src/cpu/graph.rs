@@ -9,7 +9,7 @@ use ralpc_ir::{Graph, NodeId, Op, Site, Storage, TensorData, TensorReadError, Va
 use super::floats::Floats;
 use super::grad;
 use super::init;
-use super::ops::{self, operands, Env, OpError, Saved};
+use super::ops::{self, inconsistent, operands, Env, OpError, Saved};
 use super::tensor::Tensor;
 
 /// Why a graph could not run.
@@ -22,6 +22,14 @@ pub enum ExecError {
         /// The node.
         site: Site,
         /// What went wrong.
+        message: String,
+    },
+    /// What the executor handed a node disagrees with what it needs: a bug in ralpc.
+    #[error("{site}: {message}")]
+    Inconsistent {
+        /// The node.
+        site: Site,
+        /// What disagreed.
         message: String,
     },
     /// A device failed running a node (or, with no node, around them: uploads, the
@@ -282,9 +290,15 @@ pub struct Record {
 }
 
 fn node_error(graph: &Graph, node: NodeId) -> impl Fn(OpError) -> ExecError + '_ {
-    move |e| ExecError::Node {
-        site: graph.site(node),
-        message: e.to_string(),
+    move |e| match e {
+        OpError::Inconsistent(message) => ExecError::Inconsistent {
+            site: graph.site(node),
+            message,
+        },
+        e => ExecError::Node {
+            site: graph.site(node),
+            message: e.to_string(),
+        },
     }
 }
 
@@ -475,7 +489,7 @@ pub fn backward(
             .map(|&v| {
                 values
                     .get(v)
-                    .ok_or_else(|| error(operands("an output was not kept")))
+                    .ok_or_else(|| error(inconsistent("an output was not kept")))
             })
             .collect::<Result<_, _>>()?;
         let input_grads =
@@ -508,7 +522,7 @@ pub fn batch_norm_synced(
     let node = graph.node(id);
     let error = node_error(graph, id);
     let Op::BatchNorm { epsilon, .. } = node.op else {
-        return Err(error(operands("not a batch normalization")));
+        return Err(error(inconsistent("not a batch normalization")));
     };
     let inputs = values.inputs_of(node);
     let (outputs, saved) = ops::batch_norm_synced(
@@ -542,7 +556,7 @@ pub fn batch_norm_synced_backward(
     let node = graph.node(record.node);
     let error = node_error(graph, record.node);
     let Op::BatchNorm { epsilon, .. } = node.op else {
-        return Err(error(operands("not a batch normalization")));
+        return Err(error(inconsistent("not a batch normalization")));
     };
     let Some(dy) = node.outputs.first().and_then(|&y| grads.get(y)) else {
         return Ok(());

@@ -8,7 +8,7 @@
 
 use super::grad::{grads, InputGrads};
 use super::kernels;
-use super::ops::{axis_of, floats, input, operands, optional, Mode, Saved, R};
+use super::ops::{axis_of, floats, inconsistent, input, operands, optional, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// How the input's rows (sample × group) and their elements map to the affine parameters.
@@ -297,7 +297,7 @@ pub(crate) fn batch_norm_synced_backward(
     sums: BatchSums<'_>,
 ) -> R<InputGrads> {
     let Saved::Stats(mean, inv_std) = saved else {
-        return Err(operands(
+        return Err(inconsistent(
             "batch normalization's backward needs training-mode statistics",
         ));
     };
@@ -331,7 +331,7 @@ pub(crate) fn layer_norm_backward(
 ) -> R<InputGrads> {
     let (n, x) = (inputs.len(), input(inputs, 0)?);
     let Saved::Stats(mean, inv_std) = saved else {
-        return Err(operands("layer normalization saved no statistics"));
+        return Err(inconsistent("layer normalization saved no statistics"));
     };
     let a = axis_of(axis, x.shape.len())?;
     let width = t::numel(&x.shape[a..]);

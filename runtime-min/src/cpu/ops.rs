@@ -47,11 +47,20 @@ pub enum OpError {
     /// split by its gates); the caller keeps the collective's typed error.
     #[error("{0}")]
     Exchange(String),
+    /// What the executor hands the op disagrees with what the op needs (a forward pass
+    /// that kept nothing for its backward, an input never computed): a bug in ralpc.
+    #[error("{0}")]
+    Inconsistent(String),
 }
 
 /// Operands or attributes that do not fit the operator ([`OpError::Operands`]).
 pub(crate) fn operands(message: impl Into<String>) -> OpError {
     OpError::Operands(message.into())
+}
+
+/// A disagreement between the executor and the op ([`OpError::Inconsistent`]).
+pub(crate) fn inconsistent(message: impl Into<String>) -> OpError {
+    OpError::Inconsistent(message.into())
 }
 
 /// What the CPU backend does not compute ([`OpError::Unsupported`]).
@@ -155,7 +164,7 @@ pub fn forward(
     let mode = env.mode;
     let one = |t: Tensor| Ok((vec![t], Saved::None));
     match op {
-        Op::Input | Op::Constant { .. } => Err(operands("sources are not computed")),
+        Op::Input | Op::Constant { .. } => Err(inconsistent("sources are not computed")),
         Op::Conv(c) if input(inputs, 0)?.shape.len() == 5 => one(volume::conv(c, inputs)?),
         Op::Conv(c) => one(conv(c, inputs, mode)?),
         Op::ConvTranspose(c) if input(inputs, 0)?.shape.len() == 5 => {

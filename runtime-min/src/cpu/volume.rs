@@ -11,7 +11,8 @@ use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 use super::grad::InputGrads;
 use super::kernels::Conv2d;
 use super::ops::{
-    conv_geometry, conv_transpose_geometry, floats, input, operands, optional, Saved, R,
+    conv_geometry, conv_transpose_geometry, floats, inconsistent, input, operands, optional, Saved,
+    R,
 };
 use super::tensor::{self as t, Tensor};
 
@@ -656,6 +657,6 @@ pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> 
             dx
         }
         (PoolKind::Average, _) => average_backward(p, x, dy)?,
-        _ => return Err(operands("max pooling saved no argmax")),
+        _ => return Err(inconsistent("max pooling saved no argmax")),
     })
 }

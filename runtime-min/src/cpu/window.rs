@@ -5,7 +5,7 @@ use ralpc_ir::{Conv, ConvTranspose, Padding, Pool, PoolKind};
 
 use super::grad::{grads, InputGrads};
 use super::kernels::{Conv2d, Pool2d};
-use super::ops::{floats, input, operands, optional, unsupported, Mode, Saved, R};
+use super::ops::{floats, inconsistent, input, operands, optional, unsupported, Mode, Saved, R};
 use super::tensor::{self as t, Tensor};
 
 /// Zero padding `[top, left, bottom, right]` and output size of a window op.
@@ -399,7 +399,7 @@ pub(crate) fn pool_backward(p: &Pool, x: &Tensor, saved: &Saved, dy: &[f32]) -> 
             super::kernels::max_pool_backward(argmax, dy, &mut dx);
         }
         (PoolKind::Average, _) => g.average_backward(p.count_include_pad, dy, &mut dx),
-        _ => return Err(operands("max pooling saved no argmax")),
+        _ => return Err(inconsistent("max pooling saved no argmax")),
     }
     Ok(dx)
 }

@@ -135,11 +135,14 @@ pub enum SetupError {
     },
 }
 
-/// An operator's operands the CPU backend's shape rules refuse (the device lowers with
-/// them): the model's, as the device's own refusals are.
+/// The CPU backend's shape rules, which the device lowers with: operands they refuse are
+/// the model's, as the device's own refusals are; a disagreement is a bug.
 impl From<crate::cpu::ops::OpError> for DeviceError {
     fn from(e: crate::cpu::ops::OpError) -> DeviceError {
-        DeviceError::Node(e.to_string())
+        match e {
+            crate::cpu::ops::OpError::Inconsistent(message) => DeviceError::Inconsistent(message),
+            e => DeviceError::Node(e.to_string()),
+        }
     }
 }
 

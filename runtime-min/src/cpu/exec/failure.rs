@@ -60,7 +60,9 @@ impl RunError {
     pub fn is_bug(&self) -> bool {
         match self {
             RunError::Rank { cause, .. } => match &**cause {
-                RankError::Inconsistent(_) | RankError::Panicked(_) => true,
+                RankError::Inconsistent(_)
+                | RankError::Panicked(_)
+                | RankError::Node(graph::ExecError::Inconsistent { .. }) => true,
                 RankError::Node(graph::ExecError::Device { source, .. }) => source.is_bug(),
                 _ => false,
             },
