@@ -264,26 +264,53 @@ pub(crate) fn lrn_window(c: usize, size: usize, channels: usize) -> std::ops::Ra
     lo..hi
 }
 
-pub(crate) fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
-    let (channels, spatial) = (
-        *x.shape
-            .get(1)
-            .ok_or_else(|| operands("the input has no channel axis"))?,
-        t::numel(x.shape.get(2..).unwrap_or(&[])),
+/// Local response normalization's layout: channels and pixels per channel of `x`.
+fn lrn_layout(x: &Tensor) -> R<(usize, usize)> {
+    let channels = *x
+        .shape
+        .get(1)
+        .ok_or_else(|| operands("the input has no channel axis"))?;
+    Ok((channels, t::numel(x.shape.get(2..).unwrap_or(&[]))))
+}
+
+/// Each element's channel, and a closure from a channel to the element at it (same sample
+/// and pixel).
+fn lrn_site(i: usize, channels: usize, spatial: usize) -> (usize, impl Fn(usize) -> usize) {
+    let (plane, c, s) = (
+        i / (channels * spatial),
+        (i / spatial) % channels,
+        i % spatial,
     );
+    (c, move |k| (plane * channels + k) * spatial + s)
+}
+
+/// Each element's scale `bias + alpha/size · Σ x²` over its channel window.
+fn lrn_scales(
+    xs: &[f32],
+    (channels, spatial): (usize, usize),
+    size: usize,
+    alpha: f32,
+    bias: f32,
+) -> Vec<f32> {
+    (0..xs.len())
+        .map(|i| {
+            let (c, at) = lrn_site(i, channels, spatial);
+            let sum: f32 = lrn_window(c, size, channels)
+                .map(|k| xs[at(k)].powi(2))
+                .sum();
+            bias + alpha / size as f32 * sum
+        })
+        .collect()
+}
+
+pub(crate) fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> R<Tensor> {
     let xs = floats(x, "X")?;
-    let mut y = vec![0.0; xs.len()];
-    for (i, o) in y.iter_mut().enumerate() {
-        let (plane, c, s) = (
-            i / (channels * spatial),
-            (i / spatial) % channels,
-            i % spatial,
-        );
-        let sum: f32 = lrn_window(c, size, channels)
-            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
-            .sum();
-        *o = xs[i] / (bias + alpha / size as f32 * sum).powf(beta);
-    }
+    let scales = lrn_scales(xs, lrn_layout(x)?, size, alpha, bias);
+    let y = xs
+        .iter()
+        .zip(&scales)
+        .map(|(&v, &d)| v / d.powf(beta))
+        .collect();
     Ok(Tensor::f32(x.shape.clone(), y))
 }
 
@@ -364,35 +391,18 @@ pub(crate) fn lrn_backward(
     dy: &[f32],
 ) -> R<Vec<f32>> {
     let size = size as usize;
-    let channels = x.shape[1];
-    let spatial = t::numel(&x.shape[2..]);
+    let (channels, spatial) = lrn_layout(x)?;
     let xs = floats(x, "X")?;
-    let scale = |i: usize| {
-        let (plane, c, s) = (
-            i / (channels * spatial),
-            (i / spatial) % channels,
-            i % spatial,
-        );
-        let sum: f32 = lrn_window(c, size, channels)
-            .map(|k| xs[(plane * channels + k) * spatial + s].powi(2))
-            .sum();
-        bias + alpha / size as f32 * sum
-    };
-    let scales: Vec<f32> = (0..xs.len()).map(scale).collect();
+    let scales = lrn_scales(xs, (channels, spatial), size, alpha, bias);
     let mut dx = vec![0.0; xs.len()];
     for j in 0..xs.len() {
-        let (plane, c, s) = (
-            j / (channels * spatial),
-            (j / spatial) % channels,
-            j % spatial,
-        );
         dx[j] += dy[j] * scales[j].powf(-beta);
         // y_j depends on every x_k in its window through s_j.
         let common =
             -2.0 * alpha * beta / size as f32 * dy[j] * xs[j] * scales[j].powf(-beta - 1.0);
+        let (c, at) = lrn_site(j, channels, spatial);
         for k in lrn_window(c, size, channels) {
-            let i = (plane * channels + k) * spatial + s;
-            dx[i] += common * xs[i];
+            dx[at(k)] += common * xs[at(k)];
         }
     }
     Ok(dx)

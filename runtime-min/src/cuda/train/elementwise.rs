@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ralpc_ir::{Binary, NodeId, Unary};
 
 use super::super::backend::{Backend, R};
-use super::super::error::{inconsistent, unsupported};
+use super::super::error::unsupported;
 use super::super::kernels::{BinaryOp, Strides, UnaryOp};
 use super::super::node_ops::{binary_op, unary_op};
 use super::{DTensor, Output, Runner, Saved};
@@ -30,14 +30,10 @@ impl<B: Backend> Runner<'_, B> {
         dy: &B::Buf,
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let node = self.graph.node(id);
         let mut grads = Vec::new();
         let (op, alpha, beta) = unary_op(u)?;
         let saved_value = if op.backward_reads_output() {
-            self.values
-                .get(&node.outputs[0])
-                .cloned()
-                .ok_or_else(|| inconsistent("the output was not kept"))?
+            self.kept_output(id)?
         } else {
             self.input(id, 0)?
         };
@@ -117,7 +113,6 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let node = self.graph.node(id);
         let mut grads = Vec::new();
         let (a, b) = (self.input(id, 0)?, self.input(id, 1)?);
         let full = |x: &DTensor<B>| Strides::broadcast(out_shape, out_shape, &x.shape);
@@ -132,11 +127,7 @@ impl<B: Backend> Runner<'_, B> {
                 (Binary::Div, 0) => dev.binary(&mut g, dy, &b.buf, &full(&b)?, BinaryOp::Div)?,
                 (Binary::Div, _) => {
                     // d/db (a/b) = -y/b · dy
-                    let y = self
-                        .values
-                        .get(&node.outputs[0])
-                        .cloned()
-                        .ok_or_else(|| inconsistent("the output was not kept"))?;
+                    let y = self.kept_output(id)?;
                     let same = Strides::broadcast(out_shape, out_shape, out_shape)?;
                     let (mut ga, mut t) = (dev.zeros(dev.len(dy))?, dev.zeros(dev.len(dy))?);
                     dev.binary(&mut ga, dy, &b.buf, &full(&b)?, BinaryOp::Div)?;
@@ -165,30 +156,27 @@ impl<B: Backend> Runner<'_, B> {
     pub(super) fn sum_forward(&self, id: NodeId, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let (y, saved) = {
-            let mut acc = self.input(id, 0)?;
-            for slot in 1..node.inputs.len() {
-                let x = self.input(id, slot)?;
-                let mut y = self.fresh(out_shape)?;
-                dev.binary(
-                    &mut y,
-                    &acc.buf,
-                    &x.buf,
-                    &Strides::broadcast(out_shape, &acc.shape, &x.shape)?,
-                    BinaryOp::Add,
-                )?;
-                acc = DTensor {
-                    buf: Arc::new(y),
-                    shape: out_shape.to_vec(),
-                };
-            }
-            match Arc::try_unwrap(acc.buf) {
-                Ok(y) => (y, Saved::None),
-                // One input: the sum is a view of it.
-                Err(buf) => return Ok(Output::View(buf)),
-            }
-        };
-        Ok(Output::New(y, saved))
+        let mut acc = self.input(id, 0)?;
+        for slot in 1..node.inputs.len() {
+            let x = self.input(id, slot)?;
+            let mut y = self.fresh(out_shape)?;
+            dev.binary(
+                &mut y,
+                &acc.buf,
+                &x.buf,
+                &Strides::broadcast(out_shape, &acc.shape, &x.shape)?,
+                BinaryOp::Add,
+            )?;
+            acc = DTensor {
+                buf: Arc::new(y),
+                shape: out_shape.to_vec(),
+            };
+        }
+        match Arc::try_unwrap(acc.buf) {
+            Ok(y) => Ok(Output::New(y, Saved::None)),
+            // One input: the sum is a view of it.
+            Err(buf) => Ok(Output::View(buf)),
+        }
     }
 
     /// The gradients of sum's inputs, by input slot.

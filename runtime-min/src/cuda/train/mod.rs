@@ -27,8 +27,8 @@ use ralpc_ir::{Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, ValueId, Vari
 
 use super::backend::{Backend, R};
 use super::batch_stats;
-use super::error::unsupported;
 use super::error::DeviceError;
+use super::error::{inconsistent, unsupported};
 use super::kernels::{BinaryOp, Strides};
 use super::node_ops::{axis_of, numel, other_name, permutation, static_env};
 pub use super::one_device::{profile, train, NodeTime};
@@ -404,6 +404,17 @@ impl<'a, B: Backend> Runner<'a, B> {
         }
         self.saved.push((id, saved));
         Ok(())
+    }
+
+    /// Node `id`'s first output, kept for a backward pass that reads it.
+    fn kept_output(&self, id: NodeId) -> R<DTensor<B>> {
+        self.graph
+            .node(id)
+            .outputs
+            .first()
+            .and_then(|v| self.values.get(v))
+            .cloned()
+            .ok_or_else(|| inconsistent("the output was not kept"))
     }
 
     /// A new buffer of `shape`'s elements, zeroed.

@@ -45,21 +45,17 @@ impl<B: Backend> Runner<'_, B> {
         out_shape: &[usize],
     ) -> R<Vec<(usize, B::Buf)>> {
         let dev = self.dev;
-        let node = self.graph.node(id);
         let mut grads = Vec::new();
         let (outer, width, _) = ops::softmax_layout(out_shape, axis, flatten)?;
-        let y = self
-            .values
-            .get(&node.outputs[0])
-            .cloned()
-            .ok_or_else(|| inconsistent("the output was not kept"))?;
+        let y = self.kept_output(id)?;
         let mut dx = dev.zeros(dev.len(dy))?;
         dev.softmax_rows_backward(&mut dx, dy, &y.buf, outer, width, log)?;
         grads.push((0, dx));
         Ok(grads)
     }
 
-    /// Batch normalization by the batch's statistics (summed over the ranks sharing its channels when synchronized); keeps them.
+    /// Batch normalization by the batch's statistics (summed over the ranks sharing its
+    /// channels when synchronized); keeps them.
     pub(super) fn batch_norm_forward(
         &self,
         id: NodeId,
@@ -68,29 +64,26 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let (y, saved) = {
-            if node.outputs.len() > 1 {
-                return Err(unsupported(
-                    "batch norm's running-statistics outputs are not on the CUDA backend yet",
-                ));
-            }
-            let (x, gamma, beta) = (self.input(id, 0)?, self.input(id, 1)?, self.input(id, 2)?);
-            let (batch, channels, spatial) = channel_layout(&x.shape)?;
-            let (mut mean, mut rstd) = (dev.zeros(channels)?, dev.zeros(channels)?);
-            dev.channel_stats(
-                &mut mean, &mut rstd, &x.buf, batch, channels, spatial, epsilon,
-            )?;
-            if let Some(sum) = self.batch_stats {
-                let count = batch * spatial;
-                batch_stats::forward(dev, sum, &mut mean, &mut rstd, epsilon, count)?;
-            }
-            let mut y = self.fresh(out_shape)?;
-            dev.channel_affine(
-                &mut y, &x.buf, &mean, &rstd, &gamma.buf, &beta.buf, channels, spatial,
-            )?;
-            (y, Saved::Stats(mean, rstd))
-        };
-        Ok(Output::New(y, saved))
+        if node.outputs.len() > 1 {
+            return Err(unsupported(
+                "batch norm's running-statistics outputs are not on the CUDA backend yet",
+            ));
+        }
+        let (x, gamma, beta) = (self.input(id, 0)?, self.input(id, 1)?, self.input(id, 2)?);
+        let (batch, channels, spatial) = channel_layout(&x.shape)?;
+        let (mut mean, mut rstd) = (dev.zeros(channels)?, dev.zeros(channels)?);
+        dev.channel_stats(
+            &mut mean, &mut rstd, &x.buf, batch, channels, spatial, epsilon,
+        )?;
+        if let Some(sum) = self.batch_stats {
+            let count = batch * spatial;
+            batch_stats::forward(dev, sum, &mut mean, &mut rstd, epsilon, count)?;
+        }
+        let mut y = self.fresh(out_shape)?;
+        dev.channel_affine(
+            &mut y, &x.buf, &mean, &rstd, &gamma.buf, &beta.buf, channels, spatial,
+        )?;
+        Ok(Output::New(y, Saved::Stats(mean, rstd)))
     }
 
     /// The gradients of batch norm's inputs, by input slot.
@@ -143,7 +136,8 @@ impl<B: Backend> Runner<'_, B> {
         Ok(grads)
     }
 
-    /// Layer normalization over the axes from `axis`; keeps the normalized input and its statistics.
+    /// Layer normalization over the axes from `axis`; keeps the normalized input and its
+    /// statistics.
     pub(super) fn layer_norm_forward(
         &self,
         id: NodeId,
@@ -153,36 +147,33 @@ impl<B: Backend> Runner<'_, B> {
     ) -> R<Output<B>> {
         let dev = self.dev;
         let node = self.graph.node(id);
-        let (y, saved) = {
-            if node.outputs.len() > 1 {
-                return Err(unsupported(
-                    "layer norm's statistics outputs are not on the CUDA backend yet",
-                ));
-            }
-            let x = self.input(id, 0)?;
-            let a = axis_of(axis, x.shape.len())?;
-            let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
-            let (mut mean, mut rstd) = (dev.zeros(rows)?, dev.zeros(rows)?);
-            let mut xhat = self.fresh(out_shape)?;
-            dev.layer_norm(
-                &mut xhat, &mut mean, &mut rstd, &x.buf, None, rows, n, epsilon,
-            )?;
-            let gamma = self.input(id, 1)?;
-            let mut y = self.fresh(out_shape)?;
-            let param = [rows, n];
-            dev.binary(
-                &mut y,
-                &xhat,
-                &gamma.buf,
-                &Strides::broadcast(&param, &param, &[n])?,
-                BinaryOp::Mul,
-            )?;
-            if let Some(beta) = self.optional(id, 2) {
-                y = self.add_broadcast(&y, &param, &beta.buf, &[n])?;
-            }
-            (y, Saved::Normalized(xhat, mean, rstd))
-        };
-        Ok(Output::New(y, saved))
+        if node.outputs.len() > 1 {
+            return Err(unsupported(
+                "layer norm's statistics outputs are not on the CUDA backend yet",
+            ));
+        }
+        let x = self.input(id, 0)?;
+        let a = axis_of(axis, x.shape.len())?;
+        let (rows, n) = (numel(&x.shape[..a]), numel(&x.shape[a..]));
+        let (mut mean, mut rstd) = (dev.zeros(rows)?, dev.zeros(rows)?);
+        let mut xhat = self.fresh(out_shape)?;
+        dev.layer_norm(
+            &mut xhat, &mut mean, &mut rstd, &x.buf, None, rows, n, epsilon,
+        )?;
+        let gamma = self.input(id, 1)?;
+        let mut y = self.fresh(out_shape)?;
+        let param = [rows, n];
+        dev.binary(
+            &mut y,
+            &xhat,
+            &gamma.buf,
+            &Strides::broadcast(&param, &param, &[n])?,
+            BinaryOp::Mul,
+        )?;
+        if let Some(beta) = self.optional(id, 2) {
+            y = self.add_broadcast(&y, &param, &beta.buf, &[n])?;
+        }
+        Ok(Output::New(y, Saved::Normalized(xhat, mean, rstd)))
     }
 
     /// The gradients of layer norm's inputs, by input slot.

@@ -9,7 +9,8 @@ use super::{Output, Runner, Saved};
 use crate::cpu::ops;
 
 impl<B: Backend> Runner<'_, B> {
-    /// A convolution through the device's convolution (cuDNN, or im2col and a GEMM), its bias added.
+    /// A convolution through the device's convolution (cuDNN, or im2col and a GEMM), its
+    /// bias added.
     pub(super) fn conv_forward(&self, id: NodeId, c: &Conv, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
         let (x, w) = (self.input(id, 0)?, self.input(id, 1)?);

@@ -54,17 +54,12 @@ impl<B: Backend> Runner<'_, B> {
         axes: &Option<Vec<i64>>,
         noop_with_empty_axes: bool,
     ) -> R<Output<B>> {
-        let (y, saved) = {
-            let x = self.input(id, 0)?;
-            let axes = self.reduced_axes(id, axes, noop_with_empty_axes, x.shape.len())?;
-            match self.reduce_axes(&x.buf, &x.shape, &axes, true)? {
-                Some(y) => (y, Saved::None),
-                None => {
-                    return Ok(Output::View(x.buf));
-                }
-            }
-        };
-        Ok(Output::New(y, saved))
+        let x = self.input(id, 0)?;
+        let axes = self.reduced_axes(id, axes, noop_with_empty_axes, x.shape.len())?;
+        match self.reduce_axes(&x.buf, &x.shape, &axes, true)? {
+            Some(y) => Ok(Output::New(y, Saved::None)),
+            None => Ok(Output::View(x.buf)),
+        }
     }
 
     /// The gradients of reduce mean's inputs, by input slot.

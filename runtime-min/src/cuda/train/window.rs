@@ -14,24 +14,21 @@ impl<B: Backend> Runner<'_, B> {
     /// A 1-d or 2-d max or average pool; a max pool keeps its argmax.
     pub(super) fn pool_forward(&self, id: NodeId, p: &Pool, out_shape: &[usize]) -> R<Output<B>> {
         let dev = self.dev;
-        let (y, saved) = {
-            let x = self.input(id, 0)?;
-            let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
-            let win = Window::from(&g);
-            let mut y = self.fresh(out_shape)?;
-            match p.kind {
-                PoolKind::Max => {
-                    let mut argmax = dev.index_zeros(numel(out_shape))?;
-                    dev.max_pool(&mut y, &mut argmax, &x.buf, &win)?;
-                    (y, Saved::Argmax(argmax))
-                }
-                PoolKind::Average => {
-                    dev.avg_pool(&mut y, &x.buf, &win, p.count_include_pad)?;
-                    (y, Saved::None)
-                }
+        let x = self.input(id, 0)?;
+        let (g, _, _) = ops::pool_geometry(p, &x.shape)?;
+        let win = Window::from(&g);
+        let mut y = self.fresh(out_shape)?;
+        match p.kind {
+            PoolKind::Max => {
+                let mut argmax = dev.index_zeros(numel(out_shape))?;
+                dev.max_pool(&mut y, &mut argmax, &x.buf, &win)?;
+                Ok(Output::New(y, Saved::Argmax(argmax)))
             }
-        };
-        Ok(Output::New(y, saved))
+            PoolKind::Average => {
+                dev.avg_pool(&mut y, &x.buf, &win, p.count_include_pad)?;
+                Ok(Output::New(y, Saved::None))
+            }
+        }
     }
 
     /// The gradients of pool's inputs, by input slot.
