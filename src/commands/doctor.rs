@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use ralpc::runtime::cuda::launch::Kernel;
 use ralpc::runtime::cuda::libs::{self, Lib, Location};
 use ralpc::runtime::cuda::{device, kernels};
 
@@ -119,7 +120,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             kernels: compiled.as_ref().map(|(c, cubin)| CompiledKernels {
                 arch: c.arch.clone(),
                 nvrtc: format!("{}.{}", c.nvrtc.0, c.nvrtc.1),
-                compiled: kernels::NAMES.to_vec(),
+                compiled: Kernel::names().collect(),
                 ptx_bytes: c.ptx.to_src().len(),
                 cubin_bytes: cubin.len(),
                 seconds: c.seconds,
@@ -157,7 +158,7 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             let _ = writeln!(
                 t,
                 "kernels: {} compiled for {} by NVRTC {}.{} in {:.2} s (PTX {} KiB, cubin {} KiB)",
-                kernels::NAMES.len(),
+                Kernel::ALL.len(),
                 c.arch,
                 c.nvrtc.0,
                 c.nvrtc.1,

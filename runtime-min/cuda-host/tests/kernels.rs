@@ -641,8 +641,8 @@ fn im2col_convolution_matches_the_cpu() {
     let image = conv.in_channels * h * w;
     for n in 0..conv.batch {
         let mut cols = vec![0.0; rows * spatial];
-        // SAFETY: one image in, [rows, spatial] out.
-        unsafe { k::im2col(cols.as_mut_ptr(), x[n * image..].as_ptr(), g, 1) };
+        // SAFETY: image n of the batch in, [rows, spatial] out.
+        unsafe { k::im2col(cols.as_mut_ptr(), x.as_ptr(), (n * image) as i64, g, 1) };
         for o in 0..conv.out_channels {
             for p in 0..spatial {
                 let v: f32 = (0..rows)
@@ -653,25 +653,23 @@ fn im2col_convolution_matches_the_cpu() {
             }
         }
         let c = values(rows * spatial, 28);
-        let mut back = vec![0.0; image];
-        // SAFETY: as above.
-        unsafe { k::col2im(back.as_mut_ptr(), c.as_ptr(), g, 1) };
+        let mut back = vec![0.0; conv.batch * image];
+        // SAFETY: into image n of a batch-sized gradient.
+        unsafe { k::col2im(back.as_mut_ptr(), (n * image) as i64, c.as_ptr(), g, 1) };
         let lhs: f32 = cols.iter().zip(&c).map(|(a, b)| a * b).sum();
-        let rhs: f32 = x[n * image..(n + 1) * image]
-            .iter()
-            .zip(&back)
-            .map(|(a, b)| a * b)
-            .sum();
+        let rhs: f32 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
+        let others = back.chunks(image).enumerate().filter(|&(m, _)| m != n);
+        assert!(others.flat_map(|(_, b)| b).all(|&v| v == 0.0));
         assert!((lhs - rhs).abs() < 1e-4, "{lhs} against {rhs}");
     }
     // Both images at once: the same columns, one after the other.
     let mut both = vec![0.0; conv.batch * rows * spatial];
     let mut one = vec![0.0; rows * spatial];
     // SAFETY: two images in, [2, rows, spatial] out.
-    unsafe { k::im2col(both.as_mut_ptr(), x.as_ptr(), g, 2) };
+    unsafe { k::im2col(both.as_mut_ptr(), x.as_ptr(), 0, g, 2) };
     for n in 0..conv.batch {
         // SAFETY: one image.
-        unsafe { k::im2col(one.as_mut_ptr(), x[n * image..].as_ptr(), g, 1) };
+        unsafe { k::im2col(one.as_mut_ptr(), x[n * image..].as_ptr(), 0, g, 1) };
         assert_eq!(
             &both[n * rows * spatial..(n + 1) * rows * spatial],
             &one[..]

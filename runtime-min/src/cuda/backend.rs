@@ -1,5 +1,6 @@
-//! What the CUDA executor asks of a device: buffers, the NVRTC kernels of `kernels.cu`
-//! (one method each, same arguments) and row-major GEMM.
+//! What the CUDA executor asks of a device: buffers, row-major GEMM, and one way to run
+//! any kernel of `kernels.cu` ([`Backend::launch`]); the kernels' checked, typed calls are
+//! written once over it ([`super::calls::Kernels`]).
 //!
 //! Two implementations: [`super::gpu::Gpu`] (cudarc: NVRTC modules, cuBLAS, one stream)
 //! and, in the `ralpc-cuda-host` crate, the same kernels compiled for the host. The
@@ -7,7 +8,7 @@
 //! kernel launches — how each operator maps to launches, the backward passes, the loss and
 //! the optimizer — is tested against the CPU backend on machines without a GPU.
 
-use super::kernels::{BinaryOp, Strides, UnaryOp, Window};
+use super::launch::Launch;
 use crate::cpu::kernels::Conv2d;
 
 pub use super::error::R;
@@ -108,238 +109,17 @@ pub trait Backend {
     fn synchronize(&self) -> R<()>;
     /// Elements of `buf`.
     fn len(&self, buf: &Self::Buf) -> usize;
+    /// Elements of `idx`.
+    fn index_len(&self, idx: &Self::Idx) -> usize;
 
     /// The product `g`.
     fn gemm(&self, g: &Gemm, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf) -> R<()>;
 
-    /// `out = a op b`, broadcast as `s` says.
-    fn binary(
-        &self,
-        out: &mut Self::Buf,
-        a: &Self::Buf,
-        b: &Self::Buf,
-        s: &Strides,
-        op: BinaryOp,
-    ) -> R<()>;
-    /// `dst = src` read through the view `s` (strides in `s.a`) from `offset`.
-    fn gather(&self, dst: &mut Self::Buf, src: &Self::Buf, s: &Strides, offset: usize) -> R<()>;
-    /// `src` written (or added) into `dst` through the view `s` from `offset`.
-    fn scatter(
-        &self,
-        dst: &mut Self::Buf,
-        src: &Self::Buf,
-        s: &Strides,
-        offset: usize,
-        accumulate: bool,
-    ) -> R<()>;
-    /// `out = op(x)`.
-    fn unary(
-        &self,
-        out: &mut Self::Buf,
-        x: &Self::Buf,
-        op: UnaryOp,
-        alpha: f32,
-        beta: f32,
-    ) -> R<()>;
-    /// `dx` of `op` from `dy` and the forward's input or output (`saved`).
-    fn unary_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dy: &Self::Buf,
-        saved: &Self::Buf,
-        op: UnaryOp,
-        alpha: f32,
-        beta: f32,
-    ) -> R<()>;
-    /// `out = value`.
-    fn fill(&self, out: &mut Self::Buf, value: f32) -> R<()>;
-    /// `out = alpha·x + beta·out`.
-    fn axpby(&self, out: &mut Self::Buf, x: &Self::Buf, alpha: f32, beta: f32) -> R<()>;
-    /// The sum (or mean) of `x` viewed as `[outer, n, inner]` over its middle axis.
-    fn reduce_axis(
-        &self,
-        out: &mut Self::Buf,
-        x: &Self::Buf,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        mean: bool,
-    ) -> R<()>;
-    /// Softmax (or log-softmax) of each row of `x`.
-    fn softmax_rows(
-        &self,
-        y: &mut Self::Buf,
-        x: &Self::Buf,
-        rows: usize,
-        n: usize,
-        log: bool,
-    ) -> R<()>;
-    /// Its input gradient.
-    fn softmax_rows_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dy: &Self::Buf,
-        y: &Self::Buf,
-        rows: usize,
-        n: usize,
-        log: bool,
-    ) -> R<()>;
-    /// Softmax cross-entropy per row (over `total_rows`) and the logits' gradient.
-    fn cross_entropy(
-        &self,
-        loss: &mut Self::Buf,
-        dlogits: &mut Self::Buf,
-        logits: &Self::Buf,
-        labels: &Self::Idx,
-        rows: usize,
-        n: usize,
-        total_rows: usize,
-    ) -> R<()>;
-    /// Per row of one class piece of logits [rows, n] (classes `first..first + n`), its
-    /// max, sum of `exp(x − max)` and label logit (0 when the label is another piece's):
-    /// `stats[3r..3r + 3]`.
-    fn class_stats(
-        &self,
-        stats: &mut Self::Buf,
-        logits: &Self::Buf,
-        labels: &Self::Idx,
-        rows: usize,
-        n: usize,
-        first: usize,
-    ) -> R<()>;
-    /// One class piece's logits gradient from each row's log-sum-exp over every piece:
-    /// `(exp(x − lse) − onehot) / scale`.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "a kernel's operands and its shape, as the CUDA kernel takes them"
-    )]
-    fn class_piece_grad(
-        &self,
-        dlogits: &mut Self::Buf,
-        logits: &Self::Buf,
-        lse: &Self::Buf,
-        labels: &Self::Idx,
-        rows: usize,
-        n: usize,
-        first: usize,
-        scale: f32,
-    ) -> R<()>;
-    /// Squared error per element (over `total`) and its gradient.
-    fn mse(
-        &self,
-        loss: &mut Self::Buf,
-        dx: &mut Self::Buf,
-        x: &Self::Buf,
-        target: &Self::Buf,
-        total: usize,
-    ) -> R<()>;
-    /// Layer norm of each row (without scale and shift when they are absent); saves the
-    /// rows' mean and 1/std.
-    fn layer_norm(
-        &self,
-        y: &mut Self::Buf,
-        mean: &mut Self::Buf,
-        rstd: &mut Self::Buf,
-        x: &Self::Buf,
-        affine: Option<(&Self::Buf, &Self::Buf)>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> R<()>;
-    /// Its input gradient (without a scale when `gamma` is absent).
-    fn layer_norm_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dy: &Self::Buf,
-        x: &Self::Buf,
-        gamma: Option<&Self::Buf>,
-        mean: &Self::Buf,
-        rstd: &Self::Buf,
-        rows: usize,
-        n: usize,
-    ) -> R<()>;
-    /// Per-channel mean and 1/std of `x` `[batch, channels, spatial]`.
-    fn channel_stats(
-        &self,
-        mean: &mut Self::Buf,
-        rstd: &mut Self::Buf,
-        x: &Self::Buf,
-        batch: usize,
-        channels: usize,
-        spatial: usize,
-        eps: f32,
-    ) -> R<()>;
-    /// `y = (x - mean)·rstd·gamma + beta` per channel.
-    fn channel_affine(
-        &self,
-        y: &mut Self::Buf,
-        x: &Self::Buf,
-        mean: &Self::Buf,
-        rstd: &Self::Buf,
-        gamma: &Self::Buf,
-        beta: &Self::Buf,
-        channels: usize,
-        spatial: usize,
-    ) -> R<()>;
-    /// Batch norm's gradients.
-    fn batch_norm_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dgamma: &mut Self::Buf,
-        dbeta: &mut Self::Buf,
-        dy: &Self::Buf,
-        x: &Self::Buf,
-        stats: (&Self::Buf, &Self::Buf),
-        gamma: &Self::Buf,
-        batch: usize,
-        channels: usize,
-        spatial: usize,
-    ) -> R<()>;
-    /// Max pooling; `argmax` receives each maximum's input index.
-    fn max_pool(
-        &self,
-        y: &mut Self::Buf,
-        argmax: &mut Self::Idx,
-        x: &Self::Buf,
-        g: &Window,
-    ) -> R<()>;
-    /// Its input gradient (added into `dx`).
-    fn max_pool_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dy: &Self::Buf,
-        argmax: &Self::Idx,
-        g: &Window,
-    ) -> R<()>;
-    /// Average pooling.
-    fn avg_pool(&self, y: &mut Self::Buf, x: &Self::Buf, g: &Window, count_pad: bool) -> R<()>;
-    /// Its input gradient (added into `dx`).
-    fn avg_pool_backward(
-        &self,
-        dx: &mut Self::Buf,
-        dy: &Self::Buf,
-        g: &Window,
-        count_pad: bool,
-    ) -> R<()>;
-    /// im2col of `images` consecutive images from `offset` in `x`: columns
-    /// `[images, planes·kh·kw, oh·ow]`.
-    fn im2col(
-        &self,
-        cols: &mut Self::Buf,
-        x: &Self::Buf,
-        offset: usize,
-        g: &Window,
-        images: usize,
-    ) -> R<()>;
-    /// col2im of `images` images' columns, added into the images from `offset` in `dx`.
-    fn col2im(
-        &self,
-        dx: &mut Self::Buf,
-        offset: usize,
-        cols: &Self::Buf,
-        g: &Window,
-        images: usize,
-    ) -> R<()>;
+    /// Runs `launch` (queues it on the device's stream).
+    ///
+    /// # Errors
+    /// The device failed to launch it.
+    fn launch(&self, launch: Launch<'_, Self::Buf, Self::Idx>) -> R<()>;
     /// `y = conv(x, w)` over the whole batch (no bias), `y` overwritten. The default is
     /// im2col and GEMM ([`super::conv::forward`]).
     fn conv_forward(&self, g: &Conv2d, x: &Self::Buf, w: &Self::Buf, y: &mut Self::Buf) -> R<()> {
@@ -358,13 +138,4 @@ pub trait Backend {
     ) -> R<()> {
         super::conv::backward(self, g, x, w, dy, dx, dw)
     }
-    /// SGD with momentum.
-    fn sgd_momentum(
-        &self,
-        w: &mut Self::Buf,
-        velocity: &mut Self::Buf,
-        grad: &Self::Buf,
-        lr: f32,
-        momentum: f32,
-    ) -> R<()>;
 }

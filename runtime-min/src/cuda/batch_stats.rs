@@ -16,6 +16,7 @@
 //! normalization, against the activations the kernels read.
 
 use super::backend::{Backend, R};
+use super::calls::Kernels;
 
 /// Adds a vector up over the ranks sharing a batch normalization's channels, in place
 /// (the same sum on every one of them).

@@ -3,6 +3,7 @@
 //! lowering the host-compiled kernels and the counting device check on every machine.
 
 use super::backend::{Backend, Gemm, R};
+use super::calls::Kernels;
 use super::kernels::{Strides, Window};
 use crate::cpu::kernels::{Conv2d, Pool2d};
 

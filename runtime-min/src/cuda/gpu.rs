@@ -13,9 +13,11 @@ use cudarc::driver::{
 };
 
 use super::backend::{Backend, Gemm, R};
+use super::calls::fits;
 use super::cudnn::Convolutions;
 use super::error::{DeviceError, SetupError};
-use super::kernels::{self, BinaryOp, Strides, UnaryOp, Window};
+use super::kernels;
+use super::launch::{Arg, Grid, Kernel, Launch};
 use crate::cpu::kernels::Conv2d;
 
 /// Threads per block of every launch (a power of two, as the row kernels need).
@@ -30,7 +32,7 @@ pub struct Gpu {
     blas: CudaBlas,
     /// cuDNN, when installed; convolutions lower to im2col without it.
     convolutions: Option<Convolutions>,
-    functions: BTreeMap<&'static str, CudaFunction>,
+    functions: BTreeMap<Kernel, CudaFunction>,
 }
 
 fn fail<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> DeviceError {
@@ -72,12 +74,13 @@ impl Gpu {
         let module = ctx
             .load_module(image)
             .map_err(fail("the driver cannot load the kernels"))?;
-        let functions = kernels::NAMES
+        let functions = Kernel::ALL
             .iter()
-            .map(|&name| {
+            .map(|&kernel| {
+                let name = kernel.name();
                 module
                     .load_function(name)
-                    .map(|f| (name, f))
+                    .map(|f| (kernel, f))
                     .map_err(DeviceError::call(format!("cannot load kernel {name}")))
             })
             .collect::<R<_>>()?;
@@ -114,10 +117,10 @@ impl Gpu {
         &self.comm
     }
 
-    fn function(&self, name: &'static str) -> R<&CudaFunction> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| DeviceError::Inconsistent(format!("kernel {name} is not loaded")))
+    fn function(&self, kernel: Kernel) -> R<&CudaFunction> {
+        self.functions.get(&kernel).ok_or_else(|| {
+            DeviceError::Inconsistent(format!("kernel {} is not loaded", kernel.name()))
+        })
     }
 
     /// A grid-stride launch over `n` elements.
@@ -138,19 +141,6 @@ impl Gpu {
             shared_mem_bytes: BLOCK * 4,
         }
     }
-}
-
-/// Launches `$name` with `$cfg` and the arguments, each pushed by reference.
-macro_rules! launch {
-    ($self:ident, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
-        let f = $self.function($name)?;
-        let mut b = $self.stream.launch_builder(f);
-        $( b.arg($arg); )+
-        // SAFETY: the arguments match the kernel's parameters in kernels.cu, in order and
-        // type; sizes are the executor's, checked against the buffers by `fits`.
-        unsafe { b.launch($cfg) }.map_err(DeviceError::call(concat!("kernel ", $name)))?;
-        Ok(())
-    }};
 }
 
 /// Makes the device's memory pool keep what is freed instead of returning it to the
@@ -200,16 +190,6 @@ fn conv_fits(g: &Conv2d, x: &CudaSlice<f32>, w: &CudaSlice<f32>, y: &CudaSlice<f
         g.out_channels * per_group * g.kernel.0 * g.kernel.1,
     )?;
     fits("convolution y", y.len(), g.batch * g.out_channels * oh * ow)
-}
-
-fn fits(what: &str, len: usize, needed: usize) -> R<()> {
-    if needed > len {
-        Err(DeviceError::Inconsistent(format!(
-            "{what}: {needed} elements needed, the buffer has {len}"
-        )))
-    } else {
-        Ok(())
-    }
 }
 
 impl Backend for Gpu {
@@ -281,6 +261,9 @@ impl Backend for Gpu {
     fn len(&self, buf: &CudaSlice<f32>) -> usize {
         buf.len()
     }
+    fn index_len(&self, idx: &CudaSlice<i64>) -> usize {
+        idx.len()
+    }
 
     fn gemm(
         &self,
@@ -332,633 +315,39 @@ impl Backend for Gpu {
             .map_err(fail("cuBLAS gemm failed"))
     }
 
-    fn binary(
-        &self,
-        out: &mut CudaSlice<f32>,
-        a: &CudaSlice<f32>,
-        b: &CudaSlice<f32>,
-        s: &Strides,
-        op: BinaryOp,
-    ) -> R<()> {
-        let n = s.len();
-        fits("binary", out.len(), n as usize)?;
-        {
-            let code = op as i32;
-            launch!(
-                self,
-                "binary",
-                Self::elements(n as usize),
-                out,
-                a,
-                b,
-                s,
-                &n,
-                &code
-            )
+    fn launch(&self, launch: Launch<'_, CudaSlice<f32>, CudaSlice<i64>>) -> R<()> {
+        /// An absent optional operand: a null device pointer.
+        static NULL: u64 = 0;
+        let Launch {
+            kernel,
+            extent,
+            mut args,
+        } = launch;
+        let cfg = match kernel.grid() {
+            Grid::Elements => Self::elements(extent),
+            Grid::Rows => Self::rows(extent),
+        };
+        let f = self.function(kernel)?;
+        let mut b = self.stream.launch_builder(f);
+        for arg in &mut args {
+            match arg {
+                Arg::Out(buf) => b.arg(&mut **buf),
+                Arg::In(buf) | Arg::Optional(Some(buf)) => b.arg(*buf),
+                Arg::Optional(None) => b.arg(&NULL),
+                Arg::OutIndex(idx) => b.arg(&mut **idx),
+                Arg::Index(idx) => b.arg(*idx),
+                Arg::I64(v) => b.arg(&*v),
+                Arg::I32(v) => b.arg(&*v),
+                Arg::F32(v) => b.arg(&*v),
+                Arg::Strides(s) => b.arg(&*s),
+                Arg::Window(g) => b.arg(&*g),
+            };
         }
-    }
-    fn gather(
-        &self,
-        dst: &mut CudaSlice<f32>,
-        src: &CudaSlice<f32>,
-        s: &Strides,
-        offset: usize,
-    ) -> R<()> {
-        let n = s.len();
-        fits("gather", dst.len(), n as usize)?;
-        let offset = offset as i64;
-        launch!(
-            self,
-            "gather_strided",
-            Self::elements(n as usize),
-            dst,
-            src,
-            s,
-            &offset,
-            &n
-        )
-    }
-    fn scatter(
-        &self,
-        dst: &mut CudaSlice<f32>,
-        src: &CudaSlice<f32>,
-        s: &Strides,
-        offset: usize,
-        accumulate: bool,
-    ) -> R<()> {
-        let n = s.len();
-        fits("scatter", src.len(), n as usize)?;
-        let offset = offset as i64;
-        {
-            let accumulate = i32::from(accumulate);
-            launch!(
-                self,
-                "scatter_strided",
-                Self::elements(n as usize),
-                dst,
-                src,
-                s,
-                &offset,
-                &n,
-                &accumulate
-            )
-        }
-    }
-    fn unary(
-        &self,
-        out: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        op: UnaryOp,
-        alpha: f32,
-        beta: f32,
-    ) -> R<()> {
-        let n = x.len() as i64;
-        fits("unary", out.len(), x.len())?;
-        {
-            let code = op as i32;
-            launch!(
-                self,
-                "unary",
-                Self::elements(x.len()),
-                out,
-                x,
-                &n,
-                &code,
-                &alpha,
-                &beta
-            )
-        }
-    }
-    fn unary_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        saved: &CudaSlice<f32>,
-        op: UnaryOp,
-        alpha: f32,
-        beta: f32,
-    ) -> R<()> {
-        let n = dy.len() as i64;
-        fits("unary_backward", dx.len().min(saved.len()), dy.len())?;
-        {
-            let code = op as i32;
-            launch!(
-                self,
-                "unary_backward",
-                Self::elements(dy.len()),
-                dx,
-                dy,
-                saved,
-                &n,
-                &code,
-                &alpha,
-                &beta
-            )
-        }
-    }
-    fn fill(&self, out: &mut CudaSlice<f32>, value: f32) -> R<()> {
-        let n = out.len() as i64;
-        let cfg = Self::elements(out.len());
-        launch!(self, "fill", cfg, out, &n, &value)
-    }
-    fn axpby(&self, out: &mut CudaSlice<f32>, x: &CudaSlice<f32>, alpha: f32, beta: f32) -> R<()> {
-        fits("axpby", x.len(), out.len())?;
-        let n = out.len() as i64;
-        let cfg = Self::elements(out.len());
-        launch!(self, "axpby", cfg, out, x, &n, &alpha, &beta)
-    }
-    fn reduce_axis(
-        &self,
-        out: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        mean: bool,
-    ) -> R<()> {
-        fits("reduce_axis", x.len(), outer * n * inner)?;
-        fits("reduce_axis", out.len(), outer * inner)?;
-        let (o, k, i) = (outer as i64, n as i64, inner as i64);
-        {
-            let mean = i32::from(mean);
-            launch!(
-                self,
-                "reduce_axis",
-                Self::elements(outer * inner),
-                out,
-                x,
-                &o,
-                &k,
-                &i,
-                &mean
-            )
-        }
-    }
-    fn softmax_rows(
-        &self,
-        y: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        rows: usize,
-        n: usize,
-        log: bool,
-    ) -> R<()> {
-        fits("softmax", x.len().min(y.len()), rows * n)?;
-        let (r, k) = (rows as i64, n as i64);
-        {
-            let log = i32::from(log);
-            launch!(self, "softmax_rows", Self::rows(rows), y, x, &r, &k, &log)
-        }
-    }
-    fn softmax_rows_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        rows: usize,
-        n: usize,
-        log: bool,
-    ) -> R<()> {
-        fits(
-            "softmax backward",
-            dx.len().min(dy.len()).min(y.len()),
-            rows * n,
-        )?;
-        let (r, k) = (rows as i64, n as i64);
-        {
-            let log = i32::from(log);
-            launch!(
-                self,
-                "softmax_rows_backward",
-                Self::rows(rows),
-                dx,
-                dy,
-                y,
-                &r,
-                &k,
-                &log
-            )
-        }
-    }
-    fn cross_entropy(
-        &self,
-        loss: &mut CudaSlice<f32>,
-        dlogits: &mut CudaSlice<f32>,
-        logits: &CudaSlice<f32>,
-        labels: &CudaSlice<i64>,
-        rows: usize,
-        n: usize,
-        total_rows: usize,
-    ) -> R<()> {
-        fits("cross entropy", logits.len().min(dlogits.len()), rows * n)?;
-        fits("cross entropy", loss.len().min(labels.len()), rows)?;
-        let (r, k, t) = (rows as i64, n as i64, total_rows as i64);
-        launch!(
-            self,
-            "cross_entropy",
-            Self::rows(rows),
-            loss,
-            dlogits,
-            logits,
-            labels,
-            &r,
-            &k,
-            &t
-        )
-    }
-    fn class_stats(
-        &self,
-        stats: &mut CudaSlice<f32>,
-        logits: &CudaSlice<f32>,
-        labels: &CudaSlice<i64>,
-        rows: usize,
-        n: usize,
-        first: usize,
-    ) -> R<()> {
-        fits("class statistics", logits.len(), rows * n)?;
-        fits("class statistics", stats.len(), 3 * rows)?;
-        fits("class statistics", labels.len(), rows)?;
-        let (r, k, f) = (rows as i64, n as i64, first as i64);
-        launch!(
-            self,
-            "class_stats",
-            Self::rows(rows),
-            stats,
-            logits,
-            labels,
-            &r,
-            &k,
-            &f
-        )
-    }
-    fn class_piece_grad(
-        &self,
-        dlogits: &mut CudaSlice<f32>,
-        logits: &CudaSlice<f32>,
-        lse: &CudaSlice<f32>,
-        labels: &CudaSlice<i64>,
-        rows: usize,
-        n: usize,
-        first: usize,
-        scale: f32,
-    ) -> R<()> {
-        fits(
-            "class piece gradient",
-            logits.len().min(dlogits.len()),
-            rows * n,
-        )?;
-        fits("class piece gradient", lse.len().min(labels.len()), rows)?;
-        let (r, k, f) = (rows as i64, n as i64, first as i64);
-        launch!(
-            self,
-            "class_piece_grad",
-            Self::elements(rows * n),
-            dlogits,
-            logits,
-            lse,
-            labels,
-            &r,
-            &k,
-            &f,
-            &scale
-        )
-    }
-    fn mse(
-        &self,
-        loss: &mut CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        target: &CudaSlice<f32>,
-        total: usize,
-    ) -> R<()> {
-        fits("mse", loss.len().min(dx.len()).min(target.len()), x.len())?;
-        let (n, t) = (x.len() as i64, total as i64);
-        launch!(
-            self,
-            "mse",
-            Self::elements(x.len()),
-            loss,
-            dx,
-            x,
-            target,
-            &n,
-            &t
-        )
-    }
-    fn layer_norm(
-        &self,
-        y: &mut CudaSlice<f32>,
-        mean: &mut CudaSlice<f32>,
-        rstd: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        affine: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> R<()> {
-        fits("layer norm", x.len().min(y.len()), rows * n)?;
-        fits("layer norm", mean.len().min(rstd.len()), rows)?;
-        let (r, k) = (rows as i64, n as i64);
-        match affine {
-            Some((g, b)) => launch!(
-                self,
-                "layer_norm",
-                Self::rows(rows),
-                y,
-                mean,
-                rstd,
-                x,
-                g,
-                b,
-                &r,
-                &k,
-                &eps
-            ),
-            None => {
-                let null = 0u64;
-                launch!(
-                    self,
-                    "layer_norm",
-                    Self::rows(rows),
-                    y,
-                    mean,
-                    rstd,
-                    x,
-                    &null,
-                    &null,
-                    &r,
-                    &k,
-                    &eps
-                )
-            }
-        }
-    }
-    fn layer_norm_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        gamma: Option<&CudaSlice<f32>>,
-        mean: &CudaSlice<f32>,
-        rstd: &CudaSlice<f32>,
-        rows: usize,
-        n: usize,
-    ) -> R<()> {
-        fits(
-            "layer norm backward",
-            dx.len().min(dy.len()).min(x.len()),
-            rows * n,
-        )?;
-        let (r, k) = (rows as i64, n as i64);
-        match gamma {
-            Some(g) => launch!(
-                self,
-                "layer_norm_backward",
-                Self::rows(rows),
-                dx,
-                dy,
-                x,
-                g,
-                mean,
-                rstd,
-                &r,
-                &k
-            ),
-            None => {
-                let null = 0u64;
-                launch!(
-                    self,
-                    "layer_norm_backward",
-                    Self::rows(rows),
-                    dx,
-                    dy,
-                    x,
-                    &null,
-                    mean,
-                    rstd,
-                    &r,
-                    &k
-                )
-            }
-        }
-    }
-    fn channel_stats(
-        &self,
-        mean: &mut CudaSlice<f32>,
-        rstd: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        batch: usize,
-        channels: usize,
-        spatial: usize,
-        eps: f32,
-    ) -> R<()> {
-        fits("batch norm", x.len(), batch * channels * spatial)?;
-        let (b, c, s) = (batch as i64, channels as i64, spatial as i64);
-        launch!(
-            self,
-            "channel_stats",
-            Self::rows(channels),
-            mean,
-            rstd,
-            x,
-            &b,
-            &c,
-            &s,
-            &eps
-        )
-    }
-    fn channel_affine(
-        &self,
-        y: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        mean: &CudaSlice<f32>,
-        rstd: &CudaSlice<f32>,
-        gamma: &CudaSlice<f32>,
-        beta: &CudaSlice<f32>,
-        channels: usize,
-        spatial: usize,
-    ) -> R<()> {
-        fits("batch norm", y.len(), x.len())?;
-        let (c, s, n) = (channels as i64, spatial as i64, x.len() as i64);
-        {
-            let batch_stats = 0i32;
-            let unused_eps = 0f32;
-            launch!(
-                self,
-                "channel_affine",
-                Self::elements(x.len()),
-                y,
-                x,
-                mean,
-                rstd,
-                gamma,
-                beta,
-                &c,
-                &s,
-                &n,
-                &batch_stats,
-                &unused_eps
-            )
-        }
-    }
-    fn batch_norm_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dgamma: &mut CudaSlice<f32>,
-        dbeta: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        (mean, rstd): (&CudaSlice<f32>, &CudaSlice<f32>),
-        gamma: &CudaSlice<f32>,
-        batch: usize,
-        channels: usize,
-        spatial: usize,
-    ) -> R<()> {
-        fits(
-            "batch norm backward",
-            dx.len().min(dy.len()).min(x.len()),
-            batch * channels * spatial,
-        )?;
-        let (b, c, s) = (batch as i64, channels as i64, spatial as i64);
-        launch!(
-            self,
-            "batch_norm_backward",
-            Self::rows(channels),
-            dx,
-            dgamma,
-            dbeta,
-            dy,
-            x,
-            mean,
-            rstd,
-            gamma,
-            &b,
-            &c,
-            &s
-        )
-    }
-    fn max_pool(
-        &self,
-        y: &mut CudaSlice<f32>,
-        argmax: &mut CudaSlice<i64>,
-        x: &CudaSlice<f32>,
-        g: &Window,
-    ) -> R<()> {
-        let n = (g.planes * g.oh * g.ow) as usize;
-        fits("max pool", y.len().min(argmax.len()), n)?;
-        fits("max pool", x.len(), (g.planes * g.h * g.w) as usize)?;
-        launch!(self, "max_pool", Self::elements(n), y, argmax, x, g)
-    }
-    fn max_pool_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        argmax: &CudaSlice<i64>,
-        g: &Window,
-    ) -> R<()> {
-        let n = (g.planes * g.h * g.w) as usize;
-        fits("max pool backward", dx.len(), n)?;
-        fits(
-            "max pool backward",
-            argmax.len().min(dy.len()),
-            (g.planes * g.oh * g.ow) as usize,
-        )?;
-        launch!(
-            self,
-            "max_pool_backward",
-            Self::elements(n),
-            dx,
-            dy,
-            argmax,
-            g
-        )
-    }
-    fn avg_pool(
-        &self,
-        y: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        g: &Window,
-        count_pad: bool,
-    ) -> R<()> {
-        let n = (g.planes * g.oh * g.ow) as usize;
-        fits("average pool", y.len(), n)?;
-        fits("average pool", x.len(), (g.planes * g.h * g.w) as usize)?;
-        {
-            let count_pad = i32::from(count_pad);
-            launch!(self, "avg_pool", Self::elements(n), y, x, g, &count_pad)
-        }
-    }
-    fn avg_pool_backward(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        g: &Window,
-        count_pad: bool,
-    ) -> R<()> {
-        let n = (g.planes * g.oh * g.ow) as usize;
-        fits("average pool backward", dy.len(), n)?;
-        fits(
-            "average pool backward",
-            dx.len(),
-            (g.planes * g.h * g.w) as usize,
-        )?;
-        {
-            let count_pad = i32::from(count_pad);
-            launch!(
-                self,
-                "avg_pool_backward",
-                Self::elements((g.planes * g.h * g.w) as usize),
-                dx,
-                dy,
-                g,
-                &count_pad
-            )
-        }
-    }
-    fn im2col(
-        &self,
-        cols: &mut CudaSlice<f32>,
-        x: &CudaSlice<f32>,
-        offset: usize,
-        g: &Window,
-        images: usize,
-    ) -> R<()> {
-        let n = images * (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
-        fits("im2col", cols.len(), n)?;
-        fits(
-            "im2col",
-            x.len(),
-            offset + images * (g.planes * g.h * g.w) as usize,
-        )?;
-        let image = x.slice(offset..);
-        let count = images as i64;
-        launch!(self, "im2col", Self::elements(n), cols, &image, g, &count)
-    }
-    fn col2im(
-        &self,
-        dx: &mut CudaSlice<f32>,
-        offset: usize,
-        cols: &CudaSlice<f32>,
-        g: &Window,
-        images: usize,
-    ) -> R<()> {
-        let n = images * (g.planes * g.kh * g.kw * g.oh * g.ow) as usize;
-        fits("col2im", cols.len(), n)?;
-        fits(
-            "col2im",
-            dx.len(),
-            offset + images * (g.planes * g.h * g.w) as usize,
-        )?;
-        let mut image = dx.slice_mut(offset..);
-        let count = images as i64;
-        launch!(
-            self,
-            "col2im",
-            Self::elements(n),
-            &mut image,
-            cols,
-            g,
-            &count
-        )
+        // SAFETY: the arguments are the kernel's parameters in order and type (its typed
+        // constructor in `launch.rs`, from the same table as the kernel's C prototype);
+        // the calls in `calls.rs` checked the sizes against the buffers.
+        unsafe { b.launch(cfg) }.map_err(DeviceError::call(format!("kernel {}", kernel.name())))?;
+        Ok(())
     }
     fn conv_forward(
         &self,
@@ -990,29 +379,5 @@ impl Backend for Gpu {
             Some(dnn) if dnn.backward(g, x, w, dy, dx, dw)? => Ok(()),
             _ => super::conv::backward(self, g, x, w, dy, dx, dw),
         }
-    }
-
-    fn sgd_momentum(
-        &self,
-        w: &mut CudaSlice<f32>,
-        velocity: &mut CudaSlice<f32>,
-        grad: &CudaSlice<f32>,
-        lr: f32,
-        momentum: f32,
-    ) -> R<()> {
-        fits("sgd", velocity.len().min(grad.len()), w.len())?;
-        let n = w.len() as i64;
-        let cfg = Self::elements(w.len());
-        launch!(
-            self,
-            "sgd_momentum",
-            cfg,
-            w,
-            velocity,
-            grad,
-            &n,
-            &lr,
-            &momentum
-        )
     }
 }

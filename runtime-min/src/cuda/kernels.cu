@@ -4,8 +4,10 @@
 // im2col (convolution without cuDNN), resharding copies and the optimizer.
 //
 // Not compiled on its own: the UNARY_* and BINARY_* operation codes it names are
-// `#define`s generated from runtime-min/src/cuda/op_codes.rs and put before it (by
-// kernels.rs for NVRTC, by cuda-host's build script for the host compiler).
+// `#define`s generated from runtime-min/src/cuda/op_codes.rs, and every kernel below is
+// declared first by a prototype generated from runtime-min/src/cuda/kernel_table.rs (a
+// definition that differs from its row does not compile); both are put before it by
+// kernels.rs for NVRTC and by cuda-host's build script for the host compiler.
 //
 // Conventions: f32 data, i64 labels and indices; sizes are long long; every kernel is a
 // grid-stride loop over its outputs (any launch shape is correct), except the row kernels
@@ -619,9 +621,11 @@ extern "C" __global__ void avg_pool_backward(float* dx, const float* dy, Window 
   }
 }
 
-// im2col of `images` consecutive images ([g.planes channels, h, w] each) → cols
+// im2col of `images` consecutive images ([g.planes channels, h, w] each, from `offset`) → cols
 // [images, planes * kh * kw, oh * ow]: convolution as (batched) GEMM where cuDNN is absent.
-extern "C" __global__ void im2col(float* cols, const float* image, Window g, long long images) {
+extern "C" __global__ void im2col(float* cols, const float* images_at, long long offset, Window g,
+                                  long long images) {
+  const float* image = images_at + offset;
   long long spatial = g.oh * g.ow, rows = g.planes * g.kh * g.kw;
   GRID_STRIDE(i, images * rows * spatial) {
     long long p = i % spatial, row = (i / spatial) % rows, n = i / (spatial * rows);
@@ -636,7 +640,9 @@ extern "C" __global__ void im2col(float* cols, const float* image, Window g, lon
 
 // The adjoint of im2col: adds cols back into the images' gradient, each pixel gathering
 // its own sum (no atomics): deterministic.
-extern "C" __global__ void col2im(float* image, const float* cols, Window g, long long images) {
+extern "C" __global__ void col2im(float* images_at, long long offset, const float* cols, Window g,
+                                  long long images) {
+  float* image = images_at + offset;
   long long spatial = g.oh * g.ow, rows = g.planes * g.kh * g.kw;
   long long pixels = g.planes * g.h * g.w;
   GRID_STRIDE(i, images * pixels) {

@@ -6,40 +6,11 @@ use std::time::Instant;
 
 use super::error::{DeviceError, SetupError, R};
 
-include!("op_codes.rs");
+use super::launch::Kernel;
 
-/// The CUDA C source of every kernel: the operation codes' `#define`s, then `kernels.cu`.
-pub const SOURCE: &str = concat!(c_op_code_header!(), include_str!("kernels.cu"));
-
-/// Every kernel's name, as launches look it up.
-pub const NAMES: [&str; 26] = [
-    "binary",
-    "gather_strided",
-    "scatter_strided",
-    "unary",
-    "unary_backward",
-    "fill",
-    "axpby",
-    "reduce_axis",
-    "softmax_rows",
-    "softmax_rows_backward",
-    "cross_entropy",
-    "class_stats",
-    "class_piece_grad",
-    "mse",
-    "layer_norm",
-    "layer_norm_backward",
-    "channel_stats",
-    "channel_affine",
-    "batch_norm_backward",
-    "max_pool",
-    "max_pool_backward",
-    "avg_pool",
-    "avg_pool_backward",
-    "im2col",
-    "col2im",
-    "sgd_momentum",
-];
+/// The CUDA C source of every kernel: the operation codes' `#define`s and the kernels'
+/// prototypes ([`kernel_table.rs`](super::launch)), then `kernels.cu`.
+pub const SOURCE: &str = concat!(c_kernel_header!(), include_str!("kernels.cu"));
 
 /// The most dimensions a strided kernel handles.
 pub const MAX_DIMS: usize = 6;
@@ -164,6 +135,23 @@ pub struct Window {
     pub dh: i64,
     /// Horizontal dilation.
     pub dw: i64,
+}
+
+impl Window {
+    /// Elements of the input planes.
+    pub fn inputs(&self) -> usize {
+        (self.planes * self.h * self.w) as usize
+    }
+
+    /// Elements of the output planes.
+    pub fn outputs(&self) -> usize {
+        (self.planes * self.oh * self.ow) as usize
+    }
+
+    /// Elements of one image's im2col columns: `[planes·kh·kw, oh·ow]`.
+    pub fn columns(&self) -> usize {
+        (self.planes * self.kh * self.kw * self.oh * self.ow) as usize
+    }
 }
 
 impl From<&crate::cpu::kernels::Pool2d> for Window {
@@ -344,9 +332,7 @@ pub fn compile(major: u32, minor: u32) -> Result<Compiled, SetupError> {
         },
     })?;
     let text = ptx.to_src();
-    let missing: Vec<&str> = NAMES
-        .iter()
-        .copied()
+    let missing: Vec<&str> = Kernel::names()
         .filter(|n| !text.contains(&format!(".entry {n}(")))
         .collect();
     if !missing.is_empty() {
@@ -433,15 +419,20 @@ fn nvrtc_failed<S: std::fmt::Debug>(call: &'static str) -> impl FnOnce(S) -> Set
 mod tests {
     use super::*;
 
-    /// [`NAMES`] is exactly the source's kernels, in order.
+    /// The kernel table names exactly the source's kernels, in order: each is declared
+    /// once by the generated prototypes, then defined once by `kernels.cu`.
     #[test]
-    fn names_list_every_kernel() {
-        let declared: Vec<&str> = SOURCE
-            .split("extern \"C\" __global__ void ")
-            .skip(1)
-            .filter_map(|rest| rest.split('(').next())
-            .collect();
-        assert_eq!(declared, NAMES);
+    fn the_table_names_every_kernel() {
+        let named = |text: &str| -> Vec<String> {
+            text.split("extern \"C\" __global__ void ")
+                .skip(1)
+                .filter_map(|rest| rest.split('(').next())
+                .map(str::to_owned)
+                .collect()
+        };
+        let table: Vec<String> = Kernel::names().map(str::to_owned).collect();
+        assert_eq!(named(include_str!("kernels.cu")), table);
+        assert_eq!(named(SOURCE), [table.clone(), table].concat());
     }
 
     /// Every unary code has its case in both the forward and the backward kernel, and the

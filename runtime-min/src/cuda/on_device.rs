@@ -20,6 +20,7 @@ use ralpc_ir::{Graph, NodeId, Op, ReduceKind, Variadic};
 
 use super::backend::{Backend, R};
 use super::batch_stats::GroupSum;
+use super::calls::Kernels;
 use super::error::DeviceError;
 use super::kernels::Strides;
 use super::train::{DTensor, Runner, Saved};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
 use super::backend::{Backend, R};
+use super::calls::Kernels;
 use super::error::unsupported;
 use super::error::DeviceError;
 use super::node_ops::numel;

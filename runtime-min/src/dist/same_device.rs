@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::Replicas;
 use crate::cuda::backend::{Backend, R};
+use crate::cuda::calls::Kernels;
 use crate::cuda::error::DeviceError;
 
 /// One round of deposits at a time, for `count` ranks.

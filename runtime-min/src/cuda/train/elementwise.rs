@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ralpc_ir::{Binary, NodeId, Unary};
 
 use super::super::backend::{Backend, R};
+use super::super::calls::Kernels;
 use super::super::error::unsupported;
 use super::super::kernels::{BinaryOp, Strides, UnaryOp};
 use super::super::node_ops::{binary_op, unary_op};

@@ -27,6 +27,7 @@ use ralpc_ir::{Graph, GraphInfo, NodeId, Op, PoolKind, ReduceKind, ValueId, Vari
 
 use super::backend::{Backend, R};
 use super::batch_stats;
+use super::calls::Kernels;
 use super::error::DeviceError;
 use super::error::{inconsistent, unsupported};
 use super::kernels::{BinaryOp, Strides};

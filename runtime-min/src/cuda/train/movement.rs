@@ -4,6 +4,7 @@
 use ralpc_ir::NodeId;
 
 use super::super::backend::{Backend, R};
+use super::super::calls::Kernels;
 use super::super::error::unsupported;
 use super::super::kernels::Strides;
 use super::super::node_ops::{axis_of, numel, strides_of, transposed_strides};

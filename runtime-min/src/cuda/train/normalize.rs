@@ -5,6 +5,7 @@ use ralpc_ir::NodeId;
 
 use super::super::backend::{Backend, R};
 use super::super::batch_stats;
+use super::super::calls::Kernels;
 use super::super::error::{inconsistent, unsupported};
 use super::super::kernels::{BinaryOp, Strides};
 use super::super::node_ops::{axis_of, channel_layout, numel};

@@ -3,6 +3,7 @@
 use ralpc_ir::{Conv, NodeId};
 
 use super::super::backend::{Backend, Gemm, R};
+use super::super::calls::Kernels;
 use super::super::kernels::Strides;
 use super::super::node_ops::{numel, MatMulPlan};
 use super::{Output, Runner, Saved};

@@ -3,6 +3,7 @@
 use ralpc_ir::NodeId;
 
 use super::super::backend::{Backend, R};
+use super::super::calls::Kernels;
 use super::super::kernels::{Strides, UnaryOp};
 use super::super::node_ops::{numel, strides_of};
 use super::{Output, Runner, Saved};

@@ -3,6 +3,7 @@
 use ralpc_ir::{NodeId, Pool, PoolKind};
 
 use super::super::backend::{Backend, R};
+use super::super::calls::Kernels;
 use super::super::error::inconsistent;
 use super::super::kernels::Window;
 use super::super::node_ops::numel;
