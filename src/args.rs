@@ -206,7 +206,7 @@ impl PlanArgs {
     ///
     /// # Errors
     /// An unknown option, a bad value, or conflicting options.
-    pub fn from_tokens<I, T>(tokens: I) -> Result<PlanArgs, String>
+    pub fn from_tokens<I, T>(tokens: I) -> Result<PlanArgs, BadArgument>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
@@ -219,7 +219,7 @@ impl PlanArgs {
         }
         Command::try_parse_from(tokens)
             .map(|c| c.args)
-            .map_err(|e| first_line(&e))
+            .map_err(|e| BadArgument(first_line(&e)))
     }
 
     /// The planning options these arguments ask for (the executable plan included).
@@ -287,52 +287,63 @@ fn first_line(e: &clap::Error) -> String {
     line.strip_prefix("error: ").unwrap_or(line).to_owned()
 }
 
+/// A command-line argument ralpc cannot use: an unknown option, a malformed or
+/// out-of-range value. Always the user's input (clap reports it with the option's name and
+/// exits 2; the Python package raises it as a `ValueError`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadArgument(pub String);
+
 /// Parses `--tolerance`: a non-negative number, or `inf` for no budget (NaN would
 /// silently turn the budget off).
-pub fn parse_tolerance(s: &str) -> Result<f64, String> {
+pub fn parse_tolerance(s: &str) -> Result<f64, BadArgument> {
     match s.trim().parse::<f64>() {
         Ok(x) if x >= 0.0 => Ok(x),
-        _ => Err(format!("expected a number >= 0 or inf, got '{s}'")),
+        _ => Err(BadArgument(format!(
+            "expected a number >= 0 or inf, got '{s}'"
+        ))),
     }
 }
 
 /// Parses a count that must be at least 1 (`--batch`, `--timeout`, …), saying so as a
 /// person would (clap's range check says "0 is not in 1..18446744073709551615").
-pub fn parse_positive(s: &str) -> Result<u64, String> {
+pub fn parse_positive(s: &str) -> Result<u64, BadArgument> {
     match s.trim().parse::<u64>() {
-        Ok(0) => Err("must be at least 1".into()),
+        Ok(0) => Err(BadArgument("must be at least 1".to_owned())),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("expected a whole number of at least 1, got '{s}'")),
+        Err(_) => Err(BadArgument(format!(
+            "expected a whole number of at least 1, got '{s}'"
+        ))),
     }
 }
 
 /// Parses `--max-instructions`: 1 to [`crate::plan::MAX_INSTRUCTIONS`].
-pub fn parse_max_instructions(s: &str) -> Result<u64, String> {
+pub fn parse_max_instructions(s: &str) -> Result<u64, BadArgument> {
     match parse_positive(s)? {
-        n if n > crate::plan::MAX_INSTRUCTIONS => Err(format!(
+        n if n > crate::plan::MAX_INSTRUCTIONS => Err(BadArgument(format!(
             "at most {} (lowering takes about 1 KB of memory per instruction)",
             crate::plan::MAX_INSTRUCTIONS
-        )),
+        ))),
         n => Ok(n),
     }
 }
 
 /// Parses `--recompute-modules`: at least one of Megatron-Core's module names.
-pub fn parse_modules(s: &str) -> Result<Modules, String> {
-    match Modules::parse(s)? {
-        m if m == Modules::default() => Err("name at least one module".into()),
+pub fn parse_modules(s: &str) -> Result<Modules, BadArgument> {
+    match Modules::parse(s).map_err(|e| BadArgument(e.to_string()))? {
+        m if m == Modules::default() => Err(BadArgument("name at least one module".to_owned())),
         m => Ok(m),
     }
 }
 
 /// Parses a load imbalance: a finite number from 1 (balanced) up to the number of ranks it
 /// could concentrate on; above 64 no run has been measured.
-pub fn parse_imbalance(s: &str) -> Result<f64, String> {
+pub fn parse_imbalance(s: &str) -> Result<f64, BadArgument> {
     match s.trim().parse::<f64>() {
         Ok(x) if (1.0..=64.0).contains(&x) => Ok(x),
-        _ => Err(format!(
+        _ => Err(BadArgument(format!(
             "expected the busiest rank's load over the mean, 1 to 64, got '{s}'"
-        )),
+        ))),
     }
 }
 
@@ -341,10 +352,12 @@ pub fn parse_imbalance(s: &str) -> Result<f64, String> {
 pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
 
 /// Parses a number of seconds to wait: 1 to [`MAX_SECONDS`].
-pub fn parse_seconds(s: &str) -> Result<u64, String> {
+pub fn parse_seconds(s: &str) -> Result<u64, BadArgument> {
     match parse_positive(s)? {
         n if n <= MAX_SECONDS => Ok(n),
-        _ => Err(format!("at most {MAX_SECONDS} s (a year), got '{s}'")),
+        _ => Err(BadArgument(format!(
+            "at most {MAX_SECONDS} s (a year), got '{s}'"
+        ))),
     }
 }
 
@@ -359,53 +372,57 @@ pub fn is_momentum(x: f32) -> bool {
 }
 
 /// Parses `--lr` ([`is_learning_rate`]).
-pub fn parse_learning_rate(s: &str) -> Result<f32, String> {
+pub fn parse_learning_rate(s: &str) -> Result<f32, BadArgument> {
     match s.trim().parse::<f32>() {
         Ok(x) if is_learning_rate(x) => Ok(x),
-        _ => Err(format!("expected a finite number >= 0, got '{s}'")),
+        _ => Err(BadArgument(format!(
+            "expected a finite number >= 0, got '{s}'"
+        ))),
     }
 }
 
 /// Parses `--momentum` ([`is_momentum`]).
-pub fn parse_momentum(s: &str) -> Result<f32, String> {
+pub fn parse_momentum(s: &str) -> Result<f32, BadArgument> {
     match s.trim().parse::<f32>() {
         Ok(x) if is_momentum(x) => Ok(x),
-        _ => Err(format!("expected a number in [0, 1), got '{s}'")),
+        _ => Err(BadArgument(format!(
+            "expected a number in [0, 1), got '{s}'"
+        ))),
     }
 }
 
 /// Parses `NAME=D0,D1,...` for `--input`.
-pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), String> {
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<u64>), BadArgument> {
     let (name, dims) = s
         .split_once('=')
-        .ok_or_else(|| format!("expected NAME=D0,D1,..., got '{s}'"))?;
+        .ok_or_else(|| BadArgument(format!("expected NAME=D0,D1,..., got '{s}'")))?;
     if name.is_empty() {
-        return Err("the input name is empty".into());
+        return Err(BadArgument("the input name is empty".to_owned()));
     }
     let dims = dims
         .split(',')
         .map(|d| {
             d.trim()
                 .parse::<u64>()
-                .map_err(|_| format!("'{d}' is not a dimension (a positive integer)"))
+                .map_err(|_| BadArgument(format!("'{d}' is not a dimension (a positive integer)")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((name.to_owned(), dims))
 }
 
 /// Parses `NAME=V0,V1,...` for `--value`.
-pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), String> {
+pub fn parse_input_value(s: &str) -> Result<(String, Vec<f64>), BadArgument> {
     let (name, values) = s
         .split_once('=')
-        .ok_or_else(|| format!("expected NAME=V0,V1,..., got '{s}'"))?;
+        .ok_or_else(|| BadArgument(format!("expected NAME=V0,V1,..., got '{s}'")))?;
     if name.is_empty() {
-        return Err("the input name is empty".into());
+        return Err(BadArgument("the input name is empty".to_owned()));
     }
     let values = values
         .split(',')
         .map(|v| match v.trim().parse::<f64>() {
             Ok(x) if x.is_finite() => Ok(x),
-            _ => Err(format!("'{v}' is not a finite number")),
+            _ => Err(BadArgument(format!("'{v}' is not a finite number"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((name.to_owned(), values))

@@ -876,5 +876,6 @@ fn recomputing_modules_trades_time_for_memory() {
     );
     assert!(Modules::parse("attention")
         .unwrap_err()
+        .to_string()
         .contains("no module `attention`"));
 }

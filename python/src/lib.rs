@@ -128,7 +128,7 @@ fn arguments(
             tokens(&key, &value, &mut argv)?;
         }
     }
-    ralpc::PlanArgs::from_tokens(argv).map_err(|e| option_error(py, e))
+    ralpc::PlanArgs::from_tokens(argv).map_err(|e| option_error(py, e.0))
 }
 
 /// The summary as a dict, with the placement and why a plan was not lowered.

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use ralpc::args::BadArgument;
 use ralpc::runtime::cuda::launch::Kernel;
 use ralpc::runtime::cuda::libs::{self, Lib, Location};
 use ralpc::runtime::cuda::{device, kernels};
@@ -34,11 +35,13 @@ pub struct Args {
     pub json: bool,
 }
 
-fn parse_arch(s: &str) -> Result<(u32, u32), String> {
+fn parse_arch(s: &str) -> Result<(u32, u32), BadArgument> {
     let (major, minor) = s.split_once('.').unwrap_or((s, "0"));
     match (major.parse(), minor.parse()) {
         (Ok(a), Ok(b)) => Ok((a, b)),
-        _ => Err(format!("'{s}' is not MAJOR.MINOR (9.0 for H100/H200)")),
+        _ => Err(BadArgument(format!(
+            "'{s}' is not MAJOR.MINOR (9.0 for H100/H200)"
+        ))),
     }
 }
 

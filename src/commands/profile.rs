@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use ralpc::args::BadArgument;
 use ralpc::ProfileOptions;
 
 pub const EXAMPLES: &str = "\
@@ -72,7 +73,7 @@ pub enum Target {
 }
 
 /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
-fn parse_device(s: &str) -> Result<Target, String> {
+fn parse_device(s: &str) -> Result<Target, BadArgument> {
     match s {
         "cpu" => Ok(Target::Cpu),
         "cuda" => Ok(Target::Cuda(0)),
@@ -80,7 +81,7 @@ fn parse_device(s: &str) -> Result<Target, String> {
             .strip_prefix("cuda:")
             .and_then(|n| n.parse().ok())
             .map(Target::Cuda)
-            .ok_or_else(|| format!("'{s}' is not cpu, cuda or cuda:N")),
+            .ok_or_else(|| BadArgument(format!("'{s}' is not cpu, cuda or cuda:N"))),
     }
 }
 

@@ -4,6 +4,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ralpc::args::BadArgument;
 use ralpc::runtime::cpu::exec::{Fault, FaultKind, RankError, RunError};
 use ralpc::runtime::cpu::train::Loss;
 use ralpc::runtime::dist::Placement;
@@ -120,24 +121,28 @@ fn report_to_launcher(rank: u32, fault: Option<Fault>, e: &ralpc::Error) {
 }
 
 /// Parses `RANK:INSTRUCTION[:panic|hang|exit]`.
-fn parse_fault(s: &str) -> Result<Fault, String> {
+fn parse_fault(s: &str) -> Result<Fault, BadArgument> {
     let parts: Vec<&str> = s.split(':').collect();
     let number = |p: &str| {
         p.parse::<u64>()
-            .map_err(|_| format!("'{p}' is not a number"))
+            .map_err(|_| BadArgument(format!("'{p}' is not a number")))
     };
     let (rank, instruction) = match parts.as_slice() {
         [r, i] | [r, i, _] => (number(r)?, number(i)?),
-        _ => return Err("expected RANK:INSTRUCTION[:panic|hang|exit]".into()),
+        _ => {
+            return Err(BadArgument(
+                "expected RANK:INSTRUCTION[:panic|hang|exit]".to_owned(),
+            ))
+        }
     };
     let kind = match parts.get(2).copied().unwrap_or("panic") {
         "panic" => FaultKind::Panic,
         "hang" => FaultKind::Hang,
         "exit" => FaultKind::Exit,
-        other => return Err(format!("'{other}' is not panic, hang or exit")),
+        other => return Err(BadArgument(format!("'{other}' is not panic, hang or exit"))),
     };
     Ok(Fault {
-        rank: u32::try_from(rank).map_err(|_| "the rank is too large".to_string())?,
+        rank: u32::try_from(rank).map_err(|_| BadArgument("the rank is too large".to_owned()))?,
         instruction: instruction as usize,
         kind,
     })

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use ralpc_passes::cluster::Precision;
+use ralpc_passes::plan::PlanError;
 
 use crate::plan::PlanReport;
 
@@ -12,13 +13,13 @@ use crate::plan::PlanReport;
 ///
 /// # Errors
 /// The plan is not a transformer plan.
-pub fn megatron_arguments(report: &PlanReport) -> Result<String, String> {
+pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
     let Some(p) = &report.parallelism else {
-        return Err(format!(
+        return Err(PlanError::Request(format!(
             "--emit megatron: this is a {} plan of layers; Megatron-LM's arguments describe \
              transformer (3d) plans (plan a GPT-like model, or --strategy 3d)",
             report.strategy
-        ));
+        )));
     };
     let m = &p.transformer;
     // The precision the plan was priced at (asked, or a profile's).

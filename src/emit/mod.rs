@@ -60,7 +60,8 @@ pub fn render(
     engines: &[String],
     compiled: &Compiled,
 ) -> Result<Vec<(&'static str, String)>, Error> {
-    let refuse = |why: String| Error::Plan(Box::new(ralpc_passes::plan::PlanError::Request(why)));
+    let plan_error = |e: ralpc_passes::plan::PlanError| Error::Plan(Box::new(e));
+    let refuse = |why: String| plan_error(ralpc_passes::plan::PlanError::Request(why));
     let mut files = Vec::new();
     for engine in engines {
         let Some(&(_, file)) = ENGINES.iter().find(|(e, _)| e == engine) else {
@@ -81,8 +82,8 @@ pub fn render(
                 };
                 torch_script(&compiled.report, strategy)
             }
-            "torchtitan" => torchtitan_config(&compiled.report).map_err(refuse)?,
-            _ => megatron_arguments(&compiled.report).map_err(refuse)?,
+            "torchtitan" => torchtitan_config(&compiled.report).map_err(plan_error)?,
+            _ => megatron_arguments(&compiled.report).map_err(plan_error)?,
         };
         files.push((file, text));
     }

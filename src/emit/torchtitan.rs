@@ -12,6 +12,7 @@
 use std::fmt::Write;
 
 use ralpc_passes::cluster::Precision;
+use ralpc_passes::plan::PlanError;
 use ralpc_passes::transformer::Transformer;
 
 use crate::plan::PlanReport;
@@ -136,33 +137,33 @@ fn schedule(p: &ParallelismRow) -> &'static str {
 /// # Errors
 /// The plan is not a transformer plan, its model is of no family torchtitan trains, or its
 /// stages cannot be written as torchtitan splits them.
-pub fn torchtitan_config(report: &PlanReport) -> Result<String, String> {
+pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
     let Some(p) = &report.parallelism else {
-        return Err(format!(
+        return Err(PlanError::Request(format!(
             "--emit torchtitan: this is a {} plan of layers; torchtitan trains transformers \
              (plan a GPT-like model, or --strategy 3d)",
             report.strategy
-        ));
+        )));
     };
     let m = &p.transformer;
     let Some((base, exact)) = base(m) else {
-        return Err(
+        return Err(PlanError::Request(
             "--emit torchtitan: torchtitan 0.3 trains Llama 3, Qwen3, DeepSeek-V3 and gpt-oss \
              decoders; this model's block (its norms, MLP, biases or experts) is none of them \
              (--emit megatron writes Megatron-LM's arguments)"
                 .into(),
-        );
+        ));
     };
     let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
     // torchtitan spreads the blocks by a per-stage count (no layers taken off the first and
     // last stages, as ralpc priced them): ceil(L / chunks) must make exactly `chunks` stages.
     let per_stage = m.layers.div_ceil(chunks);
     if p.pipeline_parallel > 1 && m.layers.div_ceil(per_stage) != chunks {
-        return Err(format!(
+        return Err(PlanError::Request(format!(
             "--emit torchtitan: torchtitan splits {} blocks {per_stage} a stage, which is not \
              the plan's {chunks} stages",
             m.layers
-        ));
+        )));
     }
     let d = u64::from(p.data_parallel);
     let b = p.micro_batch_size;

@@ -448,7 +448,7 @@ impl Modules {
     ///
     /// # Errors
     /// The first name that is no module's.
-    pub fn parse(list: &str) -> Result<Modules, String> {
+    pub fn parse(list: &str) -> Result<Modules, UnknownModule> {
         list.split(',')
             .map(str::trim)
             .filter(|n| !n.is_empty())
@@ -457,15 +457,15 @@ impl Modules {
                     .into_iter()
                     .find(|&(_, n)| n == name)
                     .map(|(m, _)| set.with(m))
-                    .ok_or_else(|| {
-                        format!(
-                            "no module `{name}` (modules: {})",
-                            Modules::NAMES.map(|(_, n)| n).join(", ")
-                        )
-                    })
+                    .ok_or_else(|| UnknownModule(name.to_owned()))
             })
     }
 }
+
+/// A name in a list of modules (`--recompute-modules`) that is no module's: the user's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no module `{name}` (modules: {known})", name = .0, known = Modules::NAMES.map(|(_, n)| n).join(", "))]
+pub struct UnknownModule(pub String);
 
 /// A point of Megatron-LM's space: how every block, the embedding and the head are spread
 /// over `tensor × pipeline × data` GPUs.
