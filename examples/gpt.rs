@@ -80,7 +80,7 @@ fn main() -> std::process::ExitCode {
             )
         }
     };
-    let written = gpt(&spec).and_then(|bytes| {
+    let written = gpt(&spec).map_err(|e| e.to_string()).and_then(|bytes| {
         ralpc::write_bytes_atomically(&args.out, &bytes).map_err(|e| e.to_string())
     });
     match written {

@@ -331,7 +331,7 @@ impl GptSpec {
     ///
     /// # Errors
     /// The first field at fault.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ModelError> {
         // Bounds past any model trained (each formula's products then fit in 64 bits).
         let latent = self.latent.unwrap_or(LatentAttention {
             q_rank: 0,
@@ -375,9 +375,9 @@ impl GptSpec {
             ),
         ] {
             if v > most {
-                return Err(format!(
+                return Err(ModelError::Spec(format!(
                     "{name} {v} is above {most}: no model is that large"
-                ));
+                )));
             }
         }
         for (name, v) in [
@@ -390,41 +390,43 @@ impl GptSpec {
             ("ffn", self.ffn),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ModelError::Spec(format!("{name} must be at least 1")));
             }
         }
         if self.positions != 0 && self.positions < self.sequence {
-            return Err(format!(
+            return Err(ModelError::Spec(format!(
                 "positions {} cannot cover the sequence {}",
                 self.positions, self.sequence
-            ));
+            )));
         }
         if self.head_dim == 0 {
-            return Err("head_dim must be at least 1".into());
+            return Err(ModelError::Spec("head_dim must be at least 1".to_owned()));
         }
         if self.hidden % self.heads != 0 && self.head_dim == self.hidden / self.heads {
-            return Err(format!(
+            return Err(ModelError::Spec(format!(
                 "hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads
-            ));
+            )));
         }
         if self.heads % self.kv_heads != 0 {
-            return Err(format!(
+            return Err(ModelError::Spec(format!(
                 "heads {} is not a multiple of kv_heads {}",
                 self.heads, self.kv_heads
-            ));
+            )));
         }
         let rotary = match self.latent {
             Some(l) => l.rope_dim,
             None => self.head_dim,
         };
         if self.positions == 0 && rotary % 2 != 0 {
-            return Err(format!(
+            return Err(ModelError::Spec(format!(
                 "rotary positions need an even head size, not {rotary}"
-            ));
+            )));
         }
         if self.latent.is_some() && (self.qk_norm || self.qkv_bias) {
-            return Err("latent attention has no query/key norms or Q, K, V biases".into());
+            return Err(ModelError::Spec(
+                "latent attention has no query/key norms or Q, K, V biases".to_owned(),
+            ));
         }
         if let Some(l) = self.latent {
             for (name, v) in [
@@ -433,50 +435,66 @@ impl GptSpec {
                 ("latent nope_dim + rope_dim", l.nope_dim + l.rope_dim),
             ] {
                 if v == 0 {
-                    return Err(format!("{name} must be at least 1"));
+                    return Err(ModelError::Spec(format!("{name} must be at least 1")));
                 }
             }
         }
         if let Some(moe) = self.moe {
             if moe.experts == 0 || moe.expert_ffn == 0 {
-                return Err("experts and their inner size must be at least 1".into());
+                return Err(ModelError::Spec(
+                    "experts and their inner size must be at least 1".to_owned(),
+                ));
             }
             if moe.top_k == 0 || moe.top_k > moe.experts {
-                return Err(format!(
+                return Err(ModelError::Spec(format!(
                     "top_k {} must pick 1 to {} experts",
                     moe.top_k, moe.experts
-                ));
+                )));
             }
             if moe.dense_layers > self.layers {
-                return Err(format!(
+                return Err(ModelError::Spec(format!(
                     "dense_layers {} exceeds the {} layers",
                     moe.dense_layers, self.layers
-                ));
+                )));
             }
             if let Some(per_group) = moe.experts.checked_div(moe.groups) {
                 if moe.experts % moe.groups != 0 {
-                    return Err(format!(
+                    return Err(ModelError::Spec(format!(
                         "{} expert groups do not divide {} experts",
                         moe.groups, moe.experts
-                    ));
+                    )));
                 }
                 if moe.top_groups == 0
                     || moe.top_groups > moe.groups
                     || moe.top_k > moe.top_groups * per_group
                 {
-                    return Err(format!(
+                    return Err(ModelError::Spec(format!(
                         "top {} of {} expert groups ({per_group} experts each) cannot hold \
                          a token's {} experts",
                         moe.top_groups, moe.groups, moe.top_k
-                    ));
+                    )));
                 }
             }
         }
         if self.params() == u64::MAX {
-            return Err("the parameter count overflows 64 bits".into());
+            return Err(ModelError::Spec(
+                "the parameter count overflows 64 bits".to_owned(),
+            ));
         }
         Ok(())
     }
+}
+
+/// Why a model cannot be written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// Its description (a shape, a configuration, a list of products) describes no model
+    /// ralpc writes: the caller's input, the field named.
+    #[error("{0}")]
+    Spec(String),
+    /// protobuf could not serialize the graph it built: a bug.
+    #[error("cannot serialize the model: {0}")]
+    Serialize(String),
 }
 
 /// The ONNX bytes of a structure-only GPT of shape `spec`, input `input_ids [batch, s]`,
@@ -484,7 +502,7 @@ impl GptSpec {
 ///
 /// # Errors
 /// An invalid `spec` (see [`GptSpec::validate`]).
-pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
+pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
     spec.validate()?;
     // Shapes the planner prices but this generator does not write yet.
     let unwritten = [
@@ -499,7 +517,9 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, String> {
         (spec.moe.is_some(), "a mixture of experts"),
     ];
     if let Some((_, what)) = unwritten.iter().find(|(has, _)| *has) {
-        return Err(format!("the ONNX generator does not write {what} yet"));
+        return Err(ModelError::Spec(format!(
+            "the ONNX generator does not write {what} yet"
+        )));
     }
     let (h, a, kv, s, v, f) = (
         spec.hidden as i64,
@@ -983,19 +1003,25 @@ pub struct Product {
 ///
 /// # Errors
 /// No products, a zero or too large dimension, or two products of one name.
-pub fn products(products: &[Product]) -> Result<Vec<u8>, String> {
+pub fn products(products: &[Product]) -> Result<Vec<u8>, ModelError> {
     if products.is_empty() {
-        return Err("no products to write".into());
+        return Err(ModelError::Spec("no products to write".to_owned()));
     }
     let mut b = Builder::default();
     let mut names = std::collections::BTreeSet::new();
     for p in products {
         let dims = [p.rows, p.inner, p.cols];
         if dims.iter().any(|&d| d == 0 || d > i64::MAX as u64 / 2) {
-            return Err(format!("{}: dimensions {dims:?} out of range", p.name));
+            return Err(ModelError::Spec(format!(
+                "{}: dimensions {dims:?} out of range",
+                p.name
+            )));
         }
         if !names.insert(&p.name) {
-            return Err(format!("two products are named {}", p.name));
+            return Err(ModelError::Spec(format!(
+                "two products are named {}",
+                p.name
+            )));
         }
         let [rows, inner, cols] = dims.map(|d| d as i64);
         let (x, w, y) = (
@@ -1102,7 +1128,7 @@ impl Builder {
     }
 
     /// The model's bytes: this graph at opset 20.
-    fn finish(self) -> Result<Vec<u8>, String> {
+    fn finish(self) -> Result<Vec<u8>, ModelError> {
         let mut m = ModelProto::new();
         m.ir_version = 10;
         m.producer_name = "ralpc".into();
@@ -1111,7 +1137,7 @@ impl Builder {
         m.opset_import.push(opset);
         m.graph = Some(self.graph).into();
         m.write_to_bytes()
-            .map_err(|e| format!("cannot serialize the model: {e}"))
+            .map_err(|e| ModelError::Serialize(e.to_string()))
     }
 
     fn node(&mut self, op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: &[Attr]) {
@@ -1229,14 +1255,17 @@ mod tests {
         let spec = GptSpec::megatron(2, 64, 5, 16, 100);
         assert!(gpt(&spec)
             .unwrap_err()
+            .to_string()
             .contains("not a multiple of heads 5"));
         let spec = GptSpec::megatron(0, 64, 4, 16, 100);
         assert!(gpt(&spec)
             .unwrap_err()
+            .to_string()
             .contains("layers must be at least 1"));
         let spec = GptSpec::llama(2, 64, 4, 3, 96, 16, 100);
         assert!(gpt(&spec)
             .unwrap_err()
+            .to_string()
             .contains("not a multiple of kv_heads 3"));
     }
 }

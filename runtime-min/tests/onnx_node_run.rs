@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
 
 fn read_tensor(path: &Path) -> Result<Tensor, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (_, data) = ralpc_ir::onnx::read_tensor(&bytes, None)?;
+    let (_, data) = ralpc_ir::onnx::read_tensor(&bytes, None).map_err(|e| e.to_string())?;
     let shape: Vec<usize> = data.dims.iter().map(|&d| d as usize).collect();
     let values = data.to_f64s().map_err(|e| e.to_string())?;
     Ok(if data.dtype.is_float() {
@@ -61,7 +61,7 @@ fn run(dir: &Path, name: &str) -> Result<(), String> {
     let inputs = model.graph.inputs();
     for (i, &v) in inputs.iter().enumerate() {
         let bytes = std::fs::read(data.join(format!("input_{i}.pb"))).map_err(|e| e.to_string())?;
-        let (_, tensor) = ralpc_ir::onnx::read_tensor(&bytes, None)?;
+        let (_, tensor) = ralpc_ir::onnx::read_tensor(&bytes, None).map_err(|e| e.to_string())?;
         if !tensor.dtype.is_float() {
             let producer = model.graph.value(v).producer;
             model.graph.node_mut(producer).op = ralpc_ir::Op::Constant {

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{GptSpec, LatentAttention, MoeSpec, Router};
+use super::{GptSpec, LatentAttention, ModelError, MoeSpec, Router};
 
 /// The families read, by `model_type`.
 pub const FAMILIES: [&str; 8] = [
@@ -36,11 +36,11 @@ pub fn is_config(text: &str) -> bool {
 /// # Errors
 /// Not a JSON object, an unknown `model_type`, or a field missing, of the wrong type or
 /// out of range, named.
-pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON configuration: {e}"))?;
+pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, ModelError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ModelError::Spec(format!("not a JSON configuration: {e}")))?;
     let Some(config) = value.as_object() else {
-        return Err("not a JSON object".into());
+        return Err(ModelError::Spec("not a JSON object".to_owned()));
     };
     let fields = Fields(config);
     let family = fields.string("model_type")?;
@@ -49,9 +49,9 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
     }
     if let Some(act) = fields.optional_string("hidden_act")? {
         if act != "silu" {
-            return Err(format!(
+            return Err(ModelError::Spec(format!(
                 "hidden_act \"{act}\": these families' MLPs are SwiGLU (silu)"
-            ));
+            )));
         }
     }
     let layers = fields.number("num_hidden_layers")?;
@@ -85,10 +85,10 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
             let mlp_bias = fields.optional_bool("mlp_bias")?.unwrap_or(false);
             let attention_bias = attention_bias.unwrap_or(false);
             if attention_bias != mlp_bias {
-                return Err(format!(
+                return Err(ModelError::Spec(format!(
                     "attention_bias {attention_bias} with mlp_bias {mlp_bias}: biases on some \
                      dense layers only are not modelled"
-                ));
+                )));
             }
             GptSpec {
                 head_dim,
@@ -132,11 +132,11 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                     .and_then(Value::as_array)
                     .is_some_and(|a| !a.is_empty())
             {
-                return Err(
+                return Err(ModelError::Spec(
                     "decoder_sparse_step / mlp_only_layers: dense blocks between expert blocks \
                      are not modelled (only leading ones)"
-                        .into(),
-                );
+                        .to_owned(),
+                ));
             }
             GptSpec {
                 head_dim,
@@ -218,11 +218,11 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
                 }),
             };
             if !alternate {
-                return Err(
+                return Err(ModelError::Spec(
                     "layer_types: only alternate sliding and full attention blocks \
                             are modelled"
-                        .into(),
-                );
+                        .to_owned(),
+                ));
             }
             GptSpec {
                 head_dim: fields.optional_number("head_dim")?.unwrap_or(64),
@@ -267,10 +267,10 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
         };
         if let Some(w) = window.filter(|_| windowed) {
             if w < sequence {
-                return Err(format!(
+                return Err(ModelError::Spec(format!(
                     "sliding_window {w} on every block, shorter than the sequence {sequence}: \
                      not modelled (plan at a sequence within the window)"
-                ));
+                )));
             }
         }
     }
@@ -279,59 +279,61 @@ pub fn spec(text: &str, sequence: u64) -> Result<GptSpec, String> {
 }
 
 /// Why a `model_type` is not read.
-fn unknown(family: &str) -> String {
-    format!(
+fn unknown(family: &str) -> ModelError {
+    ModelError::Spec(format!(
         "model_type \"{family}\" is not a decoder ralpc reads (it reads {})",
         FAMILIES.join(", ")
-    )
+    ))
 }
 
 /// A configuration's fields, read with their names in the errors.
 struct Fields<'a>(&'a Map<String, Value>);
 
 impl Fields<'_> {
-    fn number(&self, key: &str) -> Result<u64, String> {
+    fn number(&self, key: &str) -> Result<u64, ModelError> {
         self.optional_number(key)?
-            .ok_or_else(|| format!("{key}: missing"))
+            .ok_or_else(|| ModelError::Spec(format!("{key}: missing")))
     }
 
     /// A positive integer, or `None` where absent or null.
-    fn optional_number(&self, key: &str) -> Result<Option<u64>, String> {
+    fn optional_number(&self, key: &str) -> Result<Option<u64>, ModelError> {
         match self.optional_count(key)? {
-            Some(0) => Err(format!("{key}: 0 is not a positive integer")),
+            Some(0) => Err(ModelError::Spec(format!(
+                "{key}: 0 is not a positive integer"
+            ))),
             n => Ok(n),
         }
     }
 
     /// A whole number (0 allowed), or `None` where absent or null.
-    fn optional_count(&self, key: &str) -> Result<Option<u64>, String> {
+    fn optional_count(&self, key: &str) -> Result<Option<u64>, ModelError> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
                 .as_u64()
                 .map(Some)
-                .ok_or_else(|| format!("{key}: {v} is not a whole number")),
+                .ok_or_else(|| ModelError::Spec(format!("{key}: {v} is not a whole number"))),
         }
     }
 
-    fn optional_bool(&self, key: &str) -> Result<Option<bool>, String> {
+    fn optional_bool(&self, key: &str) -> Result<Option<bool>, ModelError> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(format!("{key}: {v} is not true or false")),
+            Some(v) => Err(ModelError::Spec(format!("{key}: {v} is not true or false"))),
         }
     }
 
-    fn string(&self, key: &str) -> Result<String, String> {
+    fn string(&self, key: &str) -> Result<String, ModelError> {
         self.optional_string(key)?
-            .ok_or_else(|| format!("{key}: missing"))
+            .ok_or_else(|| ModelError::Spec(format!("{key}: missing")))
     }
 
-    fn optional_string(&self, key: &str) -> Result<Option<String>, String> {
+    fn optional_string(&self, key: &str) -> Result<Option<String>, ModelError> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(format!("{key}: {v} is not a string")),
+            Some(v) => Err(ModelError::Spec(format!("{key}: {v} is not a string"))),
         }
     }
 }
@@ -408,8 +410,14 @@ mod tests {
             grouped(1, 1).expect("one group").moe.map(|m| m.groups),
             Some(0)
         );
-        assert!(grouped(8, 9).unwrap_err().contains("expert groups"));
-        assert!(grouped(7, 4).unwrap_err().contains("do not divide"));
+        assert!(grouped(8, 9)
+            .unwrap_err()
+            .to_string()
+            .contains("expert groups"));
+        assert!(grouped(7, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("do not divide"));
         // One group of 32 experts holds a token's 8.
         assert!(grouped(8, 1).is_ok());
         assert_eq!(
@@ -435,7 +443,7 @@ mod tests {
 
     #[test]
     fn bad_configurations_name_the_field() {
-        let err = |text: &str| spec(text, 4096).unwrap_err();
+        let err = |text: &str| spec(text, 4096).unwrap_err().to_string();
         assert!(err("[]").contains("not a JSON object"));
         assert!(err(r#"{"model_type": "bert"}"#).contains("model_type \"bert\""));
         let llama = fixture("llama-3.1-8b");

@@ -106,13 +106,18 @@ pub fn import_bytes(bytes: &[u8], path: &Path, base: Option<&Path>) -> Result<Mo
 pub fn read_tensor(
     bytes: &[u8],
     base: Option<&Path>,
-) -> Result<(String, crate::tensor::TensorData), String> {
-    let mut proto =
-        onnx_protobuf::TensorProto::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
-    let data =
-        tensor::decode(&mut proto, &tensor::ExternalFiles::new(base)).map_err(|p| p.to_string())?;
+) -> Result<(String, crate::tensor::TensorData), BadTensor> {
+    let mut proto = onnx_protobuf::TensorProto::parse_from_bytes(bytes)
+        .map_err(|e| BadTensor(e.to_string()))?;
+    let data = tensor::decode(&mut proto, &tensor::ExternalFiles::new(base))
+        .map_err(|p| BadTensor(p.to_string()))?;
     Ok((proto.name, data))
 }
+
+/// Bytes [`read_tensor`] cannot read as a tensor: the file's fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadTensor(pub String);
 
 fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Model, ImportError> {
     let declared = model
@@ -233,9 +238,9 @@ fn convert(mut model: ModelProto, path: &Path, base: Option<&Path>) -> Result<Mo
         let v = graph.node(n).outputs[0];
         match declared_type(vi, true) {
             Ok(ty) => graph.value_mut(v).declared = Some(ty),
-            Err(reason) => problems.push(Diagnostic {
+            Err(kind) => problems.push(Diagnostic {
                 site: site.clone(),
-                kind: Problem::InputType { reason },
+                kind,
             }),
         }
         define(&graph, &mut names, v, &site, &mut problems);
@@ -601,15 +606,26 @@ impl NodeImport<'_, '_> {
     }
 }
 
+/// A graph input whose declared type ralpc cannot use, and why.
+fn input_type(reason: String) -> Problem {
+    Problem::InputType { reason }
+}
+
 /// The tensor type a `ValueInfoProto` declares. For graph inputs (`input == true`) the
 /// type is required and dynamic dimensions (unnamed, `?` or -1) get a symbol; elsewhere
 /// such a dimension leaves the shape unknown.
-fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String> {
+fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, Problem> {
     let Some(TypeValue::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
-        return Err("has no tensor type (only tensor inputs are supported)".into());
+        return Err(input_type(
+            "has no tensor type (only tensor inputs are supported)".into(),
+        ));
     };
-    let dtype = DType::from_onnx(tt.elem_type)
-        .ok_or_else(|| format!("has unsupported element type code {}", tt.elem_type))?;
+    let dtype = DType::from_onnx(tt.elem_type).ok_or_else(|| {
+        input_type(format!(
+            "has unsupported element type code {}",
+            tt.elem_type
+        ))
+    })?;
     let Some(shape) = tt.shape.as_ref() else {
         return Ok(TensorType { dtype, shape: None });
     };
@@ -621,7 +637,7 @@ fn declared_type(vi: &ValueInfoProto, input: bool) -> Result<TensorType, String>
             // zero-sized inputs are valid ONNX (the backend tests have them).
             Some(DimValue::DimValue(v)) if *v >= 0 => Dim::known(*v),
             Some(DimValue::DimValue(v)) if *v < -1 => {
-                return Err(format!("dimension {axis} is negative ({v})"))
+                return Err(input_type(format!("dimension {axis} is negative ({v})")))
             }
             // "?" (PaddlePaddle) names no dimension: two of them need not be equal.
             Some(DimValue::DimParam(p)) if !p.is_empty() && p != "?" => Dim::sym(p),

@@ -336,6 +336,17 @@ pub struct EinsumAxes {
     pub output: Vec<u32>,
 }
 
+/// Why an einsum's equation cannot be used: always the model's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EinsumError {
+    /// The equation is not one (a bad label, two ellipses, an output label in no operand).
+    #[error("{0}")]
+    Equation(String),
+    /// The node's operands do not fit the equation (their count or a rank).
+    #[error("{0}")]
+    Operands(String),
+}
+
 impl Einsum {
     /// First label number of the ellipsis's axes.
     pub const ELLIPSIS: u32 = 0x1_0000;
@@ -344,20 +355,22 @@ impl Einsum {
     ///
     /// # Errors
     /// When it is not one: the message says what is wrong.
-    pub fn parse(equation: &str) -> Result<Einsum, String> {
+    pub fn parse(equation: &str) -> Result<Einsum, EinsumError> {
         let compact: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
         let (lhs, rhs) = match compact.split_once("->") {
             Some((l, r)) => (l, Some(r)),
             None => (compact.as_str(), None),
         };
-        let term = |t: &str| -> Result<Vec<Option<char>>, String> {
+        let term = |t: &str| -> Result<Vec<Option<char>>, EinsumError> {
             let mut labels = Vec::new();
             let mut rest = t;
             let mut ellipsis = false;
             while let Some(c) = rest.chars().next() {
                 if let Some(after) = rest.strip_prefix("...") {
                     if std::mem::replace(&mut ellipsis, true) {
-                        return Err(format!("'{t}' has more than one ellipsis"));
+                        return Err(EinsumError::Equation(format!(
+                            "'{t}' has more than one ellipsis"
+                        )));
                     }
                     labels.push(None);
                     rest = after;
@@ -365,7 +378,9 @@ impl Einsum {
                     labels.push(Some(c));
                     rest = &rest[1..];
                 } else {
-                    return Err(format!("'{c}' is not a letter or an ellipsis"));
+                    return Err(EinsumError::Equation(format!(
+                        "'{c}' is not a letter or an ellipsis"
+                    )));
                 }
             }
             Ok(labels)
@@ -376,10 +391,14 @@ impl Einsum {
                 let out = term(r)?;
                 for l in out.iter().flatten() {
                     if out.iter().filter(|o| **o == Some(*l)).count() > 1 {
-                        return Err(format!("output label '{l}' appears twice"));
+                        return Err(EinsumError::Equation(format!(
+                            "output label '{l}' appears twice"
+                        )));
                     }
                     if !operands.iter().flatten().any(|o| *o == Some(*l)) {
-                        return Err(format!("output label '{l}' is in no operand"));
+                        return Err(EinsumError::Equation(format!(
+                            "output label '{l}' is in no operand"
+                        )));
                     }
                 }
                 out
@@ -420,25 +439,25 @@ impl Einsum {
     ///
     /// # Errors
     /// When the operand count or a rank does not fit the equation.
-    pub fn axes(&self, ranks: &[usize]) -> Result<EinsumAxes, String> {
+    pub fn axes(&self, ranks: &[usize]) -> Result<EinsumAxes, EinsumError> {
         if ranks.len() != self.operands.len() {
-            return Err(format!(
+            return Err(EinsumError::Operands(format!(
                 "the equation '{}' has {} operand(s), the node {}",
                 self.equation,
                 self.operands.len(),
                 ranks.len()
-            ));
+            )));
         }
         let mut spans = Vec::with_capacity(ranks.len());
         for (i, (labels, &rank)) in self.operands.iter().zip(ranks).enumerate() {
             let named = labels.iter().flatten().count();
             let has_ellipsis = labels.len() > named;
             if rank < named || (!has_ellipsis && rank != named) {
-                return Err(format!(
+                return Err(EinsumError::Operands(format!(
                     "operand {i} has rank {rank}, the equation '{}' gives it {named} label(s){}",
                     self.equation,
                     if has_ellipsis { " and an ellipsis" } else { "" }
-                ));
+                )));
             }
             spans.push(rank - named);
         }

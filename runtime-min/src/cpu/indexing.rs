@@ -393,7 +393,7 @@ struct Contraction {
 impl Contraction {
     fn new(e: &Einsum, shapes: &[&[usize]]) -> R<Contraction> {
         let ranks: Vec<usize> = shapes.iter().map(|s| s.len()).collect();
-        let axes = e.axes(&ranks).map_err(operands)?;
+        let axes = e.axes(&ranks).map_err(|e| operands(e.to_string()))?;
         let mut sizes: Vec<(u32, usize)> = Vec::new();
         for (shape, labels) in shapes.iter().zip(&axes.operands) {
             for (&d, &l) in shape.iter().zip(labels) {

@@ -159,7 +159,7 @@ pub(super) fn einsum(ctx: &Ctx<'_>, e: &Einsum) -> Result<Vec<ValueType>> {
         });
     }
     let ranks: Vec<usize> = operands.iter().map(|t| t.shape.rank()).collect();
-    let axes = e.axes(&ranks).map_err(mismatch)?;
+    let axes = e.axes(&ranks).map_err(|e| mismatch(e.to_string()))?;
     let mut sizes: std::collections::BTreeMap<u32, Dim> = std::collections::BTreeMap::new();
     for (slot, (t, labels)) in operands.iter().zip(&axes.operands).enumerate() {
         for (d, &label) in t.shape.0.iter().zip(labels) {

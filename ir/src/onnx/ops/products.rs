@@ -34,7 +34,7 @@ pub(super) fn convert(c: &Converting<'_>) -> Result<Option<Op>, Problem> {
                     attr: "equation".into(),
                 })?;
             Op::Einsum(Arc::new(
-                Einsum::parse(&equation).map_err(|reason| invalid("equation", reason))?,
+                Einsum::parse(&equation).map_err(|e| invalid("equation", e.to_string()))?,
             ))
         }
         "STFT" => Op::Stft {
