@@ -25,6 +25,8 @@ use std::collections::BTreeMap;
 
 use ralpc_ir::{Graph, ValueId};
 use ralpc_passes::layers::{LayerGraph, Producer};
+
+use crate::plan::PlanFileError;
 use ralpc_passes::plan::{gathers, regathers, scatters_gradient, shared_gathers, Strategy};
 use serde::{Deserialize, Serialize};
 
@@ -220,36 +222,40 @@ impl Layout {
     }
 
     /// What is inconsistent in it for a plan of `layers` layers on `ranks` ranks.
-    pub(crate) fn check(&self, layers: usize, ranks: u32) -> Result<(), String> {
+    pub(crate) fn check(&self, layers: usize, ranks: u32) -> Result<(), PlanFileError> {
         if self.layers.len() != layers {
-            return Err(format!(
+            return Err(PlanFileError::Invalid(format!(
                 "layout: {} layers where the plan has {layers}",
                 self.layers.len()
-            ));
+            )));
         }
         for (l, p) in self.layers.iter().enumerate() {
             let s = p.split;
             if s.sample == 0 || s.attribute == 0 || s.parameter == 0 {
-                return Err(format!("layout.layers[{l}].split: a degree of 0"));
+                return Err(PlanFileError::Invalid(format!(
+                    "layout.layers[{l}].split: a degree of 0"
+                )));
             }
             let end = u128::from(p.first_rank)
                 + u128::from(s.sample) * u128::from(s.attribute) * u128::from(s.parameter);
             if end > u128::from(ranks) {
-                return Err(format!(
+                return Err(PlanFileError::Invalid(format!(
                     "layout.layers[{l}]: ranks {}..{end} where the plan has {ranks}",
                     p.first_rank
-                ));
+                )));
             }
             if p.ops.is_empty() {
-                return Err(format!("layout.layers[{l}].ops: empty"));
+                return Err(PlanFileError::Invalid(format!(
+                    "layout.layers[{l}].ops: empty"
+                )));
             }
         }
         for (i, e) in self.edges.iter().enumerate() {
             if e.producer as usize >= layers || e.consumer as usize >= layers {
-                return Err(format!(
+                return Err(PlanFileError::Invalid(format!(
                     "layout.edges[{i}]: layers {} → {} where the plan has {layers}",
                     e.producer, e.consumer
-                ));
+                )));
             }
             for (field, first) in [("shares", e.shares), ("gradient_with", e.gradient_with)] {
                 let Some(first) = first else { continue };
@@ -261,28 +267,28 @@ impl Layout {
                             && f.gradient_with.is_none()
                     });
                 if !same {
-                    return Err(format!(
+                    return Err(PlanFileError::Invalid(format!(
                         "layout.edges[{i}].{field}: edge {first} is no earlier edge of '{}' \
                          from layer {}",
                         e.value, e.producer
-                    ));
+                    )));
                 }
             }
         }
         for (i, e) in self.edges.iter().enumerate() {
             let recomputed = self.recompute_run(e.consumer as usize).is_some();
             if e.regathered && (!e.scattered || recomputed) {
-                return Err(format!(
+                return Err(PlanFileError::Invalid(format!(
                     "layout.edges[{i}].regathered: only an all-gathered input of a layer not \
                      recomputed is gathered again"
-                ));
+                )));
             }
         }
         for (i, &[a, b]) in self.recompute.iter().enumerate() {
             if a > b || b as usize >= layers {
-                return Err(format!(
+                return Err(PlanFileError::Invalid(format!(
                     "layout.recompute[{i}]: [{a}, {b}] is not a run of layers"
-                ));
+                )));
             }
         }
         Ok(())
@@ -322,12 +328,15 @@ mod tests {
             gradient_with: None,
             regathered: true,
         };
-        assert_eq!(two_layers(edge.clone()).check(2, 1), Ok(()));
+        assert!(two_layers(edge.clone()).check(2, 1).is_ok());
         let not_gathered = LayoutEdge {
             scattered: false,
             ..edge.clone()
         };
-        let e = two_layers(not_gathered).check(2, 1).unwrap_err();
+        let e = two_layers(not_gathered)
+            .check(2, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("layout.edges[0].regathered"), "{e}");
         let mut recomputed = two_layers(edge);
         recomputed.recompute = vec![[1, 1]];

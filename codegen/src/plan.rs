@@ -686,7 +686,7 @@ impl Plan {
             ));
         }
         if let Some(layout) = &self.layout {
-            layout.check(self.layers.len(), self.ranks).or_else(bad)?;
+            layout.check(self.layers.len(), self.ranks)?;
         }
         for (g, group) in self.groups.iter().enumerate() {
             if group.len() < 2 || group.windows(2).any(|w| w[0] >= w[1]) {
@@ -837,26 +837,27 @@ impl Plan {
         }
         for (rank, (program, buffers)) in self.programs.iter().zip(&self.buffers).enumerate() {
             for (i, b) in buffers.iter().enumerate() {
-                check_buffer(b, program.len()).map_err(|m| {
-                    PlanFileError::Invalid(format!("buffers[{rank}][{i}] ({:?}): {m}", b.kind))
-                })?;
+                let at = format!("buffers[{rank}][{i}] ({:?})", b.kind);
+                check_buffer(b, program.len(), &at)?;
             }
         }
         Ok(())
     }
 }
 
-/// Checks one buffer against its rank's program of `len` instructions.
-fn check_buffer(b: &Buffer, len: usize) -> Result<(), String> {
+/// Checks one buffer, named `at` in the errors, against its rank's program of `len`
+/// instructions.
+fn check_buffer(b: &Buffer, len: usize, at: &str) -> Result<(), PlanFileError> {
+    let invalid = |what: String| Err(PlanFileError::Invalid(format!("{at}: {what}")));
     let [first, last] = b.live;
     if first > last || last as usize >= len {
-        return Err(format!(
+        return invalid(format!(
             "live range [{first}, {last}] is not within the program's {len} instructions"
         ));
     }
     for (what, list) in [("writes", &b.writes), ("reads", &b.reads)] {
         if list.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(format!("{what} must be ascending"));
+            return invalid(format!("{what} must be ascending"));
         }
         if let Some(&i) = list.iter().find(|&&i| i < first || i > last) {
             let when = if i < first {
@@ -864,19 +865,19 @@ fn check_buffer(b: &Buffer, len: usize) -> Result<(), String> {
             } else {
                 "after it is freed"
             };
-            return Err(format!("instruction {i} {what} it {when}"));
+            return invalid(format!("instruction {i} {what} it {when}"));
         }
     }
     if b.kind.persistent() {
         if first != 0 || last as usize + 1 != len {
-            return Err("a persistent buffer lives for the whole program".to_owned());
+            return invalid("a persistent buffer lives for the whole program".to_owned());
         }
     } else {
         let Some(&written) = b.writes.first() else {
-            return Err("it is never written".to_owned());
+            return invalid("it is never written".to_owned());
         };
         if let Some(&read) = b.reads.first().filter(|&&r| r <= written) {
-            return Err(format!(
+            return invalid(format!(
                 "instruction {read} reads it before it is written (first at {written})"
             ));
         }

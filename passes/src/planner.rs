@@ -136,7 +136,7 @@ pub struct LayeredForm {
     /// The placement of every layer.
     pub strategy: Strategy,
     /// Its price under the layered cost model, or why that model refused it.
-    pub evaluation: Result<Evaluation, String>,
+    pub evaluation: Result<Evaluation, PlanError>,
 }
 
 impl TransformerPlan {
@@ -483,7 +483,7 @@ fn plan_transformer<'a>(
     };
     let layered = layered.map(|strategy| {
         let costs = Costs::new(&graph, cluster, gpus, options.clone());
-        let evaluation = evaluate(&costs, &strategy).map_err(|e| e.to_string());
+        let evaluation = evaluate(&costs, &strategy);
         LayeredForm {
             strategy,
             evaluation,

@@ -167,7 +167,7 @@ pub fn parse_deeppool(text: &str, path: &str) -> Result<Profile, ProfileError> {
             line: line.number,
             message,
         };
-        let layer = Known::of(line).map_err(err)?;
+        let layer = Known::of(line).map_err(|Unreadable(message)| err(message))?;
         let signature = layer.signature.ok_or_else(|| {
             err(format!(
                 "{} is a composite module, which no single ONNX op matches: give this profile \
@@ -253,7 +253,7 @@ pub fn deeppool_layers(
     let batch = batch.unwrap_or_else(|| sections.iter().map(|s| s[0].batch).max().unwrap_or(1));
     let mut layers: Vec<Layer> = Vec::with_capacity(first.len());
     for (k, line) in first.iter().enumerate() {
-        let known = Known::of(line).map_err(|message| ProfileError::Line {
+        let known = Known::of(line).map_err(|Unreadable(message)| ProfileError::Line {
             path: path.to_owned(),
             line: line.number,
             message,
@@ -346,21 +346,26 @@ struct Known {
     output: Vec<u64>,
 }
 
+/// Why a line names no layer ralpc knows (a parameter missing, an unknown type): the
+/// profile's fault, reported at its line ([`ProfileError::Line`]).
+struct Unreadable(String);
+
 impl Known {
-    fn of(line: &Line) -> Result<Known, String> {
+    fn of(line: &Line) -> Result<Known, Unreadable> {
         let (layer, params, input) = (line.layer.as_str(), &line.params, &line.input[..]);
         let int = |key: &str| {
-            params
-                .get(key)
-                .and_then(Value::as_u64)
-                .ok_or_else(|| format!("{layer}: parameter '{key}' missing or not a whole number"))
+            params.get(key).and_then(Value::as_u64).ok_or_else(|| {
+                Unreadable(format!(
+                    "{layer}: parameter '{key}' missing or not a whole number"
+                ))
+            })
         };
         // A size written once (`3`) or per axis (`[1,7]`); `default` when absent.
-        let pair = |key: &str, default: Option<u64>| -> Result<[u64; 2], String> {
+        let pair = |key: &str, default: Option<u64>| -> Result<[u64; 2], Unreadable> {
             match params.get(key) {
                 None => default
                     .map(|d| [d, d])
-                    .ok_or_else(|| format!("{layer}: parameter '{key}' missing")),
+                    .ok_or_else(|| Unreadable(format!("{layer}: parameter '{key}' missing"))),
                 Some(Value::Array(a)) => match a
                     .iter()
                     .map(Value::as_u64)
@@ -368,20 +373,19 @@ impl Known {
                     .as_deref()
                 {
                     Some(&[h, w]) => Ok([h, w]),
-                    _ => Err(format!(
+                    _ => Err(Unreadable(format!(
                         "{layer}: parameter '{key}' is not two whole numbers"
-                    )),
+                    ))),
                 },
-                Some(v) => v
-                    .as_u64()
-                    .map(|d| [d, d])
-                    .ok_or_else(|| format!("{layer}: parameter '{key}' is not a whole number")),
+                Some(v) => v.as_u64().map(|d| [d, d]).ok_or_else(|| {
+                    Unreadable(format!("{layer}: parameter '{key}' is not a whole number"))
+                }),
             }
         };
-        let image = || -> Result<[u64; 3], String> {
+        let image = || -> Result<[u64; 3], Unreadable> {
             match *input {
                 [c, h, w] => Ok([c, h, w]),
-                _ => Err(format!("{layer}: expected [c,h,w] input dims")),
+                _ => Err(Unreadable(format!("{layer}: expected [c,h,w] input dims"))),
             }
         };
         // Output rows and columns of a window over the input.
@@ -392,9 +396,11 @@ impl Known {
                     .checked_sub(kernel[i])
                     .filter(|_| stride[i] > 0)
                     .map(|x| x / stride[i] + 1)
-                    .ok_or_else(|| format!("{layer}: the kernel does not fit the padded input"))
+                    .ok_or_else(|| {
+                        Unreadable(format!("{layer}: the kernel does not fit the padded input"))
+                    })
             };
-            Ok::<_, String>([out(h, 0)?, out(w, 1)?])
+            Ok::<_, Unreadable>([out(h, 0)?, out(w, 1)?])
         };
         let op = |name: &str, attrs, output: Vec<u64>| Signature {
             op: name.to_owned(),
@@ -451,9 +457,9 @@ impl Known {
                 let [c, _, _] = image()?;
                 let (oh, ow) = (int("output_height")?, int("output_width")?);
                 if (oh, ow) != (1, 1) {
-                    return Err(format!(
+                    return Err(Unreadable(format!(
                         "{layer}: only a 1×1 output (ONNX's GlobalAveragePool) is known, not {oh}×{ow}"
-                    ));
+                    )));
                 }
                 simple(
                     op("GlobalAveragePool", BTreeMap::new(), vec![c, 1, 1]),
@@ -484,7 +490,7 @@ impl Known {
                 }
             }
             "ResnetBottleneck" => Known::bottleneck(line, image()?, &int)?,
-            other => return Err(format!("unknown DeepPool layer type '{other}'")),
+            other => return Err(Unreadable(format!("unknown DeepPool layer type '{other}'"))),
         })
     }
 
@@ -494,8 +500,8 @@ impl Known {
     fn bottleneck(
         line: &Line,
         [c, h, w]: [u64; 3],
-        int: &dyn Fn(&str) -> Result<u64, String>,
-    ) -> Result<Known, String> {
+        int: &dyn Fn(&str) -> Result<u64, Unreadable>,
+    ) -> Result<Known, Unreadable> {
         let (inplanes, planes) = (int("inplanes")?, int("planes")?);
         let groups = int("groups")?.max(1);
         let base_width = line
@@ -510,9 +516,9 @@ impl Known {
             .unwrap_or(1)
             .max(1);
         if inplanes != c {
-            return Err(format!(
+            return Err(Unreadable(format!(
                 "ResnetBottleneck: inplanes {inplanes} but the input has {c} channels"
-            ));
+            )));
         }
         let width = (product(&[planes, base_width]) / 64).saturating_mul(groups);
         let out = planes.saturating_mul(4);
@@ -531,10 +537,10 @@ impl Known {
                 None => (Vec::new(), None),
             };
             let (&[d_in, d_out, _], Some(bn)) = (&conv[..], bn) else {
-                return Err(
+                return Err(Unreadable(
                     "ResnetBottleneck: downsampleParams is not [[in, out, stride], channels]"
-                        .into(),
-                );
+                        .to_owned(),
+                ));
             };
             params = params
                 .saturating_add(product(&[d_in, d_out]))
