@@ -85,12 +85,18 @@ pub fn write(
     crate::output::write_bytes_atomically(path, &bytes)
 }
 
+/// What makes a checkpoint's bytes unusable, or a checkpoint not the plan's: reported as
+/// [`Error::Checkpoint`] with the file's path.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unusable(String);
+
 /// The file's bytes: the tensors serialized once to hash their data, then with the hash.
 fn to_bytes(
     plan: &str,
     checkpoint: &Checkpoint,
     shapes: &BTreeMap<String, Vec<usize>>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, Unusable> {
     let mut raw: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (prefix, map) in [("", &checkpoint.weights), (MOMENTUM, &checkpoint.velocity)] {
         for (name, values) in map {
@@ -103,19 +109,19 @@ fn to_bytes(
             raw.push((format!("{prefix}{name}"), shape, data));
         }
     }
-    let serialize = |state: &State| -> Result<Vec<u8>, String> {
+    let serialize = |state: &State| -> Result<Vec<u8>, Unusable> {
         let views = raw
             .iter()
             .map(|(name, shape, data)| {
                 TensorView::new(Dtype::F32, shape.clone(), data)
                     .map(|v| (name.as_str(), v))
-                    .map_err(|e| format!("tensor '{name}': {e}"))
+                    .map_err(|e| Unusable(format!("tensor '{name}': {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         // One metadata entry: a map of several would be written in hash order.
-        let json = serde_json::to_string(state).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string(state).map_err(|e| Unusable(e.to_string()))?;
         let metadata = HashMap::from([(KEY.to_owned(), json)]);
-        safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())
+        safetensors::serialize(views, Some(metadata)).map_err(|e| Unusable(e.to_string()))
     };
     let mut state = State {
         format: FORMAT.to_owned(),
@@ -133,17 +139,17 @@ fn to_bytes(
 }
 
 /// The tensor data of a safetensors file: everything after its header.
-fn data_of(bytes: &[u8]) -> Result<&[u8], String> {
+fn data_of(bytes: &[u8]) -> Result<&[u8], Unusable> {
     let n = bytes
         .get(..8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map(u64::from_le_bytes)
-        .ok_or("shorter than a safetensors header")?;
+        .ok_or_else(|| Unusable("shorter than a safetensors header".to_owned()))?;
     usize::try_from(n)
         .ok()
         .and_then(|n| n.checked_add(8))
         .and_then(|start| bytes.get(start..))
-        .ok_or_else(|| "its header runs past the end of the file".to_owned())
+        .ok_or_else(|| Unusable("its header runs past the end of the file".to_owned()))
 }
 
 /// Reads a checkpoint; `plan` is the inputs hash of the plan it must belong to.
@@ -190,7 +196,7 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
             state.step
         )));
     }
-    let data = data_of(&bytes).map_err(bad)?;
+    let data = data_of(&bytes).map_err(|Unusable(m)| bad(m))?;
     if digest(&state, data) != state.blake3 {
         return Err(bad(
             "its step, losses or values do not match their hash: the file was changed after \
@@ -243,15 +249,15 @@ pub fn read(path: &Path, plan: &str) -> Result<Checkpoint, Error> {
 pub fn check_against(
     checkpoint: &Checkpoint,
     expected: &BTreeMap<String, usize>,
-) -> Result<(), String> {
+) -> Result<(), Unusable> {
     for (name, &len) in expected {
         match checkpoint.weights.get(name) {
-            None => return Err(format!("it has no weight '{name}'")),
+            None => return Err(Unusable(format!("it has no weight '{name}'"))),
             Some(v) if v.len() != len => {
-                return Err(format!(
+                return Err(Unusable(format!(
                     "its weight '{name}' has {} elements, the model's {len}",
                     v.len()
-                ))
+                )))
             }
             Some(_) => {}
         }
@@ -262,12 +268,16 @@ pub fn check_against(
     ] {
         for (name, v) in map {
             match expected.get(name) {
-                None => return Err(format!("its {kind} '{name}' is not a weight of the model")),
+                None => {
+                    return Err(Unusable(format!(
+                        "its {kind} '{name}' is not a weight of the model"
+                    )))
+                }
                 Some(&len) if len != v.len() => {
-                    return Err(format!(
+                    return Err(Unusable(format!(
                         "its {kind} '{name}' has {} elements, the model's {len}",
                         v.len()
-                    ))
+                    )))
                 }
                 Some(_) => {}
             }
