@@ -12,7 +12,8 @@ use ralpc_passes::plan::{Costs, Family, PlanError, Planned, Schedule, StrategyFi
 use ralpc_passes::planner::{self, Ask, Model, Priced};
 use ralpc_passes::profile::{self, Loaded, Profile};
 use ralpc_passes::transformer::{
-    Attention, Estimate, ExpertOptions, Knobs, MemoryBreakdown, TimeBreakdown, Transformer,
+    Attention, Estimate, ExpertOptions, Knobs, MemoryBreakdown, NotLayered, TimeBreakdown,
+    Transformer,
 };
 
 use crate::error::FileError;
@@ -314,7 +315,7 @@ fn plan_model(options: &PlanOptions, model: Model, started: Instant) -> Result<P
                     {
                         None => (file, None, None),
                         Some(Ok(executable)) => (file, Some(executable), None),
-                        Some(Err(why)) => (file, None, Some(why)),
+                        Some(Err(NotLayered(why))) => (file, None, Some(why)),
                     }
                 }
             };
@@ -467,7 +468,7 @@ fn lower_transformer(
     options: &PlanOptions,
     planned: &planner::Plan<'_>,
     strategy: &ralpc_passes::plan::Strategy,
-) -> Result<Result<Executable, String>, Error> {
+) -> Result<Result<Executable, NotLayered>, Error> {
     // Every rank's program is written out: per microbatch and layer, a forward, a backward
     // and a recomputation or collective or two.
     let instructions: u64 = strategy
@@ -493,10 +494,10 @@ fn lower_transformer(
         } else {
             "raise it to lower this plan"
         };
-        return Ok(Err(format!(
+        return Ok(Err(NotLayered(format!(
             "its executable plan would hold about {instructions} instructions, more than \
              --max-instructions {limit} (lowering takes about 1 KB of memory each; {advice})"
-        )));
+        ))));
     }
     let costs = planned.costs();
     Ok(Ok(executable(

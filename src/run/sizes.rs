@@ -91,9 +91,13 @@ pub(super) fn check(
             again.buffers.len()
         )));
     }
-    check_programs(plan, &again).map_err(refuse)?;
-    check_layout(plan, Layout::describe(model, &graph, &strategy)).map_err(refuse)
+    check_programs(plan, &again).map_err(|Differs(m)| refuse(m))?;
+    check_layout(plan, Layout::describe(model, &graph, &strategy)).map_err(|Differs(m)| refuse(m))
 }
+
+/// How an edited plan differs from what its placement lowers to: the plan file's fault
+/// ([`Error::PlanFile`], with its path).
+struct Differs(String);
 
 /// Refuses programs that do not do the work the placement gives: the same microbatches
 /// and groups, and on every rank the same instructions (each layer's forward and backward
@@ -102,22 +106,24 @@ pub(super) fn check(
 /// with exit 0. Durations are left out (they depend on the cluster, which may have been a
 /// file); where they all agree — the plan was made for this cluster — the order must be
 /// the lowering's too, so that an edited order is a bad plan rather than a failed run.
-fn check_programs(plan: &Plan, again: &Plan) -> Result<(), String> {
+fn check_programs(plan: &Plan, again: &Plan) -> Result<(), Differs> {
     if plan.microbatches != again.microbatches {
-        return Err(format!(
+        return Err(Differs(format!(
             "it says {} microbatches; its placement runs {}",
             plan.microbatches, again.microbatches
-        ));
+        )));
     }
     if plan.groups != again.groups {
-        return Err("its communicator groups are not those its placement gives".to_owned());
+        return Err(Differs(
+            "its communicator groups are not those its placement gives".to_owned(),
+        ));
     }
     if plan.programs.len() != again.programs.len() {
-        return Err(format!(
+        return Err(Differs(format!(
             "it has programs for {} ranks; its placement gives {}",
             plan.programs.len(),
             again.programs.len()
-        ));
+        )));
     }
     for (rank, (written, expected)) in plan.programs.iter().zip(&again.programs).enumerate() {
         let (have, want) = (work(written), work(expected));
@@ -128,7 +134,7 @@ fn check_programs(plan: &Plan, again: &Plan) -> Result<(), String> {
         {
             let n = |c: &BTreeMap<Work, u64>| c.get(k).copied().unwrap_or(0);
             let (have, want) = (n(&have), n(&want));
-            return Err(match k {
+            return Err(Differs(match k {
                 Work::Each(key) => format!(
                     "rank {rank} has {have} × {}; its placement gives {want}",
                     words(key, plan)
@@ -140,7 +146,7 @@ fn check_programs(plan: &Plan, again: &Plan) -> Result<(), String> {
                         .map(|g| format!(" over group {g}"))
                         .unwrap_or_default()
                 ),
-            });
+            }));
         }
         let priced = |program: &[Instruction]| {
             let mut keys: Vec<String> = program.iter().map(|i| key(i, true)).collect();
@@ -152,12 +158,12 @@ fn check_programs(plan: &Plan, again: &Plan) -> Result<(), String> {
             continue;
         }
         if let Some(i) = (0..written.len()).find(|&i| written[i] != expected[i]) {
-            return Err(format!(
+            return Err(Differs(format!(
                 "rank {rank}'s instruction {i} is {}; its placement on this cluster runs {} \
                  there",
                 words(&key(&written[i], false), plan),
                 words(&key(&expected[i], false), plan)
-            ));
+            )));
         }
     }
     Ok(())
@@ -242,40 +248,40 @@ fn words(key: &str, plan: &Plan) -> String {
 }
 
 /// Refuses a layout that is not `expected`, naming the first layer or edge that differs.
-fn check_layout(plan: &Plan, expected: Option<Layout>) -> Result<(), String> {
+fn check_layout(plan: &Plan, expected: Option<Layout>) -> Result<(), Differs> {
     let Some(expected) = expected else {
         // A model without ops to lay out; the executor refuses it, saying why.
         return Ok(());
     };
     let Some(written) = &plan.layout else {
-        return Err(
-            "it has no layout of its layers on the model's ops: plan the model again \
-                    with this ralpc"
+        return Err(Differs(
+            "it has no layout of its layers on the model's ops: plan the model again with \
+             this ralpc"
                 .to_owned(),
-        );
+        ));
     };
     let name = |l: usize| plan.layers.get(l).map_or("?", String::as_str);
     if let Some(l) = (0..written.layers.len().max(expected.layers.len()))
         .find(|&l| written.layers.get(l) != expected.layers.get(l))
     {
-        return Err(format!(
+        return Err(Differs(format!(
             "its layout of layer '{}' is not the one its placement gives on this model",
             name(l)
-        ));
+        )));
     }
     if let Some(i) = (0..written.edges.len().max(expected.edges.len()))
         .find(|&i| written.edges.get(i) != expected.edges.get(i))
     {
-        return Err(format!(
+        return Err(Differs(format!(
             "its layout's edge {i} is not the one its placement gives on this model"
-        ));
+        )));
     }
     if *written != expected {
-        return Err(
+        return Err(Differs(
             "its layout's aliases or recomputed runs are not those its placement gives on \
              this model"
                 .to_owned(),
-        );
+        ));
     }
     Ok(())
 }
