@@ -10,7 +10,7 @@ use ralpc_ir::input::{read_input, InputKind};
 use ralpc_ir::{bind, onnx, verify, Bindings, Graph, GraphInfo};
 use ralpc_passes::layers::{self, LayerGraph};
 use ralpc_runtime_min::cpu::exec::{
-    self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault,
+    self, Checkpoint, Compute, ComputeFactory, Control, Executable, Fault, Refusal,
 };
 use ralpc_runtime_min::cpu::graph::Weights;
 use ralpc_runtime_min::cpu::tensor::{Data, Tensor};
@@ -269,11 +269,11 @@ impl<'a> CheckpointWriter<'a> {
 fn verifier<'a>(
     unbound: &'a Graph,
     shapes: &'a BTreeMap<String, Vec<u64>>,
-) -> impl Fn(u64) -> Result<GraphInfo, String> + Sync + 'a {
+) -> impl Fn(u64) -> Result<GraphInfo, Refusal> + Sync + 'a {
     move |batch| {
         at_batch(unbound, batch, shapes)
             .map(|(_, info)| info)
-            .map_err(|e| chain(&e))
+            .map_err(|e| Refusal(chain(&e)))
     }
 }
 

@@ -439,7 +439,7 @@ pub struct Executable<'a> {
     pub data: &'a Dataset,
     /// The model verified at another batch size (what a rank's share of a microbatch
     /// sees): folded shape arithmetic that depends on the batch is read from it.
-    pub info_at: &'a (dyn Fn(u64) -> Result<GraphInfo, String> + Sync),
+    pub info_at: &'a (dyn Fn(u64) -> Result<GraphInfo, Refusal> + Sync),
     /// Where the ranks compute: the CPU when absent.
     pub compute: Option<&'a ComputeFactory<'a>>,
 }
@@ -583,6 +583,22 @@ struct Prepared<'a> {
 
 fn setup(message: impl Into<String>) -> RunError {
     RunError::Setup(message.into())
+}
+
+/// Why preparing a plan refuses it before any rank starts: a shape or value the executor
+/// needs that the model does not give (at that batch, or statically), a layer that cannot
+/// run on a piece of its heads or rows. The plan's or the model's fault, a
+/// [`RunError::Setup`] once its layer is named; met after the plan was prepared, the same
+/// reason is ralpc's bug ([`Refusal::bug`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+impl Refusal {
+    /// The reason met by a rank after preparation checked it: a bug.
+    fn bug(self) -> RankError {
+        failure::bug(self.0)
+    }
 }
 
 impl Prepared<'_> {

@@ -504,8 +504,15 @@ pub fn backward(
 }
 
 /// Adds a vector up over the ranks sharing a batch normalization's channels, in place (the
-/// same sum on every one of them); the error is the communicator's, as text.
-pub type GroupSum<'a> = &'a dyn Fn(&mut [f64]) -> Result<(), String>;
+/// same sum on every one of them).
+pub type GroupSum<'a> = &'a dyn Fn(&mut [f64]) -> Result<(), ExchangeFailed>;
+
+/// A [`GroupSum`]'s collective failed: the other ranks' or the network's fault, never the
+/// model's. The caller that made the sum keeps the typed error; this is its text, for the
+/// op that was waiting on it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExchangeFailed(pub String);
 
 /// Runs batch normalization `id` forward in training mode on the host, normalizing by the
 /// statistics `sum` adds up over the ranks holding its channels: its outputs set in
@@ -530,7 +537,7 @@ pub fn batch_norm_synced(
         &inputs,
         node.outputs.len(),
         ops::Mode::Training,
-        &mut |s| sum(s).map_err(OpError::Exchange),
+        &mut |s| sum(s).map_err(|ExchangeFailed(e)| OpError::Exchange(e)),
     )
     .map_err(&error)?;
     for (&v, t) in node.outputs.iter().zip(outputs) {
@@ -568,7 +575,7 @@ pub fn batch_norm_synced_backward(
         &inputs,
         &record.saved,
         &dy,
-        &mut |s| sum(s).map_err(OpError::Exchange),
+        &mut |s| sum(s).map_err(|ExchangeFailed(e)| OpError::Exchange(e)),
     )
     .map_err(&error)?;
     for (slot, g) in input_grads.into_iter().enumerate() {

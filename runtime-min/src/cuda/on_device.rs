@@ -575,7 +575,8 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         if !self.on_device(graph, id, values, env) {
             return graph::batch_norm_synced(graph, id, values, sum);
         }
-        let sum = |v: &mut [f64]| sum(v).map_err(DeviceError::Replicas);
+        let sum =
+            |v: &mut [f64]| sum(v).map_err(|graph::ExchangeFailed(e)| DeviceError::Replicas(e));
         self.forward_on_device(graph, id, values, env, Some(&sum))
     }
 
@@ -590,7 +591,8 @@ impl<B: Backend + 'static> Compute for OnDevice<B> {
         if !self.on_device(graph, record.node, values, training(graph)) {
             return graph::batch_norm_synced_backward(graph, record, values, grads, sum);
         }
-        let sum = |v: &mut [f64]| sum(v).map_err(DeviceError::Replicas);
+        let sum =
+            |v: &mut [f64]| sum(v).map_err(|graph::ExchangeFailed(e)| DeviceError::Replicas(e));
         self.backward_on_device(graph, record, values, grads, Some(&sum))
     }
 

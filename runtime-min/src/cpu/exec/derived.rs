@@ -11,7 +11,7 @@ use super::super::graph::ExecError;
 use super::super::ops;
 use super::super::tensor::Tensor;
 use super::failure::bug;
-use super::{folded, Executable, Prepared, RankError};
+use super::{folded, Executable, Prepared, RankError, Refusal};
 
 /// Deeper chains are not derived (the layer build keeps such values in layers).
 const MAX_DEPTH: usize = 256;
@@ -58,7 +58,7 @@ fn derivable_in(
 impl Prepared<'_> {
     /// `v` evaluated at `batch` samples.
     pub(super) fn derive(&self, v: ValueId, batch: u64) -> Result<Tensor, RankError> {
-        let info = self.info_at(batch).map_err(bug)?;
+        let info = self.info_at(batch).map_err(Refusal::bug)?;
         self.derive_in(&info, v, &mut BTreeMap::new())
     }
 

@@ -3,7 +3,7 @@
 
 use ralpc_ir::{Graph, NodeId};
 
-use super::super::graph;
+use super::super::graph::{self, ExchangeFailed};
 use crate::cuda::error::DeviceError;
 use crate::dist::comm::CommError;
 
@@ -157,10 +157,10 @@ pub(super) fn kernel_failure(
 
 /// Keeps a collective's typed error in `slot` for [`kernel_failure`] and hands its message
 /// to the kernel that ran it.
-pub(super) fn keep(slot: &mut Option<RankError>, e: RankError) -> String {
+pub(super) fn keep(slot: &mut Option<RankError>, e: RankError) -> ExchangeFailed {
     let message = e.to_string();
     *slot = Some(e);
-    message
+    ExchangeFailed(message)
 }
 
 /// What the plan says and what this rank holds or computes disagree: a bug in ralpc

@@ -17,7 +17,7 @@ use ralpc_ir::{Graph, NodeId, Op, Padding, ValueId};
 
 use super::failure::bug;
 use super::resolve::Resolved;
-use super::{setup, Prepared, Rank, RankError, RunError};
+use super::{setup, Prepared, Rank, RankError, Refusal, RunError};
 use crate::cpu::floats::Floats;
 use crate::cpu::kernels;
 use crate::cpu::region::{dims, fill, intersect, reframe, volume, Region};
@@ -153,7 +153,7 @@ impl Prepared<'_> {
         rows: Range<u64>,
         input: u64,
     ) -> Result<Region, RankError> {
-        let shape = self.microbatch_shape(v).map_err(bug)?;
+        let shape = self.microbatch_shape(v).map_err(Refusal::bug)?;
         let name = &self.exe.graph.value(v).name;
         let axis = self
             .axes(v, shape.len())
@@ -184,48 +184,49 @@ fn pad_rows(
     info: &ralpc_ir::GraphInfo,
     node: NodeId,
     (before, after): (u64, u64),
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let n = graph.node(node);
     let x = n
         .inputs
         .first()
         .copied()
         .flatten()
-        .ok_or("the window has no input")?;
+        .ok_or_else(|| Refusal("the window has no input".to_owned()))?;
     let input = info
         .ty(x)
         .shape
         .as_sizes()
-        .ok_or("the window's input shape is unknown")?;
+        .ok_or_else(|| Refusal("the window's input shape is unknown".to_owned()))?;
     let spatial = &input[2.min(input.len())..];
     let k = spatial.len();
-    let (kernel, strides, dilations, padding) = match &n.op {
-        Op::Conv(c) => {
-            let kernel = match &c.kernel {
-                Some(kernel) => kernel.clone(),
-                None => {
-                    let w = n
-                        .inputs
-                        .get(1)
-                        .copied()
-                        .flatten()
-                        .ok_or("the convolution has no weight")?;
-                    let shape = info
-                        .ty(w)
-                        .shape
-                        .as_sizes()
-                        .ok_or("the weight's shape is unknown")?;
-                    shape
-                        .get(2..)
-                        .ok_or("the weight has no kernel axes")?
-                        .to_vec()
-                }
-            };
-            (kernel, &c.strides, &c.dilations, &c.padding)
-        }
-        Op::Pool(p) => (p.kernel.clone(), &p.strides, &p.dilations, &p.padding),
-        _ => return Err("its window is not a convolution or pooling".into()),
-    };
+    let (kernel, strides, dilations, padding) =
+        match &n.op {
+            Op::Conv(c) => {
+                let kernel =
+                    match &c.kernel {
+                        Some(kernel) => kernel.clone(),
+                        None => {
+                            let w = n.inputs.get(1).copied().flatten().ok_or_else(|| {
+                                Refusal("the convolution has no weight".to_owned())
+                            })?;
+                            let shape = info.ty(w).shape.as_sizes().ok_or_else(|| {
+                                Refusal("the weight's shape is unknown".to_owned())
+                            })?;
+                            shape
+                                .get(2..)
+                                .ok_or_else(|| Refusal("the weight has no kernel axes".to_owned()))?
+                                .to_vec()
+                        }
+                    };
+                (kernel, &c.strides, &c.dilations, &c.padding)
+            }
+            Op::Pool(p) => (p.kernel.clone(), &p.strides, &p.dilations, &p.padding),
+            _ => {
+                return Err(Refusal(
+                    "its window is not a convolution or pooling".to_owned(),
+                ))
+            }
+        };
     let at = |v: &Option<Vec<u64>>, i: usize| {
         v.as_ref()
             .and_then(|v| v.get(i).copied())
@@ -236,7 +237,9 @@ fn pad_rows(
         Padding::Explicit(p) if p.len() == 2 * k => p.clone(),
         Padding::Explicit(p) if p.is_empty() => vec![0; 2 * k],
         Padding::Valid => vec![0; 2 * k],
-        Padding::Explicit(p) => return Err(format!("pads {p:?} do not fit {k} spatial axes")),
+        Padding::Explicit(p) => {
+            return Err(Refusal(format!("pads {p:?} do not fit {k} spatial axes")))
+        }
         Padding::SameUpper | Padding::SameLower => {
             let mut pads = vec![0; 2 * k];
             for i in 0..k {
@@ -253,7 +256,7 @@ fn pad_rows(
         }
     };
     if k == 0 {
-        return Err("the window has no spatial axis".into());
+        return Err(Refusal("the window has no spatial axis".to_owned()));
     }
     (pads[0], pads[k]) = (before, after);
     match &mut graph.node_mut(node).op {

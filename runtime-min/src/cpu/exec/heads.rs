@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use ralpc_codegen::layout::{Cut, LayerKind};
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, Site, ValueId};
 
-use super::{derived, setup, Prepared, RunError, Source};
+use super::{derived, setup, Prepared, Refusal, RunError, Source};
 use crate::cpu::region::{crop, interval, Region};
 use crate::cpu::tensor::Tensor;
 
@@ -131,7 +131,7 @@ impl Prepared<'_> {
             if layer.kind != LayerKind::Attention || pieces <= 1 {
                 continue;
             }
-            let refuse = |why: String| setup(format!("layer {}: {why}", layer.name));
+            let refuse = |Refusal(why): Refusal| setup(format!("layer {}: {why}", layer.name));
             let mut seeds = BTreeMap::new();
             let mut groups = Vec::new();
             for &(v, source) in &layer.inputs {
@@ -144,10 +144,10 @@ impl Prepared<'_> {
                 let c = self.carrier(v);
                 let rank = self.microbatch_shape(c).map_err(&refuse)?.len();
                 let f = self.axes(c, rank).features.ok_or_else(|| {
-                    refuse(format!(
+                    refuse(Refusal(format!(
                         "its input '{}' has no feature axis to cut by heads",
                         g.value(c).name
-                    ))
+                    )))
                 })?;
                 seeds.insert(v, f);
                 seeds.insert(c, f);
@@ -162,20 +162,20 @@ impl Prepared<'_> {
             // Each output as its readers hold it: the merged heads cut, a table whole;
             // a piece of it one box.
             if let Some(o) = layer.outputs.iter().find(|o| local.merged.contains(o)) {
-                return Err(refuse(format!(
+                return Err(refuse(Refusal(format!(
                     "its output '{}' holds its heads merged with outer axes",
                     g.value(*o).name
-                )));
+                ))));
             }
             for &o in &layer.outputs {
                 let whole = self.output_view(l, o).features == Cut::Whole;
                 if whole == cut.contains_key(&o) {
-                    return Err(refuse(format!(
+                    return Err(refuse(Refusal(format!(
                         "its output '{}' is {} by heads where its readers hold it {}",
                         g.value(o).name,
                         if whole { "cut" } else { "not cut" },
                         if whole { "whole" } else { "cut" }
-                    )));
+                    ))));
                 }
             }
             let name = layer.name.clone();
@@ -205,7 +205,7 @@ impl Prepared<'_> {
     /// runs, rather than computes among its nodes: the nodes computing it only for it
     /// leave the layer (every rank takes its heads of `v` as it enters). A value another
     /// node of the layer also needs is refused.
-    fn hoist(&mut self, l: usize, v: ValueId) -> Result<(), String> {
+    fn hoist(&mut self, l: usize, v: ValueId) -> Result<(), Refusal> {
         let g = self.exe.graph;
         let layer = &self.layers[l];
         let made_here = |x: ValueId| layer.nodes.contains(&g.value(x).producer);
@@ -241,10 +241,10 @@ impl Prepared<'_> {
                 .iter()
                 .any(|&o| o != v && read_elsewhere(o))
         }) {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "{} computes a value read per head and one read whole",
                 g.site(n)
-            ));
+            )));
         }
         let layer = &mut self.layers[l];
         layer.nodes.retain(|n| !behind.contains(n));
@@ -264,7 +264,7 @@ impl Prepared<'_> {
         nodes: &[NodeId],
         input: [ValueId; 2],
         f: usize,
-    ) -> Option<Result<usize, String>> {
+    ) -> Option<Result<usize, Refusal>> {
         let g = self.exe.graph;
         // The input, and what elementwise ops (a bias add) make of it before the split.
         let mut reach: Vec<ValueId> = input.to_vec();
@@ -307,11 +307,11 @@ impl Prepared<'_> {
             if sizes.windows(2).all(|w| w[0] == w[1] && w[0].is_some()) {
                 Ok(parts)
             } else {
-                Err(format!(
+                Err(Refusal(format!(
                     "its {} makes unequal parts {sizes:?} (grouped-query attention); only \
                  equal Q, K and V are split by heads",
                     g.site(id)
-                ))
+                )))
             },
         )
     }
@@ -330,12 +330,12 @@ pub(super) fn local_shapes(
     mut cut: BTreeMap<ValueId, usize>,
     pieces: u32,
     operand: &dyn Fn(ValueId) -> Operand,
-) -> Result<(LocalShapes, BTreeMap<ValueId, usize>), String> {
-    let sizes = |v: ValueId| -> Result<Vec<u64>, String> {
+) -> Result<(LocalShapes, BTreeMap<ValueId, usize>), Refusal> {
+    let sizes = |v: ValueId| -> Result<Vec<u64>, Refusal> {
         info.ty(v)
             .shape
             .as_sizes()
-            .ok_or_else(|| format!("'{}' has no static shape", graph.value(v).name))
+            .ok_or_else(|| Refusal(format!("'{}' has no static shape", graph.value(v).name)))
     };
     // An integer tensor's entries, when known before the run (shape targets, axes).
     let ints = |v: ValueId| -> Option<Vec<i64>> {
@@ -349,13 +349,13 @@ pub(super) fn local_shapes(
     };
     let mut sliced = BTreeMap::new();
     let mut picks = BTreeMap::new();
-    let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), String> {
+    let mut adjust = |v: ValueId, how: Adjust, node: &Site| -> Result<(), Refusal> {
         match local.adjust.insert(v, how) {
-            Some(before) if before != how => Err(format!(
+            Some(before) if before != how => Err(Refusal(format!(
                 "{node} reads the shape '{}' that another node of the layer reads \
                  for another axis",
                 graph.value(v).name
-            )),
+            ))),
             _ => Ok(()),
         }
     };
@@ -376,9 +376,9 @@ pub(super) fn local_shapes(
         }
         let site = graph.site(n);
         let refuse = |why: &str| {
-            Err(format!(
+            Err(Refusal(format!(
                 "{site} {why}, so the layer cannot run on a piece of its heads"
-            ))
+            )))
         };
         let data = |slot: usize| node.inputs.get(slot).copied().flatten();
         // The first cut input's merged factor passes to the outputs, but through reshapes.

@@ -8,7 +8,7 @@ use ralpc_codegen::layout::View;
 use ralpc_ir::{GraphInfo, Op, ValueId};
 
 use super::super::region::{dims, interval, Axes, Region};
-use super::Prepared;
+use super::{Prepared, Refusal};
 
 /// How a tensor's batch axis holds the samples: `outer` blocks (the sequence positions
 /// of a `[seq · batch, d]` tensor), each of the batch's samples in order, each sample
@@ -164,24 +164,29 @@ impl Prepared<'_> {
     }
 
     /// `v`'s shape on one microbatch.
-    pub(super) fn microbatch_shape(&self, v: ValueId) -> Result<Vec<usize>, String> {
+    pub(super) fn microbatch_shape(&self, v: ValueId) -> Result<Vec<usize>, Refusal> {
         let mut shape: Vec<usize> = self
             .exe
             .info
             .ty(v)
             .shape
             .as_sizes()
-            .ok_or_else(|| format!("'{}' has no static shape", self.exe.graph.value(v).name))?
+            .ok_or_else(|| {
+                Refusal(format!(
+                    "'{}' has no static shape",
+                    self.exe.graph.value(v).name
+                ))
+            })?
             .iter()
             .map(|&d| d as usize)
             .collect();
         if let Some(b) = self.batch_axis(v) {
             shape[b.axis] = b.outer * self.microbatch * b.per_sample;
         } else if self.exe.plan.microbatches > 1 && !self.batch_independent(v) {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "'{}' has no batch axis and cannot be split into microbatches",
                 self.exe.graph.value(v).name
-            ));
+            )));
         }
         Ok(shape)
     }
@@ -215,15 +220,15 @@ impl Prepared<'_> {
 
     /// The region of `v` a view's rank index `k` holds (or needs), in `v`'s shape with its
     /// [held axes](Prepared::held_axes) split.
-    pub(super) fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, String> {
+    pub(super) fn region(&self, v: ValueId, view: &View, k: u32) -> Result<Region, Refusal> {
         let shape = self.microbatch_shape(v)?;
         let axes = self.axes(v, shape.len());
         let held = self.held_axes(v, shape.len());
         let name = &self.exe.graph.value(v).name;
         if held.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "'{name}' (shape {shape:?}) holds its samples and its feature groups on one axis"
-            ));
+            )));
         }
         // Where axis `a`'s cut part lies in the split shape.
         let at = |a: usize| a + held.iter().filter(|&&(h, _)| h <= a).count();
@@ -243,20 +248,20 @@ impl Prepared<'_> {
             let samples = interval(pieces[0], self.microbatch);
             r[at(b.axis)] = samples.start * b.per_sample..samples.end * b.per_sample;
         } else if pieces[0].1 > 1 {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "'{name}' (shape {shape:?}) has no batch axis a sample split can cut: its samples \
                  are not one contiguous run per rank (a reshape merged the batch under another \
                  axis); place the layers around it on the same ranks"
-            ));
+            )));
         }
         for (axis, piece) in [(axes.rows, pieces[1]), (axes.features, pieces[2])] {
             match axis {
                 Some(a) => r[at(a)] = interval(piece, split[at(a)]),
                 None if piece.1 > 1 => {
-                    return Err(format!(
+                    return Err(Refusal(format!(
                         "'{name}' (shape {shape:?}) has no axis for a split into {} pieces",
                         piece.1
-                    ))
+                    )))
                 }
                 None => {}
             }

@@ -10,7 +10,7 @@ use super::super::region::Region;
 use super::super::tensor::{Data, Tensor};
 use super::super::train::{self, Loss};
 use super::failure::bug;
-use super::{Rank, RankError, Truth};
+use super::{Rank, RankError, Refusal, Truth};
 
 /// Where a rank's share of the output sits in it.
 struct Share {
@@ -29,7 +29,7 @@ impl Rank<'_, '_> {
     /// batch's output: whole rows of a sample range, each whole or cut by classes.
     fn share(&self, mb: u32, held: &Region) -> Result<Share, RankError> {
         let p = self.p;
-        let shape = p.microbatch_shape(p.output.1).map_err(bug)?;
+        let shape = p.microbatch_shape(p.output.1).map_err(Refusal::bug)?;
         let axis = train::class_axis(&shape);
         let (Some(&classes), Some(samples), Some(class_range)) =
             (shape.get(axis), held.first(), held.get(axis))
@@ -80,7 +80,7 @@ impl Rank<'_, '_> {
     /// (an `[N, C, 1, 1]` output split by channels).
     fn runs(&self, mb: u32, held: &Region) -> Result<Vec<(usize, usize)>, RankError> {
         let p = self.p;
-        let shape = p.microbatch_shape(p.output.1).map_err(bug)?;
+        let shape = p.microbatch_shape(p.output.1).map_err(Refusal::bug)?;
         if held.len() != shape.len() || held.is_empty() {
             return Err(bug(format!(
                 "a share {held:?} of an output of shape {shape:?}"
@@ -136,7 +136,7 @@ impl Rank<'_, '_> {
         let held = self
             .p
             .region(self.p.output.1, &layer.view_out(), k)
-            .map_err(bug)?;
+            .map_err(Refusal::bug)?;
         let share = self.share(mb, &held)?;
         if share.class_range.len() == share.classes || self.options.loss != Loss::CrossEntropy {
             // Whole rows (cut on another axis), or a loss of each element alone: every rank
@@ -195,7 +195,7 @@ impl Rank<'_, '_> {
         let (loss, dy): (f64, Floats) = if by_runs {
             let total = p
                 .microbatch_shape(p.output.1)
-                .map_err(bug)?
+                .map_err(Refusal::bug)?
                 .iter()
                 .product::<usize>()
                 / p.microbatch.max(1)

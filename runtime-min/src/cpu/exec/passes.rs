@@ -19,7 +19,7 @@ impl Rank<'_, '_> {
             .ok_or_else(|| bug(format!("rank {rank} does not run {}", c.name)))?;
         self.p
             .region(edge.value, &c.view_in_as(edge.read_as), k)
-            .map_err(bug)
+            .map_err(Refusal::bug)
     }
 
     /// The region of edge `e`'s tensor that producer rank `rank` holds.
@@ -31,7 +31,7 @@ impl Rank<'_, '_> {
             .ok_or_else(|| bug(format!("rank {rank} does not run {}", pl.name)))?;
         self.p
             .region(edge.value, &pl.view_out_as(edge.held_as), k)
-            .map_err(bug)
+            .map_err(Refusal::bug)
     }
 
     /// The region of an input only a split layer's epilogue reads (a residual added after
@@ -86,7 +86,10 @@ impl Rank<'_, '_> {
         {
             return Ok(None);
         }
-        let out = self.p.region(v, &layer.view_out(), k).map_err(bug)?;
+        let out = self
+            .p
+            .region(v, &layer.view_out(), k)
+            .map_err(Refusal::bug)?;
         Ok(Some(if split_output {
             intersect(&need, &out)
         } else {
@@ -243,7 +246,9 @@ impl Rank<'_, '_> {
                         .get(&c)
                         .ok_or_else(|| bug("an input has no data"))?;
                     let read_as = edge_kinds(None, layer.kind).1;
-                    let need = p.region(c, &layer.view_in_as(read_as), k).map_err(bug)?;
+                    let need = p
+                        .region(c, &layer.view_in_as(read_as), k)
+                        .map_err(Refusal::bug)?;
                     let need = match p.reads_halo(l, c) {
                         true => p.with_halo(l, k, c, &need)?,
                         false => need,
@@ -290,7 +295,7 @@ impl Rank<'_, '_> {
                     })?,
                 },
                 Source::Derived => p.derive(c, samples.len() as u64)?,
-                Source::Folded => p.folded_at(c, samples.len() as u64).map_err(bug)?,
+                Source::Folded => p.folded_at(c, samples.len() as u64).map_err(Refusal::bug)?,
             };
             // A vocabulary piece's ids: its rows, the others its zero row.
             let t = match p.vocabulary_rows(layer, k, v) {
@@ -345,7 +350,7 @@ impl Rank<'_, '_> {
         }
         let mut regions = BTreeMap::new();
         for &o in &layer.outputs {
-            let region = p.region(o, &p.output_view(l, o), k).map_err(bug)?;
+            let region = p.region(o, &p.output_view(l, o), k).map_err(Refusal::bug)?;
             let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
             let want = p.local_dims(o, &region);
             if got != want {

@@ -366,7 +366,7 @@ impl<'a> Prepared<'a> {
         None
     }
 
-    pub(super) fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, String> {
+    pub(super) fn info_at(&self, batch: u64) -> Result<std::sync::Arc<GraphInfo>, Refusal> {
         let mut cache = self.infos.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(info) = cache.get(&batch) {
             return Ok(info.clone());
@@ -378,17 +378,17 @@ impl<'a> Prepared<'a> {
 
     /// The value `v` folds to at `batch` samples, as [`folded`] makes it, shared by
     /// every step and rank.
-    pub(super) fn folded_at(&self, v: ValueId, batch: u64) -> Result<Tensor, String> {
+    pub(super) fn folded_at(&self, v: ValueId, batch: u64) -> Result<Tensor, Refusal> {
         let mut cache = self.folded.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = cache.get(&(v, batch)) {
             return Ok(t.clone());
         }
         let info = self.info_at(batch)?;
         let t = folded(&info, v).ok_or_else(|| {
-            format!(
+            Refusal(format!(
                 "'{}' has no value at batch {batch}",
                 self.exe.graph.value(v).name
-            )
+            ))
         })?;
         cache.insert((v, batch), t.clone());
         Ok(t)
