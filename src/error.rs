@@ -164,6 +164,14 @@ impl From<AccountError> for Error {
     }
 }
 
+impl Error {
+    /// The process cannot be set up to run as asked, for the reason `message` gives (a flag
+    /// that does not fit the plan, too little memory): [`SetupFailure::Message`], exit 1.
+    pub fn setup(message: impl Into<String>) -> Error {
+        Error::Setup(Box::new(SetupFailure::Message(message.into())))
+    }
+}
+
 /// Why the process cannot be set up to run (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum SetupFailure {
@@ -173,12 +181,6 @@ pub enum SetupFailure {
     /// The machine cannot run the CUDA device: a library, the driver, NVRTC.
     #[error(transparent)]
     Cuda(#[from] ralpc_runtime_min::cuda::error::SetupError),
-}
-
-impl From<String> for Box<SetupFailure> {
-    fn from(message: String) -> Box<SetupFailure> {
-        Box::new(SetupFailure::Message(message))
-    }
 }
 
 impl From<ralpc_runtime_min::cuda::error::SetupError> for Error {

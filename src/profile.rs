@@ -154,15 +154,12 @@ pub fn profile_cpu(
             let totals = ralpc_ir::account(g, info).map_err(|e| Error::Account(Box::new(e)))?;
             let need = totals.weight_bytes.saturating_add(totals.activation_bytes);
             if let Some(have) = crate::run::memory_available().filter(|&have| need > have) {
-                return Err(Error::Setup(
-                    format!(
-                        "profiling needs {:.2} GiB (weights and activations); this machine \
+                return Err(Error::setup(format!(
+                    "profiling needs {:.2} GiB (weights and activations); this machine \
                          has {:.2} GiB available",
-                        need as f64 / f64::from(1u32 << 30),
-                        have as f64 / f64::from(1u32 << 30)
-                    )
-                    .into(),
-                ));
+                    need as f64 / f64::from(1u32 << 30),
+                    have as f64 / f64::from(1u32 << 30)
+                )));
             }
             let env = Env {
                 mode: Mode::Training,
@@ -224,7 +221,7 @@ pub fn profile_cuda(
 ) -> Result<Profile, Error> {
     use ralpc_runtime_min::cuda::{device, gpu::Gpu, libs};
     libs::check(&libs::Lib::ONE_GPU)?;
-    let gpu = Gpu::new(ordinal).map_err(|e| Error::Setup(format!("cuda:{ordinal}: {e}").into()))?;
+    let gpu = Gpu::new(ordinal).map_err(|e| Error::setup(format!("cuda:{ordinal}: {e}")))?;
     let name = device::devices()
         .ok()
         .and_then(|d| d.into_iter().find(|d| d.ordinal == ordinal))

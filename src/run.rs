@@ -147,9 +147,10 @@ fn check_fault(plan: &Plan, fault: Option<Fault>) -> Result<(), Error> {
         return Ok(());
     };
     let bad = |m: String| {
-        Err(Error::Setup(
-            format!("--fault {}:{}: {m}", f.rank, f.instruction).into(),
-        ))
+        Err(Error::setup(format!(
+            "--fault {}:{}: {m}",
+            f.rank, f.instruction
+        )))
     };
     match plan.programs.get(f.rank as usize) {
         None => bad(format!("the plan has {} rank(s)", plan.programs.len())),
@@ -354,15 +355,12 @@ fn settle_loss(graph: &Graph, info: &GraphInfo, asked: Option<Loss>) -> Result<L
     match asked {
         None if per_sample => Ok(Loss::Mse),
         None => Ok(Loss::CrossEntropy),
-        Some(Loss::CrossEntropy) if per_sample => Err(Error::Setup(
-            format!(
-                "the loss: cross-entropy needs classes along an axis of their own, but the \
+        Some(Loss::CrossEntropy) if per_sample => Err(Error::setup(format!(
+            "the loss: cross-entropy needs classes along an axis of their own, but the \
                  model's output '{}' is {:?}, one value per sample: train it with --loss mse",
-                graph.value(output).name,
-                shape.as_sizes().unwrap_or_default()
-            )
-            .into(),
-        )),
+            graph.value(output).name,
+            shape.as_sizes().unwrap_or_default()
+        ))),
         Some(loss) => Ok(loss),
     }
 }
@@ -412,7 +410,7 @@ pub(crate) fn check_value_sizes(
     at: &str,
     beside: u64,
 ) -> Result<(), Error> {
-    let too_large = |m: String| Err(Error::Setup(m.into()));
+    let too_large = |m: String| Err(Error::setup(m));
     let bytes_of = |v: ralpc_ir::ValueId| -> Option<Option<u64>> {
         let ty = info.ty(v);
         // Unknown until run (data-dependent): not counted here.
@@ -697,16 +695,13 @@ fn check_memory(plan: &Plan) -> Result<(), Error> {
         .fold(0, u64::saturating_add)
         .saturating_sub(workspace);
     match memory_available() {
-        Some(have) if need > have => Err(Error::Setup(
-            format!(
-                "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU \
+        Some(have) if need > have => Err(Error::setup(format!(
+            "the plan's {} ranks need {:.2} GiB together (their peaks, without GPU \
                  workspace); this machine has {:.2} GiB available",
-                plan.ranks,
-                need as f64 / f64::from(1u32 << 30),
-                have as f64 / f64::from(1u32 << 30)
-            )
-            .into(),
-        )),
+            plan.ranks,
+            need as f64 / f64::from(1u32 << 30),
+            have as f64 / f64::from(1u32 << 30)
+        ))),
         _ => Ok(()),
     }
 }
@@ -819,7 +814,7 @@ pub fn train_single_device(
 /// learning rate or momentum that is not finite (or a momentum outside [0, 1)), a timeout
 /// beyond a year.
 fn check_options(options: &RunOptions) -> Result<(), Error> {
-    let refuse = |m: String| Err(Error::Setup(m.into()));
+    let refuse = |m: String| Err(Error::setup(m));
     if !crate::args::is_learning_rate(options.lr) {
         return refuse(format!(
             "the learning rate is {}: not a finite number >= 0",

@@ -78,16 +78,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let gpus = gpus?;
     let compiled = if args.compile_kernels {
         if !loads(Lib::Nvrtc) {
-            return Err(ralpc::Error::Setup(
-                format!(
-                    "cannot compile the kernels: {}",
-                    rows.iter()
-                        .find(|(l, _, _)| *l == Lib::Nvrtc)
-                        .and_then(|(_, _, why)| why.clone())
-                        .unwrap_or_default()
-                )
-                .into(),
-            ));
+            return Err(ralpc::Error::setup(format!(
+                "cannot compile the kernels: {}",
+                rows.iter()
+                    .find(|(l, _, _)| *l == Lib::Nvrtc)
+                    .and_then(|(_, _, why)| why.clone())
+                    .unwrap_or_default()
+            )));
         }
         let (major, minor) = args
             .arch
@@ -177,13 +174,10 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         .iter()
         .find(|(lib, status, _)| Lib::TRAINING.contains(lib) && *status == "missing")
     {
-        Some((_, _, why)) => Err(ralpc::Error::Setup(
-            format!(
-                "CUDA training is not possible here: {}",
-                why.as_deref().unwrap_or("")
-            )
-            .into(),
-        )),
+        Some((_, _, why)) => Err(ralpc::Error::setup(format!(
+            "CUDA training is not possible here: {}",
+            why.as_deref().unwrap_or("")
+        ))),
         None => Ok(()),
     }
 }

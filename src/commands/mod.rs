@@ -20,7 +20,7 @@ const CUDA_RESTARTED: &str = "RALPC_CUDA_RESTARTED";
 /// Makes `libs` loadable: when some are found only outside the loader's path, starts this
 /// process again (once) with a path that has them. Returns only when they load.
 pub fn restart_with(wanted: &[Lib]) -> Result<(), ralpc::Error> {
-    let setup = |message: String| ralpc::Error::Setup(message.into());
+    let setup = |message: String| ralpc::Error::setup(message);
     let (library_path, found) = match libs::resolve(wanted)? {
         Resolution::Ready => return Ok(()),
         Resolution::Restart {

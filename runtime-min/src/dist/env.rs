@@ -41,16 +41,9 @@ enum Unreadable {
     Secret(DistError),
 }
 
-impl From<String> for Unreadable {
-    fn from(message: String) -> Unreadable {
-        Unreadable::Variable(message)
-    }
-}
-
-impl From<&str> for Unreadable {
-    fn from(message: &str) -> Unreadable {
-        Unreadable::Variable(message.to_owned())
-    }
+/// A variable (named in `message`) that is malformed or missing.
+fn variable(message: impl Into<String>) -> Unreadable {
+    Unreadable::Variable(message.into())
 }
 
 /// The rendezvous port when the launcher names none (torchrun's default).
@@ -77,12 +70,12 @@ impl Placement {
     }
 
     fn read(get: impl Fn(&str) -> Option<String>) -> Result<Option<Placement>, Unreadable> {
-        let number = |name: &str| -> Result<Option<u32>, String> {
+        let number = |name: &str| -> Result<Option<u32>, Unreadable> {
             get(name)
                 .map(|v| {
-                    v.trim()
-                        .parse::<u32>()
-                        .map_err(|_| format!("{name}='{v}' is not a non-negative integer"))
+                    v.trim().parse::<u32>().map_err(|_| {
+                        variable(format!("{name}='{v}' is not a non-negative integer"))
+                    })
                 })
                 .transpose()
         };
@@ -107,9 +100,11 @@ impl Placement {
         };
         let rank_value = number(rank)?.unwrap_or(0);
         let world_value =
-            number(world)?.ok_or_else(|| format!("{rank} is set but {world} is not"))?;
+            number(world)?.ok_or_else(|| variable(format!("{rank} is set but {world} is not")))?;
         if rank_value >= world_value {
-            return Err(format!("{rank}={rank_value} is not below {world}={world_value}").into());
+            return Err(variable(format!(
+                "{rank}={rank_value} is not below {world}={world_value}"
+            )));
         }
         let local_rank = number(local)?.unwrap_or(0);
         let master_addr = match get("MASTER_ADDR") {
@@ -118,16 +113,17 @@ impl Placement {
                 Launcher::Slurm => get("SLURM_JOB_NODELIST")
                     .or_else(|| get("SLURM_NODELIST"))
                     .and_then(|list| first_host(&list))
-                    .ok_or("SLURM_JOB_NODELIST names no host and MASTER_ADDR is not set")?,
+                    .ok_or_else(|| {
+                        variable("SLURM_JOB_NODELIST names no host and MASTER_ADDR is not set")
+                    })?,
                 // One node: every process is local.
                 Launcher::OpenMpi if number("OMPI_COMM_WORLD_LOCAL_SIZE")? == Some(world_value) => {
                     "127.0.0.1".to_owned()
                 }
                 _ => {
-                    return Err(format!(
+                    return Err(variable(format!(
                         "{rank} is set but MASTER_ADDR is not: set it to the host of rank 0"
-                    )
-                    .into())
+                    )))
                 }
             },
         };
@@ -135,7 +131,7 @@ impl Placement {
             Some(p) => p
                 .trim()
                 .parse::<u16>()
-                .map_err(|_| format!("MASTER_PORT='{p}' is not a port number"))?,
+                .map_err(|_| variable(format!("MASTER_PORT='{p}' is not a port number")))?,
             None => DEFAULT_PORT,
         };
         let secret = get(super::auth::TOKEN_VAR)
