@@ -201,7 +201,7 @@ impl Backend for Dry {
     }
     /// Counts it: a counting device runs no kernel, but its buffers' lengths went
     /// through the same checks as a GPU's.
-    fn launch(&self, _: Launch<'_, DryBuf, DryBuf>) -> R<()> {
+    unsafe fn launch(&self, _: Launch<'_, DryBuf, DryBuf>) -> R<()> {
         self.tally.launches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

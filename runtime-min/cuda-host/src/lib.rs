@@ -110,16 +110,19 @@ macro_rules! host_kernels {
         }
 
         /// Calls the kernel `launch` names with its arguments.
-        fn run(launch: Launch<'_, Vec<f32>, Vec<i64>>) -> R<()> {
+        ///
+        /// # Safety
+        /// As [`Backend::launch`]: every buffer holds what the kernel touches.
+        unsafe fn run(launch: Launch<'_, Vec<f32>, Vec<i64>>) -> R<()> {
             let Launch { kernel, mut args, .. } = launch;
             let mut args = args.iter_mut();
             match kernel {
                 $(
                     Kernel::$name => {
                         $( let $arg = host_value!(args, kernel, $kind); )*
-                        // SAFETY: the calls in ralpc's `calls.rs` checked every buffer
-                        // against what the kernel touches; the arguments are its
-                        // parameters in order and type.
+                        // SAFETY: the buffers hold what the kernel touches (the contract
+                        // of `Backend::launch`, which ralpc's checked calls keep); the
+                        // arguments are its parameters in order and type.
                         unsafe { $name($($arg),*) };
                     }
                 )*
@@ -219,7 +222,8 @@ impl Backend for Host {
         Ok(())
     }
 
-    fn launch(&self, launch: Launch<'_, Vec<f32>, Vec<i64>>) -> R<()> {
-        run(launch)
+    unsafe fn launch(&self, launch: Launch<'_, Vec<f32>, Vec<i64>>) -> R<()> {
+        // SAFETY: this method's contract is `run`'s.
+        unsafe { run(launch) }
     }
 }

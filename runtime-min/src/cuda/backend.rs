@@ -2,11 +2,12 @@
 //! any kernel of `kernels.cu` ([`Backend::launch`]); the kernels' checked, typed calls are
 //! written once over it ([`super::calls::Kernels`]).
 //!
-//! Two implementations: [`super::gpu::Gpu`] (cudarc: NVRTC modules, cuBLAS, one stream)
-//! and, in the `ralpc-cuda-host` crate, the same kernels compiled for the host. The
-//! executor ([`super::train`]) is written once against this trait, so everything above the
-//! kernel launches — how each operator maps to launches, the backward passes, the loss and
-//! the optimizer — is tested against the CPU backend on machines without a GPU.
+//! Three implementations: [`super::gpu::Gpu`] (cudarc: NVRTC modules, cuBLAS, one stream)
+//! and, in the `ralpc-cuda-host` crate, the same kernels compiled for the host and a
+//! device that only counts. The executor ([`super::train`]) is written once against this
+//! trait and [`super::calls::Kernels`], so everything above the kernel launches — how each
+//! operator maps to launches, the backward passes, the loss and the optimizer — is tested
+//! against the CPU backend on machines without a GPU.
 
 use super::launch::Launch;
 use crate::cpu::kernels::Conv2d;
@@ -115,11 +116,16 @@ pub trait Backend {
     /// The product `g`.
     fn gemm(&self, g: &Gemm, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf) -> R<()>;
 
-    /// Runs `launch` (queues it on the device's stream).
+    /// Runs `launch` (queues it on the device's stream). The executor calls the kernels
+    /// through [`super::calls::Kernels`], which checks the buffers first.
+    ///
+    /// # Safety
+    /// Every buffer of `launch` holds all the elements its kernel reads or writes (the
+    /// device trusts the sizes: a GPU would read or write out of bounds).
     ///
     /// # Errors
     /// The device failed to launch it.
-    fn launch(&self, launch: Launch<'_, Self::Buf, Self::Idx>) -> R<()>;
+    unsafe fn launch(&self, launch: Launch<'_, Self::Buf, Self::Idx>) -> R<()>;
     /// `y = conv(x, w)` over the whole batch (no bias), `y` overwritten. The default is
     /// im2col and GEMM ([`super::conv::forward`]).
     fn conv_forward(&self, g: &Conv2d, x: &Self::Buf, w: &Self::Buf, y: &mut Self::Buf) -> R<()> {

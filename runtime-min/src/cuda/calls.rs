@@ -2,7 +2,8 @@
 //! operation enums), each call checking that its buffers hold what the kernel will touch
 //! before it builds the [`Launch`]. Written once for every device — the GPU, the
 //! host-compiled kernels and the counting device — through a blanket implementation on
-//! [`Backend`], so none of them can skip a check or pass arguments in another order.
+//! [`Backend`], so none of them can skip a check or pass arguments in another order: the
+//! device's [`Backend::launch`] is `unsafe`, and this module is its one caller.
 
 use super::backend::{Backend, R};
 use super::error::DeviceError;
@@ -22,6 +23,15 @@ pub fn fits(what: &str, len: usize, needed: usize) -> R<()> {
     } else {
         Ok(())
     }
+}
+
+/// Runs `launch`, which the calling method built after checking every buffer against what
+/// its kernel touches: the one caller of [`Backend::launch`], private to this module so
+/// that no launch skips the checks.
+fn checked<D: Backend + ?Sized>(dev: &D, launch: Launch<'_, D::Buf, D::Idx>) -> R<()> {
+    // SAFETY: each method of `Kernels` checks its buffers with `fits` before it builds the
+    // launch, and the launch's arguments are its kernel's by its typed constructor.
+    unsafe { dev.launch(launch) }
 }
 
 fn int(n: usize) -> i64 {
@@ -45,14 +55,20 @@ pub trait Kernels: Backend {
     ) -> R<()> {
         let n = s.len();
         fits("binary", self.len(out), n as usize)?;
-        self.launch(Launch::binary(n as usize, out, a, b, *s, n, op as i32))
+        fits("binary a", self.len(a), s.span_a())?;
+        fits("binary b", self.len(b), s.span_b())?;
+        checked(
+            self,
+            Launch::binary(n as usize, out, a, b, *s, n, op as i32),
+        )
     }
     /// `dst = src` read through the view `s` (strides in `s.a`) from `offset`.
     fn gather(&self, dst: &mut Self::Buf, src: &Self::Buf, s: &Strides, offset: usize) -> R<()> {
         let n = s.len();
         fits("gather", self.len(dst), n as usize)?;
+        fits("gather source", self.len(src), offset + s.span_a())?;
         let launch = Launch::gather_strided(n as usize, dst, src, *s, int(offset), n);
-        self.launch(launch)
+        checked(self, launch)
     }
     /// `src` written (or added) into `dst` through the view `s` from `offset`.
     fn scatter(
@@ -65,10 +81,12 @@ pub trait Kernels: Backend {
     ) -> R<()> {
         let n = s.len();
         fits("scatter", self.len(src), n as usize)?;
+        fits("scatter destination", self.len(dst), offset + s.span_a())?;
         let (offset, accumulate) = (int(offset), i32::from(accumulate));
-        self.launch(Launch::scatter_strided(
-            n as usize, dst, src, *s, offset, n, accumulate,
-        ))
+        checked(
+            self,
+            Launch::scatter_strided(n as usize, dst, src, *s, offset, n, accumulate),
+        )
     }
     /// `out = op(x)`.
     fn unary(
@@ -82,7 +100,7 @@ pub trait Kernels: Backend {
         let n = self.len(x);
         fits("unary", self.len(out), n)?;
         let launch = Launch::unary(n, out, x, int(n), op as i32, alpha, beta);
-        self.launch(launch)
+        checked(self, launch)
     }
     /// `dx` of `op` from `dy` and the forward's input or output (`saved`).
     fn unary_backward(
@@ -98,18 +116,18 @@ pub trait Kernels: Backend {
         fits("unary backward", self.len(dx).min(self.len(saved)), n)?;
         let code = op as i32;
         let launch = Launch::unary_backward(n, dx, dy, saved, int(n), code, alpha, beta);
-        self.launch(launch)
+        checked(self, launch)
     }
     /// `out = value`.
     fn fill(&self, out: &mut Self::Buf, value: f32) -> R<()> {
         let n = self.len(out);
-        self.launch(Launch::fill(n, out, int(n), value))
+        checked(self, Launch::fill(n, out, int(n), value))
     }
     /// `out = alpha·x + beta·out`.
     fn axpby(&self, out: &mut Self::Buf, x: &Self::Buf, alpha: f32, beta: f32) -> R<()> {
         let n = self.len(out);
         fits("axpby", self.len(x), n)?;
-        self.launch(Launch::axpby(n, out, x, int(n), alpha, beta))
+        checked(self, Launch::axpby(n, out, x, int(n), alpha, beta))
     }
     /// The sum (or mean) of `x` viewed as `[outer, n, inner]` over its middle axis.
     fn reduce_axis(
@@ -124,7 +142,10 @@ pub trait Kernels: Backend {
         fits("reduce_axis", self.len(x), outer * n * inner)?;
         fits("reduce_axis", self.len(out), outer * inner)?;
         let (o, k, i, mean) = (int(outer), int(n), int(inner), i32::from(mean));
-        self.launch(Launch::reduce_axis(outer * inner, out, x, o, k, i, mean))
+        checked(
+            self,
+            Launch::reduce_axis(outer * inner, out, x, o, k, i, mean),
+        )
     }
     /// Softmax (or log-softmax) of each row of `x`.
     fn softmax_rows(
@@ -137,7 +158,7 @@ pub trait Kernels: Backend {
     ) -> R<()> {
         fits("softmax", self.len(x).min(self.len(y)), rows * n)?;
         let (r, k, log) = (int(rows), int(n), i32::from(log));
-        self.launch(Launch::softmax_rows(rows, y, x, r, k, log))
+        checked(self, Launch::softmax_rows(rows, y, x, r, k, log))
     }
     /// Its input gradient.
     fn softmax_rows_backward(
@@ -152,7 +173,10 @@ pub trait Kernels: Backend {
         let held = self.len(dx).min(self.len(dy)).min(self.len(y));
         fits("softmax backward", held, rows * n)?;
         let (r, k, log) = (int(rows), int(n), i32::from(log));
-        self.launch(Launch::softmax_rows_backward(rows, dx, dy, y, r, k, log))
+        checked(
+            self,
+            Launch::softmax_rows_backward(rows, dx, dy, y, r, k, log),
+        )
     }
     /// Softmax cross-entropy per row (over `total_rows`) and the logits' gradient.
     fn cross_entropy(
@@ -171,7 +195,7 @@ pub trait Kernels: Backend {
         fits("cross entropy", held, rows)?;
         let (r, k, t) = (int(rows), int(n), int(total_rows));
         let launch = Launch::cross_entropy(rows, loss, dlogits, logits, labels, r, k, t);
-        self.launch(launch)
+        checked(self, launch)
     }
     /// Per row of one class piece of logits [rows, n] (classes `first..first + n`), its
     /// max, sum of `exp(x − max)` and label logit (0 when the label is another piece's):
@@ -189,7 +213,10 @@ pub trait Kernels: Backend {
         fits("class statistics", self.len(stats), 3 * rows)?;
         fits("class statistics", self.index_len(labels), rows)?;
         let (r, k, f) = (int(rows), int(n), int(first));
-        self.launch(Launch::class_stats(rows, stats, logits, labels, r, k, f))
+        checked(
+            self,
+            Launch::class_stats(rows, stats, logits, labels, r, k, f),
+        )
     }
     /// One class piece's logits gradient from each row's log-sum-exp over every piece:
     /// `(exp(x − lse) − onehot) / scale`.
@@ -209,17 +236,10 @@ pub trait Kernels: Backend {
         let held = self.len(lse).min(self.index_len(labels));
         fits("class piece gradient", held, rows)?;
         let (r, k, f) = (int(rows), int(n), int(first));
-        self.launch(Launch::class_piece_grad(
-            rows * n,
-            dlogits,
-            logits,
-            lse,
-            labels,
-            r,
-            k,
-            f,
-            scale,
-        ))
+        checked(
+            self,
+            Launch::class_piece_grad(rows * n, dlogits, logits, lse, labels, r, k, f, scale),
+        )
     }
     /// Squared error per element (over `total`) and its gradient.
     fn mse(
@@ -234,7 +254,7 @@ pub trait Kernels: Backend {
         let held = self.len(loss).min(self.len(dx)).min(self.len(target));
         fits("mse", held, n)?;
         let launch = Launch::mse(n, loss, dx, x, target, int(n), int(total));
-        self.launch(launch)
+        checked(self, launch)
     }
     /// Layer norm of each row (without scale and shift when they are absent); saves the
     /// rows' mean and 1/std.
@@ -256,9 +276,10 @@ pub trait Kernels: Backend {
         }
         let (gamma, beta) = (affine.map(|a| a.0), affine.map(|a| a.1));
         let (r, k) = (int(rows), int(n));
-        self.launch(Launch::layer_norm(
-            rows, y, mean, rstd, x, gamma, beta, r, k, eps,
-        ))
+        checked(
+            self,
+            Launch::layer_norm(rows, y, mean, rstd, x, gamma, beta, r, k, eps),
+        )
     }
     /// Its input gradient (without a scale when `gamma` is absent).
     fn layer_norm_backward(
@@ -283,9 +304,10 @@ pub trait Kernels: Backend {
             fits("layer norm backward", self.len(gamma), n)?;
         }
         let (r, k) = (int(rows), int(n));
-        self.launch(Launch::layer_norm_backward(
-            rows, dx, dy, x, gamma, mean, rstd, r, k,
-        ))
+        checked(
+            self,
+            Launch::layer_norm_backward(rows, dx, dy, x, gamma, mean, rstd, r, k),
+        )
     }
     /// Per-channel mean and 1/std of `x` `[batch, channels, spatial]`.
     fn channel_stats(
@@ -298,11 +320,15 @@ pub trait Kernels: Backend {
         spatial: usize,
         eps: f32,
     ) -> R<()> {
-        fits("batch norm", self.len(x), batch * channels * spatial)?;
-        fits("batch norm", self.len(mean).min(self.len(rstd)), channels)?;
+        fits("batch statistics", self.len(x), batch * channels * spatial)?;
+        fits(
+            "batch statistics",
+            self.len(mean).min(self.len(rstd)),
+            channels,
+        )?;
         let (b, c, s) = (int(batch), int(channels), int(spatial));
         let launch = Launch::channel_stats(channels, mean, rstd, x, b, c, s, eps);
-        self.launch(launch)
+        checked(self, launch)
     }
     /// `y = (x - mean)·rstd·gamma + beta` per channel.
     fn channel_affine(
@@ -319,24 +345,31 @@ pub trait Kernels: Backend {
         let n = self.len(x);
         fits("batch norm", self.len(y), n)?;
         let held = [mean, rstd, gamma, beta].map(|b| self.len(b));
-        fits("batch norm", held.into_iter().min().unwrap_or(0), channels)?;
+        fits(
+            "batch norm",
+            held.into_iter().fold(usize::MAX, usize::min),
+            channels,
+        )?;
         let (c, s) = (int(channels), int(spatial));
         // The kernel's other mode (a variance in `rstd`, and its `eps`) is unused here.
         let (rstd_is_var, eps) = (0, 0.0);
-        self.launch(Launch::channel_affine(
-            n,
-            y,
-            x,
-            mean,
-            rstd,
-            gamma,
-            beta,
-            c,
-            s,
-            int(n),
-            rstd_is_var,
-            eps,
-        ))
+        checked(
+            self,
+            Launch::channel_affine(
+                n,
+                y,
+                x,
+                mean,
+                rstd,
+                gamma,
+                beta,
+                c,
+                s,
+                int(n),
+                rstd_is_var,
+                eps,
+            ),
+        )
     }
     /// Batch norm's gradients.
     fn batch_norm_backward(
@@ -356,12 +389,15 @@ pub trait Kernels: Backend {
         fits("batch norm backward", held, batch * channels * spatial)?;
         let (mean, rstd) = stats;
         let held = [&*dgamma, &*dbeta, mean, rstd, gamma].map(|b| self.len(b));
-        let held = held.into_iter().min().unwrap_or(0);
+        let held = held.into_iter().fold(usize::MAX, usize::min);
         fits("batch norm backward", held, channels)?;
         let (b, c, s) = (int(batch), int(channels), int(spatial));
-        self.launch(Launch::batch_norm_backward(
-            channels, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, b, c, s,
-        ))
+        checked(
+            self,
+            Launch::batch_norm_backward(
+                channels, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, b, c, s,
+            ),
+        )
     }
     /// Max pooling; `argmax` receives each maximum's input index.
     fn max_pool(
@@ -374,7 +410,7 @@ pub trait Kernels: Backend {
         let n = g.outputs();
         fits("max pool", self.len(y).min(self.index_len(argmax)), n)?;
         fits("max pool", self.len(x), g.inputs())?;
-        self.launch(Launch::max_pool(n, y, argmax, x, *g))
+        checked(self, Launch::max_pool(n, y, argmax, x, *g))
     }
     /// Its input gradient (added into `dx`).
     fn max_pool_backward(
@@ -388,7 +424,7 @@ pub trait Kernels: Backend {
         fits("max pool backward", self.len(dx), n)?;
         let held = self.index_len(argmax).min(self.len(dy));
         fits("max pool backward", held, g.outputs())?;
-        self.launch(Launch::max_pool_backward(n, dx, dy, argmax, *g))
+        checked(self, Launch::max_pool_backward(n, dx, dy, argmax, *g))
     }
     /// Average pooling.
     fn avg_pool(&self, y: &mut Self::Buf, x: &Self::Buf, g: &Window, count_pad: bool) -> R<()> {
@@ -396,7 +432,7 @@ pub trait Kernels: Backend {
         fits("average pool", self.len(y), n)?;
         fits("average pool", self.len(x), g.inputs())?;
         let count_pad = i32::from(count_pad);
-        self.launch(Launch::avg_pool(n, y, x, *g, count_pad))
+        checked(self, Launch::avg_pool(n, y, x, *g, count_pad))
     }
     /// Its input gradient (added into `dx`).
     fn avg_pool_backward(
@@ -410,7 +446,7 @@ pub trait Kernels: Backend {
         fits("average pool backward", self.len(dy), g.outputs())?;
         fits("average pool backward", self.len(dx), n)?;
         let count_pad = i32::from(count_pad);
-        self.launch(Launch::avg_pool_backward(n, dx, dy, *g, count_pad))
+        checked(self, Launch::avg_pool_backward(n, dx, dy, *g, count_pad))
     }
     /// im2col of `images` consecutive images from `offset` in `x`: columns
     /// `[images, planes·kh·kw, oh·ow]`.
@@ -426,7 +462,7 @@ pub trait Kernels: Backend {
         fits("im2col", self.len(cols), n)?;
         fits("im2col", self.len(x), offset + images * g.inputs())?;
         let launch = Launch::im2col(n, cols, x, int(offset), *g, int(images));
-        self.launch(launch)
+        checked(self, launch)
     }
     /// col2im of `images` images' columns, added into the images from `offset` in `dx`.
     fn col2im(
@@ -441,7 +477,7 @@ pub trait Kernels: Backend {
         fits("col2im", self.len(cols), images * g.columns())?;
         fits("col2im", self.len(dx), offset + n)?;
         let launch = Launch::col2im(n, dx, int(offset), cols, *g, int(images));
-        self.launch(launch)
+        checked(self, launch)
     }
     /// SGD with momentum.
     fn sgd_momentum(
@@ -455,7 +491,7 @@ pub trait Kernels: Backend {
         let n = self.len(w);
         fits("sgd", self.len(velocity).min(self.len(grad)), n)?;
         let launch = Launch::sgd_momentum(n, w, velocity, grad, int(n), lr, momentum);
-        self.launch(launch)
+        checked(self, launch)
     }
 }
 

@@ -315,7 +315,7 @@ impl Backend for Gpu {
             .map_err(fail("cuBLAS gemm failed"))
     }
 
-    fn launch(&self, launch: Launch<'_, CudaSlice<f32>, CudaSlice<i64>>) -> R<()> {
+    unsafe fn launch(&self, launch: Launch<'_, CudaSlice<f32>, CudaSlice<i64>>) -> R<()> {
         /// An absent optional operand: a null device pointer.
         static NULL: u64 = 0;
         let Launch {
@@ -345,7 +345,8 @@ impl Backend for Gpu {
         }
         // SAFETY: the arguments are the kernel's parameters in order and type (its typed
         // constructor in `launch.rs`, from the same table as the kernel's C prototype);
-        // the calls in `calls.rs` checked the sizes against the buffers.
+        // the buffers hold what the kernel touches (this method's contract, which the
+        // checked calls in `calls.rs` keep).
         unsafe { b.launch(cfg) }.map_err(DeviceError::call(format!("kernel {}", kernel.name())))?;
         Ok(())
     }

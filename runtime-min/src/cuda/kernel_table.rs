@@ -3,7 +3,9 @@
 //
 // * the C prototypes put before `kernels.cu` wherever it is compiled (NVRTC through
 //   `kernels::SOURCE`, the host compiler through cuda-host's build script), so a kernel
-//   whose definition differs from its row does not compile ("conflicting declaration");
+//   whose definition has other parameter types or another count than its row does not
+//   compile ("conflicting declaration"); two parameters of one type swapped still do, so
+//   the row names them as the definition does;
 // * `launch::Kernel` (the names the GPU loads) and one typed constructor of
 //   `launch::Launch` per kernel, which the executor's checked calls
 //   (`calls::Kernels`) build and every device runs through `Backend::launch`;
@@ -105,10 +107,10 @@ macro_rules! foreach_kernel {
             /// Its input gradient.
             avg_pool_backward(dx: out, dy: input, g: Window, count_pad: i32) over elements;
             /// im2col of `images` images from `offset` in `image`.
-            im2col(cols: out, image: input, offset: i64, g: Window, images: i64)
+            im2col(cols: out, images_at: input, offset: i64, g: Window, images: i64)
                 over elements;
             /// col2im of `images` images' columns, added from `offset` in `image`.
-            col2im(image: out, offset: i64, cols: input, g: Window, images: i64)
+            col2im(images_at: out, offset: i64, cols: input, g: Window, images: i64)
                 over elements;
             /// SGD with momentum.
             sgd_momentum(

@@ -6,8 +6,9 @@
 // Not compiled on its own: the UNARY_* and BINARY_* operation codes it names are
 // `#define`s generated from runtime-min/src/cuda/op_codes.rs, and every kernel below is
 // declared first by a prototype generated from runtime-min/src/cuda/kernel_table.rs (a
-// definition that differs from its row does not compile); both are put before it by
-// kernels.rs for NVRTC and by cuda-host's build script for the host compiler.
+// definition whose parameter types or count differ from its row does not compile); both
+// are put before it by kernels.rs for NVRTC and by cuda-host's build script for the host
+// compiler.
 //
 // Conventions: f32 data, i64 labels and indices; sizes are long long; every kernel is a
 // grid-stride loop over its outputs (any launch shape is correct), except the row kernels

@@ -9,7 +9,8 @@ use super::error::{DeviceError, SetupError, R};
 use super::launch::Kernel;
 
 /// The CUDA C source of every kernel: the operation codes' `#define`s and the kernels'
-/// prototypes ([`kernel_table.rs`](super::launch)), then `kernels.cu`.
+/// prototypes (both from the tables in `op_codes.rs` and `kernel_table.rs`), then
+/// `kernels.cu`.
 pub const SOURCE: &str = concat!(c_kernel_header!(), include_str!("kernels.cu"));
 
 /// The most dimensions a strided kernel handles.
@@ -97,6 +98,25 @@ impl Strides {
     /// Whether the output is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Elements of operand a the kernel reads (or writes) from its offset: one past the
+    /// farthest element its strides reach, 0 for an empty output.
+    pub fn span_a(&self) -> usize {
+        Self::span(&self.shape, &self.a)
+    }
+
+    /// Elements of operand b the kernel reads: as [`Strides::span_a`].
+    pub fn span_b(&self) -> usize {
+        Self::span(&self.shape, &self.b)
+    }
+
+    fn span(shape: &[i64; MAX_DIMS], strides: &[i64; MAX_DIMS]) -> usize {
+        if shape.contains(&0) {
+            return 0;
+        }
+        let last: i64 = shape.iter().zip(strides).map(|(&n, &s)| (n - 1) * s).sum();
+        last as usize + 1
     }
 }
 
