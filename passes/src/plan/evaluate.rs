@@ -404,23 +404,29 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             }
         };
         // ZeRO-2 and 3 reduce-scatter every microbatch's gradients; the buckets' exposure
-        // below is the last microbatch's, the others' are paid in full.
+        // below is the last microbatch's. Each earlier microbatch's reduce-scatters run on
+        // the communication stream while the stage computes the microbatches after it, so
+        // they cost only what they exceed one microbatch's work by (a stage whose
+        // communication outruns its computation).
         let earlier = if strategy.zero >= 2 {
             f64::from(m.saturating_sub(1))
         } else {
             0.0
         };
+        let slot = match apart {
+            true => stage_cost[k].weight_us,
+            false => stage_cost[k].microbatch_us,
+        };
         let gathers = |bs: &[Bucket]| -> f64 {
-            bs.iter()
-                .map(|b| {
-                    passes * costs.sharded_gather_us(&b.ranks, b.bytes)
-                        + earlier
-                            * b.layers
-                                .clone()
-                                .map(|l| bucket_layer_us(b, l, &syncs))
-                                .sum::<f64>()
-                })
-                .sum()
+            let gathered: f64 = bs
+                .iter()
+                .map(|b| passes * costs.sharded_gather_us(&b.ranks, b.bytes))
+                .sum();
+            let scattered: f64 = bs
+                .iter()
+                .flat_map(|b| b.layers.clone().map(|l| bucket_layer_us(b, l, &syncs)))
+                .sum();
+            gathered + earlier * (scattered - slot).max(0.0)
         };
         let (exposed, delay, gather, chosen) = BUCKET_CAPS
             .into_iter()
