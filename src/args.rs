@@ -170,6 +170,19 @@ pub struct PlanArgs {
     /// balancing benchmarks run) [default: 1.3, the lower end measured without rebalancing].
     #[arg(long, value_name = "X", help_heading = "Transformer (3d) plans", value_parser = parse_imbalance)]
     pub moe_imbalance: Option<f64>,
+    /// Mixtures of experts: each expert's capacity over its mean share of the tokens
+    /// (Megatron-Core's --moe-expert-capacity-factor): tokens beyond it are dropped, so the
+    /// busiest rank computes at most this factor over the mean [default: none dropped].
+    #[arg(long, value_name = "C", help_heading = "Transformer (3d) plans", value_parser = parse_capacity_factor)]
+    pub moe_capacity_factor: Option<f64>,
+    /// Mixtures of experts: pad every expert's input to its capacity
+    /// (--moe-pad-expert-input-to-capacity): each computes exactly the capacity.
+    #[arg(
+        long,
+        help_heading = "Transformer (3d) plans",
+        requires = "moe_capacity_factor"
+    )]
+    pub moe_pad_to_capacity: bool,
     /// Mixtures of experts: overlap dispatch and combine with another microbatch's compute
     /// (Megatron-Core's --overlap-moe-expert-parallel-comm; needs interleaving with stages).
     #[arg(long, value_name = "on|off", default_value = "off", help_heading = "Transformer (3d) plans", value_parser = ["on", "off"])]
@@ -271,6 +284,8 @@ impl PlanArgs {
                 imbalance: args.moe_imbalance.unwrap_or(DEFAULT_EXPERT_IMBALANCE),
                 dispatcher: Dispatcher::parse(&args.moe_dispatcher).unwrap_or_default(),
                 a2a_overlap: args.moe_a2a_overlap == "on",
+                capacity_factor: args.moe_capacity_factor,
+                pad_to_capacity: args.moe_pad_to_capacity,
             },
             fp32_gradients: args.fp32_gradients,
             attention: Attention::parse(&args.attention).unwrap_or_default(),
@@ -343,6 +358,18 @@ pub fn parse_imbalance(s: &str) -> Result<f64, BadArgument> {
         Ok(x) if (1.0..=64.0).contains(&x) => Ok(x),
         _ => Err(BadArgument(format!(
             "expected the busiest rank's load over the mean, 1 to 64, got '{s}'"
+        ))),
+    }
+}
+
+/// Parses an expert capacity factor: a finite number above 0 (below 1 drops tokens even
+/// when balanced) up to 64, as [`parse_imbalance`]'s bound.
+pub fn parse_capacity_factor(s: &str) -> Result<f64, BadArgument> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 64.0 => Ok(x),
+        _ => Err(BadArgument(format!(
+            "expected each expert's capacity over its mean share, above 0 and at most 64, \
+             got '{s}'"
         ))),
     }
 }

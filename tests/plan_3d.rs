@@ -1048,6 +1048,16 @@ fn megatron_refuses(args: &str) -> Option<String> {
             return Some("a --moe-layer-freq pattern not as long as the layers".into());
         }
     }
+    // TransformerConfig.__post_init__: a capacity only through the alltoall dispatcher,
+    // padding only to a capacity.
+    if has("--moe-expert-capacity-factor")
+        && !flags.contains(&"--moe-token-dispatcher-type alltoall")
+    {
+        return Some("an expert capacity without the alltoall dispatcher".into());
+    }
+    if has("--moe-pad-expert-input-to-capacity") && !has("--moe-expert-capacity-factor") {
+        return Some("padding to a capacity without one".into());
+    }
     if has("--overlap-moe-expert-parallel-comm") {
         if ep <= 1 {
             return Some("the all-to-all overlap without expert parallelism".into());
@@ -1394,4 +1404,80 @@ fn hugging_face_configurations_are_planned_in_megatrons_space() {
         "8",
     ]);
     assert!(missing.contains("hidden_size: missing"), "{missing}");
+}
+
+/// An expert capacity factor caps the busiest rank's load at the factor (the tokens beyond
+/// it dropped), padding to it makes every rank compute exactly it, and both reach
+/// Megatron-LM's arguments; a capacity with the flex dispatcher, which Megatron-Core
+/// refuses, is refused, and padding without a capacity is a usage error.
+#[test]
+fn an_expert_capacity_caps_the_busiest_rank_and_reaches_megatron() {
+    let qwen3_30b = "fixtures/configs/qwen3-30b-a3b.json";
+    let on = |more: &[&'static str]| -> Vec<&'static str> {
+        let base = [
+            "plan",
+            qwen3_30b,
+            "--input",
+            "input_ids=64,4096",
+            "--cluster",
+            "eos",
+            "--gpus",
+            "16",
+            "--precision",
+            "bf16",
+            "--expert-parallel",
+            "8",
+            "--json",
+        ];
+        [&base[..], more].concat()
+    };
+    let time = |args: &[&str]| json(args)["iteration_time_us"].as_f64().unwrap();
+    let default = time(&on(&[]));
+    // Below the default imbalance (1.3), a capacity of 1 prices as balanced routing;
+    // above it, it drops nothing and changes nothing.
+    let capped = json(&on(&["--moe-capacity-factor", "1"]));
+    assert_eq!(capped["experts"]["capacity_factor"], 1.0);
+    assert!(capped["experts"].get("pad_to_capacity").is_none());
+    let balanced = time(&on(&["--moe-imbalance", "1"]));
+    assert_eq!(capped["iteration_time_us"].as_f64().unwrap(), balanced);
+    assert!(balanced < default, "{balanced} {default}");
+    assert_eq!(time(&on(&["--moe-capacity-factor", "2"])), default);
+    // Padded, every rank computes the capacity, whatever the imbalance.
+    let padded = json(&on(&[
+        "--moe-capacity-factor",
+        "2",
+        "--moe-pad-to-capacity",
+    ]));
+    assert_eq!(padded["experts"]["pad_to_capacity"], true);
+    let as_loaded = time(&on(&["--moe-imbalance", "2"]));
+    assert_eq!(padded["iteration_time_us"].as_f64().unwrap(), as_loaded);
+    assert!(as_loaded > default, "{as_loaded} {default}");
+    // Handed to Megatron-LM.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("megatron");
+    let mut args = on(&["--moe-capacity-factor", "1.25", "--moe-pad-to-capacity"]);
+    args.retain(|&a| a != "--json");
+    args.extend(["--emit", "megatron", "-o", out.to_str().unwrap()]);
+    ralpc().args(&args).assert().success();
+    let emitted = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    assert!(
+        emitted.contains("--moe-expert-capacity-factor 1.25\n")
+            && emitted.contains("--moe-pad-expert-input-to-capacity\n"),
+        "{emitted}"
+    );
+    assert_eq!(megatron_refuses(&emitted), None, "{emitted}");
+    // Refused: what Megatron-Core refuses, and values that mean nothing.
+    let flex = stderr_of_failure(&on(&[
+        "--moe-capacity-factor",
+        "1",
+        "--moe-dispatcher",
+        "flex",
+    ]));
+    assert!(flex.contains("only with the alltoall dispatcher"), "{flex}");
+    for bad in [
+        &["--moe-pad-to-capacity"][..],
+        &["--moe-capacity-factor", "0"],
+    ] {
+        ralpc().args(on(bad)).assert().code(2);
+    }
 }

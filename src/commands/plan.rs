@@ -302,19 +302,26 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         m.vocabulary,
         count(m.params)
     );
+    let capacity = |e: &ralpc::passes::transformer::ExpertOptions| match e.capacity_factor {
+        None => String::new(),
+        Some(c) if e.pad_to_capacity => format!(", padded to capacity {c}"),
+        Some(c) => format!(", capacity {c} (tokens beyond it dropped)"),
+    };
     let experts = match (&p.experts, p.expert_tensor_parallel) {
         (None, _) => String::new(),
         (Some(e), 1) => format!(
-            "; experts over {} ranks, {} dispatch, load imbalance {}",
+            "; experts over {} ranks, {} dispatch, load imbalance {}{}",
             p.expert_parallel,
             e.dispatcher.name(),
-            e.imbalance
+            e.imbalance,
+            capacity(e)
         ),
         (Some(e), etp) => format!(
-            "; experts over {} ranks, each split over {etp}, {} dispatch, load imbalance {}",
+            "; experts over {} ranks, each split over {etp}, {} dispatch, load imbalance {}{}",
             p.expert_parallel,
             e.dispatcher.name(),
-            e.imbalance
+            e.imbalance,
+            capacity(e)
         ),
     };
     let _ = writeln!(

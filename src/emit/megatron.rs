@@ -260,6 +260,12 @@ fn expert_arguments(p: &crate::ParallelismRow) -> Vec<String> {
         "--moe-token-dispatcher-type {}",
         options.dispatcher.name()
     ));
+    if let Some(factor) = options.capacity_factor {
+        args.push(format!("--moe-expert-capacity-factor {factor}"));
+        if options.pad_to_capacity {
+            args.push("--moe-pad-expert-input-to-capacity".into());
+        }
+    }
     // Megatron-Core runs the overlap in bf16 or fp16 (FP8 on top of bf16).
     if options.a2a_overlap
         && !matches!(p.precision, Precision::Fp32 | Precision::Tf32)

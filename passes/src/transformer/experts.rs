@@ -46,6 +46,14 @@ pub struct ExpertOptions {
     /// Dispatch and combine overlapped with another microbatch's compute (Megatron-Core's
     /// `--overlap-moe-expert-parallel-comm`), where Megatron-Core runs it.
     pub a2a_overlap: bool,
+    /// Each expert's capacity over its mean share of the token–expert pairs (Megatron-Core's
+    /// `--moe-expert-capacity-factor`): the pairs beyond it are dropped. None: none dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_factor: Option<f64>,
+    /// Every expert's input padded to its capacity (`--moe-pad-expert-input-to-capacity`):
+    /// each computes and receives exactly its capacity.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pad_to_capacity: bool,
 }
 
 impl Default for ExpertOptions {
@@ -54,6 +62,23 @@ impl Default for ExpertOptions {
             imbalance: DEFAULT_EXPERT_IMBALANCE,
             dispatcher: Dispatcher::AllToAll,
             a2a_overlap: false,
+            capacity_factor: None,
+            pad_to_capacity: false,
+        }
+    }
+}
+
+impl ExpertOptions {
+    /// The busiest expert-parallel rank's token–expert pairs over the mean that it
+    /// receives and computes: the imbalance; capped at the capacity factor where one is set
+    /// (no local expert takes more than its capacity, the rest are dropped); exactly the
+    /// capacity factor when inputs are padded to it (Megatron-Core's `get_capacity`:
+    /// `ceil(tokens·top_k / experts · factor)` per expert).
+    pub fn load(&self) -> f64 {
+        match self.capacity_factor {
+            None => self.imbalance,
+            Some(factor) if self.pad_to_capacity => factor,
+            Some(factor) => self.imbalance.min(factor),
         }
     }
 }
@@ -306,6 +331,24 @@ mod tests {
     use ralpc_ir::models::Router;
 
     use super::*;
+
+    #[test]
+    fn a_capacity_caps_the_load_and_padding_fills_it() {
+        let at = |capacity_factor, pad_to_capacity| {
+            ExpertOptions {
+                imbalance: 1.3,
+                capacity_factor,
+                pad_to_capacity,
+                ..ExpertOptions::default()
+            }
+            .load()
+        };
+        assert_eq!(at(None, false), 1.3);
+        assert_eq!(at(Some(1.0), false), 1.0);
+        assert_eq!(at(Some(2.0), false), 1.3);
+        assert_eq!(at(Some(2.0), true), 2.0);
+        assert_eq!(at(Some(0.5), true), 0.5);
+    }
 
     fn moe(groups: u64, top_groups: u64) -> MoeSpec {
         MoeSpec {
