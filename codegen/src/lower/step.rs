@@ -82,11 +82,12 @@ impl Lowering<'_, '_> {
 
     /// What layer `l`'s backward on microbatch `mb` holds of weight gradients beside the
     /// sums so far, on each of its ranks: after the first microbatch, the gradients it
-    /// makes before they are added (under ZeRO-2 and 3 the whole gradients are the sums'
-    /// own until their reduce-scatter).
+    /// makes before they are added; under ZeRO-2 and 3, whose sums are a shard, on every
+    /// microbatch its whole gradients before their reduce-scatter (as the evaluator's
+    /// `whole`, while the layer runs).
     pub(super) fn fresh_gradient_bytes(&self, l: usize, mb: u32) -> f64 {
         let layer = &self.costs.graph.layers[l];
-        if mb == 0 || self.strategy.zero >= 2 || layer.param_bytes == 0 {
+        if (mb == 0 && self.strategy.zero < 2) || layer.param_bytes == 0 {
             return 0.0;
         }
         let (_, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
