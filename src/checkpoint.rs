@@ -85,8 +85,9 @@ pub fn write(
     crate::output::write_bytes_atomically(path, &bytes)
 }
 
-/// What makes a checkpoint's bytes unusable, or a checkpoint not the plan's: reported as
-/// [`Error::Checkpoint`] with the file's path.
+/// What makes a checkpoint's bytes unusable, or a checkpoint not the plan's (or, writing
+/// one, tensors safetensors cannot serialize): reported as [`Error::Checkpoint`] with the
+/// file's path.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Unusable(String);

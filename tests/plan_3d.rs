@@ -1048,13 +1048,7 @@ fn megatron_refuses(args: &str) -> Option<String> {
             return Some("a --moe-layer-freq pattern not as long as the layers".into());
         }
     }
-    // TransformerConfig.__post_init__: a capacity only through the alltoall dispatcher,
-    // padding only to a capacity.
-    if has("--moe-expert-capacity-factor")
-        && !flags.contains(&"--moe-token-dispatcher-type alltoall")
-    {
-        return Some("an expert capacity without the alltoall dispatcher".into());
-    }
+    // TransformerConfig.__post_init__: padding only to a capacity.
     if has("--moe-pad-expert-input-to-capacity") && !has("--moe-expert-capacity-factor") {
         return Some("padding to a capacity without one".into());
     }
@@ -1408,8 +1402,9 @@ fn hugging_face_configurations_are_planned_in_megatrons_space() {
 
 /// An expert capacity factor caps the busiest rank's load at the factor (the tokens beyond
 /// it dropped), padding to it makes every rank compute exactly it, and both reach
-/// Megatron-LM's arguments; a capacity with the flex dispatcher, which Megatron-Core
-/// refuses, is refused, and padding without a capacity is a usage error.
+/// Megatron-LM's arguments (with either dispatcher: the alltoall one and the flex managers
+/// of Megatron-Core @ d98e8a64 all drop at a capacity); padding without a capacity is a
+/// usage error.
 #[test]
 fn an_expert_capacity_caps_the_busiest_rank_and_reaches_megatron() {
     let qwen3_30b = "fixtures/configs/qwen3-30b-a3b.json";
@@ -1466,14 +1461,18 @@ fn an_expert_capacity_caps_the_busiest_rank_and_reaches_megatron() {
         "{emitted}"
     );
     assert_eq!(megatron_refuses(&emitted), None, "{emitted}");
-    // Refused: what Megatron-Core refuses, and values that mean nothing.
-    let flex = stderr_of_failure(&on(&[
+    let flex = json(&on(&[
         "--moe-capacity-factor",
         "1",
         "--moe-dispatcher",
         "flex",
     ]));
-    assert!(flex.contains("only with the alltoall dispatcher"), "{flex}");
+    let flex_balanced = json(&on(&["--moe-imbalance", "1", "--moe-dispatcher", "flex"]));
+    assert_eq!(
+        flex["iteration_time_us"],
+        flex_balanced["iteration_time_us"]
+    );
+    // Refused: values that mean nothing.
     for bad in [
         &["--moe-pad-to-capacity"][..],
         &["--moe-capacity-factor", "0"],

@@ -21,8 +21,8 @@ use crate::plan::{
 };
 use crate::profile::Profile;
 use crate::transformer::{
-    self, Attention, Dispatcher, ExpertOptions, Knobs, NotLayered, Overlap, Parallelism, Recompute,
-    Searched, Setting, Transformer,
+    self, Attention, ExpertOptions, Knobs, NotLayered, Overlap, Parallelism, Recompute, Searched,
+    Setting, Transformer,
 };
 
 /// A model as read: a planner's layer graph (PipeDream's, DeepPool's), or a verified ONNX
@@ -406,16 +406,6 @@ fn plan_transformer<'a>(
             precision.name(),
             profile.precision.name()
         )));
-    }
-    // Megatron-Core drops tokens at a capacity only through its alltoall dispatcher
-    // (`TransformerConfig.__post_init__`: "moe_expert_capacity_factor only works with
-    // alltoall token dispatcher"): a plan it would refuse is not made.
-    if ask.experts.capacity_factor.is_some() && ask.experts.dispatcher != Dispatcher::AllToAll {
-        return Err(PlanError::Request(
-            "--moe-capacity-factor: Megatron-Core drops tokens at a capacity only with the \
-             alltoall dispatcher (--moe-dispatcher alltoall)"
-                .into(),
-        ));
     }
     let tp_comm_overlap = ask.tp_comm_overlap.unwrap_or(true);
     let setting = Setting {

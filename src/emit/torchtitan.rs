@@ -221,6 +221,12 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         }
         _ => "None",
     };
+    if let Some(factor) = p.experts.and_then(|e| e.capacity_factor) {
+        notes.push(format!(
+            "an expert capacity of {factor} was priced (tokens beyond it dropped): \
+             torchtitan's experts drop none, so its busiest rank computes the full imbalance"
+        ));
+    }
     if p.expert_parallel > 1 && p.expert_tensor_parallel > 1 {
         notes.push(format!(
             "experts split {} ways by tensor parallelism as priced: torchtitan 0.3 derives the \

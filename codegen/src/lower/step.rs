@@ -81,16 +81,21 @@ impl Lowering<'_, '_> {
     }
 
     /// What layer `l`'s backward on microbatch `mb` holds of weight gradients beside the
-    /// sums so far, on each of its ranks: after the first microbatch, the gradients it
-    /// makes before they are added; under ZeRO-2 and 3, whose sums are a shard, on every
-    /// microbatch its whole gradients before their reduce-scatter (as the evaluator's
-    /// `whole`, while the layer runs).
+    /// sums so far, on each of its ranks: without ZeRO-2, after the first microbatch, the
+    /// gradients it makes before they are added; under ZeRO-2 and 3, where its sums are a
+    /// shard of several replicas', on every microbatch its whole gradients before their
+    /// reduce-scatter (as the evaluator's `whole`, while the layer runs), and where they
+    /// are not sharded (one replica) nothing: the sums are the gradients' own.
     pub(super) fn fresh_gradient_bytes(&self, l: usize, mb: u32) -> f64 {
         let layer = &self.costs.graph.layers[l];
-        if (mb == 0 && self.strategy.zero < 2) || layer.param_bytes == 0 {
+        let (replicas, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
+        let fresh = match self.strategy.zero >= 2 {
+            true => replicas.len() > 1,
+            false => mb > 0,
+        };
+        if !fresh || layer.param_bytes == 0 {
             return 0.0;
         }
-        let (_, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
         layer.param_bytes as f64 * share * self.costs.model_state().gradients
     }
 

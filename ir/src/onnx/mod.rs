@@ -114,7 +114,8 @@ pub fn read_tensor(
     Ok((proto.name, data))
 }
 
-/// Bytes [`read_tensor`] cannot read as a tensor: the file's fault.
+/// Bytes [`read_tensor`] cannot read as a tensor, or its external data that cannot be
+/// read: the file's fault, or the file system's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BadTensor(pub String);

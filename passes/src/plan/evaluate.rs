@@ -405,17 +405,20 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         };
         // ZeRO-2 and 3 reduce-scatter every microbatch's gradients; the buckets' exposure
         // below is the last microbatch's. Each earlier microbatch's reduce-scatters run on
-        // the communication stream while the stage computes the microbatches after it, so
-        // they cost only what they exceed one microbatch's work by (a stage whose
-        // communication outruns its computation).
+        // the communication stream while the stage works on the microbatches after it, so
+        // they cost only what they exceed the work between two of them by (a stage whose
+        // communication outruns its computation): a forward and a backward under 1F1B, a
+        // backward under GPipe (its forwards all came first), a weight pass under zb-h1
+        // (whose weight passes launch them, back to back at the end).
         let earlier = if strategy.zero >= 2 {
             f64::from(m.saturating_sub(1))
         } else {
             0.0
         };
-        let slot = match apart {
-            true => stage_cost[k].weight_us,
-            false => stage_cost[k].microbatch_us,
+        let slot = match strategy.schedule {
+            Schedule::ZeroBubble => stage_cost[k].weight_us,
+            Schedule::GPipe => stage_cost[k].backward_us,
+            Schedule::OneFOneB | Schedule::Async => stage_cost[k].microbatch_us,
         };
         let gathers = |bs: &[Bucket]| -> f64 {
             let gathered: f64 = bs
