@@ -206,6 +206,40 @@ fn pipelines_simulate_as_priced() {
     }
 }
 
+/// ZeRO-3 pipelines hold what the evaluator prices: each layer's shards, and while its
+/// backward runs its weights gathered whole and its gradients before their reduce-scatter,
+/// every stage's fullest GPU within 5 %. (Their time is not yet: the per-pass gathers are
+/// paid in full, 6 % under the simulation on 1F1B and up to 27 % over on zb-h1, issue 60.)
+#[test]
+fn zero_3_pipelines_hold_what_they_are_priced() {
+    let graph = vgg16();
+    let cluster = Cluster::preset("dgx-a100").unwrap();
+    for schedule in [Schedule::OneFOneB, Schedule::ZeroBubble] {
+        let strategy = Strategy {
+            schedule,
+            microbatches: 8,
+            stages: equal_stages(&graph, 2, 2, 2),
+            layers: vec![Split::samples(2); graph.layers.len()],
+            zero: 3,
+            recompute: Vec::new(),
+        };
+        let costs = Costs::new(&graph, &cluster, 8, CostOptions::default());
+        let priced = evaluate(&costs, &strategy).unwrap();
+        let lowered = lower(&costs, &strategy, model(&graph)).unwrap();
+        let held = lowered.peak_memory_bytes();
+        for (s, c) in strategy.stages.iter().zip(&priced.stages) {
+            let ranks = s.first_rank as usize..(s.first_rank + s.gpus) as usize;
+            let fullest = held[ranks].iter().copied().max().unwrap_or(0) as f64;
+            let ratio = fullest / c.memory_bytes;
+            assert!(
+                (ratio - 1.0).abs() <= 0.05,
+                "{} memory {ratio}",
+                schedule.name()
+            );
+        }
+    }
+}
+
 #[test]
 fn a_cycle_of_receives_is_a_deadlock() {
     let graph = vgg16();

@@ -41,6 +41,12 @@ impl Key {
         Key::of(kind, None, None)
     }
 
+    /// Layer `l`'s weights gathered whole (ZeRO-3, an all-gather's payload) while its
+    /// backward on microbatch `mb` runs.
+    pub(super) fn gathered(l: usize, mb: u32) -> Key {
+        Key::of(BufferKind::Received, Some(l), Some(mb))
+    }
+
     /// The payload of the messages of `tag` into layer `l` (forward) or out of it
     /// (backward), on microbatch `mb`.
     pub(super) fn received(l: usize, mb: u32, tag: u64) -> Key {

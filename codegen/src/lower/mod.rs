@@ -460,6 +460,12 @@ impl Lowering<'_, '_> {
             self.buffers.grow(r, fresh_gradient, fresh_gradient_bytes);
             self.buffers.write(r, fresh_gradient, at);
         }
+        let gathered_bytes = self.gathered_weight_bytes(l);
+        if gathered_bytes > 0.0 {
+            let gathered = Key::gathered(l, mb);
+            self.buffers.grow(r, gathered, gathered_bytes);
+            self.buffers.write(r, gathered, at);
+        }
     }
 
     /// The weight pass of stage `k` on microbatch `mb` (zero-bubble schedules): each

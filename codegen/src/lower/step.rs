@@ -99,6 +99,18 @@ impl Lowering<'_, '_> {
         layer.param_bytes as f64 * share * self.costs.model_state().gradients
     }
 
+    /// What layer `l`'s backward holds of its weights gathered whole beside its shard, on
+    /// each of its ranks: under ZeRO-3, where they are sharded over several replicas, the
+    /// whole weights (as the evaluator's `whole`, while the layer runs).
+    pub(super) fn gathered_weight_bytes(&self, l: usize) -> f64 {
+        let layer = &self.costs.graph.layers[l];
+        let (replicas, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
+        if self.strategy.zero < 3 || replicas.len() < 2 {
+            return 0.0;
+        }
+        layer.param_bytes as f64 * share * self.costs.model_state().weights
+    }
+
     /// The buffers an update of layer `l`'s weights on rank `r` touches.
     pub(super) fn step_buffers(&mut self, r: u32, l: usize, at: usize) {
         for kind in [
