@@ -34,69 +34,31 @@ macro_rules! host_type {
     (Window) => { Window };
 }
 
+/// The next argument of a launch if it matches `$p`, as `$e`; else the dispatch's mismatch.
+macro_rules! take {
+    ($args:ident, $kernel:ident, $p:pat => $e:expr) => {
+        match $args.next() {
+            Some($p) => $e,
+            _ => return mismatch($kernel),
+        }
+    };
+}
+
 /// The next argument of a launch as its parameter kind's C value: a pointer into the
 /// host buffer, or the scalar. A launch built by its kernel's constructor always matches.
 macro_rules! host_value {
-    ($args:ident, $kernel:ident, out) => {
-        match $args.next() {
-            Some(Arg::Out(b)) => b.as_mut_ptr(),
-            _ => return mismatch($kernel),
-        }
+    ($a:ident, $k:ident, out) => { take!($a, $k, Arg::Out(b) => b.as_mut_ptr()) };
+    ($a:ident, $k:ident, input) => { take!($a, $k, Arg::In(b) => b.as_ptr()) };
+    ($a:ident, $k:ident, optional) => {
+        take!($a, $k, Arg::Optional(b) => b.map_or(std::ptr::null(), |b| b.as_ptr()))
     };
-    ($args:ident, $kernel:ident, input) => {
-        match $args.next() {
-            Some(Arg::In(b)) => b.as_ptr(),
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, optional) => {
-        match $args.next() {
-            Some(Arg::Optional(b)) => b.map_or(std::ptr::null(), |b| b.as_ptr()),
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, out_index) => {
-        match $args.next() {
-            Some(Arg::OutIndex(b)) => b.as_mut_ptr(),
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, index) => {
-        match $args.next() {
-            Some(Arg::Index(b)) => b.as_ptr(),
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, i64) => {
-        match $args.next() {
-            Some(Arg::I64(v)) => *v,
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, i32) => {
-        match $args.next() {
-            Some(Arg::I32(v)) => *v,
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, f32) => {
-        match $args.next() {
-            Some(Arg::F32(v)) => *v,
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, Strides) => {
-        match $args.next() {
-            Some(Arg::Strides(v)) => *v,
-            _ => return mismatch($kernel),
-        }
-    };
-    ($args:ident, $kernel:ident, Window) => {
-        match $args.next() {
-            Some(Arg::Window(v)) => *v,
-            _ => return mismatch($kernel),
-        }
-    };
+    ($a:ident, $k:ident, out_index) => { take!($a, $k, Arg::OutIndex(b) => b.as_mut_ptr()) };
+    ($a:ident, $k:ident, index) => { take!($a, $k, Arg::Index(b) => b.as_ptr()) };
+    ($a:ident, $k:ident, i64) => { take!($a, $k, Arg::I64(v) => *v) };
+    ($a:ident, $k:ident, i32) => { take!($a, $k, Arg::I32(v) => *v) };
+    ($a:ident, $k:ident, f32) => { take!($a, $k, Arg::F32(v) => *v) };
+    ($a:ident, $k:ident, Strides) => { take!($a, $k, Arg::Strides(v) => *v) };
+    ($a:ident, $k:ident, Window) => { take!($a, $k, Arg::Window(v) => *v) };
 }
 
 /// The kernels' `extern "C"` declarations and [`run`], which calls the one a launch names.
