@@ -187,6 +187,18 @@ pub struct PlanArgs {
     /// (Megatron-Core's --overlap-moe-expert-parallel-comm; needs interleaving with stages).
     #[arg(long, value_name = "on|off", default_value = "off", help_heading = "Transformer (3d) plans", value_parser = ["on", "off"])]
     pub moe_a2a_overlap: String,
+    /// Keep the stashed activations of the first N blocks in host memory, copied there
+    /// behind the next block's forward pass and back behind the backward pass (Megatron-
+    /// Core's --cpu-offloading-num-layers; no pipeline, no recomputation; 0: none)
+    /// [default: searched where nothing fits without; needs the cluster's host figures].
+    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans")]
+    pub offload_activations: Option<u64>,
+    /// Keep this fraction of the optimizer state (fp32 master weights and moments) in host
+    /// memory, stepped by the CPU (Megatron-Core's --optimizer-cpu-offload
+    /// --optimizer-offload-fraction; Adam; 0: none) [default: searched where nothing fits
+    /// without].
+    #[arg(long, value_name = "F", help_heading = "Transformer (3d) plans", value_parser = parse_fraction)]
+    pub offload_optimizer: Option<u8>,
     /// Keep and reduce gradients in fp32 (18 bytes per parameter with Adam, not 16).
     #[arg(long, help_heading = "Transformer (3d) plans")]
     pub fp32_gradients: bool,
@@ -278,6 +290,8 @@ impl PlanArgs {
                 zero: args.zero,
                 expert: args.expert_parallel,
                 expert_tensor: args.expert_tensor_parallel,
+                offload_activations: args.offload_activations,
+                offload_optimizer: args.offload_optimizer,
                 schedule: None,
             },
             experts: ExpertOptions {
@@ -358,6 +372,21 @@ pub fn parse_imbalance(s: &str) -> Result<f64, BadArgument> {
         Ok(x) if (1.0..=64.0).contains(&x) => Ok(x),
         _ => Err(BadArgument(format!(
             "expected the busiest rank's load over the mean, 1 to 64, got '{s}'"
+        ))),
+    }
+}
+
+/// Parses a fraction from 0 to 1 (`0.5`, or `50%`) into whole percent.
+pub fn parse_fraction(s: &str) -> Result<u8, BadArgument> {
+    let text = s.trim();
+    let value = match text.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => text.parse::<f64>(),
+    };
+    match value {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok((x * 100.0).round() as u8),
+        _ => Err(BadArgument(format!(
+            "expected a fraction from 0 to 1 (or a percentage, 50%), got '{s}'"
         ))),
     }
 }

@@ -1048,6 +1048,26 @@ fn megatron_refuses(args: &str) -> Option<String> {
             return Some("a --moe-layer-freq pattern not as long as the layers".into());
         }
     }
+    // Offloading (TransformerConfig.__post_init__ and validate_args @ d98e8a64).
+    if let Some(n) = value("--cpu-offloading-num-layers").filter(|&n| n > 0) {
+        if n >= layers {
+            return Some("offloading the activations of every layer".into());
+        }
+        if pp > 1 {
+            return Some("layer-wise offloading with pipeline parallelism".into());
+        }
+        if has("--recompute-granularity") {
+            return Some("layer-wise offloading with recomputation".into());
+        }
+    }
+    if has("--optimizer-cpu-offload") {
+        if !has("--use-precision-aware-optimizer") {
+            return Some("the optimizer offload without the precision-aware optimizer".into());
+        }
+        if has("--fp8-param-gather") && !flags.contains(&"--fp8-recipe delayed") {
+            return Some("the optimizer offload with FP8 parameters not delayed-scaled".into());
+        }
+    }
     // TransformerConfig.__post_init__: padding only to a capacity.
     if has("--moe-pad-expert-input-to-capacity") && !has("--moe-expert-capacity-factor") {
         return Some("padding to a capacity without one".into());
@@ -1479,4 +1499,66 @@ fn an_expert_capacity_caps_the_busiest_rank_and_reaches_megatron() {
     ] {
         ralpc().args(on(bad)).assert().code(2);
     }
+}
+
+/// Llama 3.1 8B on one H100: 144 GB of model states do not fit its 80 GB, so the plan
+/// keeps the optimizer state in the DGX H100's host memory, says so in `--json` and the
+/// report, and hands Megatron-LM the flags it accepts; asked not to offload, it is refused.
+#[test]
+fn a_model_too_large_for_its_gpu_offloads_and_reaches_megatron() {
+    let args = |more: &[&'static str]| -> Vec<&'static str> {
+        let base = [
+            "plan",
+            "fixtures/configs/llama-3.1-8b.json",
+            "--input",
+            "input_ids=8,4096",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "1",
+            "--precision",
+            "bf16",
+            "--optimizer",
+            "adam",
+        ];
+        [&base[..], more].concat()
+    };
+    let plan = json(&args(&["--json"]));
+    let offload = &plan["offload"];
+    assert_eq!(offload["optimizer_fraction"], 1.0, "{offload}");
+    let host = offload["host_memory_bytes"].as_f64().unwrap();
+    assert!(host > 120e9 && host <= offload["host_capacity_bytes"].as_f64().unwrap());
+    let text = ralpc().args(args(&[])).assert().success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(text.contains("offloaded to host memory"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("megatron");
+    ralpc()
+        .args(args(&["--emit", "megatron", "-o"]))
+        .arg(&out)
+        .assert()
+        .success();
+    let emitted = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    assert!(
+        emitted.contains("--optimizer-cpu-offload\n")
+            && emitted.contains("--optimizer-offload-fraction 1\n"),
+        "{emitted}"
+    );
+    assert_eq!(megatron_refuses(&emitted), None, "{emitted}");
+    // Activations too, when asked.
+    let both = json(&args(&["--offload-activations", "8", "--json"]));
+    assert_eq!(both["offload"]["activation_layers"], 8);
+    assert_eq!(both["pipeline_parallel"], 1);
+    // Asked to keep everything on the GPU: out of memory; nonsense values: usage errors.
+    let refused = stderr_of_failure(&args(&["--offload-optimizer", "0"]));
+    assert!(refused.contains("memory"), "{refused}");
+    for bad in [
+        &["--offload-optimizer", "2"][..],
+        &["--offload-optimizer", "x"],
+        &["--offload-activations", "-1"],
+    ] {
+        ralpc().args(args(bad)).assert().code(2);
+    }
+    let too_many = stderr_of_failure(&args(&["--offload-activations", "32"]));
+    assert!(too_many.contains("--offload-activations 32"), "{too_many}");
 }

@@ -21,8 +21,8 @@ use crate::plan::{
 };
 use crate::profile::Profile;
 use crate::transformer::{
-    self, Attention, ExpertOptions, Knobs, NotLayered, Overlap, Parallelism, Recompute, Searched,
-    Setting, Transformer,
+    self, Attention, ExpertOptions, Knobs, NotLayered, Offload, Overlap, Parallelism, Recompute,
+    Searched, Setting, Transformer,
 };
 
 /// A model as read: a planner's layer graph (PipeDream's, DeepPool's), or a verified ONNX
@@ -465,6 +465,7 @@ fn plan_transformer<'a>(
                     schedule: Schedule::OneFOneB,
                     expert: 1,
                     expert_tensor: 1,
+                    offload: Offload::NONE,
                 },
             );
             e.time.compute_us + e.time.optimizer_us

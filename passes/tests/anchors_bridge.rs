@@ -17,8 +17,8 @@ use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    estimate, Attention, Dispatcher, Estimate, Modules, Overlap, Parallelism, Recompute, Setting,
-    Transformer,
+    estimate, Attention, Dispatcher, Estimate, Modules, Offload, Overlap, Parallelism, Recompute,
+    Setting, Transformer,
 };
 use serde_json::Value;
 
@@ -89,6 +89,7 @@ fn runs() -> Vec<Run> {
                 ),
             };
             let id = r["id"].as_str().unwrap_or_default().to_owned();
+            let offloaded = offloaded_layers(&id);
             let recompute = match spec.moe {
                 Some(_) => recipe(&id).2,
                 None => Recompute::None,
@@ -113,6 +114,10 @@ fn runs() -> Vec<Run> {
                     schedule: Schedule::OneFOneB,
                     expert: number(&r, "ep").unwrap_or(1) as u32,
                     expert_tensor: number(&r, "etp").unwrap_or(1) as u32,
+                    offload: Offload {
+                        activation_layers: offloaded,
+                        optimizer_percent: 0,
+                    },
                 },
                 batch: n("gbs"),
                 precision,
@@ -422,6 +427,18 @@ fn recipe(id: &str) -> (Dispatcher, bool, Recompute) {
             modules(Modules::LAYER_NORM.with(Modules::EXPERT_ACTIVATION)),
         ),
         other => panic!("no recipe for {other}"),
+    }
+}
+
+/// Blocks whose activations a run's recipe offloads to host memory (Megatron-Bridge @
+/// 067f987d, `src/megatron/bridge/perf_recipes/llama/`: `gb200/llama3.py`'s
+/// `llama3_70b_pretrain_64gpu_gb200_fp8cs_config` sets `cpu_offloading_num_layers = 40`,
+/// `b200/llama3.py`'s 70B configuration 5; the table does not say).
+fn offloaded_layers(id: &str) -> u64 {
+    match id {
+        i if i.contains("GB200-Llama3-70B") => 40,
+        i if i.contains("B200-Llama3-70B") => 5,
+        _ => 0,
     }
 }
 

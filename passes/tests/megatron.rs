@@ -18,8 +18,8 @@ use ralpc_passes::cost::rates::{Rates, IN_STEP};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    block_activation_bytes, estimate, search, Attention, Dispatcher, Knobs, Modules, Overlap,
-    Parallelism, Recompute, Setting, Transformer,
+    block_activation_bytes, estimate, search, Attention, Dispatcher, Knobs, Modules, Offload,
+    Overlap, Parallelism, Recompute, Setting, Transformer,
 };
 
 /// One row of Table 1.
@@ -120,6 +120,7 @@ impl Row {
             schedule: Schedule::OneFOneB,
             expert: 1,
             expert_tensor: 1,
+            offload: Offload::NONE,
         }
     }
 }
@@ -408,6 +409,7 @@ fn activations_follow_korthikanti() {
                     schedule: Schedule::OneFOneB,
                     expert: 1,
                     expert_tensor: 1,
+                    offload: Offload::NONE,
                 };
                 let ours =
                     block_activation_bytes(&model, &par, Attention::Unfused, Precision::Fp16);
@@ -517,6 +519,8 @@ fn knobs_are_checked_with_their_names() {
         schedule: Some(Schedule::OneFOneB),
         expert: Some(1),
         expert_tensor: Some(1),
+        offload_activations: Some(0),
+        offload_optimizer: Some(0),
     };
     let found = search(&setting, &all).unwrap();
     assert_eq!(found.evaluated, 1);
@@ -842,6 +846,7 @@ fn recomputing_modules_trades_time_for_memory() {
                     schedule: Schedule::OneFOneB,
                     expert: if spec.moe.is_some() { 4 } else { 1 },
                     expert_tensor: 1,
+                    offload: Offload::NONE,
                 },
             )
         };

@@ -400,7 +400,10 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
             None => String::new(),
         },
         secs(t.pipeline_comm_us),
-        secs(t.bubble_us),
+        match t.offload_us {
+            0.0 => secs(t.bubble_us),
+            us => format!("{}, host copies {}", secs(t.bubble_us), secs(us)),
+        },
         secs(t.data_comm_us),
         secs(t.overlapped_data_comm_us),
         secs(t.optimizer_us)
@@ -418,6 +421,17 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         gib(mem.activations),
         gib(mem.workspace)
     );
+    if let Some(o) = &p.offload {
+        let _ = writeln!(
+            out,
+            "offloaded to host memory: activations of {} blocks, {:.0} % of the optimizer \
+             state: {} per GPU of its {} share\n",
+            o.activation_layers,
+            o.optimizer_fraction * 100.0,
+            gib(o.host_memory_bytes),
+            gib(o.host_capacity_bytes)
+        );
+    }
     write_stages(&mut out, r);
     if !p.measured.is_empty() {
         let _ = writeln!(

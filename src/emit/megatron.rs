@@ -115,6 +115,26 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
             .map(String::from),
         ),
     }
+    if let Some(o) = &p.offload {
+        if o.activation_layers > 0 {
+            // Megatron-LM turns its layer-wise offload on with the count
+            // (megatron/training/arguments.py @ d98e8a64).
+            args.push(format!(
+                "--cpu-offloading-num-layers {}",
+                o.activation_layers
+            ));
+        }
+        if o.optimizer_fraction > 0.0 {
+            // The hybrid device optimizer needs the precision-aware optimizer; its copies
+            // overlap the CPU step as priced.
+            args.extend([
+                "--optimizer-cpu-offload".into(),
+                format!("--optimizer-offload-fraction {}", o.optimizer_fraction),
+                "--use-precision-aware-optimizer".into(),
+                "--overlap-cpu-optimizer-d2h-h2d".into(),
+            ]);
+        }
+    }
     if m.kv_heads != m.heads {
         args.push("--group-query-attention".into());
         args.push(format!("--num-query-groups {}", m.kv_heads));

@@ -227,6 +227,15 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
              torchtitan's experts drop none, so its busiest rank computes the full imbalance"
         ));
     }
+    if let Some(o) = &p.offload {
+        notes.push(format!(
+            "host memory was priced for the activations of {} blocks and {:.0} % of the \
+             optimizer state: torchtitan offloads only parameters, gradients and optimizer \
+             state together (enable_cpu_offload, FSDP2's CPUOffloadPolicy), not set here",
+            o.activation_layers,
+            o.optimizer_fraction * 100.0
+        ));
+    }
     if p.expert_parallel > 1 && p.expert_tensor_parallel > 1 {
         notes.push(format!(
             "experts split {} ways by tensor parallelism as priced: torchtitan 0.3 derives the \

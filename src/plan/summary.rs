@@ -213,6 +213,9 @@ pub struct ParallelismRow {
     /// (models with experts only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<ralpc_passes::transformer::ExpertOptions>,
+    /// What is kept in host memory instead of on the GPUs (absent: nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadRow>,
     /// Sequences per microbatch.
     pub micro_batch_size: u64,
     /// Model chunks per GPU (interleaved 1F1B above 1).
@@ -258,6 +261,25 @@ pub struct ParallelismRow {
     /// The block's dense products (`qkv`, `projection`, `mlp_in`, `mlp_out`) priced from
     /// `--profile`'s measurements; the rest of the plan is priced analytically.
     pub measured: Vec<&'static str>,
+}
+
+/// What a transformer plan keeps in host memory (Megatron-Core's offloads).
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct OffloadRow {
+    /// Blocks whose stashed activations are kept in host memory
+    /// (`--cpu-offloading-num-layers`).
+    pub activation_layers: u64,
+    /// Fraction of the optimizer state kept and stepped in host memory
+    /// (`--optimizer-offload-fraction`).
+    pub optimizer_fraction: f64,
+    /// Host memory the fullest GPU's offloaded state takes, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
+    pub host_memory_bytes: f64,
+    /// Each GPU's share of its server's host memory, bytes.
+    #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
+    #[schemars(with = "u64")]
+    pub host_capacity_bytes: f64,
 }
 
 /// The simulator's figures for the chosen plan.
@@ -519,6 +541,12 @@ pub(super) fn transformer(
             expert_parallel: par.expert,
             expert_tensor_parallel: par.expert_tensor,
             experts: shape.moe.map(|_| options.experts),
+            offload: par.offload.any().then(|| OffloadRow {
+                activation_layers: par.offload.activation_layers,
+                optimizer_fraction: par.offload.optimizer_fraction(),
+                host_memory_bytes: best.host_memory_bytes,
+                host_capacity_bytes: best.host_capacity_bytes,
+            }),
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
             recompute: par.recompute.name(),

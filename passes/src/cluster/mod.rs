@@ -209,6 +209,54 @@ pub struct NodeGroup {
     pub intra_node: Link,
     /// Out of one server: β per server (all its NICs).
     pub network: Link,
+    /// The servers' host memory and the GPUs' path to it (`None`: not known, so nothing is
+    /// offloaded to it).
+    pub host: Option<Host>,
+}
+
+/// A server's host memory as GPUs that keep state in it see it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Host {
+    /// Between one GPU and host memory (PCIe, or NVLink-C2C on Grace superchips): β per GPU
+    /// and direction with every GPU of the server copying at once, as the datasheet gives
+    /// it ([`Host::copy_link`] is what copies reach).
+    pub link: Link,
+    /// Host memory per server, bytes.
+    pub memory_bytes: u64,
+    /// Host memory bandwidth per server, bytes/s (channels × transfer rate × 8 bytes).
+    pub memory_bandwidth: f64,
+}
+
+/// Fraction of a host link's datasheet bandwidth that a pinned-memory copy reaches: NVIDIA's
+/// nvbandwidth `host_to_device_memcpy_ce` on an H100's PCIe Gen5 x16 link, 55.63 GB/s of
+/// 63.0 (NVIDIA technical blog, "NVbandwidth: your essential tool for measuring GPU
+/// interconnect and memory performance", 2025). Taken for every host link; no NVLink-C2C
+/// measurement is taken.
+pub const HOST_COPY_EFFICIENCY: f64 = 55.63 / 63.0;
+
+/// Fraction of the host memory bandwidth a vectorized CPU optimizer step (DeepSpeed's
+/// CPU-Adam, the fused loops Megatron-Core's hybrid optimizer runs) reaches: assumed at the
+/// fraction STREAM-like kernels reach of GPU memory ([`crate::cost::rates`]' memory-bound
+/// rate for an unknown GPU, 0.80); no host measurement is taken.
+pub const HOST_STEP_EFFICIENCY: f64 = 0.80;
+
+impl Host {
+    /// What one GPU's copies to or from host memory get when all `gpus_per_node` GPUs of
+    /// the server copy at once: the link at [`HOST_COPY_EFFICIENCY`], no more than its
+    /// share of the host memory bandwidth.
+    pub fn copy_link(&self, gpus_per_node: u32) -> Link {
+        let share = self.memory_bandwidth / f64::from(gpus_per_node.max(1));
+        Link {
+            latency_us: self.link.latency_us,
+            bandwidth: (self.link.bandwidth * HOST_COPY_EFFICIENCY).min(share),
+        }
+    }
+
+    /// Host memory bandwidth one GPU's CPU optimizer step gets with every GPU of the server
+    /// stepping at once, bytes/s.
+    pub fn step_bandwidth(&self, gpus_per_node: u32) -> f64 {
+        self.memory_bandwidth * HOST_STEP_EFFICIENCY / f64::from(gpus_per_node.max(1))
+    }
 }
 
 /// Racks of nodes.

@@ -8,7 +8,7 @@
 //! protocol (the one used for large messages), from its tuning model
 //! (`src/graph/tuning.cc`, `hwLat`): NVLink 3.4 µs, PCIe 5.7 µs, network 9.6 µs.
 
-use super::{Cluster, Generation, GpuType, Link, NodeGroup};
+use super::{Cluster, Generation, GpuType, Host, Link, NodeGroup};
 
 const TERA: f64 = 1e12;
 const GB: f64 = 1e9;
@@ -178,6 +178,41 @@ fn server(gpu: &str, intra_node: Link, network: Link) -> NodeGroup {
         gpus_per_node: 8,
         intra_node,
         network,
+        host: None,
+    }
+}
+
+/// A PCIe x16 link of one generation, per direction: 16 lanes at `gt_s` GT/s with 128b/130b
+/// encoding (PCI-SIG: Gen3 8 GT/s, 15.75 GB/s; Gen4 16 GT/s, 31.5 GB/s; Gen5 32 GT/s,
+/// 63.0 GB/s).
+fn pcie_x16(gt_s: f64) -> Link {
+    Link {
+        latency_us: PCIE_LATENCY_US,
+        bandwidth: gt_s * 16.0 * 128.0 / 130.0 / 8.0 * GB,
+    }
+}
+
+/// Host memory of two CPU sockets, each with `channels` DDR channels at `mt_s` MT/s
+/// (8 bytes a transfer), `memory` bytes in all.
+fn two_sockets(link: Link, memory: u64, channels: f64, mt_s: f64) -> Host {
+    Host {
+        link,
+        memory_bytes: memory,
+        memory_bandwidth: 2.0 * channels * mt_s * 1e6 * 8.0,
+    }
+}
+
+/// A Grace Blackwell NVL72 rack's host side: 36 Grace CPUs, each joined to its two GPUs by
+/// NVLink-C2C at 900 GB/s in both directions (NVIDIA GB200 NVL72 specifications): 450 GB/s
+/// each way, 225 GB/s for each GPU when both copy.
+fn grace_rack(memory: u64, memory_bandwidth: f64) -> Host {
+    Host {
+        link: Link {
+            latency_us: NVLINK_LATENCY_US,
+            bandwidth: 225.0 * GB,
+        },
+        memory_bytes: memory,
+        memory_bandwidth,
     }
 }
 
@@ -211,18 +246,23 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
     Some(match name {
         // NVIDIA DGX A100 user guide: 8 A100-SXM4-80GB on NVSwitch, 600 GB/s of NVLink per
         // GPU (both directions: 300 GB/s each way); 8 single-port ConnectX-6 HDR InfiniBand
-        // at 200 Gb/s (25 GB/s) each, 200 GB/s per node.
-        "dgx-a100" => server(
-            "a100-sxm4-80gb",
-            Link {
-                latency_us: NVLINK_LATENCY_US,
-                bandwidth: 300.0 * GB,
-            },
-            Link {
-                latency_us: NET_LATENCY_US,
-                bandwidth: 8.0 * 25.0 * GB,
-            },
-        ),
+        // at 200 Gb/s (25 GB/s) each, 200 GB/s per node. Host (DGX A100 640GB datasheet):
+        // 2 TB of memory on two AMD EPYC 7742, 8 channels of DDR4-3200 each; each GPU on
+        // PCIe Gen4 x16.
+        "dgx-a100" => NodeGroup {
+            host: Some(two_sockets(pcie_x16(16.0), 2 << 40, 8.0, 3200.0)),
+            ..server(
+                "a100-sxm4-80gb",
+                Link {
+                    latency_us: NVLINK_LATENCY_US,
+                    bandwidth: 300.0 * GB,
+                },
+                Link {
+                    latency_us: NET_LATENCY_US,
+                    bandwidth: 8.0 * 25.0 * GB,
+                },
+            )
+        },
         // Selene, where Megatron-LM's published runs were measured (Narayanan et al., SC'21,
         // §5): DGX A100 80 GB nodes (as above), the 8 compute HDR InfiniBand ports of each on
         // a full fat tree (NVIDIA DGX SuperPOD reference architecture: no oversubscription,
@@ -234,36 +274,54 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         "eos" => preset_node("dgx-h100")?,
         // NVIDIA DGX H100 user guide: 8 H100-SXM5-80GB, fourth-generation NVLink at 900 GB/s
         // per GPU (450 GB/s each way); 8 ConnectX-7 NDR InfiniBand at 400 Gb/s (50 GB/s)
-        // each, 400 GB/s per node.
-        "dgx-h100" => server(
-            "h100-sxm5-80gb",
-            Link {
-                latency_us: NVLINK_LATENCY_US,
-                bandwidth: 450.0 * GB,
-            },
-            Link {
-                latency_us: NET_LATENCY_US,
-                bandwidth: 8.0 * 50.0 * GB,
-            },
-        ),
+        // each, 400 GB/s per node. Host (DGX H100 datasheet): 2 TB of memory on two Intel
+        // Xeon Platinum 8480C, 8 channels of DDR5-4800 each; each GPU on PCIe Gen5 x16.
+        "dgx-h100" => NodeGroup {
+            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 4800.0)),
+            ..server(
+                "h100-sxm5-80gb",
+                Link {
+                    latency_us: NVLINK_LATENCY_US,
+                    bandwidth: 450.0 * GB,
+                },
+                Link {
+                    latency_us: NET_LATENCY_US,
+                    bandwidth: 8.0 * 50.0 * GB,
+                },
+            )
+        },
         // NVIDIA DGX H200 user guide: 8 H200 on the DGX H100's NVLink 4 switches (900 GB/s
-        // per GPU, 450 each way) and 8 ConnectX-7 at 400 Gb/s.
+        // per GPU, 450 each way) and 8 ConnectX-7 at 400 Gb/s; its host (2 TB, two Xeon
+        // Platinum 8480C, PCIe Gen5).
         "dgx-h200" => NodeGroup {
             gpu: gpu_type("h200-sxm-141gb")?,
             ..preset_node("dgx-h100")?
         },
         // NVIDIA DGX B200 user guide: 8 B200 on NVLink 5 (1.8 TB/s per GPU), 8 single-port
-        // ConnectX-7 at 400 Gb/s for the compute fabric.
-        "dgx-b200" => server("b200", NVLINK5, nics(8, 400.0)),
+        // ConnectX-7 at 400 Gb/s for the compute fabric. Host (DGX B200 datasheet): 2 TB of
+        // memory (4 TB optional) on two Intel Xeon Platinum 8570, 8 channels of DDR5-5600
+        // each; each GPU on PCIe Gen5 x16.
+        "dgx-b200" => NodeGroup {
+            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 5600.0)),
+            ..server("b200", NVLINK5, nics(8, 400.0))
+        },
         // NVIDIA GB200 NVL72: 72 GB200 GPUs in one NVLink domain (130 TB/s, 1.8 TB/s per
         // GPU), 4 per compute tray, each tray with 4 ConnectX-7 at 400 Gb/s (one per GPU).
-        "gb200-nvl72" => nvlink_domain("gb200", 72, 400.0),
+        // Host: 17 TB of LPDDR5X at up to 18.4 TB/s (36 Grace CPUs of 480 GB).
+        "gb200-nvl72" => NodeGroup {
+            host: Some(grace_rack(36 * 480_000_000_000, 18.4e12)),
+            ..nvlink_domain("gb200", 72, 400.0)
+        },
         // NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs in one NVLink domain, each with a
-        // ConnectX-8 SuperNIC at 800 Gb/s.
-        "gb300-nvl72" => nvlink_domain("gb300", 72, 800.0),
+        // ConnectX-8 SuperNIC at 800 Gb/s. Host: 17 TB of LPDDR5X at up to 14 TB/s.
+        "gb300-nvl72" => NodeGroup {
+            host: Some(grace_rack(36 * 480_000_000_000, 14e12)),
+            ..nvlink_domain("gb300", 72, 800.0)
+        },
         // AMD Instinct MI300X platform: 8 MI300X fully connected by 4th-generation Infinity
         // Fabric, 7 links of 128 GB/s (both directions) per GPU: 448 GB/s each way to all
-        // peers; one 400 Gb/s NIC per GPU.
+        // peers; one 400 Gb/s NIC per GPU. The platform is a baseboard whose host each
+        // server maker chooses: no host figures.
         "mi300x" => server(
             "mi300x",
             Link {
@@ -274,19 +332,24 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         ),
         // AWS p3dn.24xlarge: 8 V100-SXM2-32GB; NVLink 2.0 at 300 GB/s per GPU in a hybrid
         // cube mesh (a ring uses 2 of its 6 links: 100 GB/s each way); 100 Gb/s (12.5 GB/s)
-        // networking per instance.
-        "p3dn-v100" => server(
-            "v100-sxm2-32gb",
-            Link {
-                latency_us: NVLINK_LATENCY_US,
-                bandwidth: 100.0 * GB,
-            },
-            Link {
-                latency_us: NET_LATENCY_US,
-                bandwidth: 12.5 * GB,
-            },
-        ),
-        // 8 A100-PCIe-80GB per server without NVLink bridges: PCIe 4.0 x16, 16 GT/s × 16
+        // networking per instance. Host: 768 GiB on two Intel Xeon Platinum 8175M, 6
+        // channels of DDR4-2666 each; each GPU on PCIe Gen3 x16.
+        "p3dn-v100" => NodeGroup {
+            host: Some(two_sockets(pcie_x16(8.0), 768 << 30, 6.0, 2666.0)),
+            ..server(
+                "v100-sxm2-32gb",
+                Link {
+                    latency_us: NVLINK_LATENCY_US,
+                    bandwidth: 100.0 * GB,
+                },
+                Link {
+                    latency_us: NET_LATENCY_US,
+                    bandwidth: 12.5 * GB,
+                },
+            )
+        },
+        // 8 A100-PCIe-80GB per server without NVLink bridges (no reference server, so no
+        // host figures): PCIe 4.0 x16, 16 GT/s × 16
         // lanes × 128/130 = 31.5 GB/s each way; one 100 Gb/s (12.5 GB/s) NIC per node.
         "pcie-a100" => server(
             "a100-pcie-80gb",

@@ -17,6 +17,10 @@
 //! #                                   # ampere, hopper, blackwell, cdna3 or other (default)
 //! intra_node = { bandwidth = "100GB/s", latency = "3.4us" }   # per GPU, one direction
 //! network = { bandwidth = "12.5GB/s", latency = "9.6us" }     # per node, one direction
+//! # host memory (optional; without it nothing is offloaded): the GPU's link to it per GPU
+//! # and direction with every GPU copying at once, its size and bandwidth per node
+//! host = { link = { bandwidth = "31.5GB/s", latency = "5.7us" }, memory = "1TiB",
+//!          memory_bandwidth = "409.6GB/s" }
 //!
 //! [racks]                          # optional
 //! nodes_per_rack = 4
@@ -34,7 +38,7 @@ use ralpc_ir::input::{read_input_text, InputKind};
 use serde::{Deserialize, Serialize};
 
 use super::presets::{gpu_type, preset_node, GPU_TYPES, PRESETS};
-use super::{Cluster, Generation, GpuType, Link, NodeGroup, Racks};
+use super::{Cluster, Generation, GpuType, Host, Link, NodeGroup, Racks};
 use crate::units::{
     parse_bandwidth, parse_bytes, parse_flops, parse_latency, Bandwidth, QuantityError, Throughput,
 };
@@ -131,6 +135,22 @@ struct GroupSpec {
     /// The link between servers, per server and direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<LinkSpec>,
+    /// The servers' host memory, where optimizer state and activations may be offloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host: Option<HostSpec>,
+}
+
+/// A server's host memory and the GPUs' link to it.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct HostSpec {
+    /// Between one GPU and host memory, per GPU and direction with every GPU copying at
+    /// once (the datasheet's figure: `63GB/s` for PCIe Gen5 x16).
+    link: LinkSpec,
+    /// Host memory per server (`2TiB`).
+    memory: String,
+    /// Host memory bandwidth per server (`614.4GB/s`).
+    memory_bandwidth: String,
 }
 
 /// A GPU type: built-in by name (`a100-sxm4-80gb`), or described.
@@ -228,6 +248,18 @@ impl Fields<'_> {
         })
     }
 
+    fn host(&self, field: &str, spec: &HostSpec) -> Result<Host, ClusterError> {
+        Ok(Host {
+            link: self.link(&format!("{field}.link"), &spec.link)?,
+            memory_bytes: self.quantity(&format!("{field}.memory"), &spec.memory, parse_bytes)?,
+            memory_bandwidth: self.quantity(
+                &format!("{field}.memory_bandwidth"),
+                &spec.memory_bandwidth,
+                parse_bandwidth,
+            )?,
+        })
+    }
+
     fn gpu(&self, field: &str, spec: &GpuSpec) -> Result<GpuType, ClusterError> {
         match spec {
             GpuSpec::Named(name) => gpu_type(name).ok_or_else(|| {
@@ -305,6 +337,10 @@ impl Fields<'_> {
                 base.as_ref().map(|b| b.intra_node),
             )?,
             network: link("network", &spec.network, base.as_ref().map(|b| b.network))?,
+            host: match &spec.host {
+                Some(host) => Some(self.host(&field("host"), host)?),
+                None => base.as_ref().and_then(|b| b.host),
+            },
         };
         if group.nodes == 0 {
             return Err(self.error(&field("nodes"), "must be at least 1"));
@@ -427,6 +463,11 @@ impl Cluster {
                     })),
                     intra_node: Some(link(&g.intra_node)),
                     network: Some(link(&g.network)),
+                    host: g.host.map(|h| HostSpec {
+                        link: link(&h.link),
+                        memory: format!("{}B", h.memory_bytes),
+                        memory_bandwidth: format!("{}B/s", h.memory_bandwidth),
+                    }),
                 })
                 .collect(),
             racks: self.racks.map(|r| RacksSpec {
@@ -470,6 +511,15 @@ impl Cluster {
                 Bandwidth(g.network.bandwidth),
                 g.network.latency_us,
             );
+            if let Some(h) = g.host {
+                out += &format!(
+                    "    host {} GiB per node at {}; {} per GPU to it, α {} µs\n",
+                    h.memory_bytes >> 30,
+                    Bandwidth(h.memory_bandwidth),
+                    Bandwidth(h.link.bandwidth),
+                    h.link.latency_us,
+                );
+            }
         }
         if let Some(r) = self.racks {
             out += &format!(
@@ -546,6 +596,31 @@ mod tests {
     }
 
     #[test]
+    fn host_figures_are_read_or_inherited() {
+        let text = r#"
+            [[group]]
+            preset = "pcie-a100"
+            host = { link = { bandwidth = "31.5GB/s", latency = "5.7us" }, memory = "1TiB", memory_bandwidth = "409.6GB/s" }
+            [[group]]
+            preset = "dgx-h100"
+        "#;
+        let c = Cluster::from_toml(text, "h.toml").unwrap();
+        let host = c.groups[0].host.expect("given");
+        assert_eq!(host.memory_bytes, 1 << 40);
+        assert_eq!(host.link.bandwidth, 31.5e9);
+        assert_eq!(host.memory_bandwidth, 409.6e9);
+        assert_eq!(c.groups[1].host, preset_node("dgx-h100").unwrap().host);
+        // Every GPU of the server copying at once: the link at the copy efficiency, or the
+        // host memory's share when it is the narrower.
+        assert_eq!(
+            host.copy_link(8).bandwidth,
+            31.5e9 * super::super::HOST_COPY_EFFICIENCY
+        );
+        assert_eq!(host.copy_link(16).bandwidth, 409.6e9 / 16.0);
+        assert_eq!(Cluster::from_toml(&c.to_toml(), "t.toml").unwrap(), c);
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             ("[[group]]\npreset = \"dgx-z\"\n", "group[0].preset"),
@@ -556,6 +631,11 @@ mod tests {
                 "group[0].network.bandwidth",
             ),
             ("[[group]]\npreset = \"dgx-a100\"\ncolour = 1\n", "unknown field `colour`"),
+            (
+                "[[group]]\npreset = \"dgx-a100\"\nhost = { link = { bandwidth = \"1GB/s\", \
+                 latency = \"1us\" }, memory = \"lots\", memory_bandwidth = \"1GB/s\" }\n",
+                "group[0].host.memory",
+            ),
             ("name = \"x\"\n", "at least one [[group]]"),
             ("[[group]\n", "t.toml"),
             ("[[group]]\npreset = \"dgx-a100\"\nnodes = 1048577\n", "at most"),

@@ -158,13 +158,16 @@ pub struct TimeBreakdown {
     pub pipeline_comm_us: f64,
     /// Pipeline fill and drain.
     pub bubble_us: f64,
+    /// Offloaded activations' copies to and from host memory not hidden behind compute.
+    pub offload_us: f64,
     /// Data-parallel gradient synchronization (and ZeRO-3's parameter gathers) that is not
     /// hidden behind compute.
     pub data_comm_us: f64,
     /// Data-parallel collectives hidden behind compute (not part of the iteration time),
     /// with the overlap on.
     pub overlapped_data_comm_us: f64,
-    /// The optimizer step.
+    /// The optimizer step (with an offloaded optimizer, its GPU share and then its host
+    /// share: gradients copied down, the CPU step, weights copied back).
     pub optimizer_us: f64,
 }
 
@@ -231,7 +234,11 @@ pub struct Estimate {
     pub peak_memory_bytes: f64,
     /// What a GPU may hold, bytes.
     pub memory_capacity_bytes: f64,
-    /// Whether every GPU fits.
+    /// Host memory the fullest GPU's offloaded state takes, bytes.
+    pub host_memory_bytes: f64,
+    /// Host memory each GPU may fill: its share of its server's (0 without host figures).
+    pub host_capacity_bytes: f64,
+    /// Whether every GPU fits, and every server's host memory.
     pub fits: bool,
     /// Forward + backward FLOPs of the iteration, no recomputation.
     pub model_flops: f64,
@@ -394,6 +401,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let cluster = setting.cluster;
     let group = cluster.group_of(0);
     let gpn = group.gpus_per_node.max(1);
+    // Offloaded state travels between each GPU and its server's host memory, every GPU of
+    // the server that the plan uses at once.
+    let host_sharers = gpn.min(setting.gpus.max(1));
+    let host_link = group.host.map(|h| h.copy_link(host_sharers));
     let precision = setting.precision;
     let rates = KernelRates::new(cluster.gpu(0), precision);
     let launch_us = crate::cost::compute::DEFAULT_LAUNCH_US;
@@ -773,6 +784,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 zero_us: zero3_exposed,
                 expert_us: exchange,
                 host_us,
+                offload_us: 0.0,
             },
             forward_us: forward + tp_fwd + mlp.host_us,
             backward_us: backward + recompute_us + tp_bwd + recompute_tp + host_us - mlp.host_us,
@@ -875,6 +887,40 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    let activations_of = |par: &Parallelism| {
+        let dense = block_activation_bytes(model, par, setting.attention, precision);
+        let moe = match model.moe {
+            Some(_) => moe_block_activation_bytes(
+                model,
+                par,
+                setting.attention,
+                precision,
+                setting.expert_imbalance,
+            ),
+            None => dense,
+        };
+        (dense, moe)
+    };
+    let per_block = activations_of(par);
+    // Blocks whose activations are offloaded on each stage (the first ones, dense then
+    // experts), and what one microbatch's copies of them add to the stage.
+    let offloaded: Vec<(f64, f64)> = stage_blocks
+        .iter()
+        .map(|&(dense, moe)| {
+            let n = (par.offload.activation_layers as f64).min(dense + moe);
+            (n.min(dense), n - n.min(dense))
+        })
+        .collect();
+    let copies_us = |k: usize| -> f64 {
+        let Some(link) = host_link else {
+            return 0.0;
+        };
+        let (dense, moe) = offloaded[k];
+        let of = |b: &Block, bytes: f64| {
+            super::offload::activation_copies_us(link, bytes, b.forward_us, b.backward_us)
+        };
+        dense * of(&dense_block, per_block.0) + moe * of(&moe_block, per_block.1)
+    };
     let stage_work: Vec<Work> = stage_blocks
         .iter()
         .enumerate()
@@ -891,6 +937,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 .plus(moe_block.work.times(moe))
                 .plus(Work {
                     zero_us: edges,
+                    offload_us: copies_us(k),
                     ..Work::default()
                 });
             if k == 0 {
@@ -1005,10 +1052,23 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // FP8: the weights' FP8 copies and their transposes are made once per iteration, at
     // the first microbatch (Transformer Engine's weight caching).
     let cast_bytes = if precision.is_fp8() { e + 2.0 } else { 0.0 };
-    let optimizer_us = ((fullest_params / shard + fullest_experts / expert_shard) * step_bytes
+    // An offloaded optimizer steps its share of the shard on the host, in fp32.
+    let offloaded_optimizer = par.offload.optimizer_fraction();
+    let host_state = 4.0 + state;
+    let shard_params = fullest_params / shard + fullest_experts / expert_shard;
+    let host_step_us = group.host.map_or(0.0, |h| {
+        super::offload::host_step_us(
+            &h,
+            host_sharers,
+            shard_params * offloaded_optimizer,
+            host_state,
+        )
+    });
+    let optimizer_us = (shard_params * step_bytes * (1.0 - offloaded_optimizer)
         + (fullest_params + fullest_experts) * cast_bytes)
         / rates.hbm
-        * 1e6;
+        * 1e6
+        + host_step_us;
     let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
     // Memory.
     let capacity = (0..setting.gpus.max(1))
@@ -1020,21 +1080,6 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .min()
         .unwrap_or(0);
     let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
-    let activations_of = |par: &Parallelism| {
-        let dense = block_activation_bytes(model, par, setting.attention, precision);
-        let moe = match model.moe {
-            Some(_) => moe_block_activation_bytes(
-                model,
-                par,
-                setting.attention,
-                precision,
-                setting.expert_imbalance,
-            ),
-            None => dense,
-        };
-        (dense, moe)
-    };
-    let per_block = activations_of(par);
     let working = if par.recompute == Recompute::Full {
         // One block's activations while it is recomputed.
         let whole = activations_of(&Parallelism {
@@ -1070,8 +1115,17 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 |stage: u8| (params - tied) / zero_div(stage) + tied + experts / expert_div(stage);
             let in_flight = in_flight_chunks(par, k as u64, m);
             let (dense, moe) = stage_blocks[k];
+            // Offloaded blocks leave the GPU, but for the one whose copy is in flight.
+            let (dense_off, moe_off) = offloaded[k];
+            let in_flight_block = match (dense_off > 0.0, moe_off > 0.0) {
+                (false, false) => 0.0,
+                (true, false) => per_block.0,
+                (false, true) => per_block.1,
+                (true, true) => per_block.0.max(per_block.1),
+            };
             let mut activations = in_flight as f64 / f64::from(v)
-                * (dense * per_block.0 + moe * per_block.1)
+                * ((dense - dense_off) * per_block.0 + (moe - moe_off) * per_block.1)
+                + in_flight_block
                 + working;
             if k + 1 == stage_layers.len() {
                 // One microbatch's logits (16-bit) and fp32 softmax with its gradient.
@@ -1134,7 +1188,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                     + block_weights * (fp8_bytes - e) / zero_div(3)
                     + expert_weights * (fp8_bytes - e) / expert_div(3),
                 gradients,
-                optimizer: sharded(1) * (master + state),
+                optimizer: sharded(1) * (master + state) * (1.0 - offloaded_optimizer),
                 activations,
                 workspace: setting.workspace_bytes + transient,
             }
@@ -1145,6 +1199,23 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .copied()
         .max_by(|x, y| x.total().total_cmp(&y.total()))
         .unwrap_or_default();
+    // Host memory per GPU: its offloaded activations and its host-stepped optimizer share
+    // (a tied embedding's holders step their copy on the GPU).
+    let host_memory_bytes = (0..stage_layers.len())
+        .map(|k| {
+            let in_flight = in_flight_chunks(par, k as u64, m) as f64 / f64::from(v);
+            let (dense_off, moe_off) = offloaded[k];
+            let (params, experts) = stage_params[k];
+            let zero = |size: f64| if par.zero >= 1 { size } else { 1.0 };
+            in_flight * (dense_off * per_block.0 + moe_off * per_block.1)
+                + (params / zero(d * c) + experts / zero(f64::from(edp_size)))
+                    * offloaded_optimizer
+                    * super::offload::host_step_bytes(host_state)
+        })
+        .fold(0.0, f64::max);
+    let host_capacity_bytes = group
+        .host
+        .map_or(0.0, |h| h.memory_bytes as f64 / f64::from(host_sharers));
     let model_flops = model.model_flops(setting.batch);
     let (qk, v_head) = model.spec().head_dims();
     let core = 2.0
@@ -1182,6 +1253,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             host_stall_us: slowest_work.host_us,
             pipeline_comm_us: p2p_us * m as f64,
             bubble_us,
+            offload_us: slowest_work.offload_us,
             data_comm_us: data_comm_us + slowest_work.zero_us,
             overlapped_data_comm_us: overlapped_us,
             optimizer_us,
@@ -1197,7 +1269,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         memory: fullest,
         peak_memory_bytes: fullest.total(),
         memory_capacity_bytes: capacity,
-        fits: fullest.total() <= capacity,
+        host_memory_bytes,
+        host_capacity_bytes,
+        fits: fullest.total() <= capacity
+            && (host_memory_bytes <= 0.0 || host_memory_bytes <= host_capacity_bytes),
         model_flops,
         hardware_flops: model_flops + recomputed,
         measured_gemms: measured,
@@ -1263,6 +1338,8 @@ struct Work {
     expert_us: f64,
     /// The GPU idle while the host catches up after a mixture of experts' dispatch sync.
     host_us: f64,
+    /// Offloaded activations' copies beyond the compute beside them.
+    offload_us: f64,
 }
 
 impl Work {
@@ -1273,6 +1350,7 @@ impl Work {
             + self.context_us
             + self.expert_us
             + self.host_us
+            + self.offload_us
     }
 
     fn times(self, n: f64) -> Work {
@@ -1283,6 +1361,7 @@ impl Work {
             context_us: self.context_us * n,
             expert_us: self.expert_us * n,
             host_us: self.host_us * n,
+            offload_us: self.offload_us * n,
         }
     }
 
@@ -1294,6 +1373,7 @@ impl Work {
             context_us: self.context_us + other.context_us,
             expert_us: self.expert_us + other.expert_us,
             host_us: self.host_us + other.host_us,
+            offload_us: self.offload_us + other.offload_us,
         }
     }
 }

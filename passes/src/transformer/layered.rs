@@ -46,6 +46,12 @@ pub fn layered(
             "{what} is priced but not lowered to an executable plan yet (for one, add {fix})"
         )))
     };
+    if par.offload.any() {
+        return refuse(
+            "keeping activations or optimizer state in host memory",
+            "more GPUs, or --offload-activations 0 --offload-optimizer 0",
+        );
+    }
     if par.context > 1 {
         return refuse(
             &format!("context parallelism ({} ranks a sequence)", par.context),

@@ -15,6 +15,7 @@ mod estimate;
 mod experts;
 mod kernels;
 mod layered;
+mod offload;
 mod recognize;
 mod search;
 
@@ -467,6 +468,40 @@ impl Modules {
 #[error("no module `{name}` (modules: {known})", name = .0, known = Modules::NAMES.map(|(_, n)| n).join(", "))]
 pub struct UnknownModule(pub String);
 
+/// What a configuration keeps in host memory instead of on its GPUs, as Megatron-Core
+/// offloads (needs host figures in the cluster: [`crate::cluster::Host`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+pub struct Offload {
+    /// Blocks whose stashed activations are copied to host memory as their forward pass
+    /// ends and back before their backward pass (`--cpu-offloading-num-layers`: Megatron-
+    /// Core's layer-wise offload, each copy behind the next block's compute; it refuses a
+    /// pipeline, recomputation, or all of a model's blocks).
+    pub activation_layers: u64,
+    /// Percent of the optimizer state (fp32 master weights and moments) kept in host
+    /// memory and stepped there by the CPU (`--optimizer-cpu-offload
+    /// --optimizer-offload-fraction`, Megatron-Core's hybrid device optimizer): each step
+    /// copies its gradients down and its updated weights back.
+    pub optimizer_percent: u8,
+}
+
+impl Offload {
+    /// Nothing offloaded.
+    pub const NONE: Offload = Offload {
+        activation_layers: 0,
+        optimizer_percent: 0,
+    };
+
+    /// Whether anything is offloaded.
+    pub fn any(self) -> bool {
+        self != Offload::NONE
+    }
+
+    /// The offloaded fraction of the optimizer state.
+    pub fn optimizer_fraction(self) -> f64 {
+        f64::from(self.optimizer_percent.min(100)) / 100.0
+    }
+}
+
 /// A point of Megatron-LM's space: how every block, the embedding and the head are spread
 /// over `tensor × pipeline × data` GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -502,6 +537,8 @@ pub struct Parallelism {
     /// Expert tensor-parallel degree `etp`: each expert's inner size split over this many
     /// ranks (1: every expert whole on one rank).
     pub expert_tensor: u32,
+    /// What is kept in host memory.
+    pub offload: Offload,
 }
 
 impl Parallelism {

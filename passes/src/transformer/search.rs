@@ -12,7 +12,8 @@
 use serde::Serialize;
 
 use super::estimate::{estimate, Estimate, Setting};
-use super::{Modules, Parallelism, Recompute};
+use super::{Modules, Offload, Parallelism, Recompute};
+use crate::cost::Optimizer;
 use crate::plan::{PlanError, Schedule};
 
 /// Dimensions the user fixed (`None`: searched).
@@ -40,6 +41,10 @@ pub struct Knobs {
     pub expert: Option<u32>,
     /// `--expert-tensor-parallel`.
     pub expert_tensor: Option<u32>,
+    /// `--offload-activations`: blocks whose activations are kept in host memory.
+    pub offload_activations: Option<u64>,
+    /// `--offload-optimizer`: percent of the optimizer state kept in host memory.
+    pub offload_optimizer: Option<u8>,
 }
 
 /// The search's result.
@@ -90,6 +95,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 // Every rank holds every expert.
                 expert: 1,
                 expert_tensor: 1,
+                offload: Offload::NONE,
             },
         )
     };
@@ -197,32 +203,43 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                         continue;
                                     }
                                     for &(expert, expert_tensor) in &expert_layouts {
-                                        let e = estimate(
-                                            setting,
-                                            &Parallelism {
-                                                tensor: t,
-                                                context: c,
-                                                pipeline: p,
-                                                data: d,
-                                                micro_batch: b,
-                                                virtual_stages: v,
-                                                recompute,
-                                                sequence_parallel,
-                                                zero,
-                                                schedule,
-                                                expert,
-                                                expert_tensor,
-                                            },
-                                        );
-                                        evaluated += 1;
-                                        smallest_need = smallest_need.min(e.peak_memory_bytes);
-                                        if e.fits
-                                            && best.as_ref().is_none_or(|x| {
-                                                e.iteration_time_us
-                                                    < x.iteration_time_us * (1.0 - 1e-12)
-                                            })
+                                        // Offloading only where nothing fits without it:
+                                        // it never makes a step faster.
+                                        let mut fits_on_gpus = false;
+                                        for offload in offloads(setting, knobs, p, recompute, zero)
                                         {
-                                            best = Some(e);
+                                            if offload.any() && fits_on_gpus {
+                                                break;
+                                            }
+                                            let e = estimate(
+                                                setting,
+                                                &Parallelism {
+                                                    tensor: t,
+                                                    context: c,
+                                                    pipeline: p,
+                                                    data: d,
+                                                    micro_batch: b,
+                                                    virtual_stages: v,
+                                                    recompute,
+                                                    sequence_parallel,
+                                                    zero,
+                                                    schedule,
+                                                    expert,
+                                                    expert_tensor,
+                                                    offload,
+                                                },
+                                            );
+                                            evaluated += 1;
+                                            fits_on_gpus |= !offload.any() && e.fits;
+                                            smallest_need = smallest_need.min(e.peak_memory_bytes);
+                                            if e.fits
+                                                && best.as_ref().is_none_or(|x| {
+                                                    e.iteration_time_us
+                                                        < x.iteration_time_us * (1.0 - 1e-12)
+                                                })
+                                            {
+                                                best = Some(e);
+                                            }
                                         }
                                     }
                                 }
@@ -381,6 +398,51 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             ));
         }
     }
+    let offloads_activations = knobs.offload_activations.is_some_and(|n| n > 0);
+    let offloads_optimizer = knobs.offload_optimizer.is_some_and(|n| n > 0);
+    if (offloads_activations || offloads_optimizer) && setting.cluster.group_of(0).host.is_none() {
+        return bad(format!(
+            "--offload-activations / --offload-optimizer: cluster {} gives no host memory \
+             figures (add `host = {{ link = ..., memory = ..., memory_bandwidth = ... }}` to \
+             its group; `ralpc cluster dgx-h100 --toml` writes a preset's)",
+            setting.cluster.name
+        ));
+    }
+    if let Some(n) = knobs.offload_activations.filter(|&n| n > 0) {
+        if n >= model.layers {
+            return bad(format!(
+                "--offload-activations {n}: the model has {} blocks, and Megatron-Core offloads \
+                 fewer than all of them",
+                model.layers
+            ));
+        }
+        if knobs.pipeline.is_some_and(|p| p > 1) {
+            return bad(
+                "--offload-activations with --pipeline-parallel above 1: Megatron-Core's \
+                 layer-wise offload has no pipeline support"
+                    .into(),
+            );
+        }
+        if knobs.recompute.is_some_and(|r| r != Recompute::None) {
+            return bad(
+                "--offload-activations with recomputation: Megatron-Core's layer-wise offload \
+                 refuses activation recomputation (use --recompute none)"
+                    .into(),
+            );
+        }
+    }
+    if let Some(percent) = knobs.offload_optimizer {
+        if percent > 100 {
+            return bad(format!("--offload-optimizer {percent}%: at most all of it"));
+        }
+        if percent > 0 && setting.optimizer != Optimizer::Adam {
+            return bad(
+                "--offload-optimizer: Megatron-Core's hybrid device optimizer steps Adam only \
+                 (use --optimizer adam)"
+                    .into(),
+            );
+        }
+    }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
     }
@@ -397,6 +459,57 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         );
     }
     Ok(())
+}
+
+/// The offloads a point tries, cheapest first: the one the user fixed, or nothing and then
+/// what Megatron-Core allows there (layer-wise activation offload without a pipeline or
+/// recomputation, of fewer blocks than the model's; the hybrid optimizer with Adam, not
+/// beside FP8 parameters) over a grid of eighths of the blocks. Nothing without host
+/// figures.
+fn offloads(
+    setting: &Setting<'_>,
+    knobs: &Knobs,
+    pipeline: u32,
+    recompute: Recompute,
+    zero: u8,
+) -> Vec<Offload> {
+    let layers = setting.model.layers;
+    let has_host = setting.cluster.group_of(0).host.is_some();
+    let activations: Vec<u64> = match knobs.offload_activations {
+        Some(n) => vec![n],
+        None if has_host && pipeline == 1 && recompute == Recompute::None => {
+            let mut grid: Vec<u64> = (0..8).map(|j| (layers * j).div_ceil(8)).collect();
+            grid.push(layers.saturating_sub(1));
+            grid.retain(|&n| n < layers);
+            grid.dedup();
+            grid
+        }
+        None => vec![0],
+    };
+    let optimizer: Vec<u8> = match knobs.offload_optimizer {
+        Some(percent) => vec![percent],
+        None if has_host => vec![0, 100],
+        None => vec![0],
+    };
+    let fp8_parameters = setting.precision.is_fp8() && zero >= 1;
+    let allowed = |o: &Offload| {
+        (o.activation_layers == 0
+            || (pipeline == 1 && recompute == Recompute::None && o.activation_layers < layers))
+            && (o.optimizer_percent == 0
+                || (setting.optimizer == Optimizer::Adam && !fp8_parameters))
+    };
+    let mut all: Vec<Offload> = optimizer
+        .iter()
+        .flat_map(|&optimizer_percent| {
+            activations.iter().map(move |&activation_layers| Offload {
+                activation_layers,
+                optimizer_percent,
+            })
+        })
+        .filter(allowed)
+        .collect();
+    all.sort_by_key(|o| (o.any(), o.optimizer_percent, o.activation_layers));
+    all
 }
 
 pub(crate) fn divisors(n: u64) -> Vec<u64> {

@@ -1,0 +1,237 @@
+//! Offloading to host memory (Hydra's spilling, ZeRO-Offload, Megatron-Core's layer-wise
+//! activation offload and hybrid device optimizer): priced against the host figures of the
+//! presets, searched only where nothing fits without it, refused where Megatron-Core
+//! refuses it.
+
+use ralpc_ir::models::{huggingface, GptSpec};
+use ralpc_passes::cluster::{Cluster, Precision};
+use ralpc_passes::cost::Optimizer;
+use ralpc_passes::plan::PlanError;
+use ralpc_passes::transformer::{
+    estimate, search, Attention, Dispatcher, Knobs, Offload, Overlap, Parallelism, Recompute,
+    Setting, Transformer,
+};
+
+fn setting<'a>(model: &'a Transformer, cluster: &'a Cluster, gpus: u32, batch: u64) -> Setting<'a> {
+    Setting {
+        model,
+        batch,
+        sample_pieces: batch,
+        cluster,
+        gpus,
+        precision: Precision::Bf16,
+        optimizer: Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: (1u64 << 30) as f64,
+        memory_limit: None,
+        attention: Attention::Fused,
+        overlap: Overlap::MEGATRON_CORE,
+        profile: None,
+        expert_imbalance: 1.0,
+        dispatcher: Dispatcher::AllToAll,
+    }
+}
+
+fn llama_8b() -> Transformer {
+    let spec = huggingface::spec(
+        include_str!("../../fixtures/configs/llama-3.1-8b.json"),
+        4096,
+    )
+    .expect("a configuration");
+    Transformer::from(&spec)
+}
+
+/// One GPU alone: no parallelism, `micro_batch` sequences a microbatch.
+fn alone(micro_batch: u64, offload: Offload) -> Parallelism {
+    Parallelism {
+        tensor: 1,
+        context: 1,
+        pipeline: 1,
+        data: 1,
+        micro_batch,
+        virtual_stages: 1,
+        recompute: Recompute::None,
+        sequence_parallel: false,
+        zero: 0,
+        schedule: ralpc_passes::plan::Schedule::OneFOneB,
+        expert: 1,
+        expert_tensor: 1,
+        offload,
+    }
+}
+
+/// Llama 3.1 8B on one H100 needs 18 bytes per parameter of weights, gradients and Adam's
+/// state: 144 GB. Without host memory it is refused; a DGX H100's 2 TB take the optimizer
+/// state, and the step pays for copying gradients down and weights back.
+#[test]
+fn an_optimizer_too_large_for_the_gpu_is_kept_in_host_memory() {
+    let model = llama_8b();
+    let dgx = Cluster::preset("dgx-h100").unwrap();
+    let found = search(&setting(&model, &dgx, 1, 8), &Knobs::default()).unwrap();
+    let best = &found.best;
+    let offload = best.parallelism.offload;
+    assert_eq!(offload.optimizer_percent, 100, "{:?}", best.parallelism);
+    assert!(best.fits);
+    assert_eq!(best.memory.optimizer, 0.0);
+    // Master weights, two moments and the gradients' pinned copy: 16 bytes a parameter,
+    // with the activations of any offloaded block.
+    assert!(best.host_memory_bytes >= 16.0 * model.params as f64 * 0.99);
+    assert!(best.host_memory_bytes <= best.host_capacity_bytes);
+    // The same plan without the offload costs its GPU step and no copies.
+    let on_gpu = estimate(
+        &setting(&model, &dgx, 1, 8),
+        &Parallelism {
+            offload: Offload::NONE,
+            ..best.parallelism
+        },
+    );
+    assert!(!on_gpu.fits);
+    assert!(best.time.optimizer_us > 5.0 * on_gpu.time.optimizer_us);
+
+    // Nothing offloaded when asked, or without the host's figures.
+    let mut no_host = dgx.clone();
+    no_host.groups[0].host = None;
+    for (cluster, knobs) in [
+        (
+            &dgx,
+            Knobs {
+                offload_activations: Some(0),
+                offload_optimizer: Some(0),
+                ..Knobs::default()
+            },
+        ),
+        (&no_host, Knobs::default()),
+    ] {
+        let refused = search(&setting(&model, cluster, 1, 8), &knobs);
+        assert!(
+            matches!(refused, Err(PlanError::OutOfMemory { .. })),
+            "{refused:?}"
+        );
+    }
+}
+
+/// Layer-wise activation offload: each offloaded block leaves the GPU but for the one in
+/// flight; its copies cost only what the compute beside them does not hide, more on a slow
+/// link.
+#[test]
+fn offloaded_activations_leave_the_gpu_and_cost_what_compute_does_not_hide() {
+    let model = llama_8b();
+    let dgx = Cluster::preset("dgx-h100").unwrap();
+    let s = setting(&model, &dgx, 1, 4);
+    let half = Offload {
+        activation_layers: 16,
+        optimizer_percent: 100,
+    };
+    let none = Offload {
+        activation_layers: 0,
+        ..half
+    };
+    let kept = estimate(&s, &alone(1, none));
+    let offloaded = estimate(&s, &alone(1, half));
+    // 15 of 32 blocks' activations fewer (16 leave, the one in flight stays).
+    let per_block = kept.memory.activations - offloaded.memory.activations;
+    assert!(per_block > 0.0);
+    let host_activations = offloaded.host_memory_bytes - kept.host_memory_bytes;
+    assert!(
+        (host_activations / per_block - 16.0 / 15.0).abs() < 0.01,
+        "{host_activations} {per_block}"
+    );
+    // Each block's copy down shows beyond the next block's forward pass, its copy back
+    // beyond the backward pass, every microbatch (4 of one sequence).
+    let link = dgx.groups[0].host.unwrap().copy_link(1);
+    let copy = link.transfer_us(host_activations / 16.0);
+    let exposed = (copy - offloaded.block_forward_us).max(0.0)
+        + (copy - offloaded.block_backward_us).max(0.0);
+    assert!(exposed > 0.0, "copy {copy} µs");
+    let expected = 4.0 * 16.0 * exposed;
+    assert!(
+        (offloaded.time.offload_us / expected - 1.0).abs() < 0.01,
+        "{} vs {expected}",
+        offloaded.time.offload_us
+    );
+    assert!(
+        (offloaded.iteration_time_us - kept.iteration_time_us - expected).abs() < 0.01 * expected
+    );
+    // On PCIe Gen3 (a p3dn's host link) the same copies show more.
+    let mut slow = dgx.clone();
+    let p3dn = Cluster::preset("p3dn-v100").unwrap().groups[0].host;
+    slow.groups[0].host = p3dn;
+    let on_slow = estimate(&setting(&model, &slow, 1, 4), &alone(1, half));
+    assert!(on_slow.time.offload_us > offloaded.time.offload_us);
+    // A host too small for what is offloaded does not fit.
+    let mut small = dgx.clone();
+    if let Some(host) = small.groups[0].host.as_mut() {
+        host.memory_bytes = 64 << 30;
+    }
+    assert!(!estimate(&setting(&model, &small, 1, 4), &alone(1, half)).fits);
+}
+
+/// A 20 B GPT on one 80 GB A100 (ZeRO-Offload's headline case) is planned, not refused:
+/// its optimizer state and most blocks' activations in the DGX A100's host memory.
+#[test]
+fn a_20b_gpt_is_planned_on_one_80_gb_gpu() {
+    let spec = GptSpec::llama(44, 6144, 48, 48, 16384, 2048, 50432);
+    let model = Transformer::from(&spec);
+    assert!(model.params > 20_000_000_000);
+    let dgx = Cluster::preset("dgx-a100").unwrap();
+    let best = search(&setting(&model, &dgx, 1, 16), &Knobs::default())
+        .unwrap()
+        .best;
+    let offload = best.parallelism.offload;
+    assert!(best.fits);
+    assert_eq!(offload.optimizer_percent, 100);
+    assert!(offload.activation_layers > 0, "{offload:?}");
+    assert!(best.peak_memory_bytes <= best.memory_capacity_bytes);
+}
+
+/// What Megatron-Core refuses is refused, naming the option.
+#[test]
+fn offloads_megatron_core_refuses_are_refused() {
+    let model = llama_8b();
+    let dgx = Cluster::preset("dgx-h100").unwrap();
+    let s = setting(&model, &dgx, 8, 8);
+    let err = |knobs: Knobs, s: &Setting<'_>| match search(s, &knobs) {
+        Err(PlanError::Request(message)) => message,
+        other => panic!("{knobs:?}: {other:?}"),
+    };
+    let activations = |n| Knobs {
+        offload_activations: Some(n),
+        ..Knobs::default()
+    };
+    assert!(err(activations(32), &s).contains("32 blocks"));
+    assert!(err(
+        Knobs {
+            pipeline: Some(2),
+            ..activations(4)
+        },
+        &s
+    )
+    .contains("pipeline"));
+    assert!(err(
+        Knobs {
+            recompute: Some(Recompute::Full),
+            ..activations(4)
+        },
+        &s
+    )
+    .contains("recomputation"));
+    let sgd = Setting {
+        optimizer: Optimizer::Sgd,
+        ..s.clone()
+    };
+    let optimizer = Knobs {
+        offload_optimizer: Some(50),
+        ..Knobs::default()
+    };
+    assert!(err(optimizer, &sgd).contains("Adam"));
+    let mut no_host = dgx.clone();
+    no_host.groups[0].host = None;
+    let without = setting(&model, &no_host, 8, 8);
+    assert!(err(optimizer, &without).contains("host memory"));
+    // Searched, an offloaded activation never comes with a pipeline or recomputation.
+    let found = search(&s, &activations(4));
+    if let Ok(found) = found {
+        let par = found.best.parallelism;
+        assert_eq!((par.pipeline, par.recompute), (1, Recompute::None));
+    }
+}
