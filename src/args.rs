@@ -376,17 +376,17 @@ pub fn parse_imbalance(s: &str) -> Result<f64, BadArgument> {
     }
 }
 
-/// Parses a fraction from 0 to 1 (`0.5`, or `50%`) into whole percent.
+/// Parses a fraction from 0 to 1 in whole percent (`0.25`, or `25%`) into percent.
 pub fn parse_fraction(s: &str) -> Result<u8, BadArgument> {
     let text = s.trim();
-    let value = match text.strip_suffix('%') {
-        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
-        None => text.parse::<f64>(),
+    let percent = match text.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>(),
+        None => text.parse::<f64>().map(|x| x * 100.0),
     };
-    match value {
-        Ok(x) if (0.0..=1.0).contains(&x) => Ok((x * 100.0).round() as u8),
+    match percent {
+        Ok(p) if (0.0..=100.0).contains(&p) && (p - p.round()).abs() < 1e-6 => Ok(p.round() as u8),
         _ => Err(BadArgument(format!(
-            "expected a fraction from 0 to 1 (or a percentage, 50%), got '{s}'"
+            "expected a fraction from 0 to 1 in whole percent (0.25, or 25%), got '{s}'"
         ))),
     }
 }

@@ -1060,6 +1060,11 @@ fn megatron_refuses(args: &str) -> Option<String> {
             return Some("layer-wise offloading with recomputation".into());
         }
     }
+    // megatron/core/optimizer/__init__.py: the precision-aware optimizer (which the
+    // offload needs) only inside the distributed optimizer.
+    if has("--use-precision-aware-optimizer") && !has("--use-distributed-optimizer") {
+        return Some("the precision-aware optimizer without the distributed optimizer".into());
+    }
     if has("--optimizer-cpu-offload") {
         if !has("--use-precision-aware-optimizer") {
             return Some("the optimizer offload without the precision-aware optimizer".into());

@@ -433,11 +433,12 @@ fn recipe(id: &str) -> (Dispatcher, bool, Recompute) {
 /// Blocks whose activations a run's recipe offloads to host memory (Megatron-Bridge @
 /// 067f987d, `src/megatron/bridge/perf_recipes/llama/`: `gb200/llama3.py`'s
 /// `llama3_70b_pretrain_64gpu_gb200_fp8cs_config` sets `cpu_offloading_num_layers = 40`,
-/// `b200/llama3.py`'s 70B configuration 5; the table does not say).
+/// `b200/llama3.py`'s `llama3_70b_pretrain_64gpu_b200_fp8cs_config` 5; the table does not
+/// say). Other precisions' recipes offload other counts: none is taken for them.
 fn offloaded_layers(id: &str) -> u64 {
     match id {
-        i if i.contains("GB200-Llama3-70B") => 40,
-        i if i.contains("B200-Llama3-70B") => 5,
+        i if i.contains("-GB200-Llama3-70B-fp8-cs-64") => 40,
+        i if i.contains("-B200-Llama3-70B-fp8-cs-64") => 5,
         _ => 0,
     }
 }

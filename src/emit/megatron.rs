@@ -174,8 +174,14 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
         }
         _ => {}
     }
-    if precision.is_some_and(Precision::is_fp8) && p.zero >= 1 {
-        // FP8 parameters, as priced: Megatron-LM allows them with a sharded optimizer.
+    let offloads_optimizer = p
+        .offload
+        .as_ref()
+        .is_some_and(|o| o.optimizer_fraction > 0.0);
+    if precision.is_some_and(Precision::is_fp8) && p.zero >= 1 && !offloads_optimizer {
+        // FP8 parameters, as priced: Megatron-LM allows them with a sharded optimizer, and
+        // beside an offloaded optimizer only with delayed scaling, which ralpc does not
+        // price.
         args.push("--fp8-param-gather".into());
     }
     // ralpc prices the data-parallel collectives overlapped with the backward and forward

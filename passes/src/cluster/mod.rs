@@ -214,16 +214,19 @@ pub struct NodeGroup {
     pub host: Option<Host>,
 }
 
-/// A server's host memory as GPUs that keep state in it see it.
+/// The host memory a server's GPUs keep state in, as they see it: one host (a two-socket
+/// server's CPUs, or one Grace CPU of a superchip) serves `gpus` GPUs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Host {
-    /// Between one GPU and host memory (PCIe, or NVLink-C2C on Grace superchips): β per GPU
-    /// and direction with every GPU of the server copying at once, as the datasheet gives
-    /// it ([`Host::copy_link`] is what copies reach).
+    /// GPUs one host serves.
+    pub gpus: u32,
+    /// Between one GPU and its host's memory (PCIe, or NVLink-C2C on Grace superchips): β
+    /// per GPU and direction with every GPU of the host copying at once, from the datasheet
+    /// ([`Host::copy_link`] is what copies reach).
     pub link: Link,
-    /// Host memory per server, bytes.
+    /// One host's memory, bytes.
     pub memory_bytes: u64,
-    /// Host memory bandwidth per server, bytes/s (channels × transfer rate × 8 bytes).
+    /// One host's memory bandwidth, bytes/s (channels × transfer rate × 8 bytes).
     pub memory_bandwidth: f64,
 }
 
@@ -241,21 +244,26 @@ pub const HOST_COPY_EFFICIENCY: f64 = 55.63 / 63.0;
 pub const HOST_STEP_EFFICIENCY: f64 = 0.80;
 
 impl Host {
-    /// What one GPU's copies to or from host memory get when all `gpus_per_node` GPUs of
-    /// the server copy at once: the link at [`HOST_COPY_EFFICIENCY`], no more than its
-    /// share of the host memory bandwidth.
-    pub fn copy_link(&self, gpus_per_node: u32) -> Link {
-        let share = self.memory_bandwidth / f64::from(gpus_per_node.max(1));
+    /// What one GPU's copies to or from host memory get when `sharers` GPUs of the host
+    /// copy at once: the link at [`HOST_COPY_EFFICIENCY`], no more than its share of the
+    /// host memory bandwidth.
+    pub fn copy_link(&self, sharers: u32) -> Link {
+        let share = self.memory_bandwidth / f64::from(sharers.clamp(1, self.gpus.max(1)));
         Link {
             latency_us: self.link.latency_us,
             bandwidth: (self.link.bandwidth * HOST_COPY_EFFICIENCY).min(share),
         }
     }
 
-    /// Host memory bandwidth one GPU's CPU optimizer step gets with every GPU of the server
-    /// stepping at once, bytes/s.
-    pub fn step_bandwidth(&self, gpus_per_node: u32) -> f64 {
-        self.memory_bandwidth * HOST_STEP_EFFICIENCY / f64::from(gpus_per_node.max(1))
+    /// Host memory bandwidth one GPU's CPU optimizer step gets with `sharers` GPUs of the
+    /// host stepping at once, bytes/s.
+    pub fn step_bandwidth(&self, sharers: u32) -> f64 {
+        self.memory_bandwidth * HOST_STEP_EFFICIENCY / f64::from(sharers.clamp(1, self.gpus.max(1)))
+    }
+
+    /// Host memory each of `sharers` GPUs may fill, bytes.
+    pub fn memory_share(&self, sharers: u32) -> f64 {
+        self.memory_bytes as f64 / f64::from(sharers.clamp(1, self.gpus.max(1)))
     }
 }
 

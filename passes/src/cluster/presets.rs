@@ -192,27 +192,30 @@ fn pcie_x16(gt_s: f64) -> Link {
     }
 }
 
-/// Host memory of two CPU sockets, each with `channels` DDR channels at `mt_s` MT/s
-/// (8 bytes a transfer), `memory` bytes in all.
+/// The host of an 8-GPU server: two CPU sockets, each with `channels` DDR channels at
+/// `mt_s` MT/s (8 bytes a transfer), `memory` bytes in all.
 fn two_sockets(link: Link, memory: u64, channels: f64, mt_s: f64) -> Host {
     Host {
+        gpus: 8,
         link,
         memory_bytes: memory,
         memory_bandwidth: 2.0 * channels * mt_s * 1e6 * 8.0,
     }
 }
 
-/// A Grace Blackwell NVL72 rack's host side: 36 Grace CPUs, each joined to its two GPUs by
+/// One Grace CPU of a Grace Blackwell NVL72 rack (36 of them), joined to its two GPUs by
 /// NVLink-C2C at 900 GB/s in both directions (NVIDIA GB200 NVL72 specifications): 450 GB/s
-/// each way, 225 GB/s for each GPU when both copy.
-fn grace_rack(memory: u64, memory_bandwidth: f64) -> Host {
+/// each way, 225 GB/s for each GPU when both copy; the rack's LPDDR5X memory and bandwidth
+/// over its 36 CPUs.
+fn grace(rack_memory: u64, rack_bandwidth: f64) -> Host {
     Host {
+        gpus: 2,
         link: Link {
             latency_us: NVLINK_LATENCY_US,
             bandwidth: 225.0 * GB,
         },
-        memory_bytes: memory,
-        memory_bandwidth,
+        memory_bytes: rack_memory / 36,
+        memory_bandwidth: rack_bandwidth / 36.0,
     }
 }
 
@@ -247,10 +250,19 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         // NVIDIA DGX A100 user guide: 8 A100-SXM4-80GB on NVSwitch, 600 GB/s of NVLink per
         // GPU (both directions: 300 GB/s each way); 8 single-port ConnectX-6 HDR InfiniBand
         // at 200 Gb/s (25 GB/s) each, 200 GB/s per node. Host (DGX A100 640GB datasheet):
-        // 2 TB of memory on two AMD EPYC 7742, 8 channels of DDR4-3200 each; each GPU on
-        // PCIe Gen4 x16.
+        // 2 TB of memory on two AMD EPYC 7742, 8 channels of DDR4-3200 each; the GPUs on
+        // PCIe Gen4 x16, two on each of four PCIe switches with one x16 link up to a CPU
+        // (the user guide's system topology), so half of it each when all copy.
         "dgx-a100" => NodeGroup {
-            host: Some(two_sockets(pcie_x16(16.0), 2 << 40, 8.0, 3200.0)),
+            host: Some(two_sockets(
+                Link {
+                    bandwidth: pcie_x16(16.0).bandwidth / 2.0,
+                    ..pcie_x16(16.0)
+                },
+                2 << 40,
+                8.0,
+                3200.0,
+            )),
             ..server(
                 "a100-sxm4-80gb",
                 Link {
@@ -275,9 +287,11 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         // NVIDIA DGX H100 user guide: 8 H100-SXM5-80GB, fourth-generation NVLink at 900 GB/s
         // per GPU (450 GB/s each way); 8 ConnectX-7 NDR InfiniBand at 400 Gb/s (50 GB/s)
         // each, 400 GB/s per node. Host (DGX H100 datasheet): 2 TB of memory on two Intel
-        // Xeon Platinum 8480C, 8 channels of DDR5-4800 each; each GPU on PCIe Gen5 x16.
+        // Xeon Platinum 8480C, 8 channels each, two DIMMs a channel, which Sapphire Rapids
+        // runs at DDR5-4400 (4800 with one); each GPU on PCIe Gen5 x16 (how the PCIe
+        // switches share their links up to the CPUs is not published: not modeled).
         "dgx-h100" => NodeGroup {
-            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 4800.0)),
+            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 4400.0)),
             ..server(
                 "h100-sxm5-80gb",
                 Link {
@@ -299,23 +313,24 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         },
         // NVIDIA DGX B200 user guide: 8 B200 on NVLink 5 (1.8 TB/s per GPU), 8 single-port
         // ConnectX-7 at 400 Gb/s for the compute fabric. Host (DGX B200 datasheet): 2 TB of
-        // memory (4 TB optional) on two Intel Xeon Platinum 8570, 8 channels of DDR5-5600
-        // each; each GPU on PCIe Gen5 x16.
+        // memory (4 TB optional) on two Intel Xeon Platinum 8570, 8 channels each, two
+        // DIMMs a channel at DDR5-4400 (5600 with one); each GPU on PCIe Gen5 x16 (shared
+        // links up to the CPUs not modeled).
         "dgx-b200" => NodeGroup {
-            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 5600.0)),
+            host: Some(two_sockets(pcie_x16(32.0), 2 << 40, 8.0, 4400.0)),
             ..server("b200", NVLINK5, nics(8, 400.0))
         },
         // NVIDIA GB200 NVL72: 72 GB200 GPUs in one NVLink domain (130 TB/s, 1.8 TB/s per
         // GPU), 4 per compute tray, each tray with 4 ConnectX-7 at 400 Gb/s (one per GPU).
         // Host: 17 TB of LPDDR5X at up to 18.4 TB/s (36 Grace CPUs of 480 GB).
         "gb200-nvl72" => NodeGroup {
-            host: Some(grace_rack(36 * 480_000_000_000, 18.4e12)),
+            host: Some(grace(36 * 480_000_000_000, 18.4e12)),
             ..nvlink_domain("gb200", 72, 400.0)
         },
         // NVIDIA GB300 NVL72: 72 Blackwell Ultra GPUs in one NVLink domain, each with a
         // ConnectX-8 SuperNIC at 800 Gb/s. Host: 17 TB of LPDDR5X at up to 14 TB/s.
         "gb300-nvl72" => NodeGroup {
-            host: Some(grace_rack(36 * 480_000_000_000, 14e12)),
+            host: Some(grace(17_000_000_000_000, 14e12)),
             ..nvlink_domain("gb300", 72, 800.0)
         },
         // AMD Instinct MI300X platform: 8 MI300X fully connected by 4th-generation Infinity
@@ -333,7 +348,8 @@ pub(super) fn preset_node(name: &str) -> Option<NodeGroup> {
         // AWS p3dn.24xlarge: 8 V100-SXM2-32GB; NVLink 2.0 at 300 GB/s per GPU in a hybrid
         // cube mesh (a ring uses 2 of its 6 links: 100 GB/s each way); 100 Gb/s (12.5 GB/s)
         // networking per instance. Host: 768 GiB on two Intel Xeon Platinum 8175M, 6
-        // channels of DDR4-2666 each; each GPU on PCIe Gen3 x16.
+        // channels of DDR4-2666 each; each GPU on PCIe Gen3 x16 (AWS publishes no PCIe
+        // topology: the links up to the CPUs are not shared here).
         "p3dn-v100" => NodeGroup {
             host: Some(two_sockets(pcie_x16(8.0), 768 << 30, 6.0, 2666.0)),
             ..server(

@@ -17,9 +17,10 @@
 //! #                                   # ampere, hopper, blackwell, cdna3 or other (default)
 //! intra_node = { bandwidth = "100GB/s", latency = "3.4us" }   # per GPU, one direction
 //! network = { bandwidth = "12.5GB/s", latency = "9.6us" }     # per node, one direction
-//! # host memory (optional; without it nothing is offloaded): the GPU's link to it per GPU
-//! # and direction with every GPU copying at once, its size and bandwidth per node
-//! host = { link = { bandwidth = "31.5GB/s", latency = "5.7us" }, memory = "1TiB",
+//! # host memory (optional; without it nothing is offloaded): one host serves `gpus` GPUs
+//! # (default: the node's); each GPU's link to it per direction with every GPU copying at
+//! # once; one host's memory and bandwidth
+//! host = { gpus = 8, link = { bandwidth = "31.5GB/s", latency = "5.7us" }, memory = "1TiB",
 //!          memory_bandwidth = "409.6GB/s" }
 //!
 //! [racks]                          # optional
@@ -140,16 +141,19 @@ struct GroupSpec {
     host: Option<HostSpec>,
 }
 
-/// A server's host memory and the GPUs' link to it.
+/// A host's memory and its GPUs' link to it.
 #[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct HostSpec {
+    /// GPUs one host serves (2 for a Grace superchip; default: every GPU of the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpus: Option<u32>,
     /// Between one GPU and host memory, per GPU and direction with every GPU copying at
     /// once (the datasheet's figure: `63GB/s` for PCIe Gen5 x16).
     link: LinkSpec,
-    /// Host memory per server (`2TiB`).
+    /// One host's memory (`2TiB`).
     memory: String,
-    /// Host memory bandwidth per server (`614.4GB/s`).
+    /// One host's memory bandwidth (`614.4GB/s`).
     memory_bandwidth: String,
 }
 
@@ -248,8 +252,13 @@ impl Fields<'_> {
         })
     }
 
-    fn host(&self, field: &str, spec: &HostSpec) -> Result<Host, ClusterError> {
+    fn host(&self, field: &str, spec: &HostSpec, gpus_per_node: u32) -> Result<Host, ClusterError> {
+        let gpus = spec.gpus.unwrap_or(gpus_per_node);
+        if gpus == 0 {
+            return Err(self.error(&format!("{field}.gpus"), "must be at least 1"));
+        }
         Ok(Host {
+            gpus,
             link: self.link(&format!("{field}.link"), &spec.link)?,
             memory_bytes: self.quantity(&format!("{field}.memory"), &spec.memory, parse_bytes)?,
             memory_bandwidth: self.quantity(
@@ -337,10 +346,18 @@ impl Fields<'_> {
                 base.as_ref().map(|b| b.intra_node),
             )?,
             network: link("network", &spec.network, base.as_ref().map(|b| b.network))?,
+            host: None,
+        };
+        let group = NodeGroup {
             host: match &spec.host {
-                Some(host) => Some(self.host(&field("host"), host)?),
-                None => base.as_ref().and_then(|b| b.host),
+                Some(host) => Some(self.host(&field("host"), host, group.gpus_per_node.max(1))?),
+                // A preset's host serves no more GPUs than the node now has.
+                None => base.as_ref().and_then(|b| b.host).map(|h| Host {
+                    gpus: h.gpus.min(group.gpus_per_node.max(1)),
+                    ..h
+                }),
             },
+            ..group
         };
         if group.nodes == 0 {
             return Err(self.error(&field("nodes"), "must be at least 1"));
@@ -464,6 +481,7 @@ impl Cluster {
                     intra_node: Some(link(&g.intra_node)),
                     network: Some(link(&g.network)),
                     host: g.host.map(|h| HostSpec {
+                        gpus: Some(h.gpus),
                         link: link(&h.link),
                         memory: format!("{}B", h.memory_bytes),
                         memory_bandwidth: format!("{}B/s", h.memory_bandwidth),
@@ -513,9 +531,10 @@ impl Cluster {
             );
             if let Some(h) = g.host {
                 out += &format!(
-                    "    host {} GiB per node at {}; {} per GPU to it, α {} µs\n",
+                    "    host {} GiB at {} for {} GPUs; {} per GPU to it, α {} µs\n",
                     h.memory_bytes >> 30,
                     Bandwidth(h.memory_bandwidth),
+                    h.gpus,
                     Bandwidth(h.link.bandwidth),
                     h.link.latency_us,
                 );
@@ -616,7 +635,13 @@ mod tests {
             host.copy_link(8).bandwidth,
             31.5e9 * super::super::HOST_COPY_EFFICIENCY
         );
-        assert_eq!(host.copy_link(16).bandwidth, 409.6e9 / 16.0);
+        let narrow = Host {
+            memory_bandwidth: 100e9,
+            ..host
+        };
+        assert_eq!(narrow.copy_link(8).bandwidth, 100e9 / 8.0);
+        assert_eq!(narrow.copy_link(64).bandwidth, 100e9 / 8.0);
+        assert_eq!(narrow.copy_link(1).bandwidth, host.copy_link(8).bandwidth);
         assert_eq!(Cluster::from_toml(&c.to_toml(), "t.toml").unwrap(), c);
     }
 

@@ -401,9 +401,11 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let cluster = setting.cluster;
     let group = cluster.group_of(0);
     let gpn = group.gpus_per_node.max(1);
-    // Offloaded state travels between each GPU and its server's host memory, every GPU of
-    // the server that the plan uses at once.
-    let host_sharers = gpn.min(setting.gpus.max(1));
+    // Offloaded state travels between each GPU and its host's memory, every GPU of the
+    // host that the plan uses at once.
+    let host_sharers = group
+        .host
+        .map_or(1, |h| h.gpus.min(gpn).min(setting.gpus.max(1)));
     let host_link = group.host.map(|h| h.copy_link(host_sharers));
     let precision = setting.precision;
     let rates = KernelRates::new(cluster.gpu(0), precision);
@@ -411,8 +413,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let e = precision.activation_bytes() as f64;
     let grad_e = if setting.fp32_gradients { 4.0 } else { e };
     // FP8 parameters (--fp8-param-gather, which Megatron-LM allows with a sharded
-    // optimizer) are kept and gathered in FP8.
-    let fp8_params = precision.is_fp8() && par.zero >= 1;
+    // optimizer, and with an offloaded one only under delayed scaling) are kept and
+    // gathered in FP8.
+    let fp8_params = precision.is_fp8() && par.zero >= 1 && par.offload.optimizer_percent == 0;
     let gathered_e = if fp8_params { 1.0 } else { e };
     let (t, p, d, v) = (
         f64::from(par.tensor),
@@ -1064,11 +1067,13 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             host_state,
         )
     });
-    let optimizer_us = (shard_params * step_bytes * (1.0 - offloaded_optimizer)
+    // The hybrid device optimizer launches its GPU share's step, then steps its host share
+    // on the CPU while those kernels run.
+    let optimizer_us = ((shard_params * step_bytes * (1.0 - offloaded_optimizer)
         + (fullest_params + fullest_experts) * cast_bytes)
         / rates.hbm
-        * 1e6
-        + host_step_us;
+        * 1e6)
+        .max(host_step_us);
     let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
     // Memory.
     let capacity = (0..setting.gpus.max(1))
@@ -1090,7 +1095,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let stage_memory: Vec<MemoryBreakdown> = stage_layers
+    let stage_memory: Vec<(MemoryBreakdown, f64)> = stage_layers
         .iter()
         .enumerate()
         .map(|(k, _)| {
@@ -1183,7 +1188,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             let fp8_bytes = if fp8_params { copies } else { e + copies };
             let block_weights = of_stage(k, |b| b.params);
             let expert_weights = of_stage(k, |b| b.expert_params);
-            MemoryBreakdown {
+            // On the host: the offloaded blocks' activations, the offloaded share of the
+            // optimizer state with its gradients' pinned copies.
+            let host = in_flight as f64 / f64::from(v)
+                * (dense_off * per_block.0 + moe_off * per_block.1)
+                + sharded(1) * offloaded_optimizer * super::offload::host_step_bytes(host_state);
+            let gpu = MemoryBreakdown {
                 weights: sharded(3) * e
                     + block_weights * (fp8_bytes - e) / zero_div(3)
                     + expert_weights * (fp8_bytes - e) / expert_div(3),
@@ -1191,31 +1201,21 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 optimizer: sharded(1) * (master + state) * (1.0 - offloaded_optimizer),
                 activations,
                 workspace: setting.workspace_bytes + transient,
-            }
+            };
+            (gpu, host)
         })
         .collect();
     let fullest = stage_memory
         .iter()
-        .copied()
+        .map(|(gpu, _)| *gpu)
         .max_by(|x, y| x.total().total_cmp(&y.total()))
         .unwrap_or_default();
-    // Host memory per GPU: its offloaded activations and its host-stepped optimizer share
-    // (a tied embedding's holders step their copy on the GPU).
-    let host_memory_bytes = (0..stage_layers.len())
-        .map(|k| {
-            let in_flight = in_flight_chunks(par, k as u64, m) as f64 / f64::from(v);
-            let (dense_off, moe_off) = offloaded[k];
-            let (params, experts) = stage_params[k];
-            let zero = |size: f64| if par.zero >= 1 { size } else { 1.0 };
-            in_flight * (dense_off * per_block.0 + moe_off * per_block.1)
-                + (params / zero(d * c) + experts / zero(f64::from(edp_size)))
-                    * offloaded_optimizer
-                    * super::offload::host_step_bytes(host_state)
-        })
+    // Host memory per GPU: its offloaded activations and its host-stepped optimizer share.
+    let host_memory_bytes = stage_memory
+        .iter()
+        .map(|(_, host)| *host)
         .fold(0.0, f64::max);
-    let host_capacity_bytes = group
-        .host
-        .map_or(0.0, |h| h.memory_bytes as f64 / f64::from(host_sharers));
+    let host_capacity_bytes = group.host.map_or(0.0, |h| h.memory_share(host_sharers));
     let model_flops = model.model_flops(setting.batch);
     let (qk, v_head) = model.spec().head_dims();
     let core = 2.0
@@ -1265,7 +1265,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         block_backward_us: typical.work.total() - block_forward_us,
         embedding_us: embedding.total(),
         head_us: head.total(),
-        stage_memory_bytes: stage_memory.iter().map(MemoryBreakdown::total).collect(),
+        stage_memory_bytes: stage_memory.iter().map(|(gpu, _)| gpu.total()).collect(),
         memory: fullest,
         peak_memory_bytes: fullest.total(),
         memory_capacity_bytes: capacity,

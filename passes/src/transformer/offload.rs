@@ -9,8 +9,9 @@
 //!   Core's hybrid device optimizer on fp32 main parameters): a fraction `F` of the shard's
 //!   master weights and moments lives in host memory; each step copies its fp32 gradients
 //!   down, steps them on the CPU (memory-bound: it reads gradient, master weight and moments
-//!   and writes the last two back) and copies the updated weights up, the three overlapped
-//!   group by group (`--overlap-cpu-optimizer-d2h-h2d`), so the slowest shows.
+//!   and writes the last two back, beside the copies' own traffic) and copies the updated
+//!   weights up, the three overlapped group by group (`--overlap-cpu-optimizer-d2h-h2d`),
+//!   so the slowest shows; the GPU steps its own share meanwhile.
 
 use crate::cluster::{Host, Link};
 
@@ -39,8 +40,10 @@ pub(super) fn host_step_us(host: &Host, gpus_per_node: u32, params: f64, state_b
     }
     let link = host.copy_link(gpus_per_node);
     let copy = link.transfer_us(params * MAIN_BYTES);
-    // Read the gradient, read and write the master weight and moments.
-    let step = params * (MAIN_BYTES + 2.0 * state_bytes) / host.step_bandwidth(gpus_per_node) * 1e6;
+    // Host memory traffic: the step reads the gradient and reads and writes the master
+    // weight and moments, while the copies write the gradient and read the weight.
+    let traffic = params * (3.0 * MAIN_BYTES + 2.0 * state_bytes);
+    let step = traffic / host.step_bandwidth(gpus_per_node) * 1e6;
     copy.max(step)
 }
 
@@ -71,11 +74,11 @@ mod tests {
     fn the_host_step_is_bound_by_the_slower_of_the_copies_and_host_memory() {
         let cluster = Cluster::preset("dgx-h100").unwrap();
         let host = cluster.groups[0].host.unwrap();
-        // 1 G parameters of Adam in fp32 (12 bytes): 28 GB of host traffic at a share of
-        // 614.4 GB/s × 0.8 over 8 GPUs (61.44 GB/s): 456 ms; copies of 4 GB at
-        // 63 GB/s × 0.883 = 55.6 GB/s: 72 ms.
+        // 1 G parameters of Adam in fp32 (12 bytes): 36 GB of host traffic (the step's 28,
+        // the copies' 8) at a share of 563.2 GB/s × 0.8 over 8 GPUs (56.32 GB/s): 639 ms;
+        // copies of 4 GB at 63 GB/s × 0.883 = 55.6 GB/s: 72 ms.
         let us = host_step_us(&host, 8, 1e9, 12.0);
-        assert!((us - 28e9 / 61.44e9 * 1e6).abs() < 1.0, "{us}");
+        assert!((us - 36e9 / 56.32e9 * 1e6).abs() < 1.0, "{us}");
         assert!(host_step_us(&host, 1, 1e9, 12.0) < us);
         assert_eq!(host_step_us(&host, 8, 0.0, 12.0), 0.0);
     }

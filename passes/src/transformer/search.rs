@@ -231,7 +231,15 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                             );
                                             evaluated += 1;
                                             fits_on_gpus |= !offload.any() && e.fits;
-                                            smallest_need = smallest_need.min(e.peak_memory_bytes);
+                                            // What the GPUs need (an offload that fits them
+                                            // may fail on the host's memory instead).
+                                            if !offload.any()
+                                                || e.peak_memory_bytes > e.memory_capacity_bytes
+                                                || smallest_need.is_infinite()
+                                            {
+                                                smallest_need =
+                                                    smallest_need.min(e.peak_memory_bytes);
+                                            }
                                             if e.fits
                                                 && best.as_ref().is_none_or(|x| {
                                                     e.iteration_time_us
@@ -442,6 +450,14 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
                     .into(),
             );
         }
+        if percent > 0 && knobs.zero.is_some_and(|z| !(1..=2).contains(&z)) {
+            return bad(
+                "--offload-optimizer: Megatron-Core offloads the distributed optimizer's \
+                 state, ZeRO 1 or 2 (its precision-aware optimizer needs it; Megatron-FSDP \
+                 keeps its weights on the GPU)"
+                    .into(),
+            );
+        }
     }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
@@ -463,9 +479,10 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
 
 /// The offloads a point tries, cheapest first: the one the user fixed, or nothing and then
 /// what Megatron-Core allows there (layer-wise activation offload without a pipeline or
-/// recomputation, of fewer blocks than the model's; the hybrid optimizer with Adam, not
-/// beside FP8 parameters) over a grid of eighths of the blocks. Nothing without host
-/// figures.
+/// recomputation, of fewer blocks than the model's, over a grid of eighths of them; the
+/// hybrid device optimizer with Adam inside the distributed optimizer, ZeRO 1 or 2: its
+/// precision-aware optimizer needs it, and Megatron-FSDP keeps its fp32 weights on the GPU
+/// whatever the optimizer does). Nothing without host figures.
 fn offloads(
     setting: &Setting<'_>,
     knobs: &Knobs,
@@ -491,12 +508,11 @@ fn offloads(
         None if has_host => vec![0, 100],
         None => vec![0],
     };
-    let fp8_parameters = setting.precision.is_fp8() && zero >= 1;
     let allowed = |o: &Offload| {
         (o.activation_layers == 0
             || (pipeline == 1 && recompute == Recompute::None && o.activation_layers < layers))
             && (o.optimizer_percent == 0
-                || (setting.optimizer == Optimizer::Adam && !fp8_parameters))
+                || (setting.optimizer == Optimizer::Adam && (1..=2).contains(&zero)))
     };
     let mut all: Vec<Offload> = optimizer
         .iter()
