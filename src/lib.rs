@@ -74,6 +74,6 @@ pub use run::{
     read_plan, run, run_with_compute, train_single_device, Backend, RunOptions, RunOutput,
 };
 pub use sweep::{
-    cluster_of_gpu_type, report_html as sweep_report_html, sweep, to_csv as sweep_csv,
+    cluster_of_gpu_type, gavel, report_html as sweep_report_html, sweep, to_csv as sweep_csv,
     SweepOptions, SweepRow,
 };

@@ -12,6 +12,8 @@ use ralpc_codegen::report::html;
 use crate::plan::{plan, PlanOptions};
 use crate::{ClusterOptions, Error};
 
+pub mod gavel;
+
 /// What to sweep.
 #[derive(Clone, Debug, Default)]
 pub struct SweepOptions {
@@ -53,6 +55,8 @@ pub struct SweepRow {
     #[serde(serialize_with = "ralpc_passes::units::whole_bytes")]
     #[schemars(with = "u64")]
     pub peak_memory_bytes: f64,
+    /// The global batch planned, samples (0 when nothing fits).
+    pub batch: u64,
     /// Why there is no plan (memory, budget), when there is none.
     pub error: Option<String>,
 }
@@ -170,6 +174,7 @@ fn row(
         efficiency: 0.0,
         gpu_sec_amplification: 0.0,
         peak_memory_bytes: 0.0,
+        batch: 0,
         error: None,
     };
     match plan(options) {
@@ -186,6 +191,7 @@ fn row(
             row.efficiency = speedup / f64::from(r.gpus_used.max(1));
             row.gpu_sec_amplification = r.gpu_sec_amplification;
             row.peak_memory_bytes = r.peak_memory_bytes;
+            row.batch = r.batch;
         }
         // No plan at this point (memory, budget, a batch too small): a fact of the sweep.
         Err(Error::Plan(e)) => row.error = Some(e.to_string()),

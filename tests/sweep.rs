@@ -100,3 +100,91 @@ fn a_memory_limit_above_a_smaller_types_memory_is_that_memory() {
         assert!(r["error"].is_null(), "{r}");
     }
 }
+
+/// `--gavel FILE` writes Gavel's throughput file (stanford-futuredata/gavel @ c4fa4009,
+/// `scheduler/utils.py`'s `read_all_throughputs_json_v2`, whose keys this test parses as
+/// its `parse_job_type_tuple` does): per GPU type, `('MODEL (batch size B)', N)` with the
+/// job's steps per second alone; a second model's sweep adds its rows, and sweeping again
+/// leaves the file byte for byte.
+#[test]
+fn the_sweep_is_written_as_gavels_throughput_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("throughputs.json");
+    let sweep = |model: &str, more: &[&str]| {
+        let mut args = vec!["sweep", model, "--gpus", "1,4", "--gpu-types", "a100,v100"];
+        args.extend_from_slice(more);
+        ralpc()
+            .args(&args)
+            .arg("--gavel")
+            .arg(&file)
+            .assert()
+            .success();
+        std::fs::read_to_string(&file).unwrap()
+    };
+    let first = sweep(VGG16, &["--batch", "32"]);
+    let text = sweep("fixtures/onnx/mobilenet_v2/model.onnx", &["--batch", "64"]);
+    let t: Value = serde_json::from_str(&text).unwrap();
+    let workers: Vec<&String> = t.as_object().unwrap().keys().collect();
+    assert_eq!(workers, ["a100", "v100"]);
+    let mut jobs = Vec::new();
+    for (worker, job_types) in t.as_object().unwrap() {
+        for (key, alone) in job_types.as_object().unwrap() {
+            // `('name', n)`, as Python prints a tuple.
+            let inner = key
+                .strip_prefix("('")
+                .and_then(|k| k.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("{key}"));
+            let (name, scale) = inner.rsplit_once("', ").unwrap();
+            let scale: u32 = scale.parse().unwrap();
+            let steps = alone["null"].as_f64().unwrap();
+            assert!(steps > 0.0, "{worker} {key}");
+            jobs.push((worker.clone(), name.to_owned(), scale, steps));
+        }
+    }
+    assert_eq!(jobs.len(), 8, "{jobs:?}");
+    for name in ["vgg16 (batch size 32)", "mobilenet_v2 (batch size 64)"] {
+        let of = |worker: &str, n: u32| {
+            jobs.iter()
+                .find(|j| j.0 == worker && j.1 == name && j.2 == n)
+                .map(|j| j.3)
+                .unwrap()
+        };
+        // Four GPUs of a type run more steps than one; an A100 more than a V100.
+        assert!(of("a100", 4) > of("a100", 1) && of("a100", 1) > of("v100", 1));
+    }
+    // The sweep's own figures: steps per second = 1 / iteration.
+    let rows: Value = serde_json::from_str(&stdout(&[
+        "sweep",
+        VGG16,
+        "--gpus",
+        "1",
+        "--gpu-types",
+        "a100",
+        "--batch",
+        "32",
+        "--json",
+    ]))
+    .unwrap();
+    let us = rows["points"][0]["iteration_time_us"].as_f64().unwrap();
+    assert!(
+        (t["a100"]["('vgg16 (batch size 32)', 1)"]["null"]
+            .as_f64()
+            .unwrap()
+            - 1e6 / us)
+            .abs()
+            < 1e-9
+    );
+    // Again: nothing changes; a file that is not Gavel's is refused, left as it was.
+    assert_eq!(
+        sweep("fixtures/onnx/mobilenet_v2/model.onnx", &["--batch", "64"]),
+        text
+    );
+    assert_ne!(first, text);
+    std::fs::write(&file, "[1, 2]").unwrap();
+    ralpc()
+        .args(["sweep", VGG16, "--gpus", "1", "--gavel"])
+        .arg(&file)
+        .assert()
+        .failure();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "[1, 2]");
+}

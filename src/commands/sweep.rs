@@ -1,10 +1,11 @@
 //! `ralpc sweep MODEL --gpus 1,2,4,8 [--gpu-types a100,h100,v100]`.
 
 use std::fmt::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use ralpc::gavel;
 use ralpc::passes::cost::Optimizer;
-use ralpc::passes::plan::Family;
+use ralpc::passes::plan::{Family, PlanError};
 use ralpc::{PlanOptions, SweepOptions, SweepRow};
 
 pub const EXAMPLES: &str = "\
@@ -12,6 +13,8 @@ Examples:
   ralpc sweep fixtures/onnx/vgg16/model.onnx --gpus 1,2,4,8,16,32
   ralpc sweep model.onnx --gpus 1,8,64 --gpu-types a100,h100,v100 --csv > matrix.csv
   ralpc sweep model.onnx --gpus 1,2,4,8 --json -o sweep/   # sweep/report.html: curves
+  ralpc sweep vgg16.onnx --gpus 1,2,4,8 --gpu-types a100,h100,v100 --gavel throughputs.json
+                                     # adds vgg16's rows to Gavel's throughput file
 
 GPU types: a100 (dgx-a100 servers), h100 (dgx-h100), v100 (p3dn-v100), or any cluster
 preset or TOML file; the cluster grows to the GPU count. Each point is the best plan
@@ -61,6 +64,15 @@ pub struct Args {
     /// Also write `sweep.csv`, `sweep.json` and `report.html` (scaling curves) here.
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Add the points to this Gavel throughput file (created if missing; other jobs'
+    /// entries kept): per GPU type, the job `('NAME (batch size B)', N)` at N GPUs runs
+    /// 1/iteration steps per second alone, 0 where nothing fits.
+    #[arg(long, value_name = "FILE")]
+    pub gavel: Option<PathBuf>,
+    /// The job's name in the Gavel file [default: the model file's name, or its folder's
+    /// when that is `model`].
+    #[arg(long, value_name = "NAME", requires = "gavel")]
+    pub gavel_job: Option<String>,
     /// Write into DIR even where a file there is the model.
     #[arg(long)]
     pub force: bool,
@@ -71,6 +83,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
         for name in SWEEP_FILES {
             ralpc::refuse_overwriting_inputs(&dir.join(name), &[&args.model], args.force)?;
         }
+    }
+    if let Some(file) = &args.gavel {
+        ralpc::refuse_overwriting_inputs(file, &[&args.model], args.force)?;
     }
     let options = SweepOptions {
         base: PlanOptions {
@@ -121,6 +136,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             ],
         )?;
     }
+    if let Some(file) = &args.gavel {
+        write_gavel(args, file, rows)?;
+    }
     let text = if args.json {
         json
     } else if args.csv {
@@ -130,6 +148,40 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     };
     super::print_stdout(&text);
     Ok(())
+}
+
+/// Adds the sweep's points to Gavel's throughput file `file`.
+fn write_gavel(args: &Args, file: &Path, rows: &[SweepRow]) -> Result<(), ralpc::Error> {
+    let batch = rows
+        .iter()
+        .find(|r| r.error.is_none())
+        .map(|r| r.batch)
+        .or(args.batch)
+        .ok_or_else(|| {
+            ralpc::Error::Plan(Box::new(PlanError::Request(
+                "--gavel: no point was planned, so the job's batch is not known (give --batch)"
+                    .into(),
+            )))
+        })?;
+    let job = args
+        .gavel_job
+        .clone()
+        .unwrap_or_else(|| job_name(&args.model));
+    let throughputs = gavel::add(gavel::read(file)?, &job, batch, rows);
+    ralpc::write_atomically(file, &gavel::to_json(&throughputs))
+}
+
+/// A model's job name: its file's stem, or its folder's name when the stem says nothing
+/// (`vgg16/model.onnx`).
+fn job_name(model: &Path) -> String {
+    let stem = model.file_stem().map(|s| s.to_string_lossy().into_owned());
+    match stem.as_deref() {
+        Some("model" | "graph") | None => model
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned()),
+        Some(stem) => stem.to_owned(),
+    }
 }
 
 fn table(rows: &[SweepRow]) -> String {
