@@ -976,3 +976,48 @@ fn a_batch_split_the_model_cannot_take_is_refused_at_plan_time() {
     );
     assert!(!out.exists());
 }
+
+/// On a cluster of A100 and H100 nodes, a plan may take one type's GPUs alone: its stages
+/// say which ranks and which type, in `--json` and in the report.
+#[test]
+fn stages_say_which_gpu_type_they_run_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("mixed.toml");
+    std::fs::write(
+        &cluster,
+        "[[group]]\npreset = \"dgx-a100\"\n[[group]]\npreset = \"dgx-h100\"\n",
+    )
+    .unwrap();
+    let cluster = cluster.to_str().unwrap();
+    let args = [
+        "plan",
+        "fixtures/onnx/vgg16/model.onnx",
+        "--cluster",
+        cluster,
+        "--gpus",
+        "16",
+        "--batch",
+        "256",
+        "--tolerance",
+        "inf",
+    ];
+    let plan = json(&[&args[..], &["--json"]].concat());
+    let stages = plan["stages"].as_array().unwrap();
+    for s in stages {
+        let first = s["first_rank"].as_u64().unwrap();
+        let expected = if first >= 8 {
+            "h100-sxm5-80gb"
+        } else {
+            "a100-sxm4-80gb"
+        };
+        assert_eq!(s["gpu_type"], expected, "{s}");
+    }
+    // Eight H100s alone beat sixteen GPUs run at the A100's pace.
+    assert_eq!(stages[0]["first_rank"], 8, "{plan}");
+    let out = ralpc().args(args).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.contains("GPUs of h100-sxm5-80gb (ranks 8..15)"),
+        "{text}"
+    );
+}

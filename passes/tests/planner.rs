@@ -228,3 +228,36 @@ fn no_transformer_plan_beats_one_gpus_gpu_time() {
         assert!(amplification >= 1.0 - 1e-9, "{gpus} GPUs: {amplification}");
     }
 }
+
+/// A cluster of 8 A100s and 8 H100s (Gavel's premise: clusters mix types): the plan is
+/// faster than its 16 GPUs priced as the slowest type, and no slower than its fastest 8
+/// alone, whichever GPUs it takes.
+#[test]
+fn a_cluster_of_two_gpu_types_plans_no_slower_than_its_fastest_gpus() {
+    use ralpc_passes::plan::{self, Request};
+    let (_, _, graph) = common::layers("fixtures/onnx/vgg16/model.onnx", 256);
+    let mixed = Cluster::from_toml(
+        "[[group]]\npreset = \"dgx-a100\"\n[[group]]\npreset = \"dgx-h100\"\n",
+        "mixed.toml",
+    )
+    .unwrap();
+    let at = |cluster: &Cluster, gpus| {
+        let costs = plan::Costs::new(&graph, cluster, gpus, Default::default());
+        let request = Request {
+            tolerance: None,
+            ..Request::default()
+        };
+        let found = plan::plan(&costs, &request).unwrap();
+        (
+            found.chosen.evaluation.iteration_time_us,
+            found.chosen.strategy,
+        )
+    };
+    let (both, strategy) = at(&mixed, 16);
+    let (a100s, _) = at(&Cluster::preset("dgx-a100x2").unwrap(), 16);
+    let (h100s, _) = at(&Cluster::preset("dgx-h100").unwrap(), 8);
+    println!("mixed {both:.0} µs; 16 A100 {a100s:.0} µs; 8 H100 {h100s:.0} µs");
+    assert!(both < a100s, "{both} vs {a100s}");
+    assert!(both <= h100s * (1.0 + 1e-9), "{both} vs {h100s}");
+    assert!(strategy.stages.iter().all(|s| s.first_rank + s.gpus <= 16));
+}

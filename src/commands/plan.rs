@@ -229,17 +229,25 @@ fn against_one_gpu(speedup: f64) -> String {
 /// One line per stage: its layers, GPUs, time per microbatch, sync and memory.
 fn write_stages(out: &mut String, r: &PlanReport) {
     let _ = writeln!(out, "stages:");
+    // On a cluster of several GPU types (stages of different types, or a plan on one
+    // type's GPUs alone, past rank 0), which type each stage runs on.
+    let mixed = r.stages.windows(2).any(|w| w[0].gpu_type != w[1].gpu_type)
+        || r.stages.first().is_some_and(|s| s.first_rank > 0);
     for (k, s) in r.stages.iter().enumerate() {
+        let of = match mixed {
+            true => format!(" of {}", s.gpu_type),
+            false => String::new(),
+        };
         let _ = writeln!(
             out,
             "  {k}: {} .. {}  on {}  {} per microbatch, sync {}, {}",
             crate::printable::printable(&s.first_layer),
             crate::printable::printable(&s.last_layer),
             if s.replicas == 1 {
-                format!("1 GPU (rank {})", s.first_rank)
+                format!("1 GPU{of} (rank {})", s.first_rank)
             } else {
                 format!(
-                    "{} GPUs (ranks {}..{})",
+                    "{} GPUs{of} (ranks {}..{})",
                     s.replicas,
                     s.first_rank,
                     s.first_rank + s.replicas - 1

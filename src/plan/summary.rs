@@ -17,6 +17,9 @@ pub struct StageRow {
     pub replicas: u32,
     /// Its first rank.
     pub first_rank: u32,
+    /// The GPU type it is priced at: its slowest GPU's (its only one's, but on a cluster
+    /// of several types).
+    pub gpu_type: String,
     /// Per-microbatch compute and resharding, µs.
     pub microbatch_us: f64,
     /// Gradient synchronization per iteration, µs.
@@ -282,6 +285,17 @@ pub struct OffloadRow {
     pub host_capacity_bytes: f64,
 }
 
+/// The name of the GPU type with the lowest 16-bit peak among ranks `first..first + n`.
+fn slowest_type(cluster: &Cluster, first: u32, n: u32) -> String {
+    (first..first + n.max(1))
+        .map(|r| cluster.gpu(r))
+        .min_by(|a, b| {
+            let peak = |g: &ralpc_passes::cluster::GpuType| g.bf16.or(g.fp16).unwrap_or(g.fp32);
+            peak(a).total_cmp(&peak(b))
+        })
+        .map_or_else(String::new, |g| g.name.clone())
+}
+
 /// The simulator's figures for the chosen plan.
 #[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct SimulatedRow {
@@ -366,6 +380,7 @@ pub(super) fn layers(
                 last_layer: graph.layers[st.last_layer].name.clone(),
                 replicas: st.gpus,
                 first_rank: st.first_rank,
+                gpu_type: slowest_type(cluster, st.first_rank, st.gpus),
                 microbatch_us: c.microbatch_us,
                 sync_us: c.sync_us,
                 memory_bytes: c.memory_bytes,
@@ -477,6 +492,7 @@ pub(super) fn transformer(
             last_layer: names.last().map(|n| n.0.clone()).unwrap_or_default(),
             replicas: ranks_per_stage,
             first_rank: k as u32 * ranks_per_stage,
+            gpu_type: slowest_type(cluster, k as u32 * ranks_per_stage, ranks_per_stage),
             microbatch_us: best.stage_us[k],
             sync_us: best.time.data_comm_us,
             memory_bytes: best.stage_memory_bytes[k],

@@ -13,6 +13,7 @@ use super::costs::Costs;
 use super::evaluate::{evaluate, Evaluation};
 use super::layered::{self, Weights};
 use super::{pipeline, Family, PlanError, Schedule, Strategy};
+use crate::cluster::{Cluster, NodeGroup};
 use crate::cost::lower_bound_us;
 
 /// What to plan.
@@ -181,6 +182,26 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         }
         candidates.extend(best);
     }
+    // Several GPU types: each type's GPUs alone are planned too, and that plan is a
+    // candidate on the whole cluster (a slow type priced into a plan can cost more than it
+    // brings).
+    for (first_rank, part) in homogeneous_parts(costs.cluster, n) {
+        let part_costs = Costs::new(graph, &part, part.gpu_count(), costs.options.clone());
+        let Ok(found) = plan(&part_costs, request) else {
+            continue;
+        };
+        let mut strategy = found.chosen.strategy;
+        for stage in &mut strategy.stages {
+            stage.first_rank += first_rank;
+        }
+        let evaluation = evaluate(costs, &strategy)?;
+        smallest_need = smallest_need.min(evaluation.peak_memory_bytes);
+        candidates.push(Candidate {
+            family: found.chosen.family,
+            strategy,
+            evaluation,
+        });
+    }
     // Every family contains data parallelism (one stage, every layer on every GPU): when
     // its search, which prices gradient synchronization without overlap, misses a faster
     // plan there, data parallelism is its answer.
@@ -251,6 +272,39 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         single_gpu_time_us: costs.single_gpu_time_us(),
         lower_bound_us: lower_bound_us(graph, costs.cluster, n, costs.options.precision),
     })
+}
+
+/// Where the first `gpus` ranks of `cluster` hold more than one GPU type: each node
+/// group's share of them as a cluster of its own, with its first rank. Nothing on a
+/// cluster of one type.
+fn homogeneous_parts(cluster: &Cluster, gpus: u32) -> Vec<(u32, Cluster)> {
+    let first_type = &cluster.gpu(0).name;
+    if (0..gpus).all(|r| &cluster.gpu(r).name == first_type) {
+        return Vec::new();
+    }
+    let mut parts = Vec::new();
+    let mut first = 0u32;
+    for group in &cluster.groups {
+        let size = group.nodes.saturating_mul(group.gpus_per_node);
+        let used = size.min(gpus.saturating_sub(first));
+        if used > 0 {
+            let nodes = used.div_ceil(group.gpus_per_node.max(1));
+            parts.push((
+                first,
+                Cluster {
+                    name: format!("{} ranks {first}..{}", cluster.name, first + used - 1),
+                    groups: vec![NodeGroup {
+                        nodes,
+                        ..group.clone()
+                    }],
+                    racks: None,
+                    flat: cluster.flat,
+                },
+            ));
+        }
+        first = first.saturating_add(size);
+    }
+    parts
 }
 
 /// GPUs a sample split can use at most.
