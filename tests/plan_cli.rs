@@ -1020,4 +1020,55 @@ fn stages_say_which_gpu_type_they_run_on() {
         text.contains("GPUs of h100-sxm5-80gb (ranks 8..15)"),
         "{text}"
     );
+    // Such a plan runs: a small CNN on one H100 of two V100s and two H100s trains as on
+    // one GPU alone.
+    let small = dir.path().join("small.toml");
+    std::fs::write(
+        &small,
+        "[[group]]\npreset = \"p3dn-v100\"\ngpus_per_node = 2\n\
+         [[group]]\npreset = \"dgx-h100\"\ngpus_per_node = 2\n",
+    )
+    .unwrap();
+    let losses = |cluster: &std::path::Path, gpus: &str| {
+        let out = dir.path().join(format!("plan-{gpus}"));
+        ralpc()
+            .args([
+                "plan",
+                "fixtures/train/cnn.onnx",
+                "--tolerance",
+                "inf",
+                "--gpus",
+                gpus,
+            ])
+            .arg("--cluster")
+            .arg(cluster)
+            .arg("-o")
+            .arg(&out)
+            .assert()
+            .success();
+        let run = ralpc()
+            .arg("run")
+            .arg(&out)
+            .args(["--steps", "2", "--json"])
+            .assert()
+            .success();
+        let run: Value = serde_json::from_slice(&run.get_output().stdout).unwrap();
+        (run["losses"].clone(), out)
+    };
+    let (mixed, out) = losses(&small, "4");
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(
+        plan["strategy"]["stages"][0]["first_rank"], 2,
+        "{}",
+        plan["strategy"]
+    );
+    let one = dir.path().join("one.toml");
+    std::fs::write(
+        &one,
+        "[[group]]\npreset = \"dgx-h100\"\ngpus_per_node = 1\n",
+    )
+    .unwrap();
+    assert!(mixed.as_array().is_some_and(|l| l.len() == 2), "{mixed}");
+    assert_eq!(mixed, losses(&one, "1").0);
 }

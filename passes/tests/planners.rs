@@ -72,6 +72,7 @@ fn deeppool_vgg16_burst_plan() {
             first_layer: graph.layers[0].name.clone(),
             last_layer: graph.layers[graph.layers.len() - 1].name.clone(),
             replicas: 8,
+            first_rank: None,
         }],
         layers: dense
             .iter()
@@ -219,6 +220,7 @@ fn best_cuts(costs: &Costs<'_>, graph: &LayerGraph, replicas: &[u32]) -> f64 {
                 first_layer: names(start),
                 last_layer: names(end),
                 replicas: r,
+                first_rank: None,
             });
             start = end + 1;
         }

@@ -18,7 +18,8 @@
 //! ```
 //!
 //! * `stages` cover the layers in order; each runs on `replicas` GPUs of its own, stage
-//!   after stage from rank 0.
+//!   after stage from rank 0, or from its `first_rank` when it gives one (a plan on one
+//!   GPU type's ranks of a mixed cluster).
 //! * `layers` is optional and may list any subset: a layer not listed is replicated over its
 //!   stage (samples split `replicas` ways). `gpus` alone splits samples; `split` gives
 //!   SOAP degrees (`attribute`: a convolution's rows or a dense layer's input features;
@@ -112,6 +113,9 @@ pub struct StrategyFileStage {
     pub last_layer: String,
     /// Its GPUs.
     pub replicas: u32,
+    /// Its first rank (default: the rank after the stage before's, 0 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_rank: Option<u32>,
 }
 
 /// A layer's placement in a strategy file.
@@ -175,6 +179,9 @@ impl StrategyFile {
     /// The file form of `strategy`: every layer listed with its GPUs and split.
     pub fn of(graph: &LayerGraph, strategy: &Strategy) -> StrategyFile {
         let name = |i: usize| graph.layers[i].name.clone();
+        // A stage's first rank is written where it is not the one the file would give it.
+        let devices = strategy.stages.len() / strategy.virtual_stages().max(1);
+        let mut next = 0u32;
         StrategyFile {
             format: FORMAT.to_owned(),
             schedule: strategy.schedule,
@@ -182,10 +189,18 @@ impl StrategyFile {
             stages: strategy
                 .stages
                 .iter()
-                .map(|s| StrategyFileStage {
-                    first_layer: name(s.first_layer),
-                    last_layer: name(s.last_layer),
-                    replicas: s.gpus,
+                .enumerate()
+                .map(|(k, s)| {
+                    let implied = k >= devices || s.first_rank == next;
+                    if k < devices {
+                        next = s.first_rank.saturating_add(s.gpus);
+                    }
+                    StrategyFileStage {
+                        first_layer: name(s.first_layer),
+                        last_layer: name(s.last_layer),
+                        replicas: s.gpus,
+                        first_rank: (!implied).then_some(s.first_rank),
+                    }
                 })
                 .collect(),
             layers: strategy
@@ -294,7 +309,7 @@ impl StrategyFile {
                         earlier.gpus
                     )))
                 }
-                None => rank,
+                None => s.first_rank.unwrap_or(rank),
             };
             stages.push(Stage {
                 first_layer: first,
@@ -303,7 +318,7 @@ impl StrategyFile {
                 gpus: s.replicas,
             });
             if k < devices {
-                rank = rank.saturating_add(s.replicas);
+                rank = first_rank.saturating_add(s.replicas);
             }
         }
         let mut layers: Vec<Option<Split>> = vec![None; graph.layers.len()];
