@@ -152,7 +152,8 @@ pub struct PlanReport {
     pub schedule: &'static str,
     /// Microbatches per iteration.
     pub microbatches: u32,
-    /// Predicted time per iteration (for a pipeline, per global batch in steady state), µs.
+    /// Predicted time per iteration (for a pipeline, its microbatches through it and its
+    /// synchronization), µs.
     pub iteration_time_us: f64,
     /// Data parallelism on every GPU under the same costs, µs.
     pub dp_iteration_time_us: f64,

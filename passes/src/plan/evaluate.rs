@@ -19,7 +19,10 @@
 //!   and ZB-H1 leaves a third of that bubble when a stage's forward, input gradients and
 //!   weight gradients take alike;
 //! * PipeDream's asynchronous schedule (weights updated per microbatch, stashed per
-//!   in-flight microbatch): `T = M · max(tₛ + yₛ, x꜀)`, the steady state;
+//!   in-flight microbatch): played as 1F1B with each backward followed by its stage's
+//!   synchronization and step, as its executable plan runs an iteration (PipeDream's
+//!   steady state, `M · max(tₛ + yₛ, x꜀)`, needs minibatches flowing across iterations,
+//!   which ralpc's programs do not do: each fills and drains its pipeline);
 //! * the interleaved 1F1B schedule (`v` stages per GPU): played alike over its GPUs' orders;
 //!   with `t` a GPU's microbatch over its stages, equal stages and free cuts give
 //!   `T = M·t + (P/v − 1)·t/v`, then each GPU's stages synchronize (summed: an
@@ -34,7 +37,7 @@
 //!
 //! Memory per rank: for each layer it hosts, weights, gradients and optimizer state of its
 //! slice, the weight versions an asynchronous stage stashes, and the activations of its
-//! in-flight microbatches (1F1B: `min(M, P−k)` at stage `k`; GPipe: `M`; async: `P−k`;
+//! in-flight microbatches (1F1B and async: `min(M, P−k)` at stage `k`; GPipe: `M`;
 //! interleaved: Megatron-LM's warm-up, [`Strategy::in_flight`]; ZB-H1: 1F1B's, and what
 //! the weight passes read of `min(P, M) − min(P−k, M)` more, [`Strategy::weights_waiting`]),
 //! plus what one microbatch's backward holds on top — the gradients it writes, receives
@@ -571,9 +574,12 @@ impl Schedule {
     pub fn in_flight(self, microbatches: u32, stages: usize, k: usize) -> u32 {
         let behind = (stages - k) as u32;
         match self {
-            Schedule::OneFOneB | Schedule::ZeroBubble => behind.min(microbatches).max(1),
+            // The asynchronous schedule's plan runs each iteration's microbatches in 1F1B's
+            // order, so it holds as many (PipeDream's steady state holds `P − k`).
+            Schedule::OneFOneB | Schedule::ZeroBubble | Schedule::Async => {
+                behind.min(microbatches).max(1)
+            }
             Schedule::GPipe => microbatches.max(1),
-            Schedule::Async => behind.max(1),
         }
     }
 
@@ -585,18 +591,16 @@ impl Schedule {
         microbatches: u32,
         virtual_stages: usize,
     ) -> f64 {
-        let m = f64::from(microbatches.max(1));
         match self {
             Schedule::OneFOneB | Schedule::GPipe | Schedule::ZeroBubble => {
                 played_us(self, stages, microbatches, virtual_stages)
             }
-            Schedule::Async => {
-                let bottleneck = stages
-                    .iter()
-                    .map(|s| (s.microbatch_us + s.sync_us).max(s.receive_us))
-                    .fold(0.0, f64::max);
-                m * bottleneck
-            }
+            // PipeDream's steady state (`m` times the bottleneck stage) needs minibatches to
+            // flow across iterations; the executable plan runs each iteration's `m` through
+            // the 1F1B order with no flush, each backward followed by its stage's
+            // synchronization and step, so the pipeline fills and drains every iteration:
+            // priced as it runs.
+            Schedule::Async => played_us(self, stages, microbatches, virtual_stages),
         }
     }
 }
@@ -673,6 +677,9 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
     let m = microbatches.max(1);
     let groups = (n / v.max(1)).max(1);
     let apart = schedule == Schedule::ZeroBubble;
+    // The asynchronous schedule synchronizes and steps a stage after each of its backward
+    // passes (its gradients already sent on), not once at the end.
+    let steps_each = schedule == Schedule::Async;
     let orders: Vec<Vec<(usize, Pass)>> = (0..groups)
         .map(|g| match v > 1 {
             true => (order::interleaved(groups, v, g, m).into_iter())
@@ -734,6 +741,9 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
                     }
                     Pass::Backward(j) => {
                         backward_end[k][j as usize] = Some(end);
+                        if steps_each {
+                            free[g] += s.sync_us;
+                        }
                         if k > 0 {
                             let delay = match !apart && j + 1 == m {
                                 true => s.send_delay_us,
@@ -758,14 +768,17 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
         return f64::INFINITY;
     }
     (0..groups)
-        .map(|g| {
-            free[g]
-                + stages
-                    .iter()
-                    .skip(g)
-                    .step_by(groups)
-                    .map(|s| s.sync_us)
-                    .sum::<f64>()
+        .map(|g| match steps_each {
+            true => free[g],
+            false => {
+                free[g]
+                    + stages
+                        .iter()
+                        .skip(g)
+                        .step_by(groups)
+                        .map(|s| s.sync_us)
+                        .sum::<f64>()
+            }
         })
         .fold(0.0, f64::max)
 }

@@ -156,7 +156,16 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
     // best[(i, mi, d)] in one flat table.
     let cell = |i: usize, mi: usize, d: usize| (i * totals.len() + mi) * depth_max + d;
     let mut table: Vec<Option<Best>> = vec![None; (k + 1) * totals.len() * depth_max];
-    let objective = |b: &Best| (b.bottleneck, b.sum);
+    // Each suffix keeps its best by the iteration it leads to (a first microbatch through
+    // every stage, the rest a bottleneck apart, the slowest sync): with one microbatch the
+    // sum of the stages, with many their bottleneck.
+    let microbatches = f64::from(m_mb);
+    let objective = |b: &Best| {
+        (
+            b.sum + (microbatches - 1.0) * b.bottleneck + b.sync,
+            b.bottleneck,
+        )
+    };
     for i in (0..k).rev() {
         let start = segs[i].0;
         for (mi, &m) in totals.iter().enumerate() {
@@ -176,10 +185,14 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                     }
                     let (latency, per_byte) = costs.replicas_sync(first, w);
                     let link = costs.cluster.link(first.saturating_sub(1), first + w - 1);
-                    let hop =
-                        |bytes: f64| 2.0 * link.transfer_us(bytes / f64::from(w) / f64::from(m_mb));
+                    // A cut's tensor each way between stages of `w` and `other` GPUs: the
+                    // narrower side's GPUs carry all of it.
+                    let hop = |bytes: f64, other: u32| {
+                        2.0 * link.transfer_us(bytes / f64::from(w.min(other)) / f64::from(m_mb))
+                    };
+                    // (The stage before is not placed yet: its send prices the cut whole.)
                     let receive = if i > 0 {
-                        hop(tables.cut_bytes[start])
+                        hop(tables.cut_bytes[start], w)
                     } else {
                         0.0
                     };
@@ -230,10 +243,9 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         };
                         let sync =
                             one_bucket.min(overlapped.max(0.0)) + costs.step_us(params, first);
-                        let send = if last {
-                            0.0
-                        } else {
-                            hop(tables.cut_bytes[end + 1])
+                        let send = match rest {
+                            Some(r) => hop(tables.cut_bytes[end + 1], r.width),
+                            None => 0.0,
                         };
                         let own = if schedule == Schedule::Async {
                             t + sync
@@ -242,7 +254,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         };
                         let mut candidate = Best {
                             bottleneck: own.max(receive).max(send),
-                            sum: t + receive,
+                            sum: t + send,
                             sync,
                             stage_end: j,
                             width: w,
@@ -265,12 +277,13 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
             }
         }
     }
-    // The best over GPU totals and depths by the schedule's own objective.
+    // The best over GPU totals and depths by the schedules' iteration: the first
+    // microbatch through every stage, the rest one bottleneck apart, then the last sync
+    // (under the asynchronous schedule every microbatch's own, already in its stage's
+    // time: its executable plan fills and drains the pipeline every iteration as the
+    // synchronous ones do).
     let m = f64::from(m_mb);
-    let score = |b: &Best| match schedule {
-        Schedule::Async => m * b.bottleneck,
-        _ => b.sum + (m - 1.0) * b.bottleneck + b.sync,
-    };
+    let score = |b: &Best| b.sum + (m - 1.0) * b.bottleneck + b.sync;
     let mut top: Option<(f64, usize, usize)> = None;
     for mi in 0..totals.len() {
         for d in 0..depth_max {
@@ -374,3 +387,60 @@ fn crossing_bytes(costs: &Costs<'_>) -> Vec<f64> {
     }
     out
 }
+
+/// `strategy`'s cuts moved by up to [`CUT_REACH`] layers, each move kept while the exact
+/// price (`price`: the evaluator) falls and the plan fits, within [`CUT_TRIALS`] prices:
+/// the dynamic program above prices stages by a closed form that composes bottlenecks
+/// approximately, so a nearby cut can be faster. Stage widths stay; a layer changing stage
+/// takes the split of the stage it joins.
+pub fn refine_cuts<E>(
+    strategy: Strategy,
+    mut price: impl FnMut(&Strategy) -> Option<(f64, E)>,
+) -> Option<(Strategy, E)> {
+    let (mut best_us, mut best_eval) = price(&strategy)?;
+    let mut best = strategy;
+    let mut trials = 0;
+    loop {
+        let mut improved = false;
+        for k in 0..best.stages.len().saturating_sub(1) {
+            for shift in (-CUT_REACH..=CUT_REACH).filter(|&d| d != 0) {
+                if trials >= CUT_TRIALS {
+                    return Some((best, best_eval));
+                }
+                let (a, b) = (best.stages[k], best.stages[k + 1]);
+                // The new last layer of stage k; both stages keep at least one layer.
+                let Some(cut) = a.last_layer.checked_add_signed(shift) else {
+                    continue;
+                };
+                if cut < a.first_layer || cut >= b.last_layer {
+                    continue;
+                }
+                let mut next = best.clone();
+                next.stages[k].last_layer = cut;
+                next.stages[k + 1].first_layer = cut + 1;
+                // Layers changing stage take a layer's split of the stage they join.
+                for l in (a.last_layer + 1)..=cut {
+                    next.layers[l] = best.layers[a.last_layer];
+                }
+                for l in (cut + 1)..=a.last_layer {
+                    next.layers[l] = best.layers[b.first_layer];
+                }
+                trials += 1;
+                if let Some((us, eval)) = price(&next) {
+                    if us < best_us * (1.0 - 1e-9) {
+                        (best, best_us, best_eval) = (next, us, eval);
+                        improved = true;
+                    }
+                }
+            }
+        }
+        if !improved {
+            return Some((best, best_eval));
+        }
+    }
+}
+
+/// How far [`refine_cuts`] moves a cut at once, layers.
+const CUT_REACH: isize = 3;
+/// The most prices [`refine_cuts`] spends.
+const CUT_TRIALS: u32 = 400;

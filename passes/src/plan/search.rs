@@ -160,7 +160,19 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
                 let Some(strategy) = pipeline::best(costs, schedule, m) else {
                     continue;
                 };
-                let evaluation = evaluate(costs, &strategy)?;
+                // The cuts nudged under the exact price, among plans that fit.
+                let (strategy, evaluation) = match pipeline::refine_cuts(strategy.clone(), |s| {
+                    evaluate(costs, s)
+                        .ok()
+                        .filter(|e| e.fits)
+                        .map(|e| (e.iteration_time_us, e))
+                }) {
+                    Some(refined) => refined,
+                    None => {
+                        let evaluation = evaluate(costs, &strategy)?;
+                        (strategy, evaluation)
+                    }
+                };
                 smallest_need = smallest_need.min(evaluation.peak_memory_bytes);
                 // Fitting but over the budget is a budget problem, not a memory one.
                 fits_over_budget |= evaluation.fits;
