@@ -24,6 +24,9 @@ pub struct SweepOptions {
     /// GPU types (`a100`, `h100`, `v100`) or cluster presets or TOML files; each grows to
     /// the GPU count.
     pub gpu_types: Vec<String>,
+    /// Samples per GPU (weak scaling: each point's batch is this times its GPUs) in place
+    /// of the base options' batch.
+    pub per_gpu_batch: Option<u64>,
 }
 
 /// One point of the sweep.
@@ -43,9 +46,9 @@ pub struct SweepRow {
     pub iteration_time_us: f64,
     /// Samples per second.
     pub samples_per_second: f64,
-    /// Over one GPU of this type training the whole batch: that GPU's planned iteration
-    /// (optimizer step included), or its compute alone where the model does not fit one
-    /// GPU.
+    /// Samples per second over one GPU of this type's (its planned iteration, optimizer
+    /// step included, at the one-GPU batch; or its compute alone at this batch where the
+    /// model does not fit one GPU).
     pub speedup: f64,
     /// Speedup per GPU used.
     pub efficiency: f64,
@@ -103,13 +106,15 @@ pub fn sweep(options: &SweepOptions, tick: &(dyn Fn() + Sync)) -> Result<Vec<Swe
         .iter()
         .flat_map(|t| options.gpus.iter().map(move |&g| (t, g)))
         .collect();
-    // Each type's one-GPU iteration, the speedups' baseline.
+    // Each type's one-GPU samples per second, the speedups' baseline.
     let baselines: Vec<Option<f64>> = options
         .gpu_types
         .par_iter()
         .map(|t| {
             let one = point_options(options, t, 1)?;
-            Ok(plan(&one).ok().map(|o| o.report.iteration_time_us))
+            Ok(plan(&one)
+                .ok()
+                .map(|o| o.report.batch as f64 / (o.report.iteration_time_us * 1e-6).max(1e-12)))
         })
         .collect::<Result<_, Error>>()?;
     points
@@ -144,6 +149,10 @@ fn point_options(options: &SweepOptions, gpu_type: &str, gpus: u32) -> Result<Pl
     };
     Ok(PlanOptions {
         gpus: Some(gpus),
+        batch: options
+            .per_gpu_batch
+            .map(|b| b.saturating_mul(u64::from(gpus)))
+            .or(options.base.batch),
         memory_limit,
         cluster: ClusterOptions {
             spec,
@@ -155,7 +164,8 @@ fn point_options(options: &SweepOptions, gpu_type: &str, gpus: u32) -> Result<Pl
     })
 }
 
-/// One point; `baseline`: the type's one-GPU iteration, µs, when the model fits one GPU.
+/// One point; `baseline`: the type's one-GPU samples per second, when the model fits one
+/// GPU.
 fn row(
     gpu_type: &str,
     gpus: u32,
@@ -180,12 +190,14 @@ fn row(
     match plan(options) {
         Ok(output) => {
             let r = output.report;
-            let one_gpu = baseline.unwrap_or(r.single_gpu_time_us);
-            let speedup = one_gpu / r.iteration_time_us.max(1e-9);
+            let rate = r.batch as f64 / (r.iteration_time_us * 1e-6).max(1e-12);
+            let one_gpu =
+                baseline.unwrap_or(r.batch as f64 / (r.single_gpu_time_us * 1e-6).max(1e-12));
+            let speedup = rate / one_gpu.max(1e-12);
             row.cluster = r.cluster;
             row.strategy = r.strategy.into();
             row.iteration_time_us = r.iteration_time_us;
-            row.samples_per_second = r.batch as f64 / (r.iteration_time_us * 1e-6).max(1e-12);
+            row.samples_per_second = rate;
             row.speedup = speedup;
             row.gpus_used = r.gpus_used;
             row.efficiency = speedup / f64::from(r.gpus_used.max(1));

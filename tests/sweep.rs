@@ -103,9 +103,9 @@ fn a_memory_limit_above_a_smaller_types_memory_is_that_memory() {
 
 /// `--gavel FILE` writes Gavel's throughput file (stanford-futuredata/gavel @ c4fa4009,
 /// `scheduler/utils.py`'s `read_all_throughputs_json_v2`, whose keys this test parses as
-/// its `parse_job_type_tuple` does): per GPU type, `('MODEL (batch size B)', N)` with the
-/// job's steps per second alone; a second model's sweep adds its rows, and sweeping again
-/// leaves the file byte for byte.
+/// its `parse_job_type_tuple` does): per GPU type, `('MODEL (batch size B)', N)` — B
+/// samples per GPU — with its N workers' steps per second alone; a second model's sweep
+/// adds its rows, and sweeping again leaves the file byte for byte.
 #[test]
 fn the_sweep_is_written_as_gavels_throughput_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -121,8 +121,11 @@ fn the_sweep_is_written_as_gavels_throughput_file() {
             .success();
         std::fs::read_to_string(&file).unwrap()
     };
-    let first = sweep(VGG16, &["--batch", "32"]);
-    let text = sweep("fixtures/onnx/mobilenet_v2/model.onnx", &["--batch", "64"]);
+    let first = sweep(VGG16, &["--per-gpu-batch", "8"]);
+    let text = sweep(
+        "fixtures/onnx/mobilenet_v2/model.onnx",
+        &["--per-gpu-batch", "16"],
+    );
     let t: Value = serde_json::from_str(&text).unwrap();
     let workers: Vec<&String> = t.as_object().unwrap().keys().collect();
     assert_eq!(workers, ["a100", "v100"]);
@@ -142,7 +145,7 @@ fn the_sweep_is_written_as_gavels_throughput_file() {
         }
     }
     assert_eq!(jobs.len(), 8, "{jobs:?}");
-    for name in ["vgg16 (batch size 32)", "mobilenet_v2 (batch size 64)"] {
+    for name in ["vgg16 (batch size 8)", "mobilenet_v2 (batch size 16)"] {
         let of = |worker: &str, n: u32| {
             jobs.iter()
                 .find(|j| j.0 == worker && j.1 == name && j.2 == n)
@@ -152,39 +155,61 @@ fn the_sweep_is_written_as_gavels_throughput_file() {
         // Four GPUs of a type run more steps than one; an A100 more than a V100.
         assert!(of("a100", 4) > of("a100", 1) && of("a100", 1) > of("v100", 1));
     }
-    // The sweep's own figures: steps per second = 1 / iteration.
+    // The sweep's own figures: N workers' steps per second = N / iteration, each point
+    // training 8 samples per GPU.
     let rows: Value = serde_json::from_str(&stdout(&[
         "sweep",
         VGG16,
         "--gpus",
-        "1",
+        "1,4",
         "--gpu-types",
         "a100",
-        "--batch",
-        "32",
+        "--per-gpu-batch",
+        "8",
+        "--tolerance",
+        "inf",
         "--json",
     ]))
     .unwrap();
-    let us = rows["points"][0]["iteration_time_us"].as_f64().unwrap();
-    assert!(
-        (t["a100"]["('vgg16 (batch size 32)', 1)"]["null"]
-            .as_f64()
-            .unwrap()
-            - 1e6 / us)
-            .abs()
-            < 1e-9
-    );
+    for (i, n) in [(0, 1u32), (1, 4)] {
+        let point = &rows["points"][i];
+        assert_eq!(point["batch"], 8 * n);
+        let us = point["iteration_time_us"].as_f64().unwrap();
+        let key = format!("('vgg16 (batch size 8)', {n})");
+        let steps = t["a100"][&key]["null"].as_f64().unwrap();
+        assert!(
+            (steps - f64::from(n) * 1e6 / us).abs() < 1e-9,
+            "{key}: {steps}"
+        );
+    }
     // Again: nothing changes; a file that is not Gavel's is refused, left as it was.
     assert_eq!(
-        sweep("fixtures/onnx/mobilenet_v2/model.onnx", &["--batch", "64"]),
+        sweep(
+            "fixtures/onnx/mobilenet_v2/model.onnx",
+            &["--per-gpu-batch", "16"]
+        ),
         text
     );
     assert_ne!(first, text);
     std::fs::write(&file, "[1, 2]").unwrap();
     ralpc()
-        .args(["sweep", VGG16, "--gpus", "1", "--gavel"])
+        .args([
+            "sweep",
+            VGG16,
+            "--gpus",
+            "1",
+            "--per-gpu-batch",
+            "8",
+            "--gavel",
+        ])
         .arg(&file)
         .assert()
-        .failure();
+        .code(1);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "[1, 2]");
+    // A Gavel job's batch is per GPU.
+    ralpc()
+        .args(["sweep", VGG16, "--gpus", "1", "--batch", "8", "--gavel"])
+        .arg(&file)
+        .assert()
+        .code(2);
 }

@@ -58,6 +58,7 @@ fn agreement(preset: &str, gpus: u32) {
         (Family::Pipeline, Some(Schedule::ZeroBubble), Some(4)),
         (Family::Pipeline, Some(Schedule::GPipe), Some(8)),
         (Family::Pipeline, Some(Schedule::Async), Some(1)),
+        (Family::Pipeline, Some(Schedule::Async), Some(4)),
     ];
     println!("VGG16, batch 32, {preset} ({gpus} GPUs): predicted vs simulated iteration");
     for (family, schedule, microbatches) in cases {

@@ -259,5 +259,76 @@ fn a_cluster_of_two_gpu_types_plans_no_slower_than_its_fastest_gpus() {
     println!("mixed {both:.0} µs; 16 A100 {a100s:.0} µs; 8 H100 {h100s:.0} µs");
     assert!(both < a100s, "{both} vs {a100s}");
     assert!(both <= h100s * (1.0 + 1e-9), "{both} vs {h100s}");
-    assert!(strategy.stages.iter().all(|s| s.first_rank + s.gpus <= 16));
+    // It runs on the H100s: their ranks, 8 to 15.
+    assert!(
+        strategy.stages.iter().all(|s| s.first_rank >= 8),
+        "{strategy:?}"
+    );
+}
+
+/// Ranks of a node group that `--gpus` cuts through are planned as the group's part, and a
+/// strategy file's `first_rank` places a stage: read back, written back, refused where it
+/// would overlap another stage or run past any cluster.
+#[test]
+fn stages_start_where_they_say_and_partial_groups_are_planned() {
+    use ralpc_passes::plan::{self, Request, StrategyFile};
+    let (_, _, vgg) = common::layers("fixtures/onnx/vgg16/model.onnx", 256);
+    let mixed = Cluster::from_toml(
+        "[[group]]\npreset = \"dgx-a100\"\n[[group]]\npreset = \"dgx-h100\"\n",
+        "mixed.toml",
+    )
+    .unwrap();
+    for gpus in [10, 12] {
+        let costs = plan::Costs::new(&vgg, &mixed, gpus, Default::default());
+        let found = plan::plan(&costs, &Request::default()).unwrap();
+        let last = found.chosen.strategy.stages.last().unwrap();
+        assert!(last.first_rank + last.gpus <= gpus, "{last:?}");
+    }
+    let (_, _, cnn) = common::layers("fixtures/train/cnn.onnx", 32);
+    let file = |stages: &str| -> StrategyFile {
+        serde_json::from_str(&format!(
+            r#"{{"format": "ralpc-strategy/1", "stages": [{stages}]}}"#
+        ))
+        .unwrap()
+    };
+    let cluster = Cluster::preset("dgx-h100").unwrap();
+    let costs = plan::Costs::new(&cnn, &cluster, 4, Default::default());
+    let placed =
+        file(r#"{"first_layer": "conv0", "last_layer": "fc1", "replicas": 1, "first_rank": 2}"#)
+            .resolve(&cnn)
+            .unwrap();
+    assert_eq!(placed.stages[0].first_rank, 2);
+    assert!(plan::evaluate(&costs, &placed).unwrap().fits);
+    assert_eq!(
+        StrategyFile::of(&cnn, &placed).stages[0].first_rank,
+        Some(2)
+    );
+    // Stages one after the other write no first rank.
+    let consecutive = file(
+        r#"{"first_layer": "conv0", "last_layer": "pool1", "replicas": 2},
+           {"first_layer": "fc0", "last_layer": "fc1", "replicas": 2}"#,
+    )
+    .resolve(&cnn)
+    .unwrap();
+    assert!(StrategyFile::of(&cnn, &consecutive)
+        .stages
+        .iter()
+        .all(|s| s.first_rank.is_none()));
+    let overlapping = file(
+        r#"{"first_layer": "conv0", "last_layer": "pool1", "replicas": 2},
+           {"first_layer": "fc0", "last_layer": "fc1", "replicas": 2, "first_rank": 1}"#,
+    )
+    .resolve(&cnn)
+    .unwrap_err()
+    .to_string();
+    assert!(
+        overlapping.contains("stages[1].first_rank"),
+        "{overlapping}"
+    );
+    let far = file(
+        r#"{"first_layer": "conv0", "last_layer": "fc1", "replicas": 2, "first_rank": 4294967295}"#,
+    )
+    .resolve(&cnn)
+    .unwrap();
+    assert!(plan::evaluate(&costs, &far).is_err());
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ralpc::gavel;
 use ralpc::passes::cost::Optimizer;
-use ralpc::passes::plan::{Family, PlanError};
+use ralpc::passes::plan::Family;
 use ralpc::{PlanOptions, SweepOptions, SweepRow};
 
 pub const EXAMPLES: &str = "\
@@ -38,6 +38,10 @@ pub struct Args {
     /// Global batch for ONNX models [default: the model's, or 32].
     #[arg(long, value_parser = super::parse_positive)]
     pub batch: Option<u64>,
+    /// Samples per GPU instead of a global batch: each point trains this many times its
+    /// GPUs (weak scaling, as Gavel's jobs do).
+    #[arg(long, value_name = "B", value_parser = super::parse_positive, conflicts_with = "batch")]
+    pub per_gpu_batch: Option<u64>,
     /// Full shape of one input, batch included, e.g. `input_ids=8,2048` to plan a GPT at
     /// sequence 2048 or `images=16,3,800,1333` (repeatable; the rest keep the model's own).
     #[arg(long = "input", value_name = "NAME=D0,D1,...", value_parser = super::parse_input_shape)]
@@ -46,9 +50,10 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_parser = ["auto", "dp", "burst", "soap", "pipeline"])]
     pub strategy: String,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
-    /// time in GPU time (`inf`: no budget).
-    #[arg(long, default_value_t = 1.0, value_parser = super::parse_tolerance)]
-    pub tolerance: f64,
+    /// time in GPU time (`inf`: no budget) [default: 1; inf with --gavel, whose jobs take
+    /// their GPUs whatever they make of them].
+    #[arg(long, value_parser = super::parse_tolerance)]
+    pub tolerance: Option<f64>,
     /// Per-GPU memory limit below the GPUs' own (e.g. `16GiB`).
     #[arg(long, value_parser = ralpc::passes::units::parse_bytes)]
     pub memory_limit: Option<u64>,
@@ -65,9 +70,15 @@ pub struct Args {
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Add the points to this Gavel throughput file (created if missing; other jobs'
-    /// entries kept): per GPU type, the job `('NAME (batch size B)', N)` at N GPUs runs
-    /// 1/iteration steps per second alone, 0 where nothing fits.
-    #[arg(long, value_name = "FILE")]
+    /// entries kept): per GPU type, the job `('NAME (batch size B)', N)` — B samples on
+    /// each of its N GPUs — runs N steps per iteration, per second alone (0 where nothing
+    /// fits), as Gavel counts its workers' steps.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "per_gpu_batch",
+        conflicts_with = "batch"
+    )]
     pub gavel: Option<PathBuf>,
     /// The job's name in the Gavel file [default: the model file's name, or its folder's
     /// when that is `model`].
@@ -93,13 +104,18 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             batch: args.batch,
             inputs: args.inputs.iter().cloned().collect(),
             family: Family::parse(&args.strategy),
-            tolerance: args.tolerance.is_finite().then_some(args.tolerance),
+            tolerance: Some(args.tolerance.unwrap_or(match args.gavel {
+                Some(_) => f64::INFINITY,
+                None => 1.0,
+            }))
+            .filter(|t| t.is_finite()),
             memory_limit: args.memory_limit,
             optimizer: Optimizer::parse(&args.optimizer).unwrap_or_default(),
             ..PlanOptions::default()
         },
         gpus: args.gpus.clone(),
         gpu_types: args.gpu_types.clone(),
+        per_gpu_batch: args.per_gpu_batch,
     };
     // Drawn only when stderr is a terminal.
     let bar = super::progress(
@@ -152,22 +168,13 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
 
 /// Adds the sweep's points to Gavel's throughput file `file`.
 fn write_gavel(args: &Args, file: &Path, rows: &[SweepRow]) -> Result<(), ralpc::Error> {
-    let batch = rows
-        .iter()
-        .find(|r| r.error.is_none())
-        .map(|r| r.batch)
-        .or(args.batch)
-        .ok_or_else(|| {
-            ralpc::Error::Plan(Box::new(PlanError::Request(
-                "--gavel: no point was planned, so the job's batch is not known (give --batch)"
-                    .into(),
-            )))
-        })?;
+    // (`--gavel` requires `--per-gpu-batch`.)
+    let per_gpu_batch = args.per_gpu_batch.unwrap_or(1);
     let job = args
         .gavel_job
         .clone()
         .unwrap_or_else(|| job_name(&args.model));
-    let throughputs = gavel::add(gavel::read(file)?, &job, batch, rows);
+    let throughputs = gavel::add(gavel::read(file)?, &job, per_gpu_batch, rows);
     ralpc::write_atomically(file, &gavel::to_json(&throughputs))
 }
 

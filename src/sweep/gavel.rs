@@ -5,10 +5,13 @@
 //! Gavel reads `{worker type: {job type: {"null": steps/s, other job type: [steps/s,
 //! steps/s], ...}}}` (`scheduler/utils.py`'s `read_all_throughputs_json_v2`,
 //! stanford-futuredata/gavel @ c4fa4009): a job type is the text of a Python tuple,
-//! `('MODEL (batch size B)', N)`, `N` its scale factor (the GPUs one job takes); `"null"`
-//! is the job running alone, the other keys the job sharing its GPUs with another (space
-//! sharing, which ralpc does not price: none written). A point with no plan is written as
-//! 0 steps/s, which Gavel's policies read as a job that cannot run there.
+//! `('MODEL (batch size B)', N)`, `N` its scale factor (the GPUs one job takes, each
+//! training `B` samples a step); `"null"` is the job running alone, in steps per second
+//! summed over its `N` workers (the scheduler hands each worker `1/N` of a job's steps and
+//! adds their reports up), so `N` per iteration of the whole job; the other keys are the
+//! job sharing its GPUs with another (space sharing, which ralpc does not price: none
+//! written). A point with no plan is written as 0 steps/s, as Gavel's own table writes a
+//! job that cannot run on a type (ResNet-50 at batch 128 on 2 or more K80s).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,13 +33,15 @@ pub fn job_type(model: &str, batch: u64, gpus: u32) -> String {
     )
 }
 
-/// `existing` with this sweep's points of `model` at `batch` added (replacing the same
-/// job types'): each row's iterations per second as its job type's `null` throughput on
-/// its GPU type.
+/// `existing` with this sweep's points of `model` at `batch` samples per GPU added
+/// (replacing the same job types'): each row's iterations per second times its GPUs as its
+/// job type's `null` throughput on its GPU type.
 pub fn add(mut existing: Throughputs, model: &str, batch: u64, rows: &[SweepRow]) -> Throughputs {
     for row in rows {
         let steps = match row.error {
-            None if row.iteration_time_us > 0.0 => 1e6 / row.iteration_time_us,
+            None if row.iteration_time_us > 0.0 => {
+                f64::from(row.gpus) * 1e6 / row.iteration_time_us
+            }
             _ => 0.0,
         };
         let alone = BTreeMap::from([("null".to_owned(), Value::from(steps))]);
@@ -107,7 +112,8 @@ mod tests {
         let t = add(Throughputs::new(), "vgg16", 64, &rows);
         let a100 = &t["a100"];
         assert_eq!(a100["('vgg16 (batch size 64)', 1)"]["null"], 2.0);
-        assert_eq!(a100["('vgg16 (batch size 64)', 8)"]["null"], 10.0);
+        // Eight workers' steps, each a tenth of a second apart.
+        assert_eq!(a100["('vgg16 (batch size 64)', 8)"]["null"], 80.0);
         assert_eq!(t["v100"]["('vgg16 (batch size 64)', 8)"]["null"], 0.0);
         // Another model joins the file; the same job again replaces its entry.
         let t = add(t, "it's", 32, &[row("a100", 1, 1e6)]);

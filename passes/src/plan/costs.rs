@@ -281,17 +281,28 @@ impl<'a> Costs<'a> {
         (forward, 2.0 * forward)
     }
 
-    /// A single GPU's time for the whole iteration (rank 0's GPU), µs: every layer's
-    /// forward and backward pass and the optimizer step over every weight — what every
-    /// plan's GPU time counts too, so that one GPU's own plan amplifies nothing.
+    /// A single GPU's time for the whole iteration, µs: every layer's forward and backward
+    /// pass and the optimizer step over every weight — what every plan's GPU time counts
+    /// too, so that one GPU's own plan amplifies nothing. On ranks of several GPU types,
+    /// the fastest type's: a plan on the slower ones then amplifies its GPU time by as much
+    /// as it costs against the best GPU at hand.
     pub fn single_gpu_time_us(&self) -> f64 {
-        let compute: f64 = (0..self.graph.layers.len())
-            .map(|l| {
-                let w = self.work(l, Split::NONE, 0, 1);
-                w.fwd_us + w.bwd_us
+        let on = |rank: u32| {
+            let compute: f64 = (0..self.graph.layers.len())
+                .map(|l| {
+                    let w = self.work(l, Split::NONE, rank, 1);
+                    w.fwd_us + w.bwd_us
+                })
+                .sum();
+            compute + self.step_us(self.graph.param_bytes() as f64, rank)
+        };
+        // The first rank of each run of one GPU model.
+        (0..self.gpus)
+            .filter(|&r| {
+                r == 0 || self.model_of_rank[r as usize] != self.model_of_rank[r as usize - 1]
             })
-            .sum();
-        compute + self.step_us(self.graph.param_bytes() as f64, 0)
+            .map(on)
+            .fold(f64::INFINITY, f64::min)
     }
 
     /// All-reduce of `bytes` over `ranks` (an arithmetic progression) as (latency,

@@ -745,7 +745,9 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
                             free[g] += s.sync_us;
                         }
                         if k > 0 {
-                            let delay = match !apart && j + 1 == m {
+                            // Its gradient buckets are launched in this backward: the last
+                            // one, or every one under the asynchronous schedule.
+                            let delay = match !apart && (steps_each || j + 1 == m) {
                                 true => s.send_delay_us,
                                 false => 0.0,
                             };

@@ -297,8 +297,28 @@ impl StrategyFile {
             if s.replicas == 0 {
                 return Err(bad(format!("stages[{k}].replicas must be ≥ 1")));
             }
-            // A later virtual stage runs on its turn's GPUs again.
-            let first_rank = match k.checked_sub(devices).map(|j| stages[j]) {
+            // A later virtual stage runs on its turn's GPUs again; a stage of its own
+            // starts after the one before (at its `first_rank`, when given).
+            let earlier = k.checked_sub(devices).map(|j| stages[j]);
+            match (s.first_rank, earlier) {
+                (Some(r), Some(e)) if r != e.first_rank => {
+                    return Err(bad(format!(
+                        "stages[{k}].first_rank is {r}; as a virtual stage on stage {}'s GPUs \
+                         it starts at rank {}",
+                        k - devices,
+                        e.first_rank
+                    )))
+                }
+                (Some(r), None) if r < rank => {
+                    return Err(bad(format!(
+                        "stages[{k}].first_rank is {r}, among the ranks of the stages before \
+                         it (from rank {rank} on); stages sharing GPUs are virtual stages \
+                         (virtual_stages)"
+                    )))
+                }
+                _ => {}
+            }
+            let first_rank = match earlier {
                 Some(earlier) if earlier.gpus == s.replicas => earlier.first_rank,
                 Some(earlier) => {
                     return Err(bad(format!(

@@ -401,7 +401,13 @@ impl Strategy {
                 ));
             }
             next_layer = s.last_layer + 1;
-            next_rank = next_rank.max(s.first_rank + s.gpus);
+            let Some(end) = s.first_rank.checked_add(s.gpus) else {
+                return bad(format!(
+                    "stage {k} starts at rank {} with {} GPUs, past any cluster",
+                    s.first_rank, s.gpus
+                ));
+            };
+            next_rank = next_rank.max(end);
             for l in s.first_layer..=s.last_layer {
                 let split = self.layers[l];
                 let layer = &graph.layers[l];

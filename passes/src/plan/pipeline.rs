@@ -10,14 +10,18 @@
 //! A dynamic program from the last segment backwards over (first segment `i`, GPUs of the
 //! suffix `m`, stages after this one `d`): O(K² · W · G · D) for K segments, W stage widths,
 //! G GPU totals and D depths. A stage's memory depends on `d` (in-flight microbatches), so
-//! infeasible stages are pruned where they are built. The objective is the bottleneck:
-//! the largest per-microbatch stage time (with its gradient synchronization under the
-//! asynchronous schedule) or cut transfer, ties broken by the sum; the evaluator then
-//! prices the winner exactly (synchronous schedules also pay the fill and drain).
+//! infeasible stages are pruned where they are built. Each suffix keeps the stages leading
+//! to the fastest iteration in closed form — the sum of its stages and cuts (one
+//! microbatch through them), `M − 1` times its bottleneck (the largest per-microbatch
+//! stage time, with its gradient synchronization under the asynchronous schedule, or cut
+//! transfer), and its slowest synchronization — a heuristic, since bottlenecks compose by
+//! `max`. The evaluator then prices the winner exactly, and [`refine_cuts`] moves its cuts
+//! (anywhere, not only at single-tensor cuts) while that exact price falls.
 
 use super::costs::Costs;
 use super::layered::gpu_counts;
 use super::{Schedule, Stage, Strategy};
+use crate::cluster::Link;
 use crate::layers::{Producer, Split};
 
 /// Segments the program works with at most (fewer on more than 64 GPUs, where the GPU
@@ -184,15 +188,17 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         continue;
                     }
                     let (latency, per_byte) = costs.replicas_sync(first, w);
-                    let link = costs.cluster.link(first.saturating_sub(1), first + w - 1);
+                    // The links into this stage (from the rank before) and out of it.
+                    let link_in = costs.cluster.link(first.saturating_sub(1), first + w - 1);
+                    let link_out = costs.cluster.link(first + w - 1, (first + w).min(n - 1));
                     // A cut's tensor each way between stages of `w` and `other` GPUs: the
                     // narrower side's GPUs carry all of it.
-                    let hop = |bytes: f64, other: u32| {
+                    let hop = |link: Link, bytes: f64, other: u32| {
                         2.0 * link.transfer_us(bytes / f64::from(w.min(other)) / f64::from(m_mb))
                     };
                     // (The stage before is not placed yet: its send prices the cut whole.)
                     let receive = if i > 0 {
-                        hop(tables.cut_bytes[start], w)
+                        hop(link_in, tables.cut_bytes[start], w)
                     } else {
                         0.0
                     };
@@ -244,7 +250,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
                         let sync =
                             one_bucket.min(overlapped.max(0.0)) + costs.step_us(params, first);
                         let send = match rest {
-                            Some(r) => hop(tables.cut_bytes[end + 1], r.width),
+                            Some(r) => hop(link_out, tables.cut_bytes[end + 1], r.width),
                             None => 0.0,
                         };
                         let own = if schedule == Schedule::Async {

@@ -197,8 +197,8 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
     // Several GPU types: each type's GPUs alone are planned too, and that plan is a
     // candidate on the whole cluster (a slow type priced into a plan can cost more than it
     // brings).
-    for (first_rank, part) in homogeneous_parts(costs.cluster, n) {
-        let part_costs = Costs::new(graph, &part, part.gpu_count(), costs.options.clone());
+    for (first_rank, used, part) in homogeneous_parts(costs.cluster, n) {
+        let part_costs = Costs::new(graph, &part, used, costs.options.clone());
         let Ok(found) = plan(&part_costs, request) else {
             continue;
         };
@@ -206,7 +206,9 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
         for stage in &mut strategy.stages {
             stage.first_rank += first_rank;
         }
-        let evaluation = evaluate(costs, &strategy)?;
+        let Ok(evaluation) = evaluate(costs, &strategy) else {
+            continue;
+        };
         smallest_need = smallest_need.min(evaluation.peak_memory_bytes);
         candidates.push(Candidate {
             family: found.chosen.family,
@@ -287,9 +289,9 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
 }
 
 /// Where the first `gpus` ranks of `cluster` hold more than one GPU type: each node
-/// group's share of them as a cluster of its own, with its first rank. Nothing on a
-/// cluster of one type.
-fn homogeneous_parts(cluster: &Cluster, gpus: u32) -> Vec<(u32, Cluster)> {
+/// group's share of them as a cluster of its own (whole nodes), with its first rank and the
+/// GPUs of it among the first `gpus`. Nothing on a cluster of one type.
+fn homogeneous_parts(cluster: &Cluster, gpus: u32) -> Vec<(u32, u32, Cluster)> {
     let first_type = &cluster.gpu(0).name;
     if (0..gpus).all(|r| &cluster.gpu(r).name == first_type) {
         return Vec::new();
@@ -303,6 +305,7 @@ fn homogeneous_parts(cluster: &Cluster, gpus: u32) -> Vec<(u32, Cluster)> {
             let nodes = used.div_ceil(group.gpus_per_node.max(1));
             parts.push((
                 first,
+                used,
                 Cluster {
                     name: format!("{} ranks {first}..{}", cluster.name, first + used - 1),
                     groups: vec![NodeGroup {
