@@ -21,8 +21,8 @@ use crate::plan::{
 };
 use crate::profile::Profile;
 use crate::transformer::{
-    self, Attention, ExpertOptions, Knobs, NotLayered, Offload, Overlap, Parallelism, Recompute,
-    Searched, Setting, Transformer,
+    self, Attention, ExpertOptions, Knobs, NotLayered, Overlap, Parallelism, Searched, Setting,
+    Transformer,
 };
 
 /// A model as read: a planner's layer graph (PipeDream's, DeepPool's), or a verified ONNX
@@ -450,24 +450,7 @@ fn plan_transformer<'a>(
         // As many microbatches as the batch may be cut into (one for a fixed-batch export).
         .filter(|&b| batch / b <= sample_pieces.max(1))
         .map(|micro_batch| {
-            let e = transformer::estimate(
-                &one_gpu,
-                &Parallelism {
-                    tensor: 1,
-                    context: 1,
-                    pipeline: 1,
-                    data: 1,
-                    micro_batch,
-                    virtual_stages: 1,
-                    recompute: Recompute::None,
-                    sequence_parallel: false,
-                    zero: 0,
-                    schedule: Schedule::OneFOneB,
-                    expert: 1,
-                    expert_tensor: 1,
-                    offload: Offload::NONE,
-                },
-            );
+            let e = transformer::estimate(&one_gpu, &Parallelism::one_gpu(micro_batch));
             e.time.compute_us + e.time.optimizer_us
         })
         .fold(f64::INFINITY, f64::min);

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::recognized;
+use common::{bf16_adam, recognized};
 use ralpc_ir::models::GptSpec;
 use ralpc_passes::cluster::{Cluster, Generation, Precision};
 use ralpc_passes::cost::rates::{Rates, IN_STEP};
@@ -241,33 +241,6 @@ fn recognized_shapes_are_the_generated_ones() {
         recognized(&spec, 2),
         ralpc_passes::transformer::Transformer::from(&spec)
     );
-}
-
-/// Today's runs: bf16 with Adam, fused attention and Megatron-Core's overlaps, a 1 GiB
-/// workspace, on `gpus` GPUs of `cluster` at `batch` sequences.
-fn bf16_adam<'a>(
-    model: &'a Transformer,
-    cluster: &'a Cluster,
-    gpus: u32,
-    batch: u64,
-) -> Setting<'a> {
-    Setting {
-        model,
-        batch,
-        sample_pieces: batch,
-        cluster,
-        gpus,
-        precision: Precision::Bf16,
-        optimizer: Optimizer::Adam,
-        fp32_gradients: false,
-        workspace_bytes: (1u64 << 30) as f64,
-        memory_limit: None,
-        attention: Attention::Fused,
-        overlap: Overlap::MEGATRON_CORE,
-        profile: None,
-        expert_imbalance: 1.0,
-        dispatcher: Dispatcher::AllToAll,
-    }
 }
 
 /// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch

@@ -3,33 +3,18 @@
 //! presets, searched only where nothing fits without it, refused where Megatron-Core
 //! refuses it.
 
+mod common;
+
 use ralpc_ir::models::{huggingface, GptSpec};
 use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::PlanError;
 use ralpc_passes::transformer::{
-    estimate, search, Attention, Dispatcher, Knobs, Offload, Overlap, Parallelism, Recompute,
-    Setting, Transformer,
+    estimate, search, Knobs, Offload, Parallelism, Recompute, Setting, Transformer,
 };
 
 fn setting<'a>(model: &'a Transformer, cluster: &'a Cluster, gpus: u32, batch: u64) -> Setting<'a> {
-    Setting {
-        model,
-        batch,
-        sample_pieces: batch,
-        cluster,
-        gpus,
-        precision: Precision::Bf16,
-        optimizer: Optimizer::Adam,
-        fp32_gradients: false,
-        workspace_bytes: (1u64 << 30) as f64,
-        memory_limit: None,
-        attention: Attention::Fused,
-        overlap: Overlap::MEGATRON_CORE,
-        profile: None,
-        expert_imbalance: 1.0,
-        dispatcher: Dispatcher::AllToAll,
-    }
+    common::bf16_adam(model, cluster, gpus, batch)
 }
 
 fn llama_8b() -> Transformer {
@@ -41,23 +26,13 @@ fn llama_8b() -> Transformer {
     Transformer::from(&spec)
 }
 
-/// One GPU alone: no parallelism, `micro_batch` sequences a microbatch.
+/// One GPU alone, `micro_batch` sequences a microbatch, inside the distributed optimizer
+/// (where Megatron-Core's hybrid device optimizer lives).
 fn alone(micro_batch: u64, offload: Offload) -> Parallelism {
     Parallelism {
-        tensor: 1,
-        context: 1,
-        pipeline: 1,
-        data: 1,
-        micro_batch,
-        virtual_stages: 1,
-        recompute: Recompute::None,
-        sequence_parallel: false,
-        // Megatron-Core's hybrid device optimizer lives in its distributed optimizer.
         zero: 1,
-        schedule: ralpc_passes::plan::Schedule::OneFOneB,
-        expert: 1,
-        expert_tensor: 1,
         offload,
+        ..Parallelism::one_gpu(micro_batch)
     }
 }
 

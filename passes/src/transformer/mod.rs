@@ -542,6 +542,26 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
+    /// One GPU doing everything: no parallelism, recomputation, sharding or offload, at
+    /// `micro_batch` sequences a microbatch.
+    pub fn one_gpu(micro_batch: u64) -> Parallelism {
+        Parallelism {
+            tensor: 1,
+            context: 1,
+            pipeline: 1,
+            data: 1,
+            micro_batch,
+            virtual_stages: 1,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            zero: 0,
+            schedule: Schedule::OneFOneB,
+            expert: 1,
+            expert_tensor: 1,
+            offload: Offload::NONE,
+        }
+    }
+
     /// GPUs used: `t · c · p · d`.
     pub fn gpus(&self) -> u64 {
         u64::from(self.tensor)

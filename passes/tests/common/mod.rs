@@ -65,3 +65,31 @@ pub fn recognized(
     let (graph, info) = generated(spec, batch);
     ralpc_passes::transformer::recognize(&graph, &info).expect("a GPT")
 }
+
+/// Today's runs: bf16 with Adam, fused attention and Megatron-Core's overlaps, a 1 GiB
+/// workspace, on `gpus` GPUs of `cluster` at `batch` sequences.
+pub fn bf16_adam<'a>(
+    model: &'a ralpc_passes::transformer::Transformer,
+    cluster: &'a ralpc_passes::cluster::Cluster,
+    gpus: u32,
+    batch: u64,
+) -> ralpc_passes::transformer::Setting<'a> {
+    use ralpc_passes::transformer::{Attention, Dispatcher, Overlap, Setting};
+    Setting {
+        model,
+        batch,
+        sample_pieces: batch,
+        cluster,
+        gpus,
+        precision: ralpc_passes::cluster::Precision::Bf16,
+        optimizer: ralpc_passes::cost::Optimizer::Adam,
+        fp32_gradients: false,
+        workspace_bytes: (1u64 << 30) as f64,
+        memory_limit: None,
+        attention: Attention::Fused,
+        overlap: Overlap::MEGATRON_CORE,
+        profile: None,
+        expert_imbalance: 1.0,
+        dispatcher: Dispatcher::AllToAll,
+    }
+}
