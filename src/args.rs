@@ -153,6 +153,14 @@ pub struct PlanArgs {
     /// replicas [default: searched].
     #[arg(long, value_name = "K", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// Hybrid sharding: cut the data-parallel (× context) ranks into R groups, each holding
+    /// a whole sharded copy of ZeRO's state, the groups all-reducing their shards'
+    /// gradients once an iteration (FSDP2's HSDP; Megatron-Core's
+    /// --num-distributed-optimizer-instances) [default: 1 for an ONNX model, whose
+    /// executable plan does not shard hybridly yet; searched for a configuration: 1, or one
+    /// group a node].
+    #[arg(long, value_name = "R", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
+    pub dp_replicate: Option<u32>,
     /// Mixtures of experts: ranks each routed expert group is spread over (Megatron-Core's
     /// expert parallelism, folded into the tensor × context × data ranks of a stage)
     /// [default: searched].
@@ -292,6 +300,7 @@ impl PlanArgs {
                 expert_tensor: args.expert_tensor_parallel,
                 offload_activations: args.offload_activations,
                 offload_optimizer: args.offload_optimizer,
+                shard_groups: args.dp_replicate,
                 schedule: None,
             },
             experts: ExpertOptions {

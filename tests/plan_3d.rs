@@ -1567,3 +1567,90 @@ fn a_model_too_large_for_its_gpu_offloads_and_reaches_megatron() {
     let too_many = stderr_of_failure(&args(&["--offload-activations", "32"]));
     assert!(too_many.contains("--offload-activations 32"), "{too_many}");
 }
+
+/// Hybrid sharding (`--dp-replicate R`): ZeRO's shards over each of R groups of the
+/// data-parallel ranks, reported in `--json`, handed to Megatron-LM as
+/// `--num-distributed-optimizer-instances`; without ZeRO it is refused, and an export's plan
+/// says it is priced, not lowered.
+#[test]
+fn hybrid_sharding_is_priced_reported_and_emitted() {
+    let llama = [
+        "plan",
+        "fixtures/configs/llama-3.1-8b.json",
+        "--input",
+        "input_ids=64,8192",
+        "--cluster",
+        "dgx-h100x4",
+        "--gpus",
+        "32",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adam",
+        "--tensor-parallel",
+        "1",
+        "--pipeline-parallel",
+        "1",
+        "--zero",
+        "3",
+    ];
+    let at = |r: &'static str| json(&[&llama[..], &["--dp-replicate", r, "--json"]].concat());
+    let (flat, hybrid) = (at("1"), at("4"));
+    assert_eq!(hybrid["dp_replicate"], 4);
+    assert_eq!(flat["dp_replicate"], 1);
+    let bytes = |v: &Value, k: &str| v["memory_breakdown"][k].as_f64().unwrap();
+    let ratio = bytes(&hybrid, "optimizer") / bytes(&flat, "optimizer");
+    assert!((ratio - 4.0).abs() < 0.01, "{ratio}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("megatron");
+    ralpc()
+        .args(llama)
+        .args(["--dp-replicate", "4", "--emit", "megatron", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let emitted = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    assert!(
+        emitted.contains("--num-distributed-optimizer-instances 4\n"),
+        "{emitted}"
+    );
+    assert_eq!(megatron_refuses(&emitted), None, "{emitted}");
+    let refused = stderr_of_failure(&[
+        "plan",
+        "fixtures/configs/llama-3.1-8b.json",
+        "--input",
+        "input_ids=64,8192",
+        "--cluster",
+        "dgx-h100x4",
+        "--gpus",
+        "32",
+        "--zero",
+        "0",
+        "--dp-replicate",
+        "4",
+    ]);
+    assert!(refused.contains("--dp-replicate 4"), "{refused}");
+    // An export is planned without it unless asked, and asked, its plan is not lowered.
+    let gpt2 = [
+        "plan",
+        "fixtures/onnx/gpt2/model.onnx",
+        "--cluster",
+        "eos",
+        "--gpus",
+        "16",
+    ];
+    assert_eq!(
+        json(&[&gpt2[..], &["--zero", "1", "--json"]].concat())["dp_replicate"],
+        1
+    );
+    let out = ralpc()
+        .args(gpt2)
+        .args(["--zero", "3", "--dp-replicate", "2"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.contains("hybrid sharding (2 copies of ZeRO's shards) is priced but not lowered"),
+        "{text}"
+    );
+}

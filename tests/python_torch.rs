@@ -184,13 +184,29 @@ print("ok", len(weights), "weights")
 /// (`python/tests/check_megatron.py`): the bundled GPT-2's default and ZeRO-3 plans, FP8 on
 /// H100s, and mixtures of experts from their configurations (DeepSeek-V3 at its published
 /// layout, with latent attention and uneven stages; Qwen3-30B-A3B with the all-to-all
-/// overlap); an overlap Megatron-Core does not run is refused.
+/// overlap), Llama 3.1 8B on one H100 with its optimizer and 8 blocks' activations in host
+/// memory, GPT-2 under hybrid sharding; an overlap Megatron-Core does not run is refused.
 #[test]
 fn megatron_core_accepts_the_arguments_ralpc_emits() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().expect("temp dir");
     let gpt2 = "fixtures/onnx/gpt2/model.onnx";
-    let plans: [(&str, &[&str]); 5] = [
+    let llama_8b_on_one_h100: &[&str] = &[
+        "fixtures/configs/llama-3.1-8b.json",
+        "--input",
+        "input_ids=8,4096",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "1",
+        "--precision",
+        "bf16",
+        "--optimizer",
+        "adam",
+        "--offload-activations",
+        "8",
+    ];
+    let plans: [(&str, &[&str]); 7] = [
         ("gpt2", &[gpt2, "--gpus", "8"]),
         ("zero3", &[gpt2, "--gpus", "8", "--zero", "3"]),
         (
@@ -207,6 +223,22 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
         ),
         ("deepseek", &common::DEEPSEEK_V3_ON_1024_H100),
         ("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED),
+        // Its optimizer state and 8 blocks' activations in host memory.
+        ("offload", llama_8b_on_one_h100),
+        (
+            "hsdp",
+            &[
+                gpt2,
+                "--cluster",
+                "eos",
+                "--gpus",
+                "16",
+                "--zero",
+                "3",
+                "--dp-replicate",
+                "2",
+            ],
+        ),
     ];
     let files: Vec<PathBuf> = plans
         .into_iter()
@@ -242,7 +274,8 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
 /// accepts them for their world (`python/tests/check_torchtitan.py`: its ConfigManager, its
 /// `ParallelDims`, its pipeline stage count, its batch and sequence checks): Llama 3.1 8B
 /// on 32 H100s with tensor, pipeline and interleaved stages and full recomputation,
-/// Qwen3-30B-A3B with expert parallelism, DeepSeek-V3 at its published layout on 1,024.
+/// Llama 3.1 8B under hybrid sharding (4 replicas of 8 shards), Qwen3-30B-A3B with expert
+/// parallelism, DeepSeek-V3 at its published layout on 1,024.
 /// An edited file whose degrees do not make the world is refused.
 #[test]
 fn torchtitan_loads_the_jobs_ralpc_emits() {
@@ -275,9 +308,24 @@ fn torchtitan_loads_the_jobs_ralpc_emits() {
             "full",
         ])
         .collect();
-    let plans: [(&str, &[&str], u32); 4] = [
+    let hybrid: Vec<&str> = llama
+        .iter()
+        .copied()
+        .chain([
+            "--tensor-parallel",
+            "1",
+            "--pipeline-parallel",
+            "1",
+            "--zero",
+            "3",
+            "--dp-replicate",
+            "4",
+        ])
+        .collect();
+    let plans: [(&str, &[&str], u32); 5] = [
         ("llama", llama, 32),
         ("interleaved", &interleaved, 32),
+        ("hybrid", &hybrid, 32),
         ("qwen", &common::QWEN3_30B_ON_16_H100_OVERLAPPED, 16),
         ("deepseek", &common::DEEPSEEK_V3_ON_1024_H100, 1024),
     ];

@@ -432,8 +432,12 @@ fn plan_transformer<'a>(
         expert_imbalance: ask.experts.load(),
         dispatcher: ask.experts.dispatcher,
     };
+    // A model with layers to lower is searched among the configurations its executable
+    // plan expresses: hybrid sharding is not lowered yet, so it is priced only when asked.
+    let lowered = !matches!(model, Model::Shape { .. });
     let knobs = Knobs {
         schedule: ask.schedule.or(ask.knobs.schedule),
+        shard_groups: ask.knobs.shard_groups.or(lowered.then_some(1)),
         ..ask.knobs
     };
     let found = transformer::search(&setting, &knobs)?;

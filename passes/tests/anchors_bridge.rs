@@ -118,6 +118,7 @@ fn runs() -> Vec<Run> {
                         activation_layers: offloaded,
                         optimizer_percent: 0,
                     },
+                    shard_groups: 1,
                 },
                 batch: n("gbs"),
                 precision,

@@ -121,6 +121,7 @@ impl Row {
             expert: 1,
             expert_tensor: 1,
             offload: Offload::NONE,
+            shard_groups: 1,
         }
     }
 }
@@ -383,6 +384,7 @@ fn activations_follow_korthikanti() {
                     expert: 1,
                     expert_tensor: 1,
                     offload: Offload::NONE,
+                    shard_groups: 1,
                 };
                 let ours =
                     block_activation_bytes(&model, &par, Attention::Unfused, Precision::Fp16);
@@ -494,6 +496,7 @@ fn knobs_are_checked_with_their_names() {
         expert_tensor: Some(1),
         offload_activations: Some(0),
         offload_optimizer: Some(0),
+        shard_groups: Some(1),
     };
     let found = search(&setting, &all).unwrap();
     assert_eq!(found.evaluated, 1);
@@ -820,6 +823,7 @@ fn recomputing_modules_trades_time_for_memory() {
                     expert: if spec.moe.is_some() { 4 } else { 1 },
                     expert_tensor: 1,
                     offload: Offload::NONE,
+                    shard_groups: 1,
                 },
             )
         };

@@ -58,6 +58,11 @@ NOT_CONFIG = {
     "disable_bias_linear",
     "multi_latent_attention",
     "num_experts",
+    "optimizer_cpu_offload",
+    "optimizer_offload_fraction",
+    "use_precision_aware_optimizer",
+    "overlap_cpu_optimizer_d2h_h2d",
+    "num_distributed_optimizer_instances",
 }
 
 
@@ -105,6 +110,9 @@ def config(flags):
         chunks = len(layout.split("|"))
         if chunks > pp:
             kw["virtual_pipeline_model_parallel_size"] = chunks // pp
+    # validate_args turns the layer-wise offload on with its count.
+    if int(kw.get("cpu_offloading_num_layers", 0)) > 0:
+        kw["cpu_offloading"] = True
     if "fp8_format" in kw:
         # Megatron-LM's --fp8-format is the config's fp8.
         kw["fp8"] = kw.pop("fp8_format")

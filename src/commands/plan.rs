@@ -364,7 +364,14 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
             modules => format!("{} ({})", p.recompute, modules.join(", ")),
         },
         if p.sequence_parallel { "on" } else { "off" },
-        p.zero,
+        match p.dp_replicate {
+            1 => p.zero.to_string(),
+            r => format!(
+                "{} sharded over {} ranks, {r} copies",
+                p.zero,
+                p.data_parallel * p.context_parallel.max(1) / r
+            ),
+        },
         p.precision.name(),
         p.attention.name()
     );

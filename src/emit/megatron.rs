@@ -135,6 +135,14 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
             ]);
         }
     }
+    if p.dp_replicate > 1 {
+        // Hybrid sharding: the distributed optimizer's (or Megatron-FSDP's) shards over
+        // each of R groups of the data × context ranks.
+        args.push(format!(
+            "--num-distributed-optimizer-instances {}",
+            p.dp_replicate
+        ));
+    }
     if m.kv_heads != m.heads {
         args.push("--group-query-attention".into());
         args.push(format!("--num-query-groups {}", m.kv_heads));

@@ -190,6 +190,14 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         3 => "always",
         _ => "never",
     };
+    if p.dp_replicate > 1 && p.data_parallel % p.dp_replicate != 0 {
+        notes.push(format!(
+            "{} hybrid-sharding groups over the data × context ranks were priced; torchtitan \
+             replicates over the data-parallel ranks alone, which they do not divide: \
+             sharded over all of them here",
+            p.dp_replicate
+        ));
+    }
     if p.data_parallel > 1 {
         notes.push(format!(
             "data parallelism is FSDP2 over {} ranks (torchtitan's DDP takes no other \
@@ -300,11 +308,16 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
     let mut set = |target: &str, field: &str, value: String| {
         let _ = writeln!(out, "    {target}.{field} = {value}");
     };
-    set("p", "data_parallel_replicate_degree", "1".into());
+    // Hybrid sharding over the data-parallel ranks: R replicas of FSDP2's shards.
+    let replicate = match p.data_parallel % p.dp_replicate.max(1) {
+        0 => p.dp_replicate.max(1),
+        _ => 1,
+    };
+    set("p", "data_parallel_replicate_degree", replicate.to_string());
     set(
         "p",
         "data_parallel_shard_degree",
-        p.data_parallel.to_string(),
+        (p.data_parallel / replicate).to_string(),
     );
     set("p", "fsdp_reshard_after_forward", format!("\"{reshard}\""));
     set("p", "tensor_parallel_degree", p.tensor_parallel.to_string());

@@ -234,6 +234,9 @@ pub struct ParallelismRow {
     pub sequence_parallel: bool,
     /// ZeRO stage.
     pub zero: u8,
+    /// Groups of data-parallel (× context) ranks each holding a whole sharded copy of
+    /// ZeRO's state (hybrid sharding; 1: sharded over all of them).
+    pub dp_replicate: u32,
     /// The math precision the price assumed.
     pub precision: Precision,
     /// How the price assumed attention runs: `fused` or `unfused`.
@@ -576,6 +579,7 @@ pub(super) fn transformer(
             tp_comm_overlap: plan.tp_comm_overlap,
             sequence_parallel: par.sequence_parallel,
             zero: par.zero,
+            dp_replicate: par.shard_groups.max(1),
             model_flops_per_iteration: best.model_flops,
             hardware_flops_per_iteration: best.hardware_flops,
             transformer: *shape,

@@ -679,7 +679,21 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // Data-parallel collectives run over the data × context ranks (Megatron-Core reduces
     // gradients and shards the optimizer over both); an expert's over the ranks holding
     // the same experts, `ep·etp` apart.
-    let dp = DataParallel::new(cluster, par.tensor, par.data * par.context.max(1), gpn);
+    // Hybrid sharding (ZeRO 1–3 over groups of `shard` consecutive ranks, repeated): the
+    // sharded collectives stay inside a group, and the groups all-reduce their shards'
+    // gradients once an iteration. The experts' state stays sharded over all of its ranks.
+    let hybrid = par.zero >= 1 && par.shard_size() < par.data * par.context.max(1);
+    let shard = par.shard_size();
+    let dp = match hybrid {
+        true => DataParallel::new(cluster, par.tensor, shard, gpn),
+        false => DataParallel::new(cluster, par.tensor, par.data * par.context.max(1), gpn),
+    };
+    let shard_groups = DataParallel::new(
+        cluster,
+        par.tensor * shard,
+        par.data * par.context.max(1) / shard,
+        gpn,
+    );
     let expert_ranks = par.expert.max(1) * par.expert_tensor.max(1);
     let edp_size = (par.tensor * par.context.max(1) * par.data / expert_ranks).max(1);
     let edp = DataParallel::new(cluster, expert_ranks, edp_size, gpn);
@@ -1040,13 +1054,27 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let data_comm_us = syncs * gradient_exposed + param_exposed + tied_us;
+    // Hybrid sharding: each group's shard of the gradients all-reduced across the groups,
+    // once an iteration, each bucket's after its last reduce-scatter (behind the rest of
+    // the backward pass with the data-parallel overlap, as FSDP2's HSDP runs it).
+    let (across_us, across_hidden) = match (hybrid, setting.overlap.data_parallel) {
+        (false, _) => (0.0, 0.0),
+        (true, overlap) => {
+            let us = shard_groups.all_reduce_us(fullest_params * grad_e / f64::from(shard));
+            match overlap {
+                true => hide(us, hide_backward, bucket),
+                false => (us, 0.0),
+            }
+        }
+    };
+    let data_comm_us = syncs * gradient_exposed + param_exposed + tied_us + across_us;
     let zero3_hidden_us = of_stage(fullest_stage, |b| b.zero3_hidden_us);
-    let overlapped_us = syncs * gradient_hidden + param_hidden + zero3_hidden_us * m as f64;
+    let overlapped_us =
+        syncs * gradient_hidden + param_hidden + zero3_hidden_us * m as f64 + across_hidden;
     // Optimizer step over this GPU's shard: read gradient, master, state; write them back
     // and the low-precision copy.
     let (shard, expert_shard) = match par.zero >= 1 {
-        true => (d * c, f64::from(edp_size)),
+        true => (f64::from(par.shard_size()), f64::from(edp_size)),
         false => (1.0, 1.0),
     };
     let master: f64 = if e < 4.0 { 4.0 } else { 0.0 };
@@ -1108,7 +1136,13 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 false => 0.0,
             };
             let (params, experts) = stage_params[k];
-            let zero_div = |stage: u8| if par.zero >= stage { d * c } else { 1.0 };
+            let zero_div = |stage: u8| {
+                if par.zero >= stage {
+                    f64::from(par.shard_size())
+                } else {
+                    1.0
+                }
+            };
             let expert_div = |stage: u8| {
                 if par.zero >= stage {
                     f64::from(edp_size)

@@ -52,6 +52,15 @@ pub fn layered(
             "more GPUs, or --offload-activations 0 --offload-optimizer 0",
         );
     }
+    if par.shard_groups > 1 {
+        return refuse(
+            &format!(
+                "hybrid sharding ({} copies of ZeRO's shards)",
+                par.shard_groups
+            ),
+            "--dp-replicate 1",
+        );
+    }
     if par.context > 1 {
         return refuse(
             &format!("context parallelism ({} ranks a sequence)", par.context),

@@ -539,6 +539,12 @@ pub struct Parallelism {
     pub expert_tensor: u32,
     /// What is kept in host memory.
     pub offload: Offload,
+    /// Groups the data × context ranks are cut into, each holding a whole sharded copy of
+    /// the ZeRO-sharded state (hybrid sharded data parallelism: FSDP2's HSDP, Megatron-
+    /// Core's `--num-distributed-optimizer-instances`): the state shards over `d·c/r`
+    /// consecutive ranks, and the shards' gradients are all-reduced across the `r` groups
+    /// once an iteration. 1: one group, sharded over all of them.
+    pub shard_groups: u32,
 }
 
 impl Parallelism {
@@ -559,6 +565,16 @@ impl Parallelism {
             expert: 1,
             expert_tensor: 1,
             offload: Offload::NONE,
+            shard_groups: 1,
+        }
+    }
+
+    /// The data × context ranks one sharded copy of the ZeRO state spans.
+    pub fn shard_size(&self) -> u32 {
+        let ranks = self.data * self.context.max(1);
+        match self.shard_groups.max(1) {
+            r if ranks % r == 0 => ranks / r,
+            _ => ranks,
         }
     }
 

@@ -45,6 +45,9 @@ pub struct Knobs {
     pub offload_activations: Option<u64>,
     /// `--offload-optimizer`: percent of the optimizer state kept in host memory.
     pub offload_optimizer: Option<u8>,
+    /// `--dp-replicate`: groups of data × context ranks each holding a whole sharded copy
+    /// of the ZeRO state (hybrid sharding).
+    pub shard_groups: Option<u32>,
 }
 
 /// The search's result.
@@ -96,6 +99,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 expert: 1,
                 expert_tensor: 1,
                 offload: Offload::NONE,
+                shard_groups: 1,
             },
         )
     };
@@ -202,7 +206,13 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                     {
                                         continue;
                                     }
-                                    for &(expert, expert_tensor) in &expert_layouts {
+                                    for (&(expert, expert_tensor), shard_groups) in
+                                        expert_layouts.iter().flat_map(|l| {
+                                            hybrid_groups(knobs, zero, t, c * d, gpn)
+                                                .into_iter()
+                                                .map(move |r| (l, r))
+                                        })
+                                    {
                                         // Offloading only where nothing fits without it:
                                         // it never makes a step faster.
                                         let mut fits_on_gpus = false;
@@ -227,6 +237,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                     expert,
                                                     expert_tensor,
                                                     offload,
+                                                    shard_groups,
                                                 },
                                             );
                                             evaluated += 1;
@@ -459,6 +470,16 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             );
         }
     }
+    match (knobs.shard_groups, knobs.zero) {
+        (Some(0), _) => return bad("--dp-replicate must be at least 1".into()),
+        (Some(r), Some(0)) if r > 1 => {
+            return bad(format!(
+                "--dp-replicate {r}: hybrid sharding repeats ZeRO's shards; give --zero 1, 2 \
+                 or 3"
+            ))
+        }
+        _ => {}
+    }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
     }
@@ -475,6 +496,23 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         );
     }
     Ok(())
+}
+
+/// The hybrid shardings a point tries: one sharded copy over all `ranks` data × context
+/// ranks, and, under ZeRO, one per node (each shard group a node's `gpn / t` ranks, as
+/// FSDP2's HSDP and Megatron-Core's partial distributed optimizer are run), or the number
+/// the user fixed.
+fn hybrid_groups(knobs: &Knobs, zero: u8, t: u32, ranks: u32, gpn: u32) -> Vec<u32> {
+    if let Some(r) = knobs.shard_groups {
+        // Groups of at least two ranks each, under ZeRO (one group is plain ZeRO).
+        let fits = r == 1 || (zero >= 1 && ranks % r == 0 && ranks / r >= 2);
+        return if fits { vec![r] } else { Vec::new() };
+    }
+    let per_node = (gpn / t.max(1)).max(1);
+    match zero >= 1 && ranks % per_node == 0 && ranks / per_node > 1 && per_node > 1 {
+        true => vec![1, ranks / per_node],
+        false => vec![1],
+    }
 }
 
 /// The offloads a point tries, cheapest first: the one the user fixed, or nothing and then
