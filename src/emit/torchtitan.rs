@@ -190,13 +190,22 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         3 => "always",
         _ => "never",
     };
-    if p.dp_replicate > 1 && p.data_parallel % p.dp_replicate != 0 {
-        notes.push(format!(
-            "{} hybrid-sharding groups over the data × context ranks were priced; torchtitan \
-             replicates over the data-parallel ranks alone, which they do not divide: \
-             sharded over all of them here",
-            p.dp_replicate
-        ));
+    if p.dp_replicate > 1 {
+        let r = p.dp_replicate;
+        let sharded = p.data_parallel / r * p.context_parallel.max(1) * p.tensor_parallel;
+        if p.data_parallel % r != 0 || sharded % p.expert_parallel.max(1) != 0 {
+            notes.push(format!(
+                "{r} hybrid-sharding groups were priced; torchtitan replicates over the \
+                 data-parallel ranks alone, with expert parallelism inside the sharded ones, \
+                 which these degrees do not allow: sharded over all of them here"
+            ));
+        } else if microbatches > 1 && p.pipeline_parallel == 1 {
+            notes.push(format!(
+                "hybrid sharding's all-reduce across its {r} groups was priced once an \
+                 iteration; torchtitan without pipeline stages synchronizes every one of the \
+                 {microbatches} gradient-accumulation steps"
+            ));
+        }
     }
     if p.data_parallel > 1 {
         notes.push(format!(
@@ -309,9 +318,13 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         let _ = writeln!(out, "    {target}.{field} = {value}");
     };
     // Hybrid sharding over the data-parallel ranks: R replicas of FSDP2's shards.
-    let replicate = match p.data_parallel % p.dp_replicate.max(1) {
-        0 => p.dp_replicate.max(1),
-        _ => 1,
+    // (Replicas only where torchtitan takes them: dividing the data-parallel ranks, and
+    // leaving expert parallelism inside what is sharded, `ep | dp_shard · cp · tp`.)
+    let r = p.dp_replicate.max(1);
+    let sharded = p.data_parallel / r * p.context_parallel.max(1) * p.tensor_parallel;
+    let replicate = match p.data_parallel % r == 0 && sharded % p.expert_parallel.max(1) == 0 {
+        true => r,
+        false => 1,
     };
     set("p", "data_parallel_replicate_degree", replicate.to_string());
     set(

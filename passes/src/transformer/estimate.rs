@@ -681,7 +681,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // the same experts, `ep·etp` apart.
     // Hybrid sharding (ZeRO 1–3 over groups of `shard` consecutive ranks, repeated): the
     // sharded collectives stay inside a group, and the groups all-reduce their shards'
-    // gradients once an iteration. The experts' state stays sharded over all of its ranks.
+    // gradients once an iteration; the experts' state likewise over each group's share of
+    // its expert-data-parallel ranks (Megatron-Core cuts both by the same count).
     let hybrid = par.zero >= 1 && par.shard_size() < par.data * par.context.max(1);
     let shard = par.shard_size();
     let dp = match hybrid {
@@ -695,8 +696,14 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         gpn,
     );
     let expert_ranks = par.expert.max(1) * par.expert_tensor.max(1);
-    let edp_size = (par.tensor * par.context.max(1) * par.data / expert_ranks).max(1);
+    let expert_data = (par.tensor * par.context.max(1) * par.data / expert_ranks).max(1);
+    let copies = match hybrid {
+        true => par.shard_groups.max(1),
+        false => 1,
+    };
+    let edp_size = (expert_data / copies).max(1);
     let edp = DataParallel::new(cluster, expert_ranks, edp_size, gpn);
+    let expert_groups = DataParallel::new(cluster, expert_ranks * edp_size, copies, gpn);
     // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
     // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
     // sends them again with their gradients. Each step is its own attention kernel and its
@@ -1054,15 +1061,17 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    // Hybrid sharding: each group's shard of the gradients all-reduced across the groups,
-    // once an iteration, each bucket's after its last reduce-scatter (behind the rest of
-    // the backward pass with the data-parallel overlap, as FSDP2's HSDP runs it).
+    // Hybrid sharding: each group's shard of the gradients (and of the experts') all-reduced
+    // across the groups once an iteration, each bucket's after its last reduce-scatter on the
+    // same stream: with the data-parallel overlap, behind what of the backward pass the
+    // reduce-scatters left (as Megatron-Core and FSDP2's HSDP run it).
     let (across_us, across_hidden) = match (hybrid, setting.overlap.data_parallel) {
         (false, _) => (0.0, 0.0),
         (true, overlap) => {
-            let us = shard_groups.all_reduce_us(fullest_params * grad_e / f64::from(shard));
+            let us = shard_groups.all_reduce_us(fullest_params * grad_e / f64::from(shard))
+                + expert_groups.all_reduce_us(fullest_experts * grad_e / f64::from(edp_size));
             match overlap {
-                true => hide(us, hide_backward, bucket),
+                true => hide(us, (hide_backward - gradient_hidden).max(0.0), bucket),
                 false => (us, 0.0),
             }
         }

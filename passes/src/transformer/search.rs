@@ -208,8 +208,11 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                     }
                                     for (&(expert, expert_tensor), shard_groups) in
                                         expert_layouts.iter().flat_map(|l| {
+                                            // The experts' data-parallel ranks split alike.
+                                            let expert_data = t * c * d / (l.0 * l.1).max(1);
                                             hybrid_groups(knobs, zero, t, c * d, gpn)
                                                 .into_iter()
+                                                .filter(move |&r| expert_data % r == 0)
                                                 .map(move |r| (l, r))
                                         })
                                     {
@@ -218,7 +221,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                         let mut fits_on_gpus = false;
                                         for offload in offloads(setting, knobs, p, recompute, zero)
                                         {
-                                            if offload.any() && fits_on_gpus {
+                                            // (Offload beside hybrid sharding is not tried:
+                                            // one group over all ranks holds less.)
+                                            if offload.any() && (fits_on_gpus || shard_groups > 1) {
                                                 break;
                                             }
                                             let e = estimate(
@@ -272,7 +277,11 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     // Data parallelism on as many GPUs as the batch feeds is a plan too (it may use fewer
     // GPUs than every configuration above, which use them all).
     if data_parallel.fits
-        && knobs == &Knobs::default()
+        // (Hybrid sharding fixed to none is no choice: exports are searched so.)
+        && (Knobs {
+            shard_groups: None,
+            ..*knobs
+        }) == Knobs::default()
         && best
             .as_ref()
             .is_none_or(|b| data_parallel.iteration_time_us < b.iteration_time_us)
@@ -287,7 +296,14 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
         }),
         None if evaluated == 0 => Err(PlanError::Request(format!(
             "no tensor × context × pipeline × data split of {gpus} GPUs divides the batch \
-             {batch} with the options given"
+             {batch} with the options given{}",
+            match knobs.shard_groups.filter(|&r| r > 1) {
+                Some(r) => format!(
+                    " (--dp-replicate {r} needs ZeRO, the data × context ranks cut into {r} \
+                     groups of two or more, and the experts' data-parallel ranks cut alike)"
+                ),
+                None => String::new(),
+            }
         ))),
         None => Err(PlanError::OutOfMemory {
             need: smallest_need,
