@@ -408,6 +408,9 @@ fn plan_transformer<'a>(
         )));
     }
     let tp_comm_overlap = ask.tp_comm_overlap.unwrap_or(true);
+    // Whether the plan is lowered for ralpc's executor (an export), or only emitted (a
+    // configuration).
+    let lowered = !matches!(model, Model::Shape { .. });
     let setting = Setting {
         model: &shape,
         batch,
@@ -421,10 +424,11 @@ fn plan_transformer<'a>(
         memory_limit: ask.memory_limit,
         attention: ask.attention,
         // ZeRO-3's gathers are priced as ralpc's executor runs them, one block at a time
-        // when it runs: not yet as FSDP prefetches them.
+        // when it runs, for a model it runs; a configuration's plan goes only to Megatron-
+        // FSDP or FSDP2, which prefetch each behind the block before.
         overlap: Overlap {
             tensor_parallel: tp_comm_overlap,
-            sharded_parameters: false,
+            sharded_parameters: !lowered,
             expert_parallel: ask.experts.a2a_overlap,
             ..Overlap::MEGATRON_CORE
         },
@@ -434,7 +438,6 @@ fn plan_transformer<'a>(
     };
     // A model with layers to lower is searched among the configurations its executable
     // plan expresses: hybrid sharding is not lowered yet, so it is priced only when asked.
-    let lowered = !matches!(model, Model::Shape { .. });
     let knobs = Knobs {
         schedule: ask.schedule.or(ask.knobs.schedule),
         shard_groups: ask.knobs.shard_groups.or(lowered.then_some(1)),
