@@ -109,19 +109,11 @@ impl Row {
     fn parallelism(&self) -> Parallelism {
         Parallelism {
             tensor: self.t,
-            context: 1,
             pipeline: self.p,
             data: self.gpus / (self.t * self.p),
-            micro_batch: self.micro_batch,
             virtual_stages: self.v,
             recompute: Recompute::Full,
-            sequence_parallel: false,
-            zero: 0,
-            schedule: Schedule::OneFOneB,
-            expert: 1,
-            expert_tensor: 1,
-            offload: Offload::NONE,
-            shard_groups: 1,
+            ..Parallelism::one_gpu(self.micro_batch)
         }
     }
 }
