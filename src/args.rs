@@ -13,7 +13,7 @@ use ralpc_passes::transformer::{
 };
 use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 
-use crate::{ClusterOptions, PlanOptions};
+use crate::{BackgroundOptions, ClusterOptions, PlanOptions};
 
 /// Arguments of `ralpc plan` (the command line's, and `ralpc.plan`'s keyword arguments).
 #[derive(Debug, clap::Args)]
@@ -227,6 +227,20 @@ pub struct PlanArgs {
     /// instruction) [default: 2000000; at most 100000000].
     #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans", value_parser = parse_max_instructions)]
     pub max_instructions: Option<u64>,
+    /// Train this model (ONNX, PipeDream graph or DeepPool profile) on one GPU in the
+    /// plan's idle GPU time, as DeepPool multiplexes GPUs: its instructions packed into
+    /// every GPU's idle windows, never overlapping the foreground's. Reports its samples/s
+    /// and the cluster's against the GPUs split statically between the two jobs.
+    #[arg(long, value_name = "MODEL", help_heading = "Background job (DeepPool)")]
+    pub background: Option<PathBuf>,
+    /// The background job's batch [default: 16, DeepPool's].
+    #[arg(long, value_name = "B", help_heading = "Background job (DeepPool)", requires = "background", value_parser = parse_positive)]
+    pub bg_batch: Option<u64>,
+    /// How much slower the foreground runs on GPUs hosting the background (0.05 or 5%:
+    /// 5 % slower), for what the packing cannot see: kernels overrunning their price,
+    /// caches and memory bandwidth shared [default: 0].
+    #[arg(long, value_name = "F", help_heading = "Background job (DeepPool)", requires = "background", value_parser = parse_slowdown)]
+    pub interference: Option<f64>,
 }
 
 fn precision(name: &str) -> Precision {
@@ -314,6 +328,11 @@ impl PlanArgs {
             attention: Attention::parse(&args.attention).unwrap_or_default(),
             tp_comm_overlap: Some(args.tp_comm_overlap == "on"),
             max_instructions: args.max_instructions,
+            background: args.background.clone().map(|model| BackgroundOptions {
+                model,
+                batch: args.bg_batch,
+                interference: args.interference.unwrap_or(0.0),
+            }),
         }
     }
 }
@@ -396,6 +415,22 @@ pub fn parse_fraction(s: &str) -> Result<u8, BadArgument> {
         Ok(p) if (0.0..=100.0).contains(&p) && (p - p.round()).abs() < 1e-6 => Ok(p.round() as u8),
         _ => Err(BadArgument(format!(
             "expected a fraction from 0 to 1 in whole percent (0.25, or 25%), got '{s}'"
+        ))),
+    }
+}
+
+/// Parses `--interference`: a slowdown factor ≥ 0 (`0.05`) or percentage (`5%`), at most
+/// 10 (the foreground 11 times slower is no background job worth running).
+pub fn parse_slowdown(s: &str) -> Result<f64, BadArgument> {
+    let text = s.trim();
+    let factor = match text.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => text.parse::<f64>(),
+    };
+    match factor {
+        Ok(f) if (0.0..=10.0).contains(&f) => Ok(f),
+        _ => Err(BadArgument(format!(
+            "expected a slowdown factor from 0 to 10 (0.05, or 5%), got '{s}'"
         ))),
     }
 }

@@ -206,10 +206,11 @@ fn hash_inputs(options: &Options, build: &str) -> Result<String, Error> {
         options.profile.clone(),
         options.strategy_file.clone(),
         cluster_file,
+        options.background.as_ref().map(|b| b.model.clone()),
     ];
     for (i, path) in files.into_iter().enumerate() {
         let Some(path) = path else { continue };
-        let kind = if i == 0 {
+        let kind = if i == 0 || i == 4 {
             InputKind::Model
         } else {
             InputKind::Text

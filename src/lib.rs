@@ -60,9 +60,10 @@ pub use output::{
 };
 pub use plan::{
     graphviz_installed, layer_rows, plan, render_svg, report_html, runs_placed_alike,
-    simulated_facts, CandidateRow, Executable, ParallelismRow, PlacedLayer, PlanOptions,
-    PlanOutput, PlanReport, SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BATCH,
-    DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
+    simulated_facts, BackgroundOptions, BackgroundRow, CandidateRow, Executable, ParallelismRow,
+    PartitionRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow,
+    StageRow, SvgSkipped, DEFAULT_BACKGROUND_BATCH, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
+    SVG_SECONDS,
 };
 pub use process::{die_with_parent, hand_over, keep_freed_memory};
 pub use profile::{profile_cpu, profile_cuda, profile_on, ProfileOptions};

@@ -19,12 +19,14 @@ use ralpc_passes::transformer::{
 use crate::error::FileError;
 use crate::{cluster, ClusterOptions, Error};
 
+mod background;
 mod load;
 mod report;
 mod summary;
 mod svg;
 mod warnings;
 
+pub use background::{BackgroundOptions, BackgroundRow, PartitionRow, DEFAULT_BACKGROUND_BATCH};
 pub use report::{report_html, simulated_facts};
 pub use summary::{
     layer_rows, runs_placed_alike, CandidateRow, ParallelismRow, PlacedLayer, PlanReport,
@@ -105,6 +107,9 @@ pub struct PlanOptions {
     /// Values of named inputs (`--value`): constants of the model from then on (a sample
     /// rate its branches depend on).
     pub values: std::collections::BTreeMap<String, Vec<f64>>,
+    /// A one-GPU job trained in the foreground plan's idle GPU time (DeepPool's GPU
+    /// multiplexing), priced against static partitions of the GPUs.
+    pub background: Option<BackgroundOptions>,
 }
 
 /// A plan and its strategy in file form.
@@ -136,6 +141,10 @@ pub struct Executable {
     pub timeline: String,
     /// Every instruction as the simulator ran it.
     pub ran: Vec<ralpc_codegen::viz::Ran>,
+    /// Each rank's passes' time beyond their share of one GPU's
+    /// ([`ralpc_codegen::background::spare_compute_us`]), µs; found only for a plan with a
+    /// background job (empty otherwise).
+    pub spare_us: Vec<f64>,
 }
 
 fn ms(us: f64) -> String {
@@ -215,6 +224,11 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let model = model_of(options)?;
     let mut warnings = warnings_of(&model);
     let mut out = plan_model(options, model, started)?;
+    if let Some(asked) = &options.background {
+        let row = background::background(options, asked, &out)?;
+        warnings.extend(background::warnings(&row));
+        out.report.background = Some(row);
+    }
     warnings.extend(warnings::warnings(&out.report, options));
     out.report.warnings = warnings;
     Ok(out)
@@ -399,7 +413,15 @@ fn executable(
             })
         })
         .collect();
+    let spare_us = if options.background.is_some() {
+        ralpc_codegen::background::spare_compute_us(&plan, &simulation, |layer, rank| {
+            costs.one_gpu_pass_us(layer as usize, rank, strategy.microbatches)
+        })
+    } else {
+        Vec::new()
+    };
     Ok(Executable {
+        spare_us,
         dot: ralpc_codegen::viz::dot(&plan, graph),
         drawing: ralpc_codegen::viz::drawing(&plan, graph),
         timeline: ralpc_codegen::viz::trace(&plan, &ran),

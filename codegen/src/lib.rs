@@ -44,6 +44,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod background;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod layout;

@@ -131,6 +131,9 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             Some(p) => summary_3d(&compiled.report, p),
             None => summary(&compiled.report, simulation),
         };
+        if let Some(b) = &compiled.report.background {
+            text.push_str(&background(b));
+        }
         for warning in &compiled.report.warnings {
             let _ = writeln!(text, "warning: {}", crate::printable::printable(warning));
         }
@@ -161,6 +164,7 @@ fn refuse_overwriting_inputs(args: &Args, dir: &std::path::Path) -> Result<(), r
         args.profile.as_deref(),
         args.strategy_file.as_deref(),
         cluster,
+        args.background.as_deref(),
     ]
     .into_iter()
     .flatten()
@@ -258,6 +262,74 @@ fn write_stages(out: &mut String, r: &PlanReport) {
             gib(s.memory_bytes)
         );
     }
+}
+
+/// The background job's lines: its throughput in the idle windows, the GPUs it could not
+/// use and why, and the cluster's throughput against the static partitions.
+fn background(b: &ralpc::BackgroundRow) -> String {
+    use ralpc::codegen::background::Excluded;
+    let mut out = String::new();
+    let f = &b.filled;
+    let _ = writeln!(
+        out,
+        "\nbackground: {} at batch {}, one GPU each, in the plan's idle and spare GPU time",
+        b.model, b.batch
+    );
+    let _ = writeln!(
+        out,
+        "  alone: {} per iteration, {:.1} samples/s per GPU, {}",
+        ms(b.alone_iteration_us),
+        b.alone_samples_per_second,
+        gib(b.memory_bytes as f64)
+    );
+    let _ = writeln!(
+        out,
+        "  beside the plan: {:.1} samples/s on {} GPUs ({:.2} GPUs' worth of it alone); \
+         the plan {:.1}% slower (--interference)",
+        f.samples_per_second,
+        f.gpus.iter().filter(|g| g.excluded.is_none()).count(),
+        f.gpu_equivalents,
+        f.foreground_slowdown * 100.0
+    );
+    for g in &f.gpus {
+        if let Some(Excluded::Memory {
+            needed_bytes,
+            capacity_bytes,
+        }) = &g.excluded
+        {
+            let _ = writeln!(
+                out,
+                "  GPU {}: none: beside the plan it needs {} of {}",
+                g.rank,
+                gib(*needed_bytes as f64),
+                gib(*capacity_bytes as f64)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  cluster: {:.1} samples/s (plan {:.1} + background {:.1}); the GPUs split between the jobs:",
+        b.cluster_samples_per_second,
+        b.foreground_samples_per_second,
+        f.samples_per_second
+    );
+    for p in &b.partitions {
+        let _ = writeln!(
+            out,
+            "    {} plan + {} background  {:>9.1} samples/s  (plan {:.1}, background {:.1}){}",
+            p.foreground_gpus,
+            p.background_gpus,
+            p.cluster_samples_per_second,
+            p.foreground_samples_per_second,
+            p.background_samples_per_second,
+            if p.cluster_samples_per_second > b.cluster_samples_per_second {
+                "  more than both together"
+            } else {
+                ""
+            }
+        );
+    }
+    out
 }
 
 fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {

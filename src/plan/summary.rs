@@ -195,6 +195,9 @@ pub struct PlanReport {
     /// Transformer plans: Megatron-LM's configuration and where time and memory go.
     #[serde(flatten)]
     pub parallelism: Option<ParallelismRow>,
+    /// The background job in the plan's idle GPU time (`--background`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background: Option<super::BackgroundRow>,
 }
 
 /// A transformer plan's configuration (Megatron-LM's arguments) and its figures.
@@ -430,6 +433,7 @@ pub(super) fn layers(
             .collect(),
         simulated: None,
         parallelism: None,
+        background: None,
     }
 }
 
@@ -595,6 +599,7 @@ pub(super) fn transformer(
             configurations_priced: found.evaluated,
             measured: best.measured(),
         }),
+        background: None,
     }
 }
 

@@ -255,6 +255,14 @@ impl<'a> Costs<'a> {
         }
     }
 
+    /// Layer `l`'s forward, backward and weight-gradient part of the backward for one of
+    /// `microbatches` microbatches, unsplit on one GPU of rank `rank`'s type, µs: what a
+    /// split of the pass shares among its ranks at one GPU's efficiency.
+    pub fn one_gpu_pass_us(&self, l: usize, rank: u32, microbatches: u32) -> (f64, f64, f64) {
+        let w = self.work(l, Split::NONE, rank, microbatches);
+        (w.fwd_us, w.bwd_us, w.weight_us)
+    }
+
     /// What a recurrent layer split by its gates spends exchanging its state, forward and
     /// backward: every step, each of its parameter groups all-reduces the whole state of
     /// its samples (the rank's piece, zeros elsewhere: a gather), once per exchange; a
