@@ -61,6 +61,12 @@ pub struct RunSummary {
     pub backend: String,
     /// Weight tensors the model carried no data for, seeded instead.
     pub seeded_weights: usize,
+    /// The plan's background job (`ralpc plan --background`): each GPU's copy as it ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub background: Vec<crate::BackgroundRun>,
+    /// Why the plan's background job did not run, where it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background_not_run: Option<String>,
 }
 
 /// `ralpc doctor --json`: whether this machine can train on CUDA.

@@ -72,7 +72,8 @@ pub use ralpc_ir as ir;
 pub use ralpc_passes as passes;
 pub use ralpc_runtime_min as runtime;
 pub use run::{
-    read_plan, run, run_with_compute, train_single_device, Backend, RunOptions, RunOutput,
+    read_plan, run, run_with_compute, train_single_device, Backend, BackgroundRun, RunOptions,
+    RunOutput,
 };
 pub use sweep::{
     cluster_of_gpu_type, gavel, report_html as sweep_report_html, sweep, to_csv as sweep_csv,

@@ -225,9 +225,12 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     let mut warnings = warnings_of(&model);
     let mut out = plan_model(options, model, started)?;
     if let Some(asked) = &options.background {
-        let row = background::background(options, asked, &out)?;
+        let (row, recorded) = background::background(options, asked, &out)?;
         warnings.extend(background::warnings(&row));
         out.report.background = Some(row);
+        if let Some(executable) = &mut out.executable {
+            executable.plan.background = Some(recorded);
+        }
     }
     warnings.extend(warnings::warnings(&out.report, options));
     out.report.warnings = warnings;

@@ -21,7 +21,10 @@ use ralpc_runtime_min::dist::Placement;
 
 use crate::error::{Error, FileError};
 
+mod background;
 mod sizes;
+
+pub use background::BackgroundRun;
 
 /// What `ralpc run` does.
 #[derive(Clone, Debug)]
@@ -127,6 +130,10 @@ pub struct RunOutput {
     pub samples_per_s: f64,
     /// Weights the model did not carry, initialized from the seed.
     pub seeded_weights: usize,
+    /// The plan's background job, each GPU's copy as it ran beside the ranks.
+    pub background: Vec<BackgroundRun>,
+    /// Why the plan's background job did not run, where it has one that did not.
+    pub background_not_run: Option<String>,
 }
 
 /// A model ready to train: its graph at the global batch and everything derived from it.
@@ -646,21 +653,32 @@ fn model_path(plan: &Plan, plan_file: &Path, given: Option<&Path>) -> Result<Pat
     if let Some(m) = given {
         return Ok(m.to_path_buf());
     }
-    let recorded = plan.model.path.as_ref().map(PathBuf::from);
+    find_model(&plan.model, plan_file, "model", "; give it with --model")
+}
+
+/// `model`'s file (the plan's `what`): where the plan recorded it, else beside the plan's
+/// directory; an error naming it, ending with `advice`, where neither is a file.
+fn find_model(
+    model: &ralpc_codegen::ModelRef,
+    plan_file: &Path,
+    what: &str,
+    advice: &str,
+) -> Result<PathBuf, Error> {
+    let recorded = model.path.as_ref().map(PathBuf::from);
     let beside = plan_file
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join(&plan.model.name));
+        .map(|dir| dir.join(&model.name));
     recorded
         .into_iter()
         .chain(beside)
         .find(|p| p.is_file())
         .ok_or_else(|| {
             Error::PlanFile(Box::new(format!(
-                "{}: cannot find its model '{}' (planned from '{}'); give it with --model",
+                "{}: cannot find its {what} '{}' (planned from '{}'){advice}",
                 plan_file.display(),
-                plan.model.name,
-                plan.model.path.as_deref().unwrap_or("?")
+                model.name,
+                model.path.as_deref().unwrap_or("?"),
             )))
         })
 }
@@ -937,28 +955,84 @@ fn run_with(
         on_checkpoint: Some(&write_checkpoint),
         resume: resume.as_ref(),
     };
-    let (report, elapsed) = match &options.placement {
-        None => exec::run(&exe, &options.train(p.loss), &control),
-        Some(placement) => {
-            let world = World::connect(placement, options.timeout).map_err(|e| Error::Join {
-                rank: Some(placement.rank),
-                source: Box::new(e),
-            })?;
-            exec::run_process(
-                &exe,
-                &options.train(p.loss),
-                &control,
-                &world,
-                placement.rank,
-            )
-        }
-    }
-    .map_err(|e| {
-        writer
-            .failure()
-            .unwrap_or_else(|| Error::Ranks(Box::new(e)))
-    })?;
     let done = options.steps - resume.as_ref().map_or(0, |c| c.step);
+    // Each GPU's copy of the background job, for the ranks this process runs.
+    let hosted: Vec<u32> = match (&options.placement, &plan.background) {
+        (Some(placement), _) => vec![placement.rank],
+        // The plan's ranks, and the GPUs it leaves to the background alone.
+        (None, Some(b)) => (0..b.iterations_per_step.len() as u32).collect(),
+        (None, None) => Vec::new(),
+    };
+    let (copies, background_not_run) = match &plan.background {
+        None => (Vec::new(), None),
+        Some(_) if compute.is_some() => (
+            Vec::new(),
+            Some(
+                "the background job runs on the CPU backend only (on GPUs, DeepPool's \
+                 low-priority stream is not built yet)"
+                    .to_owned(),
+            ),
+        ),
+        Some(b) => {
+            let copies = background::copies(b, done, &hosted);
+            let none = copies.is_empty().then(|| {
+                format!(
+                    "{done} step(s) of the plan leave no GPU room for a whole step of the \
+                     background job"
+                )
+            });
+            (copies, none)
+        }
+    };
+    let background_job = match (&plan.background, copies.is_empty()) {
+        (Some(b), false) => Some((b, background::model(b, &plan_file)?)),
+        _ => None,
+    };
+    let (ran, background) = std::thread::scope(|scope| {
+        let handles: Vec<_> = background_job
+            .iter()
+            .flat_map(|(b, model)| {
+                copies.iter().map(move |&(rank, steps)| {
+                    scope.spawn(move || background::train(model, b, rank, steps, options))
+                })
+            })
+            .collect();
+        let failed = |e| {
+            writer
+                .failure()
+                .unwrap_or_else(|| Error::Ranks(Box::new(e)))
+        };
+        let ran = match &options.placement {
+            None => exec::run(&exe, &options.train(p.loss), &control).map_err(failed),
+            Some(placement) => match World::connect(placement, options.timeout) {
+                Err(e) => Err(Error::Join {
+                    rank: Some(placement.rank),
+                    source: Box::new(e),
+                }),
+                Ok(world) => exec::run_process(
+                    &exe,
+                    &options.train(p.loss),
+                    &control,
+                    &world,
+                    placement.rank,
+                )
+                .map_err(failed),
+            },
+        };
+        let background: Result<Vec<BackgroundRun>, Error> = handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Internal(Box::new(
+                        "a background job's thread panicked".into(),
+                    )))
+                })
+            })
+            .collect();
+        (ran, background)
+    });
+    let (report, elapsed) = ran?;
+    let background = background?;
     let seconds = elapsed.as_secs_f64();
     Ok(RunOutput {
         report,
@@ -967,5 +1041,7 @@ fn run_with(
         seconds,
         samples_per_s: (plan.batch * u64::from(done)) as f64 / seconds.max(1e-9),
         seeded_weights: p.weights.seeded,
+        background,
+        background_not_run,
     })
 }

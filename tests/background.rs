@@ -262,3 +262,58 @@ fn background_options_are_checked() {
     assert!(stderr.contains("missing.onnx"), "{stderr}");
     assert!(!dir.path().join("out").exists());
 }
+
+/// The host backend runs each GPU's copy of the background as a job of its own beside the
+/// plan's ranks: the plan's losses are those it has alone, and each copy's are those of
+/// its model trained alone for its steps.
+#[test]
+fn the_host_backend_trains_the_background_beside_the_plan() {
+    let mlp = common::fixture("train/mlp.onnx");
+    let base = PlanOptions {
+        model: mlp.clone(),
+        gpus: Some(2),
+        batch: Some(8),
+        ..PlanOptions::default()
+    };
+    let with = PlanOptions {
+        background: Some(BackgroundOptions {
+            model: mlp.clone(),
+            batch: Some(4),
+            interference: 0.0,
+        }),
+        ..base.clone()
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = |options: &PlanOptions, name: &str| {
+        let out = dir.path().join(name);
+        ralpc::compile(options)
+            .expect("plans")
+            .write(&out)
+            .expect("writes");
+        ralpc::run(&ralpc::RunOptions {
+            plan: out,
+            steps: 3,
+            ..ralpc::RunOptions::default()
+        })
+        .expect("runs")
+    };
+    let alone = run(&base, "alone");
+    let beside = run(&with, "beside");
+    assert_eq!(beside.report.losses, alone.report.losses);
+    assert!(alone.background.is_empty() && alone.background_not_run.is_none());
+    assert!(
+        !beside.background.is_empty(),
+        "{:?}",
+        beside.background_not_run
+    );
+    let plan = ralpc::read_plan(&dir.path().join("beside"))
+        .expect("reads")
+        .1;
+    let recorded = plan.background.expect("the plan records its background");
+    for copy in &beside.background {
+        let per_step = recorded.iterations_per_step[copy.rank as usize];
+        assert_eq!(copy.steps, (per_step * 3.0).floor() as u32);
+        let reference = common::train::reference(&mlp, 4, copy.steps);
+        assert_eq!(copy.losses, reference.losses, "GPU {}", copy.rank);
+    }
+}

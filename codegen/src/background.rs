@@ -80,6 +80,8 @@ pub struct GpuShare {
     pub spare_us: f64,
     /// The fraction of the GPU the background gets.
     pub gpu_fraction: f64,
+    /// Background iterations per foreground iteration on this GPU.
+    pub iterations_per_foreground_iteration: f64,
     /// Background samples per second on this GPU.
     pub samples_per_second: f64,
     /// Why the GPU runs none, where it does not.
@@ -211,11 +213,15 @@ pub fn fill(
             } else {
                 0.0
             };
+            // What rounding leaves of a GPU the plan keeps busy is no room.
+            let fraction = if fraction < 1e-9 { 0.0 } else { fraction };
             GpuShare {
                 rank,
                 idle_us: idle,
                 spare_us: spare,
                 gpu_fraction: fraction,
+                // Fixed below once the foreground's iteration (slowed or not) is known.
+                iterations_per_foreground_iteration: 0.0,
                 samples_per_second: fraction * job.alone_samples_per_second(),
                 excluded,
             }
@@ -227,11 +233,14 @@ pub fn fill(
     } else {
         (alone, 0.0)
     };
-    if hosting {
-        // The foreground's iteration is longer; the capacity it leaves grows with it.
-        for g in &mut gpus {
+    for g in &mut gpus {
+        if hosting {
+            // The foreground's iteration is longer; the capacity it leaves grows with it.
             g.idle_us *= stretch;
             g.spare_us *= stretch;
+        }
+        if job.iteration_us > 0.0 {
+            g.iterations_per_foreground_iteration = g.gpu_fraction * iteration / job.iteration_us;
         }
     }
     let samples_per_second: f64 = gpus.iter().map(|g| g.samples_per_second).sum();

@@ -58,8 +58,8 @@ pub mod viz;
 pub use layout::Layout;
 pub use lower::lower;
 pub use plan::{
-    model_hash, Buffer, BufferKind, Instruction, LinkClass, ModelRef, Plan, PlanFileError,
-    Predicted, Site, FORMAT,
+    model_hash, BackgroundRef, Buffer, BufferKind, Instruction, LinkClass, ModelRef, Plan,
+    PlanFileError, Predicted, Site, FORMAT,
 };
 pub use ralpc_passes as passes;
 pub use sim::{

@@ -482,6 +482,24 @@ pub struct Plan {
     /// ops (an imported profile's), which is simulated but not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<Layout>,
+    /// A one-GPU job trained beside the plan in its spare GPU time (`ralpc plan
+    /// --background`), one copy on each GPU that has room for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<BackgroundRef>,
+}
+
+/// The background job of a plan: its model, its batch, and how much of it each GPU trains.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackgroundRef {
+    /// Its model.
+    pub model: ModelRef,
+    /// Samples per iteration of it.
+    pub batch: u64,
+    /// Per GPU planned for (the plan's ranks, then the GPUs it leaves unused), its
+    /// iterations per iteration of the plan on that GPU, as priced (0 where it does not
+    /// run).
+    pub iterations_per_step: Vec<f64>,
 }
 
 /// Why a plan cannot be used.
@@ -687,6 +705,28 @@ impl Plan {
         }
         if let Some(layout) = &self.layout {
             layout.check(self.layers.len(), self.ranks)?;
+        }
+        if let Some(b) = &self.background {
+            if b.batch == 0 {
+                return bad("background.batch must be at least 1".into());
+            }
+            if b.iterations_per_step.len() < self.ranks as usize {
+                return bad(format!(
+                    "background.iterations_per_step lists {} GPUs; the plan has {} ranks",
+                    b.iterations_per_step.len(),
+                    self.ranks
+                ));
+            }
+            if let Some((r, x)) = b
+                .iterations_per_step
+                .iter()
+                .enumerate()
+                .find(|(_, x)| !(x.is_finite() && **x >= 0.0))
+            {
+                return bad(format!(
+                    "background.iterations_per_step[{r}]: {x} is not a finite number >= 0"
+                ));
+            }
         }
         for (g, group) in self.groups.iter().enumerate() {
             if group.len() < 2 || group.windows(2).any(|w| w[0] >= w[1]) {

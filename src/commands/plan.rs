@@ -287,7 +287,7 @@ fn background(b: &ralpc::BackgroundRow) -> String {
         "  beside the plan: {:.1} samples/s on {} GPUs ({:.2} GPUs' worth of it alone); \
          the plan {:.1}% slower (--interference)",
         f.samples_per_second,
-        f.gpus.iter().filter(|g| g.excluded.is_none()).count(),
+        f.gpus.iter().filter(|g| g.samples_per_second > 0.0).count(),
         f.gpu_equivalents,
         f.foreground_slowdown * 100.0
     );

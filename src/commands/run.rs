@@ -237,6 +237,8 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             batch: out.batch,
             backend: args.backend.clone(),
             seeded_weights: out.seeded_weights,
+            background: out.background.clone(),
+            background_not_run: out.background_not_run.clone(),
         };
         serde_json::to_string_pretty(&summary).unwrap_or_default() + "\n"
     } else {
@@ -254,6 +256,19 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
             out.samples_per_s,
             out.seconds
         );
+        for copy in &out.background {
+            let _ = writeln!(
+                text,
+                "background on GPU {}: {} step(s), loss {:.6} → {:.6}",
+                copy.rank,
+                copy.steps,
+                copy.losses.first().copied().unwrap_or(f64::NAN),
+                copy.losses.last().copied().unwrap_or(f64::NAN)
+            );
+        }
+        if let Some(why) = &out.background_not_run {
+            let _ = writeln!(text, "background: not run: {why}");
+        }
         text
     };
     super::print_stdout(&text);

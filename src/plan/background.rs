@@ -3,6 +3,7 @@
 //! of its GPUs between the two jobs.
 
 use ralpc_codegen::background::{fill, BackgroundJob, Filled};
+use ralpc_codegen::BackgroundRef;
 use serde::Serialize;
 
 use super::*;
@@ -68,13 +69,14 @@ pub struct PartitionRow {
     pub cluster_samples_per_second: f64,
 }
 
-/// The background `asked` for, packed into the idle windows of `out`'s simulated
-/// foreground plan of `options`, with the static partitions it is compared against.
+/// The background `asked` for in the spare time of `out`'s simulated foreground plan of
+/// `options`, with the static partitions it is compared against, and what the executable
+/// plan records of it for `ralpc run`.
 pub(super) fn background(
     options: &PlanOptions,
     asked: &BackgroundOptions,
     out: &PlanOutput,
-) -> Result<BackgroundRow, Error> {
+) -> Result<(BackgroundRow, BackgroundRef), Error> {
     let Some(foreground) = &out.executable else {
         return Err(request_error(match &out.not_lowered {
             Some(why) => format!(
@@ -91,7 +93,7 @@ pub(super) fn background(
         )));
     }
     let batch = asked.batch.unwrap_or(DEFAULT_BACKGROUND_BATCH);
-    let job = background_job(options, asked, batch)?;
+    let (job, model) = background_job(options, asked, batch)?;
     let capacity = out.report.memory_capacity_bytes as u64;
     if job.memory_bytes > capacity {
         return Err(request_error(format!(
@@ -114,7 +116,16 @@ pub(super) fn background(
         per_second(out.report.batch, filled.foreground_iteration_us);
     let alone = job.alone_samples_per_second();
     let partitions = partitions(options, out, foreground, alone)?;
-    Ok(BackgroundRow {
+    let recorded = BackgroundRef {
+        model,
+        batch,
+        iterations_per_step: filled
+            .gpus
+            .iter()
+            .map(|g| g.iterations_per_foreground_iteration)
+            .collect(),
+    };
+    let row = BackgroundRow {
         model: asked.model.display().to_string(),
         batch,
         alone_iteration_us: job.iteration_us,
@@ -125,16 +136,17 @@ pub(super) fn background(
         foreground_samples_per_second,
         filled,
         partitions,
-    })
+    };
+    Ok((row, recorded))
 }
 
 /// The background's one-GPU program, planned and simulated on one GPU of the foreground's
-/// cluster at the foreground's precision and optimizer.
+/// cluster at the foreground's precision and optimizer, and its model as its plan names it.
 fn background_job(
     options: &PlanOptions,
     asked: &BackgroundOptions,
     batch: u64,
-) -> Result<BackgroundJob, Error> {
+) -> Result<(BackgroundJob, ralpc_codegen::ModelRef), Error> {
     let alone = PlanOptions {
         model: asked.model.clone(),
         gpus: Some(1),
@@ -161,7 +173,10 @@ fn background_job(
                 .unwrap_or_default()
         )));
     };
-    Ok(BackgroundJob::of(&executable.simulation, batch))
+    Ok((
+        BackgroundJob::of(&executable.simulation, batch),
+        executable.plan.model,
+    ))
 }
 
 /// The foreground on 1, 2, 4, … of the GPUs (each plan as asked, simulated where lowered)

@@ -836,5 +836,6 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
             single_gpu_time_us: costs.single_gpu_time_us(),
         },
         layout: None,
+        background: None,
     })
 }
