@@ -227,13 +227,14 @@ pub struct PlanArgs {
     /// instruction) [default: 2000000; at most 100000000].
     #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans", value_parser = parse_max_instructions)]
     pub max_instructions: Option<u64>,
-    /// Train this model (ONNX, PipeDream graph or DeepPool profile) on one GPU in the
-    /// plan's idle GPU time, as DeepPool multiplexes GPUs: its instructions packed into
-    /// every GPU's idle windows, never overlapping the foreground's. Reports its samples/s
-    /// and the cluster's against the GPUs split statically between the two jobs.
+    /// Train this model (ONNX, PipeDream graph or DeepPool profile) on every GPU in what
+    /// the plan leaves of it, as DeepPool multiplexes GPUs at low priority: the time
+    /// nothing of the plan runs there, and the time its passes take beyond their share of
+    /// one GPU's (SMs a small per-GPU batch leaves empty). Reports its samples/s and the
+    /// cluster's against the GPUs split statically between the two jobs.
     #[arg(long, value_name = "MODEL", help_heading = "Background job (DeepPool)")]
     pub background: Option<PathBuf>,
-    /// The background job's batch [default: 16, DeepPool's].
+    /// The background job's batch [default: 16, DeepPool's; a PipeDream graph's own].
     #[arg(long, value_name = "B", help_heading = "Background job (DeepPool)", requires = "background", value_parser = parse_positive)]
     pub bg_batch: Option<u64>,
     /// How much slower the foreground runs on GPUs hosting the background (0.05 or 5%:

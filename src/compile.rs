@@ -202,19 +202,17 @@ fn hash_inputs(options: &Options, build: &str) -> Result<String, Error> {
         .map(PathBuf::from)
         .filter(|p| p.is_file());
     let files = [
-        Some(options.model.clone()),
-        options.profile.clone(),
-        options.strategy_file.clone(),
-        cluster_file,
-        options.background.as_ref().map(|b| b.model.clone()),
+        (Some(options.model.clone()), InputKind::Model),
+        (options.profile.clone(), InputKind::Text),
+        (options.strategy_file.clone(), InputKind::Text),
+        (cluster_file, InputKind::Text),
+        (
+            options.background.as_ref().map(|b| b.model.clone()),
+            InputKind::Model,
+        ),
     ];
-    for (i, path) in files.into_iter().enumerate() {
+    for (path, kind) in files {
         let Some(path) = path else { continue };
-        let kind = if i == 0 || i == 4 {
-            InputKind::Model
-        } else {
-            InputKind::Text
-        };
         let bytes = read_input(&path, kind).map_err(|error| {
             Error::Read(Box::new(FileError {
                 path: path.display().to_string(),

@@ -6,9 +6,10 @@
 //! GPU's block scheduler gives the foreground's kernels the SMs first, and the background's
 //! take whatever is left. What is left has two parts, both read off the foreground's
 //! simulated iteration:
-//! * the time a GPU's compute stream is idle: waiting on communication, on another
-//!   pipeline stage, or holding none of a layer that runs on fewer GPUs (burst
-//!   parallelism's narrow layers);
+//! * the time nothing of the foreground runs on a GPU: waiting on another pipeline stage
+//!   or another rank's message, or holding none of a layer that runs on fewer GPUs (burst
+//!   parallelism's narrow layers); a collective's time is not counted (its kernels hold
+//!   SMs and memory bandwidth too);
 //! * the SMs a pass leaves empty: a layer split over `n` GPUs runs each piece at a small
 //!   batch, slower than `1/n` of the whole pass on one GPU; the difference is capacity the
 //!   one-GPU pass would have used ([`spare_compute_us`]).
@@ -74,7 +75,8 @@ pub enum Excluded {
 pub struct GpuShare {
     /// The foreground's rank on this GPU.
     pub rank: u32,
-    /// Time its compute stream is idle per foreground iteration, µs.
+    /// Time nothing of the foreground runs on it per foreground iteration, µs (all of it on
+    /// a GPU the foreground leaves unused).
     pub idle_us: f64,
     /// Time its passes leave SMs empty per foreground iteration ([`spare_compute_us`]), µs.
     pub spare_us: f64,
@@ -180,33 +182,39 @@ pub fn spare_compute_us(
         .collect()
 }
 
-/// `job` in the spare capacity of every GPU of the foreground's simulated iteration: its
-/// compute stream's idle time and `spare_us` of its passes (per rank, from
-/// [`spare_compute_us`]); `capacity_bytes` of memory each; the foreground slowed by
-/// `interference` (≥ 0) where a GPU hosts it. Of `gpus` GPUs, those the foreground leaves
-/// unused (past its ranks, or ranks with nothing to run) run the background alone.
+/// `job` in the spare capacity of every GPU of the foreground's simulated iteration: the
+/// time nothing of the foreground runs on it (neither compute nor communication: a
+/// collective's kernels hold SMs too) and `spare_us` of its passes (per rank, from
+/// [`spare_compute_us`]); `capacity_bytes` of memory each, of which `shared_bytes` (the
+/// kernels' workspace) both jobs share, one process running both as DeepPool's runtime
+/// does; the foreground slowed by `interference` (≥ 0) where a GPU it computes on hosts the
+/// background. Of `gpus` GPUs, those the foreground leaves unused (past its ranks, or
+/// ranks with nothing to run) run the background alone.
 pub fn fill(
     gpus: u32,
     foreground: &Simulation,
     spare_us: &[f64],
     job: &BackgroundJob,
-    capacity_bytes: u64,
+    memory: (u64, u64),
     interference: f64,
 ) -> Filled {
+    let (capacity_bytes, shared_bytes) = memory;
     let stretch = 1.0 + interference.max(0.0);
     let alone = foreground.iteration_time_us;
     let mut gpus: Vec<GpuShare> = (0..gpus.max(foreground.ranks.len() as u32))
         .map(|rank| {
-            let (peak, compute) = foreground
+            let timeline = foreground
                 .ranks
                 .get(rank as usize)
-                .map_or((0, 0.0), |t| (t.peak_memory_bytes, t.compute_us));
-            let needed = peak.saturating_add(job.memory_bytes);
+                .filter(|t| !t.spans.is_empty());
+            let peak = timeline.map_or(0, |t| t.peak_memory_bytes);
+            let shared = shared_bytes.min(peak).min(job.memory_bytes);
+            let needed = peak.saturating_add(job.memory_bytes) - shared;
             let excluded = (needed > capacity_bytes).then_some(Excluded::Memory {
                 needed_bytes: needed,
                 capacity_bytes,
             });
-            let idle = (alone - compute).max(0.0);
+            let idle = timeline.map_or(alone, |t| t.idle_us.max(0.0));
             let spare = spare_us.get(rank as usize).copied().unwrap_or(0.0);
             let fraction = if alone > 0.0 && excluded.is_none() {
                 ((idle + spare) / alone).min(1.0)
@@ -220,14 +228,21 @@ pub fn fill(
                 idle_us: idle,
                 spare_us: spare,
                 gpu_fraction: fraction,
-                // Fixed below once the foreground's iteration (slowed or not) is known.
+                // Set below once the foreground's iteration (slowed or not) is known.
                 iterations_per_foreground_iteration: 0.0,
                 samples_per_second: fraction * job.alone_samples_per_second(),
                 excluded,
             }
         })
         .collect();
-    let hosting = gpus.iter().any(|g| g.excluded.is_none());
+    // Only a GPU the foreground computes on can slow it.
+    let used = |rank: u32| {
+        foreground
+            .ranks
+            .get(rank as usize)
+            .is_some_and(|t| !t.spans.is_empty())
+    };
+    let hosting = gpus.iter().any(|g| g.gpu_fraction > 0.0 && used(g.rank));
     let (iteration, slowdown) = if hosting {
         (alone * stretch, stretch - 1.0)
     } else {
@@ -258,10 +273,101 @@ pub fn fill(
     }
 }
 
-fn per_second(samples: f64, iteration_us: f64) -> f64 {
+/// `samples` per iteration of `iteration_us` as samples per second (0 for no iteration).
+pub fn per_second(samples: f64, iteration_us: f64) -> f64 {
     if iteration_us > 0.0 {
         samples * 1e6 / iteration_us
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{RankTimeline, Span, Stream};
+
+    /// A rank busy `compute_us` of every `iteration_us` with nothing else, holding
+    /// `peak` bytes.
+    fn rank(compute_us: f64, iteration_us: f64, peak: u64) -> RankTimeline {
+        let spans = (compute_us > 0.0)
+            .then_some(Span {
+                index: 0,
+                stream: Stream::Compute,
+                start_us: 0.0,
+                end_us: compute_us,
+            })
+            .into_iter()
+            .collect::<Vec<_>>();
+        let used = !spans.is_empty();
+        RankTimeline {
+            spans,
+            compute_us,
+            communication_us: 0.0,
+            busy_us: compute_us,
+            idle_us: if used { iteration_us - compute_us } else { 0.0 },
+            idle_windows: Vec::new(),
+            finish_us: compute_us,
+            peak_memory_bytes: peak,
+        }
+    }
+
+    fn simulation(ranks: Vec<RankTimeline>, iteration_us: f64) -> Simulation {
+        Simulation {
+            iteration_time_us: iteration_us,
+            samples_per_second: 0.0,
+            ranks,
+            bytes_sent: 0,
+            bytes_by_link: Default::default(),
+            gpu_time_us: 0.0,
+            gpu_sec_amplification: 1.0,
+        }
+    }
+
+    const JOB: BackgroundJob = BackgroundJob {
+        iteration_us: 50.0,
+        batch: 10,
+        memory_bytes: 30,
+    };
+
+    #[test]
+    fn the_background_gets_idle_and_spare_time_and_unused_gpus_whole() {
+        // Rank 0 computes 60 of 100 µs, 10 of them spare; rank 1 does nothing; a third
+        // GPU is past the plan's ranks.
+        let sim = simulation(vec![rank(60.0, 100.0, 50), rank(0.0, 100.0, 0)], 100.0);
+        let f = fill(3, &sim, &[10.0, 0.0], &JOB, (100, 0), 0.0);
+        let fractions: Vec<f64> = f.gpus.iter().map(|g| g.gpu_fraction).collect();
+        assert_eq!(fractions, [0.5, 1.0, 1.0]);
+        // 200 samples/s alone; a GPU's fraction of it each.
+        assert_eq!(f.samples_per_second, 0.5 * 200_000.0 + 2.0 * 200_000.0);
+        assert_eq!(f.gpu_equivalents, 2.5);
+        // 100 µs of the plan hold 0.5 × 100 / 50 = 1 background iteration on rank 0.
+        assert_eq!(f.gpus[0].iterations_per_foreground_iteration, 1.0);
+    }
+
+    #[test]
+    fn only_a_gpu_the_plan_computes_on_slows_it() {
+        // Rank 0 holds 80 of 100 bytes: the job's 30 do not fit beside it, unless the
+        // 20 of workspace both hold are counted once.
+        let sim = simulation(vec![rank(60.0, 100.0, 80)], 100.0);
+        let apart = fill(2, &sim, &[0.0], &JOB, (100, 0), 0.1);
+        assert!(matches!(
+            apart.gpus[0].excluded,
+            Some(Excluded::Memory {
+                needed_bytes: 110,
+                ..
+            })
+        ));
+        // The unused second GPU runs it alone, which slows nothing.
+        assert_eq!(apart.gpus[1].gpu_fraction, 1.0);
+        assert_eq!(apart.foreground_slowdown, 0.0);
+        assert_eq!(apart.foreground_iteration_us, 100.0);
+        let shared = fill(2, &sim, &[0.0], &JOB, (100, 20), 0.1);
+        assert!(shared.gpus[0].excluded.is_none());
+        assert!((shared.foreground_slowdown - 0.1).abs() < 1e-12);
+        assert!((shared.foreground_iteration_us - 110.0).abs() < 1e-9);
+        // Its share of the GPU is unchanged; its idle time stretches with the plan.
+        assert_eq!(shared.gpus[0].gpu_fraction, 0.4);
+        assert!((shared.gpus[0].idle_us - 44.0).abs() < 1e-9);
     }
 }

@@ -284,12 +284,18 @@ fn background(b: &ralpc::BackgroundRow) -> String {
     );
     let _ = writeln!(
         out,
-        "  beside the plan: {:.1} samples/s on {} GPUs ({:.2} GPUs' worth of it alone); \
-         the plan {:.1}% slower (--interference)",
+        "  beside the plan: {:.1} samples/s on {} GPUs ({:.2} GPUs' worth of it alone); {}",
         f.samples_per_second,
         f.gpus.iter().filter(|g| g.samples_per_second > 0.0).count(),
         f.gpu_equivalents,
-        f.foreground_slowdown * 100.0
+        if b.interference > 0.0 {
+            format!(
+                "the plan {:.1}% slower (--interference)",
+                f.foreground_slowdown * 100.0
+            )
+        } else {
+            "the plan's slowdown not priced (--interference)".to_owned()
+        }
     );
     for g in &f.gpus {
         if let Some(Excluded::Memory {
@@ -323,7 +329,7 @@ fn background(b: &ralpc::BackgroundRow) -> String {
             p.foreground_samples_per_second,
             p.background_samples_per_second,
             if p.cluster_samples_per_second > b.cluster_samples_per_second {
-                "  more than both together"
+                "  more than beside the plan"
             } else {
                 ""
             }

@@ -2,14 +2,15 @@
 //! (DeepPool's GPU multiplexing), and the cluster's throughput against static partitions
 //! of its GPUs between the two jobs.
 
-use ralpc_codegen::background::{fill, BackgroundJob, Filled};
+use ralpc_codegen::background::{fill, per_second, BackgroundJob, Filled};
 use ralpc_codegen::BackgroundRef;
 use serde::Serialize;
 
 use super::*;
 
-/// The background's batch when none is given: DeepPool's runtime default
-/// (`runtime.py --be_batch_size`, 16; seojinpark/DeepPool @ 7922cac).
+/// The background's batch when none is given (and the model records none, as a PipeDream
+/// graph does): DeepPool's runtime default (`runtime.py --be_batch_size`, 16;
+/// seojinpark/DeepPool @ 7922cac).
 pub const DEFAULT_BACKGROUND_BATCH: u64 = 16;
 
 /// What to run in the foreground's idle time.
@@ -17,10 +18,11 @@ pub const DEFAULT_BACKGROUND_BATCH: u64 = 16;
 pub struct BackgroundOptions {
     /// The background model (anything `ralpc plan` reads), trained on one GPU.
     pub model: PathBuf,
-    /// Its batch; `None`: [`DEFAULT_BACKGROUND_BATCH`].
+    /// Its batch; `None`: the one a PipeDream graph records, else
+    /// [`DEFAULT_BACKGROUND_BATCH`].
     pub batch: Option<u64>,
     /// How much longer the foreground's iteration takes on GPUs that host the background
-    /// (0.05: 5 % longer); ralpc's packing itself never overlaps the two.
+    /// (0.05: 5 % longer); not priced otherwise.
     pub interference: f64,
 }
 
@@ -50,6 +52,10 @@ pub struct BackgroundRow {
     /// Static partitions of the GPUs: the foreground planned on some, the background alone
     /// on each of the rest (DeepPool's "cluster partition" baseline).
     pub partitions: Vec<PartitionRow>,
+    /// Partitions left out, and why (the foreground planned on that many GPUs as asked
+    /// does not plan).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partitions_not_planned: Vec<String>,
 }
 
 /// One static partition of the GPUs.
@@ -57,9 +63,10 @@ pub struct BackgroundRow {
 pub struct PartitionRow {
     /// GPUs given to the foreground.
     pub foreground_gpus: u32,
-    /// GPUs each running the background alone.
+    /// GPUs each running the background alone: the rest, and those the foreground's plan
+    /// on its GPUs leaves unused.
     pub background_gpus: u32,
-    /// The foreground's iteration on its GPUs (simulated where lowered), µs.
+    /// The foreground's iteration on its GPUs (predicted; simulated for all the GPUs), µs.
     pub foreground_iteration_us: f64,
     /// The foreground's samples per second.
     pub foreground_samples_per_second: f64,
@@ -80,8 +87,8 @@ pub(super) fn background(
     let Some(foreground) = &out.executable else {
         return Err(request_error(match &out.not_lowered {
             Some(why) => format!(
-                "--background packs the job into the foreground's executable plan, and this \
-                 plan is not lowered: {why}"
+                "--background runs the job in the foreground's executable plan's spare time, \
+                 and this plan is not lowered: {why}"
             ),
             None => "--background needs the foreground's executable plan".into(),
         }));
@@ -92,30 +99,31 @@ pub(super) fn background(
             asked.interference
         )));
     }
-    let batch = asked.batch.unwrap_or(DEFAULT_BACKGROUND_BATCH);
-    let (job, model) = background_job(options, asked, batch)?;
+    one_gpu_type(options)?;
+    let (job, model, batch) = background_job(options, asked)?;
     let capacity = out.report.memory_capacity_bytes as u64;
     if job.memory_bytes > capacity {
         return Err(request_error(format!(
-            "--background {}: its {:.2} GiB at batch {batch} do not fit a GPU's {:.2} GiB on \
-             its own",
+            "--background {}: its {} at batch {batch} do not fit a GPU's {} on its own",
             asked.model.display(),
-            job.memory_bytes as f64 / GIB,
-            capacity as f64 / GIB
+            crate::run::size(job.memory_bytes),
+            crate::run::size(capacity)
         )));
     }
+    // One process runs both jobs, as DeepPool's runtime does: one kernel workspace.
+    let shared = ralpc_passes::cost::memory::DEFAULT_WORKSPACE_BYTES as u64;
     let filled = fill(
         out.report.gpus,
         &foreground.simulation,
         &foreground.spare_us,
         &job,
-        capacity,
+        (capacity, shared),
         asked.interference,
     );
     let foreground_samples_per_second =
-        per_second(out.report.batch, filled.foreground_iteration_us);
+        per_second(out.report.batch as f64, filled.foreground_iteration_us);
     let alone = job.alone_samples_per_second();
-    let partitions = partitions(options, out, foreground, alone)?;
+    let (partitions, partitions_not_planned) = partitions(options, out, foreground, alone)?;
     let recorded = BackgroundRef {
         model,
         batch,
@@ -136,94 +144,138 @@ pub(super) fn background(
         foreground_samples_per_second,
         filled,
         partitions,
+        partitions_not_planned,
     };
     Ok((row, recorded))
 }
 
+/// Refuses a cluster of several GPU types: the background's one-GPU speed and memory, and
+/// the static partitions' GPUs, would depend on which type each GPU is, which is not
+/// priced yet.
+fn one_gpu_type(options: &PlanOptions) -> Result<(), Error> {
+    let (cluster, gpus) = cluster_for(options)?;
+    let first = &cluster.gpu(0).name;
+    match (1..gpus)
+        .map(|r| &cluster.gpu(r).name)
+        .find(|n| *n != first)
+    {
+        Some(other) => Err(request_error(format!(
+            "--background on GPUs of one type: these {gpus} are {first} and {other}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The background's one-GPU program, planned and simulated on one GPU of the foreground's
-/// cluster at the foreground's precision and optimizer, and its model as its plan names it.
+/// cluster at the foreground's precision and optimizer; its model as its plan names it;
+/// its batch.
 fn background_job(
     options: &PlanOptions,
     asked: &BackgroundOptions,
-    batch: u64,
-) -> Result<(BackgroundJob, ralpc_codegen::ModelRef), Error> {
+) -> Result<(BackgroundJob, ralpc_codegen::ModelRef, u64), Error> {
+    let shown = asked.model.display();
+    let named = |e: Error| match e {
+        // A bug stays one.
+        Error::Internal(_) => e,
+        e => request_error(format!(
+            "--background {shown}: {e}{}",
+            crate::run::chain(&e)
+        )),
+    };
+    // A PipeDream graph keeps the batch it was measured at.
+    let records_batch = read_input_text(&asked.model, InputKind::Text)
+        .is_ok_and(|text| profile::is_pipedream_graph(&text));
+    let batch = match asked.batch {
+        None if records_batch => None,
+        given => Some(given.unwrap_or(DEFAULT_BACKGROUND_BATCH)),
+    };
     let alone = PlanOptions {
         model: asked.model.clone(),
         gpus: Some(1),
         cluster: options.cluster.clone(),
-        batch: Some(batch),
+        batch,
         optimizer: options.optimizer,
         precision: options.precision,
         memory_limit: options.memory_limit,
         executable: true,
         ..PlanOptions::default()
     };
-    let named = |e: Error| match e {
-        Error::Plan(e) => request_error(format!("--background {}: {e}", asked.model.display())),
-        other => other,
-    };
     let planned = plan_as_asked(&alone).map_err(named)?;
     let Some(executable) = planned.executable else {
         return Err(request_error(format!(
-            "--background {}: its one-GPU plan is not lowered{}",
-            asked.model.display(),
+            "--background {shown}: its one-GPU plan is not lowered{}",
             planned
                 .not_lowered
                 .map(|why| format!(": {why}"))
                 .unwrap_or_default()
         )));
     };
+    let batch = executable.plan.batch;
     Ok((
         BackgroundJob::of(&executable.simulation, batch),
         executable.plan.model,
+        batch,
     ))
 }
 
-/// The foreground on 1, 2, 4, … of the GPUs (each plan as asked, simulated where lowered)
-/// and the background alone on each of the rest, then the foreground on all of them.
-/// A partition whose foreground does not plan (it does not fit fewer GPUs) is left out.
+/// The foreground on 1, 2, 4 and half of the GPUs (DeepPool's partitions of 8: 1 + 7,
+/// 2 + 6, 4 + 4), each plan as asked and priced, the background alone on every GPU it
+/// leaves; then the foreground as simulated on all of them. A partition whose foreground
+/// does not plan is left out, with why.
 fn partitions(
     options: &PlanOptions,
     out: &PlanOutput,
     foreground: &Executable,
     background_alone: f64,
-) -> Result<Vec<PartitionRow>, Error> {
+) -> Result<(Vec<PartitionRow>, Vec<String>), Error> {
     let gpus = out.report.gpus;
-    let row = |k: u32, iteration_us: f64| {
-        let fg = per_second(out.report.batch, iteration_us);
-        let bg = f64::from(gpus - k) * background_alone;
+    let row = |k: u32, used: u32, batch: u64, iteration_us: f64| {
+        let fg = per_second(batch as f64, iteration_us);
+        let bg = f64::from(gpus - used.min(gpus)) * background_alone;
         PartitionRow {
             foreground_gpus: k,
-            background_gpus: gpus - k,
+            background_gpus: gpus - used.min(gpus),
             foreground_iteration_us: iteration_us,
             foreground_samples_per_second: fg,
             background_samples_per_second: bg,
             cluster_samples_per_second: fg + bg,
         }
     };
-    let mut rows = Vec::new();
-    for k in std::iter::successors(Some(1u32), |k| k.checked_mul(2)).take_while(|&k| k < gpus) {
+    let mut sizes: Vec<u32> = [1, 2, 4, gpus / 2]
+        .into_iter()
+        .filter(|&k| k >= 1 && k < gpus)
+        .collect();
+    sizes.dedup();
+    let (mut rows, mut not_planned) = (Vec::new(), Vec::new());
+    for k in sizes {
         let fewer = PlanOptions {
             gpus: Some(k),
             background: None,
+            executable: false,
             ..options.clone()
         };
         match plan_as_asked(&fewer) {
             Ok(planned) => {
-                let iteration = planned
-                    .executable
-                    .as_ref()
-                    .map_or(planned.report.iteration_time_us, |e| {
-                        e.simulation.iteration_time_us
-                    });
-                rows.push(row(k, iteration));
+                let r = &planned.report;
+                rows.push(row(k, r.gpus_used, r.batch, r.iteration_time_us));
             }
-            Err(Error::Plan(_)) => {}
-            Err(other) => return Err(other),
+            Err(Error::Internal(e)) => return Err(Error::Internal(e)),
+            Err(e) => not_planned.push(format!("{k} for the plan: {e}{}", crate::run::chain(&e))),
         }
     }
-    rows.push(row(gpus, foreground.simulation.iteration_time_us));
-    Ok(rows)
+    let used = foreground
+        .simulation
+        .ranks
+        .iter()
+        .filter(|t| !t.spans.is_empty())
+        .count() as u32;
+    rows.push(row(
+        gpus,
+        used,
+        out.report.batch,
+        foreground.simulation.iteration_time_us,
+    ));
+    Ok((rows, not_planned))
 }
 
 /// What a user should know about the background's figures.
@@ -255,15 +307,8 @@ pub(super) fn warnings(row: &BackgroundRow) -> Vec<String> {
             row.cluster_samples_per_second
         ));
     }
-    out
-}
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-fn per_second(samples: u64, iteration_us: f64) -> f64 {
-    if iteration_us > 0.0 {
-        samples as f64 * 1e6 / iteration_us
-    } else {
-        0.0
+    for why in &row.partitions_not_planned {
+        out.push(format!("a partition of the GPUs is not compared: {why}"));
     }
+    out
 }

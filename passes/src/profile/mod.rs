@@ -372,6 +372,12 @@ pub fn parse_model(text: &str, path: &str, batch: Option<u64>) -> Result<LayerGr
     }
 }
 
+/// Whether `text` is a PipeDream profiler graph: a model measured at one batch, which it
+/// keeps (a DeepPool profile plans any batch it measured).
+pub fn is_pipedream_graph(text: &str) -> bool {
+    matches!(detect(text), Some(Format::PipeDream))
+}
+
 fn unknown(path: &str) -> ProfileError {
     ProfileError::UnknownFormat {
         path: path.to_owned(),
