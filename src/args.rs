@@ -20,6 +20,17 @@ use crate::{BackgroundOptions, ClusterOptions, PlanOptions};
 pub struct PlanArgs {
     /// An ONNX model, a PipeDream profiler `graph.txt` or a DeepPool `.prof` (measured layers).
     pub model: PathBuf,
+    /// More models to train at once on the same GPUs (Hydra's multi-model training): each
+    /// is priced alone on counts of the GPUs, and the set placed in groups of GPUs, the
+    /// models of a group taking turns on it, to finish the set soonest; compared with
+    /// training them one after another and each on an even share. Prints the placement;
+    /// writes no plan.
+    #[arg(value_name = "MORE")]
+    pub more: Vec<PathBuf>,
+    /// Train this many copies of each model at once (a hyperparameter sweep, an ensemble),
+    /// placed as MORE models are.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub copies: Option<u32>,
     /// GPUs to plan for (default: every GPU of the cluster; the default cluster grows to fit).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub gpus: Option<u32>,

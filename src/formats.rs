@@ -14,6 +14,8 @@ use crate::sweep::SweepRow;
 
 /// `ralpc plan --json` ([`crate::PlanReport`]).
 pub const PLAN_SUMMARY: &str = "ralpc-plan-summary/1";
+/// `ralpc plan A B … --json`, several models at once ([`crate::SetReport`]).
+pub const PLAN_SET: &str = "ralpc-plan-set/1";
 /// `ralpc inspect --json` ([`crate::Inspection`]).
 pub const INSPECT: &str = "ralpc-inspect/1";
 /// `ralpc sweep --json` and `sweep.json` ([`SweepSummary`]).
@@ -203,6 +205,12 @@ pub fn schemas() -> Vec<Schema> {
             "ralpc plan --json",
             PLAN_SUMMARY,
             output::<crate::PlanReport>(),
+        ),
+        formatted(
+            "plan-set.schema.json",
+            "ralpc plan A B … --json (several models at once)",
+            PLAN_SET,
+            output::<crate::SetReport>(),
         ),
         formatted(
             "inspect.schema.json",

@@ -59,11 +59,11 @@ pub use output::{
     write_bytes_atomically, write_set_atomically, DirLock,
 };
 pub use plan::{
-    graphviz_installed, layer_rows, plan, render_svg, report_html, runs_placed_alike,
+    graphviz_installed, layer_rows, plan, plan_set, render_svg, report_html, runs_placed_alike,
     simulated_facts, BackgroundOptions, BackgroundRow, CandidateRow, Executable, ParallelismRow,
-    PartitionRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SimulatedRow, SplitRow,
-    StageRow, SvgSkipped, DEFAULT_BACKGROUND_BATCH, DEFAULT_BATCH, DEFAULT_MAX_INSTRUCTIONS,
-    SVG_SECONDS,
+    PartitionRow, PlacedLayer, PlanOptions, PlanOutput, PlanReport, SetGroup, SetModel, SetReport,
+    SimulatedRow, SplitRow, StageRow, SvgSkipped, DEFAULT_BACKGROUND_BATCH, DEFAULT_BATCH,
+    DEFAULT_MAX_INSTRUCTIONS, SVG_SECONDS,
 };
 pub use process::{die_with_parent, hand_over, keep_freed_memory};
 pub use profile::{profile_cpu, profile_cuda, profile_on, ProfileOptions};

@@ -22,12 +22,14 @@ use crate::{cluster, ClusterOptions, Error};
 mod background;
 mod load;
 mod report;
+mod set;
 mod summary;
 mod svg;
 mod warnings;
 
 pub use background::{BackgroundOptions, BackgroundRow, PartitionRow, DEFAULT_BACKGROUND_BATCH};
 pub use report::{report_html, simulated_facts};
+pub use set::{plan_set, SetGroup, SetModel, SetReport};
 pub use summary::{
     layer_rows, runs_placed_alike, CandidateRow, ParallelismRow, PlacedLayer, PlanReport,
     SimulatedRow, SplitRow, StageRow,
@@ -235,6 +237,23 @@ pub fn plan(options: &PlanOptions) -> Result<PlanOutput, Error> {
     warnings.extend(warnings::warnings(&out.report, options));
     out.report.warnings = warnings;
     Ok(out)
+}
+
+/// Refuses a cluster of several GPU types for `what`: its figures (a one-GPU job's speed
+/// and memory, the GPUs a share gets) would depend on which type each GPU is, which it
+/// does not price yet.
+fn one_gpu_type(options: &PlanOptions, what: &str) -> Result<(), Error> {
+    let (cluster, gpus) = cluster_for(options)?;
+    let first = &cluster.gpu(0).name;
+    match (1..gpus)
+        .map(|r| &cluster.gpu(r).name)
+        .find(|n| *n != first)
+    {
+        Some(other) => Err(request_error(format!(
+            "{what} on GPUs of one type: these {gpus} are {first} and {other}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// [`plan`] without its warnings.

@@ -209,3 +209,35 @@ fn errors_under_json_are_one_object_on_stderr() {
     broken.as_object_mut().unwrap().remove("message");
     assert!(!validator("error.schema.json").is_valid(&broken));
 }
+
+#[test]
+fn sets_and_background_jobs_validate() {
+    let vgg = fixture("anchors/deeppool/A100_vgg.prof");
+    let vgg = vgg.to_str().unwrap();
+    let wrn = fixture("anchors/deeppool/A100_wrn.prof");
+    let set = stdout_json(&[
+        "plan",
+        vgg,
+        wrn.to_str().unwrap(),
+        "--gpus",
+        "4",
+        "--batch",
+        "16",
+        "--json",
+    ]);
+    assert_valid("plan-set.schema.json", "set", &set);
+    assert_eq!(set["format"], "ralpc-plan-set/1");
+    let beside = stdout_json(&[
+        "plan",
+        vgg,
+        "--gpus",
+        "4",
+        "--batch",
+        "16",
+        "--background",
+        vgg,
+        "--json",
+    ]);
+    assert_valid("plan-summary.schema.json", "background", &beside);
+    assert!(beside["background"]["partitions"].is_array());
+}

@@ -53,6 +53,7 @@ pub mod plan;
 pub mod planner;
 pub mod profile;
 pub mod rewrite;
+pub mod set;
 pub mod synthetic;
 pub mod transformer;
 pub mod units;

@@ -43,6 +43,9 @@ pub use ralpc::PlanArgs as Args;
 
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     let options = args.options();
+    if !args.more.is_empty() || args.copies.is_some_and(|k| k > 1) {
+        return run_set(args, &options);
+    }
     let dir = args
         .out
         .clone()
@@ -153,6 +156,98 @@ pub fn run(args: &Args) -> Result<(), ralpc::Error> {
     };
     super::print_stdout(&text);
     Ok(())
+}
+
+/// `ralpc plan A B … ` or `--copies K`: the models placed together, printed.
+fn run_set(args: &Args, options: &ralpc::PlanOptions) -> Result<(), ralpc::Error> {
+    let refused = [
+        ("-o", args.out.is_some()),
+        ("--emit", !args.emit.is_empty()),
+        ("--write-strategy", args.write_strategy.is_some()),
+        ("--strategy-file", args.strategy_file.is_some()),
+        ("--background", args.background.is_some()),
+        ("--check", args.check),
+    ];
+    if let Some((option, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(ralpc::Error::Plan(Box::new(
+            ralpc::passes::plan::PlanError::Request(format!(
+                "{option} plans one model: several at once are placed and printed, not \
+                 written (plan each on its GPUs to write it)"
+            )),
+        )));
+    }
+    let copies = args.copies.unwrap_or(1) as usize;
+    let models: Vec<std::path::PathBuf> = std::iter::once(&args.model)
+        .chain(&args.more)
+        .flat_map(|m| std::iter::repeat_n(m.clone(), copies))
+        .collect();
+    let spinner = super::spinner(format!("placing {} models", models.len()), !args.quiet);
+    let report = ralpc::plan_set(options, &models, 1);
+    spinner.finish_and_clear();
+    let report = report?;
+    if args.quiet {
+        return Ok(());
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+    } else {
+        set_summary(&report)
+    };
+    super::print_stdout(&text);
+    Ok(())
+}
+
+/// The set's placement as a user reads it.
+fn set_summary(r: &ralpc::SetReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} models on {} GPUs of {}, one iteration each:",
+        r.models.len(),
+        r.gpus,
+        r.cluster
+    );
+    for (i, g) in r.groups.iter().enumerate() {
+        let members: Vec<String> = g
+            .models
+            .iter()
+            .filter_map(|&m| r.models.get(m))
+            .map(|m| format!("{} ({}, {})", m.model, m.strategy, ms(m.iteration_time_us)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  group {i}: GPUs {}..{} ({}): {}  {}",
+            g.first_gpu,
+            g.first_gpu + g.gpus - 1,
+            g.gpus,
+            members.join(", then "),
+            ms(g.time_us)
+        );
+    }
+    let _ = writeln!(out, "set: {}", ms(r.makespan_us));
+    let against = |name: String, t: Option<f64>| match t {
+        Some(t) => format!("  {name}: {} ({:.2}× the set's)", ms(t), t / r.makespan_us),
+        None => format!("  {name}: does not plan"),
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        against(
+            format!("one after another on all {} GPUs", r.gpus),
+            r.sequential_us
+        )
+    );
+    let share = r.gpus / r.models.len().max(1) as u32;
+    let _ = writeln!(
+        out,
+        "{}",
+        against(
+            format!("each on {share} GPU(s) at once"),
+            r.even_split_us.filter(|_| share >= 1)
+        )
+    );
+    let _ = writeln!(out, "placed in {}", ms(r.planning_time_us as f64));
+    out
 }
 
 /// Refuses, unless `--force`, an output path (an artifact in `dir`, an emitted file, the

@@ -99,7 +99,7 @@ pub(super) fn background(
             asked.interference
         )));
     }
-    one_gpu_type(options)?;
+    one_gpu_type(options, "--background")?;
     let (job, model, batch) = background_job(options, asked)?;
     let capacity = out.report.memory_capacity_bytes as u64;
     if job.memory_bytes > capacity {
@@ -147,23 +147,6 @@ pub(super) fn background(
         partitions_not_planned,
     };
     Ok((row, recorded))
-}
-
-/// Refuses a cluster of several GPU types: the background's one-GPU speed and memory, and
-/// the static partitions' GPUs, would depend on which type each GPU is, which is not
-/// priced yet.
-fn one_gpu_type(options: &PlanOptions) -> Result<(), Error> {
-    let (cluster, gpus) = cluster_for(options)?;
-    let first = &cluster.gpu(0).name;
-    match (1..gpus)
-        .map(|r| &cluster.gpu(r).name)
-        .find(|n| *n != first)
-    {
-        Some(other) => Err(request_error(format!(
-            "--background on GPUs of one type: these {gpus} are {first} and {other}"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The background's one-GPU program, planned and simulated on one GPU of the foreground's
