@@ -24,7 +24,8 @@ pub struct PlanArgs {
     /// is priced alone on counts of the GPUs, and the set placed in groups of GPUs, the
     /// models of a group taking turns on it, to finish the set soonest; compared with
     /// training them one after another and each on an even share. Prints the placement;
-    /// writes no plan.
+    /// writes no plan. Give the models before the options (`--sequence-parallel`, which
+    /// takes an optional value, would read one).
     #[arg(value_name = "MORE")]
     pub more: Vec<PathBuf>,
     /// Train this many copies of each model at once (a hyperparameter sweep, an ensemble),

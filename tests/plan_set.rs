@@ -29,6 +29,11 @@ fn check(r: &SetReport, models: usize) {
     let mut next = 0;
     for (i, g) in r.groups.iter().enumerate() {
         assert_eq!(g.first_gpu, next, "groups are consecutive");
+        // On 8-GPU nodes: a power of two within a node or whole nodes, each starting on a
+        // boundary of its size, where its plan from GPU 0 was priced.
+        let unit = g.gpus.min(8);
+        assert!(g.gpus <= 8 && g.gpus.is_power_of_two() || g.gpus % 8 == 0 || g.gpus == r.gpus);
+        assert_eq!(g.first_gpu % unit, 0, "{r:?}");
         next += g.gpus;
         let turns: f64 = g
             .models
@@ -74,6 +79,17 @@ fn three_convnets_on_a_dgx_a100() {
 }
 
 #[test]
+fn groups_start_where_they_were_priced_on_two_nodes() {
+    let models = [profile("vgg"), profile("wrn"), profile("inception")];
+    let r = ralpc::plan_set(&options(16), &models, 1).expect("placed");
+    check(&r, 3);
+    assert!(r
+        .counts_priced
+        .iter()
+        .all(|&g| [1, 2, 4, 8, 16].contains(&g)));
+}
+
+#[test]
 fn copies_of_one_model_for_a_sweep() {
     let out = common::ralpc()
         .args(["plan"])
@@ -89,7 +105,9 @@ fn copies_of_one_model_for_a_sweep() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(r["models"].as_array().map(Vec::len), Some(4));
     // Four identical models: they finish no later than each on 2 GPUs.
-    assert!(r["makespan_us"].as_f64() <= r["even_split_us"].as_f64());
+    let makespan = r["makespan_us"].as_f64().expect("a makespan");
+    let even = r["even_split_us"].as_f64().expect("each plans on 2 GPUs");
+    assert!(makespan <= even);
 
     let text = common::ralpc()
         .args(["plan"])
@@ -132,6 +150,26 @@ fn a_set_is_refused_what_it_cannot_do() {
     assert!(stderr.contains("at most 10"), "{stderr}");
     let out = run(&["--copies", "11"]);
     assert_eq!(out.status.code(), Some(2));
+    // Shapes and profiles describe one model.
+    let out = common::ralpc()
+        .args(["plan"])
+        .arg(&vgg)
+        .arg(profile("wrn"))
+        .args(["--gpus", "4", "--profile"])
+        .arg(&vgg)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--profile describes one model"), "{stderr}");
+    // A model that plans on no count says why.
+    let out = run(&["--memory-limit", "1GiB"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("plans on none") && stderr.contains("does not fit"),
+        "{stderr}"
+    );
     // A model that is not there, named.
     let out = common::ralpc()
         .args(["plan"])

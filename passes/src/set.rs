@@ -63,7 +63,7 @@ pub const MAX_JOBS: usize = 10;
 
 /// The placement of `jobs` on `gpus` GPUs that finishes soonest: groups of consecutive
 /// GPUs of the counts the jobs were priced at, each training some of the jobs one after
-/// another. `None` when some job is priced at no count that fits, or there are more than
+/// another, largest group first. `None` when some job is priced at no count that fits, or there are more than
 /// [`MAX_JOBS`].
 pub fn place(jobs: &[Job], gpus: u32) -> Option<Placement> {
     let k = jobs.len();
@@ -89,20 +89,27 @@ pub fn place(jobs: &[Job], gpus: u32) -> Option<Placement> {
     };
     let mut memo = Memo::new();
     let best = solve((1 << k) - 1, gpus, &counts, &together, &mut memo)?;
-    // Unfold the choices into groups, in the order they were made.
-    let (mut set, mut left, mut first) = ((1usize << k) - 1, gpus, 0u32);
+    // Unfold the choices into groups, then lay them out largest first: with counts of
+    // whole nodes and powers of two within one, each group then starts on a boundary of
+    // its own size, where a plan on that many GPUs from GPU 0 is priced.
+    let (mut set, mut left) = ((1usize << k) - 1, gpus);
     let mut groups = Vec::new();
     while set != 0 {
         let (_, group, g) = memo.get(&(set, left)).copied().flatten()?;
         groups.push(Group {
             jobs: (0..k).filter(|i| group & (1 << i) != 0).collect(),
             gpus: g,
-            first_gpu: first,
+            first_gpu: 0,
             time_us: together(group, g)?,
         });
         set &= !group;
         left -= g;
-        first += g;
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.gpus));
+    let mut first = 0;
+    for group in &mut groups {
+        group.first_gpu = first;
+        first += group.gpus;
     }
     Some(Placement {
         groups,

@@ -116,6 +116,14 @@ fn arguments(
     if let Some(options) = options {
         for (key, value) in options.iter() {
             let key: String = key.extract()?;
+            if key == "copies" {
+                return Err(option_error(
+                    py,
+                    "copies: several models at once are placed by the command line's `ralpc \
+                     plan A B …` or `--copies K`, which writes no plan"
+                        .to_owned(),
+                ));
+            }
             if COMMAND_LINE_ONLY.contains(&key.as_str()) {
                 return Err(option_error(
                     py,

@@ -216,7 +216,7 @@ fn set_summary(r: &ralpc::SetReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "  group {i}: GPUs {}..{} ({}): {}  {}",
+            "  group {i}: GPUs {}–{} ({}): {}  {}",
             g.first_gpu,
             g.first_gpu + g.gpus - 1,
             g.gpus,
@@ -238,14 +238,22 @@ fn set_summary(r: &ralpc::SetReport) -> String {
         )
     );
     let share = r.gpus / r.models.len().max(1) as u32;
-    let _ = writeln!(
-        out,
-        "{}",
-        against(
-            format!("each on {share} GPU(s) at once"),
-            r.even_split_us.filter(|_| share >= 1)
-        )
-    );
+    if share >= 1 {
+        let _ = writeln!(
+            out,
+            "{}",
+            against(format!("each on {share} GPU(s) at once"), r.even_split_us)
+        );
+    } else {
+        let _ = writeln!(out, "  each on GPUs of its own: fewer GPUs than models");
+    }
+    let idle = r.gpus - r.groups.iter().map(|g| g.gpus).sum::<u32>();
+    if idle > 0 {
+        let _ = writeln!(
+            out,
+            "  {idle} GPU(s) idle: no model finishes sooner on more of them"
+        );
+    }
     let _ = writeln!(out, "placed in {}", ms(r.planning_time_us as f64));
     out
 }

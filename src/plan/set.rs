@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use ralpc_passes::set::{self, Job};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::*;
@@ -30,10 +31,10 @@ pub struct SetReport {
     /// on all of them).
     pub sequential_us: Option<f64>,
     /// Each model on an even share of the GPUs (`gpus / models`, rounded down) at once,
-    /// µs (`null` where there are fewer GPUs than models or one does not plan on its
-    /// share).
+    /// each share priced as a plan from GPU 0, µs (`null` where there are fewer GPUs than
+    /// models or one does not plan on its share).
     pub even_split_us: Option<f64>,
-    /// GPU counts each model was priced at.
+    /// GPU counts a group may have (each model was priced at each).
     pub counts_priced: Vec<u32>,
     /// Wall time of pricing and placing, µs (the one field that varies between runs).
     pub planning_time_us: u64,
@@ -85,8 +86,9 @@ struct Priced {
 /// (`options.model` is not used), each priced under the rest of `options`.
 ///
 /// # Errors
-/// An unreadable or invalid model; a model that plans on no count of the GPUs; more
-/// than [`set::MAX_JOBS`] models; a cluster of several GPU types.
+/// An unreadable or invalid model; a model that plans on no count of the GPUs (with why it
+/// does not on all of them); more than [`set::MAX_JOBS`] models; a cluster of several GPU
+/// types; `--input`, `--value` or `--profile` given for several distinct models.
 pub fn plan_set(
     options: &PlanOptions,
     models: &[PathBuf],
@@ -102,53 +104,94 @@ pub fn plan_set(
     }
     one_gpu_type(options, "several models")?;
     let (cluster, gpus) = cluster_for(options)?;
-    let counts = counts(gpus, models.len() as u32);
-    // Each distinct model priced once, copies sharing it.
-    let mut priced: BTreeMap<&Path, BTreeMap<u32, Priced>> = BTreeMap::new();
-    for model in models {
-        if priced.contains_key(model.as_path()) {
-            continue;
+    // Each distinct file priced once, its copies (under any spelling of its path) sharing
+    // the prices.
+    let key = |m: &PathBuf| std::fs::canonicalize(m).unwrap_or_else(|_| m.clone());
+    let mut distinct: Vec<(PathBuf, &PathBuf)> = Vec::new();
+    for m in models {
+        if !distinct.iter().any(|(k, _)| *k == key(m)) {
+            distinct.push((key(m), m));
         }
-        let mut at = BTreeMap::new();
-        for &g in &counts {
+    }
+    if distinct.len() > 1 {
+        let shaped = [
+            ("--input", !options.inputs.is_empty()),
+            ("--value", !options.values.is_empty()),
+            ("--profile", options.profile.is_some()),
+        ];
+        if let Some((option, _)) = shaped.iter().find(|(_, given)| *given) {
+            return Err(request_error(format!(
+                "{option} describes one model; these are {} (plan them as copies of one, or \
+                 each alone)",
+                distinct.len()
+            )));
+        }
+    }
+    let gpus_per_node = cluster.groups.first().map_or(1, |g| g.gpus_per_node.max(1));
+    let counts = counts(gpus, gpus_per_node);
+    let share = gpus / models.len() as u32;
+    let mut asked: Vec<u32> = counts.clone();
+    if share >= 1 && !asked.contains(&share) {
+        // The even split's share, priced for the comparison only.
+        asked.push(share);
+    }
+    let pairs: Vec<(usize, u32)> = (0..distinct.len())
+        .flat_map(|d| asked.iter().map(move |&g| (d, g)))
+        .collect();
+    let results: Vec<Result<Priced, Error>> = pairs
+        .par_iter()
+        .map(|&(d, g)| {
             let alone = PlanOptions {
-                model: model.clone(),
+                model: distinct[d].1.clone(),
                 gpus: Some(g),
                 executable: false,
                 background: None,
                 ..options.clone()
             };
-            match plan_as_asked(&alone) {
-                Ok(out) => {
-                    let r = &out.report;
-                    at.insert(
-                        g,
-                        Priced {
-                            batch: r.batch,
-                            strategy: r.strategy,
-                            iteration_us: r.iteration_time_us,
-                        },
-                    );
-                }
-                // It does not plan on that many (it does not fit, or the request fixes
-                // something that count cannot take).
-                Err(Error::Plan(_)) => {}
-                Err(e) => return Err(e),
+            plan_as_asked(&alone).map(|out| Priced {
+                batch: out.report.batch,
+                strategy: out.report.strategy,
+                iteration_us: out.report.iteration_time_us,
+            })
+        })
+        .collect();
+    let mut priced: Vec<BTreeMap<u32, Priced>> = vec![BTreeMap::new(); distinct.len()];
+    let mut why_not: Vec<Option<Error>> = (0..distinct.len()).map(|_| None).collect();
+    for (&(d, g), result) in pairs.iter().zip(results) {
+        match result {
+            Ok(p) => {
+                priced[d].insert(g, p);
             }
+            // It does not plan on that many (it does not fit, or the request fixes
+            // something that count cannot take): the reason on the most GPUs is kept.
+            Err(e @ Error::Plan(_)) => why_not[d] = Some(e),
+            Err(e) => return Err(e),
         }
-        if at.is_empty() {
+    }
+    for (d, (_, model)) in distinct.iter().enumerate() {
+        if counts.iter().all(|g| !priced[d].contains_key(g)) {
+            let why = why_not[d]
+                .as_ref()
+                .map(|e| format!(": {e}{}", crate::run::chain(e)))
+                .unwrap_or_default();
             return Err(request_error(format!(
-                "{} plans on none of {counts:?} of the {gpus} GPUs (plan it alone to see why)",
+                "{} plans on none of {counts:?} of the {gpus} GPUs{why}",
                 model.display()
             )));
         }
-        priced.insert(model.as_path(), at);
     }
-    let of = |m: &PathBuf| &priced[m.as_path()];
+    let of = |m: &PathBuf| {
+        let k = key(m);
+        &priced[distinct.iter().position(|(d, _)| *d == k).unwrap_or(0)]
+    };
     let jobs: Vec<Job> = models
         .iter()
         .map(|m| Job {
-            iteration_us: of(m).iter().map(|(&g, p)| (g, p.iteration_us)).collect(),
+            iteration_us: of(m)
+                .iter()
+                .filter(|(g, _)| counts.contains(g))
+                .map(|(&g, p)| (g, p.iteration_us))
+                .collect(),
             iterations,
         })
         .collect();
@@ -163,7 +206,6 @@ pub fn plan_set(
         .map(|m| per_iteration(m, gpus))
         .sum::<Option<f64>>()
         .map(|t| t * iterations as f64);
-    let share = gpus / models.len() as u32;
     let even_split_us = (share >= 1)
         .then(|| {
             models
@@ -176,7 +218,9 @@ pub fn plan_set(
     let mut rows: Vec<Option<SetModel>> = vec![None; models.len()];
     for (index, group) in placement.groups.iter().enumerate() {
         for &i in &group.jobs {
-            let p = of(&models[i])[&group.gpus];
+            let Some(p) = of(&models[i]).get(&group.gpus).copied() else {
+                continue;
+            };
             rows[i] = Some(SetModel {
                 model: models[i].display().to_string(),
                 batch: p.batch,
@@ -212,21 +256,14 @@ pub fn plan_set(
     })
 }
 
-/// GPU counts to price each model at: every count up to 16 GPUs; above, powers of two,
-/// all of them, and the even shares of the models (`gpus·j / models`).
-fn counts(gpus: u32, models: u32) -> Vec<u32> {
-    let mut c: Vec<u32> = if gpus <= 16 {
-        (1..=gpus).collect()
-    } else {
-        let powers =
-            std::iter::successors(Some(1u32), |g| g.checked_mul(2)).take_while(|&g| g < gpus);
-        let shares = (1..models.max(1)).map(|j| gpus * j / models.max(1));
-        powers
-            .chain(shares)
-            .chain([gpus])
-            .filter(|&g| g >= 1)
-            .collect()
-    };
+/// GPU counts a group may have: powers of two within a node and whole nodes, up to all
+/// of them (and all of them). Laid out largest first, each group then starts on a
+/// boundary of its own size ([`set::place`]), where its plan from GPU 0 was priced.
+fn counts(gpus: u32, gpus_per_node: u32) -> Vec<u32> {
+    let within = std::iter::successors(Some(1u32), |g| g.checked_mul(2))
+        .take_while(|&g| g <= gpus_per_node.min(gpus));
+    let nodes = (1..=gpus / gpus_per_node).map(|n| n * gpus_per_node);
+    let mut c: Vec<u32> = within.chain(nodes).chain([gpus]).collect();
     c.sort_unstable();
     c.dedup();
     c
@@ -235,8 +272,10 @@ fn counts(gpus: u32, models: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn counts_cover_small_clusters_and_shares_of_large_ones() {
-        assert_eq!(super::counts(4, 3), [1, 2, 3, 4]);
-        assert_eq!(super::counts(64, 3), [1, 2, 4, 8, 16, 21, 32, 42, 64]);
+    fn counts_are_powers_of_two_in_a_node_and_whole_nodes() {
+        assert_eq!(super::counts(4, 8), [1, 2, 4]);
+        assert_eq!(super::counts(8, 8), [1, 2, 4, 8]);
+        assert_eq!(super::counts(20, 8), [1, 2, 4, 8, 16, 20]);
+        assert_eq!(super::counts(32, 8), [1, 2, 4, 8, 16, 24, 32]);
     }
 }
