@@ -173,6 +173,13 @@ pub struct PlanArgs {
     /// group a node].
     #[arg(long, value_name = "R", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub dp_replicate: Option<u32>,
+    /// How the blocks are split over the pipeline's chunks: `blocks` (evenly, the extra
+    /// ones on the first chunks) or `ends` (the embedding and the loss take a block's place
+    /// each, so the first and last chunks hold a block fewer: Megatron-Core's
+    /// --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split, as
+    /// Llama 3 trained) [default: searched].
+    #[arg(long, value_name = "SPLIT", help_heading = "Transformer (3d) plans", value_parser = ["blocks", "ends"])]
+    pub pipeline_split: Option<String>,
     /// Mixtures of experts: ranks each routed expert group is spread over (Megatron-Core's
     /// expert parallelism, folded into the tensor × context × data ranks of a stage)
     /// [default: searched].
@@ -328,6 +335,7 @@ impl PlanArgs {
                 offload_activations: args.offload_activations,
                 offload_optimizer: args.offload_optimizer,
                 shard_groups: args.dp_replicate,
+                ends_as_blocks: args.pipeline_split.as_deref().map(|s| s == "ends"),
                 schedule: None,
             },
             experts: ExpertOptions {

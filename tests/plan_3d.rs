@@ -985,7 +985,10 @@ fn megatron_refuses(args: &str) -> Option<String> {
             .find_map(|l| l.strip_prefix(f)?.trim().parse().ok())
     };
     let pp = value("--pipeline-model-parallel-size").unwrap_or(1);
-    let layers = value("--num-layers").unwrap_or(0);
+    // validate_args counts the embedding and the loss as layers where asked to.
+    let layers = value("--num-layers").unwrap_or(0)
+        + u64::from(has("--account-for-embedding-in-pipeline-split"))
+        + u64::from(has("--account-for-loss-in-pipeline-split"));
     let fsdp = has("--use-megatron-fsdp");
     if has("--use-torch-fsdp2") {
         if pp > 1 {
@@ -1642,4 +1645,104 @@ fn hybrid_sharding_is_priced_reported_and_emitted() {
         text.contains("hybrid sharding (2 copies of ZeRO's shards) is priced but not lowered"),
         "{text}"
     );
+}
+
+/// `--pipeline-split ends` (issue 59, Llama 3's uneven stages): 6 blocks, the embedding
+/// and the loss as a block each, over 2 pipeline ranks of 2 chunks: 8 places, 2 a chunk,
+/// so the first chunk holds the embedding and one block and the last one block and the
+/// loss. Lowered so, emitted as Megatron-Core's account-for flags, and trained to one
+/// device's losses.
+#[test]
+fn the_embedding_and_the_loss_take_a_blocks_place_in_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(6, 32, 4, 8, 64));
+    let want = single_device_losses(&dir, &model);
+    let out = dir.path().join("ends");
+    let v = json(&[
+        "plan",
+        &model,
+        "--gpus",
+        "4",
+        "--batch",
+        "8",
+        "--json",
+        "-o",
+        out.to_str().unwrap(),
+        "--tensor-parallel",
+        "1",
+        "--pipeline-parallel",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--virtual-stages",
+        "2",
+        "--pipeline-split",
+        "ends",
+        "--emit",
+        "megatron",
+    ]);
+    assert_eq!(v["ends_as_blocks"], true);
+    assert_eq!(v["chunk_layers"], serde_json::json!([1, 2, 2, 1]));
+    let plan = read_plan(&out);
+    let firsts: Vec<&str> = plan["strategy"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["first_layer"].as_str().unwrap())
+        .collect();
+    assert_eq!(firsts, ["embed_tokens", "h.1.ln_1", "h.3.ln_1", "h.5.ln_1"]);
+    let args = std::fs::read_to_string(out.join("megatron.args")).unwrap();
+    assert!(
+        args.contains("--account-for-embedding-in-pipeline-split"),
+        "{args}"
+    );
+    assert!(
+        args.contains("--account-for-loss-in-pipeline-split"),
+        "{args}"
+    );
+    assert!(
+        args.contains("--num-layers-per-virtual-pipeline-stage 2"),
+        "{args}"
+    );
+    let simulated = v["simulated"]["iteration_time_us"].as_f64().unwrap();
+    let predicted = v["iteration_time_us"].as_f64().unwrap();
+    assert!(
+        (simulated / predicted - 1.0).abs() <= 0.05,
+        "{simulated} vs {predicted}"
+    );
+    let got = losses(&out, &[]);
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{got:?} vs {want:?}");
+    }
+    // Six blocks do not interleave over 2 × 2 chunks without it: left to the search, it
+    // is taken; asked against, the refusal says what would hold.
+    let searched = json(&[
+        "plan",
+        &model,
+        "--gpus",
+        "4",
+        "--batch",
+        "8",
+        "--pipeline-parallel",
+        "2",
+        "--virtual-stages",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(searched["ends_as_blocks"], true);
+    let out = ralpc()
+        .args(["plan", &model, "--gpus", "4", "--batch", "8"])
+        .args([
+            "--pipeline-parallel",
+            "2",
+            "--virtual-stages",
+            "2",
+            "--json",
+        ])
+        .args(["--pipeline-split", "blocks"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--pipeline-split ends"), "{stderr}");
 }

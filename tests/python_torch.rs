@@ -206,7 +206,26 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
         "--offload-activations",
         "8",
     ];
-    let plans: [(&str, &[&str]); 7] = [
+    // Qwen2.5 7B's 28 blocks with the embedding and the loss are 30 places: 5 a chunk over
+    // 2 stages of 3 chunks.
+    let ends: &[&str] = &[
+        "fixtures/configs/qwen2.5-7b.json",
+        "--input",
+        "input_ids=64,4096",
+        "--cluster",
+        "eos",
+        "--gpus",
+        "8",
+        "--tensor-parallel",
+        "4",
+        "--pipeline-parallel",
+        "2",
+        "--virtual-stages",
+        "3",
+        "--pipeline-split",
+        "ends",
+    ];
+    let plans: [(&str, &[&str]); 8] = [
         ("gpt2", &[gpt2, "--gpus", "8"]),
         ("zero3", &[gpt2, "--gpus", "8", "--zero", "3"]),
         (
@@ -239,6 +258,7 @@ fn megatron_core_accepts_the_arguments_ralpc_emits() {
                 "2",
             ],
         ),
+        ("ends", ends),
     ];
     let files: Vec<PathBuf> = plans
         .into_iter()

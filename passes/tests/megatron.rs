@@ -377,6 +377,7 @@ fn activations_follow_korthikanti() {
                     expert_tensor: 1,
                     offload: Offload::NONE,
                     shard_groups: 1,
+                    ends_as_blocks: false,
                 };
                 let ours =
                     block_activation_bytes(&model, &par, Attention::Unfused, Precision::Fp16);
@@ -489,6 +490,7 @@ fn knobs_are_checked_with_their_names() {
         offload_activations: Some(0),
         offload_optimizer: Some(0),
         shard_groups: Some(1),
+        ends_as_blocks: Some(false),
     };
     let found = search(&setting, &all).unwrap();
     assert_eq!(found.evaluated, 1);
@@ -816,6 +818,7 @@ fn recomputing_modules_trades_time_for_memory() {
                     expert_tensor: 1,
                     offload: Offload::NONE,
                     shard_groups: 1,
+                    ends_as_blocks: false,
                 },
             )
         };
@@ -852,4 +855,45 @@ fn recomputing_modules_trades_time_for_memory() {
         .unwrap_err()
         .to_string()
         .contains("no module `attention`"));
+}
+
+/// Llama 3.1 405B's published layout (TP8 PP8 VP8 CP2, Megatron-Bridge's recipes): its
+/// 126 blocks do not split into 64 chunks, 128 places with the embedding and the loss do,
+/// which is how the recipe runs it. The search takes the interleaving that way, and a
+/// split of blocks only is refused with the option that makes it hold.
+#[test]
+fn llama_405b_interleaves_with_the_embedding_and_loss_as_blocks() {
+    let spec = GptSpec::llama(126, 16384, 128, 8, 53248, 8192, 128256);
+    let model = Transformer::from(&spec);
+    let cluster = Cluster::preset("eos").unwrap().times(128);
+    let setting = bf16_adam(&model, &cluster, 1024, 1536);
+    let knobs = Knobs {
+        tensor: Some(8),
+        pipeline: Some(8),
+        context: Some(2),
+        virtual_stages: Some(8),
+        micro_batch: Some(1),
+        ..Knobs::default()
+    };
+    let found = search(&setting, &knobs).unwrap();
+    let best = &found.best;
+    assert!(best.parallelism.ends_as_blocks);
+    assert_eq!(best.chunk_layers.len(), 64);
+    assert_eq!((best.chunk_layers[0], best.chunk_layers[63]), (1, 1));
+    // Every stage holds 16 places: the first and last 15 blocks and an end.
+    assert!(best.stage_layers[1..7].iter().all(|&n| n == 16));
+    assert_eq!((best.stage_layers[0], best.stage_layers[7]), (15, 15));
+    let blocks_only = search(
+        &setting,
+        &Knobs {
+            ends_as_blocks: Some(false),
+            ..knobs
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        blocks_only.contains("--pipeline-split ends"),
+        "{blocks_only}"
+    );
 }

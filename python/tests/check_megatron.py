@@ -103,7 +103,11 @@ def config(flags):
     per = flags.get("num_layers_per_virtual_pipeline_stage")
     if per:
         pp = int(flags.get("pipeline_model_parallel_size", 1))
-        kw["virtual_pipeline_model_parallel_size"] = int(flags["num_layers"]) // (pp * int(per))
+        # validate_args counts the embedding and the loss as layers where asked to.
+        layers = int(flags["num_layers"])
+        layers += "account_for_embedding_in_pipeline_split" in flags
+        layers += "account_for_loss_in_pipeline_split" in flags
+        kw["virtual_pipeline_model_parallel_size"] = layers // (pp * int(per))
     layout = flags.get("pipeline_model_parallel_layout")
     if layout:
         pp = int(flags.get("pipeline_model_parallel_size", 1))

@@ -535,10 +535,14 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         p.micro_batch_size,
         r.microbatches,
         r.schedule,
-        if p.virtual_stages > 1 {
-            format!(" with {} chunks per GPU", p.virtual_stages)
-        } else {
-            String::new()
+        match (p.virtual_stages > 1, p.ends_as_blocks) {
+            (true, false) => format!(" with {} chunks per GPU", p.virtual_stages),
+            (true, true) => format!(
+                " with {} chunks per GPU, the embedding and the loss a block each",
+                p.virtual_stages
+            ),
+            (false, true) => " with the embedding and the loss a block each".to_owned(),
+            (false, false) => String::new(),
         },
         match p.recompute_modules.as_slice() {
             [] => p.recompute.to_owned(),

@@ -47,15 +47,28 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
         args.push("--cp-comm-type p2p".into());
     }
     let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
-    if m.layers % chunks != 0 {
-        // Uneven stages as priced: the blocks spread over the chunks in order, the extra
-        // ones on the first (Megatron-Core's layout string: `E` the embedding, `t` a block,
-        // `L` the loss, `|` between chunks, chunk `j` on stage `j mod p`).
-        let layout: Vec<String> = (0..chunks)
-            .map(|j| {
-                let n = m.layers / chunks + u64::from(j < m.layers % chunks);
+    let places = m.layers + if p.ends_as_blocks { 2 } else { 0 };
+    if p.ends_as_blocks && places % chunks == 0 {
+        // The embedding and the loss a block each, as Megatron-Bridge's 405B recipes set
+        // them (megatron/core/transformer/transformer_block.py @ d98e8a64).
+        args.push("--account-for-embedding-in-pipeline-split".into());
+        args.push("--account-for-loss-in-pipeline-split".into());
+        if p.virtual_stages > 1 {
+            args.push(format!(
+                "--num-layers-per-virtual-pipeline-stage {}",
+                places / chunks
+            ));
+        }
+    } else if places % chunks != 0 {
+        // Uneven stages as priced (Megatron-Core's layout string: `E` the embedding, `t` a
+        // block, `L` the loss, `|` between chunks, chunk `j` on stage `j mod p`).
+        let layout: Vec<String> = p
+            .chunk_layers
+            .iter()
+            .enumerate()
+            .map(|(j, n)| {
                 let embedding = if j == 0 { "E" } else { "" };
-                let loss = if j + 1 == chunks { "L" } else { "" };
+                let loss = if j as u64 + 1 == chunks { "L" } else { "" };
                 format!("{embedding}t*{n}{loss}")
             })
             .collect();

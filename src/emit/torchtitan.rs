@@ -155,10 +155,13 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         ));
     };
     let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
-    // torchtitan spreads the blocks by a per-stage count (no layers taken off the first and
-    // last stages, as ralpc priced them): ceil(L / chunks) must make exactly `chunks` stages.
-    let per_stage = m.layers.div_ceil(chunks);
-    if p.pipeline_parallel > 1 && m.layers.div_ceil(per_stage) != chunks {
+    // torchtitan spreads the blocks by a per-stage count, the first and last stages taking
+    // `less_layers` places for the embedding and the output (as ralpc priced them: none, or
+    // a block's each): ceil((L + 2·less) / per) must make exactly `chunks` stages.
+    let less = u64::from(p.ends_as_blocks);
+    let places = m.layers + 2 * less;
+    let per_stage = places.div_ceil(chunks);
+    if p.pipeline_parallel > 1 && places.div_ceil(per_stage) != chunks {
         return Err(PlanError::Request(format!(
             "--emit torchtitan: torchtitan splits {} blocks {per_stage} a stage, which is not \
              the plan's {chunks} stages",
@@ -362,8 +365,16 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
             "pipeline_parallel_layers_per_stage",
             per_stage.to_string(),
         );
-        set("p", "pipeline_parallel_first_stage_less_layers", "0".into());
-        set("p", "pipeline_parallel_last_stage_less_layers", "0".into());
+        set(
+            "p",
+            "pipeline_parallel_first_stage_less_layers",
+            less.to_string(),
+        );
+        set(
+            "p",
+            "pipeline_parallel_last_stage_less_layers",
+            less.to_string(),
+        );
     }
     set("config", "training.seq_len", m.sequence.to_string());
     set(

@@ -227,6 +227,11 @@ pub struct ParallelismRow {
     pub micro_batch_size: u64,
     /// Model chunks per GPU (interleaved 1F1B above 1).
     pub virtual_stages: u32,
+    /// Blocks of each pipeline chunk (chunk `j` on stage `j mod p`).
+    pub chunk_layers: Vec<u64>,
+    /// Whether the embedding and the loss took a block's place each in the pipeline split
+    /// (`--pipeline-split ends`).
+    pub ends_as_blocks: bool,
     /// `none`, `selective` or `full`.
     pub recompute: &'static str,
     /// The modules recomputed selectively, where they are not the attention core alone
@@ -573,6 +578,8 @@ pub(super) fn transformer(
             }),
             micro_batch_size: par.micro_batch,
             virtual_stages: par.virtual_stages,
+            chunk_layers: best.chunk_layers.clone(),
+            ends_as_blocks: par.ends_as_blocks,
             recompute: par.recompute.name(),
             recompute_modules: match par.recompute {
                 ralpc_passes::transformer::Recompute::Modules(m) => m.names(),

@@ -216,6 +216,8 @@ pub struct Estimate {
     pub microbatches: u64,
     /// Blocks per pipeline stage.
     pub stage_layers: Vec<u64>,
+    /// Blocks of each pipeline chunk (chunk `j` on stage `j mod p`; [`super::chunk_blocks`]).
+    pub chunk_layers: Vec<u64>,
     /// Per stage, one microbatch's time through it (all its chunks), µs.
     pub stage_us: Vec<f64>,
     /// One block, one microbatch: forward (with its tensor-parallel collectives), µs.
@@ -878,8 +880,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let chunks = u64::from(p) * u64::from(v);
     let mut stage_blocks = vec![(0.0, 0.0); p as usize];
     let mut first = 0u64;
-    for j in 0..chunks {
-        let n = layers / chunks + u64::from(j < layers % chunks);
+    let chunk_layers = super::chunk_blocks(layers, chunks, par.ends_as_blocks);
+    for (j, &n) in chunk_layers.iter().enumerate() {
+        let j = j as u64;
         let dense = dense_layers.clamp(first, first + n) - first;
         first += n;
         let stage = &mut stage_blocks[(j % u64::from(p)) as usize];
@@ -1303,6 +1306,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         },
         microbatches: m,
         stage_layers,
+        chunk_layers,
         stage_us,
         block_forward_us,
         block_backward_us: typical.work.total() - block_forward_us,

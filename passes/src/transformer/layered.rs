@@ -70,24 +70,17 @@ pub fn layered(
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on
-    // rank `j mod p` (Narayanan et al.'s assignment).
-    let v = par.virtual_stages.max(1);
-    let chunk_layers: Vec<u64> = if v > 1 {
-        let per = plan.stage_layers.first().copied().unwrap_or(0);
-        if plan.stage_layers.iter().any(|&n| n != per) || per % u64::from(v) != 0 {
-            return refuse(
-                &format!(
-                    "the interleaved schedule with stages of {:?} blocks (it needs as many \
-                     on every stage, a multiple of the {v} virtual stages)",
-                    plan.stage_layers
-                ),
-                "--virtual-stages 1",
-            );
-        }
-        vec![per / u64::from(v); plan.stage_layers.len() * v as usize]
-    } else {
-        plan.stage_layers.clone()
-    };
+    // rank `j mod p` (Narayanan et al.'s assignment), as the plan priced them.
+    let chunk_layers = &plan.chunk_layers;
+    if chunk_layers.contains(&0) {
+        return refuse(
+            &format!(
+                "a pipeline chunk with no block (chunks of {:?} blocks)",
+                chunk_layers
+            ),
+            "fewer pipeline stages or virtual stages",
+        );
+    }
     let pipeline = plan.stage_layers.len();
     if chunk_layers.iter().sum::<u64>() != blocks {
         return Err(NotLayered(format!(

@@ -545,6 +545,28 @@ pub struct Parallelism {
     /// consecutive ranks, and the shards' gradients are all-reduced across the `r` groups
     /// once an iteration. 1: one group, sharded over all of them.
     pub shard_groups: u32,
+    /// The embedding and the loss each take a block's place when the blocks are split
+    /// over the pipeline's chunks (Megatron-Core's `--account-for-embedding-in-pipeline-
+    /// split --account-for-loss-in-pipeline-split`, as Megatron-Bridge's Llama 3.1 405B
+    /// recipes run): the first and last chunks hold a block fewer ([`chunk_blocks`]).
+    pub ends_as_blocks: bool,
+}
+
+/// The blocks of each of `chunks` pipeline chunks (chunk `j` on stage `j mod p`) of a
+/// model of `layers` blocks: spread evenly, the extra ones on the earliest chunks; with
+/// `ends_as_blocks`, `layers + 2` places spread so, the embedding taking the first chunk's
+/// first place and the loss the last chunk's last.
+pub fn chunk_blocks(layers: u64, chunks: u64, ends_as_blocks: bool) -> Vec<u64> {
+    let chunks = chunks.max(1);
+    let ends = ends_as_blocks && chunks > 1;
+    let places = layers + if ends { 2 } else { 0 };
+    (0..chunks)
+        .map(|j| {
+            let n = places / chunks + u64::from(j < places % chunks);
+            let taken = u64::from(ends && j == 0) + u64::from(ends && j + 1 == chunks);
+            n.saturating_sub(taken)
+        })
+        .collect()
 }
 
 impl Parallelism {
@@ -566,6 +588,7 @@ impl Parallelism {
             expert_tensor: 1,
             offload: Offload::NONE,
             shard_groups: 1,
+            ends_as_blocks: false,
         }
     }
 
@@ -597,5 +620,24 @@ impl Parallelism {
             Schedule::OneFOneB if self.virtual_stages > 1 => "interleaved-1f1b",
             s => s.name(),
         }
+    }
+}
+
+#[cfg(test)]
+mod pipeline_split_tests {
+    use super::chunk_blocks;
+
+    #[test]
+    fn the_ends_take_a_place_each_from_the_first_and_last_chunks() {
+        // Llama 3.1 405B's 126 blocks over 8 stages of 8 chunks: 128 places, 2 a chunk.
+        let chunks = chunk_blocks(126, 64, true);
+        assert_eq!((chunks[0], chunks[63]), (1, 1));
+        assert!(chunks[1..63].iter().all(|&n| n == 2));
+        assert_eq!(chunks.iter().sum::<u64>(), 126);
+        // Without: the extra blocks on the first chunks.
+        let even = chunk_blocks(126, 64, false);
+        assert_eq!((even[0], even[61], even[62], even[63]), (2, 2, 1, 1));
+        // One chunk holds everything either way.
+        assert_eq!(chunk_blocks(6, 1, true), [6]);
     }
 }

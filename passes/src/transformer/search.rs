@@ -48,6 +48,19 @@ pub struct Knobs {
     /// `--dp-replicate`: groups of data × context ranks each holding a whole sharded copy
     /// of the ZeRO state (hybrid sharding).
     pub shard_groups: Option<u32>,
+    /// `--pipeline-split`: whether the embedding and the loss take a block's place each
+    /// in the pipeline split.
+    pub ends_as_blocks: Option<bool>,
+}
+
+/// Whether `layers` blocks split over `chunks` pipeline chunks with the embedding and the
+/// loss as a block each leave every chunk a block (the first and last chunks would hold
+/// the embedding or the loss alone otherwise, which the layered form cannot place).
+fn ends_split(layers: u64, chunks: u64) -> bool {
+    chunks > 1
+        && super::chunk_blocks(layers, chunks, true)
+            .iter()
+            .all(|&n| n >= 1)
 }
 
 /// The search's result.
@@ -100,6 +113,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 expert_tensor: 1,
                 offload: Offload::NONE,
                 shard_groups: 1,
+                ends_as_blocks: false,
             },
         )
     };
@@ -173,18 +187,26 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     if u64::from(d) * m > pieces {
                         continue;
                     }
-                    let depths: Vec<u32> = (1..=u32::try_from(model.layers / u64::from(p))
+                    // Chunks per stage, and whether the embedding and the loss count as
+                    // blocks in the split: interleaving takes chunks of equal places, as
+                    // Megatron-Core requires.
+                    let depths: Vec<(u32, bool)> = (1..=u32::try_from(model.layers / u64::from(p))
                         .unwrap_or(1))
-                        .filter(|&v| {
-                            v == 1
+                        .flat_map(|v| [(v, false), (v, true)])
+                        .filter(|&(v, ends)| {
+                            let chunks = u64::from(p) * u64::from(v);
+                            let places = model.layers + if ends { 2 } else { 0 };
+                            let interleaves = v == 1
                                 || (p > 1
                                     && schedule == Schedule::OneFOneB
-                                    && model.layers % (u64::from(p) * u64::from(v)) == 0
-                                    && m % u64::from(p) == 0)
+                                    && m % u64::from(p) == 0
+                                    && places % chunks == 0);
+                            interleaves && (!ends || ends_split(model.layers, chunks))
                         })
-                        .filter(|&v| knobs.virtual_stages.is_none_or(|k| k == v))
+                        .filter(|&(v, _)| knobs.virtual_stages.is_none_or(|k| k == v))
+                        .filter(|&(_, ends)| knobs.ends_as_blocks.is_none_or(|k| k == ends))
                         .collect();
-                    for &v in &depths {
+                    for &(v, ends_as_blocks) in &depths {
                         for &recompute in &recomputes {
                             if knobs.recompute.is_some_and(|k| k != recompute) {
                                 continue;
@@ -243,6 +265,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                     expert_tensor,
                                                     offload,
                                                     shard_groups,
+                                                    ends_as_blocks,
                                                 },
                                             );
                                             evaluated += 1;
@@ -359,18 +382,48 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             setting.gpus
         ));
     }
+    let ends = knobs.ends_as_blocks == Some(true);
+    if ends && knobs.pipeline == Some(1) {
+        return bad("--pipeline-split ends needs a pipeline (--pipeline-parallel above 1)".into());
+    }
     if let Some(v) = knobs.virtual_stages.filter(|&v| v > 1) {
         if knobs.schedule == Some(Schedule::GPipe) {
             return bad("--virtual-stages needs the 1f1b schedule (interleaved 1F1B)".into());
         }
         if let Some(p) = knobs.pipeline {
-            if p == 1 || model.layers % (u64::from(p) * u64::from(v)) != 0 {
+            let chunks = u64::from(p) * u64::from(v);
+            // Either split may do where the search picks it.
+            let blocks = knobs.ends_as_blocks != Some(true) && model.layers % chunks == 0;
+            let ends_too = knobs.ends_as_blocks != Some(false)
+                && (model.layers + 2) % chunks == 0
+                && ends_split(model.layers, chunks);
+            if p == 1 || !(blocks || ends_too) {
+                let (places, what) = match ends {
+                    true => (model.layers + 2, "blocks, the embedding and the loss"),
+                    false => (model.layers, "blocks"),
+                };
+                let hint = !ends && (model.layers + 2) % chunks == 0;
                 return bad(format!(
                     "--virtual-stages {v} with {p} stage(s): interleaving needs at least two \
-                     stages and the {} blocks divisible into {p} × {v} chunks",
-                    model.layers
+                     stages and the {places} {what} divisible into {p} × {v} chunks{}",
+                    match hint {
+                        true =>
+                            " (--pipeline-split ends counts the embedding and the loss as \
+                                 a block each: they are)",
+                        false => "",
+                    }
                 ));
             }
+        }
+    }
+    if let Some(p) = knobs.pipeline.filter(|_| ends) {
+        let chunks = u64::from(p) * u64::from(knobs.virtual_stages.unwrap_or(1).max(1));
+        if !ends_split(model.layers, chunks) {
+            return bad(format!(
+                "--pipeline-split ends over {chunks} chunks leaves the first or last chunk no \
+                 block of the {}",
+                model.layers
+            ));
         }
     }
     if let Some(z) = knobs.zero {
