@@ -985,8 +985,10 @@ fn megatron_refuses(args: &str) -> Option<String> {
             .find_map(|l| l.strip_prefix(f)?.trim().parse().ok())
     };
     let pp = value("--pipeline-model-parallel-size").unwrap_or(1);
-    // validate_args counts the embedding and the loss as layers where asked to.
-    let layers = value("--num-layers").unwrap_or(0)
+    let layers = value("--num-layers").unwrap_or(0);
+    // validate_args counts the embedding and the loss as layers in the pipeline split
+    // where asked to.
+    let places = layers
         + u64::from(has("--account-for-embedding-in-pipeline-split"))
         + u64::from(has("--account-for-loss-in-pipeline-split"));
     let fsdp = has("--use-megatron-fsdp");
@@ -1131,11 +1133,11 @@ fn megatron_refuses(args: &str) -> Option<String> {
         return None;
     }
     match value("--num-layers-per-virtual-pipeline-stage") {
-        Some(per) if layers % pp != 0 || per == 0 || (layers / pp) % per != 0 => {
+        Some(per) if places % pp != 0 || per == 0 || (places / pp) % per != 0 => {
             Some("virtual stages that do not divide the layers".into())
         }
         Some(_) if pp <= 2 => Some("an interleaved schedule on 2 or fewer stages".into()),
-        None if layers % pp != 0 => Some("layers not divisible by the stages".into()),
+        None if places % pp != 0 => Some("layers not divisible by the stages".into()),
         _ => None,
     }
 }
@@ -1711,6 +1713,7 @@ fn the_embedding_and_the_loss_take_a_blocks_place_in_the_pipeline() {
         "{simulated} vs {predicted}"
     );
     let got = losses(&out, &[]);
+    assert_eq!(got.len(), want.len());
     for (a, b) in got.iter().zip(&want) {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{got:?} vs {want:?}");
     }

@@ -47,8 +47,8 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
         args.push("--cp-comm-type p2p".into());
     }
     let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
-    let places = m.layers + if p.ends_as_blocks { 2 } else { 0 };
-    if p.ends_as_blocks && places % chunks == 0 {
+    let places = ralpc_passes::transformer::split_places(m.layers, p.ends_as_blocks);
+    if p.ends_as_blocks {
         // The embedding and the loss a block each, as Megatron-Bridge's 405B recipes set
         // them (megatron/core/transformer/transformer_block.py @ d98e8a64).
         args.push("--account-for-embedding-in-pipeline-split".into());

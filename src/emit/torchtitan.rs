@@ -159,7 +159,7 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
     // `less_layers` places for the embedding and the output (as ralpc priced them: none, or
     // a block's each): ceil((L + 2·less) / per) must make exactly `chunks` stages.
     let less = u64::from(p.ends_as_blocks);
-    let places = m.layers + 2 * less;
+    let places = ralpc_passes::transformer::split_places(m.layers, p.ends_as_blocks);
     let per_stage = places.div_ceil(chunks);
     if p.pipeline_parallel > 1 && places.div_ceil(per_stage) != chunks {
         return Err(PlanError::Request(format!(

@@ -871,8 +871,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             },
         ..Work::default()
     };
-    // Stages: blocks spread evenly, the extra ones on the earliest stages (the last holds
-    // the head); a mixture of experts' leading dense blocks come first.
+    // Stages: blocks spread over the chunks as `chunk_blocks` places them (the first stage
+    // holds the embedding, the last the head); a mixture of experts' leading dense blocks
+    // come first.
     let layers = model.layers;
     // With interleaving the blocks are spread over the `p·v` chunks and chunk `j` runs on
     // stage `j mod p`, so leading dense blocks fill the first chunks, not the first stage.

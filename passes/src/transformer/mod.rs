@@ -552,6 +552,24 @@ pub struct Parallelism {
     pub ends_as_blocks: bool,
 }
 
+/// The places a pipeline split spreads over its chunks: the blocks, and with
+/// `ends_as_blocks` the embedding and the loss.
+pub fn split_places(layers: u64, ends_as_blocks: bool) -> u64 {
+    layers + if ends_as_blocks { 2 } else { 0 }
+}
+
+/// Whether Megatron-Core takes a split of `layers` blocks over `p` stages of `v` chunks:
+/// interleaving, and counting the embedding and the loss as blocks, need the places to
+/// divide into the chunks (`validate_args` and `TransformerConfig`); a plain split of the
+/// blocks over `p` stages takes any count (written as a layout where uneven).
+pub fn split_holds(layers: u64, p: u32, v: u32, ends_as_blocks: bool) -> bool {
+    let chunks = u64::from(p) * u64::from(v.max(1));
+    match (v > 1, ends_as_blocks) {
+        (false, false) => true,
+        _ => p > 1 && split_places(layers, ends_as_blocks) % chunks == 0,
+    }
+}
+
 /// The blocks of each of `chunks` pipeline chunks (chunk `j` on stage `j mod p`) of a
 /// model of `layers` blocks: spread evenly, the extra ones on the earliest chunks; with
 /// `ends_as_blocks`, `layers + 2` places spread so, the embedding taking the first chunk's
@@ -559,7 +577,7 @@ pub struct Parallelism {
 pub fn chunk_blocks(layers: u64, chunks: u64, ends_as_blocks: bool) -> Vec<u64> {
     let chunks = chunks.max(1);
     let ends = ends_as_blocks && chunks > 1;
-    let places = layers + if ends { 2 } else { 0 };
+    let places = split_places(layers, ends);
     (0..chunks)
         .map(|j| {
             let n = places / chunks + u64::from(j < places % chunks);
@@ -639,5 +657,21 @@ mod pipeline_split_tests {
         assert_eq!((even[0], even[61], even[62], even[63]), (2, 2, 1, 1));
         // One chunk holds everything either way.
         assert_eq!(chunk_blocks(6, 1, true), [6]);
+    }
+
+    #[test]
+    fn megatron_takes_the_ends_split_only_into_equal_chunks() {
+        use super::split_holds;
+        // Megatron-Bridge's GB200 405B recipe, PP16 VP8: 128 places over 128 chunks, the
+        // first and last holding the embedding and the loss alone.
+        assert!(split_holds(126, 16, 8, true));
+        let chunks = chunk_blocks(126, 128, true);
+        assert_eq!((chunks[0], chunks[127]), (0, 0));
+        // Without interleaving a plain split takes any count, the ends split equal ones.
+        assert!(split_holds(28, 4, 1, false));
+        assert!(!split_holds(28, 4, 1, true));
+        assert!(split_holds(28, 2, 1, true));
+        // Interleaving needs two stages.
+        assert!(!split_holds(6, 1, 2, false));
     }
 }

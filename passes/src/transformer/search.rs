@@ -53,16 +53,6 @@ pub struct Knobs {
     pub ends_as_blocks: Option<bool>,
 }
 
-/// Whether `layers` blocks split over `chunks` pipeline chunks with the embedding and the
-/// loss as a block each leave every chunk a block (the first and last chunks would hold
-/// the embedding or the loss alone otherwise, which the layered form cannot place).
-fn ends_split(layers: u64, chunks: u64) -> bool {
-    chunks > 1
-        && super::chunk_blocks(layers, chunks, true)
-            .iter()
-            .all(|&n| n >= 1)
-}
-
 /// The search's result.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Searched {
@@ -194,14 +184,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                         .unwrap_or(1))
                         .flat_map(|v| [(v, false), (v, true)])
                         .filter(|&(v, ends)| {
-                            let chunks = u64::from(p) * u64::from(v);
-                            let places = model.layers + if ends { 2 } else { 0 };
-                            let interleaves = v == 1
-                                || (p > 1
-                                    && schedule == Schedule::OneFOneB
-                                    && m % u64::from(p) == 0
-                                    && places % chunks == 0);
-                            interleaves && (!ends || ends_split(model.layers, chunks))
+                            let interleaves =
+                                v == 1 || (schedule == Schedule::OneFOneB && m % u64::from(p) == 0);
+                            interleaves && super::split_holds(model.layers, p, v, ends)
                         })
                         .filter(|&(v, _)| knobs.virtual_stages.is_none_or(|k| k == v))
                         .filter(|&(_, ends)| knobs.ends_as_blocks.is_none_or(|k| k == ends))
@@ -383,46 +368,41 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         ));
     }
     let ends = knobs.ends_as_blocks == Some(true);
-    if ends && knobs.pipeline == Some(1) {
+    if ends && (knobs.pipeline == Some(1) || setting.gpus < 2) {
         return bad("--pipeline-split ends needs a pipeline (--pipeline-parallel above 1)".into());
     }
-    if let Some(v) = knobs.virtual_stages.filter(|&v| v > 1) {
-        if knobs.schedule == Some(Schedule::GPipe) {
-            return bad("--virtual-stages needs the 1f1b schedule (interleaved 1F1B)".into());
-        }
-        if let Some(p) = knobs.pipeline {
-            let chunks = u64::from(p) * u64::from(v);
-            // Either split may do where the search picks it.
-            let blocks = knobs.ends_as_blocks != Some(true) && model.layers % chunks == 0;
-            let ends_too = knobs.ends_as_blocks != Some(false)
-                && (model.layers + 2) % chunks == 0
-                && ends_split(model.layers, chunks);
-            if p == 1 || !(blocks || ends_too) {
-                let (places, what) = match ends {
-                    true => (model.layers + 2, "blocks, the embedding and the loss"),
-                    false => (model.layers, "blocks"),
-                };
-                let hint = !ends && (model.layers + 2) % chunks == 0;
-                return bad(format!(
-                    "--virtual-stages {v} with {p} stage(s): interleaving needs at least two \
-                     stages and the {places} {what} divisible into {p} × {v} chunks{}",
-                    match hint {
-                        true =>
-                            " (--pipeline-split ends counts the embedding and the loss as \
-                                 a block each: they are)",
-                        false => "",
-                    }
-                ));
-            }
-        }
+    if knobs.virtual_stages.is_some_and(|v| v > 1) && knobs.schedule == Some(Schedule::GPipe) {
+        return bad("--virtual-stages needs the 1f1b schedule (interleaved 1F1B)".into());
     }
-    if let Some(p) = knobs.pipeline.filter(|_| ends) {
-        let chunks = u64::from(p) * u64::from(knobs.virtual_stages.unwrap_or(1).max(1));
-        if !ends_split(model.layers, chunks) {
+    if let Some(p) = knobs.pipeline {
+        let v = knobs.virtual_stages.unwrap_or(1).max(1);
+        // Either split may do where the search picks it.
+        let holds = |e: bool| {
+            knobs.ends_as_blocks.is_none_or(|k| k == e) && super::split_holds(model.layers, p, v, e)
+        };
+        if (v > 1 || ends) && !holds(false) && !holds(true) {
+            let places = super::split_places(model.layers, ends);
+            let what = match ends {
+                true => format!(
+                    "{places} places ({} blocks, the embedding, the loss)",
+                    model.layers
+                ),
+                false => format!("{places} blocks"),
+            };
+            let hint = !ends && super::split_holds(model.layers, p, v, true);
+            let asked = match v > 1 {
+                true => format!("--virtual-stages {v}"),
+                false => "--pipeline-split ends".to_owned(),
+            };
             return bad(format!(
-                "--pipeline-split ends over {chunks} chunks leaves the first or last chunk no \
-                 block of the {}",
-                model.layers
+                "{asked} with {p} stage(s): Megatron-Core splits the {what} only into equal \
+                 chunks ({p} × {v}), and interleaving needs at least two stages{}",
+                match hint {
+                    true =>
+                        " (--pipeline-split ends counts the embedding and the loss as \
+                             a block each: then they divide)",
+                    false => "",
+                }
             ));
         }
     }
