@@ -8,13 +8,13 @@ foreground is planned at global batch 32 on the 8 A100s of a DGX A100 (its NVLin
 and DeepPool's planner's flat network of 2.66e5 bytes/µs and 240 µs), and the same model at
 batch 16 (DeepPool's default background batch) runs on one GPU each in its spare time. The
 cluster's samples/s (foreground plus background) is printed against the plan on 1, 2, 4
-GPUs with the background alone on the rest, and the plan alone on 8.
+and half of the GPUs with the background alone on the rest, and the plan alone on 8.
 
 DeepPool's published figures for this input that ralpc has: its planner's VGG16 plan at
 batch 32 on 8 GPUs of its network, 12.03 ms data parallel and 10.73 ms burst parallel, and
-a measured data-parallel iteration of 13.57 ms (fixtures/anchors/deeppool, ../shared's
-README). The paper's cluster-throughput points are not in any source ralpc's tools can
-read, so they are not printed.
+a measured data-parallel iteration of 13.57 ms (fixtures/anchors/deeppool/SOURCE.md). The
+paper's cluster-throughput points are not in any source ralpc's tools can read, so they
+are not printed.
 
 Usage (from the repository root, after `cargo build --release`):
     python3 benches/background.py [--ralpc target/release/ralpc]
