@@ -568,6 +568,63 @@ fn a_3d_gpt_plan_is_lowered_at_block_boundaries_and_trains_exactly() {
     assert!(ag3 > ag1, "{ag1} {ag3}");
 }
 
+/// Megatron-Core's module recomputation, found from each block's structure in a GPT's and
+/// a Llama's layer graph (norms: what runs before the QKV projection and between the
+/// output projection and the MLP), lowered and trained to one device's losses with tensor,
+/// sequence and pipeline parallelism.
+#[test]
+fn recomputed_modules_are_lowered_and_train_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, spec) in [
+        ("gpt", GptSpec::megatron(4, 32, 4, 8, 64)),
+        ("llama", GptSpec::llama(4, 32, 4, 2, 96, 8, 64)),
+    ] {
+        let sub = tempfile::tempdir_in(dir.path()).unwrap();
+        let model = write_gpt(&sub, &spec);
+        let want = single_device_losses(&sub, &model);
+        for (modules, per_block, first) in [
+            ("core_attn,mlp", 2, "h.0.attn.softmax"),
+            ("layernorm", 2, "h.0.ln_1"),
+            ("layernorm,core_attn,mlp", 4, "h.0.ln_1"),
+        ] {
+            let out = sub.path().join(modules);
+            let mut args = vec!["plan", &model, "--gpus", "8", "--batch", "8", "--json"];
+            args.extend([
+                "--tensor-parallel",
+                "2",
+                "--pipeline-parallel",
+                "2",
+                "--micro-batch-size",
+                "2",
+                "--sequence-parallel",
+                "on",
+                "--zero",
+                "1",
+                "--recompute-modules",
+                modules,
+                "-o",
+                out.to_str().unwrap(),
+            ]);
+            json(&args);
+            let plan = read_plan(&out);
+            let runs = plan["strategy"]["recompute"].as_array().unwrap();
+            assert_eq!(runs.len(), 4 * per_block, "{name} {modules}");
+            let first_layer = runs[0]["first_layer"].as_str().unwrap();
+            assert!(
+                first_layer.starts_with(first),
+                "{name} {modules}: {first_layer}"
+            );
+            let got = losses(&out, &[]);
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{name} {modules}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_prediction() {
     let dir = tempfile::tempdir().unwrap();
@@ -600,20 +657,26 @@ fn the_1_7b_plan_lowered_on_its_own_layers_simulates_within_5_percent_of_its_pre
 
 /// Plans Megatron-LM's configuration `config` (`[t, p, v, micro-batch]`) of a GPT of
 /// `shape` (`[layers, hidden, heads]`) on one data-parallel replica of `gpus` GPUs with
-/// full recomputation, checks the lowered plan simulates within 5 % of the prediction,
+/// the `recompute` options given, checks the lowered plan simulates within 5 % of the prediction,
 /// and returns the plan directory's `--json` summary. Sequence parallel: tensor
 /// parallelism lowers as Megatron-LM's sequence parallelism whatever the flag says
 /// (`transformer::layered`), so the simulation is held to the prediction of the same
 /// plan; without it the estimate runs the LayerNorms, dropouts and residuals whole on
 /// every rank, some 6 % of a block here.
-fn one_replica(dir: &tempfile::TempDir, shape: [u64; 3], config: [u32; 4], batch: u32) -> Value {
+fn one_replica(
+    dir: &tempfile::TempDir,
+    shape: [u64; 3],
+    config: [u32; 4],
+    batch: u32,
+    recompute: &[&str],
+) -> Value {
     let [l, h, a] = shape;
     let [t, p, v, mb] = config;
     let model = write_gpt(dir, &GptSpec::megatron(l, h, a, 2048, 51200));
     let out = dir.path().join("plan");
     let (gpus, batch) = ((t * p).to_string(), batch.to_string());
     let (t, p, v, mb) = (t.to_string(), p.to_string(), v.to_string(), mb.to_string());
-    let summary = json(&[
+    let mut args = vec![
         "plan",
         &model,
         "--json",
@@ -635,8 +698,6 @@ fn one_replica(dir: &tempfile::TempDir, shape: [u64; 3], config: [u32; 4], batch
         &mb,
         "--virtual-stages",
         &v,
-        "--recompute",
-        "full",
         "--sequence-parallel",
         "on",
         // ralpc's executor runs the collectives after their GEMMs.
@@ -646,7 +707,9 @@ fn one_replica(dir: &tempfile::TempDir, shape: [u64; 3], config: [u32; 4], batch
         "0",
         "-o",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend(recompute);
+    let summary = json(&args);
     let predicted = summary["iteration_time_us"].as_f64().unwrap();
     let simulated = summary["simulated"]["iteration_time_us"].as_f64().unwrap();
     println!(
@@ -658,12 +721,30 @@ fn one_replica(dir: &tempfile::TempDir, shape: [u64; 3], config: [u32; 4], batch
     summary
 }
 
+/// Megatron-LM's published rows recompute every block in full.
+const FULL: &[&str] = &["--recompute", "full"];
+
+/// Recomputing modules (Megatron-Core's `--recompute-modules`) re-runs each module's
+/// forward before its backward, with the MLP's all-gather: the lowered plan's simulation
+/// holds to the price.
+#[test]
+fn recomputed_modules_simulate_within_5_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let modules = &["--recompute-modules", "layernorm,core_attn,mlp"];
+    let v = one_replica(&dir, [24, 2304, 24], [2, 2, 1, 2], 16, modules);
+    assert_eq!(v["recompute"], "selective");
+    let plan = read_plan(&dir.path().join("plan"));
+    // Per block: two norms, the attention core, the MLP.
+    let runs = plan["strategy"]["recompute"].as_array().unwrap();
+    assert_eq!(runs.len(), 24 * 4);
+}
+
 #[test]
 fn the_76_1b_interleaved_configuration_simulates_within_5_percent() {
     // Megatron-LM's 76.1 B row (t = 8, p = 4, v = 3, micro-batch 2) on one replica of its
     // 32: 32 GPUs, 1792 / 32 = 56 sequences, 28 microbatches.
     let dir = tempfile::tempdir().unwrap();
-    let v = one_replica(&dir, [60, 10240, 80], [8, 4, 3, 2], 56);
+    let v = one_replica(&dir, [60, 10240, 80], [8, 4, 3, 2], 56, FULL);
     assert_eq!(v["virtual_stages"], 3);
     let plan = read_plan(&dir.path().join("plan"));
     assert_eq!(plan["strategy"]["stages"].as_array().unwrap().len(), 12);
@@ -676,7 +757,7 @@ fn the_39_1b_configuration_lowered_with_tensor_parallelism_simulates_within_5_pe
     // replicas runs (1536 / 32 / 4). The lowering writes every rank's program: the
     // published 512 GPUs lower too (+2.5 %), but take 93 s and 15 GB, too much for CI.
     let dir = tempfile::tempdir().unwrap();
-    one_replica(&dir, [48, 8192, 64], [8, 2, 1, 4], 48);
+    one_replica(&dir, [48, 8192, 64], [8, 2, 1, 4], 48, FULL);
     let out = dir.path().join("plan");
     // Every block's tensor-parallel collectives are Megatron's sequence-parallel ones, per
     // microbatch: the two projections' partial sums reduce-scattered (forward, and again

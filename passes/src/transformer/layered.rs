@@ -16,7 +16,7 @@ use ralpc_ir::{Graph, ValueId};
 use crate::layers::{carrier, Edge, Layer, LayerGraph, LayerKind, Producer, Split};
 use crate::plan::{Stage, Strategy};
 
-use super::{Estimate, Recompute};
+use super::{Estimate, Modules, Recompute};
 
 /// Why a transformer plan has no layer-graph form (it is priced, not lowered).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -127,12 +127,7 @@ pub fn layered(
         Recompute::None => Vec::new(),
         Recompute::Full => block_runs(graph, &starts)?,
         Recompute::Selective => attention_cores(graph),
-        Recompute::Modules(m) => {
-            return Err(NotLayered(format!(
-                "recomputing {} is priced, not lowered yet",
-                m.names().join(", ")
-            )))
-        }
+        Recompute::Modules(m) => module_runs(graph, &starts, m)?,
     };
     Ok(Strategy {
         schedule: par.schedule,
@@ -238,6 +233,61 @@ fn attention_cores(graph: &LayerGraph) -> Vec<(usize, usize)> {
         runs.push((first, last));
     }
     runs
+}
+
+/// The recomputed runs of `modules` in every block (Megatron-Core's `--recompute-modules`),
+/// found from the block's structure: of its dense layers, the first after the attention
+/// core is the output projection and the rest are the MLP's. So `layernorm` recomputes
+/// what runs before the QKV projection and between the output projection and the MLP
+/// (the norms, with a residual add or dropout the exporter put beside them), `core_attn`
+/// the attention core, `mlp` the MLP's dense layers and the activations between them.
+/// Each run keeps only its inputs, as a checkpointed module keeps its input.
+fn module_runs(
+    graph: &LayerGraph,
+    starts: &[usize],
+    modules: Modules,
+) -> Result<Vec<(usize, usize)>, NotLayered> {
+    if modules.contains(Modules::EXPERT_ACTIVATION) || modules.contains(Modules::LATENT_UP) {
+        return Err(NotLayered(format!(
+            "recomputing {} is priced, not lowered yet (mixtures of experts and latent \
+             attention are not lowered)",
+            modules.names().join(", ")
+        )));
+    }
+    let cores = attention_cores(graph);
+    let blocks = block_runs(graph, starts)?;
+    let mut runs = Vec::new();
+    for (&(first, last), &(core_first, core_last)) in blocks.iter().zip(&cores) {
+        let dense: Vec<usize> = (first..=last)
+            .filter(|&l| graph.layers[l].kind == LayerKind::Dense)
+            .collect();
+        let qkv = dense.iter().copied().find(|&l| l < core_first);
+        let after: Vec<usize> = dense.iter().copied().filter(|&l| l > core_last).collect();
+        let (Some(qkv), [projection, mlp_first, ..], Some(&mlp_last)) =
+            (qkv, after.as_slice(), after.last())
+        else {
+            return Err(NotLayered(format!(
+                "the block from layer {} has no QKV projection, output projection and MLP \
+                 among its dense layers, so its modules cannot be told apart",
+                graph.layers[first].name
+            )));
+        };
+        let (projection, mlp_first) = (*projection, *mlp_first);
+        let norms = modules.contains(Modules::LAYER_NORM);
+        if norms && first < qkv {
+            runs.push((first, qkv - 1));
+        }
+        if modules.contains(Modules::CORE_ATTENTION) {
+            runs.push((core_first, core_last));
+        }
+        if norms && projection + 1 < mlp_first {
+            runs.push((projection + 1, mlp_first - 1));
+        }
+        if modules.contains(Modules::MLP) {
+            runs.push((mlp_first, mlp_last));
+        }
+    }
+    Ok(runs)
 }
 
 /// Every block as a recomputed run: from its start to the layer before the next block's;

@@ -370,17 +370,12 @@ impl Recompute {
         }
     }
 
-    /// What the search tries for `model`: the granularities, and for mixtures of experts and
-    /// latent attention the module sets Megatron-Bridge's recipes recompute for them (the
-    /// dense MLP, latent attention's up projections, the experts' activation, the norms).
-    /// A dense decoder's plans are lowered, which module sets are not yet: they are priced
-    /// when asked for (`--recompute-modules`), not searched.
+    /// What the search tries for `model`: the granularities, and the module sets
+    /// Megatron-Bridge's recipes recompute (the dense MLP, alone or with the attention
+    /// core; latent attention's up projections, the experts' activation, the norms).
     pub fn choices(model: &Transformer) -> Vec<Recompute> {
         let (dense, experts) = model.spec().block_counts();
         let latent = model.latent.is_some();
-        if experts == 0 && !latent {
-            return Recompute::ALL.to_vec();
-        }
         let sets = [
             (dense > 0, Modules::MLP),
             (dense > 0, Modules::CORE_ATTENTION.with(Modules::MLP)),
