@@ -157,6 +157,13 @@ pub struct PlanArgs {
     /// recomputation of them, in place of --recompute) [default: searched with the rest].
     #[arg(long, value_name = "LIST", help_heading = "Transformer (3d) plans", value_parser = parse_modules, conflicts_with = "recompute")]
     pub recompute_modules: Option<Modules>,
+    /// Recompute in full only the first N blocks of each pipeline chunk and stash the
+    /// others' activations (Megatron-Core's `--recompute-method block
+    /// --recompute-num-layers N`; full recomputation, so alone or with `--recompute full`)
+    /// [default: searched: the fewest blocks that fit, where a full recomputation frees
+    /// more memory than the plan needs].
+    #[arg(long, value_name = "N", help_heading = "Transformer (3d) plans", value_parser = parse_positive_u32, conflicts_with = "recompute_modules")]
+    pub recompute_num_layers: Option<u32>,
     /// Split LayerNorm and dropout by sequence positions inside tensor-parallel groups
     /// (`--sequence-parallel` alone: on) [default: searched].
     #[arg(long, value_name = "on|off", help_heading = "Transformer (3d) plans", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off"])]
@@ -289,6 +296,18 @@ impl PlanArgs {
             .map_err(|e| BadArgument(first_line(&e)))
     }
 
+    /// Options given together that contradict each other: `--recompute-num-layers` is a
+    /// full recomputation of some blocks, so `--recompute none` or `selective` beside it.
+    pub fn recompute_conflict(&self) -> Option<String> {
+        match (self.recompute_num_layers, self.recompute.as_deref()) {
+            (Some(n), Some(r)) if r != "full" => Some(format!(
+                "--recompute-num-layers {n} recomputes blocks in full, which --recompute {r} \
+                 does not (give --recompute full, or leave it out)"
+            )),
+            _ => None,
+        }
+    }
+
     /// The planning options these arguments ask for (the executable plan included).
     pub fn options(&self) -> PlanOptions {
         let args = self;
@@ -324,9 +343,13 @@ impl PlanArgs {
                 context: args.context_parallel,
                 virtual_stages: args.virtual_stages,
                 micro_batch: args.micro_batch_size,
-                recompute: match args.recompute_modules {
-                    Some(modules) => Some(Recompute::of_modules(modules)),
-                    None => args.recompute.as_deref().and_then(Recompute::parse),
+                recompute: match (args.recompute_modules, args.recompute_num_layers) {
+                    (Some(modules), _) => Some(Recompute::of_modules(modules)),
+                    // (`--recompute none` or `selective` beside it is refused: `recompute_conflict`.)
+                    (None, Some(n)) if args.recompute.as_deref().is_none_or(|r| r == "full") => {
+                        Some(Recompute::Blocks(n))
+                    }
+                    (None, _) => args.recompute.as_deref().and_then(Recompute::parse),
                 },
                 sequence_parallel: args.sequence_parallel.as_deref().map(|v| v == "on"),
                 zero: args.zero,
@@ -393,6 +416,12 @@ pub fn parse_positive(s: &str) -> Result<u64, BadArgument> {
             "expected a whole number of at least 1, got '{s}'"
         ))),
     }
+}
+
+/// Parses a whole number of at least 1 that fits 32 bits.
+pub fn parse_positive_u32(s: &str) -> Result<u32, BadArgument> {
+    u32::try_from(parse_positive(s)?)
+        .map_err(|_| BadArgument(format!("expected at most {}, got '{s}'", u32::MAX)))
 }
 
 /// Parses `--max-instructions`: 1 to [`crate::plan::MAX_INSTRUCTIONS`].

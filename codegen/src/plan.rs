@@ -463,6 +463,11 @@ pub struct Plan {
     pub precision: Precision,
     /// The optimizer priced (sets the optimizer state in `buffers`).
     pub optimizer: Optimizer,
+    /// Whether attention cores were priced as one fused kernel, which keeps the softmax's
+    /// log-sum-exp instead of its probabilities (sets their activations in `buffers`; the
+    /// executors compute the same math either way).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused_attention: bool,
     /// The placement it was lowered from.
     pub strategy: StrategyFile,
     /// Layer names, by index.

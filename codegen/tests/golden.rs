@@ -99,6 +99,7 @@ fn two_stage_1f1b_pipeline() {
         ],
         layers: vec![Split::NONE; n],
         zero: 0,
+        shard_groups: 1,
         recompute: Vec::new(),
     };
     insta::assert_snapshot!(listing(&lowered(&graph, &cluster, 2, &strategy)));

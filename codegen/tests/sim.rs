@@ -157,6 +157,7 @@ fn pipelines_simulate_as_priced() {
                 stages: equal_stages(&graph, stages, replicas, groups),
                 layers: vec![Split::samples(replicas); graph.layers.len()],
                 zero,
+                shard_groups: 1,
                 recompute: Vec::new(),
             };
             let costs = Costs::new(&graph, &cluster, 8, CostOptions::default());
@@ -208,6 +209,7 @@ fn zero_3_pipelines_hold_what_they_are_priced() {
             stages: equal_stages(&graph, 2, 2, 2),
             layers: vec![Split::samples(2); graph.layers.len()],
             zero: 3,
+            shard_groups: 1,
             recompute: Vec::new(),
         };
         let costs = Costs::new(&graph, &cluster, 8, CostOptions::default());

@@ -223,6 +223,14 @@ pub struct Layer {
     /// them; its consumers share them). 0 for imported profiles, whose stash is counted
     /// by their own convention.
     pub kept_output_bytes: u64,
+    /// What a fused attention kernel keeps of its softmax in place of the probabilities
+    /// (FlashAttention's log-sum-exp: 4 bytes per query row and head), bytes; 0 for a
+    /// layer without a softmax.
+    pub softmax_rows_bytes: u64,
+    /// The part of `inner_stash_bytes` shaped as a softmax's input or output (the
+    /// scores, the probabilities, their dropout mask), which a fused attention kernel
+    /// does not keep: it keeps the queries, keys and values, and recomputes the rest.
+    pub scores_stash_bytes: u64,
     /// Tensors it reads from other layers and graph inputs.
     pub inputs: Vec<Edge>,
     /// Whole-layer measurements, when imported.
@@ -344,6 +352,8 @@ impl Layer {
             stash_bytes: 0,
             inner_stash_bytes: 0,
             kept_output_bytes: 0,
+            softmax_rows_bytes: 0,
+            scores_stash_bytes: 0,
             inputs: Vec::new(),
             measured: None,
             halo: None,
@@ -395,6 +405,14 @@ impl Layer {
     /// a dense layer's parameter split reads its input whole, an attention core's cuts its
     /// heads, an elementwise layer's its features); outputs by the work; weights by p.
     pub fn local(&self, split: Split) -> LocalWork {
+        self.local_as(split, false)
+    }
+
+    /// [`Layer::local`], with an attention core run as one fused kernel (`fused`), which
+    /// keeps its queries, keys and values and the softmax's log-sum-exp instead of the
+    /// probabilities and what else its ops would keep of the scores (Dao et al., 2022,
+    /// §3.1: the backward pass recomputes them).
+    pub fn local_as(&self, split: Split, fused: bool) -> LocalWork {
         let (s, a, p) = (
             f64::from(split.sample.max(1)),
             f64::from(split.attribute.max(1)),
@@ -406,6 +424,15 @@ impl Layer {
         // view names, whole where the layer is replicated.
         let read = crate::plan::input_share(self.kind, split);
         let inputs = self.activation_io_bytes.saturating_sub(self.output_bytes) as f64;
+        let inner = match fused && self.kind == LayerKind::Attention && self.softmax_rows_bytes > 0
+        {
+            true => {
+                self.inner_stash_bytes
+                    .saturating_sub(self.scores_stash_bytes)
+                    + self.softmax_rows_bytes
+            }
+            false => self.inner_stash_bytes,
+        };
         LocalWork {
             fwd_flops: self.fwd_flops as f64 * work,
             bwd_flops: self.bwd_flops as f64 * work,
@@ -414,7 +441,7 @@ impl Layer {
                 + self.param_bytes as f64 / p,
             param_bytes: self.param_bytes as f64 / p,
             stash_bytes: self.stash_bytes.saturating_sub(self.inner_stash_bytes) as f64 * read
-                + (self.inner_stash_bytes + self.kept_output_bytes) as f64 * work,
+                + (inner + self.kept_output_bytes) as f64 * work,
             batch_fraction: 1.0 / s,
             work_fraction: work,
         }
@@ -720,6 +747,8 @@ fn assemble(
             stash_bytes: 0,
             inner_stash_bytes: 0,
             kept_output_bytes: 0,
+            softmax_rows_bytes: 0,
+            scores_stash_bytes: 0,
             inputs: Vec::new(),
             measured: None,
             halo: None,
@@ -734,6 +763,11 @@ fn assemble(
             .collect();
         let mut mac_flops = 0u64;
         let mut other_flops = 0u64;
+        // Kept values made inside, (elements, bytes), and the softmaxes' sizes: what a
+        // fused attention kernel would not keep.
+        let mut kept_inside: Vec<(u64, u64)> = Vec::new();
+        let mut softmaxes: Vec<u64> = Vec::new();
+        let numel = |v: ValueId| info.ty(v).shape.known_numel().unwrap_or(0);
         for &m in &members {
             let node = graph.node(m);
             let op_facts = node.op.facts();
@@ -780,9 +814,18 @@ fn assemble(
                 } else if read_for_backward(graph, &members, v) {
                     layer.stash_bytes += bytes_of(info, v);
                     layer.inner_stash_bytes += bytes_of(info, v);
+                    kept_inside.push((numel(v), bytes_of(info, v)));
                 }
             }
             if let Some(&y) = node.outputs.first() {
+                if node.op.name() == "Softmax" {
+                    let rows = info.ty(y).shape.as_sizes().and_then(|d| {
+                        let last = *d.last()?;
+                        Some(d.iter().product::<u64>() / last.max(1))
+                    });
+                    layer.softmax_rows_bytes += 4 * rows.unwrap_or(0);
+                    softmaxes.push(numel(y));
+                }
                 let saved = match node.op.forward_saves() {
                     ForwardSaves::Nothing => 0,
                     ForwardSaves::IndexPerOutput => {
@@ -792,8 +835,14 @@ fn assemble(
                 };
                 layer.stash_bytes += saved;
                 layer.inner_stash_bytes += saved;
+                kept_inside.push((numel(y), saved));
             }
         }
+        layer.scores_stash_bytes = kept_inside
+            .iter()
+            .filter(|&&(n, _)| n > 0 && softmaxes.contains(&n))
+            .map(|&(_, bytes)| bytes)
+            .sum();
         layer.fwd_flops = mac_flops.saturating_add(other_flops);
         layer.bwd_flops = mac_flops.saturating_mul(2).saturating_add(other_flops);
         let mut seen = Vec::new();

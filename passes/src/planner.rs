@@ -436,8 +436,9 @@ fn plan_transformer<'a>(
         expert_imbalance: ask.experts.load(),
         dispatcher: ask.experts.dispatcher,
     };
-    // A model with layers to lower is searched among the configurations its executable
-    // plan expresses: hybrid sharding is not lowered yet, so it is priced only when asked.
+    // A model with layers to lower is planned with one shard group unless asked for more:
+    // its executable plan shards hybridly, but the layered price of the ZeRO-2 and 3
+    // microbatches' reduce-scatters counts the groups' all-reduce in each.
     let knobs = Knobs {
         schedule: ask.schedule.or(ask.knobs.schedule),
         shard_groups: ask.knobs.shard_groups.or(lowered.then_some(1)),

@@ -89,6 +89,8 @@ impl Builder {
             stash_bytes: input_bytes,
             inner_stash_bytes: 0,
             kept_output_bytes: 0,
+            softmax_rows_bytes: 0,
+            scores_stash_bytes: 0,
             inputs: if edges.is_empty() {
                 vec![Edge {
                     from: Producer::Input("input".into()),

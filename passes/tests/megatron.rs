@@ -266,6 +266,26 @@ fn long_sequences_are_planned_with_context_parallelism() {
     assert!(flat.iteration_time_us > best.iteration_time_us);
 }
 
+/// A million tokens a sequence (issue 59's upper end): Llama 3 8B's shape at 1,048,576 on
+/// 1,024 H100s is planned with context parallelism, each rank's activations and the
+/// attention's chunks sized per context-parallel rank, and fits.
+#[test]
+fn a_million_token_sequence_is_planned_and_fits() {
+    let spec = GptSpec::llama(32, 4096, 32, 8, 14336, 1 << 20, 128_256);
+    let model = Transformer::from(&spec);
+    let cluster = Cluster::preset("eos").unwrap().times(128);
+    let setting = bf16_adam(&model, &cluster, 1024, 16);
+    let best = search(&setting, &Knobs::default()).unwrap().best;
+    let par = best.parallelism;
+    println!(
+        "8B at 1,048,576: {par:?} {:.1} s, {:.1} GiB",
+        best.iteration_time_us / 1e6,
+        best.peak_memory_bytes / f64::from(1u32 << 30)
+    );
+    assert!(best.fits && par.context >= 16, "{par:?}");
+    assert_eq!(model.sequence % (2 * u64::from(par.context)), 0);
+}
+
 #[test]
 fn megatron_table_1_fidelity_memory_and_search() {
     println!(
@@ -855,6 +875,73 @@ fn recomputing_modules_trades_time_for_memory() {
         .unwrap_err()
         .to_string()
         .contains("no module `attention`"));
+}
+
+/// Megatron-Core's block method recomputes the first `n` blocks of each pipeline chunk in
+/// full: each block more trades its stashed activations for its forward pass again, `n`
+/// at least a chunk's blocks is a full recomputation, and the search takes the fewest
+/// blocks that fit where a full recomputation frees more than the plan needs.
+#[test]
+fn recomputing_some_blocks_in_full_lies_between_none_and_full() {
+    let spec = GptSpec::llama(16, 2048, 16, 8, 5632, 4096, 32000);
+    let model = Transformer::from(&spec);
+    let cluster = selene(8);
+    let mut setting = bf16_adam(&model, &cluster, 8, 32);
+    let par = |recompute| Parallelism {
+        tensor: 2,
+        context: 1,
+        pipeline: 2,
+        data: 2,
+        micro_batch: 1,
+        virtual_stages: 2,
+        recompute,
+        sequence_parallel: true,
+        zero: 1,
+        schedule: Schedule::OneFOneB,
+        expert: 1,
+        expert_tensor: 1,
+        offload: Offload::NONE,
+        shard_groups: 1,
+        ends_as_blocks: false,
+    };
+    let at = |setting: &Setting<'_>, recompute| estimate(setting, &par(recompute));
+    let none = at(&setting, Recompute::None);
+    let full = at(&setting, Recompute::Full);
+    // Four chunks of four blocks.
+    assert_eq!(full.chunk_layers, [4, 4, 4, 4]);
+    let mut previous = none.clone();
+    for n in 1..=4 {
+        let some = at(&setting, Recompute::Blocks(n));
+        assert!(
+            some.memory.activations < previous.memory.activations
+                && some.iteration_time_us > previous.iteration_time_us,
+            "{n} blocks"
+        );
+        assert!(some.hardware_flops > previous.hardware_flops, "{n} blocks");
+        previous = some;
+    }
+    for n in [4, 5] {
+        let all = at(&setting, Recompute::Blocks(n));
+        assert_eq!(all.iteration_time_us, full.iteration_time_us);
+        assert_eq!(all.peak_memory_bytes, full.peak_memory_bytes);
+    }
+    // Memory for two blocks of each chunk recomputed, not one: the search takes two.
+    let two = at(&setting, Recompute::Blocks(2));
+    let one = at(&setting, Recompute::Blocks(1));
+    setting.memory_limit = Some(((two.peak_memory_bytes + one.peak_memory_bytes) / 2.0) as u64);
+    let knobs = Knobs {
+        tensor: Some(2),
+        pipeline: Some(2),
+        virtual_stages: Some(2),
+        micro_batch: Some(1),
+        zero: Some(1),
+        sequence_parallel: Some(true),
+        ..Knobs::default()
+    };
+    let found = search(&setting, &knobs).expect("a plan fits").best;
+    // (Here no module set fits that memory faster.)
+    assert_eq!(found.parallelism.recompute, Recompute::Blocks(2));
+    assert!(found.iteration_time_us <= two.iteration_time_us);
 }
 
 /// Llama 3.1 405B's published layout (TP8 PP8 VP8 CP2, Megatron-Bridge's recipes): its

@@ -86,6 +86,7 @@ fn deeppool_vgg16_burst_plan() {
             })
             .collect(),
         zero: 0,
+        shard_groups: 1,
         recompute: Vec::new(),
         virtual_stages: 1,
     };
@@ -231,6 +232,7 @@ fn best_cuts(costs: &Costs<'_>, graph: &LayerGraph, replicas: &[u32]) -> f64 {
             stages,
             layers: Vec::new(),
             zero: 0,
+            shard_groups: 1,
             recompute: Vec::new(),
             virtual_stages: 1,
         };

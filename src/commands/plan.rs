@@ -42,6 +42,11 @@ plans again). Outputs that would replace an input are refused (--force writes th
 pub use ralpc::PlanArgs as Args;
 
 pub fn run(args: &Args) -> Result<(), ralpc::Error> {
+    if let Some(why) = args.recompute_conflict() {
+        return Err(ralpc::Error::Plan(Box::new(
+            ralpc_passes::plan::PlanError::Request(why),
+        )));
+    }
     let options = args.options();
     if !args.more.is_empty() || args.copies.is_some_and(|k| k > 1) {
         return run_set(args, &options);
@@ -544,9 +549,11 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
             (false, true) => " with the embedding and the loss a block each".to_owned(),
             (false, false) => String::new(),
         },
-        match p.recompute_modules.as_slice() {
-            [] => p.recompute.to_owned(),
-            modules => format!("{} ({})", p.recompute, modules.join(", ")),
+        match (p.recompute_modules.as_slice(), p.recompute_num_layers) {
+            ([], Some(1)) => format!("{} (the first block of each chunk)", p.recompute),
+            ([], Some(n)) => format!("{} (the first {n} blocks of each chunk)", p.recompute),
+            ([], None) => p.recompute.to_owned(),
+            (modules, _) => format!("{} ({})", p.recompute, modules.join(", ")),
         },
         if p.sequence_parallel { "on" } else { "off" },
         match p.dp_replicate {

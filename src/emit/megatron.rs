@@ -85,8 +85,17 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
     match p.recompute {
         "full" => {
             args.push("--recompute-granularity full".into());
-            args.push("--recompute-method uniform".into());
-            args.push("--recompute-num-layers 1".into());
+            match p.recompute_num_layers {
+                // The first `n` layers of each chunk.
+                Some(n) => {
+                    args.push("--recompute-method block".into());
+                    args.push(format!("--recompute-num-layers {n}"));
+                }
+                None => {
+                    args.push("--recompute-method uniform".into());
+                    args.push("--recompute-num-layers 1".into());
+                }
+            }
         }
         "selective" => {
             args.push("--recompute-granularity selective".into());

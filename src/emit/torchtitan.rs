@@ -224,7 +224,16 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         ));
     }
     let recompute = match p.recompute {
-        "full" => "FullAC.Config()",
+        "full" => {
+            if let Some(n) = p.recompute_num_layers {
+                notes.push(format!(
+                    "the plan recomputes the first {n} blocks of each pipeline chunk; \
+                     torchtitan's activation checkpointing recomputes every block (or every \
+                     k-th), so more is recomputed than was priced"
+                ));
+            }
+            "FullAC.Config()"
+        }
         "selective" => {
             notes.push(
                 "selective recomputation is torchtitan's (op-level: matmul outputs kept, \

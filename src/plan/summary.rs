@@ -238,6 +238,10 @@ pub struct ParallelismRow {
     /// (Megatron-Core's names).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub recompute_modules: Vec<&'static str>,
+    /// With `full`: the blocks of each pipeline chunk recomputed, its first ones, where not
+    /// all are (Megatron-Core's block method).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompute_num_layers: Option<u32>,
     /// Sequence parallelism.
     pub sequence_parallel: bool,
     /// ZeRO stage.
@@ -584,6 +588,10 @@ pub(super) fn transformer(
             recompute_modules: match par.recompute {
                 ralpc_passes::transformer::Recompute::Modules(m) => m.names(),
                 _ => Vec::new(),
+            },
+            recompute_num_layers: match par.recompute {
+                ralpc_passes::transformer::Recompute::Blocks(n) => Some(n),
+                _ => None,
             },
             precision,
             attention: options.attention,

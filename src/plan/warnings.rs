@@ -2,7 +2,7 @@
 //! options that fixed part of it at a cost.
 
 use ralpc_passes::plan::Family;
-use ralpc_passes::transformer::Knobs;
+use ralpc_passes::transformer::{Knobs, Recompute};
 
 use super::{ms, plan_as_asked, PlanOptions, PlanReport};
 
@@ -22,25 +22,34 @@ fn fixed_options(options: &PlanOptions) -> Vec<String> {
         fixed.push(format!("--schedule {}", s.name()));
     }
     let k = &options.knobs;
-    let knobs = [
-        ("--tensor-parallel", k.tensor.map(|v| v.to_string())),
-        ("--pipeline-parallel", k.pipeline.map(|v| v.to_string())),
-        ("--context-parallel", k.context.map(|v| v.to_string())),
-        ("--virtual-stages", k.virtual_stages.map(|v| v.to_string())),
-        ("--micro-batch-size", k.micro_batch.map(|v| v.to_string())),
-        ("--recompute", k.recompute.map(|v| v.name().to_owned())),
-        (
-            "--sequence-parallel",
-            k.sequence_parallel.map(|v| v.to_string()),
-        ),
-        ("--zero", k.zero.map(|v| v.to_string())),
-    ];
+    let given = |flag: &str, v: Option<String>| v.map(|v| format!("{flag} {v}"));
     fixed.extend(
-        knobs
-            .into_iter()
-            .filter_map(|(flag, v)| Some(format!("{flag} {}", v?))),
+        [
+            given("--tensor-parallel", k.tensor.map(|v| v.to_string())),
+            given("--pipeline-parallel", k.pipeline.map(|v| v.to_string())),
+            given("--context-parallel", k.context.map(|v| v.to_string())),
+            given("--virtual-stages", k.virtual_stages.map(|v| v.to_string())),
+            given("--micro-batch-size", k.micro_batch.map(|v| v.to_string())),
+            k.recompute.map(recompute_option),
+            given(
+                "--sequence-parallel",
+                k.sequence_parallel.map(|v| v.to_string()),
+            ),
+            given("--zero", k.zero.map(|v| v.to_string())),
+        ]
+        .into_iter()
+        .flatten(),
     );
     fixed
+}
+
+/// The option that gave `recompute`, with its value.
+fn recompute_option(recompute: Recompute) -> String {
+    match recompute {
+        Recompute::Modules(m) => format!("--recompute-modules {}", m.names().join(",")),
+        Recompute::Blocks(n) => format!("--recompute-num-layers {n}"),
+        r => format!("--recompute {}", r.name()),
+    }
 }
 
 /// What a user should know before trusting `report`: a plan slower than data parallelism
@@ -90,8 +99,9 @@ pub(super) fn warnings(report: &PlanReport, options: &PlanOptions) -> Vec<String
         let (this, best) = (report.iteration_time_us, own.report.iteration_time_us);
         if best < this * 0.995 {
             warnings.push(format!(
-                "{} make the iteration {:.1}% longer: without {} ralpc plans {} in {} (this plan: {})",
+                "{} {} the iteration {:.1}% longer: without {} ralpc plans {} in {} (this plan: {})",
                 fixed.join(", "),
+                if fixed.len() == 1 { "makes" } else { "make" },
                 (this / best - 1.0) * 100.0,
                 if fixed.len() == 1 { "it" } else { "them" },
                 own.report.strategy,

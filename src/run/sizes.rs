@@ -15,6 +15,8 @@ use ralpc_codegen::plan::{Buffer, BufferKind, Instruction, Plan};
 use ralpc_codegen::Layout;
 use ralpc_ir::Graph;
 use ralpc_passes::cluster::Cluster;
+use ralpc_passes::cost::compute::FusedAttention;
+use ralpc_passes::cost::rates::KernelRates;
 use ralpc_passes::layers::LayerGraph;
 use ralpc_passes::plan::{CostOptions, Costs};
 
@@ -56,6 +58,14 @@ pub(super) fn check(
         CostOptions {
             precision: plan.precision,
             optimizer: plan.optimizer,
+            // Sizes only: any kernel's rates size a fused core alike.
+            fused_attention: plan.fused_attention.then(|| {
+                let rates = KernelRates::new(cluster.gpu(0), plan.precision);
+                FusedAttention {
+                    forward: rates.attention_forward,
+                    backward: rates.attention_backward,
+                }
+            }),
             ..CostOptions::default()
         },
     );

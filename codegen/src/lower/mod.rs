@@ -207,9 +207,8 @@ impl Lowering<'_, '_> {
 
     /// The bytes of layer `l`'s activation one of its ranks keeps per microbatch.
     fn activation_bytes(&self, l: usize) -> f64 {
-        let layer = &self.costs.graph.layers[l];
         let split = self.strategy.layers[l];
-        (layer.local(split).stash_bytes - self.regathers.saved[l])
+        (self.costs.stash_bytes(l, split) - self.regathers.saved[l])
             / f64::from(self.strategy.microbatches)
     }
 
@@ -515,12 +514,19 @@ impl Lowering<'_, '_> {
                 .clone()
                 .map(|j| Key::layer(BufferKind::Gradients, j))
                 .collect();
-            let groups = Self::copies(&bucket.ranks, bucket.all.clone());
             // Gradients travel at their own width (16-bit under mixed precision).
             let bytes = bucket.bytes * self.costs.model_state().gradients;
             if self.strategy.zero > 0 {
-                self.reduce_scatter(groups, bytes, &data);
+                let shard_groups = self.shard_groups(&bucket);
+                let shard = bytes / shard_groups[0].len() as f64;
+                self.reduce_scatter(shard_groups, bytes, &data);
+                // Hybrid sharding: the groups' shards summed once, after the last.
+                let across = self.across_shard_groups(&bucket);
+                if last && !across.is_empty() {
+                    self.all_reduce(across, shard, &data);
+                }
             } else {
+                let groups = Self::copies(&bucket.ranks, bucket.all.clone());
                 self.all_reduce(groups, bytes, &data);
             }
             *next += 1;
@@ -809,6 +815,7 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
         schedule: strategy.schedule.name().to_owned(),
         precision: costs.precision(),
         optimizer: costs.optimizer(),
+        fused_attention: costs.fused_attention(),
         strategy: StrategyFile::of(graph, strategy),
         layers: graph.layers.iter().map(|l| l.name.clone()).collect(),
         sites: (0..ranks)

@@ -160,9 +160,28 @@ impl Lowering<'_, '_> {
             .clone()
             .map(|l| Key::layer(BufferKind::Weights, l))
             .collect();
-        let groups = Self::copies(&bucket.ranks, bucket.all.clone());
+        let groups = self.shard_groups(bucket);
         let bytes = bucket.bytes * self.costs.model_state().weights;
         self.all_gather(groups, bytes, &weights);
+    }
+
+    /// The groups sharding `bucket`'s state: its replica groups, or under hybrid sharding
+    /// their runs of consecutive replicas
+    /// ([`ralpc_passes::plan::Strategy::hybrid_groups`]).
+    pub(super) fn shard_groups(&self, bucket: &Bucket) -> Vec<Vec<u32>> {
+        Self::copies(&bucket.ranks, bucket.all.clone())
+            .into_iter()
+            .flat_map(|ranks| self.strategy.hybrid_groups(&ranks).0)
+            .collect()
+    }
+
+    /// Under hybrid sharding, the groups of `bucket`'s replicas holding the same shard,
+    /// which all-reduce it; none without.
+    pub(super) fn across_shard_groups(&self, bucket: &Bucket) -> Vec<Vec<u32>> {
+        Self::copies(&bucket.ranks, bucket.all.clone())
+            .into_iter()
+            .flat_map(|ranks| self.strategy.hybrid_groups(&ranks).1)
+            .collect()
     }
 
     /// The optimizer step of stage `k`'s ranks: under ZeRO-1 first each replicated
@@ -173,12 +192,12 @@ impl Lowering<'_, '_> {
         let mut sharded = vec![false; graph.layers.len()];
         if self.strategy.zero > 0 {
             for bucket in self.buckets[k].clone() {
-                let n = bucket.ranks.len();
-                if n < 2 || bucket.bytes <= 0.0 {
+                if bucket.ranks.len() < 2 || bucket.bytes <= 0.0 {
                     continue;
                 }
-                let share = bucket.bytes / n as f64;
-                for mut ranks in Self::copies(&bucket.ranks, bucket.all.clone()) {
+                let groups = self.shard_groups(&bucket);
+                let share = bucket.bytes / groups[0].len() as f64;
+                for mut ranks in groups {
                     ranks.sort_unstable();
                     let group = self.group(&ranks);
                     for &r in &ranks {
@@ -243,11 +262,12 @@ impl Lowering<'_, '_> {
             }
             let (replicas, share) = weight_replicas(layer.kind, self.strategy.layers[l], 0);
             let bytes = layer.param_bytes as f64 * share;
-            // ZeRO: each of the replicas holds a share of the optimizer state (1), of the
-            // gradients too (2), of the weights too (3).
+            // ZeRO: each of the replicas (of a shard group) holds a share of the optimizer
+            // state (1), of the gradients too (2), of the weights too (3).
+            let shard = self.strategy.hybrid_groups(&replicas).0[0].len() as f64;
             let shards = |stage: u8| {
                 if self.strategy.zero >= stage {
-                    replicas.len() as f64
+                    shard
                 } else {
                     1.0
                 }

@@ -379,6 +379,37 @@ impl<'a> Costs<'a> {
         }
     }
 
+    /// [`Costs::sharded_sync`] under hybrid sharding: the reduce-scatter over the shard
+    /// group of `strategy`'s (the first of the layer's replicas), then the all-reduce of
+    /// the shard across the groups.
+    pub(crate) fn hybrid_sync(
+        &self,
+        strategy: &super::Strategy,
+        l: usize,
+        split: Split,
+        first: u32,
+        param_bytes: u64,
+    ) -> Sync {
+        if param_bytes == 0 {
+            return Sync::default();
+        }
+        let (ranks, share) = layout::weight_replicas(self.graph.layers[l].kind, split, first);
+        let (shards, across) = strategy.hybrid_groups(&ranks);
+        let bytes = param_bytes as f64 * share * self.model_state.gradients;
+        let scatter = self.all_reduce(&shards[0], bytes);
+        let (latency_us, bandwidth_us) = match across.first() {
+            Some(across) => {
+                let all = self.all_reduce(across, bytes / shards[0].len() as f64);
+                (all.latency_us, all.bandwidth_us)
+            }
+            None => (0.0, 0.0),
+        };
+        Sync {
+            latency_us: scatter.latency_us / 2.0 + latency_us,
+            bandwidth_us: scatter.bandwidth_us / 2.0 + bandwidth_us,
+        }
+    }
+
     /// ZeRO-1's all-gather of `bytes` of updated weights (as exported) over `ranks` (each
     /// holds a `1/n` share), priced as the second half of their all-reduce at the width
     /// the kernels read them, µs.
@@ -390,7 +421,14 @@ impl<'a> Costs<'a> {
     /// One microbatch's stashed activations of layer `l` on one of its ranks under
     /// `split`, bytes.
     pub(crate) fn stash_per_microbatch(&self, l: usize, split: Split, microbatches: u32) -> f64 {
-        self.graph.layers[l].local(split).stash_bytes / f64::from(microbatches.max(1))
+        self.stash_bytes(l, split) / f64::from(microbatches.max(1))
+    }
+
+    /// Layer `l`'s stashed activations for the whole batch on one of its ranks under
+    /// `split`: an attention core's as the fused kernel the costs price keeps them.
+    pub fn stash_bytes(&self, l: usize, split: Split) -> f64 {
+        let fused = self.options.fused_attention.is_some();
+        self.graph.layers[l].local_as(split, fused).stash_bytes
     }
 
     /// All-gather of `bytes` (the gathered whole) over any set of ranks, µs.
@@ -574,6 +612,11 @@ impl<'a> Costs<'a> {
     /// The optimizer priced.
     pub fn optimizer(&self) -> Optimizer {
         self.options.optimizer
+    }
+
+    /// Whether attention cores are priced as one fused kernel.
+    pub fn fused_attention(&self) -> bool {
+        self.options.fused_attention.is_some()
     }
 
     /// The workspace every used GPU reserves.

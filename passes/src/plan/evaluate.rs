@@ -156,7 +156,9 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let mut work = costs.work(l, split, stage.first_rank, m);
         let mut regathered = false;
         let own_bytes = layer.param_bytes.saturating_sub(separate[l]);
-        syncs.push(if strategy.zero > 0 {
+        syncs.push(if strategy.zero > 0 && strategy.shard_groups > 1 {
+            costs.hybrid_sync(strategy, l, split, stage.first_rank, own_bytes)
+        } else if strategy.zero > 0 {
             costs.sharded_sync(l, split, stage.first_rank, own_bytes)
         } else {
             costs.sync(l, split, stage.first_rank, own_bytes)
@@ -228,10 +230,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         };
         let (replicas, share) = super::layout::weight_replicas(layer.kind, split, 0);
         let weight_bytes = layer.param_bytes as f64 * share;
-        // ZeRO keeps a 1/n share on each of the n replicas: of the optimizer state (1),
-        // the gradients too (2), the weights too (3).
+        // ZeRO keeps a 1/n share on each of the n replicas (of a shard group): of the
+        // optimizer state (1), the gradients too (2), the weights too (3).
         let shards = if strategy.zero > 0 {
-            replicas.len() as f64
+            strategy.hybrid_groups(&replicas).0[0].len() as f64
         } else {
             1.0
         };
@@ -426,7 +428,10 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         let gathers = |bs: &[Bucket]| -> f64 {
             let gathered: f64 = bs
                 .iter()
-                .map(|b| passes * costs.sharded_gather_us(&b.ranks, b.bytes))
+                .map(|b| {
+                    passes
+                        * costs.sharded_gather_us(&strategy.hybrid_groups(&b.ranks).0[0], b.bytes)
+                })
                 .sum();
             let scattered: f64 = bs
                 .iter()

@@ -67,6 +67,10 @@ pub struct StrategyFile {
     /// ZeRO stage: 0 or 1.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub zero: u8,
+    /// Under ZeRO, the groups each replica group is cut into, each sharding a whole copy
+    /// of the state (hybrid sharding; 1: none).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub shard_groups: u32,
     /// Runs of layers whose activations are recomputed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recompute: Vec<StrategyFileRun>,
@@ -230,6 +234,7 @@ impl StrategyFile {
                 })
                 .collect(),
             zero: strategy.zero,
+            shard_groups: strategy.shard_groups,
             recompute: strategy
                 .recompute
                 .iter()
@@ -408,6 +413,7 @@ impl StrategyFile {
             .collect::<Result<Vec<_>, PlanError>>()?;
         Ok(Strategy {
             zero: self.zero,
+            shard_groups: self.shard_groups,
             recompute,
             schedule: self.schedule,
             microbatches: self.microbatches,

@@ -190,6 +190,12 @@ pub struct Strategy {
     /// (each microbatch's are reduce-scattered into the shard); 3, the weights too (each
     /// bucket's are all-gathered before every forward and backward pass over it).
     pub zero: u8,
+    /// Under ZeRO, how many groups each replica group is cut into (hybrid sharding, FSDP2's
+    /// HSDP; Megatron-Core's distributed optimizer instances): runs of consecutive
+    /// replicas, each sharding a whole copy of the state among its members, whose members
+    /// holding the same shard all-reduce their gradient shards once an iteration. 1: one
+    /// group, ZeRO over every replica.
+    pub shard_groups: u32,
     /// Runs of consecutive layers of one stage, `(first, last)` inclusive, whose
     /// activations are recomputed: a run's forward pass keeps only the run's inputs, and
     /// the run's forward is run again just before its backward.
@@ -276,8 +282,26 @@ impl Strategy {
             }],
             layers,
             zero: 0,
+            shard_groups: 1,
             recompute: Vec::new(),
         }
+    }
+
+    /// One replica group's `ranks` (in order) under hybrid sharding: the shard groups
+    /// (runs of consecutive replicas, each sharding the state among its members) and the
+    /// groups of replicas holding the same shard in each run. Without it, the replicas are
+    /// one shard group and there are no such groups.
+    pub fn hybrid_groups(&self, ranks: &[u32]) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+        let groups = self.shard_groups.max(1) as usize;
+        if groups == 1 || ranks.len() % groups != 0 {
+            return (vec![ranks.to_vec()], Vec::new());
+        }
+        let size = ranks.len() / groups;
+        let shards = ranks.chunks(size).map(<[u32]>::to_vec).collect();
+        let across = (0..size)
+            .map(|i| (0..groups).map(|j| ranks[j * size + i]).collect())
+            .collect();
+        (shards, across)
     }
 
     /// The stage index of every layer.
@@ -483,6 +507,27 @@ impl Strategy {
                  activations would have to outlive; recompute under 1f1b or gpipe"
                     .into(),
             );
+        }
+        if self.shard_groups != 1 {
+            if self.zero == 0 || self.shard_groups == 0 {
+                return bad(format!(
+                    "shard_groups is {}; hybrid sharding cuts ZeRO's replicas into groups of \
+                     one sharded copy each, so it needs zero 1 to 3 and at least one group",
+                    self.shard_groups
+                ));
+            }
+            let uneven = (0..n).find(|&l| {
+                let samples = self.layers[l].sample;
+                graph.layers[l].param_bytes > 0
+                    && (samples % self.shard_groups != 0 || samples / self.shard_groups < 2)
+            });
+            if let Some(l) = uneven {
+                return bad(format!(
+                    "layer {} has {} sample replicas, which {} shard groups do not cut into \
+                     groups of two or more",
+                    graph.layers[l].name, self.layers[l].sample, self.shard_groups
+                ));
+            }
         }
         if self.zero > 0 && self.schedule == Schedule::Async {
             return bad(format!(

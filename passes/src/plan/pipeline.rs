@@ -334,6 +334,7 @@ pub(crate) fn best(costs: &Costs<'_>, schedule: Schedule, microbatches: u32) -> 
         stages,
         layers,
         zero: 0,
+        shard_groups: 1,
         recompute: Vec::new(),
     })
 }

@@ -8,7 +8,9 @@
 //!
 //! Here: an input whose producer is split by rows (the sequence) and whose forward
 //! all-gather returns its gradient as a reduce-scatter ([`scatters_gradient`]), read by a
-//! dense layer's product that is not recomputed (a recomputation gathers it again anyway). Samples
+//! dense layer's product that is not recomputed (inside a recomputed run the rerun gathers
+//! it again; an input entering a run from outside is kept whole, as the run's checkpoint,
+//! which is why a module run starts before the norm its gather reads). Samples
 //! gathered from a data-parallel producer are kept whole, as before: no reference runtime
 //! gathers them twice. Readers sharing the forward all-gather ([`shared_gathers`])
 //! share the second one too. It is launched just before the backward pass that runs

@@ -291,6 +291,8 @@ pub fn deeppool_layers(
             stash_bytes: input_bytes,
             inner_stash_bytes: 0,
             kept_output_bytes: 0,
+            softmax_rows_bytes: 0,
+            scores_stash_bytes: 0,
             // The layer's own input size: branches listed in sequence (Inception's) read
             // the block's input, not the line before.
             inputs: vec![Edge {

@@ -285,6 +285,8 @@ pub fn parse_pipedream(
             stash_bytes: input_bytes,
             inner_stash_bytes: 0,
             kept_output_bytes: 0,
+            softmax_rows_bytes: 0,
+            scores_stash_bytes: 0,
             inputs,
             measured: Some(Measured {
                 fwd_us: n.fwd_ms * 1000.0,

@@ -725,12 +725,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     };
     // One block with `mlp`, whose parameters on this rank are `params` (sharded over the
     // data-parallel ranks) and `expert_params` (over the expert-data-parallel ranks).
-    let block_of = |mlp: &Mlp, params: f64, expert_params: f64| -> Block {
+    let block_of = |mlp: &Mlp, params: f64, expert_params: f64, recompute: Recompute| -> Block {
         let forward = attention_fwd + mlp.forward_us;
         let backward = attention_bwd + mlp.backward_us;
         let tp_fwd = attention_tp.0 + tp_exposed(&mlp.beside_collectives, |g| g.0);
         let tp_bwd = attention_tp.1 + tp_exposed(&mlp.beside_collectives, |g| g.1);
-        let (recompute_us, recompute_tp, recompute_exchange) = match par.recompute {
+        let (recompute_us, recompute_tp, recompute_exchange) = match recompute {
             Recompute::None => (0.0, 0.0, 0.0),
             Recompute::Full => (forward, tp_fwd, mlp.exchange_us.0),
             // Each module re-run from its input: a dense MLP with its all-gather, the
@@ -761,7 +761,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         let compute = forward + backward + recompute_us;
         // The host stall is no compute for collectives to hide behind (the dispatcher syncs
         // before its own all-to-all); a full recomputation re-runs the sync.
-        let host_us = match par.recompute {
+        let host_us = match recompute {
             Recompute::Full => 2.0 * mlp.host_us,
             _ => mlp.host_us,
         };
@@ -773,7 +773,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             dp.all_gather_us(weights * gathered_e) + edp.all_gather_us(expert_params * gathered_e)
         };
         let (zero3_us, zero3_edges_us) = if par.zero >= 3 && (dp.size > 1 || edp.size > 1) {
-            let gathers = if par.recompute == Recompute::Full {
+            let gathers = if recompute == Recompute::Full {
                 3.0
             } else {
                 2.0
@@ -797,7 +797,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             && !matches!(precision, Precision::Fp32 | Precision::Tf32)
             && par.expert > 1
             && (p == 1 || v > 1)
-            && par.recompute != Recompute::Full;
+            && par.recompute.name() != "full";
         let exchange = match a2a_overlap {
             true => hide(exchange, compute, 0.0).0,
             false => exchange,
@@ -833,22 +833,35 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         (model.hidden * (l.q_rank + l.kv_rank + l.rope_dim) + l.q_rank + l.kv_rank) as f64
     });
     let split = |params: f64, whole: f64| (params - whole) / t + whole;
-    let dense_block = block_of(
-        &dense_mlp,
-        split(spec.block_params() as f64, latent_whole),
-        0.0,
-    );
-    let moe_block = match (model.moe, &moe_mlp) {
-        (Some(moe), Some(mlp)) => {
-            let experts = (moe.experts * spec.mlp_params(moe.expert_ffn)) as f64;
-            let rest = spec.moe_block_params().0 as f64 - experts;
-            block_of(
-                mlp,
-                split(rest, latent_whole + spec.router_params() as f64),
-                experts / f64::from(expert_ranks),
-            )
-        }
-        _ => dense_block,
+    // A dense and an expert block, each recomputed as `recompute`.
+    let blocks_of = |recompute: Recompute| -> (Block, Block) {
+        let dense = block_of(
+            &dense_mlp,
+            split(spec.block_params() as f64, latent_whole),
+            0.0,
+            recompute,
+        );
+        let moe = match (model.moe, &moe_mlp) {
+            (Some(moe), Some(mlp)) => {
+                let experts = (moe.experts * spec.mlp_params(moe.expert_ffn)) as f64;
+                let rest = spec.moe_block_params().0 as f64 - experts;
+                block_of(
+                    mlp,
+                    split(rest, latent_whole + spec.router_params() as f64),
+                    experts / f64::from(expert_ranks),
+                    recompute,
+                )
+            }
+            _ => dense,
+        };
+        (dense, moe)
+    };
+    // The blocks as most are recomputed, and those recomputed in full where only some
+    // of each chunk's are (`Recompute::Blocks`).
+    let (dense_block, moe_block) = blocks_of(par.recompute.of_block(false));
+    let (dense_full, moe_full) = match par.recompute {
+        Recompute::Blocks(_) => blocks_of(Recompute::Full),
+        _ => (dense_block, moe_block),
     };
     // Embedding (first stage) and head + loss (last stage), vocabulary-parallel: the
     // embedding's output and the head's input gradient are all-reduced, and the parallel
@@ -880,22 +893,35 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let dense_layers = model.spec().block_counts().0;
     let chunks = u64::from(p) * u64::from(v);
     let mut stage_blocks = vec![(0.0, 0.0); p as usize];
+    // Of those, the blocks recomputed in full: each chunk's first.
+    let mut stage_full = vec![(0.0, 0.0); p as usize];
     let mut first = 0u64;
     let chunk_layers = super::chunk_blocks(layers, chunks, par.ends_as_blocks);
     for (j, &n) in chunk_layers.iter().enumerate() {
         let j = j as u64;
         let dense = dense_layers.clamp(first, first + n) - first;
+        let full = par.recompute.full_blocks(n);
         first += n;
-        let stage = &mut stage_blocks[(j % u64::from(p)) as usize];
+        let k = (j % u64::from(p)) as usize;
+        let stage = &mut stage_blocks[k];
         *stage = (stage.0 + dense as f64, stage.1 + (n - dense) as f64);
+        let stage = &mut stage_full[k];
+        let full_dense = full.min(dense);
+        *stage = (
+            stage.0 + full_dense as f64,
+            stage.1 + (full - full_dense) as f64,
+        );
     }
     let stage_layers: Vec<u64> = stage_blocks
         .iter()
         .map(|&(dense, moe)| (dense + moe) as u64)
         .collect();
     let of_stage = |k: usize, of: fn(&Block) -> f64| -> f64 {
-        let (dense, moe) = stage_blocks[k];
-        dense * of(&dense_block) + moe * of(&moe_block)
+        let ((dense, moe), (full_dense, full_moe)) = (stage_blocks[k], stage_full[k]);
+        (dense - full_dense) * of(&dense_block)
+            + full_dense * of(&dense_full)
+            + (moe - full_moe) * of(&moe_block)
+            + full_moe * of(&moe_full)
     };
     // Point-to-point between stages: `t·c·d` ranks apart. Overlapped in an interleaved
     // pipeline, a send waits only for its latency: its bytes travel while the next chunk
@@ -915,7 +941,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    let activations_of = |par: &Parallelism| {
+    let activations_of = |recompute: Recompute| {
+        let par = &Parallelism { recompute, ..*par };
         let dense = block_activation_bytes(model, par, setting.attention, precision);
         let moe = match model.moe {
             Some(_) => moe_block_activation_bytes(
@@ -929,7 +956,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         };
         (dense, moe)
     };
-    let per_block = activations_of(par);
+    let per_block = activations_of(par.recompute.of_block(false));
+    let per_full_block = activations_of(par.recompute.of_block(true));
     // Blocks whose activations are offloaded on each stage (the first ones, dense then
     // experts), and what one microbatch's copies of them add to the stage.
     let offloaded: Vec<(f64, f64)> = stage_blocks
@@ -959,10 +987,13 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 (false, true) => moe_block.zero3_edges_us,
                 (false, false) => 0.0,
             };
+            let (full_dense, full_moe) = stage_full[k];
             let mut work = dense_block
                 .work
-                .times(dense)
-                .plus(moe_block.work.times(moe))
+                .times(dense - full_dense)
+                .plus(dense_full.work.times(full_dense))
+                .plus(moe_block.work.times(moe - full_moe))
+                .plus(moe_full.work.times(full_moe))
                 .plus(Work {
                     zero_us: edges,
                     offload_us: copies_us(k),
@@ -1126,12 +1157,9 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .min()
         .unwrap_or(0);
     let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
-    let working = if par.recompute == Recompute::Full {
+    let working = if par.recompute.name() == "full" {
         // One block's activations while it is recomputed.
-        let whole = activations_of(&Parallelism {
-            recompute: Recompute::None,
-            ..*par
-        });
+        let whole = activations_of(Recompute::None);
         whole.0.max(whole.1)
     } else {
         0.0
@@ -1166,7 +1194,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             let sharded =
                 |stage: u8| (params - tied) / zero_div(stage) + tied + experts / expert_div(stage);
             let in_flight = in_flight_chunks(par, k as u64, m);
-            let (dense, moe) = stage_blocks[k];
+            let ((dense, moe), (full_dense, full_moe)) = (stage_blocks[k], stage_full[k]);
             // Offloaded blocks leave the GPU, but for the one whose copy is in flight.
             let (dense_off, moe_off) = offloaded[k];
             let in_flight_block = match (dense_off > 0.0, moe_off > 0.0) {
@@ -1176,7 +1204,10 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 (true, true) => per_block.0.max(per_block.1),
             };
             let mut activations = in_flight as f64 / f64::from(v)
-                * ((dense - dense_off) * per_block.0 + (moe - moe_off) * per_block.1)
+                * ((dense - dense_off - full_dense) * per_block.0
+                    + (moe - moe_off - full_moe) * per_block.1
+                    + full_dense * per_full_block.0
+                    + full_moe * per_full_block.1)
                 + in_flight_block
                 + working;
             if k + 1 == stage_layers.len() {
@@ -1273,6 +1304,14 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let recomputed = match par.recompute {
         Recompute::None => 0.0,
         Recompute::Full => model.blocks_flops_per_token(),
+        // The blocks recomputed in full, of all (blocks alike in FLOPs but for their MLPs).
+        Recompute::Blocks(_) => {
+            let full: u64 = chunk_layers
+                .iter()
+                .map(|&n| par.recompute.full_blocks(n))
+                .sum();
+            model.blocks_flops_per_token() * full as f64 / layers.max(1) as f64
+        }
         // The attention core's and a dense MLP's FLOPs (norms, activations and the up
         // projections are left out).
         r => {

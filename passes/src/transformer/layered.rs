@@ -1,9 +1,10 @@
 //! The layer-graph form of a transformer plan: the [`Strategy`] the layered planner, the
 //! lowering and the executors understand, for the configurations it can express —
 //! pipeline stages holding whole blocks, each on `d × t` GPUs (Megatron-LM's tensor
-//! parallelism inside `d` data-parallel replicas), with ZeRO-1 and either recomputation
-//! (full: every block is a recomputed run; selective: each block's attention core, the
-//! weightless layers around its softmax).
+//! parallelism inside `d` data-parallel replicas), with ZeRO and recomputation (full:
+//! every block is a recomputed run, or each chunk's first blocks; selective: each block's
+//! attention core, the weightless layers around its softmax; by module: the attention
+//! core and the MLP with its norm).
 //!
 //! Stage boundaries are the blocks' boundaries in the model's own layer graph: the
 //! attention cores (one `Softmax` layer per block) number the blocks, and block `i` starts
@@ -50,15 +51,6 @@ pub fn layered(
         return refuse(
             "keeping activations or optimizer state in host memory",
             "more GPUs, or --offload-activations 0 --offload-optimizer 0",
-        );
-    }
-    if par.shard_groups > 1 {
-        return refuse(
-            &format!(
-                "hybrid sharding ({} copies of ZeRO's shards)",
-                par.shard_groups
-            ),
-            "--dp-replicate 1",
         );
     }
     if par.context > 1 {
@@ -126,6 +118,18 @@ pub fn layered(
     let recompute = match par.recompute {
         Recompute::None => Vec::new(),
         Recompute::Full => block_runs(graph, &starts)?,
+        // Each chunk's first blocks.
+        Recompute::Blocks(_) => {
+            let runs = block_runs(graph, &starts)?;
+            let mut first = 0usize;
+            let mut kept = Vec::new();
+            for &n in chunk_layers {
+                let full = par.recompute.full_blocks(n) as usize;
+                kept.extend_from_slice(&runs[first..first + full]);
+                first += n as usize;
+            }
+            kept
+        }
         Recompute::Selective => attention_cores(graph),
         Recompute::Modules(m) => module_runs(graph, &starts, m)?,
     };
@@ -135,6 +139,7 @@ pub fn layered(
         stages,
         layers: tensor_parallel(graph, ops, d, t),
         zero: par.zero,
+        shard_groups: par.shard_groups.max(1),
         recompute,
     })
 }
@@ -236,55 +241,82 @@ fn attention_cores(graph: &LayerGraph) -> Vec<(usize, usize)> {
 }
 
 /// The recomputed runs of `modules` in every block (Megatron-Core's `--recompute-modules`),
-/// found from the block's structure: of its dense layers, the first after the attention
-/// core is the output projection and the rest are the MLP's. So `layernorm` recomputes
-/// what runs before the QKV projection and between the output projection and the MLP
-/// (the norms, with a residual add or dropout the exporter put beside them), `core_attn`
-/// the attention core, `mlp` the MLP's dense layers and the activations between them.
-/// Each run keeps only its inputs, as a checkpointed module keeps its input.
+/// found from the block's structure: of the dense layers after its attention core, the
+/// first is the output projection and the next ones (as many as the first block has) the
+/// MLP's.
+///
+/// * `core_attn`: the attention core, as selective recomputation.
+/// * `mlp`: the MLP with the norm before it, from the last cut before the MLP that only
+///   the residual stream crosses. The run keeps the norm's input, the residual stream's
+///   sequence piece, and its recomputation gathers the norm's output again for the MLP's
+///   first product: Megatron-Core's checkpointed MLP keeps its input's piece and gathers
+///   it again. (A run from the first product on would keep the gathered input whole.)
+/// * `layernorm` is not lowered: Megatron-Core drops a norm's output and makes it again
+///   for the product that reads it, but in a plan of layers the QKV projection, in no run,
+///   keeps that output, so a norm recomputed alone would free nothing.
 fn module_runs(
     graph: &LayerGraph,
     starts: &[usize],
     modules: Modules,
 ) -> Result<Vec<(usize, usize)>, NotLayered> {
-    if modules.contains(Modules::EXPERT_ACTIVATION) || modules.contains(Modules::LATENT_UP) {
-        return Err(NotLayered(format!(
-            "recomputing {} is priced, not lowered yet (mixtures of experts and latent \
-             attention are not lowered)",
+    let refuse = |why: &str| {
+        Err(NotLayered(format!(
+            "recomputing {} is priced, not lowered yet: {why}",
             modules.names().join(", ")
-        )));
+        )))
+    };
+    if modules.contains(Modules::EXPERT_ACTIVATION) || modules.contains(Modules::LATENT_UP) {
+        return refuse("mixtures of experts and latent attention are not lowered");
+    }
+    if modules.contains(Modules::LAYER_NORM) {
+        return refuse(
+            "the QKV projection keeps the norm's output for its backward pass, so recomputing \
+             the norm alone frees nothing in a plan of layers (for one, recompute core_attn \
+             or mlp)",
+        );
     }
     let cores = attention_cores(graph);
-    let blocks = block_runs(graph, starts)?;
-    let mut runs = Vec::new();
-    for (&(first, last), &(core_first, core_last)) in blocks.iter().zip(&cores) {
-        let dense: Vec<usize> = (first..=last)
+    let crossing = crossings(graph);
+    let n = graph.layers.len();
+    let dense_after = |i: usize| -> Vec<usize> {
+        let end = starts.get(i + 1).copied().unwrap_or(n);
+        (cores[i].1 + 1..end)
             .filter(|&l| graph.layers[l].kind == LayerKind::Dense)
-            .collect();
-        let qkv = dense.iter().copied().find(|&l| l < core_first);
-        let after: Vec<usize> = dense.iter().copied().filter(|&l| l > core_last).collect();
-        let (Some(qkv), [projection, mlp_first, ..], Some(&mlp_last)) =
-            (qkv, after.as_slice(), after.last())
-        else {
-            return Err(NotLayered(format!(
-                "the block from layer {} has no QKV projection, output projection and MLP \
-                 among its dense layers, so its modules cannot be told apart",
-                graph.layers[first].name
-            )));
+            .collect()
+    };
+    // The output projection and the MLP's products: the first block's (a model of one
+    // block: all but the last, its head).
+    let per_block = match starts.len() {
+        1 => dense_after(0).len().saturating_sub(1),
+        _ => dense_after(0).len(),
+    };
+    let mut runs = Vec::new();
+    for (i, &(core_first, core_last)) in cores.iter().enumerate() {
+        let after = dense_after(i);
+        let unlike = || {
+            NotLayered(format!(
+                "the block from layer {} has no output projection and MLP after its \
+                 attention core like the first block's, so its modules cannot be told apart",
+                graph.layers[starts[i]].name
+            ))
         };
-        let (projection, mlp_first) = (*projection, *mlp_first);
-        let norms = modules.contains(Modules::LAYER_NORM);
-        if norms && first < qkv {
-            runs.push((first, qkv - 1));
+        if per_block < 2 || after.len() < per_block {
+            return Err(unlike());
         }
+        let (projection, mlp_first, mlp_last) = (after[0], after[1], after[per_block - 1]);
         if modules.contains(Modules::CORE_ATTENTION) {
             runs.push((core_first, core_last));
         }
-        if norms && projection + 1 < mlp_first {
-            runs.push((projection + 1, mlp_first - 1));
-        }
         if modules.contains(Modules::MLP) {
-            runs.push((mlp_first, mlp_last));
+            let norm = (projection..mlp_first)
+                .rev()
+                .find(|&j| crossing[j] == 1)
+                .map(|j| j + 1)
+                .ok_or_else(unlike)?;
+            if mlp_last + 1 >= n {
+                return Err(unlike());
+            }
+            runs.push((norm, mlp_last));
         }
     }
     Ok(runs)

@@ -326,6 +326,11 @@ pub enum Recompute {
     Selective,
     /// Every block from its input (one checkpoint per block).
     Full,
+    /// The first `n` blocks of each pipeline chunk from their inputs, the chunk's other
+    /// blocks stashed whole (Megatron-Core's `--recompute-granularity full
+    /// --recompute-method block --recompute-num-layers n`): the memory a full
+    /// recomputation frees where only part of it is needed, for part of its time.
+    Blocks(u32),
     /// Some of a block's modules, each from its input (Megatron-Core's
     /// `--recompute-granularity selective --recompute-modules ...`); the attention core alone
     /// is [`Recompute::Selective`].
@@ -341,7 +346,27 @@ impl Recompute {
         match self {
             Recompute::None => "none",
             Recompute::Selective | Recompute::Modules(_) => "selective",
-            Recompute::Full => "full",
+            Recompute::Full | Recompute::Blocks(_) => "full",
+        }
+    }
+
+    /// How many of a chunk's `blocks` are recomputed in full.
+    pub fn full_blocks(self, blocks: u64) -> u64 {
+        match self {
+            Recompute::Full => blocks,
+            Recompute::Blocks(n) => u64::from(n).min(blocks),
+            _ => 0,
+        }
+    }
+
+    /// What a block is recomputed as: in full where it is one of its chunk's recomputed
+    /// blocks (`in_full`), stashed where it is another block under [`Recompute::Blocks`],
+    /// and as every block is otherwise.
+    pub fn of_block(self, in_full: bool) -> Recompute {
+        match self {
+            Recompute::Blocks(_) if in_full => Recompute::Full,
+            Recompute::Blocks(_) => Recompute::None,
+            r => r,
         }
     }
 
@@ -356,7 +381,7 @@ impl Recompute {
         match self {
             Recompute::Selective => Modules::CORE_ATTENTION,
             Recompute::Modules(m) => m,
-            Recompute::None | Recompute::Full => Modules::default(),
+            Recompute::None | Recompute::Full | Recompute::Blocks(_) => Modules::default(),
         }
     }
 
@@ -370,12 +395,18 @@ impl Recompute {
         }
     }
 
-    /// What the search tries for `model`: the granularities, and the module sets
-    /// Megatron-Bridge's recipes recompute (the dense MLP, alone or with the attention
-    /// core; latent attention's up projections, the experts' activation, the norms).
+    /// What the search tries for `model`: the granularities, and for mixtures of experts and
+    /// latent attention the module sets Megatron-Bridge's recipes recompute for them (the
+    /// dense MLP, latent attention's up projections, the experts' activation, the norms).
+    /// A dense decoder's are tried when asked for (`--recompute-modules`): for memory the
+    /// search has the full recomputation of some blocks ([`Recompute::Blocks`]), which
+    /// lowers for any decoder, where module runs need blocks it can tell apart.
     pub fn choices(model: &Transformer) -> Vec<Recompute> {
         let (dense, experts) = model.spec().block_counts();
         let latent = model.latent.is_some();
+        if experts == 0 && !latent {
+            return Recompute::ALL.to_vec();
+        }
         let sets = [
             (dense > 0, Modules::MLP),
             (dense > 0, Modules::CORE_ATTENTION.with(Modules::MLP)),

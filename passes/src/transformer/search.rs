@@ -233,28 +233,42 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                             if offload.any() && (fits_on_gpus || shard_groups > 1) {
                                                 break;
                                             }
-                                            let e = estimate(
-                                                setting,
-                                                &Parallelism {
-                                                    tensor: t,
-                                                    context: c,
-                                                    pipeline: p,
-                                                    data: d,
-                                                    micro_batch: b,
-                                                    virtual_stages: v,
-                                                    recompute,
-                                                    sequence_parallel,
-                                                    zero,
-                                                    schedule,
-                                                    expert,
-                                                    expert_tensor,
-                                                    offload,
-                                                    shard_groups,
-                                                    ends_as_blocks,
-                                                },
-                                            );
+                                            let par = Parallelism {
+                                                tensor: t,
+                                                context: c,
+                                                pipeline: p,
+                                                data: d,
+                                                micro_batch: b,
+                                                virtual_stages: v,
+                                                recompute,
+                                                sequence_parallel,
+                                                zero,
+                                                schedule,
+                                                expert,
+                                                expert_tensor,
+                                                offload,
+                                                shard_groups,
+                                                ends_as_blocks,
+                                            };
+                                            let e = estimate(setting, &par);
                                             evaluated += 1;
                                             fits_on_gpus |= !offload.any() && e.fits;
+                                            // A full recomputation that fits may free more
+                                            // than the plan needs: then the fewest of each
+                                            // chunk's blocks that fit.
+                                            let e = match recompute == Recompute::Full
+                                                && knobs.recompute.is_none()
+                                                && !offload.any()
+                                                && e.fits
+                                            {
+                                                true => {
+                                                    let (fewest, tried) =
+                                                        fewest_full_blocks(setting, &par, e);
+                                                    evaluated += tried;
+                                                    fewest
+                                                }
+                                                false => e,
+                                            };
                                             // What the GPUs need (an offload that fits them
                                             // may fail on the host's memory instead).
                                             if !offload.any()
@@ -319,6 +333,35 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             limited: setting.memory_limit.is_some(),
         }),
     }
+}
+
+/// `full`, a full recomputation of `par` that fits, or the plan recomputing the fewest
+/// blocks of each chunk in full that fits (Megatron-Core's block method): memory falls
+/// and time rises with each block recomputed, so the fewest is found by bisection. With
+/// the estimates made.
+fn fewest_full_blocks(setting: &Setting<'_>, par: &Parallelism, full: Estimate) -> (Estimate, u64) {
+    let largest = full.chunk_layers.iter().copied().max().unwrap_or(0);
+    let largest = u32::try_from(largest).unwrap_or(u32::MAX);
+    // Invariant: `hi` fits (`largest` is the full recomputation).
+    let (mut lo, mut hi, mut best) = (1u32, largest, full);
+    let mut tried = 0;
+    while lo < hi {
+        let n = lo + (hi - lo) / 2;
+        let e = estimate(
+            setting,
+            &Parallelism {
+                recompute: Recompute::Blocks(n),
+                ..*par
+            },
+        );
+        tried += 1;
+        if e.fits {
+            (hi, best) = (n, e);
+        } else {
+            lo = n + 1;
+        }
+    }
+    (best, tried)
 }
 
 /// Refuses knobs that no configuration can satisfy, naming the option.
@@ -494,7 +537,8 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         if knobs.recompute.is_some_and(|r| r != Recompute::None) {
             return bad(
                 "--offload-activations with recomputation: Megatron-Core's layer-wise offload \
-                 refuses activation recomputation (use --recompute none)"
+                 refuses activation recomputation (use --recompute none, without \
+                 --recompute-modules or --recompute-num-layers)"
                     .into(),
             );
         }

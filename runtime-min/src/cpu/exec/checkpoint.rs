@@ -55,7 +55,8 @@ pub(super) enum Collector<'c> {
     /// Every rank a thread of this process: the last to report assembles.
     Threads {
         ranks: usize,
-        pending: Mutex<BTreeMap<u32, Vec<RankState>>>,
+        /// Per step, the states reported so far, by rank.
+        pending: Mutex<BTreeMap<u32, BTreeMap<u32, RankState>>>,
         on_checkpoint: &'c CheckpointSink<'c>,
     },
     /// One rank per process: rank 0 gathers the others' states and assembles; the other
@@ -94,8 +95,15 @@ impl<'c> Collector<'c> {
             Collector::Threads { ranks, pending, .. } => {
                 let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
                 let states = pending.entry(step).or_default();
-                states.push(state);
-                Ok((states.len() == *ranks).then(|| pending.remove(&step).unwrap_or_default()))
+                states.insert(comm.rank(), state);
+                // In rank order, whichever thread came last: the losses' sums (and so the
+                // file) as a run of processes makes them.
+                Ok((states.len() == *ranks).then(|| {
+                    pending
+                        .remove(&step)
+                        .map(|s| s.into_values().collect())
+                        .unwrap_or_default()
+                }))
             }
             Collector::Processes { ranks, .. } => {
                 let rank = comm.rank();
@@ -197,7 +205,9 @@ pub(super) fn assemble(p: &Prepared<'_>, list: Vec<&Piece>) -> BTreeMap<String, 
 }
 
 /// Every weight's momentum, whole, by name: the pieces of replicas that each hold all of
-/// it, and the sums of sharded replicas' shares.
+/// it, and sharded replicas' shares put together. Each share is its rank's elements with
+/// zeros elsewhere; under hybrid sharding every group holds the same shares, so they are
+/// laid over each other (each element taken from a share holding it), not added.
 fn assemble_momentum(p: &Prepared<'_>, states: &[RankState]) -> BTreeMap<String, Vec<f32>> {
     let mut sums: BTreeMap<(ValueId, [i64; 5]), Piece> = BTreeMap::new();
     for (w, slice, data) in states.iter().flat_map(|r| &r.velocity_shares) {
@@ -205,7 +215,11 @@ fn assemble_momentum(p: &Prepared<'_>, states: &[RankState]) -> BTreeMap<String,
             .entry((*w, slice_ints(slice)))
             .or_insert_with(|| (*w, slice.clone(), vec![0.0; data.len()]));
         if sum.2.len() == data.len() {
-            crate::cpu::kernels::add(&mut sum.2, data);
+            for (to, &x) in sum.2.iter_mut().zip(data) {
+                if x != 0.0 {
+                    *to = x;
+                }
+            }
         }
     }
     let whole = states.iter().flat_map(|r| &r.velocity);

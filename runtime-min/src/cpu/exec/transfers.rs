@@ -180,6 +180,9 @@ impl Rank<'_, '_> {
         if !reads(BufferKind::Gradients).is_empty() {
             // A gradient bucket: this rank's gradients of those layers, in layer order.
             let keys = self.bucket_weights(index, BufferKind::Gradients);
+            if keys.iter().any(|w| self.gradient_shares.contains_key(w)) {
+                return self.all_reduce_gradient_shares(&keys, &group);
+            }
             if self.device_all_reduce(&keys, &group)? {
                 return Ok(());
             }

@@ -204,6 +204,43 @@ impl Rank<'_, '_> {
         Ok(())
     }
 
+    /// Hybrid sharding: this rank's shares of `keys`' gradients, reduce-scattered in its
+    /// shard group, summed with the same shares of the other groups (`group`: the ranks
+    /// holding them), where they are.
+    pub(super) fn all_reduce_gradient_shares(
+        &mut self,
+        keys: &[ValueId],
+        group: &[u32],
+    ) -> Result<(), RankError> {
+        let held: Vec<(ValueId, Range<usize>, Floats)> = keys
+            .iter()
+            .filter_map(|&w| self.gradient_shares.remove(&w).map(|(r, s)| (w, r, s)))
+            .collect();
+        let (ranges, mut bucket): (Vec<(ValueId, Range<usize>)>, Vec<Floats>) =
+            held.into_iter().map(|(w, r, s)| ((w, r), s)).unzip();
+        let mut members = group.to_vec();
+        members.sort_unstable();
+        let summed = self.compute.all_reduce(&members, &mut bucket);
+        let on_device = matches!(summed, Ok(true));
+        if !on_device {
+            summed.map_err(RankError::from)?;
+            let mut flat: Vec<f32> = bucket.iter().flat_map(|s| s.iter().copied()).collect();
+            self.comm
+                .all_reduce(group, &mut flat)
+                .map_err(RankError::from)?;
+            let mut at = 0;
+            for share in &mut bucket {
+                let n = share.len();
+                share.make_mut().copy_from_slice(&flat[at..at + n]);
+                at += n;
+            }
+        }
+        for ((w, range), share) in ranges.into_iter().zip(bucket) {
+            self.gradient_shares.insert(w, (range, share));
+        }
+        Ok(())
+    }
+
     /// [`Rank::reduce_scatter_gradients`] through the communicator.
     fn reduce_scatter_on_host(
         &mut self,
