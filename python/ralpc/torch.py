@@ -10,6 +10,9 @@ ralpc plan                             PyTorch
 samples split ``d`` ways, ZeRO 0       ``DistributedDataParallel`` over the ``dp`` mesh
 ZeRO 1, 2                              FSDP2 ``fully_shard(reshard_after_forward=False)``
 ZeRO 3                                 FSDP2 ``fully_shard(reshard_after_forward=True)``
+ZeRO in R shard groups (hybrid)        FSDP2 over the 2-d mesh ``("dp_replicate",
+                                       "dp_shard")`` (HSDP): sharded inside a group,
+                                       replicated across the R groups
 dense layer split by output features   ``ColwiseParallel`` on its ``nn.Linear``
 dense layer split by input features    ``RowwiseParallel`` on its ``nn.Linear``
 embedding split over the ``tp`` group  ``RowwiseParallel`` (rows: the vocabulary)
@@ -37,6 +40,9 @@ more activations are held). Every such difference is listed in
 
 The mesh has the dimensions ``("pp", "dp", "tp")`` in that order (tensor parallelism
 fastest-varying, as Megatron-LM numbers ranks); the world size must equal their product.
+A hybrid-sharded plan's mesh cuts ``dp`` in two: ``("pp", "dp_replicate", "dp_shard",
+"tp")``, the groups of consecutive data-parallel ranks along ``dp_shard``, as ralpc
+numbers them.
 """
 
 from __future__ import annotations
@@ -91,6 +97,9 @@ class Layout:
     #: first block); ``None`` without.
     sequence_entry: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: Under ZeRO, the groups the data-parallel ranks are cut into, each sharding a whole
+    #: copy of the state (hybrid sharding, FSDP2's HSDP); 1: one.
+    shard_groups: int = 1
 
 
 def _nearest_aligned(plan: dict) -> dict[str, Any]:
@@ -403,6 +412,7 @@ def layout(plan: dict) -> Layout:
             f"ZeRO-{zero} as FSDP2 without resharding after forward: gradients and "
             "optimizer state sharded (ZeRO-2), weights kept whole between passes"
         )
+    groups = placement.get("shard_groups", 1) if zero > 0 and d > 1 else 1
     return Layout(
         pp=pp,
         dp=d,
@@ -416,6 +426,7 @@ def layout(plan: dict) -> Layout:
         recompute=recompute,
         sequence_entry=sequence_entry,
         notes=notes,
+        shard_groups=groups,
     )
 
 
@@ -528,9 +539,10 @@ def _recompute(module: nn.Module, paths: Sequence[str]) -> None:
         setattr(parent, name, _Checkpointed(present[path]))
 
 
-def _data_parallel(module: nn.Module, lay: Layout, dp_mesh) -> nn.Module:
+def _data_parallel(module: nn.Module, lay: Layout, mesh) -> nn.Module:
     if lay.dp == 1:
         return module
+    dp_mesh = mesh["dp"]
     if lay.zero == 0:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -542,6 +554,9 @@ def _data_parallel(module: nn.Module, lay: Layout, dp_mesh) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     reshard = lay.zero == 3
+    if lay.shard_groups > 1:
+        # HSDP: FSDP2 shards over the mesh's second dimension, replicates over its first.
+        dp_mesh = mesh["dp_replicate", "dp_shard"]
     # Each child its own FSDP unit (a container's members: a ModuleList has no forward).
     units = []
     for child in module.children():
@@ -650,6 +665,10 @@ def parallelize(
     lay = layout(plan)
     world = dist.get_world_size()
     need = lay.pp * lay.dp * lay.tp
+    r = lay.shard_groups
+    names, shape = ("pp", "dp", "tp"), (lay.pp, lay.dp, lay.tp)
+    if r > 1:
+        names, shape = ("pp", "dp_replicate", "dp_shard", "tp"), (lay.pp, r, lay.dp // r, lay.tp)
     if mesh is None:
         if world != need:
             raise ValueError(
@@ -657,21 +676,20 @@ def parallelize(
                 f"{lay.tp}); this group has {world}"
             )
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        mesh = init_device_mesh(device, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp"))
-    elif tuple(mesh.mesh_dim_names or ()) != ("pp", "dp", "tp") or tuple(mesh.shape) != (
-        lay.pp,
-        lay.dp,
-        lay.tp,
-    ):
+        mesh = init_device_mesh(device, shape, mesh_dim_names=names)
+    elif tuple(mesh.mesh_dim_names or ()) != names or tuple(mesh.shape) != shape:
         raise ValueError(
-            f"the plan needs a mesh ('pp', 'dp', 'tp') of shape {(lay.pp, lay.dp, lay.tp)}; "
+            f"the plan needs a mesh {names} of shape {shape}; "
             f"got {mesh.mesh_dim_names} of shape {tuple(mesh.shape)}"
         )
+    if r > 1:
+        # One `dp` dimension over both, for the batch's shards and the loss's mean.
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
     notes = list(lay.notes)
     if lay.pp == 1 and lay.virtual_stages == 1:
         _tensor_parallel(module, lay, mesh["tp"])
         _recompute(module, lay.recompute)
-        module = _data_parallel(module, lay, mesh["dp"])
+        module = _data_parallel(module, lay, mesh)
         return Parallelized(module, lay, mesh, loss_fn, notes)
     return _pipelined(module, lay, mesh, loss_fn, example_inputs, notes)
 
@@ -702,7 +720,7 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
         _swap_in(stage.submod, module)
         _tensor_parallel(stage.submod, lay, mesh["tp"])
         _recompute(stage.submod, lay.recompute)
-        wrapped = _data_parallel(stage.submod, lay, mesh["dp"])
+        wrapped = _data_parallel(stage.submod, lay, mesh)
         stage.submod = wrapped
         stages.append(stage)
     n = lay.microbatches

@@ -162,6 +162,16 @@ def training_case(kind: str, options: dict, expect: dict, edit=None):
     return run
 
 
+def hybrid(zero: int, groups: int):
+    """ZeRO-`zero` over `groups` shard groups of the data-parallel ranks (HSDP)."""
+
+    def edit(placement: dict) -> None:
+        placement["zero"] = zero
+        placement["shard_groups"] = groups
+
+    return edit
+
+
 def with_zero(zero: int):
     def edit(placement: dict) -> None:
         placement["zero"] = zero
@@ -372,6 +382,12 @@ CASES = {
     "cnn-ddp": training_case("cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 0}),
     "cnn-fsdp": training_case(
         "cnn", {"gpus": 4, "strategy": "dp", "tolerance": float("inf")}, {"dp": 4, "tp": 1, "pp": 1, "zero": 3}, with_zero(3)
+    ),
+    "cnn-hsdp": training_case(
+        "cnn",
+        {"gpus": 4, "strategy": "dp", "tolerance": float("inf")},
+        {"dp": 4, "tp": 1, "pp": 1, "zero": 3, "shard_groups": 2},
+        hybrid(3, 2),
     ),
     "gpt-tp2-dp2": training_case(
         "gpt",
