@@ -118,14 +118,19 @@ pub fn layered(
     let recompute = match par.recompute {
         Recompute::None => Vec::new(),
         Recompute::Full => block_runs(graph, &starts)?,
-        // Each chunk's first blocks.
+        // Each chunk's first blocks (the last block's run, which may run into the head,
+        // only where its chunk recomputes all of its blocks).
         Recompute::Blocks(_) => {
-            let runs = block_runs(graph, &starts)?;
+            let last_chunk = chunk_layers.last().copied().unwrap_or(0);
+            let runs = match par.recompute.full_blocks(last_chunk) == last_chunk {
+                true => block_runs(graph, &starts)?,
+                false => starts.windows(2).map(|w| (w[0], w[1] - 1)).collect(),
+            };
             let mut first = 0usize;
             let mut kept = Vec::new();
             for &n in chunk_layers {
                 let full = par.recompute.full_blocks(n) as usize;
-                kept.extend_from_slice(&runs[first..first + full]);
+                kept.extend(runs.iter().skip(first).take(full).copied());
                 first += n as usize;
             }
             kept
