@@ -1880,6 +1880,38 @@ fn hybrid_sharding_is_lowered_and_trains_exactly() {
         let bits = |l: &[f64]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&resumed), bits(&got), "t{t} p{p} zero {zero}");
     }
+    // A strategy file's groups must cut every weighted layer's replicas into groups of two
+    // or more, under ZeRO: refused by name otherwise.
+    let strategy = read_plan(&dir.path().join("hsdp-1-1-1"))["strategy"].clone();
+    for (groups, zero, said) in [
+        (
+            3,
+            1,
+            "which 3 shard groups do not cut into groups of two or more",
+        ),
+        (
+            2,
+            0,
+            "shard_groups is 2; hybrid sharding cuts ZeRO's replicas",
+        ),
+    ] {
+        let mut edited = strategy.clone();
+        edited["shard_groups"] = groups.into();
+        edited["zero"] = zero.into();
+        let file = dir.path().join(format!("hsdp-{groups}-{zero}.json"));
+        std::fs::write(&file, edited.to_string()).unwrap();
+        let e = stderr_of_failure(&[
+            "plan",
+            &model,
+            "--gpus",
+            "4",
+            "--batch",
+            "8",
+            "--strategy-file",
+            file.to_str().unwrap(),
+        ]);
+        assert!(e.contains(said), "{e}");
+    }
 }
 
 /// Megatron-LM's 1.7 B GPT on 8 GPUs with ZeRO-1 over two groups of four: the lowered

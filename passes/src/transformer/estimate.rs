@@ -1304,13 +1304,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let recomputed = match par.recompute {
         Recompute::None => 0.0,
         Recompute::Full => model.blocks_flops_per_token(),
-        // The blocks recomputed in full, of all (blocks alike in FLOPs but for their MLPs).
+        // The blocks recomputed in full, dense and with experts.
         Recompute::Blocks(_) => {
-            let full: u64 = chunk_layers
+            let (dense, moe) = stage_full
                 .iter()
-                .map(|&n| par.recompute.full_blocks(n))
-                .sum();
-            model.blocks_flops_per_token() * full as f64 / layers.max(1) as f64
+                .fold((0.0, 0.0), |(d, e), &(fd, fe)| (d + fd, e + fe));
+            dense * model.block_flops_per_token() + moe * model.moe_block_flops_per_token()
         }
         // The attention core's and a dense MLP's FLOPs (norms, activations and the up
         // projections are left out).
