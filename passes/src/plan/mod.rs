@@ -293,7 +293,7 @@ impl Strategy {
     /// one shard group and there are no such groups.
     pub fn hybrid_groups(&self, ranks: &[u32]) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
         let groups = self.shard_groups.max(1) as usize;
-        if groups == 1 || ranks.len() % groups != 0 {
+        if groups == 1 || ranks.len() < groups || ranks.len() % groups != 0 {
             return (vec![ranks.to_vec()], Vec::new());
         }
         let size = ranks.len() / groups;
@@ -556,5 +556,29 @@ impl Strategy {
             .iter()
             .copied()
             .find(|&(first, last)| first <= l && l <= last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hybrid sharding cuts a replica group into runs of consecutive replicas, and pairs
+    /// the replicas holding the same shard across the runs; a group it cannot cut evenly
+    /// (or an empty one) stays whole.
+    #[test]
+    fn hybrid_groups_are_runs_of_replicas_and_their_counterparts() {
+        let mut strategy = Strategy::data_parallel(1, 8);
+        strategy.shard_groups = 2;
+        let (shards, across) = strategy.hybrid_groups(&[0, 2, 4, 6]);
+        assert_eq!(shards, [vec![0, 2], vec![4, 6]]);
+        assert_eq!(across, [vec![0, 4], vec![2, 6]]);
+        assert_eq!(
+            strategy.hybrid_groups(&[1, 3, 5]),
+            (vec![vec![1, 3, 5]], vec![])
+        );
+        assert_eq!(strategy.hybrid_groups(&[]), (vec![vec![]], vec![]));
+        strategy.shard_groups = 1;
+        assert_eq!(strategy.hybrid_groups(&[0, 1]), (vec![vec![0, 1]], vec![]));
     }
 }
