@@ -889,20 +889,13 @@ fn recomputing_some_blocks_in_full_lies_between_none_and_full() {
     let mut setting = bf16_adam(&model, &cluster, 8, 32);
     let par = |recompute| Parallelism {
         tensor: 2,
-        context: 1,
         pipeline: 2,
         data: 2,
-        micro_batch: 1,
         virtual_stages: 2,
         recompute,
         sequence_parallel: true,
         zero: 1,
-        schedule: Schedule::OneFOneB,
-        expert: 1,
-        expert_tensor: 1,
-        offload: Offload::NONE,
-        shard_groups: 1,
-        ends_as_blocks: false,
+        ..Parallelism::one_gpu(1)
     };
     let at = |setting: &Setting<'_>, recompute| estimate(setting, &par(recompute));
     let none = at(&setting, Recompute::None);
