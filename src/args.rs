@@ -66,9 +66,13 @@ pub struct PlanArgs {
     /// Pipeline schedule: 1f1b and gpipe are synchronous, async is PipeDream's
     /// weight-stashing schedule, zb-h1 is 1f1b with each backward's weight gradients run
     /// later to fill the pipeline's drain (a third of its bubble where the passes take
-    /// alike; later stages hold what the owed weight passes read). Unset: the search tries
-    /// 1f1b and zb-h1.
-    #[arg(long, value_parser = ["1f1b", "gpipe", "async", "zb-h1"])]
+    /// alike; later stages hold what the owed weight passes read), zb-v runs two chunks
+    /// per GPU laid out as a V (the first GPU holds the first and the last) with the
+    /// weight passes apart: about half zb-h1's bubble at 1f1b's memory (a transformer's
+    /// plan; PyTorch's ScheduleZBVZeroBubble). The zero-bubble schedules run without
+    /// recomputation. Unset: a layer pipeline tries 1f1b and zb-h1; a transformer's plan
+    /// Megatron-LM's 1f1b, interleaved where it pays.
+    #[arg(long, value_parser = ["1f1b", "gpipe", "async", "zb-h1", "zb-v"])]
     pub schedule: Option<String>,
     /// Allowed GPU-sec amplification above 1: plans use at most (1 + X) × the single-GPU
     /// time in GPU time (`inf`: no budget).

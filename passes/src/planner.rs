@@ -281,10 +281,7 @@ fn transformer_of(model: &Model, ask: &Ask<'_>) -> Result<Option<Transformer>, P
         )),
         Model::Shape { shape, .. } => return Ok(Some(**shape)),
     };
-    // zb-h1 is a layer pipeline's schedule: under `auto` the 3d space steps aside.
-    let layer_schedule = ask.schedule == Some(Schedule::ZeroBubble) && !asked && !knobs;
     match recognized {
-        Ok(_) if layer_schedule => Ok(None),
         Ok(t) if family_ok => Ok(Some(t)),
         Ok(_) => Ok(None),
         Err(e) if asked || knobs => Err(PlanError::Request(format!(

@@ -398,11 +398,11 @@ def layout(plan: dict) -> Layout:
             )
         recompute.extend(modules)
     zero = placement.get("zero", 0)
-    if zero == 0 and d > 1 and placement.get("schedule") == "zb-h1":
+    if zero == 0 and d > 1 and placement.get("schedule") in ("zb-h1", "zb-v"):
         # PyTorch's zero-bubble schedule reads its traced stages' graphs, which a
         # DistributedDataParallel wrapper hides; FSDP2 shards in place.
         notes.append(
-            "data parallelism of a zb-h1 pipeline as FSDP2 without resharding after "
+            f"data parallelism of a {placement['schedule']} pipeline as FSDP2 without resharding after "
             "forward (PyTorch's zero-bubble schedule cannot run DistributedDataParallel "
             "stages): the same numbers, gradients and optimizer state sharded"
         )
@@ -700,6 +700,7 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
         SplitPoint,
         pipeline,
     )
@@ -715,6 +716,9 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     stages = []
     owned = list(range(pp_rank, lay.pp * lay.virtual_stages, lay.pp))
+    if lay.schedule == "zb-v":
+        # ZB-V's V: pipeline rank g holds stages g and 2·pp − 1 − g.
+        owned = [pp_rank, 2 * lay.pp - 1 - pp_rank]
     for k in owned:
         stage = pipe.build_stage(k, device, group=mesh["pp"].get_group())
         _swap_in(stage.submod, module)
@@ -724,7 +728,9 @@ def _pipelined(module, lay: Layout, mesh, loss_fn, example_inputs, notes) -> Par
         stage.submod = wrapped
         stages.append(stage)
     n = lay.microbatches
-    if lay.virtual_stages > 1:
+    if lay.schedule == "zb-v":
+        schedule = ScheduleZBVZeroBubble(stages, n_microbatches=n, loss_fn=loss_fn)
+    elif lay.virtual_stages > 1:
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
     elif lay.schedule == "gpipe":
         schedule = ScheduleGPipe(stages[0], n_microbatches=n, loss_fn=loss_fn)

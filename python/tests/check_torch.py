@@ -427,6 +427,18 @@ CASES = {
         },
         {"dp": 2, "tp": 1, "pp": 2, "virtual_stages": 2, "microbatches": 2, "zero": 1},
     ),
+    "gpt-zbv-pp2-dp2": training_case(
+        "gpt",
+        {
+            "gpus": 4,
+            "tensor_parallel": 1,
+            "pipeline_parallel": 2,
+            "micro_batch_size": 1,
+            "schedule": "zb-v",
+            "zero": 0,
+        },
+        {"dp": 2, "tp": 1, "pp": 2, "virtual_stages": 2, "schedule": "zb-v", "microbatches": 4},
+    ),
     "mlp-soap-tp4": training_case(
         "mlp",
         {"gpus": 4, "strategy": "dp", "tolerance": float("inf")},

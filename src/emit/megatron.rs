@@ -21,6 +21,13 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
             report.strategy
         )));
     };
+    if matches!(report.schedule, "zb-h1" | "zb-v") {
+        return Err(PlanError::Request(format!(
+            "--emit megatron: Megatron-LM has no zero-bubble schedule ({}); --emit torchtitan \
+             writes it as PyTorch's, or plan with --schedule 1f1b",
+            report.schedule
+        )));
+    }
     let m = &p.transformer;
     // The precision the plan was priced at (asked, or a profile's).
     let precision = Some(p.precision);

@@ -123,12 +123,15 @@ fn base(m: &Transformer) -> Option<(&'static Registered, bool)> {
         .map(|r| (r, false))
 }
 
-/// torchtitan's pipeline schedule for the plan's (`Interleaved1F1B` for virtual stages).
-fn schedule(p: &ParallelismRow) -> &'static str {
-    if p.virtual_stages > 1 {
-        "Interleaved1F1B"
-    } else {
-        "1F1B"
+/// torchtitan's pipeline schedule for the plan's `schedule` (`Interleaved1F1B` for virtual
+/// stages; the zero-bubble ones as PyTorch names them: ZB-H1 is its looped zero-bubble
+/// schedule with one stage a rank).
+fn schedule(schedule: &str, p: &ParallelismRow) -> &'static str {
+    match schedule {
+        "zb-v" => "ZBVZeroBubble",
+        "zb-h1" => "InterleavedZeroBubble",
+        _ if p.virtual_stages > 1 => "Interleaved1F1B",
+        _ => "1F1B",
     }
 }
 
@@ -366,7 +369,7 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
         set(
             "p",
             "pipeline_parallel_schedule",
-            format!("\"{}\"", schedule(p)),
+            format!("\"{}\"", schedule(report.schedule, p)),
         );
         set("p", "pipeline_parallel_microbatch_size", b.to_string());
         set(

@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 
 use ralpc_passes::cost::Comm;
 use ralpc_passes::layers::{LayerKind, Producer, Split};
-use ralpc_passes::plan::order::{interleaved, passes, Pass};
+use ralpc_passes::plan::order::{group_passes, passes, stage_of_chunk, Pass};
 use ralpc_passes::plan::{
     buckets, class_pieces, edge_kinds, evaluate, gathers, gathers_gradient, gradient_transfers,
     input_gradient_sums, input_share, partial_sums, regathers, scatters_gradient,
@@ -343,7 +343,7 @@ impl Lowering<'_, '_> {
     /// Whether backward passes leave the weight gradients to passes of their own
     /// ([`Pass::Weight`]).
     fn splits_backward(&self) -> bool {
-        self.strategy.schedule == Schedule::ZeroBubble
+        self.strategy.schedule.splits_backward()
     }
 
     /// Whether layer `l` has a weight pass of its own: under zb-h1, where its backward
@@ -758,23 +758,32 @@ pub fn lower(costs: &Costs<'_>, strategy: &Strategy, model: ModelRef) -> Result<
     let stages = strategy.stages.len();
     let v = strategy.virtual_stages();
     if v > 1 {
-        // Each pipeline rank runs its virtual stages' passes in the interleaved order.
+        // Each pipeline rank runs its virtual stages' passes in its schedule's order
+        // (interleaved 1F1B, ZB-V), a stage's last pass launching its gradient buckets.
         let devices = stages / v;
         for g in 0..devices {
-            let mut left = vec![strategy.microbatches; stages];
-            for (chunk, pass) in interleaved(devices, v, g, strategy.microbatches) {
-                let k = chunk * devices + g;
+            let order: Vec<(usize, Pass)> =
+                group_passes(strategy.schedule, devices, v, g, strategy.microbatches)
+                    .into_iter()
+                    .map(|(chunk, pass)| {
+                        let k = stage_of_chunk(strategy.schedule, devices, chunk, g);
+                        (k, pass)
+                    })
+                    .collect();
+            let mut final_pass = vec![0; stages];
+            for (i, &(k, _)) in order.iter().enumerate() {
+                final_pass[k] = i;
+            }
+            for (i, &(k, pass)) in order.iter().enumerate() {
+                let last = final_pass[k] == i;
                 match pass {
                     Pass::Forward(mb) => lowering.forward(k, mb),
-                    Pass::Backward(mb) => {
-                        left[k] -= 1;
-                        lowering.backward(k, mb, left[k] == 0);
-                    }
-                    Pass::Weight(mb) => lowering.weight_pass(k, mb, false),
+                    Pass::Backward(mb) => lowering.backward(k, mb, last),
+                    Pass::Weight(mb) => lowering.weight_pass(k, mb, last),
                 }
             }
             for chunk in 0..v {
-                lowering.step(chunk * devices + g);
+                lowering.step(stage_of_chunk(strategy.schedule, devices, chunk, g));
             }
         }
     }

@@ -215,7 +215,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         }
         // Under zb-h1 a layer runs its weight gradients apart where its backward makes
         // any and reads no input gathered again (whose whole would be held until then).
-        if strategy.schedule == Schedule::ZeroBubble && regathered {
+        if strategy.schedule.splits_backward() && regathered {
             work.weight_us = 0.0;
         }
         stage_cost[k].microbatch_us += work.fwd_us + recompute_us + work.bwd_us + transfer;
@@ -323,7 +323,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             whole,
             freed,
             gradients: weight_bytes * state.gradients / gradient_shards,
-            weight_pass: strategy.schedule == Schedule::ZeroBubble && work.weight_us > 0.0,
+            weight_pass: strategy.schedule.splits_backward() && work.weight_us > 0.0,
         };
         layers.push(LayerCost {
             forward_us: work.fwd_us,
@@ -395,7 +395,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
         // the all-reduce latency fewer times.
         // A later stage also counts how long its gradient for the stage before waits.
         // (Under zb-h1 the weight passes launch them, after every backward.)
-        let apart = strategy.schedule == Schedule::ZeroBubble;
+        let apart = strategy.schedule.splits_backward();
         let weigh_delay = if k > 0 && !apart { 1.0 } else { 0.0 };
         // Under ZeRO each bucket's weights are all-gathered after the step; under ZeRO-3
         // before every pass over it as well (forward, recomputation, backward).
@@ -421,7 +421,7 @@ pub fn evaluate(costs: &Costs<'_>, strategy: &Strategy) -> Result<Evaluation, Pl
             0.0
         };
         let slot = match strategy.schedule {
-            Schedule::ZeroBubble => stage_cost[k].weight_us,
+            Schedule::ZeroBubble | Schedule::ZeroBubbleV => stage_cost[k].weight_us,
             Schedule::GPipe => stage_cost[k].backward_us,
             Schedule::OneFOneB | Schedule::Async => stage_cost[k].microbatch_us,
         };
@@ -581,7 +581,8 @@ impl Schedule {
         match self {
             // The asynchronous schedule's plan runs each iteration's microbatches in 1F1B's
             // order, so it holds as many (PipeDream's steady state holds `P − k`).
-            Schedule::OneFOneB | Schedule::ZeroBubble | Schedule::Async => {
+            // ZB-V's two chunks a group are counted by the strategy.
+            Schedule::OneFOneB | Schedule::ZeroBubble | Schedule::ZeroBubbleV | Schedule::Async => {
                 behind.min(microbatches).max(1)
             }
             Schedule::GPipe => microbatches.max(1),
@@ -590,14 +591,14 @@ impl Schedule {
 
     /// The iteration time from per-stage figures (see the module docs), of stages that
     /// are `virtual_stages` chunks per GPU when interleaved.
-    pub(crate) fn iteration_us(
+    pub fn iteration_us(
         self,
         stages: &[StageCost],
         microbatches: u32,
         virtual_stages: usize,
     ) -> f64 {
         match self {
-            Schedule::OneFOneB | Schedule::GPipe | Schedule::ZeroBubble => {
+            Schedule::OneFOneB | Schedule::GPipe | Schedule::ZeroBubble | Schedule::ZeroBubbleV => {
                 played_us(self, stages, microbatches, virtual_stages)
             }
             // PipeDream's steady state (`m` times the bottleneck stage) needs minibatches to
@@ -608,6 +609,40 @@ impl Schedule {
             Schedule::Async => played_us(self, stages, microbatches, virtual_stages),
         }
     }
+}
+
+/// The bubble rate of a pipeline of `groups` equal GPU groups (Qi et al.'s §5.3
+/// definition: the iteration less `m` microbatches of one group's work, over the
+/// iteration), each microbatch taking `forward_us`, `backward_us` (input gradients) and
+/// `weight_us` (weight gradients) on a group and `message_us` between groups, played in
+/// `schedule`'s order: under ZB-V each group's work in two equal chunks.
+pub fn even_pipeline_bubble(
+    schedule: Schedule,
+    groups: usize,
+    microbatches: u32,
+    forward_us: f64,
+    backward_us: f64,
+    weight_us: f64,
+    message_us: f64,
+) -> f64 {
+    let v = if schedule == Schedule::ZeroBubbleV {
+        2
+    } else {
+        1
+    };
+    let share = 1.0 / v as f64;
+    let stage = StageCost {
+        microbatch_us: (forward_us + backward_us + weight_us) * share,
+        backward_us: (backward_us + weight_us) * share,
+        weight_us: weight_us * share,
+        // A message each way.
+        receive_us: 2.0 * message_us,
+        ..StageCost::default()
+    };
+    let stages = vec![stage; groups * v];
+    let iteration = schedule.iteration_us(&stages, microbatches, v);
+    let work = f64::from(microbatches) * (forward_us + backward_us + weight_us);
+    (iteration - work) / iteration
 }
 
 /// Under zb-h1, what stage `k`'s owed weight passes hold ([`Strategy::weights_waiting`]
@@ -621,7 +656,7 @@ fn owed_weight_passes(
     layers: &[LayerBytes],
     memory: &mut [f64],
 ) {
-    if strategy.schedule != Schedule::ZeroBubble {
+    if !strategy.schedule.splits_backward() {
         return;
     }
     let graph = costs.graph;
@@ -657,10 +692,10 @@ fn owed_weight_passes(
     }
 }
 
-/// A synchronous schedule's iteration (GPipe, 1F1B, ZB-H1, interleaved 1F1B), played pass
-/// by pass as the lowering orders them ([`order::passes`], [`order::interleaved`]): stage
-/// `k` of `P·v` runs on GPU group `k mod P`, which runs its stages' passes in its order,
-/// one at a time. A forward waits for the stage before's forward of the same microbatch, a
+/// A synchronous schedule's iteration (GPipe, 1F1B, ZB-H1, ZB-V, interleaved 1F1B), played
+/// pass by pass as the lowering orders them ([`order::group_passes`]): stage `k` of `P·v`
+/// runs on GPU group `k mod P` (under ZB-V, group `k` or `2P − 1 − k`), which runs its
+/// stages' passes in its order, one at a time. A forward waits for the stage before's forward of the same microbatch, a
 /// backward for the stage after's backward (the last stage's for its own forward), a weight
 /// pass for its own backward. A stage's forward takes `microbatch_us − backward_us`, its
 /// backward `backward_us` (less `weight_us` when the schedule runs the weight gradients
@@ -673,7 +708,10 @@ fn owed_weight_passes(
 /// With equal stages of `F`, `B` and `W` and free cuts, 1F1B and GPipe take
 /// `(M + P − 1)(F + B + W)`, ZB-H1 `M(F + B + W) + (P − 1)(F + B − W)` where `W ≤ F` (Qi et
 /// al. §3.1), and interleaving `v` stages a group `M·t + (P − 1)·t/v` with `t` a group's
-/// microbatch (Narayanan et al. §2.2).
+/// microbatch (Narayanan et al. §2.2). ZB-V with equal chunks of `f`, `b` and `w`, `M ≥ 2P −
+/// 1`, takes `2M(f + b + w) + (P − 1)·max(f, b)` when `w` is no longer than either: the
+/// last group's first forward and the first group's last backward wait `P − 1` chunk
+/// passes.
 fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usize) -> f64 {
     let n = stages.len();
     if n == 0 {
@@ -681,18 +719,15 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
     }
     let m = microbatches.max(1);
     let groups = (n / v.max(1)).max(1);
-    let apart = schedule == Schedule::ZeroBubble;
+    let apart = schedule.splits_backward();
     // The asynchronous schedule synchronizes and steps a stage after each of its backward
     // passes (its gradients already sent on), not once at the end.
     let steps_each = schedule == Schedule::Async;
     let orders: Vec<Vec<(usize, Pass)>> = (0..groups)
-        .map(|g| match v > 1 {
-            true => (order::interleaved(groups, v, g, m).into_iter())
-                .map(|(chunk, pass)| (chunk * groups + g, pass))
-                .collect(),
-            false => (order::passes(schedule, n, g, m).into_iter())
-                .map(|pass| (g, pass))
-                .collect(),
+        .map(|g| {
+            (order::group_passes(schedule, groups, v, g, m).into_iter())
+                .map(|(chunk, pass)| (order::stage_of_chunk(schedule, groups, chunk, g), pass))
+                .collect()
         })
         .collect();
     let mut forward_end = vec![vec![None; m as usize]; n];
@@ -779,11 +814,9 @@ fn played_us(schedule: Schedule, stages: &[StageCost], microbatches: u32, v: usi
             true => free[g],
             false => {
                 free[g]
-                    + stages
-                        .iter()
-                        .skip(g)
-                        .step_by(groups)
-                        .map(|s| s.sync_us)
+                    + (stages.iter().enumerate())
+                        .filter(|&(k, _)| order::group_of_stage(schedule, groups, k).0 == g)
+                        .map(|(_, s)| s.sync_us)
                         .sum::<f64>()
             }
         })
@@ -840,6 +873,26 @@ mod tests {
         );
         let plain = Schedule::OneFOneB.iteration_us(&vec![stage(2.0, 4.0, 2.0); p], m, 1);
         assert_eq!(plain, f64::from(m) * t + (p as f64 - 1.0) * t);
+    }
+
+    #[test]
+    fn zb_v_halves_zb_h1s_bubble_at_equal_passes() {
+        // P groups of two chunks of f = b = w = 1: ZB-H1 on the same groups (each stage
+        // the two chunks' work, F = B = W = 2) leaves (P − 1)·(F + B − W) = 2(P − 1); ZB-V
+        // leaves (P − 1)·max(f, b) = P − 1, and 1F1B 6(P − 1).
+        for (p, m) in [(4usize, 8u32), (4, 16), (8, 32), (2, 3)] {
+            let work = 6.0 * f64::from(m);
+            let v = Schedule::ZeroBubbleV.iteration_us(&vec![stage(1.0, 2.0, 1.0); 2 * p], m, 2);
+            let h1 = Schedule::ZeroBubble.iteration_us(&vec![stage(2.0, 4.0, 2.0); p], m, 1);
+            let plain = Schedule::OneFOneB.iteration_us(&vec![stage(2.0, 4.0, 2.0); p], m, 1);
+            let bubble = |t: f64| t - work;
+            assert_eq!(bubble(v), (p - 1) as f64, "P {p} M {m}");
+            assert_eq!(bubble(h1), 2.0 * (p - 1) as f64, "P {p} M {m}");
+            assert_eq!(bubble(plain), 6.0 * (p - 1) as f64, "P {p} M {m}");
+        }
+        // A longer backward sets the wait: (P − 1)·b.
+        let v = Schedule::ZeroBubbleV.iteration_us(&vec![stage(1.0, 3.0, 1.0); 8], 8, 2);
+        assert_eq!(v - 8.0 * 2.0 * 4.0, 3.0 * 2.0);
     }
 
     #[test]

@@ -302,15 +302,20 @@ impl StrategyFile {
             if s.replicas == 0 {
                 return Err(bad(format!("stages[{k}].replicas must be ≥ 1")));
             }
-            // A later virtual stage runs on its turn's GPUs again; a stage of its own
-            // starts after the one before (at its `first_rank`, when given).
-            let earlier = k.checked_sub(devices).map(|j| stages[j]);
+            // A later virtual stage runs on its turn's GPUs again (its group's first
+            // stage's: the V's way back under zb-v); a stage of its own starts after the
+            // one before (at its `first_rank`, when given).
+            let group = match k >= devices && devices > 0 {
+                true => Some(super::order::group_of_stage(self.schedule, devices, k).0),
+                false => None,
+            };
+            let earlier = group.map(|j| stages[j]);
             match (s.first_rank, earlier) {
                 (Some(r), Some(e)) if r != e.first_rank => {
                     return Err(bad(format!(
                         "stages[{k}].first_rank is {r}; as a virtual stage on stage {}'s GPUs \
                          it starts at rank {}",
-                        k - devices,
+                        group.unwrap_or(0),
                         e.first_rank
                     )))
                 }
@@ -330,7 +335,7 @@ impl StrategyFile {
                         "stages[{k}].replicas is {}; as a virtual stage on stage {}'s GPUs it \
                          needs {}",
                         s.replicas,
-                        k - devices,
+                        group.unwrap_or(0),
                         earlier.gpus
                     )))
                 }

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 pub use buckets::{buckets, Bucket, BUCKET_CAPS};
 pub use costs::{CostOptions, Costs};
-pub use evaluate::{evaluate, Evaluation, LayerCost, StageCost};
+pub use evaluate::{evaluate, even_pipeline_bubble, Evaluation, LayerCost, StageCost};
 pub use file::{
     FileSplit, StrategyFile, StrategyFileLayer, StrategyFileRun, StrategyFileStage, FORMAT,
 };
@@ -87,6 +87,12 @@ pub enum Schedule {
     /// owed weight passes read ([`Strategy::weights_waiting`]) on top.
     #[serde(rename = "zb-h1")]
     ZeroBubble,
+    /// Zero-bubble ZB-V (Qi et al., ICLR 2024, §6): two chunks per pipeline group laid out
+    /// as a V (group `g` holds stages `g` and `2P − 1 − g`), each backward split as under
+    /// ZB-H1, in the order [`order::group_passes`] gives: ZB-H1's bubble about halved at
+    /// 1F1B's activation memory.
+    #[serde(rename = "zb-v")]
+    ZeroBubbleV,
 }
 
 impl Schedule {
@@ -97,16 +103,24 @@ impl Schedule {
             Schedule::GPipe => "gpipe",
             Schedule::Async => "async",
             Schedule::ZeroBubble => "zb-h1",
+            Schedule::ZeroBubbleV => "zb-v",
         }
     }
 
-    /// Parses `1f1b`, `gpipe`, `async`, `zb-h1`.
+    /// Whether it runs each backward's weight gradients as a pass of their own (the
+    /// zero-bubble schedules).
+    pub fn splits_backward(self) -> bool {
+        matches!(self, Schedule::ZeroBubble | Schedule::ZeroBubbleV)
+    }
+
+    /// Parses `1f1b`, `gpipe`, `async`, `zb-h1`, `zb-v`.
     pub fn parse(name: &str) -> Option<Schedule> {
         Some(match name {
             "1f1b" => Schedule::OneFOneB,
             "gpipe" => Schedule::GPipe,
             "async" => Schedule::Async,
             "zb-h1" => Schedule::ZeroBubble,
+            "zb-v" => Schedule::ZeroBubbleV,
             _ => return None,
         })
     }
@@ -316,17 +330,27 @@ impl Strategy {
     }
 
     /// Microbatches whose activations stage `k` keeps at once: its schedule's count
-    /// ([`Schedule::in_flight`]) or, interleaved (`v` chunks per GPU, `p` GPUs deep),
+    /// ([`Schedule::in_flight`]); interleaved (`v` chunks per GPU, `p` GPUs deep),
     /// Megatron-LM's warm-up on the chunk's GPU `d` — `(p − d − 1)·2 + (v − 1)·p` forward
     /// chunks ahead of the first backward, one more in the steady state, at most `M·v` —
-    /// shared by its `v` chunks, the earlier ones holding the remainder.
+    /// shared by its `v` chunks, the earlier ones holding the remainder; under ZB-V each
+    /// chunk's own peak in its group's order ([`order::group_passes`]): `min(2p − d, M)`
+    /// for the first, `min(d + 1, M)` for the second (their sum is one more than the
+    /// group's `2p` at once, so a group is priced one chunk-microbatch high).
     pub fn in_flight(&self, k: usize) -> u32 {
         let (m, stages, v) = (self.microbatches, self.stages.len(), self.virtual_stages());
         if v <= 1 {
             return self.schedule.in_flight(m, stages, k);
         }
         let p = stages / v;
-        let (d, chunk) = (k % p, k / p);
+        let (d, chunk) = order::group_of_stage(self.schedule, p, k);
+        if self.schedule == Schedule::ZeroBubbleV {
+            let peak = match chunk {
+                0 => 2 * p - d,
+                _ => d + 1,
+            };
+            return (peak as u32).min(m).max(1);
+        }
         let ahead = (p - d - 1) * 2 + (v - 1) * p + 1;
         let total = ahead.min(m as usize * v);
         (total / v + usize::from(chunk < total % v)).max(1) as u32
@@ -336,30 +360,52 @@ impl Strategy {
     /// in flight: under `zb-h1` a weight pass runs `k` backwards after its backward
     /// ([`order::passes`]), so just before a backward every microbatch from the oldest
     /// owed weight pass to the newest forward — `min(P, M)` of them — keeps what its
-    /// weight pass reads, `min(P − k, M)` of them everything.
+    /// weight pass reads, `min(P − k, M)` of them everything. Under ZB-V, the most its
+    /// chunk owes at once in its group's order (in the cool-down, when its activations
+    /// are mostly gone: counted on top of them all the same).
     pub fn weights_waiting(&self, k: usize) -> u32 {
-        if self.schedule != Schedule::ZeroBubble {
-            return 0;
+        let (m, stages) = (self.microbatches, self.stages.len());
+        match self.schedule {
+            Schedule::ZeroBubble => {
+                let stages = stages as u32;
+                stages.min(m) - self.in_flight(k).min(stages.min(m))
+            }
+            Schedule::ZeroBubbleV => {
+                let p = stages / 2;
+                let (g, chunk) = order::group_of_stage(self.schedule, p, k);
+                let order = order::group_passes(self.schedule, p, 2, g, m);
+                order::peak_held(&order, 2)
+                    .get(chunk)
+                    .map_or(0, |held| held.1)
+            }
+            _ => 0,
         }
-        let (m, stages) = (self.microbatches, self.stages.len() as u32);
-        stages.min(m) - self.in_flight(k).min(stages.min(m))
     }
 
-    /// The virtual stages per GPU of an interleaved pipeline (Narayanan et al.): the first
-    /// `P` stages hold ranks of their own and every later stage `k` is on stage `k − P`'s
-    /// ranks again; 1 when no stage shares ranks.
+    /// The virtual stages per GPU of a pipeline whose GPUs hold several stages: two under
+    /// ZB-V, whose stage `k` and `2P − 1 − k` share ranks; interleaved (Narayanan et al.),
+    /// as many as there are stages over the first `P`, which hold ranks of their own and
+    /// every later stage `k` is on stage `k − P`'s ranks again; 1 when no stage shares
+    /// ranks.
     pub fn virtual_stages(&self) -> usize {
         let Some(first) = self.stages.first() else {
             return 1;
         };
         let same = |a: &Stage, b: &Stage| a.first_rank == b.first_rank && a.gpus == b.gpus;
-        let devices = (1..self.stages.len())
-            .find(|&k| same(&self.stages[k], first))
-            .unwrap_or(self.stages.len());
-        let cyclic = self.stages.len() % devices == 0
-            && (0..self.stages.len()).all(|k| same(&self.stages[k], &self.stages[k % devices]));
+        let n = self.stages.len();
+        if self.schedule == Schedule::ZeroBubbleV && n % 2 == 0 {
+            let p = n / 2;
+            let mirrored = (0..p).all(|k| same(&self.stages[k], &self.stages[n - 1 - k]));
+            let apart = (1..p).all(|k| !same(&self.stages[k], first));
+            if mirrored && apart {
+                return 2;
+            }
+        }
+        let devices = (1..n).find(|&k| same(&self.stages[k], first)).unwrap_or(n);
+        let cyclic =
+            n % devices == 0 && (0..n).all(|k| same(&self.stages[k], &self.stages[k % devices]));
         if cyclic {
-            self.stages.len() / devices
+            n / devices
         } else {
             1
         }
@@ -392,7 +438,14 @@ impl Strategy {
         let mut next_rank = 0u32;
         let v = self.virtual_stages();
         let devices = self.stages.len() / v;
-        if v > 1 {
+        if self.schedule == Schedule::ZeroBubbleV && v != 2 {
+            return bad(format!(
+                "zb-v runs two stages on each GPU, stage k and stage 2P − 1 − k of 2P (a V); \
+                 its {} stages are not laid out so",
+                self.stages.len()
+            ));
+        }
+        if v > 1 && self.schedule != Schedule::ZeroBubbleV {
             if self.schedule != Schedule::OneFOneB {
                 return bad(format!(
                     "its stages take {v} virtual stages per GPU, which run the interleaved \
@@ -501,12 +554,12 @@ impl Strategy {
                 self.zero
             ));
         }
-        if self.schedule == Schedule::ZeroBubble && !self.recompute.is_empty() {
-            return bad(
-                "zb-h1 runs each weight pass after its backward, which a recomputed run's \
-                 activations would have to outlive; recompute under 1f1b or gpipe"
-                    .into(),
-            );
+        if self.schedule.splits_backward() && !self.recompute.is_empty() {
+            return bad(format!(
+                "{} runs each weight pass after its backward, which a recomputed run's \
+                 activations would have to outlive; recompute under 1f1b or gpipe",
+                self.schedule.name()
+            ));
         }
         if self.shard_groups != 1 {
             if self.zero == 0 || self.shard_groups == 0 {

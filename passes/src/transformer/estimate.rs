@@ -37,7 +37,8 @@ use crate::cluster::{Cluster, Link, Precision};
 use crate::cost::comm::{ring_all_gather_us, ring_all_reduce_us};
 use crate::cost::rates::{KernelRates, IN_STEP};
 use crate::cost::Optimizer;
-use crate::plan::Schedule;
+use crate::plan::order::{self, group_of_stage};
+use crate::plan::{Schedule, StageCost};
 use crate::profile::Profile;
 
 use super::experts::{expert_mlp, Dispatcher, ExpertContext};
@@ -610,6 +611,11 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         + core_bwd
         + attention_cast.1
         + 2.0 * elementwise(core_bytes + attention_bytes, 4.0);
+    // A product reading an input gathered over the tensor-parallel ranks (the first of
+    // each half, under the sequence split the executable plan runs with tensor
+    // parallelism) makes its weight gradients in its backward pass, not apart: apart, the
+    // gathered input would be held until then (as the layer-graph evaluator prices it).
+    let gathered_apart = if par.tensor > 1 { 0.0 } else { 1.0 };
     let dense_mlp = {
         let cast = cast(
             tokens * (gemms[2].inner + gemms[3].inner) as f64,
@@ -625,6 +631,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             experts: false,
             activation_us: 0.0,
             host_us: 0.0,
+            weight_us: (dense[2].1 * gathered_apart + dense[3].1) / 2.0,
         }
     };
     // Tensor-parallel collectives inside the node.
@@ -814,6 +821,11 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             },
             forward_us: forward + tp_fwd + mlp.host_us,
             backward_us: backward + recompute_us + tp_bwd + recompute_tp + host_us - mlp.host_us,
+            weight_us: (attention_products.iter().enumerate())
+                .map(|(i, g)| g.1 * if i == 0 { gathered_apart } else { 1.0 })
+                .sum::<f64>()
+                / 2.0
+                + mlp.weight_us,
             zero3_us,
             zero3_hidden_us: zero3_hidden,
             // What prefetching cannot hide: each microbatch's first gather (nothing
@@ -889,28 +901,32 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     // come first.
     let layers = model.layers;
     // With interleaving the blocks are spread over the `p·v` chunks and chunk `j` runs on
-    // stage `j mod p`, so leading dense blocks fill the first chunks, not the first stage.
+    // stage `j mod p` (under ZB-V, stage `j` or `2p − 1 − j`), so leading dense blocks fill
+    // the first chunks, not the first stage.
     let dense_layers = model.spec().block_counts().0;
     let chunks = u64::from(p) * u64::from(v);
+    let stage_of_chunk = |j: usize| group_of_stage(par.schedule, p as usize, j).0;
+    // The stage holding the last chunk, with the head and the loss.
+    let last_stage = stage_of_chunk(chunks as usize - 1);
     let mut stage_blocks = vec![(0.0, 0.0); p as usize];
     // Of those, the blocks recomputed in full: each chunk's first.
     let mut stage_full = vec![(0.0, 0.0); p as usize];
+    // Per chunk: its (dense, expert) blocks, and of those the ones recomputed in full.
+    let mut chunk_counts = Vec::with_capacity(chunks as usize);
     let mut first = 0u64;
     let chunk_layers = super::chunk_blocks(layers, chunks, par.ends_as_blocks);
     for (j, &n) in chunk_layers.iter().enumerate() {
-        let j = j as u64;
         let dense = dense_layers.clamp(first, first + n) - first;
         let full = par.recompute.full_blocks(n);
         first += n;
-        let k = (j % u64::from(p)) as usize;
-        let stage = &mut stage_blocks[k];
-        *stage = (stage.0 + dense as f64, stage.1 + (n - dense) as f64);
-        let stage = &mut stage_full[k];
         let full_dense = full.min(dense);
-        *stage = (
-            stage.0 + full_dense as f64,
-            stage.1 + (full - full_dense) as f64,
-        );
+        let blocks = (dense as f64, (n - dense) as f64);
+        let full = (full_dense as f64, (full - full_dense) as f64);
+        chunk_counts.push((blocks, full));
+        let k = stage_of_chunk(j);
+        let add = |a: (f64, f64), b: (f64, f64)| (a.0 + b.0, a.1 + b.1);
+        stage_blocks[k] = add(stage_blocks[k], blocks);
+        stage_full[k] = add(stage_full[k], full);
     }
     let stage_layers: Vec<u64> = stage_blocks
         .iter()
@@ -1002,7 +1018,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             if k == 0 {
                 work = work.plus(embedding);
             }
-            if k + 1 == stage_layers.len() {
+            if k == last_stage {
                 work = work.plus(head);
             }
             work
@@ -1014,21 +1030,74 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .unwrap_or(0);
     let t_max = stage_us[slowest];
     let t_sum: f64 = stage_us.iter().sum();
-    let bubble_us = (t_sum - t_max) / f64::from(v);
+    // The zero-bubble schedules' weight passes fill the bubble in an order of their own:
+    // played pass by pass, each chunk its blocks' forward, backward and weight passes
+    // (`Block::weight_us`; the head's products' half of their backward), as the
+    // layer-graph evaluator plays the lowered plan.
+    let bubble_us = match par.schedule.splits_backward() && p > 1 {
+        true => {
+            let of_chunk = |(blocks, full): ((f64, f64), (f64, f64)), of: fn(&Block) -> f64| {
+                (blocks.0 - full.0) * of(&dense_block)
+                    + full.0 * of(&dense_full)
+                    + (blocks.1 - full.1) * of(&moe_block)
+                    + full.1 * of(&moe_full)
+            };
+            let mut chunk_costs: Vec<StageCost> = (chunk_counts.iter().enumerate())
+                .map(|(j, &counts)| {
+                    let mut total = of_chunk(counts, |b| b.work.total());
+                    let mut forward = of_chunk(counts, |b| b.forward_us);
+                    let mut weight = of_chunk(counts, |b| b.weight_us);
+                    if j == 0 {
+                        total += embedding.total();
+                        forward += embedding.total() / 2.0;
+                    }
+                    if j + 1 == chunk_counts.len() {
+                        total += head.total();
+                        forward += head_fwd;
+                        weight += head_bwd / 2.0;
+                    }
+                    StageCost {
+                        microbatch_us: total,
+                        backward_us: total - forward,
+                        weight_us: weight,
+                        ..StageCost::default()
+                    }
+                })
+                .collect();
+            // What a stage pays beyond its chunks' blocks (its point-to-point, ZeRO-3's
+            // first gather and last reduce-scatter, offloaded copies), shared by its
+            // chunks' backward passes: each stage then takes its `stage_us`.
+            for (k, &stage) in stage_us.iter().enumerate() {
+                let of_k: Vec<usize> = (0..chunk_costs.len())
+                    .filter(|&j| stage_of_chunk(j) == k)
+                    .collect();
+                let blocks: f64 = of_k.iter().map(|&j| chunk_costs[j].microbatch_us).sum();
+                let extra = (stage - blocks).max(0.0) / of_k.len().max(1) as f64;
+                for &j in &of_k {
+                    chunk_costs[j].microbatch_us += extra;
+                    chunk_costs[j].backward_us += extra;
+                }
+            }
+            (played_pipeline_us(par.schedule, &chunk_costs, m, v as usize) - m as f64 * t_max)
+                .max(0.0)
+        }
+        false => (t_sum - t_max) / f64::from(v),
+    };
     let pipe_us = m as f64 * t_max + bubble_us;
     // Parameters per GPU on each stage: those sharded over the data-parallel ranks, and
     // the experts' over the expert-data-parallel ranks.
     let stage_params: Vec<(f64, f64)> = (0..stage_layers.len())
         .map(|k| {
-            let last = k + 1 == stage_layers.len();
+            let last = k == last_stage;
             let mut params = of_stage(k, |b| b.params);
             if k == 0 {
                 params += model.spec().embedding_params() as f64 / t;
             }
             if last {
                 params += model.spec().head_params() as f64 / t;
-                if model.tied && p > 1 {
-                    // The last stage keeps its own copy of the tied embedding.
+                if model.tied && last_stage != 0 {
+                    // The last stage keeps its own copy of the tied embedding (under ZB-V
+                    // the first stage holds the head too, and one table).
                     params += (model.vocabulary * model.hidden) as f64 / t;
                 }
             }
@@ -1086,7 +1155,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             ),
             false => ((gradient_sync, 0.0), (param_gather, 0.0)),
         };
-    let tied_us = if model.tied && p > 1 {
+    let tied_us = if model.tied && last_stage != 0 {
         let link = per_gpu_link(cluster, 0, stride * (p - 1), gpn);
         ring_all_reduce_us(
             2,
@@ -1164,6 +1233,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    // What one block's owed weight passes keep per microbatch (zero-bubble schedules).
+    let owed_block = weight_pass_bytes(model, par, precision);
     let stage_memory: Vec<(MemoryBreakdown, f64)> = stage_layers
         .iter()
         .enumerate()
@@ -1171,7 +1242,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             // ZeRO shards the buckets' weights; a tied embedding is summed over its holders
             // apart from them, and every holder keeps it whole, with its gradient and
             // momentum.
-            let holds_embedding = k == 0 || k + 1 == stage_layers.len();
+            let holds_embedding = k == 0 || k == last_stage;
             let tied = match model.tied && holds_embedding {
                 true => (model.vocabulary * model.hidden) as f64 / t,
                 false => 0.0,
@@ -1203,21 +1274,62 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 (false, true) => per_block.1,
                 (true, true) => per_block.0.max(per_block.1),
             };
-            let mut activations = in_flight as f64 / f64::from(v)
-                * ((dense - dense_off - full_dense) * per_block.0
-                    + (moe - moe_off - full_moe) * per_block.1
-                    + full_dense * per_full_block.0
-                    + full_moe * per_full_block.1)
-                + in_flight_block
-                + working;
-            if k + 1 == stage_layers.len() {
+            let held = match par.schedule {
+                // ZB-V's two chunks a stage hold their microbatches at different times:
+                // the most of both at once, with what their owed weight passes keep, in
+                // the stage's order (its warm-up and cool-down span fewer than `2p + 1`
+                // microbatches, the rounds between them alike).
+                Schedule::ZeroBubbleV if v == 2 => {
+                    let order = order::group_passes(
+                        par.schedule,
+                        p as usize,
+                        2,
+                        k,
+                        m.min(2 * u64::from(p) + 1) as u32,
+                    );
+                    let chunk = |c: usize| {
+                        chunk_counts[order::stage_of_chunk(par.schedule, p as usize, c, k)]
+                    };
+                    order::peak_weighed(&order, 2, |c, a, w| {
+                        let ((dense, moe), (full_dense, full_moe)) = chunk(c);
+                        f64::from(a)
+                            * ((dense - full_dense) * per_block.0
+                                + (moe - full_moe) * per_block.1
+                                + full_dense * per_full_block.0
+                                + full_moe * per_full_block.1)
+                            + f64::from(w) * (dense + moe) * owed_block
+                    })
+                }
+                // ZB-H1: 1F1B's microbatches in flight, and `min(p, m) − min(p − k, m)`
+                // more whose weight passes are owed.
+                _ => {
+                    let owed = match par.schedule {
+                        Schedule::ZeroBubble => {
+                            (u64::from(p).min(m) - (u64::from(p) - k as u64).min(m)) as f64
+                        }
+                        _ => 0.0,
+                    };
+                    in_flight as f64 / f64::from(v)
+                        * ((dense - dense_off - full_dense) * per_block.0
+                            + (moe - moe_off - full_moe) * per_block.1
+                            + full_dense * per_full_block.0
+                            + full_moe * per_full_block.1)
+                        + owed * (dense + moe) * owed_block
+                }
+            };
+            let mut activations = held + in_flight_block + working;
+            if k == last_stage {
                 // One microbatch's logits (16-bit) and fp32 softmax with its gradient.
                 activations += tokens * vocab_local * (e + 8.0);
             }
             if k == 0 {
                 // The embedding's output and dropout mask, per microbatch in flight through
                 // the first chunk.
-                let microbatches = (in_flight_chunks(par, 0, m) as f64 / f64::from(v)).ceil();
+                let microbatches = match par.schedule {
+                    // ZB-V's first chunk: `min(2p, m)` microbatches.
+                    Schedule::ZeroBubbleV if v == 2 => (2 * u64::from(p)).min(m) as f64,
+                    _ => (in_flight_chunks(par, 0, m) as f64 / f64::from(v)).ceil(),
+                };
                 activations += microbatches * tokens * h * (e + 1.0) / sp;
             }
             // What sharding leaves whole for a while: ZeRO-2 the running unit's gradients
@@ -1226,7 +1338,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             // whose backward comes first, at the activations' peak.
             let block = (dense_block.params + dense_block.expert_params)
                 .max(moe_block.params + moe_block.expert_params);
-            let head = match k + 1 == stage_layers.len() && !model.tied {
+            let head = match k == last_stage && !model.tied {
                 true => model.spec().head_params() as f64 / t,
                 false => 0.0,
             };
@@ -1380,6 +1492,10 @@ pub(super) struct Mlp {
     pub(super) activation_us: f64,
     /// Host time its forward leaves the GPU idle (a mixture of experts' dispatch sync).
     pub(super) host_us: f64,
+    /// Its products' weight gradients (half their backward: the input and weight
+    /// gradients of a product take the same FLOPs), µs: a pass of their own under the
+    /// zero-bubble schedules.
+    pub(super) weight_us: f64,
 }
 
 /// One block's price for one microbatch on one GPU.
@@ -1391,6 +1507,8 @@ struct Block {
     forward_us: f64,
     /// The backward pass (recomputation included) with its collectives, µs.
     backward_us: f64,
+    /// The weight gradients' part of `backward_us`, µs.
+    weight_us: f64,
     /// ZeRO-3's gathers and reduce-scatters before any hiding, µs.
     zero3_us: f64,
     /// The part of them prefetching hides, µs.
@@ -1464,6 +1582,60 @@ impl Work {
     }
 }
 
+/// What one block's weight passes read while owed, per microbatch, bytes: each product's
+/// input and its output's gradient, for the products that run their weight gradients
+/// apart (with tensor parallelism, the output projection and the MLP's last product: the
+/// others read an input gathered over the tensor-parallel ranks and make their weight
+/// gradients in their backward pass). A mixture of experts' block as a dense one whose
+/// MLP is its routed tokens' experts.
+fn weight_pass_bytes(model: &Transformer, par: &Parallelism, precision: Precision) -> f64 {
+    let tokens = model.sequence as f64 / f64::from(par.context.max(1)) * par.micro_batch as f64;
+    let (h, a, kv) = (
+        model.hidden as f64,
+        model.heads as f64,
+        model.kv_heads.max(1) as f64,
+    );
+    let t = f64::from(par.tensor.max(1));
+    let e = precision.activation_bytes() as f64;
+    let (qk, v) = model.spec().head_dims();
+    let (qk, v) = (qk as f64, v as f64);
+    let ffn = match model.moe {
+        Some(moe) => (moe.expert_ffn * moe.top_k) as f64,
+        None => model.ffn as f64,
+    };
+    let matrices = model.spec().mlp_matrices() as f64;
+    // (input, output) features per token of each product on this rank.
+    let qkv = (h, (a * qk + kv * (qk + v)) / t);
+    let projection = (a * v / t, h);
+    let up = (h, matrices * ffn / t);
+    let down = (ffn / t, h);
+    let apart = match par.tensor > 1 {
+        true => vec![projection, down],
+        false => vec![qkv, projection, up, down],
+    };
+    tokens
+        * e
+        * apart
+            .iter()
+            .map(|(input, output)| input + output)
+            .sum::<f64>()
+}
+
+/// A pipeline of `stages` chunk costs, `v` a group, run through `m` microbatches in
+/// `schedule`'s order ([`Schedule::iteration_us`]), µs. The order's warm-up and cool-down
+/// span fewer than `4P` microbatches and every round between them is alike, so a long run
+/// is played for `4P` and each further microbatch adds the last one's increment.
+fn played_pipeline_us(schedule: Schedule, stages: &[StageCost], m: u64, v: usize) -> f64 {
+    let groups = stages.len() / v.max(1);
+    let played = (4 * groups as u64).max(2);
+    let at = |n: u64| schedule.iteration_us(stages, u32::try_from(n).unwrap_or(u32::MAX), v);
+    if m <= played {
+        return at(m);
+    }
+    let (last, before) = (at(played), at(played - 1));
+    last + (m - played) as f64 * (last - before)
+}
+
 /// Microbatch chunks whose activations stage `k` holds at once: all `m` under GPipe; `p − k`
 /// under 1F1B; Megatron's warm-up `2(p − k − 1) + (v − 1)p` plus one under interleaving.
 fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
@@ -1473,6 +1645,8 @@ fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
     );
     match par.schedule {
         Schedule::GPipe => m * v,
+        // ZB-V: its group's most at once ([`order::group_passes`]).
+        Schedule::ZeroBubbleV if v == 2 => (2 * p).min(m + k + 1),
         _ if v > 1 => (2 * (p - k - 1) + (v - 1) * p + 1).min(m * v),
         _ => (p - k).min(m),
     }

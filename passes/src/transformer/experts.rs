@@ -219,6 +219,7 @@ pub(super) fn expert_mlp(
             pairs * h * e,
             cx.dispatcher,
         ) + ring_all_gather_us(par.expert_tensor, intra, gathered * h * e));
+    let weight_us = products(|g| g.1) / 2.0;
     Mlp {
         forward_us: products(|g| g.0)
             + casts.0
@@ -232,6 +233,7 @@ pub(super) fn expert_mlp(
         exchange_us: (exchange, exchange),
         experts: true,
         activation_us: kernels.elementwise(m * pairs * moe.expert_ffn as f64 * e, 1.0),
+        weight_us,
         host_us: MOE_HOST_STALL_US,
     }
 }

@@ -15,6 +15,7 @@
 use ralpc_ir::{Graph, ValueId};
 
 use crate::layers::{carrier, Edge, Layer, LayerGraph, LayerKind, Producer, Split};
+use crate::plan::order::group_of_stage;
 use crate::plan::{Stage, Strategy};
 
 use super::{Estimate, Modules, Recompute};
@@ -62,7 +63,8 @@ pub fn layered(
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on
-    // rank `j mod p` (Narayanan et al.'s assignment), as the plan priced them.
+    // rank `j mod p` (Narayanan et al.'s assignment; ZB-V's V: rank `j` or `2p − 1 − j`),
+    // as the plan priced them.
     let chunk_layers = &plan.chunk_layers;
     if chunk_layers.contains(&0) {
         return refuse(
@@ -109,7 +111,7 @@ pub fn layered(
         stages.push(Stage {
             first_layer,
             last_layer,
-            first_rank: (k % pipeline) as u32 * d * t,
+            first_rank: group_of_stage(par.schedule, pipeline, k).0 as u32 * d * t,
             gpus: d * t,
         });
     }

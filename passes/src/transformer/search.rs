@@ -97,7 +97,11 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 recompute: Recompute::None,
                 sequence_parallel: false,
                 zero: 0,
-                schedule,
+                // (ZB-V needs two chunks: one stage of one runs ZB-H1's order.)
+                schedule: match schedule {
+                    Schedule::ZeroBubbleV => Schedule::ZeroBubble,
+                    s => s,
+                },
                 // Every rank holds every expert.
                 expert: 1,
                 expert_tensor: 1,
@@ -140,9 +144,14 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
         }
         layouts
     };
-    let recomputes = knobs
-        .recompute
-        .map_or_else(|| Recompute::choices(model), |given| vec![given]);
+    // The zero-bubble schedules' weight passes would outlive a recomputed run's
+    // activations: they run without recomputation (as the executable plan does).
+    let recomputes = match schedule.splits_backward() {
+        true => vec![Recompute::None],
+        false => knobs
+            .recompute
+            .map_or_else(|| Recompute::choices(model), |given| vec![given]),
+    };
     let mut best: Option<Estimate> = None;
     let mut smallest_need = f64::INFINITY;
     let mut evaluated = 0u64;
@@ -183,10 +192,17 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     let depths: Vec<(u32, bool)> = (1..=u32::try_from(model.layers / u64::from(p))
                         .unwrap_or(1))
                         .flat_map(|v| [(v, false), (v, true)])
-                        .filter(|&(v, ends)| {
-                            let interleaves =
-                                v == 1 || (schedule == Schedule::OneFOneB && m % u64::from(p) == 0);
-                            interleaves && super::split_holds(model.layers, p, v, ends)
+                        .filter(|&(v, ends)| match schedule {
+                            // ZB-V: two chunks a stage, any count of blocks each (PyTorch's
+                            // pipelining splits them so).
+                            Schedule::ZeroBubbleV => {
+                                v == 2 && model.layers >= 2 * u64::from(p) && (p > 1 || !ends)
+                            }
+                            _ => {
+                                let interleaves = v == 1
+                                    || (schedule == Schedule::OneFOneB && m % u64::from(p) == 0);
+                                interleaves && super::split_holds(model.layers, p, v, ends)
+                            }
                         })
                         .filter(|&(v, _)| knobs.virtual_stages.is_none_or(|k| k == v))
                         .filter(|&(_, ends)| knobs.ends_as_blocks.is_none_or(|k| k == ends))
@@ -581,12 +597,27 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             "the asynchronous schedule is not one of Megatron-LM's: use 1f1b or gpipe".into(),
         );
     }
-    if knobs.schedule == Some(Schedule::ZeroBubble) {
-        return bad(
-            "zb-h1 is priced and lowered for layer pipelines (--strategy pipeline); the \
-             transformer space prices 1f1b, interleaved 1f1b and gpipe"
-                .into(),
-        );
+    if let Some(schedule) = knobs.schedule.filter(|s| s.splits_backward()) {
+        let name = schedule.name();
+        if knobs.recompute.is_some_and(|r| r != Recompute::None) {
+            return bad(format!(
+                "{name} runs each weight pass after its backward, which a recomputed block's \
+                 activations would have to outlive: give --recompute none, or another schedule"
+            ));
+        }
+        if knobs.offload_activations.is_some_and(|n| n > 0)
+            || knobs.offload_optimizer.is_some_and(|f| f > 0)
+        {
+            return bad(format!(
+                "{name} is priced without offloading: drop the --offload options"
+            ));
+        }
+        if schedule == Schedule::ZeroBubbleV && knobs.virtual_stages.is_some_and(|v| v != 2) {
+            return bad("zb-v runs two chunks per stage: give --virtual-stages 2 or none".into());
+        }
+        if schedule == Schedule::ZeroBubble && knobs.virtual_stages.is_some_and(|v| v != 1) {
+            return bad("zb-h1 runs one chunk per stage: for two, use --schedule zb-v".into());
+        }
     }
     Ok(())
 }
@@ -623,6 +654,10 @@ fn offloads(
 ) -> Vec<Offload> {
     let layers = setting.model.layers;
     let has_host = setting.cluster.group_of(0).host.is_some();
+    // The zero-bubble schedules are priced without offloading.
+    if knobs.schedule.is_some_and(Schedule::splits_backward) {
+        return vec![Offload::NONE];
+    }
     let activations: Vec<u64> = match knobs.offload_activations {
         Some(n) => vec![n],
         None if has_host && pipeline == 1 && recompute == Recompute::None => {
