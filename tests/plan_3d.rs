@@ -921,8 +921,30 @@ fn zero_bubble_schedules_are_lowered_and_train_exactly() {
             "two chunks",
         ),
         (
-            &["--schedule", "zb-v", "--emit", "megatron"][..],
+            &[
+                "--schedule",
+                "zb-v",
+                "--pipeline-parallel",
+                "2",
+                "--emit",
+                "megatron",
+            ][..],
             "no zero-bubble schedule",
+        ),
+        (
+            &[
+                "--schedule",
+                "zb-h1",
+                "--pipeline-parallel",
+                "2",
+                "--emit",
+                "torchtitan",
+            ][..],
+            "InterleavedZeroBubble refuses one",
+        ),
+        (
+            &["--schedule", "zb-v", "--strategy", "pipeline"][..],
+            "a layer pipeline runs",
         ),
     ] {
         let mut args = vec!["plan", &model, "--gpus", "4", "--batch", "8"];

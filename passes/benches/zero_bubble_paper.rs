@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p ralpc-passes --bench zero_bubble_paper`
 
+#[path = "common/zero_bubble_rows.rs"]
 mod zero_bubble_rows;
 
 fn main() {

@@ -1,7 +1,7 @@
 //! The zero-bubble paper's bubble rates against ralpc's played orders
 //! (`benches/zero_bubble_rows.rs`).
 
-#[path = "../benches/zero_bubble_rows.rs"]
+#[path = "../benches/common/zero_bubble_rows.rs"]
 mod rows;
 
 /// With the paper's own pass times (Table 5), ralpc's 1F1B and ZB-H1 orders leave the

@@ -124,12 +124,10 @@ fn base(m: &Transformer) -> Option<(&'static Registered, bool)> {
 }
 
 /// torchtitan's pipeline schedule for the plan's `schedule` (`Interleaved1F1B` for virtual
-/// stages; the zero-bubble ones as PyTorch names them: ZB-H1 is its looped zero-bubble
-/// schedule with one stage a rank).
+/// stages, `ZBVZeroBubble` for ZB-V; [`torchtitan_config`] refuses ZB-H1).
 fn schedule(schedule: &str, p: &ParallelismRow) -> &'static str {
     match schedule {
         "zb-v" => "ZBVZeroBubble",
-        "zb-h1" => "InterleavedZeroBubble",
         _ if p.virtual_stages > 1 => "Interleaved1F1B",
         _ => "1F1B",
     }
@@ -148,6 +146,14 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
             report.strategy
         )));
     };
+    if report.schedule == "zb-h1" {
+        return Err(PlanError::Request(
+            "--emit torchtitan: torchtitan 0.3 runs PyTorch's zero-bubble schedules with two \
+             or more stages a GPU (its InterleavedZeroBubble refuses one); plan with \
+             --schedule zb-v or 1f1b"
+                .into(),
+        ));
+    }
     let m = &p.transformer;
     let Some((base, exact)) = base(m) else {
         return Err(PlanError::Request(

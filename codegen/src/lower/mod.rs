@@ -346,9 +346,9 @@ impl Lowering<'_, '_> {
         self.strategy.schedule.splits_backward()
     }
 
-    /// Whether layer `l` has a weight pass of its own: under zb-h1, where its backward
-    /// makes weight gradients at a cost the evaluator runs apart (not a norm's or an
-    /// embedding's reductions, nor a layer reading an input gathered again).
+    /// Whether layer `l` has a weight pass of its own: under the zero-bubble schedules,
+    /// where its backward makes weight gradients at a cost the evaluator runs apart (not a
+    /// norm's or an embedding's reductions, nor a layer reading an input gathered again).
     fn has_weight_pass(&self, l: usize) -> bool {
         self.splits_backward() && self.weight_us[l] > 0.0
     }

@@ -645,7 +645,7 @@ pub fn even_pipeline_bubble(
     (iteration - work) / iteration
 }
 
-/// Under zb-h1, what stage `k`'s owed weight passes hold ([`Strategy::weights_waiting`]
+/// Under the zero-bubble schedules, what stage `k`'s owed weight passes hold ([`Strategy::weights_waiting`]
 /// microbatches of them): each weight-passing layer's kept activations and the gradients
 /// of its output it reads — from later stages as received, from its own stage as each
 /// consumer's input-gradient buffer (whole: one buffer holds all that consumer's inputs).
@@ -660,7 +660,10 @@ fn owed_weight_passes(
         return;
     }
     let graph = costs.graph;
-    let waiting = |l: usize| f64::from(strategy.weights_waiting(stage_of[l]));
+    let owed: Vec<f64> = (0..strategy.stages.len())
+        .map(|k| f64::from(strategy.weights_waiting(k)))
+        .collect();
+    let waiting = |l: usize| owed[stage_of[l]];
     let ranks = |l: usize| {
         let first = strategy.stages[stage_of[l]].first_rank;
         first..first + strategy.layers[l].degree()

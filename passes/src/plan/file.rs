@@ -294,6 +294,12 @@ impl StrategyFile {
                 self.stages.len()
             )));
         }
+        if self.schedule == super::Schedule::ZeroBubbleV && v != 2 {
+            return Err(bad(format!(
+                "schedule zb-v runs two stages on each GPU (a V): virtual_stages must be 2, \
+                 not {v}"
+            )));
+        }
         let devices = self.stages.len() / v;
         let mut rank = 0u32;
         for (k, s) in self.stages.iter().enumerate() {

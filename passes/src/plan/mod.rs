@@ -397,9 +397,8 @@ impl Strategy {
             let p = n / 2;
             let mirrored = (0..p).all(|k| same(&self.stages[k], &self.stages[n - 1 - k]));
             let apart = (1..p).all(|k| !same(&self.stages[k], first));
-            if mirrored && apart {
-                return 2;
-            }
+            // (Any other layout is no V: its stages share no ranks as ZB-V runs them.)
+            return if mirrored && apart { 2 } else { 1 };
         }
         let devices = (1..n).find(|&k| same(&self.stages[k], first)).unwrap_or(n);
         let cyclic =
@@ -633,5 +632,27 @@ mod tests {
         assert_eq!(strategy.hybrid_groups(&[]), (vec![vec![]], vec![]));
         strategy.shard_groups = 1;
         assert_eq!(strategy.hybrid_groups(&[0, 1]), (vec![vec![0, 1]], vec![]));
+    }
+
+    /// Under zb-v only a V of stages (group g holding stages g and 2P − 1 − g) takes two
+    /// stages a group; the interleaved layout of the same ranks is no V.
+    #[test]
+    fn zb_v_takes_only_a_v_of_stages() {
+        let stage = |first_layer, first_rank| Stage {
+            first_layer,
+            last_layer: first_layer,
+            first_rank,
+            gpus: 1,
+        };
+        let mut strategy = Strategy::data_parallel(4, 1);
+        strategy.schedule = Schedule::ZeroBubbleV;
+        strategy.stages = vec![stage(0, 0), stage(1, 1), stage(2, 1), stage(3, 0)];
+        assert_eq!(strategy.virtual_stages(), 2);
+        strategy.stages = vec![stage(0, 0), stage(1, 1), stage(2, 0), stage(3, 1)];
+        assert_eq!(strategy.virtual_stages(), 1);
+        strategy.schedule = Schedule::OneFOneB;
+        assert_eq!(strategy.virtual_stages(), 2);
+        // Stages past the V's are no one's mirror.
+        assert_eq!(order::group_of_stage(Schedule::ZeroBubbleV, 1, 2), (0, 2));
     }
 }

@@ -75,7 +75,7 @@ pub fn stage_of_chunk(schedule: Schedule, groups: usize, chunk: usize, g: usize)
 pub fn group_of_stage(schedule: Schedule, groups: usize, k: usize) -> (usize, usize) {
     let groups = groups.max(1);
     match schedule {
-        Schedule::ZeroBubbleV if k >= groups => (2 * groups - 1 - k, 1),
+        Schedule::ZeroBubbleV if (groups..2 * groups).contains(&k) => (2 * groups - 1 - k, 1),
         _ => (k % groups, k / groups),
     }
 }

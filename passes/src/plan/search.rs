@@ -140,6 +140,14 @@ pub fn plan(costs: &Costs<'_>, request: &Request) -> Result<Planned, PlanError> 
             "{m} microbatches cut the batch, but this model's samples cannot be split: {why}"
         )));
     }
+    if wants(Family::Pipeline) && request.schedule == Some(Schedule::ZeroBubbleV) {
+        return Err(PlanError::Request(
+            "zb-v runs two chunks of a transformer's blocks on each GPU: it plans a GPT-like \
+             model's 3d plan (or a strategy file's V of stages); a layer pipeline runs 1f1b, \
+             gpipe, async or zb-h1"
+                .into(),
+        ));
+    }
     if wants(Family::Pipeline) {
         let schedules = request
             .schedule

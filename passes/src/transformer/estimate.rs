@@ -1054,7 +1054,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                     if j + 1 == chunk_counts.len() {
                         total += head.total();
                         forward += head_fwd;
-                        weight += head_bwd / 2.0;
+                        weight += head_bwd / 2.0 * gathered_apart;
                     }
                     StageCost {
                         microbatch_us: total,
@@ -1114,7 +1114,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .max_by(|&x, &y| all_params(x).total_cmp(&all_params(y)))
         .unwrap_or(0);
     let (fullest_params, fullest_experts) = stage_params[fullest_stage];
-    let hide_backward = of_stage(fullest_stage, |b| b.backward_us);
+    // (Under the zero-bubble schedules the last weight passes launch the buckets: they
+    // hide behind those.)
+    let hide_backward = match par.schedule.splits_backward() {
+        true => of_stage(fullest_stage, |b| b.weight_us),
+        false => of_stage(fullest_stage, |b| b.backward_us),
+    };
     let hide_forward = of_stage(fullest_stage, |b| b.forward_us);
     let bucket = (GRADIENT_BUCKET_PARAMS.max(1e6 * d)
         / (fullest_params + fullest_experts).max(1.0))
@@ -1233,8 +1238,14 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
-    // What one block's owed weight passes keep per microbatch (zero-bubble schedules).
+    // What one block's owed weight passes keep per microbatch (zero-bubble schedules), and
+    // the head's, where it runs its weight pass apart (its input whole: no tensor
+    // parallelism): its input and the logits' gradient.
     let owed_block = weight_pass_bytes(model, par, precision);
+    let owed_head = |holds: bool| match holds && par.tensor <= 1 {
+        true => tokens * (h + vocab_local) * e,
+        false => 0.0,
+    };
     let stage_memory: Vec<(MemoryBreakdown, f64)> = stage_layers
         .iter()
         .enumerate()
@@ -1297,7 +1308,8 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                                 + (moe - full_moe) * per_block.1
                                 + full_dense * per_full_block.0
                                 + full_moe * per_full_block.1)
-                            + f64::from(w) * (dense + moe) * owed_block
+                            + f64::from(w)
+                                * ((dense + moe) * owed_block + owed_head(c == 1 && k == 0))
                     })
                 }
                 // ZB-H1: 1F1B's microbatches in flight, and `min(p, m) − min(p − k, m)`
@@ -1314,7 +1326,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                             + (moe - moe_off - full_moe) * per_block.1
                             + full_dense * per_full_block.0
                             + full_moe * per_full_block.1)
-                        + owed * (dense + moe) * owed_block
+                        + owed * ((dense + moe) * owed_block + owed_head(k == last_stage))
                 }
             };
             let mut activations = held + in_flight_block + working;
@@ -1637,7 +1649,9 @@ fn played_pipeline_us(schedule: Schedule, stages: &[StageCost], m: u64, v: usize
 }
 
 /// Microbatch chunks whose activations stage `k` holds at once: all `m` under GPipe; `p − k`
-/// under 1F1B; Megatron's warm-up `2(p − k − 1) + (v − 1)p` plus one under interleaving.
+/// under 1F1B; Megatron's warm-up `2(p − k − 1) + (v − 1)p` plus one under interleaving;
+/// under ZB-V its first chunk's `min(m, 2p − k − 1)` and its second's `min(m, k + 1)`
+/// ([`order::group_passes`]: at most `2p`).
 fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
     let (p, v) = (
         u64::from(par.pipeline.max(1)),
@@ -1646,7 +1660,7 @@ fn in_flight_chunks(par: &Parallelism, k: u64, m: u64) -> u64 {
     match par.schedule {
         Schedule::GPipe => m * v,
         // ZB-V: its group's most at once ([`order::group_passes`]).
-        Schedule::ZeroBubbleV if v == 2 => (2 * p).min(m + k + 1),
+        Schedule::ZeroBubbleV if v == 2 => m.min(2 * p - k - 1) + m.min(k + 1),
         _ if v > 1 => (2 * (p - k - 1) + (v - 1) * p + 1).min(m * v),
         _ => (p - k).min(m),
     }

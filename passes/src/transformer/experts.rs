@@ -219,7 +219,15 @@ pub(super) fn expert_mlp(
             pairs * h * e,
             cx.dispatcher,
         ) + ring_all_gather_us(par.expert_tensor, intra, gathered * h * e));
-    let weight_us = products(|g| g.1) / 2.0;
+    // Weight gradients apart (zero-bubble schedules) but for the products reading an
+    // input gathered over their ranks: the experts' first under expert tensor parallelism,
+    // the shared experts' first under tensor parallelism.
+    let gathered = if par.expert_tensor > 1 { fc1.1 } else { 0.0 }
+        + match (par.tensor > 1, shared.first()) {
+            (true, Some(first)) => first.1,
+            _ => 0.0,
+        };
+    let weight_us = (products(|g| g.1) - gathered) / 2.0;
     Mlp {
         forward_us: products(|g| g.0)
             + casts.0

@@ -97,10 +97,10 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 recompute: Recompute::None,
                 sequence_parallel: false,
                 zero: 0,
-                // (ZB-V needs two chunks: one stage of one runs ZB-H1's order.)
-                schedule: match schedule {
-                    Schedule::ZeroBubbleV => Schedule::ZeroBubble,
-                    s => s,
+                // (One stage has no bubble to fill: 1F1B's order.)
+                schedule: match schedule.splits_backward() {
+                    true => Schedule::OneFOneB,
+                    false => schedule,
                 },
                 // Every rank holds every expert.
                 expert: 1,

@@ -6,7 +6,7 @@
 use ralpc_passes::plan::{even_pipeline_bubble, Schedule};
 use serde_json::Value;
 
-const RATES: &str = include_str!("../../fixtures/anchors/zero-bubble/bubble-rates.json");
+const RATES: &str = include_str!("../../../fixtures/anchors/zero-bubble/bubble-rates.json");
 
 /// One published bubble rate beside ralpc's.
 #[derive(Debug)]
