@@ -9,7 +9,8 @@ use ralpc_passes::cluster::{Link, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::{Family, Schedule};
 use ralpc_passes::transformer::{
-    Attention, Dispatcher, ExpertOptions, Knobs, Modules, Recompute, DEFAULT_EXPERT_IMBALANCE,
+    Attention, ContextComm, Dispatcher, ExpertOptions, Knobs, Modules, Recompute,
+    DEFAULT_EXPERT_IMBALANCE,
 };
 use ralpc_passes::units::{parse_bandwidth, parse_bytes, parse_latency};
 
@@ -141,11 +142,18 @@ pub struct PlanArgs {
     /// Pipeline stages [default: searched].
     #[arg(long, value_name = "P", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub pipeline_parallel: Option<u32>,
-    /// GPUs splitting each sequence (Megatron-Core's ring attention: key/value chunks passed
-    /// around the group behind the attention blocks, two chunks a rank for causal balance)
-    /// [default: searched].
+    /// GPUs splitting each sequence, two chunks a rank for causal balance, exchanging keys
+    /// and values as --cp-comm-type says [default: searched].
     #[arg(long, value_name = "C", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub context_parallel: Option<u32>,
+    /// How a context-parallel group exchanges keys and values (Megatron-Core's names): p2p
+    /// passes chunks around a ring behind the attention; all_gather gathers the whole
+    /// sequence's keys and values first (Llama 3's form, exposed, small under grouped-query
+    /// attention); a2a is DeepSpeed-Ulysses, all-to-alls trading positions for heads
+    /// (exposed; heads and key/value heads per tensor-parallel rank must divide by C)
+    /// [default: searched].
+    #[arg(long, value_name = "FORM", help_heading = "Transformer (3d) plans", value_parser = ["p2p", "all_gather", "a2a"])]
+    pub cp_comm_type: Option<String>,
     /// Model chunks per GPU: interleaved 1F1B above 1 [default: searched].
     #[arg(long, value_name = "V", help_heading = "Transformer (3d) plans", value_parser = clap::value_parser!(u32).range(1..))]
     pub virtual_stages: Option<u32>,
@@ -345,6 +353,7 @@ impl PlanArgs {
                 tensor: args.tensor_parallel,
                 pipeline: args.pipeline_parallel,
                 context: args.context_parallel,
+                context_comm: args.cp_comm_type.as_deref().and_then(ContextComm::parse),
                 virtual_stages: args.virtual_stages,
                 micro_batch: args.micro_batch_size,
                 recompute: match (args.recompute_modules, args.recompute_num_layers) {

@@ -1319,6 +1319,16 @@ fn megatron_refuses(args: &str) -> Option<String> {
     if cp > 1 && value("--seq-length").is_none_or(|s| s % (2 * cp) != 0) {
         return Some("a sequence not a multiple of 2 × the context-parallel size".into());
     }
+    // Transformer Engine's all-to-all context parallelism splits each tensor-parallel
+    // rank's query and key/value heads over the group.
+    if cp > 1 && flags.contains(&"--cp-comm-type a2a") {
+        let tp = value("--tensor-model-parallel-size").unwrap_or(1);
+        let heads = value("--num-attention-heads").unwrap_or(0);
+        let groups = value("--num-query-groups").unwrap_or(heads);
+        if (heads / tp) % cp != 0 || (groups / tp.min(groups.max(1))) % cp != 0 {
+            return Some("a2a context parallelism over heads that do not divide".into());
+        }
+    }
     if has("--tp-comm-overlap") && !has("--sequence-parallel") {
         return Some("--tp-comm-overlap without --sequence-parallel".into());
     }
@@ -1487,14 +1497,19 @@ fn megatron_accepts_the_arguments_ralpc_emits() {
     ]);
     let args = emitted("interleaved", &interleaved);
     assert_eq!(megatron_refuses(&args), None, "{args}");
-    // Context parallelism, priced (not lowered yet) and emitted as Megatron-Core's ring.
-    let mut context = vec![model.as_str()];
-    context.extend(SELENE_32);
-    context.extend(["--tensor-parallel", "2", "--context-parallel", "4"]);
-    let args = emitted("context", &context);
-    assert_eq!(megatron_refuses(&args), None, "{args}");
-    for needle in ["--context-parallel-size 4\n", "--cp-comm-type p2p\n"] {
-        assert!(args.contains(needle), "`{needle}` not in:\n{args}");
+    // Context parallelism, priced (not lowered yet) in each of Megatron-Core's forms and
+    // emitted as the one priced.
+    for form in ["p2p", "all_gather", "a2a"] {
+        let mut context = vec![model.as_str()];
+        context.extend(SELENE_32);
+        context.extend(["--tensor-parallel", "2", "--context-parallel", "4"]);
+        context.extend(["--cp-comm-type", form]);
+        let args = emitted(&format!("context-{form}"), &context);
+        assert_eq!(megatron_refuses(&args), None, "{args}");
+        let form = format!("--cp-comm-type {form}\n");
+        for needle in ["--context-parallel-size 4\n", &form] {
+            assert!(args.contains(needle), "`{needle}` not in:\n{args}");
+        }
     }
     let fp8 = emitted(
         "fp8",

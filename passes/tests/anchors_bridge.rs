@@ -17,8 +17,8 @@ use ralpc_passes::cluster::{Cluster, Precision};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    estimate, Attention, Dispatcher, Estimate, Modules, Offload, Overlap, Parallelism, Recompute,
-    Setting, Transformer,
+    estimate, Attention, ContextComm, Dispatcher, Estimate, Modules, Offload, Overlap, Parallelism,
+    Recompute, Setting, Transformer,
 };
 use serde_json::Value;
 
@@ -101,6 +101,9 @@ fn runs() -> Vec<Run> {
                 layout: Parallelism {
                     tensor: tp,
                     context: n("cp") as u32,
+                    // Megatron-Bridge's Llama recipes leave `cp_comm_type` unset:
+                    // Megatron-Core's ring (p2p).
+                    context_comm: ContextComm::Ring,
                     pipeline: n("pp") as u32,
                     data: n("dp") as u32,
                     micro_batch: n("mbs"),

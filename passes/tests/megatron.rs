@@ -18,8 +18,8 @@ use ralpc_passes::cost::rates::{Rates, IN_STEP};
 use ralpc_passes::cost::Optimizer;
 use ralpc_passes::plan::Schedule;
 use ralpc_passes::transformer::{
-    block_activation_bytes, estimate, search, Attention, Dispatcher, Knobs, Modules, Offload,
-    Overlap, Parallelism, Recompute, Setting, Transformer,
+    block_activation_bytes, estimate, search, Attention, ContextComm, Dispatcher, Knobs, Modules,
+    Offload, Overlap, Parallelism, Recompute, Setting, Transformer,
 };
 
 /// One row of Table 1.
@@ -266,6 +266,69 @@ fn long_sequences_are_planned_with_context_parallelism() {
     assert!(flat.iteration_time_us > best.iteration_time_us);
 }
 
+/// Context parallelism's three forms (issue 59 item 1) priced by their volumes: Llama 3 8B
+/// at sequence 131,072 on a DGX H100, one sequence split over its 8 GPUs. The ring's
+/// exchanges hide behind the long attention; the all-gather moves `3(c − 1)` chunks of keys
+/// and values a block (a gather each way and a reduce-scatter) and Ulysses' all-to-alls
+/// `2(c − 1)/c` of the queries, keys, values and outputs, none of it hidden: at 32 query
+/// and 8 key/value heads the all-to-alls take `2·(6 + 4)/(3·8·2) = 0.42` of the
+/// all-gather's time. With 8 tensor-parallel ranks a rank holds one key/value head, which
+/// Ulysses cannot split: the search does not try it.
+#[test]
+fn context_parallel_forms_are_priced_by_their_volumes() {
+    let spec = GptSpec::llama(32, 4096, 32, 8, 14336, 131_072, 128_256);
+    let model = Transformer::from(&spec);
+    let cluster = Cluster::preset("dgx-h100").unwrap();
+    let setting = bf16_adam(&model, &cluster, 8, 1);
+    let at = |context_comm| {
+        let e = estimate(
+            &setting,
+            &Parallelism {
+                context: 8,
+                context_comm,
+                recompute: Recompute::Full,
+                ..Parallelism::one_gpu(1)
+            },
+        );
+        println!(
+            "{context_comm:?}: {:.1} ms exposed",
+            e.time.context_comm_us / 1e3
+        );
+        e.time.context_comm_us
+    };
+    let (ring, gather, ulysses) = (
+        at(ContextComm::Ring),
+        at(ContextComm::AllGather),
+        at(ContextComm::AllToAll),
+    );
+    assert!(
+        ring < ulysses && ulysses < gather,
+        "{ring} {ulysses} {gather}"
+    );
+    let ratio = ulysses / gather;
+    assert!((ratio / (20.0 / 48.0) - 1.0).abs() < 0.1, "{ratio}");
+    // The search picks among them, and skips Ulysses where a rank's key/value heads do not
+    // split.
+    let two_nodes = Cluster::preset("dgx-h100").unwrap().times(2);
+    let sixteen = bf16_adam(&model, &two_nodes, 16, 2);
+    let searched = |tensor, context, context_comm| {
+        let knobs = Knobs {
+            tensor: Some(tensor),
+            context: Some(context),
+            context_comm,
+            ..Knobs::default()
+        };
+        search(&sixteen, &knobs).map(|s| s.best.parallelism.context_comm)
+    };
+    assert_eq!(
+        searched(1, 8, Some(ContextComm::AllToAll)).unwrap(),
+        ContextComm::AllToAll
+    );
+    let refused = searched(8, 2, Some(ContextComm::AllToAll)).unwrap_err();
+    assert!(refused.to_string().contains("key/value heads"), "{refused}");
+    assert_ne!(searched(8, 2, None).unwrap(), ContextComm::AllToAll);
+}
+
 /// A million tokens a sequence (issue 59's upper end): Llama 3 8B's shape at 1,048,576 on
 /// 1,024 H100s is planned with context parallelism, each rank's activations and the
 /// attention's chunks sized per context-parallel rank, and fits.
@@ -385,6 +448,7 @@ fn activations_follow_korthikanti() {
                 let par = Parallelism {
                     tensor: t,
                     context: 1,
+                    context_comm: ContextComm::Ring,
                     pipeline: 1,
                     data: 1,
                     micro_batch: b,
@@ -499,6 +563,7 @@ fn knobs_are_checked_with_their_names() {
         tensor: Some(2),
         pipeline: Some(2),
         context: Some(1),
+        context_comm: Some(ContextComm::Ring),
         virtual_stages: Some(1),
         micro_batch: Some(4),
         recompute: Some(Recompute::Selective),
@@ -826,6 +891,7 @@ fn recomputing_modules_trades_time_for_memory() {
                 &Parallelism {
                     tensor: 2,
                     context: 1,
+                    context_comm: ContextComm::Ring,
                     pipeline: 1,
                     data: 4,
                     micro_batch: 1,

@@ -49,9 +49,12 @@ pub fn megatron_arguments(report: &PlanReport) -> Result<String, PlanError> {
         format!("--pipeline-model-parallel-size {}", p.pipeline_parallel),
     ];
     if p.context_parallel > 1 {
-        // Ring attention (Megatron-Core's point-to-point key/value exchange), as priced.
+        // The key/value exchange the plan priced.
         args.push(format!("--context-parallel-size {}", p.context_parallel));
-        args.push("--cp-comm-type p2p".into());
+        args.push(format!(
+            "--cp-comm-type {}",
+            p.cp_comm_type.unwrap_or("p2p")
+        ));
     }
     let chunks = u64::from(p.pipeline_parallel * p.virtual_stages).max(1);
     let places = ralpc_passes::transformer::split_places(m.layers, p.ends_as_blocks);

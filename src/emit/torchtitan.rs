@@ -198,6 +198,24 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
             }
         ));
     }
+    // torchtitan's context parallelism is PyTorch's `context_parallel`, whose keys and
+    // values are all-gathered (its default rotate method, `_RotateMethod.ALL_GATHER`).
+    match p.cp_comm_type {
+        Some("a2a") => {
+            return Err(PlanError::Request(
+                "--emit torchtitan: torchtitan's context parallelism has no all-to-all \
+                 (DeepSpeed-Ulysses) form; plan with --cp-comm-type all_gather or p2p"
+                    .into(),
+            ))
+        }
+        Some("p2p") => notes.push(
+            "torchtitan's context parallelism all-gathers each block's keys and values \
+             (PyTorch's default rotate method) where the plan priced a ring (p2p): \
+             --cp-comm-type all_gather prices what it runs"
+                .into(),
+        ),
+        _ => {}
+    }
     let reshard = match p.zero {
         3 => "always",
         _ => "never",

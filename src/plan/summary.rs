@@ -209,6 +209,10 @@ pub struct ParallelismRow {
     pub pipeline_parallel: u32,
     /// Ranks splitting each sequence (context parallelism).
     pub context_parallel: u32,
+    /// How they exchange keys and values (`p2p`, `all_gather`, `a2a`: Megatron-Core's
+    /// `--cp-comm-type`); absent without context parallelism.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cp_comm_type: Option<&'static str>,
     /// Data-parallel replicas.
     pub data_parallel: u32,
     /// Expert-parallel degree: ranks a mixture of experts' routed experts are spread over
@@ -570,6 +574,7 @@ pub(super) fn transformer(
             tensor_parallel: par.tensor,
             pipeline_parallel: par.pipeline,
             context_parallel: par.context,
+            cp_comm_type: (par.context > 1).then(|| par.context_comm.name()),
             data_parallel: par.data,
             expert_parallel: par.expert,
             expert_tensor_parallel: par.expert_tensor,

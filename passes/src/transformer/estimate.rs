@@ -43,7 +43,7 @@ use crate::profile::Profile;
 
 use super::experts::{expert_mlp, Dispatcher, ExpertContext};
 use super::kernels::Kernels;
-use super::{Attention, Modules, Parallelism, Recompute, Transformer};
+use super::{Attention, ContextComm, Modules, Parallelism, Recompute, Transformer};
 
 /// Megatron-Core's gradient bucket, parameters (`--ddp-bucket-size`'s default,
 /// `max(40,000,000, 1,000,000 · d)`, `megatron/core/distributed/distributed_data_parallel.py`):
@@ -713,22 +713,43 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     let edp_size = (expert_data / copies).max(1);
     let edp = DataParallel::new(cluster, expert_ranks, edp_size, gpn);
     let expert_groups = DataParallel::new(cluster, expert_ranks * edp_size, copies, gpn);
-    // Context parallelism: keys and values go around the ring of `c` ranks (`t` apart) in
-    // `c − 1` steps, each behind the attention of the chunk a rank holds; the backward pass
-    // sends them again with their gradients. Each step is its own attention kernel and its
-    // own send and receive (Megatron-Core's ring attention launches them step by step), so
-    // `c − 1` more attention launches and `c − 1` exchanges' launches each way show.
-    let (context_fwd, context_bwd) = if par.context > 1 {
-        let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
-        let kv = tokens * model.kv_heads as f64 / t * (qk_dim + v_dim) * e;
-        let steps = c - 1.0;
-        let launches = 2.0 * steps * launch_us;
-        (
-            hide(steps * link.transfer_us(kv), core_fwd, 1.0 / c).0 + launches,
-            hide(2.0 * steps * link.transfer_us(kv), core_bwd, 1.0 / c).0 + launches,
-        )
-    } else {
-        (0.0, 0.0)
+    // Context parallelism over `c` ranks `t` apart, by its form (`ContextComm`):
+    // * ring: keys and values go around the ring in `c − 1` steps, each behind the
+    //   attention of the chunk a rank holds; the backward pass sends them again with their
+    //   gradients. Each step is its own attention kernel and its own send and receive
+    //   (Megatron-Core's ring attention launches them step by step), so `c − 1` more
+    //   attention launches and `c − 1` exchanges' launches each way show;
+    // * all-gather: the whole sequence's keys and values gathered before the attention and
+    //   again for its backward, their gradients reduce-scattered after it, none of it
+    //   overlapped;
+    // * all-to-all (Ulysses): the queries, keys and values turned from this rank's
+    //   positions of its heads into every position of `1/c` of them, the output back, each
+    //   way in the backward pass too, none of it overlapped.
+    let kv = tokens * model.kv_heads as f64 / t * (qk_dim + v_dim) * e;
+    let (context_fwd, context_bwd) = match (par.context > 1, par.context_comm) {
+        (false, _) => (0.0, 0.0),
+        (true, ContextComm::Ring) => {
+            let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
+            let steps = c - 1.0;
+            let launches = 2.0 * steps * launch_us;
+            (
+                hide(steps * link.transfer_us(kv), core_fwd, 1.0 / c).0 + launches,
+                hide(2.0 * steps * link.transfer_us(kv), core_bwd, 1.0 / c).0 + launches,
+            )
+        }
+        (true, ContextComm::AllGather) => {
+            let link = per_gpu_link(cluster, 0, par.tensor * (par.context - 1), gpn);
+            let gather = ring_all_gather_us(par.context, link, c * kv);
+            (gather, 2.0 * gather)
+        }
+        (true, ContextComm::AllToAll) => {
+            let a2a = |bytes: f64| {
+                super::experts::group_all_to_all_us(cluster, (par.context, par.tensor), bytes)
+            };
+            let qkv = tokens * (a * qk_dim / t) * e + kv;
+            let out = tokens * (a * v_dim / t) * e;
+            (a2a(qkv) + a2a(out), a2a(out) + a2a(qkv))
+        }
     };
     // One block with `mlp`, whose parameters on this rank are `params` (sharded over the
     // data-parallel ranks) and `expert_params` (over the expert-data-parallel ranks).
@@ -1238,6 +1259,12 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
     } else {
         0.0
     };
+    // The all-gather form's whole keys and values while a block's attention runs, and
+    // their gradients in its backward pass.
+    let gathered_kv = match par.context_comm {
+        ContextComm::AllGather if par.context > 1 => 2.0 * (c - 1.0) * kv,
+        _ => 0.0,
+    };
     // What one block's owed weight passes keep per microbatch (zero-bubble schedules), and
     // the head's, where it runs its weight pass apart (its input whole: no tensor
     // parallelism): its input and the logits' gradient.
@@ -1360,7 +1387,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
                 2 => unit * grad_e,
                 3 => (unit + block) * e + unit * grad_e,
                 _ => 0.0,
-            };
+            } + gathered_kv;
             let gradients = sharded(2) * grad_e;
             // ralpc's executor makes a weight's gradient at its first backward (Megatron-
             // LM's contiguous gradient buffer holds them from the start). A stage that runs

@@ -305,34 +305,58 @@ fn all_to_all_us(
     bytes: f64,
     dispatcher: Dispatcher,
 ) -> f64 {
-    if ep <= 1 {
+    let k = moe.top_k.max(1) as f64;
+    spread_all_to_all_us(
+        cluster,
+        (ep, stride),
+        bytes,
+        |nodes, within| match dispatcher {
+            Dispatcher::AllToAll => (f64::from(ep) - within) / f64::from(ep),
+            Dispatcher::Flex => {
+                let nodes_f = f64::from(nodes);
+                nodes_reached(nodes, moe) * (nodes_f - 1.0) / nodes_f / k
+            }
+        },
+    )
+}
+
+/// One all-to-all over a group of `n` ranks `stride` apart in which every rank sends
+/// `bytes` spread evenly over the group, µs: NVLink inside a node (or an NVLink domain),
+/// each GPU's share of its node's NICs across.
+pub(super) fn group_all_to_all_us(cluster: &Cluster, (n, stride): (u32, u32), bytes: f64) -> f64 {
+    spread_all_to_all_us(cluster, (n, stride), bytes, |_, within| {
+        (f64::from(n) - within) / f64::from(n)
+    })
+}
+
+/// [`group_all_to_all_us`] with the share of `bytes` that leaves the node given by
+/// `remote(nodes, members per node)`.
+fn spread_all_to_all_us(
+    cluster: &Cluster,
+    (n, stride): (u32, u32),
+    bytes: f64,
+    remote: impl FnOnce(u32, f64) -> f64,
+) -> f64 {
+    if n <= 1 {
         return 0.0;
     }
-    let n = f64::from(ep);
+    let ranks = f64::from(n);
     if let Some(flat) = cluster.flat {
-        return flat.latency_us + bytes * (n - 1.0) / n / flat.bandwidth * 1e6;
+        return flat.latency_us + bytes * (ranks - 1.0) / ranks / flat.bandwidth * 1e6;
     }
     let group = cluster.group_of(0);
     let gpn = group.gpus_per_node.max(1);
     // Members of the group on one node.
-    let local = (gpn / stride.max(1)).clamp(1, ep);
+    let local = (gpn / stride.max(1)).clamp(1, n);
     let intra = group.intra_node;
     let within = f64::from(local);
-    let intra_us = intra.latency_us + bytes * (within - 1.0) / n / intra.bandwidth * 1e6;
-    let nodes = ep.div_ceil(local);
+    let intra_us = intra.latency_us + bytes * (within - 1.0) / ranks / intra.bandwidth * 1e6;
+    let nodes = n.div_ceil(local);
     if nodes <= 1 {
         return intra_us;
     }
     let across = per_gpu_link(cluster, 0, gpn.min(cluster.gpu_count()), gpn);
-    let k = moe.top_k.max(1) as f64;
-    let remote = match dispatcher {
-        Dispatcher::AllToAll => (n - within) / n,
-        Dispatcher::Flex => {
-            let nodes_f = f64::from(nodes);
-            nodes_reached(nodes, moe) * (nodes_f - 1.0) / nodes_f / k
-        }
-    };
-    let inter_us = across.latency_us + bytes * remote / across.bandwidth * 1e6;
+    let inter_us = across.latency_us + bytes * remote(nodes, within) / across.bandwidth * 1e6;
     intra_us.max(inter_us)
 }
 

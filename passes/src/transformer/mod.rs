@@ -316,6 +316,56 @@ impl Attention {
     }
 }
 
+/// How a context-parallel group gives each rank the keys and values of the positions it
+/// does not hold (Megatron-Core's `--cp-comm-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+pub enum ContextComm {
+    /// Ring attention (`p2p`): each rank's key/value chunk passed around the ring in
+    /// `c − 1` steps, each step behind the attention of the chunk it holds (Megatron-Core's
+    /// default; Liu et al., "Ring Attention", 2023). The backward pass sends them again with
+    /// their gradients.
+    #[default]
+    #[serde(rename = "p2p")]
+    Ring,
+    /// All-gather (`all_gather`): every rank gathers the whole sequence's keys and values
+    /// before its attention, and reduce-scatters their gradients after the backward — the
+    /// form Llama 3 trained with (Dubey et al., 2024, §3.3.2), not overlapped ("The
+    /// all-gather is not async, and cannot be overlapped": Megatron-Core's
+    /// `TransformerConfig.cp_comm_type`), small under grouped-query attention.
+    #[serde(rename = "all_gather")]
+    AllGather,
+    /// DeepSpeed-Ulysses (`a2a`; Jacobs et al., 2023): all-to-alls turn each rank's
+    /// positions of every head into every position of its heads before the attention, and
+    /// back after it (the backward pass the same, reversed); every query, key and value and
+    /// the output cross the group, not overlapped. The heads (and key/value heads) of a
+    /// tensor-parallel rank must divide by the group (Transformer Engine's check).
+    #[serde(rename = "a2a")]
+    AllToAll,
+}
+
+impl ContextComm {
+    /// Every form, in the order the search tries them.
+    pub const ALL: [ContextComm; 3] = [
+        ContextComm::Ring,
+        ContextComm::AllGather,
+        ContextComm::AllToAll,
+    ];
+
+    /// Its name on the command line and in Megatron-Core's `--cp-comm-type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContextComm::Ring => "p2p",
+            ContextComm::AllGather => "all_gather",
+            ContextComm::AllToAll => "a2a",
+        }
+    }
+
+    /// Parses `p2p`, `all_gather` or `a2a`.
+    pub fn parse(name: &str) -> Option<ContextComm> {
+        ContextComm::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
 /// What is recomputed in the backward pass instead of stashed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -535,10 +585,11 @@ pub struct Parallelism {
     /// Tensor-parallel degree `t` (GPUs of one node splitting every block).
     pub tensor: u32,
     /// Context-parallel degree `c`: each sequence cut into `c` pieces of positions on as
-    /// many GPUs, attention passing keys and values around them in a ring (Megatron-Core's
-    /// `--context-parallel-size` with `--cp-comm-type p2p`). Priced; not searched or lowered
-    /// yet.
+    /// many GPUs (Megatron-Core's `--context-parallel-size`), the attention's keys and
+    /// values exchanged as `context_comm` says. Priced and searched; not lowered yet.
     pub context: u32,
+    /// How the context-parallel group exchanges keys and values (`--cp-comm-type`).
+    pub context_comm: ContextComm,
     /// Pipeline stages `p`.
     pub pipeline: u32,
     /// Data-parallel replicas `d`.
@@ -620,6 +671,7 @@ impl Parallelism {
         Parallelism {
             tensor: 1,
             context: 1,
+            context_comm: ContextComm::Ring,
             pipeline: 1,
             data: 1,
             micro_batch,

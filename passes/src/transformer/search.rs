@@ -12,7 +12,7 @@
 use serde::Serialize;
 
 use super::estimate::{estimate, Estimate, Setting};
-use super::{Modules, Offload, Parallelism, Recompute};
+use super::{ContextComm, Modules, Offload, Parallelism, Recompute};
 use crate::cost::Optimizer;
 use crate::plan::{PlanError, Schedule};
 
@@ -51,6 +51,8 @@ pub struct Knobs {
     /// `--pipeline-split`: whether the embedding and the loss take a block's place each
     /// in the pipeline split.
     pub ends_as_blocks: Option<bool>,
+    /// `--cp-comm-type`: how a context-parallel group exchanges keys and values.
+    pub context_comm: Option<ContextComm>,
 }
 
 /// The search's result.
@@ -90,6 +92,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             &Parallelism {
                 tensor: 1,
                 context: 1,
+                context_comm: ContextComm::Ring,
                 pipeline: 1,
                 data: d as u32,
                 micro_batch: batch / d,
@@ -171,6 +174,22 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 .filter(|&c| c == 1 || (long_sequence && model.sequence % (2 * u64::from(c)) == 0))
                 .filter(|&c| knobs.context.is_none_or(|k| k == c))
                 .collect();
+            // Each context-parallel degree in every form that splits its heads (or the one
+            // given). A form changes only the blocks' key/value exchange, whose time depends
+            // on the tensor and context degrees and the micro-batch alone: the forms are
+            // ranked by it once per (c, b) (`ranked`), and each point is priced in the
+            // fastest that fits.
+            let forms = |c: u32| -> Vec<ContextComm> {
+                match c {
+                    1 => vec![ContextComm::Ring],
+                    _ => (ContextComm::ALL.into_iter())
+                        .filter(|&f| knobs.context_comm.is_none_or(|k| k == f))
+                        .filter(|&f| f != ContextComm::AllToAll || ulysses_splits(model, t, c))
+                        .collect(),
+                }
+            };
+            let mut ranked: std::collections::HashMap<(u32, u64), Vec<ContextComm>> =
+                std::collections::HashMap::new();
             for c in contexts {
                 let d = gpus / (t * p * c);
                 if batch % u64::from(d) != 0 {
@@ -252,6 +271,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                             let par = Parallelism {
                                                 tensor: t,
                                                 context: c,
+                                                context_comm: ContextComm::Ring,
                                                 pipeline: p,
                                                 data: d,
                                                 micro_batch: b,
@@ -266,8 +286,73 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                 shard_groups,
                                                 ends_as_blocks,
                                             };
-                                            let e = estimate(setting, &par);
+                                            let candidates = forms(c);
+                                            let order = match candidates.len() {
+                                                0 | 1 => candidates,
+                                                _ => ranked
+                                                    .entry((c, b))
+                                                    .or_insert_with(|| {
+                                                        let mut timed: Vec<(f64, ContextComm)> =
+                                                            (candidates.into_iter())
+                                                                .map(|context_comm| {
+                                                                    evaluated += 1;
+                                                                    let e = estimate(
+                                                                        setting,
+                                                                        &Parallelism {
+                                                                            context_comm,
+                                                                            ..par
+                                                                        },
+                                                                    );
+                                                                    (
+                                                                        e.time.context_comm_us,
+                                                                        context_comm,
+                                                                    )
+                                                                })
+                                                                .collect();
+                                                        timed.sort_by(|x, y| x.0.total_cmp(&y.0));
+                                                        timed.into_iter().map(|(_, f)| f).collect()
+                                                    })
+                                                    .clone(),
+                                            };
+                                            // The fastest form other than the all-gather,
+                                            // then the all-gather where it is faster still:
+                                            // it alone holds more (the gathered keys and
+                                            // values), so where the other does not fit,
+                                            // neither does it.
+                                            let gathered = order
+                                                .iter()
+                                                .position(|&f| f == ContextComm::AllGather);
+                                            let other = order
+                                                .iter()
+                                                .position(|&f| f != ContextComm::AllGather);
+                                            let first = other
+                                                .or(gathered)
+                                                .map_or(ContextComm::Ring, |i| order[i]);
+                                            let mut e = estimate(
+                                                setting,
+                                                &Parallelism {
+                                                    context_comm: first,
+                                                    ..par
+                                                },
+                                            );
                                             evaluated += 1;
+                                            if e.fits
+                                                && gathered
+                                                    .is_some_and(|g| other.is_some_and(|o| g < o))
+                                            {
+                                                let all_gather = estimate(
+                                                    setting,
+                                                    &Parallelism {
+                                                        context_comm: ContextComm::AllGather,
+                                                        ..par
+                                                    },
+                                                );
+                                                evaluated += 1;
+                                                if all_gather.fits {
+                                                    e = all_gather;
+                                                }
+                                            }
+                                            let par = e.parallelism;
                                             fits_on_gpus |= !offload.any() && e.fits;
                                             // A full recomputation that fits may free more
                                             // than the plan needs: then the fewest of each
@@ -589,6 +674,19 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         }
         _ => {}
     }
+    if let (Some(ContextComm::AllToAll), Some(c @ 2..)) = (knobs.context_comm, knobs.context) {
+        let t = knobs.tensor.unwrap_or(1);
+        if !ulysses_splits(model, t, c) {
+            return bad(format!(
+                "--cp-comm-type a2a splits each tensor-parallel rank's heads over the {c} \
+                 context-parallel ranks: its {} query and {} key/value heads do not divide \
+                 by {c} (Transformer Engine's all-to-all needs both to); use p2p or \
+                 all_gather, or fewer ranks",
+                model.heads / u64::from(t),
+                (model.kv_heads / u64::from(t)).max(1),
+            ));
+        }
+    }
     if knobs.micro_batch == Some(0) {
         return bad("--micro-batch-size must be at least 1".into());
     }
@@ -620,6 +718,14 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
         }
     }
     Ok(())
+}
+
+/// Whether DeepSpeed-Ulysses' all-to-alls split a tensor-parallel rank's heads over `c`
+/// context-parallel ranks: its query heads and its key/value heads each divide by `c`
+/// (Transformer Engine's `AttnFuncWithCPAndQKVOA2A` checks both).
+fn ulysses_splits(model: &super::Transformer, t: u32, c: u32) -> bool {
+    let ranks = u64::from(t) * u64::from(c);
+    model.heads % ranks == 0 && model.kv_heads % ranks == 0
 }
 
 /// The hybrid shardings a point tries: one sharded copy over all `ranks` data × context
