@@ -523,7 +523,11 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         "plan: 3d — tensor {}{} × pipeline {} × data {} on {} GPUs of {} (batch {}{experts})",
         p.tensor_parallel,
         if p.context_parallel > 1 {
-            format!(" × context {}", p.context_parallel)
+            format!(
+                " × context {} ({})",
+                p.context_parallel,
+                p.cp_comm_type.unwrap_or("p2p")
+            )
         } else {
             String::new()
         },

@@ -209,9 +209,10 @@ pub fn torchtitan_config(report: &PlanReport) -> Result<String, PlanError> {
             ))
         }
         Some("p2p") => notes.push(
-            "torchtitan's context parallelism all-gathers each block's keys and values \
-             (PyTorch's default rotate method) where the plan priced a ring (p2p): \
-             --cp-comm-type all_gather prices what it runs"
+            "torchtitan's context parallelism gathers each block's keys and values with \
+             PyTorch's default rotate method (an all-gather behind the first chunk's \
+             attention; the gradients passed around a ring) where the plan priced a ring \
+             (p2p) for both: --cp-comm-type all_gather prices the gather unhidden"
                 .into(),
         ),
         _ => {}

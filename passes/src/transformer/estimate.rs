@@ -830,10 +830,18 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
             true => hide(exchange, compute, 0.0).0,
             false => exchange,
         };
+        // Re-running the attention (a full recomputation, or of the attention core) re-runs
+        // its context-parallel exchange too (Transformer Engine's context-parallel attention
+        // is what is checkpointed).
+        let context_rerun = match recompute {
+            Recompute::Full => context_fwd,
+            r if r.modules().contains(Modules::CORE_ATTENTION) => context_fwd,
+            _ => 0.0,
+        };
         Block {
             work: Work {
                 compute_us: compute,
-                context_us: context_fwd + context_bwd,
+                context_us: context_fwd + context_bwd + context_rerun,
                 tensor_us: tp_fwd + tp_bwd + recompute_tp,
                 zero_us: zero3_exposed,
                 expert_us: exchange,

@@ -120,8 +120,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     // for ring exchanges, and ralpc does not lower it yet; `--context-parallel` asks for it
     // at any length.
     let attention = model.core_flops_per_token();
-    let long_sequence =
-        knobs.context.is_some() || attention >= model.block_flops_per_token() - attention;
+    let long_sequence = knobs.context.is_some()
+        || knobs.context_comm.is_some()
+        || attention >= model.block_flops_per_token() - attention;
     // Expert layouts over the `ranks` of a pipeline stage (Megatron-Core's parallel
     // folding): `ep` dividing the experts, `etp` the experts' inner size and a node, `ep ·
     // etp` dividing the ranks. (1, 1) for a dense model.
@@ -173,6 +174,8 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 .filter(|&c| (gpus / (t * p)) % c == 0)
                 .filter(|&c| c == 1 || (long_sequence && model.sequence % (2 * u64::from(c)) == 0))
                 .filter(|&c| knobs.context.is_none_or(|k| k == c))
+                // (A form asked for asks for context parallelism.)
+                .filter(|&c| c > 1 || knobs.context_comm.is_none())
                 .collect();
             // Each context-parallel degree in every form that splits its heads (or the one
             // given). A form changes only the blocks' key/value exchange, whose time depends
@@ -185,10 +188,13 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     _ => (ContextComm::ALL.into_iter())
                         .filter(|&f| knobs.context_comm.is_none_or(|k| k == f))
                         .filter(|&f| f != ContextComm::AllToAll || ulysses_splits(model, t, c))
+                        // Transformer Engine runs sliding windows over a context-parallel
+                        // group by all-gather or all-to-all only.
+                        .filter(|&f| f != ContextComm::Ring || model.sliding_window == 0)
                         .collect(),
                 }
             };
-            let mut ranked: std::collections::HashMap<(u32, u64), Vec<ContextComm>> =
+            let mut ranked: std::collections::HashMap<(u32, u64, Recompute), Vec<ContextComm>> =
                 std::collections::HashMap::new();
             for c in contexts {
                 let d = gpus / (t * p * c);
@@ -287,10 +293,13 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                 ends_as_blocks,
                                             };
                                             let candidates = forms(c);
+                                            if candidates.is_empty() {
+                                                continue;
+                                            }
                                             let order = match candidates.len() {
-                                                0 | 1 => candidates,
+                                                1 => candidates,
                                                 _ => ranked
-                                                    .entry((c, b))
+                                                    .entry((c, b, recompute))
                                                     .or_insert_with(|| {
                                                         let mut timed: Vec<(f64, ContextComm)> =
                                                             (candidates.into_iter())
@@ -336,6 +345,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                 },
                                             );
                                             evaluated += 1;
+                                            let mut passed_over = None;
                                             if e.fits
                                                 && gathered
                                                     .is_some_and(|g| other.is_some_and(|o| g < o))
@@ -349,24 +359,39 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                 );
                                                 evaluated += 1;
                                                 if all_gather.fits {
+                                                    // (The other form stays a choice: it may
+                                                    // need fewer blocks recomputed.)
+                                                    passed_over = Some(e);
                                                     e = all_gather;
                                                 }
                                             }
-                                            let par = e.parallelism;
                                             fits_on_gpus |= !offload.any() && e.fits;
                                             // A full recomputation that fits may free more
                                             // than the plan needs: then the fewest of each
-                                            // chunk's blocks that fit.
+                                            // chunk's blocks that fit, in the faster form.
                                             let e = match recompute == Recompute::Full
                                                 && knobs.recompute.is_none()
                                                 && !offload.any()
                                                 && e.fits
                                             {
                                                 true => {
-                                                    let (fewest, tried) =
-                                                        fewest_full_blocks(setting, &par, e);
-                                                    evaluated += tried;
-                                                    fewest
+                                                    let mut fewest = |e: Estimate| {
+                                                        let par = e.parallelism;
+                                                        let (fewest, tried) =
+                                                            fewest_full_blocks(setting, &par, e);
+                                                        evaluated += tried;
+                                                        fewest
+                                                    };
+                                                    let chosen = fewest(e);
+                                                    match passed_over.map(&mut fewest) {
+                                                        Some(other)
+                                                            if other.iteration_time_us
+                                                                < chosen.iteration_time_us =>
+                                                        {
+                                                            other
+                                                        }
+                                                        _ => chosen,
+                                                    }
                                                 }
                                                 false => e,
                                             };
@@ -673,6 +698,20 @@ fn check_knobs(setting: &Setting<'_>, knobs: &Knobs, gpn: u32) -> Result<(), Pla
             ))
         }
         _ => {}
+    }
+    if knobs.context_comm.is_some() && knobs.context == Some(1) {
+        return bad(
+            "--cp-comm-type is how a context-parallel group exchanges keys and values: give \
+             --context-parallel above 1 (or leave it to the search)"
+                .into(),
+        );
+    }
+    if knobs.context_comm == Some(ContextComm::Ring) && model.sliding_window > 0 {
+        return bad(
+            "--cp-comm-type p2p: Transformer Engine runs sliding-window attention over a \
+             context-parallel group by all_gather or a2a only"
+                .into(),
+        );
     }
     if let (Some(ContextComm::AllToAll), Some(c @ 2..)) = (knobs.context_comm, knobs.context) {
         let t = knobs.tensor.unwrap_or(1);
