@@ -164,6 +164,10 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
         .filter(|&t| knobs.tensor.is_none_or(|k| k == t))
         .collect();
     for &t in &tensors {
+        // The context-parallel forms by their exchange time, which the pipeline does not
+        // change: per (c, b, recomputation) for this tensor degree.
+        let mut ranked: std::collections::HashMap<(u32, u64, Recompute), Vec<ContextComm>> =
+            std::collections::HashMap::new();
         for p in 1..=(gpus / t).min(u32::try_from(model.layers).unwrap_or(u32::MAX)) {
             if (gpus / t) % p != 0 || knobs.pipeline.is_some_and(|k| k != p) {
                 continue;
@@ -179,9 +183,9 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                 .collect();
             // Each context-parallel degree in every form that splits its heads (or the one
             // given). A form changes only the blocks' key/value exchange, whose time depends
-            // on the tensor and context degrees and the micro-batch alone: the forms are
-            // ranked by it once per (c, b) (`ranked`), and each point is priced in the
-            // fastest that fits.
+            // on the tensor and context degrees, the micro-batch and the recomputation alone:
+            // the forms are ranked by it once per (t, c, b, recomputation) (`ranked`), and
+            // each point is priced in the fastest that fits.
             let forms = |c: u32| -> Vec<ContextComm> {
                 match c {
                     1 => vec![ContextComm::Ring],
@@ -194,8 +198,6 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                         .collect(),
                 }
             };
-            let mut ranked: std::collections::HashMap<(u32, u64, Recompute), Vec<ContextComm>> =
-                std::collections::HashMap::new();
             for c in contexts {
                 let d = gpus / (t * p * c);
                 if batch % u64::from(d) != 0 {
