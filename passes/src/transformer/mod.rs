@@ -17,6 +17,7 @@ mod kernels;
 mod layered;
 mod offload;
 mod recognize;
+mod schedule;
 mod search;
 
 pub use estimate::{
