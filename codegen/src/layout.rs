@@ -231,13 +231,16 @@ impl Layout {
         }
         for (l, p) in self.layers.iter().enumerate() {
             let s = p.split;
-            if s.sample == 0 || s.attribute == 0 || s.parameter == 0 {
+            if s.sample == 0 || s.context == 0 || s.attribute == 0 || s.parameter == 0 {
                 return Err(PlanFileError::Invalid(format!(
                     "layout.layers[{l}].split: a degree of 0"
                 )));
             }
             let end = u128::from(p.first_rank)
-                + u128::from(s.sample) * u128::from(s.attribute) * u128::from(s.parameter);
+                + u128::from(s.sample)
+                    * u128::from(s.context)
+                    * u128::from(s.attribute)
+                    * u128::from(s.parameter);
             if end > u128::from(ranks) {
                 return Err(PlanFileError::Invalid(format!(
                     "layout.layers[{l}]: ranks {}..{end} where the plan has {ranks}",

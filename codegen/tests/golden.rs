@@ -112,6 +112,7 @@ fn soap_dense_layer_over_two_gpus() {
     let mut strategy = Strategy::data_parallel(n, 2);
     strategy.layers[n - 1] = Split {
         sample: 1,
+        context: 1,
         attribute: 1,
         parameter: 2,
     };

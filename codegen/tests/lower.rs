@@ -249,11 +249,13 @@ fn resharding_is_recognized_as_collectives() {
     // gradient is a reduce-scatter; samples → rows of a convolution: an all-to-all.
     strategy.layers[n - 1] = Split {
         sample: 1,
+        context: 1,
         attribute: 1,
         parameter: 4,
     };
     strategy.layers[1] = Split {
         sample: 1,
+        context: 1,
         attribute: 4,
         parameter: 1,
     };

@@ -286,16 +286,32 @@ pub struct Halo {
 pub struct Split {
     /// Sample (batch) degree.
     pub sample: u32,
+    /// Context degree: every sample's sequence cut into this many pieces, one per rank of a
+    /// context-parallel group (Megatron-Core's `--context-parallel-size`). The layers
+    /// that work per token take their piece of the rows; an attention core, which relates
+    /// every query to every key, runs on the whole sequence on each of them. 1 (and not
+    /// written) outside transformer plans.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub context: u32,
     /// Attribute (spatial / sequence) degree.
     pub attribute: u32,
     /// Parameter (output channels / features) degree.
     pub parameter: u32,
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 impl Split {
     /// No split.
     pub const NONE: Split = Split {
         sample: 1,
+        context: 1,
         attribute: 1,
         parameter: 1,
     };
@@ -308,9 +324,9 @@ impl Split {
         }
     }
 
-    /// Devices used: s · a · p.
+    /// Devices used: s · c · a · p.
     pub fn degree(&self) -> u32 {
-        self.sample.max(1) * self.attribute.max(1) * self.parameter.max(1)
+        self.sample.max(1) * self.context.max(1) * self.attribute.max(1) * self.parameter.max(1)
     }
 }
 
@@ -413,13 +429,12 @@ impl Layer {
     /// probabilities and what else its ops would keep of the scores (Dao et al., 2022,
     /// §3.1: the backward pass recomputes them).
     pub fn local_as(&self, split: Split, fused: bool) -> LocalWork {
-        let (s, a, p) = (
+        let (s, p) = (
             f64::from(split.sample.max(1)),
-            f64::from(split.attribute.max(1)),
             f64::from(split.parameter.max(1)),
         );
         let replicas = f64::from(crate::plan::replicas(self.kind, split));
-        let work = replicas / (s * a * p);
+        let work = replicas / f64::from(split.degree());
         // What each rank reads of its inputs (and stashes of them): the share its input
         // view names, whole where the layer is replicated.
         let read = crate::plan::input_share(self.kind, split);

@@ -115,6 +115,7 @@ fn a_split_never_beats_its_share_of_the_bound() {
                 let layer = &g.layers[i];
                 let split = Split {
                     sample: s,
+                    context: 1,
                     attribute: a,
                     parameter: p,
                 };

@@ -750,10 +750,7 @@ fn summary(r: &PlanReport, simulation: Option<&ralpc::codegen::Simulation>) -> S
             },
             shorten(&crate::printable::printable(&names), 52),
             l.gpus,
-            format!(
-                "{}×{}×{}",
-                l.split.sample, l.split.attribute, l.split.parameter
-            ),
+            l.split.to_string(),
             l.stage,
             ms(compute)
         );

@@ -41,6 +41,7 @@ pub fn torch_script(report: &PlanReport, strategy: &StrategyFile) -> String {
     for layer in &strategy.layers {
         let split = layer.split.unwrap_or(ralpc_passes::plan::FileSplit {
             sample: layer.gpus.unwrap_or(1),
+            context: 1,
             attribute: 1,
             parameter: 1,
         });
@@ -188,6 +189,7 @@ pub fn torch_refusal(strategy: &StrategyFile) -> Option<(String, Nearest)> {
     let split = |l: &ralpc_passes::plan::StrategyFileLayer| {
         l.split.unwrap_or(FileSplit {
             sample: l.gpus.unwrap_or(1),
+            context: 1,
             attribute: 1,
             parameter: 1,
         })
@@ -203,6 +205,16 @@ pub fn torch_refusal(strategy: &StrategyFile) -> Option<(String, Nearest)> {
     for layer in &strategy.layers {
         let s = split(layer);
         let label = layer.module.as_deref().unwrap_or(&layer.name);
+        if s.context > 1 {
+            return Some((
+                format!(
+                    "layer '{label}' cuts each sequence into {} pieces (context parallelism), \
+                     which ralpc.torch does not map onto PyTorch's context_parallel yet",
+                    s.context
+                ),
+                Nearest::DataParallel,
+            ));
+        }
         let degree = s.sample * s.attribute * s.parameter;
         if degree != replicas {
             return Some((

@@ -229,12 +229,7 @@ fn placement_row(layers: &[PlacedLayer], range: std::ops::Range<usize>) -> Vec<S
         spanned(group, |l| &l.module),
         shared(&|l| l.op.clone()),
         shared(&|l| l.gpus.to_string()),
-        shared(&|l| {
-            format!(
-                "{}×{}×{}",
-                l.split.sample, l.split.attribute, l.split.parameter
-            )
-        }),
+        shared(&|l| l.split.to_string()),
         shared(&|l| l.stage.to_string()),
         ms(sum(|l| l.forward_us + l.backward_us)),
         ms(sum(|l| l.sync_us)),

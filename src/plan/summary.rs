@@ -35,10 +35,28 @@ pub struct StageRow {
 pub struct SplitRow {
     /// Samples.
     pub sample: u32,
+    /// Sequence pieces of each sample (context parallelism); absent when 1.
+    #[serde(skip_serializing_if = "is_one")]
+    pub context: u32,
     /// Attributes (rows; a dense layer's input features).
     pub attribute: u32,
     /// Parameters (output channels or features).
     pub parameter: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// `s×a×p`, with the context degree after it where there is one (`2×1×2 cp2`).
+impl std::fmt::Display for SplitRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}×{}×{}", self.sample, self.attribute, self.parameter)?;
+        match self.context {
+            1 => Ok(()),
+            c => write!(f, " cp{c}"),
+        }
+    }
 }
 
 /// A layer of the chosen plan.
@@ -420,6 +438,7 @@ pub(super) fn layers(
                     gpus: split.degree(),
                     split: SplitRow {
                         sample: split.sample,
+                        context: split.context,
                         attribute: split.attribute,
                         parameter: split.parameter,
                     },
@@ -472,10 +491,10 @@ pub(super) fn transformer(
     let peak_total = ralpc_passes::cost::combined_peak(cluster, gpus, precision);
     let used = par.gpus() as u32;
     let ranks_per_stage = par.tensor * par.context.max(1) * par.data;
-    // Context parallelism cuts each sequence's rows.
     let split = SplitRow {
         sample: par.data,
-        attribute: par.context.max(1),
+        context: par.context.max(1),
+        attribute: 1,
         parameter: par.tensor,
     };
     let mut layers = Vec::new();
@@ -635,6 +654,7 @@ mod tests {
             gpus,
             split: SplitRow {
                 sample: gpus,
+                context: 1,
                 attribute: 1,
                 parameter: 1,
             },

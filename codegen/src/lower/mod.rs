@@ -297,7 +297,8 @@ impl Lowering<'_, '_> {
             Some(classes) => (elements / classes.max(1)) as f64,
             None => layer.fwd_flops as f64 / (2.0 * layer.params.max(1) as f64),
         };
-        let rows = all_rows / f64::from(split.sample.max(1) * self.strategy.microbatches);
+        let rows = all_rows
+            / f64::from(split.sample.max(1) * split.context.max(1) * self.strategy.microbatches);
         let bytes = rows * 12.0 * ranks.len() as f64;
         let groups = Self::copies(&ranks, self.ranks(l));
         self.all_gather(groups, bytes, &[output]);

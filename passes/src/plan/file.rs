@@ -155,6 +155,9 @@ pub struct FileSplit {
     /// Sample degree.
     #[serde(default = "one")]
     pub sample: u32,
+    /// Context degree: each sample's sequence in this many pieces (context parallelism).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub context: u32,
     /// Attribute degree.
     #[serde(default = "one")]
     pub attribute: u32,
@@ -228,6 +231,7 @@ impl StrategyFile {
                     gpus: Some(s.degree()),
                     split: Some(FileSplit {
                         sample: s.sample,
+                        context: s.context,
                         attribute: s.attribute,
                         parameter: s.parameter,
                     }),
@@ -370,7 +374,7 @@ impl StrategyFile {
                 (_, Some(s)) => {
                     // A split uses at most a cluster's largest GPU count (and its degree,
                     // a product, must not overflow).
-                    let degree = [s.sample, s.attribute, s.parameter]
+                    let degree = [s.sample, s.context, s.attribute, s.parameter]
                         .iter()
                         .try_fold(1u32, |d, &f| d.checked_mul(f.max(1)))
                         .filter(|&d| d <= MAX_SPLIT_GPUS);
@@ -382,6 +386,7 @@ impl StrategyFile {
                     }
                     let split = Split {
                         sample: s.sample,
+                        context: s.context,
                         attribute: s.attribute,
                         parameter: s.parameter,
                     };

@@ -77,6 +77,7 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, pieces: u64) -> Vec
         .filter(|&(a, p)| g % (a * p) == 0)
         .map(|(a, p)| Split {
             sample: g / (a * p),
+            context: 1,
             attribute: a,
             parameter: p,
         })
@@ -670,6 +671,7 @@ mod tests {
         assert!(s.iter().any(|s| s.parameter == 4), "{s:?}");
         let rows = Split {
             sample: 1,
+            context: 1,
             attribute: 4,
             parameter: 1,
         };
@@ -696,6 +698,7 @@ mod tests {
         assert!(s.iter().all(|s| s.degree() == 8));
         assert!(s.contains(&Split {
             sample: 1,
+            context: 1,
             attribute: 8,
             parameter: 1
         }));
@@ -723,6 +726,7 @@ mod tests {
             [(4, 1), (2, 2), (1, 4)]
                 .map(|(sample, parameter)| Split {
                     sample,
+                    context: 1,
                     attribute: 1,
                     parameter
                 })

@@ -22,6 +22,13 @@ pub enum Cut {
     Attribute,
     /// Cut by the parameter index `pᵢ` into `p` pieces.
     Parameter,
+    /// Cut by the context index `cᵢ` into `c` pieces (a sequence's pieces under context
+    /// parallelism).
+    Context,
+    /// Cut by the context index, then each piece by the attribute index: piece `cᵢ·a + aᵢ`
+    /// of `c·a` (sequence parallelism inside a context-parallel piece, as Megatron-Core
+    /// nests them).
+    ContextAttribute,
 }
 
 /// The share of one tensor each rank of a placement holds (or needs).
@@ -29,8 +36,13 @@ pub enum Cut {
 pub struct View {
     /// First absolute rank.
     pub first: u32,
-    /// The placement's degrees.
+    /// The placement's degrees: samples (times `context`), attributes, parameters. A
+    /// context-parallel group's ranks are consecutive sample indices: rank index
+    /// `k = ((sᵢ·c + cᵢ)·a + aᵢ)·p + pᵢ`, tensor parallelism innermost, then context,
+    /// then data, as Megatron-Core orders its groups.
     pub split: (u32, u32, u32),
+    /// The context degree `c` folded into the sample degree.
+    pub context: u32,
     /// How the spatial-row axis is cut.
     pub rows: Cut,
     /// How the feature (channel) axis is cut.
@@ -83,19 +95,44 @@ pub fn splits_attributes_into(layer: &crate::layers::Layer, attributes: u32) -> 
 /// attribute ranks divide its work (they sum partial results), and so do an embedding's
 /// (each looks up its piece of the vocabulary: Megatron's vocabulary-parallel embedding),
 /// so they have none.
+/// Under context parallelism an embedding and an attention core run on every rank of the
+/// group the whole sequence (the sequence's pieces do not divide their work): they are
+/// replicas too.
 pub fn replicas(kind: LayerKind, split: Split) -> u32 {
+    let view = View::output(kind, split, 0);
     match kind {
-        LayerKind::Conv | LayerKind::Dense | LayerKind::Embedding => 1,
-        _ => View::output(kind, split, 0).replication(),
+        LayerKind::Conv | LayerKind::Dense | LayerKind::Embedding => view.context_replication(),
+        _ => view.replication(),
     }
 }
 
+/// The degrees of a [`View`]: the context degree folded into the samples'.
 fn degrees(split: Split) -> (u32, u32, u32) {
     (
-        split.sample.max(1),
+        split.sample.max(1) * split.context.max(1),
         split.attribute.max(1),
         split.parameter.max(1),
     )
+}
+
+/// Whether a `kind` layer works on each token (row) apart, so that a context-parallel
+/// group cuts its rows: products, norms and elementwise layers do; an attention core
+/// relates rows, and an embedding (whose table's gradient the sequence's pieces would
+/// each add in full) is run whole on every rank of the group.
+fn per_token(kind: LayerKind) -> bool {
+    matches!(
+        kind,
+        LayerKind::Dense | LayerKind::LayerNorm | LayerKind::Elementwise
+    )
+}
+
+/// `rows` as a context-parallel `kind` layer cuts them: by the context index first.
+fn with_context(kind: LayerKind, split: Split, rows: Cut) -> Cut {
+    match (split.context > 1 && per_token(kind), rows) {
+        (true, Cut::Whole) => Cut::Context,
+        (true, Cut::Attribute) => Cut::ContextAttribute,
+        (_, rows) => rows,
+    }
 }
 
 impl View {
@@ -118,7 +155,8 @@ impl View {
         View {
             first,
             split: degrees(split),
-            rows,
+            context: split.context.max(1),
+            rows: with_context(kind, split, rows),
             features,
         }
     }
@@ -139,7 +177,8 @@ impl View {
         View {
             first,
             split: degrees(split),
-            rows,
+            context: split.context.max(1),
+            rows: with_context(kind, split, rows),
             features,
         }
     }
@@ -151,15 +190,12 @@ impl View {
 
     /// The box of rank index `k`: `[lo, hi)` on samples, rows, features.
     fn rank_box(&self, k: u32) -> [(f64, f64); 3] {
-        let (s, a, p) = self.split;
-        let (si, ai, pi) = (k / (a * p), (k / p) % a, k % p);
-        let piece = |i: u32, n: u32| (f64::from(i) / f64::from(n), f64::from(i + 1) / f64::from(n));
-        let cut = |c: Cut| match c {
-            Cut::Whole => (0.0, 1.0),
-            Cut::Attribute => piece(ai, a),
-            Cut::Parameter => piece(pi, p),
-        };
-        [piece(si, s), cut(self.rows), cut(self.features)]
+        self.pieces(k).map(|(i, n)| {
+            (
+                f64::from(i) / f64::from(n.max(1)),
+                f64::from(i + 1) / f64::from(n.max(1)),
+            )
+        })
     }
 
     /// Rank indices whose boxes may meet `need`, in increasing order: on each axis the
@@ -179,14 +215,19 @@ impl View {
         let mut by_parameter = (0, p.saturating_sub(1));
         for (axis, cut) in [(1, self.rows), (2, self.features)] {
             let (range, n) = match cut {
-                Cut::Whole => continue,
+                // Nested in the sample index (its context pieces are all candidates).
+                Cut::Whole | Cut::Context | Cut::ContextAttribute => continue,
                 Cut::Attribute => (&mut by_attribute, a),
                 Cut::Parameter => (&mut by_parameter, p),
             };
             let (first, end) = span(need[axis], n);
             *range = (range.0.max(first), range.1.min(end));
         }
-        let by_sample = span(need[0], s);
+        // The sample index holds `c` context pieces of each sample shard: the shards the
+        // need spans, each with every context piece (the boxes are tested after).
+        let c = self.context.max(1);
+        let by_sample = span(need[0], s / c);
+        let by_sample = (by_sample.0 * c, by_sample.1 * c + c - 1);
         (by_sample.0..=by_sample.1).flat_map(move |si| {
             (by_attribute.0..=by_attribute.1).flat_map(move |ai| {
                 (by_parameter.0..=by_parameter.1).map(move |pi| si * a * p + ai * p + pi)
@@ -199,13 +240,17 @@ impl View {
     /// them into index ranges; the planner's boxes are the same pieces in `[0, 1)`.
     pub fn pieces(&self, k: u32) -> [(u32, u32); 3] {
         let (s, a, p) = self.split;
+        let c = self.context.max(1);
         let (si, ai, pi) = (k / (a * p), (k / p) % a, k % p);
-        let cut = |c: Cut| match c {
+        let ci = si % c;
+        let cut = |cut: Cut| match cut {
             Cut::Whole => (0, 1),
             Cut::Attribute => (ai, a),
             Cut::Parameter => (pi, p),
+            Cut::Context => (ci, c),
+            Cut::ContextAttribute => (ci * a + ai, c * a),
         };
-        [(si, s), cut(self.rows), cut(self.features)]
+        [(si / c, s / c), cut(self.rows), cut(self.features)]
     }
 
     /// The fraction of the tensor each rank holds (every rank's box has the same volume).
@@ -218,11 +263,25 @@ impl View {
         let (_, a, p) = self.split;
         (if self.cuts(Cut::Attribute) { 1 } else { a })
             * (if self.cuts(Cut::Parameter) { 1 } else { p })
+            * self.context_replication()
     }
 
-    /// Whether an axis is cut by the rank index `c` names.
+    /// How many ranks of each context-parallel group hold the same box: the group's
+    /// size where the view does not cut the rows by it, else 1.
+    fn context_replication(&self) -> u32 {
+        match self.cuts(Cut::Context) {
+            true => 1,
+            false => self.context.max(1),
+        }
+    }
+
+    /// Whether an axis is cut by the rank index `c` names (a nested cut counts for both
+    /// of its indices).
     fn cuts(&self, c: Cut) -> bool {
-        [self.rows, self.features].contains(&c)
+        [self.rows, self.features].iter().any(|&axis| {
+            axis == c
+                || (axis == Cut::ContextAttribute && matches!(c, Cut::Context | Cut::Attribute))
+        })
     }
 }
 
@@ -235,7 +294,17 @@ pub fn first_replica(kind: LayerKind, split: Split, k: u32) -> bool {
     }
     let view = View::output(kind, split, 0);
     let (_, a, p) = view.split;
-    (view.cuts(Cut::Attribute) || (k / p) % a == 0) && (view.cuts(Cut::Parameter) || k % p == 0)
+    let context_index = (k / (a * p)) % view.context.max(1);
+    let first_of_context = view.cuts(Cut::Context) || context_index == 0;
+    match kind {
+        // Their attribute and parameter ranks divide the work ([`replicas`]).
+        LayerKind::Conv | LayerKind::Dense | LayerKind::Embedding => first_of_context,
+        _ => {
+            (view.cuts(Cut::Attribute) || (k / p) % a == 0)
+                && (view.cuts(Cut::Parameter) || k % p == 0)
+                && first_of_context
+        }
+    }
 }
 
 /// `[lo, hi)` on samples, rows, features.
@@ -608,9 +677,13 @@ pub fn scatters_partial_sums(
     if partial_sums(producer, from.0, from.1).is_none() {
         return false;
     }
+    let output = View::output(producer, from.0, from.1);
     let scattered = View {
-        rows: Cut::Attribute,
-        ..View::output(producer, from.0, from.1)
+        rows: match output.rows {
+            Cut::Context => Cut::ContextAttribute,
+            _ => Cut::Attribute,
+        },
+        ..output
     };
     let needed = View::input(consumer, to.0, to.1);
     scattered.first == needed.first
@@ -654,6 +727,7 @@ mod tests {
     fn split(s: u32, a: u32, p: u32) -> Split {
         Split {
             sample: s,
+            context: 1,
             attribute: a,
             parameter: p,
         }
@@ -690,6 +764,77 @@ mod tests {
             }
         }
         assert!(checked > 10_000, "{checked}");
+    }
+
+    fn context_split(s: u32, c: u32, a: u32, p: u32) -> Split {
+        Split {
+            context: c,
+            ..split(s, a, p)
+        }
+    }
+
+    #[test]
+    fn a_context_group_cuts_the_rows_of_what_works_per_token() {
+        // d2 × c2 × t2, rank k = ((sᵢ·2 + cᵢ)·a + aᵢ)·p + pᵢ.
+        let columns = View::output(LayerKind::Dense, context_split(2, 2, 1, 2), 0);
+        assert_eq!(columns.ranks(), 8);
+        assert_eq!(columns.pieces(5), [(1, 2), (0, 2), (1, 2)]);
+        assert_eq!(columns.replication(), 1);
+        // Sequence parallelism nested inside the context piece: piece cᵢ·a + aᵢ of c·a.
+        let norm = View::output(LayerKind::LayerNorm, context_split(2, 2, 2, 1), 0);
+        assert_eq!(norm.pieces(3), [(0, 2), (3, 4), (0, 1)]);
+        assert_eq!(norm.replication(), 1);
+        // The attention core runs each sample shard's whole sequence on both context ranks.
+        let attention = View::input(LayerKind::Attention, context_split(2, 2, 1, 2), 0);
+        assert_eq!(attention.pieces(5), [(1, 2), (0, 1), (1, 2)]);
+        assert_eq!(attention.replication(), 2);
+        assert_eq!(replicas(LayerKind::Attention, context_split(2, 2, 1, 2)), 2);
+        // Its input is gathered over the context group: each rank receives the other half
+        // of its box.
+        let m = movement(&columns, &attention).unwrap();
+        assert!((m.busiest - 1.0 / 8.0).abs() < 1e-12, "{m:?}");
+        // A vocabulary-parallel embedding runs whole on both context ranks: the first of
+        // each vocabulary piece counts its gradients, the other adds zeros.
+        let embedding = context_split(1, 2, 2, 1);
+        assert_eq!(replicas(LayerKind::Embedding, embedding), 2);
+        let counted: Vec<u32> = (0..4)
+            .filter(|&k| first_replica(LayerKind::Embedding, embedding, k))
+            .collect();
+        assert_eq!(counted, [0, 1]);
+        // Weight gradients sum over the data and context ranks holding a slice.
+        let (ranks, share) = weight_replicas(LayerKind::Dense, context_split(2, 2, 1, 2), 0);
+        assert_eq!(ranks, [0, 2, 4, 6]);
+        assert!((share - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn context_views_receive_the_same_pieces_as_by_scanning_every_producer() {
+        let kinds = [
+            LayerKind::Dense,
+            LayerKind::LayerNorm,
+            LayerKind::Attention,
+            LayerKind::Embedding,
+            LayerKind::Elementwise,
+        ];
+        let mut checked = 0;
+        for (i, &producer) in kinds.iter().enumerate() {
+            let consumer = kinds[(i + 2) % kinds.len()];
+            for (s, c, a, p) in [(1, 2, 1, 2), (2, 2, 2, 1), (3, 4, 1, 2), (2, 3, 2, 1)] {
+                for (s2, c2, a2, p2) in [(s, c, p, a), (s, 1, a, p), (2 * s, c, 1, 1)] {
+                    let from = View::output(producer, context_split(s, c, a, p), 0);
+                    let to = View::input(consumer, context_split(s2, c2, a2, p2), 1);
+                    for r in 0..to.ranks() {
+                        assert_eq!(
+                            incoming(&from, &to, r),
+                            incoming_among(&from, &to, r, |_| 0..from.ranks()),
+                            "{from:?} to {to:?}, rank {r}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 200, "{checked}");
     }
 
     #[test]

@@ -54,12 +54,6 @@ pub fn layered(
             "more GPUs, or --offload-activations 0 --offload-optimizer 0",
         );
     }
-    if par.context > 1 {
-        return refuse(
-            &format!("context parallelism ({} ranks a sequence)", par.context),
-            "a context-parallel degree of 1",
-        );
-    }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on
@@ -82,17 +76,17 @@ pub fn layered(
             plan.stage_layers.iter().sum::<u64>()
         )));
     }
-    let (d, t) = (par.data, par.tensor.max(1));
+    let (d, c, t) = (par.data, par.context.max(1), par.tensor.max(1));
     // A block's softmax outside an attention core (an op between the projections the
     // head split does not take in) would be split by sequence with what it reads whole.
     if let Some(l) = softmax_layers(graph)
         .into_iter()
-        .find(|&l| t > 1 && graph.layers[l].kind != LayerKind::Attention)
+        .find(|&l| (t > 1 || c > 1) && graph.layers[l].kind != LayerKind::Attention)
     {
         return Err(NotLayered(format!(
             "layer {} holds a block's softmax but is no attention core (an op between the \
-             projections is not one a head split runs), so tensor parallelism cannot split \
-             it by heads (for one, use --tensor-parallel 1)",
+             projections is not one a head split runs), so tensor or context parallelism \
+             cannot split it (for one, use --tensor-parallel 1 --context-parallel 1)",
             graph.layers[l].name
         )));
     }
@@ -111,8 +105,8 @@ pub fn layered(
         stages.push(Stage {
             first_layer,
             last_layer,
-            first_rank: group_of_stage(par.schedule, pipeline, k).0 as u32 * d * t,
-            gpus: d * t,
+            first_rank: group_of_stage(par.schedule, pipeline, k).0 as u32 * d * c * t,
+            gpus: d * c * t,
         });
     }
     let microbatches = u32::try_from(plan.microbatches)
@@ -144,34 +138,39 @@ pub fn layered(
         schedule: par.schedule,
         microbatches,
         stages,
-        layers: tensor_parallel(graph, ops, d, t),
+        layers: tensor_parallel(graph, ops, d, c, t),
         zero: par.zero,
         shard_groups: par.shard_groups.max(1),
         recompute,
     })
 }
 
-/// Megatron-LM's split of every layer over `d` sample shards of `t` tensor-parallel ranks
-/// (rank `sᵢ·t + tᵢ`), found from the layer graph's structure: attention cores by heads;
+/// Megatron-LM's split of every layer over `d` sample shards of `c` context-parallel
+/// groups of `t` tensor-parallel ranks (rank `(sᵢ·c + cᵢ)·t + tᵢ`), found from the layer
+/// graph's structure: attention cores by heads;
 /// dense layers by columns (QKV, the MLP's first product, the LM head by vocabulary) unless
 /// they read columns, then by rows (the projections), whose partial sums are reduced;
 /// elementwise layers between a column and a row split by the same features; everything
 /// else split by sequence where the kind cuts rows (LayerNorms, dropout, residual adds: an
 /// attribute degree cuts their rows), by vocabulary (embeddings: an attribute degree cuts
 /// their tables' rows, the pieces' lookups summed) or held whole by every rank of the
-/// group.
-fn tensor_parallel(graph: &LayerGraph, ops: Option<&Graph>, d: u32, t: u32) -> Vec<Split> {
+/// group. A context-parallel group cuts the rows of what works per token and runs the
+/// rest ([`crate::plan::replicas`]) whole on each of its ranks; what looks along the
+/// sequence runs whole on `d` ranks.
+fn tensor_parallel(graph: &LayerGraph, ops: Option<&Graph>, d: u32, c: u32, t: u32) -> Vec<Split> {
     let columns = Split {
         sample: d,
+        context: c,
         attribute: 1,
         parameter: t,
     };
     let rows = Split {
         sample: d,
+        context: c,
         attribute: t,
         parameter: 1,
     };
-    if t <= 1 {
+    if t <= 1 && c <= 1 {
         return vec![Split::samples(d); graph.layers.len()];
     }
     let mut split: Vec<Split> = Vec::with_capacity(graph.layers.len());

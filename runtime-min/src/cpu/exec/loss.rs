@@ -14,10 +14,14 @@ use super::{Rank, RankError, Refusal, Truth};
 
 /// Where a rank's share of the output sits in it.
 struct Share {
-    /// The global index of its first row.
-    first_row: usize,
+    /// Its rows, as runs of consecutive rows of the global batch's output (first, count):
+    /// one for a share of whole samples, one per sample for a context-parallel piece of
+    /// each sequence.
+    row_runs: Vec<(usize, usize)>,
     /// Its rows.
     rows: usize,
+    /// Rows per sample in the whole output.
+    rows_per_sample: usize,
     /// Classes per row in the whole output.
     classes: usize,
     /// Its classes.
@@ -26,7 +30,8 @@ struct Share {
 
 impl Rank<'_, '_> {
     /// Where `held` (a region of the output on microbatch `mb`) lies in the global
-    /// batch's output: whole rows of a sample range, each whole or cut by classes.
+    /// batch's output: rows of a sample range (all of each sample's, or a piece of each
+    /// sequence), each whole or cut by classes.
     fn share(&self, mb: u32, held: &Region) -> Result<Share, RankError> {
         let p = self.p;
         let shape = p.microbatch_shape(p.output.1).map_err(Refusal::bug)?;
@@ -41,37 +46,49 @@ impl Rank<'_, '_> {
         let full: usize = shape.iter().product();
         let rows_per_sample = full / (p.microbatch.max(1) * classes.max(1));
         let rows = held.iter().map(|r| r.len()).product::<usize>() / class_range.len().max(1);
+        // The element runs of the share's rows with all their classes, in rows.
+        let mut whole_rows = held.clone();
+        whole_rows[axis] = 0..classes;
+        let row_runs = match samples.len() * rows_per_sample == rows {
+            true => vec![(
+                (mb as usize * p.microbatch + samples.start) * rows_per_sample,
+                rows,
+            )],
+            false => self
+                .runs(mb, &whole_rows)?
+                .into_iter()
+                .map(|(start, len)| (start / classes.max(1), len / classes.max(1)))
+                .collect(),
+        };
         Ok(Share {
-            first_row: (mb as usize * p.microbatch + samples.start) * rows_per_sample,
+            row_runs,
             rows,
+            rows_per_sample,
             classes,
             class_range: class_range.clone(),
         })
     }
 
-    /// The class labels of `share`'s rows, as the data holds them.
-    fn label_rows(&self, share: &Share) -> Result<&[i64], RankError> {
+    /// The class labels of `share`'s rows, as the data holds them, in the share's order.
+    fn label_rows(&self, share: &Share) -> Result<Vec<i64>, RankError> {
         let Data::I64(labels) = &self.p.exe.data.labels else {
             return Err(RankError::Unsupported(
                 "a loss on class-split logits is cross-entropy against labels".into(),
             ));
         };
-        labels
-            .get(share.first_row..share.first_row + share.rows)
-            .ok_or_else(|| bug("the labels do not cover the output's rows"))
+        let mut out = Vec::with_capacity(share.rows);
+        for &(first, count) in &share.row_runs {
+            let run = labels
+                .get(first..first + count)
+                .ok_or_else(|| bug("the labels do not cover the output's rows"))?;
+            out.extend_from_slice(run);
+        }
+        Ok(out)
     }
 
     /// The class labels of `share`'s rows.
     fn labels(&self, share: &Share) -> Result<Vec<u32>, RankError> {
-        let Data::I64(labels) = &self.p.exe.data.labels else {
-            return Err(RankError::Unsupported(
-                "a loss on class-split logits is cross-entropy against labels".into(),
-            ));
-        };
-        labels
-            .get(share.first_row..share.first_row + share.rows)
-            .map(|l| l.iter().map(|&c| c as u32).collect())
-            .ok_or_else(|| bug("the labels do not cover the output's rows"))
+        Ok(self.label_rows(share)?.iter().map(|&c| c as u32).collect())
     }
 
     /// The runs of `held` (whole rows) that are contiguous in the global batch's output,
@@ -147,7 +164,7 @@ impl Rank<'_, '_> {
         // Where the logits are (3 numbers a row come back from a device).
         let mine = match self
             .compute
-            .class_statistics(y, self.label_rows(&share)?, width, first)
+            .class_statistics(y, &self.label_rows(&share)?, width, first)
             .map_err(RankError::from)?
         {
             Some(mine) => mine,
@@ -172,12 +189,6 @@ impl Rank<'_, '_> {
         let p = self.p;
         let layer = &p.layers[l];
         let pieces = layer.view_out().pieces(k);
-        if pieces[1].1 > 1 {
-            return Err(RankError::Unsupported(format!(
-                "layer {} splits the model's output by rows; the loss needs whole rows",
-                layer.name
-            )));
-        }
         let share = self.share(mb, held)?;
         let Data::F32(y) = &y.data else {
             return Err(bug("the loss needs a floating-point output"));
@@ -214,8 +225,7 @@ impl Rank<'_, '_> {
                     )
                 })
             })?;
-            let total_rows = share.rows * p.exe.plan.batch as usize
-                / (held.first().map_or(1, |r| r.len()).max(1));
+            let total_rows = share.rows_per_sample * p.exe.plan.batch as usize;
             let (width, first, scale) = (
                 share.class_range.len(),
                 share.class_range.start,
@@ -226,7 +236,7 @@ impl Rank<'_, '_> {
             let lse: Vec<f32> = lse.iter().map(|&v| v as f32).collect();
             match self
                 .compute
-                .class_piece_gradient(y, &lse, self.label_rows(&share)?, first, scale)
+                .class_piece_gradient(y, &lse, &self.label_rows(&share)?, first, scale)
                 .map_err(RankError::from)?
             {
                 Some(dy) => (loss, dy),
@@ -267,9 +277,13 @@ impl Rank<'_, '_> {
                 }
             } else if reported {
                 let width = share.class_range.len();
-                for (r, row) in values.chunks(width.max(1)).enumerate() {
-                    let start = (share.first_row + r) * share.classes + share.class_range.start;
-                    self.report.output.push((start, row.to_vec()));
+                let global_rows = share
+                    .row_runs
+                    .iter()
+                    .flat_map(|&(first, count)| first..first + count);
+                for (row, values) in global_rows.zip(values.chunks(width.max(1))) {
+                    let start = row * share.classes + share.class_range.start;
+                    self.report.output.push((start, values.to_vec()));
                 }
             }
         }
