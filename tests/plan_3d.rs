@@ -955,62 +955,128 @@ fn zero_bubble_schedules_are_lowered_and_train_exactly() {
     }
 }
 
-/// Context parallelism lowered on a small GPT trains to one device's losses: each
-/// sequence in pieces alone (with data parallelism), nested with sequence-parallel tensor
-/// parallelism (the vocabulary-parallel embedding and head, whose loss takes each rank's
-/// rows of every sample), and across pipeline stages with ZeRO-1 and full recomputation.
+/// Context parallelism lowered on a small GPT and a small Llama trains to one device's
+/// losses: each sequence in pieces alone (with data parallelism), nested with
+/// sequence-parallel tensor parallelism (the vocabulary-parallel embedding and head, whose
+/// loss takes each rank's rows of every sample), and across pipeline stages with ZeRO-1
+/// and full recomputation.
 #[test]
 fn context_parallelism_is_lowered_and_trains_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write_gpt(&dir, &GptSpec::megatron(4, 32, 4, 8, 64));
-    let want = single_device_losses(&dir, &model);
-    for (c, t, p, extra) in [
-        (2, 1, 1, &[][..]),
-        (2, 2, 1, &[][..]),
-        (4, 2, 1, &[][..]),
-        (2, 2, 2, &["--zero", "1", "--recompute", "full"][..]),
+    let gpt = write_gpt(&dir, &GptSpec::megatron(4, 32, 4, 8, 64));
+    // Llama's projections write their heads apart (`[b, s, heads, d]`): their reshapes are
+    // made local to the rows (and the heads), the row axis followed through them.
+    let llama = write_gpt(&dir, &GptSpec::llama(2, 32, 4, 2, 64, 8, 64));
+    let recomputed = &["--zero", "1", "--recompute", "full"][..];
+    for (name, model, cases) in [
+        (
+            "gpt",
+            &gpt,
+            &[
+                (2, 1, 1, &[][..]),
+                (2, 2, 1, &[][..]),
+                (4, 2, 1, &[][..]),
+                (2, 2, 2, recomputed),
+            ][..],
+        ),
+        (
+            "llama",
+            &llama,
+            &[(2, 1, 1, &[][..]), (2, 2, 2, recomputed)][..],
+        ),
     ] {
-        let out = dir.path().join(format!("c{c}-t{t}-p{p}"));
-        let gpus = (2 * c * t * p).to_string();
-        let (c, t, p) = (c.to_string(), t.to_string(), p.to_string());
-        let mut args = vec![
-            "plan",
-            &model,
-            "--gpus",
-            &gpus,
-            "--batch",
-            "8",
-            "--json",
-            "-o",
-            out.to_str().unwrap(),
-            "--context-parallel",
-            &c,
-            "--tensor-parallel",
-            &t,
-            "--pipeline-parallel",
-            &p,
-            "--micro-batch-size",
-            "2",
-        ];
-        args.extend(extra);
-        let v = json(&args);
-        assert_eq!(v["context_parallel"].as_u64(), c.parse().ok(), "{v}");
-        let plan = read_plan(&out);
-        let splits = plan["strategy"]["layers"].as_array().unwrap();
-        assert!(
-            splits
-                .iter()
-                .all(|l| l["split"]["context"].as_u64() == c.parse().ok()),
-            "c{c}: {splits:?}"
-        );
-        let got = losses(&out, &[]);
-        for (a, b) in got.iter().zip(&want) {
+        let want = single_device_losses(&dir, model);
+        for &(c, t, p, extra) in cases {
+            let out = dir.path().join(format!("{name}-c{c}-t{t}-p{p}"));
+            let gpus = (2 * c * t * p).to_string();
+            let (c, t, p) = (c.to_string(), t.to_string(), p.to_string());
+            let mut args = vec![
+                "plan",
+                model,
+                "--gpus",
+                &gpus,
+                "--batch",
+                "8",
+                "--json",
+                "-o",
+                out.to_str().unwrap(),
+                "--context-parallel",
+                &c,
+                "--tensor-parallel",
+                &t,
+                "--pipeline-parallel",
+                &p,
+                "--micro-batch-size",
+                "2",
+            ];
+            args.extend(extra);
+            let v = json(&args);
+            assert_eq!(v["context_parallel"].as_u64(), c.parse().ok(), "{v}");
+            let plan = read_plan(&out);
+            let splits = plan["strategy"]["layers"].as_array().unwrap();
             assert!(
-                (a - b).abs() <= 1e-5 * b.abs(),
-                "c{c} t{t} p{p}: {got:?} vs {want:?}"
+                splits
+                    .iter()
+                    .all(|l| l["split"]["context"].as_u64() == c.parse().ok()),
+                "{name} c{c}: {splits:?}"
             );
+            let got = losses(&out, &[]);
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{name} c{c} t{t} p{p}: {got:?} vs {want:?}"
+                );
+            }
         }
     }
+}
+
+/// A context-parallel plan lowered (the attention cores' queries cut by the context group,
+/// their keys and values gathered) simulates within 5 % of the all-gather form's price.
+#[test]
+fn context_parallelism_simulates_as_priced() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(12, 2048, 16, 8192, 51200));
+    let out = dir.path().join("plan");
+    let v = json(&[
+        "plan",
+        &model,
+        "--json",
+        "--cluster",
+        "selene",
+        "--gpus",
+        "8",
+        "--batch",
+        "8",
+        "--precision",
+        "bf16",
+        "--tensor-parallel",
+        "2",
+        "--pipeline-parallel",
+        "2",
+        "--context-parallel",
+        "2",
+        "--cp-comm-type",
+        "all_gather",
+        "--micro-batch-size",
+        "1",
+        "--tp-comm-overlap",
+        "off",
+        "--zero",
+        "0",
+        "--recompute",
+        "none",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let predicted = v["iteration_time_us"].as_f64().unwrap();
+    let simulated = v["simulated"]["iteration_time_us"].as_f64().unwrap();
+    println!(
+        "c2 t2 p2, sequence 8192: predicted {predicted:.0} µs, simulated {simulated:.0} µs \
+         ({:+.1} %)",
+        (simulated / predicted - 1.0) * 100.0
+    );
+    assert!((simulated / predicted - 1.0).abs() <= 0.05);
 }
 
 #[test]

@@ -35,7 +35,9 @@ use serde::{Deserialize, Serialize};
 /// geometry, which ranks count a replicated result once, and which value carries another
 /// after the rewrite (following `aliases`, bounded so a cycle in a hand-edited plan ends).
 pub use ralpc_passes::layers::{carrier, LayerKind, Split};
-pub use ralpc_passes::plan::{edge_kinds, epilogue_reads_as, first_replica, Cut, View, Window};
+pub use ralpc_passes::plan::{
+    edge_kinds, epilogue_reads_as, first_replica, input_gradient_sums, Cut, View, Window,
+};
 
 /// How the plan's layers are placed and connected.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -289,8 +289,8 @@ pub struct Split {
     /// Context degree: every sample's sequence cut into this many pieces, one per rank of a
     /// context-parallel group (Megatron-Core's `--context-parallel-size`). The layers
     /// that work per token take their piece of the rows; an attention core, which relates
-    /// every query to every key, runs on the whole sequence on each of them. 1 (and not
-    /// written) outside transformer plans.
+    /// every query to every key, reads the whole sequence's keys and values on each of
+    /// them and writes its queries' rows. 1 (and not written) outside transformer plans.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub context: u32,
     /// Attribute (spatial / sequence) degree.

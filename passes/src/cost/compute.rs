@@ -195,7 +195,7 @@ impl<'a> ComputeModel<'a> {
             .sum::<u64>()
             .max(1) as f64;
         let (fwd, bwd, source) = if let Some(m) = &layer.measured {
-            match curve_us(m, split, batch) {
+            match curve_us(m, layer, split, batch) {
                 Some(timed) => timed,
                 None => (
                     m.fwd_us * local.work_fraction,
@@ -277,8 +277,9 @@ impl<'a> ComputeModel<'a> {
     fn profiled(&self, layer: &Layer, split: Split, batch: u64) -> Option<(f64, f64, Source)> {
         let profile = self.profile?;
         // A tile of 1/a of the rows runs like 1/a of the samples (the same output elements
-        // per kernel); a parameter slice keeps the batch and divides the op's work.
-        let local_batch = batch as f64 / f64::from(split.sample.max(1) * split.attribute.max(1));
+        // per kernel), and so does a piece of each sequence; a parameter slice keeps the
+        // batch and divides the op's work.
+        let local_batch = local_batch(layer, split, batch);
         let share = 1.0 / f64::from(split.parameter.max(1));
         let (mut fwd, mut bwd, mut found, mut missing) = (0.0, 0.0, Found::Measured, 0);
         let mut hits = 0;
@@ -318,12 +319,23 @@ impl<'a> ComputeModel<'a> {
     }
 }
 
+/// The batch a rank's kernels of `layer` see under `split`: its samples, times the share
+/// of each sample's rows it computes (a tile of rows, a piece of each sequence).
+fn local_batch(layer: &Layer, split: Split, batch: u64) -> f64 {
+    let rows = split.attribute.max(1) * crate::plan::context_pieces(layer.kind, split);
+    batch as f64 / f64::from(split.sample.max(1) * rows)
+}
+
 /// A measured layer's time at its local batch, where it was measured at several batches:
 /// rows and samples alike shrink the batch a kernel sees; a parameter slice divides the
 /// work (as [`ComputeModel::profiled`] does for per-op profiles).
-fn curve_us(measured: &Measured, split: Split, batch: u64) -> Option<(f64, f64, Source)> {
-    let local_batch = batch as f64 / f64::from(split.sample.max(1) * split.attribute.max(1));
-    let t = interpolate(&measured.points, local_batch)?;
+fn curve_us(
+    measured: &Measured,
+    layer: &Layer,
+    split: Split,
+    batch: u64,
+) -> Option<(f64, f64, Source)> {
+    let t = interpolate(&measured.points, local_batch(layer, split, batch))?;
     let share = 1.0 / f64::from(split.parameter.max(1));
     let source = match t.found {
         Found::Measured => Source::Measured,

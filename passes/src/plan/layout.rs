@@ -95,14 +95,22 @@ pub fn splits_attributes_into(layer: &crate::layers::Layer, attributes: u32) -> 
 /// attribute ranks divide its work (they sum partial results), and so do an embedding's
 /// (each looks up its piece of the vocabulary: Megatron's vocabulary-parallel embedding),
 /// so they have none.
-/// Under context parallelism an embedding and an attention core run on every rank of the
-/// group the whole sequence (the sequence's pieces do not divide their work): they are
-/// replicas too.
+/// Under context parallelism an embedding runs on every rank of the group the whole
+/// sequence (the sequence's pieces do not divide its work): they are replicas too.
 pub fn replicas(kind: LayerKind, split: Split) -> u32 {
     let view = View::output(kind, split, 0);
     match kind {
         LayerKind::Conv | LayerKind::Dense | LayerKind::Embedding => view.context_replication(),
         _ => view.replication(),
+    }
+}
+
+/// Into how many pieces a `kind` layer under `split` cuts each sequence's rows of its
+/// output (1: it writes them whole on every rank of its context group).
+pub fn context_pieces(kind: LayerKind, split: Split) -> u32 {
+    match View::output(kind, split, 0).cuts(Cut::Context) {
+        true => split.context.max(1),
+        false => 1,
     }
 }
 
@@ -115,20 +123,25 @@ fn degrees(split: Split) -> (u32, u32, u32) {
     )
 }
 
-/// Whether a `kind` layer works on each token (row) apart, so that a context-parallel
-/// group cuts its rows: products, norms and elementwise layers do; an attention core
-/// relates rows, and an embedding (whose table's gradient the sequence's pieces would
-/// each add in full) is run whole on every rank of the group.
-fn per_token(kind: LayerKind) -> bool {
-    matches!(
-        kind,
-        LayerKind::Dense | LayerKind::LayerNorm | LayerKind::Elementwise
-    )
+/// Whether a context-parallel group cuts the rows of a `kind` layer's output (`output`)
+/// or input: products, norms and elementwise layers work on each token apart; an
+/// attention core writes its piece of the queries' rows but reads the whole sequence's
+/// keys and values (gathered: the all-gather form Llama 3 trained with), its input's
+/// gradient a partial sum over the group ([`input_gradient_sums`]); an embedding (whose
+/// table's gradient the sequence's pieces would each add in full) runs whole on every rank
+/// of the group.
+fn cuts_context(kind: LayerKind, output: bool) -> bool {
+    match kind {
+        LayerKind::Dense | LayerKind::LayerNorm | LayerKind::Elementwise => true,
+        LayerKind::Attention => output,
+        _ => false,
+    }
 }
 
-/// `rows` as a context-parallel `kind` layer cuts them: by the context index first.
-fn with_context(kind: LayerKind, split: Split, rows: Cut) -> Cut {
-    match (split.context > 1 && per_token(kind), rows) {
+/// `rows` as a context-parallel `kind` layer cuts them in its output (`output`) or input:
+/// by the context index first.
+fn with_context(kind: LayerKind, split: Split, rows: Cut, output: bool) -> Cut {
+    match (split.context > 1 && cuts_context(kind, output), rows) {
         (true, Cut::Whole) => Cut::Context,
         (true, Cut::Attribute) => Cut::ContextAttribute,
         (_, rows) => rows,
@@ -156,7 +169,7 @@ impl View {
             first,
             split: degrees(split),
             context: split.context.max(1),
-            rows: with_context(kind, split, rows),
+            rows: with_context(kind, split, rows, true),
             features,
         }
     }
@@ -178,9 +191,21 @@ impl View {
             first,
             split: degrees(split),
             context: split.context.max(1),
-            rows: with_context(kind, split, rows),
+            rows: with_context(kind, split, rows, false),
             features,
         }
+    }
+
+    /// This view with its rows not cut by the context index: what a context-parallel
+    /// attention core computes (every query row of the sequence it gathered) before it
+    /// keeps its piece.
+    pub fn every_context_row(&self) -> View {
+        let rows = match self.rows {
+            Cut::Context => Cut::Whole,
+            Cut::ContextAttribute => Cut::Attribute,
+            rows => rows,
+        };
+        View { rows, ..*self }
     }
 
     /// Number of ranks.
@@ -655,10 +680,10 @@ pub fn weight_replicas(kind: LayerKind, split: Split, first: u32) -> (Vec<u32>, 
 /// vocabulary-parallel embedding (rank index 0's),
 /// with the fraction of the output each holds; `None` when there are no partial sums.
 pub fn partial_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
-    let (s, a, p) = degrees(split);
+    let (_, a, p) = degrees(split);
     (matches!(kind, LayerKind::Dense | LayerKind::Embedding) && a > 1).then(|| {
         let ranks = (0..a).map(|ai| first + ai * p).collect();
-        (ranks, 1.0 / f64::from(s * p))
+        (ranks, View::output(kind, split, first).share())
     })
 }
 
@@ -707,16 +732,23 @@ pub fn class_pieces(kind: LayerKind, split: Split, first: u32) -> Option<Vec<u32
 /// The group over which a layer's input gradient is a partial sum, with the fraction of the
 /// input each holds: a layer split by parameters reads its input whole on every parameter
 /// slice, so each slice computes a part of the input's gradient (Megatron's `f` operator);
-/// so does a recurrent layer split by its gates.
+/// so does a recurrent layer split by its gates, and a context-parallel attention core
+/// over its context group (each rank's queries give part of every key's and value's
+/// gradient).
 pub fn input_gradient_sums(kind: LayerKind, split: Split, first: u32) -> Option<(Vec<u32>, f64)> {
-    let (s, a, p) = degrees(split);
+    let (_, a, p) = degrees(split);
+    let c = split.context.max(1);
+    if kind == LayerKind::Attention && c > 1 {
+        let ranks = (0..c).map(|ci| first + ci * a * p).collect();
+        return Some((ranks, input_share(kind, split)));
+    }
     let sums = matches!(
         kind,
         LayerKind::Conv | LayerKind::Dense | LayerKind::Recurrent
     );
     (sums && p > 1).then(|| {
         let ranks = (0..p).map(|pi| first + pi).collect();
-        (ranks, 1.0 / f64::from(s * a))
+        (ranks, input_share(kind, split))
     })
 }
 
@@ -784,15 +816,23 @@ mod tests {
         let norm = View::output(LayerKind::LayerNorm, context_split(2, 2, 2, 1), 0);
         assert_eq!(norm.pieces(3), [(0, 2), (3, 4), (0, 1)]);
         assert_eq!(norm.replication(), 1);
-        // The attention core runs each sample shard's whole sequence on both context ranks.
-        let attention = View::input(LayerKind::Attention, context_split(2, 2, 1, 2), 0);
+        // The attention core reads each sample shard's whole sequence on both context
+        // ranks and writes its piece of the queries' rows.
+        let cores = context_split(2, 2, 1, 2);
+        let attention = View::input(LayerKind::Attention, cores, 0);
         assert_eq!(attention.pieces(5), [(1, 2), (0, 1), (1, 2)]);
         assert_eq!(attention.replication(), 2);
-        assert_eq!(replicas(LayerKind::Attention, context_split(2, 2, 1, 2)), 2);
-        // Its input is gathered over the context group: each rank receives the other half
-        // of its box.
+        let written = View::output(LayerKind::Attention, cores, 0);
+        assert_eq!(written.pieces(5), [(1, 2), (0, 2), (1, 2)]);
+        assert_eq!(replicas(LayerKind::Attention, cores), 1);
+        // Its input is gathered over the context group (each rank receives the other half
+        // of its box), and its gradient reduce-scattered there.
         let m = movement(&columns, &attention).unwrap();
         assert!((m.busiest - 1.0 / 8.0).abs() < 1e-12, "{m:?}");
+        let from = (context_split(2, 2, 1, 2), 0);
+        let group = gathers(LayerKind::Dense, from, LayerKind::Attention, (cores, 0)).unwrap();
+        assert_eq!(group, [0, 2]);
+        assert!(scatters_gradient(&group, LayerKind::Attention, (cores, 0)));
         // A vocabulary-parallel embedding runs whole on both context ranks: the first of
         // each vocabulary piece counts its gradients, the other adds zeros.
         let embedding = context_split(1, 2, 2, 1);

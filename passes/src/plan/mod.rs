@@ -43,10 +43,10 @@ pub use file::{
 };
 pub use halo::Window;
 pub use layout::{
-    class_pieces, edge_kinds, epilogue_reads_as, first_replica, gathers, gathers_gradient,
-    gradient_transfers, input_gradient_sums, input_share, output_share, partial_sums, replicas,
-    scatters_gradient, scatters_partial_sums, splits_attributes, splits_attributes_into,
-    splits_freely, transfers, weight_replicas, Cut, Transfer, View,
+    class_pieces, context_pieces, edge_kinds, epilogue_reads_as, first_replica, gathers,
+    gathers_gradient, gradient_transfers, input_gradient_sums, input_share, output_share,
+    partial_sums, replicas, scatters_gradient, scatters_partial_sums, splits_attributes,
+    splits_attributes_into, splits_freely, transfers, weight_replicas, Cut, Transfer, View,
 };
 pub use regather::{regathers, Regather, Regathers};
 pub use search::{plan, Candidate, Planned, Request};
@@ -487,8 +487,40 @@ impl Strategy {
             for l in s.first_layer..=s.last_layer {
                 let split = self.layers[l];
                 let layer = &graph.layers[l];
-                if split.sample == 0 || split.attribute == 0 || split.parameter == 0 {
+                if split.sample == 0
+                    || split.context == 0
+                    || split.attribute == 0
+                    || split.parameter == 0
+                {
                     return bad(format!("layer {}: split degrees must be ≥ 1", layer.name));
+                }
+                if split.context > 1
+                    && layer.kind == LayerKind::Attention
+                    && reads_beside_projections(graph, layer)
+                {
+                    return bad(format!(
+                        "layer {}: a context-parallel attention core gathers its projections' \
+                         rows, but it also reads a mask, a position table or a graph input, \
+                         which would reach it in pieces of the sequence",
+                        layer.name
+                    ));
+                }
+                // Context parallelism cuts a sequence's tokens: convolutions, pooling,
+                // batch norms and recurrences have none to cut.
+                if split.context > 1
+                    && matches!(
+                        layer.kind,
+                        LayerKind::Conv | LayerKind::Pool | LayerKind::Norm | LayerKind::Recurrent
+                    )
+                {
+                    return bad(format!(
+                        "layer {} ({}): context {} cuts a sequence's tokens, which a {} layer \
+                         does not hold (context parallelism is for transformer layers)",
+                        layer.name,
+                        layer.kind.name(),
+                        split.context,
+                        layer.kind.name()
+                    ));
                 }
                 if split.degree() > s.gpus {
                     return bad(format!(
@@ -568,8 +600,10 @@ impl Strategy {
                     self.shard_groups
                 ));
             }
+            // A weight's replicas: its data-parallel and context-parallel ranks.
+            let replicas = |l: usize| self.layers[l].sample * self.layers[l].context.max(1);
             let uneven = (0..n).find(|&l| {
-                let samples = self.layers[l].sample;
+                let samples = replicas(l);
                 graph.layers[l].param_bytes > 0
                     && (samples % self.shard_groups != 0 || samples / self.shard_groups < 2)
             });
@@ -577,7 +611,9 @@ impl Strategy {
                 return bad(format!(
                     "layer {} has {} sample replicas, which {} shard groups do not cut into \
                      groups of two or more",
-                    graph.layers[l].name, self.layers[l].sample, self.shard_groups
+                    graph.layers[l].name,
+                    replicas(l),
+                    self.shard_groups
                 ));
             }
         }
@@ -609,6 +645,19 @@ impl Strategy {
             .copied()
             .find(|&(first, last)| first <= l && l <= last)
     }
+}
+
+/// Whether an attention core reads anything but its projections (a mask or a rotary table
+/// another layer computes, a graph input): what a context-parallel core, which gathers its
+/// projections' rows, cannot lower yet.
+pub(crate) fn reads_beside_projections(
+    graph: &crate::layers::LayerGraph,
+    layer: &crate::layers::Layer,
+) -> bool {
+    layer.inputs.iter().any(|e| match e.from {
+        crate::layers::Producer::Layer(p) => graph.layers[p.0 as usize].kind != LayerKind::Dense,
+        crate::layers::Producer::Input(_) => true,
+    })
 }
 
 #[cfg(test)]

@@ -134,11 +134,42 @@ pub fn layered(
         Recompute::Selective => attention_cores(graph),
         Recompute::Modules(m) => module_runs(graph, &starts, m)?,
     };
+    let layers = tensor_parallel(graph, ops, d, c, t);
+    // A context-parallel core gathers its projections' rows; anything else it reads (a
+    // mask or rotary table another layer computes, a graph input) would arrive as a
+    // product's input does, in pieces of the sequence.
+    if let Some(layer) = graph.layers.iter().find(|l| {
+        c > 1 && l.kind == LayerKind::Attention && crate::plan::reads_beside_projections(graph, l)
+    }) {
+        return refuse(
+            &format!(
+                "context parallelism over attention core {} (which reads more than its \
+                 projections: a mask, a position table or a graph input)",
+                layer.name
+            ),
+            "--context-parallel 1",
+        );
+    }
+    if let Some((layer, _)) = graph
+        .layers
+        .iter()
+        .zip(&layers)
+        .find(|(layer, split)| split.context > 1 && !keeps_a_sequence_axis(layer))
+    {
+        return refuse(
+            &format!(
+                "context parallelism over layer {} (which flattens its tokens: no sequence \
+                 axis to cut)",
+                layer.name
+            ),
+            "--context-parallel 1",
+        );
+    }
     Ok(Strategy {
         schedule: par.schedule,
         microbatches,
         stages,
-        layers: tensor_parallel(graph, ops, d, c, t),
+        layers,
         zero: par.zero,
         shard_groups: par.shard_groups.max(1),
         recompute,
@@ -193,12 +224,36 @@ fn tensor_parallel(graph: &LayerGraph, ops: Option<&Graph>, d: u32, c: u32, t: u
             LayerKind::Attention => columns,
             LayerKind::Dense if product_reads_columns => rows,
             LayerKind::Dense => columns,
+            // What looks along the sequence cannot take a piece of it.
+            LayerKind::Elementwise | LayerKind::LayerNorm if c > 1 && !cuts_rows(layer) => {
+                Split::samples(d)
+            }
             LayerKind::Elementwise if reads_columns => columns,
             LayerKind::Elementwise | LayerKind::LayerNorm if !cuts_rows(layer) => Split::samples(d),
             _ => rows,
         });
     }
     split
+}
+
+/// Whether the executors can cut a layer's rows by a context-parallel group: the layer
+/// works on tokens or runs whole (an attention core, an embedding), and what it reshapes
+/// and writes keeps a sequence axis of its own (`[batch, sequence, features]`, or a
+/// projection's heads written apart, `[batch, sequence, heads, d]`), which the executors
+/// follow. A layer that flattens its tokens (`[b·s, h]`) has none.
+fn keeps_a_sequence_axis(layer: &Layer) -> bool {
+    // Signatures give a sample's shape: at least `[sequence, features]`.
+    let sequence =
+        |p: &&crate::layers::Part| p.signature.as_ref().is_none_or(|s| s.output.len() >= 2);
+    !matches!(
+        layer.kind,
+        LayerKind::Dense | LayerKind::LayerNorm | LayerKind::Elementwise
+    ) || (layer
+        .parts
+        .iter()
+        .filter(|p| p.op == "Reshape")
+        .all(|p| sequence(&p))
+        && layer.parts.last().as_ref().is_none_or(sequence))
 }
 
 /// Whether a matrix product of `layer` reads `v` (the value carrying it in `graph`).

@@ -9,6 +9,7 @@
 //! only priced. ZeRO 2 and 3 shard gradients that pipeline microbatches accumulate, so they
 //! are searched without pipelining (DeepSpeed's restriction).
 
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::estimate::{estimate, Estimate, Setting};
@@ -117,8 +118,7 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
     // Context parallelism splits the attention core, quadratic in the sequence: auto
     // considers it where that core does at least the dense layers' work per token
     // (`4sh ≥` the products' FLOPs). Below, it would only trade data-parallel replicas
-    // for ring exchanges, and ralpc does not lower it yet; `--context-parallel` asks for it
-    // at any length.
+    // for key and value exchanges; `--context-parallel` asks for it at any length.
     let attention = model.core_flops_per_token();
     let long_sequence = knobs.context.is_some()
         || knobs.context_comm.is_some()
@@ -156,22 +156,23 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             .recompute
             .map_or_else(|| Recompute::choices(model), |given| vec![given]),
     };
-    let mut best: Option<Estimate> = None;
-    let mut smallest_need = f64::INFINITY;
-    let mut evaluated = 0u64;
     let tensors: Vec<u32> = (1..=gpn)
         .filter(|&t| gpn % t == 0 && gpus % t == 0 && model.splits_by(t))
         .filter(|&t| knobs.tensor.is_none_or(|k| k == t))
         .collect();
-    for &t in &tensors {
+    // The configurations of each tensor degree and pipeline depth are priced apart, on as
+    // many threads as there are cores, and taken in order: the plan one pass over them
+    // would pick.
+    let per_depth = |(t, p): (u32, u32)| -> Found {
+        let mut best: Option<Estimate> = None;
+        let mut smallest_need = f64::INFINITY;
+        let mut first_need = None;
+        let mut evaluated = 0u64;
         // The context-parallel forms by their exchange time, which the pipeline does not
-        // change: per (c, b, recomputation) for this tensor degree.
+        // change: per (c, b, recomputation) for this tensor degree and pipeline depth.
         let mut ranked: std::collections::HashMap<(u32, u64, Recompute), Vec<ContextComm>> =
             std::collections::HashMap::new();
-        for p in 1..=(gpus / t).min(u32::try_from(model.layers).unwrap_or(u32::MAX)) {
-            if (gpus / t) % p != 0 || knobs.pipeline.is_some_and(|k| k != p) {
-                continue;
-            }
+        {
             // Context parallelism cuts each sequence over `c` ranks; Megatron-Core's
             // causal load balancing pairs chunks, so each rank holds `2` of `2c`.
             let contexts: Vec<u32> = (1..=gpus / (t * p))
@@ -398,10 +399,11 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                                                 false => e,
                                             };
                                             // What the GPUs need (an offload that fits them
-                                            // may fail on the host's memory instead).
+                                            // may fail on the host's memory instead, and
+                                            // counts only as the search's first need).
+                                            first_need.get_or_insert(e.peak_memory_bytes);
                                             if !offload.any()
                                                 || e.peak_memory_bytes > e.memory_capacity_bytes
-                                                || smallest_need.is_infinite()
                                             {
                                                 smallest_need =
                                                     smallest_need.min(e.peak_memory_bytes);
@@ -422,6 +424,36 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
                     }
                 }
             }
+        }
+        Found {
+            best,
+            smallest_need,
+            first_need,
+            evaluated,
+        }
+    };
+    let depths: Vec<(u32, u32)> = (tensors.iter())
+        .flat_map(|&t| {
+            (1..=(gpus / t).min(u32::try_from(model.layers).unwrap_or(u32::MAX)))
+                .filter(move |&p| (gpus / t) % p == 0 && knobs.pipeline.is_none_or(|k| k == p))
+                .map(move |p| (t, p))
+        })
+        .collect();
+    let found: Vec<Found> = depths.par_iter().map(|&d| per_depth(d)).collect();
+    let mut best: Option<Estimate> = None;
+    let mut smallest_need = f64::INFINITY;
+    let mut evaluated = 0u64;
+    if let Some(first) = found.iter().find_map(|f| f.first_need) {
+        smallest_need = first;
+    }
+    for f in found {
+        evaluated += f.evaluated;
+        smallest_need = smallest_need.min(f.smallest_need);
+        if let Some(e) = f.best.filter(|e| {
+            best.as_ref()
+                .is_none_or(|x| e.iteration_time_us < x.iteration_time_us * (1.0 - 1e-12))
+        }) {
+            best = Some(e);
         }
     }
     // Data parallelism on as many GPUs as the batch feeds is a plan too (it may use fewer
@@ -461,6 +493,16 @@ pub fn search(setting: &Setting<'_>, knobs: &Knobs) -> Result<Searched, PlanErro
             limited: setting.memory_limit.is_some(),
         }),
     }
+}
+
+/// What the configurations of one tensor degree and pipeline depth gave: the fastest that
+/// fits, the least memory any needs on the GPUs without offloading or beyond them, the
+/// first one's need, and how many were priced.
+struct Found {
+    best: Option<Estimate>,
+    smallest_need: f64,
+    first_need: Option<f64>,
+    evaluated: u64,
 }
 
 /// `full`, a full recomputation of `par` that fits, or the plan recomputing the fewest

@@ -46,7 +46,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ralpc_codegen::layout::{
-    carrier, edge_kinds, epilogue_reads_as, first_replica, LayerKind, Split, View,
+    carrier, edge_kinds, epilogue_reads_as, first_replica, input_gradient_sums, LayerKind, Split,
+    View,
 };
 use ralpc_codegen::plan::{BufferKind, Instruction, Plan};
 use ralpc_codegen::tag::{Tag, Tags};
@@ -500,6 +501,9 @@ struct LayerExec {
     weights: Vec<ValueId>,
     /// Split by heads: the shape constants its nodes read, made local.
     local: heads::LocalShapes,
+    /// Split by rows (sequence or context parallelism): the shape constants its nodes
+    /// read, made local to its rows after `local` (`Prepared::split_row_shapes`).
+    local_rows: heads::LocalShapes,
     /// The weights whose gradients its bucket all-reduces: those it reads first, but for
     /// tied weights the plan all-reduces on their own.
     owned: Vec<ValueId>,
@@ -562,6 +566,10 @@ struct Prepared<'a> {
     /// Feature axes found by following an output-feature split through the ops after its
     /// product ([`Prepared::split_epilogues`]).
     feature_axes: BTreeMap<ValueId, usize>,
+    /// Row axes found by following a row split through a layer's reshapes
+    /// ([`Prepared::split_row_shapes`]: a projection writing its heads apart,
+    /// `[b, s, heads, d]`, holds its rows on the second axis).
+    row_axes: BTreeMap<ValueId, usize>,
     /// Tied weights with their own all-reduce: every holder keeps a whole copy, cuts what
     /// each layer holds from it, and adds each layer's gradient at its place.
     tied: BTreeSet<ValueId>,
@@ -614,6 +622,10 @@ struct LayerRun {
     records: Vec<Record>,
     /// The region each output holds.
     regions: BTreeMap<ValueId, Region>,
+    /// Outputs computed over more rows than they hold (a context-parallel attention core
+    /// computes every query row of the sequence it gathered and keeps its piece): the
+    /// rows computed and the whole value, for the backward pass.
+    every_row: BTreeMap<ValueId, (Region, Tensor)>,
     /// Whether what its backward reads was dropped for recomputation.
     dropped: bool,
     /// The weights (its input, the weight) ZeRO-3 released while it waited for its

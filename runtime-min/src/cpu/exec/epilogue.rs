@@ -119,40 +119,55 @@ impl Prepared<'_> {
     }
 
     /// Makes local the shape constants of layers split by rows that are not windows (a
-    /// sequence-parallel LayerNorm reshaping to `[b, s, h]` names the whole sequence):
-    /// the cut is followed from the inputs' row axes as for a head split.
+    /// sequence-parallel LayerNorm reshaping to `[b, s, h]` names the whole sequence, a
+    /// context-parallel projection writing its heads apart `[b, s, heads, d]`): the cut is
+    /// followed from the inputs' row axes as for a head split, after it, and the row axis
+    /// of what the layer writes is kept (in layer order, so that a later layer reading it
+    /// starts from it; not where its rows merge with the samples, `[b·s, h]`, which no
+    /// axis holds apart).
     pub(super) fn split_row_shapes(&mut self) {
+        for l in 0..self.layers.len() {
+            if let Some((local, outputs)) = self.row_shapes(l) {
+                if !local.is_empty() {
+                    self.layers[l].local_rows = local;
+                }
+                self.row_axes.extend(outputs);
+            }
+        }
+    }
+
+    /// Layer `l`'s constants made local to its rows and its outputs' row axes, where its
+    /// rows are cut and it reshapes ([`Prepared::split_row_shapes`]).
+    fn row_shapes(&self, l: usize) -> Option<(heads::LocalShapes, Vec<(ValueId, usize)>)> {
         let g = self.exe.graph;
         // Constants read per feature are taken apart by the head split alone.
         let operand = |v| match self.operand(v) {
             Operand::Constant => Operand::Activation,
             o => o,
         };
-        let mut found = Vec::new();
-        for (l, layer) in self.layers.iter().enumerate() {
-            let pieces = layer.split.attribute;
-            let window = matches!(
-                layer.kind,
-                LayerKind::Conv | LayerKind::Pool | LayerKind::Dense
-            );
+        {
+            let layer = &self.layers[l];
+            // Cut by sequence parallelism, context parallelism or both (a dense layer's
+            // rows only by the context: its attribute degree cuts its input features).
+            let pieces = layer.view_in().pieces(0)[1].1;
+            let window = matches!(layer.kind, LayerKind::Conv | LayerKind::Pool);
             let reshapes = layer
                 .nodes
                 .iter()
                 .any(|&n| matches!(g.node(n).op, Op::Reshape { .. }));
-            if pieces <= 1 || window || !reshapes || !layer.local.is_empty() {
-                continue;
+            if pieces <= 1 || window || !reshapes {
+                return None;
             }
             let seed = self.input_cuts(layer, |a| a.rows);
-            if let Ok((local, _)) =
-                local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &operand)
-            {
-                found.push((l, local));
-            }
-        }
-        for (l, local) in found {
-            if !local.is_empty() {
-                self.layers[l].local = local;
-            }
+            let (local, cut) =
+                local_shapes(g, self.exe.info, &layer.nodes, seed, pieces, &operand).ok()?;
+            let outputs: Vec<(ValueId, usize)> = layer
+                .outputs
+                .iter()
+                .filter(|o| !local.merged.contains(o))
+                .filter_map(|o| Some((*o, *cut.get(o)?)))
+                .collect();
+            Some((local, outputs))
         }
     }
 }

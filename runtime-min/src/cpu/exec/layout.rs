@@ -33,6 +33,24 @@ impl BatchAxis {
 
 impl Prepared<'_> {
     pub(super) fn axes(&self, v: ValueId, rank: usize) -> Axes {
+        let axes = self.axes_by_layout(v, rank);
+        match self.row_axes.get(&v) {
+            // The features follow the rows (`[b, s, heads, d]` holds its heads after its
+            // sequence), whatever a layout guessed.
+            Some(&rows) => Axes {
+                rows: Some(rows),
+                features: match axes.features {
+                    Some(f) if f == rows => (rows + 1 < rank).then_some(rows + 1),
+                    f => f,
+                },
+            },
+            None => axes,
+        }
+    }
+
+    /// [`Prepared::axes`] from the layouts alone: the features a split followed, else
+    /// where a layout puts them.
+    fn axes_by_layout(&self, v: ValueId, rank: usize) -> Axes {
         if let Some(&f) = self.feature_axes.get(&v) {
             // Rows follow channels (`[b, c, l]`) or precede features (`[b, t, d]`).
             let rows = match f {

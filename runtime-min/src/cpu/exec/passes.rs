@@ -312,15 +312,16 @@ impl Rank<'_, '_> {
                 }
                 None => t,
             };
-            // A head piece's reshape targets and split sizes.
-            let t = match (source, layer.local.is_empty()) {
+            // A head piece's reshape targets and split sizes, then a row piece's.
+            let local = layer.local.is_empty() && layer.local_rows.is_empty();
+            let t = match (source, local) {
                 (Source::Constant | Source::Folded | Source::Derived, false) => {
                     let ints = t.to_i64s();
-                    match layer
-                        .local
-                        .apply(v, &ints)
-                        .or_else(|| layer.local.apply(c, &ints))
-                    {
+                    let apply = |shapes: &heads::LocalShapes, ints: &[i64]| {
+                        shapes.apply(v, ints).or_else(|| shapes.apply(c, ints))
+                    };
+                    let heads = apply(&layer.local, &ints);
+                    match apply(&layer.local_rows, heads.as_deref().unwrap_or(&ints)).or(heads) {
                         Some(local) => Tensor::i64(t.shape.clone(), local),
                         None => layer.local.pick(v, t, layer.view_in().pieces(k)[2]),
                     }
@@ -349,8 +350,35 @@ impl Rank<'_, '_> {
             }
         }
         let mut regions = BTreeMap::new();
+        let mut every_row = BTreeMap::new();
         for &o in &layer.outputs {
-            let region = p.region(o, &p.output_view(l, o), k).map_err(Refusal::bug)?;
+            let view = p.output_view(l, o);
+            let region = p.region(o, &view, k).map_err(Refusal::bug)?;
+            // A context-parallel attention core ran every query row of the keys and values
+            // it gathered: it keeps its rows (an executor of reference, not a fast kernel;
+            // the plan prices the rows alone).
+            let computed = match layer.kind {
+                LayerKind::Attention => p
+                    .region(o, &view.every_context_row(), k)
+                    .map_err(Refusal::bug)?,
+                _ => region.clone(),
+            };
+            if computed != region {
+                if let Some(whole) = values.take(o) {
+                    if whole.shape != p.local_dims(o, &computed) {
+                        return Err(bug(format!(
+                            "layer {} computed '{}' of shape {:?} where the rows of its \
+                             gathered sequence are {computed:?}",
+                            layer.name,
+                            self.value_name(o),
+                            whole.shape
+                        )));
+                    }
+                    let mine = self.cut(&whole, &computed, &region)?;
+                    values.set(o, mine.reshaped(p.local_dims(o, &region)));
+                    every_row.insert(o, (computed, whole));
+                }
+            }
             let got = values.get(o).map(|t| t.shape.clone()).unwrap_or_default();
             let want = p.local_dims(o, &region);
             if got != want {
@@ -368,6 +396,7 @@ impl Rank<'_, '_> {
                 values,
                 records,
                 regions,
+                every_row,
                 dropped: false,
                 lent: Vec::new(),
             },
@@ -527,6 +556,14 @@ impl Rank<'_, '_> {
                 grads.accumulate(o, total);
             }
         }
+        // What a context-parallel attention core computed beyond its rows gets no
+        // gradient here: its own rows' come back, the other rows' go to their ranks.
+        for (o, (computed, whole)) in std::mem::take(&mut run.every_row) {
+            if let (Some(dy), Some(held)) = (grads.take_floats(o), run.regions.get(&o)) {
+                grads.set(o, reframe(&dy, held, &computed).into());
+            }
+            run.values.set(o, whole);
+        }
         if !self.gates_backward(l, k, &run.values, &mut grads)? {
             self.backward_nodes(l, k, &run.records, &run.values, &mut grads)?;
         }
@@ -668,12 +705,10 @@ impl Rank<'_, '_> {
                 None => gv,
             };
             self.input_grads.insert((e, mb), (need, gv));
-            if matches!(
-                p.edges[e].read_as,
-                LayerKind::Conv | LayerKind::Dense | LayerKind::Recurrent
-            ) && layer.split.parameter > 1
-                && !p.edges[e].scattered
-            {
+            // Summed over the group the plan's lowering names (`input_gradient_sums`):
+            // the parameter slices of a product, a context-parallel attention core's group.
+            let summed = input_gradient_sums(p.edges[e].read_as, layer.split, 0).is_some();
+            if summed && !p.edges[e].scattered {
                 sums.push_back(e);
             }
         }

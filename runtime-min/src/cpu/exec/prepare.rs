@@ -186,6 +186,7 @@ impl<'a> Prepared<'a> {
                 weights,
                 owned,
                 local: heads::LocalShapes::default(),
+                local_rows: heads::LocalShapes::default(),
                 halo: None,
             });
         }
@@ -206,6 +207,7 @@ impl<'a> Prepared<'a> {
             channels_first,
             features_last,
             feature_axes: BTreeMap::new(),
+            row_axes: BTreeMap::new(),
             tied,
             infos: Mutex::default(),
             folded: Mutex::default(),

@@ -59,6 +59,7 @@ impl Rank<'_, '_> {
             }
             run.values = kept;
             run.records = Vec::new();
+            run.every_row.clear();
             run.dropped = true;
         }
     }
