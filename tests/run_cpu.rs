@@ -760,6 +760,38 @@ fn a_recurrent_layer_split_by_its_gates_trains_as_one_device() {
     check("lstm.onnx", 8, 4, &s, "lstm-gates-pipeline");
 }
 
+/// A split of a recurrence's gates into more pieces than it has hidden units is refused
+/// by name when planned, never run with empty pieces.
+#[test]
+fn a_recurrence_is_never_split_into_more_pieces_than_hidden_units() {
+    let model = fixture("lstm.onnx");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("strategy.json");
+    let s = strategy(
+        &[stage("lstm", "fc", 8)],
+        &split("lstm", 1, 1, 8),
+        "1f1b",
+        1,
+    );
+    std::fs::write(&file, s).expect("write the strategy");
+    let planned = ralpc::compile(&ralpc::Options {
+        model,
+        gpus: Some(8),
+        batch: Some(8),
+        strategy_file: Some(file),
+        ..Default::default()
+    });
+    let Err(e) = planned else {
+        panic!("6 hidden units were split 8 ways");
+    };
+    assert_eq!(e.exit_code(), 1);
+    let chain = format!("{e}{}", error_chain(&e));
+    assert!(
+        chain.contains("layer lstm: its 6 hidden units cannot be split into 8 pieces"),
+        "{chain}"
+    );
+}
+
 #[test]
 fn weights_a_dead_step_reads_first_are_all_reduced_with_their_layers() {
     // nakdimon (TensorFlow LSTMs as Loops) computes a first step outside each loop that

@@ -257,6 +257,8 @@ pub struct Layer {
 pub struct Recurrence {
     /// Time steps, over every direction (the directions run one after the other).
     pub steps: u64,
+    /// Hidden units: the most pieces a split by gates cuts it into.
+    pub hidden: u64,
     /// Bytes of one step's whole state for the global batch (`batch × hidden` values).
     pub state_bytes: u64,
     /// Whole states a split by gates gathers per forward step: `h`, and for a GRU that
@@ -1003,6 +1005,7 @@ fn recurrence(graph: &Graph, info: &GraphInfo, node: NodeId) -> Option<Recurrenc
     );
     Some(Recurrence {
         steps: seq.saturating_mul(r.direction.count()),
+        hidden: r.hidden,
         state_bytes: batch.saturating_mul(r.hidden).saturating_mul(element),
         exchanges: 1 + u64::from(reset_first),
     })

@@ -66,7 +66,12 @@ fn splits_of(layer: &Layer, g: u32, soap: bool, within: u32, pieces: u64) -> Vec
             if free && splits_attributes_into(layer, d) {
                 degrees.push((d, 1));
             }
-            if !layer.grouped {
+            // (Each piece of a recurrence's gates holds a hidden unit at least.)
+            let units = layer
+                .recurrence
+                .as_ref()
+                .is_none_or(|r| u64::from(d) <= r.hidden);
+            if !layer.grouped && units {
                 degrees.push((1, d));
             }
             d *= 2;
@@ -716,6 +721,7 @@ mod tests {
             LayerKind::Recurrent,
             Some(Recurrence {
                 steps: 16,
+                hidden: 64,
                 state_bytes: 4096,
                 exchanges: 1,
             }),

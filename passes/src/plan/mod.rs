@@ -548,6 +548,15 @@ impl Strategy {
                         ));
                     }
                 }
+                if let Some(r) = layer.recurrence.as_ref() {
+                    if u64::from(split.parameter) > r.hidden {
+                        return bad(format!(
+                            "layer {}: its {} hidden units cannot be split into {} pieces \
+                             (`parameter`): a piece would hold none",
+                            layer.name, r.hidden, split.parameter
+                        ));
+                    }
+                }
                 let gates = layer.recurrence.is_some() && split.attribute == 1;
                 if !splits_freely(layer.kind) && !gates && split.parameter > 1 {
                     return bad(format!(

@@ -86,6 +86,12 @@ impl Shape {
         // Piece `index` of `count` as the executor cuts every axis (`region::interval`).
         let lo = index * hidden / count;
         let local = (index + 1) * hidden / count - lo;
+        if local == 0 {
+            return Err(operands(format!(
+                "hidden size {hidden} cannot be cut into {count} pieces: piece {index} holds \
+                 no units"
+            )));
+        }
         let width = r.cell.gates() as usize * local;
         if w.shape != [dirs, width, input] || rec.shape != [dirs, width, hidden] {
             return Err(operands(format!(
