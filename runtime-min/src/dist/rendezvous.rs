@@ -129,7 +129,9 @@ fn handshake(
 pub const LISTENER_FD_VAR: &str = "RALPC_RENDEZVOUS_FD";
 
 /// The listening socket [`LISTENER_FD_VAR`] hands over, if it listens on `port`: taken at
-/// most once per process.
+/// most once per process. A variable naming anything else (a closed descriptor, a file, a
+/// socket that does not listen, or listens on another port) is ignored and what it names
+/// left open: rank 0 binds the port itself.
 fn inherited_listener(port: u16) -> Option<TcpListener> {
     #[cfg(unix)]
     {
@@ -137,19 +139,42 @@ fn inherited_listener(port: u16) -> Option<TcpListener> {
         use std::sync::atomic::{AtomicBool, Ordering};
         static TAKEN: AtomicBool = AtomicBool::new(false);
         let fd: i32 = std::env::var(LISTENER_FD_VAR).ok()?.trim().parse().ok()?;
-        if fd <= 2 || TAKEN.swap(true, Ordering::SeqCst) {
+        if fd <= 2 || !listens(fd) || TAKEN.swap(true, Ordering::SeqCst) {
             return None;
         }
-        // SAFETY: only the launcher sets the variable, to a socket it left open for this
-        // process alone and closed on its side; the swap above takes it once.
-        let listener = unsafe { TcpListener::from_raw_fd(fd) };
-        (listener.local_addr().ok()?.port() == port).then_some(listener)
+        // SAFETY: `fd` is an open listening socket (`listens`), which the launcher left
+        // open for this process alone and closed on its side; the swap above takes it
+        // once. Not dropped (closed) unless it is the one asked for.
+        let listener = std::mem::ManuallyDrop::new(unsafe { TcpListener::from_raw_fd(fd) });
+        match listener.local_addr() {
+            Ok(at) if at.port() == port => Some(std::mem::ManuallyDrop::into_inner(listener)),
+            _ => None,
+        }
     }
     #[cfg(not(unix))]
     {
         let _ = port;
         None
     }
+}
+
+/// Whether descriptor `fd` is an open socket that accepts connections.
+#[cfg(unix)]
+fn listens(fd: i32) -> bool {
+    let mut accepting: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `accepting`; on a descriptor that
+    // is not an open socket it fails (EBADF, ENOTSOCK) and writes nothing.
+    let got = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut accepting as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    got == 0 && accepting != 0
 }
 
 fn serve(
@@ -344,6 +369,22 @@ fn join(
 mod tests {
     use super::*;
     use crate::dist::testing::{free_port, placement};
+
+    /// Only a listening socket is taken from the launcher's variable: a file, a socket
+    /// that does not listen and a closed descriptor are not.
+    #[cfg(unix)]
+    #[test]
+    fn only_a_listening_socket_is_taken() {
+        use std::os::fd::AsRawFd as _;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a socket");
+        assert!(listens(listener.as_raw_fd()));
+        let stream = std::net::TcpStream::connect(listener.local_addr().expect("its address"))
+            .expect("a connection");
+        assert!(!listens(stream.as_raw_fd()));
+        let file = tempfile::tempfile().expect("a file");
+        assert!(!listens(file.as_raw_fd()));
+        assert!(!listens(i32::MAX));
+    }
 
     proptest::proptest! {
         /// A hello of any bytes is a rank and a blob or an error, never a panic.
