@@ -765,6 +765,19 @@ mod tests {
         }
     }
 
+    /// Asserts that every rank of `to` receives from `from` what a scan of every producer
+    /// rank finds; the ranks checked.
+    fn receives_as_by_scanning(from: &View, to: &View) -> u32 {
+        for r in 0..to.ranks() {
+            assert_eq!(
+                incoming(from, to, r),
+                incoming_among(from, to, r, |_| 0..from.ranks()),
+                "{from:?} to {to:?}, rank {r}"
+            );
+        }
+        to.ranks()
+    }
+
     #[test]
     fn a_consumer_rank_receives_the_same_pieces_as_by_scanning_every_producer() {
         let kinds = [
@@ -783,14 +796,7 @@ mod tests {
                         let (s2, a2, p2) = (degrees[(s as usize + 1) % 8], p, a);
                         let from = View::output(producer, split(s, a, p), 3);
                         let to = View::input(consumer, split(s2, a2, p2), (s + a) % 5);
-                        for r in 0..to.ranks() {
-                            assert_eq!(
-                                incoming(&from, &to, r),
-                                incoming_among(&from, &to, r, |_| 0..from.ranks()),
-                                "{from:?} to {to:?}, rank {r}"
-                            );
-                            checked += 1;
-                        }
+                        checked += receives_as_by_scanning(&from, &to);
                     }
                 }
             }
@@ -863,14 +869,7 @@ mod tests {
                 for (s2, c2, a2, p2) in [(s, c, p, a), (s, 1, a, p), (2 * s, c, 1, 1)] {
                     let from = View::output(producer, context_split(s, c, a, p), 0);
                     let to = View::input(consumer, context_split(s2, c2, a2, p2), 1);
-                    for r in 0..to.ranks() {
-                        assert_eq!(
-                            incoming(&from, &to, r),
-                            incoming_among(&from, &to, r, |_| 0..from.ranks()),
-                            "{from:?} to {to:?}, rank {r}"
-                        );
-                        checked += 1;
-                    }
+                    checked += receives_as_by_scanning(&from, &to);
                 }
             }
         }
