@@ -40,15 +40,17 @@ fn ints(shape: &[usize], v: Vec<i64>) -> Tensor {
 fn loss(op: &Op, inputs: &[Option<Tensor>], probes: &[Vec<f32>]) -> f64 {
     let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
     let (outs, _) = ops::forward(op, &refs, probes.len(), ENV).expect("forward");
+    // Integer outputs (indices) carry no gradient.
     outs.iter()
         .zip(probes)
-        .map(|(o, r)| {
-            o.floats()
-                .expect("float output")
-                .iter()
-                .zip(r)
-                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                .sum::<f64>()
+        .filter_map(|(o, r)| {
+            let o = o.floats()?;
+            Some(
+                o.iter()
+                    .zip(r)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum::<f64>(),
+            )
         })
         .sum()
 }
@@ -756,6 +758,24 @@ fn einsum_contractions() {
 #[test]
 fn rearrangements_and_instance_normalization() {
     let x = || Some(rand(&[2, 8, 2, 3], "x"));
+    // Values 0.1 apart, so that no finite-difference step reorders them.
+    let spread: Vec<f32> = (0..30).map(|i| ((i * 7) % 30) as f32 / 10.0).collect();
+    for (axis, largest, k) in [(1, true, 2), (-1, false, 3), (0, true, 1)] {
+        check_except(
+            &format!("top {k} along {axis}, largest {largest}"),
+            Op::TopK {
+                axis,
+                largest,
+                k: None,
+            },
+            vec![
+                Some(Tensor::f32(vec![2, 5, 3], spread.clone())),
+                Some(ints(&[1], vec![k])),
+            ],
+            2,
+            &[1],
+        );
+    }
     check(
         "tile",
         Op::Tile,

@@ -701,6 +701,7 @@ pub(crate) fn infer_node(ctx: &Ctx<'_>) -> Result<Vec<ValueType>> {
         Op::DepthToSpace { blocksize, .. } => rearrange::depth_to_space(ctx, *blocksize),
         Op::SpaceToDepth { blocksize } => rearrange::space_to_depth(ctx, *blocksize),
         Op::ArgExtreme { axis, keepdims, .. } => rearrange::arg_extreme(ctx, *axis, *keepdims),
+        Op::TopK { axis, k, .. } => rearrange::top_k(ctx, *axis, *k),
         // Binding inlines every If whose condition folds and unrolls every Loop whose trip
         // count does ([`crate::bind`]): one still here depends on run-time values.
         Op::If(_) => control::unresolved_if(ctx),

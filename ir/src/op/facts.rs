@@ -400,6 +400,14 @@ impl Op {
                 work: Work::PerInput(1),
                 ..OpFacts::INERT
             },
+            // A comparison per input element; the gradient of the values goes back to the
+            // elements the indices name.
+            Op::TopK { .. } => OpFacts {
+                class: C::Reduce,
+                work: Work::PerInput(1),
+                reads: BackwardReads::OUTPUTS,
+                ..OpFacts::INERT
+            },
             // Views: the same elements under another shape.
             Op::Flatten { .. }
             | Op::Reshape { .. }

@@ -277,6 +277,16 @@ pub enum Op {
         /// Among equal extremes, the last index; else the first.
         select_last: bool,
     },
+    /// The `k` largest (or smallest) elements along an axis and their `i64` indices, equal
+    /// elements in the order of their indices (ONNX TopK; `k` is input 1 from opset 10 on).
+    TopK {
+        /// The axis (may be negative).
+        axis: i64,
+        /// The largest; else the smallest.
+        largest: bool,
+        /// Opset 1's attribute; `None` where input 1 gives it.
+        k: Option<i64>,
+    },
     /// Short-time Fourier transform of a real signal `[batch, length]` or
     /// `[batch, length, 1]`: inputs the signal, the frame step, the window, the frame
     /// length; output `[batch, frames, bins, 2]` (real and imaginary parts).
@@ -1286,6 +1296,7 @@ impl Op {
             Op::ReverseSequence { .. } => "ReverseSequence",
             Op::ArgExtreme { max: true, .. } => "ArgMax",
             Op::ArgExtreme { max: false, .. } => "ArgMin",
+            Op::TopK { .. } => "TopK",
             Op::If(_) => "If",
             Op::Loop(_) => "Loop",
         }

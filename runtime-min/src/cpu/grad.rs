@@ -161,6 +161,9 @@ pub fn backward(
         }
         // Indices: no gradient.
         Op::ArgExtreme { .. } => grads(n),
+        Op::TopK { axis, .. } => {
+            super::rearrange::top_k_backward(inputs, outputs.get(1).copied(), *axis, dy)?
+        }
         Op::Trilu { upper } => passthrough(n, &movement::trilu_backward(*upper, inputs, x, dy)),
         Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range | Op::Cast { .. } => grads(n),
         other => {

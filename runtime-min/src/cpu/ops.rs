@@ -280,6 +280,10 @@ pub fn forward(
             keepdims,
             select_last,
         )?),
+        &Op::TopK { axis, largest, k } => Ok((
+            super::rearrange::top_k(inputs, axis, largest, k)?,
+            Saved::None,
+        )),
         other => Err(unsupported(format!(
             "{} is not supported by the CPU backend",
             other.name()

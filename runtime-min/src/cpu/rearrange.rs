@@ -1,5 +1,5 @@
 //! Ops that move elements without arithmetic — Tile, DepthToSpace, SpaceToDepth — and
-//! ArgMax/ArgMin, forward and backward.
+//! the selections ArgMax/ArgMin and TopK, forward and backward.
 //!
 //! Each rearrangement is a walk of the input in the output's order: a higher-rank view of
 //! the output with the input's stride along each of its axes ([`t::positions`]). The
@@ -206,6 +206,98 @@ pub(crate) fn arg_extreme(
         shape.remove(a);
     }
     Ok(Tensor::i64(shape, out))
+}
+
+/// `x` viewed as `[outer, n, inner]` around `axis`.
+fn around(x: &Tensor, axis: i64) -> R<(usize, usize, usize, usize)> {
+    let a = t::axis(axis, x.shape.len())
+        .ok_or_else(|| operands(format!("axis {axis} is out of range")))?;
+    Ok((
+        a,
+        t::numel(&x.shape[..a]),
+        x.shape[a],
+        t::numel(&x.shape[a + 1..]),
+    ))
+}
+
+/// TopK: the `k` largest (or smallest) elements along `axis`, sorted, equal ones in the
+/// order of their indices (ONNX's rule, which makes a router's choice deterministic), NaN
+/// after every number; and their indices.
+pub(crate) fn top_k(
+    inputs: &[Option<&Tensor>],
+    axis: i64,
+    largest: bool,
+    k: Option<i64>,
+) -> R<Vec<Tensor>> {
+    let x = input(inputs, 0)?;
+    let k = match k {
+        Some(k) => k,
+        None => match input(inputs, 1)?.to_i64s().as_slice() {
+            &[k] => k,
+            other => return Err(operands(format!("k must be one integer, got {other:?}"))),
+        },
+    };
+    let (a, outer, n, inner) = around(x, axis)?;
+    let k = usize::try_from(k).ok().filter(|&k| k <= n).ok_or_else(|| {
+        operands(format!(
+            "k {k} must be from 0 to the {n} elements along axis {a}"
+        ))
+    })?;
+    let values: Vec<f64> = match &x.data {
+        Data::F32(v) => v.iter().map(|&v| f64::from(v)).collect(),
+        Data::I64(v) => v.iter().map(|&v| v as f64).collect(),
+    };
+    // Better first: by value (NaN last), then by index.
+    let order = |p: f64, q: f64| match (p.is_nan(), q.is_nan()) {
+        (false, false) if largest => q.total_cmp(&p),
+        (false, false) => p.total_cmp(&q),
+        (nan_p, nan_q) => nan_p.cmp(&nan_q),
+    };
+    let mut picked = vec![0usize; outer * k * inner];
+    let mut lane: Vec<usize> = Vec::with_capacity(n);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| values[(o * n + j) * inner + i];
+            lane.clear();
+            lane.extend(0..n);
+            // Stable: equal values keep their indices' order.
+            lane.sort_by(|&p, &q| order(at(p), at(q)));
+            for (j, &from) in lane[..k].iter().enumerate() {
+                picked[(o * k + j) * inner + i] = (o * n + from) * inner + i;
+            }
+        }
+    }
+    let mut shape = x.shape.clone();
+    shape[a] = k;
+    let index_of = |p: usize| ((p / inner) % n) as i64;
+    let indices = Tensor::i64(shape.clone(), picked.iter().map(|&p| index_of(p)).collect());
+    let selected = x.pick(shape, picked.into_iter());
+    Ok(vec![selected, indices])
+}
+
+/// TopK backward: each value's gradient to the element its index names.
+pub(crate) fn top_k_backward(
+    inputs: &[Option<&Tensor>],
+    indices: Option<&Tensor>,
+    axis: i64,
+    dy: &[f32],
+) -> R<InputGrads> {
+    let x = input(inputs, 0)?;
+    let indices = indices.ok_or_else(|| operands("TopK's backward needs its indices"))?;
+    let (a, _, n, inner) = around(x, axis)?;
+    let k = indices.shape.get(a).copied().unwrap_or(0);
+    let mut dx = vec![0.0f32; x.len()];
+    for (p, (&j, &g)) in indices.to_i64s().iter().zip(dy).enumerate() {
+        let (o, i) = (p / (k * inner), p % inner);
+        let j = usize::try_from(j)
+            .ok()
+            .filter(|&j| j < n)
+            .ok_or_else(|| operands(format!("TopK index {j} is out of range")))?;
+        dx[(o * n + j) * inner + i] += g;
+    }
+    let mut g = vec![None; inputs.len()];
+    g[0] = Some(dx);
+    Ok(g)
 }
 
 /// ReverseSequence: for every output element, the input element it copies — each

@@ -1,5 +1,5 @@
 //! Shape rules of the ops that rearrange elements without arithmetic (Tile, DepthToSpace,
-//! SpaceToDepth, ReverseSequence) and of ArgMax/ArgMin.
+//! SpaceToDepth, ReverseSequence) and of ArgMax/ArgMin and TopK.
 
 use super::{axis, mismatch, need_rank, Ctx, Result};
 use crate::dtype::DType;
@@ -92,6 +92,33 @@ pub(super) fn arg_extreme(ctx: &Ctx<'_>, a: i64, keepdims: bool) -> Result<Vec<V
         dims.remove(a);
     }
     Ok(vec![ValueType::new(DType::I64, Shape(dims))])
+}
+
+/// TopK: the values and their `i64` indices, the axis `k` long (`k` from the attribute, or
+/// the constant input 1).
+pub(super) fn top_k(ctx: &Ctx<'_>, a: i64, k: Option<i64>) -> Result<Vec<ValueType>> {
+    let x = ctx.input(0)?;
+    let a = axis(a, x.shape.rank(), "axis")?;
+    let k = match k {
+        Some(k) => k,
+        None => match ctx.ints_of(1)?.as_slice() {
+            &[k] => k,
+            other => return Err(mismatch(format!("k must be one integer, got {other:?}"))),
+        },
+    };
+    let mut dims = x.shape.0.clone();
+    if k < 0 || dims[a].as_known().is_some_and(|n| k > n) {
+        return Err(mismatch(format!(
+            "k {k} must be from 0 to the {} elements along axis {a}",
+            dims[a]
+        )));
+    }
+    dims[a] = Dim::known(k);
+    let shape = Shape(dims);
+    Ok(vec![
+        ValueType::new(x.dtype, shape.clone()),
+        ValueType::new(DType::I64, shape),
+    ])
 }
 
 /// ReverseSequence: the input's shape; one length per sample.

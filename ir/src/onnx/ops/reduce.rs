@@ -1,4 +1,4 @@
-//! Reductions: the `Reduce*` operators, ArgMax and ArgMin, CumSum, and Sum, Mean, Max and
+//! Reductions: the `Reduce*` operators, ArgMax, ArgMin and TopK, CumSum, and Sum, Mean, Max and
 //! Min of n tensors. The defaults are the ONNX spec's.
 
 use super::Converting;
@@ -33,6 +33,13 @@ pub(super) fn convert(c: &Converting<'_>) -> Result<Option<Op>, Problem> {
             axis: a.int("axis")?.unwrap_or(0),
             keepdims: a.flag("keepdims", true)?,
             select_last: a.flag("select_last_index", false)?,
+        },
+        // `sorted = 0` lets a backend return the k in any order; ralpc always sorts them,
+        // which is one of the orders it allows.
+        "TopK" => Op::TopK {
+            axis: a.int("axis")?.unwrap_or(-1),
+            largest: a.flag("largest", true)?,
+            k: a.int("k")?,
         },
         _ => return Ok(None),
     }))
