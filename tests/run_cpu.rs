@@ -148,6 +148,26 @@ fn a_fused_attention_operator_trains_the_same_on_every_layout() {
     check("fused_attention.onnx", 4, 2, &s, "fused-attention-soap");
 }
 
+/// The ONNX generator's mixture of experts (`fixtures/train/moe.onnx`: a router's top 2 of
+/// 4 SwiGLU experts, the gates scattered by TopK's indices, a shared expert, a dense first
+/// block) trains as one device data-parallel and pipelined, with a stage boundary between
+/// its routing and its experts (the gates and the tokens cross it).
+#[test]
+fn a_mixture_of_experts_trains_as_one_device() {
+    let s = strategy(&[stage("embed_tokens", "lm_head", 2)], "", "1f1b", 1);
+    check("moe.onnx", 4, 2, &s, "moe-dp");
+    let s = strategy(
+        &[
+            stage("embed_tokens", "h.1.moe.gates", 1),
+            stage("h.1.moe.tokens", "lm_head", 2),
+        ],
+        "",
+        "gpipe",
+        2,
+    );
+    check("moe.onnx", 4, 3, &s, "moe-pipeline");
+}
+
 #[test]
 fn eight_ranks_in_four_stages_of_two() {
     let stages = [

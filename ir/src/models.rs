@@ -10,6 +10,7 @@
 //!
 //! `cargo run --example gpt -- --layers 48 --hidden 8192 --heads 64 -o gpt.onnx` writes one.
 
+mod experts;
 pub mod huggingface;
 
 use onnx_protobuf::tensor_proto::DataLocation;
@@ -514,7 +515,10 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
         (spec.qkv_bias && !spec.biases, "biases on Q, K and V alone"),
         (spec.latent.is_some(), "latent attention"),
         (spec.sliding_window != 0, "sliding-window attention"),
-        (spec.moe.is_some(), "a mixture of experts"),
+        (
+            spec.moe.is_some_and(|moe| moe.groups > 0),
+            "group-limited routing",
+        ),
     ];
     if let Some((_, what)) = unwritten.iter().find(|(has, _)| *has) {
         return Err(ModelError::Spec(format!(
@@ -682,30 +686,7 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
             b.external(&format!("{name}.bias"), &[h]);
         }
     };
-    // The dense layer `name` (a bias if the spec has them), writing `{name}.out`.
-    let linear = |b: &mut Builder, name: &str, input: &str| {
-        let w = format!("{name}.weight");
-        let out = format!("{name}.out");
-        if !spec.biases {
-            b.node(
-                "MatMul",
-                &format!("{name}.matmul"),
-                &[input, &w],
-                &[&out],
-                &[],
-            );
-            return;
-        }
-        let mm = format!("{name}.mm");
-        b.node(
-            "MatMul",
-            &format!("{name}.matmul"),
-            &[input, &w],
-            &[&mm],
-            &[],
-        );
-        b.node("Add", name, &[&mm, &format!("{name}.bias")], &[&out], &[]);
-    };
+    let linear = |b: &mut Builder, name: &str, input: &str| linear(b, spec, name, input);
     // Rotary positions applied to `x` ([b, s, heads, d]): x·cos + rotate_half(x)·sin.
     let rotate = |b: &mut Builder, name: &str, x: &str| -> String {
         let t = |step: &str| format!("{name}.{step}");
@@ -787,7 +768,9 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
         for w in ["ln_1", "ln_2"] {
             norm_weights(&mut b, &p(w));
         }
-        let gate = spec.gated_mlp.then_some(("mlp.gate", h, f));
+        let moe = spec.moe.filter(|moe| i >= moe.dense_layers);
+        let dense = moe.is_none();
+        let gate = (spec.gated_mlp && dense).then_some(("mlp.gate", h, f));
         // Grouped-query attention projects Q, K and V apart (as Hugging Face's Llama
         // does); multi-head attention through one fused QKV weight (Megatron's).
         let grouped = kv != a;
@@ -799,9 +782,9 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
             apart("attn.k", kv * d),
             apart("attn.v", kv * d),
             Some(("attn.proj", h, h)),
-            Some(("mlp.fc", h, f)),
+            dense.then_some(("mlp.fc", h, f)),
             gate,
-            Some(("mlp.proj", f, h)),
+            dense.then_some(("mlp.proj", f, h)),
         ]
         .into_iter()
         .flatten()
@@ -916,44 +899,19 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
         let attended = dropout(&mut b, &p("attn.proj.dropout"), &p("attn.proj.out"));
         b.node("Add", &p("residual_1"), &[&x, &attended], &[&p("x1")], &[]);
         norm(&mut b, &p("ln_2"), &p("x1"), &p("ln_2.out"));
-        linear(&mut b, &p("mlp.fc"), &p("ln_2.out"));
-        let activated = if spec.gated_mlp {
-            // SwiGLU: silu(x·W_gate) ⊙ (x·W_fc).
-            linear(&mut b, &p("mlp.gate"), &p("ln_2.out"));
-            b.node(
-                "Sigmoid",
-                &p("mlp.sigmoid"),
-                &[&p("mlp.gate.out")],
-                &[&p("sigmoid")],
-                &[],
-            );
-            b.node(
-                "Mul",
-                &p("mlp.silu"),
-                &[&p("mlp.gate.out"), &p("sigmoid")],
-                &[&p("silu")],
-                &[],
-            );
-            b.node(
-                "Mul",
-                &p("mlp.glu"),
-                &[&p("silu"), &p("mlp.fc.out")],
-                &[&p("glu")],
-                &[],
-            );
-            p("glu")
-        } else {
-            b.node(
-                "Gelu",
-                &p("mlp.gelu"),
-                &[&p("mlp.fc.out")],
-                &[&p("gelu")],
-                &[Attr::Str("approximate", "tanh")],
-            );
-            p("gelu")
+        let mlp_out = match moe {
+            None => {
+                linear(&mut b, &p("mlp.fc"), &p("ln_2.out"));
+                if spec.gated_mlp {
+                    linear(&mut b, &p("mlp.gate"), &p("ln_2.out"));
+                }
+                let activated = activate(&mut b, spec, &p, &p("mlp.fc.out"), &p("mlp.gate.out"));
+                linear(&mut b, &p("mlp.proj"), &activated);
+                p("mlp.proj.out")
+            }
+            Some(moe) => experts::block(&mut b, spec, &moe, &p, &p("ln_2.out")),
         };
-        linear(&mut b, &p("mlp.proj"), &activated);
-        let mixed = dropout(&mut b, &p("mlp.proj.dropout"), &p("mlp.proj.out"));
+        let mixed = dropout(&mut b, &p("mlp.proj.dropout"), &mlp_out);
         let next = format!("x{}", i + 1);
         b.node("Add", &p("residual_2"), &[&p("x1"), &mixed], &[&next], &[]);
         x = next;
@@ -981,6 +939,64 @@ pub fn gpt(spec: &GptSpec) -> Result<Vec<u8>, ModelError> {
     }
     b.output("logits");
     b.finish()
+}
+
+/// The dense layer `name` reading `input` through the weight `{name}.weight` (and adding
+/// `{name}.bias` if the spec has biases), writing `{name}.out`.
+fn linear(b: &mut Builder, spec: &GptSpec, name: &str, input: &str) {
+    let w = format!("{name}.weight");
+    let out = format!("{name}.out");
+    if !spec.biases {
+        b.node(
+            "MatMul",
+            &format!("{name}.matmul"),
+            &[input, &w],
+            &[&out],
+            &[],
+        );
+        return;
+    }
+    let mm = format!("{name}.mm");
+    b.node(
+        "MatMul",
+        &format!("{name}.matmul"),
+        &[input, &w],
+        &[&mm],
+        &[],
+    );
+    b.node("Add", name, &[&mm, &format!("{name}.bias")], &[&out], &[]);
+}
+
+/// The MLP's activation of `fc` (the first product's output), named by `p`: SwiGLU
+/// (`silu(gate) ⊙ fc`, `gate` the gate product's output) for a gated MLP, else GELU's tanh
+/// form, as Megatron's GPT computes it.
+fn activate(
+    b: &mut Builder,
+    spec: &GptSpec,
+    p: &dyn Fn(&str) -> String,
+    fc: &str,
+    gate: &str,
+) -> String {
+    if !spec.gated_mlp {
+        b.node(
+            "Gelu",
+            &p("mlp.gelu"),
+            &[fc],
+            &[&p("gelu")],
+            &[Attr::Str("approximate", "tanh")],
+        );
+        return p("gelu");
+    }
+    b.node("Sigmoid", &p("mlp.sigmoid"), &[gate], &[&p("sigmoid")], &[]);
+    b.node(
+        "Mul",
+        &p("mlp.silu"),
+        &[gate, &p("sigmoid")],
+        &[&p("silu")],
+        &[],
+    );
+    b.node("Mul", &p("mlp.glu"), &[&p("silu"), fc], &[&p("glu")], &[]);
+    p("glu")
 }
 
 /// One product `[batch, rows, inner] × [inner, cols]` of [`products`].
@@ -1207,6 +1223,35 @@ mod tests {
             let (b, s, h, v, l) = (2, 16, 64, 100, 3);
             let macs = l * (12 * b * s * h * h + 2 * b * s * s * h) + b * s * h * v;
             assert_eq!(acc.macs, macs);
+        }
+    }
+
+    #[test]
+    fn generated_mixtures_of_experts_have_the_formula_parameters() {
+        // Mixtral's block (softmax router, SwiGLU experts) with a dense first block, and
+        // DeepSeek's (sigmoid router, a shared expert); a GPT's (biases, GELU experts).
+        let llama = GptSpec::llama(3, 64, 4, 2, 96, 16, 100);
+        let gpt = GptSpec::megatron(2, 64, 4, 16, 100);
+        for (base, router, shared, dense) in [
+            (llama, Router::Softmax, 0, 1),
+            (llama, Router::Sigmoid, 48, 0),
+            (gpt, Router::Softmax, 0, 0),
+        ] {
+            let spec = GptSpec {
+                moe: Some(MoeSpec {
+                    experts: 4,
+                    top_k: 2,
+                    expert_ffn: 48,
+                    shared_ffn: shared,
+                    dense_layers: dense,
+                    router,
+                    groups: 0,
+                    top_groups: 0,
+                }),
+                ..base
+            };
+            let acc = accounted(&spec, 2);
+            assert_eq!(acc.params, spec.params(), "{router:?}, shared {shared}");
         }
     }
 

@@ -1,7 +1,8 @@
 //! The CPU backend's forward pass against onnxruntime's on every fixture model: the same
 //! seeded weights and inputs (`fixtures/numerics/gen.py` reproduces ralpc's seeding and
 //! stores onnxruntime's outputs), compared within rtol 1e-4, atol 1e-5 at every stored
-//! element (a strided sample of at most 2048 per output).
+//! element (a strided sample of at most 2048 per output). Small models of `fixtures/train/`
+//! are checked the same way.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,12 @@ fn fixtures() -> PathBuf {
 
 /// Runs `case` forward as the reference says; the outputs by name.
 fn forward(case: &str, reference: &Reference) -> BTreeMap<String, Tensor> {
-    let path = fixtures().join("onnx").join(case).join("model.onnx");
+    // A fixture model, or one of the small models of `fixtures/train/`.
+    let fixture = fixtures().join("onnx").join(case).join("model.onnx");
+    let path = match fixture.exists() {
+        true => fixture,
+        false => fixtures().join("train").join(format!("{case}.onnx")),
+    };
     let mut model = ralpc_ir::onnx::import(&path).expect("import");
     let bindings = ralpc_ir::Bindings {
         batch: None,
@@ -149,6 +155,9 @@ cases!(
     light_vgg19,
     light_zfnet512,
     mobilenet_v2,
+    // The ONNX generator's mixture of experts: a softmax router's top 2 of 4 SwiGLU
+    // experts (TopK, ScatterElements of the gates), a shared expert, a dense first block.
+    moe,
     resnet50,
     vgg16,
     vit_b_16,
