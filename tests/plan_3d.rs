@@ -1031,6 +1031,98 @@ fn context_parallelism_is_lowered_and_trains_exactly() {
     }
 }
 
+/// A mixture of experts exported as ONNX (the generator's: a router's TopK, experts stacked
+/// by expert) is recognized as its spec and planned in the transformer space with expert
+/// parallelism; at one expert group it is lowered and trains to one device's losses
+/// pipelined, interleaved, under ZB-V and recomputed; expert dispatch over several ranks is
+/// priced and refused by name for the executable plan.
+#[test]
+fn a_mixture_of_experts_export_is_planned_and_trains_exactly() {
+    use ralpc::ir::models::{MoeSpec, Router};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GptSpec {
+        moe: Some(MoeSpec {
+            experts: 4,
+            top_k: 2,
+            expert_ffn: 24,
+            shared_ffn: 24,
+            dense_layers: 1,
+            router: Router::Softmax,
+            groups: 0,
+            top_groups: 0,
+        }),
+        ..GptSpec::llama(4, 32, 4, 2, 64, 8, 64)
+    };
+    let model = write_gpt(&dir, &spec);
+    let out = dir.path().join("auto");
+    let base = |out: &std::path::Path, extra: &[&str]| {
+        let out = out.to_str().unwrap();
+        let mut args = vec!["plan", &model, "--gpus", "4", "--batch", "8", "--json"];
+        args.extend(["--strategy", "3d", "--micro-batch-size", "2", "-o", out]);
+        args.extend(extra);
+        json(&args)
+    };
+    let v = base(&out, &[]);
+    let moe = &v["transformer"]["moe"];
+    assert_eq!(
+        (moe["experts"].as_u64(), moe["top_k"].as_u64()),
+        (Some(4), Some(2)),
+        "{v}"
+    );
+    assert_eq!(v["transformer"]["params"].as_u64(), Some(spec.params()));
+    let text = ralpc()
+        .args([
+            "plan",
+            &model,
+            "--gpus",
+            "4",
+            "--batch",
+            "8",
+            "--strategy",
+            "3d",
+        ])
+        .args([
+            "--expert-parallel",
+            "2",
+            "-o",
+            dir.path().join("ep").to_str().unwrap(),
+        ])
+        .assert()
+        .success();
+    let said = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        said.contains("wrote nothing: expert parallelism (2 expert-parallel"),
+        "{said}"
+    );
+    assert!(!dir.path().join("ep").exists());
+    let want = single_device_losses(&dir, &model);
+    for extra in [
+        &[
+            "--pipeline-parallel",
+            "2",
+            "--recompute",
+            "full",
+            "--zero",
+            "1",
+        ][..],
+        &["--pipeline-parallel", "2", "--virtual-stages", "2"],
+        &["--pipeline-parallel", "2", "--schedule", "zb-v"],
+        &["--pipeline-parallel", "1", "--recompute", "selective"],
+    ] {
+        let out = dir.path().join(extra.join("-"));
+        let v = base(&out, &[&["--expert-parallel", "1"][..], extra].concat());
+        assert_eq!(v["expert_parallel"].as_u64(), Some(1), "{v}");
+        let got = losses(&out, &[]);
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{extra:?}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
+
 /// A context-parallel plan lowered (the attention cores' queries cut by the context group,
 /// their keys and values gathered) simulates within 5 % of the all-gather form's price.
 #[test]

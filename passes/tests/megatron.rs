@@ -236,6 +236,46 @@ fn recognized_shapes_are_the_generated_ones() {
     );
 }
 
+/// Mixtures of experts the generator writes (router, TopK, experts stacked by expert) are
+/// recognized as their specs, field for field: Mixtral's block in every layer, DeepSeek's
+/// sigmoid router with a shared expert after a dense block, a GPT's biased GELU experts.
+#[test]
+fn recognized_mixtures_of_experts_are_the_generated_ones() {
+    use ralpc_ir::models::{MoeSpec, Router};
+    let moe = |experts, top_k, expert_ffn, shared_ffn, dense_layers, router| MoeSpec {
+        experts,
+        top_k,
+        expert_ffn,
+        shared_ffn,
+        dense_layers,
+        router,
+        groups: 0,
+        top_groups: 0,
+    };
+    let llama = GptSpec::llama(4, 256, 8, 2, 512, 64, 1000);
+    let gpt = GptSpec::megatron(3, 128, 4, 32, 500);
+    for spec in [
+        // Experts in every block: the model's MLP width is theirs.
+        GptSpec {
+            ffn: 384,
+            moe: Some(moe(8, 2, 384, 0, 0, Router::Softmax)),
+            ..llama
+        },
+        GptSpec {
+            moe: Some(moe(8, 3, 128, 192, 1, Router::Sigmoid)),
+            ..llama
+        },
+        GptSpec {
+            moe: Some(moe(4, 1, 256, 0, 2, Router::Softmax)),
+            ..gpt
+        },
+    ] {
+        let m = recognized(&spec, 2);
+        assert_eq!(m, ralpc_passes::transformer::Transformer::from(&spec));
+        assert_eq!(m.params, spec.params());
+    }
+}
+
 /// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch
 /// 128 sequences): the search splits the sequences, and that is faster than any
 /// configuration that does not.

@@ -54,6 +54,33 @@ pub fn layered(
             "more GPUs, or --offload-activations 0 --offload-optimizer 0",
         );
     }
+    // The executors run a mixture of experts whole on every rank of its data-parallel
+    // group (each expert on every token, weighted by its gates): one expert group, as
+    // priced at `ep = 1`; dispatching tokens to experts on other ranks is not lowered.
+    if par.expert > 1 || par.expert_tensor > 1 {
+        return refuse(
+            &format!(
+                "expert parallelism ({} expert-parallel × {} expert-tensor-parallel ranks)",
+                par.expert, par.expert_tensor
+            ),
+            "--expert-parallel 1 --expert-tensor-parallel 1",
+        );
+    }
+    // Megatron-Core runs the experts on each tensor-parallel rank's piece of the sequence;
+    // the lowering has no such split of the routed products yet.
+    if let Some(router) = graph
+        .layers
+        .iter()
+        .find(|l| (par.tensor > 1 || par.context > 1) && l.parts.iter().any(|p| p.op == "TopK"))
+    {
+        return refuse(
+            &format!(
+                "tensor or context parallelism beside a mixture of experts (router {})",
+                router.name
+            ),
+            "--tensor-parallel 1 --context-parallel 1",
+        );
+    }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;
     // Interleaved: each pipeline rank's blocks in `v` chunks, chunk `j` of the model on
@@ -442,13 +469,35 @@ fn block_starts(graph: &LayerGraph) -> Result<Vec<usize>, NotLayered> {
     Ok(starts)
 }
 
-/// The layers holding a `Softmax`: one attention core per block.
+/// The layers holding a `Softmax`: one attention core per block. A mixture of experts'
+/// router scores its experts by a softmax too: a softmax layer holding a `TopK`, read by
+/// one (the top k of the scores) or reading one (gpt-oss: a softmax of the top k logits)
+/// is a router, not an attention core.
 fn softmax_layers(graph: &LayerGraph) -> Vec<usize> {
+    let has = |l: &Layer, op: &str| l.parts.iter().any(|p| p.op == op);
+    let producers = |l: &Layer| {
+        l.inputs
+            .iter()
+            .filter_map(|e| match e.from {
+                Producer::Layer(p) => Some(p.0 as usize),
+                Producer::Input(_) => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut routers = std::collections::BTreeSet::new();
+    for (i, l) in graph.layers.iter().enumerate() {
+        if has(l, "TopK") {
+            routers.insert(i);
+            routers.extend(producers(l));
+        } else if producers(l).iter().any(|&p| has(&graph.layers[p], "TopK")) {
+            routers.insert(i);
+        }
+    }
     graph
         .layers
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.parts.iter().any(|p| p.op == "Softmax"))
+        .filter(|&(i, l)| has(l, "Softmax") && !routers.contains(&i))
         .map(|(i, _)| i)
         .collect()
 }

@@ -20,8 +20,11 @@
 //! The result is checked against the graph's own parameter count: a model whose weights do
 //! not add up to a GPT of the recognized shape (within 2 %) is not treated as one.
 
+mod experts;
+
 use std::collections::BTreeMap;
 
+use ralpc_ir::models::MoeSpec;
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
 use super::Transformer;
@@ -108,6 +111,8 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             "hidden {hidden} is not a multiple of {heads} heads"
         ));
     }
+    let experts = experts::find(graph, info, hidden)?;
+    let routers = experts.as_ref().map(|e| &e.routers);
     // Dense weights: the MLP's inner size, and whether the head is tied.
     let mut inner: BTreeMap<u64, u64> = BTreeMap::new();
     let mut block_weights: BTreeMap<NodeId, u64> = BTreeMap::new();
@@ -123,6 +128,9 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             };
             if w == wte {
                 tied = true;
+                continue;
+            }
+            if routers.is_some_and(|r| r.contains(&w)) {
                 continue;
             }
             if let [r, c] = dims[..] {
@@ -146,23 +154,74 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
         }
     }
     let layers = cores.len() as u64;
+    let moe_blocks = experts.as_ref().map_or(0, |e| e.blocks);
+    if moe_blocks > layers {
+        return no(format!(
+            "{moe_blocks} expert routers for {layers} attention blocks"
+        ));
+    }
+    // The blocks with a dense MLP (all of them, or those before the experts').
+    let dense_blocks = layers - moe_blocks;
     // A gate and up projection fused into one weight (Phi-3's `gate_up_proj`, [h, 2f]) beside
     // the down projection ([f, h]), each once a block: the MLP's inner size is f.
     // (Exactly once a block: Gemma 2's query and key/value widths, w and 2w twice a block
     // each, are not a fused MLP.)
     let fused_gate_up = inner.iter().find_map(|(&width, &count)| {
-        (count == layers && inner.get(&(2 * width)) == Some(&count)).then_some((width, 3 * count))
+        (count == dense_blocks && inner.get(&(2 * width)) == Some(&count))
+            .then_some((width, 3 * count))
     });
-    let Some((ffn, ffn_weights)) = fused_gate_up.or_else(|| {
+    let dense_mlp = fused_gate_up.or_else(|| {
         inner
             .iter()
-            .filter(|(_, &count)| count >= layers)
+            .filter(|(_, &count)| count >= dense_blocks)
             .max_by_key(|(_, &count)| count)
             .map(|(&width, &count)| (width, count))
-    }) else {
-        return no(format!(
-            "no MLP: no [hidden, inner] weight in each of its {layers} blocks"
-        ));
+    });
+    let (ffn, ffn_weights) = match (dense_mlp, &experts) {
+        (Some(found), _) if dense_blocks > 0 => found,
+        // Experts in every block: the model's MLP is theirs.
+        (_, Some(e)) if dense_blocks == 0 => (e.spec.expert_ffn, 0),
+        _ => {
+            return no(format!(
+                "no MLP: no [hidden, inner] weight in each of its {dense_blocks} blocks"
+            ))
+        }
+    };
+    // With experts: the dense blocks' inner size and the shared experts' are any of the
+    // widths found (or none), as the parameter count decides below.
+    let mlp_shapes: Vec<(u64, Option<MoeSpec>)> = match &experts {
+        None => vec![(ffn, None)],
+        Some(e) => {
+            // The dense MLPs and the shared experts have each of their products once in
+            // each of their blocks.
+            let products = if e.gated { 3 } else { 2 };
+            let dense = match dense_blocks {
+                0 => vec![e.spec.expert_ffn],
+                _ => inner
+                    .iter()
+                    .filter(|(_, &count)| count >= products * dense_blocks)
+                    .map(|(&width, _)| width)
+                    .collect(),
+            };
+            let shared = std::iter::once(0).chain(
+                inner
+                    .iter()
+                    .filter(|(_, &count)| count >= products * moe_blocks)
+                    .map(|(&width, _)| width),
+            );
+            shared
+                .flat_map(|shared_ffn| {
+                    dense.iter().map(move |&ffn| {
+                        let spec = MoeSpec {
+                            shared_ffn,
+                            dense_layers: dense_blocks,
+                            ..e.spec
+                        };
+                        (ffn, Some(spec))
+                    })
+                })
+                .collect()
+        }
     };
     // The blocks' dense weights, without an untied head.
     let head = if tied { 0 } else { hidden * vocabulary };
@@ -210,44 +269,53 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     // not and LayerNorm or RMSNorm (a few vectors per block) are the variant whose
     // parameter formula comes nearest the graph's count; the key/value heads follow from
     // the attention weights left beside the MLP's.
-    let variant = |gated_mlp: bool, biases: bool, rms_norm: bool| {
-        let matrices = if gated_mlp { 3 } else { 2 };
-        let attention = dense.saturating_sub(matrices * layers * hidden * ffn) / layers;
-        let head_dim = hidden / heads;
-        let kv_width = (attention / hidden).saturating_sub(2 * hidden);
-        let kv_heads = match kv_width / (2 * head_dim) {
-            kv if attention % hidden == 0
-                && kv_width % (2 * head_dim) == 0
-                && (1..=heads).contains(&kv)
-                && heads % kv == 0 =>
-            {
-                kv
+    let variant =
+        |gated_mlp: bool, biases: bool, rms_norm: bool, (ffn, moe): (u64, Option<MoeSpec>)| {
+            let matrices = if gated_mlp { 3 } else { 2 };
+            // The inner widths of the dense products the blocks' MLPs hold.
+            let widths = match moe {
+                None => layers * ffn,
+                Some(m) => dense_blocks * ffn + moe_blocks * m.shared_ffn,
+            };
+            let attention = dense.saturating_sub(matrices * hidden * widths) / layers;
+            let head_dim = hidden / heads;
+            let kv_width = (attention / hidden).saturating_sub(2 * hidden);
+            let kv_heads = match kv_width / (2 * head_dim) {
+                kv if attention % hidden == 0
+                    && kv_width % (2 * head_dim) == 0
+                    && (1..=heads).contains(&kv)
+                    && heads % kv == 0 =>
+                {
+                    kv
+                }
+                _ => heads,
+            };
+            Transformer {
+                layers,
+                hidden,
+                heads,
+                kv_heads,
+                sequence,
+                vocabulary,
+                ffn,
+                gated_mlp,
+                biases,
+                rms_norm,
+                tied,
+                positions,
+                head_dim,
+                qkv_bias: false,
+                qk_norm: false,
+                latent: None,
+                sliding_window: 0,
+                moe,
+                params,
             }
-            _ => heads,
         };
-        Transformer {
-            layers,
-            hidden,
-            heads,
-            kv_heads,
-            sequence,
-            vocabulary,
-            ffn,
-            gated_mlp,
-            biases,
-            rms_norm,
-            tied,
-            positions,
-            head_dim,
-            qkv_bias: false,
-            qk_norm: false,
-            latent: None,
-            sliding_window: 0,
-            moe: None,
-            params,
-        }
+    let gated = match &experts {
+        Some(e) => e.gated,
+        None => ffn_weights >= 3 * layers,
     };
-    let gated = ffn_weights >= 3 * layers;
     // The norms and biases the graph's operators show decide where they are plain; only
     // where they do not (no norm found, mixed forms) does the parameter count choose.
     let rms_norm = norms(graph, info, hidden);
@@ -259,19 +327,26 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     };
     // Qwen3's norms of each head's queries and keys: two a block, over a head's width.
     let qk_norm = head_norms(graph, info, hidden) >= 2 * layers;
-    let variant = |gated_mlp: bool, biases: bool, rms_norm: bool| Transformer {
+    let variant = |gated_mlp: bool, biases: bool, rms_norm: bool, mlp| Transformer {
         qkv_bias,
         qk_norm,
-        ..variant(gated_mlp, biases, rms_norm)
+        ..variant(gated_mlp, biases, rms_norm, mlp)
     };
-    let candidates = [gated, !gated].into_iter().flat_map(|g| {
-        [(true, false), (false, true), (true, true), (false, false)]
-            .into_iter()
-            .filter(|&(b, r)| biases.is_none_or(|x| x == b) && rms_norm.is_none_or(|x| x == r))
-            .map(move |(biases, rms_norm)| variant(g, biases, rms_norm))
-    });
+    // Experts say whether their MLPs are gated; a dense model's weights per block do.
+    let gating = match experts {
+        Some(_) => vec![gated],
+        None => vec![gated, !gated],
+    };
+    let mut candidates = Vec::new();
+    for g in gating {
+        for (b, r) in [(true, false), (false, true), (true, true), (false, false)] {
+            if biases.is_none_or(|x| x == b) && rms_norm.is_none_or(|x| x == r) {
+                candidates.extend(mlp_shapes.iter().map(|&mlp| variant(g, b, r, mlp)));
+            }
+        }
+    }
     let distance = |m: &Transformer| m.spec().params().abs_diff(params);
-    let Some(model) = candidates.min_by_key(distance) else {
+    let Some(model) = candidates.into_iter().min_by_key(distance) else {
         return no("no block shape".into());
     };
     let expected = model.spec().params();
