@@ -150,8 +150,9 @@ fn a_fused_attention_operator_trains_the_same_on_every_layout() {
 
 /// The ONNX generator's mixture of experts (`fixtures/train/moe.onnx`: a router's top 2 of
 /// 4 SwiGLU experts, the gates scattered by TopK's indices, a shared expert, a dense first
-/// block) trains as one device data-parallel and pipelined, with a stage boundary between
-/// its routing and its experts (the gates and the tokens cross it).
+/// block) trains as one device data-parallel, pipelined with a stage boundary between its
+/// routing and its experts (the gates and the tokens cross it), and with its experts'
+/// products split by columns.
 #[test]
 fn a_mixture_of_experts_trains_as_one_device() {
     let s = strategy(&[stage("embed_tokens", "lm_head", 2)], "", "1f1b", 1);
@@ -166,6 +167,16 @@ fn a_mixture_of_experts_trains_as_one_device() {
         2,
     );
     check("moe.onnx", 4, 3, &s, "moe-pipeline");
+    // The experts' stacked products ([E, h, f]) split by their inner columns, every
+    // expert's alike, with the activation between them.
+    let layers = [
+        split("h.1.moe.experts.fc.matmul", 1, 1, 2),
+        split("h.1.moe.experts.gate.matmul", 1, 1, 2),
+        split("h.1.moe.experts.mlp.sigmoid", 1, 1, 2),
+    ]
+    .join(", ");
+    let s = strategy(&[stage("embed_tokens", "lm_head", 2)], &layers, "1f1b", 1);
+    check("moe.onnx", 4, 2, &s, "moe-columns");
 }
 
 #[test]
@@ -1020,3 +1031,4 @@ fn a_fixed_batch_reshape_with_an_inferred_entry_keeps_its_samples_apart() {
         &want,
     );
 }
+
