@@ -150,33 +150,46 @@ fn a_fused_attention_operator_trains_the_same_on_every_layout() {
 
 /// The ONNX generator's mixture of experts (`fixtures/train/moe.onnx`: a router's top 2 of
 /// 4 SwiGLU experts, the gates scattered by TopK's indices, a shared expert, a dense first
-/// block) trains as one device data-parallel, pipelined with a stage boundary between its
-/// routing and its experts (the gates and the tokens cross it), and with its experts'
-/// products split by columns.
+/// block) is one layer, `h.1.moe.top_k`, from its router to its gated sum; it trains as one
+/// device data-parallel and pipelined with a stage starting at it, and a split of it by
+/// parameters is refused by name.
 #[test]
 fn a_mixture_of_experts_trains_as_one_device() {
     let s = strategy(&[stage("embed_tokens", "lm_head", 2)], "", "1f1b", 1);
     check("moe.onnx", 4, 2, &s, "moe-dp");
     let s = strategy(
         &[
-            stage("embed_tokens", "h.1.moe.gates", 1),
-            stage("h.1.moe.tokens", "lm_head", 2),
+            stage("embed_tokens", "h.1.moe.tokens", 1),
+            stage("h.1.moe.top_k", "lm_head", 2),
         ],
         "",
         "gpipe",
         2,
     );
     check("moe.onnx", 4, 3, &s, "moe-pipeline");
-    // The experts' stacked products ([E, h, f]) split by their inner columns, every
-    // expert's alike, with the activation between them.
-    let layers = [
-        split("h.1.moe.experts.fc.matmul", 1, 1, 2),
-        split("h.1.moe.experts.gate.matmul", 1, 1, 2),
-        split("h.1.moe.experts.mlp.sigmoid", 1, 1, 2),
-    ]
-    .join(", ");
-    let s = strategy(&[stage("embed_tokens", "lm_head", 2)], &layers, "1f1b", 1);
-    check("moe.onnx", 4, 2, &s, "moe-columns");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("strategy.json");
+    let s = strategy(
+        &[stage("embed_tokens", "lm_head", 2)],
+        &split("h.1.moe.top_k", 1, 1, 2),
+        "1f1b",
+        1,
+    );
+    std::fs::write(&file, s).expect("write the strategy");
+    let Err(e) = ralpc::compile(&ralpc::Options {
+        model: fixture("moe.onnx"),
+        gpus: Some(2),
+        batch: Some(4),
+        strategy_file: Some(file),
+        ..Default::default()
+    }) else {
+        panic!("the experts were split by parameters");
+    };
+    let chain = format!("{e}{}", error_chain(&e));
+    assert!(
+        chain.contains("layer h.1.moe.top_k (experts) can only split samples"),
+        "{chain}"
+    );
 }
 
 #[test]
@@ -1031,4 +1044,3 @@ fn a_fixed_batch_reshape_with_an_inferred_entry_keeps_its_samples_apart() {
         &want,
     );
 }
-

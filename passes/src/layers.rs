@@ -14,7 +14,7 @@
 //! * stashed bytes: the activations a layer reads (kept for its backward) plus the values
 //!   inside a fused unit; each tensor is counted once, by its reader.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ralpc_ir::{
     account, AccountError, Elements, ForwardSaves, Graph, GraphInfo, NodeId, Op, OpClass,
@@ -75,11 +75,15 @@ pub enum LayerKind {
     /// sequence; split by samples, and when it is one op also by its gates
     /// ([`Recurrence`]).
     Recurrent,
+    /// A mixture of experts' routed part (merged by the rewrite): a router sends each token
+    /// to `k` of `E` experts, stacked by expert, and sums their outputs by its gates. Its
+    /// work is `k/E` of its products by every expert.
+    Experts,
 }
 
 impl LayerKind {
     /// All kinds.
-    pub const ALL: [LayerKind; 12] = [
+    pub const ALL: [LayerKind; 13] = [
         LayerKind::Conv,
         LayerKind::Dense,
         LayerKind::Norm,
@@ -92,6 +96,7 @@ impl LayerKind {
         LayerKind::DataMovement,
         LayerKind::Attention,
         LayerKind::Recurrent,
+        LayerKind::Experts,
     ];
 
     /// Lower-case name.
@@ -108,6 +113,7 @@ impl LayerKind {
             LayerKind::Embedding => "embedding",
             LayerKind::DataMovement => "data_movement",
             LayerKind::Attention => "attention",
+            LayerKind::Experts => "experts",
             LayerKind::Recurrent => "recurrent",
         }
     }
@@ -670,6 +676,39 @@ fn kind_of(
     }
 }
 
+/// The members of a mixture-of-experts unit that work over every expert (computed from a
+/// weight stacked by expert, `[E, …]`), with the router's `k` and `E`; `None` where the
+/// unit has no `TopK` of known size.
+fn routed_members(
+    graph: &Graph,
+    info: &GraphInfo,
+    members: &[NodeId],
+) -> Option<(BTreeSet<NodeId>, u64, u64)> {
+    let sizes = |v: ValueId| info.ty(v).shape.as_sizes();
+    let top_k = members
+        .iter()
+        .find(|&&m| matches!(graph.node(m).op, Op::TopK { .. }))?;
+    let node = graph.node(*top_k);
+    let e = *sizes(node.inputs.first().copied().flatten()?)?.last()?;
+    let k = *sizes(*node.outputs.first()?)?.last()?;
+    // Values derived from a stacked weight, in the members' order.
+    let mut over_experts: BTreeSet<ValueId> = BTreeSet::new();
+    let mut nodes = BTreeSet::new();
+    for &m in members {
+        let n = graph.node(m);
+        let stacked = |v: ValueId| {
+            over_experts.contains(&v)
+                || (graph.node(graph.value(v).producer).op.is_weight()
+                    && sizes(v).is_some_and(|d| d.len() == 3 && d[0] == e))
+        };
+        if n.inputs.iter().flatten().any(|&v| stacked(v)) {
+            nodes.insert(m);
+            over_experts.extend(n.outputs.iter().copied());
+        }
+    }
+    Some((nodes, k, e))
+}
+
 /// Whether reduction `n` reduces the last axis of a tensor of rows alone (`[b, s, h]` to
 /// `[b, s, 1]` or `[b, s]`): each row apart, as a LayerNorm computes its statistics.
 fn reduces_rows_apart(info: &GraphInfo, n: &ralpc_ir::Node) -> bool {
@@ -736,13 +775,15 @@ fn assemble(
             .copied()
             .collect();
         let attention = unit.op == crate::rewrite::ATTENTION;
-        // An attention core is named after its softmax.
-        let named = match attention {
+        // An attention core is named after its softmax, a mixture of experts after its
+        // router's top k.
+        let routed = unit.op == crate::rewrite::EXPERTS;
+        let named = match attention || routed {
             true => unit
                 .members
                 .iter()
                 .copied()
-                .find(|&m| graph.node(m).op.name() == "Softmax")
+                .find(|&m| graph.node(m).op.name() == if routed { "TopK" } else { "Softmax" })
                 .unwrap_or(unit.members[0]),
             false => unit.members[0],
         };
@@ -752,6 +793,7 @@ fn assemble(
             op: unit.op.clone(),
             kind: match attention {
                 true => LayerKind::Attention,
+                false if routed => LayerKind::Experts,
                 false => kind_of(graph, info, unit.members[0], &parameters),
             },
             parts: Vec::new(),
@@ -778,6 +820,17 @@ fn assemble(
             .iter()
             .flat_map(|&m| graph.node(m).outputs.clone())
             .collect();
+        // A mixture of experts computes, for each token, the `k` experts it is sent to:
+        // the share `k/E` of what its ops written over every expert do.
+        let routed = (unit.op == crate::rewrite::EXPERTS)
+            .then(|| routed_members(graph, info, &members))
+            .flatten();
+        let share = |m: NodeId, x: u64| match &routed {
+            Some((over_experts, k, e)) if over_experts.contains(&m) => {
+                (u128::from(x) * u128::from(*k) / u128::from((*e).max(1))) as u64
+            }
+            _ => x,
+        };
         let mut mac_flops = 0u64;
         let mut other_flops = 0u64;
         // Kept values made inside, (elements, bytes), and the softmaxes' sizes: what a
@@ -789,8 +842,8 @@ fn assemble(
             let node = graph.node(m);
             let op_facts = node.op.facts();
             let s = stats.get(&m);
-            let macs2 = s.map_or(0, |s| s.macs.saturating_mul(2));
-            let flops = s.map_or(0, |s| s.flops);
+            let macs2 = share(m, s.map_or(0, |s| s.macs.saturating_mul(2)));
+            let flops = share(m, s.map_or(0, |s| s.flops));
             mac_flops = mac_flops.saturating_add(macs2);
             other_flops = other_flops.saturating_add(flops);
             let part_bytes = node
@@ -801,6 +854,7 @@ fn assemble(
                 .filter(|v| !facts.folded[v.index()])
                 .map(|&v| bytes_of(info, v))
                 .sum();
+            let part_bytes = share(m, part_bytes);
             layer.parts.push(Part {
                 node: m,
                 op: node.op.name(),
@@ -829,9 +883,10 @@ fn assemble(
                         kept_by_producer[v.index()] = true;
                     }
                 } else if read_for_backward(graph, &members, v) {
-                    layer.stash_bytes += bytes_of(info, v);
-                    layer.inner_stash_bytes += bytes_of(info, v);
-                    kept_inside.push((numel(v), bytes_of(info, v)));
+                    let bytes = share(m, bytes_of(info, v));
+                    layer.stash_bytes += bytes;
+                    layer.inner_stash_bytes += bytes;
+                    kept_inside.push((numel(v), bytes));
                 }
             }
             if let Some(&y) = node.outputs.first() {
@@ -850,6 +905,7 @@ fn assemble(
                     }
                     ForwardSaves::CopyOfOutput => bytes_of(info, y),
                 };
+                let saved = share(m, saved);
                 layer.stash_bytes += saved;
                 layer.inner_stash_bytes += saved;
                 kept_inside.push((numel(y), saved));

@@ -276,6 +276,59 @@ fn recognized_mixtures_of_experts_are_the_generated_ones() {
     }
 }
 
+/// Each mixture of experts is one layer from its router to its gated sum, whose products
+/// do the work of the `k` experts a token goes to: `2·T·(h·E + k·3·h·f)` FLOPs for `T`
+/// tokens, a softmax router and SwiGLU experts (the ONNX computes every expert on every
+/// token, weighted by zero gates off the top k).
+#[test]
+fn a_mixture_of_experts_is_one_layer_priced_by_the_experts_a_token_uses() {
+    use ralpc_ir::models::{MoeSpec, Router};
+    use ralpc_passes::layers::{self, LayerKind};
+    let (e, k, f) = (8u64, 2u64, 96u64);
+    let spec = GptSpec {
+        moe: Some(MoeSpec {
+            experts: e,
+            top_k: k,
+            expert_ffn: f,
+            shared_ffn: 0,
+            dense_layers: 1,
+            router: Router::Softmax,
+            groups: 0,
+            top_groups: 0,
+        }),
+        ..GptSpec::llama(3, 64, 4, 2, 128, 16, 100)
+    };
+    let batch = 2;
+    let (graph, info) = common::generated(&spec, batch);
+    let layers = layers::build(&graph, &info, batch, Default::default()).unwrap();
+    let experts: Vec<_> = layers
+        .layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::Experts)
+        .collect();
+    assert_eq!(
+        experts.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        ["h.1.moe.top_k", "h.2.moe.top_k"]
+    );
+    let tokens = batch * spec.sequence;
+    for l in experts {
+        let products: u64 = l
+            .parts
+            .iter()
+            .filter(|p| p.op == "MatMul")
+            .map(|p| p.fwd_flops)
+            .sum();
+        assert_eq!(
+            products,
+            2 * tokens * (64 * e + k * 3 * 64 * f),
+            "{}",
+            l.name
+        );
+        // Its weights: the router and every expert.
+        assert_eq!(l.params, 64 * e + e * 3 * 64 * f, "{}", l.name);
+    }
+}
+
 /// Llama 3 405B at sequence 131,072 on 16,384 H100s (Llama 3's long-context stage, batch
 /// 128 sequences): the search splits the sequences, and that is faster than any
 /// configuration that does not.

@@ -8,6 +8,7 @@
 //! so the result never depends on machine speed; the stop reason is reported.
 
 mod attention;
+mod experts;
 mod lang;
 mod rules;
 
@@ -19,6 +20,7 @@ use egg::{CostFunction, EGraph, Extractor, Id, Language, Runner, SimpleScheduler
 use ralpc_ir::{Graph, GraphInfo, NodeId, Op, ValueId};
 
 pub use attention::ATTENTION;
+pub use experts::EXPERTS;
 pub use lang::Facts;
 use lang::{node_id, unit_output, Folding, Term};
 
@@ -208,6 +210,7 @@ pub fn rewrite(graph: &Graph, info: &GraphInfo, limits: Limits) -> Rewritten {
         report,
     );
     rewritten.units = attention::merge(graph, info, &facts, rewritten.units);
+    rewritten.units = experts::merge(graph, info, &facts, rewritten.units);
     rewritten
 }
 

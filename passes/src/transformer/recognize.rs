@@ -111,7 +111,7 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
             "hidden {hidden} is not a multiple of {heads} heads"
         ));
     }
-    let experts = experts::find(graph, info, hidden)?;
+    let experts = experts::find(graph, info, hidden, (wte, vocabulary))?;
     let routers = experts.as_ref().map(|e| &e.routers);
     // Dense weights: the MLP's inner size, and whether the head is tied.
     let mut inner: BTreeMap<u64, u64> = BTreeMap::new();
@@ -162,6 +162,33 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     }
     // The blocks with a dense MLP (all of them, or those before the experts').
     let dense_blocks = layers - moe_blocks;
+    // Experts in every block from the first with them on (as the spec writes them):
+    // router `j` after block `dense_blocks + j`'s attention core, before the next one's.
+    if let Some(e) = &experts {
+        let mut cores_seen = 0u64;
+        let mut routers_seen = 0u64;
+        for &n in info.order() {
+            let node = graph.node(n);
+            if matches!(node.op, Op::Softmax { .. })
+                && node.outputs.first().is_some_and(|&v| {
+                    info.ty(v)
+                        .shape
+                        .as_sizes()
+                        .is_some_and(|d| d.len() == 4 && d[2] == d[3])
+                })
+            {
+                cores_seen += 1;
+            } else if e.top_ks.contains(&n) {
+                if cores_seen != dense_blocks + routers_seen + 1 {
+                    return no(format!(
+                        "its experts are not in every block from block {dense_blocks} on                          (a router after block {}'s attention): experts every few blocks                          are not planned yet",
+                        cores_seen.saturating_sub(1)
+                    ));
+                }
+                routers_seen += 1;
+            }
+        }
+    }
     // A gate and up projection fused into one weight (Phi-3's `gate_up_proj`, [h, 2f]) beside
     // the down projection ([f, h]), each once a block: the MLP's inner size is f.
     // (Exactly once a block: Gemma 2's query and key/value widths, w and 2w twice a block
@@ -226,7 +253,7 @@ pub fn recognize(graph: &Graph, info: &GraphInfo) -> Result<Transformer, NotATra
     // The blocks' dense weights, without an untied head.
     let head = if tied { 0 } else { hidden * vocabulary };
     let dense = block_weights.values().sum::<u64>().saturating_sub(head);
-    let ffn_weights = ffn_weights - u64::from(!tied && ffn == vocabulary);
+    let ffn_weights = ffn_weights.saturating_sub(u64::from(!tied && ffn == vocabulary));
     let params: u64 = graph
         .node_ids()
         .filter(|&n| {

@@ -222,7 +222,8 @@ fn around(x: &Tensor, axis: i64) -> R<(usize, usize, usize, usize)> {
 
 /// TopK: the `k` largest (or smallest) elements along `axis`, sorted, equal ones in the
 /// order of their indices (ONNX's rule, which makes a router's choice deterministic), NaN
-/// after every number; and their indices.
+/// after every number either way (ONNX leaves it open; PyTorch puts it first for the
+/// largest); and their indices.
 pub(crate) fn top_k(
     inputs: &[Option<&Tensor>],
     axis: i64,
@@ -243,21 +244,27 @@ pub(crate) fn top_k(
             "k {k} must be from 0 to the {n} elements along axis {a}"
         ))
     })?;
-    let values: Vec<f64> = match &x.data {
-        Data::F32(v) => v.iter().map(|&v| f64::from(v)).collect(),
-        Data::I64(v) => v.iter().map(|&v| v as f64).collect(),
-    };
-    // Better first: by value (NaN last), then by index.
-    let order = |p: f64, q: f64| match (p.is_nan(), q.is_nan()) {
-        (false, false) if largest => q.total_cmp(&p),
-        (false, false) => p.total_cmp(&q),
-        (nan_p, nan_q) => nan_p.cmp(&nan_q),
+    // Better first: by value (NaN last, -0 equal to +0), then by index; integers compared
+    // as integers.
+    let order = |p: usize, q: usize| -> std::cmp::Ordering {
+        let by_value = match &x.data {
+            Data::F32(v) => match (v[p].is_nan(), v[q].is_nan()) {
+                (false, false) => v[p].partial_cmp(&v[q]).unwrap_or(std::cmp::Ordering::Equal),
+                (nan_p, nan_q) => return nan_p.cmp(&nan_q),
+            },
+            Data::I64(v) => v[p].cmp(&v[q]),
+        };
+        if largest {
+            by_value.reverse()
+        } else {
+            by_value
+        }
     };
     let mut picked = vec![0usize; outer * k * inner];
     let mut lane: Vec<usize> = Vec::with_capacity(n);
     for o in 0..outer {
         for i in 0..inner {
-            let at = |j: usize| values[(o * n + j) * inner + i];
+            let at = |j: usize| (o * n + j) * inner + i;
             lane.clear();
             lane.extend(0..n);
             // Stable: equal values keep their indices' order.
@@ -286,6 +293,16 @@ pub(crate) fn top_k_backward(
     let indices = indices.ok_or_else(|| operands("TopK's backward needs its indices"))?;
     let (a, _, n, inner) = around(x, axis)?;
     let k = indices.shape.get(a).copied().unwrap_or(0);
+    let mut expected = x.shape.clone();
+    expected[a] = k;
+    if indices.shape != expected || dy.len() != indices.len() {
+        return Err(operands(format!(
+            "TopK's indices {:?} and gradient ({} values) do not fit its input {:?}",
+            indices.shape,
+            dy.len(),
+            x.shape
+        )));
+    }
     let mut dx = vec![0.0f32; x.len()];
     for (p, (&j, &g)) in indices.to_i64s().iter().zip(dy).enumerate() {
         let (o, i) = (p / (k * inner), p % inner);
@@ -357,4 +374,27 @@ pub(crate) fn reverse_sequence_backward(
     let mut grads = vec![None; inputs.len()];
     grads[0] = Some(dx);
     Ok(grads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn top(x: &Tensor, largest: bool, k: i64) -> (Vec<f64>, Vec<i64>) {
+        let out = top_k(&[Some(x)], -1, largest, Some(k)).expect("top k");
+        (out[0].to_f64s(), out[1].to_i64s())
+    }
+
+    #[test]
+    fn top_k_ties_by_index_with_signed_zeros_equal_and_nan_last() {
+        let x = Tensor::f32(vec![5], vec![3.0, -0.0, f32::NAN, 0.0, 3.0]);
+        assert_eq!(top(&x, true, 4).1, [0, 4, 1, 3]);
+        assert_eq!(top(&x, false, 4).1, [1, 3, 0, 4]);
+        assert!(top(&x, true, 5).0[4].is_nan());
+        // Integers compare as integers, beyond what an f64 holds exactly.
+        let big = Tensor::i64(vec![3], vec![i64::MAX - 1, i64::MAX, i64::MIN]);
+        assert_eq!(top(&big, true, 2).1, [1, 0]);
+        assert_eq!(top(&big, false, 1).1, [2]);
+        assert!(top_k(&[Some(&x)], 0, true, Some(6)).is_err());
+    }
 }

@@ -25,6 +25,8 @@ pub(super) struct Experts {
     pub blocks: u64,
     /// The routers' weights, which are not the blocks' dense products.
     pub routers: BTreeSet<NodeId>,
+    /// The routers' `TopK` nodes, in the graph's order.
+    pub top_ks: Vec<NodeId>,
     /// Whether the experts' MLPs are gated (SwiGLU: three products, or a fused gate and up
     /// projection beside the down projection).
     pub gated: bool,
@@ -38,13 +40,15 @@ pub(super) fn find(
     graph: &Graph,
     info: &GraphInfo,
     hidden: u64,
+    (wte, vocabulary): (NodeId, u64),
 ) -> Result<Option<Experts>, NotATransformer> {
     let no = |m: String| Err(NotATransformer(m));
     let mut routers = BTreeSet::new();
+    let mut top_ks = Vec::new();
     let mut shape = None;
     for &n in info.order() {
         let node = graph.node(n);
-        let Op::TopK { .. } = node.op else {
+        let Op::TopK { axis, .. } = node.op else {
             continue;
         };
         let (Some(Some(scores)), Some(&picked)) = (node.inputs.first(), node.outputs.first())
@@ -60,10 +64,23 @@ pub(super) fn find(
         ) else {
             continue;
         };
-        // The experts are the scores' last axis, the top k the picked values'.
-        let (Some(&experts), Some(&top_k)) = (dims.last(), picked.last()) else {
+        // The experts are the scores' axis the TopK picks along, the top k its length in
+        // the picked values.
+        let at = usize::try_from(if axis < 0 {
+            axis + dims.len() as i64
+        } else {
+            axis
+        })
+        .ok();
+        let (Some(&experts), Some(&top_k)) =
+            (at.and_then(|a| dims.get(a)), at.and_then(|a| picked.get(a)))
+        else {
             continue;
         };
+        // The top k of an LM head's logits (sampling, top-5 accuracy) picks words.
+        if weight == wte || experts == vocabulary {
+            continue;
+        }
         let found = (experts, top_k, router);
         if shape.is_some_and(|s| s != found) {
             return no(format!(
@@ -75,6 +92,7 @@ pub(super) fn find(
         }
         shape = Some(found);
         routers.insert(weight);
+        top_ks.push(n);
     }
     let Some((experts, top_k, router)) = shape else {
         return Ok(None);
@@ -136,6 +154,7 @@ pub(super) fn find(
         },
         blocks,
         routers,
+        top_ks,
         gated,
     }))
 }
@@ -150,15 +169,32 @@ fn router_of(
 ) -> Option<(Router, NodeId)> {
     let producer = |v: ValueId| graph.node(graph.value(v).producer);
     let first = |n: &ralpc_ir::Node| n.inputs.first().copied().flatten();
-    let (router, mut logits) = match producer(scores).op {
-        Op::Softmax { .. } => (Router::Softmax, first(producer(scores))?),
-        Op::Unary(ralpc_ir::Unary::Sigmoid) => (Router::Sigmoid, first(producer(scores))?),
-        // gpt-oss: the top k of the logits, a softmax over those k.
-        _ => (Router::Softmax, scores),
+    let constant = |v: ValueId| {
+        matches!(producer(v).op, Op::Constant { .. }) || weight_of(graph, info, v).is_some()
     };
-    if let Op::Binary(ralpc_ir::Binary::Add) = producer(logits).op {
-        logits = first(producer(logits))?;
-    }
+    // Through casts and an added constant (a bias; DeepSeek-V3's correction of the
+    // scores), on either side.
+    let through = |mut v: ValueId| -> Option<ValueId> {
+        for _ in 0..4 {
+            let n = producer(v);
+            v = match (&n.op, n.inputs.as_slice()) {
+                (Op::Cast { .. }, _) => first(n)?,
+                (Op::Binary(ralpc_ir::Binary::Add), [Some(a), Some(b)]) if constant(*b) => *a,
+                (Op::Binary(ralpc_ir::Binary::Add), [Some(a), Some(b)]) if constant(*a) => *b,
+                _ => return Some(v),
+            };
+        }
+        Some(v)
+    };
+    let scored = through(scores)?;
+    let (router, logits) = match producer(scored).op {
+        Op::Softmax { .. } => (Router::Softmax, through(first(producer(scored))?)?),
+        Op::Unary(ralpc_ir::Unary::Sigmoid) => {
+            (Router::Sigmoid, through(first(producer(scored))?)?)
+        }
+        // gpt-oss: the top k of the logits, a softmax over those k.
+        _ => (Router::Softmax, scored),
+    };
     let product = producer(logits);
     if !matches!(product.op, Op::MatMul | Op::Gemm(_)) {
         return None;

@@ -1,0 +1,306 @@
+//! A mixture of experts' routed part as one placement unit.
+//!
+//! Exporters write a routed MoE MLP as two dozen ops: the router's product and scores,
+//! their `TopK`, the chosen weights normalized and scattered into gates, the experts'
+//! products on weights stacked by expert (`[E, h, f]`), their activation, and the gated sum
+//! over the experts. Apart they are layers no split understands (a product of every token
+//! by every expert, a transpose of the gates); together they are one layer that takes each
+//! token to its `k` experts and back, the unit the planner prices by the experts a token
+//! uses and, later, places by expert.
+//!
+//! A unit is made for each `TopK` whose scores come from a router (a product by a 2-d
+//! weight, through a softmax, a sigmoid or an added bias): every unit on a path from the
+//! router's product, or from a product by a weight stacked by the router's experts, to the
+//! first reduction after the experts' outputs meet the gates. What reads only the block's
+//! input beside it (the experts' view of the tokens, shared experts) stays outside.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ralpc_ir::{Graph, GraphInfo, NodeId, ValueId};
+
+use super::lang::Facts;
+use super::Unit;
+
+/// The op of a merged mixture-of-experts unit.
+pub const EXPERTS: &str = "Experts";
+
+/// Ops that may follow the experts' outputs meeting the gates, up to the sum over experts.
+const COMBINE_OPS: &[&str] = &[
+    "Mul",
+    "ReduceSum",
+    "Sum",
+    "Squeeze",
+    "Unsqueeze",
+    "Reshape",
+    "Transpose",
+];
+
+/// Views by which experts may read the block's input (`[b, s, h]` as `[b, 1, s, h]`).
+const VIEWS: &[&str] = &[
+    "Unsqueeze",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Expand",
+    "Identity",
+];
+
+/// Merges each mixture of experts' routed part of `units` (producers before consumers)
+/// into one unit.
+pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<Unit>) -> Vec<Unit> {
+    let mut producer: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut readers: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
+    for (i, u) in units.iter().enumerate() {
+        for &v in &u.outputs {
+            producer.insert(v, i);
+        }
+        for &v in &u.inputs {
+            readers.entry(v).or_default().push(i);
+        }
+    }
+    let op = |m: NodeId| facts.op_name[m.index()];
+    let consumers = |u: usize| -> Vec<usize> {
+        let mut c: Vec<usize> = units[u]
+            .outputs
+            .iter()
+            .flat_map(|v| readers.get(v).into_iter().flatten().copied())
+            .collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    };
+    let mut taken: Vec<Option<usize>> = vec![None; units.len()];
+    let mut regions: Vec<BTreeSet<usize>> = Vec::new();
+    for seed in 0..units.len() {
+        let Some(top_k) = units[seed]
+            .members
+            .iter()
+            .copied()
+            .find(|&m| op(m) == "TopK")
+        else {
+            continue;
+        };
+        if taken[seed].is_some() {
+            continue;
+        }
+        let Some((router, experts)) = router(graph, facts, &units, &producer, top_k) else {
+            continue;
+        };
+        // The experts' products: a weight stacked by the router's experts.
+        let stacked = |u: &Unit| {
+            u.members.iter().any(|&m| {
+                op(m) == "MatMul"
+                    && graph
+                        .node(m)
+                        .inputs
+                        .get(1)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|w| {
+                            facts.derived[w.index()]
+                                && facts.shape[w.index()]
+                                    .as_ref()
+                                    .is_some_and(|d| d.len() == 3 && d[0] == experts)
+                        })
+            })
+        };
+        // This block's experts read what its router reads, or a view of it.
+        let activations = |u: usize| -> Vec<ValueId> {
+            units[u]
+                .inputs
+                .iter()
+                .copied()
+                .filter(|v| !facts.derived[v.index()])
+                .collect()
+        };
+        let Some(&x) = activations(router).first() else {
+            continue;
+        };
+        let reads_x = |u: usize| {
+            activations(u).iter().any(|&v| {
+                v == x
+                    || producer.get(&v).is_some_and(|&p| {
+                        activations(p) == [x]
+                            && units[p].members.iter().all(|&m| VIEWS.contains(&op(m)))
+                    })
+            })
+        };
+        let mut sources: Vec<usize> = vec![router];
+        sources.extend(
+            (0..units.len()).filter(|&u| taken[u].is_none() && stacked(&units[u]) && reads_x(u)),
+        );
+        if sources.len() == 1 {
+            continue;
+        }
+        // Where they meet: the first unit every source reaches, then the combining ops up to
+        // the first sum.
+        let reached: Vec<BTreeSet<usize>> = sources
+            .iter()
+            .map(|&s| descendants(s, &consumers))
+            .collect();
+        let Some(mut exit) = (0..units.len()).find(|u| reached.iter().all(|r| r.contains(u)))
+        else {
+            continue;
+        };
+        for _ in 0..4 {
+            let summed = units[exit]
+                .members
+                .iter()
+                .any(|&m| matches!(op(m), "ReduceSum" | "Sum"));
+            let next = consumers(exit);
+            match next[..] {
+                [n] if !summed
+                    && units[n]
+                        .members
+                        .iter()
+                        .all(|&m| COMBINE_OPS.contains(&op(m))) =>
+                {
+                    exit = n
+                }
+                _ => break,
+            }
+        }
+        // Everything on a path from a source to the exit.
+        let upstream = ancestors(exit, &units, &producer);
+        let mut region: BTreeSet<usize> = sources
+            .iter()
+            .flat_map(|&s| descendants(s, &consumers))
+            .chain(sources.iter().copied())
+            .filter(|u| *u == exit || upstream.contains(u))
+            .collect();
+        region.insert(exit);
+        if region
+            .iter()
+            .any(|&u| taken[u].is_some() || units[u].weight_only)
+        {
+            continue;
+        }
+        for &u in &region {
+            taken[u] = Some(regions.len());
+        }
+        regions.push(region);
+    }
+    if regions.is_empty() {
+        return units;
+    }
+    let graph_outputs: BTreeSet<ValueId> = graph.outputs().iter().copied().collect();
+    let position = info.positions();
+    let mut out: Vec<Unit> = units
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| taken[*i].is_none())
+        .map(|(_, u)| u.clone())
+        .collect();
+    for region in &regions {
+        let made: BTreeSet<ValueId> = region
+            .iter()
+            .flat_map(|&u| units[u].outputs.iter().copied())
+            .collect();
+        let mut members: Vec<NodeId> = region
+            .iter()
+            .flat_map(|&u| units[u].members.iter().copied())
+            .collect();
+        members.sort_by_key(|m| position[m]);
+        let mut inputs: Vec<ValueId> = Vec::new();
+        for &u in region {
+            for &v in &units[u].inputs {
+                if !made.contains(&v) && !inputs.contains(&v) {
+                    inputs.push(v);
+                }
+            }
+        }
+        let outputs = made
+            .iter()
+            .copied()
+            .filter(|v| {
+                graph_outputs.contains(v)
+                    || readers
+                        .get(v)
+                        .is_some_and(|r| r.iter().any(|c| !region.contains(c)))
+            })
+            .collect();
+        out.push(Unit {
+            op: EXPERTS.to_owned(),
+            members,
+            inputs,
+            outputs,
+            weight_only: false,
+        });
+    }
+    out.sort_by_key(|u| u.members.last().map(|m| position[m]));
+    out
+}
+
+/// The unit of the router product behind `top_k`'s scores and the number of experts (the
+/// scores' last axis): through the unit scoring them (a softmax, a sigmoid, an added bias)
+/// to a product by a 2-d weight.
+fn router(
+    graph: &Graph,
+    facts: &Facts,
+    units: &[Unit],
+    producer: &BTreeMap<ValueId, usize>,
+    top_k: NodeId,
+) -> Option<(usize, u64)> {
+    let scores = graph.node(top_k).inputs.first().copied().flatten()?;
+    let experts = *facts.shape[scores.index()].as_ref()?.last()?;
+    let mut v = scores;
+    for _ in 0..4 {
+        let &u = producer.get(&v)?;
+        let product = units[u].members.iter().any(|&m| {
+            matches!(facts.op_name[m.index()], "MatMul" | "Gemm")
+                && graph.node(m).inputs.iter().flatten().any(|&w| {
+                    facts.derived[w.index()]
+                        && facts.shape[w.index()]
+                            .as_ref()
+                            .is_some_and(|d| d.len() == 2 && d.contains(&experts))
+                })
+        });
+        if product {
+            return Some((u, experts));
+        }
+        // Through a scoring unit: its one input that is not a constant.
+        let mut activations = units[u]
+            .inputs
+            .iter()
+            .copied()
+            .filter(|w| !facts.derived[w.index()]);
+        v = activations.next()?;
+        if activations.next().is_some() {
+            return None;
+        }
+    }
+    None
+}
+
+/// The units reachable from `u` by its outputs' readers (`u` not included).
+fn descendants(u: usize, consumers: &dyn Fn(usize) -> Vec<usize>) -> BTreeSet<usize> {
+    let mut seen = BTreeSet::new();
+    let mut stack = consumers(u);
+    while let Some(c) = stack.pop() {
+        if seen.insert(c) {
+            stack.extend(consumers(c));
+        }
+    }
+    seen
+}
+
+/// The units `u` is computed from (`u` not included).
+fn ancestors(u: usize, units: &[Unit], producer: &BTreeMap<ValueId, usize>) -> BTreeSet<usize> {
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<usize> = units[u]
+        .inputs
+        .iter()
+        .filter_map(|v| producer.get(v).copied())
+        .collect();
+    while let Some(p) = stack.pop() {
+        if seen.insert(p) {
+            stack.extend(
+                units[p]
+                    .inputs
+                    .iter()
+                    .filter_map(|v| producer.get(v).copied()),
+            );
+        }
+    }
+    seen
+}
