@@ -159,7 +159,7 @@ fn a_mixture_of_experts_trains_as_one_device() {
     check("moe.onnx", 4, 2, &s, "moe-dp");
     let s = strategy(
         &[
-            stage("embed_tokens", "h.1.moe.tokens", 1),
+            stage("embed_tokens", "h.1.ln_2.normalize", 1),
             stage("h.1.moe.top_k", "lm_head", 2),
         ],
         "",
@@ -190,6 +190,41 @@ fn a_mixture_of_experts_trains_as_one_device() {
         chain.contains("layer h.1.moe.top_k (experts) can only split samples"),
         "{chain}"
     );
+}
+
+/// The executor runs a mixture of experts as a dispatch (each token through the 2 experts
+/// its router picked, the dense form's zero terms left out): the first step's logits
+/// equal onnxruntime's dense forward pass of the same seeded weights and tokens
+/// (`fixtures/numerics/moe.json`, onnxruntime 1.31.1), within 1e-4 of the output's RMS.
+#[test]
+fn a_dispatched_mixture_of_experts_computes_as_onnxruntime() {
+    let report = plan_and_run(
+        &ralpc::Options {
+            model: fixture("moe.onnx"),
+            gpus: Some(1),
+            batch: Some(2),
+            ..Default::default()
+        },
+        1,
+    );
+    let text = std::fs::read_to_string(common::fixture("numerics/moe.json")).expect("reference");
+    let reference: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let output = &reference["outputs"][0];
+    assert_eq!(output["stride"].as_u64(), Some(1));
+    let want: Vec<f64> = output["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect();
+    assert_eq!(report.first_output.len(), want.len());
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len() as f64).sqrt();
+    for (i, (&got, &w)) in report.first_output.iter().zip(&want).enumerate() {
+        assert!(
+            (f64::from(got) - w).abs() <= rms * 1e-5 + 1e-4 * w.abs(),
+            "logit {i}: {got} against onnxruntime's {w}"
+        );
+    }
 }
 
 #[test]

@@ -677,33 +677,50 @@ fn kind_of(
 }
 
 /// The members of a mixture-of-experts unit that work over every expert (computed from a
-/// weight stacked by expert, `[E, …]`), with the router's `k` and `E`; `None` where the
-/// unit has no `TopK` of known size.
+/// weight stacked by expert, `[E, …]`, up to the sum over experts), with the router's `k`
+/// and `E`; `None` where the unit has no `TopK` of known size. `derived` says which values
+/// are weights or computed from them alone.
 fn routed_members(
     graph: &Graph,
     info: &GraphInfo,
+    derived: &[bool],
     members: &[NodeId],
 ) -> Option<(BTreeSet<NodeId>, u64, u64)> {
     let sizes = |v: ValueId| info.ty(v).shape.as_sizes();
-    let top_k = members
-        .iter()
-        .find(|&&m| matches!(graph.node(m).op, Op::TopK { .. }))?;
-    let node = graph.node(*top_k);
-    let e = *sizes(node.inputs.first().copied().flatten()?)?.last()?;
-    let k = *sizes(*node.outputs.first()?)?.last()?;
-    // Values derived from a stacked weight, in the members' order.
+    let (node, axis) = members.iter().find_map(|&m| match graph.node(m).op {
+        Op::TopK { axis, .. } => Some((graph.node(m), axis)),
+        _ => None,
+    })?;
+    let scores = sizes(node.inputs.first().copied().flatten()?)?;
+    let picked = sizes(*node.outputs.first()?)?;
+    let at = usize::try_from(if axis < 0 {
+        axis + scores.len() as i64
+    } else {
+        axis
+    })
+    .ok()?;
+    let (e, k) = (*scores.get(at)?, *picked.get(at)?);
+    // Values computed over every expert, in the members' order; a sum over them ends it.
     let mut over_experts: BTreeSet<ValueId> = BTreeSet::new();
     let mut nodes = BTreeSet::new();
     for &m in members {
         let n = graph.node(m);
         let stacked = |v: ValueId| {
             over_experts.contains(&v)
-                || (graph.node(graph.value(v).producer).op.is_weight()
-                    && sizes(v).is_some_and(|d| d.len() == 3 && d[0] == e))
+                || (derived[v.index()] && sizes(v).is_some_and(|d| d.len() == 3 && d[0] == e))
         };
         if n.inputs.iter().flatten().any(|&v| stacked(v)) {
             nodes.insert(m);
-            over_experts.extend(n.outputs.iter().copied());
+            let sums = matches!(
+                n.op,
+                Op::Reduce {
+                    kind: ralpc_ir::ReduceKind::Sum,
+                    ..
+                } | Op::Variadic(ralpc_ir::Variadic::Sum)
+            );
+            if !sums {
+                over_experts.extend(n.outputs.iter().copied());
+            }
         }
     }
     Some((nodes, k, e))
@@ -823,7 +840,7 @@ fn assemble(
         // A mixture of experts computes, for each token, the `k` experts it is sent to:
         // the share `k/E` of what its ops written over every expert do.
         let routed = (unit.op == crate::rewrite::EXPERTS)
-            .then(|| routed_members(graph, info, &members))
+            .then(|| routed_members(graph, info, &facts.derived, &members))
             .flatten();
         let share = |m: NodeId, x: u64| match &routed {
             Some((over_experts, k, e)) if over_experts.contains(&m) => {

@@ -358,10 +358,11 @@ fn transformer_cost_options<'a>(
     let gpu = cluster.gpu(0);
     let rates = KernelRates::new(gpu, precision);
     let mut efficiency = Efficiency::default();
-    efficiency.0.insert(
-        LayerKind::Dense,
-        rates.gemm / gpu.peak(precision).unwrap_or(gpu.fp32),
-    );
+    for kind in [LayerKind::Dense, LayerKind::Experts] {
+        efficiency
+            .0
+            .insert(kind, rates.gemm / gpu.peak(precision).unwrap_or(gpu.fp32));
+    }
     CostOptions {
         precision,
         optimizer: ask.optimizer,

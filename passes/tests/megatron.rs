@@ -326,6 +326,12 @@ fn a_mixture_of_experts_is_one_layer_priced_by_the_experts_a_token_uses() {
         );
         // Its weights: the router and every expert.
         assert_eq!(l.params, 64 * e + e * 3 * 64 * f, "{}", l.name);
+        // It ends at the sum over experts (the residual add fused after it by the rewrite
+        // is cut off), writing the tokens' [b, s, h], and reads the block's input alone.
+        assert!(l.parts.iter().any(|p| p.op == "ReduceSum"), "{}", l.name);
+        assert!(!l.parts.iter().any(|p| p.op == "Add"), "{}", l.name);
+        assert_eq!(l.output_bytes, 4 * tokens * 64, "{}", l.name);
+        assert_eq!(l.inputs.len(), 1, "{}: {:?}", l.name, l.inputs);
     }
 }
 

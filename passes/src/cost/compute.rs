@@ -27,7 +27,8 @@ impl Default for Efficiency {
                 .map(|&k| {
                     let e = match k {
                         LayerKind::Conv => 0.5,
-                        LayerKind::Dense => 0.6,
+                        // A mixture of experts' work is its experts' products.
+                        LayerKind::Dense | LayerKind::Experts => 0.6,
                         _ => 0.3,
                     };
                     (k, e)

@@ -48,6 +48,7 @@ const VIEWS: &[&str] = &[
 /// Merges each mixture of experts' routed part of `units` (producers before consumers)
 /// into one unit.
 pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<Unit>) -> Vec<Unit> {
+    let units = split_after_sums(graph, facts, units);
     let mut producer: BTreeMap<ValueId, usize> = BTreeMap::new();
     let mut readers: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
     for (i, u) in units.iter().enumerate() {
@@ -169,9 +170,29 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
             .filter(|u| *u == exit || upstream.contains(u))
             .collect();
         region.insert(exit);
-        if region
+        // The views the experts read the block's input through, read by nothing else.
+        let absorbed: Vec<usize> = region
             .iter()
-            .any(|&u| taken[u].is_some() || units[u].weight_only)
+            .flat_map(|&u| units[u].inputs.iter())
+            .filter_map(|v| producer.get(v).copied())
+            .filter(|&p| {
+                !region.contains(&p)
+                    && !units[p].weight_only
+                    && units[p].members.iter().all(|&m| VIEWS.contains(&op(m)))
+                    && consumers(p).iter().all(|c| region.contains(c))
+            })
+            .collect();
+        region.extend(absorbed);
+        // One router, and no attention core: a region that reaches further is no block's
+        // experts.
+        let routers = region
+            .iter()
+            .filter(|&&u| units[u].members.iter().any(|&m| op(m) == "TopK"))
+            .count();
+        if routers != 1
+            || region.iter().any(|&u| {
+                taken[u].is_some() || units[u].weight_only || units[u].op == super::ATTENTION
+            })
         {
             continue;
         }
@@ -229,6 +250,125 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
     }
     out.sort_by_key(|u| u.members.last().map(|m| position[m]));
     out
+}
+
+/// `units` with each unit that sums the experts' outputs and goes on (the residual or
+/// shared experts' add fused after the sum: `ReduceSum+Add`) cut after the sum, so that
+/// the sum can end the experts' unit: a unit starting with combining ops up to a sum, fed
+/// by a product of a weight stacked by expert or a product with one.
+fn split_after_sums(graph: &Graph, facts: &Facts, units: Vec<Unit>) -> Vec<Unit> {
+    let op = |m: NodeId| facts.op_name[m.index()];
+    let stacked_product = |u: &Unit| {
+        u.members.iter().any(|&m| {
+            op(m) == "MatMul"
+                && graph
+                    .node(m)
+                    .inputs
+                    .get(1)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|w| {
+                        facts.derived[w.index()]
+                            && facts.shape[w.index()]
+                                .as_ref()
+                                .is_some_and(|d| d.len() == 3)
+                    })
+        })
+    };
+    let mut made_by: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut out: Vec<Unit> = Vec::with_capacity(units.len());
+    for u in units {
+        let sum = u
+            .members
+            .iter()
+            .position(|&m| matches!(op(m), "ReduceSum" | "Sum"));
+        // Fed by the experts' products, or by a unit they feed (their gating apart).
+        let by_experts = |v: &ValueId| made_by.get(v).is_some_and(|&p| stacked_product(&out[p]));
+        let fed = u.inputs.iter().any(|v| {
+            by_experts(v)
+                || made_by
+                    .get(v)
+                    .is_some_and(|&p| out[p].inputs.iter().any(by_experts))
+        });
+        let cut = sum.filter(|&i| {
+            i + 1 < u.members.len()
+                && u.members[..=i]
+                    .iter()
+                    .all(|&m| COMBINE_OPS.contains(&op(m)))
+                && fed
+        });
+        let Some(i) = cut else {
+            for &v in &u.outputs {
+                made_by.insert(v, out.len());
+            }
+            out.push(u);
+            continue;
+        };
+        let (head, tail) = u.members.split_at(i + 1);
+        let reads = |members: &[NodeId], v: ValueId| {
+            members
+                .iter()
+                .any(|&m| graph.node(m).inputs.iter().flatten().any(|&x| x == v))
+        };
+        let head_made: Vec<ValueId> = head
+            .iter()
+            .flat_map(|&m| graph.node(m).outputs.iter().copied())
+            .collect();
+        // An input neither part names directly (read through an alias) goes to both.
+        let named = |v: ValueId| reads(head, v) || reads(tail, v);
+        let first = Unit {
+            op: names(facts, head),
+            members: head.to_vec(),
+            inputs: u
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| reads(head, v) || !named(v))
+                .collect(),
+            outputs: head_made
+                .iter()
+                .copied()
+                .filter(|&v| reads(tail, v) || u.outputs.contains(&v))
+                .collect(),
+            weight_only: false,
+        };
+        let second = Unit {
+            op: names(facts, tail),
+            members: tail.to_vec(),
+            inputs: u
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| reads(tail, v) || !named(v))
+                .chain(first.outputs.iter().copied().filter(|&v| reads(tail, v)))
+                .collect(),
+            outputs: u
+                .outputs
+                .iter()
+                .copied()
+                .filter(|v| !head_made.contains(v))
+                .collect(),
+            weight_only: false,
+        };
+        for &v in &first.outputs {
+            made_by.insert(v, out.len());
+        }
+        out.push(first);
+        for &v in &second.outputs {
+            made_by.insert(v, out.len());
+        }
+        out.push(second);
+    }
+    out
+}
+
+/// A unit's op: its members' ops joined by `+`.
+fn names(facts: &Facts, members: &[NodeId]) -> String {
+    members
+        .iter()
+        .map(|&m| facts.op_name[m.index()])
+        .collect::<Vec<_>>()
+        .join("+")
 }
 
 /// The unit of the router product behind `top_k`'s scores and the number of experts (the

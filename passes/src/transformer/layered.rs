@@ -68,11 +68,8 @@ pub fn layered(
     }
     // Megatron-Core runs the experts on each tensor-parallel rank's piece of the sequence;
     // the lowering has no such split of the routed products yet.
-    if let Some(router) = graph
-        .layers
-        .iter()
-        .find(|l| (par.tensor > 1 || par.context > 1) && l.parts.iter().any(|p| p.op == "TopK"))
-    {
+    let experts = graph.layers.iter().find(|l| l.kind == LayerKind::Experts);
+    if let Some(router) = experts.filter(|_| par.tensor > 1 || par.context > 1) {
         return refuse(
             &format!(
                 "tensor or context parallelism beside a mixture of experts (router {})",
@@ -80,6 +77,17 @@ pub fn layered(
             ),
             "--tensor-parallel 1 --context-parallel 1",
         );
+    }
+    if let (Some(layer), Recompute::Modules(m)) = (experts, par.recompute) {
+        if m.contains(Modules::MLP) {
+            return refuse(
+                &format!(
+                    "recomputing the MLP of blocks with experts (layer {})",
+                    layer.name
+                ),
+                "--recompute full or --recompute-modules core_attn",
+            );
+        }
     }
     let starts = block_starts(graph)?;
     let blocks = starts.len() as u64;

@@ -70,6 +70,7 @@ mod buckets;
 mod checkpoint;
 mod derived;
 mod epilogue;
+mod experts;
 mod failure;
 mod gates;
 mod halo;

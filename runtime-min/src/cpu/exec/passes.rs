@@ -333,7 +333,12 @@ impl Rank<'_, '_> {
                 values.set(c, t);
             }
         }
-        let records = match self.gates_forward(l, k, &mut values)? {
+        let gated = match self.gates_forward(l, k, &mut values)? {
+            Some(records) => Some(records),
+            // (A dispatch keeps what its experts read: their backward runs them again.)
+            None => self.experts_forward(l, k, &mut values)?,
+        };
+        let records = match gated {
             Some(records) => records,
             None => {
                 let records = self.forward_nodes(l, k, &mut values)?;
@@ -565,6 +570,8 @@ impl Rank<'_, '_> {
             run.values.set(o, whole);
         }
         if !self.gates_backward(l, k, &run.values, &mut grads)? {
+            // A dispatched experts layer's experts go back first, then its router.
+            self.experts_backward(l, k, &run.values, &mut grads)?;
             self.backward_nodes(l, k, &run.records, &run.values, &mut grads)?;
         }
         // A weight read through an alias gets its gradient there.
