@@ -323,6 +323,20 @@ impl Cluster {
             .fold(0, u32::saturating_add)
     }
 
+    /// The least memory of a GPU among ranks `0..ranks` (ranks past the last GPU are the
+    /// last group's, as [`Cluster::gpu`] places them): one pass over the groups.
+    pub fn smallest_memory(&self, ranks: u32) -> u64 {
+        let mut start = 0u32;
+        let mut least: Option<u64> = None;
+        for g in &self.groups {
+            if start < ranks.max(1) {
+                least = Some(least.map_or(g.gpu.memory_bytes, |m| m.min(g.gpu.memory_bytes)));
+            }
+            start = start.saturating_add(g.nodes.saturating_mul(g.gpus_per_node));
+        }
+        least.unwrap_or(0)
+    }
+
     /// Total servers.
     pub fn node_count(&self) -> u32 {
         self.groups.iter().map(|g| g.nodes).sum()

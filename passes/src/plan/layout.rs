@@ -628,7 +628,8 @@ fn gather_group(held: &View, needed: &View) -> Option<Vec<u32>> {
         return None;
     }
     let need = needed.rank_box(0);
-    let group: Vec<u32> = (0..n)
+    let group: Vec<u32> = held
+        .meeting(&need)
         .filter(|&q| volume(&intersect(&need, &held.rank_box(q))) > 1e-12)
         .collect();
     let tiles = group.len() >= 2

@@ -258,21 +258,28 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
 /// by a product of a weight stacked by expert or a product with one.
 fn split_after_sums(graph: &Graph, facts: &Facts, units: Vec<Unit>) -> Vec<Unit> {
     let op = |m: NodeId| facts.op_name[m.index()];
+    // The expert counts the graph's TopKs choose among (their scores' last axis): only a
+    // weight stacked by one of them is an expert's.
+    let experts: BTreeSet<u64> = units
+        .iter()
+        .flat_map(|u| u.members.iter())
+        .filter(|&&m| op(m) == "TopK")
+        .filter_map(|&m| graph.node(m).inputs.first().copied().flatten())
+        .filter_map(|v| facts.shape[v.index()].as_ref()?.last().copied())
+        .collect();
+    if experts.is_empty() {
+        return units;
+    }
     let stacked_product = |u: &Unit| {
         u.members.iter().any(|&m| {
+            let weight = graph.node(m).inputs.get(1).copied().flatten();
             op(m) == "MatMul"
-                && graph
-                    .node(m)
-                    .inputs
-                    .get(1)
-                    .copied()
-                    .flatten()
-                    .is_some_and(|w| {
-                        facts.derived[w.index()]
-                            && facts.shape[w.index()]
-                                .as_ref()
-                                .is_some_and(|d| d.len() == 3)
-                    })
+                && weight.is_some_and(|w| {
+                    facts.derived[w.index()]
+                        && facts.shape[w.index()]
+                            .as_ref()
+                            .is_some_and(|d| d.len() == 3 && experts.contains(&d[0]))
+                })
         })
     };
     let mut made_by: BTreeMap<ValueId, usize> = BTreeMap::new();

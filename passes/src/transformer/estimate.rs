@@ -1252,14 +1252,7 @@ pub fn estimate(setting: &Setting<'_>, par: &Parallelism) -> Estimate {
         .max(host_step_us);
     let iteration_time_us = pipe_us + data_comm_us + optimizer_us;
     // Memory.
-    let capacity = (0..setting.gpus.max(1))
-        .map(|r| {
-            cluster
-                .gpu(r.min(cluster.gpu_count().saturating_sub(1)))
-                .memory_bytes
-        })
-        .min()
-        .unwrap_or(0);
+    let capacity = cluster.smallest_memory(setting.gpus);
     let capacity = setting.memory_limit.map_or(capacity, |l| l.min(capacity)) as f64;
     let working = if par.recompute.name() == "full" {
         // One block's activations while it is recomputed.

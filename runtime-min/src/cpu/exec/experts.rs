@@ -8,13 +8,16 @@
 //! router before them. The router runs as written; then, for each expert in order, the
 //! members over experts run on the tokens routed to it (`[1, 1, n, h]`, their gates
 //! `[1, 1, n, 1]`, the expert's slice of every stacked weight `[1, …]`) and their outputs
-//! are added into the tokens' rows. That is the dense layer's arithmetic without its zero
-//! terms (the k picked experts come from the TopK's indices, so a picked expert whose gate
-//! is zero still passes its gradient to the router). The backward pass runs each expert's
-//! members again and back; the router's members go back as usual.
+//! are added into the tokens' rows (in f64, in the experts' order, as the dense sum adds).
+//! That is the dense layer's forward arithmetic without its zero terms (the k picked
+//! experts come from the TopK's indices, so a picked expert whose gate is zero still passes
+//! its gradient to the router). The backward pass runs each expert's members again and
+//! back, then the router's members as usual; its sums are grouped by expert, so they may
+//! differ from the dense form's in the last bits.
 //!
-//! Where the layer does not have that form (other shapes of tokens or gates), it runs
-//! densely, as written: the same numbers, every expert's work.
+//! Where the layer does not have that form (other shapes of tokens or gates, gates nonzero
+//! off the picked experts, another tensor the experts read whole, tensors resident on a
+//! device), it runs densely, as written: every expert's work.
 
 use super::*;
 
@@ -99,10 +102,17 @@ fn dispatch(
         }
     }
     let experts = values.get(*stacked.first()?)?.shape[0];
+    // Every stacked weight by the same experts, on the host (a device's resident weights
+    // run densely there).
+    let on_host = |v: ValueId| {
+        values
+            .get(v)
+            .is_some_and(|t| matches!(&t.data, Data::F32(f) if f.on_host()))
+    };
     if experts < 2
         || stacked
             .iter()
-            .any(|&w| values.get(w).map(|t| t.shape[0]) != Some(experts))
+            .any(|&w| values.get(w).map(|t| t.shape[0]) != Some(experts) || !on_host(w))
     {
         return None;
     }
@@ -110,9 +120,23 @@ fn dispatch(
     let (mut tokens, mut gates, mut constants) = (None, None, Vec::new());
     for v in read {
         let t = values.get(v)?;
-        if t.floats().is_none() || t.shape.len() < 4 {
-            constants.push(v);
-            continue;
+        match &t.data {
+            // Axes, shapes: the same for every expert.
+            Data::I64(_) => {
+                constants.push(v);
+                continue;
+            }
+            // A number of the formula (an ε, a scale) too; any other tensor would be read
+            // whole by every expert (and its gradient lost): the layer runs densely.
+            Data::F32(f) if t.shape.len() < 4 => {
+                if f.len() > 1 || !f.on_host() {
+                    return None;
+                }
+                constants.push(v);
+                continue;
+            }
+            Data::F32(f) if !f.on_host() => return None,
+            Data::F32(_) => {}
         }
         match t.shape[..] {
             [_, 1, _, _] if tokens.is_none() => tokens = Some(v),
@@ -133,7 +157,25 @@ fn dispatch(
         && i[1] == t[2]
         && values.get(tokens)?.floats().is_some()
         && values.get(gates)?.floats().is_some();
-    (fits && leaves == 1).then_some(Dispatch {
+    if !(fits && leaves == 1) {
+        return None;
+    }
+    // The gates are zero off the experts the TopK picked (else the dense sum has terms
+    // the dispatch would drop).
+    let picked = values.get(indices)?.to_i64s();
+    let k = i[2].max(1);
+    let gate = values.get(gates)?.floats()?;
+    let s = t[2].max(1);
+    for (token, chosen) in picked.chunks(k).enumerate() {
+        let (b, p) = (token / s, token % s);
+        for e in 0..experts {
+            let g = gate.get((b * experts + e) * s + p).copied().unwrap_or(0.0);
+            if g != 0.0 && !chosen.contains(&(e as i64)) {
+                return None;
+            }
+        }
+    }
+    Some(Dispatch {
         over,
         indices,
         tokens,
@@ -249,46 +291,65 @@ impl Rank<'_, '_> {
         }
         let graph = p.graph_of(l, k);
         let (before, over) = split_members(graph, &layer.nodes, values);
-        let env = Env {
-            samples: None,
-            ..p.env
-        };
-        let run = |nodes: &[NodeId], values: &mut Values| {
+        // The router on the rank's samples (a re-batched Reshape's target), each expert
+        // on its tokens.
+        let samples = interval(layer.view_out().pieces(k)[0], p.microbatch).len();
+        let run = |nodes: &[NodeId], values: &mut Values, samples| {
+            let env = Env { samples, ..p.env };
             self.compute
                 .forward(graph, nodes, values, env)
                 .map_err(RankError::from)
         };
-        let mut records = run(&before, values)?;
+        let mut records = run(&before, values, Some(samples))?;
         let Some(d) = dispatch(graph, layer, over.clone(), values) else {
-            records.extend(run(&over, values)?);
+            records.extend(run(&over, values, Some(samples))?);
             return Ok(Some(records));
         };
         let tokens = values
             .get(d.tokens)
             .ok_or_else(|| bug("the experts' tokens are missing"))?;
         let (b, s) = (tokens.shape[0], tokens.shape[2]);
-        let mut sum: Option<(Vec<usize>, Vec<f32>)> = None;
+        // Summed in f64 and rounded once, in the experts' order, as the dense sum over
+        // experts adds (its zero terms change nothing).
+        let mut sum: Option<(usize, Vec<f64>)> = None;
         for (e, rows) in routes(&d, values)?.iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
             let mut sub = self.expert_inputs(graph, &d, e, rows, values)?;
-            run(&d.over, &mut sub)?;
+            run(&d.over, &mut sub, None)?;
             let y = sub
                 .take(d.output)
                 .ok_or_else(|| bug("an expert's output is missing"))?;
             let w = *y.shape.last().unwrap_or(&0);
-            let (_, acc) = sum.get_or_insert_with(|| (vec![b, 1, s, w], vec![0.0; b * s * w]));
+            if w == 0 || y.shape != [1, rows.len(), w] {
+                return Err(bug(format!(
+                    "layer {}: an expert's output {:?} is not a row for each of its {} tokens",
+                    layer.name,
+                    y.shape,
+                    rows.len()
+                )));
+            }
+            let (width, acc) = sum.get_or_insert_with(|| (w, vec![0.0; b * s * w]));
+            if *width != w {
+                return Err(bug(format!(
+                    "layer {}: its experts write rows of different widths",
+                    layer.name
+                )));
+            }
             let y = y
                 .floats()
                 .ok_or_else(|| bug("an expert's output is not on the host"))?;
-            scatter_rows(acc, &[b, 1, s, w], 0, rows, y);
+            for (&(sample, position), row) in rows.iter().zip(y.chunks(w)) {
+                let at = (sample * s + position) * w;
+                for (a, v) in acc[at..at + w].iter_mut().zip(row) {
+                    *a += f64::from(*v);
+                }
+            }
         }
-        let (shape, acc) = sum.ok_or_else(|| bug("no token was routed to any expert"))?;
-        values.set(
-            d.output,
-            Tensor::f32(vec![shape[0], shape[2], shape[3]], acc),
-        );
+        let (w, acc) = sum.ok_or_else(|| bug("no token was routed to any expert"))?;
+        let acc = acc.into_iter().map(|v| v as f32).collect();
+        values.set(d.output, Tensor::f32(vec![b, s, w], acc));
         Ok(Some(records))
     }
 
