@@ -1123,6 +1123,45 @@ fn a_mixture_of_experts_export_is_planned_and_trains_exactly() {
     }
 }
 
+/// A plan priced in context parallelism's ring form is lowered in its all-gather form, and
+/// its summary says so.
+#[test]
+fn the_summary_says_which_context_parallel_form_is_lowered() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_gpt(&dir, &GptSpec::megatron(2, 64, 4, 64, 128));
+    let out = dir.path().join("plan");
+    let done = ralpc()
+        .args([
+            "plan",
+            &model,
+            "--gpus",
+            "4",
+            "--batch",
+            "4",
+            "--strategy",
+            "3d",
+        ])
+        .args([
+            "--context-parallel",
+            "2",
+            "--cp-comm-type",
+            "p2p",
+            "--precision",
+            "bf16",
+        ])
+        .args(["-o", out.to_str().unwrap()])
+        .assert()
+        .success();
+    let said = String::from_utf8_lossy(&done.get_output().stdout).into_owned();
+    assert!(
+        said.contains(
+            "its context parallelism lowered in the all_gather form (the price above is the \
+             p2p form's)"
+        ),
+        "{said}"
+    );
+}
+
 /// A context-parallel plan lowered (the attention cores' queries cut by the context group,
 /// their keys and values gathered) simulates within 5 % of the all-gather form's price.
 #[test]

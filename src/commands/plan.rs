@@ -670,10 +670,18 @@ fn summary_3d(r: &PlanReport, p: &ralpc::ParallelismRow) -> String {
         } else {
             ""
         };
+        // Context parallelism is lowered in its all-gather form whatever form was priced.
+        let lowered = match p.cp_comm_type {
+            Some(form) if form != "all_gather" => format!(
+                "; its context parallelism lowered in the all_gather form (the price above \
+                 is the {form} form's)"
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
             "\nexecutable plan: these stages on the model's own layers, simulated {} per \
-             iteration and {} per GPU{over} under the layer-by-layer costs",
+             iteration and {} per GPU{over} under the layer-by-layer costs{lowered}",
             secs(sim.iteration_time_us),
             gib(peak)
         );
