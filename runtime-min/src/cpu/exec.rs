@@ -632,6 +632,9 @@ struct LayerRun {
     /// The weights (its input, the weight) ZeRO-3 released while it waited for its
     /// backward, set again from the gathered weights when the backward runs.
     lent: Vec<(ValueId, ValueId)>,
+    /// A mixture of experts run as a dispatch: its records are the router's, and its
+    /// backward reads all it held (`experts.rs`).
+    dispatched: bool,
 }
 
 /// A layer's weight gradients of one microbatch, by weight (none where the backward made

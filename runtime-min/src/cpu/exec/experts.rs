@@ -276,14 +276,15 @@ impl Rank<'_, '_> {
         Ok(sub)
     }
 
-    /// Runs experts layer `l`'s forward pass as a dispatch, or `None` where it is no
-    /// experts layer (or its form is not dispatched): then it runs as written.
+    /// Runs experts layer `l`'s forward pass, as a dispatch where its form allows (then
+    /// `true`: its records are the router's alone, and what it read stays for its
+    /// backward), else as written; `None` where it is no experts layer.
     pub(super) fn experts_forward(
         &self,
         l: usize,
         k: u32,
         values: &mut Values,
-    ) -> Result<Option<Vec<Record>>, RankError> {
+    ) -> Result<Option<(Vec<Record>, bool)>, RankError> {
         let p = self.p;
         let layer = &p.layers[l];
         if layer.kind != LayerKind::Experts || !self.compute.computes_values() {
@@ -303,7 +304,8 @@ impl Rank<'_, '_> {
         let mut records = run(&before, values, Some(samples))?;
         let Some(d) = dispatch(graph, layer, over.clone(), values) else {
             records.extend(run(&over, values, Some(samples))?);
-            return Ok(Some(records));
+            values.release_unread(graph, &records, &layer.outputs);
+            return Ok(Some((records, false)));
         };
         let tokens = values
             .get(d.tokens)
@@ -350,31 +352,31 @@ impl Rank<'_, '_> {
         let (w, acc) = sum.ok_or_else(|| bug("no token was routed to any expert"))?;
         let acc = acc.into_iter().map(|v| v as f32).collect();
         values.set(d.output, Tensor::f32(vec![b, s, w], acc));
-        Ok(Some(records))
+        Ok(Some((records, true)))
     }
 
     /// Experts layer `l`'s backward pass over its experts, when its forward pass was a
     /// dispatch: the gradients of the tokens, the gates and the stacked weights added to
-    /// `grads` (the router's members then go back as usual). False where it ran densely.
+    /// `grads` (the router's members then go back as usual).
     pub(super) fn experts_backward(
         &self,
         l: usize,
         k: u32,
         values: &Values,
         grads: &mut Grads,
-    ) -> Result<bool, RankError> {
+    ) -> Result<(), RankError> {
         let p = self.p;
         let layer = &p.layers[l];
-        if layer.kind != LayerKind::Experts || !self.compute.computes_values() {
-            return Ok(false);
-        }
         let graph = p.graph_of(l, k);
         let (_, over) = split_members(graph, &layer.nodes, values);
-        let Some(d) = dispatch(graph, layer, over, values) else {
-            return Ok(false);
-        };
+        let d = dispatch(graph, layer, over, values).ok_or_else(|| {
+            bug(format!(
+                "layer {}: its dispatch no longer holds for its backward pass",
+                layer.name
+            ))
+        })?;
         let Some(dy) = grads.take(d.output) else {
-            return Ok(true);
+            return Ok(());
         };
         let env = Env {
             samples: None,
@@ -436,6 +438,6 @@ impl Rank<'_, '_> {
         for (&w, g) in d.stacked.iter().zip(&d_stacked) {
             grads.add(w, g);
         }
-        Ok(true)
+        Ok(())
     }
 }

@@ -333,18 +333,17 @@ impl Rank<'_, '_> {
                 values.set(c, t);
             }
         }
-        let gated = match self.gates_forward(l, k, &mut values)? {
-            Some(records) => Some(records),
-            // (A dispatch keeps what its experts read: their backward runs them again.)
-            None => self.experts_forward(l, k, &mut values)?,
-        };
-        let records = match gated {
-            Some(records) => records,
-            None => {
-                let records = self.forward_nodes(l, k, &mut values)?;
-                values.release_unread(p.graph_of(l, k), &records, &layer.outputs);
-                records
-            }
+        // (A dispatch keeps what its experts read: their backward runs them again.)
+        let (records, dispatched) = match self.gates_forward(l, k, &mut values)? {
+            Some(records) => (records, false),
+            None => match self.experts_forward(l, k, &mut values)? {
+                Some(run) => run,
+                None => {
+                    let records = self.forward_nodes(l, k, &mut values)?;
+                    values.release_unread(p.graph_of(l, k), &records, &layer.outputs);
+                    (records, false)
+                }
+            },
         };
         // An input gathered again for the backward pass is not kept whole: its piece stays
         // with its producer.
@@ -404,6 +403,7 @@ impl Rank<'_, '_> {
                 every_row,
                 dropped: false,
                 lent: Vec::new(),
+                dispatched,
             },
         );
         if let Some((first, last)) = run.filter(|&(_, last)| last == l && !again) {
@@ -571,7 +571,9 @@ impl Rank<'_, '_> {
         }
         if !self.gates_backward(l, k, &run.values, &mut grads)? {
             // A dispatched experts layer's experts go back first, then its router.
-            self.experts_backward(l, k, &run.values, &mut grads)?;
+            if run.dispatched {
+                self.experts_backward(l, k, &run.values, &mut grads)?;
+            }
             self.backward_nodes(l, k, &run.records, &run.values, &mut grads)?;
         }
         // A weight read through an alias gets its gradient there.

@@ -61,10 +61,11 @@ impl Rank<'_, '_> {
             }
             // Nor does a dispatched experts layer keep its experts' records: their backward
             // runs them again from what the layer read.
-            if p.layers[l].kind == LayerKind::Experts && self.compute.computes_values() {
-                continue;
-            }
-            let Some(run) = self.runs.get_mut(&(l, mb)).filter(|run| !run.dropped) else {
+            let Some(run) = self
+                .runs
+                .get_mut(&(l, mb))
+                .filter(|run| !run.dropped && !run.dispatched)
+            else {
                 continue;
             };
             let output = [p.output.1];
