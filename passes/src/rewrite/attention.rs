@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ralpc_ir::{Graph, GraphInfo, NodeId, ValueId};
+use ralpc_ir::{Graph, GraphInfo, ValueId};
 
 use super::lang::Facts;
 use super::Unit;
@@ -80,7 +80,6 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
             readers.entry(v).or_default().push(i);
         }
     }
-    let graph_outputs: BTreeSet<ValueId> = graph.outputs().iter().copied().collect();
     let in_core = |u: &Unit| {
         !u.weight_only
             && u.members.iter().all(|&m| {
@@ -150,51 +149,7 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
         return units;
     }
 
-    let position = info.positions();
-    let mut out: Vec<Unit> = Vec::with_capacity(units.len());
-    for (i, u) in units.iter().enumerate() {
-        if merged_into[i].is_none() {
-            out.push(u.clone());
-        }
-    }
-    for core in &cores {
-        let made: BTreeSet<ValueId> = core
-            .iter()
-            .flat_map(|&u| units[u].outputs.iter().copied())
-            .collect();
-        let mut members: Vec<NodeId> = core
-            .iter()
-            .flat_map(|&u| units[u].members.iter().copied())
-            .collect();
-        members.sort_by_key(|m| position[m]);
-        let mut inputs: Vec<ValueId> = Vec::new();
-        for &u in core {
-            for &v in &units[u].inputs {
-                if !made.contains(&v) && !inputs.contains(&v) {
-                    inputs.push(v);
-                }
-            }
-        }
-        let outputs = made
-            .iter()
-            .copied()
-            .filter(|v| {
-                graph_outputs.contains(v)
-                    || readers
-                        .get(v)
-                        .is_some_and(|r| r.iter().any(|c| !core.contains(c)))
-            })
-            .collect();
-        out.push(Unit {
-            op: ATTENTION.to_owned(),
-            members,
-            inputs,
-            outputs,
-            weight_only: false,
-        });
-    }
-    out.sort_by_key(|u| u.members.last().map(|m| position[m]));
-    out
+    super::merge_groups(graph, info, &units, &cores, ATTENTION)
 }
 
 /// Whether Gather `node` picks along the axis before its input's last, as from BLOOM's

@@ -204,52 +204,7 @@ pub(super) fn merge(graph: &Graph, info: &GraphInfo, facts: &Facts, units: Vec<U
     if regions.is_empty() {
         return units;
     }
-    let graph_outputs: BTreeSet<ValueId> = graph.outputs().iter().copied().collect();
-    let position = info.positions();
-    let mut out: Vec<Unit> = units
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| taken[*i].is_none())
-        .map(|(_, u)| u.clone())
-        .collect();
-    for region in &regions {
-        let made: BTreeSet<ValueId> = region
-            .iter()
-            .flat_map(|&u| units[u].outputs.iter().copied())
-            .collect();
-        let mut members: Vec<NodeId> = region
-            .iter()
-            .flat_map(|&u| units[u].members.iter().copied())
-            .collect();
-        members.sort_by_key(|m| position[m]);
-        let mut inputs: Vec<ValueId> = Vec::new();
-        for &u in region {
-            for &v in &units[u].inputs {
-                if !made.contains(&v) && !inputs.contains(&v) {
-                    inputs.push(v);
-                }
-            }
-        }
-        let outputs = made
-            .iter()
-            .copied()
-            .filter(|v| {
-                graph_outputs.contains(v)
-                    || readers
-                        .get(v)
-                        .is_some_and(|r| r.iter().any(|c| !region.contains(c)))
-            })
-            .collect();
-        out.push(Unit {
-            op: EXPERTS.to_owned(),
-            members,
-            inputs,
-            outputs,
-            weight_only: false,
-        });
-    }
-    out.sort_by_key(|u| u.members.last().map(|m| position[m]));
-    out
+    super::merge_groups(graph, info, &units, &regions, EXPERTS)
 }
 
 /// `units` with each unit that sums the experts' outputs and goes on (the residual or

@@ -12,7 +12,7 @@ mod experts;
 mod lang;
 mod rules;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -318,4 +318,70 @@ fn extract(
         report,
         facts,
     }
+}
+
+/// `units` with each of `groups` (indices into `units`, producers before consumers) merged
+/// into one unit of op `op`: its members in the graph's order, what it reads from outside,
+/// and what anything outside it (or the graph's output) reads; the others kept, all in the
+/// order of their last members.
+fn merge_groups(
+    graph: &Graph,
+    info: &GraphInfo,
+    units: &[Unit],
+    groups: &[BTreeSet<usize>],
+    op: &str,
+) -> Vec<Unit> {
+    let mut readers: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
+    for (i, u) in units.iter().enumerate() {
+        for &v in &u.inputs {
+            readers.entry(v).or_default().push(i);
+        }
+    }
+    let merged: BTreeSet<usize> = groups.iter().flatten().copied().collect();
+    let graph_outputs: BTreeSet<ValueId> = graph.outputs().iter().copied().collect();
+    let position = info.positions();
+    let mut out: Vec<Unit> = units
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !merged.contains(i))
+        .map(|(_, u)| u.clone())
+        .collect();
+    for group in groups {
+        let made: BTreeSet<ValueId> = group
+            .iter()
+            .flat_map(|&u| units[u].outputs.iter().copied())
+            .collect();
+        let mut members: Vec<NodeId> = group
+            .iter()
+            .flat_map(|&u| units[u].members.iter().copied())
+            .collect();
+        members.sort_by_key(|m| position[m]);
+        let mut inputs: Vec<ValueId> = Vec::new();
+        for &u in group {
+            for &v in &units[u].inputs {
+                if !made.contains(&v) && !inputs.contains(&v) {
+                    inputs.push(v);
+                }
+            }
+        }
+        let outputs = made
+            .iter()
+            .copied()
+            .filter(|v| {
+                graph_outputs.contains(v)
+                    || readers
+                        .get(v)
+                        .is_some_and(|r| r.iter().any(|c| !group.contains(c)))
+            })
+            .collect();
+        out.push(Unit {
+            op: op.to_owned(),
+            members,
+            inputs,
+            outputs,
+            weight_only: false,
+        });
+    }
+    out.sort_by_key(|u| u.members.last().map(|m| position[m]));
+    out
 }
